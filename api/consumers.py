@@ -1,0 +1,230 @@
+"""Channels HTTP consumers for the generation endpoints: submit to the worker, stream back.
+
+The response runs in its own task so that the consumer keeps receiving ASGI messages: when the
+client disconnects (``http.disconnect``) the task is cancelled and the job with it, which frees
+the lane at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from channels.exceptions import StopConsumer
+from channels.generic.http import AsyncHttpConsumer
+from django.conf import settings
+
+from scheduler.core.qos import UnknownQosClass, class_of_priority, parse_priority, parse_qos, QosClass
+from scheduler.link.client import JobHandle, get_link
+
+from . import responses
+from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
+from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
+
+log = logging.getLogger("superfluid.api")
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def error_from_wire(error: dict[str, Any]) -> ApiError:
+    return ApiError(
+        status=int(error.get("status", 500)),
+        message=str(error.get("message", "")),
+        type=str(error.get("type", "server_error")),
+        param=error.get("param"),
+        code=error.get("code"),
+    )
+
+
+class StreamingConsumer(AsyncHttpConsumer):
+    """Reads the body (bounded), then answers from a task that a disconnect cancels."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._size = 0
+        self._task: asyncio.Task[None] | None = None
+        self.headers_sent = False
+
+    async def http_request(self, message: dict[str, Any]) -> None:
+        chunk = message.get("body", b"")
+        self._size += len(chunk)
+        limit = settings.SUPERFLUID_MAX_BODY_BYTES
+        if self._size > limit:
+            await self.send_error(request_too_large(limit))
+            raise StopConsumer()
+        self.body.append(chunk)
+        if not message.get("more_body") and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._respond(b"".join(self.body)))
+
+    async def http_disconnect(self, message: dict[str, Any]) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        raise StopConsumer()
+
+    async def _respond(self, body: bytes) -> None:
+        try:
+            await self.handle(body)
+        except ApiError as exc:
+            await self.send_error(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("request failed")
+            await self.send_error(server_error("The server had an error while processing your request."))
+
+    async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        await self.send_response(status, json.dumps(obj).encode(), headers=JSON_HEADERS + (extra_headers or []))
+        self.headers_sent = True
+
+    async def send_error(self, exc: ApiError) -> None:
+        if self.headers_sent:  # the stream has begun: an error frame, then [DONE]
+            await self.send_body(responses.sse_error(exc) + responses.SSE_DONE)
+            return
+        extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
+        await self.send_json(exc.status, exc.body(), extra)
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode()
+        for key, value in self.scope.get("headers", []):
+            if key.lower() == wanted:
+                return value.decode("latin-1")
+        return None
+
+
+class GenerationConsumer(StreamingConsumer):
+    endpoint = "chat"
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        return parse_chat_request(body, models=models)
+
+    async def handle(self, body: bytes) -> None:
+        if self.scope.get("method") != "POST":
+            raise method_not_allowed(self.scope.get("method", ""))
+        link = get_link()
+        if link.draining:
+            raise engine_unavailable("The server is shutting down.")
+        if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
+            raise engine_unavailable("The engine worker is not running.")
+        assert link.hello is not None
+        request = self.parse(body, [link.hello["model"]])
+        qos, priority = self.resolve_class(request)
+        batch_invariant = (self.header("x-superfluid-batch-invariant") or "").strip().lower() in ("1", "true", "yes")
+        if batch_invariant and not settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT:
+            raise ApiError(
+                status=403,
+                message="Batch-invariant lanes are not allowed for this client.",
+                type="permission_error",
+                param="x-superfluid-batch-invariant",
+                code="batch_invariant_forbidden",
+            )
+        payload = {"request": request.to_wire(), "qos": int(qos), "priority": priority, "batch_invariant": batch_invariant}
+        handle = await link.submit(payload)
+        try:
+            first = await handle.events.get()
+            if first["ev"] in ("rejected", "error"):
+                raise error_from_wire(first["error"])
+            if request.stream:
+                await self.stream(request, handle, qos)
+            else:
+                await self.collect(request, handle, qos)
+        except asyncio.CancelledError:
+            await link.cancel(handle)
+            raise
+        finally:
+            link.finish(handle)
+
+    def resolve_class(self, request: GenerationRequest) -> tuple[QosClass, int]:
+        """Class from x-superfluid-qos, else from the priority header's band, else the default."""
+        raw_priority = self.header("x-llamaswap-priority")
+        priority = parse_priority(raw_priority)
+        if request.suffix is not None:
+            return QosClass.COMPLETION, priority  # fill-in-the-middle always runs as completion
+        raw_qos = self.header("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
+        if raw_qos is not None:
+            try:
+                return parse_qos(raw_qos), priority
+            except UnknownQosClass as exc:
+                raise invalid_request(str(exc), param="x-superfluid-qos", code="invalid_qos_class") from None
+        if raw_priority is not None:
+            return class_of_priority(priority), priority
+        return parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS), priority
+
+    def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
+        return [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
+
+    async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
+        rid, created, model = responses.new_id(self.endpoint), int(time.time()), request.model
+        await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
+        self.headers_sent = True
+        if self.endpoint == "chat":
+            await self.send_body(responses.sse_event(responses.chat_chunk(rid, model, created, role="assistant", content="")), more_body=True)
+        while True:
+            event = await handle.events.get()
+            if event["ev"] == "delta":
+                if self.endpoint == "chat":
+                    chunk = responses.chat_chunk(rid, model, created, content=event["text"])
+                else:
+                    chunk = responses.completion_chunk(rid, model, created, event["text"])
+                await self.send_body(responses.sse_event(chunk), more_body=True)
+            elif event["ev"] == "done":
+                reason = event["finish_reason"]
+                frames = []
+                if self.endpoint == "chat":
+                    frames.append(responses.chat_chunk(rid, model, created, finish_reason=reason))
+                else:
+                    frames.append(responses.completion_chunk(rid, model, created, "", finish_reason=reason))
+                if request.include_usage:
+                    usage = self.usage(event)
+                    if self.endpoint == "chat":
+                        frames.append(responses.chat_usage_chunk(rid, model, created, usage))
+                    else:
+                        frames.append(responses.completion_usage_chunk(rid, model, created, usage))
+                await self.send_body(b"".join(responses.sse_event(f) for f in frames) + responses.SSE_DONE)
+                return
+            elif event["ev"] == "error":
+                raise error_from_wire(event["error"])
+
+    async def collect(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
+        parts: list[str] = []
+        while True:
+            event = await handle.events.get()
+            if event["ev"] == "delta":
+                parts.append(event["text"])
+            elif event["ev"] == "error":
+                raise error_from_wire(event["error"])
+            elif event["ev"] == "done":
+                break
+        rid, created, text = responses.new_id(self.endpoint), int(time.time()), "".join(parts)
+        usage = self.usage(event)
+        if self.endpoint == "chat":
+            obj = responses.chat_completion(rid, request.model, created, text, event["finish_reason"], usage)
+        else:
+            obj = responses.text_completion(rid, request.model, created, text, event["finish_reason"], usage)
+        await self.send_json(200, obj, self.response_headers(handle, qos))
+
+    @staticmethod
+    def usage(event: dict[str, Any]) -> dict[str, Any]:
+        u = event["usage"]
+        return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
+
+
+class ChatCompletionsConsumer(GenerationConsumer):
+    endpoint = "chat"
+
+
+class CompletionsConsumer(GenerationConsumer):
+    endpoint = "completions"
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        return parse_completion_request(body, models=models)

@@ -1,0 +1,79 @@
+"""Plain (non-streaming) endpoints: models, health, slots."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+
+from scheduler.link.client import get_link
+
+from . import responses
+from .errors import ApiError, model_not_found, not_found
+
+_STARTED = int(time.time())
+
+
+def error_response(exc: ApiError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for key, value in (exc.headers or {}).items():
+        response[key] = str(value)
+    return response
+
+
+async def _served_models() -> list[str]:
+    link = get_link()
+    await link.wait_connected(min(5.0, float(settings.SUPERFLUID_ENGINE_WAIT_S)))
+    if link.hello is not None:
+        return [link.hello["model"]]
+    return list(settings.SUPERFLUID_MODELS)
+
+
+async def models(request: HttpRequest) -> JsonResponse:
+    objs = [responses.model_object(m, _STARTED) for m in await _served_models()]
+    return JsonResponse(responses.model_list(objs))
+
+
+async def model_detail(request: HttpRequest, model_id: str) -> JsonResponse:
+    if model_id not in await _served_models():
+        return error_response(model_not_found(model_id))
+    return JsonResponse(responses.model_object(model_id, _STARTED))
+
+
+async def health(request: HttpRequest) -> JsonResponse:
+    link = get_link()
+    if link.draining:
+        return JsonResponse({"status": "draining"}, status=503)
+    if not link.connected:
+        return JsonResponse({"status": "loading"}, status=503)
+    assert link.hello is not None
+    return JsonResponse({"status": "ok", "model": link.hello["model"], "worker_pid": link.hello["pid"], "worker_restarts": link.worker_restarts})
+
+
+async def slots(request: HttpRequest) -> JsonResponse:
+    """The worker's lanes, llama-server's /slots shape plus class, state and progress."""
+    link = get_link()
+    state = link.snapshot or {}
+    out = []
+    for lane in state.get("lanes", []):
+        out.append(
+            {
+                "id": lane["lane"],
+                "id_task": lane.get("job_id"),
+                "is_processing": lane["state"] != "idle",
+                "n_ctx": state.get("lane_ctx"),
+                **lane,
+            }
+        )
+    return JsonResponse(out, safe=False)
+
+
+async def state(request: HttpRequest) -> JsonResponse:
+    """The worker's latest full snapshot (lanes, queues, counters) for tools and tests."""
+    link = get_link()
+    return JsonResponse(link.snapshot or {}, status=200 if link.snapshot else 503)
+
+
+async def unknown_route(request: HttpRequest, rest: str = "") -> JsonResponse:
+    return error_response(not_found(request.path))

@@ -1,0 +1,95 @@
+"""QoS classes, their aliases, and request priority bands.
+
+Pure: no Django, no engine imports. Lower class value = more urgent.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class QosClass(enum.IntEnum):
+    INTERACTIVE = 0
+    COMPLETION = 1
+    AGENT = 2
+    BACKGROUND = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+DEFAULT_CLASS = QosClass.AGENT
+
+_ALIASES: dict[str, QosClass] = {
+    "interactive": QosClass.INTERACTIVE,
+    "interactive-chat": QosClass.INTERACTIVE,
+    "0": QosClass.INTERACTIVE,
+    "completion": QosClass.COMPLETION,
+    "inline-completion": QosClass.COMPLETION,
+    "1": QosClass.COMPLETION,
+    "agent": QosClass.AGENT,
+    "foreground": QosClass.AGENT,
+    "foreground-agent": QosClass.AGENT,
+    "2": QosClass.AGENT,
+    "background": QosClass.BACKGROUND,
+    "background-agent": QosClass.BACKGROUND,
+    "3": QosClass.BACKGROUND,
+}
+
+
+class UnknownQosClass(ValueError):
+    pass
+
+
+def parse_qos(value: str) -> QosClass:
+    """Resolve a class name, alias or number; raise UnknownQosClass otherwise."""
+    key = value.strip().lower()
+    try:
+        return _ALIASES[key]
+    except KeyError:
+        raise UnknownQosClass(
+            f"unknown QoS class {value!r}; expected one of interactive, completion, agent, background"
+        ) from None
+
+
+# Request priority (X-LlamaSwap-Priority). The number is the interface.
+PRIORITY_ALIASES: dict[str, int] = {"interactive": 100, "normal": 0, "batch": -100}
+BAND_SPACING = 100
+
+
+def parse_priority(value: str | None) -> int:
+    """Signed integer or alias; absent or unparseable means 0. Never clamped, never an error."""
+    if value is None:
+        return 0
+    text = value.strip().lower()
+    if text in PRIORITY_ALIASES:
+        return PRIORITY_ALIASES[text]
+    try:
+        return int(text, 10)
+    except ValueError:
+        return 0
+
+
+def band_of(priority: int) -> str:
+    """The band a priority falls in: nearest anchor, bands 100 wide centred on -100/0/+100.
+
+    priority >= 50 is interactive, priority <= -50 is batch, anything between is normal.
+    """
+    if priority >= BAND_SPACING // 2:
+        return "interactive"
+    if priority <= -(BAND_SPACING // 2):
+        return "batch"
+    return "normal"
+
+
+BAND_CLASS: dict[str, QosClass] = {
+    "interactive": QosClass.INTERACTIVE,
+    "normal": DEFAULT_CLASS,
+    "batch": QosClass.BACKGROUND,
+}
+
+
+def class_of_priority(priority: int) -> QosClass:
+    """The class a request gets when it names only X-LlamaSwap-Priority."""
+    return BAND_CLASS[band_of(priority)]

@@ -1,0 +1,161 @@
+"""Plain data passed between the scheduler core, the engine and the worker.
+
+A tick is: the scheduler's ``step()`` returns a :class:`TickPlan`; the engine executes it and
+returns a :class:`TickResult`; the scheduler's ``commit()`` turns that into :class:`Event`s.
+
+Prefill and decode are one operation here: a lane's sequence is ``prompt + output`` and the
+engine is asked to *feed* the part of it that is not yet in the KV cache (``job.computed`` onward).
+During prefill that is a chunk of the prompt; while decoding it is the one token sampled last
+tick. The engine samples after a feed only when the feed reaches the end of the sequence.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .qos import DEFAULT_CLASS, QosClass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-lane sampling. ``temperature == 0`` is greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Job:
+    """One generation. The fields above the line are the request; below, the scheduler's state."""
+
+    job_id: str
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    qos: QosClass = DEFAULT_CLASS
+    priority: int = 0
+    batch_invariant: bool = False
+    # -- scheduler state --------------------------------------------------------------
+    state: JobState = JobState.QUEUED
+    lane: int | None = None
+    computed: int = 0  # tokens of prompt + output already in the lane's KV cache
+    output: list[int] = field(default_factory=list)
+    arrival_s: float = 0.0
+    enqueued_tick: int = 0
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    finish_reason: str | None = None
+    preemptions: int = 0
+    parked: Any = None  # engine artifact holding the KV while preempted
+    seq: int = 0  # arrival order, for FIFO inside a class and priority
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def remaining_prompt(self) -> int:
+        return max(0, len(self.prompt) - self.computed)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < len(self.prompt)
+
+
+@dataclass
+class LaneFeed:
+    """Tokens to append to one lane's sequence at ``start_pos``; sample after them if ``sample``."""
+
+    lane: int
+    job_id: str
+    start_pos: int
+    tokens: list[int]
+    sample: bool
+
+    @property
+    def is_decode(self) -> bool:
+        return self.sample and len(self.tokens) == 1 and self.start_pos > 0
+
+
+@dataclass
+class LaneBind:
+    """Give a lane fresh sampler state for a job; ``history`` are tokens already generated."""
+
+    lane: int
+    job_id: str
+    sampling: SamplingParams
+    history: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LaneRestore:
+    lane: int
+    job_id: str
+    artifact: Any
+
+
+@dataclass
+class TickPlan:
+    """What the engine does this tick, in this order: release, park, restore, bind, feed."""
+
+    tick: int
+    release: list[int] = field(default_factory=list)
+    park: list[tuple[int, str]] = field(default_factory=list)
+    restore: list[LaneRestore] = field(default_factory=list)
+    bind: list[LaneBind] = field(default_factory=list)
+    feeds: list[LaneFeed] = field(default_factory=list)
+    step_tokens: int = 512  # most tokens per engine call; the engine checks should_stop between calls
+    alone: bool = False  # a batch-invariant lane ticks alone
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(len(f.tokens) for f in self.feeds if not f.is_decode)
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(1 for f in self.feeds if f.is_decode)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.feeds or self.release or self.park or self.restore)
+
+
+@dataclass
+class TickResult:
+    """What the engine did. ``fed`` may fall short of the plan when it stopped early."""
+
+    fed: dict[int, int] = field(default_factory=dict)  # lane -> tokens consumed
+    sampled: dict[int, int] = field(default_factory=dict)  # lane -> token id
+    eog: set[int] = field(default_factory=set)  # lanes whose sampled token ends generation
+    parked: dict[str, Any] = field(default_factory=dict)  # job_id -> artifact
+    elapsed_s: float = 0.0
+    prefill_s: float = 0.0  # time spent in engine calls that carried prefill tokens
+    stopped_early: bool = False
+
+
+@dataclass
+class Event:
+    """Something a client or an operator should hear about. ``kind`` is one of:
+    ``admitted``, ``token``, ``preempted``, ``resumed``, ``finished``."""
+
+    kind: str
+    job_id: str
+    token: int | None = None
+    lane: int | None = None
+    reason: str | None = None
+    job: Job | None = None

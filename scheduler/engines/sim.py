@@ -1,0 +1,155 @@
+"""A cost-model engine for core tests and scale simulations: no model, deterministic tokens.
+
+It keeps each lane's sequence exactly as a real engine's KV cache would, and checks the
+contract on every feed (positions must continue the lane's sequence), so a scheduler bug that
+would corrupt a real lane fails loudly here. The next token is a pure function of the lane's
+sequence, so a preempted-and-resumed job must produce the same tokens as an undisturbed one.
+Time is charged to an injected clock (prefill per token, decode per round).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core.types import TickPlan, TickResult
+
+EOG_TOKEN = 2
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class SimParked:
+    tokens: list[int]
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * len(self.tokens)
+
+
+class SimEngine:
+    name = "sim"
+
+    def __init__(
+        self,
+        *,
+        n_lanes: int = 8,
+        lane_ctx: int = 4096,
+        clock: FakeClock | None = None,
+        prefill_s_per_token: float = 0.005,
+        decode_round_s: float = 0.06,
+        eog_after: dict[str, int] | None = None,
+    ) -> None:
+        self.n_lanes = n_lanes
+        self.lane_ctx = lane_ctx
+        self.clock = clock or FakeClock()
+        self.prefill_s_per_token = prefill_s_per_token
+        self.decode_round_s = decode_round_s
+        self.eog_after = eog_after or {}  # job_id -> emit EOG as its Nth generated token
+        self.kv: list[list[int]] = [[] for _ in range(n_lanes)]
+        self.lane_job: list[str | None] = [None] * n_lanes
+        self.generated: dict[str, int] = {}
+        self.calls: list[list[tuple[int, int]]] = []  # per engine call: (lane, n tokens)
+        self.on_call: Callable[[int], None] | None = None  # hook: runs after each call
+
+    # -- text ---------------------------------------------------------------------------
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token % 256])
+
+    @staticmethod
+    def next_token(sequence: list[int]) -> int:
+        digest = hashlib.blake2b(bytes(t % 256 for t in sequence[-16:]), digest_size=2).digest()
+        return 97 + digest[0] % 26  # a-z
+
+    # -- ticks --------------------------------------------------------------------------
+
+    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
+        start = self.clock()
+        result = TickResult()
+        for lane in plan.release:
+            self.kv[lane] = []
+            self.lane_job[lane] = None
+        for lane, job_id in plan.park:
+            result.parked[job_id] = SimParked(list(self.kv[lane]))
+            self.kv[lane] = []
+            self.lane_job[lane] = None
+        for restore in plan.restore:
+            assert not self.kv[restore.lane], "restore into a lane that is not empty"
+            self.kv[restore.lane] = list(restore.artifact.tokens)
+        for bind in plan.bind:
+            self.lane_job[bind.lane] = bind.job_id
+            self.generated[bind.job_id] = len(bind.history)
+        # Split feeds into calls of at most step_tokens, decode tokens first.
+        feeds = sorted(plan.feeds, key=lambda f: not f.is_decode)
+        pending = [(f, 0) for f in feeds]  # (feed, tokens already fed)
+        calls_this_tick = 0
+        while pending:
+            if calls_this_tick and should_stop():
+                result.stopped_early = True
+                break
+            space = plan.step_tokens
+            call: list[tuple[int, int]] = []
+            nxt = []
+            prefill_in_call = False
+            for feed, done in pending:
+                if space <= 0:
+                    nxt.append((feed, done))
+                    continue
+                take = min(space, len(feed.tokens) - done)
+                space -= take
+                lane_kv = self.kv[feed.lane]
+                assert len(lane_kv) == feed.start_pos + done, (
+                    f"lane {feed.lane}: feed at {feed.start_pos + done} but KV holds {len(lane_kv)}"
+                )
+                lane_kv.extend(feed.tokens[done : done + take])
+                call.append((feed.lane, take))
+                result.fed[feed.lane] = result.fed.get(feed.lane, 0) + take
+                if not feed.is_decode:
+                    prefill_in_call = True
+                if done + take < len(feed.tokens):
+                    nxt.append((feed, done + take))
+                elif feed.sample:
+                    job_id = self.lane_job[feed.lane]
+                    assert job_id is not None
+                    self.generated[job_id] = self.generated.get(job_id, 0) + 1
+                    if self.eog_after.get(job_id) == self.generated[job_id]:
+                        result.eog.add(feed.lane)
+                        result.sampled[feed.lane] = EOG_TOKEN
+                    else:
+                        result.sampled[feed.lane] = self.next_token(lane_kv)
+            n_prefill = sum(n for lane, n in call) if prefill_in_call else 0
+            cost = self.decode_round_s + n_prefill * self.prefill_s_per_token
+            self.clock.advance(cost)
+            if prefill_in_call:
+                result.prefill_s += cost
+            self.calls.append(call)
+            calls_this_tick += 1
+            if self.on_call is not None:
+                self.on_call(len(self.calls))
+            pending = nxt
+        result.elapsed_s = self.clock() - start
+        return result
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,58 @@
+"""Run one engine worker: load the model, listen on the link socket, tick until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from scheduler.engines.models import model_name_for
+from scheduler.management.options import add_engine_arguments, resolve_model, scheduler_config
+from scheduler.worker.loop import EngineWorker
+
+log = logging.getLogger("superfluid.worker")
+
+
+def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int) -> Any:
+    if kind == "auto":
+        kind = "llamacpp" if model.is_file() and model.suffix.lower() == ".gguf" else ""
+    if kind == "llamacpp":
+        from scheduler.engines.llama_cpp import LlamaCppEngine
+
+        return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None)
+    raise CommandError(f"no engine for {model} (--engine {kind or 'auto'}); a .gguf file runs on llamacpp")
+
+
+class Command(BaseCommand):
+    help = "Run an engine worker process (manage.py serve starts and supervises one for you)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--socket", required=True, help="Unix socket path of the link")
+        add_engine_arguments(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config = scheduler_config(options)
+        model = resolve_model(options)
+        started = time.monotonic()
+        engine = load_engine(options["engine"], model, n_lanes=config.max_batch, lane_ctx=config.lane_ctx, threads=options["threads"])
+        name = options["model_name"] or model_name_for(model)
+        worker = EngineWorker(engine, config, model_name=name)
+
+        def on_signal(signum: int, frame: Any) -> None:
+            worker.drain()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        sys.stderr.write(
+            f"engine worker: {name} on {engine.name}, {config.max_batch} lanes x {config.lane_ctx} tokens, "
+            f"loaded in {time.monotonic() - started:.1f}s\n"
+        )
+        try:
+            worker.serve(options["socket"])
+        finally:
+            engine.close()

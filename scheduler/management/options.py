@@ -1,0 +1,107 @@
+"""Engine and scheduling flags shared by ``serve`` and ``runengine``, named as in the seed.
+
+Every flag can also be set from an environment variable: ``--max-batch`` reads
+``SUPERFLUID_MAX_BATCH``, and so on (flag name upper-cased, dashes to underscores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
+from scheduler.core.scheduler import SchedulerConfig
+
+
+def _env(flag: str, default: Any) -> Any:
+    raw = os.environ.get("SUPERFLUID_" + flag.lstrip("-").upper().replace("-", "_"))
+    if raw is None or raw == "":
+        return default
+    if isinstance(default, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise CommandError(f"environment value for {flag} must be an integer, got {raw!r}") from None
+    return raw
+
+
+# (flag, type, default, help) -- forwarded from serve to runengine as given
+ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
+    ("--model-name", str, "", "id the model is served under (default: the file name without extension)"),
+    ("--engine", str, "auto", "auto (by what the model is), or llamacpp"),
+    ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
+    ("--ctx-size", int, 4096, "context tokens per lane"),
+    ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
+    ("--class-lanes", str, "", "lane caps per class, e.g. background=2,agent=6 (each 1..--max-batch)"),
+    ("--prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 = adaptive (256-4096)"),
+    ("--tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 = every decoding lane"),
+    ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
+    ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
+    ("--drain-timeout", int, 30, "seconds in-flight requests get to finish on SIGTERM"),
+]
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=_env("--model", ""), help="model file (GGUF); default: the bundled SmolLM2-135M-Instruct")
+    for flag, typ, default, help_text in ENGINE_FLAGS:
+        parser.add_argument(flag, type=typ, default=_env(flag, default), help=f"{help_text} (default: {default!r})")
+
+
+def parse_class_lanes(text: str, max_batch: int) -> dict[QosClass, int]:
+    caps: dict[QosClass, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise CommandError(f"--class-lanes entry {part!r} must look like class=N")
+        try:
+            qos = parse_qos(name)
+            cap = int(value)
+        except (UnknownQosClass, ValueError) as exc:
+            raise CommandError(f"--class-lanes entry {part!r}: {exc}") from None
+        if not 1 <= cap <= max_batch:
+            raise CommandError(f"--class-lanes cap for {qos.label} must be between 1 and --max-batch ({max_batch}), got {cap}")
+        caps[qos] = cap
+    return caps
+
+
+def resolve_model(options: dict[str, Any]) -> Path:
+    from scheduler.engines.models import default_model_path
+
+    path = Path(options["model"]).expanduser() if options.get("model") else default_model_path()
+    if not path.exists():
+        raise CommandError(f"--model {path}: no such file or directory")
+    return path.resolve()
+
+
+def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
+    max_batch = options["max_batch"]
+    if max_batch < 1 or max_batch > 64:
+        raise CommandError("--max-batch must be between 1 and 64")
+    if options["ctx_size"] < 64:
+        raise CommandError("--ctx-size must be at least 64")
+    try:
+        return SchedulerConfig(
+            max_batch=max_batch,
+            lane_ctx=options["ctx_size"],
+            class_lanes=parse_class_lanes(options["class_lanes"], max_batch),
+            prefill_budget=options["prefill_budget"],
+            tick_decode_budget=options["tick_decode_budget"],
+            tick_target_ms=options["tick_target_ms"],
+            starvation_ticks=options["starvation_ticks"],
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def engine_argv(options: dict[str, Any], model: Path) -> list[str]:
+    """The runengine flags that reproduce these options."""
+    argv = ["--model", str(model)]
+    for flag, _typ, _default, _help in ENGINE_FLAGS:
+        argv += [flag, str(options[flag.lstrip("-").replace("-", "_")])]
+    return argv

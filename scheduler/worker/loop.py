@@ -1,0 +1,356 @@
+"""The engine worker: turns link messages into jobs and runs the tick loop.
+
+One thread owns the scheduler and the engine. Between ticks it drains the inbox (submits,
+cancels), then plans a tick, executes it on the engine, commits the result and sends text
+deltas. Prompts are tokenised on submit so that a request that cannot fit is rejected before
+the web side has sent any response.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.core.qos import QosClass
+from scheduler.core.scheduler import Scheduler, SchedulerConfig
+from scheduler.core.types import Event, Job, SamplingParams
+from scheduler.engines.base import Engine, EngineError
+from scheduler.link.protocol import error_dict
+
+from .output import TextStream
+from .server import Connection, LinkServer
+
+log = logging.getLogger("superfluid.worker")
+
+SNAPSHOT_INTERVAL_S = 0.1
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.error = error_dict(status, message, "invalid_request_error" if status < 500 else "server_error", code, param)
+
+
+@dataclass
+class JobContext:
+    job_id: str
+    conn: Connection
+    stream: TextStream
+    prompt_tokens: int  # the client's prompt, before any resume text
+    resume_tokens: int = 0  # completion tokens delivered by an earlier worker
+    pending_text: list[str] = field(default_factory=list)
+
+
+class EngineWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        config: SchedulerConfig,
+        *,
+        model_name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.scheduler = Scheduler(config, clock=clock)
+        self.clock = clock
+        self.inbox: queue.SimpleQueue[tuple[Connection, dict[str, Any]]] = queue.SimpleQueue()
+        self.interrupt = threading.Event()
+        self.contexts: dict[str, JobContext] = {}
+        self.draining = False
+        self.stopped = threading.Event()
+        self.link: LinkServer | None = None
+        self._last_snapshot = 0.0
+        self.stats: dict[str, float] = {
+            "peak_lanes_active": 0,
+            "prompt_tokens_total": 0,
+            "completion_tokens_total": 0,
+            "requests_total": 0,
+            "rejected_total": 0,
+            "engine_errors_total": 0,
+            "tick_seconds_total": 0.0,
+            "last_ttft_ms": 0.0,
+        }
+
+    # -- link --------------------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "engine": self.engine.name,
+            "n_lanes": self.engine.n_lanes,
+            "lane_ctx": self.engine.lane_ctx,
+            "pid": os.getpid(),
+        }
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """Runs on a reader thread: stop the tick in flight when someone must not wait for it."""
+        op = message.get("op")
+        if op == "cancel" or op == "disconnected":
+            self.interrupt.set()
+        elif op == "submit" and int(message.get("qos", 2)) <= QosClass.COMPLETION:
+            self.interrupt.set()
+
+    def serve(self, socket_path: str) -> None:
+        self.link = LinkServer(socket_path, self.inbox, self._on_message, self.hello)
+        self.link.start()
+        try:
+            self.run()
+        finally:
+            self.link.close()
+
+    # -- messages ----------------------------------------------------------------------
+
+    def handle(self, conn: Connection, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "submit":
+            self._submit(conn, message)
+        elif op == "cancel":
+            self.scheduler.cancel(str(message.get("id")))
+        elif op == "disconnected":
+            for ctx in [c for c in self.contexts.values() if c.conn is conn]:
+                self.scheduler.cancel(ctx.job_id)
+        else:
+            log.warning("unknown link op %r", op)
+
+    def _submit(self, conn: Connection, message: dict[str, Any]) -> None:
+        job_id = str(message.get("id") or uuid.uuid4().hex)
+        try:
+            if self.draining:
+                raise Rejected(503, "The server is shutting down.", "engine_unavailable")
+            if job_id in self.contexts:
+                raise Rejected(400, f"duplicate job id {job_id}", "duplicate_id")
+            job, ctx = self._build_job(job_id, conn, message)
+        except Rejected as exc:
+            self.stats["rejected_total"] += 1
+            conn.queue({"ev": "rejected", "id": job_id, "error": exc.error})
+            return
+        self.scheduler.add(job)
+        self.contexts[job_id] = ctx
+        self.stats["requests_total"] += 1
+        conn.queue({"ev": "accepted", "id": job_id, "prompt_tokens": ctx.prompt_tokens})
+
+    def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str]:
+        """(tokens to prefill, tokens of the client's own prompt, the param errors refer to)."""
+        engine = self.engine
+        if request.get("endpoint") == "chat":
+            try:
+                text = engine.render_chat(request["messages"])
+            except Exception as exc:  # a template's raise_exception, or a malformed message
+                raise Rejected(400, f"The chat template rejected the messages: {exc}", "invalid_messages", "messages") from None
+            own = engine.tokenize(text)
+            tokens = engine.tokenize(text + resume_text) if resume_text else own
+            return tokens, len(own), "messages"
+        prompt = request.get("prompt")
+        suffix = request.get("suffix")
+        if suffix is not None:
+            fim = getattr(engine, "fim_tokens", lambda: None)()
+            if fim is None:
+                raise Rejected(400, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "fim_unsupported", "suffix")
+            pre, suf, mid = fim
+            prefix_text = prompt if isinstance(prompt, str) else ""
+            own = [pre, *engine.tokenize(prefix_text, add_special=False), suf, *engine.tokenize(suffix, add_special=False), mid]
+            extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
+            return own + extra, len(own), "prompt"
+        if isinstance(prompt, list):
+            vocab = getattr(engine, "vocab_size", None)
+            if vocab is not None and any(not 0 <= t < vocab for t in prompt):
+                raise Rejected(400, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "invalid_prompt", "prompt")
+            own = [int(t) for t in prompt]
+            extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
+            return own + extra, len(own), "prompt"
+        text = str(prompt)
+        own = engine.tokenize(text)
+        tokens = engine.tokenize(text + resume_text) if resume_text else own
+        return tokens, len(own), "prompt"
+
+    def _build_job(self, job_id: str, conn: Connection, message: dict[str, Any]) -> tuple[Job, JobContext]:
+        request = message["request"]
+        resume_text = str(message.get("resume_text") or "")
+        resume_tokens = int(message.get("resume_tokens") or 0)
+        tokens, own_len, param = self._prompt_tokens(request, resume_text)
+        ctx_limit = self.engine.lane_ctx
+        if not tokens:
+            raise Rejected(400, "The prompt is empty.", "empty_prompt", param)
+        max_tokens = request.get("max_tokens")
+        if len(tokens) >= ctx_limit or (max_tokens is not None and own_len + max_tokens > ctx_limit):
+            detail = f"{own_len} tokens in the {param}"
+            if max_tokens is not None:
+                detail += f" and {max_tokens} in the completion ({own_len + max_tokens} in all)"
+            raise Rejected(
+                400,
+                f"This model's maximum context length is {ctx_limit} tokens. However, you requested {detail}. "
+                "Please reduce the length of the prompt or the completion.",
+                "context_length_exceeded",
+                param,
+            )
+        budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
+        sampling = SamplingParams(
+            **{k: request[k] for k in SamplingParams.__dataclass_fields__ if request.get(k) is not None}
+        )
+        job = Job(
+            job_id=job_id,
+            prompt=tokens,
+            max_tokens=max(1, budget),
+            sampling=sampling,
+            qos=QosClass(int(message.get("qos", QosClass.AGENT))),
+            priority=int(message.get("priority", 0)),
+            batch_invariant=bool(message.get("batch_invariant", False)),
+        )
+        stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
+        return job, JobContext(job_id, conn, stream, own_len, resume_tokens)
+
+    # -- ticks -------------------------------------------------------------------------
+
+    def _drain_inbox(self, block_s: float) -> None:
+        try:
+            conn, message = self.inbox.get(timeout=block_s) if block_s > 0 else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        self.handle(conn, message)
+        while True:
+            try:
+                conn, message = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self.handle(conn, message)
+
+    def run_tick(self) -> bool:
+        """Plan, execute and commit one tick. Returns False when there was nothing to do."""
+        self.interrupt.clear()
+        self._process(self.scheduler.drain_events())
+        plan = self.scheduler.step()
+        if not plan.has_work:
+            self._process(self.scheduler.drain_events())
+            return False
+        started = time.perf_counter()
+        try:
+            result = self.engine.execute(plan, self.interrupt.is_set)
+        except EngineError as exc:
+            self._fail_running(str(exc))
+            return True
+        self.stats["tick_seconds_total"] += time.perf_counter() - started
+        self._process(self.scheduler.commit(result))
+        active = sum(1 for j in self.scheduler.lanes if j is not None)
+        self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
+        return True
+
+    def _fail_running(self, message: str) -> None:
+        log.error("engine error, failing running jobs: %s", message)
+        self.stats["engine_errors_total"] += 1
+        for job in [j for j in self.scheduler.lanes if j is not None]:
+            ctx = self.contexts.pop(job.job_id, None)
+            self.scheduler.cancel(job.job_id, reason="error")
+            if ctx is not None:
+                ctx.conn.queue({"ev": "error", "id": job.job_id, "error": error_dict(500, f"The engine failed: {message}", "server_error", "engine_error")})
+        self.scheduler.drain_events()
+
+    def _process(self, events: list[Event]) -> None:
+        for event in events:
+            ctx = self.contexts.get(event.job_id)
+            if ctx is None:
+                continue
+            if event.kind == "token":
+                assert event.token is not None
+                text = ctx.stream.push(event.token)
+                if text:
+                    ctx.pending_text.append(text)
+                if ctx.stream.stopped:
+                    self.scheduler.finish(event.job_id, "stop")
+            elif event.kind == "finished":
+                self._finished(ctx, event)
+        # stop strings finish jobs after commit: their events are pending now
+        followups = self.scheduler.drain_events()
+        if followups:
+            self._process(followups)
+        for ctx in self.contexts.values():
+            if ctx.pending_text:
+                job = self.scheduler.jobs.get(ctx.job_id)
+                generated = len(job.output) if job else 0
+                ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": generated + ctx.resume_tokens})
+                ctx.pending_text.clear()
+
+    def _finished(self, ctx: JobContext, event: Event) -> None:
+        self.contexts.pop(ctx.job_id, None)
+        job = event.job
+        assert job is not None
+        tail = ctx.stream.flush()
+        if tail:
+            ctx.pending_text.append(tail)
+        completion = len(job.output) + ctx.resume_tokens
+        if ctx.pending_text:
+            ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": completion})
+            ctx.pending_text.clear()
+        if event.reason == "error":
+            return
+        self.stats["prompt_tokens_total"] += ctx.prompt_tokens
+        self.stats["completion_tokens_total"] += len(job.output)
+        timing = {
+            "queue_wait_ms": _ms(job.admitted_s, job.arrival_s),
+            "ttft_ms": _ms(job.first_token_s, job.arrival_s),
+            "total_ms": _ms(job.finished_s, job.arrival_s),
+            "preemptions": job.preemptions,
+        }
+        if timing["ttft_ms"] is not None:
+            self.stats["last_ttft_ms"] = timing["ttft_ms"]
+        ctx.conn.queue(
+            {
+                "ev": "done",
+                "id": ctx.job_id,
+                "finish_reason": event.reason,
+                "usage": {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": completion, "cached_tokens": 0},
+                "timing": timing,
+                "class": job.qos.label,
+                "priority": job.priority,
+            }
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        state = self.scheduler.snapshot()
+        state.update(self.hello())
+        state["stats"] = dict(self.stats)
+        state["draining"] = self.draining
+        return state
+
+    def _maybe_snapshot(self) -> None:
+        now = time.monotonic()
+        if self.link is not None and now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
+            self._last_snapshot = now
+            self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
+
+    def drain(self) -> None:
+        """Stop admitting; the loop exits once every job already accepted has finished."""
+        self.draining = True
+
+    def run(self, drain_timeout_s: float = 30.0) -> None:
+        drain_deadline: float | None = None
+        while True:
+            idle = self.scheduler.idle
+            self._drain_inbox(0.05 if idle else 0.0)
+            if self.draining:
+                if drain_deadline is None:
+                    drain_deadline = time.monotonic() + drain_timeout_s
+                if self.scheduler.idle or time.monotonic() > drain_deadline:
+                    break
+            self.run_tick()
+            self._maybe_snapshot()
+            if self.link is not None:
+                self.link.flush()
+        for job_id in list(self.contexts):
+            ctx = self.contexts.pop(job_id)
+            ctx.conn.queue({"ev": "error", "id": job_id, "error": error_dict(503, "The server shut down before this request finished.", "server_error", "engine_unavailable")})
+        if self.link is not None:
+            self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
+            self.link.flush()
+        self.stopped.set()
+
+
+def _ms(end: float | None, start: float) -> float | None:
+    return None if end is None else round((end - start) * 1000.0, 1)

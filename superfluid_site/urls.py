@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.urls import path, re_path
+
+from api import views as api_views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/models", api_views.models),
+    path("v1/models/<path:model_id>", api_views.model_detail),
+    path("health", api_views.health),
+    path("slots", api_views.slots),
+    path("v1/internal/state", api_views.state),
+    re_path(r"^v1/(?P<rest>.*)$", api_views.unknown_route),
+]

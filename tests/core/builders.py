@@ -1,0 +1,77 @@
+"""Builders for core tests: a scheduler on a fake clock, a simulated engine, jobs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.core.qos import QosClass
+from scheduler.core.scheduler import Scheduler, SchedulerConfig
+from scheduler.core.types import Event, Job, SamplingParams
+from scheduler.engines.sim import FakeClock, SimEngine
+
+_ids = itertools.count(1)
+
+
+def make_scheduler(**overrides: Any) -> tuple[Scheduler, SimEngine, FakeClock]:
+    clock = FakeClock()
+    engine_kw = {k: overrides.pop(k) for k in ("prefill_s_per_token", "decode_round_s", "eog_after") if k in overrides}
+    config = SchedulerConfig(**overrides)
+    sched = Scheduler(config, clock=clock)
+    engine = SimEngine(n_lanes=config.max_batch, lane_ctx=config.lane_ctx, clock=clock, **engine_kw)
+    return sched, engine, clock
+
+
+def make_job(
+    prompt_tokens: int = 16,
+    *,
+    max_tokens: int = 8,
+    qos: QosClass = QosClass.AGENT,
+    priority: int = 0,
+    job_id: str | None = None,
+    batch_invariant: bool = False,
+) -> Job:
+    job_id = job_id or f"job{next(_ids)}"
+    prompt = [(hash((job_id, i)) % 200) + 3 for i in range(prompt_tokens)]
+    return Job(
+        job_id=job_id,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+        qos=qos,
+        priority=priority,
+        batch_invariant=batch_invariant,
+    )
+
+
+def make_jobs(n: int, **kwargs: Any) -> list[Job]:
+    return [make_job(**kwargs) for _ in range(n)]
+
+
+def tick(sched: Scheduler, engine: SimEngine, should_stop: Callable[[], bool] = lambda: False) -> list[Event]:
+    plan = sched.step()
+    result = engine.execute(plan, should_stop)
+    return sched.commit(result)
+
+
+def run_until_idle(sched: Scheduler, engine: SimEngine, max_ticks: int = 10_000) -> list[Event]:
+    events: list[Event] = []
+    for _ in range(max_ticks):
+        if not sched.jobs:
+            return events
+        events += tick(sched, engine)
+    raise AssertionError("scheduler did not go idle")
+
+
+def outputs(events: list[Event]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for e in events:
+        if e.kind == "token":
+            assert e.token is not None
+            out.setdefault(e.job_id, []).append(e.token)
+    return out
+
+
+def finished(events: list[Event]) -> dict[str, str]:
+    return {e.job_id: e.reason or "" for e in events if e.kind == "finished"}
