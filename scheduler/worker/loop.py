@@ -68,6 +68,7 @@ class EngineWorker:
         self.stopped = threading.Event()
         self.link: LinkServer | None = None
         self._last_snapshot = 0.0
+        self._last_occupancy: tuple[str | None, ...] = ()
         self.stats: dict[str, float] = {
             "peak_lanes_active": 0,
             "prompt_tokens_total": 0,
@@ -320,9 +321,13 @@ class EngineWorker:
         return state
 
     def _maybe_snapshot(self) -> None:
+        """Send a snapshot every SNAPSHOT_INTERVAL_S, and at once when a lane is taken or freed."""
         now = time.monotonic()
-        if self.link is not None and now - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
+        occupancy = tuple(j.job_id if j is not None else None for j in self.scheduler.lanes)
+        changed = occupancy != self._last_occupancy
+        if self.link is not None and (changed or now - self._last_snapshot >= SNAPSHOT_INTERVAL_S):
             self._last_snapshot = now
+            self._last_occupancy = occupancy
             self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
 
     def drain(self) -> None:

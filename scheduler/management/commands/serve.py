@@ -160,7 +160,7 @@ class Command(BaseCommand):
             application=get_default_application(),
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=False,
-            action_logs=False,
+            verbosity=0,
             http_timeout=None,
             application_close_timeout=5,
             ready_callable=ready,

@@ -1,0 +1,630 @@
+"""Parsing and validation of OpenAI-compatible request bodies.
+
+Pure functions: bytes in, a :class:`GenerationRequest` out, or an :class:`~api.errors.ApiError`
+naming the offending parameter (``param``) exactly as OpenAI would. Nothing here touches the
+network, the ORM or the engines; tokenisation, chat templating and context-length checks happen
+downstream.
+
+Conventions, following OpenAI's API:
+
+* A JSON ``null`` for an optional parameter means "absent" (SDKs send ``null`` for unset fields).
+* Booleans are not numbers, and integers must be JSON integers (``5.0`` is not an integer).
+* Parameters OpenAI defines but we cannot honour are rejected with ``unsupported_parameter`` /
+  ``unsupported_value`` rather than silently ignored, unless ignoring them cannot change the
+  output (``user``, ``metadata``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from .errors import ApiError, invalid_request, model_not_found
+
+Endpoint = Literal["chat", "completions"]
+
+INVALID_JSON_MESSAGE = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
+    "your HTTP library correctly. The API expects a JSON payload, but what was sent was not "
+    "valid JSON.)"
+)
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
+MAX_STOP_SEQUENCES = 4
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+# Keys each endpoint understands. Anything else is ``unknown_parameter``.
+_COMMON_KEYS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repeat_penalty",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "user",
+        "logit_bias",
+        "cache_prompt",
+    }
+)
+_CHAT_KEYS = _COMMON_KEYS | {
+    "messages",
+    "max_completion_tokens",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "metadata",
+    "store",
+    "service_tier",
+}
+_COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "suffix", "echo", "best_of", "logprobs"}
+
+# Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
+# accepted and dropped (chat templates here only see role and content).
+_MESSAGE_KEYS = frozenset(
+    {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call"}
+)
+_STREAM_OPTIONS_KEYS = frozenset({"include_usage", "include_obfuscation"})
+
+
+# ---------------------------------------------------------------------------------------------
+# The parsed request
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationRequest:
+    """A validated generation request, endpoint-independent.
+
+    Exactly one of ``messages`` (chat; normalised to ``[{"role", "content": str}]`` with
+    ``developer`` mapped to ``system``) and ``prompt`` (completions; text or token ids) is set.
+    ``max_tokens`` is ``None`` when the client did not give one: the caller picks the limit
+    (typically what is left of the context window). ``stop`` is always a list.
+    """
+
+    endpoint: Endpoint
+    model: str
+    messages: list[dict[str, str]] | None = None
+    prompt: str | list[int] | None = None
+    suffix: str | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+
+    def sampling_dict(self) -> dict[str, Any]:
+        """The sampling fields, keyed exactly like ``scheduler.core.types.SamplingParams`` so that
+        ``SamplingParams(**req.sampling_dict())`` works."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": self.seed,
+            "repeat_penalty": self.repeat_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+        }
+
+    def to_wire(self) -> dict[str, Any]:
+        """All fields as a JSON-serialisable dict (for channel-layer messages). Lists are copied
+        so the result shares no mutable state with the request."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.messages is not None:
+            out["messages"] = [dict(m) for m in self.messages]
+        if isinstance(self.prompt, list):
+            out["prompt"] = list(self.prompt)
+        out["stop"] = list(self.stop)
+        return out
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> GenerationRequest:
+        """Inverse of :meth:`to_wire`. Missing optional keys take their defaults; unknown keys
+        raise ``ValueError`` (the wire format is internal, so a mismatch is a bug to surface)."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown GenerationRequest fields: {sorted(unknown)}")
+        kwargs = dict(d)
+        if kwargs.get("messages") is not None:
+            kwargs["messages"] = [dict(m) for m in kwargs["messages"]]
+        if isinstance(kwargs.get("prompt"), list):
+            kwargs["prompt"] = list(kwargs["prompt"])
+        if "stop" in kwargs:
+            kwargs["stop"] = list(kwargs["stop"])
+        return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_chat_request(raw: bytes, *, models: Collection[str]) -> GenerationRequest:
+    """Validate a ``POST /v1/chat/completions`` body and return the request.
+
+    ``raw`` is the HTTP body; ``models`` the model ids being served. Raises :class:`ApiError`
+    (400 with the exact ``param``, or 404 ``model_not_found``) on the first problem found, checked
+    in this order: JSON, object, ``model``, unknown keys, ``messages``, then the other parameters.
+    """
+    body = _load_object(raw)
+    model = _parse_model(body, models)
+    _reject_unknown_keys(body, _CHAT_KEYS)
+    messages = _parse_messages(body)
+    _check_chat_unsupported(body)
+    max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
+    max_completion = _opt_int(
+        body, "max_completion_tokens", 1, None, "an integer greater than or equal to 1"
+    )
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid_request(
+            "Invalid value for 'max_completion_tokens': it must equal 'max_tokens' when both are "
+            f"given (got {max_completion} and {max_tokens}); 'max_tokens' is deprecated, send "
+            "only 'max_completion_tokens'.",
+            param="max_completion_tokens",
+            code="invalid_value",
+        )
+    req = GenerationRequest(
+        endpoint="chat",
+        model=model,
+        messages=messages,
+        max_tokens=max_completion if max_completion is not None else max_tokens,
+    )
+    _parse_common(body, req)
+    return req
+
+
+def parse_completion_request(raw: bytes, *, models: Collection[str]) -> GenerationRequest:
+    """Validate a ``POST /v1/completions`` body and return the request.
+
+    Same contract as :func:`parse_chat_request`. ``prompt`` may be a string, a list of one
+    string, a list of token ids, or a list of one list of token ids; several prompts (batching)
+    are rejected. ``suffix`` is kept for fill-in-the-middle; ``echo``, ``best_of`` > 1 and
+    ``logprobs`` are unsupported.
+    """
+    body = _load_object(raw)
+    model = _parse_model(body, models)
+    _reject_unknown_keys(body, _COMPLETION_KEYS)
+    prompt = _parse_prompt(body)
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise _invalid_type("suffix", "a string")
+    _must_be(body, "echo", lambda v: v is False, "false (echo is not supported)")
+    _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
+    _must_be(
+        body, "logprobs", lambda v: _is_int(v) and v == 0, "null or 0 (logprobs are not supported)"
+    )
+    req = GenerationRequest(
+        endpoint="completions",
+        model=model,
+        prompt=prompt,
+        suffix=suffix,
+        max_tokens=_opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1"),
+    )
+    _parse_common(body, req)
+    return req
+
+
+# ---------------------------------------------------------------------------------------------
+# Body-level helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _reject_nonfinite(token: str) -> float:
+    raise ValueError(f"non-standard JSON constant {token}")
+
+
+def _finite_float(text: str) -> float:
+    # Python's json accepts 1e999 and turns it into inf; JSON has no infinities.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text}")
+    return value
+
+
+def _load_object(raw: bytes) -> dict[str, Any]:
+    try:
+        # parse_constant/parse_float: reject NaN/Infinity literals and overflowing floats, which
+        # Python's json would otherwise accept though they are not JSON.
+        body = json.loads(raw, parse_constant=_reject_nonfinite, parse_float=_finite_float)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise invalid_request(INVALID_JSON_MESSAGE, code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid_request(
+            "The request body must be a JSON object.", code="invalid_type"
+        )
+    return body
+
+
+def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:
+    model = body.get("model")
+    if model is None:
+        raise invalid_request(
+            "You must provide a model parameter.", param="model", code="missing_required_parameter"
+        )
+    if not isinstance(model, str):
+        raise _invalid_type("model", "a string")
+    if model not in models:
+        raise model_not_found(model)
+    return model
+
+
+def _reject_unknown_keys(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    for key in body:
+        if key not in allowed:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: {key}",
+                param=key,
+                code="unknown_parameter",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat messages
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if messages is None:
+        raise _missing("messages")
+    if not isinstance(messages, list):
+        raise _invalid_type("messages", "an array of message objects")
+    if not messages:
+        raise invalid_request(
+            "Invalid value for 'messages': expected a non-empty array.",
+            param="messages",
+            code="invalid_value",
+        )
+    return [_parse_message(m, i) for i, m in enumerate(messages)]
+
+
+def _parse_message(msg: Any, i: int) -> dict[str, str]:
+    where = f"messages[{i}]"
+    if not isinstance(msg, dict):
+        raise _invalid_type(where, "an object")
+    for key in msg:
+        if key not in _MESSAGE_KEYS:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: {where}.{key}",
+                param=f"{where}.{key}",
+                code="unknown_parameter",
+            )
+    role = msg.get("role")
+    if role is None:
+        raise _missing(f"{where}.role")
+    if not isinstance(role, str) or role not in CHAT_ROLES:
+        raise _invalid_value(
+            f"{where}.role", "one of 'system', 'user', 'assistant', 'developer', 'tool'"
+        )
+    # Tool calls cannot be rendered faithfully without tool support; dropping them would change
+    # what the model sees, so refuse. Empty/null values are what SDKs echo back and are harmless.
+    for key in ("tool_calls", "function_call"):
+        if msg.get(key):
+            raise invalid_request(
+                f"'{where}.{key}' is not supported: this server does not support tool calling.",
+                param=f"{where}.{key}",
+                code="unsupported_parameter",
+            )
+    for key in ("name", "refusal", "tool_call_id"):
+        if msg.get(key) is not None and not isinstance(msg[key], str):
+            raise _invalid_type(f"{where}.{key}", "a string")
+    content = _parse_content(msg.get("content"), role, f"{where}.content")
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _parse_content(content: Any, role: str, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        # Only assistant turns may be content-less (OpenAI allows it when tool_calls carry the
+        # turn; here it is just an empty reply).
+        if role == "assistant":
+            return ""
+        raise _missing(where)
+    if not isinstance(content, list):
+        raise _invalid_type(where, "a string or an array of content parts")
+    if not content:
+        raise _invalid_value(where, "a string or a non-empty array of content parts")
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        part_where = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise _invalid_type(part_where, "a content part object")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise _missing(f"{part_where}.type")
+        if kind != "text":
+            # param names the message's content rather than the part: the whole message is
+            # what the client must change (the part index is in the message text).
+            raise invalid_request(
+                f"Content parts of type '{kind}' are not supported (in '{part_where}'); only "
+                "'text' parts are.",
+                param=where,
+                code="unsupported_content",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _invalid_type(f"{part_where}.text", "a string")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _check_chat_unsupported(body: Mapping[str, Any]) -> None:
+    # Empty/"none" forms are what generic clients send by default; they ask for nothing.
+    for key in ("tools", "functions"):
+        value = body.get(key)
+        if value is not None and value != []:
+            raise _unsupported_parameter(key, "this server does not support tool calling")
+    for key in ("tool_choice", "function_call"):
+        value = body.get(key)
+        if value is not None and value != "none":
+            raise _unsupported_parameter(key, "this server does not support tool calling")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _invalid_type("parallel_tool_calls", "a boolean")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise _unsupported_parameter(
+            "response_format", "only {\"type\": \"text\"} is supported"
+        )
+    _must_be(body, "logprobs", lambda v: v is False, "false or null (logprobs are not supported)")
+    _must_be(
+        body, "top_logprobs", lambda v: _is_int(v) and v == 0, "null (logprobs are not supported)"
+    )
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _invalid_type("metadata", "an object")
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise _invalid_type("store", "a boolean")
+    tier = body.get("service_tier")
+    if tier is not None and not isinstance(tier, str):
+        raise _invalid_type("service_tier", "a string")
+
+
+# ---------------------------------------------------------------------------------------------
+# Completions prompt
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_prompt(body: Mapping[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _missing("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    expected = (
+        "a string, an array of one string, an array of token ids, or an array of one array of "
+        "token ids"
+    )
+    if not isinstance(prompt, list):
+        raise _invalid_type("prompt", expected)
+    if not prompt:
+        raise _invalid_value("prompt", expected)
+    if all(_is_int(t) for t in prompt):
+        return _token_ids(prompt)
+    if all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise invalid_request(
+                "Invalid value for 'prompt': only one prompt per request is supported "
+                f"(got {len(prompt)}); batching multiple prompts is not supported.",
+                param="prompt",
+                code="unsupported_value",
+            )
+        (single,) = prompt
+        if isinstance(single, str):
+            return single
+        if single and all(_is_int(t) for t in single):
+            return _token_ids(single)
+    raise _invalid_value("prompt", expected)
+
+
+def _token_ids(tokens: list[Any]) -> list[int]:
+    if any(t < 0 for t in tokens):
+        raise _invalid_value("prompt", "token ids greater than or equal to 0")
+    return list(tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters shared by both endpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
+    """Fill ``req``'s sampling/streaming fields from ``body`` (defaults already in ``req``)."""
+    req.temperature = _opt_number(
+        body, "temperature", 0.0, 2.0, req.temperature, "a number between 0 and 2"
+    )
+    req.top_p = _opt_number(
+        body, "top_p", 0.0, 1.0, req.top_p, "a number greater than 0 and at most 1", lo_open=True
+    )
+    top_k = _opt_int(body, "top_k", 0, None, "an integer greater than or equal to 0")
+    if top_k is not None:
+        req.top_k = top_k
+    req.min_p = _opt_number(body, "min_p", 0.0, 1.0, req.min_p, "a number between 0 and 1")
+    req.seed = _opt_int(body, "seed", _INT64_MIN, _INT64_MAX, "a 64-bit integer")
+    req.presence_penalty = _opt_number(
+        body, "presence_penalty", -2.0, 2.0, req.presence_penalty, "a number between -2 and 2"
+    )
+    req.frequency_penalty = _opt_number(
+        body, "frequency_penalty", -2.0, 2.0, req.frequency_penalty, "a number between -2 and 2"
+    )
+    req.repeat_penalty = _opt_number(
+        body,
+        "repeat_penalty",
+        0.0,
+        None,
+        req.repeat_penalty,
+        "a number greater than 0",
+        lo_open=True,
+    )
+    req.stop = _parse_stop(body)
+    _must_be(body, "n", lambda v: _is_int(v) and v == 1, "1 (several choices are not supported)")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid_type("stream", "a boolean")
+    req.stream = bool(stream)
+    req.include_usage = _parse_stream_options(body, req.stream)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _invalid_type("user", "a string")
+    req.user = user
+    bias = body.get("logit_bias")
+    if bias is not None and bias != {}:
+        if not isinstance(bias, dict):
+            raise _invalid_type("logit_bias", "an object")
+        raise _unsupported_parameter("logit_bias", "only an empty object is supported")
+    cache_prompt = body.get("cache_prompt")
+    if cache_prompt is not None and not isinstance(cache_prompt, bool):
+        raise _invalid_type("cache_prompt", "a boolean")
+
+
+def _parse_stop(body: Mapping[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    expected = f"a non-empty string or an array of at most {MAX_STOP_SEQUENCES} non-empty strings"
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    elif not isinstance(stop, list):
+        raise _invalid_type("stop", expected)
+    if len(stop) > MAX_STOP_SEQUENCES or not all(isinstance(s, str) and s for s in stop):
+        raise _invalid_value("stop", expected)
+    return list(stop)
+
+
+def _parse_stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise invalid_request(
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    if not isinstance(options, dict):
+        raise _invalid_type("stream_options", "an object")
+    for key, value in options.items():
+        if key not in _STREAM_OPTIONS_KEYS:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: stream_options.{key}",
+                param=f"stream_options.{key}",
+                code="unknown_parameter",
+            )
+        # include_obfuscation is accepted and ignored: padding only matters over untrusted hops.
+        if value is not None and not isinstance(value, bool):
+            raise _invalid_type(f"stream_options.{key}", "a boolean")
+    return bool(options.get("include_usage"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar validators
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    # bool is a subclass of int in Python but not an integer in JSON terms.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _opt_number(
+    body: Mapping[str, Any],
+    name: str,
+    lo: float,
+    hi: float | None,
+    default: float,
+    expected: str,
+    *,
+    lo_open: bool = False,
+) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value):
+        raise _invalid_type(name, expected)
+    too_low = value <= lo if lo_open else value < lo
+    if too_low or (hi is not None and value > hi):
+        raise _invalid_value(name, expected)
+    return float(value)
+
+
+def _opt_int(
+    body: Mapping[str, Any], name: str, lo: int | None, hi: int | None, expected: str
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise _invalid_type(name, expected)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise _invalid_value(name, expected)
+    return int(value)
+
+
+def _must_be(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], expected: str) -> None:
+    """``body[name]`` must be absent/null or satisfy ``ok``; otherwise ``unsupported_value``."""
+    value = body.get(name)
+    if value is not None and not ok(value):
+        raise invalid_request(
+            f"Invalid value for '{name}': expected {expected}.",
+            param=name,
+            code="unsupported_value",
+        )
+
+
+def _missing(param: str) -> ApiError:
+    return invalid_request(
+        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
+    )
+
+
+def _invalid_type(param: str, expected: str) -> ApiError:
+    return invalid_request(
+        f"Invalid value for '{param}': expected {expected}.", param=param, code="invalid_type"
+    )
+
+
+def _invalid_value(param: str, expected: str) -> ApiError:
+    return invalid_request(
+        f"Invalid value for '{param}': expected {expected}.", param=param, code="invalid_value"
+    )
+
+
+def _unsupported_parameter(param: str, why: str) -> ApiError:
+    return invalid_request(
+        f"The '{param}' parameter is not supported: {why}.",
+        param=param,
+        code="unsupported_parameter",
+    )

@@ -1,0 +1,100 @@
+"""Aggregate decode throughput of the server against a bare loop, at 1, 2, 4 and 8 streams.
+
+For each stream count N, the same N prompts run twice, back to back on this machine:
+- bare: ``bench/bare_loop.py`` (llama-cpp-python's low-level calls, no server: the limit);
+- superfluid: N concurrent streamed /v1/completions requests to ``manage.py serve``.
+Both are greedy with ``--max-tokens`` each; tokens/s = completion tokens / wall time from the
+first request to the last token (prefill included on both sides). Prints a table of ratios.
+
+    python bench/throughput.py [--max-tokens 128] [--repeat 3] [--streams 1,2,4,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bare_loop import run_bare_loop  # noqa: E402
+from bench.harness import RunningServer  # noqa: E402
+from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+
+TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes", "the first city on Mars",
+          "a talking cat", "a haunted library", "a river that flows uphill", "an old violin"]
+
+
+def prompts(n: int) -> list[str]:
+    return [
+        f"<|im_start|>user\nWrite a long, detailed story about {TOPICS[i % len(TOPICS)]}.<|im_end|>\n<|im_start|>assistant\n"
+        for i in range(n)
+    ]
+
+
+def one_stream(base: str, model: str, prompt: str, max_tokens: int) -> int:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    tokens = 0
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+    return tokens
+
+
+def run_server(base: str, model: str, texts: list[str], max_tokens: int) -> dict[str, float]:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(texts)) as pool:
+        counts = list(pool.map(lambda t: one_stream(base, model, t, max_tokens), texts))
+    seconds = time.perf_counter() - start
+    return {"completion_tokens": sum(counts), "seconds": seconds, "tokens_per_s": sum(counts) / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    counts = [int(s) for s in args.streams.split(",")]
+    model_path = default_model_path()
+    model = model_name_for(model_path)
+
+    server = RunningServer("--max-batch", str(max(counts))).start()
+    rows = []
+    try:
+        one_stream(server.base, model, prompts(1)[0], 8)  # warm up the worker
+        for n in counts:
+            texts = prompts(n)
+            bare, served = [], []
+            for _ in range(args.repeat):
+                bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
+                served.append(run_server(server.base, model, texts, args.max_tokens)["tokens_per_s"])
+            b, s = statistics.median(bare), statistics.median(served)
+            rows.append({"streams": n, "bare_tok_s": round(b, 1), "superfluid_tok_s": round(s, 1), "ratio": round(s / b, 3)})
+            print(f"  {n} streams: bare {b:.1f} tok/s, superfluid {s:.1f} tok/s", file=sys.stderr)
+    finally:
+        server.stop()
+
+    print(f"\nAggregate throughput, {model}, greedy, {args.max_tokens} tokens per stream, median of {args.repeat}\n")
+    print("| streams | bare loop tok/s | superfluid tok/s | superfluid / bare |")
+    print("|--:|--:|--:|--:|")
+    for r in rows:
+        print(f"| {r['streams']} | {r['bare_tok_s']} | {r['superfluid_tok_s']} | {r['ratio']:.3f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

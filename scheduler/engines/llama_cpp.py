@@ -1,0 +1,551 @@
+"""The llama.cpp engine: one ``llama_context`` whose sequence ids are the scheduler's lanes.
+
+Built on llama-cpp-python's low-level ctypes bindings only. The high-level ``Llama`` class keeps
+one sequence and its own sampling loop; continuous batching needs direct control of
+``llama_batch`` (which token goes to which sequence at which position) and of per-sequence
+samplers, so everything here talks to the C API.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from scheduler.core.types import LaneFeed, SamplingParams, TickPlan, TickResult
+from scheduler.engines.base import EngineError
+
+# ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
+_LOG_WARN = 3
+_LOG_CONT = 5
+_PENALTY_LAST_N = 64
+# llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
+# the argtypes say which C signature this build has.
+_PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
+
+_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+# -- logging ----------------------------------------------------------------------------
+# llama.cpp logs through one process-wide callback. Without one it writes every model-load
+# line to stderr; with a no-op we would lose the only explanation of a failed decode. So the
+# callback drops everything below WARN and keeps the last warnings/errors for exceptions.
+
+_recent_log: collections.deque[str] = collections.deque(maxlen=16)
+_last_level = 0
+
+
+def _on_log(level: int, text: bytes | None, _user: ctypes.c_void_p) -> None:
+    global _last_level
+    if level != _LOG_CONT:
+        _last_level = level
+    if _last_level >= _LOG_WARN and text:
+        line = text.decode("utf-8", "replace").rstrip()
+        if line:
+            _recent_log.append(line)
+
+
+# Module-level so ctypes never frees the trampoline while llama.cpp may still call it.
+_log_callback = llama_cpp.llama_log_callback(_on_log)
+_init_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _init_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def _take_log() -> str:
+    """Recent llama.cpp warnings/errors, for an exception message; clears them."""
+    text = " | ".join(_recent_log)
+    _recent_log.clear()
+    return text
+
+
+def _err(message: str, *, permanent: bool) -> EngineError:
+    detail = _take_log()
+    return EngineError(f"{message}: {detail}" if detail else message, permanent=permanent)
+
+
+# -- artifacts --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParkedKV:
+    """A lane's KV cache copied to host memory while its job is preempted."""
+
+    data: bytes
+    n_tokens: int
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+# -- the engine -------------------------------------------------------------------------
+
+
+class LlamaCppEngine:
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_lanes: int = 8,
+        lane_ctx: int = 4096,
+        n_threads: int | None = None,
+        kv_unified: bool = False,
+        max_step_tokens: int = 512,
+    ) -> None:
+        if n_lanes < 1:
+            raise ValueError("n_lanes must be at least 1")
+        if lane_ctx < 16:
+            raise ValueError("lane_ctx must be at least 16")
+        if max_step_tokens < n_lanes:
+            # Every decoding lane must fit in the first call of a tick.
+            raise ValueError("max_step_tokens must be at least n_lanes")
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"model file not found: {self.model_path}")
+        self.n_lanes = n_lanes
+        self.lane_ctx = lane_ctx
+        self.max_step_tokens = max_step_tokens
+        self.kv_unified = kv_unified
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self._closed = True  # until everything below exists, close() must not free anything
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
+        self._samplers: dict[int, Any] = {}
+
+        _init_backend()
+        max_seq = llama_cpp.llama_max_parallel_sequences()
+        if n_lanes > max_seq:
+            raise ValueError(f"n_lanes must be at most {max_seq} (llama.cpp's sequence limit)")
+
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        if not self._model:
+            raise _err(f"could not load model {self.model_path}", permanent=True)
+        self._closed = False
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        L = llama_cpp
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
+        self.vocab_size: int = L.llama_vocab_n_tokens(self._vocab)
+
+        cparams = L.llama_context_default_params()
+        # With per-sequence KV streams (kv_unified=False) llama.cpp splits n_ctx evenly across
+        # n_seq_max sequences, so each lane gets exactly lane_ctx positions.
+        cparams.n_ctx = self.lane_ctx * self.n_lanes
+        cparams.n_seq_max = self.n_lanes
+        cparams.n_batch = self.max_step_tokens
+        cparams.n_ubatch = self.max_step_tokens
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = self.kv_unified
+        cparams.no_perf = True
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise _err("could not create llama.cpp context", permanent=True)
+        self._mem = L.llama_get_memory(self._ctx)
+
+        # One batch for the engine's life. Views over its C arrays let the hot path write
+        # whole runs of tokens/positions with slice assignment instead of per-element ctypes
+        # pointer indexing.
+        cap = self.max_step_tokens
+        self._batch = L.llama_batch_init(cap, 0, 1)
+        b = self._batch
+
+        def addr(ptr: Any) -> int:
+            value = ctypes.cast(ptr, ctypes.c_void_p).value
+            assert value is not None
+            return value
+
+        self._b_token = (ctypes.c_int32 * cap).from_address(addr(b.token))
+        self._b_pos = (ctypes.c_int32 * cap).from_address(addr(b.pos))
+        self._b_logits_addr = addr(b.logits)
+        self._b_logits = (ctypes.c_int8 * cap).from_address(self._b_logits_addr)
+        n_seq_id = (ctypes.c_int32 * cap).from_address(addr(b.n_seq_id))
+        n_seq_id[:] = [1] * cap  # every token belongs to exactly one lane, always
+        self._b_seq = [ctypes.c_int32.from_address(addr(b.seq_id[i])) for i in range(cap)]
+
+        self._pieces: dict[int, bytes] = {}
+        self.bos_id: int = L.llama_vocab_bos(self._vocab)
+        self.eos_id: int = L.llama_vocab_eos(self._vocab)
+        self.bos_text = self._special_text(self.bos_id)
+        self.eos_text = self._special_text(self.eos_id)
+        self._add_bos: bool = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.chat_template: str | None = self._read_chat_template()
+        self._template: Any = None
+
+    # -- protocol: text ---------------------------------------------------------------
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", "replace")
+
+    def _read_chat_template(self) -> str | None:
+        raw = llama_cpp.llama_model_chat_template(self._model, None)
+        if raw:
+            return raw.decode("utf-8", "replace")
+        key = b"tokenizer.chat_template"
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_model_meta_val_str(self._model, key, buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace") or None
+            size = n + 1
+
+    def _compiled_template(self) -> Any:
+        if self._template is None:
+            import jinja2
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+            def raise_exception(message: str) -> None:
+                raise ValueError(message)
+
+            def strftime_now(fmt: str) -> str:
+                return time.strftime(fmt)
+
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = strftime_now
+            try:
+                self._template = env.from_string(self.chat_template or _CHATML)
+            except jinja2.TemplateSyntaxError as exc:
+                # The model's fault, not the request's: not a ValueError (a client 400).
+                raise EngineError(
+                    f"the model's chat template does not compile: {exc}", permanent=True
+                ) from exc
+        return self._template
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        """The model's chat template applied to ``messages`` with the generation prompt added.
+
+        Template errors (``raise_exception`` or a template that cannot handle the messages)
+        surface as ``ValueError``: they are the request's fault as far as a client is told."""
+        import jinja2
+
+        try:
+            template = self._compiled_template()
+            return str(
+                template.render(
+                    messages=messages,
+                    add_generation_prompt=True,
+                    bos_token=self.bos_text,
+                    eos_token=self.eos_text,
+                )
+            )
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"chat template failed: {exc}") from exc
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        self._require_open()
+        data = text.encode("utf-8")
+        # BOS is added by hand rather than through llama_tokenize(add_special=True), which
+        # would also append EOS/SEP for vocabularies that ask for them: wrong for a prompt.
+        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
+        bos = add_special and self._add_bos and not has_bos
+        size = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, False, True)
+            if n >= 0:
+                break
+            size = -n
+        tokens = buf[:n]
+        return [self.bos_id, *tokens] if bos else tokens
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._token_piece(token)
+            self._pieces[token] = piece
+        return piece
+
+    def _token_piece(self, token: int) -> bytes:
+        self._require_open()
+        # A buffer per miss, not a shared one: a request thread may detokenize while the
+        # engine thread does too, and misses stop once the vocabulary seen so far is cached.
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return ctypes.string_at(buf, max(n, 0))
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) token ids for fill-in-the-middle, None if the model has none."""
+        self._require_open()
+        ids = (
+            llama_cpp.llama_vocab_fim_pre(self._vocab),
+            llama_cpp.llama_vocab_fim_suf(self._vocab),
+            llama_cpp.llama_vocab_fim_mid(self._vocab),
+        )
+        if any(i == llama_cpp.LLAMA_TOKEN_NULL for i in ids):
+            return None
+        return ids
+
+    def is_eog(self, token: int) -> bool:
+        self._require_open()
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- protocol: ticks --------------------------------------------------------------
+
+    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
+        t0 = time.perf_counter()
+        self._require_open()
+        result = TickResult()
+        L = llama_cpp
+        ctx, mem = self._ctx, self._mem
+
+        for lane in plan.release:
+            self._check_lane(lane)
+            L.llama_memory_seq_rm(mem, lane, -1, -1)
+            self._drop_sampler(lane)
+        for lane, job_id in plan.park:
+            self._check_lane(lane)
+            result.parked[job_id] = self._park(lane)
+            L.llama_memory_seq_rm(mem, lane, -1, -1)
+            self._drop_sampler(lane)
+        for restore in plan.restore:
+            self._restore(restore.lane, restore.artifact)
+        for bind in plan.bind:
+            self._check_lane(bind.lane)
+            self._drop_sampler(bind.lane)
+            chain = self._build_sampler(bind.sampling)
+            self._samplers[bind.lane] = chain
+            for token in bind.history:
+                L.llama_sampler_accept(chain, token)
+
+        if plan.feeds:
+            self._feed(plan, should_stop, result, ctx)
+        result.elapsed_s = time.perf_counter() - t0
+        return result
+
+    def _feed(
+        self, plan: TickPlan, should_stop: Callable[[], bool], result: TickResult, ctx: Any
+    ) -> None:
+        L = llama_cpp
+        cap = min(plan.step_tokens, self.max_step_tokens)
+        if cap < 1:
+            raise EngineError("step_tokens must be at least 1", permanent=True)
+        # Decode feeds first so every decoding lane advances in the first call even when the
+        # tick stops early; prompt chunks fill the rest.
+        feeds: list[LaneFeed] = [f for f in plan.feeds if f.sample and len(f.tokens) == 1]
+        feeds += [f for f in plan.feeds if f.tokens and not (f.sample and len(f.tokens) == 1)]
+        n_lanes = self.n_lanes
+        for f in feeds:
+            if not 0 <= f.lane < n_lanes:
+                raise EngineError(f"lane {f.lane} out of range", permanent=True)
+            if f.sample and f.lane not in self._samplers:
+                raise EngineError(f"lane {f.lane} has no sampler bound", permanent=True)
+
+        tok, pos, seq, logits_addr, logits = (
+            self._b_token,
+            self._b_pos,
+            self._b_seq,
+            self._b_logits_addr,
+            self._b_logits,
+        )
+        batch = self._batch
+        decode, sample, is_eog, vocab = (
+            L.llama_decode,
+            L.llama_sampler_sample,
+            L.llama_vocab_is_eog,
+            self._vocab,
+        )
+        samplers = self._samplers
+        fed, sampled, eog = result.fed, result.sampled, result.eog
+        n_feeds = len(feeds)
+        i = 0  # next feed
+        off = 0  # tokens of feeds[i] already placed in an earlier call
+        prefill_s = 0.0
+        while i < n_feeds:
+            n = 0
+            chunks: list[tuple[int, int]] = []  # (lane, tokens) placed in this call
+            outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after it
+            has_prefill = False
+            ctypes.memset(logits_addr, 0, cap)
+            while i < n_feeds and n < cap:
+                f = feeds[i]
+                tokens = f.tokens
+                lane = f.lane
+                k = min(len(tokens) - off, cap - n)
+                end = n + k
+                start = f.start_pos + off
+                if k == 1:
+                    tok[n] = tokens[off]
+                    pos[n] = start
+                    seq[n].value = lane
+                else:
+                    tok[n:end] = tokens[off : off + k]
+                    pos[n:end] = range(start, start + k)
+                    for j in range(n, end):
+                        seq[j].value = lane
+                if not f.is_decode:
+                    has_prefill = True
+                chunks.append((lane, k))
+                if off + k == len(tokens):
+                    if f.sample:
+                        logits[end - 1] = 1
+                        outputs.append((lane, end - 1))
+                    i += 1
+                    off = 0
+                else:
+                    off += k
+                n = end
+            batch.n_tokens = n
+            t = time.perf_counter()
+            ret = decode(ctx, batch)
+            if has_prefill:
+                prefill_s += time.perf_counter() - t
+            if ret != 0:
+                # Earlier calls of this tick are in the KV cache (a failed call is rolled back
+                # for ret 1); ``partial`` tells the caller how far each lane got.
+                result.prefill_s = prefill_s
+                error = _err(f"llama_decode returned {ret}", permanent=ret < 0)
+                error.partial = result  # type: ignore[attr-defined]
+                raise error
+            for lane, k in chunks:
+                fed[lane] = fed.get(lane, 0) + k
+            for lane, index in outputs:
+                token = sample(samplers[lane], ctx, index)
+                sampled[lane] = token
+                if is_eog(vocab, token):
+                    eog.add(lane)
+            if i < n_feeds and should_stop():
+                result.stopped_early = True
+                break
+        result.prefill_s = prefill_s
+
+    def _require_open(self) -> None:
+        # Every C call after close() would touch freed memory; fail in Python instead.
+        if self._closed:
+            raise EngineError("engine is closed", permanent=True)
+
+    def _check_lane(self, lane: int) -> None:
+        if not 0 <= lane < self.n_lanes:
+            raise EngineError(f"lane {lane} out of range", permanent=True)
+
+    def _park(self, lane: int) -> ParkedKV:
+        L = llama_cpp
+        n_tokens = L.llama_memory_seq_pos_max(self._mem, lane) + 1
+        size = L.llama_state_seq_get_size(self._ctx, lane)
+        buf = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self._ctx, buf, size, lane)
+        if written == 0 and size > 0:
+            raise _err(f"could not copy lane {lane}'s KV cache", permanent=False)
+        return ParkedKV(ctypes.string_at(buf, written), max(n_tokens, 0))
+
+    def _restore(self, lane: int, artifact: Any) -> None:
+        self._check_lane(lane)
+        if not isinstance(artifact, ParkedKV):
+            raise EngineError(f"cannot restore a {type(artifact).__name__}", permanent=True)
+        L = llama_cpp
+        L.llama_memory_seq_rm(self._mem, lane, -1, -1)
+        data = artifact.data
+        # c_char_p points at the bytes object's own buffer: no copy of a possibly large state.
+        src = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        if L.llama_state_seq_set_data(self._ctx, src, len(data), lane) == 0:
+            L.llama_memory_seq_rm(self._mem, lane, -1, -1)
+            raise _err(f"could not restore KV into lane {lane}", permanent=False)
+
+    def _build_sampler(self, sp: SamplingParams) -> Any:
+        L = llama_cpp
+        params = L.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = L.llama_sampler_chain_init(params)
+        add = L.llama_sampler_chain_add
+        if sp.repeat_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0:
+            args: tuple[Any, ...] = (
+                _PENALTY_LAST_N,
+                sp.repeat_penalty,
+                sp.frequency_penalty,
+                sp.presence_penalty,
+            )
+            if _PENALTIES_TAKE_N_VOCAB:
+                args = (self.vocab_size, *args)
+            add(chain, L.llama_sampler_init_penalties(*args))
+        if sp.temperature <= 0.0:
+            add(chain, L.llama_sampler_init_greedy())
+            return chain
+        if sp.top_k > 0:
+            add(chain, L.llama_sampler_init_top_k(sp.top_k))
+        if sp.top_p < 1.0:
+            add(chain, L.llama_sampler_init_top_p(sp.top_p, 1))
+        if sp.min_p > 0.0:
+            add(chain, L.llama_sampler_init_min_p(sp.min_p, 1))
+        add(chain, L.llama_sampler_init_temp(sp.temperature))
+        seed = L.LLAMA_DEFAULT_SEED if sp.seed is None else sp.seed & 0xFFFFFFFF
+        add(chain, L.llama_sampler_init_dist(seed))
+        return chain
+
+    def _drop_sampler(self, lane: int) -> None:
+        chain = self._samplers.pop(lane, None)
+        if chain is not None:
+            llama_cpp.llama_sampler_free(chain)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        L = llama_cpp
+        for lane in list(self._samplers):
+            self._drop_sampler(lane)
+        if self._batch is not None:
+            L.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn down ctypes already
+            pass
+
+    def __enter__(self) -> LlamaCppEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

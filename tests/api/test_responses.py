@@ -1,0 +1,424 @@
+"""Response builders (api.responses, api.errors): shapes checked against the official openai SDK.
+
+Two levels: the SDK's pydantic types (``model_validate``), and the SDK client itself reading our
+bytes over an in-process ``httpx.MockTransport`` (streams, ``[DONE]``, mid-stream errors, HTTP
+errors), so "the openai package parses it" is tested end to end without a network.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion, Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from api import errors
+from api.errors import ApiError
+from api.responses import (
+    SSE_DONE,
+    chat_chunk,
+    chat_completion,
+    chat_usage_chunk,
+    completion_chunk,
+    completion_usage_chunk,
+    json_bytes,
+    model_list,
+    model_object,
+    new_id,
+    sse_error,
+    sse_event,
+    text_completion,
+    usage_dict,
+)
+
+CREATED = 1_700_000_000
+
+
+@contextmanager
+def sdk_client(
+    respond: Callable[[httpx.Request], httpx.Response],
+) -> Iterator[openai.OpenAI]:
+    """An ``openai.OpenAI`` whose HTTP requests are answered by ``respond`` in-process."""
+    http = httpx.Client(transport=httpx.MockTransport(respond))
+    with openai.OpenAI(
+        api_key="sk-test", base_url="http://test/v1", http_client=http, max_retries=0
+    ) as client:
+        yield client
+
+
+def sse_response(*events: bytes) -> Callable[[httpx.Request], httpx.Response]:
+    body = b"".join(events)
+    return lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Callable[
+    [httpx.Request], httpx.Response
+]:
+    return lambda request: httpx.Response(
+        status, content=json_bytes(obj), headers={"content-type": "application/json", **(headers or {})}
+    )
+
+
+# -- ids, usage, created -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("endpoint", "prefix"), [("chat", "chatcmpl-"), ("completions", "cmpl-")])
+def test_new_id_has_the_openai_prefix_and_24_random_hex_chars(endpoint: Any, prefix: str) -> None:
+    ids = {new_id(endpoint) for _ in range(100)}
+    assert len(ids) == 100
+    for i in ids:
+        assert re.fullmatch(re.escape(prefix) + "[0-9a-f]{24}", i)
+
+
+def test_new_id_rejects_an_unknown_endpoint() -> None:
+    with pytest.raises(ValueError):
+        new_id("embeddings")  # type: ignore[arg-type]
+
+
+def test_usage_dict_totals_and_reports_cached_tokens() -> None:
+    assert usage_dict(10, 5, cached_tokens=4) == {
+        "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+    assert usage_dict(3, 0)["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda c: chat_completion("chatcmpl-x", "m", c, "t", "stop", None),
+        lambda c: chat_chunk("chatcmpl-x", "m", c, content="t"),
+        lambda c: chat_usage_chunk("chatcmpl-x", "m", c, usage_dict(1, 1)),
+        lambda c: text_completion("cmpl-x", "m", c, "t", "stop", None),
+        lambda c: completion_chunk("cmpl-x", "m", c, "t"),
+        lambda c: completion_usage_chunk("cmpl-x", "m", c, usage_dict(1, 1)),
+        lambda c: model_object("m", c),
+    ],
+    ids=["chat", "chat-chunk", "chat-usage", "text", "text-chunk", "text-usage", "model"],
+)
+def test_created_is_now_when_not_given_and_kept_when_given(
+    build: Callable[[int | None], dict[str, Any]],
+) -> None:
+    before = int(time.time())
+    now = build(None)["created"]
+    assert isinstance(now, int) and before <= now <= int(time.time())
+    assert build(CREATED)["created"] == CREATED
+
+
+# -- chat --------------------------------------------------------------------------------------
+
+
+def test_chat_completion_parses_as_openai_chat_completion() -> None:
+    body = chat_completion("chatcmpl-abc", "smollm2", CREATED, "Hello!", "stop", usage_dict(12, 3, 8))
+    parsed = ChatCompletion.model_validate(body)
+    assert parsed.id == "chatcmpl-abc" and parsed.object == "chat.completion"
+    assert parsed.created == CREATED and parsed.model == "smollm2"
+    assert len(parsed.choices) == 1
+    choice = parsed.choices[0]
+    assert choice.index == 0 and choice.finish_reason == "stop" and choice.logprobs is None
+    assert choice.message.role == "assistant" and choice.message.content == "Hello!"
+    assert choice.message.refusal is None and choice.message.tool_calls is None
+    assert parsed.usage is not None
+    usage = parsed.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (12, 3, 15)
+    assert parsed.usage.prompt_tokens_details is not None
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 8
+    assert parsed.system_fingerprint is None
+
+
+def test_chat_completion_is_exactly_this_shape() -> None:
+    assert chat_completion("chatcmpl-a", "m", CREATED, "x", "length", None) == {
+        "id": "chatcmpl-a", "object": "chat.completion", "created": CREATED, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x", "refusal": None},
+                     "logprobs": None, "finish_reason": "length"}],
+        "usage": None, "system_fingerprint": None,
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "delta"),
+    [({"role": "assistant", "content": ""}, {"role": "assistant", "content": ""}),
+     ({"content": "tok"}, {"content": "tok"}),
+     ({"finish_reason": "length"}, {}),
+     ({}, {})],
+    ids=["first", "text", "final", "empty"],
+)
+def test_chat_chunk_delta_holds_only_the_given_keys(kwargs: dict[str, Any], delta: dict[str, Any]) -> None:
+    body = chat_chunk("chatcmpl-a", "m", CREATED, **kwargs)
+    assert body["object"] == "chat.completion.chunk"
+    assert body["choices"] == [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": kwargs.get("finish_reason")}
+    ]
+    assert "usage" not in body
+    parsed = ChatCompletionChunk.model_validate(body)
+    assert parsed.choices[0].delta.model_dump(exclude_unset=True) == delta
+    assert parsed.choices[0].finish_reason == kwargs.get("finish_reason")
+
+
+def test_chat_chunk_with_include_usage_carries_null_usage() -> None:
+    body = chat_chunk("chatcmpl-a", "m", CREATED, content="x", include_usage=True)
+    assert "usage" in body and body["usage"] is None
+    assert ChatCompletionChunk.model_validate(body).usage is None
+
+
+def test_chat_usage_chunk_has_no_choices_and_the_usage() -> None:
+    body = chat_usage_chunk("chatcmpl-a", "m", CREATED, usage_dict(4, 2))
+    parsed = ChatCompletionChunk.model_validate(body)
+    assert parsed.choices == [] and parsed.object == "chat.completion.chunk"
+    assert parsed.usage is not None and parsed.usage.total_tokens == 6
+
+
+def test_openai_sdk_reads_a_chat_completion_response() -> None:
+    body = chat_completion("chatcmpl-a", "smollm2", CREATED, "Hi there", "stop", usage_dict(5, 2))
+    with sdk_client(json_response(body)) as client:
+        got = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}])
+    assert got.choices[0].message.content == "Hi there"
+    assert got.usage is not None and got.usage.total_tokens == 7
+
+
+def test_openai_sdk_reads_a_chat_stream_with_usage_until_done() -> None:
+    cid, model = "chatcmpl-s", "smollm2"
+    events = [
+        sse_event(chat_chunk(cid, model, CREATED, role="assistant", content="", include_usage=True)),
+        sse_event(chat_chunk(cid, model, CREATED, content="Hel", include_usage=True)),
+        sse_event(chat_chunk(cid, model, CREATED, content="lo\n\"wörld\"", include_usage=True)),
+        sse_event(chat_chunk(cid, model, CREATED, finish_reason="stop", include_usage=True)),
+        sse_event(chat_usage_chunk(cid, model, CREATED, usage_dict(5, 3))),
+        SSE_DONE,
+        # Anything after [DONE] must be ignored by the client.
+        sse_event(chat_chunk(cid, model, CREATED, content="junk")),
+    ]
+    with sdk_client(sse_response(*events)) as client:
+        chunks = list(
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+    assert len(chunks) == 5
+    assert all(c.id == cid and c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello\n\"wörld\""
+    assert chunks[3].choices[0].finish_reason == "stop"
+    assert chunks[4].choices == [] and chunks[4].usage is not None and chunks[4].usage.completion_tokens == 3
+
+
+# -- completions -------------------------------------------------------------------------------
+
+
+def test_text_completion_parses_as_openai_completion() -> None:
+    body = text_completion("cmpl-abc", "smollm2", CREATED, " there", "length", usage_dict(4, 16))
+    parsed = Completion.model_validate(body)
+    assert (parsed.id, parsed.object) == ("cmpl-abc", "text_completion")
+    assert (parsed.created, parsed.model) == (CREATED, "smollm2")
+    assert len(parsed.choices) == 1
+    assert parsed.choices[0].text == " there" and parsed.choices[0].index == 0
+    assert parsed.choices[0].finish_reason == "length" and parsed.choices[0].logprobs is None
+    assert parsed.usage is not None and parsed.usage.total_tokens == 20
+
+
+def test_completion_chunk_uses_the_text_completion_object_name() -> None:
+    body = completion_chunk("cmpl-a", "m", CREATED, "tok")
+    assert body["object"] == "text_completion"
+    assert body["choices"] == [{"text": "tok", "index": 0, "logprobs": None, "finish_reason": None}]
+    assert "usage" not in body
+    assert completion_chunk("cmpl-a", "m", CREATED, "", "stop")["choices"][0]["finish_reason"] == "stop"
+    assert completion_chunk("cmpl-a", "m", CREATED, "x", include_usage=True)["usage"] is None
+
+
+def test_completion_usage_chunk_has_no_choices_and_the_usage() -> None:
+    parsed = Completion.model_validate(completion_usage_chunk("cmpl-a", "m", CREATED, usage_dict(2, 2, 1)))
+    assert parsed.choices == [] and parsed.object == "text_completion"
+    assert parsed.usage is not None and parsed.usage.prompt_tokens_details is not None
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 1
+
+
+def test_openai_sdk_reads_a_completion_stream() -> None:
+    cid, model = "cmpl-s", "smollm2"
+    events = [
+        sse_event(completion_chunk(cid, model, CREATED, "Once", include_usage=True)),
+        sse_event(completion_chunk(cid, model, CREATED, " upon", include_usage=True)),
+        sse_event(completion_chunk(cid, model, CREATED, "", "length", include_usage=True)),
+        sse_event(completion_usage_chunk(cid, model, CREATED, usage_dict(3, 2))),
+        SSE_DONE,
+    ]
+    with sdk_client(sse_response(*events)) as client:
+        chunks = list(client.completions.create(model=model, prompt="x", stream=True,
+                                                stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Once upon"
+    assert chunks[2].choices[0].finish_reason == "length"
+    assert chunks[3].usage is not None and chunks[3].usage.total_tokens == 5
+
+
+def test_openai_sdk_reads_a_completion_response() -> None:
+    body = text_completion("cmpl-a", "smollm2", CREATED, "!", "stop", usage_dict(1, 1))
+    with sdk_client(json_response(body)) as client:
+        got = client.completions.create(model="smollm2", prompt="x")
+    assert got.choices[0].text == "!" and got.choices[0].finish_reason == "stop"
+
+
+# -- SSE encoding ------------------------------------------------------------------------------
+
+
+def test_sse_event_is_one_compact_data_line() -> None:
+    assert sse_event({"a": [1, 2], "b": "x"}) == b'data: {"a":[1,2],"b":"x"}\n\n'
+
+
+def test_sse_event_keeps_newlines_inside_the_json_and_non_ascii_as_utf8() -> None:
+    event = sse_event({"t": "a\nb\r\n\u00e9\u4e16"})
+    assert event.count(b"\n") == 2 and event.endswith(b"\n\n")
+    assert "é世".encode() in event
+    assert json.loads(event[len(b"data: "):]) == {"t": "a\nb\r\n\u00e9\u4e16"}
+
+
+def test_sse_event_survives_a_lone_surrogate() -> None:
+    event = sse_event({"t": "ok\ud800"})
+    assert json.loads(event[len(b"data: "):].decode("utf-8"))["t"].startswith("ok")
+
+
+def test_sse_done_is_the_openai_sentinel() -> None:
+    assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_sse_error_is_the_error_envelope() -> None:
+    err = errors.engine_unavailable("engine crashed")
+    assert json.loads(sse_error(err)[len(b"data: "):]) == {
+        "error": {"message": "engine crashed", "type": "server_error", "param": None,
+                  "code": "engine_unavailable"}
+    }
+
+
+def test_openai_sdk_raises_on_a_mid_stream_error_event() -> None:
+    events = [
+        sse_event(chat_chunk("chatcmpl-e", "m", CREATED, role="assistant", content="")),
+        sse_error(errors.server_error("engine died")),
+        SSE_DONE,
+    ]
+    with sdk_client(sse_response(*events)) as client:
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        with pytest.raises(openai.APIError, match="engine died") as info:
+            list(stream)
+    assert info.value.type == "server_error"
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def test_model_object_parses_as_openai_model_and_keeps_extras() -> None:
+    body = model_object("smollm2", CREATED, context_length=8192)
+    assert body == {"id": "smollm2", "object": "model", "created": CREATED, "owned_by": "superfluid",
+                    "context_length": 8192}
+    parsed = Model.model_validate(body)
+    assert (parsed.id, parsed.object, parsed.created) == ("smollm2", "model", CREATED)
+    assert parsed.owned_by == "superfluid"
+    assert model_object("x", CREATED, owned_by="me")["owned_by"] == "me"
+
+
+def test_openai_sdk_lists_models() -> None:
+    body = model_list(model_object(m, CREATED) for m in ("a", "b"))
+    assert body["object"] == "list"
+    with sdk_client(json_response(body)) as client:
+        assert [m.id for m in client.models.list()] == ["a", "b"]
+
+
+def test_empty_model_list() -> None:
+    assert model_list([]) == {"object": "list", "data": []}
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("err", "status", "type_", "param", "code"),
+    [
+        (errors.invalid_request("bad", "temperature", "invalid_value"), 400, "invalid_request_error",
+         "temperature", "invalid_value"),
+        (errors.invalid_request("bad"), 400, "invalid_request_error", None, None),
+        (errors.model_not_found("gpt-9"), 404, "invalid_request_error", "model", "model_not_found"),
+        (errors.context_length_exceeded("too long"), 400, "invalid_request_error", "messages",
+         "context_length_exceeded"),
+        (errors.context_length_exceeded("too long", param="prompt"), 400, "invalid_request_error", "prompt",
+         "context_length_exceeded"),
+        (errors.request_too_large(1024), 413, "invalid_request_error", None, "request_too_large"),
+        (errors.engine_unavailable("busy"), 503, "server_error", None, "engine_unavailable"),
+        (errors.server_error("oops"), 500, "server_error", None, None),
+        (errors.method_not_allowed("GET"), 405, "invalid_request_error", None,
+         "method_not_allowed"),
+        (errors.not_found("/v1/nope"), 404, "invalid_request_error", None, "not_found"),
+    ],
+    ids=["invalid", "invalid-bare", "model", "context-chat", "context-prompt", "too-large", "unavailable",
+         "server", "method", "route"],
+)
+def test_error_helpers_build_consistent_envelopes(
+    err: ApiError, status: int, type_: str, param: str | None, code: str | None
+) -> None:
+    assert isinstance(err, Exception)
+    assert err.status == status
+    assert err.body() == {"error": {"message": err.message, "type": type_, "param": param, "code": code}}
+    assert str(err) == err.message and err.message
+
+
+def test_model_not_found_uses_openai_wording() -> None:
+    assert errors.model_not_found("x").message == (
+        "The model `x` does not exist or you do not have access to it."
+    )
+
+
+def test_request_too_large_mentions_the_limit() -> None:
+    assert "1024" in errors.request_too_large(1024).message
+
+
+def test_not_found_uses_openai_invalid_url_wording() -> None:
+    assert errors.not_found("/v1/nope", "POST").message == "Invalid URL (POST /v1/nope)"
+    assert errors.not_found("/v1/nope").message == "Invalid URL (/v1/nope)"
+
+
+def test_method_not_allowed_sets_the_allow_header_defaulting_to_post() -> None:
+    assert errors.method_not_allowed("GET").headers == {"Allow": "POST"}
+    err = errors.method_not_allowed("PUT", ["GET", "OPTIONS"], path="/v1/models")
+    assert err.headers == {"Allow": "GET, OPTIONS"}
+    assert "PUT" in err.message and "/v1/models" in err.message
+
+
+@pytest.mark.parametrize(("retry_after", "header"), [(None, None), (2, "2"), (0.2, "1"), (0, "0")])
+def test_engine_unavailable_retry_after_header_is_whole_seconds_rounded_up(
+    retry_after: float | None, header: str | None
+) -> None:
+    assert errors.engine_unavailable("busy", retry_after=retry_after).headers.get("Retry-After") == header
+
+
+def test_headers_default_to_empty_and_are_not_shared() -> None:
+    a, b = errors.server_error(), errors.server_error()
+    assert a.headers == {} and a.headers is not b.headers
+
+
+@pytest.mark.parametrize(
+    ("err", "exc"),
+    [
+        (errors.invalid_request("bad temperature", "temperature", "invalid_value"), openai.BadRequestError),
+        (errors.model_not_found("gpt-9"), openai.NotFoundError),
+        (errors.server_error("oops"), openai.InternalServerError),
+        (errors.engine_unavailable("busy", retry_after=1), openai.InternalServerError),
+        (errors.request_too_large(10), openai.APIStatusError),
+    ],
+)
+def test_openai_sdk_maps_error_responses_to_its_exceptions(
+    err: ApiError, exc: type[openai.APIStatusError]
+) -> None:
+    with sdk_client(json_response(err.body(), err.status, err.headers)) as client:
+        with pytest.raises(exc) as info:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    got = info.value
+    assert got.status_code == err.status
+    assert (got.code, got.param, got.type) == (err.code, err.param, err.type)
+    assert err.message in got.message

@@ -1,0 +1,599 @@
+"""Request parsing and validation (api.schemas): every rule, naming the offending param."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from api.errors import ApiError
+from api.schemas import GenerationRequest, parse_chat_request, parse_completion_request
+from scheduler.core.types import SamplingParams
+
+MODELS = ("smollm2", "other-model")
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chat(**body: Any) -> GenerationRequest:
+    body.setdefault("model", "smollm2")
+    body.setdefault("messages", USER)
+    return parse_chat_request(json.dumps(body).encode(), models=MODELS)
+
+
+def completion(**body: Any) -> GenerationRequest:
+    body.setdefault("model", "smollm2")
+    body.setdefault("prompt", "Once upon a time")
+    return parse_completion_request(json.dumps(body).encode(), models=MODELS)
+
+
+def raw_chat_error(raw: bytes) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_chat_request(raw, models=MODELS)
+    return info.value
+
+
+def chat_error(**body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        chat(**body)
+    return info.value
+
+
+def completion_error(**body: Any) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        completion(**body)
+    return info.value
+
+
+def both_errors(**body: Any) -> list[ApiError]:
+    """The error each endpoint raises for the same (shared) parameters."""
+    return [chat_error(**body), completion_error(**body)]
+
+
+def assert_400(err: ApiError, param: str | None, code: str | None = None) -> None:
+    assert err.status == 400, err
+    assert err.type == "invalid_request_error"
+    assert err.param == param, err
+    if code is not None:
+        assert err.code == code, err
+
+
+# -- body --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"not json", b'{"model": "smollm2",}', b"\xff\xfe\x00garbage", b'{"temperature": NaN}',
+     b'{"temperature": Infinity}', b'{"temperature": 1e999}', b"[" * 100_000],
+    ids=["empty", "truncated", "text", "trailing-comma", "bad-utf", "nan", "infinity", "overflow", "deep"],
+)
+def test_body_that_is_not_valid_json_is_rejected_as_invalid_json(raw: bytes) -> None:
+    err = raw_chat_error(raw)
+    assert_400(err, None, "invalid_json")
+    assert err.message.startswith("We could not parse the JSON body of your request.")
+
+
+@pytest.mark.parametrize("raw", [b"[]", b'"hello"', b"42", b"null"])
+def test_body_that_is_json_but_not_an_object_is_rejected(raw: bytes) -> None:
+    assert_400(raw_chat_error(raw), None, "invalid_type")
+
+
+def test_completion_body_that_is_not_json_is_rejected() -> None:
+    with pytest.raises(ApiError) as info:
+        parse_completion_request(b"{", models=MODELS)
+    assert_400(info.value, None, "invalid_json")
+
+
+# -- model -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parse", [parse_chat_request, parse_completion_request])
+def test_missing_model_is_rejected_naming_model(parse: Any) -> None:
+    with pytest.raises(ApiError) as info:
+        parse(b'{"messages": [], "prompt": "x"}', models=MODELS)
+    assert_400(info.value, "model", "missing_required_parameter")
+
+
+@pytest.mark.parametrize("model", [3, ["smollm2"], True])
+def test_model_that_is_not_a_string_is_rejected(model: Any) -> None:
+    for err in both_errors(model=model):
+        assert_400(err, "model", "invalid_type")
+
+
+def test_unknown_model_is_404_model_not_found_in_openai_wording() -> None:
+    for err in both_errors(model="gpt-9"):
+        assert err.status == 404
+        assert (err.type, err.param, err.code) == ("invalid_request_error", "model", "model_not_found")
+        assert err.message == "The model `gpt-9` does not exist or you do not have access to it."
+
+
+def test_any_served_model_is_accepted() -> None:
+    assert chat(model="other-model").model == "other-model"
+    assert completion(model="other-model").model == "other-model"
+
+
+# -- unknown keys ------------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key_is_rejected_naming_it() -> None:
+    for err in both_errors(frobnicate=1):
+        assert_400(err, "frobnicate", "unknown_parameter")
+        assert err.message == "Unrecognized request argument supplied: frobnicate"
+
+
+@pytest.mark.parametrize("key", ["prompt", "suffix", "echo", "best_of"])
+def test_completion_only_keys_are_unknown_on_chat(key: str) -> None:
+    assert_400(chat_error(**{key: None}), key, "unknown_parameter")
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "response_format",
+     "metadata", "store", "service_tier", "parallel_tool_calls", "functions", "function_call"],
+)
+def test_chat_only_keys_are_unknown_on_completions(key: str) -> None:
+    assert_400(completion_error(**{key: None}), key, "unknown_parameter")
+
+
+# -- chat messages -----------------------------------------------------------------------------
+
+
+def test_minimal_chat_request_gets_defaults() -> None:
+    req = chat()
+    assert req == GenerationRequest(
+        endpoint="chat", model="smollm2", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert req.prompt is None and req.suffix is None and req.max_tokens is None
+    assert req.sampling_dict() == {
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+        "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    }
+    assert (req.stop, req.stream, req.include_usage, req.user) == ([], False, False, None)
+
+
+def test_missing_messages_is_rejected() -> None:
+    assert_400(chat_error(messages=None), "messages", "missing_required_parameter")
+
+
+@pytest.mark.parametrize("messages", ["hi", {"role": "user"}, 3])
+def test_messages_that_are_not_a_list_are_rejected(messages: Any) -> None:
+    assert_400(chat_error(messages=messages), "messages", "invalid_type")
+
+
+def test_empty_messages_list_is_rejected() -> None:
+    assert_400(chat_error(messages=[]), "messages", "invalid_value")
+
+
+def test_message_that_is_not_an_object_is_rejected_naming_its_index() -> None:
+    assert_400(chat_error(messages=[*USER, "hello"]), "messages[1]", "invalid_type")
+
+
+@pytest.mark.parametrize("role", ["robot", "", 3, "USER", "function"])
+def test_message_with_invalid_role_is_rejected(role: Any) -> None:
+    err = chat_error(messages=[*USER, {"role": role, "content": "x"}])
+    assert_400(err, "messages[1].role", "invalid_value")
+
+
+def test_message_without_role_is_rejected() -> None:
+    assert_400(chat_error(messages=[{"content": "x"}]), "messages[0].role", "missing_required_parameter")
+
+
+@pytest.mark.parametrize("role", ["system", "user", "assistant", "tool"])
+def test_each_supported_role_is_kept(role: str) -> None:
+    assert chat(messages=[{"role": role, "content": "x"}]).messages == [{"role": role, "content": "x"}]
+
+
+def test_developer_role_is_mapped_to_system() -> None:
+    req = chat(messages=[{"role": "developer", "content": "be brief"}, *USER])
+    assert req.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+
+def test_text_content_parts_are_concatenated() -> None:
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    assert chat(messages=[{"role": "user", "content": parts}]).messages == [
+        {"role": "user", "content": "Hello, world"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "part",
+    [{"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+     {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+     {"type": "file", "file": {}}],
+    ids=["image", "audio", "file"],
+)
+def test_non_text_content_part_is_unsupported_content_naming_the_message_content(part: Any) -> None:
+    content = [{"type": "text", "text": "what is this?"}, part]
+    err = chat_error(messages=[*USER, {"role": "user", "content": content}])
+    assert_400(err, "messages[1].content", "unsupported_content")
+    assert part["type"] in err.message
+
+
+@pytest.mark.parametrize(
+    ("content", "param", "code"),
+    [
+        ([], "messages[0].content", "invalid_value"),
+        (["text"], "messages[0].content[0]", "invalid_type"),
+        ([{"text": "x"}], "messages[0].content[0].type", "missing_required_parameter"),
+        ([{"type": "text"}], "messages[0].content[0].text", "invalid_type"),
+        ([{"type": "text", "text": 3}], "messages[0].content[0].text", "invalid_type"),
+        (3, "messages[0].content", "invalid_type"),
+        ({"type": "text", "text": "x"}, "messages[0].content", "invalid_type"),
+    ],
+)
+def test_malformed_content_is_rejected_naming_the_exact_place(content: Any, param: str, code: str) -> None:
+    assert_400(chat_error(messages=[{"role": "user", "content": content}]), param, code)
+
+
+def test_null_content_is_allowed_for_assistant_as_empty_string() -> None:
+    req = chat(messages=[*USER, {"role": "assistant", "content": None}, *USER])
+    assert req.messages is not None and req.messages[1] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize("role", ["system", "user", "developer", "tool"])
+def test_null_or_missing_content_is_rejected_for_non_assistant_roles(role: str) -> None:
+    assert_400(chat_error(messages=[{"role": role, "content": None}]), "messages[0].content",
+               "missing_required_parameter")
+    assert_400(chat_error(messages=[{"role": role}]), "messages[0].content", "missing_required_parameter")
+
+
+def test_message_extras_sdks_echo_back_are_accepted_and_dropped() -> None:
+    msgs = [
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "assistant", "content": "yo", "refusal": None, "tool_calls": [], "function_call": None},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+    ]
+    assert chat(messages=msgs).messages == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+        {"role": "tool", "content": "42"},
+    ]
+
+
+@pytest.mark.parametrize("key", ["tool_calls", "function_call"])
+def test_assistant_message_with_tool_calls_is_unsupported(key: str) -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    value = [call] if key == "tool_calls" else call["function"]
+    err = chat_error(messages=[*USER, {"role": "assistant", "content": None, key: value}])
+    assert_400(err, f"messages[1].{key}", "unsupported_parameter")
+
+
+def test_unknown_message_key_is_rejected_naming_it() -> None:
+    err = chat_error(messages=[{"role": "user", "content": "x", "mood": "happy"}])
+    assert_400(err, "messages[0].mood", "unknown_parameter")
+
+
+def test_message_name_that_is_not_a_string_is_rejected() -> None:
+    assert_400(chat_error(messages=[{"role": "user", "content": "x", "name": 3}]), "messages[0].name",
+               "invalid_type")
+
+
+# -- chat-only parameters ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+     ("functions", [{"name": "f"}]), ("function_call", "auto"),
+     ("response_format", {"type": "json_object"}),
+     ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+     ("logit_bias", {"50256": -100})],
+)
+def test_unsupported_chat_parameter_is_rejected_naming_it(key: str, value: Any) -> None:
+    assert_400(chat_error(**{key: value}), key, "unsupported_parameter")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("tools", None), ("tools", []), ("tool_choice", None), ("tool_choice", "none"), ("functions", []),
+     ("function_call", "none"), ("response_format", {"type": "text"}), ("response_format", None),
+     ("logit_bias", {}), ("logit_bias", None), ("parallel_tool_calls", True),
+     ("parallel_tool_calls", False), ("user", "u-1"), ("metadata", {"k": "v"}), ("store", False),
+     ("service_tier", "auto"), ("cache_prompt", True), ("logprobs", False), ("logprobs", None),
+     ("top_logprobs", None), ("n", 1), ("n", None)],
+)
+def test_harmless_chat_parameter_is_accepted(key: str, value: Any) -> None:
+    chat(**{key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("parallel_tool_calls", "yes"), ("metadata", "x"), ("store", 1), ("service_tier", 1),
+     ("cache_prompt", "yes"), ("user", 3), ("logit_bias", [1])],
+)
+def test_accepted_but_ignored_parameter_of_the_wrong_type_is_rejected(key: str, value: Any) -> None:
+    assert_400(chat_error(**{key: value}), key, "invalid_type")
+
+
+def test_user_is_kept() -> None:
+    assert chat(user="alice").user == "alice"
+    assert completion(user="bob").user == "bob"
+
+
+@pytest.mark.parametrize(("key", "value"), [("logprobs", True), ("top_logprobs", 5)])
+def test_chat_logprobs_are_unsupported(key: str, value: Any) -> None:
+    assert_400(chat_error(**{key: value}), key, "unsupported_value")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [({"max_tokens": 7}, 7), ({"max_completion_tokens": 9}, 9),
+     ({"max_tokens": 5, "max_completion_tokens": 5}, 5),
+     ({"max_tokens": None, "max_completion_tokens": 3}, 3)],
+)
+def test_chat_accepts_max_tokens_or_max_completion_tokens(body: dict[str, Any], expected: int) -> None:
+    assert chat(**body).max_tokens == expected
+
+
+def test_chat_max_tokens_and_max_completion_tokens_that_disagree_are_rejected() -> None:
+    assert_400(chat_error(max_tokens=5, max_completion_tokens=6), "max_completion_tokens", "invalid_value")
+
+
+@pytest.mark.parametrize("value", [0, -1, 5.0, "5", True])
+def test_invalid_max_completion_tokens_is_rejected_naming_it(value: Any) -> None:
+    assert_400(chat_error(max_completion_tokens=value), "max_completion_tokens")
+
+
+# -- completions prompt ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [("hello", "hello"), ("", ""), (["hello"], "hello"), ([1, 2, 3], [1, 2, 3]), ([0], [0]),
+     ([[4, 5]], [4, 5])],
+    ids=["string", "empty-string", "list-of-one-string", "token-ids", "token-zero", "list-of-one-token-list"],
+)
+def test_each_supported_prompt_form_is_normalised(prompt: Any, expected: Any) -> None:
+    req = completion(prompt=prompt)
+    assert req.prompt == expected
+    assert req.endpoint == "completions" and req.messages is None
+
+
+def test_minimal_completion_request_gets_defaults() -> None:
+    req = completion()
+    assert req == GenerationRequest(endpoint="completions", model="smollm2", prompt="Once upon a time")
+
+
+def test_missing_prompt_is_rejected() -> None:
+    assert_400(completion_error(prompt=None), "prompt", "missing_required_parameter")
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], ["a", "b", "c"]])
+def test_more_than_one_prompt_is_rejected_as_batching_unsupported(prompt: Any) -> None:
+    err = completion_error(prompt=prompt)
+    assert_400(err, "prompt", "unsupported_value")
+    assert "batching" in err.message
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [[], [[]], [-1], [1, -2], [[3, -1]], [1.0], [True], ["a", 1], [1, "a"], [[1, "a"]], [None], 3, {"a": 1}],
+)
+def test_malformed_prompt_is_rejected(prompt: Any) -> None:
+    assert_400(completion_error(prompt=prompt), "prompt")
+
+
+def test_suffix_is_kept_for_fill_in_the_middle() -> None:
+    assert completion(suffix="return x").suffix == "return x"
+    assert completion(suffix=None).suffix is None
+
+
+def test_suffix_that_is_not_a_string_is_rejected() -> None:
+    assert_400(completion_error(suffix=3), "suffix", "invalid_type")
+
+
+@pytest.mark.parametrize(("key", "value"), [("echo", True), ("echo", 0), ("best_of", 2), ("best_of", 1.0),
+                                            ("logprobs", 1), ("logprobs", 5), ("logprobs", True)])
+def test_unsupported_completion_options_are_rejected_naming_them(key: str, value: Any) -> None:
+    assert_400(completion_error(**{key: value}), key, "unsupported_value")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("echo", False), ("echo", None), ("best_of", 1), ("best_of", None), ("logprobs", 0), ("logprobs", None),
+     ("logit_bias", {}), ("cache_prompt", False), ("user", "u")],
+)
+def test_harmless_completion_options_are_accepted(key: str, value: Any) -> None:
+    completion(**{key: value})
+
+
+@pytest.mark.parametrize("key", ["metadata", "store", "service_tier"])
+def test_chat_only_ignored_keys_are_unknown_on_completions(key: str) -> None:
+    assert_400(completion_error(**{key: "x"}), key, "unknown_parameter")
+
+
+def test_completion_logit_bias_is_unsupported() -> None:
+    assert_400(completion_error(logit_bias={"1": 5}), "logit_bias", "unsupported_parameter")
+
+
+# -- sampling parameters (both endpoints) ------------------------------------------------------
+
+# (param, valid values with what they parse to, invalid values, expected-range wording)
+NUMERIC_PARAMS: list[tuple[str, list[tuple[Any, Any]], list[Any], str]] = [
+    ("temperature", [(0, 0.0), (0.7, 0.7), (2, 2.0)], [-0.1, 2.01, 3, "1", True, [1]],
+     "expected a number between 0 and 2"),
+    ("top_p", [(1, 1.0), (0.01, 0.01)], [0, -0.5, 1.5, "0.9", False],
+     "expected a number greater than 0 and at most 1"),
+    ("top_k", [(0, 0), (40, 40)], [-1, 4.0, 1.5, "40", True],
+     "expected an integer greater than or equal to 0"),
+    ("min_p", [(0, 0.0), (0.05, 0.05), (1, 1.0)], [-0.01, 1.01, "0.1", True],
+     "expected a number between 0 and 1"),
+    ("seed", [(0, 0), (-5, -5), (2**63 - 1, 2**63 - 1)], [1.0, "7", True, 2**63, -(2**63) - 1],
+     "expected a 64-bit integer"),
+    ("presence_penalty", [(-2, -2.0), (0.5, 0.5), (2, 2.0)], [-2.1, 2.1, "0", True],
+     "expected a number between -2 and 2"),
+    ("frequency_penalty", [(-2, -2.0), (1.5, 1.5), (2, 2.0)], [-3, 2.5, "1", False],
+     "expected a number between -2 and 2"),
+    ("repeat_penalty", [(1.1, 1.1), (0.5, 0.5), (3, 3.0)], [0, -1, "1.1", True],
+     "expected a number greater than 0"),
+    ("max_tokens", [(1, 1), (256, 256)], [0, -3, 5.0, "5", True],
+     "expected an integer greater than or equal to 1"),
+]
+
+VALID_NUMERIC = [(p, v, out) for p, valids, _, _ in NUMERIC_PARAMS for v, out in valids]
+INVALID_NUMERIC = [(p, v, msg) for p, _, invalids, msg in NUMERIC_PARAMS for v in invalids]
+
+
+@pytest.mark.parametrize(("param", "value", "expected"), VALID_NUMERIC)
+def test_in_range_sampling_value_is_accepted_on_both_endpoints(param: str, value: Any, expected: Any) -> None:
+    for req in (chat(**{param: value}), completion(**{param: value})):
+        got = getattr(req, param)
+        assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize(("param", "value", "wording"), INVALID_NUMERIC)
+def test_out_of_range_or_wrong_type_sampling_value_is_rejected_naming_the_param(
+    param: str, value: Any, wording: str
+) -> None:
+    for err in both_errors(**{param: value}):
+        assert_400(err, param)
+        assert err.code in ("invalid_type", "invalid_value")
+        assert err.message == f"Invalid value for '{param}': {wording}."
+
+
+def test_temperature_above_two_is_rejected_naming_the_param() -> None:
+    err = chat_error(temperature=2.5)
+    assert_400(err, "temperature", "invalid_value")
+    assert err.message == "Invalid value for 'temperature': expected a number between 0 and 2."
+
+
+def test_boolean_temperature_is_not_a_number() -> None:
+    assert_400(chat_error(temperature=True), "temperature", "invalid_type")
+
+
+def test_integral_float_max_tokens_is_not_an_integer() -> None:
+    assert_400(completion_error(max_tokens=5.0), "max_tokens", "invalid_type")
+
+
+@pytest.mark.parametrize("param", [p for p, *_ in NUMERIC_PARAMS])
+def test_null_sampling_value_means_default(param: str) -> None:
+    assert getattr(chat(**{param: None}), param) == getattr(chat(), param)
+
+
+def test_sampling_dict_feeds_scheduler_sampling_params() -> None:
+    req = chat(temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1,
+               presence_penalty=0.5, frequency_penalty=-0.5)
+    assert SamplingParams(**req.sampling_dict()) == SamplingParams(
+        temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1,
+        presence_penalty=0.5, frequency_penalty=-0.5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [(None, []), ("\n", ["\n"]), ([], []), (["a"], ["a"]), (["a", "b", "c", "d"], ["a", "b", "c", "d"])],
+)
+def test_stop_is_normalised_to_a_list(stop: Any, expected: list[str]) -> None:
+    assert chat(stop=stop).stop == expected
+    assert completion(stop=stop).stop == expected
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [(["a", "b", "c", "d", "e"], "invalid_value"), ("", "invalid_value"), (["a", ""], "invalid_value"),
+     ([1], "invalid_value"), (["a", None], "invalid_value"), (3, "invalid_type"), ({"a": 1}, "invalid_type")],
+)
+def test_invalid_stop_is_rejected(stop: Any, code: str) -> None:
+    for err in both_errors(stop=stop):
+        assert_400(err, "stop", code)
+
+
+@pytest.mark.parametrize("n", [2, 0, 1.0, "1", True])
+def test_n_other_than_one_is_rejected(n: Any) -> None:
+    for err in both_errors(n=n):
+        assert_400(err, "n", "unsupported_value")
+
+
+def test_n_of_one_is_accepted() -> None:
+    chat(n=1)
+    completion(n=1)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stream", "expected"), [(True, True), (False, False), (None, False)])
+def test_stream_flag_is_parsed(stream: Any, expected: bool) -> None:
+    assert chat(stream=stream).stream is expected
+    assert completion(stream=stream).stream is expected
+
+
+@pytest.mark.parametrize("stream", ["true", 1, 0])
+def test_stream_that_is_not_a_boolean_is_rejected(stream: Any) -> None:
+    for err in both_errors(stream=stream):
+        assert_400(err, "stream", "invalid_type")
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [({"include_usage": True}, True), ({"include_usage": False}, False), ({}, False), (None, False),
+     ({"include_usage": None}, False), ({"include_usage": True, "include_obfuscation": False}, True)],
+)
+def test_include_usage_comes_from_stream_options(options: Any, expected: bool) -> None:
+    assert chat(stream=True, stream_options=options).include_usage is expected
+    assert completion(stream=True, stream_options=options).include_usage is expected
+
+
+@pytest.mark.parametrize("stream", [False, None])
+def test_stream_options_without_stream_is_rejected(stream: Any) -> None:
+    for err in both_errors(stream=stream, stream_options={"include_usage": True}):
+        assert_400(err, "stream_options", "invalid_value")
+
+
+def test_null_stream_options_without_stream_is_fine() -> None:
+    assert chat(stream_options=None).include_usage is False
+
+
+@pytest.mark.parametrize(
+    ("options", "param", "code"),
+    [("yes", "stream_options", "invalid_type"), ([], "stream_options", "invalid_type"),
+     ({"include_usage": "yes"}, "stream_options.include_usage", "invalid_type"),
+     ({"include_usage": 1}, "stream_options.include_usage", "invalid_type"),
+     ({"verbose": True}, "stream_options.verbose", "unknown_parameter")],
+)
+def test_malformed_stream_options_are_rejected(options: Any, param: str, code: str) -> None:
+    for err in both_errors(stream=True, stream_options=options):
+        assert_400(err, param, code)
+
+
+# -- GenerationRequest wire format -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        GenerationRequest(endpoint="chat", model="m", messages=[{"role": "user", "content": "é"}],
+                          max_tokens=5, temperature=0.0, seed=3, stop=["\n"], stream=True,
+                          include_usage=True, user="u"),
+        GenerationRequest(endpoint="completions", model="m", prompt=[1, 2, 3], suffix="end", top_k=4),
+        GenerationRequest(endpoint="completions", model="m", prompt="text"),
+    ],
+    ids=["chat", "token-prompt", "text-prompt"],
+)
+def test_wire_round_trip_through_json_is_lossless(req: GenerationRequest) -> None:
+    wire = req.to_wire()
+    assert GenerationRequest.from_wire(json.loads(json.dumps(wire))) == req
+
+
+def test_to_wire_has_every_field_and_shares_no_lists() -> None:
+    req = chat(stop=["x"])
+    wire = req.to_wire()
+    assert set(wire) == {
+        "endpoint", "model", "messages", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k",
+        "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "stop", "stream",
+        "include_usage", "user",
+    }
+    wire["stop"].append("y")
+    wire["messages"][0]["content"] = "changed"
+    assert req.stop == ["x"] and req.messages == USER
+
+
+def test_from_wire_rejects_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="bogus"):
+        GenerationRequest.from_wire({**chat().to_wire(), "bogus": 1})
+
+
+def test_from_wire_fills_defaults_for_missing_optional_fields() -> None:
+    assert GenerationRequest.from_wire({"endpoint": "completions", "model": "m", "prompt": "p"}) == (
+        GenerationRequest(endpoint="completions", model="m", prompt="p")
+    )

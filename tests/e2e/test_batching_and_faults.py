@@ -1,0 +1,121 @@
+"""Concurrency, disconnects, worker crashes and graceful shutdown against the real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from .server import RunningServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+def stream_chat(base: str, content: str, max_tokens: int) -> tuple[str, str]:
+    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    parts, finish = [], ""
+    for chunk in c.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, stream=True
+    ):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    return "".join(parts), finish
+
+
+def test_eight_concurrent_streams_are_batched_in_one_worker_and_all_complete(server: RunningServer) -> None:
+    peak = {"lanes": 0}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak["lanes"] = max(peak["lanes"], server.state().get("lanes_active", 0))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: stream_chat(server.base, f"Count to {i + 3}.", 48), range(8)))
+    finally:
+        done.set()
+        watcher.join()
+    assert peak["lanes"] == 8
+    assert all(text and finish in ("stop", "length") for text, finish in results)
+    server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=5)
+
+
+def test_client_disconnect_cancels_the_job_and_frees_its_lane_within_a_second(server: RunningServer) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500, "stream": True}
+    with httpx.stream("POST", server.base + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert server.state()["lanes_active"] == 1
+    closed = time.monotonic()
+    server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=3)
+    assert time.monotonic() - closed < 1.0
+
+
+def _worker_pid(server: RunningServer) -> int:
+    return int(server.health()["worker_pid"])
+
+
+def test_killed_worker_does_not_take_the_server_down_and_streams_continue() -> None:
+    srv = RunningServer("--max-batch", "2", "--ctx-size", "1024").start()
+    try:
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 120, "temperature": 0, "stream": True}
+        texts: list[str] = []
+        with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
+            killed = False
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                assert "error" not in event, event
+                texts.append(event["choices"][0]["text"])
+                if len(texts) == 5 and not killed:
+                    os.kill(_worker_pid(srv), signal.SIGKILL)
+                    killed = True
+        assert killed and len("".join(texts)) > 0
+        assert srv.proc is not None and srv.proc.poll() is None  # the web server is still up
+        assert srv.health()["worker_restarts"] >= 1
+        c = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0)
+        again = c.completions.create(model=MODEL, prompt="Hello", max_tokens=5)
+        assert again.choices[0].text
+    finally:
+        srv.stop()
+
+
+def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_zero() -> None:
+    srv = RunningServer("--max-batch", "2", "--ctx-size", "1024", "--drain-timeout", "30").start()
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 60, "temperature": 0, "stream": True}
+    events: list[str] = []
+    try:
+        with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data: "))
+            events.append(next(lines))
+            assert srv.proc is not None
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            refused = httpx.post(srv.base + "/v1/completions", json={**body, "stream": False}, timeout=30)
+            assert refused.status_code == 503
+            events.extend(lines)
+        assert events[-1] == "data: [DONE]"
+        final = json.loads(events[-2][6:])
+        assert final["choices"][0]["finish_reason"] == "length"
+        assert srv.proc.wait(timeout=30) == 0
+    finally:
+        srv.stop()
