@@ -17,8 +17,10 @@ from .types import Job
 _head_seq = itertools.count(-1, -1)  # requeued jobs sort before every arrival
 
 
-def _order_key(job: Job) -> tuple[int, int]:
-    return (-job.priority, job.seq)
+def _order_key(job: Job) -> tuple[int, int, int]:
+    if job.seq < 0:  # requeued by push_head: ahead of every arrival, whatever its priority
+        return (0, 0, job.seq)
+    return (1, -job.priority, job.seq)
 
 
 class ClassQueues:

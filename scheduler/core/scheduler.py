@@ -272,7 +272,7 @@ class Scheduler:
         for job in sorted(decoding, key=lambda j: (j.qos, j.lane))[:decode_budget]:
             assert job.lane is not None
             seq = job.sequence
-            plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, seq[job.computed:], True))
+            plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, seq[job.computed:], True, decode=True))
 
         def prefill_order(job: Job) -> tuple[int, int, int]:
             assert job.lane is not None
@@ -287,10 +287,13 @@ class Scheduler:
             if hold_below is not None and job.qos > hold_below:
                 continue
             assert job.lane is not None
-            take = min(budget, job.remaining_prompt)
+            # sequence, not prompt: a job recomputed after preemption without parking re-feeds
+            # its output too, and samples only after the last of it.
+            remaining = len(job.sequence) - job.computed
+            take = min(budget, remaining)
             budget -= take
-            finishes = take == job.remaining_prompt
-            tokens = job.prompt[job.computed : job.computed + take]
+            finishes = take == remaining
+            tokens = job.sequence[job.computed : job.computed + take]
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, tokens, finishes))
             if finishes and job.qos <= QosClass.COMPLETION and hold_below is None:
                 hold_below = int(job.qos)

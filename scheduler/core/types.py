@@ -86,10 +86,11 @@ class LaneFeed:
     start_pos: int
     tokens: list[int]
     sample: bool
+    decode: bool = False  # the one token of a decode round, not a prompt (or recompute) chunk
 
     @property
     def is_decode(self) -> bool:
-        return self.sample and len(self.tokens) == 1 and self.start_pos > 0
+        return self.decode
 
 
 @dataclass

@@ -96,7 +96,7 @@ class Run:
             finishes = self.computed + len(tokens) == len(self.prompt)
             return LaneFeed(self.lane, job, self.computed, tokens, finishes)
         rest = (self.prompt + self.output)[self.computed :]
-        return LaneFeed(self.lane, job, self.computed, rest, True)
+        return LaneFeed(self.lane, job, self.computed, rest, True, decode=len(rest) == 1)
 
     def commit(self, result: TickResult) -> None:
         self.computed += result.fed.get(self.lane, 0)
@@ -348,7 +348,7 @@ def test_should_stop_not_asked_when_one_call_suffices(
     assert result.fed == {0: len(prompts[0])} and result.prefill_s > 0
     token = result.sampled[0]
     decode = engine.execute(
-        TickPlan(tick=2, feeds=[LaneFeed(0, "a", len(prompts[0]), [token], True)]), never
+        TickPlan(tick=2, feeds=[LaneFeed(0, "a", len(prompts[0]), [token], True, decode=True)]), never
     )
     assert decode.fed == {0: 1} and decode.prefill_s == 0.0 and decode.elapsed_s > 0
 

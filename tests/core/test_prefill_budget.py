@@ -1,0 +1,239 @@
+"""How much prompt a tick prefills, in what step sizes, and which lanes get it first."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core.qos import QosClass
+from scheduler.core.scheduler import Scheduler
+from scheduler.core.types import TickPlan
+from scheduler.engines.sim import SimEngine
+
+from .builders import make_job, make_scheduler, tick
+
+
+def prefill_by_job(plan: TickPlan) -> dict[str, int]:
+    return {f.job_id: len(f.tokens) for f in plan.feeds if not f.is_decode}
+
+
+def measured(rate: float, **overrides: object) -> tuple[Scheduler, SimEngine]:
+    """A scheduler that has measured ``rate`` prompt tokens/s over 30 one-lane prefill ticks
+    (the sim charges only prefill, so each tick measures the rate exactly)."""
+    sched, engine, _ = make_scheduler(
+        max_batch=1, prefill_s_per_token=1.0 / rate, decode_round_s=0.0, **overrides
+    )
+    for i in range(30):
+        sched.add(make_job(32, max_tokens=1, job_id=f"warm{i}"))
+    while sched.jobs:
+        tick(sched, engine)
+    return sched, engine
+
+
+# -- step size and the measured rate ----------------------------------------------------------
+
+
+def test_until_measured_the_rate_is_256_tokens_per_s_and_the_step_128() -> None:
+    sched, _, _ = make_scheduler(max_batch=1)
+    sched.add(make_job(3000))
+    plan = sched.step()
+    assert sched.prefill_tokens_per_s == 256.0
+    assert plan.step_tokens == 128
+
+
+@pytest.mark.parametrize("rate", [40.0, 300.0, 1000.0, 2000.0])
+def test_the_prefill_rate_converges_on_what_the_engine_delivers(rate: float) -> None:
+    sched, _ = measured(rate)
+    assert sched.prefill_tokens_per_s == pytest.approx(rate, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("rate", "step"),
+    [(4000.0, 512), (2000.0, 512), (1000.0, 256), (300.0, 128), (150.0, 64), (100.0, 32), (40.0, 32)],
+)
+def test_the_step_is_the_largest_of_512_256_128_64_32_that_fits_half_a_second(rate: float, step: int) -> None:
+    sched, _ = measured(rate)
+    sched.add(make_job(3000))
+    assert sched.step().step_tokens == step
+
+
+def test_the_engine_feeds_a_long_prompt_in_step_sized_calls() -> None:
+    sched, engine = measured(1000.0)
+    engine.calls.clear()
+    sched.add(make_job(1000, job_id="long"))
+    tick(sched, engine)
+    assert [n for call in engine.calls for _, n in call] == [256, 256, 256, 232]
+
+
+def test_ticks_without_prefill_leave_the_measured_rate_alone() -> None:
+    sched, engine = measured(1000.0)
+    engine.decode_round_s = 0.06  # decode rounds now cost time too
+    sched.add(make_job(8, max_tokens=20))
+    tick(sched, engine)
+    rate_after_prefill = sched.prefill_tokens_per_s
+    assert rate_after_prefill < 900  # 8 tokens in 0.068 s pulled the average down
+    for _ in range(10):
+        tick(sched, engine)
+        assert sched.last_plan is not None and sched.last_plan.prefill_tokens == 0
+    assert sched.prefill_tokens_per_s == rate_after_prefill
+
+
+# -- the tick's prefill cap --------------------------------------------------------------------
+
+
+def first_tick_prefill(max_batch: int, queued: int = 0, rate: float = 300.0, **overrides: object) -> tuple[int, float]:
+    """Prompt tokens the first tick prefills for one 3000-token job, and the engine time it took."""
+    sched, engine, clock = make_scheduler(
+        max_batch=max_batch,
+        initial_prefill_tokens_per_s=rate,
+        prefill_s_per_token=1.0 / rate,
+        decode_round_s=0.0,
+        **overrides,
+    )
+    sched.add(make_job(3000, job_id="long"))
+    for _ in range(queued):
+        sched.add(make_job(3000))
+    start = clock()
+    tick(sched, engine)
+    assert sched.last_plan is not None
+    return prefill_by_job(sched.last_plan)["long"], clock() - start
+
+
+def test_while_a_lane_is_free_a_tick_prefills_about_half_a_second_in_whole_steps() -> None:
+    tokens, seconds = first_tick_prefill(max_batch=2)
+    assert tokens == 128  # 300 tok/s x 0.5 s = 150, rounded down to whole 128-token steps
+    assert seconds <= 0.5
+
+
+def test_while_a_job_is_queued_a_tick_prefills_about_half_a_second() -> None:
+    tokens, seconds = first_tick_prefill(max_batch=1, queued=1)
+    assert tokens == 128
+    assert seconds <= 0.5
+
+
+def test_with_every_lane_busy_and_nothing_queued_a_tick_prefills_about_eight_seconds() -> None:
+    tokens, seconds = first_tick_prefill(max_batch=1)
+    assert tokens == 2304  # 300 tok/s x 8 s = 2400, rounded down to whole 128-token steps
+    assert 7.5 <= seconds <= 8.0
+
+
+def test_an_engine_too_slow_for_a_step_in_half_a_second_still_prefills_one_step() -> None:
+    tokens, _ = first_tick_prefill(max_batch=2, rate=40.0)
+    assert tokens == 32
+
+
+def test_a_newcomer_arriving_shrinks_the_next_ticks_prefill() -> None:
+    sched, engine, _ = make_scheduler(max_batch=1, initial_prefill_tokens_per_s=300.0)
+    sched.add(make_job(4000, job_id="long"))
+    tick(sched, engine)
+    first = prefill_by_job(sched.last_plan)["long"]  # type: ignore[arg-type]
+    sched.add(make_job(8, job_id="newcomer"))
+    plan = sched.step()
+    assert first > 1000
+    assert prefill_by_job(plan)["long"] <= plan.step_tokens
+
+
+@pytest.mark.parametrize("budget", [64, 100, 1000])
+def test_prefill_budget_bounds_a_ticks_prefill(budget: int) -> None:
+    tokens, _ = first_tick_prefill(max_batch=1, prefill_budget=budget)
+    assert tokens == budget
+
+
+def test_the_default_budget_of_4096_bounds_a_fast_engine() -> None:
+    tokens, _ = first_tick_prefill(max_batch=1, rate=10_000.0, lane_ctx=8192)
+    assert tokens == 3000  # the whole prompt: under both 4096 and 8 s
+    sched, engine, _ = make_scheduler(max_batch=1, lane_ctx=8192, initial_prefill_tokens_per_s=10_000.0)
+    sched.add(make_job(6000, job_id="long"))
+    assert prefill_by_job(sched.step())["long"] == 4096
+
+
+@pytest.mark.parametrize(
+    ("rate", "target_ms", "expected"),
+    [
+        (64.0, 2000, 256),  # 128 tokens in 2 s, raised to the 256 floor
+        (1000.0, 2000, 2000),  # the rate x the tick target
+        (1000.0, 1000, 1000),
+        (10_000.0, 2000, 4096),  # 20000, lowered to the 4096 ceiling
+    ],
+)
+def test_the_adaptive_budget_is_the_rate_times_the_tick_target_within_256_to_4096(
+    rate: float, target_ms: int, expected: int
+) -> None:
+    sched, _, _ = make_scheduler(
+        max_batch=1, prefill_budget=0, tick_target_ms=target_ms, lane_ctx=8192, initial_prefill_tokens_per_s=rate
+    )
+    sched.add(make_job(6000, job_id="long"))
+    assert prefill_by_job(sched.step())["long"] == expected
+
+
+# -- which lane gets prefill first -------------------------------------------------------------
+
+
+def test_within_a_class_the_shortest_remaining_prompt_is_prefilled_first() -> None:
+    sched, _, _ = make_scheduler(max_batch=3, prefill_budget=400)
+    for job_id, n in [("p900", 900), ("p300", 300), ("p600", 600)]:
+        sched.add(make_job(n, job_id=job_id))
+    plan = sched.step()
+    assert [(f.job_id, len(f.tokens), f.sample) for f in plan.feeds] == [
+        ("p300", 300, True),
+        ("p600", 100, False),
+    ]
+
+
+def test_a_better_class_is_prefilled_before_a_shorter_prompt() -> None:
+    sched, _, _ = make_scheduler(max_batch=2, prefill_budget=500)
+    sched.add(make_job(100, qos=QosClass.BACKGROUND, job_id="short-bg"))
+    sched.add(make_job(500, qos=QosClass.AGENT, job_id="long-agent"))
+    assert prefill_by_job(sched.step()) == {"long-agent": 500}
+
+
+@pytest.mark.parametrize("urgent_class", [QosClass.INTERACTIVE, QosClass.COMPLETION])
+def test_a_tick_that_finishes_an_urgent_prompt_prefills_no_lower_class_but_still_decodes(
+    urgent_class: QosClass,
+) -> None:
+    sched, engine, _ = make_scheduler(max_batch=3)
+    sched.add(make_job(16, max_tokens=50, job_id="decoding-agent"))
+    tick(sched, engine)
+    sched.add(make_job(3000, job_id="prefilling-agent"))
+    tick(sched, engine)
+    assert sched.last_plan is not None
+    assert "prefilling-agent" in prefill_by_job(sched.last_plan)
+    sched.add(make_job(8, qos=urgent_class, job_id="urgent"))
+    plan = sched.step()
+    assert prefill_by_job(plan) == {"urgent": 8}
+    assert [f.job_id for f in plan.feeds if f.is_decode] == ["decoding-agent"]
+    sched.commit(engine.execute(plan, lambda: False))
+    next_plan = sched.step()
+    assert "prefilling-agent" in prefill_by_job(next_plan)  # held back for one tick only
+
+
+def test_hold_below_also_holds_a_lower_prompt_with_a_single_token_left() -> None:
+    sched, engine, _ = make_scheduler(
+        max_batch=2, prefill_budget=64, starvation_ticks=1, initial_prefill_tokens_per_s=10_000.0
+    )
+    sched.add(make_job(65, qos=QosClass.BACKGROUND, job_id="bg"))
+    tick(sched, engine)  # 64 of 65 prompt tokens: one left, and the lane is starving by next tick
+    sched.add(make_job(8, qos=QosClass.INTERACTIVE, job_id="chat"))
+    plan = sched.step()
+    assert prefill_by_job(plan) == {"chat": 8}
+    assert not [f for f in plan.feeds if f.job_id == "bg"]
+
+
+def test_a_finishing_urgent_prompt_does_not_hold_back_its_own_class() -> None:
+    sched, _, _ = make_scheduler(max_batch=2, prefill_budget=1000)
+    sched.add(make_job(8, qos=QosClass.INTERACTIVE, job_id="short-chat"))
+    sched.add(make_job(3000, qos=QosClass.INTERACTIVE, job_id="long-chat"))
+    assert prefill_by_job(sched.step()) == {"short-chat": 8, "long-chat": 992}
+
+
+def test_a_lane_starved_of_prefill_for_starvation_ticks_gets_prefill_first() -> None:
+    sched, engine, _ = make_scheduler(max_batch=2, prefill_budget=64, starvation_ticks=3)
+    sched.add(make_job(2000, qos=QosClass.AGENT, job_id="agent"))
+    sched.add(make_job(2000, qos=QosClass.BACKGROUND, job_id="bg"))
+    served: list[str] = []
+    for _ in range(10):
+        tick(sched, engine)
+        assert sched.last_plan is not None
+        (job_id,) = prefill_by_job(sched.last_plan)  # the 64-token budget goes to one lane
+        served.append(job_id)
+    # bg gets the budget once it has had none for 3 ticks, though agent is the better class.
+    assert served == ["agent", "agent", "agent", "bg", "agent", "agent", "bg", "agent", "agent", "bg"]
