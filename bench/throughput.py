@@ -1,8 +1,11 @@
 """Aggregate decode throughput of the server against a bare loop, at 1, 2, 4 and 8 streams.
 
-For each stream count N, the same N prompts run twice, back to back on this machine:
+For each stream count N, the same N prompts run three ways, back to back on this machine:
 - bare: ``bench/bare_loop.py`` (llama-cpp-python's low-level calls, no server: the limit);
-- superfluid: N concurrent streamed /v1/completions requests to ``manage.py serve``.
+- worker: superfluid's scheduler + engine + text output in this process, no HTTP (what the
+  engine worker costs over the bare loop);
+- superfluid: N concurrent streamed /v1/completions requests to ``manage.py serve`` (the
+  whole server, with the HTTP client sharing the machine's cores).
 Both are greedy with ``--max-tokens`` each; tokens/s = completion tokens / wall time from the
 first request to the last token (prefill included on both sides). Prints a table of ratios.
 
@@ -60,6 +63,37 @@ def run_server(base: str, model: str, texts: list[str], max_tokens: int) -> dict
     return {"completion_tokens": sum(counts), "seconds": seconds, "tokens_per_s": sum(counts) / seconds}
 
 
+def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> dict[str, float]:
+    """The worker's tick loop over the real engine, fed directly (no link, no HTTP)."""
+    import socket
+
+    from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.worker.loop import EngineWorker
+    from scheduler.worker.server import Connection
+
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=engine.n_lanes), model_name="bench")  # type: ignore[arg-type, attr-defined]
+    ours, theirs = socket.socketpair()
+    conn = Connection(1, ours)
+    theirs.setblocking(False)
+    start = time.perf_counter()
+    for i, text in enumerate(texts):
+        request = {"endpoint": "completions", "prompt": text, "max_tokens": max_tokens, "temperature": 0.0}
+        worker.handle(conn, {"op": "submit", "id": f"b{i}", "request": request})
+    while not worker.scheduler.idle:
+        worker.run_tick()
+        conn.flush()
+        try:
+            while theirs.recv(1 << 20):
+                pass
+        except BlockingIOError:
+            pass
+    seconds = time.perf_counter() - start
+    tokens = worker.stats["completion_tokens_total"]
+    ours.close()
+    theirs.close()
+    return {"completion_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -71,27 +105,35 @@ def main() -> None:
     model_path = default_model_path()
     model = model_name_for(model_path)
 
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+
     server = RunningServer("--max-batch", str(max(counts))).start()
     rows = []
     try:
         one_stream(server.base, model, prompts(1)[0], 8)  # warm up the worker
         for n in counts:
             texts = prompts(n)
-            bare, served = [], []
+            bare, inproc, served = [], [], []
             for _ in range(args.repeat):
                 bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
+                engine = LlamaCppEngine(model_path, n_lanes=max(counts))
+                try:
+                    inproc.append(run_worker_inprocess(engine, texts, args.max_tokens)["tokens_per_s"])
+                finally:
+                    engine.close()
                 served.append(run_server(server.base, model, texts, args.max_tokens)["tokens_per_s"])
-            b, s = statistics.median(bare), statistics.median(served)
-            rows.append({"streams": n, "bare_tok_s": round(b, 1), "superfluid_tok_s": round(s, 1), "ratio": round(s / b, 3)})
-            print(f"  {n} streams: bare {b:.1f} tok/s, superfluid {s:.1f} tok/s", file=sys.stderr)
+            b, w, s = statistics.median(bare), statistics.median(inproc), statistics.median(served)
+            rows.append({"streams": n, "bare_tok_s": round(b, 1), "worker_tok_s": round(w, 1), "superfluid_tok_s": round(s, 1),
+                         "worker_ratio": round(w / b, 3), "ratio": round(s / b, 3)})
+            print(f"  {n} streams: bare {b:.1f}, worker {w:.1f}, superfluid {s:.1f} tok/s", file=sys.stderr)
     finally:
         server.stop()
 
     print(f"\nAggregate throughput, {model}, greedy, {args.max_tokens} tokens per stream, median of {args.repeat}\n")
-    print("| streams | bare loop tok/s | superfluid tok/s | superfluid / bare |")
-    print("|--:|--:|--:|--:|")
+    print("| streams | bare loop tok/s | worker tok/s | superfluid (HTTP) tok/s | worker / bare | superfluid / bare |")
+    print("|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        print(f"| {r['streams']} | {r['bare_tok_s']} | {r['superfluid_tok_s']} | {r['ratio']:.3f} |")
+        print(f"| {r['streams']} | {r['bare_tok_s']} | {r['worker_tok_s']} | {r['superfluid_tok_s']} | {r['worker_ratio']:.3f} | {r['ratio']:.3f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
