@@ -18,11 +18,13 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
 
-from scheduler.core.qos import UnknownQosClass, class_of_priority, parse_priority, parse_qos, QosClass
+from scheduler.core.qos import QosClass
 from scheduler.link.client import JobHandle, get_link
 
 from . import responses
-from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
+from .admission import Admission, admit
+from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
+from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
 
 log = logging.getLogger("superfluid.api")
@@ -53,6 +55,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         self._size = 0
         self._task: asyncio.Task[None] | None = None
         self.headers_sent = False
+        self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
+        self.admission: Admission | None = None
 
     async def http_request(self, message: dict[str, Any]) -> None:
         chunk = message.get("body", b"")
@@ -73,33 +77,42 @@ class StreamingConsumer(AsyncHttpConsumer):
         raise StopConsumer()
 
     async def _respond(self, body: bytes) -> None:
+        client = self.scope.get("client")
+        self.record.client_ip = client[0] if client else None
         try:
             await self.handle(body)
         except ApiError as exc:
             await self.send_error(exc)
         except asyncio.CancelledError:
+            self.record.error_code = self.record.error_code or "client_disconnected"
+            self.record.status = self.record.status or 499
             raise
         except Exception:
             log.exception("request failed")
             await self.send_error(server_error("The server had an error while processing your request."))
+        finally:
+            if self.admission is not None:
+                await self.admission.release()
+            await record_request(self.record)
 
     async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.record.status = status
         await self.send_response(status, json.dumps(obj).encode(), headers=JSON_HEADERS + (extra_headers or []))
         self.headers_sent = True
 
     async def send_error(self, exc: ApiError) -> None:
+        self.record.error_code = exc.code or exc.type
+        if not self.headers_sent:
+            self.record.status = exc.status
         if self.headers_sent:  # the stream has begun: an error frame, then [DONE]
             await self.send_body(responses.sse_error(exc) + responses.SSE_DONE)
             return
         extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
         await self.send_json(exc.status, exc.body(), extra)
 
-    def header(self, name: str) -> str | None:
-        wanted = name.lower().encode()
-        for key, value in self.scope.get("headers", []):
-            if key.lower() == wanted:
-                return value.decode("latin-1")
-        return None
+    def headers(self) -> dict[str, str]:
+        """Request headers, names lower-cased (the last of repeated headers wins)."""
+        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
 
 
 class GenerationConsumer(StreamingConsumer):
@@ -118,18 +131,21 @@ class GenerationConsumer(StreamingConsumer):
             raise engine_unavailable("The engine worker is not running.")
         assert link.hello is not None
         request = self.parse(body, [link.hello["model"]])
-        qos, priority = self.resolve_class(request)
-        batch_invariant = (self.header("x-superfluid-batch-invariant") or "").strip().lower() in ("1", "true", "yes")
-        if batch_invariant and not settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT:
-            raise ApiError(
-                status=403,
-                message="Batch-invariant lanes are not allowed for this client.",
-                type="permission_error",
-                param="x-superfluid-batch-invariant",
-                code="batch_invariant_forbidden",
-            )
-        payload = {"request": request.to_wire(), "qos": int(qos), "priority": priority, "batch_invariant": batch_invariant}
+        self.record.model, self.record.stream = request.model, request.stream
+        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request)
+        qos, priority = admission.qos, admission.priority
+        self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
+            admission.key_name, qos.label, priority, admission.band
+        )
+        payload = {
+            "request": request.to_wire(),
+            "qos": int(qos),
+            "priority": priority,
+            "batch_invariant": admission.batch_invariant,
+            "key": admission.key_name,
+        }
         handle = await link.submit(payload)
+        self.record.request_id = handle.job_id
         try:
             first = await handle.events.get()
             if first["ev"] in ("rejected", "error"):
@@ -144,22 +160,6 @@ class GenerationConsumer(StreamingConsumer):
         finally:
             link.finish(handle)
 
-    def resolve_class(self, request: GenerationRequest) -> tuple[QosClass, int]:
-        """Class from x-superfluid-qos, else from the priority header's band, else the default."""
-        raw_priority = self.header("x-llamaswap-priority")
-        priority = parse_priority(raw_priority)
-        if request.suffix is not None:
-            return QosClass.COMPLETION, priority  # fill-in-the-middle always runs as completion
-        raw_qos = self.header("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
-        if raw_qos is not None:
-            try:
-                return parse_qos(raw_qos), priority
-            except UnknownQosClass as exc:
-                raise invalid_request(str(exc), param="x-superfluid-qos", code="invalid_qos_class") from None
-        if raw_priority is not None:
-            return class_of_priority(priority), priority
-        return parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS), priority
-
     def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
         return [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
 
@@ -167,6 +167,7 @@ class GenerationConsumer(StreamingConsumer):
         rid, created, model = responses.new_id(self.endpoint), int(time.time()), request.model
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
+        self.record.status = 200
         if self.endpoint == "chat":
             await self.send_body(responses.sse_event(responses.chat_chunk(rid, model, created, role="assistant", content="")), more_body=True)
         while True:
@@ -178,6 +179,7 @@ class GenerationConsumer(StreamingConsumer):
                     chunk = responses.completion_chunk(rid, model, created, event["text"])
                 await self.send_body(responses.sse_event(chunk), more_body=True)
             elif event["ev"] == "done":
+                self.note_done(event)
                 reason = event["finish_reason"]
                 frames = []
                 if self.endpoint == "chat":
@@ -204,6 +206,7 @@ class GenerationConsumer(StreamingConsumer):
             elif event["ev"] == "error":
                 raise error_from_wire(event["error"])
             elif event["ev"] == "done":
+                self.note_done(event)
                 break
         rid, created, text = responses.new_id(self.endpoint), int(time.time()), "".join(parts)
         usage = self.usage(event)
@@ -212,6 +215,12 @@ class GenerationConsumer(StreamingConsumer):
         else:
             obj = responses.text_completion(rid, request.model, created, text, event["finish_reason"], usage)
         await self.send_json(200, obj, self.response_headers(handle, qos))
+
+    def note_done(self, event: dict[str, Any]) -> None:
+        self.record.finish_reason = event.get("finish_reason")
+        self.record.usage = dict(event.get("usage") or {})
+        self.record.timing = dict(event.get("timing") or {})
+        self.record.serial = dict(event.get("serial") or {})
 
     @staticmethod
     def usage(event: dict[str, Any]) -> dict[str, Any]:

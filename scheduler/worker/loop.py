@@ -24,6 +24,7 @@ from scheduler.core.types import Event, Job, SamplingParams
 from scheduler.engines.base import Engine, EngineError
 from scheduler.link.protocol import error_dict
 
+from .metrics import WorkerMetrics
 from .output import TextStream
 from .server import Connection, LinkServer
 
@@ -67,6 +68,7 @@ class EngineWorker:
         self.draining = False
         self.stopped = threading.Event()
         self.link: LinkServer | None = None
+        self.metrics = WorkerMetrics()
         self._last_snapshot = 0.0
         self._last_occupancy: tuple[str | None, ...] = ()
         self.stats: dict[str, float] = {
@@ -239,6 +241,7 @@ class EngineWorker:
             return True
         self.stats["tick_seconds_total"] += time.perf_counter() - started
         self._process(self.scheduler.commit(result))
+        self.metrics.on_tick(plan, result)
         active = sum(1 for j in self.scheduler.lanes if j is not None)
         self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
         return True
@@ -289,6 +292,7 @@ class EngineWorker:
         if ctx.pending_text:
             ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": completion})
             ctx.pending_text.clear()
+        self.metrics.on_finished(job, event.reason)
         if event.reason == "error":
             return
         self.stats["prompt_tokens_total"] += ctx.prompt_tokens
@@ -318,6 +322,7 @@ class EngineWorker:
         state.update(self.hello())
         state["stats"] = dict(self.stats)
         state["draining"] = self.draining
+        state["metrics"] = self.metrics.collect(self)
         return state
 
     def _maybe_snapshot(self) -> None:
