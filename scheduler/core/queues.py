@@ -1,32 +1,38 @@
-"""Per-class queues with lane caps, priority inside a class, and starvation aging.
+"""Per-class queues with lane caps, scored order inside a class, and starvation aging.
 
-Order inside a class: higher ``priority`` first, equal priority in arrival order. A preempted
-job goes back to the *head* of its class. Across classes the scheduler picks the head with the
-best *effective* class: a job that has waited ``starvation_ticks`` ticks rises one class per
-period waited (never above interactive).
+Inside a class a job's *score* is ``priority + swap affinity + waited_s / aging_divisor``
+(request-priority seed): higher scores go first, equal scores in arrival order. Aging is
+unbounded, so low-priority work cannot starve; with equal priorities the older job always has
+the higher score, which is plain FIFO. A preempted job goes back to the *head* of its class,
+ahead of every score. Across classes the scheduler picks the head with the best *effective*
+class: a job that has waited ``starvation_ticks`` ticks rises one class per period waited
+(never above interactive).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from .qos import QosClass
 from .types import Job
 
-_head_seq = itertools.count(-1, -1)  # requeued jobs sort before every arrival
+_head_seq = itertools.count(-1, -1)  # requeued jobs get negative seqs: ahead of every arrival
 
 
-def _order_key(job: Job) -> tuple[int, int, int]:
-    if job.seq < 0:  # requeued by push_head: ahead of every arrival, whatever its priority
-        return (0, 0, job.seq)
-    return (1, -job.priority, job.seq)
+@dataclass(frozen=True)
+class ScoreConfig:
+    aging_divisor_s: float = 60.0  # seconds of waiting per priority point; 0 disables aging
+    swap_affinity_bonus: int = 10  # for a job whose model is loaded (0..99)
 
 
 class ClassQueues:
-    def __init__(self, starvation_ticks: int) -> None:
+    def __init__(self, starvation_ticks: int, score: ScoreConfig | None = None) -> None:
         self.starvation_ticks = starvation_ticks
+        self.score_config = score or ScoreConfig()
         self._queues: dict[QosClass, list[Job]] = {c: [] for c in QosClass}
+        self.reorders = {"aging": 0, "swap_affinity": 0}
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
@@ -39,16 +45,12 @@ class ClassQueues:
         return len(self._queues[qos])
 
     def push(self, job: Job) -> None:
-        queue = self._queues[job.qos]
-        queue.append(job)
-        queue.sort(key=_order_key)
+        self._queues[job.qos].append(job)
 
     def push_head(self, job: Job) -> None:
-        """Requeue a preempted job ahead of everything in its class."""
+        """Requeue a preempted job ahead of everything in its class (latest preempted first)."""
         job.seq = next(_head_seq)
-        queue = self._queues[job.qos]
-        queue.insert(0, job)
-        queue.sort(key=_order_key)
+        self._queues[job.qos].append(job)
 
     def remove(self, job: Job) -> bool:
         queue = self._queues[job.qos]
@@ -57,19 +59,65 @@ class ClassQueues:
             return True
         return False
 
+    def pop(self, job: Job) -> Job:
+        self._queues[job.qos].remove(job)
+        return job
+
+    # -- order -------------------------------------------------------------------------
+
+    def affinity(self, job: Job) -> int:
+        """Swap affinity: every job here is for the model this worker has loaded."""
+        return self.score_config.swap_affinity_bonus
+
+    def aging(self, job: Job, now: float) -> float:
+        divisor = self.score_config.aging_divisor_s
+        return max(0.0, now - job.arrival_s) / divisor if divisor > 0 else 0.0
+
+    def score(self, job: Job, now: float) -> float:
+        return job.priority + self.affinity(job) + self.aging(job, now)
+
     def effective_class(self, job: Job, tick: int) -> int:
         if self.starvation_ticks <= 0:
             return int(job.qos)
         periods = (tick - job.enqueued_tick) // self.starvation_ticks
         return max(int(QosClass.INTERACTIVE), int(job.qos) - max(0, periods))
 
-    def best(self, tick: int, allowed: set[QosClass]) -> Job | None:
-        """The head of the best (effective) class among classes in ``allowed``."""
-        heads = [self._queues[c][0] for c in allowed if self._queues[c]]
+    def _rank(self, job: Job, now: float) -> tuple[int, float, int]:
+        if job.seq < 0:  # requeued after preemption: ahead of every arrival
+            return (0, 0.0, job.seq)
+        return (1, -self.score(job, now), job.seq)
+
+    def head(self, qos: QosClass, now: float, keep: Callable[[Job], bool] | None = None) -> Job | None:
+        candidates = [j for j in self._queues[qos] if keep is None or keep(j)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda j: self._rank(j, now))
+
+    def best(
+        self,
+        tick: int,
+        allowed: set[QosClass],
+        now: float = 0.0,
+        keep: Callable[[Job], bool] | None = None,
+    ) -> Job | None:
+        """The head of the best (effective) class among classes in ``allowed``; ``keep``
+        filters jobs out of consideration (e.g. those blocked by a waiting batch-invariant job)."""
+        heads = [h for c in allowed if (h := self.head(c, now, keep)) is not None]
         if not heads:
             return None
-        return min(heads, key=lambda j: (self.effective_class(j, tick), -j.priority, j.seq))
+        return min(heads, key=lambda j: (self.effective_class(j, tick), self._rank(j, now)))
 
-    def pop(self, job: Job) -> Job:
-        self._queues[job.qos].remove(job)
-        return job
+    def note_pick(self, picked: Job, tick: int, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None) -> None:
+        """Count a dispatch where aging changed the pick (the seed's reorder counter)."""
+        if picked.seq < 0 or self.score_config.aging_divisor_s <= 0:
+            return
+        without_aging = [
+            j
+            for c in allowed
+            for j in self._queues[c]
+            if (keep is None or keep(j)) and j.seq >= 0 and self.effective_class(j, tick) == self.effective_class(picked, tick)
+        ]
+        if without_aging:
+            static = min(without_aging, key=lambda j: (-(j.priority + self.affinity(j)), j.seq))
+            if static is not picked:
+                self.reorders["aging"] += 1

@@ -21,9 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .qos import QosClass
-from .queues import ClassQueues
+from .kv_pool import KvPool, PoolConfig, PoolOps, common_prefix
+from .qos import QosClass, band_of
+from .queues import ClassQueues, ScoreConfig
 from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, TickPlan, TickResult
+
+OS_PRESSURE_HOST_COOLDOWN_S = 60.0  # after OS pressure, no prefix moves to host memory for this long
+OS_PRESSURE_BACKGROUND_HOLD_S = 5.0  # after critical pressure, no background job gets a lane for this long
 
 PREFILL_STEPS = (512, 256, 128, 64, 32)
 
@@ -42,10 +46,24 @@ class SchedulerConfig:
     initial_prefill_tokens_per_s: float = 256.0  # until measured
     preemption: bool = True
     park: bool = True
+    aging_divisor_s: float = 60.0  # request priority: seconds of waiting per score point; 0 = off
+    swap_affinity_bonus: int = 10  # request priority: 0..99
+    prefix_cache: bool = True
+    cache_slots: int = 4  # engine sequences that hold cached prefixes
+    min_prefix_tokens: int = 32
+    pressure_high: float = 0.85
+    pressure_low: float = 0.70
+    host_cache_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if not 0 <= self.swap_affinity_bonus <= 99:
+            raise ValueError("swap_affinity_bonus must be between 0 and 99")
+        if self.aging_divisor_s < 0:
+            raise ValueError("aging_divisor_s must be 0 (off) or positive")
+        if not 0 < self.pressure_low < self.pressure_high <= 1:
+            raise ValueError("pressure watermarks need 0 < low < high <= 1")
         for qos, cap in self.class_lanes.items():
             if not 1 <= cap <= self.max_batch:
                 raise ValueError(f"lane cap for {qos.label} must be between 1 and {self.max_batch}")
@@ -59,7 +77,25 @@ class Scheduler:
         self.clock = clock
         self.tick = 0
         self.lanes: list[Job | None] = [None] * config.max_batch
-        self.queues = ClassQueues(config.starvation_ticks)
+        self.queues = ClassQueues(
+            config.starvation_ticks, ScoreConfig(config.aging_divisor_s, config.swap_affinity_bonus)
+        )
+        self.pool = KvPool(
+            PoolConfig(
+                n_lanes=config.max_batch,
+                lane_ctx=config.lane_ctx,
+                cache_slots=config.cache_slots if config.prefix_cache else 0,
+                pressure_high=config.pressure_high,
+                pressure_low=config.pressure_low,
+                min_prefix_tokens=config.min_prefix_tokens,
+                host_cache_bytes=config.host_cache_bytes,
+            )
+        )
+        self._pending_pool = PoolOps()  # cache work decided between ticks (plan rejected)
+        self._os_pressure: str | None = None  # a reading not yet acted on
+        self._background_hold_until = 0.0
+        self._bi_turn = 0
+        self._stored: set[str] = set()
         self.jobs: dict[str, Job] = {}
         self._seq = itertools.count()
         self._release: list[int] = []
@@ -67,7 +103,22 @@ class Scheduler:
         self._last_prefill_tick: dict[int, int] = {}  # lane -> last tick it got prefill
         self.prefill_tokens_per_s = config.initial_prefill_tokens_per_s
         self.last_plan: TickPlan | None = None
-        self.counters = {"admitted": 0, "finished": 0, "cancelled": 0, "preemptions": 0, "ticks": 0}
+        self.counters = {
+            "admitted": 0,
+            "finished": 0,
+            "cancelled": 0,
+            "preemptions": 0,
+            "parks": 0,
+            "resumes": 0,
+            "ticks": 0,
+            "deadline_expired": 0,
+            "os_pressure_warning": 0,
+            "os_pressure_critical": 0,
+            "plans_rejected": 0,
+            "dispatched_interactive": 0,
+            "dispatched_normal": 0,
+            "dispatched_batch": 0,
+        }
 
     # -- requests ---------------------------------------------------------------------
 
@@ -104,13 +155,31 @@ class Scheduler:
 
     def step(self) -> TickPlan:
         self.tick += 1
-        plan = TickPlan(tick=self.tick)
+        now = self.clock()
+        plan = TickPlan(tick=self.tick, pool=self._pending_pool)
+        self._pending_pool = PoolOps()
         plan.release, self._release = self._release, []
+        self._expire_deadlines(now)
+        self._apply_os_pressure(plan, now)
+        self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
         self._preempt(plan)
-        self._admit(plan)
+        self._admit(plan, now)
+        self._share_prefixes(plan, now)
+        self._store_pinned(plan, now)
         self._plan_feeds(plan)
         self.last_plan = plan
         return plan
+
+    def on_os_pressure(self, level: str) -> None:
+        """A memory-pressure reading from the OS: "warning" or "critical" (acted on next step)."""
+        if level in ("warning", "critical"):
+            self._os_pressure = level
+
+    def on_plan_rejected(self) -> None:
+        """The engine could not hold the last plan: release pins, drop the device cache, replan."""
+        self.counters["plans_rejected"] += 1
+        self.pool.release_pins()
+        self.pool.clear_device(self._pending_pool)
 
     def commit(self, result: TickResult) -> list[Event]:
         now = self.clock()
@@ -120,6 +189,12 @@ class Scheduler:
             job = self.jobs.get(job_id)
             if job is not None and job.state is JobState.QUEUED:
                 job.parked = artifact
+        if plan is not None:
+            for _lane, job_id in plan.park:
+                job = self.jobs.get(job_id)
+                if job is not None and job_id not in result.parked:
+                    job.computed = 0  # the engine kept nothing: recompute from the start
+        self.pool.settle(result.evicted)
         for lane, n in result.fed.items():
             job = self.lanes[lane]
             if job is not None:
@@ -161,6 +236,8 @@ class Scheduler:
     # -- internals --------------------------------------------------------------------
 
     def _finish(self, job: Job, reason: str) -> None:
+        self._stored.discard(job.job_id)
+        job.share_from = None
         job.state = JobState.FINISHED
         job.finish_reason = reason
         job.finished_s = self.clock()
@@ -186,10 +263,15 @@ class Scheduler:
     def _admissible_classes(self) -> set[QosClass]:
         usage = self._class_usage()
         caps = self.config.class_lanes
-        return {c for c in QosClass if usage[c] < caps.get(c, self.config.max_batch)}
+        allowed = {c for c in QosClass if usage[c] < caps.get(c, self.config.max_batch)}
+        if self.clock() < self._background_hold_until:
+            allowed.discard(QosClass.BACKGROUND)  # critical memory pressure: let it ease first
+        return allowed
 
-    def _bind(self, plan: TickPlan, job: Job, lane: int) -> None:
-        now = self.clock()
+    def _lane_tokens(self) -> list[int]:
+        return [j.computed for j in self.lanes if j is not None]
+
+    def _bind(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
         self.queues.pop(job)
         job.state = JobState.RUNNING
         job.lane = lane
@@ -198,28 +280,150 @@ class Scheduler:
         if job.parked is not None:
             plan.restore.append(LaneRestore(lane, job.job_id, job.parked))
             job.parked = None
+            self.counters["resumes"] += 1
             self._events.append(Event("resumed", job.job_id, lane=lane))
         else:
             job.computed = 0  # nothing of it is in this lane's cache
+            if job.output:
+                self._events.append(Event("resumed", job.job_id, lane=lane))
+            else:
+                self._seed_from_prefix(plan, job, lane, now)
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, list(job.output)))
         if job.admitted_s is None:
             job.admitted_s = now
+            job.serial_score = round(self.queues.score(job, now), 3)
             self.counters["admitted"] += 1
+            self.counters[f"dispatched_{band_of(job.priority)}"] += 1
             self._events.append(Event("admitted", job.job_id, lane=lane, job=job))
 
-    def _admit(self, plan: TickPlan) -> None:
+    def _seed_from_prefix(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
+        """Start a new lane from the longest shared prompt prefix: a cached one (imported from
+        host memory if it was evicted there), or one a running lane has prefilled or is
+        prefilling (then this lane waits for it rather than prefilling the same tokens)."""
+        if not self.config.prefix_cache or job.batch_invariant:
+            return
+        entry, n = self.pool.best_match(job.prompt)
+        leader, shared = self._best_leader(job)
+        if entry is not None and n >= shared:
+            self.pool.use(plan.pool, entry, lane, n, now)
+            job.computed = job.cached_tokens = n
+            return
+        if leader is None:
+            return
+        assert leader.lane is not None
+        if leader.computed >= shared:
+            self._copy_from_lane(plan, leader, job, shared, now)
+        else:
+            job.share_from, job.share_tokens = leader.job_id, shared
+
+    def _best_leader(self, job: Job) -> tuple[Job | None, int]:
+        best: Job | None = None
+        best_len = 0
+        for other in self.lanes:
+            if other is None or other is job or other.share_from is not None or other.batch_invariant:
+                continue
+            n = min(common_prefix(other.prompt, job.prompt), len(job.prompt) - 1)
+            if n > best_len:
+                best, best_len = other, n
+        if best_len < self.config.min_prefix_tokens:
+            return None, 0
+        return best, best_len
+
+    def _copy_from_lane(self, plan: TickPlan, leader: Job, job: Job, n: int, now: float) -> None:
+        assert leader.lane is not None and job.lane is not None
+        self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now)
+        plan.pool.copy.append((leader.lane, job.lane, n))
+        self.pool.counters["prefix_hits"] += 1
+        self.pool.counters["prefix_tokens_reused"] += n
+        job.computed = job.cached_tokens = n
+        job.share_from, job.share_tokens = None, 0
+
+    def _share_prefixes(self, plan: TickPlan, now: float) -> None:
+        """Lanes waiting for a leader's prefix: copy it once ready; stop waiting if it left."""
+        for job in self.lanes:
+            if job is None or job.share_from is None:
+                continue
+            leader = self.jobs.get(job.share_from)
+            if leader is None or leader.state is not JobState.RUNNING or leader.lane is None:
+                job.share_from, job.share_tokens = None, 0
+                continue
+            if leader.computed >= job.share_tokens and job.computed == 0:
+                self._copy_from_lane(plan, leader, job, job.share_tokens, now)
+
+    def _store_pinned(self, plan: TickPlan, now: float) -> None:
+        """A request that asked for its prompt to be pinned is cached once its prefill is done."""
+        if not self.config.prefix_cache:
+            return
+        for job in self.lanes:
+            if job is None or not job.pin_prefix or job.job_id in self._stored or job.prefilling:
+                continue
+            assert job.lane is not None
+            self._stored.add(job.job_id)
+            self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True)
+
+    def _expire_deadlines(self, now: float) -> None:
+        for job in [j for j in self.queues if j.deadline_s is not None and now > j.deadline_s]:
+            self.queues.remove(job)
+            self.counters["deadline_expired"] += 1
+            self._finish(job, "deadline")
+
+    def _apply_os_pressure(self, plan: TickPlan, now: float) -> None:
+        """Warning: drop host-held prefixes, suspend moves to host, one eviction round.
+        Critical: also preempt every decoding background lane (no parking: memory is short)."""
+        level, self._os_pressure = self._os_pressure, None
+        if level is None:
+            return
+        self.counters[f"os_pressure_{level}"] += 1
+        self.pool.drop_host()
+        self.pool.host_suspended_until = now + OS_PRESSURE_HOST_COOLDOWN_S
+        self.pool.evict_round(plan.pool, self._lane_tokens(), now, at_least_one=True)
+        if level == "critical":
+            self._background_hold_until = now + OS_PRESSURE_BACKGROUND_HOLD_S
+            for job in [j for j in self.lanes if j is not None]:
+                if job.qos is QosClass.BACKGROUND and not job.prefilling and not job.batch_invariant:
+                    self._preempt_job(plan, job, park=False)
+
+    def _admit(self, plan: TickPlan, now: float) -> None:
         for lane in self.free_lanes():
             allowed = self._admissible_classes()
-            job = self.queues.best(self.tick, allowed)
+            waiting_bi = [j for j in self.queues if j.batch_invariant]
+            keep = None
+            if waiting_bi:
+                # while a batch-invariant job waits, nothing at or below its class is admitted
+                floor = min(j.qos for j in waiting_bi)
+                keep = lambda j, floor=floor: j.batch_invariant or j.qos < floor  # noqa: E731
+            job = self.queues.best(self.tick, allowed, now, keep)
             if job is None:
                 return
-            self._bind(plan, job, lane)
+            self.queues.note_pick(job, self.tick, allowed, now, keep)
+            self._bind(plan, job, lane, now)
+
+    def _preempt_job(self, plan: TickPlan, victim: Job, *, park: bool) -> int:
+        lane = victim.lane
+        assert lane is not None
+        self.lanes[lane] = None
+        victim.lane = None
+        victim.state = JobState.QUEUED
+        victim.preemptions += 1
+        victim.enqueued_tick = self.tick
+        victim.share_from, victim.share_tokens = None, 0
+        self.queues.push_head(victim)
+        self.counters["preemptions"] += 1
+        if park and victim.computed > 0:
+            plan.park.append((lane, victim.job_id))
+            self.counters["parks"] += 1
+        else:
+            plan.release.append(lane)
+            victim.computed = 0
+        self._events.append(Event("preempted", victim.job_id, lane=lane))
+        return lane
 
     def _preempt(self, plan: TickPlan) -> None:
         """An interactive or completion job queued with every lane busy takes the lane of the
         lowest-class running job below it: decoding lanes before prefilling ones."""
         if not self.config.preemption or self.free_lanes():
             return
+        now = self.clock()
         for urgent in [j for j in self.queues if j.qos <= QosClass.COMPLETION]:
             victims = [
                 j
@@ -229,22 +433,8 @@ class Scheduler:
             if not victims:
                 continue
             victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.admitted_s or 0.0))
-            lane = victim.lane
-            assert lane is not None
-            self.lanes[lane] = None
-            victim.lane = None
-            victim.state = JobState.QUEUED
-            victim.preemptions += 1
-            victim.enqueued_tick = self.tick
-            self.queues.push_head(victim)
-            self.counters["preemptions"] += 1
-            if self.config.park and victim.computed > 0:
-                plan.park.append((lane, victim.job_id))
-            else:
-                plan.release.append(lane)
-                victim.computed = 0
-            self._events.append(Event("preempted", victim.job_id, lane=lane))
-            self._bind(plan, urgent, lane)
+            lane = self._preempt_job(plan, victim, park=self.config.park)
+            self._bind(plan, urgent, lane, now)
             if not self.free_lanes() and not any(
                 j.qos <= QosClass.COMPLETION for j in self.queues
             ):
@@ -261,8 +451,23 @@ class Scheduler:
         cap = max(step, int(rate * cap_s) // step * step)
         return min(budget, cap), step
 
+    def _tick_group(self, plan: TickPlan) -> list[Job]:
+        """The lanes that run this tick. A batch-invariant lane ticks alone: with any running,
+        ticks go round-robin over each batch-invariant lane and the group of all the others.
+        Lanes waiting for a leader's prefix have nothing to feed."""
+        running = [j for j in self.lanes if j is not None and j.share_from is None]
+        invariant = [j for j in running if j.batch_invariant]
+        if not invariant:
+            return running
+        others = [j for j in running if not j.batch_invariant]
+        groups = [[j] for j in sorted(invariant, key=lambda j: j.lane or 0)] + ([others] if others else [])
+        group = groups[self._bi_turn % len(groups)]
+        self._bi_turn += 1
+        plan.alone = group[0].batch_invariant
+        return group
+
     def _plan_feeds(self, plan: TickPlan) -> None:
-        running = [j for j in self.lanes if j is not None]
+        running = self._tick_group(plan)
         decoding = [j for j in running if not j.prefilling]
         prefilling = [j for j in running if j.prefilling]
         newcomer_possible = bool(self.free_lanes()) or len(self.queues) > 0
@@ -272,7 +477,8 @@ class Scheduler:
         for job in sorted(decoding, key=lambda j: (j.qos, j.lane))[:decode_budget]:
             assert job.lane is not None
             seq = job.sequence
-            plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, seq[job.computed:], True, decode=True))
+            rest = seq[job.computed :]
+            plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, rest, True, decode=len(rest) == 1))
 
         def prefill_order(job: Job) -> tuple[int, int, int]:
             assert job.lane is not None
@@ -322,7 +528,10 @@ class Scheduler:
                     "prompt_tokens": len(job.prompt),
                     "prompt_done": min(job.computed, len(job.prompt)),
                     "generated": len(job.output),
+                    "cached_tokens": job.cached_tokens,
                     "batch_invariant": job.batch_invariant,
+                    "waiting_for_prefix": job.share_from is not None,
+                    "preemptions": job.preemptions,
                 }
             )
         return {
@@ -331,5 +540,25 @@ class Scheduler:
             "lanes_active": sum(1 for j in self.lanes if j is not None),
             "queue_depth": {c.label: self.queues.depth(c) for c in QosClass},
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
-            "counters": dict(self.counters),
+            "parked": [
+                {"job_id": j.job_id, "class": j.qos.label, "tokens": j.computed}
+                for j in self.queues
+                if j.parked is not None
+            ],
+            "pool": {
+                "blocks_used": self.pool.used_blocks(self._lane_tokens()),
+                "blocks_total": self.pool.total_blocks,
+                "cached_blocks": self.pool.cached_blocks(),
+                "pinned_blocks": self.pool.pinned_blocks(),
+                "device_prefixes": len(self.pool.device_entries()),
+                "host_prefixes": len(self.pool.host_entries()),
+                "host_bytes": self.pool.host_bytes(),
+            },
+            "class_lanes": {q.label: n for q, n in self.config.class_lanes.items()},
+            "counters": {
+                **self.counters,
+                **self.pool.counters,
+                "reorders_aging": self.queues.reorders["aging"],
+                "reorders_swap_affinity": self.queues.reorders["swap_affinity"],
+            },
         }

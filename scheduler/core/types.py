@@ -15,6 +15,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kv_pool import PoolOps
 from .qos import DEFAULT_CLASS, QosClass
 
 
@@ -63,6 +64,12 @@ class Job:
     preemptions: int = 0
     parked: Any = None  # engine artifact holding the KV while preempted
     seq: int = 0  # arrival order, for FIFO inside a class and priority
+    deadline_s: float | None = None  # finish with "deadline" if not admitted by then (clock time)
+    pin_prefix: bool = False  # keep this prompt in the prefix cache, pinned
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
+    share_from: str | None = None  # job id of a running lane whose prompt prefix this one waits for
+    share_tokens: int = 0
+    serial_score: float | None = None  # the dispatch score it won its lane with
 
     @property
     def sequence(self) -> list[int]:
@@ -112,9 +119,11 @@ class LaneRestore:
 
 @dataclass
 class TickPlan:
-    """What the engine does this tick, in this order: release, park, restore, bind, feed."""
+    """What the engine does this tick, in this order: pool evict/drop/store, release, park,
+    restore, pool imports/copy, bind, feed."""
 
     tick: int
+    pool: PoolOps = field(default_factory=PoolOps)
     release: list[int] = field(default_factory=list)
     park: list[tuple[int, str]] = field(default_factory=list)
     restore: list[LaneRestore] = field(default_factory=list)
@@ -133,7 +142,7 @@ class TickPlan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.feeds or self.release or self.park or self.restore)
+        return bool(self.feeds or self.release or self.park or self.restore or self.pool)
 
 
 @dataclass
@@ -144,6 +153,7 @@ class TickResult:
     sampled: dict[int, int] = field(default_factory=dict)  # lane -> token id
     eog: set[int] = field(default_factory=set)  # lanes whose sampled token ends generation
     parked: dict[str, Any] = field(default_factory=dict)  # job_id -> artifact
+    evicted: dict[int, Any] = field(default_factory=dict)  # prefix entry key -> host artifact
     elapsed_s: float = 0.0
     prefill_s: float = 0.0  # time spent in engine calls that carried prefill tokens
     stopped_early: bool = False

@@ -115,6 +115,7 @@ class LlamaCppEngine:
         n_threads: int | None = None,
         kv_unified: bool = False,
         max_step_tokens: int = 512,
+        cache_slots: int = 0,
     ) -> None:
         if n_lanes < 1:
             raise ValueError("n_lanes must be at least 1")
@@ -127,6 +128,7 @@ class LlamaCppEngine:
         if not self.model_path.is_file():
             raise FileNotFoundError(f"model file not found: {self.model_path}")
         self.n_lanes = n_lanes
+        self.cache_slots = cache_slots  # extra sequences after the lanes, for cached prefixes
         self.lane_ctx = lane_ctx
         self.max_step_tokens = max_step_tokens
         self.kv_unified = kv_unified
@@ -139,8 +141,8 @@ class LlamaCppEngine:
 
         _init_backend()
         max_seq = llama_cpp.llama_max_parallel_sequences()
-        if n_lanes > max_seq:
-            raise ValueError(f"n_lanes must be at most {max_seq} (llama.cpp's sequence limit)")
+        if n_lanes + cache_slots > max_seq:
+            raise ValueError(f"n_lanes + cache_slots must be at most {max_seq} (llama.cpp's sequence limit)")
 
         mparams = llama_cpp.llama_model_default_params()
         self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), mparams)
@@ -162,8 +164,8 @@ class LlamaCppEngine:
         cparams = L.llama_context_default_params()
         # With per-sequence KV streams (kv_unified=False) llama.cpp splits n_ctx evenly across
         # n_seq_max sequences, so each lane gets exactly lane_ctx positions.
-        cparams.n_ctx = self.lane_ctx * self.n_lanes
-        cparams.n_seq_max = self.n_lanes
+        cparams.n_ctx = self.lane_ctx * (self.n_lanes + self.cache_slots)
+        cparams.n_seq_max = self.n_lanes + self.cache_slots
         cparams.n_batch = self.max_step_tokens
         cparams.n_ubatch = self.max_step_tokens
         cparams.n_threads = self.n_threads
@@ -332,6 +334,16 @@ class LlamaCppEngine:
         L = llama_cpp
         ctx, mem = self._ctx, self._mem
 
+        ops = plan.pool
+        for slot, key in ops.evict:
+            self._check_seq(slot)
+            result.evicted[key] = self._park(slot)
+            L.llama_memory_seq_rm(mem, slot, -1, -1)
+        for slot in ops.drop:
+            self._check_seq(slot)
+            L.llama_memory_seq_rm(mem, slot, -1, -1)
+        for lane, slot, n in ops.store:
+            self._copy_prefix(lane, slot, n)
         for lane in plan.release:
             self._check_lane(lane)
             L.llama_memory_seq_rm(mem, lane, -1, -1)
@@ -343,6 +355,10 @@ class LlamaCppEngine:
             self._drop_sampler(lane)
         for restore in plan.restore:
             self._restore(restore.lane, restore.artifact)
+        for slot, artifact in ops.imports:
+            self._restore(slot, artifact, cache=True)
+        for src, dst, n in ops.copy:
+            self._copy_prefix(src, dst, n)
         for bind in plan.bind:
             self._check_lane(bind.lane)
             self._drop_sampler(bind.lane)
@@ -471,8 +487,30 @@ class LlamaCppEngine:
             raise _err(f"could not copy lane {lane}'s KV cache", permanent=False)
         return ParkedKV(ctypes.string_at(buf, written), max(n_tokens, 0))
 
-    def _restore(self, lane: int, artifact: Any) -> None:
-        self._check_lane(lane)
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_lanes + self.cache_slots:
+            raise EngineError(f"sequence {seq} out of range", permanent=True)
+
+    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV.
+
+        With per-sequence KV streams, ``llama_memory_seq_cp`` between two sequences only
+        supports whole-stream copies (llama.cpp asserts on a range), copies the stream's full
+        buffer (``lane_ctx`` cells, not just the used ones) and defers the copy to the next
+        ``llama_decode``, so a park or eviction of ``dst`` before then would read stale cells.
+        Going through the sequence state instead copies only the used cells and is done when
+        this returns; the trim keeps the shared prefix."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        state = self._park(src)
+        self._restore(dst, state, cache=True)
+        llama_cpp.llama_memory_seq_rm(self._mem, dst, n_tokens, -1)
+
+    def _restore(self, lane: int, artifact: Any, *, cache: bool = False) -> None:
+        if cache:
+            self._check_seq(lane)
+        else:
+            self._check_lane(lane)
         if not isinstance(artifact, ParkedKV):
             raise EngineError(f"cannot restore a {type(artifact).__name__}", permanent=True)
         L = llama_cpp

@@ -53,6 +53,7 @@ class SimEngine:
         prefill_s_per_token: float = 0.005,
         decode_round_s: float = 0.06,
         eog_after: dict[str, int] | None = None,
+        cache_slots: int = 4,
     ) -> None:
         self.n_lanes = n_lanes
         self.lane_ctx = lane_ctx
@@ -60,7 +61,7 @@ class SimEngine:
         self.prefill_s_per_token = prefill_s_per_token
         self.decode_round_s = decode_round_s
         self.eog_after = eog_after or {}  # job_id -> emit EOG as its Nth generated token
-        self.kv: list[list[int]] = [[] for _ in range(n_lanes)]
+        self.kv: list[list[int]] = [[] for _ in range(n_lanes + cache_slots)]  # lanes, then cache slots
         self.lane_job: list[str | None] = [None] * n_lanes
         self.generated: dict[str, int] = {}
         self.calls: list[list[tuple[int, int]]] = []  # per engine call: (lane, n tokens)
@@ -87,6 +88,15 @@ class SimEngine:
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
         start = self.clock()
         result = TickResult()
+        ops = plan.pool
+        for slot, key in ops.evict:
+            result.evicted[key] = SimParked(list(self.kv[slot]))
+            self.kv[slot] = []
+        for slot in ops.drop:
+            self.kv[slot] = []
+        for lane, slot, n in ops.store:
+            assert len(self.kv[lane]) >= n, f"store of {n} tokens from lane {lane} holding {len(self.kv[lane])}"
+            self.kv[slot] = self.kv[lane][:n]
         for lane in plan.release:
             self.kv[lane] = []
             self.lane_job[lane] = None
@@ -97,6 +107,12 @@ class SimEngine:
         for restore in plan.restore:
             assert not self.kv[restore.lane], "restore into a lane that is not empty"
             self.kv[restore.lane] = list(restore.artifact.tokens)
+        for slot, artifact in ops.imports:
+            self.kv[slot] = list(artifact.tokens)
+        for src, dst, n in ops.copy:
+            assert not self.kv[dst], f"copy into sequence {dst} that is not empty"
+            assert len(self.kv[src]) >= n, f"copy of {n} tokens from sequence {src} holding {len(self.kv[src])}"
+            self.kv[dst] = self.kv[src][:n]
         for bind in plan.bind:
             self.lane_job[bind.lane] = bind.job_id
             self.generated[bind.job_id] = len(bind.history)

@@ -44,6 +44,14 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
     ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
     ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
     ("--drain-timeout", int, 30, "seconds in-flight requests get to finish on SIGTERM"),
+    ("--prefix-cache-slots", int, 4, "engine sequences holding cached prompt prefixes; 0 disables the prefix cache"),
+    ("--pressure-high", int, 85, "KV pool occupancy (%) at which cached prefixes are evicted"),
+    ("--pressure-low", int, 70, "KV pool occupancy (%) eviction stops at"),
+    ("--host-cache-mb", int, 1024, "host memory for evicted prefixes, MiB; 0 drops them instead"),
+    ("--os-pressure", str, "on", "react to OS memory pressure (/proc/pressure/memory): on or off"),
+    ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
+    ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
+    ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
 ]
 
 
@@ -85,6 +93,10 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError("--max-batch must be between 1 and 64")
     if options["ctx_size"] < 64:
         raise CommandError("--ctx-size must be at least 64")
+    if options["os_pressure"] not in ("on", "off"):
+        raise CommandError("--os-pressure must be on or off")
+    if options["completion_deadline_ms"] < 0:
+        raise CommandError("--completion-deadline-ms must be 0 (off) or positive")
     try:
         return SchedulerConfig(
             max_batch=max_batch,
@@ -94,6 +106,13 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             tick_decode_budget=options["tick_decode_budget"],
             tick_target_ms=options["tick_target_ms"],
             starvation_ticks=options["starvation_ticks"],
+            prefix_cache=options["prefix_cache_slots"] > 0,
+            cache_slots=max(0, options["prefix_cache_slots"]),
+            pressure_high=options["pressure_high"] / 100,
+            pressure_low=options["pressure_low"] / 100,
+            host_cache_bytes=max(0, options["host_cache_mb"]) << 20,
+            aging_divisor_s=float(options["aging_divisor"]),
+            swap_affinity_bonus=options["swap_affinity_bonus"],
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None

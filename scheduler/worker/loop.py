@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.core.qos import QosClass
+from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, SamplingParams
 from scheduler.engines.base import Engine, EngineError
@@ -26,6 +26,7 @@ from scheduler.link.protocol import error_dict
 
 from .metrics import WorkerMetrics
 from .output import TextStream
+from .pressure import PressureMonitor
 from .server import Connection, LinkServer
 
 log = logging.getLogger("superfluid.worker")
@@ -57,8 +58,13 @@ class EngineWorker:
         *,
         model_name: str,
         clock: Callable[[], float] = time.monotonic,
+        completion_deadline_ms: int = 0,
+        os_pressure: bool = False,
+        pressure_monitor: PressureMonitor | None = None,
     ) -> None:
         self.engine = engine
+        self.completion_deadline_ms = completion_deadline_ms
+        self.pressure = (pressure_monitor or PressureMonitor()) if os_pressure else None
         self.model_name = model_name
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
@@ -69,6 +75,7 @@ class EngineWorker:
         self.stopped = threading.Event()
         self.link: LinkServer | None = None
         self.metrics = WorkerMetrics()
+        self._replanned = False
         self._last_snapshot = 0.0
         self._last_occupancy: tuple[str | None, ...] = ()
         self.stats: dict[str, float] = {
@@ -120,6 +127,8 @@ class EngineWorker:
         elif op == "disconnected":
             for ctx in [c for c in self.contexts.values() if c.conn is conn]:
                 self.scheduler.cancel(ctx.job_id)
+        elif op == "config":
+            self.configure(message)
         else:
             log.warning("unknown link op %r", op)
 
@@ -198,15 +207,19 @@ class EngineWorker:
         sampling = SamplingParams(
             **{k: request[k] for k in SamplingParams.__dataclass_fields__ if request.get(k) is not None}
         )
+        qos = QosClass(int(message.get("qos", QosClass.AGENT)))
         job = Job(
             job_id=job_id,
             prompt=tokens,
             max_tokens=max(1, budget),
             sampling=sampling,
-            qos=QosClass(int(message.get("qos", QosClass.AGENT))),
+            qos=qos,
             priority=int(message.get("priority", 0)),
             batch_invariant=bool(message.get("batch_invariant", False)),
+            pin_prefix=bool(message.get("pin_prefix", False)),
         )
+        if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
+            job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
         return job, JobContext(job_id, conn, stream, own_len, resume_tokens)
 
@@ -237,8 +250,17 @@ class EngineWorker:
         try:
             result = self.engine.execute(plan, self.interrupt.is_set)
         except EngineError as exc:
+            partial = getattr(exc, "partial", None)
+            if not exc.permanent and partial is not None and not self._replanned:
+                # the pool could not hold the plan: keep what ran, release pins, plan again
+                log.warning("engine refused the plan (%s); replanning with pins released", exc)
+                self._replanned = True
+                self._process(self.scheduler.commit(partial))
+                self.scheduler.on_plan_rejected()
+                return True
             self._fail_running(str(exc))
             return True
+        self._replanned = False
         self.stats["tick_seconds_total"] += time.perf_counter() - started
         self._process(self.scheduler.commit(result))
         self.metrics.on_tick(plan, result)
@@ -295,6 +317,11 @@ class EngineWorker:
         self.metrics.on_finished(job, event.reason)
         if event.reason == "error":
             return
+        if event.reason == "deadline":
+            ctx.conn.queue({"ev": "error", "id": ctx.job_id, "error": error_dict(
+                503, "The completion was not started before its deadline (--completion-deadline-ms).",
+                "server_error", "completion_deadline_exceeded")})
+            return
         self.stats["prompt_tokens_total"] += ctx.prompt_tokens
         self.stats["completion_tokens_total"] += len(job.output)
         timing = {
@@ -310,10 +337,20 @@ class EngineWorker:
                 "ev": "done",
                 "id": ctx.job_id,
                 "finish_reason": event.reason,
-                "usage": {"prompt_tokens": ctx.prompt_tokens, "completion_tokens": completion, "cached_tokens": 0},
+                "usage": {
+                    "prompt_tokens": ctx.prompt_tokens,
+                    "completion_tokens": completion,
+                    "cached_tokens": min(job.cached_tokens, ctx.prompt_tokens),
+                },
                 "timing": timing,
                 "class": job.qos.label,
                 "priority": job.priority,
+                "serial": {
+                    "serial_priority": job.priority,
+                    "serial_band": band_of(job.priority),
+                    "serial_score": job.serial_score,
+                    "serial_queue_wait_ms": timing["queue_wait_ms"],
+                },
             }
         )
 
@@ -349,6 +386,11 @@ class EngineWorker:
                     drain_deadline = time.monotonic() + drain_timeout_s
                 if self.scheduler.idle or time.monotonic() > drain_deadline:
                     break
+            if self.pressure is not None:
+                level = self.pressure.poll(time.monotonic())
+                if level is not None:
+                    log.warning("OS memory pressure: %s", level)
+                    self.scheduler.on_os_pressure(level)
             self.run_tick()
             self._maybe_snapshot()
             if self.link is not None:
@@ -360,6 +402,29 @@ class EngineWorker:
             self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
             self.link.flush()
         self.stopped.set()
+
+    def configure(self, message: dict[str, Any]) -> None:
+        """A ``config`` op from the web side: the admin's class-lane caps ({class label: lanes}).
+        They replace the caps for the classes they name; other classes keep their --class-lanes
+        cap. An entry outside 1..max_batch or naming no class is ignored with a warning."""
+        from scheduler.core.qos import UnknownQosClass, parse_qos
+
+        if not hasattr(self, "_flag_class_lanes"):
+            self._flag_class_lanes = dict(self.scheduler.config.class_lanes)
+        caps = dict(self._flag_class_lanes)
+        max_batch = self.scheduler.config.max_batch
+        for name, value in dict(message.get("class_lanes") or {}).items():
+            try:
+                qos, cap = parse_qos(str(name)), int(value)
+            except (UnknownQosClass, TypeError, ValueError):
+                log.warning("config: ignoring class-lane cap %r=%r", name, value)
+                continue
+            if not 1 <= cap <= max_batch:
+                log.warning("config: ignoring class-lane cap %s=%d (must be 1..%d)", qos.label, cap, max_batch)
+                continue
+            caps[qos] = cap
+        self.scheduler.config.class_lanes = caps
+        log.info("class-lane caps now %s", {q.label: n for q, n in sorted(caps.items())} or "none")
 
 
 def _ms(end: float | None, start: float) -> float | None:

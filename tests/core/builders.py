@@ -19,7 +19,9 @@ def make_scheduler(**overrides: Any) -> tuple[Scheduler, SimEngine, FakeClock]:
     engine_kw = {k: overrides.pop(k) for k in ("prefill_s_per_token", "decode_round_s", "eog_after") if k in overrides}
     config = SchedulerConfig(**overrides)
     sched = Scheduler(config, clock=clock)
-    engine = SimEngine(n_lanes=config.max_batch, lane_ctx=config.lane_ctx, clock=clock, **engine_kw)
+    engine = SimEngine(
+        n_lanes=config.max_batch, lane_ctx=config.lane_ctx, clock=clock, cache_slots=config.cache_slots, **engine_kw
+    )
     return sched, engine, clock
 
 

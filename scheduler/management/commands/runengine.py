@@ -18,13 +18,13 @@ from scheduler.worker.loop import EngineWorker
 log = logging.getLogger("superfluid.worker")
 
 
-def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int) -> Any:
+def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int) -> Any:
     if kind == "auto":
         kind = "llamacpp" if model.is_file() and model.suffix.lower() == ".gguf" else ""
     if kind == "llamacpp":
         from scheduler.engines.llama_cpp import LlamaCppEngine
 
-        return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None)
+        return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots)
     raise CommandError(f"no engine for {model} (--engine {kind or 'auto'}); a .gguf file runs on llamacpp")
 
 
@@ -39,9 +39,22 @@ class Command(BaseCommand):
         config = scheduler_config(options)
         model = resolve_model(options)
         started = time.monotonic()
-        engine = load_engine(options["engine"], model, n_lanes=config.max_batch, lane_ctx=config.lane_ctx, threads=options["threads"])
+        engine = load_engine(
+            options["engine"],
+            model,
+            n_lanes=config.max_batch,
+            lane_ctx=config.lane_ctx,
+            threads=options["threads"],
+            cache_slots=config.cache_slots if config.prefix_cache else 0,
+        )
         name = options["model_name"] or model_name_for(model)
-        worker = EngineWorker(engine, config, model_name=name)
+        worker = EngineWorker(
+            engine,
+            config,
+            model_name=name,
+            completion_deadline_ms=options["completion_deadline_ms"],
+            os_pressure=options["os_pressure"] == "on",
+        )
 
         def on_signal(signum: int, frame: Any) -> None:
             worker.drain()

@@ -1,0 +1,263 @@
+"""KV pool accounting and the prefix cache.
+
+The pool is every KV cell the engine holds: ``n_lanes`` lane sequences plus ``cache_slots``
+sequences that hold cached prompt prefixes, each ``lane_ctx`` cells, counted in blocks of
+``BLOCK_TOKENS``. Live lanes are never evicted. Cached prefixes are: at the high watermark
+they are evicted, least recently used first, down to the low watermark; pinned prefixes yield
+only when unpinned cache is not enough, oldest first. An evicted prefix leaves the pool for host
+memory (unless host moves are suspended under OS memory pressure), where the next request that
+shares it imports it back.
+
+Invariants:
+- a device entry owns exactly one cache slot; ``slot_of`` and ``entries`` agree;
+- a host entry owns no slot and holds the engine's artifact;
+- ``used_blocks() <= total_blocks``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+BLOCK_TOKENS = 16
+
+
+def blocks(n_tokens: int) -> int:
+    return -(-n_tokens // BLOCK_TOKENS)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(eq=False)
+class CachedPrefix:
+    key: int
+    tokens: list[int]
+    pinned: bool
+    created_s: float
+    last_used_s: float
+    slot: int | None = None  # engine sequence id while on the device
+    host: Any = None  # engine artifact while in host memory
+    host_bytes: int = 0
+    hits: int = 0
+    pending: bool = False  # its slot is being filled this tick
+
+    @property
+    def on_device(self) -> bool:
+        return self.slot is not None
+
+
+@dataclass
+class PoolConfig:
+    n_lanes: int
+    lane_ctx: int
+    cache_slots: int = 4
+    pressure_high: float = 0.85
+    pressure_low: float = 0.70
+    min_prefix_tokens: int = 32  # shorter shared prefixes are not worth a copy
+    host_cache_bytes: int = 1 << 30
+
+
+@dataclass
+class PoolOps:
+    """Cache operations for the engine. ``evict``, ``drop`` and ``store`` run first in a tick
+    (before lanes are released or parked: they read live lanes and touch only cache slots);
+    ``imports`` then ``copy`` run after lanes are released, before feeds."""
+
+    evict: list[tuple[int, int]] = field(default_factory=list)  # (slot seq, entry key): save to host, clear
+    drop: list[int] = field(default_factory=list)  # slot seqs to clear
+    store: list[tuple[int, int, int]] = field(default_factory=list)  # (lane seq, slot seq, n tokens)
+    imports: list[tuple[int, Any]] = field(default_factory=list)  # (slot seq, artifact)
+    copy: list[tuple[int, int, int]] = field(default_factory=list)  # (slot or lane seq, lane seq, n tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.evict or self.drop or self.store or self.imports or self.copy)
+
+
+class KvPool:
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.entries: dict[int, CachedPrefix] = {}
+        self._keys = itertools.count(1)
+        self.host_suspended_until = 0.0
+        self.counters = {"prefix_hits": 0, "prefix_tokens_reused": 0, "evictions": 0, "host_imports": 0, "host_drops": 0, "stored": 0}
+
+    # -- accounting --------------------------------------------------------------------
+
+    @property
+    def total_blocks(self) -> int:
+        return (self.config.n_lanes + self.config.cache_slots) * blocks(self.config.lane_ctx)
+
+    def cache_seq(self, index: int) -> int:
+        return self.config.n_lanes + index
+
+    def free_slot(self) -> int | None:
+        used = {e.slot for e in self.entries.values() if e.slot is not None}
+        for i in range(self.config.cache_slots):
+            seq = self.cache_seq(i)
+            if seq not in used:
+                return seq
+        return None
+
+    def device_entries(self) -> list[CachedPrefix]:
+        return [e for e in self.entries.values() if e.on_device]
+
+    def host_entries(self) -> list[CachedPrefix]:
+        return [e for e in self.entries.values() if not e.on_device]
+
+    def cached_blocks(self) -> int:
+        return sum(blocks(len(e.tokens)) for e in self.device_entries())
+
+    def pinned_blocks(self) -> int:
+        return sum(blocks(len(e.tokens)) for e in self.device_entries() if e.pinned)
+
+    def used_blocks(self, lane_tokens: list[int]) -> int:
+        return sum(blocks(n) for n in lane_tokens) + self.cached_blocks()
+
+    def host_bytes(self) -> int:
+        return sum(e.host_bytes for e in self.host_entries())
+
+    # -- lookup ------------------------------------------------------------------------
+
+    def best_match(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        """The entry sharing the longest prefix with ``prompt`` (device entries win ties),
+        and that length, capped so at least one prompt token is left to feed."""
+        best: CachedPrefix | None = None
+        best_len = 0
+        for entry in self.entries.values():
+            if entry.pending:
+                continue
+            n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
+            if n > best_len or (n == best_len and best is not None and entry.on_device and not best.on_device):
+                best, best_len = entry, n
+        if best_len < self.config.min_prefix_tokens:
+            return None, 0
+        return best, best_len
+
+    def covered(self, tokens: list[int]) -> bool:
+        """True if a cached entry already holds at least these tokens as its prefix."""
+        return any(common_prefix(e.tokens, tokens) >= len(tokens) for e in self.entries.values())
+
+    # -- changes -----------------------------------------------------------------------
+
+    def store(self, ops: PoolOps, src_seq: int, tokens: list[int], now: float, *, pinned: bool = False) -> CachedPrefix | None:
+        """Copy ``tokens`` (the first len(tokens) of sequence ``src_seq``) into a cache slot,
+        evicting the least valuable device entry if every slot is taken."""
+        if len(tokens) < self.config.min_prefix_tokens or self.covered(tokens):
+            return None
+        slot = self.free_slot()
+        if slot is None:
+            victim = self._eviction_order()[:1]
+            if not victim:
+                return None
+            self._evict(ops, victim[0], now)
+            slot = self.free_slot()
+            assert slot is not None
+        entry = CachedPrefix(next(self._keys), list(tokens), pinned, now, now, slot=slot, pending=True)
+        self.entries[entry.key] = entry
+        ops.store.append((src_seq, slot, len(tokens)))
+        self.counters["stored"] += 1
+        return entry
+
+    def use(self, ops: PoolOps, entry: CachedPrefix, dst_seq: int, n_tokens: int, now: float) -> None:
+        """Share ``n_tokens`` of a cached prefix into a lane, importing it from host first."""
+        if not entry.on_device:
+            slot = self.free_slot()
+            if slot is None:
+                victims = self._eviction_order()
+                if not victims:
+                    raise RuntimeError("no cache slot to import into")
+                self._evict(ops, victims[0], now)
+                slot = self.free_slot()
+                assert slot is not None
+            ops.imports.append((slot, entry.host))
+            entry.slot, entry.host, entry.host_bytes = slot, None, 0
+            self.counters["host_imports"] += 1
+        assert entry.slot is not None
+        ops.copy.append((entry.slot, dst_seq, n_tokens))
+        entry.last_used_s = now
+        entry.hits += 1
+        self.counters["prefix_hits"] += 1
+        self.counters["prefix_tokens_reused"] += n_tokens
+
+    def settle(self, evicted: dict[int, Any]) -> None:
+        """After the engine ran a tick's ops: pending stores are usable; evictions got artifacts."""
+        for entry in self.entries.values():
+            entry.pending = False
+        for key, artifact in evicted.items():
+            entry = self.entries.get(key)
+            if entry is not None and entry.slot is None:
+                entry.host = artifact
+                entry.host_bytes = int(getattr(artifact, "nbytes", 0))
+        for key in [k for k, e in self.entries.items() if e.slot is None and e.host is None]:
+            del self.entries[key]  # an eviction the engine did not deliver
+        self._trim_host()
+
+    def enforce_watermarks(self, ops: PoolOps, lane_tokens: list[int], now: float) -> int:
+        """At the high watermark, evict cached prefixes down to the low one. Returns evictions."""
+        total = self.total_blocks
+        if self.used_blocks(lane_tokens) < self.config.pressure_high * total:
+            return 0
+        return self.evict_round(ops, lane_tokens, now)
+
+    def evict_round(self, ops: PoolOps, lane_tokens: list[int], now: float, *, at_least_one: bool = False) -> int:
+        """Evict down to the low watermark (or one entry if already below and ``at_least_one``)."""
+        n = 0
+        for entry in self._eviction_order():
+            below = self.used_blocks(lane_tokens) <= self.config.pressure_low * self.total_blocks
+            if below and not (at_least_one and n == 0):
+                break
+            self._evict(ops, entry, now)
+            n += 1
+        return n
+
+    def drop_host(self) -> int:
+        dropped = [k for k, e in self.entries.items() if not e.on_device]
+        for key in dropped:
+            del self.entries[key]
+        self.counters["host_drops"] += len(dropped)
+        return len(dropped)
+
+    def release_pins(self) -> None:
+        for entry in self.entries.values():
+            entry.pinned = False
+
+    def clear_device(self, ops: PoolOps) -> None:
+        """Drop every device-cached prefix (after the engine refused a plan)."""
+        for entry in self.device_entries():
+            assert entry.slot is not None
+            ops.drop.append(entry.slot)
+            del self.entries[entry.key]
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _eviction_order(self) -> list[CachedPrefix]:
+        """Unpinned least recently used first; then pinned, oldest first. Pending never."""
+        device = [e for e in self.device_entries() if not e.pending]
+        unpinned = sorted((e for e in device if not e.pinned), key=lambda e: e.last_used_s)
+        pinned = sorted((e for e in device if e.pinned), key=lambda e: e.created_s)
+        return unpinned + pinned
+
+    def _evict(self, ops: PoolOps, entry: CachedPrefix, now: float) -> None:
+        assert entry.slot is not None
+        self.counters["evictions"] += 1
+        if now < self.host_suspended_until or self.config.host_cache_bytes <= 0:
+            ops.drop.append(entry.slot)
+            del self.entries[entry.key]
+            return
+        ops.evict.append((entry.slot, entry.key))
+        entry.slot = None
+        entry.pending = True  # not usable until the engine hands over the artifact
+
+    def _trim_host(self) -> None:
+        hosted = sorted(self.host_entries(), key=lambda e: e.last_used_s)
+        while hosted and self.host_bytes() > self.config.host_cache_bytes:
+            victim = hosted.pop(0)
+            del self.entries[victim.key]
+            self.counters["host_drops"] += 1

@@ -1,0 +1,73 @@
+"""OS memory pressure ladder and completion start deadlines."""
+
+from __future__ import annotations
+
+from scheduler.core.qos import QosClass
+from scheduler.worker.pressure import parse_psi, pressure_level
+
+from .builders import finished, make_job, make_scheduler, run_until_idle, tick
+
+
+def _cache_two_prefixes(sched, engine) -> None:  # type: ignore[no-untyped-def]
+    for k in range(2):
+        for i in range(2):
+            job = make_job(5, job_id=f"p{k}-{i}", max_tokens=2)
+            job.prompt = [100 + k] * 80 + job.prompt
+            sched.add(job)
+        run_until_idle(sched, engine)
+        sched.clock.advance(1)
+
+
+def test_warning_drops_host_prefixes_evicts_a_round_and_suspends_host_moves() -> None:
+    sched, engine, clock = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=1)
+    _cache_two_prefixes(sched, engine)  # one slot: the first prefix went to host
+    assert len(sched.pool.host_entries()) == 1 and len(sched.pool.device_entries()) == 1
+    sched.on_os_pressure("warning")
+    plan = sched.step()
+    sched.commit(engine.execute(plan, lambda: False))
+    assert sched.pool.host_entries() == []  # host copies dropped first
+    assert sched.pool.device_entries() == []  # one eviction round, dropped (no host moves now)
+    assert plan.pool.drop and not plan.pool.evict
+    assert sched.snapshot()["counters"]["os_pressure_warning"] == 1
+
+
+def test_critical_also_preempts_decoding_background_lanes_but_not_others() -> None:
+    sched, engine, clock = make_scheduler(max_batch=3)
+    sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=50))
+    sched.add(make_job(job_id="agent", qos=QosClass.AGENT, max_tokens=50))
+    sched.add(make_job(3000, job_id="bg-prefilling", qos=QosClass.BACKGROUND, max_tokens=50))
+    tick(sched, engine)
+    lanes = {j: sched.jobs[j].lane for j in ("bg", "agent", "bg-prefilling")}
+    sched.on_os_pressure("critical")
+    plan = sched.step()
+    assert plan.release == [lanes["bg"]] and not plan.park  # no parking: memory is what is short
+    assert sched.jobs["bg"].lane is None
+    assert sched.jobs["agent"].lane == lanes["agent"]
+    assert sched.jobs["bg-prefilling"].lane == lanes["bg-prefilling"]
+    sched.commit(engine.execute(plan, lambda: False))
+    tick(sched, engine)
+    assert sched.jobs["bg"].lane is None  # background is held while the pressure eases
+    clock.advance(6)
+    tick(sched, engine)
+    assert sched.jobs["bg"].lane is not None
+
+
+def test_psi_levels() -> None:
+    text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=100\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    assert parse_psi(text) == (12.5, 0.0)
+    assert pressure_level(12.5, 0.0) == "warning"
+    assert pressure_level(60.0, 0.0) == "critical"
+    assert pressure_level(5.0, 11.0) == "critical"
+    assert pressure_level(1.0, 0.0) is None
+
+
+def test_a_completion_not_started_by_its_deadline_is_dropped_with_deadline() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, preemption=False)
+    sched.add(make_job(job_id="busy", max_tokens=40))
+    tick(sched, engine)
+    late = make_job(job_id="fim", qos=QosClass.COMPLETION, max_tokens=2)
+    late.deadline_s = clock() + 0.5
+    sched.add(late)
+    events = run_until_idle(sched, engine)
+    assert finished(events)["fim"] == "deadline"
+    assert sched.snapshot()["counters"]["deadline_expired"] == 1

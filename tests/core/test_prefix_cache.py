@@ -1,0 +1,157 @@
+"""Shared prompt prefixes are prefilled once and shared into lanes; the pool keeps its watermarks."""
+
+from __future__ import annotations
+
+from scheduler.core.kv_pool import BLOCK_TOKENS
+from scheduler.core.scheduler import Scheduler
+from scheduler.core.types import Job
+from scheduler.engines.sim import SimEngine
+
+from .builders import make_job, make_scheduler, outputs, run_until_idle, tick
+
+SYSTEM = [7 + (i * 13) % 200 for i in range(300)]  # a long shared "system prompt"
+
+
+def shared_job(job_id: str, own: int = 10, **kw: object) -> Job:
+    job = make_job(own, job_id=job_id, **kw)  # type: ignore[arg-type]
+    job.prompt = SYSTEM + job.prompt
+    return job
+
+
+def prefilled_tokens(engine: SimEngine) -> int:
+    """Prompt tokens the engine computed (decode tokens are 1 per lane per call; prompts here are longer)."""
+    return sum(n for call in engine.calls for _, n in call if n > 1)
+
+
+def test_concurrent_requests_sharing_a_prefix_prefill_it_once() -> None:
+    sched, engine, _ = make_scheduler(max_batch=8, prefill_budget=4096, initial_prefill_tokens_per_s=100_000.0)
+    jobs = [shared_job(f"s{i}") for i in range(8)]
+    for job in jobs:
+        sched.add(job)
+    run_until_idle(sched, engine)
+    # the leader prefills 300 + 10, every follower only its own 10 (the tokens after the copy)
+    assert prefilled_tokens(engine) <= len(SYSTEM) + 8 * 10 + 8
+    assert sum(j.cached_tokens for j in jobs) == 7 * len(SYSTEM)
+
+
+def test_a_follower_waits_for_the_leaders_prefix_instead_of_prefilling_it() -> None:
+    sched, engine, _ = make_scheduler(max_batch=2, initial_prefill_tokens_per_s=200.0)  # 64-token steps
+    leader, follower = shared_job("leader"), shared_job("follower")
+    sched.add(leader)
+    sched.add(follower)
+    plan = sched.step()
+    assert {f.job_id for f in plan.feeds} == {"leader"}
+    assert sched.snapshot()["lanes"][1]["waiting_for_prefix"] is True
+    sched.commit(engine.execute(plan, lambda: False))
+    while leader.computed < len(SYSTEM):
+        tick(sched, engine)
+    plan = sched.step()
+    assert (0, 1, len(SYSTEM)) in plan.pool.copy
+    assert follower.computed == len(SYSTEM)
+
+
+def test_shared_prefix_output_equals_the_output_of_a_full_prefill() -> None:
+    shared, eng_a, _ = make_scheduler(max_batch=4)
+    alone, eng_b, _ = make_scheduler(max_batch=1, prefix_cache=False)
+    a = [shared_job(f"a{i}", max_tokens=10) for i in range(3)]
+    b = [shared_job(f"a{i}", max_tokens=10) for i in range(3)]
+    for job in a:
+        shared.add(job)
+    for job in b:
+        alone.add(job)
+    assert outputs(run_until_idle(shared, eng_a)) == outputs(run_until_idle(alone, eng_b))
+    assert sum(j.cached_tokens for j in a) > 0 and sum(j.cached_tokens for j in b) == 0
+
+
+def test_a_later_request_is_seeded_from_the_cache_after_the_first_ones_finished() -> None:
+    sched, engine, _ = make_scheduler(max_batch=2)
+    for job in (shared_job("first"), shared_job("second")):
+        sched.add(job)
+    run_until_idle(sched, engine)
+    assert sched.pool.device_entries(), "the shared prefix stays cached after its lanes finished"
+    engine.calls.clear()
+    late = shared_job("late")
+    sched.add(late)
+    run_until_idle(sched, engine)
+    assert late.cached_tokens == len(SYSTEM)
+    assert prefilled_tokens(engine) <= 10
+
+
+def test_distinct_prompts_share_nothing() -> None:
+    sched, engine, _ = make_scheduler(max_batch=4)
+    jobs = [make_job(100) for _ in range(4)]
+    for job in jobs:
+        sched.add(job)
+    run_until_idle(sched, engine)
+    assert all(j.cached_tokens == 0 for j in jobs)
+    assert not sched.pool.entries
+
+
+def test_a_pinned_prompt_is_cached_even_when_nobody_shares_it() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, cache_slots=2)
+    pinned = shared_job("pinned")
+    pinned.pin_prefix = True
+    sched.add(pinned)
+    run_until_idle(sched, engine)
+    (entry,) = sched.pool.device_entries()
+    assert entry.pinned and entry.tokens == pinned.prompt
+
+
+def _fill_cache(
+    sched: Scheduler, engine: SimEngine, n: int, length: int = 200, start: int = 0, max_tokens: int = 2
+) -> None:
+    """n distinct prefixes, each shared by two requests (so each gets cached)."""
+    for k in range(start, start + n):
+        prefix = [3 + k] + [50 + (i * 7 + k) % 150 for i in range(length)]
+        for i in range(2):
+            job = make_job(5, job_id=f"c{k}-{i}", max_tokens=max_tokens)
+            job.prompt = prefix + job.prompt
+            sched.add(job)
+        run_until_idle(sched, engine)
+        sched.clock.advance(1.0)  # type: ignore[attr-defined]
+
+
+def test_at_the_high_watermark_cached_prefixes_move_to_host_oldest_first_down_to_the_low_one() -> None:
+    sched, engine, clock = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=4, pressure_high=0.75, pressure_low=0.5)
+    _fill_cache(sched, engine, 3)
+    total = sched.pool.total_blocks
+    assert sched.pool.cached_blocks() / total < 0.75
+    assert sched.pool.counters["evictions"] == 0
+    _fill_cache(sched, engine, 1, start=3, max_tokens=20)  # a fourth prefix, with live lanes, crosses 75%
+    assert sched.pool.counters["evictions"] >= 1
+    assert sched.pool.cached_blocks() <= 0.5 * total  # evicted down to the low watermark
+    hosted, device = sched.pool.host_entries(), sched.pool.device_entries()
+    assert hosted and all(e.host is not None for e in hosted)
+    # least recently used went first: everything on host is older than everything left
+    assert all(h.last_used_s <= d.last_used_s for h in hosted for d in device)
+
+
+def test_pinned_prefixes_yield_only_after_unpinned_ones() -> None:
+    sched, engine, clock = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=2, pressure_high=0.99, pressure_low=0.98)
+    pinned = make_job(5, job_id="pin", max_tokens=2)
+    pinned.prompt = [9] * 100 + pinned.prompt
+    pinned.pin_prefix = True
+    sched.add(pinned)
+    run_until_idle(sched, engine)
+    clock.advance(5)
+    _fill_cache(sched, engine, 1)  # an unpinned, more recently used prefix
+    _fill_cache(sched, engine, 1, start=1)  # needs a slot: the unpinned one goes, not the older pinned one
+    assert sched.pool.counters["evictions"] == 1
+    kept = [e for e in sched.pool.device_entries() if e.pinned]
+    assert kept and kept[0].tokens[:100] == [9] * 100
+    assert [e.pinned for e in sched.pool.host_entries()] == [False]
+
+
+def test_a_prefix_evicted_to_host_is_imported_back_by_the_next_request_that_shares_it() -> None:
+    sched, engine, _ = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=1)
+    _fill_cache(sched, engine, 2)  # one slot: the first prefix goes to host when the second comes
+    assert len(sched.pool.host_entries()) == 1
+    first_prefix = sched.pool.host_entries()[0].tokens
+    job = make_job(5, job_id="again", max_tokens=2)
+    job.prompt = first_prefix + job.prompt
+    sched.add(job)
+    plan = sched.step()
+    assert plan.pool.imports and plan.pool.copy
+    sched.commit(engine.execute(plan, lambda: False))
+    assert job.cached_tokens == len(first_prefix)
+    assert sched.pool.counters["host_imports"] == 1

@@ -1,0 +1,71 @@
+"""Scored dispatch inside a class: priority + swap affinity + aging; what each request records."""
+
+from __future__ import annotations
+
+from scheduler.core.qos import QosClass
+
+from .builders import make_job, make_scheduler, run_until_idle, tick
+
+
+def test_higher_priority_goes_first_and_equal_priority_keeps_arrival_order() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1)
+    sched.add(make_job(job_id="busy", max_tokens=50))
+    tick(sched, engine)
+    for job_id, priority in [("a", 0), ("b", 5), ("c", 0), ("d", 5)]:
+        sched.add(make_job(job_id=job_id, priority=priority, max_tokens=1))
+        clock.advance(0.001)
+    order = []
+    for _ in range(200):
+        for e in tick(sched, engine):
+            if e.kind == "admitted":
+                order.append(e.job_id)
+        if not sched.jobs:
+            break
+    assert order == ["b", "d", "a", "c"]
+
+
+def test_aging_lets_a_long_waiting_low_priority_job_overtake_and_counts_a_reorder() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0, starvation_ticks=0)
+    sched.add(make_job(job_id="busy", max_tokens=5))
+    tick(sched, engine)
+    sched.add(make_job(job_id="old-batch", priority=-100, max_tokens=1))
+    clock.advance(101 * 60)  # 101 minutes: -100 + 101 > 0
+    sched.add(make_job(job_id="new-normal", priority=0, max_tokens=1))
+    admitted = [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"]
+    assert admitted == ["old-batch", "new-normal"]
+    assert sched.snapshot()["counters"]["reorders_aging"] == 1
+
+
+def test_without_aging_priority_alone_decides() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=0, starvation_ticks=0)
+    sched.add(make_job(job_id="busy", max_tokens=5))
+    tick(sched, engine)
+    sched.add(make_job(job_id="old-batch", priority=-100, max_tokens=1))
+    clock.advance(10_000)
+    sched.add(make_job(job_id="new-normal", priority=0, max_tokens=1))
+    admitted = [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"]
+    assert admitted == ["new-normal", "old-batch"]
+    assert sched.snapshot()["counters"]["reorders_aging"] == 0
+
+
+def test_the_dispatch_score_is_priority_plus_affinity_plus_aging_and_bands_are_counted() -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0, swap_affinity_bonus=10)
+    sched.add(make_job(job_id="busy", max_tokens=3))
+    tick(sched, engine)
+    waiting = make_job(job_id="w", priority=-98, max_tokens=1, qos=QosClass.BACKGROUND)
+    sched.add(waiting)
+    clock.advance(120)  # two minutes: +2
+    run_until_idle(sched, engine)
+    assert waiting.serial_score is not None
+    assert abs(waiting.serial_score - (-98 + 10 + 2)) < 0.05
+    counters = sched.snapshot()["counters"]
+    assert counters["dispatched_batch"] == 1 and counters["dispatched_normal"] == 1
+
+
+def test_swap_affinity_is_validated_below_one_band() -> None:
+    import pytest
+
+    from scheduler.core.scheduler import SchedulerConfig
+
+    with pytest.raises(ValueError):
+        SchedulerConfig(swap_affinity_bonus=100)
