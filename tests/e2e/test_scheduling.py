@@ -1,0 +1,167 @@
+"""QoS scheduling against the real server and model: preemption with parking, prefix sharing,
+request priority, batch-invariant and fill-in-the-middle gates."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .server import RunningServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+@pytest.fixture(scope="module")
+def two_lanes() -> Iterator[RunningServer]:
+    srv = RunningServer("--max-batch", "2", "--ctx-size", "2048").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=None) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
+    """(text, final usage) of a streamed completion or chat; ``on_chunk(n)`` after each delta."""
+    parts: list[str] = []
+    usage: dict = {}
+    with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers or {}, timeout=180) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices", []):
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if piece:
+                    parts.append(piece)
+                    if on_chunk is not None:
+                        on_chunk(len(parts))
+    return "".join(parts), usage
+
+
+def agent_body() -> dict:
+    return {
+        "_path": "/v1/completions",
+        "prompt": "Here is a list of fruits and their colours:\n1. Apple - red\n2.",
+        "model": MODEL,
+        "max_tokens": 60,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed() -> None:
+    srv = RunningServer("--max-batch", "1", "--ctx-size", "1024").start()
+    try:
+        undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
+        chat_done = threading.Event()
+
+        def send_chat(n: int) -> None:
+            if n == 10 and not chat_done.is_set():
+                chat_done.set()
+                threading.Thread(
+                    target=stream_text,
+                    args=(
+                        srv.base,
+                        {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
+                         "messages": [{"role": "user", "content": "Hi!"}]},
+                        {"x-superfluid-qos": "interactive"},
+                    ),
+                ).start()
+
+        before = srv.state()["counters"]
+        preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
+        after = srv.state()["counters"]
+        assert after["preemptions"] - before["preemptions"] == 1
+        assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
+        assert preempted == undisturbed
+        assert usage["completion_tokens"] > 10  # the preemption came mid-stream (after 10 chunks)
+    finally:
+        srv.stop()
+
+
+def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_first(two_lanes: RunningServer) -> None:
+    finished: list[str] = []
+    started = threading.Event()
+
+    def agent(name: str) -> None:
+        body = agent_body() | {"max_tokens": 120}
+        stream_text(two_lanes.base, body, {"x-superfluid-qos": "background"}, on_chunk=lambda n: n == 3 and started.set())
+        finished.append(name)
+
+    threads = [threading.Thread(target=agent, args=(f"agent{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    before = two_lanes.state()["counters"]["preemptions"]
+    text, _ = stream_text(
+        two_lanes.base,
+        {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 10, "stream": True,
+         "messages": [{"role": "user", "content": "Say hello."}]},
+        {"x-superfluid-qos": "interactive"},
+    )
+    finished.append("chat")
+    for t in threads:
+        t.join(120)
+    assert text
+    assert finished[0] == "chat"
+    assert two_lanes.state()["counters"]["preemptions"] > before
+
+
+def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(two_lanes: RunningServer) -> None:
+    system = "You are a meticulous assistant for a shipping company. " * 30
+    results: list[dict] = []
+
+    def ask(i: int) -> None:
+        body = {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 4, "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Order {i}?"}]}
+        results.append(stream_text(two_lanes.base, body)[1])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    cached = sorted(u["prompt_tokens_details"]["cached_tokens"] for u in results)
+    prompt = results[0]["prompt_tokens"]
+    assert len(results) == 4
+    assert cached[0] == 0 or cached[0] > prompt // 2  # at most one prefilled it in full
+    assert all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
+
+
+def test_the_priority_header_alone_picks_the_class_of_its_band(two_lanes: RunningServer) -> None:
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+    for value, expected in [("interactive", "interactive"), ("100", "interactive"), ("-100", "background"),
+                            ("batch", "background"), ("7", "agent"), ("garbage", "agent")]:
+        r = httpx.post(two_lanes.base + "/v1/completions", json=body, headers={"X-LlamaSwap-Priority": value}, timeout=60)
+        assert r.status_code == 200
+        assert r.headers["x-superfluid-qos"] == expected, value
+    r = httpx.post(two_lanes.base + "/v1/completions", json=body,
+                   headers={"X-LlamaSwap-Priority": "100", "x-superfluid-qos": "background"}, timeout=60)
+    assert r.headers["x-superfluid-qos"] == "background"  # the class header wins
+
+
+def test_batch_invariant_requests_are_403_unless_the_server_allows_them(two_lanes: RunningServer) -> None:
+    r = httpx.post(two_lanes.base + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                   headers={"x-superfluid-batch-invariant": "true"}, timeout=60)
+    assert r.status_code == 403
+    assert r.json()["error"]["code"] == "batch_invariant_forbidden"
+
+
+def test_fill_in_the_middle_on_a_model_without_fim_tokens_is_400_fim_unsupported(two_lanes: RunningServer) -> None:
+    r = httpx.post(two_lanes.base + "/v1/completions",
+                   json={"model": MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "fim_unsupported"
+    assert r.json()["error"]["param"] == "suffix"
