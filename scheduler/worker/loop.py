@@ -239,8 +239,10 @@ class EngineWorker:
             self.handle(conn, message)
 
     def run_tick(self) -> bool:
-        """Plan, execute and commit one tick. Returns False when there was nothing to do."""
-        self.interrupt.clear()
+        """Plan, execute and commit one tick. Returns False when there was nothing to do.
+
+        The interrupt flag is cleared by the caller *before* it drains the inbox, so a message
+        that arrives after the drain always stops this tick early instead of waiting for it."""
         self._process(self.scheduler.drain_events())
         plan = self.scheduler.step()
         if not plan.has_work:
@@ -380,6 +382,7 @@ class EngineWorker:
         drain_deadline: float | None = None
         while True:
             idle = self.scheduler.idle
+            self.interrupt.clear()
             self._drain_inbox(0.05 if idle else 0.0)
             if self.draining:
                 if drain_deadline is None:
