@@ -165,3 +165,20 @@ def test_fill_in_the_middle_on_a_model_without_fim_tokens_is_400_fim_unsupported
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "fim_unsupported"
     assert r.json()["error"]["param"] == "suffix"
+
+
+def test_a_locked_down_server_ignores_the_class_header_and_may_allow_batch_invariant_lanes() -> None:
+    srv = RunningServer(
+        "--max-batch", "2", "--ctx-size", "1024",
+        "--no-http-qos-header", "--http-default-qos", "background", "--http-allow-batch-invariant",
+    ).start()
+    try:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3}
+        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-qos": "interactive"}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-superfluid-qos"] == "background"
+        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-qos": "nonsense"}, timeout=60)
+        assert r.status_code == 200  # an ignored header cannot be invalid
+        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-batch-invariant": "true"}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        srv.stop()
