@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ class Command(BaseCommand):
         add_engine_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM/SIGINT are blocked in every thread of this process and taken by one thread
+        # with sigwait: threads inherit the mask, so llama.cpp's compute threads (started later,
+        # spinning in OpenMP barriers) are never interrupted by a signal, and the reaction (a
+        # drain) always runs on one known Python thread, wherever the main thread is.
+        stop_signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         config = scheduler_config(options)
         model = resolve_model(options)
         started = time.monotonic()
@@ -56,11 +63,12 @@ class Command(BaseCommand):
             os_pressure=options["os_pressure"] == "on",
         )
 
-        def on_signal(signum: int, frame: Any) -> None:
-            worker.drain()
+        def wait_for_stop() -> None:
+            while True:
+                signal.sigwait(stop_signals)
+                worker.drain()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        threading.Thread(target=wait_for_stop, name="stop-signals", daemon=True).start()
         sys.stderr.write(
             f"engine worker: {name} on {engine.name}, {config.max_batch} lanes x {config.lane_ctx} tokens, "
             f"loaded in {time.monotonic() - started:.1f}s\n"
