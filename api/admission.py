@@ -1,20 +1,70 @@
-"""Who may ask for what: a request's class, priority and lane kind, decided before it is queued.
+"""Who may ask for what: the key, a request's class, priority and lane kind, and its limits,
+decided before it is queued.
 
-Today: the QoS header, the priority header, the server's defaults and the batch-invariant gate.
-Key policies (auth, max class, rate and concurrency limits) plug in here too.
+``authenticate()`` runs first, before the body is read as JSON (401 comes before any 400);
+``admit()`` runs once the body is parsed:
+
+1. model: a policy's allowed models (403 ``model_forbidden``);
+2. class: x-superfluid-qos, else the band of X-LlamaSwap-Priority, else the key's default class
+   (the server's without a policy); a key may demote freely, asking above its best class is 403
+   ``qos_class_forbidden``; fill-in-the-middle always runs as ``completion``;
+3. priority: the header's number plus the policy's tier offset (never enough to cross a band);
+4. batch-invariant lanes: 403 unless the policy or ``--http-allow-batch-invariant`` grants them;
+5. limits, all checked before any is taken: the key's requests-per-minute bucket (or, without a
+   key limit, the per-IP ``--rate-limit``), the fill-in-the-middle bucket per client
+   (``--completion-rate``/``--completion-burst``), and the key's concurrency slots; 429 with
+   ``Retry-After``. ``Admission.release()`` gives the slot back when the response ends.
+
+Secrets never leave this module: logs and records carry the key's name.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 
+from keys.credentials import secret_from_headers
+from keys.limits import parse_rate, retry_after_s
+from keys.runtime import Key, KeyRuntime, Policy, get_runtime
 from scheduler.core.qos import QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
 
 from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request: a key (when one was presented and is valid) and the client address."""
+
+    key: Key | None = None
+    client_ip: str | None = None
+
+    @property
+    def key_name(self) -> str | None:
+        return self.key.name if self.key is not None else None
+
+    @property
+    def name(self) -> str | None:
+        return self.key_name
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.key.policy if self.key is not None else None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.policy is not None and self.policy.is_admin
+
+    @property
+    def client_id(self) -> str:
+        """Per-client limits are keyed by the key's name, else by the client's address."""
+        return f"key:{self.key.name}" if self.key is not None else f"ip:{self.client_ip or '-'}"
 
 
 @dataclass
@@ -26,46 +76,190 @@ class Admission:
     batch_invariant: bool = False
     key_name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    runtime: KeyRuntime | None = None
+    slot: str | None = None  # the concurrency slot held, by key name
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
 
     async def release(self) -> None:
-        return None
+        if self.slot is not None and self.runtime is not None:
+            self.runtime.slots.release(self.slot)
+            self.slot = None
 
 
-def resolve_class(headers: dict[str, str], request: GenerationRequest) -> tuple[QosClass, int]:
-    """Class from x-superfluid-qos, else from the priority header's band, else the default."""
+# -- errors ----------------------------------------------------------------------------
+
+
+def invalid_api_key(message: str) -> ApiError:
+    return ApiError(401, message, type="authentication_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(message: str, code: str, param: str | None = None) -> ApiError:
+    return ApiError(403, message, type="permission_error", param=param, code=code)
+
+
+def rate_limited(message: str, code: str, wait_s: float) -> ApiError:
+    return ApiError(429, message, type="rate_limit_error", code=code, headers={"Retry-After": str(retry_after_s(wait_s))})
+
+
+def keys_required() -> bool:
+    return bool(settings.SUPERFLUID_KEYS_REQUIRED)
+
+
+# -- authentication --------------------------------------------------------------------
+
+
+async def authenticate(headers: dict[str, str], client: tuple[str, int] | list[Any] | None, runtime: KeyRuntime | None = None) -> Principal:
+    """The key presented in ``Authorization: Bearer`` or ``x-api-key`` (header names lower-cased).
+
+    A revoked or expired key is always 401. A missing or unknown key is 401 when keys are
+    required (``--require-key``, or binding beyond loopback); otherwise the request goes on
+    without a key (clients like ``openai`` always send some key).
+    """
+    rt = runtime or get_runtime()
+    snapshot = await rt.ready()
+    client_ip = str(client[0]) if client else None
+    secret = secret_from_headers(headers)
+    key = snapshot.lookup(secret) if secret is not None else None
+    if key is not None and key.revoked:
+        raise invalid_api_key("This API key has been revoked.")
+    if key is not None and key.is_expired(timezone.now()):
+        raise invalid_api_key("This API key has expired.")
+    if key is None and keys_required():
+        if secret is None:
+            raise invalid_api_key("You didn't provide an API key. Send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'.")
+        raise invalid_api_key("Incorrect API key provided.")
+    if key is not None:
+        rt.touch(key)
+    return Principal(key=key, client_ip=client_ip)
+
+
+def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
+    """For plain async Django views: authenticate like the generation endpoints (the principal
+    goes on ``request.principal``); with ``admin=True`` and keys required, only an admin key."""
+
+    def wrap(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+        @functools.wraps(view)
+        async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            try:
+                principal = await authenticate(headers, (request.META.get("REMOTE_ADDR") or "", 0))
+                if admin and keys_required() and not principal.is_admin:
+                    raise forbidden("This route needs a key whose policy has the admin flag.", "admin_key_required")
+            except ApiError as exc:
+                response = JsonResponse(exc.body(), status=exc.status)
+                for name, value in exc.headers.items():
+                    response[name] = value
+                return response
+            request.principal = principal  # type: ignore[attr-defined]
+            # api/metrics.py reads .name and .is_admin of the scraping key from here
+            request.superfluid_key = principal if principal.key is not None else None  # type: ignore[attr-defined]
+            return await view(request, *args, **kwargs)
+
+        return inner
+
+    return wrap
+
+
+# -- class and priority ----------------------------------------------------------------
+
+
+def resolve_class(headers: dict[str, str], request: GenerationRequest, default: QosClass | None = None) -> tuple[QosClass, int, bool]:
+    """(class, header priority, whether the client asked for the class).
+
+    Class from x-superfluid-qos, else from the priority header's band, else ``default`` (the
+    server's --http-default-qos when None). Fill-in-the-middle always runs as completion.
+    """
     raw_priority = headers.get("x-llamaswap-priority")
     priority = parse_priority(raw_priority)
     if request.suffix is not None:
-        return QosClass.COMPLETION, priority  # fill-in-the-middle always runs as completion
+        return QosClass.COMPLETION, priority, False  # fill-in-the-middle always runs as completion
     raw_qos = headers.get("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
     if raw_qos is not None:
         try:
-            return parse_qos(raw_qos), priority
+            return parse_qos(raw_qos), priority, True
         except UnknownQosClass as exc:
             raise invalid_request(str(exc), param="x-superfluid-qos", code="invalid_qos_class") from None
-    if raw_priority is not None:
-        return class_of_priority(priority), priority
-    return parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS), priority
+    if raw_priority is not None and settings.SUPERFLUID_HTTP_QOS_HEADER:
+        return class_of_priority(priority), priority, True
+    if default is None:
+        default = parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS)
+    return default, priority, False
 
 
 def wants_batch_invariant(headers: dict[str, str]) -> bool:
     return headers.get("x-superfluid-batch-invariant", "").strip().lower() in ("1", "true", "yes")
 
 
-async def admit(headers: dict[str, str], client: tuple[str, int] | None, request: GenerationRequest) -> Admission:
-    """Decide class, priority and lane kind for one request, or raise an ApiError."""
-    qos, priority = resolve_class(headers, request)
-    batch_invariant = wants_batch_invariant(headers)
-    if batch_invariant and not settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT:
-        raise ApiError(
-            403,
-            "Batch-invariant lanes are not allowed for this client.",
-            type="permission_error",
-            param="x-superfluid-batch-invariant",
-            code="batch_invariant_forbidden",
+# -- admission -------------------------------------------------------------------------
+
+
+async def admit(
+    headers: dict[str, str],
+    client: tuple[str, int] | list[Any] | None,
+    request: GenerationRequest,
+    principal: Principal | None = None,
+    runtime: KeyRuntime | None = None,
+) -> Admission:
+    """Decide class, priority and lane kind for one request and take its limits, or raise."""
+    rt = runtime or get_runtime()
+    if principal is None:
+        principal = await authenticate(headers, client, rt)
+    policy = principal.policy
+
+    if policy is not None and not policy.allows_model(request.model):
+        raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
+
+    qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
+    if policy is not None and asked and qos < policy.max_class:
+        raise forbidden(
+            f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",
+            "qos_class_forbidden",
+            "x-superfluid-qos",
         )
-    return Admission(qos=qos, priority=priority, batch_invariant=batch_invariant)
+    if policy is not None:
+        priority += policy.priority_offset
+
+    batch_invariant = wants_batch_invariant(headers)
+    if batch_invariant and not (settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT or (policy is not None and policy.allow_batch_invariant)):
+        raise forbidden("Batch-invariant lanes are not allowed for this client.", "batch_invariant_forbidden", "x-superfluid-batch-invariant")
+
+    admission = Admission(qos=qos, priority=priority, batch_invariant=batch_invariant, key_name=principal.key_name, runtime=rt)
+    take_limits(rt, principal, request, admission)
+    return admission
+
+
+def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+    """Check every limit, then take them all: a refused request takes nothing. No await in
+    here, so no other request on this event loop can slip between the check and the take."""
+    policy = principal.policy
+    buckets = []
+    if policy is not None and policy.rate_limit_rpm > 0:
+        rpm = policy.rate_limit_rpm
+        bucket = rt.buckets.bucket(("key", principal.key_name), rpm / 60.0, rpm)
+        buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this API key: {rpm} requests per minute."))
+    elif settings.SUPERFLUID_RATE_LIMIT > 0:
+        rpm = int(settings.SUPERFLUID_RATE_LIMIT)
+        bucket = rt.buckets.bucket(("ip", principal.client_ip), rpm / 60.0, rpm)
+        buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
+    if request.suffix is not None:
+        rate = parse_rate(str(settings.SUPERFLUID_COMPLETION_RATE))
+        burst = max(1, int(settings.SUPERFLUID_COMPLETION_BURST))
+        if rate > 0:
+            bucket = rt.completion_buckets.bucket(principal.client_id, rate, burst)
+            buckets.append((bucket, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
+    for bucket, code, message in buckets:
+        wait_s = bucket.wait_s()
+        if wait_s > 0:
+            raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
+    limit = policy.max_concurrent if policy is not None else 0
+    slot = principal.key_name
+    if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
+        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", 1.0)
+    for bucket, _code, _message in buckets:
+        bucket.take()
+    if limit > 0 and slot is not None:
+        rt.slots.acquire(slot)
+        admission.slot = slot

@@ -22,7 +22,7 @@ from scheduler.core.qos import QosClass
 from scheduler.link.client import JobHandle, get_link
 
 from . import responses
-from .admission import Admission, admit
+from .admission import Admission, Principal, admit, authenticate
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
@@ -122,6 +122,9 @@ class GenerationConsumer(StreamingConsumer):
         return parse_chat_request(body, models=models)
 
     async def handle(self, body: bytes) -> None:
+        # the key first: a missing or wrong one is 401 before the body is looked at
+        self.principal: Principal = await authenticate(self.headers(), self.scope.get("client"))
+        self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":
             raise method_not_allowed(self.scope.get("method", ""))
         link = get_link()
@@ -132,7 +135,7 @@ class GenerationConsumer(StreamingConsumer):
         assert link.hello is not None
         request = self.parse(body, [link.hello["model"]])
         self.record.model, self.record.stream = request.model, request.stream
-        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request)
+        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority
         self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
             admission.key_name, qos.label, priority, admission.band
@@ -143,6 +146,7 @@ class GenerationConsumer(StreamingConsumer):
             "priority": priority,
             "batch_invariant": admission.batch_invariant,
             "key": admission.key_name,
+            "pin_prefix": self.headers().get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes"),
         }
         handle = await link.submit(payload)
         self.record.request_id = handle.job_id
@@ -165,13 +169,21 @@ class GenerationConsumer(StreamingConsumer):
 
     async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
         rid, created, model = responses.new_id(self.endpoint), int(time.time()), request.model
+        pending: list[dict[str, Any]] = []
+        if qos is QosClass.COMPLETION:
+            # a completion may miss its start deadline while queued: wait for its first event so
+            # that a miss is a real HTTP error rather than an error frame in a 200 stream
+            first = await handle.events.get()
+            if first["ev"] == "error":
+                raise error_from_wire(first["error"])
+            pending.append(first)
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
         self.record.status = 200
         if self.endpoint == "chat":
             await self.send_body(responses.sse_event(responses.chat_chunk(rid, model, created, role="assistant", content="")), more_body=True)
         while True:
-            event = await handle.events.get()
+            event = pending.pop(0) if pending else await handle.events.get()
             if event["ev"] == "delta":
                 if self.endpoint == "chat":
                     chunk = responses.chat_chunk(rid, model, created, content=event["text"])

@@ -10,6 +10,7 @@ from django.http import HttpRequest, JsonResponse
 from scheduler.link.client import get_link
 
 from . import responses
+from .admission import key_required
 from .errors import ApiError, model_not_found, not_found
 
 _STARTED = int(time.time())
@@ -30,13 +31,20 @@ async def _served_models() -> list[str]:
     return list(settings.SUPERFLUID_MODELS)
 
 
+def _allowed(request: HttpRequest, models: list[str]) -> list[str]:
+    policy = request.principal.policy  # type: ignore[attr-defined]
+    return [m for m in models if policy is None or policy.allows_model(m)]
+
+
+@key_required()
 async def models(request: HttpRequest) -> JsonResponse:
-    objs = [responses.model_object(m, _STARTED) for m in await _served_models()]
+    objs = [responses.model_object(m, _STARTED) for m in _allowed(request, await _served_models())]
     return JsonResponse(responses.model_list(objs))
 
 
+@key_required()
 async def model_detail(request: HttpRequest, model_id: str) -> JsonResponse:
-    if model_id not in await _served_models():
+    if model_id not in _allowed(request, await _served_models()):
         return error_response(model_not_found(model_id))
     return JsonResponse(responses.model_object(model_id, _STARTED))
 
@@ -51,24 +59,35 @@ async def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "model": link.hello["model"], "worker_pid": link.hello["pid"], "worker_restarts": link.worker_restarts})
 
 
+@key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
     """The worker's lanes, llama-server's /slots shape plus class, state and progress."""
     link = get_link()
     state = link.snapshot or {}
     out = []
     for lane in state.get("lanes", []):
+        busy = lane["state"] != "idle"
+        prompt_tokens, prompt_done = lane.get("prompt_tokens", 0), lane.get("prompt_done", 0)
+        generated = lane.get("generated", 0)
         out.append(
             {
                 "id": lane["lane"],
                 "id_task": lane.get("job_id"),
-                "is_processing": lane["state"] != "idle",
+                "is_processing": busy,
                 "n_ctx": state.get("lane_ctx"),
+                "next_token": {"has_next_token": busy, "n_decoded": generated},
+                "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
+                "parked": bool(lane.get("parked", False)),
+                "key": lane.get("key"),
+                "class": lane.get("class"),
+                "generated": generated,
                 **lane,
             }
         )
     return JsonResponse(out, safe=False)
 
 
+@key_required(admin=True)
 async def state(request: HttpRequest) -> JsonResponse:
     """The worker's latest full snapshot (lanes, queues, counters) for tools and tests."""
     link = get_link()

@@ -22,42 +22,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RunningServer:
-    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.data_dir = tempfile.mkdtemp(prefix="superfluid-test-")
-        self.log_path = Path(self.data_dir) / "serve.log"
-        self.flags = flags
-        self.env = {**os.environ, "SUPERFLUID_DATA_DIR": self.data_dir, **(env or {})}
+class ServerProcess:
+    """A server child process on 127.0.0.1:``port``, its output in ``log_path``, healthy once
+    ``GET /health`` answers 200. Shared by ``RunningServer`` and the benchmark peers."""
+
+    name = "server"
+
+    def __init__(self, port: int, log_path: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 120.0) -> "RunningServer":
+    def _launch(self, argv: list[str], timeout_s: float) -> None:
+        """Start ``argv`` with its output in the log, then wait until /health is 200."""
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), *self.flags],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            self.proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    return self
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"server did not become healthy:\n{self.log()}")
+        self.stop()
+        raise RuntimeError(f"{self.name} did not become healthy in {timeout_s:.0f} s:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-    def state(self) -> dict:
-        return httpx.get(self.base + "/v1/internal/state", timeout=5).json()
 
     def health(self) -> dict:
         return httpx.get(self.base + "/health", timeout=5).json()
@@ -72,6 +69,7 @@ class RunningServer:
         raise AssertionError("condition not met in time")
 
     def stop(self) -> int:
+        """SIGTERM, up to 60 s to exit, then SIGKILL; returns the exit status."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
@@ -82,3 +80,26 @@ class RunningServer:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+class RunningServer(ServerProcess):
+    """``manage.py serve`` with ``flags``, a fresh data directory and a free port."""
+
+    name = "server"
+
+    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = tempfile.mkdtemp(prefix="superfluid-test-")
+        self.flags = flags
+        super().__init__(
+            free_port(),
+            Path(self.data_dir) / "serve.log",
+            {**os.environ, "SUPERFLUID_DATA_DIR": self.data_dir, **(env or {})},
+            cwd=ROOT,
+        )
+
+    def start(self, timeout_s: float = 120.0) -> "RunningServer":
+        self._launch([sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), *self.flags], timeout_s)
+        return self
+
+    def state(self) -> dict:
+        return httpx.get(self.base + "/v1/internal/state", timeout=5).json()

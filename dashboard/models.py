@@ -1,3 +1,1 @@
-from django.db import models
-
-# Create your models here.
+# The dashboard has no models: it draws the engine worker's live snapshots (dashboard/feed.py).

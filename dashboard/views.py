@@ -1,3 +1,15 @@
+"""The live lane dashboard: a staff-only page; its data arrives over the websocket."""
+
+from __future__ import annotations
+
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-# Create your views here.
+from .feed import MIN_INTERVAL_S
+
+
+@staff_member_required(login_url="admin:login")
+def dashboard(request: HttpRequest) -> HttpResponse:
+    """Anonymous and non-staff users are sent to the admin login with ?next=/dashboard/."""
+    return render(request, "dashboard/index.html", {"push_interval_ms": int(MIN_INTERVAL_S * 1000)})

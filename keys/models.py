@@ -1,3 +1,149 @@
-from django.db import models
+"""API keys, the policies they follow, and class-lane caps: edited in the admin.
 
-# Create your models here.
+Change them through ``keys/actions.py`` (the admin and the commands do): each mutation bumps
+``ConfigVersion`` in the same transaction, which is how every web process notices within a
+second, and pushes the class-lane caps to the engine worker after commit.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from scheduler.core.qos import BAND_SPACING, QosClass
+
+# A policy's tier offset is added to X-LlamaSwap-Priority. Bands sit BAND_SPACING (100) apart, so
+# a priority at a band's anchor stays in its band while |offset| + SWAP_AFFINITY_BONUS is below
+# half the spacing: |offset| <= 39 with the seed's default swap affinity bonus of 10.
+SWAP_AFFINITY_BONUS = 10
+MAX_PRIORITY_OFFSET = BAND_SPACING // 2 - SWAP_AFFINITY_BONUS - 1
+
+QOS_CHOICES = [(int(c), c.label) for c in QosClass]
+
+
+class KeyPolicy(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    default_class = models.PositiveSmallIntegerField(
+        choices=QOS_CHOICES, default=int(QosClass.AGENT), help_text="Class of requests that name none."
+    )
+    max_class = models.PositiveSmallIntegerField(
+        "best class",
+        choices=QOS_CHOICES,
+        default=int(QosClass.AGENT),
+        help_text="The most urgent class x-superfluid-qos may ask for; asking above it is 403. "
+        "At least as good as the default class.",
+    )
+    allow_batch_invariant = models.BooleanField(
+        "may ask batch-invariant", default=False, help_text="May send x-superfluid-batch-invariant: true."
+    )
+    rate_limit_rpm = models.PositiveIntegerField(
+        "requests per minute", default=0, help_text="Token bucket per key (capacity = this). 0 = unlimited."
+    )
+    max_concurrent = models.PositiveIntegerField(
+        default=0, help_text="Requests in flight at once (a stream holds its slot to the end). 0 = unlimited."
+    )
+    priority_offset = models.SmallIntegerField(
+        default=0,
+        help_text=f"Tier offset added to X-LlamaSwap-Priority, -{MAX_PRIORITY_OFFSET}..{MAX_PRIORITY_OFFSET}: "
+        "orders work inside a band, never crosses one.",
+    )
+    allowed_models = models.TextField(
+        blank=True, help_text="Model ids this policy may use, comma or newline separated. Empty = all."
+    )
+    is_admin = models.BooleanField(
+        "admin", default=False, help_text="May use the admin routes (/slots, /v1/internal/state) and see every key's metrics."
+    )
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "key policy"
+        verbose_name_plural = "key policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def model_list(self) -> list[str]:
+        return [m for m in (p.strip() for p in self.allowed_models.replace("\n", ",").split(",")) if m]
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.max_class is not None and self.default_class is not None and self.max_class > self.default_class:
+            errors["max_class"] = (
+                f"The best class ({QosClass(self.max_class).label}) must be at least as good as the "
+                f"default class ({QosClass(self.default_class).label})."
+            )
+        if self.priority_offset is not None and abs(self.priority_offset) > MAX_PRIORITY_OFFSET:
+            errors["priority_offset"] = (
+                f"The offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}, so that with the swap "
+                f"affinity bonus ({SWAP_AFFINITY_BONUS}) it stays below half the band spacing ({BAND_SPACING})."
+            )
+        if errors:
+            raise ValidationError(errors)
+
+
+class ApiKey(models.Model):
+    name = models.CharField(max_length=100, unique=True, help_text="Shown in logs, metrics and the activity log.")
+    prefix = models.CharField(max_length=16, editable=False, help_text="The first characters of the secret.")
+    digest = models.CharField(max_length=64, unique=True, editable=False)  # sha256 hex of the secret
+    policy = models.ForeignKey(
+        KeyPolicy,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="keys",
+        help_text="Empty = the server's defaults (--http-default-qos, any class the header asks, no limits).",
+    )
+    owner = models.CharField(max_length=200, blank=True)
+    notes = models.TextField(blank=True)
+    created = models.DateTimeField(default=timezone.now, editable=False)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+    expires = models.DateTimeField(null=True, blank=True, help_text="Refused from this time on. Empty = never.")
+    revoked = models.BooleanField(default=False)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_expired(self, now: object | None = None) -> bool:
+        return self.expires is not None and self.expires <= (now or timezone.now())
+
+
+class ClassLaneCap(models.Model):
+    model = models.CharField(max_length=200, blank=True, help_text="Model id; empty = all models.")
+    qos_class = models.PositiveSmallIntegerField("class", choices=QOS_CHOICES)
+    max_lanes = models.PositiveSmallIntegerField(help_text="The most lanes this class may hold, 1..--max-batch.")
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model", "qos_class"]
+        verbose_name = "class-lane cap"
+        constraints = [models.UniqueConstraint(fields=["model", "qos_class"], name="keys_classlanecap_model_class")]
+
+    def __str__(self) -> str:
+        return f"{self.model or 'all models'}: {QosClass(self.qos_class).label} <= {self.max_lanes}"
+
+    def clean(self) -> None:
+        max_batch = int(settings.SUPERFLUID_MAX_BATCH)
+        if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
+            raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
+
+
+class ConfigVersion(models.Model):
+    """One row whose number goes up with every change to keys, policies or caps."""
+
+    version = models.BigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = "configuration version"
+
+    def __str__(self) -> str:
+        return str(self.version)

@@ -1,4 +1,5 @@
-"""ASGI entry point: generation endpoints are Channels consumers; everything else is Django."""
+"""ASGI entry point: generation endpoints are Channels consumers; everything else is Django;
+the dashboard's websocket is a Channels consumer behind the session auth and an origin check."""
 
 from __future__ import annotations
 
@@ -9,10 +10,19 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "superfluid_site.settings")
 django_asgi_app = get_asgi_application()
 
+# The admin's (and the dashboard login's) CSS and JS, straight from the installed apps: no
+# collectstatic step and no separate web server needed.
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
 from api.consumers import ChatCompletionsConsumer, CompletionsConsumer  # noqa: E402
+from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
@@ -23,5 +33,7 @@ application = ProtocolTypeRouter(
                 re_path(r"", django_asgi_app),
             ]
         ),
+        # the live dashboard: staff sessions only (the consumer refuses anyone else)
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(dashboard_websockets))),
     }
 )

@@ -53,12 +53,17 @@ def _secret_key() -> str:
     return path.read_text().strip()
 
 
+# Several processes write (serve, manage.py createkey/revokekey): transactions take the write lock
+# up front, so two of them never deadlock on a lock upgrade ("database is locked"), and wait for it.
+SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20}
+
+
 def _database(url: str) -> dict[str, object]:
     if not url:
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "superfluid.sqlite3"}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "superfluid.sqlite3", "OPTIONS": SQLITE_OPTIONS}
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or DATA_DIR / "superfluid.sqlite3"}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or DATA_DIR / "superfluid.sqlite3", "OPTIONS": SQLITE_OPTIONS}
     if parsed.scheme in ("postgres", "postgresql"):
         return {
             "ENGINE": "django.db.backends.postgresql",
@@ -88,9 +93,12 @@ INSTALLED_APPS = [
     "api",
     "keys",
     "dashboard",
+    "activity",
+    "django_prometheus",
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -98,6 +106,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",  # last
 ]
 
 ROOT_URLCONF = "superfluid_site.urls"
@@ -154,3 +163,13 @@ SUPERFLUID_HTTP_QOS_HEADER = env_bool("SUPERFLUID_HTTP_QOS_HEADER", True)
 SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = env_bool("SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT", False)
 SUPERFLUID_MAX_BODY_BYTES = env_int("SUPERFLUID_MAX_BODY_BYTES", 8 * 1024 * 1024)
 SUPERFLUID_ENGINE_WAIT_S = env_int("SUPERFLUID_ENGINE_WAIT_S", 120)
+SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
+# -- keys and admission (docs/keys.md) ------------------------------------------------------
+SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)
+SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY  # serve also sets it when binding beyond loopback
+SUPERFLUID_RATE_LIMIT = env_int("SUPERFLUID_RATE_LIMIT", 0)  # per-IP requests/minute without a key limit; 0 = off
+SUPERFLUID_COMPLETION_RATE = env_str("SUPERFLUID_COMPLETION_RATE", "10/s")  # FIM token bucket per client
+SUPERFLUID_COMPLETION_BURST = env_int("SUPERFLUID_COMPLETION_BURST", 20)
+
+# -- observability ------------------------------------------------------------------------
+SUPERFLUID_ACTIVITY_RETENTION_DAYS = env_int("SUPERFLUID_ACTIVITY_RETENTION_DAYS", 30)  # 0 keeps every row

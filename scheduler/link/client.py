@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from dashboard.feed import on_snapshot as on_dashboard_snapshot
+
 from .protocol import MAX_LINE_BYTES, decode, encode, error_dict
 
 log = logging.getLogger("superfluid.link")
@@ -40,7 +42,8 @@ class LinkClient:
     def __init__(self, socket_path: str, *, reconnect_timeout_s: float = 120.0) -> None:
         self.socket_path = socket_path
         self.reconnect_timeout_s = reconnect_timeout_s
-        self.inflight: dict[str, JobHandle] = {}
+        self.inflight: dict[str, JobHandle] = {}  # submitted and not yet done at the worker
+        self.open: set[str] = set()  # submitted and not yet finished by the web side (response sent)
         self.hello: dict[str, Any] | None = None
         self.snapshot: dict[str, Any] | None = None
         self.draining = False
@@ -49,6 +52,7 @@ class LinkClient:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lost_since: float | None = None
+        self.worker_config: dict[str, Any] | None = None  # the last ``config`` op, sent again on reconnect
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -80,6 +84,7 @@ class LinkClient:
     async def submit(self, payload: dict[str, Any]) -> JobHandle:
         handle = JobHandle(job_id=uuid.uuid4().hex, payload=payload)
         self.inflight[handle.job_id] = handle
+        self.open.add(handle.job_id)
         self.start()
         if self.connected:
             await self._send({"op": "submit", "id": handle.job_id, **payload})
@@ -87,11 +92,22 @@ class LinkClient:
         return handle
 
     async def cancel(self, handle: JobHandle) -> None:
+        self.open.discard(handle.job_id)
         if self.inflight.pop(handle.job_id, None) is not None and self.connected:
             await self._send({"op": "cancel", "id": handle.job_id})
 
     def finish(self, handle: JobHandle) -> None:
+        """The response for this job has been sent (or abandoned)."""
         self.inflight.pop(handle.job_id, None)
+        self.open.discard(handle.job_id)
+
+    async def send_config(self, config: dict[str, Any]) -> None:
+        """Worker settings the admin can change (``{"class_lanes": {...}}``): sent now if
+        connected, and again after every (re)connect, before any job is resubmitted."""
+        self.worker_config = dict(config)
+        self.start()
+        if self.connected:
+            await self._send({"op": "config", **self.worker_config})
 
     async def _send(self, message: dict[str, Any]) -> None:
         writer = self._writer
@@ -125,6 +141,8 @@ class LinkClient:
                 self._writer = writer
                 self._lost_since = None
                 self._connected.set()
+                if self.worker_config is not None:
+                    await self._send({"op": "config", **self.worker_config})
                 for handle in list(self.inflight.values()):
                     await self._send({"op": "submit", "id": handle.job_id, **handle.resubmission()})
                 while True:
@@ -156,6 +174,7 @@ class LinkClient:
         ev = message.get("ev")
         if ev == "snapshot":
             self.snapshot = message.get("state")
+            on_dashboard_snapshot(self.snapshot)  # the live dashboard's feed (throttled there)
             return
         handle = self.inflight.get(str(message.get("id")))
         if handle is None:

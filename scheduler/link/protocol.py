@@ -3,6 +3,7 @@
 web -> worker (``op``):
     submit  {id, request, qos, priority, batch_invariant, key, resume_text, resume_tokens}
     cancel  {id}
+    config  {class_lanes: {class: lanes}}                 admin's caps over --class-lanes; after connect
 worker -> web (``ev``):
     hello     {model, engine, n_lanes, lane_ctx, pid}     once, on connect
     accepted  {id, prompt_tokens}                         the job is queued

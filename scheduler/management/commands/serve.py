@@ -24,6 +24,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from keys.binding import is_loopback
+from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
 from scheduler.management.options import add_engine_arguments, engine_argv, resolve_model, scheduler_config
@@ -104,6 +106,10 @@ class Command(BaseCommand):
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
         parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body (413 above)")
         parser.add_argument("--socket", default="", help="link socket path (default: a fresh one in the temp folder)")
+        parser.add_argument("--require-key", action="store_true", default=settings.SUPERFLUID_REQUIRE_KEY, help="every API request needs a key (always so when binding beyond loopback)")
+        parser.add_argument("--rate-limit", type=int, default=settings.SUPERFLUID_RATE_LIMIT, help="requests per minute per client IP, for requests without a key limit (0 = off)")
+        parser.add_argument("--completion-rate", default=settings.SUPERFLUID_COMPLETION_RATE, help="fill-in-the-middle token bucket per client, e.g. 10/s or 600/m (0 = off)")
+        parser.add_argument("--completion-burst", type=int, default=settings.SUPERFLUID_COMPLETION_BURST, help="fill-in-the-middle bucket capacity (default: 20)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = scheduler_config(options)  # validates the flags before anything starts
@@ -114,6 +120,12 @@ class Command(BaseCommand):
             raise CommandError(f"--http-default-qos: {exc}") from None
         model_name = options["model_name"] or model_name_for(model)
         options["model_name"] = model_name
+        try:
+            parse_rate(options["completion_rate"])
+        except ValueError as exc:
+            raise CommandError(f"--completion-rate: {exc}") from None
+        if options["completion_burst"] < 1 or options["rate_limit"] < 0:
+            raise CommandError("--completion-burst must be at least 1 and --rate-limit 0 or more")
 
         call_command("migrate", interactive=False, verbosity=0)
 
@@ -124,6 +136,12 @@ class Command(BaseCommand):
         settings.SUPERFLUID_HTTP_QOS_HEADER = not options["no_http_qos_header"]
         settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = options["http_allow_batch_invariant"]
         settings.SUPERFLUID_MAX_BODY_BYTES = options["max_body_bytes"]
+        settings.SUPERFLUID_MAX_BATCH = config.max_batch
+        settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
+        settings.SUPERFLUID_KEYS_REQUIRED = options["require_key"] or not is_loopback(options["host"])
+        settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
+        settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
+        settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", "--socket", socket_path, *engine_argv(options, model)]
         supervisor = WorkerSupervisor(worker_cmd)
@@ -146,6 +164,13 @@ class Command(BaseCommand):
         host, port = options["host"], options["port"]
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
+        if options["require_key"]:
+            keys_line = "required (--require-key)"
+        elif settings.SUPERFLUID_KEYS_REQUIRED:
+            keys_line = f"required (binds {host}, beyond loopback)"
+        else:
+            keys_line = "optional on loopback (--require-key to require them)"
+
         def ready() -> None:
             sys.stdout.write(
                 f"superfluid serving {model_name} ({lanes} lanes)\n"
@@ -153,8 +178,12 @@ class Command(BaseCommand):
                 f"  admin:     {base}/admin/\n"
                 f"  dashboard: {base}/dashboard/\n"
                 f"  health:    {base}/health\n"
+                f"  API keys:  {keys_line}\n"
             )
             sys.stdout.flush()
+            from keys.runtime import get_runtime
+
+            reactor.callLater(0, get_runtime)  # load keys, push the admin's class-lane caps to the worker
 
         server = Server(
             application=get_default_application(),
@@ -179,8 +208,10 @@ class Command(BaseCommand):
             deadline = time.monotonic() + drain_timeout + 2.0
 
             def check() -> None:
-                inflight = sum(len(c.inflight) for c in link_client._clients.values())
-                if (supervisor.exited.is_set() and inflight == 0) or time.monotonic() > deadline:
+                # responses still being written, not jobs still at the worker: a job can be done
+                # there while its last frames are still on their way to the client
+                open_responses = sum(len(c.open) for c in link_client._clients.values())
+                if (supervisor.exited.is_set() and open_responses == 0) or time.monotonic() > deadline:
                     reactor.callLater(0.2, reactor.stop)
                 else:
                     reactor.callLater(0.1, check)

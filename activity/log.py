@@ -1,0 +1,90 @@
+"""Writing the activity log (from ``api/records.py``) and keeping it within its retention."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from api.records import RequestRecord
+
+log = logging.getLogger("superfluid.activity")
+
+PRUNE_INTERVAL_S = 3600.0
+_last_prune: float | None = None
+
+
+def retention_days() -> int:
+    return int(getattr(settings, "SUPERFLUID_ACTIVITY_RETENTION_DAYS", 30))
+
+
+def entry_fields(record: RequestRecord) -> dict[str, Any]:
+    """The row for one request: identifiers, decisions, timings and counts; no text."""
+    usage, timing, serial = record.usage or {}, record.timing or {}, record.serial or {}
+
+    def num(d: dict[str, Any], key: str) -> Any:
+        value = d.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    return {
+        "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.timezone.utc),
+        "request_id": (record.request_id or "")[:64],
+        "key_name": (record.key_name or "")[:200],
+        "client_ip": record.client_ip or None,
+        "model": (record.model or "")[:200],
+        "endpoint": record.endpoint[:32],
+        "stream": bool(record.stream),
+        "qos_class": record.qos or "",
+        "priority": record.priority,
+        "band": record.band or "",
+        "serial_priority": num(serial, "serial_priority"),
+        "serial_band": str(serial.get("serial_band") or "")[:16],
+        "serial_score": num(serial, "serial_score"),
+        "serial_queue_wait_ms": num(serial, "serial_queue_wait_ms"),
+        "queue_wait_ms": num(timing, "queue_wait_ms"),
+        "ttft_ms": num(timing, "ttft_ms"),
+        "total_ms": num(timing, "total_ms"),
+        "prompt_tokens": num(usage, "prompt_tokens"),
+        "cached_tokens": num(usage, "cached_tokens"),
+        "completion_tokens": num(usage, "completion_tokens"),
+        "preemptions": int(timing.get("preemptions") or 0),
+        "finish_reason": (record.finish_reason or "")[:32],
+        "status": max(0, int(record.status or 0)),
+        "error_code": (record.error_code or "")[:64],
+    }
+
+
+def write(record: RequestRecord) -> None:
+    """Store one request's row (sync: run it through sync_to_async), pruning at most hourly."""
+    from .models import ActivityEntry
+
+    ActivityEntry.objects.create(**entry_fields(record))
+    maybe_prune()
+
+
+def prune(days: int | None = None) -> int:
+    """Delete rows older than ``days`` (default: the retention setting; 0 keeps everything)."""
+    from .models import ActivityEntry
+
+    days = retention_days() if days is None else days
+    if days <= 0:
+        return 0
+    cutoff = timezone.now() - datetime.timedelta(days=days)
+    deleted, _ = ActivityEntry.objects.filter(time__lt=cutoff).delete()
+    if deleted:
+        log.info("activity log: pruned %d entries older than %d days", deleted, days)
+    return deleted
+
+
+def maybe_prune(now: float | None = None) -> int:
+    global _last_prune
+    now = time.monotonic() if now is None else now
+    if _last_prune is not None and now - _last_prune < PRUNE_INTERVAL_S:
+        return 0
+    _last_prune = now
+    return prune()

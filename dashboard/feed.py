@@ -1,0 +1,135 @@
+"""Feeds the live dashboard: worker snapshots pushed to the Channels group "lanes".
+
+The link client (``scheduler/link/client.py``) calls :func:`on_snapshot` for every snapshot the
+worker sends (ten a second, and at once when a lane is taken or freed). This module keeps the
+latest and sends it to the group at most every ``MIN_INTERVAL_S`` (the last one always goes out,
+so a lane going idle is never lost), reduced to what the page draws (:func:`dashboard_state`).
+No prompt or reply text is in a snapshot, so none reaches the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger("superfluid.dashboard")
+
+GROUP = "lanes"
+MIN_INTERVAL_S = 0.2  # about five pushes a second
+
+
+def _metric(metrics: Mapping[str, Any], name: str, **labels: str) -> float:
+    """Sum of a family's samples whose labels include ``labels`` (a histogram adds its sums)."""
+    fam = metrics.get(name) or {}
+    total = 0.0
+    for sample_labels, value in fam.get("samples", []):
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            total += value.get("sum", 0.0) if isinstance(value, dict) else float(value)
+    return total
+
+
+def _hist_count(metrics: Mapping[str, Any], name: str) -> int:
+    fam = metrics.get(name) or {}
+    return sum(int(v.get("count", 0)) for _, v in fam.get("samples", []) if isinstance(v, dict))
+
+
+def dashboard_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What the dashboard draws, from one worker snapshot (plain JSON, no histograms)."""
+    metrics: Mapping[str, Any] = state.get("metrics") or {}
+    return {
+        "t": time.time(),
+        "model": state.get("model"),
+        "engine": state.get("engine"),
+        "n_lanes": state.get("n_lanes", len(state.get("lanes", []))),
+        "lane_ctx": state.get("lane_ctx"),
+        "draining": bool(state.get("draining", False)),
+        "tick": state.get("tick", 0),
+        "lanes": list(state.get("lanes", [])),
+        "queue_depth": dict(state.get("queue_depth") or {}),
+        "class_lanes": dict(state.get("class_lanes") or {}),
+        "parked": list(state.get("parked") or []),
+        "pool": dict(state.get("pool") or {}),
+        "counters": dict(state.get("counters") or {}),
+        "prefill_tokens_per_s": state.get("prefill_tokens_per_s", 0),
+        "last_ttft_ms": (state.get("stats") or {}).get("last_ttft_ms", 0),
+        "tick_info": {
+            "prefill_budget": _metric(metrics, "superfluid_prefill_budget_tokens"),
+            "decode_grant": _metric(metrics, "superfluid_decode_grant_tokens"),
+            "step_tokens": _metric(metrics, "superfluid_prefill_step_tokens"),
+            "last_prefill_tokens": _metric(metrics, "superfluid_last_tick_tokens", kind="prefill"),
+            "last_decode_tokens": _metric(metrics, "superfluid_last_tick_tokens", kind="decode"),
+            "last_lanes": _metric(metrics, "superfluid_last_tick_lanes"),
+            "last_seconds": _metric(metrics, "superfluid_last_tick_seconds"),
+        },
+        "tokens": {
+            "prefill": _metric(metrics, "superfluid_prefill_tokens_total"),
+            "decode": _metric(metrics, "superfluid_decode_tokens_total"),
+        },
+        "ttft": {"sum": _metric(metrics, "superfluid_ttft_seconds"), "count": _hist_count(metrics, "superfluid_ttft_seconds")},
+    }
+
+
+class SnapshotFeed:
+    """Throttled pushes of the latest snapshot to the group, on the event loop that calls it."""
+
+    def __init__(self, min_interval_s: float = MIN_INTERVAL_S) -> None:
+        self.min_interval_s = min_interval_s
+        self.latest: Mapping[str, Any] | None = None
+        self.sent = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._last_sent = float("-inf")
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def on_snapshot(self, state: Mapping[str, Any] | None) -> None:
+        if not state:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if loop is not self._loop:  # a new loop (tests): forget the old one's timer
+            self._loop, self._handle, self._last_sent = loop, None, float("-inf")
+        self.latest = state
+        if self._handle is not None:
+            return  # a push is already due; it takes the latest snapshot
+        delay = max(0.0, self._last_sent + self.min_interval_s - loop.time())
+        self._handle = loop.call_later(delay, self._push)
+
+    def _push(self) -> None:
+        loop = self._loop
+        self._handle = None
+        if loop is None or self.latest is None:
+            return
+        self._last_sent = loop.time()
+        try:
+            from channels.layers import get_channel_layer
+
+            layer = get_channel_layer()
+            if layer is None:
+                return
+            message = {"type": "lanes.update", "state": dashboard_state(self.latest)}
+        except Exception:
+            log.exception("dashboard feed: could not prepare a push")
+            return
+        task = loop.create_task(self._send(layer, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, layer: Any, message: dict[str, Any]) -> None:
+        try:
+            await layer.group_send(GROUP, message)
+            self.sent += 1
+        except Exception:
+            log.exception("dashboard feed: group_send failed")
+
+
+feed = SnapshotFeed()
+
+
+def on_snapshot(state: Mapping[str, Any] | None) -> None:
+    """Hook for the link client: a worker snapshot arrived."""
+    feed.on_snapshot(state)

@@ -1,0 +1,115 @@
+"""Every change to keys, policies and caps goes through one of these functions.
+
+Each saves, bumps ``ConfigVersion`` in the same transaction, and after commit pokes this
+process's runtimes (``keys.runtime``) so they reload at once; other processes see the new version
+within ``keys.runtime.POLL_S``. The admin and the management commands call these, never a bare
+``.save()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .credentials import digest_of, display_prefix, new_secret
+from .models import ApiKey, ClassLaneCap, ConfigVersion, KeyPolicy
+
+
+def _changed() -> None:
+    """Bump the version inside the caller's transaction; poke the runtimes once it commits."""
+    if ConfigVersion.objects.filter(pk=1).update(version=F("version") + 1) == 0:
+        ConfigVersion.objects.create(pk=1, version=1)
+    transaction.on_commit(_notify)
+
+
+def _notify() -> None:
+    from .runtime import poke_all
+
+    poke_all()
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def create_key(key: ApiKey) -> str:
+    """Give ``key`` a new secret, save it, and return the secret: the only time it exists in clear."""
+    secret = new_secret()
+    key.digest = digest_of(secret)
+    key.prefix = display_prefix(secret)
+    key.full_clean()
+    key.save()
+    _changed()
+    return secret
+
+
+@transaction.atomic
+def save_key(key: ApiKey) -> ApiKey:
+    """Save edits to an existing key (owner, notes, policy, expiry, revoked)."""
+    key.full_clean()
+    key.save()
+    _changed()
+    return key
+
+
+@transaction.atomic
+def revoke_keys(keys: Iterable[ApiKey], revoked: bool = True) -> int:
+    ids = [k.pk for k in keys]
+    n = ApiKey.objects.filter(pk__in=ids).update(revoked=revoked, updated=timezone.now())
+    _changed()
+    return n
+
+
+@transaction.atomic
+def delete_keys(keys: Iterable[ApiKey]) -> int:
+    n, _ = ApiKey.objects.filter(pk__in=[k.pk for k in keys]).delete()
+    _changed()
+    return n
+
+
+# -- policies --------------------------------------------------------------------------
+
+
+@transaction.atomic
+def save_policy(policy: KeyPolicy) -> KeyPolicy:
+    policy.full_clean()
+    policy.save()
+    _changed()
+    return policy
+
+
+@transaction.atomic
+def delete_policies(policies: Iterable[KeyPolicy]) -> int:
+    """Raises ``ProtectedError`` while a key follows one of them."""
+    n, _ = KeyPolicy.objects.filter(pk__in=[p.pk for p in policies]).delete()
+    _changed()
+    return n
+
+
+# -- class-lane caps -------------------------------------------------------------------
+
+
+@transaction.atomic
+def save_cap(cap: ClassLaneCap) -> ClassLaneCap:
+    cap.full_clean()
+    cap.save()
+    _changed()
+    return cap
+
+
+@transaction.atomic
+def set_cap(qos_class: int, max_lanes: int, model: str = "") -> ClassLaneCap:
+    """Create or change the cap for (model, class)."""
+    cap = ClassLaneCap.objects.filter(model=model, qos_class=qos_class).first() or ClassLaneCap(model=model, qos_class=qos_class)
+    cap.max_lanes = max_lanes
+    return save_cap(cap)
+
+
+@transaction.atomic
+def delete_caps(caps: Iterable[ClassLaneCap]) -> int:
+    n, _ = ClassLaneCap.objects.filter(pk__in=[c.pk for c in caps]).delete()
+    _changed()
+    return n

@@ -1,0 +1,276 @@
+"""The web process's view of keys, policies and class-lane caps, kept fresh without a restart.
+
+Each event loop (one per daphne process) holds a :class:`KeyRuntime`: an in-memory snapshot of
+every key, policy and cap, so admission never waits on the database. A background task reads
+``ConfigVersion`` every ``POLL_S`` (or at once when ``keys.actions`` pokes it after a commit in this
+process) and reloads everything when the number moved; then it pushes the class-lane caps for the
+served model to the engine worker (``LinkClient.send_config``, which sends them again after every
+reconnect). A change made anywhere, the admin or ``manage.py revokekey`` in another process, so
+reaches admission and the worker within about ``POLL_S`` plus one reload.
+
+Rate buckets and concurrency slots live here too: per process, in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from scheduler.core.qos import QosClass
+
+from .credentials import digest_of, digests_match
+from .limits import BucketSet, ConcurrencySlots
+
+log = logging.getLogger("superfluid.keys")
+
+POLL_S = 0.25
+LAST_USED_EVERY_S = 60.0  # last_used is written at most this often per key
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    default_class: QosClass = QosClass.AGENT
+    max_class: QosClass = QosClass.AGENT
+    allow_batch_invariant: bool = False
+    rate_limit_rpm: int = 0
+    max_concurrent: int = 0
+    priority_offset: int = 0
+    allowed_models: tuple[str, ...] = ()
+    is_admin: bool = False
+
+    def allows_model(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+
+@dataclass(frozen=True)
+class Key:
+    id: int
+    name: str
+    digest: str
+    policy: Policy | None = None
+    expires: datetime | None = None
+    revoked: bool = False
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
+
+
+@dataclass
+class Snapshot:
+    version: int = -1
+    keys_by_digest: dict[str, Key] = field(default_factory=dict)
+    class_lanes: dict[str, dict[QosClass, int]] = field(default_factory=dict)  # model ("" = all) -> caps
+
+    def lookup(self, secret: str) -> Key | None:
+        """The key whose digest is sha256(secret). A dict finds it by digest; compare_digest
+        confirms it without an early-exit comparison."""
+        digest = digest_of(secret)
+        key = self.keys_by_digest.get(digest)
+        if key is None or not digests_match(key.digest, digest):
+            return None
+        return key
+
+    def caps_for(self, model: str) -> dict[str, int]:
+        """Caps for ``model``: the all-models rows, overridden by the model's own."""
+        caps = dict(self.class_lanes.get("", {}))
+        if model:
+            caps.update(self.class_lanes.get(model, {}))
+        return {qos.label: n for qos, n in sorted(caps.items())}
+
+
+def read_version() -> int:
+    from .models import ConfigVersion
+
+    return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+
+
+def load_snapshot() -> Snapshot:
+    """Everything admission needs, in one read (the tables are small). The version is read first:
+    a change committed meanwhile leaves newer rows under an older number, read again next poll."""
+    from .models import ApiKey, ClassLaneCap
+
+    version = read_version()
+    policies: dict[int, Policy] = {}
+    keys: dict[str, Key] = {}
+    for row in ApiKey.objects.select_related("policy"):
+        policy = None
+        if row.policy is not None:
+            p = row.policy
+            policy = policies.get(p.pk)
+            if policy is None:
+                policy = policies[p.pk] = Policy(
+                    name=p.name,
+                    default_class=QosClass(p.default_class),
+                    max_class=QosClass(p.max_class),
+                    allow_batch_invariant=p.allow_batch_invariant,
+                    rate_limit_rpm=p.rate_limit_rpm,
+                    max_concurrent=p.max_concurrent,
+                    priority_offset=p.priority_offset,
+                    allowed_models=tuple(p.model_list),
+                    is_admin=p.is_admin,
+                )
+        keys[row.digest] = Key(id=row.pk, name=row.name, digest=row.digest, policy=policy, expires=row.expires, revoked=row.revoked)
+    caps: dict[str, dict[QosClass, int]] = {}
+    for cap in ClassLaneCap.objects.all():
+        caps.setdefault(cap.model, {})[QosClass(cap.qos_class)] = cap.max_lanes
+    return Snapshot(version=version, keys_by_digest=keys, class_lanes=caps)
+
+
+def _guarded(fn: Any) -> Any:
+    """Run a DB read; on failure drop this thread's connection so the next try opens a new one."""
+
+    def run(*args: Any) -> Any:
+        from django.db import close_old_connections, connection
+
+        close_old_connections()
+        try:
+            return fn(*args)
+        except Exception:
+            connection.close()
+            raise
+
+    return run
+
+
+_read_version = sync_to_async(_guarded(read_version), thread_sensitive=True)
+_load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
+
+
+def _write_last_used(key_id: int) -> None:
+    from .models import ApiKey
+
+    ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
+
+
+_touch = sync_to_async(_guarded(_write_last_used), thread_sensitive=True)
+
+
+class KeyRuntime:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True) -> None:
+        self.loop = loop
+        self.watch = watch  # False: a fixed snapshot (tests)
+        self.snapshot = Snapshot()
+        self.loaded = asyncio.Event()
+        self.poke = asyncio.Event()
+        self.buckets = BucketSet()  # requests per minute: ("key", name) or ("ip", address)
+        self.completion_buckets = BucketSet()  # fill-in-the-middle, per key name or client IP
+        self.slots = ConcurrencySlots()  # per key name
+        self.sent_caps: dict[str, int] | None = None
+        self._last_used: dict[int, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._lock = asyncio.Lock()  # one refresh at a time
+
+    def start(self) -> None:
+        if self._task is None and self.watch:
+            self._task = self.loop.create_task(self._run(), name="superfluid-keys")
+
+    async def ready(self, timeout_s: float = 10.0) -> Snapshot:
+        """The snapshot, after the first load has finished. When a change was committed in this
+        process (the admin) and not yet read, read it first: the next request sees it."""
+        self.start()
+        if not self.loaded.is_set():
+            await asyncio.wait_for(self.loaded.wait(), timeout_s)
+        if self.watch and self.poke.is_set():
+            self.poke.clear()
+            with contextlib.suppress(Exception):  # the watcher logs failures and tries again
+                await asyncio.wait_for(self.refresh(), timeout_s)
+        return self.snapshot
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            self.poke.clear()  # before reading: a change committed during the read pokes again
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("could not read keys and policies; keeping the last ones")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.poke.wait(), POLL_S)
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            if not self.loaded.is_set() or await _read_version() != self.snapshot.version:
+                self.snapshot = await _load_snapshot()
+                self.loaded.set()
+            await self.push_caps()
+
+    def served_model(self) -> str:
+        if settings.SUPERFLUID_MODELS:
+            return str(settings.SUPERFLUID_MODELS[0])
+        from scheduler.link.client import _clients
+
+        link = _clients.get(id(self.loop))
+        return str(link.hello["model"]) if link is not None and link.hello else ""
+
+    async def push_caps(self) -> None:
+        """Send the served model's caps to the worker when they changed (the link client sends
+        them again by itself after a reconnect)."""
+        caps = self.snapshot.caps_for(self.served_model())
+        if caps == self.sent_caps:
+            return
+        from scheduler.link.client import get_link
+
+        await get_link().send_config({"class_lanes": caps})
+        self.sent_caps = caps
+        log.info("class-lane caps sent to the engine worker: %s", caps or "(the flags' caps)")
+
+    def touch(self, key: Key) -> None:
+        """Note that ``key`` was used: written to the database at most once a minute per key."""
+        now = time.monotonic()
+        last = self._last_used.get(key.id)
+        if last is not None and now - last < LAST_USED_EVERY_S:
+            return
+        self._last_used[key.id] = now
+        task = self.loop.create_task(self._write_touch(key.id))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _write_touch(self, key_id: int) -> None:
+        try:
+            await _touch(key_id)
+        except Exception:
+            log.exception("could not record the last use of key %s", key_id)
+
+
+_runtimes: dict[int, KeyRuntime] = {}
+_lock = threading.Lock()
+
+
+def get_runtime() -> KeyRuntime:
+    """This event loop's runtime, started on first use."""
+    loop = asyncio.get_running_loop()
+    with _lock:
+        rt = _runtimes.get(id(loop))
+        if rt is None or rt.loop is not loop:
+            rt = _runtimes[id(loop)] = KeyRuntime(loop)
+    rt.start()
+    return rt
+
+
+def poke_all() -> None:
+    """Ask every runtime in this process to re-read now (called after a commit; any thread)."""
+    with _lock:
+        runtimes = list(_runtimes.values())
+    for rt in runtimes:
+        with contextlib.suppress(RuntimeError):  # a loop that has closed
+            rt.loop.call_soon_threadsafe(rt.poke.set)

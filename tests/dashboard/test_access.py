@@ -1,0 +1,117 @@
+"""Who may see the dashboard: staff only, on the page and on its websocket; what the feed pushes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from dashboard import feed as dashboard_feed
+from dashboard.feed import dashboard_state
+from scheduler.link import client as link_client
+
+ORIGIN = (b"origin", b"http://127.0.0.1:8000")
+
+
+def make_user(username: str, *, staff: bool) -> Any:
+    return get_user_model().objects.create_user(username, password="pw-" + username, is_staff=staff)
+
+
+def session_cookie(user: Any) -> bytes:
+    c = Client()
+    c.force_login(user)
+    return f"sessionid={c.cookies['sessionid'].value}".encode()
+
+
+def application() -> Any:
+    from superfluid_site.asgi import application as app
+
+    return app
+
+
+@pytest.mark.django_db
+def test_anonymous_and_non_staff_users_are_sent_to_the_login_page(client: Client) -> None:
+    r = client.get("/dashboard/")
+    assert r.status_code == 302 and r["Location"] == "/admin/login/?next=/dashboard/"
+    client.force_login(make_user("carol", staff=False))
+    r = client.get("/dashboard/")
+    assert r.status_code == 302 and r["Location"].startswith("/admin/login/")
+
+
+@pytest.mark.django_db
+def test_staff_get_the_page_with_its_script_and_no_external_resource(client: Client) -> None:
+    client.force_login(make_user("sam", staff=True))
+    r = client.get("/dashboard/")
+    assert r.status_code == 200
+    body = r.content.decode()
+    assert 'id="lanes"' in body and "/ws/dashboard/" in body and "chart-decode" in body
+    assert not any(f'{attr}="{scheme}' in body for attr in ("src", "href") for scheme in ("http:", "https:", "//"))  # offline: nothing from a CDN
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_websocket_refuses_anonymous_users() -> None:
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN])
+    connected, code = await comm.connect()
+    assert not connected and code == 4403
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_websocket_refuses_non_staff_users_and_foreign_origins() -> None:
+    user = await sync_to_async(make_user)("nina", staff=False)
+    cookie = await sync_to_async(session_cookie)(user)
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    assert not connected
+    staff = await sync_to_async(make_user)("sid", staff=True)
+    cookie = await sync_to_async(session_cookie)(staff)
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[(b"origin", b"http://evil.example"), (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    assert not connected
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    user = await sync_to_async(make_user)("sue", staff=True)
+    cookie = await sync_to_async(session_cookie)(user)
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    try:
+        assert connected
+        state = {
+            "model": "m",
+            "tick": 7,
+            "lanes": [{"lane": 0, "state": "prefill", "job_id": "j", "class": "agent", "prompt_tokens": 100, "prompt_done": 40, "generated": 0}],
+            "queue_depth": {"agent": 2},
+            "counters": {"preemptions": 1},
+            "metrics": {"superfluid_decode_tokens_total": {"type": "counter", "help": "", "samples": [[{}, 55]]}},
+        }
+        for tick in range(3):  # bursts are throttled: the latest one is what arrives
+            dashboard_feed.on_snapshot({**state, "tick": 7 + tick})
+        message = await comm.receive_json_from(timeout=3)
+        assert message["type"] == "state"
+        got = message["state"]
+        assert got["lanes"][0]["state"] == "prefill" and got["queue_depth"] == {"agent": 2}
+        assert got["tokens"]["decode"] == 55
+        assert got["tick"] in (7, 9)
+        if got["tick"] == 7:
+            assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 9
+        assert "metrics" not in got
+    finally:
+        await comm.disconnect()
+        link = link_client._clients.pop(id(asyncio.get_running_loop()), None)
+        if link is not None:
+            await link.stop()
+
+
+def test_dashboard_state_is_plain_json_without_text() -> None:
+    import json
+
+    out = dashboard_state({"lanes": [], "metrics": {"superfluid_ttft_seconds": {"type": "histogram", "help": "", "samples": [[{"class": "agent"}, {"buckets": [["+Inf", 2]], "sum": 0.5, "count": 2}]]}}})
+    assert out["ttft"] == {"sum": 0.5, "count": 2}
+    json.dumps(out, allow_nan=False)

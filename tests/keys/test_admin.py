@@ -1,0 +1,103 @@
+"""The admin, through Django's test client: the secret shown once, saves that bump the version."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client, override_settings
+
+from keys import actions
+from keys.credentials import digest_of
+from keys.models import ApiKey, ClassLaneCap, ConfigVersion, KeyPolicy
+from keys.runtime import read_version
+from scheduler.core.qos import QosClass
+
+SECRET = re.compile(r"sf-[A-Za-z0-9_-]{43}")
+
+POLICY_FORM = {
+    "name": "team",
+    "default_class": str(int(QosClass.AGENT)),
+    "max_class": str(int(QosClass.COMPLETION)),
+    "rate_limit_rpm": "0",
+    "max_concurrent": "0",
+    "priority_offset": "0",
+    "allowed_models": "",
+}
+
+
+@pytest.mark.django_db
+def test_adding_a_key_shows_its_secret_once_and_stores_only_the_digest(admin_client: Client) -> None:
+    policy = actions.save_policy(KeyPolicy(name="team"))
+    before = read_version()
+    r = admin_client.post("/admin/keys/apikey/add/", {"name": "alice", "policy": str(policy.pk), "owner": "Alice", "notes": "", "expires_0": "", "expires_1": ""})
+    assert r.status_code == 200 and "no-store" in r["Cache-Control"]
+    page = r.content.decode()
+    secrets = set(SECRET.findall(page))
+    assert len(secrets) == 1
+    secret = secrets.pop()
+    key = ApiKey.objects.get(name="alice")
+    assert key.digest == digest_of(secret) and key.prefix == secret[:8] and key.policy == policy
+    assert read_version() == before + 1
+    # never again: not on the change page, the list, or in the session or message cookies
+    for url in (f"/admin/keys/apikey/{key.pk}/change/", "/admin/keys/apikey/", "/admin/keys/apikey/?q=alice"):
+        later = admin_client.get(url)
+        assert later.status_code == 200 and secret not in later.content.decode()
+        assert key.prefix in later.content.decode()
+    assert all(secret not in str(c.value) for c in admin_client.cookies.values())
+    assert secret not in str(dict(admin_client.session))
+
+
+@pytest.mark.django_db
+def test_the_revoke_action_revokes_and_bumps_the_version(admin_client: Client) -> None:
+    actions.create_key(ApiKey(name="a"))
+    actions.create_key(ApiKey(name="b"))
+    a = ApiKey.objects.get(name="a")
+    before = read_version()
+    r = admin_client.post("/admin/keys/apikey/", {"action": "revoke_selected", "_selected_action": [str(a.pk)], "index": "0"})
+    assert r.status_code == 302
+    assert ApiKey.objects.get(name="a").revoked and not ApiKey.objects.get(name="b").revoked
+    assert read_version() == before + 1
+    listing = admin_client.get("/admin/keys/apikey/?status=revoked").content.decode()
+    assert ">a<" in listing and ">b<" not in listing
+
+
+@pytest.mark.django_db
+def test_editing_a_policy_in_the_admin_saves_through_the_action(admin_client: Client) -> None:
+    r = admin_client.post("/admin/keys/keypolicy/add/", POLICY_FORM)
+    assert r.status_code == 302, r.content.decode()[:2000]
+    policy = KeyPolicy.objects.get(name="team")
+    version = ConfigVersion.objects.get(pk=1).version
+    r = admin_client.post(f"/admin/keys/keypolicy/{policy.pk}/change/", {**POLICY_FORM, "default_class": str(int(QosClass.COMPLETION))})
+    assert r.status_code == 302
+    assert KeyPolicy.objects.get(pk=policy.pk).default_class == QosClass.COMPLETION
+    assert ConfigVersion.objects.get(pk=1).version == version + 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("field", "value"), [("max_class", str(int(QosClass.BACKGROUND))), ("priority_offset", "40"), ("priority_offset", "-40")])
+def test_the_policy_form_refuses_what_could_break_the_rules(admin_client: Client, field: str, value: str) -> None:
+    r = admin_client.post("/admin/keys/keypolicy/add/", {**POLICY_FORM, field: value})
+    assert r.status_code == 200 and "errornote" in r.content.decode()
+    assert not KeyPolicy.objects.exists()
+
+
+@pytest.mark.django_db
+@override_settings(SUPERFLUID_MAX_BATCH=4)
+def test_a_class_lane_cap_above_max_batch_is_refused_in_the_admin(admin_client: Client) -> None:
+    form = {"model": "", "qos_class": str(int(QosClass.BACKGROUND)), "max_lanes": "5"}
+    r = admin_client.post("/admin/keys/classlanecap/add/", form)
+    assert r.status_code == 200 and "--max-batch (4)" in r.content.decode()
+    r = admin_client.post("/admin/keys/classlanecap/add/", {**form, "max_lanes": "2"})
+    assert r.status_code == 302
+    assert ClassLaneCap.objects.get().max_lanes == 2
+
+
+@pytest.mark.django_db
+def test_the_admin_pages_render(admin_client: Client) -> None:
+    actions.create_key(ApiKey(name="k", policy=actions.save_policy(KeyPolicy(name="p"))))
+    actions.set_cap(int(QosClass.BACKGROUND), 2)
+    for url in ("/admin/", "/admin/keys/", "/admin/keys/apikey/", "/admin/keys/apikey/add/", "/admin/keys/keypolicy/",
+                "/admin/keys/keypolicy/add/", "/admin/keys/classlanecap/", "/admin/keys/classlanecap/add/",
+                "/admin/keys/apikey/?status=active", "/admin/keys/apikey/?status=expired"):
+        assert admin_client.get(url).status_code == 200, url

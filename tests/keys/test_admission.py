@@ -1,0 +1,238 @@
+"""Admission rules in-process, on a fixed snapshot of keys: who may ask for what, and the limits.
+
+The same rules run end to end against a real server in ``test_e2e_keys.py``; here each rule is
+checked on its own, quickly, with the settings it depends on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from api.admission import Admission, Principal, admit, authenticate
+from api.errors import ApiError
+from api.schemas import GenerationRequest
+from keys.credentials import digest_of
+from keys.runtime import Key, KeyRuntime, Policy, Snapshot
+from scheduler.core.qos import QosClass
+
+MODEL = "m"
+IP = ("10.0.0.7", 5555)
+
+
+def runtime(*keys: tuple[str, Key]) -> KeyRuntime:
+    """A runtime on the running loop with these (secret, key) pairs and no database watcher."""
+    rt = KeyRuntime(asyncio.get_running_loop(), watch=False)
+    rt.snapshot = Snapshot(version=1, keys_by_digest={k.digest: k for _, k in keys})
+    rt.loaded.set()
+    rt.touch = lambda key: None  # type: ignore[method-assign]
+    return rt
+
+
+def key(secret: str, name: str, policy: Policy | None = None, **fields: object) -> tuple[str, Key]:
+    return secret, Key(id=abs(hash(name)) % 10_000, name=name, digest=digest_of(secret), policy=policy, **fields)  # type: ignore[arg-type]
+
+
+def chat(**fields: object) -> GenerationRequest:
+    return GenerationRequest(endpoint="chat", model=MODEL, messages=[{"role": "user", "content": "hi"}], **fields)  # type: ignore[arg-type]
+
+
+def fim() -> GenerationRequest:
+    return GenerationRequest(endpoint="completions", model=MODEL, prompt="def f(", suffix="return x")
+
+
+def bearer(secret: str, **extra: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {secret}", **extra}
+
+
+async def expect(code: str, coro: object) -> ApiError:
+    with pytest.raises(ApiError) as err:
+        await coro  # type: ignore[misc]
+    assert err.value.code == code, err.value
+    return err.value
+
+
+# -- authentication ----------------------------------------------------------------------
+
+
+@override_settings(SUPERFLUID_KEYS_REQUIRED=True)
+async def test_a_missing_or_unknown_key_is_401_when_keys_are_required() -> None:
+    rt = runtime(key("sf-good", "good"))
+    err = await expect("invalid_api_key", authenticate({}, IP, rt))
+    assert err.status == 401 and err.type == "authentication_error"
+    await expect("invalid_api_key", authenticate(bearer("sf-bad"), IP, rt))
+    principal = await authenticate({"x-api-key": "sf-good"}, IP, rt)
+    assert principal.key_name == "good" and principal.client_ip == "10.0.0.7"
+
+
+@override_settings(SUPERFLUID_KEYS_REQUIRED=False)
+async def test_without_required_keys_an_unknown_key_is_anonymous() -> None:
+    rt = runtime(key("sf-good", "good"))
+    principal = await authenticate(bearer("unused"), IP, rt)  # what the openai client sends
+    assert principal.key is None and principal.client_id == "ip:10.0.0.7"
+
+
+@pytest.mark.parametrize("required", [True, False])
+async def test_revoked_and_expired_keys_are_always_401(required: bool) -> None:
+    past = timezone.now() - timedelta(seconds=1)
+    rt = runtime(key("sf-rev", "rev", revoked=True), key("sf-old", "old", expires=past))
+    with override_settings(SUPERFLUID_KEYS_REQUIRED=required):
+        err = await expect("invalid_api_key", authenticate(bearer("sf-rev"), IP, rt))
+        assert "revoked" in err.message and "sf-rev" not in err.message
+        await expect("invalid_api_key", authenticate(bearer("sf-old"), IP, rt))
+
+
+async def test_a_key_expiring_later_still_works() -> None:
+    rt = runtime(key("sf-new", "new", expires=timezone.now() + timedelta(hours=1)))
+    assert (await authenticate(bearer("sf-new"), IP, rt)).key_name == "new"
+
+
+# -- class and priority ------------------------------------------------------------------
+
+AGENT_UP_TO_COMPLETION = Policy(name="p", default_class=QosClass.AGENT, max_class=QosClass.COMPLETION)
+
+
+async def test_the_keys_default_class_applies_when_the_request_names_none() -> None:
+    bg = Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND)
+    rt = runtime(key("sf-k", "k", bg))
+    admission = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.BACKGROUND and admission.key_name == "k"
+
+
+async def test_a_key_may_demote_freely_and_ask_up_to_its_best_class() -> None:
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    for asked, got in [("background", QosClass.BACKGROUND), ("agent", QosClass.AGENT), ("completion", QosClass.COMPLETION)]:
+        admission = await admit(bearer("sf-k", **{"x-superfluid-qos": asked}), IP, chat(), runtime=rt)
+        assert admission.qos is got
+
+
+async def test_asking_above_the_best_class_is_403_by_header_or_by_priority_band() -> None:
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    err = await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-superfluid-qos": "interactive"}), IP, chat(), runtime=rt))
+    assert err.status == 403 and err.type == "permission_error"
+    await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-llamaswap-priority": "interactive"}), IP, chat(), runtime=rt))
+    low = await admit(bearer("sf-k", **{"x-llamaswap-priority": "batch"}), IP, chat(), runtime=rt)
+    assert low.qos is QosClass.BACKGROUND
+
+
+@override_settings(SUPERFLUID_HTTP_QOS_HEADER=False)
+async def test_without_the_qos_header_the_key_default_holds_and_priority_only_orders() -> None:
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    headers = bearer("sf-k", **{"x-superfluid-qos": "interactive", "x-llamaswap-priority": "100"})
+    admission = await admit(headers, IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.AGENT and admission.priority == 100
+
+
+async def test_without_a_policy_the_server_defaults_hold() -> None:
+    rt = runtime(key("sf-k", "k"))
+    admission = await admit(bearer("sf-k", **{"x-superfluid-qos": "interactive"}), IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.INTERACTIVE  # the seed's warning: lock the header down with policies
+
+
+@pytest.mark.parametrize(("header", "offset", "priority", "band"), [(None, 2, 2, "normal"), ("batch", 2, -98, "batch"), ("interactive", -39, 61, "interactive"), ("-100", 39, -61, "batch")])
+async def test_the_tier_offset_is_added_to_the_priority_without_crossing_a_band(header: str | None, offset: int, priority: int, band: str) -> None:
+    p = Policy(name="tier", default_class=QosClass.AGENT, max_class=QosClass.INTERACTIVE, priority_offset=offset)
+    rt = runtime(key("sf-k", "k", p))
+    headers = bearer("sf-k", **({"x-llamaswap-priority": header} if header else {}))
+    admission = await admit(headers, IP, chat(), runtime=rt)
+    assert admission.priority == priority and admission.band == band
+
+
+async def test_fill_in_the_middle_runs_as_completion_whatever_the_key_asks() -> None:
+    bg = Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND)
+    rt = runtime(key("sf-k", "k", bg))
+    admission = await admit(bearer("sf-k", **{"x-superfluid-qos": "interactive"}), IP, fim(), runtime=rt)
+    assert admission.qos is QosClass.COMPLETION
+
+
+# -- models and batch-invariant ------------------------------------------------------------
+
+
+async def test_a_model_outside_the_policy_is_403() -> None:
+    p = Policy(name="p", allowed_models=("other",))
+    rt = runtime(key("sf-k", "k", p))
+    err = await expect("model_forbidden", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    assert err.status == 403 and err.param == "model"
+
+
+async def test_batch_invariant_needs_the_policy_or_the_server_flag() -> None:
+    granted = Policy(name="bi", allow_batch_invariant=True)
+    rt = runtime(key("sf-plain", "plain", Policy(name="p")), key("sf-bi", "bi", granted))
+    headers = {"x-superfluid-batch-invariant": "true"}
+    await expect("batch_invariant_forbidden", admit(bearer("sf-plain", **headers), IP, chat(), runtime=rt))
+    assert (await admit(bearer("sf-bi", **headers), IP, chat(), runtime=rt)).batch_invariant
+    with override_settings(SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT=True):
+        assert (await admit(bearer("sf-plain", **headers), IP, chat(), runtime=rt)).batch_invariant
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+async def test_the_keys_rpm_bucket_gives_429_with_retry_after() -> None:
+    rt = runtime(key("sf-k", "k", Policy(name="p", rate_limit_rpm=2)))
+    for _ in range(2):
+        await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    err = await expect("rate_limit_exceeded", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    assert err.status == 429 and err.type == "rate_limit_error" and 1 <= int(err.headers["Retry-After"]) <= 30
+
+
+@override_settings(SUPERFLUID_RATE_LIMIT=2)
+async def test_the_per_ip_limit_applies_without_a_key_limit_and_a_limited_key_is_exempt() -> None:
+    rt = runtime(key("sf-own", "own", Policy(name="own", rate_limit_rpm=100)), key("sf-none", "none"))
+    for _ in range(2):
+        await admit({}, IP, chat(), runtime=rt)
+    await expect("rate_limit_exceeded", admit({}, IP, chat(), runtime=rt))
+    await expect("rate_limit_exceeded", admit(bearer("sf-none"), IP, chat(), runtime=rt))  # same IP, no own limit
+    for _ in range(5):
+        await admit(bearer("sf-own"), IP, chat(), runtime=rt)  # its own limit instead
+    await admit({}, ("10.0.0.8", 1), chat(), runtime=rt)  # another address has its own bucket
+
+
+async def test_concurrency_slots_are_held_until_release() -> None:
+    rt = runtime(key("sf-k", "k", Policy(name="p", max_concurrent=1)))
+    first: Admission = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    err = await expect("concurrency_limit_exceeded", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    assert err.status == 429 and err.headers["Retry-After"] == "1"
+    await first.release()
+    await first.release()  # twice is harmless
+    second = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    await second.release()
+
+
+async def test_a_refused_request_takes_no_rate_token() -> None:
+    rt = runtime(key("sf-k", "k", Policy(name="p", rate_limit_rpm=1, max_concurrent=1)))
+    held = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    rt.buckets.buckets[("key", "k")].tokens = 1.0  # as if a minute had passed
+    await expect("concurrency_limit_exceeded", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    await held.release()
+    await admit(bearer("sf-k"), IP, chat(), runtime=rt)  # the token is still there
+
+
+@override_settings(SUPERFLUID_COMPLETION_RATE="1/m", SUPERFLUID_COMPLETION_BURST=2)
+async def test_fill_in_the_middle_has_its_own_bucket_per_key_or_ip() -> None:
+    rt = runtime(key("sf-k", "k"))
+    for _ in range(2):
+        await admit(bearer("sf-k"), IP, fim(), runtime=rt)
+    err = await expect("completion_rate_limited", admit(bearer("sf-k"), IP, fim(), runtime=rt))
+    assert err.status == 429 and int(err.headers["Retry-After"]) >= 1
+    await admit(bearer("sf-k"), IP, chat(), runtime=rt)  # other requests are not counted
+    for _ in range(2):  # the same address without the key is another client
+        await admit({}, IP, fim(), runtime=rt)
+    await expect("completion_rate_limited", admit({}, IP, fim(), runtime=rt))
+
+
+@override_settings(SUPERFLUID_COMPLETION_RATE="0")
+async def test_a_zero_completion_rate_turns_the_bucket_off() -> None:
+    rt = runtime()
+    for _ in range(30):
+        await admit({}, IP, fim(), runtime=rt)
+
+
+def test_a_principal_names_its_client_by_key_else_by_address() -> None:
+    _, k = key("sf-k", "k")
+    assert Principal(k, "1.2.3.4").client_id == "key:k"
+    assert Principal(None, "1.2.3.4").client_id == "ip:1.2.3.4"

@@ -1,0 +1,117 @@
+"""The activity log: one row per request from record_request(), no text, retention, admin."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import logging
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib import admin
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+
+from activity import log as activity_log
+from activity.models import ActivityEntry
+from api.records import RequestRecord, access_line, record_request
+
+
+def full_record() -> RequestRecord:
+    return RequestRecord(
+        endpoint="chat",
+        request_id="abc123",
+        model="SmolLM2",
+        key_name="alice",
+        client_ip="127.0.0.1",
+        qos="interactive",
+        priority=100,
+        band="interactive",
+        stream=True,
+        status=200,
+        finish_reason="stop",
+        usage={"prompt_tokens": 40, "completion_tokens": 12, "cached_tokens": 32},
+        timing={"queue_wait_ms": 1.5, "ttft_ms": 80.0, "total_ms": 400.0, "preemptions": 1},
+        serial={"serial_priority": 100, "serial_band": "interactive", "serial_score": 110.0, "serial_queue_wait_ms": 1.5},
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_record_request_writes_one_row_with_every_field_and_no_text() -> None:
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: lines.append(rec.getMessage())  # type: ignore[method-assign]
+    access = logging.getLogger("superfluid.access")
+    access.addHandler(handler)
+    try:
+        await record_request(full_record())
+    finally:
+        access.removeHandler(handler)
+    rows = await sync_to_async(list)(ActivityEntry.objects.all())
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row.key_name, row.model, row.endpoint, row.qos_class, row.priority, row.band) == ("alice", "SmolLM2", "chat", "interactive", 100, "interactive")
+    assert (row.serial_priority, row.serial_band, row.serial_score, row.serial_queue_wait_ms) == (100, "interactive", 110.0, 1.5)
+    assert (row.queue_wait_ms, row.ttft_ms, row.total_ms, row.preemptions) == (1.5, 80.0, 400.0, 1)
+    assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (40, 32, 12)
+    assert (row.finish_reason, row.status, row.error_code, row.stream) == ("stop", 200, "", True)
+    assert len(lines) == 1 and "key=alice" in lines[0] and "score=110.0" in lines[0] and "cached=32" in lines[0]
+
+
+def test_the_model_has_no_field_that_could_hold_prompt_or_reply_text() -> None:
+    names = {f.name for f in ActivityEntry._meta.get_fields()}
+    assert not names & {"prompt", "messages", "content", "text", "reply", "completion", "suffix", "body"}
+    for f in ActivityEntry._meta.get_fields():
+        assert getattr(f, "max_length", 0) is None or getattr(f, "max_length", 0) <= 200, f.name
+    assert "Paris" not in access_line(full_record())
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_error_record_is_stored_with_its_status_and_code() -> None:
+    await record_request(RequestRecord(endpoint="completions", status=400, error_code="context_length_exceeded"))
+    row = await ActivityEntry.objects.aget()
+    assert (row.status, row.error_code, row.key_name, row.ttft_ms) == (400, "context_length_exceeded", "", None)
+
+
+@pytest.mark.django_db
+def test_prune_keeps_the_retention_window_and_the_command_reports_it(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.SUPERFLUID_ACTIVITY_RETENTION_DAYS = 30
+    now = timezone.now()
+    for days in (1, 29, 31, 400):
+        ActivityEntry.objects.create(endpoint="chat", time=now - datetime.timedelta(days=days))
+    assert activity_log.prune() == 2
+    assert ActivityEntry.objects.count() == 2
+    out = io.StringIO()
+    call_command("pruneactivity", "--days", "7", stdout=out)
+    assert "deleted 1 activity entries older than 7 days" in out.getvalue()
+    assert ActivityEntry.objects.count() == 1
+    settings.SUPERFLUID_ACTIVITY_RETENTION_DAYS = 0
+    assert activity_log.prune() == 0  # 0 keeps everything
+
+
+@pytest.mark.django_db
+def test_writes_prune_at_most_once_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(activity_log, "prune", lambda days=None: calls.append(1) or 0)
+    monkeypatch.setattr(activity_log, "_last_prune", None)
+    activity_log.maybe_prune(now=1000.0)
+    activity_log.maybe_prune(now=1000.0 + 1800)
+    activity_log.maybe_prune(now=1000.0 + 3601)
+    assert len(calls) == 2
+
+
+@pytest.mark.django_db
+def test_admin_browses_the_log_read_only_with_filters_and_search(admin_client: Client) -> None:
+    model_admin = admin.site._registry[ActivityEntry]
+    assert {"qos_class", "band", "status", "key_name", "endpoint"} <= set(model_admin.list_filter)
+    assert model_admin.date_hierarchy == "time"
+    ActivityEntry.objects.create(endpoint="chat", key_name="alice", qos_class="agent", status=200, finish_reason="stop")
+    ActivityEntry.objects.create(endpoint="chat", key_name="bob", qos_class="background", status=429, error_code="rate_limit_exceeded")
+    page = admin_client.get("/admin/activity/activityentry/?qos_class__exact=background")
+    assert page.status_code == 200
+    body = page.content.decode()
+    results = body.split('id="result_list"')[1].split("</table>")[0]
+    assert "rate_limit_exceeded" in results and "bob" in results and "alice" not in results
+    assert admin_client.get("/admin/activity/activityentry/?q=alice").status_code == 200
+    assert admin_client.get("/admin/activity/activityentry/add/").status_code == 403
