@@ -12,14 +12,17 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-from dashboard.feed import on_snapshot as on_dashboard_snapshot
 
 from .protocol import MAX_LINE_BYTES, decode, encode, error_dict
 
 log = logging.getLogger("superfluid.link")
+
+# Called with every worker snapshot, on the event loop. Apps register here (the dashboard's feed
+# does in its AppConfig.ready) so the link knows nothing about who listens.
+SNAPSHOT_LISTENERS: list[Callable[[dict[str, Any]], None]] = []
 
 
 @dataclass(eq=False)
@@ -174,7 +177,8 @@ class LinkClient:
         ev = message.get("ev")
         if ev == "snapshot":
             self.snapshot = message.get("state")
-            on_dashboard_snapshot(self.snapshot)  # the live dashboard's feed (throttled there)
+            for listener in SNAPSHOT_LISTENERS:
+                listener(self.snapshot or {})
             return
         handle = self.inflight.get(str(message.get("id")))
         if handle is None:
