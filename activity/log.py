@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,14 @@ def retention_days() -> int:
     return int(getattr(settings, "SUPERFLUID_ACTIVITY_RETENTION_DAYS", 30))
 
 
+def _ip(value: str | None) -> str | None:
+    """A client address the database's IP type accepts, or None (a Unix socket peer, say)."""
+    try:
+        return str(ipaddress.ip_address(value)) if value else None
+    except ValueError:
+        return None
+
+
 def entry_fields(record: RequestRecord) -> dict[str, Any]:
     """The row for one request: identifiers, decisions, timings and counts; no text."""
     usage, timing, serial = record.usage or {}, record.timing or {}, record.serial or {}
@@ -35,7 +44,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.timezone.utc),
         "request_id": (record.request_id or "")[:64],
         "key_name": (record.key_name or "")[:200],
-        "client_ip": record.client_ip or None,
+        "client_ip": _ip(record.client_ip),
         "model": (record.model or "")[:200],
         "endpoint": record.endpoint[:32],
         "stream": bool(record.stream),

@@ -7,7 +7,7 @@ import time
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
-from scheduler.link.client import get_link
+from scheduler.link.client import LinkClient, get_link
 
 from . import responses
 from .admission import key_required
@@ -59,6 +59,12 @@ async def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "model": link.hello["model"], "worker_pid": link.hello["pid"], "worker_restarts": link.worker_restarts})
 
 
+def _inflight_key(link: LinkClient, job_id: str | None) -> str | None:
+    """The API key name of a job this web process submitted (the worker's lanes may not say)."""
+    handle = link.inflight.get(job_id) if job_id else None
+    return handle.payload.get("key") if handle is not None else None
+
+
 @key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
     """The worker's lanes, llama-server's /slots shape plus class, state and progress."""
@@ -71,6 +77,7 @@ async def slots(request: HttpRequest) -> JsonResponse:
         generated = lane.get("generated", 0)
         out.append(
             {
+                **lane,
                 "id": lane["lane"],
                 "id_task": lane.get("job_id"),
                 "is_processing": busy,
@@ -78,10 +85,9 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "next_token": {"has_next_token": busy, "n_decoded": generated},
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),
-                "key": lane.get("key"),
+                "key": lane.get("key") or _inflight_key(link, lane.get("job_id")),
                 "class": lane.get("class"),
                 "generated": generated,
-                **lane,
             }
         )
     return JsonResponse(out, safe=False)

@@ -315,6 +315,60 @@ class Target:
     base: str
     model: str
     superfluid: bool  # has /v1/internal/state
+    pid: int | None = None  # the server process (superfluid: manage.py serve; its worker is added)
+
+    def pids(self) -> list[int]:
+        pids = [self.pid] if self.pid else []
+        if self.superfluid:
+            try:
+                worker = httpx.get(self.base + "/health", timeout=5).json().get("worker_pid")
+                if worker:
+                    pids.append(int(worker))
+            except (httpx.HTTPError, ValueError):
+                pass
+        return pids
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot (/proc/stat)."""
+    try:
+        values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except OSError:
+        return 0.0
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / _TICK
+
+
+class CpuMeter:
+    """How many cores the server used during a run, and how many everything else on the
+    machine used (other than this benchmark process): on a shared machine the second number
+    says whether a run was measured or merely survived."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.t0 = time.perf_counter()
+        self.server0 = sum(_proc_cpu_s(p) for p in pids)
+        self.busy0 = _machine_busy_s()
+        self.self0 = _proc_cpu_s(os.getpid())
+
+    def read(self) -> tuple[float, float]:
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        server = sum(_proc_cpu_s(p) for p in self.pids) - self.server0
+        me = _proc_cpu_s(os.getpid()) - self.self0
+        others = _machine_busy_s() - self.busy0 - server - me
+        return server / wall, max(others, 0.0) / wall
 
 
 def warm_up(target: Target) -> None:
@@ -399,6 +453,7 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
     jobs.append((CHAT_DELAY_S, lambda: stream_chat(target.base, chat, h, "chat")))
 
     load_before = load()
+    meter = CpuMeter(target.pids())
     sampler = StateSampler(target.base) if target.superfluid else None
     if sampler:
         sampler.__enter__()
@@ -407,6 +462,7 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
     finally:
         if sampler:
             sampler.__exit__()
+    server_cores, other_cores = meter.read()
     agents, chat_s = results[:AGENTS], results[AGENTS]
     failed = [s for s in results if not s.ok]
     row = {
@@ -417,6 +473,7 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
         "agents_max_ttft_s": max((s.ttft for s in agents if s.ttft is not None), default=None),
         "total_s": max(s.t_end for s in results) - t0,
         "chat_done_s": chat_s.t_end - chat_s.t_send,
+        "server_cores": server_cores, "other_cores": other_cores,
         "agent_prompt_tokens": [s.prompt_tokens for s in agents],
         "agent_completion_tokens": [(s.usage or {}).get("completion_tokens") for s in agents],
         "chat_prompt_tokens": chat_s.prompt_tokens,
@@ -426,7 +483,7 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
     print(f"  [{config} run {run}] chat TTFT {_fmt(row['chat_ttft_s'])} s, agents max stall {_fmt(row['agents_max_stall_s'])} s, "
           f"agents TTFT median {_fmt(row['agents_median_ttft_s'])} / max {_fmt(row['agents_max_ttft_s'])} s, total {_fmt(row['total_s'])} s; "
           f"agent prompt tokens {row['agent_prompt_tokens']}, completion {row['agent_completion_tokens']}; chat {chat_s.text!r}; "
-          f"{load_before} before, {load()} after",
+          f"{load_before} before, {load()} after; server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}",
           file=sys.stderr)
     for f in row["failed"]:
         print(f"    FAILED {f}", file=sys.stderr)
@@ -454,8 +511,8 @@ def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int,
         f"max_tokens {AGENT_MAX_TOKENS}) + 1 interactive chat {CHAT_DELAY_S:.0f} s later (max_tokens {CHAT_MAX_TOKENS}), "
         f"median of {runs} run{'s' if runs != 1 else ''}",
         "",
-        "| configuration | chat TTFT s | agents' max stall s | agents' median TTFT s | agents' max TTFT s | total s |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| configuration | chat TTFT s | agents' max stall s | agents' median TTFT s | agents' max TTFT s | total s | server cores | other cores |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for config in configs:
         rs = [r for r in rows if r["configuration"] == config]
@@ -463,12 +520,13 @@ def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int,
             continue
 
         def med(key: str) -> float:
-            return _median([r[key] for r in rs if r[key] is not None])
+            return _median([r[key] for r in rs if r.get(key) is not None])
 
         failed = sum(len(r["failed"]) for r in rs)
         note = f" ({failed} failed)" if failed else ""
         lines.append(f"| {config}{note} | {_fmt(med('chat_ttft_s'))} | {_fmt(med('agents_max_stall_s'))} | "
-                     f"{_fmt(med('agents_median_ttft_s'))} | {_fmt(med('agents_max_ttft_s'))} | {_fmt(med('total_s'), 1)} |")
+                     f"{_fmt(med('agents_median_ttft_s'))} | {_fmt(med('agents_max_ttft_s'))} | {_fmt(med('total_s'), 1)} | "
+                     f"{_fmt(med('server_cores'))} | {_fmt(med('other_cores'))} |")
     if skipped:
         lines += ["", f"llama-server skipped: {skipped}"]
     return "\n".join(lines)
@@ -500,6 +558,7 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
                 "messages": [{"role": "system", "content": systems[i]}, {"role": "user", "content": user}]}
         jobs.append((0.0, lambda b=body, i=i: stream_chat(target.base, b, {}, f"req{i}")))
     load_before = load()
+    meter = CpuMeter(target.pids())
     sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
     if sampler:
         sampler.__enter__()
@@ -508,6 +567,7 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
     finally:
         if sampler:
             sampler.__exit__()
+    server_cores, other_cores = meter.read()
     if sampler and trace_dir:
         sampler.dump(trace_dir / f"shared-prefix-{_slug(config)}-run{run}.jsonl", t0)
     ttfts = [s.ttft for s in results if s.ttft is not None]
@@ -527,10 +587,12 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
         "median_ttft_s": _median(ttfts), "p90_ttft_s": _p90(ttfts), "total_s": max(s.t_end for s in results) - t0,
         "prompt_tokens": total_prompt, "cached_tokens": total_cached, "prefix_tokens": round(statistics.mean(prefix_tokens), 1),
         "prefix_prefills": prefills, "per_request_cached": cached, "failed": failed,
+        "server_cores": server_cores, "other_cores": other_cores,
     }
     print(f"  [{config} run {run}] TTFT median {_fmt(row['median_ttft_s'])} / p90 {_fmt(row['p90_ttft_s'])} s, total {_fmt(row['total_s'])} s, "
           f"prompt {total_prompt}, cached {total_cached}, prefix {row['prefix_tokens']} tokens, prefills {_fmt(prefills)}; "
-          f"cached per request {cached}; {load_before} before, {load()} after", file=sys.stderr)
+          f"cached per request {cached}; {load_before} before, {load()} after; "
+          f"server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}", file=sys.stderr)
     for f in failed:
         print(f"    FAILED {f}", file=sys.stderr)
     return row
@@ -542,8 +604,8 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
         f"shared-prefix: {SHARED_REQUESTS} concurrent chats, system prompt ~{_fmt(_median(prefix), 0)} tokens shared or distinct, "
         f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}",
         "",
-        "| configuration | median TTFT s | p90 TTFT s | prompt tokens | cached tokens | prefills of the shared prefix |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| configuration | median TTFT s | p90 TTFT s | prompt tokens | cached tokens | prefills of the shared prefix | total s | server cores | other cores |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for config in configs:
         rs = [r for r in rows if r["configuration"] == config]
@@ -551,20 +613,47 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
             continue
 
         def med(key: str) -> float | None:
-            vals = [r[key] for r in rs if r[key] is not None]
+            vals = [r[key] for r in rs if r.get(key) is not None]
             return _median(vals) if vals else None
 
         failed = sum(len(r["failed"]) for r in rs)
         note = f" ({failed} failed)" if failed else ""
         pt, ct = med("prompt_tokens"), med("cached_tokens")
         lines.append(f"| {config}{note} | {_fmt(med('median_ttft_s'))} | {_fmt(med('p90_ttft_s'))} | "
-                     f"{_fmt(pt, 0)} | {_fmt(ct, 0)} | {_fmt(med('prefix_prefills'), 1)} |")
+                     f"{_fmt(pt, 0)} | {_fmt(ct, 0)} | {_fmt(med('prefix_prefills'), 1)} | {_fmt(med('total_s'), 1)} | "
+                     f"{_fmt(med('server_cores'))} | {_fmt(med('other_cores'))} |")
     if skipped:
         lines += ["", f"llama-server skipped: {skipped}"]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------
+
+
+def agents_plan(targets: list[Target], peer_args: str) -> list[tuple[str, Target, bool]]:
+    """(configuration, target, send class headers), in the order they run."""
+    plan = [("superfluid, class headers", targets[0], True), ("superfluid, no class headers", targets[0], False)]
+    if len(targets) > 1:
+        plan.append((f"llama-server {peer_args}", targets[1], True))
+    return plan
+
+
+def shared_plan(targets: list[Target]) -> list[tuple[str, Target, bool]]:
+    """(configuration, target, shared prefix), in the order they run."""
+    plan = [("superfluid, shared prefix", targets[0], True), ("superfluid, distinct prompts", targets[0], False)]
+    if len(targets) > 1:
+        plan += [("llama-server, shared prefix", targets[1], True), ("llama-server, distinct prompts", targets[1], False)]
+    return plan
+
+
+def print_tables(rows: list[dict[str, Any]], skipped: str | None) -> None:
+    for scenario, table in (("agents-chat", agents_chat_table), ("shared-prefix", shared_prefix_table)):
+        mine = [r for r in rows if r["scenario"] == scenario]
+        if not mine:
+            continue
+        configs = list(dict.fromkeys(r["configuration"] for r in mine))
+        print()
+        print(table(mine, configs, max(r["run"] for r in mine), skipped))
 
 
 def main() -> int:
@@ -575,8 +664,12 @@ def main() -> int:
     parser.add_argument("--serve-args", default="--max-batch 8", help="flags for manage.py serve (default: %(default)s)")
     parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server besides -m/--host/--port (default: %(default)s)")
     parser.add_argument("--trace-dir", type=Path, help="write superfluid's /v1/internal/state samples (JSONL) here")
-    parser.add_argument("--json", type=Path, help="also write every run's measurements to this file")
+    parser.add_argument("--json", type=Path, help="also write every run's measurements to this file (after each run)")
+    parser.add_argument("--tables-from", type=Path, help="only print the tables from a --json file written earlier")
     args = parser.parse_args()
+    if args.tables_from:
+        print_tables(json.loads(args.tables_from.read_text()), None)
+        return 0
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     if args.trace_dir:
@@ -594,57 +687,56 @@ def main() -> int:
             skipped = INSTALL_HINT
             print(f"NOTE: {INSTALL_HINT}; running superfluid only.", file=sys.stderr)
 
-    servers: list[Any] = []
+    factories: dict[str, Callable[[], Any]] = {"superfluid": lambda: RunningServer(*shlex.split(args.serve_args))}
+    if peer_binary is not None:
+        factories["llama-server"] = lambda: PeerServer(peer_binary, model_path, *shlex.split(args.peer_args))
+    servers: dict[str, Any] = {}
     targets: list[Target] = []
-    try:
-        sf = RunningServer(*shlex.split(args.serve_args)).start()
-        servers.append(sf)
-        targets.append(Target("superfluid", sf.base, model, True))
-        print(f"superfluid: manage.py serve {args.serve_args} on {sf.base}", file=sys.stderr)
-        if peer_binary is not None:
-            peer = PeerServer(peer_binary, model_path, *shlex.split(args.peer_args))
-            servers.append(peer)
-            peer.start()
-            targets.append(Target("llama-server", peer.base, model, False))
-            print(f"llama-server: {' '.join(peer.argv())}", file=sys.stderr)
-        for t in targets:
-            warm_up(t)
+    all_rows: list[dict[str, Any]] = []
 
-        all_rows: list[dict[str, Any]] = []
-        tables: list[str] = []
+    def start(name: str) -> None:
+        server = servers[name] = factories[name]().start()
+        argv = f"manage.py serve {args.serve_args}" if name == "superfluid" else " ".join(server.argv())
+        print(f"{name}: {argv} on {server.base}", file=sys.stderr)
+        warm_up(Target(name, server.base, model, name == "superfluid"))
+
+    def revive(target: Target) -> None:
+        """A server that died (on a shared machine, someone's broad kill) is started afresh."""
+        server = servers[target.name]
+        if server.proc is not None and server.proc.poll() is not None:
+            print(f"NOTE: {target.name} exited with {server.proc.returncode} between runs; starting a new one", file=sys.stderr)
+            start(target.name)
+            target.base, target.pid = servers[target.name].base, servers[target.name].proc.pid
+
+    try:
+        for name in factories:
+            start(name)
+            targets.append(Target(name, servers[name].base, model, name == "superfluid", servers[name].proc.pid))
+
+        def record(row: dict[str, Any]) -> None:
+            all_rows.append(row)
+            if args.json:  # after every run, so a run cut short keeps what it measured
+                args.json.write_text(json.dumps(all_rows, indent=2, default=str))
+
         if args.scenario in ("agents-chat", "all"):
-            plan = [("superfluid, class headers", targets[0], True), ("superfluid, no class headers", targets[0], False)]
-            if len(targets) > 1:
-                plan.append((f"llama-server {args.peer_args}", targets[1], True))
-            rows = []
             for run in range(1, args.runs + 1):
-                for config, target, headers in plan:
+                for config, target, headers in agents_plan(targets, args.peer_args):
+                    revive(target)
                     wait_idle(target)
-                    rows.append(agents_chat_once(target, headers, run, tokens, config, args.trace_dir))
-            all_rows += rows
-            tables.append(agents_chat_table(rows, [p[0] for p in plan], args.runs, skipped))
+                    record(agents_chat_once(target, headers, run, tokens, config, args.trace_dir))
         if args.scenario in ("shared-prefix", "all"):
-            plan2 = [("superfluid, shared prefix", targets[0], True), ("superfluid, distinct prompts", targets[0], False)]
-            if len(targets) > 1:
-                plan2 += [("llama-server, shared prefix", targets[1], True), ("llama-server, distinct prompts", targets[1], False)]
-            rows = []
             for run in range(1, args.runs + 1):
-                for config, target, shared in plan2:
+                for config, target, shared in shared_plan(targets):
+                    revive(target)
                     wait_idle(target)
-                    rows.append(shared_prefix_once(target, shared, run, tokens, config, args.trace_dir))
-            all_rows += rows
-            tables.append(shared_prefix_table(rows, [p[0] for p in plan2], args.runs, skipped))
+                    record(shared_prefix_once(target, shared, run, tokens, config, args.trace_dir))
     finally:
-        for s in servers:
-            s.stop()
+        for server in servers.values():
+            server.stop()
 
     print()
     print(f"{model}, {time.strftime('%Y-%m-%d %H:%M')}, code {code_state()}, {load()}, `python {' '.join(sys.argv)}`")
-    for table in tables:
-        print()
-        print(table)
-    if args.json:
-        args.json.write_text(json.dumps(all_rows, indent=2, default=str))
+    print_tables(all_rows, skipped)
     return 0
 
 

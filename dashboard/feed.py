@@ -36,9 +36,31 @@ def _hist_count(metrics: Mapping[str, Any], name: str) -> int:
     return sum(int(v.get("count", 0)) for _, v in fam.get("samples", []) if isinstance(v, dict))
 
 
-def dashboard_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """What the dashboard draws, from one worker snapshot (plain JSON, no histograms)."""
+def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | None]:
+    """job id -> API key name of the jobs this web process has in flight (the worker's lanes
+    may not say)."""
+    from scheduler.link import client as link_client
+
+    try:
+        loop = loop or asyncio.get_running_loop()
+    except RuntimeError:
+        return {}
+    link = link_client._clients.get(id(loop))
+    if link is None:
+        return {}
+    return {job_id: handle.payload.get("key") for job_id, handle in list(link.inflight.items())}
+
+
+def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """What the dashboard draws, from one worker snapshot (plain JSON, no histograms); ``keys``
+    fills in the API key of lanes whose snapshot entry has none."""
     metrics: Mapping[str, Any] = state.get("metrics") or {}
+    keys = keys or {}
+    lanes = []
+    for lane in state.get("lanes", []):
+        if lane.get("job_id") and not lane.get("key") and keys.get(lane["job_id"]):
+            lane = {**lane, "key": keys[lane["job_id"]]}
+        lanes.append(lane)
     return {
         "t": time.time(),
         "model": state.get("model"),
@@ -47,7 +69,7 @@ def dashboard_state(state: Mapping[str, Any]) -> dict[str, Any]:
         "lane_ctx": state.get("lane_ctx"),
         "draining": bool(state.get("draining", False)),
         "tick": state.get("tick", 0),
-        "lanes": list(state.get("lanes", [])),
+        "lanes": lanes,
         "queue_depth": dict(state.get("queue_depth") or {}),
         "class_lanes": dict(state.get("class_lanes") or {}),
         "parked": list(state.get("parked") or []),
@@ -111,7 +133,7 @@ class SnapshotFeed:
             layer = get_channel_layer()
             if layer is None:
                 return
-            message = {"type": "lanes.update", "state": dashboard_state(self.latest)}
+            message = {"type": "lanes.update", "state": dashboard_state(self.latest, lane_keys(loop))}
         except Exception:
             log.exception("dashboard feed: could not prepare a push")
             return
@@ -131,5 +153,8 @@ feed = SnapshotFeed()
 
 
 def on_snapshot(state: Mapping[str, Any] | None) -> None:
-    """Hook for the link client: a worker snapshot arrived."""
-    feed.on_snapshot(state)
+    """Hook for the link client: a worker snapshot arrived. Never raises into the link's reader."""
+    try:
+        feed.on_snapshot(state)
+    except Exception:
+        log.exception("dashboard feed: snapshot dropped")

@@ -115,3 +115,9 @@ def test_dashboard_state_is_plain_json_without_text() -> None:
     out = dashboard_state({"lanes": [], "metrics": {"superfluid_ttft_seconds": {"type": "histogram", "help": "", "samples": [[{"class": "agent"}, {"buckets": [["+Inf", 2]], "sum": 0.5, "count": 2}]]}}})
     assert out["ttft"] == {"sum": 0.5, "count": 2}
     json.dumps(out, allow_nan=False)
+
+
+def test_dashboard_state_names_the_key_of_a_lane_from_the_web_side_when_the_worker_does_not() -> None:
+    state = {"lanes": [{"lane": 0, "state": "decode", "job_id": "j1"}, {"lane": 1, "state": "decode", "job_id": "j2", "key": "bob"}, {"lane": 2, "state": "idle"}]}
+    lanes = dashboard_state(state, {"j1": "alice", "j2": "mallory"})["lanes"]
+    assert [lane.get("key") for lane in lanes] == ["alice", "bob", None]

@@ -142,7 +142,7 @@ def test_every_metric_is_exported_during_and_after_real_traffic_and_counters_mov
     slots = httpx.get(server.base + "/slots").json()
     assert len(slots) == 2
     for slot in slots:
-        assert {"id", "id_task", "n_ctx", "is_processing", "next_token", "prompt_progress", "parked", "class", "state", "generated", "prompt_tokens", "prompt_done"} <= set(slot)
+        assert {"id", "id_task", "n_ctx", "is_processing", "next_token", "prompt_progress", "parked", "key", "class", "state", "generated", "prompt_tokens", "prompt_done"} <= set(slot)
         assert slot["class"] == "agent" and slot["state"] in ("prefill", "decode") and 0 <= slot["prompt_progress"] <= 1
         assert slot["n_ctx"] == 2048 and slot["parked"] is False
 
