@@ -42,6 +42,7 @@ class SchedulerConfig:
     tick_target_ms: int = 2000
     starvation_ticks: int = 8
     newcomer_prefill_cap_s: float = 0.5  # while a newcomer could be admitted
+    decoding_prefill_cap_s: float = 0.25  # while a lane decodes (llama.cpp/MLX busy-tick target)
     prefill_cap_s: float = 8.0  # otherwise
     initial_prefill_tokens_per_s: float = 256.0  # until measured
     preemption: bool = True
@@ -76,6 +77,7 @@ class Scheduler:
         self.config = config
         self.clock = clock
         self.tick = 0
+        self.prefill_cap: tuple[int, int] = (config.prefill_budget, 0)  # (tokens, step) of the last plan
         self.lanes: list[Job | None] = [None] * config.max_batch
         self.queues = ClassQueues(
             config.starvation_ticks, ScoreConfig(config.aging_divisor_s, config.swap_affinity_bonus)
@@ -440,10 +442,16 @@ class Scheduler:
             ):
                 return
 
-    def _prefill_cap_tokens(self, newcomer_possible: bool) -> tuple[int, int]:
-        """(most prompt tokens this tick, tokens per engine call), from the measured rate."""
+    def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool) -> tuple[int, int]:
+        """(most prompt tokens this tick, tokens per engine call), from the measured rate.
+
+        A tick carries one decode round, so while a lane decodes the tick is kept near the
+        engine's busy-tick target (whole steps, at least one): its stream gets a token per step
+        instead of one per 8 s of other lanes' prefill."""
         rate = max(1.0, self.prefill_tokens_per_s)
         cap_s = self.config.newcomer_prefill_cap_s if newcomer_possible else self.config.prefill_cap_s
+        if decoding:
+            cap_s = min(cap_s, self.config.decoding_prefill_cap_s)
         step = next((s for s in PREFILL_STEPS if s <= rate * self.config.newcomer_prefill_cap_s), 32)
         budget = self.config.prefill_budget
         if budget == 0:
@@ -471,7 +479,8 @@ class Scheduler:
         decoding = [j for j in running if not j.prefilling]
         prefilling = [j for j in running if j.prefilling]
         newcomer_possible = bool(self.free_lanes()) or len(self.queues) > 0
-        budget, plan.step_tokens = self._prefill_cap_tokens(newcomer_possible)
+        budget, plan.step_tokens = self._prefill_cap_tokens(newcomer_possible, bool(decoding))
+        self.prefill_cap = (budget, plan.step_tokens)
 
         decode_budget = self.config.tick_decode_budget or len(decoding)
         for job in sorted(decoding, key=lambda j: (j.qos, j.lane))[:decode_budget]:

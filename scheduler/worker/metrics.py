@@ -205,7 +205,7 @@ class WorkerMetrics:
         budget, step = _prefill_budget(worker)
         decoding = states["decode"]
         grant = min(sched.config.tick_decode_budget or decoding, decoding)
-        out["superfluid_prefill_budget_tokens"] = family("gauge", "Prompt tokens the next tick may prefill (live budget).", [({}, budget)])
+        out["superfluid_prefill_budget_tokens"] = family("gauge", "Prompt tokens a tick may prefill, as last planned (live budget).", [({}, budget)])
         out["superfluid_prefill_step_tokens"] = family("gauge", "Most tokens per engine call while prefilling.", [({}, step)])
         out["superfluid_decode_grant_tokens"] = family("gauge", "Decode tokens the next tick grants (one per decoding lane, up to --tick-decode-budget).", [({}, grant)])
         out["superfluid_prefill_tokens_per_second"] = family("gauge", "Measured prefill rate the budget is sized from.", [({}, round(float(sched.prefill_tokens_per_s), 1))])
@@ -240,14 +240,9 @@ class WorkerMetrics:
 
 
 def _prefill_budget(worker: EngineWorker) -> tuple[int, int]:
-    """(prompt tokens the next tick may prefill, tokens per engine call), as the scheduler sizes it."""
-    sched = worker.scheduler
-    try:
-        newcomer_possible = bool(sched.free_lanes()) or len(sched.queues) > 0
-        budget, step = sched._prefill_cap_tokens(newcomer_possible)
-        return int(budget), int(step)
-    except Exception:  # the core changed shape: fall back to the configured budget
-        return int(getattr(sched.config, "prefill_budget", 0)), 0
+    """(prompt tokens the last planned tick could prefill, tokens per engine call)."""
+    budget, step = worker.scheduler.prefill_cap
+    return int(budget), int(step)
 
 
 def families_from_snapshot(state: Mapping[str, Any]) -> dict[str, Any]:

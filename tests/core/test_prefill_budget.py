@@ -116,6 +116,29 @@ def test_with_every_lane_busy_and_nothing_queued_a_tick_prefills_about_eight_sec
     assert 7.5 <= seconds <= 8.0
 
 
+def test_while_a_lane_decodes_each_tick_prefills_one_step_so_its_stream_keeps_flowing() -> None:
+    """A tick carries one decode round: an 8 s prefill tick would stall every decoding stream for
+    8 s. While a lane decodes, ticks stay near the busy-tick target (one 128-token step at
+    300 tok/s), and the 8 s cap returns once nothing decodes."""
+    sched, engine, clock = make_scheduler(
+        max_batch=2, initial_prefill_tokens_per_s=300.0, prefill_s_per_token=1.0 / 300.0, decode_round_s=0.0
+    )
+    sched.add(make_job(8, max_tokens=20, job_id="talker"))
+    tick(sched, engine)  # the talker's prompt and first token
+    sched.add(make_job(3000, max_tokens=4, job_id="long"))
+    token_times: list[float] = []
+    while any(j.job_id == "talker" for j in sched.lanes if j is not None):
+        events = tick(sched, engine)
+        assert sched.last_plan is not None
+        assert prefill_by_job(sched.last_plan).get("long", 0) <= sched.last_plan.step_tokens == 128
+        token_times += [clock() for e in events if e.kind == "token" and e.job_id == "talker"]
+    gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+    assert len(token_times) == 19 and max(gaps) <= 0.5  # one step and the decode round
+    sched.add(make_job(3000, max_tokens=4, job_id="filler"))  # takes the talker's lane
+    tick(sched, engine)  # both lanes prefill, none decodes: 8 s of prefill again
+    assert prefill_by_job(sched.last_plan) == {"long": 3000 - 19 * 128, "filler": 2304 - (3000 - 19 * 128)}  # type: ignore[arg-type]
+
+
 def test_an_engine_too_slow_for_a_step_in_half_a_second_still_prefills_one_step() -> None:
     tokens, _ = first_tick_prefill(max_batch=2, rate=40.0)
     assert tokens == 32
