@@ -22,6 +22,7 @@ import llama_cpp
 
 from scheduler.core.types import LaneFeed, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError
+from scheduler.engines.chat import compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
 _LOG_WARN = 3
@@ -30,13 +31,6 @@ _PENALTY_LAST_N = 64
 # llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
 # the argtypes say which C signature this build has.
 _PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
-
-_CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 
 # -- logging ----------------------------------------------------------------------------
@@ -232,47 +226,15 @@ class LlamaCppEngine:
 
     def _compiled_template(self) -> Any:
         if self._template is None:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-            def raise_exception(message: str) -> None:
-                raise ValueError(message)
-
-            def strftime_now(fmt: str) -> str:
-                return time.strftime(fmt)
-
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = strftime_now
-            try:
-                self._template = env.from_string(self.chat_template or _CHATML)
-            except jinja2.TemplateSyntaxError as exc:
-                # The model's fault, not the request's: not a ValueError (a client 400).
-                raise EngineError(
-                    f"the model's chat template does not compile: {exc}", permanent=True
-                ) from exc
+            self._template = compile_chat_template(self.chat_template)
         return self._template
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The model's chat template applied to ``messages`` with the generation prompt added.
-
-        Template errors (``raise_exception`` or a template that cannot handle the messages)
-        surface as ``ValueError``: they are the request's fault as far as a client is told."""
-        import jinja2
-
-        try:
-            template = self._compiled_template()
-            return str(
-                template.render(
-                    messages=messages,
-                    add_generation_prompt=True,
-                    bos_token=self.bos_text,
-                    eos_token=self.eos_text,
-                )
-            )
-        except jinja2.TemplateError as exc:
-            raise ValueError(f"chat template failed: {exc}") from exc
+        """The model's chat template applied to ``messages`` with the generation prompt added;
+        template errors are ``ValueError`` (see ``scheduler.engines.chat``)."""
+        return render_chat_template(
+            self._compiled_template(), messages, bos_token=self.bos_text, eos_token=self.eos_text
+        )
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         self._require_open()
