@@ -52,13 +52,15 @@ def run_bare_loop(
     max_tokens: int,
     n_threads: int | None = None,
     n_batch: int = 512,
+    prompt_limit: int | None = None,
 ) -> dict[str, Any]:
     """Prefill every prompt (one batch per sequence), then decode all sequences together.
 
     Returns streams, prompt_tokens, completion_tokens, seconds (prefill + decode wall time),
     tokens_per_s (completion tokens over that whole time), decode_tokens_per_s (completion
     tokens over decode time alone), prefill_tokens_per_s and exact_length (every stream
-    produced exactly max_tokens, EOG ignored)."""
+    produced exactly max_tokens, EOG ignored). ``prompt_limit`` cuts every tokenized prompt to
+    that many tokens (for a prompt of an exact length)."""
     if not prompts:
         raise ValueError("need at least one prompt")
     if max_tokens < 1:
@@ -89,7 +91,7 @@ def run_bare_loop(
     sampler = L.llama_sampler_init_greedy()
     batch = L.llama_batch_init(max(n_batch, n), 0, 1)
     try:
-        tokenized = [_tokenize(vocab, p) for p in prompts]
+        tokenized = [_tokenize(vocab, p)[:prompt_limit] for p in prompts]
         for toks in tokenized:
             if len(toks) + max_tokens > SEQ_CTX:
                 raise ValueError("prompt + max_tokens exceeds the per-sequence context")
