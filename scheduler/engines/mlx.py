@@ -1,0 +1,522 @@
+"""The MLX engine: an mlx-lm model with one KV cache per lane, behind the same protocol as
+llama.cpp.
+
+Built on mlx-lm's model classes and cache objects, with our own loop rather than its batch
+generator: a lane is a list of per-layer ``KVCache`` objects (``make_prompt_cache``), so
+parking, restoring and copying prefixes are plain array copies of one lane. Decode rounds are
+batched: the decoding lanes' caches are merged into one ``BatchKVCache`` (left-padded), which
+stays merged while the same lanes keep decoding and is split back into per-lane caches when
+anything else needs one of them. Prompt chunks run one lane at a time. On the CPU backend the
+batched round gives bit-identical logits to running each lane alone.
+
+Sampling is ``scheduler.engines.sampling`` (the llama.cpp engine's chain in NumPy); text comes
+from the model folder's ``tokenizer.json`` through the ``tokenizers`` library and its chat
+template through the same Jinja rendering as llama.cpp (``scheduler.engines.chat``).
+
+Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layers) are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.types import LaneFeed, TickPlan, TickResult
+from scheduler.engines.base import EngineError
+from scheduler.engines.chat import compile_chat_template, render_chat_template
+from scheduler.engines.models import is_mlx_model_dir
+from scheduler.engines.sampling import LaneSampler
+
+# Special tokens that end a turn, as llama.cpp recognises them by text (llama-vocab.cpp).
+_EOG_TEXTS = frozenset(
+    {
+        "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+        "<|return|>", "<|call|>", "<EOT>", "</s>", "<｜end▁of▁sentence｜>",
+    }
+)
+_FIM_TEXTS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character alphabet for the 256 byte values, inverted."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, codes)}
+
+
+@dataclass(frozen=True)
+class MlxParkedKV:
+    """A lane's KV cache copied to host memory: per layer (keys, values), each
+    ``(1, kv_heads, n_tokens, head_dim)``. bfloat16 caches are held as float32 (NumPy has no
+    bfloat16) and cast back on restore, which is exact."""
+
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    n_tokens: int
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+class MlxEngine:
+    name = "mlx"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        n_lanes: int = 8,
+        lane_ctx: int = 4096,
+        max_step_tokens: int = 512,
+        cache_slots: int = 0,
+        batch_decode: bool = True,
+    ) -> None:
+        if n_lanes < 1:
+            raise ValueError("n_lanes must be at least 1")
+        if lane_ctx < 16:
+            raise ValueError("lane_ctx must be at least 16")
+        if max_step_tokens < n_lanes:
+            raise ValueError("max_step_tokens must be at least n_lanes")
+        self.model_path = Path(model_path)
+        if not is_mlx_model_dir(self.model_path):
+            raise FileNotFoundError(
+                f"not an MLX model folder (config.json and *.safetensors): {self.model_path}"
+            )
+        self.n_lanes = n_lanes
+        self.cache_slots = cache_slots
+        self.lane_ctx = lane_ctx
+        self.max_step_tokens = max_step_tokens
+        self.batch_decode = batch_decode
+        self._closed = True
+
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache, make_prompt_cache
+        from mlx_lm.utils import load_model
+
+        self._mx = mx
+        self._kv_cache = KVCache
+        self._make_cache = make_prompt_cache
+        try:
+            self._model, self._config = load_model(self.model_path)
+        except Exception as exc:  # unknown model_type, weights that do not fit, unreadable files
+            raise EngineError(f"mlx-lm could not load {self.model_path}: {exc}", permanent=True) from exc
+        probe = make_prompt_cache(self._model)
+        if not all(type(c) is KVCache for c in probe):
+            kinds = sorted({type(c).__name__ for c in probe})
+            raise EngineError(
+                f"the MLX engine needs plain KV caches; {self.model_path.name} uses {', '.join(kinds)}",
+                permanent=True,
+            )
+        self.n_layers = len(probe)
+        n_seqs = n_lanes + cache_slots
+        self._seqs: list[list[Any]] = [self._make_cache(self._model) for _ in range(n_seqs)]
+        self._lens = [0] * n_seqs  # tokens in each sequence's cache
+        self._group: tuple[int, ...] = ()  # lanes whose caches are merged for decode rounds
+        self._group_cache: list[Any] | None = None
+        self._samplers: dict[int, LaneSampler] = {}
+        self._setup_text()
+        self._closed = False
+
+    # -- text -------------------------------------------------------------------------
+
+    def _setup_text(self) -> None:
+        from tokenizers import Tokenizer
+
+        folder = self.model_path
+        tok_file = folder / "tokenizer.json"
+        if not tok_file.is_file():
+            raise EngineError(f"{folder} has no tokenizer.json (the MLX engine reads fast tokenizers only)", permanent=True)
+        self._tok = Tokenizer.from_file(str(tok_file))
+        tok_json = json.loads(tok_file.read_text(encoding="utf-8"))
+        tok_config: dict[str, Any] = {}
+        if (folder / "tokenizer_config.json").is_file():
+            tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        self.n_ctx_train: int = int(self._config.get("max_position_embeddings") or tok_config.get("model_max_length") or 0)
+        added = self._tok.get_added_tokens_decoder()
+        self._special = {i for i, t in added.items() if t.special}
+        self._user_defined = {i: t.content for i, t in added.items() if not t.special}
+        decoder = json.dumps(tok_json.get("decoder") or {})
+        self._byte_level = '"ByteLevel"' in decoder
+        self._byte_map = _byte_decoder() if self._byte_level else {}
+        self._pieces: dict[int, bytes] = {}
+
+        def token_text(name: str) -> str:
+            value = tok_config.get(name)
+            if isinstance(value, dict):
+                value = value.get("content")
+            return str(value) if value else ""
+
+        self.bos_text = token_text("bos_token")
+        self.eos_text = token_text("eos_token")
+        self.bos_id = self._tok.token_to_id(self.bos_text) if self.bos_text else None
+        self.eos_id = self._tok.token_to_id(self.eos_text) if self.eos_text else None
+        with_special = self._tok.encode("a", add_special_tokens=True).ids
+        self._add_bos = bool(tok_config.get("add_bos_token", False)) or (
+            self.bos_id is not None and with_special[:1] == [self.bos_id]
+        )
+
+        eog: set[int] = set()
+        for source in (self._config, _read_json(folder / "generation_config.json")):
+            ids = source.get("eos_token_id")
+            eog.update(ids if isinstance(ids, list) else [] if ids is None else [ids])
+        if self.eos_id is not None:
+            eog.add(self.eos_id)
+        eog.update(i for i, t in added.items() if t.content in _EOG_TEXTS)
+        self._eog = frozenset(int(i) for i in eog)
+
+        self.chat_template: str | None = _read_chat_template(folder, tok_config)
+        self._template: Any = None
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self._template is None:
+            self._template = compile_chat_template(self.chat_template)
+        return render_chat_template(self._template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        self._require_open()
+        # Special tokens written in the text are parsed as such; BOS is added by hand, once,
+        # and never EOS (a post-processor may add both), as the llama.cpp engine does.
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
+        if add_special and self._add_bos and not has_bos and self.bos_id is not None:
+            return [self.bos_id, *ids]
+        return ids
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._token_piece(token)
+            self._pieces[token] = piece
+        return piece
+
+    def _token_piece(self, token: int) -> bytes:
+        if token in self._special:
+            return b""  # control tokens print nothing, as llama.cpp's token_to_piece
+        if token in self._user_defined:
+            return self._user_defined[token].encode("utf-8")
+        text = self._tok.id_to_token(token)
+        if text is None:
+            return b""
+        if self._byte_level:
+            return bytes(self._byte_map[c] for c in text if c in self._byte_map)
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            return bytes([int(text[3:5], 16)])  # SentencePiece byte fallback
+        return text.replace("\u2581", " ").encode("utf-8")
+
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        for names in _FIM_TEXTS:
+            ids = [self._tok.token_to_id(n) for n in names]
+            if all(i is not None for i in ids):
+                return ids[0], ids[1], ids[2]  # type: ignore[return-value]
+        return None
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
+
+    # -- ticks ------------------------------------------------------------------------
+
+    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
+        t0 = time.perf_counter()
+        self._require_open()
+        result = TickResult()
+        ops = plan.pool
+        for slot, key in ops.evict:
+            self._check_seq(slot)
+            result.evicted[key] = self._park(slot)
+            self._clear(slot)
+        for slot in ops.drop:
+            self._check_seq(slot)
+            self._clear(slot)
+        for lane, slot, n in ops.store:
+            self._copy_prefix(lane, slot, n)
+        for lane in plan.release:
+            self._check_lane(lane)
+            self._clear(lane)
+            self._samplers.pop(lane, None)
+        for lane, job_id in plan.park:
+            self._check_lane(lane)
+            result.parked[job_id] = self._park(lane)
+            self._clear(lane)
+            self._samplers.pop(lane, None)
+        for restore in plan.restore:
+            self._check_lane(restore.lane)
+            self._restore(restore.lane, restore.artifact)
+        for slot, artifact in ops.imports:
+            self._check_seq(slot)
+            self._restore(slot, artifact)
+        for src, dst, n in ops.copy:
+            self._copy_prefix(src, dst, n)
+        for bind in plan.bind:
+            self._check_lane(bind.lane)
+            self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history)
+        if plan.feeds:
+            self._feed(plan, should_stop, result)
+        result.elapsed_s = time.perf_counter() - t0
+        return result
+
+    def _feed(self, plan: TickPlan, should_stop: Callable[[], bool], result: TickResult) -> None:
+        cap = min(plan.step_tokens, self.max_step_tokens)
+        if cap < 1:
+            raise EngineError("step_tokens must be at least 1", permanent=True)
+        # As llama.cpp: decode feeds first, so every decoding lane advances in the first step
+        # even when the tick stops early; prompt chunks fill the rest. A step is at most ``cap``
+        # tokens; should_stop() is asked between steps.
+        feeds: list[LaneFeed] = [f for f in plan.feeds if f.sample and len(f.tokens) == 1]
+        feeds += [f for f in plan.feeds if f.tokens and not (f.sample and len(f.tokens) == 1)]
+        for f in feeds:
+            self._check_lane(f.lane)
+            if f.sample and f.lane not in self._samplers:
+                raise EngineError(f"lane {f.lane} has no sampler bound", permanent=True)
+        n_feeds = len(feeds)
+        i = off = 0
+        prefill_s = 0.0
+        while i < n_feeds:
+            n = 0
+            pieces: list[tuple[int, int, list[int], bool]] = []  # (lane, start, tokens, sample)
+            has_prefill = False
+            while i < n_feeds and n < cap:
+                f = feeds[i]
+                k = min(len(f.tokens) - off, cap - n)
+                last = off + k == len(f.tokens)
+                pieces.append((f.lane, f.start_pos + off, f.tokens[off : off + k], f.sample and last))
+                has_prefill = has_prefill or not f.is_decode
+                n += k
+                if last:
+                    i, off = i + 1, 0
+                else:
+                    off += k
+            t = time.perf_counter()
+            try:
+                logits = self._step(pieces)
+            except EngineError as error:
+                result.prefill_s = prefill_s
+                error.partial = result  # type: ignore[attr-defined]
+                raise
+            if has_prefill:
+                prefill_s += time.perf_counter() - t
+            for lane, _start, tokens, _sample in pieces:
+                result.fed[lane] = result.fed.get(lane, 0) + len(tokens)
+            for lane, row in logits.items():
+                token = self._samplers[lane].sample(row)
+                result.sampled[lane] = token
+                if token in self._eog:
+                    result.eog.add(lane)
+            if i < n_feeds and should_stop():
+                result.stopped_early = True
+                break
+        result.prefill_s = prefill_s
+
+    def _step(self, pieces: list[tuple[int, int, list[int], bool]]) -> dict[int, np.ndarray]:
+        """Append each piece to its lane's cache; the last position's logits of the pieces that
+        sample. Positions are checked before anything runs, so a refused step changes nothing."""
+        mx = self._mx
+        for lane, start, tokens, _sample in pieces:
+            if start != self._lens[lane]:
+                raise EngineError(
+                    f"inconsistent sequence positions: lane {lane} holds {self._lens[lane]} tokens, "
+                    f"a feed starts at {start}",
+                    permanent=True,
+                )
+            if start + len(tokens) > self.lane_ctx:
+                raise EngineError(f"lane {lane} is full ({self.lane_ctx} tokens)", permanent=True)
+        singles = [p for p in pieces if len(p[2]) == 1]
+        if not (self.batch_decode and len(singles) > 1):
+            singles = []
+        out: dict[int, np.ndarray] = {}
+        if singles:
+            lanes = tuple(p[0] for p in singles)
+            caches = self._merged(lanes)
+            y = self._model(mx.array([p[2] for p in singles]), cache=caches)
+            rows = y[:, -1, :]
+            mx.eval(rows, *[(c.keys, c.values) for c in caches])
+            host = np.array(rows.astype(mx.float32))
+            for j, (lane, _start, _tokens, sample) in enumerate(singles):
+                self._lens[lane] += 1
+                if sample:
+                    out[lane] = host[j]
+        for lane, _start, tokens, sample in pieces:
+            if singles and len(tokens) == 1:
+                continue
+            cache = self._cache(lane)
+            # Like mlx-lm's generate: everything but the last token fills the cache without
+            # computing logits (MLX is lazy: the head over the vocabulary never runs), then the
+            # last token alone gives the row to sample from.
+            head, tail = (tokens[:-1], tokens[-1:]) if sample else (tokens, [])
+            if head:
+                self._model(mx.array([head]), cache=cache)
+                mx.eval([(c.keys, c.values) for c in cache])
+            if tail:
+                y = self._model(mx.array([tail]), cache=cache)
+                row = y[0, -1, :]
+                mx.eval(row, [(c.keys, c.values) for c in cache])
+                out[lane] = np.array(row.astype(mx.float32))
+            self._lens[lane] += len(tokens)
+        return out
+
+    # -- caches -----------------------------------------------------------------------
+
+    def _merged(self, lanes: tuple[int, ...]) -> list[Any]:
+        """The per-layer batch caches of ``lanes``, merging them unless they already are."""
+        if self._group != lanes:
+            self._ungroup()
+            from mlx_lm.models.cache import BatchKVCache
+
+            self._group_cache = [
+                BatchKVCache.merge([self._seqs[lane][layer] for lane in lanes]) for layer in range(self.n_layers)
+            ]
+            self._group = lanes
+        assert self._group_cache is not None
+        return self._group_cache
+
+    def _ungroup(self) -> None:
+        if not self._group:
+            return
+        assert self._group_cache is not None
+        for row, lane in enumerate(self._group):
+            self._seqs[lane] = [layer.extract(row) for layer in self._group_cache]
+        self._group, self._group_cache = (), None
+
+    def _cache(self, seq: int) -> list[Any]:
+        """One sequence's own per-layer caches (split out of the decode group if merged)."""
+        if seq in self._group:
+            self._ungroup()
+        return self._seqs[seq]
+
+    def _clear(self, seq: int) -> None:
+        if seq in self._group:
+            self._ungroup()
+        self._seqs[seq] = self._make_cache(self._model)
+        self._lens[seq] = 0
+
+    def _park(self, seq: int) -> MlxParkedKV:
+        mx = self._mx
+        n = self._lens[seq]
+        layers = []
+        dtype = ""
+        for c in self._cache(seq):
+            if c.keys is None:
+                continue
+            dtype = str(c.keys.dtype).rsplit(".", 1)[-1]
+            k, v = c.keys[..., :n, :], c.values[..., :n, :]
+            if k.dtype == mx.bfloat16:
+                k, v = k.astype(mx.float32), v.astype(mx.float32)
+            layers.append((np.array(k), np.array(v)))
+        return MlxParkedKV(tuple(layers), n, dtype)
+
+    def _restore(self, seq: int, artifact: Any) -> None:
+        if not isinstance(artifact, MlxParkedKV):
+            raise EngineError(f"cannot restore a {type(artifact).__name__} on MLX", permanent=True)
+        if artifact.n_tokens and len(artifact.layers) != self.n_layers:
+            raise EngineError(
+                f"a parked KV of {len(artifact.layers)} layers cannot go into a {self.n_layers}-layer model",
+                permanent=True,
+            )
+        if artifact.n_tokens > self.lane_ctx:
+            raise EngineError(f"a parked KV of {artifact.n_tokens} tokens does not fit a lane", permanent=True)
+        self._clear(seq)
+        if artifact.n_tokens == 0:
+            return
+        mx = self._mx
+        dtype = getattr(mx, artifact.dtype, None)
+        caches = []
+        for keys, values in artifact.layers:
+            if keys.shape[2] != artifact.n_tokens or keys.shape[:2] != values.shape[:2]:
+                raise EngineError("a parked KV whose arrays do not match its token count", permanent=True)
+            c = self._kv_cache()
+            c.keys, c.values = mx.array(keys), mx.array(values)
+            if dtype is not None and c.keys.dtype != dtype:
+                c.keys, c.values = c.keys.astype(dtype), c.values.astype(dtype)
+            c.offset = artifact.n_tokens
+            caches.append(c)
+        mx.eval([(c.keys, c.values) for c in caches])
+        self._seqs[seq] = caches
+        self._lens[seq] = artifact.n_tokens
+
+    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV (a copy, not a view that a
+        later append to either could disturb: MLX arrays are values)."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        if not 0 < n_tokens <= self._lens[src]:
+            raise EngineError(f"cannot copy {n_tokens} tokens from sequence {src} holding {self._lens[src]}", permanent=True)
+        mx = self._mx
+        source = self._cache(src)
+        self._clear(dst)
+        caches = []
+        for c in source:
+            new = self._kv_cache()
+            new.keys = mx.contiguous(c.keys[..., :n_tokens, :])
+            new.values = mx.contiguous(c.values[..., :n_tokens, :])
+            new.offset = n_tokens
+            caches.append(new)
+        mx.eval([(c.keys, c.values) for c in caches])
+        self._seqs[dst] = caches
+        self._lens[dst] = n_tokens
+
+    # -- checks and lifecycle ---------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise EngineError("engine is closed", permanent=True)
+
+    def _check_lane(self, lane: int) -> None:
+        if not 0 <= lane < self.n_lanes:
+            raise EngineError(f"lane {lane} out of range", permanent=True)
+
+    def _check_seq(self, seq: int) -> None:
+        if not 0 <= seq < self.n_lanes + self.cache_slots:
+            raise EngineError(f"sequence {seq} out of range", permanent=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._group, self._group_cache = (), None
+        self._seqs = []
+        self._samplers.clear()
+        self._model = None
+
+    def __enter__(self) -> MlxEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _read_chat_template(folder: Path, tok_config: dict[str, Any]) -> str | None:
+    """The template from tokenizer_config.json (a string, or named templates: "default"), or
+    from chat_template.jinja / chat_template.json as newer Hugging Face exports write it."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tok_config.get("chat_template") or _read_json(folder / "chat_template.json").get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return str(template) if template else None

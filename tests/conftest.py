@@ -1,0 +1,20 @@
+"""Fixtures shared by the engine and end-to-end tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundled SmolLM2 GGUF converted to an MLX model folder, once per session: the
+    conversion is part of what the MLX tests test, never a checked-in artefact."""
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx_lm")
+    pytest.importorskip("tokenizers")
+    from scheduler.engines.mlx_convert import convert_gguf
+    from scheduler.engines.models import default_model_path
+
+    return convert_gguf(default_model_path(), tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")

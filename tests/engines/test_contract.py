@@ -1,0 +1,299 @@
+"""The engine contract, run against every engine on the real SmolLM2-135M: llama.cpp from the
+bundled GGUF, MLX from the same GGUF converted by ``manage.py mlxconvert``'s code.
+
+``reference`` holds greedy continuations generated alone in lane 0; batching, chunked prefill,
+parking, lane reuse and prefix copies must all reproduce them token for token on the same
+engine. Token counts are small: MLX's CPU backend runs this model at a few tokens per second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.core.kv_pool import PoolOps
+from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
+from scheduler.engines.base import EngineError
+from scheduler.worker.output import TextStream
+
+from .driver import GREEDY, Run, chat, drive, generate, never, release, text_of
+
+pytestmark = pytest.mark.model
+
+N_LANES, SLOTS = 3, 2
+SLOT0 = N_LANES  # the first cache slot's sequence id
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+]
+N_TOKENS = 8
+
+
+def _llamacpp(_request: pytest.FixtureRequest) -> Any:
+    pytest.importorskip("llama_cpp")
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+    from scheduler.engines.models import default_model_path
+
+    return LlamaCppEngine(default_model_path(), n_lanes=N_LANES, lane_ctx=512, cache_slots=SLOTS)
+
+
+def _mlx(request: pytest.FixtureRequest) -> Any:
+    folder: Path = request.getfixturevalue("mlx_model_dir")
+    from scheduler.engines.mlx import MlxEngine
+
+    return MlxEngine(folder, n_lanes=N_LANES, lane_ctx=512, cache_slots=SLOTS)
+
+
+@pytest.fixture(scope="module", params=["llamacpp", "mlx"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    eng = {"llamacpp": _llamacpp, "mlx": _mlx}[request.param](request)
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+@pytest.fixture(autouse=True)
+def clean_lanes(engine: Any) -> Iterator[None]:
+    yield
+    engine.execute(TickPlan(tick=0, release=list(range(N_LANES)), pool=PoolOps(drop=[SLOT0, SLOT0 + 1])), never)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine: Any) -> list[list[int]]:
+    return [chat(engine, q) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference(engine: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy continuations, each generated alone in lane 0."""
+    outputs = []
+    for p in prompts:
+        outputs.append(generate(engine, 0, p, max_tokens=N_TOKENS))
+        release(engine, 0)
+    return outputs
+
+
+# -- text -----------------------------------------------------------------------------------
+
+
+def test_engine_describes_itself(engine: Any) -> None:
+    assert engine.name in ("llamacpp", "mlx")
+    assert (engine.n_lanes, engine.lane_ctx, engine.vocab_size) == (N_LANES, 512, 49152)
+    assert engine.fim_tokens() is None  # SmolLM2 has no FIM tokens
+    assert engine.is_eog(2) and not engine.is_eog(engine.tokenize("Paris")[0])
+
+
+def test_render_chat_applies_the_models_template(engine: Any) -> None:
+    assert engine.render_chat([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]) == (
+        "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    default = engine.render_chat([{"role": "user", "content": "Hi"}])
+    assert default.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+def test_tokenize_parses_special_tokens_and_adds_no_bos(engine: Any) -> None:
+    tokens = engine.tokenize("<|im_start|>user\nHi<|im_end|>")
+    assert tokens[0] == 1 and tokens[-1] == 2 and tokens.count(1) == 1
+    assert engine.tokenize("Hi", add_special=False) == engine.tokenize("Hi")
+
+
+def test_token_bytes_reassemble_multibyte_utf8(engine: Any) -> None:
+    text = "héllo 你好 🙂"
+    tokens = engine.tokenize(text, add_special=False)
+    assert b"".join(engine.token_bytes(t) for t in tokens) == text.encode("utf-8")
+    assert engine.token_bytes(2) == b""  # <|im_end|> is a control token
+
+
+# -- generation -----------------------------------------------------------------------------
+
+
+def test_greedy_answers_paris_and_stops_at_eog(engine: Any, prompts: list[list[int]]) -> None:
+    run = drive(engine, [Run(0, prompts[0], max_tokens=16, stop_on_eog=True)])[0]
+    assert run.done and len(run.output) < 16  # ended by end-of-generation, not by length
+    assert text_of(engine, run.output) == "The capital of France is Paris."
+
+
+def test_greedy_is_deterministic(engine: Any, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    assert generate(engine, 0, prompts[0], max_tokens=N_TOKENS) == reference[0]
+
+
+def test_lanes_batched_in_one_tick_give_what_each_gives_alone(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    together = drive(engine, [Run(i, prompts[i], max_tokens=N_TOKENS) for i in range(N_LANES)])
+    assert [r.output for r in together] == reference
+
+
+def test_chunked_prefill_beside_decoding_lanes_gives_the_same_tokens(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    # lane 2 prefills in 7-token chunks while lanes 0-1 are mid-decode, in 8-token steps, so
+    # lanes share steps in shifting combinations and cross step boundaries
+    early = [Run(i, prompts[i], max_tokens=N_TOKENS) for i in range(2)]
+    drive(engine, early, ticks=3)
+    late = Run(2, prompts[2], max_tokens=N_TOKENS)
+    drive(engine, [*early, late], chunk=7, step_tokens=8)
+    assert [r.output for r in early] == reference[:2]
+    assert late.output == reference[2]
+
+
+def test_a_released_lane_is_free_for_a_new_job(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    generate(engine, 1, prompts[2], max_tokens=3)
+    release(engine, 1)
+    assert generate(engine, 1, prompts[0], max_tokens=N_TOKENS) == reference[0]
+
+
+def test_park_and_restore_into_another_lane_continues_exactly(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    run = Run(0, prompts[0], max_tokens=N_TOKENS)
+    drive(engine, [run], ticks=4)
+    assert len(run.output) == 4 and run.computed == len(prompts[0]) + 3
+    parked = engine.execute(TickPlan(tick=5, park=[(0, "a")]), never).parked["a"]
+    assert parked.n_tokens == run.computed and parked.nbytes > 0
+    # lane 0 is empty again: another job starts there at position 0 and runs normally
+    assert generate(engine, 0, prompts[1], max_tokens=2) == reference[1][:2]
+    run.lane = 2
+    plan = TickPlan(
+        tick=6,
+        restore=[LaneRestore(2, "a", parked)],
+        bind=[LaneBind(2, "a", GREEDY, list(run.output))],
+        feeds=[run.feed()],
+    )
+    run.commit(engine.execute(plan, never))
+    drive(engine, [run])
+    assert run.output == reference[0]
+
+
+def test_restoring_something_that_is_not_this_engines_park_artifact_raises(engine: Any) -> None:
+    with pytest.raises(EngineError):
+        engine.execute(TickPlan(tick=1, restore=[LaneRestore(1, "x", object())]), never)
+
+
+def test_should_stop_ends_the_tick_at_the_next_step_and_resumes_exactly(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    decoding = Run(0, prompts[0], max_tokens=N_TOKENS)
+    drive(engine, [decoding], ticks=2)
+    prefilling = Run(1, prompts[2], bound=True, max_tokens=N_TOKENS)
+    asked: list[bool] = []
+
+    def stop() -> bool:
+        asked.append(True)
+        return True
+
+    plan = TickPlan(
+        tick=3,
+        step_tokens=16,
+        bind=[LaneBind(1, prefilling.job, GREEDY)],
+        feeds=[prefilling.feed(), decoding.feed()],  # the decode feed listed last on purpose
+    )
+    result = engine.execute(plan, stop)
+    assert result.stopped_early and len(asked) == 1
+    # the decode token went first; the prompt filled the rest of the 16-token step
+    assert result.fed == {0: 1, 1: 15}
+    assert set(result.sampled) == {0}  # the lane cut short got no sample
+    assert result.prefill_s > 0 and result.elapsed_s >= result.prefill_s
+    decoding.commit(result)
+    prefilling.commit(result)
+    drive(engine, [decoding, prefilling])  # resumes lane 1 from position 15
+    assert decoding.output == reference[0]
+    assert prefilling.output == reference[2]
+
+
+def test_seeded_sampling_repeats_per_lane_and_the_seed_matters(engine: Any, prompts: list[list[int]]) -> None:
+    hot = SamplingParams(temperature=1.0, seed=1234)
+    first = generate(engine, 0, prompts[1], hot, N_TOKENS)
+    release(engine, 0)
+    # the same seed in two lanes at once: each lane has its own sampler and random stream
+    pair = drive(engine, [Run(1, prompts[1], hot, N_TOKENS), Run(2, prompts[1], hot, N_TOKENS)])
+    assert pair[0].output == first and pair[1].output == first
+    release(engine, 1, 2)
+    others = drive(engine, [Run(s, prompts[1], SamplingParams(temperature=1.0, seed=s), N_TOKENS) for s in (1, 2)])
+    assert any(o.output != first for o in others)
+
+
+def test_top_k_one_is_greedy_and_a_repeat_penalty_breaks_a_loop(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    top1 = SamplingParams(temperature=0.7, top_k=1, top_p=0.9, min_p=0.05, seed=7)
+    loop = engine.tokenize("1, 1, 1, 1, 1, 1, 1, 1, 1, 1,", add_special=False)
+    penalised = SamplingParams(temperature=0.0, repeat_penalty=1.5, presence_penalty=0.5)
+    runs = drive(
+        engine,
+        [Run(0, prompts[2], top1, N_TOKENS), Run(1, loop, GREEDY, N_TOKENS), Run(2, loop, penalised, N_TOKENS)],
+    )
+    assert runs[0].output == reference[2]
+    assert text_of(engine, runs[1].output).startswith(" 1, 1,")
+    assert runs[2].output != runs[1].output
+
+
+def test_a_feed_at_the_wrong_position_is_a_permanent_error_and_changes_nothing(
+    engine: Any, prompts: list[list[int]]
+) -> None:
+    engine.execute(TickPlan(tick=1, bind=[LaneBind(0, "a", GREEDY)], feeds=[LaneFeed(0, "a", 0, prompts[0], True)]), never)
+    gap = TickPlan(tick=2, feeds=[LaneFeed(0, "a", len(prompts[0]) + 5, [42], True)])
+    with pytest.raises(EngineError) as info:
+        engine.execute(gap, never)
+    assert info.value.permanent
+    assert info.value.partial.fed == {}  # type: ignore[attr-defined]
+
+
+def test_stop_strings_end_the_text_through_the_workers_text_stream(engine: Any, prompts: list[list[int]]) -> None:
+    run = drive(engine, [Run(0, prompts[0], max_tokens=16, stop_on_eog=True)])[0]
+    stream = TextStream(engine.token_bytes, stop=[" Paris"])
+    text = ""
+    for token in run.output:
+        text += stream.push(token)
+        if stream.stopped:
+            break
+    assert stream.stopped and text == "The capital of France is"
+
+
+# -- prefix cache operations ----------------------------------------------------------------
+
+
+def _continue_greedy(engine: Any, lane: int, prompt: list[int], start: int, n: int = N_TOKENS) -> list[int]:
+    run = Run(lane, prompt, max_tokens=n, computed=start)
+    return drive(engine, [run])[0].output
+
+
+def test_a_prefix_copied_from_another_lane_continues_like_a_full_prefill(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    generate(engine, 0, prompts[0], max_tokens=2)
+    shared = len(prompts[0]) - 9
+    engine.execute(TickPlan(tick=0, pool=PoolOps(copy=[(0, 1, shared)])), never)
+    assert _continue_greedy(engine, 1, prompts[0], shared) == reference[0]
+
+
+def test_a_prefix_stored_evicted_to_host_and_imported_back_is_the_same_prefix(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    generate(engine, 0, prompts[0], max_tokens=2)
+    shared = len(prompts[0]) - 9
+    engine.execute(TickPlan(tick=0, pool=PoolOps(store=[(0, SLOT0, shared)])), never)
+    evicted = engine.execute(TickPlan(tick=0, release=[0], pool=PoolOps(evict=[(SLOT0, 7)])), never).evicted
+    artifact = evicted[7]
+    assert artifact.nbytes > 0 and artifact.n_tokens == shared
+    engine.execute(TickPlan(tick=0, pool=PoolOps(imports=[(SLOT0 + 1, artifact)], copy=[(SLOT0 + 1, 1, shared)])), never)
+    assert _continue_greedy(engine, 1, prompts[0], shared) == reference[0]
+
+
+def test_close_is_idempotent_and_final(engine: Any, request: pytest.FixtureRequest) -> None:
+    maker = {"llamacpp": _llamacpp, "mlx": _mlx}[engine.name]
+    other = maker(request)
+    assert other.tokenize("Hi")
+    other.close()
+    other.close()
+    with pytest.raises(EngineError):
+        other.tokenize("Hi")
+    with pytest.raises(EngineError):
+        other.execute(TickPlan(tick=1), never)

@@ -1,0 +1,88 @@
+"""A GGUF file converted to an MLX model folder: the folder mlx-lm itself loads and answers
+with, whose tokenizer gives llama.cpp's token ids."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+pytestmark = pytest.mark.model
+
+TEXTS = [
+    "What is the capital of France?",
+    "  leading spaces, trailing space ",
+    "Numbers 1234567 and 3.14159, dates 2026-11-30.",
+    "héllo 你好 🙂 naïve café",
+    "def f(x):\n\treturn x**2  # squares\n\n\n",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "don't we'll they've I'm",
+]
+
+
+def test_the_folder_records_the_ggufs_hyper_parameters_and_quantisation(mlx_model_dir: Path) -> None:
+    config = json.loads((mlx_model_dir / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["rope_traditional"] is True
+    assert (config["num_hidden_layers"], config["hidden_size"], config["num_key_value_heads"]) == (30, 576, 3)
+    assert config["tie_word_embeddings"] is True  # SmolLM2 has no output.weight
+    assert config["quantization"] == {
+        "group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}
+    }
+    tok_config = json.loads((mlx_model_dir / "tokenizer_config.json").read_text())
+    assert (tok_config["bos_token"], tok_config["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    assert "<|im_start|>" in tok_config["chat_template"]
+
+
+def test_the_tokenizer_gives_llama_cpps_token_ids(mlx_model_dir: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from tokenizers import Tokenizer
+
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+    from scheduler.engines.models import default_model_path
+
+    tok = Tokenizer.from_file(str(mlx_model_dir / "tokenizer.json"))
+    with LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=256, max_step_tokens=64) as llama:
+        for text in TEXTS:
+            assert tok.encode(text, add_special_tokens=False).ids == llama.tokenize(text), text
+
+
+def test_mlx_lm_loads_the_folder_and_answers_like_llama_cpp(mlx_model_dir: Path) -> None:
+    from mlx_lm import generate, load
+
+    model, tokenizer = load(str(mlx_model_dir))
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert generate(model, tokenizer, prompt, max_tokens=12).strip() == "The capital of France is Paris."
+
+
+def test_an_existing_folder_is_kept_unless_forced_and_a_foreign_one_refused(mlx_model_dir: Path, tmp_path: Path) -> None:
+    from scheduler.engines.mlx_convert import ConversionError, convert_gguf
+    from scheduler.engines.models import default_model_path
+
+    stamp = (mlx_model_dir / "config.json").stat().st_mtime_ns
+    assert convert_gguf(default_model_path(), mlx_model_dir) == mlx_model_dir
+    assert (mlx_model_dir / "config.json").stat().st_mtime_ns == stamp
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ConversionError, match="not an MLX model directory"):
+        convert_gguf(default_model_path(), tmp_path / "other")
+    with pytest.raises(FileNotFoundError):
+        convert_gguf(tmp_path / "missing.gguf", tmp_path / "out")
+
+
+def test_the_mlxconvert_command_writes_a_folder_mlx_serves(tmp_path: Path) -> None:
+    pytest.importorskip("mlx.core")
+    out = StringIO()
+    call_command("mlxconvert", "--out", str(tmp_path / "smol"), stdout=out)
+    assert f"serve --model {tmp_path / 'smol'}" in out.getvalue()
+    from scheduler.engines.models import engine_for
+
+    assert engine_for(tmp_path / "smol") == "mlx"
+    assert sorted(p.name for p in (tmp_path / "smol").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
+    ]
