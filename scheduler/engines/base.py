@@ -11,6 +11,19 @@ from typing import Any, Protocol
 from scheduler.core.types import TickPlan, TickResult
 
 
+# The scheduling seed's tick-duration targets in ms, per engine: (a lane is free or one is
+# finishing, every lane busy). llama.cpp and MLX declare that a decode round costs the same
+# however rounds are cut into ticks, so their ticks are short.
+TICK_TARGETS_MS: dict[str, tuple[int, int]] = {"llamacpp": (50, 250), "mlx": (50, 250)}
+
+
+def busy_tick_target_s(engine_name: str) -> float | None:
+    """The engine's tick target while every lane is busy, in seconds; None if the seed gives it
+    none (the core's own default then holds)."""
+    targets = TICK_TARGETS_MS.get(engine_name)
+    return None if targets is None else targets[1] / 1000.0
+
+
 class EngineError(Exception):
     """An engine failure. ``permanent`` says whether retrying the same request can help."""
 

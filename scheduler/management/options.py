@@ -34,7 +34,7 @@ def _env(flag: str, default: Any) -> Any:
 # (flag, type, default, help) -- forwarded from serve to runengine as given
 ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
     ("--model-name", str, "", "id the model is served under (default: the file name without extension)"),
-    ("--engine", str, "auto", "auto (by what the model is), or llamacpp"),
+    ("--engine", str, "auto", "auto (a .gguf file: llamacpp, an MLX model folder: mlx), llamacpp or mlx"),
     ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
     ("--ctx-size", int, 4096, "context tokens per lane"),
     ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
@@ -56,7 +56,7 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=_env("--model", ""), help="model file (GGUF); default: the bundled SmolLM2-135M-Instruct")
+    parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
         parser.add_argument(flag, type=typ, default=_env(flag, default), help=f"{help_text} (default: {default!r})")
 
@@ -85,6 +85,30 @@ def resolve_model(options: dict[str, Any]) -> Path:
     if not path.exists():
         raise CommandError(f"--model {path}: no such file or directory")
     return path.resolve()
+
+
+ENGINES = ("llamacpp", "mlx")
+
+
+def choose_engine(kind: str, model: Path) -> str:
+    """The engine for ``model`` under ``--engine kind``, or a CommandError that says why none fits."""
+    from scheduler.engines.models import engine_for
+
+    if kind not in ("auto", *ENGINES):
+        raise CommandError(f"--engine must be auto, {' or '.join(ENGINES)}; got {kind!r}")
+    found = engine_for(model)
+    what = {"llamacpp": "a GGUF file", "mlx": "an MLX model folder (config.json and *.safetensors)"}
+    if kind == "auto":
+        if found is None:
+            raise CommandError(f"--model {model}: not a GGUF file nor an MLX model folder (config.json and *.safetensors)")
+        return found
+    if kind == "llamacpp" and model.is_file():
+        return kind  # llama.cpp itself says whether a file without the .gguf suffix is one
+    if found != kind:
+        hint = " (manage.py mlxconvert builds one from a GGUF file)" if kind == "mlx" else ""
+        is_what = f"is {what[found]}" if found else "is neither"
+        raise CommandError(f"--engine {kind} needs {what[kind]}{hint}; --model {model} {is_what}")
+    return kind
 
 
 def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:

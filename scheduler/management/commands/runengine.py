@@ -12,21 +12,29 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from scheduler.engines.base import EngineError, busy_tick_target_s
 from scheduler.engines.models import model_name_for
-from scheduler.management.options import add_engine_arguments, resolve_model, scheduler_config
+from scheduler.management.options import add_engine_arguments, choose_engine, resolve_model, scheduler_config
 from scheduler.worker.loop import EngineWorker
 
 log = logging.getLogger("superfluid.worker")
 
 
 def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int) -> Any:
-    if kind == "auto":
-        kind = "llamacpp" if model.is_file() and model.suffix.lower() == ".gguf" else ""
-    if kind == "llamacpp":
-        from scheduler.engines.llama_cpp import LlamaCppEngine
+    """The engine ``--engine kind`` picks for ``model``; CommandError if it cannot load it."""
+    kind = choose_engine(kind, model)
+    try:
+        if kind == "llamacpp":
+            from scheduler.engines.llama_cpp import LlamaCppEngine
 
-        return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots)
-    raise CommandError(f"no engine for {model} (--engine {kind or 'auto'}); a .gguf file runs on llamacpp")
+            return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots)
+        try:
+            from scheduler.engines.mlx import MlxEngine
+        except ImportError as exc:
+            raise CommandError(f"--engine mlx needs mlx-lm: pip install mlx-lm (on Linux: 'mlx[cpu]' mlx-lm); {exc}") from None
+        return MlxEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, cache_slots=cache_slots)
+    except EngineError as exc:
+        raise CommandError(f"--engine {kind} cannot load {model}: {exc}") from None
 
 
 class Command(BaseCommand):
@@ -54,6 +62,10 @@ class Command(BaseCommand):
             threads=options["threads"],
             cache_slots=config.cache_slots if config.prefix_cache else 0,
         )
+        # the seed's busy-tick target for this engine bounds a tick's prefill while lanes decode
+        busy_s = busy_tick_target_s(engine.name)
+        if busy_s is not None:
+            config.decoding_prefill_cap_s = busy_s
         name = options["model_name"] or model_name_for(model)
         worker = EngineWorker(
             engine,

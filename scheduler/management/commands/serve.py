@@ -28,7 +28,7 @@ from keys.binding import is_loopback
 from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
-from scheduler.management.options import add_engine_arguments, engine_argv, resolve_model, scheduler_config
+from scheduler.management.options import add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
 
 log = logging.getLogger("superfluid.serve")
 
@@ -114,6 +114,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         config = scheduler_config(options)  # validates the flags before anything starts
         model = resolve_model(options)
+        choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
         try:
             default_qos = parse_qos(options["http_default_qos"])
         except UnknownQosClass as exc:
