@@ -1,0 +1,153 @@
+"""The real server on the MLX engine (CPU backend here): the bundled SmolLM2 converted to an MLX
+model folder, served through the OpenAI API with batching, preemption and cancellation.
+
+MLX's CPU backend runs this model at a few tokens per second, so replies are short."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from .server import RunningServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MODEL = "SmolLM2-135M-Instruct-mlx"  # the folder's name
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+START_S = 300.0  # loading mlx-lm (and transformers) on a busy two-core machine is slow
+
+
+@pytest.fixture(scope="module")
+def mlx_server(mlx_model_dir: Path) -> Iterator[RunningServer]:
+    srv = RunningServer("--model", str(mlx_model_dir), "--max-batch", "3", "--ctx-size", "512").start(START_S)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def stream_chat(server: RunningServer, messages: list[dict], max_tokens: int) -> tuple[str, str]:
+    parts, finish = [], ""
+    for chunk in client(server).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+    ):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    return "".join(parts), finish
+
+
+def test_a_chat_reply_streams_through_the_openai_client_on_mlx(mlx_server: RunningServer) -> None:
+    assert mlx_server.state()["engine"] == "mlx"
+    assert [m.id for m in client(mlx_server).models.list()] == [MODEL]
+    text, finish = stream_chat(mlx_server, QUESTION, 16)
+    assert (text, finish) == ("The capital of France is Paris.", "stop")
+
+
+def test_concurrent_streams_are_batched_and_all_complete(mlx_server: RunningServer) -> None:
+    peak = {"lanes": 0}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak["lanes"] = max(peak["lanes"], mlx_server.state().get("lanes_active", 0))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            asks = [[{"role": "user", "content": f"Count to {i + 3}."}] for i in range(3)]
+            results = list(pool.map(lambda m: stream_chat(mlx_server, m, 8), asks))
+    finally:
+        done.set()
+        watcher.join()
+    assert peak["lanes"] == 3
+    assert all(text and finish in ("stop", "length") for text, finish in results)
+    mlx_server.wait_for(lambda: mlx_server.state()["lanes_active"] == 0, timeout_s=10)
+
+
+def test_a_client_disconnect_cancels_its_job_and_frees_the_lane(mlx_server: RunningServer) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", mlx_server.base + "/v1/chat/completions", json=body, timeout=300) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        for _ in range(3):  # the role chunk and two text deltas
+            next(lines)
+        assert mlx_server.state()["lanes_active"] == 1
+    closed = time.monotonic()
+    # the tick in flight ends at the engine's next step: one decode round of one lane
+    mlx_server.wait_for(lambda: mlx_server.state()["lanes_active"] == 0, timeout_s=10)
+    assert time.monotonic() - closed < 5.0
+
+
+def _stream_completion(base: str, body: dict, headers: dict, on_chunk=None) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
+    parts: list[str] = []
+    usage: dict = {}
+    with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if piece:
+                    parts.append(piece)
+                    if on_chunk is not None:
+                        on_chunk(len(parts))
+    return "".join(parts), usage
+
+
+def test_an_interactive_chat_preempts_a_background_job_which_resumes_exactly(mlx_model_dir: Path) -> None:
+    srv = RunningServer("--model", str(mlx_model_dir), "--max-batch", "1", "--ctx-size", "512").start(START_S)
+    try:
+        def agent_body() -> dict:
+            return {
+                "_path": "/v1/completions", "model": MODEL, "prompt": "Here is a list of fruits:\n1. Apple\n2.",
+                "max_tokens": 16, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            }
+
+        background = {"x-superfluid-qos": "background"}
+        undisturbed, _ = _stream_completion(srv.base, agent_body(), background)
+        chat: dict[str, str] = {}
+        chat_thread: list[threading.Thread] = []
+
+        def send_chat(n: int) -> None:
+            if n == 4 and not chat_thread:
+                body = {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 4, "stream": True,
+                        "messages": [{"role": "user", "content": "Hi!"}]}
+
+                def run() -> None:
+                    chat["text"], _ = _stream_completion(srv.base, body, {"x-superfluid-qos": "interactive"})
+
+                chat_thread.append(threading.Thread(target=run))
+                chat_thread[0].start()
+
+        before = srv.state()["counters"]
+        preempted, usage = _stream_completion(srv.base, agent_body(), background, on_chunk=send_chat)
+        chat_thread[0].join(300)
+        after = srv.state()["counters"]
+        assert chat.get("text")
+        assert after["preemptions"] - before["preemptions"] == 1
+        assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
+        assert preempted == undisturbed  # the parked KV came back exactly
+        assert usage["completion_tokens"] > 4  # the preemption came mid-stream
+    finally:
+        srv.stop()
