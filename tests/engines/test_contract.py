@@ -19,7 +19,7 @@ from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams
 from scheduler.engines.base import EngineError
 from scheduler.worker.output import TextStream
 
-from .driver import GREEDY, Run, chat, drive, generate, never, release, text_of
+from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 
 pytestmark = pytest.mark.model
 
@@ -34,7 +34,6 @@ N_TOKENS = 8
 
 
 def _llamacpp(_request: pytest.FixtureRequest) -> Any:
-    pytest.importorskip("llama_cpp")
     from scheduler.engines.llama_cpp import LlamaCppEngine
     from scheduler.engines.models import default_model_path
 

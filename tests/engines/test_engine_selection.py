@@ -57,7 +57,6 @@ def test_a_folder_without_weights_and_an_unknown_engine_are_refused(tmp_path: Pa
 
 
 def test_runengine_turns_a_model_mlx_cannot_load_into_a_command_error(mlx_dir: Path) -> None:
-    pytest.importorskip("mlx_lm")
     from scheduler.management.commands.runengine import load_engine
 
     with pytest.raises(CommandError, match="--engine mlx cannot load"):

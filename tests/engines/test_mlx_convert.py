@@ -37,7 +37,6 @@ def test_the_folder_records_the_ggufs_hyper_parameters_and_quantisation(mlx_mode
 
 
 def test_the_tokenizer_gives_llama_cpps_token_ids(mlx_model_dir: Path) -> None:
-    pytest.importorskip("llama_cpp")
     from tokenizers import Tokenizer
 
     from scheduler.engines.llama_cpp import LlamaCppEngine
@@ -76,7 +75,6 @@ def test_an_existing_folder_is_kept_unless_forced_and_a_foreign_one_refused(mlx_
 
 
 def test_the_mlxconvert_command_writes_a_folder_mlx_serves(tmp_path: Path) -> None:
-    pytest.importorskip("mlx.core")
     out = StringIO()
     call_command("mlxconvert", "--out", str(tmp_path / "smol"), stdout=out)
     assert f"serve --model {tmp_path / 'smol'}" in out.getvalue()
