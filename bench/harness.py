@@ -99,7 +99,17 @@ class RunningServer(ServerProcess):
 
     def start(self, timeout_s: float = 120.0) -> "RunningServer":
         self._launch([sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), *self.flags], timeout_s)
+        # /health is ok once the worker said hello; its first snapshot (what /v1/internal/state
+        # serves, 503 until then) follows within a tick, later on a busy machine. Under
+        # --require-key the endpoint answers 401 without a key, and the wait ends at once.
+        self.wait_for(self._has_state, timeout_s=60)
         return self
+
+    def _has_state(self) -> bool:
+        try:
+            return httpx.get(self.base + "/v1/internal/state", timeout=5).status_code != 503
+        except httpx.HTTPError:
+            return False
 
     def state(self) -> dict:
         return httpx.get(self.base + "/v1/internal/state", timeout=5).json()
