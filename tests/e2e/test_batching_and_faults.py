@@ -120,3 +120,21 @@ def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_zero() -> N
         assert srv.proc.wait(timeout=30) == 0
     finally:
         srv.stop()
+
+
+def test_serve_stops_with_the_reason_when_the_model_cannot_be_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A model that does not load is a configuration error: serve says why and exits non-zero
+    instead of restarting the worker forever behind a server that can never answer."""
+    import subprocess
+    import sys
+
+    from bench.harness import ROOT, free_port
+
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # the magic, then nothing a loader can use
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": str(tmp_path)}
+    argv = [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(free_port()), "--model", str(broken)]
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "cannot load" in done.stderr and str(broken) in done.stderr, done.stderr[-2000:]
+    assert "restarting" not in done.stderr

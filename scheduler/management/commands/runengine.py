@@ -19,6 +19,8 @@ from scheduler.worker.loop import EngineWorker
 
 log = logging.getLogger("superfluid.worker")
 
+EXIT_MODEL_UNLOADABLE = 78  # EX_CONFIG: the engine cannot load the model it was given
+
 
 def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int) -> Any:
     """The engine ``--engine kind`` picks for ``model``; CommandError if it cannot load it."""
@@ -54,14 +56,19 @@ class Command(BaseCommand):
         config = scheduler_config(options)
         model = resolve_model(options)
         started = time.monotonic()
-        engine = load_engine(
-            options["engine"],
-            model,
-            n_lanes=config.max_batch,
-            lane_ctx=config.lane_ctx,
-            threads=options["threads"],
-            cache_slots=config.cache_slots if config.prefix_cache else 0,
-        )
+        try:
+            engine = load_engine(
+                options["engine"],
+                model,
+                n_lanes=config.max_batch,
+                lane_ctx=config.lane_ctx,
+                threads=options["threads"],
+                cache_slots=config.cache_slots if config.prefix_cache else 0,
+            )
+        except CommandError as exc:
+            # a distinct status, so the supervisor can tell "this model does not load" from a crash
+            sys.stderr.write(f"engine worker: {exc}\n")
+            sys.exit(EXIT_MODEL_UNLOADABLE)
         # the seed's busy-tick target for this engine bounds a tick's prefill while lanes decode
         busy_s = busy_tick_target_s(engine.name)
         if busy_s is not None:

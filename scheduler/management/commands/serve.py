@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from keys.binding import is_loopback
 from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
+from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
 
 log = logging.getLogger("superfluid.serve")
@@ -51,6 +53,8 @@ class WorkerSupervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.restarts = 0
+        self.fatal: str | None = None  # why serving cannot start at all
+        self.on_fatal: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
         self.exited = threading.Event()
 
@@ -68,6 +72,15 @@ class WorkerSupervisor:
             started = time.monotonic()
             rc = self.proc.wait()
             if self.stopping:
+                break
+            if rc == EXIT_MODEL_UNLOADABLE and self.restarts == 0:
+                # The first worker could not load the model: a configuration error, which no
+                # restart mends. serve stops, as llama-server does. A model that stops loading
+                # later (a file replaced under a running server) is retried below like a crash.
+                self.fatal = "the engine worker cannot load the model (its message is above)"
+                self.stopping = True
+                if self.on_fatal is not None:
+                    self.on_fatal()
                 break
             self.restarts += 1
             quick = time.monotonic() - started < 10
@@ -151,6 +164,8 @@ class Command(BaseCommand):
             self._run_web(options, supervisor, model_name, config.max_batch)
         finally:
             supervisor.kill()
+        if supervisor.fatal:
+            raise CommandError(supervisor.fatal)
         sys.stdout.write("superfluid stopped\n")
         sys.stdout.flush()
 
@@ -224,4 +239,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        supervisor.on_fatal = lambda: reactor.callFromThread(reactor.stop)
+        if supervisor.fatal:  # the worker gave up before the callback was set
+            return
         server.run()
