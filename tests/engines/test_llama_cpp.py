@@ -1,7 +1,7 @@
 """The llama.cpp engine against the real SmolLM2-135M model, driven with hand-built TickPlans.
 
-``drive`` below plays the scheduler's part (bind, feed the unfed part of prompt + output, commit
-what was fed and sampled), so each test states what the engine must do, not how a scheduler
+``drive`` (``bench/engine_driver.py``) plays the scheduler's part (bind, feed the unfed part of
+prompt + output, commit what was fed and sampled), so each test states what the engine must do, not how a scheduler
 would ask for it. ``reference`` holds greedy continuations generated alone on a fresh engine;
 batching, chunking, parking and lane reuse must all reproduce them token for token.
 """
@@ -9,17 +9,16 @@ batching, chunking, parking and lane reuse must all reproduce them token for tok
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
+from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 from scheduler.core.types import (
     LaneBind,
     LaneFeed,
     LaneRestore,
     SamplingParams,
     TickPlan,
-    TickResult,
 )
 from scheduler.engines.base import EngineError
 from scheduler.engines.llama_cpp import LlamaCppEngine, ParkedKV
@@ -29,20 +28,13 @@ pytestmark = pytest.mark.model
 
 Engine = LlamaCppEngine
 N_LANES = 4
-GREEDY = SamplingParams(temperature=0.0)
-# SmolLM2's own default system prompt makes the 135M model ramble in French about the capital
-# of France; a plain one gets "The capital of France is Paris."
-SYSTEM = "You are a helpful assistant."
+N_TOKENS = 32  # the length of the reference continuations
 QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
     "Explain photosynthesis in simple terms.",
     "List three prime numbers.",
 ]
-
-
-def never() -> bool:
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -58,88 +50,6 @@ def clean_lanes(engine: Engine) -> Iterator[None]:
     release(engine, *range(N_LANES))
 
 
-def release(engine: Engine, *lanes: int) -> None:
-    engine.execute(TickPlan(tick=0, release=list(lanes)), never)
-
-
-def chat(engine: Engine, question: str) -> list[int]:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
-    return engine.tokenize(engine.render_chat(messages))
-
-
-def text_of(engine: Engine, tokens: list[int]) -> str:
-    return b"".join(engine.token_bytes(t) for t in tokens).decode("utf-8", "replace")
-
-
-@dataclass
-class Run:
-    """One generation, tracked the way the scheduler tracks a job."""
-
-    lane: int
-    prompt: list[int]
-    sampling: SamplingParams = GREEDY
-    max_tokens: int = 32
-    stop_on_eog: bool = False  # off: outputs have a fixed length, so they compare exactly
-    output: list[int] = field(default_factory=list)
-    computed: int = 0  # tokens of prompt + output in the lane's KV cache
-    bound: bool = False
-    done: bool = False
-
-    def feed(self, chunk: int = 1 << 20) -> LaneFeed:
-        job = str(id(self))
-        if self.computed < len(self.prompt):
-            tokens = self.prompt[self.computed : self.computed + chunk]
-            finishes = self.computed + len(tokens) == len(self.prompt)
-            return LaneFeed(self.lane, job, self.computed, tokens, finishes)
-        rest = (self.prompt + self.output)[self.computed :]
-        return LaneFeed(self.lane, job, self.computed, rest, True, decode=len(rest) == 1)
-
-    def commit(self, result: TickResult) -> None:
-        self.computed += result.fed.get(self.lane, 0)
-        if self.lane not in result.sampled:
-            return
-        if self.stop_on_eog and self.lane in result.eog:
-            self.done = True
-            return
-        self.output.append(result.sampled[self.lane])
-        self.done = len(self.output) >= self.max_tokens
-
-
-def drive(
-    engine: Engine,
-    runs: list[Run],
-    *,
-    chunk: int = 1 << 20,
-    step_tokens: int = 512,
-    ticks: int | None = None,
-) -> list[Run]:
-    """Tick until every run is done (or ``ticks`` ran): bind, then feed → sample → feed."""
-    tick = 0
-    while any(not r.done for r in runs) and (ticks is None or tick < ticks):
-        tick += 1
-        plan = TickPlan(tick=tick, step_tokens=step_tokens)
-        live = [r for r in runs if not r.done]
-        for r in live:
-            if not r.bound:
-                plan.bind.append(LaneBind(r.lane, str(id(r)), r.sampling, list(r.output)))
-                r.bound = True
-            plan.feeds.append(r.feed(chunk))
-        result = engine.execute(plan, never)
-        for r in live:
-            r.commit(result)
-    return runs
-
-
-def generate(
-    engine: Engine,
-    lane: int,
-    prompt: list[int],
-    sampling: SamplingParams = GREEDY,
-    max_tokens: int = 32,
-) -> list[int]:
-    return drive(engine, [Run(lane, prompt, sampling, max_tokens)])[0].output
-
-
 @pytest.fixture(scope="module")
 def prompts(engine: Engine) -> list[list[int]]:
     return [chat(engine, q) for q in QUESTIONS]
@@ -150,7 +60,7 @@ def reference(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     """Greedy 32-token continuations, each generated alone in lane 0 of a fresh engine."""
     outputs = []
     for p in prompts:
-        outputs.append(generate(engine, 0, p))
+        outputs.append(generate(engine, 0, p, max_tokens=N_TOKENS))
         release(engine, 0)
     return outputs
 
@@ -238,15 +148,15 @@ def test_batched_greedy_matches_alone(
     engine: Engine, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
     # all four prompts prefilled in one call, then decoded together
-    together = drive(engine, [Run(i, prompts[i]) for i in range(N_LANES)])
+    together = drive(engine, [Run(i, prompts[i], max_tokens=N_TOKENS) for i in range(N_LANES)])
     assert [r.output for r in together] == reference
     release(engine, *range(N_LANES))
     # staggered: lane 3 prefills in 7-token chunks while lanes 0-2 are mid-decode, in 8-token
     # engine calls, so lanes' tokens share calls in shifting combinations and cross call
     # boundaries
-    early = [Run(i, prompts[i]) for i in range(3)]
+    early = [Run(i, prompts[i], max_tokens=N_TOKENS) for i in range(3)]
     drive(engine, early, ticks=5)
-    late = Run(3, prompts[3])
+    late = Run(3, prompts[3], max_tokens=N_TOKENS)
     drive(engine, [*early, late], chunk=7, step_tokens=8)
     assert [r.output for r in early] == reference[:3]
     assert late.output == reference[3]
@@ -255,7 +165,7 @@ def test_batched_greedy_matches_alone(
 def test_lane_number_does_not_matter(
     engine: Engine, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    assert generate(engine, 2, prompts[1]) == reference[1]
+    assert generate(engine, 2, prompts[1], max_tokens=N_TOKENS) == reference[1]
 
 
 def test_release_then_reuse_matches_fresh(
@@ -263,13 +173,13 @@ def test_release_then_reuse_matches_fresh(
 ) -> None:
     generate(engine, 1, prompts[2], max_tokens=8)
     release(engine, 1)
-    assert generate(engine, 1, prompts[0]) == reference[0]
+    assert generate(engine, 1, prompts[0], max_tokens=N_TOKENS) == reference[0]
 
 
 def test_park_and_restore_into_another_lane_continues_exactly(
     engine: Engine, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    run = Run(0, prompts[0])
+    run = Run(0, prompts[0], max_tokens=N_TOKENS)
     drive(engine, [run], ticks=10)
     assert len(run.output) == 10 and run.computed == len(prompts[0]) + 9
     result = engine.execute(TickPlan(tick=11, park=[(0, "a")]), never)
@@ -299,9 +209,9 @@ def test_restore_of_garbage_raises(engine: Engine) -> None:
 def test_should_stop_returns_partial_feed_without_sample(
     engine: Engine, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    decoding = Run(0, prompts[0])
+    decoding = Run(0, prompts[0], max_tokens=N_TOKENS)
     drive(engine, [decoding], ticks=2)
-    prefilling = Run(1, prompts[2], bound=True)
+    prefilling = Run(1, prompts[2], max_tokens=N_TOKENS, bound=True)
     asked: list[bool] = []
 
     def stop() -> bool:
@@ -367,7 +277,7 @@ def test_seeded_sampling_repeats(engine: Engine, prompts: list[list[int]]) -> No
 def test_repeat_penalty_changes_greedy_output(
     engine: Engine, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    penalised = generate(engine, 0, prompts[0], SamplingParams(temperature=0.0, repeat_penalty=1.5))
+    penalised = generate(engine, 0, prompts[0], SamplingParams(temperature=0.0, repeat_penalty=1.5), N_TOKENS)
     assert len(penalised) == 32 and penalised != reference[0]
 
 
