@@ -20,8 +20,8 @@ from typing import Any
 
 import llama_cpp
 
-from scheduler.core.types import LaneFeed, SamplingParams, TickPlan, TickResult
-from scheduler.engines.base import EngineError
+from scheduler.core.types import SamplingParams, TickPlan, TickResult
+from scheduler.engines.base import EngineError, pack_steps
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
@@ -339,19 +339,6 @@ class LlamaCppEngine:
     ) -> None:
         L = llama_cpp
         cap = min(plan.step_tokens, self.max_step_tokens)
-        if cap < 1:
-            raise EngineError("step_tokens must be at least 1", permanent=True)
-        # Decode feeds first so every decoding lane advances in the first call even when the
-        # tick stops early; prompt chunks fill the rest.
-        feeds: list[LaneFeed] = [f for f in plan.feeds if f.sample and len(f.tokens) == 1]
-        feeds += [f for f in plan.feeds if f.tokens and not (f.sample and len(f.tokens) == 1)]
-        n_lanes = self.n_lanes
-        for f in feeds:
-            if not 0 <= f.lane < n_lanes:
-                raise EngineError(f"lane {f.lane} out of range", permanent=True)
-            if f.sample and f.lane not in self._samplers:
-                raise EngineError(f"lane {f.lane} has no sampler bound", permanent=True)
-
         tok, pos, seq, logits_addr, logits = (
             self._b_token,
             self._b_pos,
@@ -368,48 +355,31 @@ class LlamaCppEngine:
         )
         samplers = self._samplers
         fed, sampled, eog = result.fed, result.sampled, result.eog
-        n_feeds = len(feeds)
-        i = 0  # next feed
-        off = 0  # tokens of feeds[i] already placed in an earlier call
         prefill_s = 0.0
-        while i < n_feeds:
+        for step in pack_steps(plan, cap, self.n_lanes, samplers):
             n = 0
-            chunks: list[tuple[int, int]] = []  # (lane, tokens) placed in this call
-            outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after it
-            has_prefill = False
+            outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after the call
             ctypes.memset(logits_addr, 0, cap)
-            while i < n_feeds and n < cap:
-                f = feeds[i]
-                tokens = f.tokens
-                lane = f.lane
-                k = min(len(tokens) - off, cap - n)
+            for lane, start, tokens, wants_sample in step.pieces:
+                k = len(tokens)
                 end = n + k
-                start = f.start_pos + off
                 if k == 1:
-                    tok[n] = tokens[off]
+                    tok[n] = tokens[0]
                     pos[n] = start
                     seq[n].value = lane
                 else:
-                    tok[n:end] = tokens[off : off + k]
+                    tok[n:end] = tokens
                     pos[n:end] = range(start, start + k)
                     for j in range(n, end):
                         seq[j].value = lane
-                if not f.is_decode:
-                    has_prefill = True
-                chunks.append((lane, k))
-                if off + k == len(tokens):
-                    if f.sample:
-                        logits[end - 1] = 1
-                        outputs.append((lane, end - 1))
-                    i += 1
-                    off = 0
-                else:
-                    off += k
+                if wants_sample:
+                    logits[end - 1] = 1
+                    outputs.append((lane, end - 1))
                 n = end
             batch.n_tokens = n
             t = time.perf_counter()
             ret = decode(ctx, batch)
-            if has_prefill:
+            if step.prefill:
                 prefill_s += time.perf_counter() - t
             if ret != 0:
                 # Earlier calls of this tick are in the KV cache (a failed call is rolled back
@@ -418,14 +388,14 @@ class LlamaCppEngine:
                 error = _err(f"llama_decode returned {ret}", permanent=ret < 0)
                 error.partial = result  # type: ignore[attr-defined]
                 raise error
-            for lane, k in chunks:
-                fed[lane] = fed.get(lane, 0) + k
+            for piece in step.pieces:
+                fed[piece.lane] = fed.get(piece.lane, 0) + len(piece.tokens)
             for lane, index in outputs:
                 token = sample(samplers[lane], ctx, index)
                 sampled[lane] = token
                 if is_eog(vocab, token):
                     eog.add(lane)
-            if i < n_feeds and should_stop():
+            if not step.last and should_stop():
                 result.stopped_early = True
                 break
         result.prefill_s = prefill_s

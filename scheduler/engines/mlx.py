@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.types import LaneFeed, TickPlan, TickResult
-from scheduler.engines.base import EngineError
+from scheduler.core.types import TickPlan, TickResult
+from scheduler.engines.base import EngineError, Piece, pack_steps
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
@@ -274,58 +274,30 @@ class MlxEngine:
         return result
 
     def _feed(self, plan: TickPlan, should_stop: Callable[[], bool], result: TickResult) -> None:
-        cap = min(plan.step_tokens, self.max_step_tokens)
-        if cap < 1:
-            raise EngineError("step_tokens must be at least 1", permanent=True)
-        # As llama.cpp: decode feeds first, so every decoding lane advances in the first step
-        # even when the tick stops early; prompt chunks fill the rest. A step is at most ``cap``
-        # tokens; should_stop() is asked between steps.
-        feeds: list[LaneFeed] = [f for f in plan.feeds if f.sample and len(f.tokens) == 1]
-        feeds += [f for f in plan.feeds if f.tokens and not (f.sample and len(f.tokens) == 1)]
-        for f in feeds:
-            self._check_lane(f.lane)
-            if f.sample and f.lane not in self._samplers:
-                raise EngineError(f"lane {f.lane} has no sampler bound", permanent=True)
-        n_feeds = len(feeds)
-        i = off = 0
         prefill_s = 0.0
-        while i < n_feeds:
-            n = 0
-            pieces: list[tuple[int, int, list[int], bool]] = []  # (lane, start, tokens, sample)
-            has_prefill = False
-            while i < n_feeds and n < cap:
-                f = feeds[i]
-                k = min(len(f.tokens) - off, cap - n)
-                last = off + k == len(f.tokens)
-                pieces.append((f.lane, f.start_pos + off, f.tokens[off : off + k], f.sample and last))
-                has_prefill = has_prefill or not f.is_decode
-                n += k
-                if last:
-                    i, off = i + 1, 0
-                else:
-                    off += k
+        for step in pack_steps(plan, min(plan.step_tokens, self.max_step_tokens), self.n_lanes, self._samplers):
             t = time.perf_counter()
             try:
-                logits = self._step(pieces)
+                logits = self._step(step.pieces)
             except EngineError as error:
                 result.prefill_s = prefill_s
                 error.partial = result  # type: ignore[attr-defined]
                 raise
-            if has_prefill:
+            if step.prefill:
                 prefill_s += time.perf_counter() - t
-            for lane, _start, tokens, _sample in pieces:
-                result.fed[lane] = result.fed.get(lane, 0) + len(tokens)
+            for piece in step.pieces:
+                result.fed[piece.lane] = result.fed.get(piece.lane, 0) + len(piece.tokens)
             for lane, row in logits.items():
                 token = self._samplers[lane].sample(row)
                 result.sampled[lane] = token
                 if token in self._eog:
                     result.eog.add(lane)
-            if i < n_feeds and should_stop():
+            if not step.last and should_stop():
                 result.stopped_early = True
                 break
         result.prefill_s = prefill_s
 
-    def _step(self, pieces: list[tuple[int, int, list[int], bool]]) -> dict[int, np.ndarray]:
+    def _step(self, pieces: list[Piece]) -> dict[int, np.ndarray]:
         """Append each piece to its lane's cache; the last position's logits of the pieces that
         sample. Positions are checked before anything runs, so a refused step changes nothing."""
         mx = self._mx

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.core.types import TickPlan, TickResult
+from scheduler.engines.base import pack_steps
 
 EOG_TOKEN = 2
 
@@ -116,54 +117,36 @@ class SimEngine:
         for bind in plan.bind:
             self.lane_job[bind.lane] = bind.job_id
             self.generated[bind.job_id] = len(bind.history)
-        # Split feeds into calls of at most step_tokens, decode tokens first.
-        feeds = sorted(plan.feeds, key=lambda f: not f.is_decode)
-        pending = [(f, 0) for f in feeds]  # (feed, tokens already fed)
-        calls_this_tick = 0
-        while pending:
-            if calls_this_tick and should_stop():
-                result.stopped_early = True
-                break
-            space = plan.step_tokens
+        # Calls packed as the real engines pack them (decode tokens first, at most step_tokens).
+        bound = {lane for lane, job in enumerate(self.lane_job) if job is not None}
+        for step in pack_steps(plan, plan.step_tokens, self.n_lanes, bound):
             call: list[tuple[int, int]] = []
-            nxt = []
-            prefill_in_call = False
-            for feed, done in pending:
-                if space <= 0:
-                    nxt.append((feed, done))
-                    continue
-                take = min(space, len(feed.tokens) - done)
-                space -= take
-                lane_kv = self.kv[feed.lane]
-                assert len(lane_kv) == feed.start_pos + done, (
-                    f"lane {feed.lane}: feed at {feed.start_pos + done} but KV holds {len(lane_kv)}"
-                )
-                lane_kv.extend(feed.tokens[done : done + take])
-                call.append((feed.lane, take))
-                result.fed[feed.lane] = result.fed.get(feed.lane, 0) + take
-                if not feed.is_decode:
-                    prefill_in_call = True
-                if done + take < len(feed.tokens):
-                    nxt.append((feed, done + take))
-                elif feed.sample:
-                    job_id = self.lane_job[feed.lane]
+            for lane, start_pos, tokens, sample in step.pieces:
+                lane_kv = self.kv[lane]
+                assert len(lane_kv) == start_pos, f"lane {lane}: feed at {start_pos} but KV holds {len(lane_kv)}"
+                lane_kv.extend(tokens)
+                call.append((lane, len(tokens)))
+                result.fed[lane] = result.fed.get(lane, 0) + len(tokens)
+                if sample:
+                    job_id = self.lane_job[lane]
                     assert job_id is not None
                     self.generated[job_id] = self.generated.get(job_id, 0) + 1
                     if self.eog_after.get(job_id) == self.generated[job_id]:
-                        result.eog.add(feed.lane)
-                        result.sampled[feed.lane] = EOG_TOKEN
+                        result.eog.add(lane)
+                        result.sampled[lane] = EOG_TOKEN
                     else:
-                        result.sampled[feed.lane] = self.next_token(lane_kv)
-            n_prefill = sum(n for lane, n in call) if prefill_in_call else 0
+                        result.sampled[lane] = self.next_token(lane_kv)
+            n_prefill = sum(n for _, n in call) if step.prefill else 0
             cost = self.decode_round_s + n_prefill * self.prefill_s_per_token
             self.clock.advance(cost)
-            if prefill_in_call:
+            if step.prefill:
                 result.prefill_s += cost
             self.calls.append(call)
-            calls_this_tick += 1
             if self.on_call is not None:
                 self.on_call(len(self.calls))
-            pending = nxt
+            if not step.last and should_stop():
+                result.stopped_early = True
+                break
         result.elapsed_s = self.clock() - start
         return result
 
