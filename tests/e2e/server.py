@@ -1,5 +1,34 @@
-"""The real-server harness is shared with the benchmarks."""
+"""The real-server harness is shared with the benchmarks; helpers the e2e tests share."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
 
 from bench.harness import RunningServer, free_port
 
-__all__ = ["RunningServer", "free_port"]
+__all__ = ["RunningServer", "free_port", "stream_text"]
+
+
+def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=None, timeout_s: float = 180) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
+    """(text, final usage) of a streamed completion or chat whose path is ``body["_path"]``;
+    ``on_chunk(n)`` after each delta. No error frame may arrive."""
+    parts: list[str] = []
+    usage: dict = {}
+    with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers or {}, timeout=timeout_s) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices", []):
+                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                if piece:
+                    parts.append(piece)
+                    if on_chunk is not None:
+                        on_chunk(len(parts))
+    return "".join(parts), usage

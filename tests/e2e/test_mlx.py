@@ -5,7 +5,6 @@ MLX's CPU backend runs this model at a few tokens per second, so replies are sho
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -95,26 +94,6 @@ def test_a_client_disconnect_cancels_its_job_and_frees_the_lane(mlx_server: Runn
     assert time.monotonic() - closed < 5.0
 
 
-def _stream_completion(base: str, body: dict, headers: dict, on_chunk=None) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
-    parts: list[str] = []
-    usage: dict = {}
-    with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers, timeout=300) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            usage = event.get("usage") or usage
-            for choice in event.get("choices", []):
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    parts.append(piece)
-                    if on_chunk is not None:
-                        on_chunk(len(parts))
-    return "".join(parts), usage
-
-
 def test_an_interactive_chat_preempts_a_background_job_which_resumes_exactly(mlx_model_dir: Path) -> None:
     srv = RunningServer("--model", str(mlx_model_dir), "--max-batch", "1", "--ctx-size", "512").start(START_S)
     try:
@@ -125,7 +104,7 @@ def test_an_interactive_chat_preempts_a_background_job_which_resumes_exactly(mlx
             }
 
         background = {"x-superfluid-qos": "background"}
-        undisturbed, _ = _stream_completion(srv.base, agent_body(), background)
+        undisturbed, _ = stream_text(srv.base, agent_body(), background, timeout_s=300)
         chat: dict[str, str] = {}
         chat_thread: list[threading.Thread] = []
 
@@ -135,13 +114,13 @@ def test_an_interactive_chat_preempts_a_background_job_which_resumes_exactly(mlx
                         "messages": [{"role": "user", "content": "Hi!"}]}
 
                 def run() -> None:
-                    chat["text"], _ = _stream_completion(srv.base, body, {"x-superfluid-qos": "interactive"})
+                    chat["text"], _ = stream_text(srv.base, body, {"x-superfluid-qos": "interactive"}, timeout_s=300)
 
                 chat_thread.append(threading.Thread(target=run))
                 chat_thread[0].start()
 
         before = srv.state()["counters"]
-        preempted, usage = _stream_completion(srv.base, agent_body(), background, on_chunk=send_chat)
+        preempted, usage = stream_text(srv.base, agent_body(), background, on_chunk=send_chat, timeout_s=300)
         chat_thread[0].join(300)
         after = srv.state()["counters"]
         assert chat.get("text")

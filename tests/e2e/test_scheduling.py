@@ -3,14 +3,13 @@ request priority, batch-invariant and fill-in-the-middle gates."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -24,28 +23,6 @@ def two_lanes() -> Iterator[RunningServer]:
         yield srv
     finally:
         srv.stop()
-
-
-def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=None) -> tuple[str, dict]:  # type: ignore[no-untyped-def]
-    """(text, final usage) of a streamed completion or chat; ``on_chunk(n)`` after each delta."""
-    parts: list[str] = []
-    usage: dict = {}
-    with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers or {}, timeout=180) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices", []):
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    parts.append(piece)
-                    if on_chunk is not None:
-                        on_chunk(len(parts))
-    return "".join(parts), usage
 
 
 def agent_body() -> dict:
