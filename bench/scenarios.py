@@ -506,27 +506,33 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
 
 def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
     prompt = [t for r in rows for t in r["agent_prompt_tokens"] if t]
-    lines = [
+    title = (
         f"agents-chat: {AGENTS} background agents (prompts {min(prompt, default=0)}-{max(prompt, default=0)} tokens, "
         f"max_tokens {AGENT_MAX_TOKENS}) + 1 interactive chat {CHAT_DELAY_S:.0f} s later (max_tokens {CHAT_MAX_TOKENS}), "
-        f"median of {runs} run{'s' if runs != 1 else ''}",
-        "",
-        "| configuration | chat TTFT s | agents' max stall s | agents' median TTFT s | agents' max TTFT s | total s | server cores | other cores |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        f"median of {runs} run{'s' if runs != 1 else ''}"
+    )
+    columns = [
+        ("chat TTFT s", "chat_ttft_s", 2), ("agents' max stall s", "agents_max_stall_s", 2),
+        ("agents' median TTFT s", "agents_median_ttft_s", 2), ("agents' max TTFT s", "agents_max_ttft_s", 2),
+        ("total s", "total_s", 1), ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
     ]
+    return median_table(title, columns, rows, configs, skipped)
+
+
+def median_table(
+    title: str, columns: list[tuple[str, str, int]], rows: list[dict[str, Any]], configs: list[str], skipped: str | None
+) -> str:
+    """``title``, then a Markdown row per configuration: for each (heading, key, digits) column,
+    the median over that configuration's runs; failed requests are counted beside its name."""
+    lines = [title, "", "| configuration | " + " | ".join(c[0] for c in columns) + " |", "|---|" + "--:|" * len(columns)]
     for config in configs:
         rs = [r for r in rows if r["configuration"] == config]
         if not rs:
             continue
-
-        def med(key: str) -> float:
-            return _median([r[key] for r in rs if r.get(key) is not None])
-
         failed = sum(len(r["failed"]) for r in rs)
         note = f" ({failed} failed)" if failed else ""
-        lines.append(f"| {config}{note} | {_fmt(med('chat_ttft_s'))} | {_fmt(med('agents_max_stall_s'))} | "
-                     f"{_fmt(med('agents_median_ttft_s'))} | {_fmt(med('agents_max_ttft_s'))} | {_fmt(med('total_s'), 1)} | "
-                     f"{_fmt(med('server_cores'))} | {_fmt(med('other_cores'))} |")
+        cells = [_fmt(_median([r[key] for r in rs if r.get(key) is not None]), digits) for _, key, digits in columns]
+        lines.append(f"| {config}{note} | " + " | ".join(cells) + " |")
     if skipped:
         lines += ["", f"llama-server skipped: {skipped}"]
     return "\n".join(lines)
@@ -600,32 +606,16 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
 
 def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
     prefix = [r["prefix_tokens"] for r in rows]
-    lines = [
+    title = (
         f"shared-prefix: {SHARED_REQUESTS} concurrent chats, system prompt ~{_fmt(_median(prefix), 0)} tokens shared or distinct, "
-        f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}",
-        "",
-        "| configuration | median TTFT s | p90 TTFT s | prompt tokens | cached tokens | prefills of the shared prefix | total s | server cores | other cores |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}"
+    )
+    columns = [
+        ("median TTFT s", "median_ttft_s", 2), ("p90 TTFT s", "p90_ttft_s", 2), ("prompt tokens", "prompt_tokens", 0),
+        ("cached tokens", "cached_tokens", 0), ("prefills of the shared prefix", "prefix_prefills", 1),
+        ("total s", "total_s", 1), ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
     ]
-    for config in configs:
-        rs = [r for r in rows if r["configuration"] == config]
-        if not rs:
-            continue
-
-        def med(key: str) -> float | None:
-            vals = [r[key] for r in rs if r.get(key) is not None]
-            return _median(vals) if vals else None
-
-        failed = sum(len(r["failed"]) for r in rs)
-        note = f" ({failed} failed)" if failed else ""
-        pt, ct = med("prompt_tokens"), med("cached_tokens")
-        lines.append(f"| {config}{note} | {_fmt(med('median_ttft_s'))} | {_fmt(med('p90_ttft_s'))} | "
-                     f"{_fmt(pt, 0)} | {_fmt(ct, 0)} | {_fmt(med('prefix_prefills'), 1)} | {_fmt(med('total_s'), 1)} | "
-                     f"{_fmt(med('server_cores'))} | {_fmt(med('other_cores'))} |")
-    if skipped:
-        lines += ["", f"llama-server skipped: {skipped}"]
-    return "\n".join(lines)
-
+    return median_table(title, columns, rows, configs, skipped)
 
 # --------------------------------------------------------------------------------------------
 
