@@ -20,10 +20,12 @@ from django.conf import settings
 
 from scheduler.core.qos import QosClass
 from scheduler.link.client import JobHandle, get_link
+from scheduler.link.messages import Delta, Done, Error, Rejected
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
+from .link_errors import link_error
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
 
@@ -35,16 +37,6 @@ SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
-
-
-def error_from_wire(error: dict[str, Any]) -> ApiError:
-    return ApiError(
-        status=int(error.get("status", 500)),
-        message=str(error.get("message", "")),
-        type=str(error.get("type", "server_error")),
-        param=error.get("param"),
-        code=error.get("code"),
-    )
 
 
 class StreamingConsumer(AsyncHttpConsumer):
@@ -133,27 +125,26 @@ class GenerationConsumer(StreamingConsumer):
         if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
             raise engine_unavailable("The engine worker is not running.")
         assert link.hello is not None
-        request = self.parse(body, [link.hello["model"]])
+        request = self.parse(body, [link.hello.model])
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority
         self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
             admission.key_name, qos.label, priority, admission.band
         )
-        payload = {
-            "request": request.to_wire(),
-            "qos": int(qos),
-            "priority": priority,
-            "batch_invariant": admission.batch_invariant,
-            "key": admission.key_name,
-            "pin_prefix": self.headers().get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes"),
-        }
-        handle = await link.submit(payload)
+        handle = await link.submit(
+            request=request.to_wire(),
+            qos=int(qos),
+            priority=priority,
+            batch_invariant=admission.batch_invariant,
+            pin_prefix=self.headers().get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes"),
+        )
+        handle.key = admission.key_name
         self.record.request_id = handle.job_id
         try:
-            first = await handle.events.get()
-            if first["ev"] in ("rejected", "error"):
-                raise error_from_wire(first["error"])
+            first = await handle.next_event()
+            if isinstance(first, (Rejected, Error)):
+                raise link_error(first)
             if request.stream:
                 await self.stream(request, handle, qos)
             else:
@@ -169,13 +160,13 @@ class GenerationConsumer(StreamingConsumer):
 
     async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
         rid, created, model = responses.new_id(self.endpoint), int(time.time()), request.model
-        pending: list[dict[str, Any]] = []
+        pending: list[Any] = []
         if qos is QosClass.COMPLETION:
             # a completion may miss its start deadline while queued: wait for its first event so
             # that a miss is a real HTTP error rather than an error frame in a 200 stream
-            first = await handle.events.get()
-            if first["ev"] == "error":
-                raise error_from_wire(first["error"])
+            first = await handle.next_event()
+            if isinstance(first, Error):
+                raise link_error(first)
             pending.append(first)
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
@@ -183,16 +174,16 @@ class GenerationConsumer(StreamingConsumer):
         if self.endpoint == "chat":
             await self.send_body(responses.sse_event(responses.chat_chunk(rid, model, created, role="assistant", content="")), more_body=True)
         while True:
-            event = pending.pop(0) if pending else await handle.events.get()
-            if event["ev"] == "delta":
+            event = pending.pop(0) if pending else await handle.next_event()
+            if isinstance(event, Delta):
                 if self.endpoint == "chat":
-                    chunk = responses.chat_chunk(rid, model, created, content=event["text"])
+                    chunk = responses.chat_chunk(rid, model, created, content=event.text)
                 else:
-                    chunk = responses.completion_chunk(rid, model, created, event["text"])
+                    chunk = responses.completion_chunk(rid, model, created, event.text)
                 await self.send_body(responses.sse_event(chunk), more_body=True)
-            elif event["ev"] == "done":
+            elif isinstance(event, Done):
                 self.note_done(event)
-                reason = event["finish_reason"]
+                reason = event.finish_reason
                 frames = []
                 if self.endpoint == "chat":
                     frames.append(responses.chat_chunk(rid, model, created, finish_reason=reason))
@@ -206,37 +197,37 @@ class GenerationConsumer(StreamingConsumer):
                         frames.append(responses.completion_usage_chunk(rid, model, created, usage))
                 await self.send_body(b"".join(responses.sse_event(f) for f in frames) + responses.SSE_DONE)
                 return
-            elif event["ev"] == "error":
-                raise error_from_wire(event["error"])
+            elif isinstance(event, (Error, Rejected)):
+                raise link_error(event)
 
     async def collect(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
         parts: list[str] = []
         while True:
-            event = await handle.events.get()
-            if event["ev"] == "delta":
-                parts.append(event["text"])
-            elif event["ev"] == "error":
-                raise error_from_wire(event["error"])
-            elif event["ev"] == "done":
+            event = await handle.next_event()
+            if isinstance(event, Delta):
+                parts.append(event.text)
+            elif isinstance(event, (Error, Rejected)):
+                raise link_error(event)
+            elif isinstance(event, Done):
                 self.note_done(event)
                 break
         rid, created, text = responses.new_id(self.endpoint), int(time.time()), "".join(parts)
         usage = self.usage(event)
         if self.endpoint == "chat":
-            obj = responses.chat_completion(rid, request.model, created, text, event["finish_reason"], usage)
+            obj = responses.chat_completion(rid, request.model, created, text, event.finish_reason, usage)
         else:
-            obj = responses.text_completion(rid, request.model, created, text, event["finish_reason"], usage)
+            obj = responses.text_completion(rid, request.model, created, text, event.finish_reason, usage)
         await self.send_json(200, obj, self.response_headers(handle, qos))
 
-    def note_done(self, event: dict[str, Any]) -> None:
-        self.record.finish_reason = event.get("finish_reason")
-        self.record.usage = dict(event.get("usage") or {})
-        self.record.timing = dict(event.get("timing") or {})
-        self.record.serial = dict(event.get("serial") or {})
+    def note_done(self, event: Done) -> None:
+        self.record.finish_reason = event.finish_reason
+        self.record.usage = dict(event.usage)
+        self.record.timing = dict(event.timing)
+        self.record.serial = dict(event.serial)
 
     @staticmethod
-    def usage(event: dict[str, Any]) -> dict[str, Any]:
-        u = event["usage"]
+    def usage(event: Done) -> dict[str, Any]:
+        u = event.usage
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
 
 

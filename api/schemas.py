@@ -133,7 +133,7 @@ class GenerationRequest:
         }
 
     def to_wire(self) -> dict[str, Any]:
-        """All fields as a JSON-serialisable dict (for channel-layer messages). Lists are copied
+        """All fields as a JSON-serialisable dict (a link ``Submit``'s ``request``). Lists are copied
         so the result shares no mutable state with the request."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.messages is not None:
@@ -142,23 +142,6 @@ class GenerationRequest:
             out["prompt"] = list(self.prompt)
         out["stop"] = list(self.stop)
         return out
-
-    @classmethod
-    def from_wire(cls, d: Mapping[str, Any]) -> GenerationRequest:
-        """Inverse of :meth:`to_wire`. Missing optional keys take their defaults; unknown keys
-        raise ``ValueError`` (the wire format is internal, so a mismatch is a bug to surface)."""
-        names = {f.name for f in fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown GenerationRequest fields: {sorted(unknown)}")
-        kwargs = dict(d)
-        if kwargs.get("messages") is not None:
-            kwargs["messages"] = [dict(m) for m in kwargs["messages"]]
-        if isinstance(kwargs.get("prompt"), list):
-            kwargs["prompt"] = list(kwargs["prompt"])
-        if "stop" in kwargs:
-            kwargs["stop"] = list(kwargs["stop"])
-        return cls(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

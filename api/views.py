@@ -7,7 +7,8 @@ import time
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
-from scheduler.link.client import LinkClient, get_link
+from scheduler.link.client import get_link
+from scheduler.link.transport import Transport
 
 from . import responses
 from .admission import key_required
@@ -27,7 +28,7 @@ async def _served_models() -> list[str]:
     link = get_link()
     await link.wait_connected(min(5.0, float(settings.SUPERFLUID_ENGINE_WAIT_S)))
     if link.hello is not None:
-        return [link.hello["model"]]
+        return [link.hello.model]
     return list(settings.SUPERFLUID_MODELS)
 
 
@@ -56,13 +57,13 @@ async def health(request: HttpRequest) -> JsonResponse:
     if not link.connected:
         return JsonResponse({"status": "loading"}, status=503)
     assert link.hello is not None
-    return JsonResponse({"status": "ok", "model": link.hello["model"], "worker_pid": link.hello["pid"], "worker_restarts": link.worker_restarts})
+    return JsonResponse({"status": "ok", "model": link.hello.model, "worker_pid": link.hello.pid, "worker_restarts": link.worker_restarts})
 
 
-def _inflight_key(link: LinkClient, job_id: str | None) -> str | None:
+def _inflight_key(link: Transport, job_id: str | None) -> str | None:
     """The API key name of a job this web process submitted (the worker's lanes may not say)."""
     handle = link.inflight.get(job_id) if job_id else None
-    return handle.payload.get("key") if handle is not None else None
+    return handle.key if handle is not None else None
 
 
 @key_required(admin=True)

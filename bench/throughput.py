@@ -68,6 +68,7 @@ def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> d
     import socket
 
     from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.link.messages import Submit
     from scheduler.worker.loop import EngineWorker
     from scheduler.worker.server import Connection
 
@@ -78,7 +79,7 @@ def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> d
     start = time.perf_counter()
     for i, text in enumerate(texts):
         request = {"endpoint": "completions", "prompt": text, "max_tokens": max_tokens, "temperature": 0.0}
-        worker.handle(conn, {"op": "submit", "id": f"b{i}", "request": request})
+        worker.handle(conn, Submit(id=f"b{i}", request=request))
     while not worker.scheduler.idle:
         worker.run_tick()
         conn.flush()

@@ -48,7 +48,7 @@ def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | 
     link = link_client._clients.get(id(loop))
     if link is None:
         return {}
-    return {job_id: handle.payload.get("key") for job_id, handle in list(link.inflight.items())}
+    return {job_id: handle.key for job_id, handle in list(link.inflight.items())}
 
 
 def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | None = None) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Each event loop (one per daphne process) holds a :class:`KeyRuntime`: an in-memo
 every key, policy and cap, so admission never waits on the database. A background task reads
 ``ConfigVersion`` every ``POLL_S`` (or at once when ``keys.actions`` pokes it after a commit in this
 process) and reloads everything when the number moved; then it pushes the class-lane caps for the
-served model to the engine worker (``LinkClient.send_config``, which sends them again after every
+served model to the engine worker (``Transport.configure``, which sends them again after every
 reconnect). A change made anywhere, the admin or ``manage.py revokekey`` in another process, so
 reaches admission and the worker within about ``POLL_S`` plus one reload.
 
@@ -220,7 +220,7 @@ class KeyRuntime:
         from scheduler.link.client import _clients
 
         link = _clients.get(id(self.loop))
-        return str(link.hello["model"]) if link is not None and link.hello else ""
+        return str(link.hello.model) if link is not None and link.hello else ""
 
     async def push_caps(self) -> None:
         """Send the served model's caps to the worker when they changed (the link client sends
@@ -229,8 +229,9 @@ class KeyRuntime:
         if caps == self.sent_caps:
             return
         from scheduler.link.client import get_link
+        from scheduler.link.messages import Config
 
-        await get_link().send_config({"class_lanes": caps})
+        await get_link().configure(Config(class_lanes=dict(caps)))
         self.sent_caps = caps
         log.info("class-lane caps sent to the engine worker: %s", caps or "(the flags' caps)")
 

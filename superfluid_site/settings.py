@@ -40,7 +40,9 @@ def env_int(name: str, default: int) -> int:
 
 
 DATA_DIR = Path(env_str("SUPERFLUID_DATA_DIR", str(BASE_DIR / "data"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The data directory holds the database and the secret key: its owner's alone. A directory made
+# here is 0700; an existing one keeps its mode (the operator chose it).
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
@@ -48,8 +50,19 @@ def _secret_key() -> str:
         return os.environ["DJANGO_SECRET_KEY"]
     path = DATA_DIR / "secret_key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        # 0600 from birth, O_EXCL (never written through a file or link someone put there), and
+        # complete before it has its name: a process starting beside this one reads a whole key
+        tmp = DATA_DIR / f".secret_key.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(50))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # the other process won: use its key
+        finally:
+            os.unlink(tmp)
     return path.read_text().strip()
 
 

@@ -41,8 +41,9 @@ class Engine(Protocol):
         """The model's chat template applied to OpenAI-style messages, generation prompt added."""
         ...
 
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        """Token ids for ``text``; special tokens written in the text are parsed as such."""
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+        """Token ids for ``text``; special tokens written in the text are parsed as such, unless
+        ``special`` is False (what a client wrote: ``<|im_end|>`` there is plain text)."""
         ...
 
     def token_bytes(self, token: int) -> bytes:

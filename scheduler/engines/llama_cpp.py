@@ -236,7 +236,7 @@ class LlamaCppEngine:
             self._compiled_template(), messages, bos_token=self.bos_text, eos_token=self.eos_text
         )
 
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
         self._require_open()
         data = text.encode("utf-8")
         # BOS is added by hand rather than through llama_tokenize(add_special=True), which
@@ -246,7 +246,7 @@ class LlamaCppEngine:
         size = len(data) + 8
         while True:
             buf = (llama_cpp.llama_token * size)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, False, True)
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
             if n >= 0:
                 break
             size = -n

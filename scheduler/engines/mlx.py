@@ -191,8 +191,19 @@ class MlxEngine:
             self._template = compile_chat_template(self.chat_template)
         return render_chat_template(self._template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
 
-    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
         self._require_open()
+        if not special and hasattr(self._tok, "encode_special_tokens"):
+            # special-token text is plain text here; one preparation thread tokenises at a time
+            self._tok.encode_special_tokens = True
+            try:
+                ids_plain: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+            finally:
+                self._tok.encode_special_tokens = False
+            has_bos_plain = bool(self.bos_text) and text.startswith(self.bos_text)
+            if add_special and self._add_bos and not has_bos_plain and self.bos_id is not None:
+                return [self.bos_id, *ids_plain]
+            return ids_plain
         # Special tokens written in the text are parsed as such; BOS is added by hand, once,
         # and never EOS (a post-processor may add both), as the llama.cpp engine does.
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids

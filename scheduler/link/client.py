@@ -1,9 +1,16 @@
-"""The web side of the link: one asyncio connection to the engine worker, shared by requests.
+"""The web side of the local link: one engine worker process over a private stream socket.
 
-If the worker dies, the connection drops and every job in flight is kept: once the supervisor
-has started a new worker, each is submitted again, continuing from its prompt plus the text
-already delivered (so the client sees a pause, not an error, and nothing twice). Only if no
-worker comes back within ``reconnect_timeout_s`` do jobs end with ``engine_unavailable``.
+``manage.py serve`` makes a ``socketpair`` for each worker it starts: the worker inherits one end
+(``runengine --link-fd``), the other is handed to this process through :data:`WORKER_SOCKETS`.
+No filesystem path is involved, so no other user can take, pre-bind or connect to the link. A
+worker started by hand listens on ``runengine --socket PATH`` instead (a 0600 socket in a
+directory only its owner can write; the worker refuses peers of another uid and so does this
+client).
+
+If the worker dies, the connection drops and the jobs in flight are kept (see ``transport``):
+once the supervisor has started a new worker, each is submitted again, continuing after the text
+already delivered. Only if no worker comes back within ``reconnect_timeout_s`` do jobs end with
+``engine_unavailable``.
 """
 
 from __future__ import annotations
@@ -11,53 +18,58 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+import os
+import socket
+import struct
+import threading
 
-from .protocol import MAX_LINE_BYTES, decode, encode, error_dict
+from .messages import MAX_LINE_BYTES, Hello, decode
+from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, _links, all_links, current, install
+
+__all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
 
 log = logging.getLogger("superfluid.link")
 
-# Called with every worker snapshot, on the event loop. Apps register here (the dashboard's feed
-# does in its AppConfig.ready) so the link knows nothing about who listens.
-SNAPSHOT_LISTENERS: list[Callable[[dict[str, Any]], None]] = []
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
 
 
-@dataclass(eq=False)
-class JobHandle:
-    """A submitted job as the web side sees it. Events arrive on ``events``."""
+class WorkerSockets:
+    """The web end of the current worker's socketpair, handed from the supervisor's thread to the
+    event loop's transport. Only the newest one counts: an older one belongs to a dead worker."""
 
-    job_id: str
-    payload: dict[str, Any]
-    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-    accepted: bool = False
-    delivered_text: str = ""
-    delivered_tokens: int = 0
-    restarts: int = 0
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self.active = False  # serve hands sockets over; no path is tried
 
-    def resubmission(self) -> dict[str, Any]:
-        return {**self.payload, "resume_text": self.delivered_text, "resume_tokens": self.delivered_tokens}
+    def put(self, sock: socket.socket) -> None:
+        with self._lock:
+            old, self._sock = self._sock, sock
+            self.active = True
+        if old is not None:
+            old.close()
+
+    def take(self) -> socket.socket | None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+            return sock
 
 
-class LinkClient:
-    def __init__(self, socket_path: str, *, reconnect_timeout_s: float = 120.0) -> None:
+WORKER_SOCKETS = WorkerSockets()
+
+
+class SocketTransport(Transport):
+    def __init__(self, socket_path: str = "", *, sockets: WorkerSockets | None = None, reconnect_timeout_s: float = 120.0) -> None:
+        super().__init__(reconnect_timeout_s=reconnect_timeout_s)
         self.socket_path = socket_path
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.inflight: dict[str, JobHandle] = {}  # submitted and not yet done at the worker
-        self.open: set[str] = set()  # submitted and not yet finished by the web side (response sent)
-        self.hello: dict[str, Any] | None = None
-        self.snapshot: dict[str, Any] | None = None
-        self.draining = False
-        self.worker_restarts = 0
+        self.sockets = sockets
         self._writer: asyncio.StreamWriter | None = None
-        self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._lost_since: float | None = None
-        self.worker_config: dict[str, Any] | None = None  # the last ``config`` op, sent again on reconnect
-
-    # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         if self._task is None:
@@ -70,142 +82,84 @@ class LinkClient:
                 await self._task
             self._task = None
 
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
-    async def wait_connected(self, timeout_s: float) -> bool:
-        self.start()
-        try:
-            await asyncio.wait_for(self._connected.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-    # -- requests ----------------------------------------------------------------------
-
-    async def submit(self, payload: dict[str, Any]) -> JobHandle:
-        handle = JobHandle(job_id=uuid.uuid4().hex, payload=payload)
-        self.inflight[handle.job_id] = handle
-        self.open.add(handle.job_id)
-        self.start()
-        if self.connected:
-            await self._send({"op": "submit", "id": handle.job_id, **payload})
-        # otherwise it is sent when the worker (re)connects
-        return handle
-
-    async def cancel(self, handle: JobHandle) -> None:
-        self.open.discard(handle.job_id)
-        if self.inflight.pop(handle.job_id, None) is not None and self.connected:
-            await self._send({"op": "cancel", "id": handle.job_id})
-
-    def finish(self, handle: JobHandle) -> None:
-        """The response for this job has been sent (or abandoned)."""
-        self.inflight.pop(handle.job_id, None)
-        self.open.discard(handle.job_id)
-
-    async def send_config(self, config: dict[str, Any]) -> None:
-        """Worker settings the admin can change (``{"class_lanes": {...}}``): sent now if
-        connected, and again after every (re)connect, before any job is resubmitted."""
-        self.worker_config = dict(config)
-        self.start()
-        if self.connected:
-            await self._send({"op": "config", **self.worker_config})
-
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, data: bytes) -> None:
         writer = self._writer
         if writer is None:
             return
         try:
-            writer.write(encode(message))
+            writer.write(data)
             await writer.drain()
         except (ConnectionError, OSError):
             pass  # the reader notices the loss and resubmits
 
-    # -- connection --------------------------------------------------------------------
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        if self.sockets is not None:
+            sock = self.sockets.take()
+            if sock is None:
+                return None
+            return await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE_BYTES)
+        try:
+            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=MAX_LINE_BYTES)
+        except OSError:
+            return None
+        sock = writer.get_extra_info("socket")
+        if sock is not None and peer_uid(sock) != os.getuid():
+            log.error("refusing the link at %s: it is held by another user", self.socket_path)
+            writer.close()
+            return None
+        return reader, writer
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=MAX_LINE_BYTES)
-            except (FileNotFoundError, ConnectionRefusedError, OSError):
+            opened = await self._open()
+            if opened is None:
                 self._check_lost_deadline(loop.time())
                 await asyncio.sleep(0.1)
                 continue
+            reader, writer = opened
             try:
                 line = await reader.readline()
-                hello = decode(line) if line else {}
-                if hello.get("ev") != "hello":
+                hello = decode(line) if line else None
+                if not isinstance(hello, Hello):
                     raise ConnectionError("worker did not say hello")
-                if self.hello is not None and hello.get("pid") != self.hello.get("pid"):
-                    self.worker_restarts += 1
-                self.hello = hello
                 self._writer = writer
-                self._lost_since = None
-                self._connected.set()
-                if self.worker_config is not None:
-                    await self._send({"op": "config", **self.worker_config})
-                for handle in list(self.inflight.values()):
-                    await self._send({"op": "submit", "id": handle.job_id, **handle.resubmission()})
+                await self._on_hello(hello)
                 while True:
                     line = await reader.readline()
                     if not line:
                         break
-                    self._dispatch(decode(line))
+                    try:
+                        message = decode(line)
+                    except ValueError as exc:
+                        log.warning("dropping a malformed message from the worker: %s", exc)
+                        continue
+                    self._on_message(message)
             except (ConnectionError, OSError, ValueError) as exc:
                 log.warning("link to the engine worker lost: %s", exc)
             finally:
-                self._connected.clear()
                 self._writer = None
                 writer.close()
-            self._lost_since = loop.time()
-            for handle in self.inflight.values():
-                handle.restarts += 1
-            log.warning("engine worker went away with %d jobs in flight; waiting for it", len(self.inflight))
-
-    def _check_lost_deadline(self, now: float) -> None:
-        if self._lost_since is None or now - self._lost_since < self.reconnect_timeout_s:
-            return
-        for handle in list(self.inflight.values()):
-            handle.events.put_nowait(
-                {"ev": "error", "id": handle.job_id, "error": error_dict(503, "The engine worker is unavailable.", "server_error", "engine_unavailable")}
-            )
-        self.inflight.clear()
-
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        ev = message.get("ev")
-        if ev == "snapshot":
-            self.snapshot = message.get("state")
-            for listener in SNAPSHOT_LISTENERS:
-                listener(self.snapshot or {})
-            return
-        handle = self.inflight.get(str(message.get("id")))
-        if handle is None:
-            return
-        if ev == "accepted":
-            if handle.accepted:
-                return  # a resubmission after a worker restart
-            handle.accepted = True
-        elif ev == "delta":
-            handle.delivered_text += message.get("text", "")
-            handle.delivered_tokens = int(message.get("tokens", handle.delivered_tokens))
-        elif ev in ("done", "error", "rejected"):
-            self.inflight.pop(handle.job_id, None)
-        handle.events.put_nowait(message)
+            self._on_lost(loop.time())
 
 
-_clients: dict[int, LinkClient] = {}
+# Kept for callers that name the class: the local socket transport is "the link client".
+LinkClient = SocketTransport
 
 
-def get_link() -> LinkClient:
-    """The process's link client for the running event loop, made on first use from settings."""
+def get_link() -> Transport:
+    """The running event loop's transport, made on first use: the worker sockets serve hands
+    over, or else the path in settings."""
     from django.conf import settings
 
-    loop = asyncio.get_running_loop()
-    client = _clients.get(id(loop))
-    if client is None:
-        client = LinkClient(settings.SUPERFLUID_SOCKET)
-        _clients[id(loop)] = client
-        client.start()
-    return client
+    link = current()
+    if link is None:
+        if WORKER_SOCKETS.active:
+            link = SocketTransport(sockets=WORKER_SOCKETS)
+        else:
+            link = SocketTransport(settings.SUPERFLUID_SOCKET)
+        install(link)
+    return link
+
+
+_clients = _links  # the transports by event loop (older name)

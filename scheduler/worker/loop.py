@@ -2,12 +2,15 @@
 
 One thread owns the scheduler and the engine. Between ticks it drains the inbox (submits,
 cancels), then plans a tick, executes it on the engine, commits the result and sends text
-deltas. Prompts are tokenised on submit so that a request that cannot fit is rejected before
-the web side has sent any response.
+deltas. Prompts are rendered and tokenised when they arrive, before the job is accepted, so a
+request that cannot fit is rejected before the web side has sent any response; in the serving
+worker that happens on a preparation thread (``prepare_in_thread``), so a huge prompt never
+stalls the lanes, after a cheap size bound that refuses what cannot fit without tokenising it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -22,22 +25,54 @@ from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, SamplingParams
 from scheduler.engines.base import Engine, EngineError
-from scheduler.link.protocol import error_dict
+from scheduler.link.messages import (
+    CONTEXT_LENGTH_EXCEEDED,
+    DEADLINE_EXCEEDED,
+    DUPLICATE_ID,
+    EMPTY_PROMPT,
+    ENGINE_ERROR,
+    FIM_UNSUPPORTED,
+    INVALID_JOB,
+    INVALID_MESSAGES,
+    INVALID_PROMPT,
+    SHUTDOWN,
+    SHUTTING_DOWN,
+    Accepted,
+    Cancel,
+    Config,
+    Delta,
+    Done,
+    Error,
+    Hello,
+    Message,
+    Snapshot,
+    Submit,
+)
+from scheduler.link.messages import Rejected as RejectedMsg
 
 from .metrics import WorkerMetrics
 from .output import TextStream
 from .pressure import PressureMonitor
-from .server import Connection, LinkServer
+from .server import Connection, Disconnected, LinkServer
 
 log = logging.getLogger("superfluid.worker")
 
 SNAPSHOT_INTERVAL_S = 0.1
 
 
-class Rejected(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.error = error_dict(status, message, "invalid_request_error" if status < 500 else "server_error", code, param)
+class Refusal(Exception):
+    """A job the worker will not queue, with the reason the web side maps to an HTTP error."""
+
+    def __init__(self, reason: str, detail: str, param: str | None = None) -> None:
+        super().__init__(detail)
+        self.reason, self.detail, self.param = reason, detail, param
+
+
+# The cheap bound checked before a prompt is rendered or tokenised: no token of a vocabulary we
+# serve spans more characters than this, so a prompt with more than lane_ctx * this characters
+# (or more messages than lane_ctx) cannot fit and is refused without tokenising it.
+MAX_CHARS_PER_TOKEN = 128
+MAX_PRIORITY = 2**53  # far beyond the seed's bands; a float holds it exactly
 
 
 @dataclass
@@ -48,6 +83,15 @@ class JobContext:
     prompt_tokens: int  # the client's prompt, before any resume text
     resume_tokens: int = 0  # completion tokens delivered by an earlier worker
     pending_text: list[str] = field(default_factory=list)
+
+
+class Prepared(Message):
+    """Not on the wire: the preparation thread's result for one Submit, back to the tick thread."""
+
+    type = "prepared"
+
+    def __init__(self, job_id: str, built: tuple[Job, JobContext] | None, refusal: Refusal | None) -> None:
+        self.id, self.built, self.refusal = job_id, built, refusal
 
 
 class EngineWorker:
@@ -61,6 +105,7 @@ class EngineWorker:
         completion_deadline_ms: int = 0,
         os_pressure: bool = False,
         pressure_monitor: PressureMonitor | None = None,
+        prepare_in_thread: bool = False,
     ) -> None:
         self.engine = engine
         self.completion_deadline_ms = completion_deadline_ms
@@ -68,9 +113,16 @@ class EngineWorker:
         self.model_name = model_name
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
-        self.inbox: queue.SimpleQueue[tuple[Connection, dict[str, Any]]] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()
         self.interrupt = threading.Event()
         self.contexts: dict[str, JobContext] = {}
+        # Submits being rendered and tokenised off the tick thread (prepare_in_thread), by id.
+        # A cancel removes its entry; a result whose entry is gone is dropped.
+        self.preparing: dict[str, Connection] = {}
+        self._prepare_queue: queue.SimpleQueue[tuple[Connection, Submit]] | None = None
+        if prepare_in_thread:
+            self._prepare_queue = queue.SimpleQueue()
+            threading.Thread(target=self._prepare_loop, name="prepare", daemon=True).start()
         self.draining = False
         self.stopped = threading.Event()
         self.link: LinkServer | None = None
@@ -91,132 +143,224 @@ class EngineWorker:
 
     # -- link --------------------------------------------------------------------------
 
-    def hello(self) -> dict[str, Any]:
-        return {
-            "model": self.model_name,
-            "engine": self.engine.name,
-            "n_lanes": self.engine.n_lanes,
-            "lane_ctx": self.engine.lane_ctx,
-            "pid": os.getpid(),
-        }
+    def hello(self) -> Hello:
+        return Hello(
+            model=self.model_name,
+            engine=self.engine.name,
+            n_lanes=self.engine.n_lanes,
+            lane_ctx=self.engine.lane_ctx,
+            pid=os.getpid(),
+        )
 
-    def _on_message(self, message: dict[str, Any]) -> None:
+    def _on_message(self, message: Message) -> None:
         """Runs on a reader thread: stop the tick in flight when someone must not wait for it."""
-        op = message.get("op")
-        if op == "cancel" or op == "disconnected":
+        if isinstance(message, (Cancel, Disconnected)):
             self.interrupt.set()
-        elif op == "submit" and int(message.get("qos", 2)) <= QosClass.COMPLETION:
+        elif isinstance(message, Submit) and self._prepare_queue is None and _urgent(message):
             self.interrupt.set()
 
-    def serve(self, socket_path: str) -> None:
-        self.link = LinkServer(socket_path, self.inbox, self._on_message, self.hello)
+    def serve(self, link: LinkServer, drain_timeout_s: float = 30.0) -> None:
+        self.link = link
         self.link.start()
         try:
-            self.run()
+            self.run(drain_timeout_s)
         finally:
             self.link.close()
 
     # -- messages ----------------------------------------------------------------------
 
-    def handle(self, conn: Connection, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        if op == "submit":
+    def handle(self, conn: Connection, message: Message) -> None:
+        if isinstance(message, Submit):
             self._submit(conn, message)
-        elif op == "cancel":
-            self.scheduler.cancel(str(message.get("id")))
-        elif op == "disconnected":
+        elif isinstance(message, Prepared):
+            self._prepared(message)
+        elif isinstance(message, Cancel):
+            if self.preparing.pop(message.id, None) is None:
+                self.scheduler.cancel(message.id)
+        elif isinstance(message, Disconnected):
             for ctx in [c for c in self.contexts.values() if c.conn is conn]:
                 self.scheduler.cancel(ctx.job_id)
-        elif op == "config":
+            for job_id in [j for j, c in self.preparing.items() if c is conn]:
+                del self.preparing[job_id]
+        elif isinstance(message, Config):
             self.configure(message)
         else:
-            log.warning("unknown link op %r", op)
+            log.warning("unexpected link message %r", message.type)
 
-    def _submit(self, conn: Connection, message: dict[str, Any]) -> None:
-        job_id = str(message.get("id") or uuid.uuid4().hex)
+    def _refuse(self, conn: Connection, job_id: str, refusal: Refusal) -> None:
+        self.stats["rejected_total"] += 1
+        conn.queue(RejectedMsg(job_id, refusal.reason, refusal.detail, refusal.param))
+
+    def _submit(self, conn: Connection, message: Submit) -> None:
+        job_id = str(message.id)
         try:
             if self.draining:
-                raise Rejected(503, "The server is shutting down.", "engine_unavailable")
-            if job_id in self.contexts:
-                raise Rejected(400, f"duplicate job id {job_id}", "duplicate_id")
-            job, ctx = self._build_job(job_id, conn, message)
-        except Rejected as exc:
-            self.stats["rejected_total"] += 1
-            conn.queue({"ev": "rejected", "id": job_id, "error": exc.error})
+                raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
+            if job_id in self.contexts or job_id in self.preparing:
+                raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
+            self._check_size(message)
+            if self._prepare_queue is not None:
+                self.preparing[job_id] = conn
+                self._prepare_queue.put((conn, message))
+                return
+            job, ctx = self._build(conn, message)
+        except Refusal as exc:
+            self._refuse(conn, job_id, exc)
             return
+        self._admit(conn, job, ctx)
+
+    def _admit(self, conn: Connection, job: Job, ctx: JobContext) -> None:
         self.scheduler.add(job)
-        self.contexts[job_id] = ctx
+        self.contexts[job.job_id] = ctx
         self.stats["requests_total"] += 1
-        conn.queue({"ev": "accepted", "id": job_id, "prompt_tokens": ctx.prompt_tokens})
+        conn.queue(Accepted(job.job_id, ctx.prompt_tokens))
+
+    def _prepared(self, result: Prepared) -> None:
+        conn = self.preparing.pop(result.id, None)
+        if conn is None:
+            return  # cancelled, or its connection closed, while it was being prepared
+        if result.refusal is not None:
+            self._refuse(conn, result.id, result.refusal)
+            return
+        assert result.built is not None
+        self._admit(conn, *result.built)
+
+    def _prepare_loop(self) -> None:
+        """The preparation thread: renders and tokenises prompts so the tick thread never does."""
+        assert self._prepare_queue is not None
+        while True:
+            conn, message = self._prepare_queue.get()
+            if message.id not in self.preparing:
+                continue  # cancelled before its turn
+            try:
+                result = Prepared(message.id, self._build(conn, message), None)
+            except Refusal as exc:
+                result = Prepared(message.id, None, exc)
+            self.inbox.put((conn, result))
+            if _urgent(message):
+                self.interrupt.set()
+
+    def _build(self, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
+        """The job for a Submit; Refusal if it cannot be one (any failure refuses this job alone)."""
+        try:
+            return self._build_job(message.id, conn, message)
+        except Refusal:
+            raise
+        except Exception as exc:  # a malformed Submit must not take the worker down
+            log.exception("cannot make a job of submit %s", message.id)
+            raise Refusal(INVALID_JOB, f"The engine worker could not prepare this request: {exc}") from None
+
+    def _check_size(self, message: Submit) -> None:
+        """Refuse, without rendering or tokenising, a prompt that cannot fit the context."""
+        request = message.request if isinstance(message.request, dict) else {}
+        limit = self.engine.lane_ctx
+        messages = request.get("messages")
+        if isinstance(messages, list):
+            if len(messages) > limit:
+                raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens; {len(messages)} messages cannot fit in it.", "messages")
+            chars = sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
+            param = "messages"
+        else:
+            prompt, suffix = request.get("prompt"), request.get("suffix")
+            chars = (len(prompt) if isinstance(prompt, (str, list)) else 0) + (len(suffix) if isinstance(suffix, str) else 0)
+            param = "prompt"
+        if chars > limit * MAX_CHARS_PER_TOKEN:
+            raise Refusal(
+                CONTEXT_LENGTH_EXCEEDED,
+                f"This model's maximum context length is {limit} tokens; a {param} of {chars} characters cannot fit in it.",
+                param,
+            )
+        if not -MAX_PRIORITY <= int(message.priority) <= MAX_PRIORITY:
+            raise Refusal(INVALID_JOB, "The priority is out of range.")
+
+    def _chat_tokens(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The rendered conversation's tokens, with what the client wrote tokenised as text:
+        control-token text in a message (``<|im_end|>``) is not parsed as a control token.
+        The template is rendered with a marker in place of each content to find where the
+        contents are; if the template transforms contents (the marker render does not give the
+        real text back), the whole text is tokenised as before."""
+        engine = self.engine
+        text = engine.render_chat(messages)
+        marker = f"\x00{uuid.uuid4().hex}\x00"
+        contents = [m.get("content") for m in messages]
+        if all(isinstance(c, str) for c in contents) and marker not in text:
+            marked = engine.render_chat([{**m, "content": f"{marker}{i}{marker}"} for i, m in enumerate(messages)])
+            pieces = marked.split(marker)
+            # pieces: template, index, template, index, ..., template
+            if len(pieces) == 2 * len(messages) + 1 and all(pieces[2 * i + 1] == str(i) for i in range(len(messages))):
+                templates = pieces[0::2]
+                if "".join(t + c for t, c in zip(templates, [*contents, ""])) == text:
+                    tokens = engine.tokenize(templates[0])
+                    for content, template in zip(contents, templates[1:]):
+                        tokens += engine.tokenize(content, add_special=False, special=False)
+                        tokens += engine.tokenize(template, add_special=False)
+                    return tokens
+        return engine.tokenize(text)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to)."""
         engine = self.engine
+        resumed = engine.tokenize(resume_text, add_special=False, special=False) if resume_text else []
         if request.get("endpoint") == "chat":
             try:
-                text = engine.render_chat(request["messages"])
+                own = self._chat_tokens(request["messages"])
             except Exception as exc:  # a template's raise_exception, or a malformed message
-                raise Rejected(400, f"The chat template rejected the messages: {exc}", "invalid_messages", "messages") from None
-            own = engine.tokenize(text)
-            tokens = engine.tokenize(text + resume_text) if resume_text else own
-            return tokens, len(own), "messages"
+                raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
+            return own + resumed, len(own), "messages"
         prompt = request.get("prompt")
         suffix = request.get("suffix")
         if suffix is not None:
             fim = getattr(engine, "fim_tokens", lambda: None)()
             if fim is None:
-                raise Rejected(400, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "fim_unsupported", "suffix")
+                raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
             prefix_text = prompt if isinstance(prompt, str) else ""
             own = [pre, *engine.tokenize(prefix_text, add_special=False), suf, *engine.tokenize(suffix, add_special=False), mid]
-            extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
-            return own + extra, len(own), "prompt"
+            return own + resumed, len(own), "prompt"
         if isinstance(prompt, list):
             vocab = getattr(engine, "vocab_size", None)
             if vocab is not None and any(not 0 <= t < vocab for t in prompt):
-                raise Rejected(400, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "invalid_prompt", "prompt")
+                raise Refusal(INVALID_PROMPT, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "prompt")
             own = [int(t) for t in prompt]
-            extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
-            return own + extra, len(own), "prompt"
+            return own + resumed, len(own), "prompt"
         text = str(prompt)
         own = engine.tokenize(text)
         tokens = engine.tokenize(text + resume_text) if resume_text else own
         return tokens, len(own), "prompt"
 
-    def _build_job(self, job_id: str, conn: Connection, message: dict[str, Any]) -> tuple[Job, JobContext]:
-        request = message["request"]
-        resume_text = str(message.get("resume_text") or "")
-        resume_tokens = int(message.get("resume_tokens") or 0)
+    def _build_job(self, job_id: str, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
+        request = message.request
+        resume_text = str(message.resume_text or "")
+        resume_tokens = int(message.resume_tokens or 0)
         tokens, own_len, param = self._prompt_tokens(request, resume_text)
         ctx_limit = self.engine.lane_ctx
         if not tokens:
-            raise Rejected(400, "The prompt is empty.", "empty_prompt", param)
+            raise Refusal(EMPTY_PROMPT, "The prompt is empty.", param)
         max_tokens = request.get("max_tokens")
         if len(tokens) >= ctx_limit or (max_tokens is not None and own_len + max_tokens > ctx_limit):
             detail = f"{own_len} tokens in the {param}"
             if max_tokens is not None:
                 detail += f" and {max_tokens} in the completion ({own_len + max_tokens} in all)"
-            raise Rejected(
-                400,
+            raise Refusal(
+                CONTEXT_LENGTH_EXCEEDED,
                 f"This model's maximum context length is {ctx_limit} tokens. However, you requested {detail}. "
                 "Please reduce the length of the prompt or the completion.",
-                "context_length_exceeded",
                 param,
             )
         budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
         sampling = SamplingParams(
             **{k: request[k] for k in SamplingParams.__dataclass_fields__ if request.get(k) is not None}
         )
-        qos = QosClass(int(message.get("qos", QosClass.AGENT)))
+        qos = QosClass(int(message.qos))
         job = Job(
             job_id=job_id,
             prompt=tokens,
             max_tokens=max(1, budget),
             sampling=sampling,
             qos=qos,
-            priority=int(message.get("priority", 0)),
-            batch_invariant=bool(message.get("batch_invariant", False)),
-            pin_prefix=bool(message.get("pin_prefix", False)),
+            priority=int(message.priority),
+            batch_invariant=bool(message.batch_invariant),
+            pin_prefix=bool(message.pin_prefix),
         )
         if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
@@ -277,7 +421,7 @@ class EngineWorker:
             ctx = self.contexts.pop(job.job_id, None)
             self.scheduler.cancel(job.job_id, reason="error")
             if ctx is not None:
-                ctx.conn.queue({"ev": "error", "id": job.job_id, "error": error_dict(500, f"The engine failed: {message}", "server_error", "engine_error")})
+                ctx.conn.queue(Error(job.job_id, ENGINE_ERROR, f"The engine failed: {message}"))
         self.scheduler.drain_events()
 
     def _process(self, events: list[Event]) -> None:
@@ -302,7 +446,7 @@ class EngineWorker:
             if ctx.pending_text:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 generated = len(job.output) if job else 0
-                ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": generated + ctx.resume_tokens})
+                ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), generated + ctx.resume_tokens))
                 ctx.pending_text.clear()
 
     def _finished(self, ctx: JobContext, event: Event) -> None:
@@ -314,15 +458,13 @@ class EngineWorker:
             ctx.pending_text.append(tail)
         completion = len(job.output) + ctx.resume_tokens
         if ctx.pending_text:
-            ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": completion})
+            ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), completion))
             ctx.pending_text.clear()
         self.metrics.on_finished(job, event.reason)
         if event.reason == "error":
             return
         if event.reason == "deadline":
-            ctx.conn.queue({"ev": "error", "id": ctx.job_id, "error": error_dict(
-                503, "The completion was not started before its deadline (--completion-deadline-ms).",
-                "server_error", "completion_deadline_exceeded")})
+            ctx.conn.queue(Error(ctx.job_id, DEADLINE_EXCEEDED, "The completion was not started before its deadline (--completion-deadline-ms)."))
             return
         self.stats["prompt_tokens_total"] += ctx.prompt_tokens
         self.stats["completion_tokens_total"] += len(job.output)
@@ -335,30 +477,27 @@ class EngineWorker:
         if timing["ttft_ms"] is not None:
             self.stats["last_ttft_ms"] = timing["ttft_ms"]
         ctx.conn.queue(
-            {
-                "ev": "done",
-                "id": ctx.job_id,
-                "finish_reason": event.reason,
-                "usage": {
+            Done(
+                ctx.job_id,
+                event.reason or "stop",
+                usage={
                     "prompt_tokens": ctx.prompt_tokens,
                     "completion_tokens": completion,
                     "cached_tokens": min(job.cached_tokens, ctx.prompt_tokens),
                 },
-                "timing": timing,
-                "class": job.qos.label,
-                "priority": job.priority,
-                "serial": {
+                timing=timing,
+                serial={
                     "serial_priority": job.priority,
                     "serial_band": band_of(job.priority),
                     "serial_score": job.serial_score,
                     "serial_queue_wait_ms": timing["queue_wait_ms"],
                 },
-            }
+            )
         )
 
     def snapshot(self) -> dict[str, Any]:
         state = self.scheduler.snapshot()
-        state.update(self.hello())
+        state.update(dataclasses.asdict(self.hello()))
         state["stats"] = dict(self.stats)
         state["draining"] = self.draining
         state["metrics"] = self.metrics.collect(self)
@@ -372,7 +511,7 @@ class EngineWorker:
         if self.link is not None and (changed or now - self._last_snapshot >= SNAPSHOT_INTERVAL_S):
             self._last_snapshot = now
             self._last_occupancy = occupancy
-            self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
+            self.link.broadcast(Snapshot(self.snapshot()))
 
     def drain(self) -> None:
         """Stop admitting; the loop exits once every job already accepted has finished."""
@@ -387,7 +526,7 @@ class EngineWorker:
             if self.draining:
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + drain_timeout_s
-                if self.scheduler.idle or time.monotonic() > drain_deadline:
+                if (self.scheduler.idle and not self.preparing) or time.monotonic() > drain_deadline:
                     break
             if self.pressure is not None:
                 level = self.pressure.poll(time.monotonic())
@@ -398,15 +537,20 @@ class EngineWorker:
             self._maybe_snapshot()
             if self.link is not None:
                 self.link.flush()
+        # the drain ran out of time: every job left ends with an error its client sees
+        cut = [(ctx.conn, job_id) for job_id, ctx in self.contexts.items()] + [(conn, job_id) for job_id, conn in self.preparing.items()]
         for job_id in list(self.contexts):
-            ctx = self.contexts.pop(job_id)
-            ctx.conn.queue({"ev": "error", "id": job_id, "error": error_dict(503, "The server shut down before this request finished.", "server_error", "engine_unavailable")})
+            self.scheduler.cancel(job_id)
+        self.contexts.clear()
+        self.preparing.clear()
+        for conn, job_id in cut:
+            conn.queue(Error(job_id, SHUTDOWN, "The server shut down before this request finished."))
         if self.link is not None:
-            self.link.broadcast({"ev": "snapshot", "state": self.snapshot()})
+            self.link.broadcast(Snapshot(self.snapshot()))
             self.link.flush()
         self.stopped.set()
 
-    def configure(self, message: dict[str, Any]) -> None:
+    def configure(self, message: Config) -> None:
         """A ``config`` op from the web side: the admin's class-lane caps ({class label: lanes}).
         They replace the caps for the classes they name; other classes keep their --class-lanes
         cap. An entry outside 1..max_batch or naming no class is ignored with a warning."""
@@ -416,7 +560,8 @@ class EngineWorker:
             self._flag_class_lanes = dict(self.scheduler.config.class_lanes)
         caps = dict(self._flag_class_lanes)
         max_batch = self.scheduler.config.max_batch
-        for name, value in dict(message.get("class_lanes") or {}).items():
+        lanes = message.class_lanes if isinstance(message.class_lanes, dict) else {}
+        for name, value in lanes.items():
             try:
                 qos, cap = parse_qos(str(name)), int(value)
             except (UnknownQosClass, TypeError, ValueError):
@@ -428,6 +573,13 @@ class EngineWorker:
             caps[qos] = cap
         self.scheduler.config.class_lanes = caps
         log.info("class-lane caps now %s", {q.label: n for q, n in sorted(caps.items())} or "none")
+
+
+def _urgent(message: Submit) -> bool:
+    try:
+        return int(message.qos) <= QosClass.COMPLETION
+    except (TypeError, ValueError):
+        return False
 
 
 def _ms(end: float | None, start: float) -> float | None:

@@ -1,8 +1,17 @@
-"""The worker's end of the link: a Unix-socket server whose reader threads feed an inbox.
+"""The worker's end of the local link: reader threads feed an inbox; the tick thread sends.
+
+Two ways in, neither a path another user can take:
+
+- an inherited socket (``runengine --link-fd N``: one end of the ``socketpair`` serve made for
+  this worker). It is the only connection there will ever be: when it closes, the web side is
+  gone and the worker drains.
+- ``runengine --socket PATH``: a listening socket created 0600, in a directory that neither its
+  group nor others may write, and every peer's uid checked (SO_PEERCRED): another user's
+  connection is closed before it is greeted.
 
 Only the tick thread sends, so writes need no lock; readers never touch scheduler state. A
-reader may set ``interrupt`` so that a tick in flight stops at the engine's next step (a cancel,
-or an urgent job arriving).
+reader may set ``interrupt`` (through ``on_message``) so that a tick in flight stops at the
+engine's next step (a cancel, or an urgent job arriving).
 """
 
 from __future__ import annotations
@@ -12,31 +21,52 @@ import logging
 import os
 import queue
 import socket
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from scheduler.link.protocol import MAX_LINE_BYTES, decode, encode
+from scheduler.link.client import peer_uid
+from scheduler.link.messages import MAX_LINE_BYTES, UNENCODABLE, EncodeError, Error, Hello, Message, decode, encode
 
 log = logging.getLogger("superfluid.worker")
+
+
+class Disconnected(Message):
+    """Not on the wire: a reader's note to the tick thread that its connection closed."""
+
+    type = "disconnected"
+
+
+DISCONNECTED = Disconnected()
+
+
+def encode_or_error(message: Message) -> bytes:
+    """The message's line; if it cannot be encoded, an ``Error(unencodable)`` for its job instead
+    (a message without a job is dropped), so one job's bad text fails that job alone."""
+    try:
+        return encode(message)
+    except EncodeError as exc:
+        job_id = getattr(message, "id", None)
+        log.error("cannot send %s: %s", message.type, exc)
+        return encode(Error(job_id, UNENCODABLE, "The response could not be encoded.")) if job_id else b""
 
 
 @dataclass(eq=False)
 class Connection:
     conn_id: int
-    sock: socket.socket
+    sock: socket.socket | None
     alive: bool = True
     outbox: list[bytes] = field(default_factory=list)
 
-    def queue(self, message: dict[str, Any]) -> None:
-        self.outbox.append(encode(message))
+    def queue(self, message: Message) -> None:
+        self.outbox.append(encode_or_error(message))
 
     def flush(self) -> None:
         if not self.outbox:
             return
         data, self.outbox = b"".join(self.outbox), []
-        if not self.alive:
+        if not self.alive or self.sock is None:
             return
         try:
             self.sock.sendall(data)
@@ -44,27 +74,49 @@ class Connection:
             self.alive = False
 
 
+def check_private_dir(path: str) -> None:
+    """``ValueError`` unless the socket's directory is writable by its owner alone (else another
+    user could take the name before the worker binds it, or swap it after)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    st = os.stat(directory)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid != os.getuid():
+        raise ValueError(f"the link socket's directory {directory} must belong to this user and be writable by no one else")
+
+
 class LinkServer:
     def __init__(
         self,
-        path: str,
-        inbox: queue.SimpleQueue[tuple[Connection, dict[str, Any]]],
-        on_message: Callable[[dict[str, Any]], None] = lambda m: None,
-        hello: Callable[[], dict[str, Any]] = dict,
+        inbox: queue.SimpleQueue[tuple[Connection, Message]],
+        on_message: Callable[[Message], None] = lambda m: None,
+        hello: Callable[[], Hello] | None = None,
+        *,
+        path: str = "",
+        inherited: socket.socket | None = None,
+        on_closed: Callable[[], None] = lambda: None,
     ) -> None:
         self.path = path
+        self.inherited = inherited
         self.inbox = inbox
         self.on_message = on_message
-        self.hello = hello
+        self.hello = hello or (lambda: Hello("", "", 0, 0, os.getpid()))
+        self.on_closed = on_closed
         self.connections: list[Connection] = []
         self._ids = itertools.count(1)
         self._sock: socket.socket | None = None
 
     def start(self) -> None:
+        if self.inherited is not None:
+            self._greet(self.inherited, last=True)
+            return
+        check_private_dir(self.path)
         if os.path.exists(self.path):
             os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.path)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
         sock.listen(16)
         self._sock = sock
         threading.Thread(target=self._accept_loop, name="link-accept", daemon=True).start()
@@ -73,19 +125,20 @@ class LinkServer:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         for conn in self.connections:
             conn.alive = False
             try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
-    def broadcast(self, message: dict[str, Any]) -> None:
-        data = encode(message)
+    def broadcast(self, message: Message) -> None:
+        data = encode_or_error(message)
         for conn in self.connections:
             conn.outbox.append(data)
 
@@ -101,16 +154,30 @@ class LinkServer:
                 client, _ = sock.accept()
             except OSError:
                 return
-            conn = Connection(next(self._ids), client)
             try:
-                client.sendall(encode({"ev": "hello", **self.hello()}))
+                uid = peer_uid(client)
             except OSError:
+                uid = -1
+            if uid != os.getuid():
+                log.warning("refused a link connection from uid %s", uid)
                 client.close()
                 continue
-            self.connections.append(conn)
-            threading.Thread(target=self._read_loop, args=(conn,), name=f"link-read-{conn.conn_id}", daemon=True).start()
+            self._greet(client)
 
-    def _read_loop(self, conn: Connection) -> None:
+    def _greet(self, client: socket.socket, last: bool = False) -> None:
+        conn = Connection(next(self._ids), client)
+        try:
+            client.sendall(encode(self.hello()))
+        except OSError:
+            client.close()
+            if last:
+                self.on_closed()
+            return
+        self.connections.append(conn)
+        threading.Thread(target=self._read_loop, args=(conn, last), name=f"link-read-{conn.conn_id}", daemon=True).start()
+
+    def _read_loop(self, conn: Connection, last: bool) -> None:
+        assert conn.sock is not None
         reader = conn.sock.makefile("rb")
         try:
             while True:
@@ -119,8 +186,8 @@ class LinkServer:
                     break
                 try:
                     message = decode(line)
-                except ValueError:
-                    log.warning("dropping a malformed link message from connection %s", conn.conn_id)
+                except ValueError as exc:
+                    log.warning("dropping a malformed link message from connection %s: %s", conn.conn_id, exc)
                     continue
                 self.on_message(message)
                 self.inbox.put((conn, message))
@@ -128,4 +195,6 @@ class LinkServer:
             pass
         finally:
             conn.alive = False
-            self.inbox.put((conn, {"op": "disconnected"}))
+            self.inbox.put((conn, DISCONNECTED))
+            if last:
+                self.on_closed()

@@ -1,10 +1,11 @@
-"""The ``config`` link op: the admin's class-lane caps replace the flags' caps class by class."""
+"""The ``Config`` link message: the admin's class-lane caps replace the flags' caps class by class."""
 
 from __future__ import annotations
 
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
+from scheduler.link.messages import Config, Submit
 from scheduler.worker.loop import EngineWorker
 
 
@@ -17,22 +18,22 @@ def make_worker(class_lanes: dict[QosClass, int] | None = None, max_batch: int =
 
 def test_config_caps_override_the_flags_per_class_and_fall_back_when_removed() -> None:
     worker = make_worker({QosClass.BACKGROUND: 3, QosClass.AGENT: 4})
-    worker.handle(None, {"op": "config", "class_lanes": {"background": 1, "interactive": 2}})  # type: ignore[arg-type]
+    worker.handle(None, Config(class_lanes={"background": 1, "interactive": 2}))  # type: ignore[arg-type]
     assert worker.scheduler.config.class_lanes == {QosClass.BACKGROUND: 1, QosClass.INTERACTIVE: 2, QosClass.AGENT: 4}
     assert worker.snapshot()["class_lanes"] == {"background": 1, "interactive": 2, "agent": 4}
-    worker.handle(None, {"op": "config", "class_lanes": {}})  # type: ignore[arg-type]
+    worker.handle(None, Config(class_lanes={}))  # type: ignore[arg-type]
     assert worker.scheduler.config.class_lanes == {QosClass.BACKGROUND: 3, QosClass.AGENT: 4}
 
 
 def test_caps_outside_one_to_max_batch_or_naming_no_class_are_ignored() -> None:
     worker = make_worker(max_batch=4)
-    worker.handle(None, {"op": "config", "class_lanes": {"background": 5, "agent": 0, "nonsense": 2, "completion": "x", "interactive": 4}})  # type: ignore[arg-type]
+    worker.handle(None, Config(class_lanes={"background": 5, "agent": 0, "nonsense": 2, "completion": "x", "interactive": 4}))  # type: ignore[arg-type]
     assert worker.scheduler.config.class_lanes == {QosClass.INTERACTIVE: 4}
 
 
 def test_the_scheduler_admits_no_more_than_the_new_cap() -> None:
     worker = make_worker(max_batch=4)
-    worker.handle(None, {"op": "config", "class_lanes": {"background": 1}})  # type: ignore[arg-type]
+    worker.handle(None, Config(class_lanes={"background": 1}))  # type: ignore[arg-type]
 
     class Conn:
         def queue(self, message: dict) -> None:
@@ -41,6 +42,6 @@ def test_the_scheduler_admits_no_more_than_the_new_cap() -> None:
     conn = Conn()
     for i in range(3):
         request = {"endpoint": "completions", "prompt": "hello world " * 4, "max_tokens": 50, "temperature": 0}
-        worker.handle(conn, {"op": "submit", "id": f"j{i}", "request": request, "qos": int(QosClass.BACKGROUND), "priority": 0})  # type: ignore[arg-type]
+        worker.handle(conn, Submit(id=f"j{i}", request=request, qos=int(QosClass.BACKGROUND), priority=0))  # type: ignore[arg-type]
     worker.run_tick()
     assert sum(1 for j in worker.scheduler.lanes if j is not None) == 1

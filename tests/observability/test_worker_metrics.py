@@ -8,15 +8,16 @@ from typing import Any
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
+from scheduler.link.messages import Message, Submit
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.metrics import WorkerMetrics, all_families, families_from_snapshot
 
 
 class FakeConn:
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
 
-    def queue(self, message: dict[str, Any]) -> None:
+    def queue(self, message: Message) -> None:
         self.sent.append(message)
 
 
@@ -29,7 +30,7 @@ def make_worker(max_batch: int = 2) -> tuple[EngineWorker, FakeClock]:
 
 def submit(worker: EngineWorker, conn: FakeConn, job_id: str, *, qos: QosClass = QosClass.AGENT, priority: int = 0, max_tokens: int = 4) -> None:
     request = {"endpoint": "completions", "prompt": "hello world " * 8, "max_tokens": max_tokens, "temperature": 0}
-    worker.handle(conn, {"op": "submit", "id": job_id, "request": request, "qos": int(qos), "priority": priority})  # type: ignore[arg-type]
+    worker.handle(conn, Submit(id=job_id, request=request, qos=int(qos), priority=priority))  # type: ignore[arg-type]
 
 
 def run(worker: EngineWorker, ticks: int = 200) -> None:

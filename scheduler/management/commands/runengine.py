@@ -1,9 +1,18 @@
-"""Run one engine worker: load the model, listen on the link socket, tick until told to stop."""
+"""Run one engine worker: load the model, talk over the link, tick until told to stop.
+
+``manage.py serve`` starts it with ``--link-fd``: one end of a socketpair it inherits (no path
+anyone could take). Started by hand, ``--socket PATH`` listens on a 0600 socket in a directory
+only its owner may write, and refuses peers of another uid. SIGTERM drains: nothing new is
+admitted, what is in flight gets ``--drain-timeout`` seconds, then each job left ends with a
+``shutdown`` error its client sees, and the worker exits.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -16,6 +25,7 @@ from scheduler.engines.base import EngineError, busy_tick_target_s
 from scheduler.engines.models import model_name_for
 from scheduler.management.options import add_engine_arguments, choose_engine, resolve_model, scheduler_config
 from scheduler.worker.loop import EngineWorker
+from scheduler.worker.server import LinkServer, check_private_dir
 
 log = logging.getLogger("superfluid.worker")
 
@@ -43,7 +53,9 @@ class Command(BaseCommand):
     help = "Run an engine worker process (manage.py serve starts and supervises one for you)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--socket", required=True, help="Unix socket path of the link")
+        link = parser.add_mutually_exclusive_group(required=True)
+        link.add_argument("--socket", default="", help="listen for the web side on this Unix socket path (its directory must be writable by this user alone)")
+        link.add_argument("--link-fd", type=int, default=-1, help="the link is this inherited socket (what serve passes)")
         add_engine_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -55,6 +67,11 @@ class Command(BaseCommand):
         signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
         config = scheduler_config(options)
         model = resolve_model(options)
+        if options["socket"]:
+            try:
+                check_private_dir(options["socket"])
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"--socket: {exc}") from None
         started = time.monotonic()
         try:
             engine = load_engine(
@@ -80,6 +97,7 @@ class Command(BaseCommand):
             model_name=name,
             completion_deadline_ms=options["completion_deadline_ms"],
             os_pressure=options["os_pressure"] == "on",
+            prepare_in_thread=True,
         )
 
         def wait_for_stop() -> None:
@@ -92,7 +110,14 @@ class Command(BaseCommand):
             f"engine worker: {name} on {engine.name}, {config.max_batch} lanes x {config.lane_ctx} tokens, "
             f"loaded in {time.monotonic() - started:.1f}s\n"
         )
+        if options["link_fd"] >= 0:
+            inherited = socket.socket(fileno=options["link_fd"])
+            os.set_inheritable(inherited.fileno(), False)
+            # the only connection there will be: when serve's end closes, nobody is left to serve
+            link = LinkServer(worker.inbox, worker._on_message, worker.hello, inherited=inherited, on_closed=worker.drain)
+        else:
+            link = LinkServer(worker.inbox, worker._on_message, worker.hello, path=options["socket"])
         try:
-            worker.serve(options["socket"])
+            worker.serve(link, drain_timeout_s=float(options["drain_timeout"]))
         finally:
             engine.close()

@@ -1,20 +1,25 @@
 """Serve everything on one machine: daphne (ASGI) in this process, the engine worker beside it.
 
 The worker is a separate process so that a llama.cpp crash cannot take the web server down;
-this command restarts it when it dies. SIGTERM (or Ctrl-C) drains: no new requests are
-admitted, in-flight ones get ``--drain-timeout`` seconds to finish, then everything stops and
-the process exits 0.
+this command restarts it when it dies. Each worker gets a fresh ``socketpair``: it inherits one
+end, this process keeps the other, so the link has no path another user could take.
+
+SIGTERM (or Ctrl-C) drains: no new requests are admitted, in-flight ones get ``--drain-timeout``
+seconds to finish (the worker gets the same timeout), then every stream still open ends with an
+error frame and ``[DONE]`` (and its access-log line and activity row), and the process exits 0
+within a few seconds more, whatever the worker is doing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -48,8 +53,9 @@ def _die_with_parent() -> None:
 class WorkerSupervisor:
     """Starts the engine worker and starts it again whenever it dies, until told to stop."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], *, pair: bool = True) -> None:
         self.argv = argv
+        self.pair = pair  # a socketpair per worker (else the worker listens on --socket)
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.restarts = 0
@@ -63,7 +69,18 @@ class WorkerSupervisor:
         self._thread.start()
 
     def _spawn(self) -> None:
-        self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+        if not self.pair:
+            self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
+            return
+        from scheduler.link.client import WORKER_SOCKETS
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            argv = [*self.argv, "--link-fd", str(theirs.fileno())]
+            self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        WORKER_SOCKETS.put(ours)
 
     def _watch(self) -> None:
         backoff = 0.2
@@ -118,7 +135,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
         parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body (413 above)")
-        parser.add_argument("--socket", default="", help="link socket path (default: a fresh one in the temp folder)")
+        parser.add_argument("--socket", default="", help="link over a Unix socket at this path, in a directory only this user may write (default: an inherited socketpair, no path)")
         parser.add_argument("--require-key", action="store_true", default=settings.SUPERFLUID_REQUIRE_KEY, help="every API request needs a key (always so when binding beyond loopback)")
         parser.add_argument("--rate-limit", type=int, default=settings.SUPERFLUID_RATE_LIMIT, help="requests per minute per client IP, for requests without a key limit (0 = off)")
         parser.add_argument("--completion-rate", default=settings.SUPERFLUID_COMPLETION_RATE, help="fill-in-the-middle token bucket per client, e.g. 10/s or 600/m (0 = off)")
@@ -143,8 +160,15 @@ class Command(BaseCommand):
 
         call_command("migrate", interactive=False, verbosity=0)
 
-        socket_path = options["socket"] or os.path.join(tempfile.gettempdir(), f"superfluid-{os.getpid()}.sock")
-        settings.SUPERFLUID_SOCKET = socket_path
+        socket_path = options["socket"]
+        if socket_path:
+            from scheduler.worker.server import check_private_dir
+
+            try:
+                check_private_dir(socket_path)
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"--socket: {exc}") from None
+            settings.SUPERFLUID_SOCKET = socket_path
         settings.SUPERFLUID_MODELS = [model_name]
         settings.SUPERFLUID_HTTP_DEFAULT_QOS = default_qos.label
         settings.SUPERFLUID_HTTP_QOS_HEADER = not options["no_http_qos_header"]
@@ -157,13 +181,18 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
 
-        worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", "--socket", socket_path, *engine_argv(options, model)]
-        supervisor = WorkerSupervisor(worker_cmd)
+        worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
+        if socket_path:
+            worker_cmd += ["--socket", socket_path]
+        supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path)
         supervisor.start()
         try:
             self._run_web(options, supervisor, model_name, config.max_batch)
         finally:
             supervisor.kill()
+            if socket_path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(socket_path)
         if supervisor.fatal:
             raise CommandError(supervisor.fatal)
         sys.stdout.write("superfluid stopped\n")
@@ -175,7 +204,8 @@ class Command(BaseCommand):
         from daphne.server import Server
         from twisted.internet import reactor
 
-        from scheduler.link import client as link_client
+        from scheduler.link.messages import SHUTDOWN
+        from scheduler.link.transport import all_links
 
         host, port = options["host"], options["port"]
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -218,19 +248,33 @@ class Command(BaseCommand):
             begin_drain.started = True  # type: ignore[attr-defined]
             sys.stdout.write("draining: no new requests; waiting for in-flight ones\n")
             sys.stdout.flush()
-            for client in link_client._clients.values():
-                client.draining = True
-            supervisor.drain()
-            deadline = time.monotonic() + drain_timeout + 2.0
+            for link in all_links():
+                link.draining = True
+            supervisor.drain()  # the worker drains with the same --drain-timeout
+            # the worker cuts what is left at drain_timeout; past this, the web side does
+            deadline = time.monotonic() + drain_timeout + 1.0
 
             def check() -> None:
                 # responses still being written, not jobs still at the worker: a job can be done
                 # there while its last frames are still on their way to the client
-                open_responses = sum(len(c.open) for c in link_client._clients.values())
-                if (supervisor.exited.is_set() and open_responses == 0) or time.monotonic() > deadline:
+                open_responses = sum(len(link.open) for link in all_links())
+                if supervisor.exited.is_set() and open_responses == 0:
                     reactor.callLater(0.2, reactor.stop)
+                elif time.monotonic() > deadline:
+                    # the worker did not answer in time: end every stream with an error frame and
+                    # [DONE] (each gets its access-log line and activity row), then stop
+                    for link in all_links():
+                        link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
+                    cut_off()
                 else:
                     reactor.callLater(0.1, check)
+
+            def cut_off(waited: float = 0.0) -> None:
+                open_responses = sum(len(link.open) for link in all_links())
+                if open_responses == 0 or waited >= 2.0:
+                    reactor.callLater(0.2, reactor.stop)
+                else:
+                    reactor.callLater(0.1, cut_off, waited + 0.1)
 
             check()
 

@@ -1,0 +1,189 @@
+"""Every message the web side and the engine worker exchange, typed, and their wire form.
+
+web -> worker:  Submit, Cancel, Config
+worker -> web:  Hello (once, on connect), Accepted, Rejected, Delta, Done, Error, Snapshot
+
+A message travels as one line of JSON: ``{"type": "<name>", ...fields}``. The same encoding is
+used by every transport (in-process, local socket, Redis), so a message that cannot be encoded
+fails in the same place everywhere: :func:`encode` raises :class:`EncodeError` *before* anything
+is sent or registered, and the caller fails that one job.
+
+The worker answers with *reasons* (``Rejected.reason``, ``Error.reason``: the constants below),
+never with HTTP statuses; the web side alone maps a reason to a status and an OpenAI error
+object (``api/link_errors.py``).
+
+Adding a field: give it a default in its dataclass (one line). A decoder ignores fields it does
+not know and fills the ones a sender left out with their defaults, so the two ends can be a
+version apart (a Redis fleet is upgraded one process at a time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+class EncodeError(ValueError):
+    """The message cannot be put on the link (a lone surrogate, a value JSON cannot hold...)."""
+
+
+# -- reasons: why the worker refused or failed a job ------------------------------------------
+
+# Rejected (never queued)
+SHUTTING_DOWN = "shutting_down"
+DUPLICATE_ID = "duplicate_id"
+INVALID_JOB = "invalid_job"  # a Submit the worker cannot make a job of (a bug or a version skew)
+EMPTY_PROMPT = "empty_prompt"
+INVALID_MESSAGES = "invalid_messages"  # the chat template refused them
+INVALID_PROMPT = "invalid_prompt"  # token ids outside the vocabulary
+FIM_UNSUPPORTED = "fim_unsupported"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+# Error (failed after acceptance, or never reached a worker)
+ENGINE_ERROR = "engine_error"
+DEADLINE_EXCEEDED = "completion_deadline_exceeded"
+SHUTDOWN = "shutdown"  # the server stopped before the job finished
+ENGINE_UNAVAILABLE = "engine_unavailable"  # no worker came back in time
+ENGINE_CRASHED = "engine_crashed"  # in flight during two worker crashes in a row: not tried again
+UNENCODABLE = "unencodable"  # the job's message could not be encoded for the link
+
+
+@dataclass(frozen=True)
+class Message:
+    type: ClassVar[str] = ""
+
+
+# -- web -> worker ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit(Message):
+    """A job. ``request`` is ``GenerationRequest.to_wire()``; ``resume_*`` are set when a job is
+    submitted again after a worker loss (continue after the text already delivered)."""
+
+    type: ClassVar[str] = "submit"
+    id: str
+    request: dict[str, Any]
+    qos: int = 2
+    priority: int = 0
+    batch_invariant: bool = False
+    pin_prefix: bool = False
+    resume_text: str = ""
+    resume_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Cancel(Message):
+    type: ClassVar[str] = "cancel"
+    id: str
+
+
+@dataclass(frozen=True)
+class Config(Message):
+    """Settings the admin can change while serving; sent after every (re)connect, before any job."""
+
+    type: ClassVar[str] = "config"
+    class_lanes: dict[str, int] = field(default_factory=dict)
+
+
+# -- worker -> web ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    type: ClassVar[str] = "hello"
+    model: str
+    engine: str
+    n_lanes: int
+    lane_ctx: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Accepted(Message):
+    type: ClassVar[str] = "accepted"
+    id: str
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Rejected(Message):
+    """Never queued. ``detail`` is a sentence for the client; ``param`` the request field it is about."""
+
+    type: ClassVar[str] = "rejected"
+    id: str
+    reason: str
+    detail: str = ""
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Delta(Message):
+    """Text to send; ``tokens``: completion tokens generated so far (resumed ones included)."""
+
+    type: ClassVar[str] = "delta"
+    id: str
+    text: str
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    type: ClassVar[str] = "done"
+    id: str
+    finish_reason: str
+    usage: dict[str, int] = field(default_factory=dict)
+    timing: dict[str, Any] = field(default_factory=dict)
+    serial: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Failed after acceptance (or, made by the web side, never reached a worker)."""
+
+    type: ClassVar[str] = "error"
+    id: str
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot(Message):
+    """Lanes, queues, counters and metrics; a few per second."""
+
+    type: ClassVar[str] = "snapshot"
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+MESSAGES: dict[str, type[Message]] = {
+    cls.type: cls for cls in (Submit, Cancel, Config, Hello, Accepted, Rejected, Delta, Done, Error, Snapshot)
+}
+JobEvent = Accepted | Rejected | Delta | Done | Error  # what a job's handle yields
+
+
+def encode(message: Message) -> bytes:
+    """One line of JSON. Strict: every string must be encodable UTF-8 (no lone surrogates), every
+    number finite; otherwise :class:`EncodeError` and nothing is sent."""
+    body = {"type": message.type, **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)}}
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+    except (UnicodeEncodeError, ValueError, TypeError, RecursionError) as exc:
+        raise EncodeError(f"{message.type} message cannot be encoded: {exc}") from None
+
+
+def decode(line: bytes) -> Message:
+    """The message on one line; ``ValueError`` if it is not one (the caller drops the line)."""
+    body = json.loads(line)
+    if not isinstance(body, dict):
+        raise ValueError("link message is not an object")
+    cls = MESSAGES.get(str(body.get("type")))
+    if cls is None:
+        raise ValueError(f"unknown link message type {body.get('type')!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in body.items() if k in known})
+    except TypeError as exc:  # a required field missing
+        raise ValueError(f"malformed {cls.type} message: {exc}") from None

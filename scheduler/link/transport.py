@@ -1,0 +1,265 @@
+"""The transport seam: what the web side needs from "the engine worker", whatever carries it.
+
+A :class:`Transport` submits jobs, cancels them, configures the worker, yields each job's events
+and keeps the latest snapshot. Three implementations share this interface:
+
+- :class:`scheduler.link.inprocess.InProcessTransport`: the worker loop on a thread of this
+  process (the simulated engine in fast tests);
+- :class:`scheduler.link.client.SocketTransport`: one worker process over a private local socket
+  (an inherited ``socketpair``; ``manage.py serve``);
+- a Redis transport (scale-out, later): jobs wait in Redis, events come back on a stream per job.
+
+Everything about jobs that does not depend on the carrier lives here, once: a job is encoded
+before it is registered (a job that cannot be encoded fails alone, with ``unencodable``); jobs in
+flight when the worker goes away are submitted again, continuing after the text already delivered;
+a job that was in flight during two worker losses in a row fails with ``engine_crashed`` instead
+of being tried a third time; when draining, a lost worker fails its jobs with ``shutdown``.
+
+A subclass provides :meth:`_send` (put one encoded message on the carrier) and calls
+:meth:`_on_hello`, :meth:`_on_message` and :meth:`_on_lost` as the carrier reports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .messages import (
+    ENGINE_CRASHED,
+    ENGINE_UNAVAILABLE,
+    SHUTDOWN,
+    UNENCODABLE,
+    Accepted,
+    Cancel,
+    Config,
+    Delta,
+    Done,
+    EncodeError,
+    Error,
+    Hello,
+    JobEvent,
+    Message,
+    Rejected,
+    Snapshot,
+    Submit,
+    encode,
+)
+
+log = logging.getLogger("superfluid.link")
+
+# Called with every worker snapshot, on the event loop. Apps register here (the dashboard's feed
+# does in its AppConfig.ready) so the link knows nothing about who listens.
+SNAPSHOT_LISTENERS: list[Callable[[dict[str, Any]], None]] = []
+
+# A job in flight during this many worker losses in a row is failed, not submitted again: a
+# prompt that crashes the engine would otherwise crash every new worker.
+MAX_CRASHES = 2
+
+
+@dataclass(eq=False)
+class JobHandle:
+    """A submitted job as the web side sees it: its events arrive on ``events``."""
+
+    job_id: str
+    submit: Submit
+    events: asyncio.Queue[JobEvent] = field(default_factory=asyncio.Queue)
+    accepted: bool = False
+    delivered_text: str = ""
+    delivered_tokens: int = 0
+    key: str | None = None  # the API key's name, for /slots and the dashboard; never sent
+    crashes: int = 0  # worker losses in a row while this job was at the worker
+    sent_on: int = -1  # the connection it was last sent on (-1: not sent yet)
+
+    async def next_event(self) -> JobEvent:
+        return await self.events.get()
+
+    def resubmission(self) -> Submit:
+        return dataclasses.replace(self.submit, resume_text=self.delivered_text, resume_tokens=self.delivered_tokens)
+
+
+class Transport(ABC):
+    """The web side's link to the engine worker. One per event loop (see ``get_link``)."""
+
+    def __init__(self, *, reconnect_timeout_s: float = 120.0) -> None:
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.inflight: dict[str, JobHandle] = {}  # submitted and not yet done at the worker
+        self.open: set[str] = set()  # submitted and not yet finished by the web side (response sent)
+        self.hello: Hello | None = None
+        self.snapshot: dict[str, Any] | None = None
+        self.draining = False
+        self.worker_restarts = 0
+        self.worker_config: Config | None = None  # the last one, sent again on reconnect
+        self._connected = asyncio.Event()
+        self._lost_since: float | None = None
+        self._connection = 0  # counts connections, so a job knows which worker it was sent to
+
+    # -- lifecycle (the carrier) --------------------------------------------------------
+
+    @abstractmethod
+    def start(self) -> None:
+        """Begin connecting (idempotent); runs on the event loop."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Close the carrier."""
+
+    @abstractmethod
+    async def _send(self, data: bytes) -> None:
+        """Put one encoded message on the carrier. A lost carrier is reported through _on_lost,
+        not raised here."""
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        self.start()
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def submit(self, **fields: Any) -> JobHandle:
+        """Submit a job (the fields of :class:`Submit` but ``id``). The message is encoded before
+        the job is registered: one that cannot be encoded is never registered and its handle's
+        only event is ``Rejected(unencodable)``."""
+        message = Submit(id=uuid.uuid4().hex, **fields)
+        handle = JobHandle(job_id=message.id, submit=message)
+        try:
+            data = encode(message)
+        except EncodeError as exc:
+            handle.events.put_nowait(Rejected(message.id, UNENCODABLE, str(exc)))
+            return handle
+        self.inflight[handle.job_id] = handle
+        self.open.add(handle.job_id)
+        self.start()
+        if self.connected:  # otherwise it is sent when the worker (re)connects
+            handle.sent_on = self._connection
+            await self._send(data)
+        return handle
+
+    async def cancel(self, handle: JobHandle) -> None:
+        self.open.discard(handle.job_id)
+        if self.inflight.pop(handle.job_id, None) is not None and self.connected:
+            await self._send(encode(Cancel(handle.job_id)))
+
+    def finish(self, handle: JobHandle) -> None:
+        """The response for this job has been sent (or abandoned)."""
+        self.inflight.pop(handle.job_id, None)
+        self.open.discard(handle.job_id)
+
+    async def configure(self, config: Config) -> None:
+        """Worker settings the admin can change: sent now if connected, and again after every
+        (re)connect, before any job is submitted again."""
+        data = encode(config)
+        self.worker_config = config
+        self.start()
+        if self.connected:
+            await self._send(data)
+
+    def fail_all(self, reason: str, detail: str) -> None:
+        """End every job still at the worker with ``Error(reason)`` (a drain that ran out of time)."""
+        for handle in list(self.inflight.values()):
+            self._fail(handle, reason, detail)
+
+    def _fail(self, handle: JobHandle, reason: str, detail: str) -> None:
+        self.inflight.pop(handle.job_id, None)
+        handle.events.put_nowait(Error(handle.job_id, reason, detail))
+
+    # -- what the carrier reports ---------------------------------------------------------
+
+    async def _on_hello(self, hello: Hello) -> None:
+        """A worker is there: send the config, then every job in flight again."""
+        if self.hello is not None and hello.pid != self.hello.pid:
+            self.worker_restarts += 1
+        self.hello = hello
+        self._connection += 1
+        self._lost_since = None
+        self._connected.set()
+        if self.worker_config is not None:
+            await self._send(encode(self.worker_config))
+        for handle in list(self.inflight.values()):
+            try:
+                data = encode(handle.resubmission())
+            except EncodeError as exc:
+                self._fail(handle, UNENCODABLE, str(exc))
+                continue
+            handle.sent_on = self._connection
+            await self._send(data)
+
+    def _on_lost(self, now: float) -> None:
+        """The worker went away. Jobs it had are submitted again when one comes back, except a
+        job it had during the previous loss too (``engine_crashed``), or all when draining."""
+        lost = self._connection
+        was_connected = self.connected
+        self._connected.clear()
+        if not was_connected:
+            return
+        self._lost_since = now
+        if self.draining:
+            self.fail_all(SHUTDOWN, "The server shut down before this request finished.")
+            return
+        for handle in list(self.inflight.values()):
+            if handle.sent_on != lost:
+                continue
+            handle.crashes += 1
+            if handle.crashes >= MAX_CRASHES:
+                log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, handle.crashes)
+                self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
+        log.warning("engine worker went away with %d jobs in flight; waiting for it", len(self.inflight))
+
+    def _check_lost_deadline(self, now: float) -> None:
+        if self._lost_since is None or now - self._lost_since < self.reconnect_timeout_s:
+            return
+        self.fail_all(ENGINE_UNAVAILABLE, "The engine worker is unavailable.")
+
+    def _on_message(self, message: Message) -> None:
+        if isinstance(message, Snapshot):
+            self.snapshot = message.state
+            for listener in SNAPSHOT_LISTENERS:
+                listener(self.snapshot)
+            return
+        handle = self.inflight.get(getattr(message, "id", ""))
+        if handle is None:
+            return
+        if isinstance(message, Accepted):
+            if handle.accepted:
+                return  # a resubmission after a worker restart
+            handle.accepted = True
+        elif isinstance(message, Delta):
+            handle.delivered_text += message.text
+            handle.delivered_tokens = message.tokens
+            handle.crashes = 0  # progress since the last loss: a loss now is not "in a row"
+        elif isinstance(message, (Done, Error, Rejected)):
+            self.inflight.pop(handle.job_id, None)
+        else:
+            return
+        handle.events.put_nowait(message)  # type: ignore[arg-type]
+
+
+_links: dict[int, Transport] = {}
+
+
+def install(link: Transport) -> Transport:
+    """Make ``link`` the running event loop's transport (tests install an in-process one)."""
+    _links[id(asyncio.get_running_loop())] = link
+    link.start()
+    return link
+
+
+def current() -> Transport | None:
+    """The running event loop's transport, if one was made."""
+    return _links.get(id(asyncio.get_running_loop()))
+
+
+def all_links() -> list[Transport]:
+    return list(_links.values())
