@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import queue
 import threading
@@ -348,9 +349,7 @@ class EngineWorker:
                 param,
             )
         budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
-        sampling = SamplingParams(
-            **{k: request[k] for k in SamplingParams.__dataclass_fields__ if request.get(k) is not None}
-        )
+        sampling = _sampling(request)
         qos = QosClass(int(message.qos))
         job = Job(
             job_id=job_id,
@@ -573,6 +572,26 @@ class EngineWorker:
             caps[qos] = cap
         self.scheduler.config.class_lanes = caps
         log.info("class-lane caps now %s", {q.label: n for q, n in sorted(caps.items())} or "none")
+
+
+def _sampling(request: dict[str, Any]) -> SamplingParams:
+    """The request's sampling fields as the engine needs them: ints and finite floats (TypeError
+    or ValueError otherwise, which refuses this job rather than failing a tick)."""
+    values: dict[str, Any] = {}
+    for name, f in SamplingParams.__dataclass_fields__.items():
+        value = request.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a number")
+        if isinstance(f.default, float):
+            value = float(value)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite")
+        else:
+            value = int(value)
+        values[name] = value
+    return SamplingParams(**values)
 
 
 def _urgent(message: Submit) -> bool:

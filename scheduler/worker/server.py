@@ -195,6 +195,8 @@ class LinkServer:
             pass
         finally:
             conn.alive = False
+            reader.close()
+            conn.sock.close()
             self.inbox.put((conn, DISCONNECTED))
             if last:
                 self.on_closed()
