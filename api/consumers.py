@@ -23,6 +23,7 @@ from scheduler.link.client import JobHandle, get_link
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
+from .edge import check_host_and_origin
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
@@ -122,7 +123,8 @@ class GenerationConsumer(StreamingConsumer):
         return parse_chat_request(body, models=models)
 
     async def handle(self, body: bytes) -> None:
-        # the key first: a missing or wrong one is 401 before the body is looked at
+        check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
+        # the key next: a missing or wrong one is 401 before the body is looked at
         self.principal: Principal = await authenticate(self.headers(), self.scope.get("client"))
         self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":

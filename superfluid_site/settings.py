@@ -79,6 +79,10 @@ def _database(url: str) -> dict[str, object]:
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+# Browser origins allowed to call the generation endpoints besides those on an allowed host
+# (api/edge.py), e.g. https://app.example.com
+SUPERFLUID_ALLOWED_ORIGINS = [o.strip() for o in env_str("SUPERFLUID_ALLOWED_ORIGINS", "").split(",") if o.strip()]
+CSRF_FAILURE_VIEW = "api.edge.csrf_failure"  # JSON under the API's paths
 
 INSTALLED_APPS = [
     "daphne",
