@@ -6,9 +6,12 @@ decided before it is queued.
 
 1. model: a policy's allowed models (403 ``model_forbidden``);
 2. class: x-superfluid-qos, else the band of X-LlamaSwap-Priority, else the key's default class
-   (the server's without a policy); a key may demote freely, asking above its best class is 403
-   ``qos_class_forbidden``; fill-in-the-middle always runs as ``completion``;
-3. priority: the header's number plus the policy's tier offset (never enough to cross a band);
+   (the server's without a policy); a key may demote freely, asking above its best class with
+   x-superfluid-qos is 403 ``qos_class_forbidden``, while a priority in a band above it is
+   clamped to the policy (the header is never an error); fill-in-the-middle always runs as
+   ``completion``;
+3. priority: the header's number, clamped to +-PRIORITY_LIMIT, plus the policy's tier offset
+   (never enough to cross a band);
 4. batch-invariant lanes: 403 unless the policy or ``--http-allow-batch-invariant`` grants them;
 5. limits, all checked before any is taken: the key's requests-per-minute bucket (or, without a
    key limit, the per-IP ``--rate-limit``), the fill-in-the-middle bucket per client
@@ -32,7 +35,7 @@ from django.utils import timezone
 from keys.credentials import secret_from_headers
 from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy, get_runtime
-from scheduler.core.qos import QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
+from scheduler.core.qos import PRIORITY_ALIASES, QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
 
 from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest
@@ -166,6 +169,24 @@ def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpR
 # -- class and priority ----------------------------------------------------------------
 
 
+# Where a priority enters, it is clamped into this range: far beyond the bands (100 apart) and
+# aging, far inside int32 (the activity log's column, the worker's float score).
+PRIORITY_LIMIT = 1_000_000
+
+
+def clamp_priority(priority: int) -> int:
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
+
+
+def clamp_to_policy(max_class: QosClass) -> int:
+    """The priority a header in a band above ``max_class`` is clamped to: the anchor of the best
+    band whose class the key may have (the header alone never makes a 403)."""
+    for anchor in sorted(PRIORITY_ALIASES.values(), reverse=True):
+        if class_of_priority(anchor) >= max_class:
+            return anchor
+    return min(PRIORITY_ALIASES.values())
+
+
 def resolve_class(headers: dict[str, str], request: GenerationRequest, default: QosClass | None = None) -> tuple[QosClass, int, bool]:
     """(class, header priority, whether the client asked for the class).
 
@@ -173,7 +194,7 @@ def resolve_class(headers: dict[str, str], request: GenerationRequest, default: 
     server's --http-default-qos when None). Fill-in-the-middle always runs as completion.
     """
     raw_priority = headers.get("x-llamaswap-priority")
-    priority = parse_priority(raw_priority)
+    priority = clamp_priority(parse_priority(raw_priority))
     if request.suffix is not None:
         return QosClass.COMPLETION, priority, False  # fill-in-the-middle always runs as completion
     raw_qos = headers.get("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
@@ -213,6 +234,10 @@ async def admit(
         raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
 
     qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
+    by_qos_header = settings.SUPERFLUID_HTTP_QOS_HEADER and "x-superfluid-qos" in headers
+    if policy is not None and asked and qos < policy.max_class and not by_qos_header:
+        # only X-LlamaSwap-Priority asked: clamp it to the key's best class, never an error
+        qos, priority = policy.max_class, clamp_to_policy(policy.max_class)
     if policy is not None and asked and qos < policy.max_class:
         raise forbidden(
             f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",
@@ -220,7 +245,7 @@ async def admit(
             "x-superfluid-qos",
         )
     if policy is not None:
-        priority += policy.priority_offset
+        priority = clamp_priority(priority + policy.priority_offset)
 
     batch_invariant = wants_batch_invariant(headers)
     if batch_invariant and not (settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT or (policy is not None and policy.allow_batch_invariant)):

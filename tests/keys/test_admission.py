@@ -110,13 +110,31 @@ async def test_a_key_may_demote_freely_and_ask_up_to_its_best_class() -> None:
         assert admission.qos is got
 
 
-async def test_asking_above_the_best_class_is_403_by_header_or_by_priority_band() -> None:
+async def test_asking_above_the_best_class_by_the_qos_header_is_403() -> None:
     rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
     err = await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-superfluid-qos": "interactive"}), IP, chat(), runtime=rt))
     assert err.status == 403 and err.type == "permission_error"
-    await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-llamaswap-priority": "interactive"}), IP, chat(), runtime=rt))
     low = await admit(bearer("sf-k", **{"x-llamaswap-priority": "batch"}), IP, chat(), runtime=rt)
     assert low.qos is QosClass.BACKGROUND
+
+
+@pytest.mark.parametrize("header", ["interactive", "100", "999999", "9" * 400])
+async def test_a_priority_in_a_band_above_the_best_class_is_clamped_to_the_policy_not_refused(header: str) -> None:
+    # the request-priority seed: the header is never an error
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    admission = await admit(bearer("sf-k", **{"x-llamaswap-priority": header}), IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.COMPLETION and admission.priority == 0 and admission.band == "normal"
+    bg = runtime(key("sf-b", "b", Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND, priority_offset=2)))
+    admission = await admit(bearer("sf-b", **{"x-llamaswap-priority": header}), IP, chat(), runtime=bg)
+    assert admission.qos is QosClass.BACKGROUND and admission.priority == -98 and admission.band == "batch"
+
+
+@pytest.mark.parametrize(("header", "priority"), [("9" * 400, 1_000_000), ("-" + "9" * 400, -1_000_000), ("9" * 5000, 0), ("1000001", 1_000_000), ("-1000000", -1_000_000), ("123", 123)])
+async def test_a_priority_is_clamped_where_it_enters_so_nothing_downstream_overflows(header: str, priority: int) -> None:
+    rt = runtime()
+    admission = await admit({"x-llamaswap-priority": header}, IP, chat(), runtime=rt)
+    assert admission.priority == priority
+    assert float(admission.priority) + 0.5 < 2**31  # the worker's score and an IntegerField hold it
 
 
 @override_settings(SUPERFLUID_HTTP_QOS_HEADER=False)

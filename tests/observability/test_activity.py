@@ -115,3 +115,14 @@ def test_admin_browses_the_log_read_only_with_filters_and_search(admin_client: C
     assert "rate_limit_exceeded" in results and "bob" in results and "alice" not in results
     assert admin_client.get("/admin/activity/activityentry/?q=alice").status_code == 200
     assert admin_client.get("/admin/activity/activityentry/add/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_priority_beyond_int64_is_stored_clamped_not_lost() -> None:
+    # a 400-digit X-LlamaSwap-Priority once lost its row (SQLite OverflowError); PostgreSQL's
+    # IntegerField fails from 2**31: every integer column is clamped into int32
+    record = full_record()
+    record.priority, record.serial = 10**400, {"serial_priority": -(10**30), "serial_score": float("inf")}
+    await record_request(record)
+    row = await ActivityEntry.objects.aget()
+    assert (row.priority, row.serial_priority, row.serial_score) == (2**31 - 1, -(2**31), None)
