@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
@@ -58,6 +59,16 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.headers_sent = False
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first closes old database connections on Django's single sync
+        # thread, before every message: under a burst a disconnect queued there behind database
+        # work, past daphne's close timeout, and its cancel never reached the worker. These
+        # consumers never touch the database (rows go to the activity writer's own thread).
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def http_request(self, message: dict[str, Any]) -> None:
         chunk = message.get("body", b"")

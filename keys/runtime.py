@@ -147,15 +147,6 @@ _read_version = sync_to_async(_guarded(read_version), thread_sensitive=True)
 _load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
 
 
-def _write_last_used(key_id: int) -> None:
-    from .models import ApiKey
-
-    ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
-
-
-_touch = sync_to_async(_guarded(_write_last_used), thread_sensitive=True)
-
-
 class KeyRuntime:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True) -> None:
         self.loop = loop
@@ -169,7 +160,6 @@ class KeyRuntime:
         self.sent_caps: dict[str, int] | None = None
         self._last_used: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[Any]] = set()
         self._lock = asyncio.Lock()  # one refresh at a time
 
     def start(self) -> None:
@@ -241,15 +231,9 @@ class KeyRuntime:
         if last is not None and now - last < LAST_USED_EVERY_S:
             return
         self._last_used[key.id] = now
-        task = self.loop.create_task(self._write_touch(key.id))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        from activity.writer import get_writer
 
-    async def _write_touch(self, key_id: int) -> None:
-        try:
-            await _touch(key_id)
-        except Exception:
-            log.exception("could not record the last use of key %s", key_id)
+        get_writer().touch(key.id, timezone.now())  # written by the activity writer's thread
 
 
 _runtimes: dict[int, KeyRuntime] = {}

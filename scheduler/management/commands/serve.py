@@ -217,7 +217,9 @@ class Command(BaseCommand):
             signal_handlers=False,
             verbosity=0,
             http_timeout=None,
-            application_close_timeout=5,
+            # after a client leaves, its consumer cancels the job and queues its activity row:
+            # no database wait any more (activity/writer.py), so this only bounds a stuck one
+            application_close_timeout=10,
             ready_callable=ready,
         )
         drain_timeout = float(options["drain_timeout"])
