@@ -15,8 +15,11 @@ decided before it is queued.
 4. batch-invariant lanes: 403 unless the policy or ``--http-allow-batch-invariant`` grants them;
 5. limits, all checked before any is taken: the key's requests-per-minute bucket (or, without a
    key limit, the per-IP ``--rate-limit``), the fill-in-the-middle bucket per client
-   (``--completion-rate``/``--completion-burst``), and the key's concurrency slots; 429 with
-   ``Retry-After``. ``Admission.release()`` gives the slot back when the response ends.
+   (``--completion-rate``/``--completion-burst``), the key's concurrency slots or, without a key,
+   the client address's (``--client-concurrency``); 429 with ``Retry-After``. Then the model's
+   queue bound (``--max-queue`` waiting beyond the lanes): 503 ``queue_full`` with a
+   ``Retry-After`` from the measured drain rate. ``Admission.release()`` gives it all back when
+   the response ends.
 
 Secrets never leave this module: logs and records carry the key's name.
 """
@@ -24,6 +27,7 @@ Secrets never leave this module: logs and records carry the key's name.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,15 +85,27 @@ class Admission:
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: KeyRuntime | None = None
     slot: str | None = None  # the concurrency slot held, by key name
+    client_slot: str | None = None  # a keyless client's slot, by address
+    model_slot: str | None = None  # the place held in the model's queue bound
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
 
     async def release(self) -> None:
-        if self.slot is not None and self.runtime is not None:
-            self.runtime.slots.release(self.slot)
+        rt = self.runtime
+        if rt is None:
+            return
+        if self.slot is not None:
+            rt.slots.release(self.slot)
             self.slot = None
+        if self.client_slot is not None:
+            rt.client_slots.release(self.client_slot)
+            self.client_slot = None
+        if self.model_slot is not None:
+            rt.in_flight.release(self.model_slot)
+            rt.drain.note()
+            self.model_slot = None
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -282,9 +298,53 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
-        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", 1.0)
+        wait = _own_turn_s(rt, request.model, limit)
+        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
+    client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
+    client_slot = principal.client_id
+    if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
+        wait = _own_turn_s(rt, request.model, client_limit)
+        raise rate_limited(
+            f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
+        )
+    check_queue(rt, request.model)
     for bucket, _code, _message in buckets:
         bucket.take()
     if limit > 0 and slot is not None:
         rt.slots.acquire(slot)
         admission.slot = slot
+    if client_limit > 0:
+        rt.client_slots.acquire(client_slot)
+        admission.client_slot = client_slot
+    rt.in_flight.acquire(request.model)
+    admission.model_slot = request.model
+
+
+def lanes() -> int:
+    return max(1, int(settings.SUPERFLUID_MAX_BATCH))
+
+
+def check_queue(rt: KeyRuntime, model: str) -> None:
+    """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes;
+    ``Retry-After`` is the time the measured drain rate needs to serve those waiting."""
+    max_queue = int(settings.SUPERFLUID_MAX_QUEUE)
+    if max_queue <= 0:
+        return
+    in_flight = rt.in_flight.held.get(model, 0)
+    waiting = in_flight - lanes()
+    if waiting >= max_queue:
+        retry = rt.drain.retry_after_s(waiting)
+        raise ApiError(
+            503,
+            f"The server is full: {waiting} requests are already waiting for `{model}`. Retry after the time in the Retry-After header.",
+            type="server_error",
+            code="queue_full",
+            headers={"Retry-After": str(retry)},
+        )
+
+
+def _own_turn_s(rt: KeyRuntime, model: str, held: int) -> float:
+    """Seconds until one of a client's ``held`` requests has likely ended: at the measured drain
+    rate, a request leaves every 1/rate seconds, and one in ``in_flight / held`` is theirs."""
+    in_flight = max(held, rt.in_flight.held.get(model, 0))
+    return float(rt.drain.retry_after_s(math.ceil(in_flight / max(1, held))))

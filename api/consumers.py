@@ -49,6 +49,16 @@ def error_from_wire(error: dict[str, Any]) -> ApiError:
     )
 
 
+def _declared_length(scope: dict[str, Any]) -> int:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
 class StreamingConsumer(AsyncHttpConsumer):
     """Reads the body (bounded), then answers from a task that a disconnect cancels."""
 
@@ -74,7 +84,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         chunk = message.get("body", b"")
         self._size += len(chunk)
         limit = settings.SUPERFLUID_MAX_BODY_BYTES
-        if self._size > limit:
+        # a Content-Length over the bound is refused before any of the body is kept
+        if self._size > limit or (not self.body and _declared_length(self.scope) > limit):
             await self.send_error(request_too_large(limit))
             raise StopConsumer()
         self.body.append(chunk)

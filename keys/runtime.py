@@ -8,7 +8,7 @@ served model to the engine worker (``LinkClient.send_config``, which sends them 
 reconnect). A change made anywhere, the admin or ``manage.py revokekey`` in another process, so
 reaches admission and the worker within about ``POLL_S`` plus one reload.
 
-Rate buckets and concurrency slots live here too: per process, in memory.
+Rate buckets, concurrency slots and the queue bound live here too: per process, in memory.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from django.utils import timezone
 from scheduler.core.qos import QosClass
 
 from .credentials import digest_of, digests_match
-from .limits import BucketSet, ConcurrencySlots
+from .limits import BucketSet, ConcurrencySlots, DrainMeter
 
 log = logging.getLogger("superfluid.keys")
 
@@ -157,6 +157,9 @@ class KeyRuntime:
         self.buckets = BucketSet()  # requests per minute: ("key", name) or ("ip", address)
         self.completion_buckets = BucketSet()  # fill-in-the-middle, per key name or client IP
         self.slots = ConcurrencySlots()  # per key name
+        self.client_slots = ConcurrencySlots()  # keyless clients, per address (--client-concurrency)
+        self.in_flight = ConcurrencySlots()  # admitted and not yet ended, per model (--max-queue)
+        self.drain = DrainMeter()  # how fast admitted requests end: Retry-After for a full queue
         self.sent_caps: dict[str, int] | None = None
         self._last_used: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None

@@ -254,3 +254,61 @@ def test_a_principal_names_its_client_by_key_else_by_address() -> None:
     _, k = key("sf-k", "k")
     assert Principal(k, "1.2.3.4").client_id == "key:k"
     assert Principal(None, "1.2.3.4").client_id == "ip:1.2.3.4"
+
+
+# -- bounded admission: --max-queue, --client-concurrency (issue 10) -------------------------
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4, SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_beyond_the_lanes_plus_max_queue_a_request_is_503_queue_full_until_one_ends() -> None:
+    rt = runtime()
+    held = [await admit({}, ("10.0.0.%d" % i, 1), chat(), runtime=rt) for i in range(6)]  # 2 lanes + 4 waiting
+    err = await expect("queue_full", admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
+    assert err.status == 503 and err.type == "server_error" and int(err.headers["Retry-After"]) >= 1
+    await held.pop().release()
+    held.append(await admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
+    for admission in held:
+        await admission.release()
+    assert rt.in_flight.held == {}
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4, SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_the_retry_after_of_a_full_queue_follows_the_measured_drain_rate() -> None:
+    from keys.limits import DrainMeter
+    from scheduler.engines.sim import FakeClock
+
+    clock = FakeClock()
+    rt = runtime()
+    rt.drain = DrainMeter(window_s=30.0, clock=clock)
+    held = [await admit({}, IP, chat(), runtime=rt) for _ in range(6)]
+    err = await expect("queue_full", admit({}, IP, chat(), runtime=rt))
+    assert err.headers["Retry-After"] == "4"  # nothing has ended yet: a second per waiting request
+    for _ in range(30):  # 30 requests end in 30 s, one a second, each replaced by a new one
+        clock.advance(1.0)
+        await held.pop(0).release()
+        held.append(await admit({}, IP, chat(), runtime=rt))
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "4"
+    for _ in range(120):  # then four a second
+        clock.advance(0.25)
+        await held.pop(0).release()
+        held.append(await admit({}, IP, chat(), runtime=rt))
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "1"
+    clock.advance(600)  # nothing ends for a long while: the rate is forgotten
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "4"
+    for admission in held:
+        await admission.release()
+
+
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=2, SUPERFLUID_MAX_QUEUE=0)
+async def test_a_keyless_client_address_has_client_concurrency_requests_in_flight_at_most() -> None:
+    rt = runtime(key("sf-k", "k"))
+    held = [await admit({}, IP, chat(), runtime=rt) for _ in range(2)]
+    err = await expect("concurrency_limit_exceeded", admit({}, IP, chat(), runtime=rt))
+    assert err.status == 429 and err.type == "rate_limit_error" and int(err.headers["Retry-After"]) >= 1
+    other = await admit({}, ("10.0.0.8", 1), chat(), runtime=rt)  # another address
+    keyed = [await admit(bearer("sf-k"), IP, chat(), runtime=rt) for _ in range(3)]  # a key is not a keyless client
+    await held[0].release()
+    held[0] = await admit({}, IP, chat(), runtime=rt)
+    for admission in [*held, other, *keyed]:
+        await admission.release()
+    assert rt.client_slots.held == {}
