@@ -11,6 +11,7 @@ Ollama's CVE-2024-28224).
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -143,3 +144,28 @@ def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> Non
     origin = headers.get("origin")
     if origin is not None and not origin_allowed(origin):
         raise ApiError(403, f"Requests from the origin {origin!r} are not allowed.", type="permission_error", code="origin_forbidden", param="origin")
+
+
+# -- daphne's own errors -----------------------------------------------------------------------
+
+
+def protocol_error_reply(status: int, status_text: bytes, detail: str) -> list[dict[str, Any]]:
+    """The ASGI messages for an error daphne answers itself, before any application runs (an
+    invalid header name or value, a path that is not ASCII, an application that failed to
+    start): an OpenAI error object instead of daphne's HTML page."""
+    exc = ApiError(status, f"{status_text.decode('ascii', 'replace')}: {detail}", type="invalid_request_error" if status < 500 else "server_error", code="bad_request" if status < 500 else None)
+    return [
+        {"type": "http.response.start", "status": status, "headers": [(b"Content-Type", b"application/json")]},
+        {"type": "http.response.body", "body": json.dumps(exc.body()).encode()},
+    ]
+
+
+def install_protocol_errors() -> None:
+    """Make daphne's server-level error pages JSON (``serve`` calls this before it starts)."""
+    from daphne.http_protocol import WebRequest
+
+    def basic_error(self: Any, status: int, status_text: bytes, body: str) -> None:
+        for message in protocol_error_reply(status, status_text, body):
+            self.handle_reply(message)
+
+    WebRequest.basic_error = basic_error

@@ -64,6 +64,7 @@ class Outcome:
     status: int | None  # None: no reply in time (a hang) or the connection failed
     json_ok: bool
     error: str = ""
+    case: object = None
 
 
 def fire(client: httpx.Client, base: str, case, timeout_s: float) -> Outcome:  # type: ignore[no-untyped-def]
@@ -71,16 +72,18 @@ def fire(client: httpx.Client, base: str, case, timeout_s: float) -> Outcome:  #
     try:
         r = client.request(case.method, base + case.path, content=case.body, headers=headers, timeout=timeout_s)
     except httpx.TimeoutException:
-        return Outcome(case.path, None, True, "hang")
+        return Outcome(case.path, None, True, "hang", case)
+    except httpx.LocalProtocolError:
+        return Outcome(case.path, None, True, "unsendable", case)  # h11 would not send that header
     except httpx.HTTPError as exc:
-        return Outcome(case.path, None, True, type(exc).__name__)
+        return Outcome(case.path, None, True, type(exc).__name__, case)
     json_ok = True
     if case.path.startswith("/v1") and not r.headers.get("content-type", "").startswith("text/event-stream"):
         try:
             json.loads(r.content)
         except ValueError:
             json_ok = False
-    return Outcome(case.path, r.status_code, json_ok)
+    return Outcome(case.path, r.status_code, json_ok, "" if json_ok else r.content[:120].decode("latin-1"), case)
 
 
 def worker_restarts(base: str) -> int | None:
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds; requests not sent by then are skipped")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="seconds without a full reply that count as a hang")
     parser.add_argument("--seed", type=int, default=10)
+    parser.add_argument("--show", type=int, default=10, help="print this many of the failing requests")
     parser.add_argument("--model", default="", help="the served model id (default: the first of /v1/models)")
     args = parser.parse_args(argv)
     base = args.url.rstrip("/")
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
 
     statuses = collections.Counter(o.status for o in outcomes if o.status is not None)
     hangs = sum(1 for o in outcomes if o.error == "hang")
-    failed = collections.Counter(o.error for o in outcomes if o.status is None and o.error != "hang")
+    unsendable = sum(1 for o in outcomes if o.error == "unsendable")
+    failed = collections.Counter(o.error for o in outcomes if o.status is None and o.error not in ("hang", "unsendable"))
     non_json = sum(1 for o in outcomes if not o.json_ok)
     five = sum(n for s, n in statuses.items() if s >= 500)
     restarts = None if restarts_before is None or restarts_after is None else restarts_after - restarts_before
@@ -161,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     for error, count in sorted(failed.items()):
         print(f"| connection failures ({error}) | {count} |")
     print(f"| engine worker restarts | {restarts if restarts is not None else '?'} |")
+    print(f"| not sent: the HTTP client refused a header value | {unsendable} |")
     print(f"| normal request afterwards | {after.status_code} |")
+    for o in [o for o in outcomes if not o.json_ok or (o.status is None and o.error != "unsendable") or (o.status or 0) >= 500][: args.show]:
+        case = o.case
+        print(f"\n{o.status} {o.error!r}: {case.method} {case.path} headers={case.headers!r} body={case.body[:160]!r}")  # type: ignore[attr-defined]
     bad = five or non_json or hangs or failed or restarts or after.status_code != 200
     return 1 if bad else 0
 

@@ -110,7 +110,7 @@ def generation_body(draw: st.DrawFn, chat: bool) -> bytes:
     pool = VALID_FIELDS if valid else OPTIONAL_FIELDS
     for name in draw(st.lists(st.sampled_from(sorted(pool)), max_size=3, unique=True)):
         body[name] = draw(pool[name])
-    if "max_tokens" not in body:
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         body["max_tokens"] = draw(st.integers(min_value=1, max_value=8))  # keep generations short
     raw = json.dumps(body).encode()
     mangle = _pick(draw, 20)

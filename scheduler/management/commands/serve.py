@@ -211,6 +211,9 @@ class Command(BaseCommand):
 
             reactor.callLater(0, get_runtime)  # load keys, push the admin's class-lane caps to the worker
 
+        from api.edge import install_protocol_errors
+
+        install_protocol_errors()  # daphne's own 400s (a bad header byte, a non-ASCII path): JSON too
         server = Server(
             application=get_default_application(),
             endpoints=build_endpoint_description_strings(host=host, port=port),
