@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +33,24 @@ def _ip(value: str | None) -> str | None:
         return None
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _int32(value: int | None) -> int | None:
+    """An integer the IntegerField columns hold on every database (PostgreSQL's is int32;
+    SQLite's int64 raised OverflowError beyond it): clamped, never lost."""
+    return None if value is None else max(-INT32_MAX - 1, min(INT32_MAX, int(value)))
+
+
 def entry_fields(record: RequestRecord) -> dict[str, Any]:
     """The row for one request: identifiers, decisions, timings and counts; no text."""
     usage, timing, serial = record.usage or {}, record.timing or {}, record.serial or {}
 
     def num(d: dict[str, Any], key: str) -> Any:
         value = d.get(key)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _int32(value)
+        return value if isinstance(value, float) and math.isfinite(value) else None
 
     return {
         "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.timezone.utc),
@@ -49,7 +61,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         "endpoint": record.endpoint[:32],
         "stream": bool(record.stream),
         "qos_class": record.qos or "",
-        "priority": record.priority,
+        "priority": _int32(record.priority),
         "band": record.band or "",
         "serial_priority": num(serial, "serial_priority"),
         "serial_band": str(serial.get("serial_band") or "")[:16],
@@ -61,7 +73,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         "prompt_tokens": num(usage, "prompt_tokens"),
         "cached_tokens": num(usage, "cached_tokens"),
         "completion_tokens": num(usage, "completion_tokens"),
-        "preemptions": int(timing.get("preemptions") or 0),
+        "preemptions": _int32(int(timing.get("preemptions") or 0)),
         "finish_reason": (record.finish_reason or "")[:32],
         "status": max(0, int(record.status or 0)),
         "error_code": (record.error_code or "")[:64],

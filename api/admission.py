@@ -6,14 +6,20 @@ decided before it is queued.
 
 1. model: a policy's allowed models (403 ``model_forbidden``);
 2. class: x-superfluid-qos, else the band of X-LlamaSwap-Priority, else the key's default class
-   (the server's without a policy); a key may demote freely, asking above its best class is 403
-   ``qos_class_forbidden``; fill-in-the-middle always runs as ``completion``;
-3. priority: the header's number plus the policy's tier offset (never enough to cross a band);
+   (the server's without a policy); a key may demote freely, asking above its best class with
+   x-superfluid-qos is 403 ``qos_class_forbidden``, while a priority in a band above it is
+   clamped to the policy (the header is never an error); fill-in-the-middle always runs as
+   ``completion``;
+3. priority: the header's number, clamped to +-PRIORITY_LIMIT, plus the policy's tier offset
+   (never enough to cross a band);
 4. batch-invariant lanes: 403 unless the policy or ``--http-allow-batch-invariant`` grants them;
 5. limits, all checked before any is taken: the key's requests-per-minute bucket (or, without a
    key limit, the per-IP ``--rate-limit``), the fill-in-the-middle bucket per client
-   (``--completion-rate``/``--completion-burst``), and the key's concurrency slots; 429 with
-   ``Retry-After``. ``Admission.release()`` gives the slot back when the response ends.
+   (``--completion-rate``/``--completion-burst``), the key's concurrency slots or, without a key,
+   the client address's (``--client-concurrency``); 429 with ``Retry-After``. Then the model's
+   queue bound (``--max-queue`` waiting beyond the lanes): 503 ``queue_full`` with a
+   ``Retry-After`` from the measured drain rate. ``Admission.release()`` gives it all back when
+   the response ends.
 
 Secrets never leave this module: logs and records carry the key's name.
 """
@@ -21,6 +27,7 @@ Secrets never leave this module: logs and records carry the key's name.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +39,7 @@ from django.utils import timezone
 from keys.credentials import secret_from_headers
 from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy, get_runtime
-from scheduler.core.qos import QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
+from scheduler.core.qos import PRIORITY_ALIASES, QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
 
 from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest
@@ -78,15 +85,27 @@ class Admission:
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: KeyRuntime | None = None
     slot: str | None = None  # the concurrency slot held, by key name
+    client_slot: str | None = None  # a keyless client's slot, by address
+    model_slot: str | None = None  # the place held in the model's queue bound
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
 
     async def release(self) -> None:
-        if self.slot is not None and self.runtime is not None:
-            self.runtime.slots.release(self.slot)
+        rt = self.runtime
+        if rt is None:
+            return
+        if self.slot is not None:
+            rt.slots.release(self.slot)
             self.slot = None
+        if self.client_slot is not None:
+            rt.client_slots.release(self.client_slot)
+            self.client_slot = None
+        if self.model_slot is not None:
+            rt.in_flight.release(self.model_slot)
+            rt.drain.note()
+            self.model_slot = None
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -166,6 +185,24 @@ def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpR
 # -- class and priority ----------------------------------------------------------------
 
 
+# Where a priority enters, it is clamped into this range: far beyond the bands (100 apart) and
+# aging, far inside int32 (the activity log's column, the worker's float score).
+PRIORITY_LIMIT = 1_000_000
+
+
+def clamp_priority(priority: int) -> int:
+    return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
+
+
+def clamp_to_policy(max_class: QosClass) -> int:
+    """The priority a header in a band above ``max_class`` is clamped to: the anchor of the best
+    band whose class the key may have (the header alone never makes a 403)."""
+    for anchor in sorted(PRIORITY_ALIASES.values(), reverse=True):
+        if class_of_priority(anchor) >= max_class:
+            return anchor
+    return min(PRIORITY_ALIASES.values())
+
+
 def resolve_class(headers: dict[str, str], request: GenerationRequest, default: QosClass | None = None) -> tuple[QosClass, int, bool]:
     """(class, header priority, whether the client asked for the class).
 
@@ -173,7 +210,7 @@ def resolve_class(headers: dict[str, str], request: GenerationRequest, default: 
     server's --http-default-qos when None). Fill-in-the-middle always runs as completion.
     """
     raw_priority = headers.get("x-llamaswap-priority")
-    priority = parse_priority(raw_priority)
+    priority = clamp_priority(parse_priority(raw_priority))
     if request.suffix is not None:
         return QosClass.COMPLETION, priority, False  # fill-in-the-middle always runs as completion
     raw_qos = headers.get("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
@@ -213,6 +250,10 @@ async def admit(
         raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
 
     qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
+    by_qos_header = settings.SUPERFLUID_HTTP_QOS_HEADER and "x-superfluid-qos" in headers
+    if policy is not None and asked and qos < policy.max_class and not by_qos_header:
+        # only X-LlamaSwap-Priority asked: clamp it to the key's best class, never an error
+        qos, priority = policy.max_class, clamp_to_policy(policy.max_class)
     if policy is not None and asked and qos < policy.max_class:
         raise forbidden(
             f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",
@@ -220,7 +261,7 @@ async def admit(
             "x-superfluid-qos",
         )
     if policy is not None:
-        priority += policy.priority_offset
+        priority = clamp_priority(priority + policy.priority_offset)
 
     batch_invariant = wants_batch_invariant(headers)
     if batch_invariant and not (settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT or (policy is not None and policy.allow_batch_invariant)):
@@ -257,9 +298,53 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
-        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", 1.0)
+        wait = _own_turn_s(rt, request.model, limit)
+        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
+    client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
+    client_slot = principal.client_id
+    if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
+        wait = _own_turn_s(rt, request.model, client_limit)
+        raise rate_limited(
+            f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
+        )
+    check_queue(rt, request.model)
     for bucket, _code, _message in buckets:
         bucket.take()
     if limit > 0 and slot is not None:
         rt.slots.acquire(slot)
         admission.slot = slot
+    if client_limit > 0:
+        rt.client_slots.acquire(client_slot)
+        admission.client_slot = client_slot
+    rt.in_flight.acquire(request.model)
+    admission.model_slot = request.model
+
+
+def lanes() -> int:
+    return max(1, int(settings.SUPERFLUID_MAX_BATCH))
+
+
+def check_queue(rt: KeyRuntime, model: str) -> None:
+    """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes;
+    ``Retry-After`` is the time the measured drain rate needs to serve those waiting."""
+    max_queue = int(settings.SUPERFLUID_MAX_QUEUE)
+    if max_queue <= 0:
+        return
+    in_flight = rt.in_flight.held.get(model, 0)
+    waiting = in_flight - lanes()
+    if waiting >= max_queue:
+        retry = rt.drain.retry_after_s(waiting)
+        raise ApiError(
+            503,
+            f"The server is full: {waiting} requests are already waiting for `{model}`. Retry after the time in the Retry-After header.",
+            type="server_error",
+            code="queue_full",
+            headers={"Retry-After": str(retry)},
+        )
+
+
+def _own_turn_s(rt: KeyRuntime, model: str, held: int) -> float:
+    """Seconds until one of a client's ``held`` requests has likely ended: at the measured drain
+    rate, a request leaves every 1/rate seconds, and one in ``in_flight / held`` is theirs."""
+    in_flight = max(held, rt.in_flight.held.get(model, 0))
+    return float(rt.drain.retry_after_s(math.ceil(in_flight / max(1, held))))

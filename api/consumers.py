@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 from django.conf import settings
@@ -24,6 +25,7 @@ from scheduler.link.messages import Delta, Done, Error, Rejected
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
+from .edge import check_host_and_origin
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
@@ -39,6 +41,16 @@ SSE_HEADERS = [
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+def _declared_length(scope: dict[str, Any]) -> int:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0
+    return 0
+
+
 class StreamingConsumer(AsyncHttpConsumer):
     """Reads the body (bounded), then answers from a task that a disconnect cancels."""
 
@@ -50,11 +62,22 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first closes old database connections on Django's single sync
+        # thread, before every message: under a burst a disconnect queued there behind database
+        # work, past daphne's close timeout, and its cancel never reached the worker. These
+        # consumers never touch the database (rows go to the activity writer's own thread).
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def http_request(self, message: dict[str, Any]) -> None:
         chunk = message.get("body", b"")
         self._size += len(chunk)
         limit = settings.SUPERFLUID_MAX_BODY_BYTES
-        if self._size > limit:
+        # a Content-Length over the bound is refused before any of the body is kept
+        if self._size > limit or (not self.body and _declared_length(self.scope) > limit):
             await self.send_error(request_too_large(limit))
             raise StopConsumer()
         self.body.append(chunk)
@@ -114,7 +137,8 @@ class GenerationConsumer(StreamingConsumer):
         return parse_chat_request(body, models=models)
 
     async def handle(self, body: bytes) -> None:
-        # the key first: a missing or wrong one is 401 before the body is looked at
+        check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
+        # the key next: a missing or wrong one is 401 before the body is looked at
         self.principal: Principal = await authenticate(self.headers(), self.scope.get("client"))
         self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":

@@ -2,19 +2,17 @@
 
 ``record_request()`` runs once per request, when its response has ended. It writes one
 content-free access-log line, counts the request in /metrics (``api/metrics.py``) and stores a
-row in the activity log (``activity/``) from a worker thread, so the event loop never waits on
-the database.
+row in the activity log (``activity/writer.py``: a thread of its own writing in batches), so
+neither the event loop nor Django's sync thread ever waits on the database for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 
 access_log = logging.getLogger("superfluid.access")
 log = logging.getLogger("superfluid.activity")
@@ -71,21 +69,12 @@ def access_line(record: RequestRecord) -> str:
     return f"{record.endpoint} {record.request_id or '-'} {rendered}"
 
 
-_pending: set[asyncio.Task[None]] = set()
-
-
-def _activity_write(record: RequestRecord) -> None:
-    from activity.log import write
-
-    write(record)
-
-
-# Django's thread for sync code: rows are written one at a time, never on the event loop
-_write_activity = sync_to_async(_activity_write, thread_sensitive=True)
-
-
 async def record_request(record: RequestRecord) -> None:
-    """The access-log line, the /metrics counters, and the activity-log row of one request."""
+    """The access-log line, the /metrics counters, and the activity-log row of one request.
+
+    Nothing here waits on the database: the row goes to the activity writer's queue (its own
+    thread and connection, writing in batches), so a burst of finished or dropped requests
+    never holds up another request's disconnect."""
     access_log.info("%s", access_line(record))
     try:
         from .metrics import observe_record
@@ -93,15 +82,10 @@ async def record_request(record: RequestRecord) -> None:
         observe_record(record)
     except Exception:
         log.exception("could not count the request in /metrics")
-    # shielded: a second cancel of the response task must not lose the row
-    task = asyncio.get_running_loop().create_task(_store(record))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
-    await asyncio.shield(task)
-
-
-async def _store(record: RequestRecord) -> None:
     try:
-        await _write_activity(record)
+        from activity.log import entry_fields
+        from activity.writer import submit
+
+        submit(entry_fields(record))
     except Exception:
-        log.exception("could not write the activity log entry for %s", record.request_id or record.endpoint)
+        log.exception("could not queue the activity log entry for %s", record.request_id or record.endpoint)

@@ -232,17 +232,58 @@ def _finite_float(text: str) -> float:
 
 
 def _load_object(raw: bytes) -> dict[str, Any]:
+    # The body is decoded as UTF-8 here, not by json.loads, which would also take UTF-16/32.
+    # "surrogatepass" lets surrogates encoded as bytes (CESU-8, ``\xed\xa0\x80``) through so
+    # that check_encodable() names the parameter holding them, as it does for ``"\ud800"``.
+    try:
+        text = raw.decode("utf-8", errors="surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise invalid_request(
+            f"{INVALID_JSON_MESSAGE} The body is not valid UTF-8 (at byte {exc.start}).", code="invalid_json"
+        ) from None
     try:
         # parse_constant/parse_float: reject NaN/Infinity literals and overflowing floats, which
         # Python's json would otherwise accept though they are not JSON.
-        body = json.loads(raw, parse_constant=_reject_nonfinite, parse_float=_finite_float)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        body = json.loads(text, parse_constant=_reject_nonfinite, parse_float=_finite_float)
+    except (ValueError, RecursionError):
         raise invalid_request(INVALID_JSON_MESSAGE, code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request(
             "The request body must be a JSON object.", code="invalid_type"
         )
+    check_encodable(body)
     return body
+
+
+def check_encodable(body: Any) -> None:
+    """Every string in ``body`` (values and keys, at any depth) must be encodable as UTF-8:
+    a lone surrogate (``"\ud800"`` in JSON) is a 400 naming the parameter that holds it, before
+    any field is read, so nothing downstream (the link, the tokeniser, the log) ever sees one."""
+    stack: list[tuple[str | None, Any]] = [(None, body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            _encodable(value, path)
+        elif isinstance(value, dict):
+            for key in value:
+                _encodable(key, path, is_key=True)
+            # pushed in reverse so that the first offending parameter in the body is named
+            stack.extend((f"{path}.{key}" if path else key, item) for key, item in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", value[i]) for i in reversed(range(len(value))))
+
+
+def _encodable(text: str, path: str | None, *, is_key: bool = False) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        where = f"a key of '{path}'" if is_key and path else "a key" if is_key else f"'{path}'"
+        raise invalid_request(
+            f"Invalid value for {where}: strings must be valid Unicode text, and this one holds "
+            f"a lone surrogate (U+{ord(text[exc.start]):04X}) at character {exc.start}.",
+            param=path,
+            code="invalid_value",
+        ) from None
 
 
 def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:

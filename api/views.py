@@ -12,16 +12,10 @@ from scheduler.link.transport import Transport
 
 from . import responses
 from .admission import key_required
-from .errors import ApiError, model_not_found, not_found
+from .edge import error_response
+from .errors import model_not_found
 
 _STARTED = int(time.time())
-
-
-def error_response(exc: ApiError) -> JsonResponse:
-    response = JsonResponse(exc.body(), status=exc.status)
-    for key, value in (exc.headers or {}).items():
-        response[key] = str(value)
-    return response
 
 
 async def _served_models() -> list[str]:
@@ -100,6 +94,3 @@ async def state(request: HttpRequest) -> JsonResponse:
     link = get_link()
     return JsonResponse(link.snapshot or {}, status=200 if link.snapshot else 503)
 
-
-async def unknown_route(request: HttpRequest, rest: str = "") -> JsonResponse:
-    return error_response(not_found(request.path))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 
 Clock = Callable[[], float]
@@ -106,3 +107,39 @@ class ConcurrencySlots:
             self.held[client] = n
         else:
             self.held.pop(client, None)
+
+
+class DrainMeter:
+    """How fast requests leave the server (finish, fail or are cancelled), measured over the
+    last ``window_s``: what a ``Retry-After`` for a full queue is computed from."""
+
+    FALLBACK_S_PER_REQUEST = 1.0  # before anything has finished: one second per request ahead
+    MAX_RETRY_AFTER_S = 600
+
+    def __init__(self, window_s: float = 30.0, clock: Clock = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self.started_s = clock()
+        self.ends: deque[float] = deque()
+
+    def note(self) -> None:
+        now = self.clock()
+        self.ends.append(now)
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self.ends and self.ends[0] < now - self.window_s:
+            self.ends.popleft()
+
+    def rate(self) -> float:
+        """Requests leaving per second, recently; 0.0 when none has."""
+        now = self.clock()
+        self._trim(now)
+        span = max(1.0, min(self.window_s, now - self.started_s))
+        return len(self.ends) / span
+
+    def retry_after_s(self, ahead: int) -> int:
+        """Whole seconds until ``ahead`` more requests have left at the measured rate (1..600)."""
+        rate = self.rate()
+        wait = ahead / rate if rate > 0 else ahead * self.FALLBACK_S_PER_REQUEST
+        return max(1, min(self.MAX_RETRY_AFTER_S, math.ceil(wait)))

@@ -8,7 +8,7 @@ served model to the engine worker (``Transport.configure``, which sends them aga
 reconnect). A change made anywhere, the admin or ``manage.py revokekey`` in another process, so
 reaches admission and the worker within about ``POLL_S`` plus one reload.
 
-Rate buckets and concurrency slots live here too: per process, in memory.
+Rate buckets, concurrency slots and the queue bound live here too: per process, in memory.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from django.utils import timezone
 from scheduler.core.qos import QosClass
 
 from .credentials import digest_of, digests_match
-from .limits import BucketSet, ConcurrencySlots
+from .limits import BucketSet, ConcurrencySlots, DrainMeter
 
 log = logging.getLogger("superfluid.keys")
 
@@ -147,15 +147,6 @@ _read_version = sync_to_async(_guarded(read_version), thread_sensitive=True)
 _load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
 
 
-def _write_last_used(key_id: int) -> None:
-    from .models import ApiKey
-
-    ApiKey.objects.filter(pk=key_id).update(last_used=timezone.now())
-
-
-_touch = sync_to_async(_guarded(_write_last_used), thread_sensitive=True)
-
-
 class KeyRuntime:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True) -> None:
         self.loop = loop
@@ -166,10 +157,12 @@ class KeyRuntime:
         self.buckets = BucketSet()  # requests per minute: ("key", name) or ("ip", address)
         self.completion_buckets = BucketSet()  # fill-in-the-middle, per key name or client IP
         self.slots = ConcurrencySlots()  # per key name
+        self.client_slots = ConcurrencySlots()  # keyless clients, per address (--client-concurrency)
+        self.in_flight = ConcurrencySlots()  # admitted and not yet ended, per model (--max-queue)
+        self.drain = DrainMeter()  # how fast admitted requests end: Retry-After for a full queue
         self.sent_caps: dict[str, int] | None = None
         self._last_used: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[Any]] = set()
         self._lock = asyncio.Lock()  # one refresh at a time
 
     def start(self) -> None:
@@ -242,15 +235,9 @@ class KeyRuntime:
         if last is not None and now - last < LAST_USED_EVERY_S:
             return
         self._last_used[key.id] = now
-        task = self.loop.create_task(self._write_touch(key.id))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        from activity.writer import get_writer
 
-    async def _write_touch(self, key_id: int) -> None:
-        try:
-            await _touch(key_id)
-        except Exception:
-            log.exception("could not record the last use of key %s", key_id)
+        get_writer().touch(key.id, timezone.now())  # written by the activity writer's thread
 
 
 _runtimes: dict[int, KeyRuntime] = {}

@@ -92,6 +92,10 @@ def _database(url: str) -> dict[str, object]:
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+# Browser origins allowed to call the generation endpoints besides those on an allowed host
+# (api/edge.py), e.g. https://app.example.com
+SUPERFLUID_ALLOWED_ORIGINS = [o.strip() for o in env_str("SUPERFLUID_ALLOWED_ORIGINS", "").split(",") if o.strip()]
+CSRF_FAILURE_VIEW = "api.edge.csrf_failure"  # JSON under the API's paths
 
 INSTALLED_APPS = [
     "daphne",
@@ -176,6 +180,8 @@ SUPERFLUID_HTTP_QOS_HEADER = env_bool("SUPERFLUID_HTTP_QOS_HEADER", True)
 SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = env_bool("SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT", False)
 SUPERFLUID_MAX_BODY_BYTES = env_int("SUPERFLUID_MAX_BODY_BYTES", 8 * 1024 * 1024)
 SUPERFLUID_ENGINE_WAIT_S = env_int("SUPERFLUID_ENGINE_WAIT_S", 120)
+SUPERFLUID_MAX_QUEUE = env_int("SUPERFLUID_MAX_QUEUE", 256)  # waiting requests per model beyond the lanes; 0 = no bound
+SUPERFLUID_CLIENT_CONCURRENCY = env_int("SUPERFLUID_CLIENT_CONCURRENCY", 32)  # in flight per keyless client address; 0 = no bound
 SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
 # -- keys and admission (docs/keys.md) ------------------------------------------------------
 SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)

@@ -1,18 +1,27 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
+from api import edge
 from api import metrics as api_metrics
 from api import views as api_views
 from dashboard import views as dashboard_views
 
+# Under the API's paths every reply is JSON: a wrong method is an OpenAI-style 405 (api_route),
+# an unknown route a 404, a bad Host a 400 and a crash a 500 (the handlers below).
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("v1/models", api_views.models),
-    path("v1/models/<path:model_id>", api_views.model_detail),
-    path("health", api_views.health),
-    path("slots", api_views.slots),
-    path("metrics", api_metrics.metrics),
+    path("v1/models", edge.api_route()(api_views.models)),
+    path("v1/models/<path:model_id>", edge.api_route()(api_views.model_detail)),
+    path("health", edge.api_route()(api_views.health)),
+    path("slots", edge.api_route()(api_views.slots)),
+    path("metrics", edge.api_route()(api_metrics.metrics)),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),
-    path("v1/internal/state", api_views.state),
-    re_path(r"^v1/(?P<rest>.*)$", api_views.unknown_route),
+    path("v1/internal/state", edge.api_route()(api_views.state)),
+    re_path(r"^v1$", edge.unknown_route),  # not a 301 to /v1/ (APPEND_SLASH)
+    re_path(r"^v1/(?P<rest>.*)$", edge.unknown_route),
 ]
+
+handler400 = edge.bad_request
+handler403 = edge.permission_denied
+handler404 = edge.page_not_found
+handler500 = edge.server_failure

@@ -58,7 +58,35 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
-        parser.add_argument(flag, type=typ, default=_env(flag, default), help=f"{help_text} (default: {default!r})")
+        parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
+
+
+def _help(text: str) -> str:
+    """argparse %-formats help strings: a literal % (as in "occupancy (%)") must be doubled."""
+    return text.replace("%", "%%")
+
+
+# (flag, type, default, help) -- the web side's admission bounds: serve only, not forwarded
+WEB_FLAGS: list[tuple[str, type, Any, str]] = [
+    ("--max-queue", int, 256, "requests waiting for a lane, per model; beyond it 503 with Retry-After (0 = no bound)"),
+    ("--client-concurrency", int, 32, "requests in flight per keyless client address; beyond it 429 with Retry-After (0 = no bound)"),
+]
+
+
+def add_web_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, typ, default, help_text in WEB_FLAGS:
+        parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
+
+
+def apply_web_options(options: dict[str, Any]) -> None:
+    """Check the web flags and put them into the settings admission reads."""
+    from django.conf import settings
+
+    for flag, _typ, _default, _help_text in WEB_FLAGS:
+        if options[flag.lstrip("-").replace("-", "_")] < 0:
+            raise CommandError(f"{flag} must be 0 (no bound) or positive")
+    settings.SUPERFLUID_MAX_QUEUE = options["max_queue"]
+    settings.SUPERFLUID_CLIENT_CONCURRENCY = options["client_concurrency"]
 
 
 def parse_class_lanes(text: str, max_batch: int) -> dict[QosClass, int]:

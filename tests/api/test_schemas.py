@@ -588,3 +588,54 @@ def test_to_wire_has_every_field_and_shares_no_lists() -> None:
     wire["stop"].append("y")
     wire["messages"][0]["content"] = "changed"
     assert req.stop == ["x"] and req.messages == USER
+
+
+# -- every string must be valid Unicode text (issue 10: one lone surrogate took the API down) ---
+
+SURROGATE_BODIES = {
+    "content": ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    "content-part": ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]}, "messages[0].content[0].text"),
+    "name": ({"messages": [{"role": "user", "content": "hi", "name": "\udc80"}]}, "messages[0].name"),
+    "stop": ({"messages": [{"role": "user", "content": "hi"}], "stop": ["ok", "\ud800"]}, "stop[1]"),
+    "user": ({"messages": [{"role": "user", "content": "hi"}], "user": "\ud800"}, "user"),
+    "tool": ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]}, "tools[0].function.description"),
+    "model": ({"model": "\ud800", "messages": [{"role": "user", "content": "hi"}]}, "model"),
+}
+
+
+def _surrogate_json(obj: dict[str, object]) -> bytes:
+    return json.dumps({"model": "smollm2", **obj}).encode()  # ensure_ascii: "\ud800" escapes
+
+
+@pytest.mark.parametrize("case", sorted(SURROGATE_BODIES))
+def test_a_lone_surrogate_anywhere_is_a_400_naming_its_param(case: str) -> None:
+    obj, param = SURROGATE_BODIES[case]
+    err = raw_chat_error(_surrogate_json(obj))
+    assert_400(err, param, "invalid_value")
+    assert "surrogate" in err.message
+
+
+@pytest.mark.parametrize(("obj", "param"), [({"prompt": "\ud800"}, "prompt"), ({"prompt": ["\ud800"]}, "prompt[0]"), ({"prompt": "a", "suffix": "\udbff"}, "suffix")])
+def test_a_lone_surrogate_in_a_completion_prompt_or_suffix_is_a_400(obj: dict[str, object], param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parse_completion_request(_surrogate_json(obj), models=["smollm2"])
+    assert_400(err.value, param, "invalid_value")
+
+
+def test_surrogates_sent_as_raw_cesu8_bytes_are_a_400_too() -> None:
+    # json.loads(bytes) would accept these three bytes as "\ud800"; they are not UTF-8
+    raw = b'{"model": "smollm2", "messages": [{"role": "user", "content": "x\xed\xa0\x80"}]}'
+    assert_400(raw_chat_error(raw), "messages[0].content", "invalid_value")
+    pair = b'{"model": "smollm2", "messages": [{"role": "user", "content": "\xed\xa0\xbd\xed\xb8\x80"}]}'
+    assert_400(raw_chat_error(pair), "messages[0].content", "invalid_value")
+
+
+def test_a_body_in_utf16_is_not_json_here_though_json_loads_would_take_it() -> None:
+    raw = json.dumps({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}).encode("utf-16")
+    assert_400(raw_chat_error(raw), None, "invalid_json")
+
+
+def test_a_valid_surrogate_pair_escape_is_ordinary_text() -> None:
+    raw = b'{"model": "smollm2", "messages": [{"role": "user", "content": "\\ud83d\\ude00 ok"}]}'
+    req = parse_chat_request(raw, models=["smollm2"])
+    assert req.messages == [{"role": "user", "content": "\U0001f600 ok"}]

@@ -110,13 +110,31 @@ async def test_a_key_may_demote_freely_and_ask_up_to_its_best_class() -> None:
         assert admission.qos is got
 
 
-async def test_asking_above_the_best_class_is_403_by_header_or_by_priority_band() -> None:
+async def test_asking_above_the_best_class_by_the_qos_header_is_403() -> None:
     rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
     err = await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-superfluid-qos": "interactive"}), IP, chat(), runtime=rt))
     assert err.status == 403 and err.type == "permission_error"
-    await expect("qos_class_forbidden", admit(bearer("sf-k", **{"x-llamaswap-priority": "interactive"}), IP, chat(), runtime=rt))
     low = await admit(bearer("sf-k", **{"x-llamaswap-priority": "batch"}), IP, chat(), runtime=rt)
     assert low.qos is QosClass.BACKGROUND
+
+
+@pytest.mark.parametrize("header", ["interactive", "100", "999999", "9" * 400])
+async def test_a_priority_in_a_band_above_the_best_class_is_clamped_to_the_policy_not_refused(header: str) -> None:
+    # the request-priority seed: the header is never an error
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    admission = await admit(bearer("sf-k", **{"x-llamaswap-priority": header}), IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.COMPLETION and admission.priority == 0 and admission.band == "normal"
+    bg = runtime(key("sf-b", "b", Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND, priority_offset=2)))
+    admission = await admit(bearer("sf-b", **{"x-llamaswap-priority": header}), IP, chat(), runtime=bg)
+    assert admission.qos is QosClass.BACKGROUND and admission.priority == -98 and admission.band == "batch"
+
+
+@pytest.mark.parametrize(("header", "priority"), [("9" * 400, 1_000_000), ("-" + "9" * 400, -1_000_000), ("9" * 5000, 0), ("1000001", 1_000_000), ("-1000000", -1_000_000), ("123", 123)])
+async def test_a_priority_is_clamped_where_it_enters_so_nothing_downstream_overflows(header: str, priority: int) -> None:
+    rt = runtime()
+    admission = await admit({"x-llamaswap-priority": header}, IP, chat(), runtime=rt)
+    assert admission.priority == priority
+    assert float(admission.priority) + 0.5 < 2**31  # the worker's score and an IntegerField hold it
 
 
 @override_settings(SUPERFLUID_HTTP_QOS_HEADER=False)
@@ -236,3 +254,61 @@ def test_a_principal_names_its_client_by_key_else_by_address() -> None:
     _, k = key("sf-k", "k")
     assert Principal(k, "1.2.3.4").client_id == "key:k"
     assert Principal(None, "1.2.3.4").client_id == "ip:1.2.3.4"
+
+
+# -- bounded admission: --max-queue, --client-concurrency (issue 10) -------------------------
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4, SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_beyond_the_lanes_plus_max_queue_a_request_is_503_queue_full_until_one_ends() -> None:
+    rt = runtime()
+    held = [await admit({}, ("10.0.0.%d" % i, 1), chat(), runtime=rt) for i in range(6)]  # 2 lanes + 4 waiting
+    err = await expect("queue_full", admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
+    assert err.status == 503 and err.type == "server_error" and int(err.headers["Retry-After"]) >= 1
+    await held.pop().release()
+    held.append(await admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
+    for admission in held:
+        await admission.release()
+    assert rt.in_flight.held == {}
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4, SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_the_retry_after_of_a_full_queue_follows_the_measured_drain_rate() -> None:
+    from keys.limits import DrainMeter
+    from scheduler.engines.sim import FakeClock
+
+    clock = FakeClock()
+    rt = runtime()
+    rt.drain = DrainMeter(window_s=30.0, clock=clock)
+    held = [await admit({}, IP, chat(), runtime=rt) for _ in range(6)]
+    err = await expect("queue_full", admit({}, IP, chat(), runtime=rt))
+    assert err.headers["Retry-After"] == "4"  # nothing has ended yet: a second per waiting request
+    for _ in range(30):  # 30 requests end in 30 s, one a second, each replaced by a new one
+        clock.advance(1.0)
+        await held.pop(0).release()
+        held.append(await admit({}, IP, chat(), runtime=rt))
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "4"
+    for _ in range(120):  # then four a second
+        clock.advance(0.25)
+        await held.pop(0).release()
+        held.append(await admit({}, IP, chat(), runtime=rt))
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "1"
+    clock.advance(600)  # nothing ends for a long while: the rate is forgotten
+    assert (await expect("queue_full", admit({}, IP, chat(), runtime=rt))).headers["Retry-After"] == "4"
+    for admission in held:
+        await admission.release()
+
+
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=2, SUPERFLUID_MAX_QUEUE=0)
+async def test_a_keyless_client_address_has_client_concurrency_requests_in_flight_at_most() -> None:
+    rt = runtime(key("sf-k", "k"))
+    held = [await admit({}, IP, chat(), runtime=rt) for _ in range(2)]
+    err = await expect("concurrency_limit_exceeded", admit({}, IP, chat(), runtime=rt))
+    assert err.status == 429 and err.type == "rate_limit_error" and int(err.headers["Retry-After"]) >= 1
+    other = await admit({}, ("10.0.0.8", 1), chat(), runtime=rt)  # another address
+    keyed = [await admit(bearer("sf-k"), IP, chat(), runtime=rt) for _ in range(3)]  # a key is not a keyless client
+    await held[0].release()
+    held[0] = await admit({}, IP, chat(), runtime=rt)
+    for admission in [*held, other, *keyed]:
+        await admission.release()
+    assert rt.client_slots.held == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 import logging
@@ -14,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from activity import log as activity_log
+from activity import writer as activity_writer
 from activity.models import ActivityEntry
 from api.records import RequestRecord, access_line, record_request
 
@@ -48,6 +50,7 @@ async def test_record_request_writes_one_row_with_every_field_and_no_text() -> N
         await record_request(full_record())
     finally:
         access.removeHandler(handler)
+    assert await asyncio.to_thread(activity_writer.flush)
     rows = await sync_to_async(list)(ActivityEntry.objects.all())
     assert len(rows) == 1
     row = rows[0]
@@ -70,6 +73,7 @@ def test_the_model_has_no_field_that_could_hold_prompt_or_reply_text() -> None:
 @pytest.mark.django_db(transaction=True)
 async def test_an_error_record_is_stored_with_its_status_and_code() -> None:
     await record_request(RequestRecord(endpoint="completions", status=400, error_code="context_length_exceeded"))
+    assert await asyncio.to_thread(activity_writer.flush)
     row = await ActivityEntry.objects.aget()
     assert (row.status, row.error_code, row.key_name, row.ttft_ms) == (400, "context_length_exceeded", "", None)
 
@@ -115,3 +119,40 @@ def test_admin_browses_the_log_read_only_with_filters_and_search(admin_client: C
     assert "rate_limit_exceeded" in results and "bob" in results and "alice" not in results
     assert admin_client.get("/admin/activity/activityentry/?q=alice").status_code == 200
     assert admin_client.get("/admin/activity/activityentry/add/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_priority_beyond_int64_is_stored_clamped_not_lost() -> None:
+    # a 400-digit X-LlamaSwap-Priority once lost its row (SQLite OverflowError); PostgreSQL's
+    # IntegerField fails from 2**31: every integer column is clamped into int32
+    record = full_record()
+    record.priority, record.serial = 10**400, {"serial_priority": -(10**30), "serial_score": float("inf")}
+    await record_request(record)
+    assert await asyncio.to_thread(activity_writer.flush)
+    row = await ActivityEntry.objects.aget()
+    assert (row.priority, row.serial_priority, row.serial_score) == (2**31 - 1, -(2**31), None)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_recording_a_burst_never_waits_on_the_database_and_loses_no_row() -> None:
+    # record_request() only queues: the activity writer's own thread stores the rows in batches
+    writer = activity_writer.get_writer()
+    gate = __import__("threading").Event()
+    real_store = activity_writer._store
+
+    def slow_store(rows, touches):  # type: ignore[no-untyped-def]
+        gate.wait(10)  # the database is stuck until the burst has been recorded
+        real_store(rows, touches)
+
+    activity_writer._store = slow_store  # type: ignore[assignment]
+    try:
+        for i in range(300):
+            await record_request(RequestRecord(endpoint="chat", request_id=f"r{i}", status=499))
+        assert await ActivityEntry.objects.acount() == 0  # nothing was written while the burst was recorded
+        gate.set()
+        assert await asyncio.to_thread(writer.flush)
+    finally:
+        activity_writer._store = real_store  # type: ignore[assignment]
+        gate.set()
+    assert await ActivityEntry.objects.acount() == 300
+    assert {r async for r in ActivityEntry.objects.values_list("request_id", flat=True)} == {f"r{i}" for i in range(300)}

@@ -35,7 +35,15 @@ from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
-from scheduler.management.options import add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
+from scheduler.management.options import (
+    add_engine_arguments,
+    add_web_arguments,
+    apply_web_options,
+    choose_engine,
+    engine_argv,
+    resolve_model,
+    scheduler_config,
+)
 
 log = logging.getLogger("superfluid.serve")
 
@@ -131,10 +139,11 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("SUPERFLUID_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("SUPERFLUID_PORT", "8000")))
         add_engine_arguments(parser)
+        add_web_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
-        parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body (413 above)")
+        parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body in bytes; a larger one is refused with 413 before it is parsed")
         parser.add_argument("--socket", default="", help="link over a Unix socket at this path, in a directory only this user may write (default: an inherited socketpair, no path)")
         parser.add_argument("--require-key", action="store_true", default=settings.SUPERFLUID_REQUIRE_KEY, help="every API request needs a key (always so when binding beyond loopback)")
         parser.add_argument("--rate-limit", type=int, default=settings.SUPERFLUID_RATE_LIMIT, help="requests per minute per client IP, for requests without a key limit (0 = off)")
@@ -180,6 +189,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
+        apply_web_options(options)
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
         if socket_path:
@@ -231,13 +241,18 @@ class Command(BaseCommand):
 
             reactor.callLater(0, get_runtime)  # load keys, push the admin's class-lane caps to the worker
 
+        from api.edge import install_protocol_errors
+
+        install_protocol_errors()  # daphne's own 400s (a bad header byte, a non-ASCII path): JSON too
         server = Server(
             application=get_default_application(),
             endpoints=build_endpoint_description_strings(host=host, port=port),
             signal_handlers=False,
             verbosity=0,
             http_timeout=None,
-            application_close_timeout=5,
+            # after a client leaves, its consumer cancels the job and queues its activity row:
+            # no database wait any more (activity/writer.py), so this only bounds a stuck one
+            application_close_timeout=10,
             ready_callable=ready,
         )
         drain_timeout = float(options["drain_timeout"])

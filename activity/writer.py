@@ -1,0 +1,148 @@
+"""The activity log's writer: one thread with its own database connection, writing in batches.
+
+Nothing a request does waits on the database. ``record_request()`` hands the row to
+:func:`submit` (a queue append) and returns; this thread takes whatever has queued, up to
+``BATCH`` rows, and writes them with one ``bulk_create``. Key last-used times ride along (one
+UPDATE per batch). A burst of a thousand finished requests is a handful of INSERTs, and a
+client's disconnect never queues behind them on Django's single sync thread, where Channels
+and ``sync_to_async(thread_sensitive=True)`` would otherwise put both.
+
+Rows are never dropped while the database answers; if it fails, the batch is retried with
+growing pauses (up to ``RETRIES`` times) before it is logged and given up. At interpreter exit
+the writer gets ``EXIT_FLUSH_S`` to write what is queued.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+log = logging.getLogger("superfluid.activity")
+
+BATCH = 500
+RETRIES = 5
+EXIT_FLUSH_S = 5.0
+
+
+class ActivityWriter:
+    def __init__(self) -> None:
+        self._rows: deque[dict[str, Any]] = deque()
+        self._touches: dict[int, datetime.datetime] = {}
+        self._cond = threading.Condition()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.failed = 0
+
+    # -- from any thread (the event loop) ------------------------------------------------
+
+    def submit(self, fields: dict[str, Any]) -> None:
+        """Queue one activity row (the kwargs of an ActivityEntry)."""
+        with self._cond:
+            self._rows.append(fields)
+            self._start()
+            self._cond.notify()
+
+    def touch(self, key_id: int, when: datetime.datetime) -> None:
+        """Queue a key's last-used time (the latest per key wins)."""
+        with self._cond:
+            self._touches[key_id] = when
+            self._start()
+            self._cond.notify()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything queued so far is written (or given up); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._rows or self._touches or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._rows)
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="activity-writer", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        while True:
+            with self._cond:
+                idle = not self._rows and not self._touches
+                if idle:
+                    self._busy = False
+                    self._cond.notify_all()
+            if idle:
+                connection.close()  # idle: give the connection back, as a request's end would
+            with self._cond:
+                while not self._rows and not self._touches:
+                    self._cond.wait()
+                self._busy = True
+                rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+                touches, self._touches = self._touches, {}
+            self._write(rows, touches)
+
+    def _write(self, rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
+        from django.db import connection
+
+        for attempt in range(RETRIES + 1):
+            try:
+                _store(rows, touches)
+                self.written += len(rows)
+                return
+            except Exception:
+                connection.close()  # a broken connection is opened afresh on the next try
+                if attempt == RETRIES:
+                    self.failed += len(rows)
+                    log.exception("could not write %d activity log entries; giving them up", len(rows))
+                    return
+                time.sleep(min(2.0, 0.05 * 2**attempt))
+
+
+def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
+    from keys.models import ApiKey
+
+    from .log import maybe_prune
+    from .models import ActivityEntry
+
+    if rows:
+        ActivityEntry.objects.bulk_create([ActivityEntry(**fields) for fields in rows])
+    for key_id, when in touches.items():
+        ApiKey.objects.filter(pk=key_id).update(last_used=when)
+    maybe_prune()
+
+
+_writer = ActivityWriter()
+
+
+def get_writer() -> ActivityWriter:
+    return _writer
+
+
+def submit(fields: dict[str, Any]) -> None:
+    _writer.submit(fields)
+
+
+def flush(timeout_s: float = 10.0) -> bool:
+    return _writer.flush(timeout_s)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if _writer.pending:
+        _writer.flush(EXIT_FLUSH_S)

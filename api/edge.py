@@ -1,0 +1,171 @@
+"""What every reply at the API's edge shares: JSON errors, allowed methods, Host and Origin.
+
+Django's own 400/403/404/405/500 pages are HTML; under the API's paths (``/v1``, ``/health``,
+``/slots``, ``/metrics``) every one of them is an OpenAI error object instead. The generation
+endpoints are Channels consumers, which Django's Host check never sees: ``check_host_and_origin``
+gives them the same check, and refuses a browser request from a page whose origin is not one of
+ours (a DNS-rebinding or cross-site page driving the keyless loopback default: the class of
+Ollama's CVE-2024-28224).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.request import split_domain_port, validate_host
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
+
+from .errors import ApiError, method_not_allowed, not_found, server_error
+
+API_PREFIXES = ("/v1", "/health", "/slots", "/metrics")
+
+
+def is_api_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in API_PREFIXES)
+
+
+def error_response(exc: ApiError) -> JsonResponse:
+    response = JsonResponse(exc.body(), status=exc.status)
+    for key, value in (exc.headers or {}).items():
+        response[key] = str(value)
+    return response
+
+
+def api_route(methods: Iterable[str] = ("GET", "HEAD")) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
+    """An API view: no CSRF (callers authenticate with a bearer key, never a cookie) and a JSON
+    405 with ``Allow`` for any other method."""
+    allowed = tuple(methods)
+
+    def wrap(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+        @functools.wraps(view)
+        async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in allowed:
+                return error_response(method_not_allowed(request.method or "", allowed, request.path))
+            return await view(request, *args, **kwargs)
+
+        return csrf_exempt(inner)
+
+    return wrap
+
+
+@csrf_exempt
+async def unknown_route(request: HttpRequest, rest: str = "") -> JsonResponse:
+    return error_response(not_found(request.path, request.method))
+
+
+# -- Django's error handlers (superfluid_site/urls.py): JSON under the API's paths ------------
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.bad_request(request, exception)  # type: ignore[arg-type]
+    # the Host header is the usual cause (DisallowedHost); request.get_host() would raise again
+    message = str(exception) if exception is not None and "HTTP_HOST" in str(exception) else "The request could not be understood."
+    return error_response(ApiError(400, message, code="invalid_host" if "HTTP_HOST" in message else "bad_request"))
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.permission_denied(request, exception)  # type: ignore[arg-type]
+    return error_response(ApiError(403, "You may not access this resource.", type="permission_error", code="forbidden"))
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.page_not_found(request, exception)  # type: ignore[arg-type]
+    return error_response(not_found(request.path, request.method))
+
+
+def server_failure(request: HttpRequest) -> HttpResponse:
+    if not is_api_path(request.path):
+        return defaults.server_error(request)
+    return error_response(server_error())
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    if not is_api_path(request.path):
+        from django.views.csrf import csrf_failure as django_csrf_failure
+
+        return django_csrf_failure(request, reason)
+    return error_response(ApiError(403, f"CSRF verification failed: {reason}", type="permission_error", code="forbidden"))
+
+
+# -- Host and Origin for the Channels consumers ------------------------------------------------
+
+
+def allowed_hosts() -> list[str]:
+    hosts = list(settings.ALLOWED_HOSTS)
+    if settings.DEBUG and not hosts:  # what Django itself allows in this case
+        hosts = [".localhost", "127.0.0.1", "[::1]"]
+    return hosts
+
+
+def host_allowed(host: str) -> bool:
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed_hosts())
+
+
+def origin_allowed(origin: str) -> bool:
+    """An ``Origin`` is ours when its host is an allowed host (any port, as Channels' own
+    AllowedHostsOriginValidator decides) or it is listed in SUPERFLUID_ALLOWED_ORIGINS.
+    ``null`` (a sandboxed frame, a file:// page) never is."""
+    origin = origin.strip()
+    if origin in getattr(settings, "SUPERFLUID_ALLOWED_ORIGINS", ()):
+        return True
+    try:
+        parts = urlsplit(origin)
+        hostname = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not hostname:
+        return False
+    if ":" in hostname:  # an IPv6 literal: ALLOWED_HOSTS spells it in brackets
+        hostname = f"[{hostname}]"
+    return validate_host(hostname, allowed_hosts())
+
+
+def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> None:
+    """400 ``invalid_host`` for a Host outside ALLOWED_HOSTS, 403 ``origin_forbidden`` for a
+    browser request from a foreign origin; as Django does, a missing Host falls back to the
+    address the server listens on."""
+    host = headers.get("host")
+    if host is None:
+        server = scope.get("server")
+        host = f"{server[0]}:{server[1]}" if server and server[1] is not None else (str(server[0]) if server else "")
+    if not host_allowed(host):
+        raise ApiError(400, f"Invalid HTTP_HOST header: {host!r}. You may need to add it to DJANGO_ALLOWED_HOSTS.", code="invalid_host")
+    origin = headers.get("origin")
+    if origin is not None and not origin_allowed(origin):
+        raise ApiError(403, f"Requests from the origin {origin!r} are not allowed.", type="permission_error", code="origin_forbidden", param="origin")
+
+
+# -- daphne's own errors -----------------------------------------------------------------------
+
+
+def protocol_error_reply(status: int, status_text: bytes, detail: str) -> list[dict[str, Any]]:
+    """The ASGI messages for an error daphne answers itself, before any application runs (an
+    invalid header name or value, a path that is not ASCII, an application that failed to
+    start): an OpenAI error object instead of daphne's HTML page."""
+    exc = ApiError(status, f"{status_text.decode('ascii', 'replace')}: {detail}", type="invalid_request_error" if status < 500 else "server_error", code="bad_request" if status < 500 else None)
+    return [
+        {"type": "http.response.start", "status": status, "headers": [(b"Content-Type", b"application/json")]},
+        {"type": "http.response.body", "body": json.dumps(exc.body()).encode()},
+    ]
+
+
+def install_protocol_errors() -> None:
+    """Make daphne's server-level error pages JSON (``serve`` calls this before it starts)."""
+    from daphne.http_protocol import WebRequest
+
+    def basic_error(self: Any, status: int, status_text: bytes, body: str) -> None:
+        for message in protocol_error_reply(status, status_text, body):
+            self.handle_reply(message)
+
+    WebRequest.basic_error = basic_error

@@ -1,0 +1,169 @@
+"""The in-process middle layer: the real ASGI application, driven by Channels' communicator,
+against the real worker code around the simulated engine, in a thread of this process.
+
+Nothing here is a real server: no daphne, no subprocess, no model. What runs is everything in
+between (consumers, Django views and middleware, admission, the link client, the worker's
+link server and loop, the scheduler) with scheduler/engines/sim.py as the engine. The worker
+listens on a socket in a private temporary folder; this is the one place that knows how the web
+side reaches it, so a formal in-process transport can replace it here alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from channels.testing import ApplicationCommunicator
+
+from scheduler.core.scheduler import SchedulerConfig
+from scheduler.engines.sim import FakeClock, SimEngine
+from scheduler.worker.loop import EngineWorker
+
+MODEL = "sim"
+CLIENT = ("127.0.0.1", 50000)
+HOST = b"127.0.0.1:8000"
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def is_error_object(self) -> bool:
+        """An OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
+        try:
+            error = self.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            return False
+        return isinstance(error, dict) and set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+
+    def sse_data(self) -> list[str]:
+        """The ``data:`` payloads of an event stream, in order."""
+        return [line[len("data: ") :] for line in self.body.decode().split("\n") if line.startswith("data: ")]
+
+
+class SimWorker:
+    """EngineWorker + SimEngine on a socket in ``folder``, in a daemon thread."""
+
+    def __init__(self, folder: Path, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0) -> None:
+        self.socket_path = str(folder / "engine.sock")
+        self.clock = FakeClock()
+        self.engine = SimEngine(n_lanes=lanes, lane_ctx=lane_ctx, clock=self.clock)
+        if step_sleep_s > 0:  # a slower engine, for streams that must still be running
+            self.engine.on_call = lambda _n: time.sleep(step_sleep_s)
+        config = SchedulerConfig(max_batch=lanes, lane_ctx=lane_ctx)
+        self.worker = EngineWorker(self.engine, config, model_name=MODEL, clock=self.clock)
+        self._thread = threading.Thread(target=self.worker.serve, args=(self.socket_path,), name="sim-worker", daemon=True)
+
+    def start(self) -> SimWorker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.worker.drain()
+        self._thread.join(10)
+
+    def busy(self) -> tuple[int, int]:
+        """(lanes bound, jobs queued) as the scheduler has them now."""
+        sched = self.worker.scheduler
+        lanes = sum(1 for job in sched.lanes if job is not None)
+        return lanes, len(self.worker.contexts) - lanes
+
+
+@contextlib.asynccontextmanager
+async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    """On the running event loop: a link client to ``worker`` and a key runtime with a fixed
+    snapshot (``keys``: digest -> Key; none by default), as the server has per process."""
+    from keys import runtime as key_runtime
+    from keys.runtime import KeyRuntime, Snapshot
+    from scheduler.link import client as link_client
+
+    loop = asyncio.get_running_loop()
+    link = link_client.LinkClient(worker.socket_path)
+    link_client._clients[id(loop)] = link
+    rt = KeyRuntime(loop, watch=False)
+    rt.snapshot = Snapshot(version=1, keys_by_digest=dict(keys or {}))
+    rt.loaded.set()
+    key_runtime._runtimes[id(loop)] = rt
+    try:
+        assert await link.wait_connected(10), "the simulated worker did not answer"
+        yield link, rt
+    finally:
+        from activity.writer import flush
+
+        await asyncio.to_thread(flush)  # the rows of this test's requests, while its database is there
+        await link.stop()
+        link_client._clients.pop(id(loop), None)
+        key_runtime._runtimes.pop(id(loop), None)
+
+
+def application() -> Any:
+    from superfluid_site.asgi import application as app
+
+    return app
+
+
+def scope(method: str, path: str, headers: list[tuple[bytes, bytes]] | None = None, *, host: bytes | None = HOST) -> dict[str, Any]:
+    path, _, query = path.partition("?")
+    hdrs = list(headers or [])
+    if host is not None and not any(k.lower() == b"host" for k, _ in hdrs):
+        hdrs.insert(0, (b"host", host))
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method.upper(),
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode("utf-8", "surrogateescape"),
+        "query_string": query.encode("utf-8", "surrogateescape"),
+        "root_path": "",
+        "headers": hdrs,
+        "client": CLIENT,
+        "server": ("127.0.0.1", 8000),
+    }
+
+
+async def request(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    timeout_s: float = 10.0,
+    host: bytes | None = HOST,
+) -> Reply:
+    """One request through the ASGI application; the whole reply (a stream read to its end)."""
+    comm = ApplicationCommunicator(application(), scope(method, path, headers, host=host))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await comm.receive_output(timeout_s)
+    assert start["type"] == "http.response.start", start
+    chunks = []
+    while True:
+        message = await comm.receive_output(timeout_s)
+        assert message["type"] == "http.response.body", message
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await comm.send_input({"type": "http.disconnect"})
+    with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+        await comm.wait(timeout_s)
+    hdrs = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in start.get("headers", [])}
+    return Reply(start["status"], hdrs, b"".join(chunks))
+
+
+def chat_body(content: str = "hi", **fields: Any) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}).encode()
+
+
+JSON = [(b"content-type", b"application/json")]

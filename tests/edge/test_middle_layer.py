@@ -1,0 +1,221 @@
+"""The API in-process: the ASGI application against the real worker code and the simulated
+engine (tests/edge/inproc.py). SSE framing, error envelopes, validation, disconnects, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import ApplicationCommunicator
+from django.test import override_settings
+
+from activity import writer as activity_writer
+from activity.models import ActivityEntry
+
+from .inproc import JSON, MODEL, SimWorker, application, attached, chat_body, request, scope
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def wait_idle(worker: SimWorker, link: object, limit_s: float = 10.0) -> tuple[int, int]:
+    """Poll until no lane is bound and nothing is queued (or ``limit_s``); the last reading."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while True:
+        busy = worker.busy()
+        if busy == (0, 0) or loop.time() > deadline:
+            return busy
+        await asyncio.sleep(0.02)
+
+
+# -- success shapes ------------------------------------------------------------------------
+
+
+async def test_a_chat_completion_comes_back_whole_and_as_a_well_framed_stream(sim: SimWorker) -> None:
+    async with attached(sim):
+        plain = await request("POST", "/v1/chat/completions", chat_body(max_tokens=5), JSON)
+        assert plain.status == 200, plain.body
+        body = plain.json()
+        assert body["object"] == "chat.completion" and body["model"] == MODEL
+        assert body["choices"][0]["finish_reason"] == "length" and len(body["choices"][0]["message"]["content"]) == 5
+        assert body["usage"]["completion_tokens"] == 5
+
+        streamed = await request("POST", "/v1/chat/completions", chat_body(max_tokens=5, stream=True, stream_options={"include_usage": True}), JSON)
+        assert streamed.status == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+        data = streamed.sse_data()
+        assert data[-1] == "[DONE]" and streamed.body.endswith(b"data: [DONE]\n\n")
+        chunks = [json.loads(d) for d in data[:-1]]
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == body["choices"][0]["message"]["content"]  # the same tokens either way
+        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        assert chunks[-1]["usage"]["completion_tokens"] == 5 and chunks[-1]["choices"] == []
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model": "sim", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),
+        (b'{"model": "sim", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}', "messages[0].content"),
+        (b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udfff"]}', "stop[0]"),
+        (b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "user": "\\ud800"}', "user"),
+    ],
+    ids=["json-escape", "cesu8-bytes", "stop", "user"],
+)
+async def test_a_lone_surrogate_is_a_400_that_registers_no_job_and_the_next_request_is_served(sim: SimWorker, body: bytes, param: str) -> None:
+    async with attached(sim) as (link, _rt):
+        bad = await request("POST", "/v1/chat/completions", body, JSON)
+        assert bad.status == 400 and bad.is_error_object()
+        assert bad.json()["error"]["param"] == param and bad.json()["error"]["type"] == "invalid_request_error"
+        assert not link.inflight and not link.open  # nothing reached the link
+        ok = await request("POST", "/v1/chat/completions", chat_body(max_tokens=3), JSON)
+        assert ok.status == 200, ok.body
+
+
+async def test_a_lone_surrogate_in_a_completion_prompt_or_suffix_is_a_400(sim: SimWorker) -> None:
+    async with attached(sim):
+        for body, param in [(b'{"model": "sim", "prompt": "\\ud800"}', "prompt"), (b'{"model": "sim", "prompt": "a", "suffix": "\\udc00"}', "suffix")]:
+            reply = await request("POST", "/v1/completions", body, JSON)
+            assert reply.status == 400 and reply.json()["error"]["param"] == param
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+async def test_a_body_over_the_bound_is_413_even_when_only_its_length_says_so(sim: SimWorker) -> None:
+    async with attached(sim):
+        big = await request("POST", "/v1/chat/completions", chat_body("x" * 2000), JSON)
+        assert big.status == 413 and big.is_error_object() and big.json()["error"]["code"] == "request_too_large"
+        # a Content-Length over the bound is refused before the body arrives
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", [*JSON, (b"content-length", b"5000000")]))
+        await comm.send_input({"type": "http.request", "body": b"{", "more_body": True})
+        start = await comm.receive_output(5)
+        assert start["status"] == 413
+        await comm.send_input({"type": "http.disconnect"})
+        ok = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+        assert ok.status == 200
+
+
+# -- JSON everywhere, Host and Origin --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/v1", 404, "not_found"),
+        ("GET", "/v1/", 404, "not_found"),
+        ("POST", "/v1/embeddings", 404, "not_found"),
+        ("POST", "/v1/models", 405, "method_not_allowed"),
+        ("DELETE", "/v1/models/sim", 405, "method_not_allowed"),
+        ("POST", "/health", 405, "method_not_allowed"),
+        ("PUT", "/slots", 405, "method_not_allowed"),
+        ("POST", "/metrics", 405, "method_not_allowed"),
+        ("GET", "/health/x", 404, "not_found"),
+        ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+        ("PUT", "/v1/completions", 405, "method_not_allowed"),
+    ],
+)
+async def test_every_error_under_the_api_paths_is_an_openai_error_object(sim: SimWorker, method: str, path: str, status: int, code: str) -> None:
+    async with attached(sim):
+        reply = await request(method, path, b"{}", JSON)
+        assert reply.status == status and reply.is_error_object(), (reply.status, reply.body[:200])
+        assert reply.headers["content-type"].startswith("application/json")
+        assert reply.json()["error"]["code"] == code
+        if status == 405:
+            assert "GET" in reply.headers["allow"] or "POST" in reply.headers["allow"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"])
+async def test_a_host_outside_allowed_hosts_is_a_json_400(sim: SimWorker, path: str) -> None:
+    async with attached(sim):
+        method = "POST" if "completions" in path else "GET"
+        reply = await request(method, path, chat_body(), JSON, host=b"rebound.attacker.example:8000")
+        assert reply.status == 400 and reply.is_error_object()
+
+
+async def test_a_browser_request_from_a_foreign_origin_is_403_and_our_own_origin_is_served(sim: SimWorker) -> None:
+    async with attached(sim) as (link, _rt):
+        for origin in (b"http://evil.example", b"null", b"http://127.0.0.1.evil.example:8000"):
+            reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), [*JSON, (b"origin", origin)])
+            assert reply.status == 403 and reply.json()["error"]["code"] == "origin_forbidden"
+        assert not link.open
+        for origin in (b"http://127.0.0.1:8000", b"http://localhost:3000"):
+            reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), [*JSON, (b"origin", origin)])
+            assert reply.status == 200, reply.body
+
+
+# -- priority ----------------------------------------------------------------------------------
+
+
+async def test_a_400_digit_priority_is_served_and_stored(sim: SimWorker) -> None:
+    async with attached(sim):
+        for value in (b"9" * 400, b"-" + b"9" * 400):
+            reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), [*JSON, (b"x-llamaswap-priority", value)])
+            assert reply.status == 200, reply.body
+        assert await asyncio.to_thread(activity_writer.flush)
+        priorities = {p async for p in ActivityEntry.objects.values_list("priority", flat=True)}
+        assert priorities == {1_000_000, -1_000_000}
+
+
+# -- disconnects and bounds ---------------------------------------------------------------------
+
+
+async def open_stream(body: bytes) -> tuple[ApplicationCommunicator, int]:
+    """Start a streaming request and read up to its first body chunk; (communicator, status)."""
+    comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    start = await comm.receive_output(20)
+    first = await comm.receive_output(20)
+    assert first["type"] == "http.response.body"
+    return comm, start["status"]
+
+
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=0, SUPERFLUID_MAX_QUEUE=0)
+async def test_clients_dropping_after_their_first_chunk_free_every_lane_and_keep_their_rows(slow_sim: SimWorker) -> None:
+    n = 40  # bench/drop_burst.py runs the full thousand against a live server
+    async with attached(slow_sim) as (link, _rt):
+        streams = await asyncio.gather(*(open_stream(chat_body(f"client {i}", stream=True)) for i in range(n)))
+        assert {status for _comm, status in streams} == {200}
+        assert slow_sim.busy()[0] == 2  # both lanes generating for someone
+        for comm, _status in streams:
+            await comm.send_input({"type": "http.disconnect"})
+        for comm, _status in streams:
+            await comm.wait(5)  # every consumer ends (a TimeoutError here: one hangs)
+        assert await wait_idle(slow_sim, link) == (0, 0)
+        assert not link.inflight and not link.open
+    assert await asyncio.to_thread(activity_writer.flush)
+    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code"))
+    assert len(rows) == n and set(rows) == {(200, "client_disconnected")}
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4)
+async def test_with_two_lanes_and_max_queue_4_twelve_requests_get_six_served_and_six_told_when_to_retry(slow_sim: SimWorker) -> None:
+    async with attached(slow_sim) as (link, _rt):
+        replies = await asyncio.gather(
+            *(request("POST", "/v1/chat/completions", chat_body(f"long {i}", max_tokens=60), JSON, timeout_s=60) for i in range(12))
+        )
+        served = [r for r in replies if r.status == 200]
+        refused = [r for r in replies if r.status in (429, 503)]
+        assert len(served) == 6 and len(refused) == 6, [r.status for r in replies]
+        for r in refused:
+            assert r.is_error_object() and int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["code"] == "queue_full"
+        assert all(r.json()["usage"]["completion_tokens"] == 60 for r in served)
+        assert await wait_idle(slow_sim, link) == (0, 0)
+        again = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+        assert again.status == 200
+
+
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=3, SUPERFLUID_MAX_QUEUE=0)
+async def test_a_keyless_client_beyond_client_concurrency_gets_429_with_retry_after(slow_sim: SimWorker) -> None:
+    async with attached(slow_sim):
+        replies = await asyncio.gather(
+            *(request("POST", "/v1/chat/completions", chat_body(f"c {i}", max_tokens=40), JSON, timeout_s=60) for i in range(5))
+        )
+        statuses = sorted(r.status for r in replies)
+        assert statuses == [200, 200, 200, 429, 429]
+        limited = [r for r in replies if r.status == 429]
+        assert all(r.json()["error"]["code"] == "concurrency_limit_exceeded" and int(r.headers["retry-after"]) >= 1 for r in limited)
