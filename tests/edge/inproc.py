@@ -3,9 +3,8 @@ against the real worker code around the simulated engine, in a thread of this pr
 
 Nothing here is a real server: no daphne, no subprocess, no model. What runs is everything in
 between (consumers, Django views and middleware, admission, the link client, the worker's
-link server and loop, the scheduler) with scheduler/engines/sim.py as the engine. The worker
-listens on a socket in a private temporary folder; this is the one place that knows how the web
-side reaches it, so a formal in-process transport can replace it here alone.
+loop, the scheduler) with scheduler/engines/sim.py as the engine, reached through the
+in-process transport (scheduler/link/inprocess.py).
 """
 
 from __future__ import annotations
@@ -13,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from channels.testing import ApplicationCommunicator
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
+from scheduler.link.inprocess import InProcessTransport
 from scheduler.worker.loop import EngineWorker
 
 MODEL = "sim"
@@ -53,44 +51,40 @@ class Reply:
 
 
 class SimWorker:
-    """EngineWorker + SimEngine on a socket in ``folder``, in a daemon thread."""
+    """How the in-process transport makes its worker: EngineWorker + SimEngine, on a thread."""
 
-    def __init__(self, folder: Path, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0) -> None:
-        self.socket_path = str(folder / "engine.sock")
-        self.clock = FakeClock()
-        self.engine = SimEngine(n_lanes=lanes, lane_ctx=lane_ctx, clock=self.clock)
-        if step_sleep_s > 0:  # a slower engine, for streams that must still be running
-            self.engine.on_call = lambda _n: time.sleep(step_sleep_s)
-        config = SchedulerConfig(max_batch=lanes, lane_ctx=lane_ctx)
-        self.worker = EngineWorker(self.engine, config, model_name=MODEL, clock=self.clock)
-        self._thread = threading.Thread(target=self.worker.serve, args=(self.socket_path,), name="sim-worker", daemon=True)
+    def __init__(self, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0) -> None:
+        self.lanes, self.lane_ctx, self.step_sleep_s = lanes, lane_ctx, step_sleep_s
+        self.transport: InProcessTransport | None = None
 
-    def start(self) -> SimWorker:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.worker.drain()
-        self._thread.join(10)
+    def make_worker(self) -> EngineWorker:
+        clock = FakeClock()
+        engine = SimEngine(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
+        if self.step_sleep_s > 0:  # a slower engine, for streams that must still be running
+            engine.on_call = lambda _n: time.sleep(self.step_sleep_s)
+        config = SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx)
+        return EngineWorker(engine, config, model_name=MODEL, clock=clock, prepare_in_thread=True)
 
     def busy(self) -> tuple[int, int]:
         """(lanes bound, jobs queued) as the scheduler has them now."""
-        sched = self.worker.scheduler
-        lanes = sum(1 for job in sched.lanes if job is not None)
-        return lanes, len(self.worker.contexts) - lanes
+        assert self.transport is not None and self.transport.worker is not None
+        worker = self.transport.worker
+        lanes = sum(1 for job in worker.scheduler.lanes if job is not None)
+        return lanes, len(worker.contexts) - lanes
 
 
 @contextlib.asynccontextmanager
 async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
-    """On the running event loop: a link client to ``worker`` and a key runtime with a fixed
-    snapshot (``keys``: digest -> Key; none by default), as the server has per process."""
+    """On the running event loop: the in-process transport to ``worker`` and a key runtime with
+    a fixed snapshot (``keys``: digest -> Key; none by default), as the server has per process."""
     from keys import runtime as key_runtime
     from keys.runtime import KeyRuntime, Snapshot
-    from scheduler.link import client as link_client
+    from scheduler.link import transport as link_transport
 
     loop = asyncio.get_running_loop()
-    link = link_client.LinkClient(worker.socket_path)
-    link_client._clients[id(loop)] = link
+    link = InProcessTransport(worker.make_worker)
+    worker.transport = link
+    link_transport.install(link)
     rt = KeyRuntime(loop, watch=False)
     rt.snapshot = Snapshot(version=1, keys_by_digest=dict(keys or {}))
     rt.loaded.set()
@@ -103,8 +97,9 @@ async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  #
 
         await asyncio.to_thread(flush)  # the rows of this test's requests, while its database is there
         await link.stop()
-        link_client._clients.pop(id(loop), None)
+        link_transport._links.pop(id(loop), None)
         key_runtime._runtimes.pop(id(loop), None)
+        worker.transport = None
 
 
 def application() -> Any:
