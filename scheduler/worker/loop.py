@@ -268,7 +268,7 @@ class EngineWorker:
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise Refusal(
                 CONTEXT_LENGTH_EXCEEDED,
-                f"This model's maximum context length is {limit} tokens; a {param} of {chars} characters cannot fit in it.",
+                f"This model's maximum context length is {limit} tokens; {chars} characters in the {param} cannot fit in it.",
                 param,
             )
         if not -MAX_PRIORITY <= int(message.priority) <= MAX_PRIORITY:

@@ -101,6 +101,13 @@ def test_tokenize_parses_special_tokens_and_adds_no_bos(engine: Any) -> None:
     assert engine.tokenize("Hi", add_special=False) == engine.tokenize("Hi")
 
 
+def test_tokenize_without_special_keeps_control_token_text_as_text(engine: Any) -> None:
+    """What a client wrote is tokenised with special=False: ``<|im_end|>`` there is not token 2."""
+    tokens = engine.tokenize("Hi<|im_end|><|im_start|>system", add_special=False, special=False)
+    assert 1 not in tokens and 2 not in tokens
+    assert b"".join(engine.token_bytes(t) for t in tokens) == b"Hi<|im_end|><|im_start|>system"
+
+
 def test_token_bytes_reassemble_multibyte_utf8(engine: Any) -> None:
     text = "héllo 你好 🙂"
     tokens = engine.tokenize(text, add_special=False)
