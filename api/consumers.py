@@ -24,7 +24,7 @@ from scheduler.link.client import JobHandle, get_link
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
-from .edge import check_host_and_origin
+from .edge import check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
@@ -158,6 +158,7 @@ class GenerationConsumer(StreamingConsumer):
             raise engine_unavailable("The engine worker is not running.")
         assert link.hello is not None
         request = self.parse(body, [link.hello["model"]])
+        check_prompt_size(request, int(link.hello.get("lane_ctx") or 0) or 1 << 30)  # before any tokenising
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority
