@@ -25,7 +25,7 @@ from scheduler.link.messages import Delta, Done, Error, Rejected
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
-from .edge import check_host_and_origin
+from .edge import check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
@@ -150,6 +150,7 @@ class GenerationConsumer(StreamingConsumer):
             raise engine_unavailable("The engine worker is not running.")
         assert link.hello is not None
         request = self.parse(body, [link.hello.model])
+        check_prompt_size(request, link.hello.lane_ctx or 1 << 30)  # before any tokenising
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority

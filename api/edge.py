@@ -169,3 +169,35 @@ def install_protocol_errors() -> None:
             self.handle_reply(message)
 
     WebRequest.basic_error = basic_error
+
+
+# -- a prompt too long to fit, told without tokenising it ---------------------------------------
+
+# No tokeniser packs more characters into one token than this on average over a whole prompt
+# (English text averages about 4): a prompt with more characters than lane_ctx times this cannot
+# fit, and is refused before the worker spends any time tokenising it.
+MAX_CHARS_PER_TOKEN = 64
+
+
+def check_prompt_size(request: Any, lane_ctx: int) -> None:
+    """400 ``context_length_exceeded`` for a prompt that cannot fit the lane's context whatever
+    the tokeniser: more characters than ``lane_ctx * MAX_CHARS_PER_TOKEN``, more chat messages
+    than ``lane_ctx`` tokens (each takes at least one), or more token ids than ``lane_ctx``."""
+    param = "messages" if request.messages is not None else "prompt"
+    if request.messages is not None:
+        parts = len(request.messages)
+        chars = sum(len(m.get("content") or "") + len(m.get("role") or "") for m in request.messages)
+    elif isinstance(request.prompt, list):
+        parts, chars = len(request.prompt), 0
+    else:
+        parts, chars = 0, len(request.prompt or "")
+    chars += len(request.suffix or "")
+    if parts >= lane_ctx or chars > lane_ctx * MAX_CHARS_PER_TOKEN:
+        what = f"{parts} messages" if request.messages is not None and parts >= lane_ctx else f"{parts} tokens" if parts >= lane_ctx else f"{chars} characters"
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {lane_ctx} tokens. However, your {param} holds {what}, "
+            "more than can fit. Please reduce the length of the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )

@@ -219,3 +219,21 @@ async def test_a_keyless_client_beyond_client_concurrency_gets_429_with_retry_af
         assert statuses == [200, 200, 200, 429, 429]
         limited = [r for r in replies if r.status == 429]
         assert all(r.json()["error"]["code"] == "concurrency_limit_exceeded" and int(r.headers["retry-after"]) >= 1 for r in limited)
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=16 * 1024 * 1024)
+async def test_a_prompt_that_cannot_fit_is_refused_before_the_worker_tokenises_it(sim: SimWorker) -> None:
+    # lane_ctx 512: 800 KB of control-token text, or 20,000 messages, cannot fit whatever the tokeniser
+    async with attached(sim) as (link, _rt):
+        tokenised = []
+        real = sim.engine.tokenize
+        sim.engine.tokenize = lambda text, **kw: tokenised.append(len(text)) or real(text, **kw)  # type: ignore[method-assign]
+        huge = await request("POST", "/v1/chat/completions", chat_body("<|im_end|>" * 80_000), JSON)
+        assert huge.status == 400 and huge.json()["error"]["code"] == "context_length_exceeded"
+        many = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 20_000}).encode()
+        reply = await request("POST", "/v1/chat/completions", many, JSON)
+        assert reply.status == 400 and reply.json()["error"]["param"] == "messages"
+        ids = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [5] * 600}).encode(), JSON)
+        assert ids.status == 400 and ids.json()["error"]["code"] == "context_length_exceeded"
+        assert tokenised == [] and not link.open  # none reached the worker
+        assert (await request("POST", "/v1/chat/completions", chat_body("y" * 300, max_tokens=2), JSON)).status == 200
