@@ -120,7 +120,8 @@ class Scheduler:
         self.rounds = 0  # engine calls planned (a tick is one or more rounds)
         self._tick_started_s = 0.0
         self._tick_decoded = 0  # decode tokens granted in the tick in flight
-        self._decoded_at: dict[str, int] = {}  # job id -> round it last got a decode token
+        self._grants = itertools.count()
+        self._decoded_at: dict[str, int] = {}  # job id -> number of its last decode grant
         self._decoded_tick: dict[str, int] = {}  # job id -> tick it last got a decode token
         self.last_plan: TickPlan | None = None
         self.counters = {
@@ -595,7 +596,7 @@ class Scheduler:
             seq = job.sequence
             rest = seq[job.computed :]
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, rest, True, decode=len(rest) == 1))
-            self._decoded_at[job.job_id] = self.rounds
+            self._decoded_at[job.job_id] = next(self._grants)  # grant order: a strict rotation
             self._decoded_tick[job.job_id] = self.tick
         self._tick_decoded += sum(1 for f in plan.feeds if f.sample)
 
