@@ -146,7 +146,8 @@ class GenerationConsumer(StreamingConsumer):
             "priority": priority,
             "batch_invariant": admission.batch_invariant,
             "key": admission.key_name,
-            "pin_prefix": self.headers().get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes"),
+            "pin_prefix": admission.pin_prefix,
+            "cache_scope": admission.cache_scope,
         }
         handle = await link.submit(payload)
         self.record.request_id = handle.job_id
