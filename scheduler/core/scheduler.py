@@ -58,6 +58,10 @@ class SchedulerConfig:
     cache_slots: int = 4  # engine sequences that hold cached prefixes
     min_prefix_tokens: int = 32
     pressure_high: float = 0.85
+    # Whether occupancy watermarks evict cached prefixes. Off for engines whose KV memory is
+    # fixed per sequence at start-up (llama.cpp with kv_unified=False): there an eviction frees
+    # no cell a lane can use, and the cache's memory is sized by cache_slots instead.
+    watermarks: bool = True
     pressure_low: float = 0.70
     host_cache_bytes: int = 1 << 30
 
@@ -191,7 +195,8 @@ class Scheduler:
         plan.release, self._release = self._release, []
         self._expire_deadlines(now)
         self._apply_os_pressure(plan, now)
-        self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
+        if self.config.watermarks:
+            self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
         self._preempt(plan)
         self._admit(plan, now)
         self._share_prefixes(plan, now)

@@ -181,3 +181,17 @@ def test_the_prefix_cache_is_partitioned_by_scope() -> None:
     cached = {e.job_id: e.job.cached_tokens for e in events if e.kind == "finished" and e.job is not None}
     assert cached["b1"] == cached["a1"] == cached["c1"] == cached["a2"] == 0
     assert cached["b2"] >= 80 and cached["b3"] >= 80  # its own scope's prefix
+
+
+def test_with_fixed_per_sequence_kv_the_watermarks_evict_nothing() -> None:
+    """llama.cpp (kv_unified=False) allocates every lane's and cache slot's cells at start-up:
+    an eviction would free nothing, so with watermarks off the same fill evicts nothing while
+    slots remain, and a full set of slots still makes room least recently used first."""
+    sched, engine, clock = make_scheduler(
+        max_batch=2, lane_ctx=256, cache_slots=4, pressure_high=0.75, pressure_low=0.5, watermarks=False
+    )
+    _fill_cache(sched, engine, 4, max_tokens=20)
+    assert sched.pool.counters["evictions"] == 0 and len(sched.pool.device_entries()) == 4
+    _fill_cache(sched, engine, 1, start=4)
+    assert sched.pool.counters["evictions"] == 1 and len(sched.pool.device_entries()) == 4
+
