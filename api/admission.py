@@ -87,6 +87,8 @@ class Admission:
     slot: str | None = None  # the concurrency slot held, by key name
     client_slot: str | None = None  # a keyless client's slot, by address
     model_slot: str | None = None  # the place held in the model's queue bound
+    pin_prefix: bool = False  # x-superfluid-pin-prefix, granted
+    cache_scope: str = ""  # prefix-cache partition: "" shared (keyless, sharing policies), else the policy's
 
     @property
     def band(self) -> str:
@@ -267,7 +269,13 @@ async def admit(
     if batch_invariant and not (settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT or (policy is not None and policy.allow_batch_invariant)):
         raise forbidden("Batch-invariant lanes are not allowed for this client.", "batch_invariant_forbidden", "x-superfluid-batch-invariant")
 
+    pin_prefix = headers.get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes")
+    if pin_prefix and policy is not None and not policy.allow_pin_prefix:
+        raise forbidden("This API key may not pin prefixes.", "pin_prefix_forbidden", "x-superfluid-pin-prefix")
+
     admission = Admission(qos=qos, priority=priority, batch_invariant=batch_invariant, key_name=principal.key_name, runtime=rt)
+    admission.pin_prefix = pin_prefix
+    admission.cache_scope = "" if policy is None or policy.share_prefix_cache else f"policy:{policy.name}"
     take_limits(rt, principal, request, admission)
     return admission
 

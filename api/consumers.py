@@ -162,7 +162,8 @@ class GenerationConsumer(StreamingConsumer):
             qos=int(qos),
             priority=priority,
             batch_invariant=admission.batch_invariant,
-            pin_prefix=self.headers().get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes"),
+            pin_prefix=admission.pin_prefix,
+            cache_scope=admission.cache_scope,
         )
         handle.key = admission.key_name
         self.record.request_id = handle.job_id

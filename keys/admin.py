@@ -127,6 +127,7 @@ class KeyPolicyAdmin(admin.ModelAdmin):
         (None, {"fields": ("name",)}),
         ("Class", {"fields": ("default_class", "max_class", "allow_batch_invariant", "priority_offset")}),
         ("Limits", {"fields": ("rate_limit_rpm", "max_concurrent", "allowed_models")}),
+        ("Prefix cache", {"fields": ("share_prefix_cache", "allow_pin_prefix")}),
         ("Access", {"fields": ("is_admin",)}),
         ("History", {"fields": ("created", "updated")}),
     )

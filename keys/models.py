@@ -52,6 +52,16 @@ class KeyPolicy(models.Model):
     allowed_models = models.TextField(
         blank=True, help_text="Model ids this policy may use, comma or newline separated. Empty = all."
     )
+    share_prefix_cache = models.BooleanField(
+        "shares the prefix cache",
+        default=False,
+        help_text="Share cached prompt prefixes with keyless requests and other sharing policies. Off: this "
+        "policy's keys have a prefix cache of their own, so no other tenant can tell from cached_tokens or "
+        "timing what they sent.",
+    )
+    allow_pin_prefix = models.BooleanField(
+        "may pin prefixes", default=False, help_text="May send x-superfluid-pin-prefix: true (else 403)."
+    )
     is_admin = models.BooleanField(
         "admin", default=False, help_text="May use the admin routes (/slots, /v1/internal/state) and see every key's metrics."
     )

@@ -48,6 +48,8 @@ class Policy:
     priority_offset: int = 0
     allowed_models: tuple[str, ...] = ()
     is_admin: bool = False
+    share_prefix_cache: bool = False
+    allow_pin_prefix: bool = False
 
     def allows_model(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
@@ -119,6 +121,8 @@ def load_snapshot() -> Snapshot:
                     priority_offset=p.priority_offset,
                     allowed_models=tuple(p.model_list),
                     is_admin=p.is_admin,
+                    share_prefix_cache=p.share_prefix_cache,
+                    allow_pin_prefix=p.allow_pin_prefix,
                 )
         keys[row.digest] = Key(id=row.pk, name=row.name, digest=row.digest, policy=policy, expires=row.expires, revoked=row.revoked)
     caps: dict[str, dict[QosClass, int]] = {}

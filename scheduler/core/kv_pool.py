@@ -6,7 +6,9 @@ sequences that hold cached prompt prefixes, each ``lane_ctx`` cells, counted in 
 they are evicted, least recently used first, down to the low watermark; pinned prefixes yield
 only when unpinned cache is not enough, oldest first. An evicted prefix leaves the pool for host
 memory (unless host moves are suspended under OS memory pressure), where the next request that
-shares it imports it back.
+shares it imports it back. Every entry belongs to a *scope* (the key policy's cache partition,
+"" for keyless requests and policies that share): a prompt only ever matches entries of its
+own scope, so one tenant cannot learn from ``cached_tokens`` or TTFT what another one sent.
 
 Invariants:
 - a device entry owns exactly one cache slot; ``slot_of`` and ``entries`` agree;
@@ -47,6 +49,7 @@ class CachedPrefix:
     host_bytes: int = 0
     hits: int = 0
     pending: bool = False  # its slot is being filled this tick
+    scope: str = ""  # the cache partition it belongs to
 
     @property
     def on_device(self) -> bool:
@@ -125,13 +128,13 @@ class KvPool:
 
     # -- lookup ------------------------------------------------------------------------
 
-    def best_match(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` (device entries win ties),
-        and that length, capped so at least one prompt token is left to feed."""
+    def best_match(self, prompt: list[int], scope: str = "") -> tuple[CachedPrefix | None, int]:
+        """The entry of ``scope`` sharing the longest prefix with ``prompt`` (device entries
+        win ties), and that length, capped so at least one prompt token is left to feed."""
         best: CachedPrefix | None = None
         best_len = 0
         for entry in self.entries.values():
-            if entry.pending:
+            if entry.pending or entry.scope != scope:
                 continue
             n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
             if n > best_len or (n == best_len and best is not None and entry.on_device and not best.on_device):
@@ -140,16 +143,18 @@ class KvPool:
             return None, 0
         return best, best_len
 
-    def covered(self, tokens: list[int]) -> bool:
-        """True if a cached entry already holds at least these tokens as its prefix."""
-        return any(common_prefix(e.tokens, tokens) >= len(tokens) for e in self.entries.values())
+    def covered(self, tokens: list[int], scope: str = "") -> bool:
+        """True if a cached entry of ``scope`` already holds at least these tokens as its prefix."""
+        return any(e.scope == scope and common_prefix(e.tokens, tokens) >= len(tokens) for e in self.entries.values())
 
     # -- changes -----------------------------------------------------------------------
 
-    def store(self, ops: PoolOps, src_seq: int, tokens: list[int], now: float, *, pinned: bool = False) -> CachedPrefix | None:
+    def store(
+        self, ops: PoolOps, src_seq: int, tokens: list[int], now: float, *, pinned: bool = False, scope: str = ""
+    ) -> CachedPrefix | None:
         """Copy ``tokens`` (the first len(tokens) of sequence ``src_seq``) into a cache slot,
         evicting the least valuable device entry if every slot is taken."""
-        if len(tokens) < self.config.min_prefix_tokens or self.covered(tokens):
+        if len(tokens) < self.config.min_prefix_tokens or self.covered(tokens, scope):
             return None
         slot = self.free_slot()
         if slot is None:
@@ -159,7 +164,7 @@ class KvPool:
             self._evict(ops, victim[0], now)
             slot = self.free_slot()
             assert slot is not None
-        entry = CachedPrefix(next(self._keys), list(tokens), pinned, now, now, slot=slot, pending=True)
+        entry = CachedPrefix(next(self._keys), list(tokens), pinned, now, now, slot=slot, pending=True, scope=scope)
         self.entries[entry.key] = entry
         ops.store.append((src_seq, slot, len(tokens)))
         self.counters["stored"] += 1

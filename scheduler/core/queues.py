@@ -6,7 +6,11 @@ unbounded, so low-priority work cannot starve; with equal priorities the older j
 the higher score, which is plain FIFO. A preempted job goes back to the *head* of its class,
 ahead of every score. Across classes the scheduler picks the head with the best *effective*
 class: a job that has waited ``starvation_ticks`` ticks rises one class per period waited
-(never above interactive).
+(never above interactive). A tick here is the seed's busy tick, ``--tick-target-ms`` (2 s by
+default) of waiting: aging only matters while every lane is busy, and llama.cpp and MLX cut
+their busy ticks shorter (a decode round costs the same however rounds are cut), which must not
+make classes age faster. The effective class only orders admission into free lanes: it never
+makes a job preempt (the scheduler preempts by a job's own class).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ class ScoreConfig:
 
 
 class ClassQueues:
-    def __init__(self, starvation_ticks: int, score: ScoreConfig | None = None) -> None:
+    def __init__(self, starvation_ticks: int, score: ScoreConfig | None = None, tick_s: float = 2.0) -> None:
         self.starvation_ticks = starvation_ticks
+        self.tick_s = tick_s  # the length of one aging tick (--tick-target-ms)
         self.score_config = score or ScoreConfig()
         self._queues: dict[QosClass, list[Job]] = {c: [] for c in QosClass}
         self.reorders = {"aging": 0, "swap_affinity": 0}
@@ -76,11 +81,16 @@ class ClassQueues:
     def score(self, job: Job, now: float) -> float:
         return job.priority + self.affinity(job) + self.aging(job, now)
 
-    def effective_class(self, job: Job, tick: int) -> int:
-        if self.starvation_ticks <= 0:
+    def aging_period_s(self) -> float:
+        """Seconds of waiting that lift a job one class: ``starvation_ticks`` busy ticks."""
+        return self.starvation_ticks * self.tick_s
+
+    def effective_class(self, job: Job, now: float) -> int:
+        period = self.aging_period_s()
+        if period <= 0:
             return int(job.qos)
-        periods = (tick - job.enqueued_tick) // self.starvation_ticks
-        return max(int(QosClass.INTERACTIVE), int(job.qos) - max(0, periods))
+        periods = int(max(0.0, now - job.enqueued_s) // period)
+        return max(int(QosClass.INTERACTIVE), int(job.qos) - periods)
 
     def _rank(self, job: Job, now: float) -> tuple[int, float, int]:
         if job.seq < 0:  # requeued after preemption: ahead of every arrival
@@ -95,7 +105,6 @@ class ClassQueues:
 
     def best(
         self,
-        tick: int,
         allowed: set[QosClass],
         now: float = 0.0,
         keep: Callable[[Job], bool] | None = None,
@@ -105,9 +114,20 @@ class ClassQueues:
         heads = [h for c in allowed if (h := self.head(c, now, keep)) is not None]
         if not heads:
             return None
-        return min(heads, key=lambda j: (self.effective_class(j, tick), self._rank(j, now)))
+        return min(heads, key=lambda j: (self.effective_class(j, now), self._rank(j, now)))
 
-    def note_pick(self, picked: Job, tick: int, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None) -> None:
+    def best_by_own_class(
+        self, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None = None
+    ) -> Job | None:
+        """The head of the best class in ``allowed`` by the jobs' own classes (aging ignored),
+        in score order inside it: the order in which queued jobs may preempt."""
+        for qos in sorted(allowed):
+            head = self.head(qos, now, keep)
+            if head is not None:
+                return head
+        return None
+
+    def note_pick(self, picked: Job, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None) -> None:
         """Count a dispatch where aging changed the pick (the seed's reorder counter)."""
         if picked.seq < 0 or self.score_config.aging_divisor_s <= 0:
             return
@@ -115,7 +135,7 @@ class ClassQueues:
             j
             for c in allowed
             for j in self._queues[c]
-            if (keep is None or keep(j)) and j.seq >= 0 and self.effective_class(j, tick) == self.effective_class(picked, tick)
+            if (keep is None or keep(j)) and j.seq >= 0 and self.effective_class(j, now) == self.effective_class(picked, now)
         ]
         if without_aging:
             static = min(without_aging, key=lambda j: (-(j.priority + self.affinity(j)), j.seq))

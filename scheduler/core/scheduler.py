@@ -28,6 +28,7 @@ from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, TickPl
 
 OS_PRESSURE_HOST_COOLDOWN_S = 60.0  # after OS pressure, no prefix moves to host memory for this long
 OS_PRESSURE_BACKGROUND_HOLD_S = 5.0  # after critical pressure, no background job gets a lane for this long
+_PRESSURE_RANK = {None: 0, "warning": 1, "critical": 2}
 
 PREFILL_STEPS = (512, 256, 128, 64, 32)
 
@@ -38,8 +39,12 @@ class SchedulerConfig:
     lane_ctx: int = 4096  # context tokens per lane
     class_lanes: dict[QosClass, int] = field(default_factory=dict)  # cap per class
     prefill_budget: int = 4096  # prompt tokens per tick; 0 = adaptive (256-4096)
-    tick_decode_budget: int = 0  # decode tokens per tick; 0 = every decoding lane
-    tick_target_ms: int = 2000
+    tick_decode_budget: int = 0  # decode tokens per tick; 0 = every decoding lane every round
+    tick_target_ms: int = 2000  # busy tick; also the length of one class-aging tick
+    # The engine's tick targets in seconds: (a lane is free or one is finishing, every lane
+    # busy). None: every tick is one decode round. llama.cpp and MLX declare (0.05, 0.25).
+    tick_targets_s: tuple[float, float] | None = None
+    initial_round_s: float = 0.05  # decode round duration until measured
     starvation_ticks: int = 8
     newcomer_prefill_cap_s: float = 0.5  # while a newcomer could be admitted
     decoding_prefill_cap_s: float = 0.25  # while a lane decodes (llama.cpp/MLX busy-tick target)
@@ -53,6 +58,10 @@ class SchedulerConfig:
     cache_slots: int = 4  # engine sequences that hold cached prefixes
     min_prefix_tokens: int = 32
     pressure_high: float = 0.85
+    # Whether occupancy watermarks evict cached prefixes. Off for engines whose KV memory is
+    # fixed per sequence at start-up (llama.cpp with kv_unified=False): there an eviction frees
+    # no cell a lane can use, and the cache's memory is sized by cache_slots instead.
+    watermarks: bool = True
     pressure_low: float = 0.70
     host_cache_bytes: int = 1 << 30
 
@@ -70,6 +79,10 @@ class SchedulerConfig:
                 raise ValueError(f"lane cap for {qos.label} must be between 1 and {self.max_batch}")
         if self.prefill_budget != 0 and not 64 <= self.prefill_budget <= 4096:
             raise ValueError("prefill_budget must be 0 (adaptive) or between 64 and 4096")
+        if self.tick_decode_budget < 0:
+            raise ValueError("tick_decode_budget must be 0 (every decoding lane) or positive")
+        if self.tick_target_ms < 1:
+            raise ValueError("tick_target_ms must be at least 1")
 
 
 class Scheduler:
@@ -80,7 +93,9 @@ class Scheduler:
         self.prefill_cap: tuple[int, int] = (config.prefill_budget, 0)  # (tokens, step) of the last plan
         self.lanes: list[Job | None] = [None] * config.max_batch
         self.queues = ClassQueues(
-            config.starvation_ticks, ScoreConfig(config.aging_divisor_s, config.swap_affinity_bonus)
+            config.starvation_ticks,
+            ScoreConfig(config.aging_divisor_s, config.swap_affinity_bonus),
+            tick_s=config.tick_target_ms / 1000.0,
         )
         self.pool = KvPool(
             PoolConfig(
@@ -94,7 +109,8 @@ class Scheduler:
             )
         )
         self._pending_pool = PoolOps()  # cache work decided between ticks (plan rejected)
-        self._os_pressure: str | None = None  # a reading not yet acted on
+        self._os_pressure: str | None = None  # a rise in OS pressure not yet acted on
+        self.os_level: str | None = None  # the OS pressure level last read: None, warning, critical
         self._background_hold_until = 0.0
         self._bi_turn = 0
         self._stored: set[str] = set()
@@ -104,6 +120,13 @@ class Scheduler:
         self._events: list[Event] = []
         self._last_prefill_tick: dict[int, int] = {}  # lane -> last tick it got prefill
         self.prefill_tokens_per_s = config.initial_prefill_tokens_per_s
+        self.round_s = config.initial_round_s  # measured decode round duration
+        self.rounds = 0  # engine calls planned (a tick is one or more rounds)
+        self._tick_started_s = 0.0
+        self._tick_decoded = 0  # decode tokens granted in the tick in flight
+        self._grants = itertools.count()
+        self._decoded_at: dict[str, int] = {}  # job id -> number of its last decode grant
+        self._decoded_tick: dict[str, int] = {}  # job id -> tick it last got a decode token
         self.last_plan: TickPlan | None = None
         self.counters = {
             "admitted": 0,
@@ -130,7 +153,7 @@ class Scheduler:
             raise ValueError(f"duplicate job id {job.job_id}")
         if len(job.prompt) == 0:
             raise ValueError("a job needs at least one prompt token")
-        job.arrival_s = self.clock()
+        job.arrival_s = job.enqueued_s = self.clock()
         job.seq = next(self._seq)
         job.enqueued_tick = self.tick
         job.state = JobState.QUEUED
@@ -156,14 +179,24 @@ class Scheduler:
     # -- one tick ---------------------------------------------------------------------
 
     def step(self) -> TickPlan:
-        self.tick += 1
         now = self.clock()
+        self.rounds += 1
+        if self._tick_continues(now):
+            # another decode round of the tick in flight: nothing is admitted or preempted
+            plan = TickPlan(tick=self.tick)
+            self._plan_feeds(plan)
+            self.last_plan = plan
+            return plan
+        self.tick += 1
+        self._tick_started_s = now
+        self._tick_decoded = 0
         plan = TickPlan(tick=self.tick, pool=self._pending_pool)
         self._pending_pool = PoolOps()
         plan.release, self._release = self._release, []
         self._expire_deadlines(now)
         self._apply_os_pressure(plan, now)
-        self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
+        if self.config.watermarks:
+            self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
         self._preempt(plan)
         self._admit(plan, now)
         self._share_prefixes(plan, now)
@@ -172,10 +205,14 @@ class Scheduler:
         self.last_plan = plan
         return plan
 
-    def on_os_pressure(self, level: str) -> None:
-        """A memory-pressure reading from the OS: "warning" or "critical" (acted on next step)."""
-        if level in ("warning", "critical"):
-            self._os_pressure = level
+    def on_os_pressure(self, level: str | None) -> None:
+        """A memory-pressure reading from the OS: "warning", "critical", or anything else for
+        normal. Only a rise (normal to warning, to critical) is acted on, at the next step: a
+        level that stays high does not evict again; the watermarks act on occupancy."""
+        new = level if level in ("warning", "critical") else None
+        if _PRESSURE_RANK[new] > _PRESSURE_RANK[self.os_level]:
+            self._os_pressure = new
+        self.os_level = new
 
     def on_plan_rejected(self) -> None:
         """The engine could not hold the last plan: release pins, drop the device cache, replan."""
@@ -216,6 +253,8 @@ class Scheduler:
             self._events.append(Event("token", job.job_id, token=token, lane=lane))
             if len(job.output) >= job.max_tokens or len(job.sequence) >= self.config.lane_ctx:
                 self._finish(job, "length")
+        if plan is not None and plan.feeds and not plan.prefill_tokens and result.elapsed_s > 0 and not result.stopped_early:
+            self.round_s = 0.7 * self.round_s + 0.3 * result.elapsed_s
         if plan is not None and result.prefill_s > 0 and plan.prefill_tokens:
             fed_prefill = sum(
                 result.fed.get(f.lane, 0) for f in plan.feeds if not f.is_decode
@@ -239,6 +278,8 @@ class Scheduler:
 
     def _finish(self, job: Job, reason: str) -> None:
         self._stored.discard(job.job_id)
+        self._decoded_at.pop(job.job_id, None)
+        self._decoded_tick.pop(job.job_id, None)
         job.share_from = None
         job.state = JobState.FINISHED
         job.finish_reason = reason
@@ -266,7 +307,7 @@ class Scheduler:
         usage = self._class_usage()
         caps = self.config.class_lanes
         allowed = {c for c in QosClass if usage[c] < caps.get(c, self.config.max_batch)}
-        if self.clock() < self._background_hold_until:
+        if self.os_level == "critical" or self.clock() < self._background_hold_until:
             allowed.discard(QosClass.BACKGROUND)  # critical memory pressure: let it ease first
         return allowed
 
@@ -293,6 +334,7 @@ class Scheduler:
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, list(job.output)))
         if job.admitted_s is None:
             job.admitted_s = now
+            job.deadline_s = None  # a start deadline: a started job never misses it
             job.serial_score = round(self.queues.score(job, now), 3)
             self.counters["admitted"] += 1
             self.counters[f"dispatched_{band_of(job.priority)}"] += 1
@@ -304,7 +346,7 @@ class Scheduler:
         prefilling (then this lane waits for it rather than prefilling the same tokens)."""
         if not self.config.prefix_cache or job.batch_invariant:
             return
-        entry, n = self.pool.best_match(job.prompt)
+        entry, n = self.pool.best_match(job.prompt, job.cache_scope)
         leader, shared = self._best_leader(job)
         if entry is not None and n >= shared:
             self.pool.use(plan.pool, entry, lane, n, now)
@@ -324,6 +366,8 @@ class Scheduler:
         for other in self.lanes:
             if other is None or other is job or other.share_from is not None or other.batch_invariant:
                 continue
+            if other.cache_scope != job.cache_scope:
+                continue
             n = min(common_prefix(other.prompt, job.prompt), len(job.prompt) - 1)
             if n > best_len:
                 best, best_len = other, n
@@ -333,7 +377,7 @@ class Scheduler:
 
     def _copy_from_lane(self, plan: TickPlan, leader: Job, job: Job, n: int, now: float) -> None:
         assert leader.lane is not None and job.lane is not None
-        self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now)
+        self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now, scope=leader.cache_scope)
         plan.pool.copy.append((leader.lane, job.lane, n))
         self.pool.counters["prefix_hits"] += 1
         self.pool.counters["prefix_tokens_reused"] += n
@@ -361,7 +405,7 @@ class Scheduler:
                 continue
             assert job.lane is not None
             self._stored.add(job.job_id)
-            self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True)
+            self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
 
     def _expire_deadlines(self, now: float) -> None:
         for job in [j for j in self.queues if j.deadline_s is not None and now > j.deadline_s]:
@@ -385,19 +429,23 @@ class Scheduler:
                 if job.qos is QosClass.BACKGROUND and not job.prefilling and not job.batch_invariant:
                     self._preempt_job(plan, job, park=False)
 
+    def _invariant_wait_rule(self) -> Callable[[Job], bool] | None:
+        """While a batch-invariant job waits, nothing at or below its class is admitted, by a
+        free lane or by preemption: the filter of jobs that may still take a lane."""
+        waiting_bi = [j for j in self.queues if j.batch_invariant]
+        if not waiting_bi:
+            return None
+        floor = min(j.qos for j in waiting_bi)
+        return lambda j: j.batch_invariant or j.qos < floor
+
     def _admit(self, plan: TickPlan, now: float) -> None:
         for lane in self.free_lanes():
             allowed = self._admissible_classes()
-            waiting_bi = [j for j in self.queues if j.batch_invariant]
-            keep = None
-            if waiting_bi:
-                # while a batch-invariant job waits, nothing at or below its class is admitted
-                floor = min(j.qos for j in waiting_bi)
-                keep = lambda j, floor=floor: j.batch_invariant or j.qos < floor  # noqa: E731
-            job = self.queues.best(self.tick, allowed, now, keep)
+            keep = self._invariant_wait_rule()
+            job = self.queues.best(allowed, now, keep)
             if job is None:
                 return
-            self.queues.note_pick(job, self.tick, allowed, now, keep)
+            self.queues.note_pick(job, allowed, now, keep)
             self._bind(plan, job, lane, now)
 
     def _preempt_job(self, plan: TickPlan, victim: Job, *, park: bool) -> int:
@@ -408,6 +456,7 @@ class Scheduler:
         victim.state = JobState.QUEUED
         victim.preemptions += 1
         victim.enqueued_tick = self.tick
+        victim.enqueued_s = self.clock()
         victim.share_from, victim.share_tokens = None, 0
         self.queues.push_head(victim)
         self.counters["preemptions"] += 1
@@ -422,25 +471,29 @@ class Scheduler:
 
     def _preempt(self, plan: TickPlan) -> None:
         """An interactive or completion job queued with every lane busy takes the lane of the
-        lowest-class running job below it: decoding lanes before prefilling ones."""
-        if not self.config.preemption or self.free_lanes():
+        lowest-class running job below it: decoding lanes before prefilling ones.
+
+        Urgent jobs go in the order admission would take them (class, then score), each only
+        while its class is under its lane cap and none is held back by a waiting batch-invariant
+        job. A job's own class decides, never its aged class: aging orders free lanes only."""
+        if not self.config.preemption:
             return
         now = self.clock()
-        for urgent in [j for j in self.queues if j.qos <= QosClass.COMPLETION]:
+        while not self.free_lanes():
+            urgent_classes = self._admissible_classes() & {QosClass.INTERACTIVE, QosClass.COMPLETION}
+            urgent = self.queues.best_by_own_class(urgent_classes, now, self._invariant_wait_rule())
+            if urgent is None:
+                return
             victims = [
                 j
                 for j in self.lanes
                 if j is not None and j.qos > urgent.qos and not j.batch_invariant
             ]
             if not victims:
-                continue
+                return  # the best urgent job finds none below it: neither does a worse one
             victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.admitted_s or 0.0))
             lane = self._preempt_job(plan, victim, park=self.config.park)
             self._bind(plan, urgent, lane, now)
-            if not self.free_lanes() and not any(
-                j.qos <= QosClass.COMPLETION for j in self.queues
-            ):
-                return
 
     def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool) -> tuple[int, int]:
         """(most prompt tokens this tick, tokens per engine call), from the measured rate.
@@ -474,6 +527,67 @@ class Scheduler:
         plan.alone = group[0].batch_invariant
         return group
 
+    # -- tick sizing: the one place that decides how long a tick is and who decodes in it --
+
+    def _tick_target_s(self) -> float | None:
+        """The seed's target for this tick: the short one while a lane is free or one is
+        finishing (its last tokens fit in a busy tick), else the busy one, never above
+        --tick-target-ms. None: the engine declared no targets, a tick is one round."""
+        targets = self.config.tick_targets_s
+        if targets is None:
+            return None
+        free_s, busy_s = targets
+        busy_s = min(busy_s, self.config.tick_target_ms / 1000.0)
+        if self.free_lanes():
+            return free_s
+        rounds = busy_s / max(self.round_s, 1e-6)
+        if any(j is not None and j.max_tokens - len(j.output) <= rounds for j in self.lanes):
+            return free_s
+        return busy_s
+
+    def _tick_continues(self, now: float) -> bool:
+        """Whether the next engine call is another decode round of the tick in flight.
+
+        A tick runs rounds until the next one would pass its target. It ends sooner, so the
+        next step admits, preempts and acts on pressure, when: a lane was released (a job
+        finished or was cancelled), a lane prefills (its chunk is already sized to the target,
+        below), an interactive or completion job is queued, the tick's decode budget is spent,
+        cache work or OS pressure is pending, or a batch-invariant lane runs (it ticks alone)."""
+        target = self._tick_target_s()
+        if target is None or self.tick == 0:
+            return False
+        if self._release or self._pending_pool or self._os_pressure is not None:
+            return False
+        running = [j for j in self.lanes if j is not None]
+        if not running or any(j.prefilling or j.share_from is not None or j.batch_invariant for j in running):
+            return False
+        if any(j.qos <= QosClass.COMPLETION for j in self.queues):
+            return False
+        budget = self.config.tick_decode_budget
+        if budget and self._tick_decoded >= budget:
+            return False
+        return (now - self._tick_started_s) + self.round_s <= target
+
+    def _decode_grant(self, decoding: list[Job]) -> list[Job]:
+        """The decoding lanes that get a token this round. ``--tick-decode-budget 0``: all of
+        them (the grant scales with the rounds of the tick). N > 0: at most N tokens in the
+        tick, given in rotation: a lane that got none for --starvation-ticks ticks first, then
+        by class, then the lane that decoded least recently, so equal lanes share equally."""
+        budget = self.config.tick_decode_budget
+        if not budget:
+            return decoding
+        left = budget - self._tick_decoded
+        if left <= 0:
+            return []
+
+        def order(job: Job) -> tuple[int, int, int, int]:
+            assert job.lane is not None
+            idle = self.tick - self._decoded_tick.get(job.job_id, self.tick)
+            starving = idle >= self.config.starvation_ticks > 0
+            return (0 if starving else 1, int(job.qos), self._decoded_at.get(job.job_id, -1), job.lane)
+
+        return sorted(decoding, key=order)[:left]
+
     def _plan_feeds(self, plan: TickPlan) -> None:
         running = self._tick_group(plan)
         decoding = [j for j in running if not j.prefilling]
@@ -482,12 +596,14 @@ class Scheduler:
         budget, plan.step_tokens = self._prefill_cap_tokens(newcomer_possible, bool(decoding))
         self.prefill_cap = (budget, plan.step_tokens)
 
-        decode_budget = self.config.tick_decode_budget or len(decoding)
-        for job in sorted(decoding, key=lambda j: (j.qos, j.lane))[:decode_budget]:
+        for job in self._decode_grant(decoding):
             assert job.lane is not None
             seq = job.sequence
             rest = seq[job.computed :]
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, rest, True, decode=len(rest) == 1))
+            self._decoded_at[job.job_id] = next(self._grants)  # grant order: a strict rotation
+            self._decoded_tick[job.job_id] = self.tick
+        self._tick_decoded += sum(1 for f in plan.feeds if f.sample)
 
         def prefill_order(job: Job) -> tuple[int, int, int]:
             assert job.lane is not None

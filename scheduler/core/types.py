@@ -57,6 +57,7 @@ class Job:
     output: list[int] = field(default_factory=list)
     arrival_s: float = 0.0
     enqueued_tick: int = 0
+    enqueued_s: float = 0.0  # when it last joined a queue (arrival, or preemption): class aging
     admitted_s: float | None = None
     first_token_s: float | None = None
     finished_s: float | None = None
@@ -70,6 +71,7 @@ class Job:
     share_from: str | None = None  # job id of a running lane whose prompt prefix this one waits for
     share_tokens: int = 0
     serial_score: float | None = None  # the dispatch score it won its lane with
+    cache_scope: str = ""  # prefix-cache partition: only jobs of the same scope share prefixes
 
     @property
     def sequence(self) -> list[int]:

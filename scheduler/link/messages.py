@@ -71,6 +71,7 @@ class Submit(Message):
     priority: int = 0
     batch_invariant: bool = False
     pin_prefix: bool = False
+    cache_scope: str = ""  # prefix-cache partition: "" is the shared scope
     resume_text: str = ""
     resume_tokens: int = 0
 

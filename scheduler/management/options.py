@@ -52,12 +52,16 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
     ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
     ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
     ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
+    ("--no-park", bool, False, "a preempted lane drops its KV and recomputes it when resumed, instead of parking it in host memory"),
 ]
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
+        if typ is bool:
+            parser.add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
+            continue
         parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
 
 
@@ -165,6 +169,7 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             host_cache_bytes=max(0, options["host_cache_mb"]) << 20,
             aging_divisor_s=float(options["aging_divisor"]),
             swap_affinity_bonus=options["swap_affinity_bonus"],
+            park=not options.get("no_park", False),
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
@@ -173,6 +178,10 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
 def engine_argv(options: dict[str, Any], model: Path) -> list[str]:
     """The runengine flags that reproduce these options."""
     argv = ["--model", str(model)]
-    for flag, _typ, _default, _help in ENGINE_FLAGS:
-        argv += [flag, str(options[flag.lstrip("-").replace("-", "_")])]
+    for flag, typ, _default, _help in ENGINE_FLAGS:
+        value = options[flag.lstrip("-").replace("-", "_")]
+        if typ is bool:
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
     return argv

@@ -315,19 +315,24 @@ class EngineWorker:
             if fim is None:
                 raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
-            prefix_text = prompt if isinstance(prompt, str) else ""
-            own = [pre, *engine.tokenize(prefix_text, add_special=False), suf, *engine.tokenize(suffix, add_special=False), mid]
+            # the prefix is the prompt, as text or as token ids (never dropped)
+            prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False)
+            own = [pre, *prefix, suf, *engine.tokenize(suffix, add_special=False), mid]
             return own + resumed, len(own), "prompt"
         if isinstance(prompt, list):
-            vocab = getattr(engine, "vocab_size", None)
-            if vocab is not None and any(not 0 <= t < vocab for t in prompt):
-                raise Refusal(INVALID_PROMPT, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "prompt")
-            own = [int(t) for t in prompt]
+            own = self._prompt_ids(prompt)
             return own + resumed, len(own), "prompt"
         text = str(prompt)
         own = engine.tokenize(text)
         tokens = engine.tokenize(text + resume_text) if resume_text else own
         return tokens, len(own), "prompt"
+
+    def _prompt_ids(self, prompt: list[Any]) -> list[int]:
+        """A token-array prompt, checked against the model's vocabulary."""
+        vocab = getattr(self.engine, "vocab_size", None)
+        if vocab is not None and any(not 0 <= t < vocab for t in prompt):
+            raise Refusal(INVALID_PROMPT, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "prompt")
+        return [int(t) for t in prompt]
 
     def _build_job(self, job_id: str, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
         request = message.request
@@ -360,6 +365,7 @@ class EngineWorker:
             priority=int(message.priority),
             batch_invariant=bool(message.batch_invariant),
             pin_prefix=bool(message.pin_prefix),
+            cache_scope=message.cache_scope,
         )
         if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
@@ -529,7 +535,7 @@ class EngineWorker:
                     break
             if self.pressure is not None:
                 level = self.pressure.poll(time.monotonic())
-                if level is not None:
+                if level is not None:  # a change: warning, critical, or back to normal
                     log.warning("OS memory pressure: %s", level)
                     self.scheduler.on_os_pressure(level)
             self.run_tick()

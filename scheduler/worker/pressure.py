@@ -1,4 +1,5 @@
-"""OS memory pressure from Linux PSI (``/proc/pressure/memory``).
+"""OS memory pressure: Linux PSI (``/proc/pressure/memory``) or macOS's
+``kern.memorystatus_vm_pressure_level``.
 
 PSI reports the share of time tasks stalled on memory over the last 10 s: ``some`` (at least one
 task stalled) and ``full`` (all non-idle tasks stalled). superfluid maps the 10-second averages
@@ -7,17 +8,28 @@ to two levels:
 - critical: ``full avg10 >= 10`` or ``some avg10 >= 50``
 - warning:  ``some avg10 >= 10``
 
-Where the file does not exist (no PSI, another OS) the monitor stays silent.
+macOS (the MLX engine's platform) states the level itself: the sysctl is 1 (normal), 2 (warning)
+or 4 (critical).
+
+The monitor reads once a second and reports *changes* only (``warning``, ``critical``, or
+``normal`` when it eases): the scheduler acts on a rise, not on every reading of a level that
+stays high. Where neither source exists the monitor stays silent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PSI_PATH = Path("/proc/pressure/memory")
 WARNING_SOME = 10.0
 CRITICAL_SOME = 50.0
 CRITICAL_FULL = 10.0
+MACOS_SYSCTL = b"kern.memorystatus_vm_pressure_level"
+MACOS_LEVELS = {1: None, 2: "warning", 4: "critical"}
 
 
 def parse_psi(text: str) -> tuple[float, float]:
@@ -40,20 +52,52 @@ def pressure_level(some_avg10: float, full_avg10: float) -> str | None:
     return None
 
 
+def macos_level(value: int) -> str | None:
+    """The level for a ``kern.memorystatus_vm_pressure_level`` value (unknown values: normal)."""
+    return MACOS_LEVELS.get(value)
+
+
+def read_macos_sysctl() -> int:
+    """``kern.memorystatus_vm_pressure_level`` through libc's sysctlbyname; OSError if unreadable."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    value = ctypes.c_int(0)
+    size = ctypes.c_size_t(ctypes.sizeof(value))
+    if libc.sysctlbyname(MACOS_SYSCTL, ctypes.byref(value), ctypes.byref(size), None, ctypes.c_size_t(0)) != 0:
+        raise OSError(ctypes.get_errno(), "sysctlbyname kern.memorystatus_vm_pressure_level failed")
+    return value.value
+
+
+def read_psi(path: Path = PSI_PATH) -> str | None:
+    return pressure_level(*parse_psi(path.read_text()))
+
+
+def default_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
+    if sys.platform == "darwin":
+        return lambda: macos_level(read_macos_sysctl())
+    return lambda: read_psi(path)
+
+
 class PressureMonitor:
-    def __init__(self, path: Path = PSI_PATH, interval_s: float = 1.0) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path = PSI_PATH, interval_s: float = 1.0, read: Callable[[], str | None] | None = None
+    ) -> None:
+        self.read = read or default_reader(path)
         self.interval_s = interval_s
         self._next = 0.0
-        self.last: tuple[float, float] | None = None
+        self.level: str | None = None  # the level last read
 
     def poll(self, now: float) -> str | None:
-        """The current level, read at most once per interval (None between reads)."""
+        """Read at most once per interval; return the level when it changed since the last
+        reading ("warning", "critical", or "normal"), else None (also between reads and when
+        the source cannot be read)."""
         if now < self._next:
             return None
         self._next = now + self.interval_s
         try:
-            self.last = parse_psi(self.path.read_text())
-        except (OSError, ValueError):
+            level = self.read()
+        except (OSError, ValueError, AttributeError):
             return None
-        return pressure_level(*self.last)
+        if level == self.level:
+            return None
+        self.level = level
+        return level or "normal"

@@ -46,8 +46,11 @@ def test_critical_also_preempts_decoding_background_lanes_but_not_others() -> No
     assert sched.jobs["bg-prefilling"].lane == lanes["bg-prefilling"]
     sched.commit(engine.execute(plan, lambda: False))
     tick(sched, engine)
-    assert sched.jobs["bg"].lane is None  # background is held while the pressure eases
+    assert sched.jobs["bg"].lane is None  # background is held while the pressure lasts
     clock.advance(6)
+    tick(sched, engine)
+    assert sched.jobs["bg"].lane is None  # still critical: still held
+    sched.on_os_pressure("normal")
     tick(sched, engine)
     assert sched.jobs["bg"].lane is not None
 

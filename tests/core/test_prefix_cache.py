@@ -155,3 +155,43 @@ def test_a_prefix_evicted_to_host_is_imported_back_by_the_next_request_that_shar
     sched.commit(engine.execute(plan, lambda: False))
     assert job.cached_tokens == len(first_prefix)
     assert sched.pool.counters["host_imports"] == 1
+
+
+def test_the_prefix_cache_is_partitioned_by_scope() -> None:
+    """A prompt only reuses prefixes cached (or being prefilled) in its own scope: one tenant's
+    cached_tokens and TTFT tell nothing about another's prompts."""
+    shared = [7] * 80
+
+    def job(job_id: str, scope: str) -> Job:
+        j = make_job(8, job_id=job_id, max_tokens=2)
+        j.prompt = shared + j.prompt
+        j.cache_scope = scope
+        return j
+
+    sched, engine, _ = make_scheduler(max_batch=3)
+    sched.add(job("b1", "policy:b"))
+    sched.add(job("a1", "policy:a"))  # beside b1: does not wait for b1's prefix
+    sched.add(job("b2", "policy:b"))  # shares b1's, which is then cached in b's scope
+    events = run_until_idle(sched, engine)
+    sched.add(job("c1", ""))
+    sched.add(job("a2", "policy:a"))
+    events += run_until_idle(sched, engine)
+    sched.add(job("b3", "policy:b"))
+    events += run_until_idle(sched, engine)
+    cached = {e.job_id: e.job.cached_tokens for e in events if e.kind == "finished" and e.job is not None}
+    assert cached["b1"] == cached["a1"] == cached["c1"] == cached["a2"] == 0
+    assert cached["b2"] >= 80 and cached["b3"] >= 80  # its own scope's prefix
+
+
+def test_with_fixed_per_sequence_kv_the_watermarks_evict_nothing() -> None:
+    """llama.cpp (kv_unified=False) allocates every lane's and cache slot's cells at start-up:
+    an eviction would free nothing, so with watermarks off the same fill evicts nothing while
+    slots remain, and a full set of slots still makes room least recently used first."""
+    sched, engine, clock = make_scheduler(
+        max_batch=2, lane_ctx=256, cache_slots=4, pressure_high=0.75, pressure_low=0.5, watermarks=False
+    )
+    _fill_cache(sched, engine, 4, max_tokens=20)
+    assert sched.pool.counters["evictions"] == 0 and len(sched.pool.device_entries()) == 4
+    _fill_cache(sched, engine, 1, start=4)
+    assert sched.pool.counters["evictions"] == 1 and len(sched.pool.device_entries()) == 4
+

@@ -110,16 +110,21 @@ def test_a_capped_class_is_admitted_again_once_one_of_its_lanes_frees() -> None:
     assert admitted_order(events) == ["second"]
 
 
-def starved_background_then_agent(wait_ticks: int, starvation_ticks: int = 4) -> list[str]:
-    """One lane: a background job queues at tick 0 behind a running agent, a second agent job
-    queues at tick 2, and the lane frees (the runner is cancelled) after ``wait_ticks`` ticks.
+def starved_background_then_agent(
+    wait_s: float, starvation_ticks: int = 4, tick_target_ms: int = 2000, join_s: float = 1.0
+) -> list[str]:
+    """One lane: a background job queues behind a running agent, a second agent job queues
+    ``join_s`` later, and the lane frees (the runner is cancelled) after ``wait_s`` seconds.
     Returns the order in which the two waiting jobs are admitted."""
-    sched, engine, _ = make_scheduler(max_batch=1, starvation_ticks=starvation_ticks)
+    sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=starvation_ticks, tick_target_ms=tick_target_ms)
     sched.add(make_job(max_tokens=10_000, job_id="runner"))
     sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, job_id="bg"))
-    events = tick(sched, engine) + tick(sched, engine)
+    start = clock()
+    events = []
+    while clock() - start < join_s:
+        events += tick(sched, engine)
     sched.add(make_job(max_tokens=2, qos=QosClass.AGENT, job_id="agent"))
-    while sched.tick < wait_ticks - 1:
+    while clock() - start < wait_s:
         events += tick(sched, engine)
     sched.cancel("runner")
     events += run_until_idle(sched, engine)
@@ -127,41 +132,67 @@ def starved_background_then_agent(wait_ticks: int, starvation_ticks: int = 4) ->
 
 
 def test_a_background_job_that_has_not_waited_a_starvation_period_stays_behind_a_later_agent() -> None:
-    assert starved_background_then_agent(wait_ticks=3) == ["agent", "bg"]
+    # 4 ticks of --tick-target-ms 2000 = 8 s; the one-round ticks it waited (60 ms each) do not count
+    assert starved_background_then_agent(wait_s=7.0) == ["agent", "bg"]
 
 
 def test_a_background_job_that_waited_a_starvation_period_overtakes_a_later_agent() -> None:
-    assert starved_background_then_agent(wait_ticks=4) == ["bg", "agent"]
+    assert starved_background_then_agent(wait_s=8.5) == ["bg", "agent"]
+
+
+def test_the_aging_period_is_starvation_ticks_busy_ticks_of_tick_target_ms() -> None:
+    # 4 ticks of 250 ms: a 1 s period
+    assert starved_background_then_agent(wait_s=0.9, tick_target_ms=250, join_s=0.3) == ["agent", "bg"]
+    assert starved_background_then_agent(wait_s=1.2, tick_target_ms=250, join_s=0.3) == ["bg", "agent"]
+
+
+def test_a_batch_request_waiting_4_s_still_starts_after_a_later_normal_request() -> None:
+    """Request-priority seed: a batch job (-100, background) overtakes normal traffic only by
+    aging over a long wait; with the defaults (8 ticks of 2 s) a 4 s wait changes nothing."""
+    sched, engine, clock = make_scheduler(max_batch=1)
+    sched.add(make_job(max_tokens=10_000, job_id="long-normal"))
+    sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, priority=-100, job_id="batch"))
+    events = tick(sched, engine)
+    start = clock()
+    while clock() - start < 3.9:
+        events += tick(sched, engine)
+    sched.add(make_job(max_tokens=2, qos=QosClass.AGENT, priority=0, job_id="normal"))
+    while clock() - start < 4.0:
+        events += tick(sched, engine)
+    sched.cancel("long-normal")
+    events += run_until_idle(sched, engine)
+    assert admitted_order(events) == ["long-normal", "normal", "batch"]
 
 
 def test_aging_lifts_a_background_job_one_class_per_period_waited() -> None:
-    def first_admitted_when_lane_frees_at(free_tick: int) -> str:
-        sched, engine, _ = make_scheduler(max_batch=1, starvation_ticks=3, preemption=False)
+    def first_admitted_when_lane_frees_after(wait_s: float) -> str:
+        sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=3, tick_target_ms=1000, preemption=False)
         sched.add(make_job(max_tokens=10_000, job_id="runner"))
-        sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, job_id="bg"))  # queued at tick 0
-        while sched.tick < free_tick - 2:
+        sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, job_id="bg"))  # queued at 0 s
+        start = clock()
+        while clock() - start < wait_s - 0.2:
             tick(sched, engine)
         sched.add(make_job(max_tokens=2, qos=QosClass.COMPLETION, job_id="completion"))
         tick(sched, engine)
         sched.cancel("runner")
         plan = sched.step()
-        assert plan.tick == free_tick
         return plan.bind[0].job_id
 
-    assert first_admitted_when_lane_frees_at(5) == "completion"  # bg: one period, counts as agent
-    assert first_admitted_when_lane_frees_at(6) == "bg"  # bg: two periods, counts as completion
+    assert first_admitted_when_lane_frees_after(4.5) == "completion"  # bg: one period, counts as agent
+    assert first_admitted_when_lane_frees_after(6.5) == "bg"  # bg: two periods, counts as completion
 
 
 def test_aging_never_lifts_a_job_above_interactive() -> None:
-    sched, engine, _ = make_scheduler(max_batch=1, starvation_ticks=1, preemption=False)
+    sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=1, preemption=False, aging_divisor_s=0)
     sched.add(make_job(max_tokens=10_000, job_id="runner"))
     sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, job_id="bg"))
     for _ in range(20):
         tick(sched, engine)
+    clock.advance(60)
     sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=1, job_id="chat"))
     sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=-5, job_id="chat-low"))
     bg = sched.jobs["bg"]
-    assert sched.queues.effective_class(bg, sched.tick) == QosClass.INTERACTIVE
+    assert sched.queues.effective_class(bg, clock()) == QosClass.INTERACTIVE
     sched.cancel("runner")
     events = run_until_idle(sched, engine)
     # bg counts as interactive, no better: chat's priority 1 beats it, it beats chat-low's -5.

@@ -312,3 +312,29 @@ async def test_a_keyless_client_address_has_client_concurrency_requests_in_fligh
     for admission in [*held, other, *keyed]:
         await admission.release()
     assert rt.client_slots.held == {}
+
+
+# -- prefix cache: scope and pins (issue 15) ------------------------------------------------
+
+
+async def test_each_policy_gets_its_own_prefix_cache_scope_unless_it_shares() -> None:
+    rt = runtime(
+        key("sf-a", "a", Policy(name="tenant-a")),
+        key("sf-b", "b", Policy(name="tenant-b")),
+        key("sf-s", "s", Policy(name="sharing", share_prefix_cache=True)),
+        key("sf-none", "none"),
+    )
+    scopes = {s: (await admit(bearer(s), IP, chat(), runtime=rt)).cache_scope for s in ("sf-a", "sf-b", "sf-s", "sf-none")}
+    assert scopes["sf-a"] != scopes["sf-b"] and "" not in (scopes["sf-a"], scopes["sf-b"])
+    assert scopes["sf-s"] == scopes["sf-none"] == ""  # keyless requests and sharing policies share one scope
+    assert (await admit({}, IP, chat(), runtime=rt)).cache_scope == ""
+
+
+async def test_pinning_a_prefix_is_a_policy_permission() -> None:
+    rt = runtime(key("sf-plain", "plain", Policy(name="p")), key("sf-pin", "pin", Policy(name="pin", allow_pin_prefix=True)))
+    headers = {"x-superfluid-pin-prefix": "true"}
+    err = await expect("pin_prefix_forbidden", admit(bearer("sf-plain", **headers), IP, chat(), runtime=rt))
+    assert err.status == 403 and err.param == "x-superfluid-pin-prefix"
+    assert (await admit(bearer("sf-pin", **headers), IP, chat(), runtime=rt)).pin_prefix
+    assert not (await admit(bearer("sf-plain"), IP, chat(), runtime=rt)).pin_prefix
+    assert (await admit(headers, IP, chat(), runtime=rt)).pin_prefix  # no key: the server's defaults

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduler.engines.base import EngineError, busy_tick_target_s
+from scheduler.engines.base import TICK_TARGETS_MS, EngineError, busy_tick_target_s
 from scheduler.engines.models import model_name_for
 from scheduler.management.options import add_engine_arguments, choose_engine, resolve_model, scheduler_config
 from scheduler.worker.loop import EngineWorker
@@ -90,6 +90,12 @@ class Command(BaseCommand):
         busy_s = busy_tick_target_s(engine.name)
         if busy_s is not None:
             config.decoding_prefill_cap_s = busy_s
+        # llama.cpp's per-sequence KV streams are allocated at start-up: evicting a cached prefix
+        # frees nothing a lane can use, so the watermarks do not run there (docs/scheduling.md)
+        config.watermarks = engine.name != "llamacpp"
+        targets_ms = TICK_TARGETS_MS.get(engine.name)
+        if targets_ms is not None:  # ticks of several decode rounds, sized to these targets
+            config.tick_targets_s = (targets_ms[0] / 1000.0, targets_ms[1] / 1000.0)
         name = options["model_name"] or model_name_for(model)
         worker = EngineWorker(
             engine,
