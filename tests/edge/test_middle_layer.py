@@ -226,8 +226,9 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_the_worker_tokenises_i
     # lane_ctx 512: 800 KB of control-token text, or 20,000 messages, cannot fit whatever the tokeniser
     async with attached(sim) as (link, _rt):
         tokenised = []
-        real = sim.engine.tokenize
-        sim.engine.tokenize = lambda text, **kw: tokenised.append(len(text)) or real(text, **kw)  # type: ignore[method-assign]
+        engine = link.worker.engine
+        real = engine.tokenize
+        engine.tokenize = lambda text, **kw: tokenised.append(len(text)) or real(text, **kw)  # type: ignore[method-assign]
         huge = await request("POST", "/v1/chat/completions", chat_body("<|im_end|>" * 80_000), JSON)
         assert huge.status == 400 and huge.json()["error"]["code"] == "context_length_exceeded"
         many = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}] * 20_000}).encode()
