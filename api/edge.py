@@ -169,6 +169,23 @@ def install_protocol_errors() -> None:
             self.handle_reply(message)
 
     WebRequest.basic_error = basic_error
+    # Twisted would parse a multipart or form body itself and, when it is not one, answer an
+    # empty 400; the application reads bodies itself, so leave them to it
+    WebRequest._parsePOSTFormSubmission = property(lambda self: False, lambda self, value: None)
+
+    from twisted.web.http import HTTPChannel
+
+    def bad_request_and_disconnect(self: Any) -> None:
+        # a request line or header Twisted cannot parse: still an error object, then close
+        start, body = protocol_error_reply(400, b"Bad Request", "The HTTP request could not be parsed.")
+        payload = body["body"]
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
+        )
+        self.loseConnection()
+
+    HTTPChannel._respondToBadRequestAndDisconnect = bad_request_and_disconnect
 
 
 # -- a prompt too long to fit, told without tokenising it ---------------------------------------
