@@ -125,6 +125,10 @@ def load_snapshot() -> Snapshot:
                     allow_pin_prefix=p.allow_pin_prefix,
                 )
         keys[row.digest] = Key(id=row.pk, name=row.name, digest=row.digest, policy=policy, expires=row.expires, revoked=row.revoked)
+    from .policyfile import file_keys
+
+    for digest, key in file_keys().items():  # --key-policy FILE: the database's keys win
+        keys.setdefault(digest, key)
     caps: dict[str, dict[QosClass, int]] = {}
     for cap in ClassLaneCap.objects.all():
         caps.setdefault(cap.model, {})[QosClass(cap.qos_class)] = cap.max_lanes
@@ -234,6 +238,8 @@ class KeyRuntime:
 
     def touch(self, key: Key) -> None:
         """Note that ``key`` was used: written to the database at most once a minute per key."""
+        if key.id < 0:
+            return  # a --key-policy file's key: no database row to write
         now = time.monotonic()
         last = self._last_used.get(key.id)
         if last is not None and now - last < LAST_USED_EVERY_S:

@@ -145,6 +145,7 @@ class Command(BaseCommand):
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
         parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body in bytes; a larger one is refused with 413 before it is parsed")
         parser.add_argument("--socket", default="", help="link over a Unix socket at this path, in a directory only this user may write (default: an inherited socketpair, no path)")
+        parser.add_argument("--key-policy", default=os.environ.get("SUPERFLUID_KEY_POLICY", ""), metavar="FILE", help="key policies and keys (by SHA-256 digest) in a JSON file, beside the admin's; read at start")
         parser.add_argument("--require-key", action="store_true", default=settings.SUPERFLUID_REQUIRE_KEY, help="every API request needs a key (always so when binding beyond loopback)")
         parser.add_argument("--rate-limit", type=int, default=settings.SUPERFLUID_RATE_LIMIT, help="requests per minute per client IP, for requests without a key limit (0 = off)")
         parser.add_argument("--completion-rate", default=settings.SUPERFLUID_COMPLETION_RATE, help="fill-in-the-middle token bucket per client, e.g. 10/s or 600/m (0 = off)")
@@ -167,6 +168,14 @@ class Command(BaseCommand):
         if options["completion_burst"] < 1 or options["rate_limit"] < 0:
             raise CommandError("--completion-burst must be at least 1 and --rate-limit 0 or more")
 
+        if options["key_policy"]:
+            from keys.policyfile import PolicyFileError, load_policy_file
+
+            try:
+                load_policy_file(options["key_policy"])
+            except PolicyFileError as exc:
+                raise CommandError(f"--key-policy {options['key_policy']}: {exc}") from None
+
         call_command("migrate", interactive=False, verbosity=0)
 
         socket_path = options["socket"]
@@ -185,6 +194,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_MAX_BODY_BYTES = options["max_body_bytes"]
         settings.SUPERFLUID_MAX_BATCH = config.max_batch
         settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
+        settings.SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(options["key_policy"]) if options["key_policy"] else ""
         settings.SUPERFLUID_KEYS_REQUIRED = options["require_key"] or not is_loopback(options["host"])
         settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]

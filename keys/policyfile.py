@@ -1,0 +1,136 @@
+"""``--key-policy FILE``: key policies and keys kept in a JSON file beside the admin's.
+
+The file is read when ``serve`` starts (a bad file stops it with a message before anything
+starts) and its keys join every snapshot the admin's database gives; a key in the database with
+the same digest wins. Secrets are never in the file, only their SHA-256 digests
+(``python -c "import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" SECRET``)::
+
+    {
+      "policies": [
+        {"name": "ci", "default_class": "background", "max_class": "agent",
+         "rate_limit_rpm": 60, "max_concurrent": 2, "priority_offset": 0,
+         "allowed_models": [], "allow_batch_invariant": false,
+         "share_prefix_cache": false, "allow_pin_prefix": false, "is_admin": false}
+      ],
+      "keys": [{"name": "ci-bot", "sha256": "<64 hex digits>", "policy": "ci"}]
+    }
+
+Every policy field but ``name`` is optional (defaults as in the admin); a key's ``policy`` may be
+left out (the server's defaults then apply).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
+
+from .runtime import Key, Policy
+
+MAX_PRIORITY_OFFSET = 39  # keys.models.MAX_PRIORITY_OFFSET, without importing the models
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_POLICY_FIELDS = {
+    "name", "default_class", "max_class", "rate_limit_rpm", "max_concurrent", "priority_offset",
+    "allowed_models", "allow_batch_invariant", "share_prefix_cache", "allow_pin_prefix", "is_admin",
+}
+
+
+class PolicyFileError(ValueError):
+    pass
+
+
+def _policy(raw: Any, where: str) -> Policy:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise PolicyFileError(f"{where}: a policy needs a non-empty \"name\"")
+    unknown = set(raw) - _POLICY_FIELDS
+    if unknown:
+        raise PolicyFileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    try:
+        default = parse_qos(str(raw.get("default_class", "agent")))
+        best = parse_qos(str(raw.get("max_class", default.label)))
+    except UnknownQosClass as exc:
+        raise PolicyFileError(f"{where}: {exc}") from None
+    if best > default:
+        raise PolicyFileError(f"{where}: max_class ({best.label}) must be at least as good as default_class ({default.label})")
+    ints = {}
+    for name in ("rate_limit_rpm", "max_concurrent", "priority_offset"):
+        value = raw.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise PolicyFileError(f"{where}: {name} must be an integer")
+        ints[name] = value
+    if ints["rate_limit_rpm"] < 0 or ints["max_concurrent"] < 0:
+        raise PolicyFileError(f"{where}: rate_limit_rpm and max_concurrent must be 0 or more")
+    if abs(ints["priority_offset"]) > MAX_PRIORITY_OFFSET:
+        raise PolicyFileError(f"{where}: priority_offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}")
+    models = raw.get("allowed_models", [])
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        raise PolicyFileError(f"{where}: allowed_models must be a list of model ids")
+    flags = {}
+    for name in ("allow_batch_invariant", "share_prefix_cache", "allow_pin_prefix", "is_admin"):
+        value = raw.get(name, False)
+        if not isinstance(value, bool):
+            raise PolicyFileError(f"{where}: {name} must be true or false")
+        flags[name] = value
+    return Policy(name=raw["name"], default_class=default, max_class=QosClass(best), allowed_models=tuple(models), **ints, **flags)
+
+
+def parse_policy_file(text: str) -> dict[str, Key]:
+    """Keys by digest, from the file's text; PolicyFileError says what is wrong and where."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyFileError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or set(data) - {"policies", "keys"}:
+        raise PolicyFileError('the file must be an object with "policies" and "keys"')
+    policies: dict[str, Policy] = {}
+    for i, raw in enumerate(data.get("policies", [])):
+        policy = _policy(raw, f"policies[{i}]")
+        if policy.name in policies:
+            raise PolicyFileError(f"policies[{i}]: a second policy named {policy.name!r}")
+        policies[policy.name] = policy
+    keys: dict[str, Key] = {}
+    names: set[str] = set()
+    for i, raw in enumerate(data.get("keys", [])):
+        where = f"keys[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise PolicyFileError(f"{where}: a key needs a non-empty \"name\"")
+        if set(raw) - {"name", "sha256", "policy"}:
+            raise PolicyFileError(f"{where}: unknown field(s) {', '.join(sorted(set(raw) - {'name', 'sha256', 'policy'}))}")
+        digest = str(raw.get("sha256", "")).lower()
+        if not _DIGEST.match(digest):
+            raise PolicyFileError(f"{where}: sha256 must be the 64 hex digits of the secret's SHA-256")
+        policy_name = raw.get("policy")
+        if policy_name is not None and policy_name not in policies:
+            raise PolicyFileError(f"{where}: no policy named {policy_name!r} in the file")
+        if raw["name"] in names or digest in keys:
+            raise PolicyFileError(f"{where}: a second key named {raw['name']!r} or with the same digest")
+        names.add(raw["name"])
+        # negative ids: never a database row (last-used times are not recorded for them)
+        keys[digest] = Key(id=-(i + 1), name=raw["name"], digest=digest, policy=policies.get(policy_name) if policy_name else None)
+    return keys
+
+
+_loaded: dict[str, dict[str, Key]] = {}
+
+
+def file_keys() -> dict[str, Key]:
+    """The keys of ``settings.SUPERFLUID_KEY_POLICY_FILE`` (empty without one), read once."""
+    from django.conf import settings
+
+    path = str(getattr(settings, "SUPERFLUID_KEY_POLICY_FILE", "") or "")
+    if not path:
+        return {}
+    if path not in _loaded:
+        _loaded[path] = load_policy_file(path)
+    return _loaded[path]
+
+
+def load_policy_file(path: str | Path) -> dict[str, Key]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyFileError(f"cannot read it: {exc.strerror or exc}") from None
+    return parse_policy_file(text)

@@ -1,0 +1,80 @@
+"""--key-policy FILE: policies and keys kept in a JSON file beside the admin's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from keys import policyfile
+from keys.credentials import digest_of
+from keys.policyfile import PolicyFileError, parse_policy_file
+from keys.runtime import load_snapshot
+from scheduler.core.qos import QosClass
+
+SECRET = "sf-from-the-file"
+
+
+def document(**policy: object) -> dict:
+    return {
+        "policies": [{"name": "ci", "default_class": "background", "max_class": "agent", "rate_limit_rpm": 60, "allow_pin_prefix": True, **policy}],
+        "keys": [{"name": "ci-bot", "sha256": digest_of(SECRET), "policy": "ci"}, {"name": "plain", "sha256": "a" * 64}],
+    }
+
+
+def test_a_policy_file_gives_keys_by_digest_with_their_policy() -> None:
+    keys = parse_policy_file(json.dumps(document()))
+    key = keys[digest_of(SECRET)]
+    assert key.name == "ci-bot" and key.id < 0
+    assert key.policy is not None and key.policy.default_class is QosClass.BACKGROUND
+    assert key.policy.max_class is QosClass.AGENT and key.policy.rate_limit_rpm == 60 and key.policy.allow_pin_prefix
+    assert keys["a" * 64].policy is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "not valid JSON"),
+        (json.dumps(document(default_class="urgent")), "unknown QoS class"),
+        (json.dumps(document(default_class="agent", max_class="background")), "at least as good"),
+        (json.dumps(document(priority_offset=60)), "priority_offset"),
+        (json.dumps(document(colour="red")), "unknown field"),
+        (json.dumps({"keys": [{"name": "k", "sha256": "xyz"}]}), "sha256"),
+        (json.dumps({"keys": [{"name": "k", "sha256": "b" * 64, "policy": "nope"}]}), "no policy named"),
+        (json.dumps({"keys": [{"name": "k", "sha256": "b" * 64}, {"name": "k", "sha256": "c" * 64}]}), "a second key"),
+    ],
+)
+def test_a_bad_policy_file_is_refused_with_where_and_why(text: str, message: str) -> None:
+    with pytest.raises(PolicyFileError, match=message):
+        parse_policy_file(text)
+
+
+@pytest.mark.django_db
+def test_file_keys_join_the_snapshot_and_a_database_key_with_the_same_digest_wins(tmp_path: Path) -> None:
+    from keys.models import ApiKey
+
+    path = tmp_path / "policies.json"
+    path.write_text(json.dumps(document()))
+    ApiKey.objects.create(name="db-plain", digest="a" * 64, prefix="sf-aaaaa")
+    policyfile._loaded.clear()
+    with override_settings(SUPERFLUID_KEY_POLICY_FILE=str(path)):
+        snap = load_snapshot()
+    policyfile._loaded.clear()
+    assert snap.lookup(SECRET) is not None and snap.lookup(SECRET).name == "ci-bot"  # type: ignore[union-attr]
+    assert snap.keys_by_digest["a" * 64].name == "db-plain"
+    with override_settings(SUPERFLUID_KEY_POLICY_FILE=""):
+        assert load_snapshot().lookup(SECRET) is None
+
+
+def test_serve_stops_on_a_bad_policy_file_before_anything_starts(tmp_path: Path) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"keys": [{"name": "k", "sha256": "short"}]}))
+    with pytest.raises(CommandError, match=r"--key-policy .*bad.json: keys\[0\]: sha256"):
+        call_command("serve", "--key-policy", str(bad))
+    with pytest.raises(CommandError, match="cannot read it"):
+        call_command("serve", "--key-policy", str(tmp_path / "missing.json"))
