@@ -6,17 +6,38 @@ import datetime
 import ipaddress
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.utils import timezone
 
-if TYPE_CHECKING:
-    from api.records import RequestRecord
-
 log = logging.getLogger("superfluid.activity")
 
 PRUNE_INTERVAL_S = 3600.0
+
+
+class RequestRecord(Protocol):
+    """The plain fields of one finished request that its row keeps (``api.records.RequestRecord``
+    has them; this app imports nothing of the API)."""
+
+    endpoint: str
+    started_s: float
+    request_id: str | None
+    model: str | None
+    key_name: str | None
+    client_ip: str | None
+    qos: str | None
+    priority: int | None
+    band: str | None
+    stream: bool
+    status: int
+    error_code: str | None
+    finish_reason: str | None
+    usage: dict[str, Any]
+    timing: dict[str, Any]
+    serial: dict[str, Any]
+
+
 _last_prune: float | None = None
 
 

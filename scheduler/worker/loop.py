@@ -361,7 +361,7 @@ class EngineWorker:
         state.update(self.hello())
         state["stats"] = dict(self.stats)
         state["draining"] = self.draining
-        state["metrics"] = self.metrics.collect(self)
+        state["metrics"] = self.metrics.collect(self.scheduler, self.stats)
         return state
 
     def _maybe_snapshot(self) -> None:
