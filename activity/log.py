@@ -62,7 +62,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     return {
-        "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.timezone.utc),
+        "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.UTC),
         "request_id": (record.request_id or "")[:64],
         "key_name": (record.key_name or "")[:200],
         "client_ip": _ip(record.client_ip),

@@ -62,7 +62,7 @@ def histogram(name: str, help_: str, label: str | None, series: Mapping[str, His
     """``series`` maps a label value to its observations (one series, key "", when ``label`` is None)."""
     fam = HistogramMetricFamily(name, help_, labels=[label] if label else [])
     for value, h in series.items():
-        buckets: list[tuple[str, float]] = [(floatToGoString(le), n) for le, n in zip(h["le"], h["buckets"])]
+        buckets: list[tuple[str, float]] = [(floatToGoString(le), n) for le, n in zip(h["le"], h["buckets"], strict=True)]
         buckets.append(("+Inf", h["count"]))
         fam.add_metric([value] if label else [], buckets, h["sum"])
     return fam

@@ -10,7 +10,6 @@ from typing import Any, NamedTuple, Protocol
 
 from scheduler.core.types import LaneFeed, TickPlan, TickResult
 
-
 # The scheduling seed's tick-duration targets in ms, per engine: (a lane is free or one is
 # finishing, every lane busy). llama.cpp and MLX declare that a decode round costs the same
 # however rounds are cut into ticks, so their ticks are short.

@@ -57,7 +57,7 @@ def _byte_decoder() -> dict[str, int]:
             printable.append(b)
             codes.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(printable, codes)}
+    return {chr(c): b for b, c in zip(printable, codes, strict=True)}
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ class LinkClient:
         self.start()
         try:
             await asyncio.wait_for(self._connected.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

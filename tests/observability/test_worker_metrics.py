@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from api.metrics import snapshot_families
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.worker.loop import EngineWorker
-from api.metrics import snapshot_families
 from scheduler.worker.metrics import WorkerStats
 
 

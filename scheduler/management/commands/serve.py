@@ -30,7 +30,13 @@ from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
-from scheduler.management.options import add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
+from scheduler.management.options import (
+    add_engine_arguments,
+    choose_engine,
+    engine_argv,
+    resolve_model,
+    scheduler_config,
+)
 
 log = logging.getLogger("superfluid.serve")
 
