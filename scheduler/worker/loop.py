@@ -163,7 +163,7 @@ class EngineWorker:
         prompt = request.get("prompt")
         suffix = request.get("suffix")
         if suffix is not None:
-            fim = getattr(engine, "fim_tokens", lambda: None)()
+            fim = engine.fim_tokens()
             if fim is None:
                 raise Rejected(400, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "fim_unsupported", "suffix")
             pre, suf, mid = fim
@@ -172,8 +172,8 @@ class EngineWorker:
             extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
             return own + extra, len(own), "prompt"
         if isinstance(prompt, list):
-            vocab = getattr(engine, "vocab_size", None)
-            if vocab is not None and any(not 0 <= t < vocab for t in prompt):
+            vocab = engine.vocab_size
+            if any(not 0 <= t < vocab for t in prompt):
                 raise Rejected(400, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "invalid_prompt", "prompt")
             own = [int(t) for t in prompt]
             extra = engine.tokenize(resume_text, add_special=False) if resume_text else []
@@ -252,7 +252,7 @@ class EngineWorker:
         try:
             result = self.engine.execute(plan, self.interrupt.is_set)
         except EngineError as exc:
-            partial = getattr(exc, "partial", None)
+            partial = exc.partial
             if not exc.permanent and partial is not None and not self._replanned:
                 # the pool could not hold the plan: keep what ran, release pins, plan again
                 log.warning("engine refused the plan (%s); replanning with pins released", exc)
