@@ -7,17 +7,38 @@ import ipaddress
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.utils import timezone
 
-if TYPE_CHECKING:
-    from api.records import RequestRecord
-
 log = logging.getLogger("superfluid.activity")
 
 PRUNE_INTERVAL_S = 3600.0
+
+
+class RequestRecord(Protocol):
+    """The plain fields of one finished request that its row keeps (``api.records.RequestRecord``
+    has them; this app imports nothing of the API)."""
+
+    endpoint: str
+    started_s: float
+    request_id: str | None
+    model: str | None
+    key_name: str | None
+    client_ip: str | None
+    qos: str | None
+    priority: int | None
+    band: str | None
+    stream: bool
+    status: int
+    error_code: str | None
+    finish_reason: str | None
+    usage: dict[str, Any]
+    timing: dict[str, Any]
+    serial: dict[str, Any]
+
+
 _last_prune: float | None = None
 
 
@@ -53,7 +74,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         return value if isinstance(value, float) and math.isfinite(value) else None
 
     return {
-        "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.timezone.utc),
+        "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.UTC),
         "request_id": (record.request_id or "")[:64],
         "key_name": (record.key_name or "")[:200],
         "client_ip": _ip(record.client_ip),

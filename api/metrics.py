@@ -1,102 +1,236 @@
 """GET /metrics: Prometheus text format for the web process and the engine worker, on one port.
 
-Three parts, in this order:
+prometheus_client renders everything from its default registry:
 
-1. django-prometheus's registry (``django_http_*``: the Django views' requests, responses and
+1. django-prometheus's metrics (``django_http_*``: the Django views' requests, responses and
    latencies; the process collector);
-2. the engine worker's own metrics, shipped inside its latest snapshot (``snapshot["metrics"]``,
-   see ``scheduler/worker/metrics.py``) plus what is derived from the snapshot itself (the KV
-   pool) and the link (is the worker connected, how often it restarted);
-3. the web side's generation counters, filled from each request's :class:`RequestRecord` when its
-   response ends: per endpoint and status, and per API key. A non-admin key sees only its own
-   per-key series (:func:`visible_families`).
+2. :class:`SuperfluidCollector`, registered once, which names what superfluid knows:
 
-The worker's families use one plain-JSON shape (``{name: {"type", "help", "samples"}}``) that
-:func:`render` turns into the text format; the web-side counters use it too.
+   - the engine worker's statistics from its latest snapshot (``snapshot["metrics"]``, a
+     :class:`~scheduler.worker.metrics.WorkerStats`), its scheduler counters
+     (``snapshot["counters"]``) and KV pool figures (``snapshot["pool"]``);
+   - the link (is the worker connected, how often it restarted, requests in flight);
+   - the web side's generation counters (:class:`WebMetrics`), filled from each request's
+     record when its response ends: per endpoint and status, and per API key.
+
+A non-admin key sees only its own per-key series: :class:`KeyView` wraps the registry and filters
+the families labelled ``key``. The metric names, labels and help texts are the interface (the
+seeds and docs/operations.md list them); the worker ships plain numbers and never names a metric.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from django.http import HttpRequest, HttpResponse
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from scheduler.worker.metrics import Histogram, all_families, family
+from scheduler.worker.metrics import BANDS, CLASSES, Histogram, HistogramStats
 
 from .admission import key_required
 
-if TYPE_CHECKING:
-    from .records import RequestRecord
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ANONYMOUS_KEY = "anonymous"  # the key label of requests made without an API key
-DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
+DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-# -- the text format -----------------------------------------------------------------------
+# -- families from plain numbers ------------------------------------------------------------
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_, value=value)
 
 
-def _escape_help(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n")
+def counter(name: str, help_: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_, value=value)
 
 
-def format_value(value: Any) -> str:
-    if isinstance(value, str):  # "+Inf" from a JSON bucket bound
-        return value
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    number = float(value)
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    if number.is_integer() and abs(number) < 1e15:
-        return str(int(number))
-    return repr(number)
+def labelled(family: type[GaugeMetricFamily | CounterMetricFamily], name: str, help_: str, labels: Iterable[str], rows: Iterable[tuple[Iterable[str], float]]) -> Metric:
+    fam = family(name, help_, labels=list(labels))
+    for values, value in rows:
+        fam.add_metric(list(values), value)
+    return fam
 
 
-def _le(bound: Any) -> str:
-    """A bucket bound as prometheus_client writes it ("0.5", "1.0", "+Inf"), so series stay stable."""
-    if isinstance(bound, str):
-        return bound
-    number = float(bound)
-    return "+Inf" if math.isinf(number) else repr(number)
+def histogram(name: str, help_: str, label: str | None, series: Mapping[str, HistogramStats]) -> HistogramMetricFamily:
+    """``series`` maps a label value to its observations (one series, key "", when ``label`` is None)."""
+    fam = HistogramMetricFamily(name, help_, labels=[label] if label else [])
+    for value, h in series.items():
+        buckets: list[tuple[str, float]] = [(floatToGoString(le), n) for le, n in zip(h["le"], h["buckets"], strict=True)]
+        buckets.append(("+Inf", h["count"]))
+        fam.add_metric([value] if label else [], buckets, h["sum"])
+    return fam
 
 
-def _labels(labels: Mapping[str, Any]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape_label(str(v))}"' for k, v in labels.items()) + "}"
+def _per(keys: Iterable[str], table: Mapping[str, float] | None) -> list[tuple[list[str], float]]:
+    table = table or {}
+    return [([k], table.get(k, 0) or 0) for k in keys]
 
 
-def render(families: Mapping[str, Mapping[str, Any]]) -> str:
-    """Families in the worker's JSON shape -> Prometheus text exposition format 0.0.4."""
-    lines: list[str] = []
-    for name, fam in families.items():
-        kind = fam.get("type", "untyped")
-        lines.append(f"# HELP {name} {_escape_help(str(fam.get('help', '')))}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in fam.get("samples", []):
-            if kind == "histogram":
-                for le, count in value.get("buckets", []):
-                    lines.append(f"{name}_bucket{_labels({**labels, 'le': _le(le)})} {format_value(count)}")
-                lines.append(f"{name}_sum{_labels(labels)} {format_value(value.get('sum', 0))}")
-                lines.append(f"{name}_count{_labels(labels)} {format_value(value.get('count', 0))}")
-            else:
-                lines.append(f"{name}{_labels(labels)} {format_value(value)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+# -- the worker's snapshot --------------------------------------------------------------------
+
+# scheduler counter key (snapshot["counters"]) -> (metric name, help); a missing key exports 0
+COUNTERS: dict[str, tuple[str, str]] = {
+    "admitted": ("superfluid_admitted_total", "Jobs admitted into a lane for the first time."),
+    "finished": ("superfluid_finished_total", "Jobs finished for any reason (stop, length, cancelled, error)."),
+    "cancelled": ("superfluid_cancelled_total", "Jobs cancelled (client disconnect or explicit cancel)."),
+    "preemptions": ("superfluid_preemptions_total", "Running lanes preempted for a more urgent class."),
+    "ticks": ("superfluid_ticks_total", "Ticks executed by the engine."),
+    "prefix_hits": ("superfluid_prefix_cache_hits_total", "Admissions seeded from the prefix cache."),
+    "prefix_tokens_reused": ("superfluid_prefix_cache_tokens_reused_total", "Prompt tokens not prefilled thanks to the prefix cache."),
+    "parks": ("superfluid_parks_total", "Lanes whose KV was parked to host memory on preemption."),
+    "resumes": ("superfluid_resumes_total", "Parked jobs restored into a lane."),
+    "evictions": ("superfluid_evictions_total", "Cached prefixes evicted from the KV pool."),
+    "host_imports": ("superfluid_host_imports_total", "Prefixes imported back from host memory."),
+    "host_drops": ("superfluid_host_drops_total", "Prefixes dropped from host memory (OS pressure or the host cache bound)."),
+    "stored": ("superfluid_prefix_cache_stored_total", "Prefixes stored into the prefix cache."),
+    "deadline_expired": ("superfluid_deadline_expired_total", "Queued jobs finished because their start deadline passed."),
+    "plans_rejected": ("superfluid_plans_rejected_total", "Tick plans the engine could not hold (replanned with pins released)."),
+}
+OS_PRESSURE_KEYS = {"warning": "os_pressure_warning", "critical": "os_pressure_critical"}
+REORDER_KEYS = {"aging": "reorders_aging", "swap_affinity": "reorders_swap_affinity"}
+
+# snapshot["pool"] key -> (metric name, help)
+POOL_GAUGES: dict[str, tuple[str, str]] = {
+    "blocks_used": ("superfluid_pool_blocks_used", "KV pool blocks in use (live lanes, cached and pinned prefixes)."),
+    "blocks_total": ("superfluid_pool_blocks_total", "KV pool blocks in all."),
+    "cached_blocks": ("superfluid_pool_blocks_cached", "KV pool blocks holding cached prefixes."),
+    "pinned_blocks": ("superfluid_pool_blocks_pinned", "KV pool blocks holding pinned prefixes."),
+    "host_prefixes": ("superfluid_pool_host_prefixes", "Prefixes held in host memory after eviction."),
+    "host_bytes": ("superfluid_pool_host_bytes", "Bytes of KV held in host memory (evicted prefixes)."),
+    "device_prefixes": ("superfluid_pool_device_prefixes", "Cached prefixes held in the KV pool."),
+}
+
+# WorkerStats field -> (metric name, help), one unlabelled sample each
+WORKER_GAUGES: dict[str, tuple[str, str]] = {
+    "lanes_total": ("superfluid_lanes_total", "Lanes (--max-batch)."),
+    "jobs_parked": ("superfluid_jobs_parked", "Preempted jobs waiting with their KV parked."),
+    "prefill_budget_tokens": ("superfluid_prefill_budget_tokens", "Prompt tokens a tick may prefill, as last planned (live budget)."),
+    "prefill_step_tokens": ("superfluid_prefill_step_tokens", "Most tokens per engine call while prefilling."),
+    "decode_grant_tokens": ("superfluid_decode_grant_tokens", "Decode tokens the next tick grants (one per decoding lane, up to --tick-decode-budget)."),
+    "prefill_tokens_per_s": ("superfluid_prefill_tokens_per_second", "Measured prefill rate the budget is sized from."),
+    "tick": ("superfluid_tick", "Number of the last tick planned."),
+}
+WORKER_COUNTERS: dict[str, tuple[str, str]] = {
+    "prefill_tokens_total": ("superfluid_prefill_tokens_total", "Prompt tokens fed to the engine (prefill, including recompute)."),
+    "decode_tokens_total": ("superfluid_decode_tokens_total", "Decode tokens fed to the engine."),
+    "prompt_tokens_total": ("superfluid_prompt_tokens_total", "Prompt tokens of finished requests."),
+    "completion_tokens_total": ("superfluid_completion_tokens_total", "Completion tokens of finished requests."),
+    "requests_total": ("superfluid_worker_requests_total", "Jobs the worker accepted into its queues."),
+    "rejected_total": ("superfluid_worker_rejected_total", "Jobs the worker rejected (context too long, draining, ...)."),
+    "engine_errors_total": ("superfluid_engine_errors_total", "Ticks that failed in the engine."),
+    "ticks_stopped_early_total": ("superfluid_ticks_stopped_early_total", "Ticks interrupted at an engine step (cancel or urgent arrival)."),
+}
+LANE_STATES = ("idle", "prefill", "decode")
+
+
+def worker_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
+    """The families of one snapshot's ``metrics`` (a WorkerStats); a missing field exports 0."""
+    states: Mapping[str, int] = stats.get("lanes_by_state") or {}
+    yield gauge("superfluid_lanes_active", "Lanes holding a job.", int(stats.get("lanes_total", 0)) - states.get("idle", 0))
+    for field, (name, help_) in WORKER_GAUGES.items():
+        yield gauge(name, help_, stats.get(field, 0) or 0)
+    yield labelled(GaugeMetricFamily, "superfluid_lanes", "Lanes by state.", ["state"], _per(LANE_STATES, states))
+    yield labelled(GaugeMetricFamily, "superfluid_lanes_by_class", "Busy lanes by QoS class.", ["class"], _per(CLASSES, stats.get("lanes_by_class")))
+    yield labelled(GaugeMetricFamily, "superfluid_queue_depth", "Jobs waiting for a lane, by QoS class.", ["class"], _per(CLASSES, stats.get("queue_depth_by_class")))
+    yield labelled(
+        GaugeMetricFamily,
+        "superfluid_queue_oldest_wait_seconds",
+        "How long the longest-waiting job of each class has waited.",
+        ["class"],
+        _per(CLASSES, stats.get("queue_oldest_wait_s_by_class")),
+    )
+    yield labelled(GaugeMetricFamily, "llamaswap_scheduler_queue_depth", "Requests waiting, by priority band.", ["band"], _per(BANDS, stats.get("queue_depth_by_band")))
+    yield labelled(
+        GaugeMetricFamily,
+        "llamaswap_scheduler_queue_oldest_wait_seconds",
+        "How long the longest-waiting request of each band has waited.",
+        ["band"],
+        _per(BANDS, stats.get("queue_oldest_wait_s_by_band")),
+    )
+    last: Mapping[str, Any] = stats.get("last_tick") or {}
+    yield labelled(
+        GaugeMetricFamily,
+        "superfluid_last_tick_tokens",
+        "Tokens the last executed tick fed, by kind.",
+        ["kind"],
+        [(["prefill"], last.get("prefill_tokens", 0)), (["decode"], last.get("decode_tokens", 0))],
+    )
+    yield gauge("superfluid_last_tick_lanes", "Lanes fed by the last executed tick.", last.get("lanes", 0))
+    yield gauge("superfluid_last_tick_seconds", "Duration of the last executed tick.", last.get("seconds", 0.0))
+    for field, (name, help_) in WORKER_COUNTERS.items():
+        yield counter(name, help_, stats.get(field, 0) or 0)
+    finished: Mapping[str, Mapping[str, int]] = stats.get("finished") or {}
+    yield labelled(
+        CounterMetricFamily,
+        "superfluid_jobs_finished_total",
+        "Finished jobs by class and finish reason.",
+        ["class", "reason"],
+        [([c, r], n) for c, reasons in sorted(finished.items()) for r, n in sorted(reasons.items())],
+    )
+    yield histogram("superfluid_ttft_seconds", "Time from arrival to first token, by QoS class.", "class", stats.get("ttft_s") or {})
+    yield histogram("superfluid_queue_wait_seconds", "Time from arrival to admission into a lane, by QoS class.", "class", stats.get("queue_wait_s") or {})
+    tick = stats.get("tick_duration_s")
+    yield histogram("superfluid_tick_duration_seconds", "Duration of executed ticks.", None, {"": tick} if tick else {})
+
+
+def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
+    """Every family one worker snapshot gives: its statistics, the scheduler's counters (the
+    core's, the KV pool's and the queues' reorder counts) and the KV pool's figures."""
+    yield from worker_families(state.get("metrics") or {})
+    counters: Mapping[str, Any] = state.get("counters") or {}
+    pool: Mapping[str, Any] = state.get("pool") or {}
+    for key, (name, help_) in COUNTERS.items():
+        yield counter(name, help_, counters.get(key, 0) or 0)
+    yield labelled(
+        CounterMetricFamily,
+        "llamaswap_scheduler_dispatched_total",
+        "Requests dispatched (admitted into a lane), by priority band.",
+        ["band"],
+        [([b], counters.get(f"dispatched_{b}", 0) or 0) for b in BANDS],
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "superfluid_os_pressure_total",
+        "OS memory-pressure events acted on, by level.",
+        ["level"],
+        [([level], counters.get(k, 0) or 0) for level, k in OS_PRESSURE_KEYS.items()],
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "llamaswap_scheduler_reorders_total",
+        "Dispatches where aging or swap affinity changed the pick.",
+        ["reason"],
+        [([r], counters.get(k, 0) or 0) for r, k in REORDER_KEYS.items()],
+    )
+    for key, (name, help_) in POOL_GAUGES.items():
+        yield gauge(name, help_, pool.get(key, 0) or 0)
 
 
 # -- web-side counters, filled from request records -------------------------------------------
+
+
+class Outcome(Protocol):
+    """What the counters read of a finished request (``api.records.RequestRecord``)."""
+
+    endpoint: str
+    started_s: float
+    key_name: str | None
+    qos: str | None
+    status: int
+    error_code: str | None
+    usage: dict[str, Any]
+
+
+def is_rejection(record: Outcome) -> bool:
+    """Refused rather than served: an error status, not a client that went away."""
+    return record.status >= 400 and record.status != 499
 
 
 class WebMetrics:
@@ -116,7 +250,7 @@ class WebMetrics:
     def _inc(table: dict[Any, int], key: Any, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
 
-    def observe(self, record: RequestRecord) -> None:
+    def observe(self, record: Outcome) -> None:
         key = record.key_name or ANONYMOUS_KEY
         endpoint = record.endpoint
         self._inc(self.requests, (endpoint, str(record.status)))
@@ -132,64 +266,108 @@ class WebMetrics:
             hist = self.durations[endpoint] = Histogram(DURATION_BUCKETS_S)
         hist.observe(time.time() - record.started_s)
 
-    def families(self) -> dict[str, Any]:
-        return {
-            "superfluid_http_generation_requests_total": family(
-                "counter",
-                "Generation requests (chat, completions) by endpoint and HTTP status.",
-                [({"endpoint": e, "status": s}, n) for (e, s), n in sorted(self.requests.items())],
-            ),
-            "superfluid_http_generation_duration_seconds": family(
-                "histogram",
-                "Time from request to the end of its response, by endpoint.",
-                [({"endpoint": e}, h.export()) for e, h in sorted(self.durations.items())],
-            ),
-            "superfluid_key_requests_total": family(
-                "counter",
-                "Generation requests per API key (key=\"anonymous\" without one), endpoint and class.",
-                [({"key": k, "endpoint": e, "class": c}, n) for (k, e, c), n in sorted(self.key_requests.items())],
-            ),
-            "superfluid_key_rejections_total": family(
-                "counter",
-                "Generation requests refused before any reply (4xx/5xx other than client disconnects), per key and error code.",
-                [({"key": k, "code": c}, n) for (k, c), n in sorted(self.key_rejections.items())],
-            ),
-            "superfluid_key_tokens_total": family(
-                "counter",
-                "Tokens per API key, by kind (prompt, completion).",
-                [({"key": k, "kind": kind}, n) for (k, kind), n in sorted(self.key_tokens.items())],
-            ),
-        }
-
-
-def is_rejection(record: RequestRecord) -> bool:
-    """Refused rather than served: an error status, not a client that went away."""
-    return record.status >= 400 and record.status != 499
+    def families(self) -> Iterator[Metric]:
+        yield labelled(
+            CounterMetricFamily,
+            "superfluid_http_generation_requests_total",
+            "Generation requests (chat, completions) by endpoint and HTTP status.",
+            ["endpoint", "status"],
+            sorted(self.requests.items()),
+        )
+        yield histogram(
+            "superfluid_http_generation_duration_seconds",
+            "Time from request to the end of its response, by endpoint.",
+            "endpoint",
+            {e: h.stats() for e, h in sorted(self.durations.items())},
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "superfluid_key_requests_total",
+            'Generation requests per API key (key="anonymous" without one), endpoint and class.',
+            ["key", "endpoint", "class"],
+            sorted(self.key_requests.items()),
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "superfluid_key_rejections_total",
+            "Generation requests refused before any reply (4xx/5xx other than client disconnects), per key and error code.",
+            ["key", "code"],
+            sorted(self.key_rejections.items()),
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "superfluid_key_tokens_total",
+            "Tokens per API key, by kind (prompt, completion).",
+            ["key", "kind"],
+            sorted(self.key_tokens.items()),
+        )
 
 
 web_metrics = WebMetrics()
 
 
-def observe_record(record: RequestRecord) -> None:
+def observe_record(record: Outcome) -> None:
     web_metrics.observe(record)
+
+
+# -- the collector --------------------------------------------------------------------------------
+
+
+def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
+    """(latest snapshot, connected, worker restarts, requests in flight) of this event loop's
+    link client; None off an event loop (no link there)."""
+    from scheduler.link.client import get_link
+
+    try:
+        link = get_link()
+    except RuntimeError:
+        return None
+    return link.snapshot, bool(link.connected), int(link.worker_restarts), len(link.inflight)
+
+
+class SuperfluidCollector:
+    """Everything superfluid adds to the registry, read at each scrape."""
+
+    def __init__(self, link: Callable[[], tuple[Mapping[str, Any] | None, bool, int, int] | None] = link_state) -> None:
+        self.link = link
+
+    def describe(self) -> list[Metric]:
+        return []  # the names depend on nothing registered elsewhere; collect() only at a scrape
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.link()
+        if state is not None:
+            snapshot, connected, restarts, inflight = state
+            if snapshot:
+                yield from snapshot_families(snapshot)
+            yield gauge("superfluid_worker_connected", "1 while the engine worker is connected over the link.", 1 if connected else 0)
+            yield counter("superfluid_worker_restarts_total", "Times a new engine worker process said hello.", restarts)
+            yield gauge("superfluid_requests_inflight", "Generation requests the web side holds open.", inflight)
+        yield from web_metrics.families()
+
+
+collector = SuperfluidCollector()
+REGISTRY.register(collector)
 
 
 # -- who sees what -------------------------------------------------------------------------------
 
 
-def visible_families(families: Mapping[str, Mapping[str, Any]], key_name: str | None, is_admin: bool) -> dict[str, Any]:
-    """What one viewer may see. ``key_name=None`` (no key: an anonymous loopback scrape) or an
-    admin key sees everything; any other key sees only its own series of the per-key families
-    (those labelled ``key``), and every other family whole."""
-    if key_name is None or is_admin:
-        return dict(families)
-    out: dict[str, Any] = {}
-    for name, fam in families.items():
-        samples = fam.get("samples", [])
-        if any("key" in labels for labels, _ in samples) or name.startswith("superfluid_key_"):
-            fam = {**fam, "samples": [[labels, v] for labels, v in samples if labels.get("key") == key_name]}
-        out[name] = fam
-    return out
+class KeyView:
+    """A registry as one key sees it: its own series of the per-key families (those labelled
+    ``key``), and every other family whole."""
+
+    def __init__(self, registry: Collector, key_name: str) -> None:
+        self.registry = registry
+        self.key_name = key_name
+
+    def collect(self) -> Iterator[Metric]:
+        for fam in self.registry.collect():
+            if fam.name.startswith("superfluid_key_") or any("key" in s.labels for s in fam.samples):
+                own = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                own.samples = [s for s in fam.samples if s.labels.get("key") == self.key_name]
+                fam = own
+            yield fam
 
 
 def metrics_viewer(request: HttpRequest) -> tuple[str | None, bool]:
@@ -202,31 +380,11 @@ def metrics_viewer(request: HttpRequest) -> tuple[str | None, bool]:
     return key_name, bool(getattr(principal, "is_admin", False))
 
 
-# -- the view ------------------------------------------------------------------------------------
-
-
-def worker_families() -> dict[str, Any]:
-    """The worker's families from its latest snapshot, plus link state; empty before the first."""
-    from scheduler.link.client import get_link
-
-    link = get_link()
-    state = link.snapshot or {}
-    out: dict[str, Any] = {}
-    if state:
-        out.update(all_families(state))
-    out["superfluid_worker_connected"] = family("gauge", "1 while the engine worker is connected over the link.", [({}, 1 if link.connected else 0)])
-    out["superfluid_worker_restarts_total"] = family("counter", "Times a new engine worker process said hello.", [({}, link.worker_restarts)])
-    out["superfluid_requests_inflight"] = family("gauge", "Generation requests the web side holds open.", [({}, len(link.inflight))])
-    return out
-
-
-def exposition(key_name: str | None = None, is_admin: bool = True) -> str:
-    from prometheus_client import REGISTRY, generate_latest
-
-    parts = [generate_latest(REGISTRY).decode("utf-8")]
-    parts.append(render(worker_families()))
-    parts.append(render(visible_families(web_metrics.families(), key_name, is_admin)))
-    return "".join(parts)
+def exposition(key_name: str | None = None, is_admin: bool = True, registry: Collector = REGISTRY) -> str:
+    """The text format of ``registry`` as one viewer sees it: ``key_name=None`` (no key: an
+    anonymous loopback scrape) or an admin key sees everything."""
+    view: Collector = registry if key_name is None or is_admin else KeyView(registry, key_name)
+    return generate_latest(view).decode("utf-8")
 
 
 @key_required()
@@ -235,4 +393,3 @@ async def metrics(request: HttpRequest) -> HttpResponse:
     only its own per-key series."""
     key_name, is_admin = metrics_viewer(request)
     return HttpResponse(exposition(key_name, is_admin), content_type=CONTENT_TYPE)
-

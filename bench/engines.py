@@ -65,7 +65,7 @@ def main() -> int:
         engines = {name: open_engine(name, mlx_dir) for name in ("llamacpp", "mlx")}
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         try:
-            for name, engine in engines.items():  # warm-up: first calls compile and allocate
+            for engine in engines.values():  # warm-up: first calls compile and allocate
                 measure(engine, 1, 2)
             for i in range(args.repeat):
                 for lanes in LANES:

@@ -97,7 +97,7 @@ class RunningServer(ServerProcess):
             cwd=ROOT,
         )
 
-    def start(self, timeout_s: float = 120.0) -> "RunningServer":
+    def start(self, timeout_s: float = 120.0) -> RunningServer:
         self._launch([sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port), *self.flags], timeout_s)
         # /health is ok once the worker said hello; its first snapshot (what /v1/internal/state
         # serves, 503 until then) follows within a tick, later on a busy machine. Under

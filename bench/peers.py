@@ -80,6 +80,6 @@ class PeerServer(ServerProcess):
     def argv(self) -> list[str]:
         return [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
 
-    def start(self, timeout_s: float = 120.0) -> "PeerServer":
+    def start(self, timeout_s: float = 120.0) -> PeerServer:
         self._launch(self.argv(), timeout_s)
         return self

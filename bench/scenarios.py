@@ -36,6 +36,7 @@ stderr. All traffic is to 127.0.0.1. Prompts are built deterministically from se
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -46,9 +47,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -148,7 +150,7 @@ class Stream:
 
     @property
     def max_stall(self) -> float:
-        gaps = [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(self.chunk_times)]
         return max(gaps, default=0.0)
 
     @property
@@ -263,7 +265,7 @@ class StateSampler:
                     pass
                 self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "StateSampler":
+    def __enter__(self) -> StateSampler:
         self._thread.start()
         return self
 
@@ -490,7 +492,7 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
     if sampler:
         t_chat = chat_s.t_send
         print(f"    at chat send (+{t_chat - t0:.1f} s): {sampler.lanes_at(t_chat)}", file=sys.stderr)
-        got = sampler.first(lambda st: any(0 < (l.get("prompt_tokens") or 0) < 200 for l in st.get("lanes", [])))  # the chat
+        got = sampler.first(lambda st: any(0 < (lane.get("prompt_tokens") or 0) < 200 for lane in st.get("lanes", [])))  # the chat
         if got:
             print(f"    chat holds a lane by +{got[0] - t0:.2f} s: {_lanes_line(got[1])}", file=sys.stderr)
         if sampler.samples:
@@ -585,7 +587,7 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
     total_cached = sum(c for c in cached if c is not None) if have_cached else None
     prefills = None
     if have_prompt and have_cached:
-        own = sum(p - q for p, q in zip(prompt, prefix_tokens))  # type: ignore[operator]
+        own = sum(p - q for p, q in zip(prompt, prefix_tokens, strict=False))  # type: ignore[operator]
         prefills = (total_prompt - total_cached - own) / statistics.mean(prefix_tokens)  # type: ignore[operator]
     failed = [f"{s.label}: {s.status} {s.error}" for s in results if not s.ok]
     row = {

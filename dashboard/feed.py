@@ -21,21 +21,6 @@ GROUP = "lanes"
 MIN_INTERVAL_S = 0.2  # about five pushes a second
 
 
-def _metric(metrics: Mapping[str, Any], name: str, **labels: str) -> float:
-    """Sum of a family's samples whose labels include ``labels`` (a histogram adds its sums)."""
-    fam = metrics.get(name) or {}
-    total = 0.0
-    for sample_labels, value in fam.get("samples", []):
-        if all(sample_labels.get(k) == v for k, v in labels.items()):
-            total += value.get("sum", 0.0) if isinstance(value, dict) else float(value)
-    return total
-
-
-def _hist_count(metrics: Mapping[str, Any], name: str) -> int:
-    fam = metrics.get(name) or {}
-    return sum(int(v.get("count", 0)) for _, v in fam.get("samples", []) if isinstance(v, dict))
-
-
 def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | None]:
     """job id -> API key name of the jobs this web process has in flight (the worker's lanes
     may not say)."""
@@ -54,7 +39,9 @@ def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | 
 def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """What the dashboard draws, from one worker snapshot (plain JSON, no histograms); ``keys``
     fills in the API key of lanes whose snapshot entry has none."""
-    metrics: Mapping[str, Any] = state.get("metrics") or {}
+    stats: Mapping[str, Any] = state.get("metrics") or {}  # a scheduler.worker.metrics.WorkerStats
+    last: Mapping[str, Any] = stats.get("last_tick") or {}
+    ttft: Mapping[str, Mapping[str, Any]] = stats.get("ttft_s") or {}
     keys = keys or {}
     lanes = []
     for lane in state.get("lanes", []):
@@ -78,19 +65,19 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
         "prefill_tokens_per_s": state.get("prefill_tokens_per_s", 0),
         "last_ttft_ms": (state.get("stats") or {}).get("last_ttft_ms", 0),
         "tick_info": {
-            "prefill_budget": _metric(metrics, "superfluid_prefill_budget_tokens"),
-            "decode_grant": _metric(metrics, "superfluid_decode_grant_tokens"),
-            "step_tokens": _metric(metrics, "superfluid_prefill_step_tokens"),
-            "last_prefill_tokens": _metric(metrics, "superfluid_last_tick_tokens", kind="prefill"),
-            "last_decode_tokens": _metric(metrics, "superfluid_last_tick_tokens", kind="decode"),
-            "last_lanes": _metric(metrics, "superfluid_last_tick_lanes"),
-            "last_seconds": _metric(metrics, "superfluid_last_tick_seconds"),
+            "prefill_budget": stats.get("prefill_budget_tokens", 0),
+            "decode_grant": stats.get("decode_grant_tokens", 0),
+            "step_tokens": stats.get("prefill_step_tokens", 0),
+            "last_prefill_tokens": last.get("prefill_tokens", 0),
+            "last_decode_tokens": last.get("decode_tokens", 0),
+            "last_lanes": last.get("lanes", 0),
+            "last_seconds": last.get("seconds", 0.0),
         },
         "tokens": {
-            "prefill": _metric(metrics, "superfluid_prefill_tokens_total"),
-            "decode": _metric(metrics, "superfluid_decode_tokens_total"),
+            "prefill": stats.get("prefill_tokens_total", 0),
+            "decode": stats.get("decode_tokens_total", 0),
         },
-        "ttft": {"sum": _metric(metrics, "superfluid_ttft_seconds"), "count": _hist_count(metrics, "superfluid_ttft_seconds")},
+        "ttft": {"sum": sum(h.get("sum", 0.0) for h in ttft.values()), "count": sum(int(h.get("count", 0)) for h in ttft.values())},
     }
 
 

@@ -9,34 +9,12 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+
+import dj_database_url
+
+from superfluid_site.env import EnvError, env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
 DATA_DIR = Path(env_str("SUPERFLUID_DATA_DIR", str(BASE_DIR / "data"))).resolve()
@@ -72,29 +50,28 @@ SQLITE_OPTIONS = {"transaction_mode": "IMMEDIATE", "timeout": 20}
 
 
 def _database(url: str) -> dict[str, object]:
-    if not url:
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": DATA_DIR / "superfluid.sqlite3", "OPTIONS": SQLITE_OPTIONS}
-    parsed = urlparse(url)
-    if parsed.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or DATA_DIR / "superfluid.sqlite3", "OPTIONS": SQLITE_OPTIONS}
-    if parsed.scheme in ("postgres", "postgresql"):
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": parsed.path.lstrip("/"),
-            "USER": unquote(parsed.username or ""),
-            "PASSWORD": unquote(parsed.password or ""),
-            "HOST": parsed.hostname or "",
-            "PORT": str(parsed.port or ""),
-        }
-    raise ValueError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (sqlite:// or postgres://)")
+    """``DATABASE_URL`` as Django's DATABASES entry, through dj-database-url: query options
+    (``?sslmode=require``, ``?connect_timeout=5``) become the connection's OPTIONS. Empty (or
+    ``sqlite://`` alone) is the SQLite file in the data directory."""
+    default = DATA_DIR / "superfluid.sqlite3"
+    if not url or url.rstrip("/") == "sqlite:":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": default, "OPTIONS": dict(SQLITE_OPTIONS)}
+    try:
+        config: dict[str, object] = dict(dj_database_url.parse(url))
+    except ValueError as exc:
+        raise EnvError(f"DATABASE_URL: {exc} (use sqlite:///path or postgres://user:pass@host:port/db)") from None
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        options = config.get("OPTIONS")
+        config["OPTIONS"] = {**SQLITE_OPTIONS, **(options if isinstance(options, dict) else {})}
+    return config
 
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]").split(",") if h]
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 # Browser origins allowed to call the generation endpoints besides those on an allowed host
 # (api/edge.py), e.g. https://app.example.com
-SUPERFLUID_ALLOWED_ORIGINS = [o.strip() for o in env_str("SUPERFLUID_ALLOWED_ORIGINS", "").split(",") if o.strip()]
+SUPERFLUID_ALLOWED_ORIGINS = env_list("SUPERFLUID_ALLOWED_ORIGINS", "")
 CSRF_FAILURE_VIEW = "api.edge.csrf_failure"  # JSON under the API's paths
 
 INSTALLED_APPS = [

@@ -196,10 +196,10 @@ class KvPool:
         for entry in self.entries.values():
             entry.pending = False
         for key, artifact in evicted.items():
-            entry = self.entries.get(key)
-            if entry is not None and entry.slot is None:
-                entry.host = artifact
-                entry.host_bytes = int(getattr(artifact, "nbytes", 0))
+            evicted_entry = self.entries.get(key)
+            if evicted_entry is not None and evicted_entry.slot is None:
+                evicted_entry.host = artifact
+                evicted_entry.host_bytes = int(getattr(artifact, "nbytes", 0))
         for key in [k for k, e in self.entries.items() if e.slot is None and e.host is None]:
             del self.entries[key]  # an eviction the engine did not deliver
         self._trim_host()

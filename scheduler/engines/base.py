@@ -5,11 +5,11 @@ Adapters import their heavy library inside their own module, so this package imp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from scheduler.core.types import LaneFeed, TickPlan, TickResult
-
+from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
 
 # The scheduling seed's tick-duration targets in ms, per engine: (a lane is free or one is
 # finishing, every lane busy). llama.cpp and MLX declare that a decode round costs the same
@@ -25,11 +25,14 @@ def busy_tick_target_s(engine_name: str) -> float | None:
 
 
 class EngineError(Exception):
-    """An engine failure. ``permanent`` says whether retrying the same request can help."""
+    """An engine failure. ``permanent`` says whether retrying the same request can help;
+    ``partial`` is what the tick did before an engine step failed (None when it failed before
+    any step: the worker then cannot keep part of it)."""
 
-    def __init__(self, message: str, *, permanent: bool = False) -> None:
+    def __init__(self, message: str, *, permanent: bool = False, partial: TickResult | None = None) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.partial = partial
 
 
 class Engine(Protocol):
@@ -46,17 +49,71 @@ class Engine(Protocol):
         ``special`` is False (what a client wrote: ``<|im_end|>`` there is plain text)."""
         ...
 
+    vocab_size: int  # token ids are 0..vocab_size-1
+
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes a token stands for (may be part of a UTF-8 character)."""
         ...
 
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) token ids for fill-in-the-middle; None if the model has none."""
+        ...
+
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        """Run one tick: release, park, restore, bind, then feed in calls of at most
-        ``plan.step_tokens`` tokens, decode tokens in the first call. Between calls, if
-        ``should_stop()`` is true, return what was done (``stopped_early``)."""
+        """Run one tick (:func:`run_tick` over the engine's primitives): the pool and lane
+        operations, then the feeds in calls of at most ``plan.step_tokens`` tokens, decode
+        tokens in the first call. Between calls, if ``should_stop()`` is true, return what was
+        done (``stopped_early``)."""
         ...
 
     def close(self) -> None: ...
+
+
+class TickPrimitives(Protocol):
+    """What :func:`run_tick` asks of an engine: small operations on sequences (lanes
+    ``0..n_lanes-1``, then the prefix-cache slots up to ``n_seqs``), each already range-checked
+    by run_tick."""
+
+    n_lanes: int
+    max_step_tokens: int  # most tokens one forward call holds
+
+    @property
+    def n_seqs(self) -> int:
+        """Lanes plus prefix-cache slots."""
+        ...
+
+    def save(self, seq: int) -> Any:
+        """A copy of the sequence's KV (an artifact with ``nbytes``), for parking or eviction."""
+        ...
+
+    def load(self, seq: int, artifact: Any) -> None:
+        """Replace the sequence's KV with a saved one (restore a parked lane, import a prefix)."""
+        ...
+
+    def clear(self, seq: int) -> None:
+        """Empty the sequence's KV."""
+        ...
+
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV."""
+        ...
+
+    def bind_sampler(self, bind: LaneBind) -> None:
+        """Give the lane a new sampler for its job, having seen ``bind.history``."""
+        ...
+
+    def drop_sampler(self, lane: int) -> None: ...
+
+    def bound_lanes(self) -> Collection[int]:
+        """Lanes holding a sampler."""
+        ...
+
+    def forward(self, step: Step) -> Mapping[int, int]:
+        """Run one step's pieces through the model; the token sampled for each lane whose
+        piece samples. Raises EngineError if the step could not run."""
+        ...
+
+    def is_eog(self, token: int) -> bool: ...
 
 
 class Piece(NamedTuple):
@@ -109,3 +166,76 @@ def pack_steps(plan: TickPlan, cap: int, n_lanes: int, bound: Collection[int]) -
             else:
                 off += k
         yield Step(pieces, prefill, i >= n_feeds)
+
+
+def _check(seq: int, limit: int, what: str) -> None:
+    if not 0 <= seq < limit:
+        raise EngineError(f"{what} {seq} out of range", permanent=True)
+
+
+def run_tick(
+    engine: TickPrimitives, plan: TickPlan, should_stop: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
+) -> TickResult:
+    """One tick, the same order for every engine: evict, drop and store cached prefixes; release
+    and park lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
+    the feeds step by step (:func:`pack_steps`), stopping between steps when ``should_stop()``
+    says so. A step that fails raises its EngineError with ``partial`` set to what ran before."""
+    started = clock()
+    result = TickResult()
+    ops = plan.pool
+    lanes, seqs = engine.n_lanes, engine.n_seqs
+    for slot, key in ops.evict:
+        _check(slot, seqs, "sequence")
+        result.evicted[key] = engine.save(slot)
+        engine.clear(slot)
+    for slot in ops.drop:
+        _check(slot, seqs, "sequence")
+        engine.clear(slot)
+    for lane, slot, n in ops.store:
+        _check(lane, seqs, "sequence")
+        _check(slot, seqs, "sequence")
+        engine.copy_prefix(lane, slot, n)
+    for lane in plan.release:
+        _check(lane, lanes, "lane")
+        engine.clear(lane)
+        engine.drop_sampler(lane)
+    for lane, job_id in plan.park:
+        _check(lane, lanes, "lane")
+        result.parked[job_id] = engine.save(lane)
+        engine.clear(lane)
+        engine.drop_sampler(lane)
+    for restore in plan.restore:
+        _check(restore.lane, lanes, "lane")
+        engine.load(restore.lane, restore.artifact)
+    for slot, artifact in ops.imports:
+        _check(slot, seqs, "sequence")
+        engine.load(slot, artifact)
+    for src, dst, n in ops.copy:
+        _check(src, seqs, "sequence")
+        _check(dst, seqs, "sequence")
+        engine.copy_prefix(src, dst, n)
+    for bind in plan.bind:
+        _check(bind.lane, lanes, "lane")
+        engine.bind_sampler(bind)
+    if plan.feeds:
+        cap = min(plan.step_tokens, engine.max_step_tokens)
+        for step in pack_steps(plan, cap, lanes, engine.bound_lanes()):
+            t = clock()
+            try:
+                sampled = engine.forward(step)
+            except EngineError as error:
+                error.partial = result  # earlier steps of this tick are in the KV cache
+                raise
+            if step.prefill:
+                result.prefill_s += clock() - t
+            for piece in step.pieces:
+                result.fed[piece.lane] = result.fed.get(piece.lane, 0) + len(piece.tokens)
+            for lane, token in sampled.items():
+                result.sampled[lane] = token
+                if engine.is_eog(token):
+                    result.eog.add(lane)
+            if not step.last and should_stop():
+                result.stopped_early = True
+                break
+    result.elapsed_s = clock() - started
+    return result

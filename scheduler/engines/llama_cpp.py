@@ -12,7 +12,6 @@ import collections
 import ctypes
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 
 import llama_cpp
 
-from scheduler.core.types import SamplingParams, TickPlan, TickResult
-from scheduler.engines.base import EngineError, pack_steps
+from scheduler.core.types import LaneBind, SamplingParams, TickPlan, TickResult
+from scheduler.engines.base import EngineError, Step, run_tick
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
@@ -290,126 +289,66 @@ class LlamaCppEngine:
     # -- protocol: ticks --------------------------------------------------------------
 
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        t0 = time.perf_counter()
         self._require_open()
-        result = TickResult()
-        L = llama_cpp
-        ctx, mem = self._ctx, self._mem
+        return run_tick(self, plan, should_stop)
 
-        ops = plan.pool
-        for slot, key in ops.evict:
-            self._check_seq(slot)
-            result.evicted[key] = self._park(slot)
-            L.llama_memory_seq_rm(mem, slot, -1, -1)
-        for slot in ops.drop:
-            self._check_seq(slot)
-            L.llama_memory_seq_rm(mem, slot, -1, -1)
-        for lane, slot, n in ops.store:
-            self._copy_prefix(lane, slot, n)
-        for lane in plan.release:
-            self._check_lane(lane)
-            L.llama_memory_seq_rm(mem, lane, -1, -1)
-            self._drop_sampler(lane)
-        for lane, job_id in plan.park:
-            self._check_lane(lane)
-            result.parked[job_id] = self._park(lane)
-            L.llama_memory_seq_rm(mem, lane, -1, -1)
-            self._drop_sampler(lane)
-        for restore in plan.restore:
-            self._restore(restore.lane, restore.artifact)
-        for slot, artifact in ops.imports:
-            self._restore(slot, artifact, cache=True)
-        for src, dst, n in ops.copy:
-            self._copy_prefix(src, dst, n)
-        for bind in plan.bind:
-            self._check_lane(bind.lane)
-            self._drop_sampler(bind.lane)
-            chain = self._build_sampler(bind.sampling)
-            self._samplers[bind.lane] = chain
-            for token in bind.history:
-                L.llama_sampler_accept(chain, token)
+    # -- run_tick's primitives ------------------------------------------------------------
 
-        if plan.feeds:
-            self._feed(plan, should_stop, result, ctx)
-        result.elapsed_s = time.perf_counter() - t0
-        return result
+    @property
+    def n_seqs(self) -> int:
+        return self.n_lanes + self.cache_slots
 
-    def _feed(
-        self, plan: TickPlan, should_stop: Callable[[], bool], result: TickResult, ctx: Any
-    ) -> None:
-        L = llama_cpp
-        cap = min(plan.step_tokens, self.max_step_tokens)
-        tok, pos, seq, logits_addr, logits = (
-            self._b_token,
-            self._b_pos,
-            self._b_seq,
-            self._b_logits_addr,
-            self._b_logits,
-        )
-        batch = self._batch
-        decode, sample, is_eog, vocab = (
-            L.llama_decode,
-            L.llama_sampler_sample,
-            L.llama_vocab_is_eog,
-            self._vocab,
-        )
-        samplers = self._samplers
-        fed, sampled, eog = result.fed, result.sampled, result.eog
-        prefill_s = 0.0
-        for step in pack_steps(plan, cap, self.n_lanes, samplers):
-            n = 0
-            outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after the call
-            ctypes.memset(logits_addr, 0, cap)
-            for lane, start, tokens, wants_sample in step.pieces:
-                k = len(tokens)
-                end = n + k
-                if k == 1:
-                    tok[n] = tokens[0]
-                    pos[n] = start
-                    seq[n].value = lane
-                else:
-                    tok[n:end] = tokens
-                    pos[n:end] = range(start, start + k)
-                    for j in range(n, end):
-                        seq[j].value = lane
-                if wants_sample:
-                    logits[end - 1] = 1
-                    outputs.append((lane, end - 1))
-                n = end
-            batch.n_tokens = n
-            t = time.perf_counter()
-            ret = decode(ctx, batch)
-            if step.prefill:
-                prefill_s += time.perf_counter() - t
-            if ret != 0:
-                # Earlier calls of this tick are in the KV cache (a failed call is rolled back
-                # for ret 1); ``partial`` tells the caller how far each lane got.
-                result.prefill_s = prefill_s
-                error = _err(f"llama_decode returned {ret}", permanent=ret < 0)
-                error.partial = result  # type: ignore[attr-defined]
-                raise error
-            for piece in step.pieces:
-                fed[piece.lane] = fed.get(piece.lane, 0) + len(piece.tokens)
-            for lane, index in outputs:
-                token = sample(samplers[lane], ctx, index)
-                sampled[lane] = token
-                if is_eog(vocab, token):
-                    eog.add(lane)
-            if not step.last and should_stop():
-                result.stopped_early = True
-                break
-        result.prefill_s = prefill_s
+    def clear(self, seq: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def bind_sampler(self, bind: LaneBind) -> None:
+        self.drop_sampler(bind.lane)
+        chain = self._build_sampler(bind.sampling)
+        self._samplers[bind.lane] = chain
+        for token in bind.history:
+            llama_cpp.llama_sampler_accept(chain, token)
+
+    def bound_lanes(self) -> dict[int, Any]:
+        return self._samplers
+
+    def forward(self, step: Step) -> dict[int, int]:
+        """One ``llama_decode`` call over the step's pieces, then each sampling lane's chain
+        over its row of logits. A failed call raises EngineError (llama.cpp rolls back a call
+        that returns 1; earlier calls of the tick stay in the KV cache)."""
+        tok, pos, seq, logits = self._b_token, self._b_pos, self._b_seq, self._b_logits
+        n_step = sum(len(piece.tokens) for piece in step.pieces)
+        ctypes.memset(self._b_logits_addr, 0, n_step)
+        n = 0
+        outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after the call
+        for lane, start, tokens, wants_sample in step.pieces:
+            k = len(tokens)
+            end = n + k
+            if k == 1:
+                tok[n] = tokens[0]
+                pos[n] = start
+                seq[n].value = lane
+            else:
+                tok[n:end] = tokens
+                pos[n:end] = range(start, start + k)
+                for j in range(n, end):
+                    seq[j].value = lane
+            if wants_sample:
+                logits[end - 1] = 1
+                outputs.append((lane, end - 1))
+            n = end
+        self._batch.n_tokens = n
+        ret = llama_cpp.llama_decode(self._ctx, self._batch)
+        if ret != 0:
+            raise _err(f"llama_decode returned {ret}", permanent=ret < 0)
+        sample, ctx, samplers = llama_cpp.llama_sampler_sample, self._ctx, self._samplers
+        return {lane: sample(samplers[lane], ctx, index) for lane, index in outputs}
 
     def _require_open(self) -> None:
         # Every C call after close() would touch freed memory; fail in Python instead.
         if self._closed:
             raise EngineError("engine is closed", permanent=True)
 
-    def _check_lane(self, lane: int) -> None:
-        if not 0 <= lane < self.n_lanes:
-            raise EngineError(f"lane {lane} out of range", permanent=True)
-
-    def _park(self, lane: int) -> ParkedKV:
+    def save(self, lane: int) -> ParkedKV:
         L = llama_cpp
         n_tokens = L.llama_memory_seq_pos_max(self._mem, lane) + 1
         size = L.llama_state_seq_get_size(self._ctx, lane)
@@ -423,7 +362,7 @@ class LlamaCppEngine:
         if not 0 <= seq < self.n_lanes + self.cache_slots:
             raise EngineError(f"sequence {seq} out of range", permanent=True)
 
-    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV.
 
         With per-sequence KV streams, ``llama_memory_seq_cp`` between two sequences only
@@ -434,15 +373,12 @@ class LlamaCppEngine:
         this returns; the trim keeps the shared prefix."""
         self._check_seq(src)
         self._check_seq(dst)
-        state = self._park(src)
-        self._restore(dst, state, cache=True)
+        state = self.save(src)
+        self.load(dst, state)
         llama_cpp.llama_memory_seq_rm(self._mem, dst, n_tokens, -1)
 
-    def _restore(self, lane: int, artifact: Any, *, cache: bool = False) -> None:
-        if cache:
-            self._check_seq(lane)
-        else:
-            self._check_lane(lane)
+    def load(self, lane: int, artifact: Any) -> None:
+        self._check_seq(lane)
         if not isinstance(artifact, ParkedKV):
             raise EngineError(f"cannot restore a {type(artifact).__name__}", permanent=True)
         L = llama_cpp
@@ -484,7 +420,7 @@ class LlamaCppEngine:
         add(chain, L.llama_sampler_init_dist(seed))
         return chain
 
-    def _drop_sampler(self, lane: int) -> None:
+    def drop_sampler(self, lane: int) -> None:
         chain = self._samplers.pop(lane, None)
         if chain is not None:
             llama_cpp.llama_sampler_free(chain)
@@ -497,7 +433,7 @@ class LlamaCppEngine:
         self._closed = True
         L = llama_cpp
         for lane in list(self._samplers):
-            self._drop_sampler(lane)
+            self.drop_sampler(lane)
         if self._batch is not None:
             L.llama_batch_free(self._batch)
             self._batch = None

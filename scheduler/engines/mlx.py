@@ -19,7 +19,6 @@ Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layer
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.types import TickPlan, TickResult
-from scheduler.engines.base import EngineError, Piece, pack_steps
+from scheduler.core.types import LaneBind, TickPlan, TickResult
+from scheduler.engines.base import EngineError, Piece, Step, run_tick
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
@@ -57,7 +56,7 @@ def _byte_decoder() -> dict[str, int]:
             printable.append(b)
             codes.append(256 + n)
             n += 1
-    return {chr(c): b for b, c in zip(printable, codes)}
+    return {chr(c): b for b, c in zip(printable, codes, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -246,67 +245,26 @@ class MlxEngine:
     # -- ticks ------------------------------------------------------------------------
 
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        t0 = time.perf_counter()
         self._require_open()
-        result = TickResult()
-        ops = plan.pool
-        for slot, key in ops.evict:
-            self._check_seq(slot)
-            result.evicted[key] = self._park(slot)
-            self._clear(slot)
-        for slot in ops.drop:
-            self._check_seq(slot)
-            self._clear(slot)
-        for lane, slot, n in ops.store:
-            self._copy_prefix(lane, slot, n)
-        for lane in plan.release:
-            self._check_lane(lane)
-            self._clear(lane)
-            self._samplers.pop(lane, None)
-        for lane, job_id in plan.park:
-            self._check_lane(lane)
-            result.parked[job_id] = self._park(lane)
-            self._clear(lane)
-            self._samplers.pop(lane, None)
-        for restore in plan.restore:
-            self._check_lane(restore.lane)
-            self._restore(restore.lane, restore.artifact)
-        for slot, artifact in ops.imports:
-            self._check_seq(slot)
-            self._restore(slot, artifact)
-        for src, dst, n in ops.copy:
-            self._copy_prefix(src, dst, n)
-        for bind in plan.bind:
-            self._check_lane(bind.lane)
-            self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history)
-        if plan.feeds:
-            self._feed(plan, should_stop, result)
-        result.elapsed_s = time.perf_counter() - t0
-        return result
+        return run_tick(self, plan, should_stop)
 
-    def _feed(self, plan: TickPlan, should_stop: Callable[[], bool], result: TickResult) -> None:
-        prefill_s = 0.0
-        for step in pack_steps(plan, min(plan.step_tokens, self.max_step_tokens), self.n_lanes, self._samplers):
-            t = time.perf_counter()
-            try:
-                logits = self._step(step.pieces)
-            except EngineError as error:
-                result.prefill_s = prefill_s
-                error.partial = result  # type: ignore[attr-defined]
-                raise
-            if step.prefill:
-                prefill_s += time.perf_counter() - t
-            for piece in step.pieces:
-                result.fed[piece.lane] = result.fed.get(piece.lane, 0) + len(piece.tokens)
-            for lane, row in logits.items():
-                token = self._samplers[lane].sample(row)
-                result.sampled[lane] = token
-                if token in self._eog:
-                    result.eog.add(lane)
-            if not step.last and should_stop():
-                result.stopped_early = True
-                break
-        result.prefill_s = prefill_s
+    # -- run_tick's primitives ------------------------------------------------------------
+
+    @property
+    def n_seqs(self) -> int:
+        return self.n_lanes + self.cache_slots
+
+    def bind_sampler(self, bind: LaneBind) -> None:
+        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history)
+
+    def drop_sampler(self, lane: int) -> None:
+        self._samplers.pop(lane, None)
+
+    def bound_lanes(self) -> dict[int, LaneSampler]:
+        return self._samplers
+
+    def forward(self, step: Step) -> dict[int, int]:
+        return {lane: self._samplers[lane].sample(row) for lane, row in self._step(step.pieces).items()}
 
     def _step(self, pieces: list[Piece]) -> dict[int, np.ndarray]:
         """Append each piece to its lane's cache; the last position's logits of the pieces that
@@ -384,13 +342,13 @@ class MlxEngine:
             self._ungroup()
         return self._seqs[seq]
 
-    def _clear(self, seq: int) -> None:
+    def clear(self, seq: int) -> None:
         if seq in self._group:
             self._ungroup()
         self._seqs[seq] = self._make_cache(self._model)
         self._lens[seq] = 0
 
-    def _park(self, seq: int) -> MlxParkedKV:
+    def save(self, seq: int) -> MlxParkedKV:
         mx = self._mx
         n = self._lens[seq]
         layers = []
@@ -405,7 +363,7 @@ class MlxEngine:
             layers.append((np.array(k), np.array(v)))
         return MlxParkedKV(tuple(layers), n, dtype)
 
-    def _restore(self, seq: int, artifact: Any) -> None:
+    def load(self, seq: int, artifact: Any) -> None:
         if not isinstance(artifact, MlxParkedKV):
             raise EngineError(f"cannot restore a {type(artifact).__name__} on MLX", permanent=True)
         if artifact.n_tokens and len(artifact.layers) != self.n_layers:
@@ -415,7 +373,7 @@ class MlxEngine:
             )
         if artifact.n_tokens > self.lane_ctx:
             raise EngineError(f"a parked KV of {artifact.n_tokens} tokens does not fit a lane", permanent=True)
-        self._clear(seq)
+        self.clear(seq)
         if artifact.n_tokens == 0:
             return
         mx = self._mx
@@ -434,7 +392,7 @@ class MlxEngine:
         self._seqs[seq] = caches
         self._lens[seq] = artifact.n_tokens
 
-    def _copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV (a copy, not a view that a
         later append to either could disturb: MLX arrays are values)."""
         self._check_seq(src)
@@ -443,7 +401,7 @@ class MlxEngine:
             raise EngineError(f"cannot copy {n_tokens} tokens from sequence {src} holding {self._lens[src]}", permanent=True)
         mx = self._mx
         source = self._cache(src)
-        self._clear(dst)
+        self.clear(dst)
         caches = []
         for c in source:
             new = self._kv_cache()
@@ -460,10 +418,6 @@ class MlxEngine:
     def _require_open(self) -> None:
         if self._closed:
             raise EngineError("engine is closed", permanent=True)
-
-    def _check_lane(self, lane: int) -> None:
-        if not 0 <= lane < self.n_lanes:
-            raise EngineError(f"lane {lane} out of range", permanent=True)
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_lanes + self.cache_slots:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.core.types import TickPlan, TickResult
-from scheduler.engines.base import pack_steps
+from scheduler.core.types import LaneBind, TickPlan, TickResult
+from scheduler.engines.base import Step, run_tick
 
 EOG_TOKEN = 2
 
@@ -67,6 +67,8 @@ class SimEngine:
         self.generated: dict[str, int] = {}
         self.calls: list[list[tuple[int, int]]] = []  # per engine call: (lane, n tokens)
         self.on_call: Callable[[int], None] | None = None  # hook: runs after each call
+        self.vocab_size = 256  # tokens are bytes
+        self.max_step_tokens = n_lanes * lane_ctx  # no batch limit of its own: plan.step_tokens decides
 
     # -- text ---------------------------------------------------------------------------
 
@@ -84,71 +86,67 @@ class SimEngine:
         digest = hashlib.blake2b(bytes(t % 256 for t in sequence[-16:]), digest_size=2).digest()
         return 97 + digest[0] % 26  # a-z
 
-    # -- ticks --------------------------------------------------------------------------
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        return None
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG_TOKEN
+
+    # -- ticks: run_tick over these primitives ---------------------------------------------
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.kv)
 
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        start = self.clock()
-        result = TickResult()
-        ops = plan.pool
-        for slot, key in ops.evict:
-            result.evicted[key] = SimParked(list(self.kv[slot]))
-            self.kv[slot] = []
-        for slot in ops.drop:
-            self.kv[slot] = []
-        for lane, slot, n in ops.store:
-            assert len(self.kv[lane]) >= n, f"store of {n} tokens from lane {lane} holding {len(self.kv[lane])}"
-            self.kv[slot] = self.kv[lane][:n]
-        for lane in plan.release:
-            self.kv[lane] = []
-            self.lane_job[lane] = None
-        for lane, job_id in plan.park:
-            result.parked[job_id] = SimParked(list(self.kv[lane]))
-            self.kv[lane] = []
-            self.lane_job[lane] = None
-        for restore in plan.restore:
-            assert not self.kv[restore.lane], "restore into a lane that is not empty"
-            self.kv[restore.lane] = list(restore.artifact.tokens)
-        for slot, artifact in ops.imports:
-            self.kv[slot] = list(artifact.tokens)
-        for src, dst, n in ops.copy:
-            assert not self.kv[dst], f"copy into sequence {dst} that is not empty"
-            assert len(self.kv[src]) >= n, f"copy of {n} tokens from sequence {src} holding {len(self.kv[src])}"
-            self.kv[dst] = self.kv[src][:n]
-        for bind in plan.bind:
-            self.lane_job[bind.lane] = bind.job_id
-            self.generated[bind.job_id] = len(bind.history)
-        # Calls packed as the real engines pack them (decode tokens first, at most step_tokens).
-        bound = {lane for lane, job in enumerate(self.lane_job) if job is not None}
-        for step in pack_steps(plan, plan.step_tokens, self.n_lanes, bound):
-            call: list[tuple[int, int]] = []
-            for lane, start_pos, tokens, sample in step.pieces:
-                lane_kv = self.kv[lane]
-                assert len(lane_kv) == start_pos, f"lane {lane}: feed at {start_pos} but KV holds {len(lane_kv)}"
-                lane_kv.extend(tokens)
-                call.append((lane, len(tokens)))
-                result.fed[lane] = result.fed.get(lane, 0) + len(tokens)
-                if sample:
-                    job_id = self.lane_job[lane]
-                    assert job_id is not None
-                    self.generated[job_id] = self.generated.get(job_id, 0) + 1
-                    if self.eog_after.get(job_id) == self.generated[job_id]:
-                        result.eog.add(lane)
-                        result.sampled[lane] = EOG_TOKEN
-                    else:
-                        result.sampled[lane] = self.next_token(lane_kv)
-            n_prefill = sum(n for _, n in call) if step.prefill else 0
-            cost = self.decode_round_s + n_prefill * self.prefill_s_per_token
-            self.clock.advance(cost)
-            if step.prefill:
-                result.prefill_s += cost
-            self.calls.append(call)
-            if self.on_call is not None:
-                self.on_call(len(self.calls))
-            if not step.last and should_stop():
-                result.stopped_early = True
-                break
-        result.elapsed_s = self.clock() - start
-        return result
+        return run_tick(self, plan, should_stop, self.clock)
+
+    def save(self, seq: int) -> SimParked:
+        return SimParked(list(self.kv[seq]))
+
+    def load(self, seq: int, artifact: Any) -> None:
+        assert seq >= self.n_lanes or not self.kv[seq], "restore into a lane that is not empty"
+        self.kv[seq] = list(artifact.tokens)
+
+    def clear(self, seq: int) -> None:
+        self.kv[seq] = []
+
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        assert dst >= self.n_lanes or not self.kv[dst], f"copy into lane {dst} that is not empty"
+        assert len(self.kv[src]) >= n_tokens, f"copy of {n_tokens} tokens from sequence {src} holding {len(self.kv[src])}"
+        self.kv[dst] = self.kv[src][:n_tokens]
+
+    def bind_sampler(self, bind: LaneBind) -> None:
+        self.lane_job[bind.lane] = bind.job_id
+        self.generated[bind.job_id] = len(bind.history)
+
+    def drop_sampler(self, lane: int) -> None:
+        self.lane_job[lane] = None
+
+    def bound_lanes(self) -> set[int]:
+        return {lane for lane, job in enumerate(self.lane_job) if job is not None}
+
+    def forward(self, step: Step) -> dict[int, int]:
+        """Extend each lane's sequence (checking that the feed continues it) and charge the
+        clock a decode round plus the step's prompt tokens."""
+        call: list[tuple[int, int]] = []
+        sampled: dict[int, int] = {}
+        for lane, start_pos, tokens, sample in step.pieces:
+            lane_kv = self.kv[lane]
+            assert len(lane_kv) == start_pos, f"lane {lane}: feed at {start_pos} but KV holds {len(lane_kv)}"
+            lane_kv.extend(tokens)
+            call.append((lane, len(tokens)))
+            if sample:
+                job_id = self.lane_job[lane]
+                assert job_id is not None
+                self.generated[job_id] = self.generated.get(job_id, 0) + 1
+                sampled[lane] = EOG_TOKEN if self.eog_after.get(job_id) == self.generated[job_id] else self.next_token(lane_kv)
+        n_prefill = sum(n for _, n in call) if step.prefill else 0
+        self.clock.advance(self.decode_round_s + n_prefill * self.prefill_s_per_token)
+        self.calls.append(call)
+        if self.on_call is not None:
+            self.on_call(len(self.calls))
+        return sampled
 
     def close(self) -> None:
         pass

@@ -7,7 +7,6 @@ Every flag can also be set from an environment variable: ``--max-batch`` reads
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,20 @@ from django.core.management.base import CommandError
 
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
 from scheduler.core.scheduler import SchedulerConfig
+from superfluid_site.env import EnvError, env_bool, env_int, env_str
 
 
 def _env(flag: str, default: Any) -> Any:
-    raw = os.environ.get("SUPERFLUID_" + flag.lstrip("-").upper().replace("-", "_"))
-    if raw is None or raw == "":
-        return default
-    if isinstance(default, bool):
-        return raw.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        try:
-            return int(raw)
-        except ValueError:
-            raise CommandError(f"environment value for {flag} must be an integer, got {raw!r}") from None
-    return raw
+    """The flag's environment variable, read as the type of its default (superfluid_site.env)."""
+    name = "SUPERFLUID_" + flag.lstrip("-").upper().replace("-", "_")
+    try:
+        if isinstance(default, bool):
+            return env_bool(name, default)
+        if isinstance(default, int):
+            return env_int(name, default)
+        return env_str(name, default)
+    except EnvError as exc:
+        raise CommandError(f"environment value for {flag}: {exc}") from None
 
 
 # (flag, type, default, help) -- forwarded from serve to runengine as given

@@ -311,7 +311,7 @@ class EngineWorker:
         prompt = request.get("prompt")
         suffix = request.get("suffix")
         if suffix is not None:
-            fim = getattr(engine, "fim_tokens", lambda: None)()
+            fim = engine.fim_tokens()
             if fim is None:
                 raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
@@ -329,8 +329,8 @@ class EngineWorker:
 
     def _prompt_ids(self, prompt: list[Any]) -> list[int]:
         """A token-array prompt, checked against the model's vocabulary."""
-        vocab = getattr(self.engine, "vocab_size", None)
-        if vocab is not None and any(not 0 <= t < vocab for t in prompt):
+        vocab = self.engine.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
             raise Refusal(INVALID_PROMPT, f"Token ids in 'prompt' must be between 0 and {vocab - 1}.", "prompt")
         return [int(t) for t in prompt]
 
@@ -401,7 +401,7 @@ class EngineWorker:
         try:
             result = self.engine.execute(plan, self.interrupt.is_set)
         except EngineError as exc:
-            partial = getattr(exc, "partial", None)
+            partial = exc.partial
             if not exc.permanent and partial is not None and not self._replanned:
                 # the pool could not hold the plan: keep what ran, release pins, plan again
                 log.warning("engine refused the plan (%s); replanning with pins released", exc)
@@ -505,7 +505,7 @@ class EngineWorker:
         state.update(dataclasses.asdict(self.hello()))
         state["stats"] = dict(self.stats)
         state["draining"] = self.draining
-        state["metrics"] = self.metrics.collect(self)
+        state["metrics"] = self.metrics.collect(self.scheduler, self.stats)
         return state
 
     def _maybe_snapshot(self) -> None:

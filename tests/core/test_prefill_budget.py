@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from scheduler.core.qos import QosClass
@@ -132,7 +134,7 @@ def test_while_a_lane_decodes_each_tick_prefills_one_step_so_its_stream_keeps_fl
         assert sched.last_plan is not None
         assert prefill_by_job(sched.last_plan).get("long", 0) <= sched.last_plan.step_tokens == 128
         token_times += [clock() for e in events if e.kind == "token" and e.job_id == "talker"]
-    gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(token_times)]
     assert len(token_times) == 19 and max(gaps) <= 0.5  # one step and the decode round
     sched.add(make_job(3000, max_tokens=4, job_id="filler"))  # takes the talker's lane
     tick(sched, engine)  # both lanes prefill, none decodes: 8 s of prefill again

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from scheduler.core.kv_pool import BLOCK_TOKENS
 from scheduler.core.scheduler import Scheduler
 from scheduler.core.types import Job
 from scheduler.engines.sim import SimEngine

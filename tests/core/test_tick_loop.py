@@ -100,7 +100,7 @@ def test_same_prompts_give_same_tokens_however_they_are_batched() -> None:
     batched, eng_b, _ = make_scheduler(max_batch=8)
     jobs_a = make_jobs(4, prompt_tokens=40, max_tokens=12)
     jobs_b = [make_job(40, max_tokens=12, job_id=j.job_id + "b") for j in jobs_a]
-    for a, b in zip(jobs_a, jobs_b):
+    for a, b in zip(jobs_a, jobs_b, strict=True):
         b.prompt = list(a.prompt)
         alone.add(a)
         batched.add(b)

@@ -89,7 +89,7 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
             "lanes": [{"lane": 0, "state": "prefill", "job_id": "j", "class": "agent", "prompt_tokens": 100, "prompt_done": 40, "generated": 0}],
             "queue_depth": {"agent": 2},
             "counters": {"preemptions": 1},
-            "metrics": {"superfluid_decode_tokens_total": {"type": "counter", "help": "", "samples": [[{}, 55]]}},
+            "metrics": {"decode_tokens_total": 55, "last_tick": {"tick": 6, "prefill_tokens": 40, "decode_tokens": 0, "lanes": 1, "seconds": 0.05}},
         }
         for tick in range(3):  # bursts are throttled: the latest one is what arrives
             dashboard_feed.on_snapshot({**state, "tick": 7 + tick})
@@ -97,7 +97,7 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
         assert message["type"] == "state"
         got = message["state"]
         assert got["lanes"][0]["state"] == "prefill" and got["queue_depth"] == {"agent": 2}
-        assert got["tokens"]["decode"] == 55
+        assert got["tokens"]["decode"] == 55 and got["tick_info"]["last_prefill_tokens"] == 40
         assert got["tick"] in (7, 9)
         if got["tick"] == 7:
             assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 9
@@ -109,12 +109,38 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
             await link.stop()
 
 
-def test_dashboard_state_is_plain_json_without_text() -> None:
+def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text() -> None:
+    """A simulated worker serves a request whose prompt and reply are distinctive: what the
+    page receives carries its lane, tokens and TTFT, and neither text."""
     import json
 
-    out = dashboard_state({"lanes": [], "metrics": {"superfluid_ttft_seconds": {"type": "histogram", "help": "", "samples": [[{"class": "agent"}, {"buckets": [["+Inf", 2]], "sum": 0.5, "count": 2}]]}}})
-    assert out["ttft"] == {"sum": 0.5, "count": 2}
-    json.dumps(out, allow_nan=False)
+    from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.engines.sim import FakeClock, SimEngine
+    from scheduler.worker.loop import EngineWorker
+
+    class Conn:
+        def __init__(self) -> None:
+            self.sent: list[dict[str, Any]] = []
+
+        def queue(self, message: dict[str, Any]) -> None:
+            self.sent.append(message)
+
+    clock = FakeClock()
+    worker = EngineWorker(SimEngine(n_lanes=2, lane_ctx=512, clock=clock), SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
+    conn = Conn()
+    prompt = "zebra-quokka-secret " * 6
+    request = {"endpoint": "completions", "prompt": prompt, "max_tokens": 40, "temperature": 0}
+    worker.handle(conn, {"op": "submit", "id": "j1", "request": request, "qos": 2, "priority": 0})  # type: ignore[arg-type]
+    for _ in range(6):
+        worker.run_tick()
+    reply = "".join(m.get("text", "") for m in conn.sent if m.get("ev") == "delta")
+    assert reply  # the job has produced text by now, and still runs
+    out = dashboard_state(worker.snapshot())
+    text = json.dumps(out, allow_nan=False)
+    assert [lane["state"] for lane in out["lanes"]] == ["decode", "idle"]
+    assert out["tokens"]["decode"] > 0 and out["tokens"]["prefill"] >= len(prompt.split())
+    assert out["ttft"]["count"] == 1
+    assert "zebra" not in text and "quokka" not in text and reply.strip()[:12] not in text
 
 
 def test_dashboard_state_names_the_key_of_a_lane_from_the_web_side_when_the_worker_does_not() -> None:

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
+from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 from scheduler.core.kv_pool import PoolOps
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.worker.output import TextStream
-
-from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 
 pytestmark = pytest.mark.model
 

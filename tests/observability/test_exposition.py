@@ -4,45 +4,66 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.metrics import WebMetrics, render, visible_families
+import api.metrics as metrics_module
+from api.metrics import SuperfluidCollector, WebMetrics, exposition
 from api.records import RequestRecord
-from scheduler.worker.metrics import Histogram, family
+from scheduler.worker.metrics import Histogram
 
 
 def parse(text: str) -> dict[str, Any]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def test_render_produces_text_that_prometheus_parses_with_help_type_and_histogram_series() -> None:
-    h = Histogram((0.1, 1.0, float("inf")))
+def registry_with(web: WebMetrics, snapshot: dict[str, Any] | None = None, monkeypatch: Any = None) -> CollectorRegistry:
+    """A registry holding only superfluid's collector, over ``web`` and one worker snapshot."""
+    monkeypatch.setattr(metrics_module, "web_metrics", web)
+    registry = CollectorRegistry()
+    registry.register(SuperfluidCollector(lambda: (snapshot, True, 2, 0)))
+    return registry
+
+
+def test_a_snapshot_renders_as_text_that_prometheus_parses_with_help_type_and_histogram_series(monkeypatch: Any) -> None:
+    h = Histogram((0.1, 1.0))
     for v in (0.05, 0.5, 3.0):
         h.observe(v)
-    fams = {
-        "x_requests_total": family("counter", "Requests.", [({"band": "batch"}, 3), ({"band": 'we"ird\\'}, 1)]),
-        "x_depth": family("gauge", "Depth.\nTwo lines.", [({}, 2.5)]),
-        "x_seconds": family("histogram", "Seconds.", [({"class": "agent"}, h.export())]),
+    snapshot = {
+        "metrics": {"lanes_total": 4, "lanes_by_state": {"idle": 1, "decode": 3}, "queue_depth_by_class": {"agent": 2}, "ttft_s": {"agent": h.stats()}},
+        "counters": {"dispatched_batch": 5, "preemptions": 1},
     }
-    text = render(fams)
-    assert "# TYPE x_seconds histogram" in text and "# HELP x_depth Depth.\\nTwo lines." in text
-    assert 'x_seconds_bucket{class="agent",le="+Inf"} 3' in text
+    text = exposition(registry=registry_with(WebMetrics(), snapshot, monkeypatch))
+    assert "# TYPE superfluid_ttft_seconds histogram" in text and "# TYPE llamaswap_scheduler_dispatched_total counter" in text
+    assert "# HELP superfluid_lanes_active Lanes holding a job." in text
     parsed = parse(text)
-    assert parsed["x_requests"].type == "counter"
-    assert {s.labels["band"] for s in parsed["x_requests"].samples} == {"batch", 'we"ird\\'}
-    buckets = [s for s in parsed["x_seconds"].samples if s.name == "x_seconds_bucket"]
+    assert [s.value for s in parsed["superfluid_lanes_active"].samples] == [3]
+    depth = {s.labels["class"]: s.value for s in parsed["superfluid_queue_depth"].samples}
+    assert depth == {"interactive": 0, "completion": 0, "agent": 2, "background": 0}  # every class, 0 when idle
+    assert {s.labels["band"]: s.value for s in parsed["llamaswap_scheduler_dispatched"].samples} == {"interactive": 0, "normal": 0, "batch": 5}
+    buckets = [s for s in parsed["superfluid_ttft_seconds"].samples if s.name == "superfluid_ttft_seconds_bucket"]
     assert [(s.labels["le"], s.value) for s in buckets] == [("0.1", 1), ("1.0", 2), ("+Inf", 3)]
-    assert [s.value for s in parsed["x_seconds"].samples if s.name == "x_seconds_count"] == [3]
+    assert [s.value for s in parsed["superfluid_ttft_seconds"].samples if s.name == "superfluid_ttft_seconds_count"] == [3]
+    assert [s.value for s in parsed["superfluid_worker_restarts"].samples] == [2]
+    assert [s.value for s in parsed["superfluid_worker_connected"].samples] == [1]
 
 
-def test_web_metrics_count_requests_rejections_and_tokens_per_key() -> None:
+def test_before_the_first_snapshot_only_the_link_and_web_families_are_there(monkeypatch: Any) -> None:
+    parsed = parse(exposition(registry=registry_with(WebMetrics(), None, monkeypatch)))
+    assert "superfluid_worker_connected" in parsed and "superfluid_key_requests" in parsed
+    assert "superfluid_lanes_active" not in parsed and "superfluid_pool_blocks_total" not in parsed
+
+
+def test_web_metrics_count_requests_rejections_and_tokens_per_key(monkeypatch: Any) -> None:
     m = WebMetrics()
     ok = RequestRecord(endpoint="chat", key_name="alice", qos="agent", status=200, usage={"prompt_tokens": 12, "completion_tokens": 5})
     refused = RequestRecord(endpoint="chat", key_name="bob", status=429, error_code="rate_limit_exceeded")
     gone = RequestRecord(endpoint="completions", status=499, error_code="client_disconnected", qos="agent")
     for r in (ok, ok, refused, gone):
         m.observe(r)
-    parsed = parse(render(m.families()))
+    parsed = parse(exposition(registry=registry_with(m, None, monkeypatch)))
     reqs = {(s.labels["key"], s.labels["endpoint"], s.labels["class"]): s.value for s in parsed["superfluid_key_requests"].samples}
     assert reqs == {("alice", "chat", "agent"): 2, ("bob", "chat", "none"): 1, ("anonymous", "completions", "agent"): 1}
     rejections = {(s.labels["key"], s.labels["code"]): s.value for s in parsed["superfluid_key_rejections"].samples}
@@ -51,23 +72,48 @@ def test_web_metrics_count_requests_rejections_and_tokens_per_key() -> None:
     assert tokens == {("alice", "prompt"): 24, ("alice", "completion"): 10}
     statuses = {(s.labels["endpoint"], s.labels["status"]): s.value for s in parsed["superfluid_http_generation_requests"].samples}
     assert statuses[("chat", "200")] == 2 and statuses[("chat", "429")] == 1
+    counts = {s.labels["endpoint"]: s.value for s in parsed["superfluid_http_generation_duration_seconds"].samples if s.name.endswith("_count")}
+    assert counts == {"chat": 3, "completions": 1}
 
 
-def test_a_non_admin_key_sees_only_its_own_per_key_series_and_everything_else() -> None:
+def test_a_non_admin_key_sees_only_its_own_per_key_series_and_everything_else(monkeypatch: Any) -> None:
     m = WebMetrics()
     m.observe(RequestRecord(endpoint="chat", key_name="alice", qos="agent", status=200))
     m.observe(RequestRecord(endpoint="chat", key_name="bob", qos="agent", status=403, error_code="forbidden"))
-    fams = m.families()
+    registry = registry_with(m, {"metrics": {"lanes_total": 2}}, monkeypatch)
 
-    def keys(view: dict[str, Any], name: str) -> set[str]:
-        return {labels["key"] for labels, _ in view[name]["samples"]}
+    def keys(text: str, name: str) -> set[str]:
+        return {s.labels["key"] for s in parse(text)[name].samples}
 
-    assert keys(visible_families(fams, None, False), "superfluid_key_requests_total") == {"alice", "bob"}  # no key: loopback
-    assert keys(visible_families(fams, "root", True), "superfluid_key_requests_total") == {"alice", "bob"}  # admin
-    alice = visible_families(fams, "alice", False)
-    assert keys(alice, "superfluid_key_requests_total") == {"alice"}
-    assert keys(alice, "superfluid_key_rejections_total") == set()
-    assert alice["superfluid_http_generation_requests_total"] == fams["superfluid_http_generation_requests_total"]
+    assert keys(exposition(None, False, registry), "superfluid_key_requests") == {"alice", "bob"}  # no key: loopback
+    assert keys(exposition("root", True, registry), "superfluid_key_requests") == {"alice", "bob"}  # admin
+    alice = exposition("alice", False, registry)
+    assert keys(alice, "superfluid_key_requests") == {"alice"}
+    assert keys(alice, "superfluid_key_rejections") == set()
+    everything = parse(exposition(None, True, registry))
+    for name in ("superfluid_http_generation_requests", "superfluid_lanes_total", "superfluid_worker_connected"):
+        assert parse(alice)[name].samples == everything[name].samples
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.text(min_size=1, max_size=40), other=st.text(min_size=1, max_size=40))
+def test_any_key_name_round_trips_through_the_text_format_and_sees_only_itself(name: str, other: str) -> None:
+    """Key names are free text chosen by an admin: quotes, backslashes and newlines must neither
+    break the format nor let one key's view include another key's series."""
+    m = WebMetrics()
+    m.observe(RequestRecord(endpoint="chat", key_name=name, qos="agent", status=200))
+    m.observe(RequestRecord(endpoint="chat", key_name=other, qos="agent", status=429, error_code="rate_limit_exceeded"))
+    original = metrics_module.web_metrics
+    metrics_module.web_metrics = m
+    try:
+        registry = CollectorRegistry()
+        registry.register(SuperfluidCollector(lambda: None))
+        seen = parse(exposition(name, False, registry))
+    finally:
+        metrics_module.web_metrics = original
+    assert {s.labels["key"] for s in seen["superfluid_key_requests"].samples} == {name}
+    if other != name:
+        assert seen["superfluid_key_rejections"].samples == []
 
 
 def _runtime(*keys: tuple[str, str, bool]) -> Any:
@@ -92,11 +138,10 @@ async def test_the_metrics_view_filters_per_key_series_by_the_scraping_key(monke
     from django.test import RequestFactory, override_settings
 
     import api.admission
-    import api.metrics as metrics_module
 
     rt = _runtime(("sf-alice", "alice", False), ("sf-root", "root", True))
     monkeypatch.setattr(api.admission, "get_runtime", lambda: rt)
-    monkeypatch.setattr(metrics_module, "worker_families", lambda: {})
+    monkeypatch.setattr(metrics_module.collector, "link", lambda: None)
     web = WebMetrics()
     web.observe(RequestRecord(endpoint="chat", key_name="alice", qos="agent", status=200))
     web.observe(RequestRecord(endpoint="chat", key_name="bob", qos="agent", status=429, error_code="rate_limit_exceeded"))

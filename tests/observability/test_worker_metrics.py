@@ -1,16 +1,18 @@
-"""The engine worker's metrics, on the simulated engine: names, labels, and counters that move."""
+"""The engine worker's statistics, on the simulated engine, and the /metrics families named from
+them: names, labels, and counters that move."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from api.metrics import snapshot_families
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import Message, Submit
 from scheduler.worker.loop import EngineWorker
-from scheduler.worker.metrics import WorkerMetrics, all_families, families_from_snapshot
+from scheduler.worker.metrics import WorkerStats
 
 
 class FakeConn:
@@ -39,30 +41,46 @@ def run(worker: EngineWorker, ticks: int = 200) -> None:
             return
 
 
-def samples(fams: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...], Any]:
-    return {tuple(sorted(labels.items())): value for labels, value in fams[name]["samples"]}
+def stats(worker: EngineWorker) -> WorkerStats:
+    return worker.metrics.collect(worker.scheduler, worker.stats)
 
 
-def test_collect_exports_every_worker_family_with_labels_for_each_class_and_band() -> None:
+def families(worker: EngineWorker) -> dict[str, Any]:
+    """The /metrics families of the worker's snapshot, by family name (counters without _total)."""
+    return {f.name: f for f in snapshot_families(worker.snapshot())}
+
+
+def samples(fams: dict[str, Any], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Sample name -> {labels: value}: ``name`` is a sample's name (x_total, x_count, x_bucket)."""
+    out = {}
+    for fam in fams.values():
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    assert out, f"no sample {name}"
+    return out
+
+
+def test_every_worker_family_is_named_with_labels_for_each_class_and_band() -> None:
     worker, _ = make_worker()
-    fams = worker.metrics.collect(worker)
-    for name in (
-        "superfluid_lanes_active",
-        "superfluid_lanes",
-        "superfluid_queue_depth",
-        "superfluid_prefill_budget_tokens",
-        "superfluid_decode_grant_tokens",
-        "superfluid_ttft_seconds",
-        "superfluid_queue_wait_seconds",
-        "llamaswap_scheduler_queue_depth",
-        "llamaswap_scheduler_queue_oldest_wait_seconds",
-        "llamaswap_scheduler_dispatched_total",
+    fams = families(worker)
+    for name, kind in (
+        ("superfluid_lanes_active", "gauge"),
+        ("superfluid_lanes", "gauge"),
+        ("superfluid_queue_depth", "gauge"),
+        ("superfluid_prefill_budget_tokens", "gauge"),
+        ("superfluid_decode_grant_tokens", "gauge"),
+        ("superfluid_ttft_seconds", "histogram"),
+        ("superfluid_queue_wait_seconds", "histogram"),
+        ("llamaswap_scheduler_queue_depth", "gauge"),
+        ("llamaswap_scheduler_queue_oldest_wait_seconds", "gauge"),
+        ("llamaswap_scheduler_dispatched", "counter"),
     ):
-        assert name in fams, name
-    assert {labels["class"] for labels, _ in fams["superfluid_queue_depth"]["samples"]} == {"interactive", "completion", "agent", "background"}
-    assert {labels["band"] for labels, _ in fams["llamaswap_scheduler_queue_depth"]["samples"]} == {"interactive", "normal", "batch"}
-    assert {labels["class"] for labels, _ in fams["superfluid_ttft_seconds"]["samples"]} == {"interactive", "completion", "agent", "background"}
-    json.dumps(fams, allow_nan=False)  # plain JSON: the +Inf bucket is a string
+        assert fams[name].type == kind, name
+    assert {labels[0][1] for labels in samples(fams, "superfluid_queue_depth")} == {"interactive", "completion", "agent", "background"}
+    assert {labels[0][1] for labels in samples(fams, "llamaswap_scheduler_queue_depth")} == {"interactive", "normal", "batch"}
+    assert {dict(labels)["class"] for labels in samples(fams, "superfluid_ttft_seconds_count")} == {"interactive", "completion", "agent", "background"}
+    json.dumps(stats(worker), allow_nan=False)  # plain JSON: no infinite bucket bound
 
 
 def test_queues_by_class_and_band_then_dispatch_ttft_and_queue_wait_move() -> None:
@@ -72,68 +90,69 @@ def test_queues_by_class_and_band_then_dispatch_ttft_and_queue_wait_move() -> No
     submit(worker, conn, "b", qos=QosClass.BACKGROUND, priority=-100)
     submit(worker, conn, "c", qos=QosClass.BACKGROUND, priority=-100)
     clock.advance(3.0)
-    fams = worker.metrics.collect(worker)
+    fams = families(worker)
     assert samples(fams, "superfluid_queue_depth")[(("class", "background"),)] == 2
     assert samples(fams, "llamaswap_scheduler_queue_depth")[(("band", "batch"),)] == 2
     assert samples(fams, "llamaswap_scheduler_queue_oldest_wait_seconds")[(("band", "batch"),)] == 3.0
 
     run(worker)
-    fams = worker.metrics.collect(worker)
+    fams = families(worker)
     dispatched = samples(fams, "llamaswap_scheduler_dispatched_total")
     assert dispatched[(("band", "normal"),)] == 1 and dispatched[(("band", "batch"),)] == 2
-    ttft = samples(fams, "superfluid_ttft_seconds")
-    assert ttft[(("class", "agent"),)]["count"] == 1 and ttft[(("class", "background"),)]["count"] == 2
-    assert ttft[(("class", "agent"),)]["buckets"][-1] == ["+Inf", 1]
-    wait = samples(fams, "superfluid_queue_wait_seconds")[(("class", "background"),)]
-    assert wait["count"] == 2 and wait["sum"] >= 3.0  # both waited behind "a" for at least 3 s
+    ttft = samples(fams, "superfluid_ttft_seconds_count")
+    assert ttft[(("class", "agent"),)] == 1 and ttft[(("class", "background"),)] == 2
+    assert samples(fams, "superfluid_ttft_seconds_bucket")[(("class", "agent"), ("le", "+Inf"))] == 1
+    assert samples(fams, "superfluid_queue_wait_seconds_count")[(("class", "background"),)] == 2
+    assert samples(fams, "superfluid_queue_wait_seconds_sum")[(("class", "background"),)] >= 3.0  # both waited behind "a"
     assert samples(fams, "superfluid_decode_tokens_total")[()] > 0
     assert samples(fams, "superfluid_prefill_tokens_total")[()] >= 3 * 16
-    finished = samples(fams, "superfluid_jobs_finished_total")
-    assert sum(finished.values()) == 3
+    assert sum(samples(fams, "superfluid_jobs_finished_total").values()) == 3
 
 
-def test_dispatches_are_counted_once_even_when_seen_by_both_collect_and_finish() -> None:
+def test_dispatches_and_queue_waits_are_counted_once_even_when_seen_by_both_collect_and_finish() -> None:
     worker, _ = make_worker(max_batch=2)
     conn = FakeConn()
     submit(worker, conn, "x", max_tokens=30)
     worker.run_tick()
-    worker.metrics.collect(worker)  # sees "x" running
+    stats(worker)  # sees "x" running
     run(worker)
-    fams = worker.metrics.collect(worker)
+    fams = families(worker)
     assert samples(fams, "llamaswap_scheduler_dispatched_total")[(("band", "normal"),)] == 1
-    assert samples(fams, "superfluid_queue_wait_seconds")[(("class", "agent"),)]["count"] == 1
+    assert samples(fams, "superfluid_queue_wait_seconds_count")[(("class", "agent"),)] == 1
 
 
 def test_snapshot_families_carry_counters_and_pool_with_zero_defaults() -> None:
-    fams = families_from_snapshot({})
+    empty = {f.name: f for f in snapshot_families({})}
     for name in (
-        "superfluid_preemptions_total",
-        "superfluid_prefix_cache_hits_total",
-        "superfluid_parks_total",
-        "superfluid_evictions_total",
-        "superfluid_os_pressure_total",
+        "superfluid_preemptions",
+        "superfluid_prefix_cache_hits",
+        "superfluid_parks",
+        "superfluid_evictions",
+        "superfluid_os_pressure",
         "superfluid_pool_blocks_used",
         "superfluid_pool_blocks_total",
-        "llamaswap_scheduler_reorders_total",
+        "llamaswap_scheduler_reorders",
+        "superfluid_lanes_active",
     ):
-        assert name in fams, name
+        assert name in empty, name
+    assert samples(empty, "superfluid_preemptions_total")[()] == 0
     state = {
         "counters": {"preemptions": 3, "evictions": 2, "reorders_aging": 5, "os_pressure_critical": 1, "dispatched_interactive": 7, "dispatched_normal": 1, "dispatched_batch": 0},
         "pool": {"blocks_used": 10, "blocks_total": 64},
-        "metrics": WorkerMetrics().collect(make_worker()[0]),
+        "metrics": stats(make_worker()[0]),
     }
-    merged = all_families(state)
+    merged = {f.name: f for f in snapshot_families(state)}
     assert samples(merged, "superfluid_preemptions_total")[()] == 3
     assert samples(merged, "superfluid_pool_blocks_used")[()] == 10
     assert samples(merged, "llamaswap_scheduler_reorders_total")[(("reason", "aging"),)] == 5
     assert samples(merged, "superfluid_os_pressure_total")[(("level", "critical"),)] == 1
-    assert samples(merged, "llamaswap_scheduler_dispatched_total")[(("band", "interactive"),)] == 7  # the core's count wins
+    assert samples(merged, "llamaswap_scheduler_dispatched_total")[(("band", "interactive"),)] == 7  # the core's count
 
 
-def test_the_worker_snapshot_carries_the_metrics() -> None:
+def test_the_worker_snapshot_carries_its_statistics_as_plain_json() -> None:
     worker, _ = make_worker()
     snap = worker.snapshot()
-    assert "superfluid_lanes_active" in snap["metrics"]
+    assert snap["metrics"]["lanes_total"] == 2 and snap["metrics"]["lanes_by_state"]["idle"] == 2
     json.dumps(snap, allow_nan=False)
 
 
@@ -144,8 +163,6 @@ def test_time_to_first_token_is_observed_while_the_job_still_runs_and_only_once(
     for _ in range(3):
         worker.run_tick()
     assert worker.scheduler.jobs["long"].first_token_s is not None
-    fams = worker.metrics.collect(worker)
-    assert samples(fams, "superfluid_ttft_seconds")[(("class", "agent"),)]["count"] == 1
+    assert stats(worker)["ttft_s"]["agent"]["count"] == 1
     run(worker)
-    fams = worker.metrics.collect(worker)
-    assert samples(fams, "superfluid_ttft_seconds")[(("class", "agent"),)]["count"] == 1
+    assert stats(worker)["ttft_s"]["agent"]["count"] == 1

@@ -1,0 +1,139 @@
+"""Configuration from the environment: typed reads that refuse bad values, DATABASE_URL with its
+query options, and the system checks that name a serving configuration that cannot work."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError, SystemCheckError
+from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.checks import binding_warnings, class_lanes_errors, model_errors, usable_key_exists
+from scheduler.management.options import _env
+from superfluid_site.env import FALSE, TRUE, EnvError, env_bool, env_int, env_list
+from superfluid_site.settings import _database
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+@pytest.mark.parametrize("raw, expected", [("1", True), ("TRUE", True), (" on ", True), ("no", False), ("0", False), ("", True)])
+def test_booleans_read_every_documented_spelling_and_empty_means_the_default(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+    monkeypatch.setenv("SF_TEST_FLAG", raw)
+    assert env_bool("SF_TEST_FLAG", True) is expected
+
+
+@given(raw=st.text(min_size=1, max_size=12))
+def test_any_environment_value_is_read_as_documented_or_refused_never_guessed(raw: str) -> None:
+    """Hostile values: a boolean is one of the documented spellings or an error naming the
+    variable; an integer is int() of the text or an error. Nothing falls back silently."""
+    if "\0" in raw:
+        return  # the environment cannot hold NUL
+    os.environ["SF_TEST_FUZZ"] = raw
+    try:
+        word = raw.strip().lower()
+        if word in TRUE or word in FALSE:
+            assert env_bool("SF_TEST_FUZZ", False) is (word in TRUE)
+        else:
+            with pytest.raises(EnvError, match="SF_TEST_FUZZ"):
+                env_bool("SF_TEST_FUZZ", False)
+        try:
+            expected = int(raw)
+        except ValueError:
+            with pytest.raises(EnvError, match="SF_TEST_FUZZ"):
+                env_int("SF_TEST_FUZZ", 7)
+        else:
+            assert env_int("SF_TEST_FUZZ", 7) == expected
+    finally:
+        del os.environ["SF_TEST_FUZZ"]
+
+
+def test_lists_drop_blanks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SF_TEST_LIST", " a.example, ,b.example,")
+    assert env_list("SF_TEST_LIST", "x") == ["a.example", "b.example"]
+
+
+def test_serving_flags_read_their_variables_with_the_same_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A boolean flag's variable used to be read as "not one of the true spellings": a typo
+    meant off. It now stops with the variable's name, as the settings do."""
+    monkeypatch.setenv("SUPERFLUID_SOME_SWITCH", "ture")
+    with pytest.raises(CommandError, match="SUPERFLUID_SOME_SWITCH='ture' is not a boolean"):
+        _env("--some-switch", False)
+    monkeypatch.setenv("SUPERFLUID_MAX_BATCH", "eight")
+    with pytest.raises(CommandError, match="--max-batch.*not an integer"):
+        _env("--max-batch", 8)
+    monkeypatch.setenv("SUPERFLUID_MAX_BATCH", "4")
+    assert _env("--max-batch", 8) == 4
+
+
+def test_database_url_keeps_its_query_options_and_sqlite_keeps_its_locking() -> None:
+    pg = _database("postgres://app:p%40ss@db.internal:5433/superfluid?sslmode=require&connect_timeout=5")
+    assert pg["ENGINE"] == "django.db.backends.postgresql"
+    assert (pg["NAME"], pg["USER"], pg["PASSWORD"], pg["HOST"], pg["PORT"]) == ("superfluid", "app", "p@ss", "db.internal", 5433)
+    assert pg["OPTIONS"] == {"sslmode": "require", "connect_timeout": 5}
+    lite = _database("sqlite:////var/lib/superfluid/db.sqlite3")
+    assert lite["NAME"] == "/var/lib/superfluid/db.sqlite3"
+    assert lite["OPTIONS"] == {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    assert str(_database("")["NAME"]).endswith("superfluid.sqlite3")
+    assert _database("sqlite://")["NAME"] == _database("")["NAME"]
+    with pytest.raises(EnvError, match="DATABASE_URL"):
+        _database("mongodb://host/db")
+
+
+def test_class_lanes_that_cannot_work_are_error_e001() -> None:
+    assert class_lanes_errors("background=2,agent=6", 8) == []
+    assert ids(class_lanes_errors("background=9", 8)) == ["superfluid.E001"]
+    assert ids(class_lanes_errors("bulk=1", 8)) == ["superfluid.E001"]
+    assert ids(class_lanes_errors("agent", 8)) == ["superfluid.E001"]
+
+
+def test_a_missing_or_unreadable_model_is_error_e002(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    assert ids(model_errors(str(model))) == ["superfluid.E002"]
+    model.write_bytes(b"GGUF")
+    assert model_errors(str(model)) == []
+    assert model_errors("") == []  # the bundled default
+    if os.geteuid() != 0:  # root reads everything
+        model.chmod(0)
+        assert ids(model_errors(str(model))) == ["superfluid.E002"]
+
+
+def test_binding_beyond_loopback_or_requiring_keys_without_one_is_warning_w001() -> None:
+    assert binding_warnings("127.0.0.1", False, lambda: False) == []
+    assert ids(binding_warnings("0.0.0.0", False, lambda: False)) == ["superfluid.W001"]
+    assert ids(binding_warnings("::1", True, lambda: False)) == ["superfluid.W001"]
+    assert binding_warnings("0.0.0.0", False, lambda: True) == []
+
+
+@pytest.mark.django_db
+def test_only_a_key_neither_revoked_nor_expired_counts_as_usable() -> None:
+    from keys.models import ApiKey
+
+    assert not usable_key_exists()
+    ApiKey.objects.create(name="old", prefix="sf-a", digest="a" * 64, revoked=True)
+    ApiKey.objects.create(name="gone", prefix="sf-b", digest="b" * 64, expires=timezone.now() - datetime.timedelta(days=1))
+    assert not usable_key_exists()
+    ApiKey.objects.create(name="live", prefix="sf-c", digest="c" * 64)
+    assert usable_key_exists()
+
+
+@pytest.mark.django_db
+def test_manage_py_check_stops_on_a_bad_environment_and_names_the_ids(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SUPERFLUID_CLASS_LANES", "agent=99")
+    monkeypatch.setenv("SUPERFLUID_MODEL", str(tmp_path / "missing.gguf"))
+    monkeypatch.setenv("SUPERFLUID_HOST", "0.0.0.0")
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check")
+    text = str(raised.value)
+    assert "superfluid.E001" in text and "superfluid.E002" in text and "superfluid.W001" in text
+    for name in ("SUPERFLUID_CLASS_LANES", "SUPERFLUID_MODEL", "SUPERFLUID_HOST"):
+        monkeypatch.delenv(name)
+    call_command("check")  # the defaults pass
