@@ -42,7 +42,7 @@ async def one_client(host: str, port: int, body: bytes, first_chunk: asyncio.Eve
                 return False
             got += chunk
         return got.startswith(b"HTTP/1.1 200")
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     finally:
         writer.close()  # gone after the first chunk
@@ -87,7 +87,7 @@ async def run(args: argparse.Namespace) -> int:
         rows_at = time.monotonic() - all_closed
     print(f"{args.clients} clients, {served} got a first chunk (200) in {all_closed - t0:.1f} s, then all dropped")
     print("\n| measure | value |\n|---|---:|")
-    print(f"| lanes and queues free after the last drop | {'%.2f s' % freed_s if freed_s is not None else 'not within %.0f s' % args.wait} |")
+    print(f"| lanes and queues free after the last drop | {f'{freed_s:.2f} s' if freed_s is not None else f'not within {args.wait:.0f} s'} |")
     print(f"| lanes busy, jobs queued at the end | {final[0]}, {final[1]} |")
     if rows is not None:
         print(f"| activity rows written (of {args.clients}) | {rows} ({rows_at:.1f} s after the last drop) |")

@@ -122,7 +122,7 @@ class Transport(ABC):
         self.start()
         try:
             await asyncio.wait_for(self._connected.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

@@ -290,9 +290,9 @@ class EngineWorker:
             # pieces: template, index, template, index, ..., template
             if len(pieces) == 2 * len(messages) + 1 and all(pieces[2 * i + 1] == str(i) for i in range(len(messages))):
                 templates = pieces[0::2]
-                if "".join(t + c for t, c in zip(templates, [*contents, ""])) == text:
+                if "".join(t + c for t, c in zip(templates, [*contents, ""], strict=False)) == text:
                     tokens = engine.tokenize(templates[0])
-                    for content, template in zip(contents, templates[1:]):
+                    for content, template in zip(contents, templates[1:], strict=False):
                         tokens += engine.tokenize(content, add_special=False, special=False)
                         tokens += engine.tokenize(template, add_special=False)
                     return tokens
