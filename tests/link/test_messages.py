@@ -39,7 +39,7 @@ def test_the_worker_is_not_sent_the_key_and_done_does_not_echo_class_or_priority
 
 def test_a_decoder_ignores_fields_it_does_not_know_and_fills_defaults() -> None:
     """Ends a version apart still understand each other (a fleet upgraded one process at a time)."""
-    got = m.decode(json.dumps({"type": "submit", "id": "j", "request": {}, "cache_scope": "k1"}).encode())
+    got = m.decode(json.dumps({"type": "submit", "id": "j", "request": {}, "from_a_newer_web_side": "k1"}).encode())
     assert got == m.Submit(id="j", request={})
 
 
