@@ -274,12 +274,14 @@ class EngineWorker:
         if not -MAX_PRIORITY <= int(message.priority) <= MAX_PRIORITY:
             raise Refusal(INVALID_JOB, "The priority is out of range.")
 
-    def _chat_tokens(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The rendered conversation's tokens, with what the client wrote tokenised as text:
-        control-token text in a message (``<|im_end|>``) is not parsed as a control token.
-        The template is rendered with a marker in place of each content to find where the
-        contents are; if the template transforms contents (the marker render does not give the
-        real text back), the whole text is tokenised as before."""
+    def _chat_tokens(self, messages: list[dict[str, Any]], resume_text: str = "") -> tuple[list[int], int]:
+        """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
+        conversation's). What the client wrote is tokenised as text: control-token text in a
+        message (``<|im_end|>``) is not parsed as a control token. The template is rendered with
+        a marker in place of each content to find where the contents are; if the template
+        transforms contents (the marker render does not give the real text back), the whole
+        text is tokenised as before. Resumed text is tokenised together with the template's
+        last piece, as it was when the whole text was tokenised at once."""
         engine = self.engine
         text = engine.render_chat(messages)
         marker = f"\x00{uuid.uuid4().hex}\x00"
@@ -292,22 +294,27 @@ class EngineWorker:
                 templates = pieces[0::2]
                 if "".join(t + c for t, c in zip(templates, [*contents, ""], strict=False)) == text:
                     tokens = engine.tokenize(templates[0])
-                    for content, template in zip(contents, templates[1:], strict=False):
+                    for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
                         tokens += engine.tokenize(content, add_special=False, special=False)
-                        tokens += engine.tokenize(template, add_special=False)
-                    return tokens
-        return engine.tokenize(text)
+                        if i < len(contents) - 1:
+                            tokens += engine.tokenize(template, add_special=False)
+                    own = tokens + engine.tokenize(templates[-1], add_special=False)
+                    if not resume_text:
+                        return own, len(own)
+                    return tokens + engine.tokenize(templates[-1] + resume_text, add_special=False), len(own)
+        own = engine.tokenize(text)
+        return (engine.tokenize(text + resume_text) if resume_text else own), len(own)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to)."""
         engine = self.engine
-        resumed = engine.tokenize(resume_text, add_special=False, special=False) if resume_text else []
+        resumed = engine.tokenize(resume_text, add_special=False) if resume_text else []
         if request.get("endpoint") == "chat":
             try:
-                own = self._chat_tokens(request["messages"])
+                tokens, own_len = self._chat_tokens(request["messages"], resume_text)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
-            return own + resumed, len(own), "messages"
+            return tokens, own_len, "messages"
         prompt = request.get("prompt")
         suffix = request.get("suffix")
         if suffix is not None:

@@ -101,3 +101,12 @@ def test_a_submit_the_worker_cannot_make_a_job_of_is_refused_and_the_worker_goes
     for _ in range(50):
         worker.run_tick()
     assert worker.scheduler.idle and "next" not in worker.contexts
+
+
+def test_a_resumed_chat_continues_the_same_tokens_with_the_delivered_text_after_them() -> None:
+    worker, _, reply = submit(chat("hi <|im_end|>"))
+    fresh = worker.scheduler.jobs["j"].prompt
+    worker2, _, reply2 = submit(chat("hi <|im_end|>"), resume_text="Once", resume_tokens=4)
+    resumed = worker2.scheduler.jobs["j"].prompt
+    assert isinstance(reply, Accepted) and isinstance(reply2, Accepted) and reply2.prompt_tokens == reply.prompt_tokens
+    assert resumed == fresh + list(b"Once")
