@@ -113,3 +113,25 @@ def test_the_engine_loads_and_decodes_its_start_up_batch_either_way(repack: str)
         assert engine.repack is (repack == "on")
         engine.probe()
         engine.probe()  # the probe frees its lanes: a second one starts from position 0 again
+
+
+@pytest.mark.model
+def test_checkengine_decodes_and_prints_speed_or_dies_with_the_engine(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The check CI runs against the from-source build: it says what it loaded and how fast it
+    decodes, and fails when the engine cannot decode (here a simulated start-up crash)."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.harness import ROOT
+
+    argv = [sys.executable, str(ROOT / "manage.py"), "checkengine", "--max-batch", "2", "--rounds", "2", "--no-repack"]
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": str(tmp_path)}
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "extra buffer types (AMX, weight repacking): off (--repack off)" in done.stdout
+    assert "start-up decode: ok" in done.stdout
+    assert "2 lane(s): prefill" in done.stdout and "decode" in done.stdout
+    env["SUPERFLUID_TEST_CRASH_PROBE"] = "always"
+    crashed = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == -11 and "start-up decode: ok" not in crashed.stdout

@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
-from scheduler.management.commands.runengine import load_engine
+from scheduler.management.commands.runengine import _probe, load_engine
 from scheduler.management.options import add_engine_arguments, resolve_model, scheduler_config
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -78,10 +78,8 @@ class Command(BaseCommand):
                 if note:
                     out(note)
             out(f"{model.name} on {engine.name}: loaded in {time.monotonic() - started:.1f}s")
-            probe = getattr(engine, "probe", None)
-            if probe is not None:
-                probe()
-                out("start-up decode: ok")
+            _probe(engine)  # the worker's start-up decode, test hook included
+            out("start-up decode: ok")
             for lanes in sorted({1, config.max_batch}):
                 prefill, decode = time_generation(engine, lanes, options["rounds"])
                 out(f"{lanes} lane(s): prefill {prefill:.1f} tok/s, decode {decode:.1f} tok/s ({options['rounds']} rounds, greedy)")
