@@ -43,8 +43,8 @@ time.sleep(60)
 """
 
 
-def supervise(mode: str, *, repack_retry: bool = True) -> WorkerSupervisor:
-    sup = WorkerSupervisor([sys.executable, "-c", FAKE_WORKER, mode], repack_retry=repack_retry)
+def supervise(mode: str, *, repack: str | None = "auto") -> WorkerSupervisor:
+    sup = WorkerSupervisor([sys.executable, "-c", FAKE_WORKER, mode], repack=repack)
     sup.start()
     return sup
 
@@ -83,10 +83,17 @@ def test_a_crash_with_extra_buffer_types_already_off_is_not_retried() -> None:
 
 
 def test_an_explicit_repack_on_is_not_overridden_but_named_in_the_message() -> None:
-    sup = supervise("repack", repack_retry=False)  # serve --repack on
+    sup = supervise("repack", repack="on")  # serve --repack on
     assert sup.exited.wait(30)
     assert sup.restarts == 0 and "--no-repack" not in sup.argv
     assert sup.fatal is not None and "--no-repack (or SUPERFLUID_NO_REPACK=1)" in sup.fatal
+
+
+def test_another_engine_dying_while_starting_stops_serving_without_llama_cpp_hints() -> None:
+    sup = supervise("always", repack=None)  # the MLX engine
+    assert sup.exited.wait(30)
+    assert sup.restarts == 0 and sup.fatal is not None and "SIGSEGV" in sup.fatal
+    assert "repack" not in sup.fatal and "CMAKE_ARGS" not in sup.fatal
 
 
 def test_a_model_that_does_not_load_still_stops_serving_at_once() -> None:
@@ -128,7 +135,7 @@ def test_serve_comes_up_with_no_repack_when_the_start_up_decode_crashes_with_ext
 def test_serve_exits_with_the_hint_when_the_worker_crashes_at_start_up_whatever_the_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]
     env = {**os.environ, "SUPERFLUID_DATA_DIR": str(tmp_path), "SUPERFLUID_TEST_CRASH_PROBE": "always"}
     argv = [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(free_port()), "--max-batch", "2", "--ctx-size", "512"]
-    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode != 0
     assert done.stderr.count(RETRY_LINE) == 1, done.stderr[-3000:]
     assert "died with signal SIGSEGV (-11) while decoding its start-up batch, also with --no-repack" in done.stderr

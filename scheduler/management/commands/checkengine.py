@@ -13,7 +13,11 @@ from django.core.management.base import BaseCommand, CommandError
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.management.commands.runengine import _probe, load_engine
-from scheduler.management.options import add_engine_arguments, resolve_model, scheduler_config
+from scheduler.management.options import (
+    add_engine_arguments,
+    resolve_model,
+    scheduler_config,
+)
 
 PROMPT = "Explain in a few sentences why the sky is blue."
 

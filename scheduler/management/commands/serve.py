@@ -83,9 +83,9 @@ class WorkerSupervisor:
     start-up death stops serve with the reason.
     """
 
-    def __init__(self, argv: list[str], *, repack_retry: bool = False) -> None:
+    def __init__(self, argv: list[str], *, repack: str | None = None) -> None:
         self.argv = argv
-        self.repack_retry = repack_retry  # a llama.cpp worker under --repack auto
+        self.repack = repack  # a llama.cpp worker's --repack; None for other engines
         self.proc: subprocess.Popen[bytes] | None = None
         self._status_fd = -1
         self.ever_ready = False
@@ -133,9 +133,11 @@ class WorkerSupervisor:
             return "the engine worker cannot load the model (its message is above)"
         doing = "decoding its start-up batch" if any(s.startswith("loaded") for s in status) else "loading the model"
         died = f"the engine worker died with {_exit_text(rc)} while {doing}"
+        if self.repack is None:
+            return f"{died} (its output is above)"
         if "--no-repack" in self.argv:
             return f"{died}, also with --no-repack; {_portable_build_hint()}"
-        if rc < 0 and self.repack_retry and "repack=off" not in status:
+        if rc < 0 and self.repack == "auto" and "repack=off" not in status:
             return None
         if "repack=on" in status:
             return f"{died}; {NO_REPACK_HINT}"
@@ -247,8 +249,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", "--socket", socket_path, *engine_argv(options, model)]
-        repack_retry = engine == "llamacpp" and options["repack"] == "auto"
-        supervisor = WorkerSupervisor(worker_cmd, repack_retry=repack_retry)
+        supervisor = WorkerSupervisor(worker_cmd, repack=options["repack"] if engine == "llamacpp" else None)
         supervisor.start()
         try:
             self._run_web(options, supervisor, model_name, config.max_batch)
