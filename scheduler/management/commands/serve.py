@@ -59,8 +59,8 @@ def _portable_build_hint() -> str:
     except PackageNotFoundError:  # not installed as a distribution: the unpinned name
         pin = "llama-cpp-python"
     return (
-        "if llama-cpp-python was built for another CPU, or its native build crashes here, rebuild it for a "
-        f'portable target: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-cache-dir --no-deps {pin} '
+        "if llama-cpp-python was built for another CPU, or its native build crashes here, rebuild it with "
+        f'portable AVX2 kernels: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-cache-dir --no-deps {pin} '
         "(docs/engines.md)"
     )
 
