@@ -19,7 +19,7 @@ from typing import Any
 
 import llama_cpp
 
-from scheduler.core.types import LaneBind, SamplingParams, TickPlan, TickResult
+from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, run_tick
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 
@@ -78,6 +78,68 @@ def _err(message: str, *, permanent: bool) -> EngineError:
     return EngineError(f"{message}: {detail}" if detail else message, permanent=permanent)
 
 
+# -- extra buffer types (AMX, weight repacking) -----------------------------------------
+# llama.cpp loads weights into "extra buffer types" when it can: the AMX buffer (a build with
+# AMX_INT8 kernels on a CPU with AMX tiles) and the CPU repack buffer (Q4_0/IQ4_NL/Q4_K weights
+# interleaved for the build's SIMD kernels). llama_model_params.use_extra_bufts turns both off
+# together (llama-server's --no-repack); nothing finer is exposed. A native build on an
+# AVX-512/AMX Xeon segfaults at its first decode with them on (issue 17) and decodes fine with
+# them off, so --repack auto turns them off exactly where a build with those kernels meets a CPU
+# with AMX, and leaves them on (the faster path) everywhere else.
+
+REPACK_CHOICES = ("auto", "on", "off")
+
+
+def build_features(system_info: str) -> set[str]:
+    """The features llama_print_system_info() reports on, e.g. ``CPU : AVX2 = 1 | REPACK = 1 |``."""
+    on: set[str] = set()
+    for part in system_info.replace("\n", "|").split("|"):
+        name, sep, value = part.partition("=")
+        if sep and value.strip() == "1":
+            on.add(name.rpartition(":")[2].strip().upper())
+    return on
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The CPU's flags from the first ``flags`` line of /proc/cpuinfo."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def extra_bufts_hazard(system_info: str, cpuinfo: str) -> str | None:
+    """Why the extra buffer types should stay off on this build and CPU, or None."""
+    kernels = build_features(system_info) & {"AMX_INT8", "AVX512"}
+    amx = cpu_flags(cpuinfo) & {"amx_tile", "amx_int8"}
+    if kernels and amx:
+        return f"this llama.cpp build has {'/'.join(sorted(kernels))} kernels and the CPU has AMX ({' '.join(sorted(amx))})"
+    return None
+
+
+def choose_repack(requested: str, system_info: str, cpuinfo: str) -> tuple[bool, str | None]:
+    """(use extra buffer types, the line that says why auto turned them off) for ``--repack``."""
+    if requested not in REPACK_CHOICES:
+        raise ValueError(f"--repack must be {', '.join(REPACK_CHOICES)}; got {requested!r}")
+    if requested != "auto":
+        return requested == "on", None
+    hazard = extra_bufts_hazard(system_info, cpuinfo)
+    if hazard is None:
+        return True, None
+    return False, (
+        f"llama.cpp extra buffer types (AMX, weight repacking) off: {hazard}, where decoding with them "
+        "crashes; --repack on (or SUPERFLUID_REPACK=on) turns them back on"
+    )
+
+
+def _read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # not Linux: no AMX detection, llama.cpp's defaults
+        return ""
+
+
 # -- artifacts --------------------------------------------------------------------------
 
 
@@ -109,6 +171,7 @@ class LlamaCppEngine:
         kv_unified: bool = False,
         max_step_tokens: int = 512,
         cache_slots: int = 0,
+        repack: str = "auto",
     ) -> None:
         if n_lanes < 1:
             raise ValueError("n_lanes must be at least 1")
@@ -133,11 +196,24 @@ class LlamaCppEngine:
         self._samplers: dict[int, Any] = {}
 
         _init_backend()
+        # use_extra_bufts as llama-server's --no-repack sets it; see choose_repack
+        self.repack, self.repack_note = choose_repack(
+            repack, llama_cpp.llama_print_system_info().decode("utf-8", "replace"), _read_cpuinfo()
+        )
         max_seq = llama_cpp.llama_max_parallel_sequences()
         if n_lanes + cache_slots > max_seq:
             raise ValueError(f"n_lanes + cache_slots must be at most {max_seq} (llama.cpp's sequence limit)")
 
         mparams = llama_cpp.llama_model_default_params()
+        # A ctypes Structure takes any attribute name silently: check the field is C's.
+        if any(field[0] == "use_extra_bufts" for field in mparams._fields_):
+            mparams.use_extra_bufts = self.repack
+        elif not self.repack:
+            raise EngineError(
+                "--repack off needs a llama-cpp-python whose llama_model_params has use_extra_bufts "
+                "(requirements.txt pins one)",
+                permanent=True,
+            )
         self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), mparams)
         if not self._model:
             raise _err(f"could not load model {self.model_path}", permanent=True)
@@ -342,6 +418,26 @@ class LlamaCppEngine:
             raise _err(f"llama_decode returned {ret}", permanent=ret < 0)
         sample, ctx, samplers = llama_cpp.llama_sampler_sample, self._ctx, self._samplers
         return {lane: sample(samplers[lane], ctx, index) for lane, index in outputs}
+
+    def probe(self) -> None:
+        """Decode a few tokens through the path requests take (a prompt batch on two lanes, then
+        a decode round), then free the lanes again. The worker runs it before it reports ready,
+        so kernels that crash on this CPU kill the worker at start-up, not at the first request."""
+        lanes = sorted({0, min(1, self.n_lanes - 1)})
+        prompt = self.tokenize("The quick brown fox jumps over the lazy dog.")[:8]
+        greedy = SamplingParams(temperature=0.0)
+        plan = TickPlan(tick=0)
+        for lane in lanes:
+            plan.bind.append(LaneBind(lane=lane, job_id="probe", sampling=greedy))
+            plan.feeds.append(LaneFeed(lane=lane, job_id="probe", start_pos=0, tokens=prompt, sample=True))
+        first = self.execute(plan, lambda: False)
+        plan = TickPlan(tick=1)
+        for lane in lanes:
+            plan.feeds.append(
+                LaneFeed(lane=lane, job_id="probe", start_pos=len(prompt), tokens=[first.sampled[lane]], sample=True, decode=True)
+            )
+        self.execute(plan, lambda: False)
+        self.execute(TickPlan(tick=2, release=lanes), lambda: False)
 
     def _require_open(self) -> None:
         # Every C call after close() would touch freed memory; fail in Python instead.

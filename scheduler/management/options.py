@@ -52,16 +52,22 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
     ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
     ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
     ("--no-park", bool, False, "a preempted lane drops its KV and recomputes it when resumed, instead of parking it in host memory"),
+    ("--repack", str, "auto", "llama.cpp extra buffer types (AMX, weight repacking): auto (off where a build with AMX/AVX512 kernels meets a CPU with AMX), on or off"),
 ]
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
+        if flag == "--repack" and _env("--no-repack", False):
+            default = "off"  # SUPERFLUID_NO_REPACK=1, as --no-repack
         if typ is bool:
             parser.add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
             continue
         parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
+
+    # llama-server's spelling; the last of --repack/--no-repack on the command line wins
+    parser.add_argument("--no-repack", dest="repack", action="store_const", const="off", default=argparse.SUPPRESS, help="same as --repack off (as llama-server's --no-repack)")
 
 
 def _help(text: str) -> str:
@@ -150,6 +156,8 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError("--ctx-size must be at least 64")
     if options["os_pressure"] not in ("on", "off"):
         raise CommandError("--os-pressure must be on or off")
+    if options["repack"] not in ("auto", "on", "off"):
+        raise CommandError(f"--repack must be auto, on or off; got {options['repack']!r}")
     if options["completion_deadline_ms"] < 0:
         raise CommandError("--completion-deadline-ms must be 0 (off) or positive")
     try:

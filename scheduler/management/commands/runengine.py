@@ -9,6 +9,7 @@ admitted, what is in flight gets ``--drain-timeout`` seconds, then each job left
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -30,16 +31,19 @@ from scheduler.worker.server import LinkServer, check_private_dir
 log = logging.getLogger("superfluid.worker")
 
 EXIT_MODEL_UNLOADABLE = 78  # EX_CONFIG: the engine cannot load the model it was given
+# Test hook: "repack" kills the worker with SIGSEGV in its start-up decode when llama.cpp's extra
+# buffer types are on, "always" whatever they are, as a native build does on some CPUs (issue 17).
+CRASH_PROBE_ENV = "SUPERFLUID_TEST_CRASH_PROBE"
 
 
-def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int) -> Any:
+def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int, repack: str = "auto") -> Any:
     """The engine ``--engine kind`` picks for ``model``; CommandError if it cannot load it."""
     kind = choose_engine(kind, model)
     try:
         if kind == "llamacpp":
             from scheduler.engines.llama_cpp import LlamaCppEngine
 
-            return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots)
+            return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots, repack=repack)
         try:
             from scheduler.engines.mlx import MlxEngine
         except ImportError as exc:
@@ -47,6 +51,23 @@ def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads:
         return MlxEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, cache_slots=cache_slots)
     except EngineError as exc:
         raise CommandError(f"--engine {kind} cannot load {model}: {exc}") from None
+
+
+def _status(fd: int, line: str) -> None:
+    if fd >= 0:
+        os.write(fd, (line + "\n").encode())
+
+
+def _probe(engine: Any) -> None:
+    """Decode a tiny batch before the worker reports ready (llama.cpp engine), so that kernels
+    which crash on this CPU kill the worker at start-up, where serve can react, not at the first
+    request."""
+    crash = os.environ.get(CRASH_PROBE_ENV, "")
+    if crash == "always" or (crash == "repack" and getattr(engine, "repack", False)):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    probe = getattr(engine, "probe", None)
+    if probe is not None:
+        probe()
 
 
 class Command(BaseCommand):
@@ -57,6 +78,9 @@ class Command(BaseCommand):
         link.add_argument("--socket", default="", help="listen for the web side on this Unix socket path (its directory must be writable by this user alone)")
         link.add_argument("--link-fd", type=int, default=-1, help="the link is this inherited socket (what serve passes)")
         add_engine_arguments(parser)
+        # serve passes a pipe: "loaded repack=on|off|none" once the model is loaded, "ready" once
+        # the start-up decode worked, so it can tell a worker that dies starting from a later crash
+        parser.add_argument("--status-fd", type=int, default=-1, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM/SIGINT are blocked in every thread of this process and taken by one thread
@@ -81,11 +105,25 @@ class Command(BaseCommand):
                 lane_ctx=config.lane_ctx,
                 threads=options["threads"],
                 cache_slots=config.cache_slots if config.prefix_cache else 0,
+                repack=options["repack"],
             )
         except CommandError as exc:
             # a distinct status, so the supervisor can tell "this model does not load" from a crash
             sys.stderr.write(f"engine worker: {exc}\n")
             sys.exit(EXIT_MODEL_UNLOADABLE)
+        repack = getattr(engine, "repack", None)
+        if getattr(engine, "repack_note", None):
+            sys.stderr.write(f"engine worker: {engine.repack_note}\n")
+        status_fd = options["status_fd"]
+        _status(status_fd, f"loaded repack={'none' if repack is None else 'on' if repack else 'off'}")
+        try:
+            _probe(engine)
+        except EngineError as exc:
+            sys.stderr.write(f"engine worker: the start-up decode failed: {exc}\n")
+            sys.exit(EXIT_MODEL_UNLOADABLE)
+        _status(status_fd, "ready")
+        if status_fd >= 0:
+            os.close(status_fd)
         # the seed's busy-tick target for this engine bounds a tick's prefill while lanes decode
         busy_s = busy_tick_target_s(engine.name)
         if busy_s is not None:

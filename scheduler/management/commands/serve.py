@@ -58,13 +58,51 @@ def _die_with_parent() -> None:
         pass
 
 
-class WorkerSupervisor:
-    """Starts the engine worker and starts it again whenever it dies, until told to stop."""
+NO_REPACK_HINT = (
+    "llama.cpp's extra buffer types (AMX, weight repacking) crash some native builds on some CPUs: "
+    "--no-repack (or SUPERFLUID_NO_REPACK=1) turns them off"
+)
 
-    def __init__(self, argv: list[str], *, pair: bool = True) -> None:
+
+def _portable_build_hint() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pin = f"llama-cpp-python=={version('llama-cpp-python')}"
+    except PackageNotFoundError:  # not installed as a distribution: the unpinned name
+        pin = "llama-cpp-python"
+    return (
+        "if llama-cpp-python was built for another CPU, or its native build crashes here, rebuild it with "
+        f'portable AVX2 kernels: CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-cache-dir --no-deps {pin} '
+        "(docs/engines.md)"
+    )
+
+
+def _exit_text(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name} ({rc})"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"status {rc}"
+
+
+class WorkerSupervisor:
+    """Starts the engine worker and starts it again whenever it dies, until told to stop.
+
+    Until a worker has reported ready (model loaded, start-up decode done) a death is a start-up
+    failure, which no restart mends: a worker killed by a signal while starting with llama.cpp's
+    extra buffer types chosen by --repack auto is started once more with --no-repack; any other
+    start-up death stops serve with the reason.
+    """
+
+    def __init__(self, argv: list[str], *, pair: bool = True, repack: str | None = None) -> None:
         self.argv = argv
         self.pair = pair  # a socketpair per worker (else the worker listens on --socket)
+        self.repack = repack  # a llama.cpp worker's --repack; None for other engines
         self.proc: subprocess.Popen[bytes] | None = None
+        self._status_fd = -1
+        self.ever_ready = False
         self.stopping = False
         self.restarts = 0
         self.fatal: str | None = None  # why serving cannot start at all
@@ -77,18 +115,57 @@ class WorkerSupervisor:
         self._thread.start()
 
     def _spawn(self) -> None:
-        if not self.pair:
-            self.proc = subprocess.Popen(self.argv, preexec_fn=_die_with_parent)
-            return
-        from scheduler.link.client import WORKER_SOCKETS
-
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        read_fd, write_fd = os.pipe()
+        argv, pass_fds = [*self.argv, "--status-fd", str(write_fd)], [write_fd]
+        ours = theirs = None
+        if self.pair:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            argv += ["--link-fd", str(theirs.fileno())]
+            pass_fds.append(theirs.fileno())
         try:
-            argv = [*self.argv, "--link-fd", str(theirs.fileno())]
-            self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=(theirs.fileno(),))
+            self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=tuple(pass_fds))
         finally:
-            theirs.close()
-        WORKER_SOCKETS.put(ours)
+            os.close(write_fd)
+            if theirs is not None:
+                theirs.close()
+        self._status_fd = read_fd
+        if ours is not None:
+            from scheduler.link.client import WORKER_SOCKETS
+
+            WORKER_SOCKETS.put(ours)
+
+    def _read_status(self) -> list[str]:
+        """The start-up lines the worker (now dead) wrote to its status pipe."""
+        fd, self._status_fd = self._status_fd, -1
+        if fd < 0:
+            return []
+        data = b""
+        os.set_blocking(fd, False)
+        try:
+            while chunk := os.read(fd, 4096):
+                data += chunk
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace").split()
+
+    def _startup_failure(self, rc: int, status: list[str]) -> str | None:
+        """Why serving cannot start, or None to start once more with --no-repack."""
+        if rc == EXIT_MODEL_UNLOADABLE:
+            # A configuration error, which no restart mends. serve stops, as llama-server does.
+            return "the engine worker cannot load the model (its message is above)"
+        doing = "decoding its start-up batch" if any(s.startswith("loaded") for s in status) else "loading the model"
+        died = f"the engine worker died with {_exit_text(rc)} while {doing}"
+        if self.repack is None:
+            return f"{died} (its output is above)"
+        if "--no-repack" in self.argv:
+            return f"{died}, also with --no-repack; {_portable_build_hint()}"
+        if rc < 0 and self.repack == "auto" and "repack=off" not in status:
+            return None
+        if "repack=on" in status:
+            return f"{died}; {NO_REPACK_HINT}"
+        return f"{died}; {_portable_build_hint()}"
 
     def _watch(self) -> None:
         backoff = 0.2
@@ -96,13 +173,26 @@ class WorkerSupervisor:
             assert self.proc is not None
             started = time.monotonic()
             rc = self.proc.wait()
+            status = self._read_status()
             if self.stopping:
                 break
-            if rc == EXIT_MODEL_UNLOADABLE and self.restarts == 0:
-                # The first worker could not load the model: a configuration error, which no
-                # restart mends. serve stops, as llama-server does. A model that stops loading
-                # later (a file replaced under a running server) is retried below like a crash.
-                self.fatal = "the engine worker cannot load the model (its message is above)"
+            if "ready" in status:
+                self.ever_ready = True
+            elif not self.ever_ready:
+                # No worker ever started. A model that stops loading later (a file replaced
+                # under a running server) is retried below like a crash.
+                fatal = self._startup_failure(rc, status)
+                if fatal is None:
+                    sys.stderr.write(
+                        f"engine worker died with {_exit_text(rc)} while starting with llama.cpp's extra buffer types "
+                        "(AMX, weight repacking) on; starting it once more with --no-repack. "
+                        "Pass --no-repack (or set SUPERFLUID_NO_REPACK=1) to start that way.\n"
+                    )
+                    self.argv = [*self.argv, "--no-repack"]
+                    self.restarts += 1
+                    self._spawn()
+                    continue
+                self.fatal = fatal
                 self.stopping = True
                 if self.on_fatal is not None:
                     self.on_fatal()
@@ -154,7 +244,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         config = scheduler_config(options)  # validates the flags before anything starts
         model = resolve_model(options)
-        choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
+        engine = choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
         try:
             default_qos = parse_qos(options["http_default_qos"])
         except UnknownQosClass as exc:
@@ -204,7 +294,7 @@ class Command(BaseCommand):
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
         if socket_path:
             worker_cmd += ["--socket", socket_path]
-        supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path)
+        supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path, repack=options["repack"] if engine == "llamacpp" else None)
         supervisor.start()
         try:
             self._run_web(options, supervisor, model_name, config.max_batch)
