@@ -39,7 +39,15 @@ from django.utils import timezone
 from keys.credentials import secret_from_headers
 from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy, get_runtime
-from scheduler.core.qos import PRIORITY_ALIASES, QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
+from scheduler.core.qos import (
+    PRIORITY_ALIASES,
+    QosClass,
+    UnknownQosClass,
+    band_of,
+    class_of_priority,
+    parse_priority,
+    parse_qos,
+)
 
 from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest

@@ -25,7 +25,13 @@ from scheduler.link.client import JobHandle, get_link
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
 from .edge import check_host_and_origin, check_prompt_size
-from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
+from .errors import (
+    ApiError,
+    engine_unavailable,
+    method_not_allowed,
+    request_too_large,
+    server_error,
+)
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
 

@@ -13,7 +13,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
 access_log = logging.getLogger("superfluid.access")
 log = logging.getLogger("superfluid.activity")
 

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def generate(n: int, seed: int) -> list:  # type: ignore[type-arg]
     """``n`` hostile requests, drawn by Hypothesis (generation only: no shrinking, no database)."""
-    from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
 
     from tests.edge.strategies import hostile_requests
 

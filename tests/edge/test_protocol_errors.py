@@ -9,7 +9,6 @@ from api.edge import install_protocol_errors
 
 def test_daphnes_own_400_for_a_bad_header_byte_is_a_json_error_object() -> None:
     from daphne.http_protocol import WebRequest
-
     from twisted.web.http import HTTPChannel
 
     original = WebRequest.basic_error

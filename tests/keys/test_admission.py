@@ -262,7 +262,7 @@ def test_a_principal_names_its_client_by_key_else_by_address() -> None:
 @override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4, SUPERFLUID_CLIENT_CONCURRENCY=0)
 async def test_beyond_the_lanes_plus_max_queue_a_request_is_503_queue_full_until_one_ends() -> None:
     rt = runtime()
-    held = [await admit({}, ("10.0.0.%d" % i, 1), chat(), runtime=rt) for i in range(6)]  # 2 lanes + 4 waiting
+    held = [await admit({}, (f"10.0.0.{i}", 1), chat(), runtime=rt) for i in range(6)]  # 2 lanes + 4 waiting
     err = await expect("queue_full", admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
     assert err.status == 503 and err.type == "server_error" and int(err.headers["Retry-After"]) >= 1
     await held.pop().release()
