@@ -177,7 +177,7 @@ def install_protocol_errors() -> None:
 
     def bad_request_and_disconnect(self: Any) -> None:
         # a request line or header Twisted cannot parse: still an error object, then close
-        start, body = protocol_error_reply(400, b"Bad Request", "The HTTP request could not be parsed.")
+        _start, body = protocol_error_reply(400, b"Bad Request", "The HTTP request could not be parsed.")
         payload = body["body"]
         self.transport.write(
             b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"

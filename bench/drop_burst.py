@@ -57,9 +57,9 @@ async def run(args: argparse.Namespace) -> int:
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     headers = {"authorization": f"Bearer {args.key}"} if args.key else {}
-    model = httpx.get(args.url + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    async with httpx.AsyncClient(timeout=30) as client:
+        model = (await client.get(args.url + "/v1/models", headers=headers)).json()["data"][0]["id"]
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Write a long story about the sea."}], "stream": True, "max_tokens": 400}).encode()
-    started_wall = time.time()
     db = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True) if args.db else None
     rows_before = db.execute("select count(*) from activity_activityentry").fetchone()[0] if db else 0
     first = asyncio.Event()
@@ -91,7 +91,6 @@ async def run(args: argparse.Namespace) -> int:
     print(f"| lanes busy, jobs queued at the end | {final[0]}, {final[1]} |")
     if rows is not None:
         print(f"| activity rows written (of {args.clients}) | {rows} ({rows_at:.1f} s after the last drop) |")
-    del started_wall
     return 0 if freed_s is not None and final == (0, 0) and (rows is None or rows >= args.clients) else 1
 
 

@@ -14,7 +14,16 @@ from django.test import override_settings
 from activity import writer as activity_writer
 from activity.models import ActivityEntry
 
-from .inproc import JSON, MODEL, SimWorker, application, attached, chat_body, request, scope
+from .inproc import (
+    JSON,
+    MODEL,
+    SimWorker,
+    application,
+    attached,
+    chat_body,
+    request,
+    scope,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
