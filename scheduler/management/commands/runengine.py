@@ -116,6 +116,7 @@ class Command(BaseCommand):
             sys.stderr.write(f"engine worker: {engine.repack_note}\n")
         status_fd = options["status_fd"]
         _status(status_fd, f"loaded repack={'none' if repack is None else 'on' if repack else 'off'}")
+        loaded_s = time.monotonic() - started
         try:
             _probe(engine)
         except EngineError as exc:
@@ -152,7 +153,7 @@ class Command(BaseCommand):
         threading.Thread(target=wait_for_stop, name="stop-signals", daemon=True).start()
         sys.stderr.write(
             f"engine worker: {name} on {engine.name}, {config.max_batch} lanes x {config.lane_ctx} tokens, "
-            f"loaded in {time.monotonic() - started:.1f}s\n"
+            f"loaded in {loaded_s:.1f}s, start-up decode in {time.monotonic() - started - loaded_s:.1f}s\n"
         )
         if options["link_fd"] >= 0:
             inherited = socket.socket(fileno=options["link_fd"])
