@@ -217,6 +217,9 @@ def worker_families() -> dict[str, Any]:
     out["superfluid_worker_connected"] = family("gauge", "1 while the engine worker is connected over the link.", [({}, 1 if link.connected else 0)])
     out["superfluid_worker_restarts_total"] = family("counter", "Times a new engine worker process said hello.", [({}, link.worker_restarts)])
     out["superfluid_requests_inflight"] = family("gauge", "Generation requests the web side holds open.", [({}, len(link.inflight))])
+    from scheduler.link.pool import router_families
+
+    out.update(router_families())  # several models: the router's llamaswap_scheduler_* and model loads
     return out
 
 

@@ -14,5 +14,7 @@ urlpatterns = [
     path("metrics", api_metrics.metrics),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),
     path("v1/internal/state", api_views.state),
+    path("v1/internal/models", api_views.admin_models),
+    re_path(r"^v1/internal/models/(?P<model_id>[^/]+)/(?P<action>load|unload)$", api_views.admin_models),
     re_path(r"^v1/(?P<rest>.*)$", api_views.unknown_route),
 ]

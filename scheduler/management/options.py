@@ -55,8 +55,12 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
 ]
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
+def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool = False) -> None:
+    if repeat_model:  # serve: several models, ids from the file names (or --config)
+        env_model = _env("--model", "")
+        parser.add_argument("--model", action="append", default=None, help="model: a GGUF file or an MLX model folder, once or more; default: the bundled SmolLM2-135M-Instruct GGUF" + (f" (default: {env_model!r})" if env_model else ""))
+    else:
+        parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
         parser.add_argument(flag, type=typ, default=_env(flag, default), help=f"{help_text} (default: {default!r})")
 
