@@ -144,7 +144,9 @@ class GenerationConsumer(StreamingConsumer):
         model_id = pool.resolve(request.model)
         assert model_id is not None
         try:
-            link, dispatch, ticket = await pool.acquire(model_id, priority)  # the router's turn
+            # the router's turn; an interactive or completion request may go to a full model, whose
+            # worker preempts a lower lane for it
+            link, dispatch, ticket = await pool.acquire(model_id, priority, preempts=qos in (QosClass.INTERACTIVE, QosClass.COMPLETION))
         except ModelUnavailable as exc:
             raise engine_unavailable(exc.detail) from None
         self.router_serial = dispatch.serial_fields()

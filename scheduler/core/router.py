@@ -13,13 +13,15 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
   / ``aging_divisor_s``, unbounded, 0 disables it. Higher scores go first; equal scores keep
   arrival order. The ``fifo`` scheduler scores model priority + request priority instead.
 - Waiting requests are taken best first. A request whose model is loaded goes to that model's
-  worker at once (inside the model, the worker's classes, lanes and preemption order it), unless a
-  better-scoring request has reserved that model for a swap. A request whose model is not resident
-  takes a free model slot (up to ``max_loaded_models``) and loads it; with none free it reserves a
-  loaded model no better request holds (an idle one first, then the least recently used): that
-  model takes no more work, and once its admitted work has finished (nothing is cut) it is
-  unloaded and the slot is used. Reservations are recomputed every time, so a better request that
-  arrives meanwhile for the reserved model still goes first.
+  worker when one of the model's ``lanes`` is free (an interactive or completion request also
+  when none is: the worker preempts a lower lane for it), unless a better-scoring request has
+  reserved that model for a swap; otherwise it waits here, and its model cannot be chosen for a
+  swap by a worse request. A request whose model is not resident takes a free model slot (up to
+  ``max_loaded_models``) and loads it; with none free it reserves a loaded model no better request
+  holds (an idle one first, then the least recently used): that model takes no more work, and once
+  its admitted work has finished (nothing is cut) it is unloaded and the slot is used.
+  Reservations are recomputed every time, so a better request that arrives meanwhile for the
+  reserved model still goes first.
 - A loaded model whose ``ttl_s`` has passed with nothing running or waiting is unloaded.
 
 ``reorders`` counts dispatches (or swaps started) that would not have happened at this moment
@@ -57,6 +59,7 @@ class ModelSpec:
     id: str
     priority: int = 0  # the fifo scheduler's per-model priority
     ttl_s: float = 0.0  # idle seconds before unloading; 0 = never
+    lanes: int = 0  # requests its worker runs at once (its --max-batch); 0 = no bound here
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Waiting:
     priority: int
     arrival_s: float
     seq: int
+    preempts: bool = False  # its class preempts a lower lane (interactive, completion)
     chosen: bool = False  # a swap was started for it (counted as a pick then)
     won_with: float | None = None  # its score when that swap started
 
@@ -167,12 +171,12 @@ class Router:
 
     # -- requests ------------------------------------------------------------------------
 
-    def submit(self, request_id: str, model: str, priority: int = 0) -> Waiting:
+    def submit(self, request_id: str, model: str, priority: int = 0, *, preempts: bool = False) -> Waiting:
         if model not in self.models:
             raise KeyError(model)
         if request_id in self._by_id or request_id in self._dispatched:
             raise ValueError(f"request {request_id!r} is already known")
-        w = Waiting(request_id, model, priority, self.clock(), next(self._seq))
+        w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts)
         self.waiting.append(w)
         self._by_id[request_id] = w
         return w
@@ -272,7 +276,8 @@ class Router:
                 plan.unload.append((mid, None))
         # slots that will be free without a new reservation: models stopping, or drained by the admin
         coming = sum(1 for s in state.values() if s in (ModelState.UNLOADING, ModelState.DRAINING))
-        reserved: set[str] = set()
+        reserved: set[str] = set()  # kept for a better request's swap: takes no more work
+        claimed: set[str] = set()  # a better request waits for one of its lanes: not a victim
 
         def occupied() -> int:
             return sum(1 for s in state.values() if s is not ModelState.UNLOADED)
@@ -286,7 +291,7 @@ class Router:
             if coming > 0:
                 coming -= 1  # wait for a slot already on its way
                 return False
-            victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved]
+            victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed]
             if not victims:
                 return False
             victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].last_used_s or 0.0, v))
@@ -302,8 +307,12 @@ class Router:
         for w in self.order(now, **terms):
             s = state[w.model]
             if s is ModelState.LOADED and w.model not in reserved:
-                plan.dispatch.append(w)
-                inflight[w.model] += 1
+                lanes = self.models[w.model].spec.lanes
+                if lanes <= 0 or inflight[w.model] < lanes or w.preempts:
+                    plan.dispatch.append(w)
+                    inflight[w.model] += 1
+                else:
+                    claimed.add(w.model)  # it waits for a lane of its model
             elif s is ModelState.UNLOADED and w.model not in pending:
                 pending.add(w.model)
                 take_slot(w.model, w)

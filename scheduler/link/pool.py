@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scheduler.core.router import BANDS, Dispatch, ModelState, Router
+from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
 from scheduler.worker.metrics import Histogram, all_families, family
 from scheduler.models_config import ModelsConfig
 
@@ -150,7 +150,8 @@ class ModelPool:
     def __init__(self, setup: PoolSetup, clock: Callable[[], float] = time.monotonic) -> None:
         self.setup = setup
         self.config = setup.config
-        self.router = Router([m.spec() for m in self.config.models], self.config.router_config(), clock)
+        specs = [ModelSpec(m.id, priority=m.priority, ttl_s=m.ttl_s, lanes=setup.lanes.get(m.id, 0)) for m in self.config.models]
+        self.router = Router(specs, self.config.router_config(), clock)
         self.links: dict[str, SocketTransport] = {}
         self.workers: dict[str, Worker] = {}
         self.waiters: dict[str, asyncio.Future[Dispatch]] = {}
@@ -212,7 +213,7 @@ class ModelPool:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def acquire(self, model: str, priority: int) -> tuple[SocketTransport, Dispatch, str]:
+    async def acquire(self, model: str, priority: int, *, preempts: bool = False) -> tuple[SocketTransport, Dispatch, str]:
         """Wait until the router dispatches this request; the model's transport to submit it to.
         ``release(ticket)`` must follow once its work ended (done, failed or cancelled)."""
         if self.draining:
@@ -220,7 +221,7 @@ class ModelPool:
         ticket = uuid.uuid4().hex
         fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self.waiters[ticket] = fut
-        self.router.submit(ticket, model, priority)
+        self.router.submit(ticket, model, priority, preempts=preempts)
         self.kick()
         try:
             dispatch = await fut

@@ -90,17 +90,36 @@ def test_with_the_bonus_at_zero_it_is_exact_arrival_order_and_nothing_is_counted
     assert box.router.reorders == {"swap_affinity": 0, "aging": 0}
 
 
+def test_one_lane_each_the_bonus_keeps_the_second_request_for_the_loaded_model_first() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)], swap_affinity_bonus=10)
+    a1, b, a2 = box.ask("A"), box.ask("B"), box.ask("A")
+    assert box.started == [a1] and box.state("A") is ModelState.LOADED  # a2 claims A: b cannot reserve it
+    box.finish(a1)
+    assert box.started == [a1, a2] and box.state("A") is ModelState.DRAINING
+    box.finish(a2)
+    assert box.started == [a1, a2, b]
+    assert box.router.reorders["swap_affinity"] == 1
+
+
 def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one_for_the_loaded_model() -> None:
-    box = Box(["A", "B"])
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)])
     a1 = box.ask("A")
-    box.router.submit("a2", "A", 0)
-    box.router.submit("b", "B", 100)
-    box.settle()
+    box.ask("A", rid="a2")  # no lane free: it waits at the router, not at A's worker
+    box.ask("B", 100, rid="b")
     assert box.started == [a1]
     box.finish(a1)
     assert box.started == [a1, "b"]
     box.finish("b")
     assert box.started == [a1, "b", "a2"]
+
+
+def test_an_interactive_request_goes_to_a_full_model_whose_worker_preempts_for_it() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)])
+    box.ask("A", rid="agent")
+    box.router.submit("chat", "A", 100, preempts=True)
+    box.router.submit("batch", "A", -100)
+    box.settle()
+    assert box.started == ["agent", "chat"]
 
 
 def test_a_swap_waits_for_admitted_work_and_cuts_nothing() -> None:
@@ -307,16 +326,21 @@ def running(box: Box) -> list[str]:
     st.lists(st.tuples(st.sampled_from("ABC"), st.integers(-150, 150), st.integers(0, 3)), min_size=1, max_size=25),
     st.integers(1, 3),
     st.integers(0, 99),
+    st.integers(0, 2),
 )
-def test_every_request_runs_once_and_resident_models_never_exceed_the_limit(script, max_loaded, bonus) -> None:  # type: ignore[no-untyped-def]
-    box = Box(["A", "B", "C"], max_loaded_models=max_loaded, swap_affinity_bonus=bonus)
+def test_every_request_runs_once_and_resident_models_never_exceed_the_limit(script, max_loaded, bonus, lanes) -> None:  # type: ignore[no-untyped-def]
+    box = Box([ModelSpec(m, lanes=lanes) for m in "ABC"], max_loaded_models=max_loaded, swap_affinity_bonus=bonus)
     for i, (model, priority, finish_n) in enumerate(script):
-        box.router.submit(f"r{i}", model, priority)
+        box.router.submit(f"r{i}", model, priority, preempts=priority > 100)
         box.clock.advance(1)
         box.settle()
         for rid in running(box)[:finish_n]:
             box.finish(rid)
         assert sum(box.state(m) is not ModelState.UNLOADED for m in "ABC") <= max_loaded
+        if lanes:  # a request that does not preempt never makes its model run more than its lanes
+            for m in "ABC":
+                plain = [r for r in running(box) if box.router._dispatched[r] == m and script[int(r[1:])][1] <= 100]
+                assert len(plain) <= lanes
     for _ in range(100):
         if not running(box) and not box.router.waiting:
             break
