@@ -381,7 +381,11 @@ class ModelPool:
                     oldest[labels["band"]] = max(oldest[labels["band"]], float(value))
         loads = [({"model": m}, n) for m, n in self.loads_total.items()]
         load_s = [({"model": m}, h.export()) for m, h in self.load_seconds.items()]
-        states = [({"model": m, "state": st.value}, 1 if self.router.state(m) is st else 0) for m in self.loads_total for st in (ModelState.UNLOADED, ModelState.LOADING, ModelState.LOADED, ModelState.DRAINING)]
+        def shown(m: str) -> ModelState:  # a worker being stopped is shown unloaded, as in the admin
+            st = self.router.state(m)
+            return ModelState.UNLOADED if st is ModelState.UNLOADING else st
+
+        states = [({"model": m, "state": st.value}, 1 if shown(m) is st else 0) for m in self.loads_total for st in (ModelState.UNLOADED, ModelState.LOADING, ModelState.LOADED, ModelState.DRAINING)]
         return {
             "llamaswap_scheduler_queue_depth": family("gauge", "Requests waiting (at the model router and at each model's worker), by priority band.", [({"band": b}, depth[b]) for b in BANDS]),
             "llamaswap_scheduler_queue_oldest_wait_seconds": family("gauge", "How long the longest-waiting request has waited, by band.", [({"band": b}, round(oldest[b], 3)) for b in BANDS]),
