@@ -113,3 +113,24 @@ def test_model_flags_one_is_todays_server_several_are_served_by_file_name(tmp_pa
     assert [m.id for m in two.models] == ["a", "b"] and two.preload == () and two.max_loaded_models == 1
     with pytest.raises(ConfigError, match="both be served as 'a'"):
         from_model_paths([tmp_path / "a.gguf", tmp_path / "x" / "a.gguf"], lambda p: p.stem)
+
+
+def test_serve_stops_at_start_with_the_files_line_and_key(folder: Path) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    path = write(folder, "models:\n  a:\n    model: smol.gguf\n    max_batch: 99\n")
+    with pytest.raises(CommandError, match=r"superfluid.yaml:4: models.a.max_batch: must be between 1 and 64, got 99"):
+        call_command("serve", "--config", str(path))
+    # a file that is not a model for the engine is named too (checked before any worker starts)
+    path = write(folder, "models:\n  a:\n    model: smol.gguf\n")
+    with pytest.raises(CommandError, match=r"superfluid.yaml:3: models.a.model: --engine mlx needs an MLX model folder"):
+        call_command("serve", "--config", str(path), "--engine", "mlx")
+    with pytest.raises(CommandError, match="leave out --model"):
+        call_command("serve", "--config", str(path), "--model", str(folder / "smol.gguf"))
+    (folder / "x").mkdir()
+    (folder / "x" / "smol.gguf").write_bytes(b"GGUF")
+    with pytest.raises(CommandError, match="both be served as 'smol'"):
+        call_command("serve", "--model", str(folder / "smol.gguf"), "--model", str(folder / "x" / "smol.gguf"))
+    with pytest.raises(CommandError, match="--socket links one worker"):
+        call_command("serve", "--config", write(folder, "models:\n  a:\n    model: smol.gguf\n"), "--socket", str(folder / "s.sock"))
