@@ -3,6 +3,8 @@ at a time, one lane each. The router's order (request-priority seed), swaps, TTL
 
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 import threading
 import time
@@ -20,7 +22,7 @@ from .server import RunningServer, stream_text
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 
-def config(bonus: int, b_ttl: int = 0) -> str:
+def config(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> str:
     gguf = default_model_path()
     return f"""\
 models:
@@ -35,7 +37,7 @@ models:
     max_batch: 1
     ctx_size: 1024
     ttl: {b_ttl}
-max_loaded_models: 1
+max_loaded_models: {max_loaded}
 routing:
   scheduler:
     use: serial
@@ -46,9 +48,9 @@ routing:
 """
 
 
-def start(bonus: int, b_ttl: int = 0) -> RunningServer:
+def start(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> RunningServer:
     path = Path(tempfile.mkdtemp(prefix="superfluid-models-")) / "superfluid.yaml"
-    path.write_text(config(bonus, b_ttl))
+    path.write_text(config(bonus, b_ttl, max_loaded))
     return RunningServer("--config", str(path)).start()
 
 
@@ -161,5 +163,34 @@ def test_with_the_bonus_at_zero_arrival_order_wins() -> None:
         assert metric(srv, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}') == 0
         rows = httpx.get(srv.base + "/v1/internal/models", timeout=5).json()["router"]["dispatched"]
         assert rows["normal"] == 3
+    finally:
+        srv.stop()
+
+
+def test_a_crash_of_one_models_worker_leaves_the_other_alone() -> None:
+    srv = start(10, max_loaded=2)
+    try:
+        client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+
+        def ask(model: str) -> str:
+            out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+            return out.choices[0].message.content or ""
+
+        assert ask("a") and ask("b")
+
+        def pids() -> dict[str, int]:
+            snaps = httpx.get(srv.base + "/v1/internal/state", timeout=5).json()["snapshots"]
+            return {m: snap["pid"] for m, snap in snaps.items()}
+
+        srv.wait_for(lambda: len(pids()) == 2, timeout_s=30)
+        before = pids()
+        os.kill(before["a"], signal.SIGKILL)
+        assert ask("b")  # b's worker never noticed
+        srv.wait_for(lambda: pids().get("a") not in (None, before["a"]), timeout_s=120)
+        assert ask("a")
+        assert pids()["b"] == before["b"]
+        state = models_state(srv)
+        assert (state["a"]["worker_restarts"], state["b"]["worker_restarts"]) == (1, 0)
+        assert state["a"]["state"] == state["b"]["state"] == "loaded"
     finally:
         srv.stop()
