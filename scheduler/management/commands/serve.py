@@ -181,7 +181,7 @@ class Command(BaseCommand):
 
     def _models(self, options: dict[str, Any]) -> ModelsConfig | None:
         """The models of --config or of several --model; None for the single-worker server."""
-        paths = options["model"] or []
+        paths = options["model"] or ([options["model_env"]] if options.get("model_env") else [])
         try:
             if options["config"]:
                 if paths:
