@@ -22,6 +22,8 @@ from django.conf import settings
 from scheduler.core.qos import QosClass
 from scheduler.link.client import JobHandle, get_link
 from scheduler.link.messages import Delta, Done, Error, Rejected
+from scheduler.link.pool import ModelUnavailable, get_pool
+from scheduler.link.transport import Transport
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
@@ -143,20 +145,46 @@ class GenerationConsumer(StreamingConsumer):
         self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":
             raise method_not_allowed(self.scope.get("method", ""))
+        pool = get_pool()
         link = get_link()
-        if link.draining:
+        if link.draining or (pool is not None and pool.draining):
             raise engine_unavailable("The server is shutting down.")
-        if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
-            raise engine_unavailable("The engine worker is not running.")
-        assert link.hello is not None
-        request = self.parse(body, [link.hello.model])
-        check_prompt_size(request, link.hello.lane_ctx or 1 << 30)  # before any tokenising
+        if pool is None:
+            if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
+                raise engine_unavailable("The engine worker is not running.")
+            assert link.hello is not None
+            request = self.parse(body, [link.hello.model])
+            lane_ctx = link.hello.lane_ctx
+        else:
+            request = self.parse(body, pool.names())  # an id or an alias; else 404 model_not_found
+            lane_ctx = pool.setup.ctx_sizes.get(pool.resolve(request.model) or "", 0)
+        check_prompt_size(request, lane_ctx or 1 << 30)  # before any tokenising
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority
         self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
             admission.key_name, qos.label, priority, admission.band
         )
+        if pool is None:
+            await self.run_job(link, request, admission)
+            return
+        model_id = pool.resolve(request.model)
+        assert model_id is not None
+        try:
+            # the router's turn; an interactive or completion request may go to a full model, whose
+            # worker preempts a lower lane for it
+            link, dispatch, ticket = await pool.acquire(model_id, priority, preempts=qos in (QosClass.INTERACTIVE, QosClass.COMPLETION))
+        except ModelUnavailable as exc:
+            raise engine_unavailable(exc.detail) from None
+        self.router_serial = dispatch.serial_fields()
+        self.record.serial = dict(self.router_serial)  # kept if the request later fails or is cancelled
+        try:
+            await self.run_job(link, request, admission)
+        finally:
+            pool.release(ticket)
+
+    async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        qos, priority = admission.qos, admission.priority
         handle = await link.submit(
             request=request.to_wire(),
             qos=int(qos),
@@ -250,6 +278,10 @@ class GenerationConsumer(StreamingConsumer):
         self.record.usage = dict(event.usage)
         self.record.timing = dict(event.timing)
         self.record.serial = dict(event.serial)
+        router = getattr(self, "router_serial", None)
+        if router:  # several models: the router's pick; the wait counts both queues
+            worker_wait = int(event.serial.get("serial_queue_wait_ms") or 0)
+            self.record.serial = {**router, "serial_queue_wait_ms": router["serial_queue_wait_ms"] + worker_wait}
 
     @staticmethod
     def usage(event: Done) -> dict[str, Any]:

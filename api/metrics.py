@@ -11,7 +11,11 @@ prometheus_client renders everything from its default registry:
      (``snapshot["counters"]``) and KV pool figures (``snapshot["pool"]``);
    - the link (is the worker connected, how often it restarted, requests in flight);
    - the web side's generation counters (:class:`WebMetrics`), filled from each request's
-     record when its response ends: per endpoint and status, and per API key.
+     record when its response ends: per endpoint and status, and per API key;
+   - with several models (serve --config), the router's figures (scheduler/link/pool.py's
+     ``router_stats()``): ``llamaswap_scheduler_*`` across every model, in place of the one
+     worker's, and ``superfluid_model_loads_total``, ``superfluid_model_load_seconds``,
+     ``superfluid_model_state``.
 
 A non-admin key sees only its own per-key series: :class:`KeyView` wraps the registry and filters
 the families labelled ``key``. The metric names, labels and help texts are the interface (the
@@ -310,6 +314,84 @@ def observe_record(record: Outcome) -> None:
     web_metrics.observe(record)
 
 
+# -- several models: the router (scheduler/link/pool.py) --------------------------------------
+
+MODEL_STATES = ("unloaded", "loading", "loaded", "draining")
+# families the router gives across every model; they replace the one worker snapshot's (family
+# names as prometheus_client keeps them: a counter's without its "_total")
+ROUTER_OVERRIDES = frozenset(
+    {
+        "llamaswap_scheduler_queue_depth",
+        "llamaswap_scheduler_queue_oldest_wait_seconds",
+        "llamaswap_scheduler_dispatched",
+        "llamaswap_scheduler_reorders",
+    }
+)
+
+
+def router_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
+    """The families of the pool's ``router_stats()``: the seed's llamaswap_scheduler_* across
+    every model (the router's queue plus each resident worker's), and model loads and states."""
+    depth: Mapping[str, int] = stats.get("queue_depth_by_band") or {}
+    oldest: Mapping[str, float] = stats.get("queue_oldest_wait_s_by_band") or {}
+    yield labelled(
+        GaugeMetricFamily,
+        "llamaswap_scheduler_queue_depth",
+        "Requests waiting (at the model router and at each model's worker), by priority band.",
+        ["band"],
+        _per(BANDS, depth),
+    )
+    yield labelled(
+        GaugeMetricFamily,
+        "llamaswap_scheduler_queue_oldest_wait_seconds",
+        "How long the longest-waiting request has waited, by band.",
+        ["band"],
+        _per(BANDS, oldest),
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "llamaswap_scheduler_dispatched_total",
+        "Requests the model router dispatched, by band.",
+        ["band"],
+        sorted(([b], n) for b, n in (stats.get("dispatched_by_band") or {}).items()),
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "llamaswap_scheduler_reorders_total",
+        "Dispatches where aging or swap affinity changed the pick.",
+        ["reason"],
+        sorted(([r], n) for r, n in (stats.get("reorders") or {}).items()),
+    )
+    yield labelled(
+        CounterMetricFamily,
+        "superfluid_model_loads_total",
+        "Times each model was loaded (a worker started and said hello).",
+        ["model"],
+        [([m], n) for m, n in (stats.get("loads") or {}).items()],
+    )
+    yield histogram(
+        "superfluid_model_load_seconds",
+        "Time from starting a model's worker to its hello (the model loaded).",
+        "model",
+        stats.get("load_seconds") or {},
+    )
+    states: Mapping[str, str] = stats.get("states") or {}
+    yield labelled(
+        GaugeMetricFamily,
+        "superfluid_model_state",
+        "1 for each model's current state.",
+        ["model", "state"],
+        [([m, st], 1 if shown == st else 0) for m, shown in states.items() for st in MODEL_STATES],
+    )
+
+
+def pool_state() -> Mapping[str, Any] | None:
+    """The router's figures when serve runs several models; None in the single-worker server."""
+    from scheduler.link.pool import router_stats
+
+    return router_stats()
+
+
 # -- the collector --------------------------------------------------------------------------------
 
 
@@ -328,21 +410,31 @@ def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
 class SuperfluidCollector:
     """Everything superfluid adds to the registry, read at each scrape."""
 
-    def __init__(self, link: Callable[[], tuple[Mapping[str, Any] | None, bool, int, int] | None] = link_state) -> None:
+    def __init__(
+        self,
+        link: Callable[[], tuple[Mapping[str, Any] | None, bool, int, int] | None] = link_state,
+        router: Callable[[], Mapping[str, Any] | None] = pool_state,
+    ) -> None:
         self.link = link
+        self.router = router
 
     def describe(self) -> list[Metric]:
         return []  # the names depend on nothing registered elsewhere; collect() only at a scrape
 
     def collect(self) -> Iterator[Metric]:
         state = self.link()
+        router = self.router()
         if state is not None:
             snapshot, connected, restarts, inflight = state
-            if snapshot:
-                yield from snapshot_families(snapshot)
+            if snapshot:  # with several models: the model used last, less what the router gives
+                for fam in snapshot_families(snapshot):
+                    if router is None or fam.name not in ROUTER_OVERRIDES:
+                        yield fam
             yield gauge("superfluid_worker_connected", "1 while the engine worker is connected over the link.", 1 if connected else 0)
             yield counter("superfluid_worker_restarts_total", "Times a new engine worker process said hello.", restarts)
             yield gauge("superfluid_requests_inflight", "Generation requests the web side holds open.", inflight)
+        if router is not None:
+            yield from router_families(router)
         yield from web_metrics.families()
 
 

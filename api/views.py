@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from scheduler.link.client import get_link
+from scheduler.link.pool import ModelPool, get_pool
 from scheduler.link.transport import Transport
 
 from . import responses
 from .admission import key_required
 from .edge import error_response
-from .errors import model_not_found
+from .errors import method_not_allowed, model_not_found, not_found
 
 _STARTED = int(time.time())
 
@@ -31,20 +33,45 @@ def _allowed(request: HttpRequest, models: list[str]) -> list[str]:
     return [m for m in models if policy is None or policy.allows_model(m)]
 
 
+def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, Any]]:
+    """Every configured id and alias, loaded or not, with its context length and state."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in pool.models_state():
+        for name in (m["id"], *m["aliases"]):
+            extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
+            if name != m["id"]:
+                extra["alias_of"] = m["id"]
+            out[name] = responses.model_object(name, _STARTED, **extra)
+    allowed = set(_allowed(request, list(out)))
+    return {name: obj for name, obj in out.items() if name in allowed}
+
+
 @key_required()
 async def models(request: HttpRequest) -> JsonResponse:
+    pool = get_pool()
+    if pool is not None:
+        return JsonResponse(responses.model_list(_pool_objects(pool, request).values()))
     objs = [responses.model_object(m, _STARTED) for m in _allowed(request, await _served_models())]
     return JsonResponse(responses.model_list(objs))
 
 
 @key_required()
 async def model_detail(request: HttpRequest, model_id: str) -> JsonResponse:
+    pool = get_pool()
+    if pool is not None:
+        found = _pool_objects(pool, request).get(model_id)
+        return JsonResponse(found) if found is not None else error_response(model_not_found(model_id))
     if model_id not in _allowed(request, await _served_models()):
         return error_response(model_not_found(model_id))
     return JsonResponse(responses.model_object(model_id, _STARTED))
 
 
 async def health(request: HttpRequest) -> JsonResponse:
+    pool = get_pool()
+    if pool is not None:  # the router is up; models load on demand
+        if pool.draining or pool.link.draining:
+            return JsonResponse({"status": "draining"}, status=503)
+        return JsonResponse({"status": "ok", "models": {m["id"]: m["state"] for m in pool.models_state()}})
     link = get_link()
     if link.draining:
         return JsonResponse({"status": "draining"}, status=503)
@@ -90,7 +117,28 @@ async def slots(request: HttpRequest) -> JsonResponse:
 
 @key_required(admin=True)
 async def state(request: HttpRequest) -> JsonResponse:
-    """The worker's latest full snapshot (lanes, queues, counters) for tools and tests."""
+    """The worker's latest full snapshot (lanes, queues, counters) for tools and tests; with
+    several models, the router's state and each resident model's snapshot."""
+    pool = get_pool()
+    if pool is not None:
+        snapshots = {model: link.snapshot for model, link in pool.links.items() if link.snapshot}
+        return JsonResponse({"router": pool.router.snapshot(), "models": pool.models_state(), "snapshots": snapshots})
     link = get_link()
     return JsonResponse(link.snapshot or {}, status=200 if link.snapshot else 503)
 
+
+@key_required(admin=True)
+async def admin_models(request: HttpRequest, model_id: str = "", action: str = "") -> JsonResponse:
+    """Several models: GET each model's state (unloaded/loading/loaded/draining, lanes in use,
+    last used); POST .../<id>/load or .../<id>/unload (an admin key, or none on loopback)."""
+    pool = get_pool()
+    if pool is None:
+        return error_response(not_found(request.path, request.method))
+    if action:
+        if request.method != "POST":  # urls.py routes only POST here; kept for direct callers
+            return error_response(method_not_allowed(request.method or "", ("POST",), request.path))
+        resolved = pool.resolve(model_id)
+        if resolved is None:
+            return error_response(model_not_found(model_id))
+        (pool.load if action == "load" else pool.unload)(resolved)
+    return JsonResponse({"object": "list", "data": pool.models_state(), "router": pool.router.snapshot()})

@@ -17,6 +17,11 @@ urlpatterns = [
     path("metrics", edge.api_route()(api_metrics.metrics)),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),
     path("v1/internal/state", edge.api_route()(api_views.state)),
+    path("v1/internal/models", edge.api_route()(api_views.admin_models)),
+    re_path(
+        r"^v1/internal/models/(?P<model_id>[^/]+)/(?P<action>load|unload)$",
+        edge.api_route(("POST",))(api_views.admin_models),
+    ),
     re_path(r"^v1$", edge.unknown_route),  # not a 301 to /v1/ (APPEND_SLASH)
     re_path(r"^v1/(?P<rest>.*)$", edge.unknown_route),
 ]

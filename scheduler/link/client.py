@@ -154,6 +154,11 @@ def get_link() -> Transport:
 
     link = current()
     if link is None:
+        from .pool import get_pool
+
+        pool = get_pool()  # several models: the pool's link (it installs itself)
+        if pool is not None:
+            return pool.link
         if WORKER_SOCKETS.active:
             link = SocketTransport(sockets=WORKER_SOCKETS)
         else:

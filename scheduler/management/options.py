@@ -56,8 +56,13 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
 ]
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
+def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool = False) -> None:
+    if repeat_model:  # serve: several models, ids from the file names (or --config)
+        env_model = _env("--model", "")  # SUPERFLUID_MODEL: one model, when no --model is given
+        parser.add_argument("--model", action="append", default=None, help="model: a GGUF file or an MLX model folder, once or more; default: the bundled SmolLM2-135M-Instruct GGUF")
+        parser.set_defaults(model_env=env_model)
+    else:
+        parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for flag, typ, default, help_text in ENGINE_FLAGS:
         if flag == "--repack" and _env("--no-repack", False):
             default = "off"  # SUPERFLUID_NO_REPACK=1, as --no-repack

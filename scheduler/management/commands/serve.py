@@ -34,6 +34,7 @@ from keys.binding import is_loopback
 from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
+from scheduler.link.pool import PoolSetup
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
     add_engine_arguments,
@@ -44,6 +45,7 @@ from scheduler.management.options import (
     resolve_model,
     scheduler_config,
 )
+from scheduler.models_config import ConfigError, ModelsConfig, from_model_paths, load_config
 
 log = logging.getLogger("superfluid.serve")
 
@@ -96,10 +98,12 @@ class WorkerSupervisor:
     start-up death stops serve with the reason.
     """
 
-    def __init__(self, argv: list[str], *, pair: bool = True, repack: str | None = None) -> None:
+    def __init__(self, argv: list[str], *, pair: bool = True, repack: str | None = None, sockets: Any = None, name: str = "") -> None:
         self.argv = argv
         self.pair = pair  # a socketpair per worker (else the worker listens on --socket)
         self.repack = repack  # a llama.cpp worker's --repack; None for other engines
+        self.sockets = sockets  # where the web end goes (default: the single worker's)
+        self.name = name  # the model, in messages (several models)
         self.proc: subprocess.Popen[bytes] | None = None
         self._status_fd = -1
         self.ever_ready = False
@@ -132,7 +136,7 @@ class WorkerSupervisor:
         if ours is not None:
             from scheduler.link.client import WORKER_SOCKETS
 
-            WORKER_SOCKETS.put(ours)
+            (self.sockets or WORKER_SOCKETS).put(ours)
 
     def _read_status(self) -> list[str]:
         """The start-up lines the worker (now dead) wrote to its status pipe."""
@@ -150,13 +154,19 @@ class WorkerSupervisor:
             os.close(fd)
         return data.decode("utf-8", "replace").split()
 
+    def _which(self) -> str:
+        return f"engine worker for {self.name}" if self.name else "engine worker"
+
+    def _model_text(self) -> str:
+        return f"the model {self.name}" if self.name else "the model"
+
     def _startup_failure(self, rc: int, status: list[str]) -> str | None:
         """Why serving cannot start, or None to start once more with --no-repack."""
         if rc == EXIT_MODEL_UNLOADABLE:
             # A configuration error, which no restart mends. serve stops, as llama-server does.
-            return "the engine worker cannot load the model (its message is above)"
+            return f"the engine worker cannot load {self._model_text()} (its message is above)"
         doing = "decoding its start-up batch" if any(s.startswith("loaded") for s in status) else "loading the model"
-        died = f"the engine worker died with {_exit_text(rc)} while {doing}"
+        died = f"the {self._which()} died with {_exit_text(rc)} while {doing}"
         if self.repack is None:
             return f"{died} (its output is above)"
         if "--no-repack" in self.argv:
@@ -184,7 +194,7 @@ class WorkerSupervisor:
                 fatal = self._startup_failure(rc, status)
                 if fatal is None:
                     sys.stderr.write(
-                        f"engine worker died with {_exit_text(rc)} while starting with llama.cpp's extra buffer types "
+                        f"{self._which()} died with {_exit_text(rc)} while starting with llama.cpp's extra buffer types "
                         "(AMX, weight repacking) on; starting it once more with --no-repack. "
                         "Pass --no-repack (or set SUPERFLUID_NO_REPACK=1) to start that way.\n"
                     )
@@ -200,7 +210,7 @@ class WorkerSupervisor:
             self.restarts += 1
             quick = time.monotonic() - started < 10
             backoff = min(10.0, backoff * 2) if quick else 0.2
-            sys.stderr.write(f"engine worker exited with {rc}; restarting in {backoff:.1f}s\n")
+            sys.stderr.write(f"{self._which()} exited with {rc}; restarting in {backoff:.1f}s\n")
             time.sleep(backoff)
             if self.stopping:
                 break
@@ -222,14 +232,47 @@ class WorkerSupervisor:
         self.exited.set()
 
 
+class PoolWorkers:
+    """serve's drain and stop over every model's worker (several models; see scheduler/link/pool.py)."""
+
+    fatal: str | None = None
+    on_fatal: Callable[[], None] | None = None
+
+    class _Exited:
+        def is_set(self) -> bool:
+            from scheduler.link.pool import all_pools
+
+            return all(p.exited() for p in all_pools())
+
+    exited = _Exited()
+
+    def drain(self) -> None:
+        from scheduler.link.pool import all_pools
+
+        for p in all_pools():
+            p.drain()
+
+    def kill(self) -> None:
+        from scheduler.link.pool import all_pools
+
+        for p in all_pools():
+            p.kill()
+
+
+def _int_flag(value: float) -> int:
+    """A config number for an integer runengine flag (agingDivisor 0.5 becomes 1; 0 stays off)."""
+    return 0 if value <= 0 else max(1, round(value))
+
+
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API, admin and dashboard with an engine worker (embedded defaults)."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default=os.environ.get("SUPERFLUID_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("SUPERFLUID_PORT", "8000")))
-        add_engine_arguments(parser)
+        add_engine_arguments(parser, repeat_model=True)
         add_web_arguments(parser)
+        parser.add_argument("--config", default=os.environ.get("SUPERFLUID_CONFIG", ""), help="several models from a YAML file (see docs/configuration.md); not with --model")
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
@@ -241,16 +284,93 @@ class Command(BaseCommand):
         parser.add_argument("--completion-rate", default=settings.SUPERFLUID_COMPLETION_RATE, help="fill-in-the-middle token bucket per client, e.g. 10/s or 600/m (0 = off)")
         parser.add_argument("--completion-burst", type=int, default=settings.SUPERFLUID_COMPLETION_BURST, help="fill-in-the-middle bucket capacity (default: 20)")
 
+    def _models(self, options: dict[str, Any]) -> ModelsConfig | None:
+        """The models of --config or of several --model; None for the single-worker server."""
+        paths = options["model"] or ([options["model_env"]] if options.get("model_env") else [])
+        try:
+            if options["config"]:
+                if paths:
+                    raise CommandError("--config names the models; leave out --model")
+                cfg = load_config(Path(options["config"]).expanduser(), check_path=self._check_model_path(options))
+            elif len(paths) > 1:
+                resolved = [resolve_model({"model": p}) for p in paths]
+                for p in resolved:
+                    choose_engine(options["engine"], p)
+                cfg = from_model_paths(
+                    resolved, model_name_for, model_name=options["model_name"], aging_divisor_s=float(options["aging_divisor"]), swap_affinity_bonus=options["swap_affinity_bonus"]
+                )
+            else:
+                options["model"] = paths[0] if paths else ""
+                return None
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        if options["socket"]:
+            raise CommandError("--socket links one worker; several models each get their own private socketpair")
+        try:
+            cfg.router_config()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return cfg
+
+    def _check_model_path(self, options: dict[str, Any]) -> Callable[[Path], str | None]:
+        def check(path: Path) -> str | None:
+            if not path.exists():
+                return f"no such file or directory: {path}"
+            try:
+                choose_engine(options["engine"], path)
+            except CommandError as exc:
+                return str(exc)
+            return None
+
+        return check
+
+    def _pool_setup(self, cfg: ModelsConfig, options: dict[str, Any]) -> PoolSetup:
+        argvs: dict[str, list[str]] = {}
+        lanes: dict[str, int] = {}
+        ctx: dict[str, int] = {}
+        repack: dict[str, str | None] = {}
+        for m in cfg.models:
+            opts = dict(options)
+            opts["model_name"] = m.id
+            if m.max_batch is not None:
+                opts["max_batch"] = m.max_batch
+            if m.ctx_size is not None:
+                opts["ctx_size"] = m.ctx_size
+            opts["aging_divisor"] = _int_flag(cfg.aging_divisor_s)
+            opts["swap_affinity_bonus"] = cfg.swap_affinity_bonus
+            try:
+                scheduler_config(opts)  # --class-lanes against this model's lanes, and so on
+            except CommandError as exc:
+                raise CommandError(f"model {m.id}: {exc}") from None
+            argvs[m.id] = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(opts, m.path)]
+            lanes[m.id], ctx[m.id] = opts["max_batch"], opts["ctx_size"]
+            # --repack (and the start-up retry with --no-repack) applies to llama.cpp's workers
+            repack[m.id] = options["repack"] if choose_engine(options["engine"], m.path) == "llamacpp" else None
+
+        def spawn(model_id: str, sockets: Any) -> WorkerSupervisor:
+            return WorkerSupervisor(argvs[model_id], repack=repack[model_id], sockets=sockets, name=model_id)
+
+        return PoolSetup(cfg, spawn, ctx_sizes=ctx, lanes=lanes)
+
     def handle(self, *args: Any, **options: Any) -> None:
+        models = self._models(options)
         config = scheduler_config(options)  # validates the flags before anything starts
-        model = resolve_model(options)
-        engine = choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
+        pool_setup = None
+        engine = ""
+        if models is None:
+            model = resolve_model(options)
+            engine = choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
+        else:
+            pool_setup = self._pool_setup(models, options)
         try:
             default_qos = parse_qos(options["http_default_qos"])
         except UnknownQosClass as exc:
             raise CommandError(f"--http-default-qos: {exc}") from None
-        model_name = options["model_name"] or model_name_for(model)
-        options["model_name"] = model_name
+        if pool_setup is None:
+            model_name = options["model_name"] or model_name_for(model)
+            options["model_name"] = model_name
+        else:
+            model_name = ", ".join(m.id for m in pool_setup.config.models)
         try:
             parse_rate(options["completion_rate"])
         except ValueError as exc:
@@ -277,12 +397,12 @@ class Command(BaseCommand):
             except (OSError, ValueError) as exc:
                 raise CommandError(f"--socket: {exc}") from None
             settings.SUPERFLUID_SOCKET = socket_path
-        settings.SUPERFLUID_MODELS = [model_name]
+        settings.SUPERFLUID_MODELS = [model_name] if pool_setup is None else [m.id for m in pool_setup.config.models]
         settings.SUPERFLUID_HTTP_DEFAULT_QOS = default_qos.label
         settings.SUPERFLUID_HTTP_QOS_HEADER = not options["no_http_qos_header"]
         settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = options["http_allow_batch_invariant"]
         settings.SUPERFLUID_MAX_BODY_BYTES = options["max_body_bytes"]
-        settings.SUPERFLUID_MAX_BATCH = config.max_batch
+        settings.SUPERFLUID_MAX_BATCH = config.max_batch if pool_setup is None else max(pool_setup.lanes.values())
         settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
         settings.SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(options["key_policy"]) if options["key_policy"] else ""
         settings.SUPERFLUID_KEYS_REQUIRED = options["require_key"] or not is_loopback(options["host"])
@@ -291,13 +411,23 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
         apply_web_options(options)
 
-        worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
-        if socket_path:
-            worker_cmd += ["--socket", socket_path]
-        supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path, repack=options["repack"] if engine == "llamacpp" else None)
-        supervisor.start()
+        supervisor: WorkerSupervisor | PoolWorkers
+        if pool_setup is None:
+            worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
+            if socket_path:
+                worker_cmd += ["--socket", socket_path]
+            supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path, repack=options["repack"] if engine == "llamacpp" else None)
+            supervisor.start()
+            lanes_line = f"{config.max_batch} lanes"
+        else:
+            from scheduler.link import pool
+
+            pool.configure(pool_setup)
+            supervisor = PoolWorkers()
+            n = pool_setup.config.max_loaded_models
+            lanes_line = f"on demand, at most {n} loaded at once"
         try:
-            self._run_web(options, supervisor, model_name, config.max_batch)
+            self._run_web(options, supervisor, model_name, lanes_line)
         finally:
             supervisor.kill()
             if socket_path:
@@ -308,7 +438,7 @@ class Command(BaseCommand):
         sys.stdout.write("superfluid stopped\n")
         sys.stdout.flush()
 
-    def _run_web(self, options: dict[str, Any], supervisor: WorkerSupervisor, model_name: str, lanes: int) -> None:
+    def _run_web(self, options: dict[str, Any], supervisor: WorkerSupervisor | PoolWorkers, model_name: str, lanes: str) -> None:
         from channels.routing import get_default_application
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
@@ -329,7 +459,7 @@ class Command(BaseCommand):
 
         def ready() -> None:
             sys.stdout.write(
-                f"superfluid serving {model_name} ({lanes} lanes)\n"
+                f"superfluid serving {model_name} ({lanes})\n"
                 f"  API:       {base}/v1  (OpenAI-compatible)\n"
                 f"  admin:     {base}/admin/\n"
                 f"  dashboard: {base}/dashboard/\n"
@@ -340,6 +470,10 @@ class Command(BaseCommand):
             from keys.runtime import get_runtime
 
             reactor.callLater(0, get_runtime)  # load keys, push the admin's class-lane caps to the worker
+            if isinstance(supervisor, PoolWorkers):
+                from scheduler.link.pool import get_pool
+
+                reactor.callLater(0, get_pool)  # the router starts (TTLs, preloads)
 
         from api.edge import install_protocol_errors
 

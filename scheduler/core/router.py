@@ -1,0 +1,421 @@
+"""The model router: which waiting request goes next across models, and when to load or swap.
+
+Pure: no Django, no engine, no processes; driven by an injected clock. The web side calls
+:meth:`Router.submit` for each request, :meth:`Router.schedule` whenever something changed (and
+about once a second, for TTLs), and carries out the returned :class:`Actions`: start a model's
+worker (``load``), stop one (``unload``), send a request to its model's worker (``dispatch``).
+It reports back with :meth:`loaded`, :meth:`load_failed`, :meth:`unloaded` and :meth:`finished`.
+
+Dispatch follows the request-priority seed's serial scheduler, at the level of models:
+
+- score = priority + swap affinity + aging. Swap affinity (``swap_affinity_bonus``, 0..99) is given
+  only to a request whose model is resident (loading, loaded or draining); aging is waited seconds
+  / ``aging_divisor_s``, unbounded, 0 disables it. Higher scores go first; equal scores keep
+  arrival order. The ``fifo`` scheduler scores model priority + request priority instead.
+- Waiting requests are taken best first. A request whose model is loaded goes to that model's
+  worker when one of the model's ``lanes`` is free (an interactive or completion request also
+  when none is: the worker preempts a lower lane for it), unless a better-scoring request has
+  reserved that model for a swap; otherwise it waits here, and its model cannot be chosen for a
+  swap by a worse request. A request whose model is not resident takes a free model slot (up to
+  ``max_loaded_models``) and loads it; with none free it reserves a loaded model no better request
+  holds (an idle one first, then the least recently used): that model takes no more work, and once
+  its admitted work has finished (nothing is cut) it is unloaded and the slot is used.
+  Reservations are recomputed every time, so a better request that arrives meanwhile for the
+  reserved model still goes first.
+- A loaded model whose ``ttl_s`` has passed with nothing running or waiting is unloaded.
+
+``reorders`` counts dispatches (or swaps started) that would not have happened at this moment
+without swap affinity, or without aging: the seed's ``reorders_total{reason=...}``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .qos import band_of
+
+SCHEDULERS = ("serial", "fifo")
+BANDS = ("interactive", "normal", "batch")
+
+
+class ModelState(str, enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    DRAINING = "draining"  # loaded, takes no new work, unloaded once its admitted work is done
+    UNLOADING = "unloading"  # its worker is stopping; its slot is not free yet
+
+    @property
+    def resident(self) -> bool:
+        return self in (ModelState.LOADING, ModelState.LOADED, ModelState.DRAINING)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    id: str
+    priority: int = 0  # the fifo scheduler's per-model priority
+    ttl_s: float = 0.0  # idle seconds before unloading; 0 = never
+    lanes: int = 0  # requests its worker runs at once (its --max-batch); 0 = no bound here
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    max_loaded_models: int = 1
+    scheduler: str = "serial"
+    aging_divisor_s: float = 60.0
+    swap_affinity_bonus: int = 10
+
+    def __post_init__(self) -> None:
+        if self.max_loaded_models < 1:
+            raise ValueError("max_loaded_models must be at least 1")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be serial or fifo, got {self.scheduler!r}")
+        if not 0 <= self.swap_affinity_bonus <= 99:
+            raise ValueError("swapAffinityBonus must be between 0 and 99")
+        if self.aging_divisor_s < 0:
+            raise ValueError("agingDivisor must be 0 (off) or positive")
+
+
+@dataclass(eq=False)
+class Waiting:
+    request_id: str
+    model: str
+    priority: int
+    arrival_s: float
+    seq: int
+    preempts: bool = False  # its class preempts a lower lane (interactive, completion)
+    chosen: bool = False  # a swap was started for it (counted as a pick then)
+    won_with: float | None = None  # its score when that swap started
+
+    @property
+    def band(self) -> str:
+        return band_of(self.priority)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    request_id: str
+    model: str
+    priority: int
+    band: str
+    score: float  # the score it won with: when its swap started, else at dispatch
+    wait_s: float
+
+    def serial_fields(self) -> dict[str, object]:
+        """The activity row's ``serial_*`` keys (request-priority seed)."""
+        return {
+            "serial_priority": self.priority,
+            "serial_band": self.band,
+            "serial_score": round(self.score, 3),
+            "serial_queue_wait_ms": int(round(self.wait_s * 1000)),
+        }
+
+
+@dataclass
+class Actions:
+    dispatch: list[Dispatch] = field(default_factory=list)
+    load: list[str] = field(default_factory=list)
+    unload: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.dispatch or self.load or self.unload)
+
+
+@dataclass
+class _Model:
+    spec: ModelSpec
+    state: ModelState = ModelState.UNLOADED
+    inflight: int = 0  # dispatched and not finished
+    last_used_s: float | None = None
+    load_started_s: float | None = None
+    unload_requested: bool = False  # the admin asked: drain, then unload
+    loads: int = 0
+
+
+@dataclass
+class _Plan:
+    dispatch: list[Waiting] = field(default_factory=list)
+    load: list[tuple[str, Waiting | None]] = field(default_factory=list)
+    unload: list[tuple[str, Waiting | None]] = field(default_factory=list)
+    draining: set[str] = field(default_factory=set)
+
+    def picked(self) -> set[int]:
+        """ids of the requests this plan dispatches or starts a swap for."""
+        out = {id(r) for r in self.dispatch}
+        out.update(id(r) for _m, r in self.load + self.unload if r is not None)
+        return out
+
+
+class Router:
+    def __init__(self, models: Iterable[ModelSpec], config: RouterConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config or RouterConfig()
+        self.clock = clock
+        self.models: dict[str, _Model] = {}
+        for spec in models:
+            if spec.id in self.models:
+                raise ValueError(f"model id {spec.id!r} is configured twice")
+            self.models[spec.id] = _Model(spec)
+        if not self.models:
+            raise ValueError("at least one model is needed")
+        self.waiting: list[Waiting] = []
+        self._by_id: dict[str, Waiting] = {}
+        self._dispatched: dict[str, str] = {}  # request id -> model, until finished
+        self._seq = itertools.count()
+        self.reorders = {"aging": 0, "swap_affinity": 0}
+        self.dispatched_by_band = {b: 0 for b in BANDS}
+        self.admin_loads: set[str] = set()  # loads asked by the admin, not by a request
+
+    # -- requests ------------------------------------------------------------------------
+
+    def submit(self, request_id: str, model: str, priority: int = 0, *, preempts: bool = False) -> Waiting:
+        if model not in self.models:
+            raise KeyError(model)
+        if request_id in self._by_id or request_id in self._dispatched:
+            raise ValueError(f"request {request_id!r} is already known")
+        w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts)
+        self.waiting.append(w)
+        self._by_id[request_id] = w
+        return w
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request still waiting (its client went away). False if it was not waiting."""
+        w = self._by_id.pop(request_id, None)
+        if w is None:
+            return False
+        self.waiting.remove(w)
+        return True
+
+    def finished(self, request_id: str) -> None:
+        """A dispatched request's work ended (done, failed or cancelled at the worker)."""
+        model = self._dispatched.pop(request_id, None)
+        if model is None:
+            return
+        m = self.models[model]
+        m.inflight = max(0, m.inflight - 1)
+        m.last_used_s = self.clock()
+
+    # -- models --------------------------------------------------------------------------
+
+    def loaded(self, model: str) -> float:
+        """The model's worker is ready. Returns the load time in seconds."""
+        m = self.models[model]
+        now = self.clock()
+        took = now - m.load_started_s if m.load_started_s is not None else 0.0
+        if m.state is ModelState.LOADING:
+            m.state = ModelState.LOADED
+            m.last_used_s = now
+        return took
+
+    def load_failed(self, model: str) -> list[str]:
+        """The model could not be loaded: it is unloaded again, and every request waiting for it
+        is dropped. Returns their ids, for the caller to answer with an error."""
+        m = self.models[model]
+        m.state = ModelState.UNLOADED
+        m.load_started_s = None
+        self.admin_loads.discard(model)
+        dropped = [w.request_id for w in self.waiting if w.model == model]
+        for rid in dropped:
+            self.cancel(rid)
+        return dropped
+
+    def unloaded(self, model: str) -> None:
+        m = self.models[model]
+        m.state = ModelState.UNLOADED
+        m.unload_requested = False
+        m.load_started_s = None
+
+    def request_load(self, model: str) -> None:
+        """The admin's load action: load it as soon as a slot is free or an idle model can go."""
+        if model not in self.models:
+            raise KeyError(model)
+        self.models[model].unload_requested = False
+        if self.models[model].state in (ModelState.UNLOADED, ModelState.UNLOADING):
+            self.admin_loads.add(model)
+
+    def request_unload(self, model: str) -> None:
+        """The admin's unload action: no new work; unloaded once its admitted work is done."""
+        m = self.models[model]
+        self.admin_loads.discard(model)
+        if m.state in (ModelState.LOADING, ModelState.LOADED, ModelState.DRAINING):
+            m.unload_requested = True
+
+    def state(self, model: str) -> ModelState:
+        return self.models[model].state
+
+    # -- order ---------------------------------------------------------------------------
+
+    def score(self, w: Waiting, now: float, *, bonus: int | None = None, divisor: float | None = None) -> float:
+        if self.config.scheduler == "fifo":
+            return self.models[w.model].spec.priority + w.priority
+        bonus = self.config.swap_affinity_bonus if bonus is None else bonus
+        divisor = self.config.aging_divisor_s if divisor is None else divisor
+        affinity = bonus if self.models[w.model].state.resident else 0
+        aging = max(0.0, now - w.arrival_s) / divisor if divisor > 0 else 0.0
+        return w.priority + affinity + aging
+
+    def order(self, now: float | None = None, **terms: float) -> list[Waiting]:
+        """Waiting requests, best first (equal scores in arrival order)."""
+        now = self.clock() if now is None else now
+        return sorted(self.waiting, key=lambda w: (-self.score(w, now, **terms), w.seq))  # type: ignore[arg-type]
+
+    def _plan(self, now: float, **terms: float) -> _Plan:
+        plan = _Plan()
+        state = {mid: m.state for mid, m in self.models.items()}
+        inflight = {mid: m.inflight for mid, m in self.models.items()}
+        for mid, m in self.models.items():
+            if m.state is ModelState.DRAINING and not m.unload_requested:
+                state[mid] = ModelState.LOADED  # reservations are recomputed every time
+            elif m.unload_requested and m.state is ModelState.LOADED:
+                state[mid] = ModelState.DRAINING
+            if m.unload_requested and state[mid] is ModelState.DRAINING and m.inflight == 0:
+                state[mid] = ModelState.UNLOADING  # the admin's unload, once its work is done
+                plan.unload.append((mid, None))
+        # slots that will be free without a new reservation: models stopping, or drained by the admin
+        coming = sum(1 for s in state.values() if s in (ModelState.UNLOADING, ModelState.DRAINING))
+        reserved: set[str] = set()  # kept for a better request's swap: takes no more work
+        claimed: set[str] = set()  # a better request waits for one of its lanes: not a victim
+
+        def occupied() -> int:
+            return sum(1 for s in state.values() if s is not ModelState.UNLOADED)
+
+        def take_slot(model: str, why: Waiting | None) -> bool:
+            nonlocal coming
+            if occupied() < self.config.max_loaded_models:
+                state[model] = ModelState.LOADING
+                plan.load.append((model, why))
+                return True
+            if coming > 0:
+                coming -= 1  # wait for a slot already on its way
+                return False
+            victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed]
+            if not victims:
+                return False
+            victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].last_used_s or 0.0, v))
+            reserved.add(victim)
+            if inflight[victim] == 0:
+                state[victim] = ModelState.UNLOADING
+                plan.unload.append((victim, why))
+            else:
+                plan.draining.add(victim)
+            return False
+
+        pending: set[str] = set()  # models already waited on in this plan
+        for w in self.order(now, **terms):
+            s = state[w.model]
+            if s is ModelState.LOADED and w.model not in reserved:
+                lanes = self.models[w.model].spec.lanes
+                if lanes <= 0 or inflight[w.model] < lanes or w.preempts:
+                    plan.dispatch.append(w)
+                    inflight[w.model] += 1
+                else:
+                    claimed.add(w.model)  # it waits for a lane of its model
+            elif s is ModelState.UNLOADED and w.model not in pending:
+                pending.add(w.model)
+                take_slot(w.model, w)
+            # else: loading, draining, stopping or reserved: it waits
+        for model in sorted(self.admin_loads):
+            if state[model] is ModelState.UNLOADED and model not in pending:
+                take_slot(model, None)
+        for mid, m in self.models.items():
+            if state[mid] is not ModelState.LOADED or m.spec.ttl_s <= 0 or inflight[mid] or mid in pending:
+                continue
+            if any(w.model == mid for w in self.waiting):
+                continue
+            if m.last_used_s is not None and now - m.last_used_s >= m.spec.ttl_s:
+                state[mid] = ModelState.UNLOADING
+                plan.unload.append((mid, None))
+        return plan
+
+    def schedule(self) -> Actions:
+        """Decide what happens now; the caller carries out the actions."""
+        now = self.clock()
+        plan = self._plan(now)
+        self._count_reorders(plan, now)
+        actions = Actions()
+        for mid, m in self.models.items():
+            if m.state is ModelState.DRAINING and mid not in plan.draining and not m.unload_requested:
+                m.state = ModelState.LOADED  # the request that reserved it went elsewhere or left
+        for mid in plan.draining:
+            self.models[mid].state = ModelState.DRAINING
+        for mid, m in self.models.items():
+            if m.unload_requested and m.state is ModelState.LOADED:
+                m.state = ModelState.DRAINING
+        for model, why in plan.unload:
+            self.models[model].state = ModelState.UNLOADING
+            if why is not None and not why.chosen:
+                why.chosen, why.won_with = True, self.score(why, now)
+            actions.unload.append(model)
+        for model, why in plan.load:
+            m = self.models[model]
+            m.state = ModelState.LOADING
+            m.load_started_s = now
+            m.loads += 1
+            self.admin_loads.discard(model)
+            if why is not None and not why.chosen:
+                why.chosen, why.won_with = True, self.score(why, now)
+            actions.load.append(model)
+        for w in plan.dispatch:
+            self.waiting.remove(w)
+            del self._by_id[w.request_id]
+            self._dispatched[w.request_id] = w.model
+            m = self.models[w.model]
+            m.inflight += 1
+            m.last_used_s = now
+            self.dispatched_by_band[w.band] += 1
+            score = w.won_with if w.won_with is not None else self.score(w, now)
+            actions.dispatch.append(Dispatch(w.request_id, w.model, w.priority, w.band, score, now - w.arrival_s))
+        return actions
+
+    def _count_reorders(self, plan: _Plan, now: float) -> None:
+        """A pick counts as a reorder for a term when, at this moment and with that term off,
+        it would not have been made."""
+        if self.config.scheduler != "serial":
+            return
+        picked = [w for w in plan.dispatch if not w.chosen]
+        picked += [w for _m, w in plan.load + plan.unload if w is not None and not w.chosen]
+        if not picked:
+            return
+        for reason, terms in (("swap_affinity", {"bonus": 0}), ("aging", {"divisor": 0.0})):
+            if reason == "swap_affinity" and self.config.swap_affinity_bonus == 0:
+                continue
+            if reason == "aging" and self.config.aging_divisor_s == 0:
+                continue
+            without = self._plan(now, **terms).picked()
+            self.reorders[reason] += sum(1 for w in picked if id(w) not in without)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def queue_by_band(self, now: float | None = None) -> dict[str, tuple[int, float]]:
+        """(depth, oldest wait in seconds) of the waiting requests, by band."""
+        now = self.clock() if now is None else now
+        out = {b: (0, 0.0) for b in BANDS}
+        for w in self.waiting:
+            depth, oldest = out[w.band]
+            out[w.band] = (depth + 1, max(oldest, now - w.arrival_s))
+        return out
+
+    def snapshot(self) -> dict[str, object]:
+        now = self.clock()
+        return {
+            "max_loaded_models": self.config.max_loaded_models,
+            "scheduler": self.config.scheduler,
+            "models": {
+                mid: {
+                    "state": m.state.value,
+                    "inflight": m.inflight,
+                    "waiting": sum(1 for w in self.waiting if w.model == mid),
+                    "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),
+                    "loads": m.loads,
+                    "ttl_s": m.spec.ttl_s,
+                    "priority": m.spec.priority,
+                }
+                for mid, m in self.models.items()
+            },
+            "queue": {b: {"depth": d, "oldest_wait_s": round(o, 3)} for b, (d, o) in self.queue_by_band(now).items()},
+            "dispatched": dict(self.dispatched_by_band),
+            "reorders": dict(self.reorders),
+        }

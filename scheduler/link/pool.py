@@ -1,0 +1,407 @@
+"""Several models behind one server: the web side of the model router.
+
+Used when ``serve`` is given ``--config`` or ``--model`` more than once (one ``--model`` is the
+single-worker server of ``client.get_link``). Each resident model has its own engine worker process
+(its own tick loop, lanes and KV pool) under its own supervisor, reached over its own
+:class:`SocketTransport` on its own ``socketpair``; a crash of one model's worker is restarted by
+its supervisor and never touches another's.
+
+A request waits in the :class:`scheduler.core.router.Router` (``acquire``) until the router
+dispatches it; it is then submitted to its model's transport, and ``release`` tells the router
+its work ended. The router's load and unload actions start and stop workers here.
+
+For the rest of the web side (health, /slots, the dashboard, key-policy caps, drain) the pool
+installs a :class:`PoolLink` as the event loop's link: it fans configuration out to every model's
+transport and shows the snapshot of the model used last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
+from scheduler.models_config import ModelsConfig
+from scheduler.worker.metrics import Histogram
+
+from .client import SocketTransport, WorkerSockets
+from .messages import Config, Hello, encode
+from .transport import Transport, _links, current, install
+
+log = logging.getLogger("superfluid.pool")
+
+TICK_S = 0.5  # how often TTLs are checked
+UNLOAD_WAIT_S = 30.0  # a stopping worker gets this long before it is killed
+LOAD_BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
+
+
+class Worker(Protocol):
+    """What the pool needs of a model's worker supervisor (serve's ``WorkerSupervisor``)."""
+
+    exited: threading.Event
+    fatal: str | None
+    on_fatal: Callable[[], None] | None
+    restarts: int
+
+    def start(self) -> None: ...
+    def drain(self) -> None: ...
+    def kill(self) -> None: ...
+
+
+class ModelUnavailable(Exception):
+    """A request's model could not be loaded, or the server is shutting down."""
+
+    def __init__(self, model: str, detail: str) -> None:
+        super().__init__(detail)
+        self.model = model
+        self.detail = detail
+
+
+@dataclass
+class PoolSetup:
+    config: ModelsConfig
+    spawn: Callable[[str, WorkerSockets], Worker]  # a supervisor, not yet started, for a model id
+    ctx_sizes: dict[str, int] = field(default_factory=dict)  # per-lane context of each model
+    lanes: dict[str, int] = field(default_factory=dict)
+
+
+_SETUP: PoolSetup | None = None
+_POOLS: dict[int, ModelPool] = {}
+
+
+def configure(setup: PoolSetup | None) -> None:
+    """serve: the models this process serves (None: the single-worker server)."""
+    global _SETUP
+    _SETUP = setup
+    _POOLS.clear()
+
+
+def get_pool() -> ModelPool | None:
+    """The running event loop's pool, made on first use; None in the single-worker server."""
+    if _SETUP is None:
+        return None
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(id(loop))
+    if pool is None:
+        pool = _POOLS[id(loop)] = ModelPool(_SETUP)
+        pool.start()
+    return pool
+
+
+def all_pools() -> list[ModelPool]:
+    return list(_POOLS.values())
+
+
+class PoolLink(Transport):
+    """The event loop's link in a pool: what serve's drain, health, /slots, the dashboard and the
+    key-policy caps see. Jobs are never submitted through it."""
+
+    def __init__(self, pool: ModelPool) -> None:
+        super().__init__()
+        self.pool = pool
+        self._connected.set()
+
+    def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def _send(self, data: bytes) -> None:
+        pass
+
+    async def configure(self, config: Config) -> None:
+        encode(config)
+        self.worker_config = config
+        for link in list(self.pool.links.values()):
+            await link.configure(config)
+
+    def _latest(self) -> SocketTransport | None:
+        model = self.pool.last_model
+        return self.pool.links.get(model) if model else None
+
+    @property  # type: ignore[override]
+    def snapshot(self) -> dict[str, Any] | None:
+        link = self._latest()
+        return link.snapshot if link is not None else None
+
+    @snapshot.setter
+    def snapshot(self, value: Any) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def hello(self) -> Hello | None:
+        link = self._latest()
+        return link.hello if link is not None else None
+
+    @hello.setter
+    def hello(self, value: Any) -> None:
+        pass
+
+
+class ModelPool:
+    def __init__(self, setup: PoolSetup, clock: Callable[[], float] = time.monotonic) -> None:
+        self.setup = setup
+        self.config = setup.config
+        specs = [ModelSpec(m.id, priority=m.priority, ttl_s=m.ttl_s, lanes=setup.lanes.get(m.id, 0)) for m in self.config.models]
+        self.router = Router(specs, self.config.router_config(), clock)
+        self.links: dict[str, SocketTransport] = {}
+        self.workers: dict[str, Worker] = {}
+        self.waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self.link = PoolLink(self)
+        self.last_model: str | None = None
+        self.loads_total: dict[str, int] = {m.id: 0 for m in self.config.models}
+        self.load_seconds = {m.id: Histogram(LOAD_BUCKETS_S) for m in self.config.models}
+        self.last_used: dict[str, float] = {}  # wall-clock time, for the admin
+        self.errors: dict[str, str] = {}  # the last load failure of each model
+        self.draining = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        install(self.link)
+        self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="superfluid-router")
+        for model in self.config.preload:
+            self.router.request_load(model)
+        self.kick()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.kick()
+            except Exception:  # the router must keep running
+                log.exception("router tick failed")
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def drain(self) -> None:
+        """serve's SIGTERM: nothing new; waiting requests end, running ones finish at their workers."""
+        self.draining = True
+        for rid, fut in list(self.waiters.items()):
+            if self.router.cancel(rid) and not fut.done():
+                fut.set_exception(ModelUnavailable("", "The server is shutting down."))
+        for worker in list(self.workers.values()):
+            worker.drain()
+
+    def exited(self) -> bool:
+        return all(w.exited.is_set() for w in self.workers.values())
+
+    def kill(self) -> None:
+        for worker in list(self.workers.values()):
+            worker.kill()
+
+    # -- names -------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return list(self.config.names)
+
+    def resolve(self, name: str) -> str | None:
+        return self.config.resolve(name)
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def acquire(self, model: str, priority: int, *, preempts: bool = False) -> tuple[SocketTransport, Dispatch, str]:
+        """Wait until the router dispatches this request; the model's transport to submit it to.
+        ``release(ticket)`` must follow once its work ended (done, failed or cancelled)."""
+        if self.draining:
+            raise ModelUnavailable(model, "The server is shutting down.")
+        ticket = uuid.uuid4().hex
+        fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        self.waiters[ticket] = fut
+        self.router.submit(ticket, model, priority, preempts=preempts)
+        self.kick()
+        try:
+            dispatch = await fut
+        except asyncio.CancelledError:
+            self.waiters.pop(ticket, None)
+            if not self.router.cancel(ticket):
+                self.router.finished(ticket)  # dispatched as the client left
+            self.kick()
+            raise
+        finally:
+            self.waiters.pop(ticket, None)
+        self.last_model = model
+        self.last_used[model] = time.time()
+        return self.links[model], dispatch, ticket
+
+    def release(self, ticket: str) -> None:
+        self.router.finished(ticket)
+        self.kick()
+
+    # -- the router's actions ----------------------------------------------------------
+
+    def kick(self) -> None:
+        actions = self.router.schedule()
+        for model in actions.unload:
+            self._unload(model)
+        for model in actions.load:
+            self._load(model)
+        for d in actions.dispatch:
+            fut = self.waiters.get(d.request_id)
+            if fut is None or fut.done():
+                self.router.finished(d.request_id)
+            else:
+                fut.set_result(d)
+
+    def _load(self, model: str) -> None:
+        sockets = WorkerSockets()
+        link = SocketTransport(sockets=sockets)
+        link.worker_config = self.link.worker_config
+        _links[(id(asyncio.get_running_loop()), model)] = link  # type: ignore[index]  # serve's drain sees it
+        self.links[model] = link
+        worker = self.setup.spawn(model, sockets)
+        self.workers[model] = worker
+        loop = asyncio.get_running_loop()
+        worker.on_fatal = lambda: loop.call_soon_threadsafe(self._load_failed, model, worker)
+        self.errors.pop(model, None)
+        log.info("loading model %s", model)
+        worker.start()
+        link.start()
+        self._spawn_task(self._await_loaded(model, link))
+
+    async def _await_loaded(self, model: str, link: SocketTransport) -> None:
+        await link.wait_connected(float("inf"))
+        if self.links.get(model) is not link:
+            return
+        took = self.router.loaded(model)
+        self.loads_total[model] += 1
+        self.load_seconds[model].observe(took)
+        self.last_model = self.last_model or model
+        log.info("model %s loaded in %.2f s", model, took)
+        self.kick()
+
+    def _load_failed(self, model: str, worker: Worker) -> None:
+        if self.workers.get(model) is not worker:
+            return
+        detail = f"The model {model!r} could not be loaded: {worker.fatal or 'its worker exited'}."
+        self.errors[model] = detail
+        log.error("%s", detail)
+        self.workers.pop(model, None)
+        link = self.links.pop(model, None)
+        if link is not None:
+            self._spawn_task(self._close(model, link))
+        for rid in self.router.load_failed(model):
+            fut = self.waiters.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_exception(ModelUnavailable(model, detail))
+        self.kick()
+
+    async def _close(self, model: str, link: SocketTransport) -> None:
+        await link.stop()
+        with contextlib.suppress(RuntimeError):
+            _links.pop((id(asyncio.get_running_loop()), model), None)  # type: ignore[call-overload]
+
+    def _unload(self, model: str) -> None:
+        link = self.links.pop(model, None)
+        worker = self.workers.pop(model, None)
+        log.info("unloading model %s", model)
+        if self.last_model == model:
+            self.last_model = next(iter(self.links), None)
+        self._spawn_task(self._stop(model, link, worker))
+
+    async def _stop(self, model: str, link: SocketTransport | None, worker: Worker | None) -> None:
+        if link is not None:  # nothing is in flight: the router unloads only an idle model
+            await self._close(model, link)
+        if worker is not None:
+            worker.drain()
+            loop = asyncio.get_running_loop()
+            if not await loop.run_in_executor(None, worker.exited.wait, UNLOAD_WAIT_S):
+                worker.kill()
+        self.router.unloaded(model)
+        self.kick()
+
+    # -- admin ---------------------------------------------------------------------------
+
+    def load(self, model: str) -> None:
+        self.router.request_load(model)
+        self.kick()
+
+    def unload(self, model: str) -> None:
+        self.router.request_unload(model)
+        self.kick()
+
+    def models_state(self) -> list[dict[str, Any]]:
+        """Each configured model as the admin shows it."""
+        snap = self.router.snapshot()["models"]  # type: ignore[index]
+        out = []
+        for m in self.config.models:
+            s = snap[m.id]
+            link = self.links.get(m.id)
+            lanes = (link.snapshot or {}).get("lanes", []) if link is not None else []
+            state = s["state"]
+            out.append(
+                {
+                    "id": m.id,
+                    "aliases": list(m.aliases),
+                    "path": str(m.path),
+                    "state": "unloaded" if state == ModelState.UNLOADING.value else state,
+                    "lanes": self.setup.lanes.get(m.id),
+                    "lanes_in_use": sum(1 for lane in lanes if lane.get("state") != "idle"),
+                    "waiting": s["waiting"],
+                    "running": s["inflight"],
+                    "last_used": self.last_used.get(m.id),
+                    "ttl_s": m.ttl_s,
+                    "priority": m.priority,
+                    "context_length": self.setup.ctx_sizes.get(m.id),
+                    "loads": self.loads_total[m.id],
+                    "worker_restarts": self.workers[m.id].restarts if m.id in self.workers else 0,
+                    "error": self.errors.get(m.id),
+                }
+            )
+        return out
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def router_stats(self) -> dict[str, Any]:
+        """The router's figures for /metrics as plain numbers (api/metrics.py names them): what
+        waits by band (at the router and at each resident model's worker), dispatches, reorders,
+        model loads and load times, and each model's shown state."""
+        queue = self.router.queue_by_band()
+        depth = {b: queue[b][0] for b in BANDS}
+        oldest = {b: queue[b][1] for b in BANDS}
+        for link in list(self.links.values()):  # and what waits at each resident model's worker
+            stats = (link.snapshot or {}).get("metrics") or {}
+            for b, n in (stats.get("queue_depth_by_band") or {}).items():
+                if b in depth:
+                    depth[b] += int(n or 0)
+            for b, w in (stats.get("queue_oldest_wait_s_by_band") or {}).items():
+                if b in oldest:
+                    oldest[b] = max(oldest[b], float(w or 0))
+
+        def shown(m: str) -> ModelState:  # a worker being stopped is shown unloaded, as in the admin
+            st = self.router.state(m)
+            return ModelState.UNLOADED if st is ModelState.UNLOADING else st
+
+        return {
+            "queue_depth_by_band": depth,
+            "queue_oldest_wait_s_by_band": {b: round(w, 3) for b, w in oldest.items()},
+            "dispatched_by_band": dict(self.router.dispatched_by_band),
+            "reorders": dict(self.router.reorders),
+            "loads": dict(self.loads_total),
+            "load_seconds": {m: h.stats() for m, h in self.load_seconds.items()},
+            "states": {m: shown(m).value for m in self.loads_total},
+        }
+
+
+def router_stats() -> dict[str, Any] | None:
+    """The pool's figures for /metrics, or None in the single-worker server."""
+    pools = all_pools()
+    return pools[0].router_stats() if pools else None
+
+
+def current_pool_link() -> Transport | None:
+    link = current()
+    return link if isinstance(link, PoolLink) else None

@@ -1,0 +1,277 @@
+"""Which models one server holds: ``serve --config superfluid.yaml``, or ``--model`` given once or
+more. Free of Django; a bad file is a :class:`ConfigError` naming the file, line and key.
+
+The file's shape (llama-swap's, plus superfluid's per-model lanes)::
+
+    models:
+      smol:
+        model: /path/to/SmolLM2-135M-Instruct.Q4_1.gguf   # a GGUF file or an MLX folder
+        aliases: [small]
+        max_batch: 8          # lanes, as --max-batch
+        ctx_size: 4096        # per lane, as --ctx-size
+        ttl: 300              # seconds idle before unloading; 0 = never
+        priority: 0           # the fifo scheduler's per-model priority
+    max_loaded_models: 1
+    routing:
+      scheduler:
+        use: serial           # or fifo
+        settings:
+          serial:
+            agingDivisor: 60
+            swapAffinityBonus: 10
+
+A relative ``model`` path is taken from the file's folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scheduler.core.router import SCHEDULERS, ModelSpec, RouterConfig
+
+MAX_BATCH_LIMIT = 64
+MIN_CTX = 64
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    path: Path
+    aliases: tuple[str, ...] = ()
+    max_batch: int | None = None  # None: the --max-batch flag
+    ctx_size: int | None = None  # None: the --ctx-size flag
+    ttl_s: float = 0.0
+    priority: int = 0
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(self.id, priority=self.priority, ttl_s=self.ttl_s)
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    models: tuple[ServedModel, ...]
+    max_loaded_models: int = 1
+    scheduler: str = "serial"
+    aging_divisor_s: float = 60.0
+    swap_affinity_bonus: int = 10
+    preload: tuple[str, ...] = ()  # loaded at start (one --model: today's behaviour)
+    source: str = ""  # the file, for messages
+    names: dict[str, str] = field(default_factory=dict)  # id or alias -> id
+
+    def __post_init__(self) -> None:
+        if not self.names:
+            object.__setattr__(self, "names", _names(self.models))
+
+    def router_config(self) -> RouterConfig:
+        return RouterConfig(self.max_loaded_models, self.scheduler, self.aging_divisor_s, self.swap_affinity_bonus)
+
+    def resolve(self, name: str) -> str | None:
+        """The model id a request's ``model`` names (an id or an alias), or None."""
+        return self.names.get(name)
+
+    def get(self, model_id: str) -> ServedModel:
+        return next(m for m in self.models if m.id == model_id)
+
+
+def _names(models: Sequence[ServedModel]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for m in models:
+        for name in (m.id, *m.aliases):
+            if name in names and names[name] != m.id:
+                raise ConfigError(f"model name {name!r} is used by both {names[name]!r} and {m.id!r}")
+            names[name] = m.id
+    return names
+
+
+def from_model_paths(paths: Sequence[Path], name_for: Callable[[Path], str], *, model_name: str = "", aging_divisor_s: float = 60.0, swap_affinity_bonus: int = 10) -> ModelsConfig:
+    """``--model`` given once (today's server: loaded at start, never unloaded) or more (ids from the
+    file names, loaded on demand, one at a time)."""
+    if model_name and len(paths) > 1:
+        raise ConfigError("--model-name names a single --model; with several, ids come from the file names (or use --config)")
+    models = [ServedModel(model_name or name_for(p), p) for p in paths]
+    ids = [m.id for m in models]
+    for mid in ids:
+        if ids.count(mid) > 1:
+            raise ConfigError(f"two --model files would both be served as {mid!r}; rename one or use --config")
+    return ModelsConfig(
+        tuple(models),
+        aging_divisor_s=aging_divisor_s,
+        swap_affinity_bonus=swap_affinity_bonus,
+        preload=(ids[0],) if len(ids) == 1 else (),
+    )
+
+
+# -- the YAML file -----------------------------------------------------------------------------
+
+
+class _Where:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, node: yaml.Node | None, key: str, message: str) -> ConfigError:
+        line = f":{node.start_mark.line + 1}" if node is not None else ""
+        return ConfigError(f"{self.source}{line}: {key}: {message}")
+
+
+def _mapping(where: _Where, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        raise where.error(node, key, "must be a mapping")
+    out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for k, v in node.value:
+        if not isinstance(k, yaml.ScalarNode) or not k.value:
+            raise where.error(k, key, "keys must be plain names")
+        name = f"{key}.{k.value}" if key else k.value
+        if k.value in out:
+            raise where.error(k, name, "is given twice")
+        out[k.value] = (k, v)
+    return out
+
+
+def _only(where: _Where, found: dict[str, tuple[yaml.Node, yaml.Node]], key: str, allowed: Sequence[str]) -> None:
+    for name, (k, _v) in found.items():
+        if name not in allowed:
+            full = f"{key}.{name}" if key else name
+            raise where.error(k, full, f"unknown key (expected one of {', '.join(allowed)})")
+
+
+def _scalar(where: _Where, node: yaml.Node, key: str) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        raise where.error(node, key, "must be a single value")
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except (yaml.YAMLError, ValueError) as exc:
+        raise where.error(node, key, f"cannot be read: {str(exc).splitlines()[0]}") from None
+
+
+def _int(where: _Where, node: yaml.Node, key: str, low: int | None = None, high: int | None = None) -> int:
+    value = _scalar(where, node, key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(node, key, f"must be an integer, got {node.value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise where.error(node, key, f"must be {bounds}, got {value}")
+    return value
+
+
+def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float:
+    value = _scalar(where, node, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(node, key, f"must be a number, got {node.value!r}")
+    if value < low:
+        raise where.error(node, key, f"must be {low:g} or more, got {value}")
+    return float(value)
+
+
+def _str(where: _Where, node: yaml.Node, key: str) -> str:
+    value = _scalar(where, node, key)
+    if not isinstance(value, str) or not value.strip():
+        raise where.error(node, key, f"must be a non-empty string, got {node.value!r}")
+    return value.strip()
+
+
+MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
+TOP_KEYS = ("models", "max_loaded_models", "routing")
+
+
+def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None]) -> ServedModel:
+    key = f"models.{mid}"
+    fields = _mapping(where, node, key)
+    _only(where, fields, key, MODEL_KEYS)
+    if "model" not in fields:
+        raise where.error(node, f"{key}.model", "is required (a GGUF file or an MLX model folder)")
+    path_node = fields["model"][1]
+    path = Path(_str(where, path_node, f"{key}.model")).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    problem = check_path(path)
+    if problem:
+        raise where.error(path_node, f"{key}.model", problem)
+    aliases: list[str] = []
+    if "aliases" in fields:
+        anode = fields["aliases"][1]
+        if not isinstance(anode, yaml.SequenceNode):
+            raise where.error(anode, f"{key}.aliases", "must be a list of names")
+        aliases = [_str(where, a, f"{key}.aliases") for a in anode.value]
+    kw: dict[str, Any] = {}
+    if "max_batch" in fields:
+        kw["max_batch"] = _int(where, fields["max_batch"][1], f"{key}.max_batch", 1, MAX_BATCH_LIMIT)
+    if "ctx_size" in fields:
+        kw["ctx_size"] = _int(where, fields["ctx_size"][1], f"{key}.ctx_size", MIN_CTX)
+    if "ttl" in fields:
+        kw["ttl_s"] = _number(where, fields["ttl"][1], f"{key}.ttl")
+    if "priority" in fields:
+        kw["priority"] = _int(where, fields["priority"][1], f"{key}.priority")
+    return ServedModel(mid, path.resolve(), tuple(aliases), **kw)
+
+
+def _default_check(path: Path) -> str | None:
+    return None if path.exists() else f"no such file or directory: {path}"
+
+
+def parse_config(text: str, source: str = "<config>", base: Path | None = None, check_path: Callable[[Path], str | None] = _default_check) -> ModelsConfig:
+    where = _Where(source)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}{line}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if root is None:
+        raise ConfigError(f"{source}: models: is required (the file is empty)")
+    top = _mapping(where, root, "")
+    _only(where, top, "", TOP_KEYS)
+    if "models" not in top:
+        raise where.error(root, "models", "is required")
+    models_node = top["models"][1]
+    entries = _mapping(where, models_node, "models")
+    if not entries:
+        raise where.error(models_node, "models", "names no model")
+    base = base or Path.cwd()
+    models = [_model(where, mid, v, base, check_path) for mid, (_k, v) in entries.items()]
+    try:
+        names = _names(models)
+    except ConfigError as exc:
+        raise where.error(models_node, "models", str(exc)) from None
+    kw: dict[str, Any] = {}
+    if "max_loaded_models" in top:
+        kw["max_loaded_models"] = _int(where, top["max_loaded_models"][1], "max_loaded_models", 1)
+    if "routing" in top:
+        routing = _mapping(where, top["routing"][1], "routing")
+        _only(where, routing, "routing", ("scheduler",))
+        if "scheduler" in routing:
+            sched = _mapping(where, routing["scheduler"][1], "routing.scheduler")
+            _only(where, sched, "routing.scheduler", ("use", "settings"))
+            if "use" in sched:
+                use = _str(where, sched["use"][1], "routing.scheduler.use")
+                if use not in SCHEDULERS:
+                    raise where.error(sched["use"][1], "routing.scheduler.use", f"must be serial or fifo, got {use!r}")
+                kw["scheduler"] = use
+            if "settings" in sched:
+                settings = _mapping(where, sched["settings"][1], "routing.scheduler.settings")
+                _only(where, settings, "routing.scheduler.settings", ("serial",))
+                if "serial" in settings:
+                    key = "routing.scheduler.settings.serial"
+                    serial = _mapping(where, settings["serial"][1], key)
+                    _only(where, serial, key, ("agingDivisor", "swapAffinityBonus"))
+                    if "agingDivisor" in serial:
+                        kw["aging_divisor_s"] = _number(where, serial["agingDivisor"][1], f"{key}.agingDivisor")
+                    if "swapAffinityBonus" in serial:
+                        kw["swap_affinity_bonus"] = _int(where, serial["swapAffinityBonus"][1], f"{key}.swapAffinityBonus", 0, 99)
+    return ModelsConfig(tuple(models), source=source, names=names, **kw)
+
+
+def load_config(path: Path, check_path: Callable[[Path], str | None] = _default_check) -> ModelsConfig:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    return parse_config(text, str(path), path.resolve().parent, check_path)

@@ -1,0 +1,136 @@
+"""serve --config: the YAML shape, and a bad file named by line and key before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.models_config import ConfigError, from_model_paths, load_config, parse_config
+
+GOOD = """\
+models:
+  smol:
+    model: smol.gguf
+    aliases: [small, tiny]
+    max_batch: 4
+    ctx_size: 2048
+    ttl: 300
+    priority: 10
+  other:
+    model: other.gguf
+max_loaded_models: 2
+routing:
+  scheduler:
+    use: fifo
+    settings:
+      serial:
+        agingDivisor: 30
+        swapAffinityBonus: 0
+"""
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "smol.gguf").write_bytes(b"GGUF")
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    return tmp_path
+
+
+def write(folder: Path, text: str) -> Path:
+    path = folder / "superfluid.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_issues_shape_is_read_with_every_setting(folder: Path) -> None:
+    cfg = load_config(write(folder, GOOD))
+    smol, other = cfg.models
+    assert (smol.id, smol.path, smol.aliases) == ("smol", folder / "smol.gguf", ("small", "tiny"))
+    assert (smol.max_batch, smol.ctx_size, smol.ttl_s, smol.priority) == (4, 2048, 300.0, 10)
+    assert (other.max_batch, other.ctx_size, other.ttl_s, other.priority) == (None, None, 0.0, 0)
+    assert (cfg.max_loaded_models, cfg.scheduler, cfg.aging_divisor_s, cfg.swap_affinity_bonus) == (2, "fifo", 30.0, 0)
+    assert cfg.resolve("tiny") == "smol" and cfg.resolve("other") == "other" and cfg.resolve("nope") is None
+    assert cfg.preload == ()  # loaded on demand
+
+
+def test_defaults_are_the_seeds(folder: Path) -> None:
+    cfg = load_config(write(folder, "models:\n  a:\n    model: smol.gguf\n"))
+    assert (cfg.max_loaded_models, cfg.scheduler, cfg.aging_divisor_s, cfg.swap_affinity_bonus) == (1, "serial", 60.0, 10)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("models:\n  a:\n    model: smol.gguf\n    max_batch: 0\n", ":4: models.a.max_batch: must be between 1 and 64, got 0"),
+        ("models:\n  a:\n    model: smol.gguf\n    ctx_size: big\n", ":4: models.a.ctx_size: must be an integer, got 'big'"),
+        ("models:\n  a:\n    model: smol.gguf\n    ttl: -1\n", ":4: models.a.ttl: must be 0 or more, got -1"),
+        ("models:\n  a:\n    model: smol.gguf\n    batch: 2\n", ":4: models.a.batch: unknown key"),
+        ("models:\n  a:\n    model: nothere.gguf\n", ":3: models.a.model: no such file or directory"),
+        ("models:\n  a:\n    aliases: [x]\n", ":3: models.a.model: is required"),
+        ("models:\n  a:\n    model: smol.gguf\n    aliases: x\n", ":4: models.a.aliases: must be a list of names"),
+        ("models:\n  a:\n    model: smol.gguf\n    aliases: [b]\n  b:\n    model: other.gguf\n", ":2: models: model name 'b' is used by both 'a' and 'b'"),
+        ("models:\n  a:\n    model: smol.gguf\nmax_loaded_models: 0\n", ":4: max_loaded_models: must be at least 1, got 0"),
+        ("models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    use: lifo\n", ":6: routing.scheduler.use: must be serial or fifo, got 'lifo'"),
+        (
+            "models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    settings:\n      serial:\n        swapAffinityBonus: 100\n",
+            ":8: routing.scheduler.settings.serial.swapAffinityBonus: must be between 0 and 99, got 100",
+        ),
+        (
+            "models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    settings:\n      serial:\n        agingdivisor: 5\n",
+            ":8: routing.scheduler.settings.serial.agingdivisor: unknown key (expected one of agingDivisor, swapAffinityBonus)",
+        ),
+        ("models:\n  a:\n    model: smol.gguf\nmax_loaded: 2\n", ":4: max_loaded: unknown key"),
+        ("models: {}\n", ":1: models: names no model"),
+        ("models:\n  a:\n    model: smol.gguf\n  a:\n    model: other.gguf\n", ":4: models.a: is given twice"),
+        ("models:\n  a: [\n", ":3: not valid YAML"),
+        ("", "models: is required"),
+    ],
+)
+def test_a_bad_file_names_the_line_and_the_key(folder: Path, text: str, expected: str) -> None:
+    path = write(folder, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(str(path))
+    assert expected in str(err.value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(max_size=300))
+def test_any_text_is_a_config_or_a_config_error(text: str) -> None:
+    try:
+        parse_config(text, "f.yaml", Path("/"), check_path=lambda p: None)
+    except ConfigError as exc:
+        assert str(exc).startswith("f.yaml")
+
+
+def test_model_flags_one_is_todays_server_several_are_served_by_file_name(tmp_path: Path) -> None:
+    one = from_model_paths([tmp_path / "smol.gguf"], lambda p: p.stem, model_name="chat")
+    assert [m.id for m in one.models] == ["chat"] and one.preload == ("chat",)
+    two = from_model_paths([tmp_path / "a.gguf", tmp_path / "b.gguf"], lambda p: p.stem)
+    assert [m.id for m in two.models] == ["a", "b"] and two.preload == () and two.max_loaded_models == 1
+    with pytest.raises(ConfigError, match="both be served as 'a'"):
+        from_model_paths([tmp_path / "a.gguf", tmp_path / "x" / "a.gguf"], lambda p: p.stem)
+
+
+def test_serve_stops_at_start_with_the_files_line_and_key(folder: Path) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    path = write(folder, "models:\n  a:\n    model: smol.gguf\n    max_batch: 99\n")
+    with pytest.raises(CommandError, match=r"superfluid.yaml:4: models.a.max_batch: must be between 1 and 64, got 99"):
+        call_command("serve", "--config", str(path))
+    # a file that is not a model for the engine is named too (checked before any worker starts)
+    path = write(folder, "models:\n  a:\n    model: smol.gguf\n")
+    with pytest.raises(CommandError, match=r"superfluid.yaml:3: models.a.model: --engine mlx needs an MLX model folder"):
+        call_command("serve", "--config", str(path), "--engine", "mlx")
+    with pytest.raises(CommandError, match="leave out --model"):
+        call_command("serve", "--config", str(path), "--model", str(folder / "smol.gguf"))
+    (folder / "x").mkdir()
+    (folder / "x" / "smol.gguf").write_bytes(b"GGUF")
+    with pytest.raises(CommandError, match="both be served as 'smol'"):
+        call_command("serve", "--model", str(folder / "smol.gguf"), "--model", str(folder / "x" / "smol.gguf"))
+    with pytest.raises(CommandError, match="--socket links one worker"):
+        call_command("serve", "--config", write(folder, "models:\n  a:\n    model: smol.gguf\n"), "--socket", str(folder / "s.sock"))

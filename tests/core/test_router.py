@@ -1,0 +1,367 @@
+"""The model router (request-priority seed across models): score order, swaps, TTL, reorders.
+
+A fake clock drives it; a small ``Box`` carries out its actions the way serve does (a load
+finishes when the box says so, an unload at once) and records the order requests start in.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.router import ModelSpec, ModelState, Router, RouterConfig
+from scheduler.engines.sim import FakeClock
+
+
+class Box:
+    def __init__(self, models: list[ModelSpec] | list[str], **config: object) -> None:
+        self.clock = FakeClock()
+        specs = [m if isinstance(m, ModelSpec) else ModelSpec(m) for m in models]
+        self.router = Router(specs, RouterConfig(**config), clock=self.clock)  # type: ignore[arg-type]
+        self.started: list[str] = []  # request ids, in dispatch order
+        self.swaps: list[tuple[str, str]] = []  # ("load"|"unload", model)
+        self.dispatches: dict[str, object] = {}
+        self.auto_load = True
+        self._n = 0
+
+    def ask(self, model: str, priority: int = 0, rid: str | None = None) -> str:
+        self._n += 1
+        rid = rid or f"{model}{self._n}"
+        self.router.submit(rid, model, priority)
+        self.clock.advance(0.001)
+        self.settle()
+        return rid
+
+    def settle(self) -> None:
+        for _ in range(50):
+            actions = self.router.schedule()
+            if not actions:
+                return
+            for model in actions.unload:
+                self.swaps.append(("unload", model))
+                self.router.unloaded(model)
+            for model in actions.load:
+                self.swaps.append(("load", model))
+                if self.auto_load:
+                    self.router.loaded(model)
+            for d in actions.dispatch:
+                self.started.append(d.request_id)
+                self.dispatches[d.request_id] = d
+        raise AssertionError("the router did not settle")
+
+    def finish(self, rid: str) -> None:
+        self.clock.advance(0.001)
+        self.router.finished(rid)
+        self.settle()
+
+    def state(self, model: str) -> ModelState:
+        return self.router.state(model)
+
+
+# -- the issue's done-when orderings (max_loaded_models 1) -----------------------------------
+
+
+def test_with_the_bonus_a_second_request_for_the_loaded_model_starts_before_an_older_one_needing_a_swap() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=10)
+    a1 = box.ask("A")
+    b = box.ask("B")
+    a2 = box.ask("A")
+    # a1 runs; b waits for A to finish (non-preemptive); a2 joins A's worker at once
+    assert box.started == [a1, a2]
+    assert box.state("A") is ModelState.DRAINING
+    box.finish(a1)
+    box.finish(a2)
+    assert box.started == [a1, a2, b]
+    assert box.swaps == [("load", "A"), ("unload", "A"), ("load", "B")]
+    assert box.router.reorders == {"swap_affinity": 1, "aging": 0}
+
+
+def test_with_the_bonus_at_zero_it_is_exact_arrival_order_and_nothing_is_counted() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0)
+    a1 = box.ask("A")
+    b = box.ask("B")
+    a2 = box.ask("A")
+    assert box.started == [a1]  # a2 waits behind b: A is reserved for b's swap
+    box.finish(a1)
+    assert box.started == [a1, b]
+    box.finish(b)
+    assert box.started == [a1, b, a2]
+    assert box.router.reorders == {"swap_affinity": 0, "aging": 0}
+
+
+def test_one_lane_each_the_bonus_keeps_the_second_request_for_the_loaded_model_first() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)], swap_affinity_bonus=10)
+    a1, b, a2 = box.ask("A"), box.ask("B"), box.ask("A")
+    assert box.started == [a1] and box.state("A") is ModelState.LOADED  # a2 claims A: b cannot reserve it
+    box.finish(a1)
+    assert box.started == [a1, a2] and box.state("A") is ModelState.DRAINING
+    box.finish(a2)
+    assert box.started == [a1, a2, b]
+    assert box.router.reorders["swap_affinity"] == 1
+
+
+def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one_for_the_loaded_model() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)])
+    a1 = box.ask("A")
+    box.ask("A", rid="a2")  # no lane free: it waits at the router, not at A's worker
+    box.ask("B", 100, rid="b")
+    assert box.started == [a1]
+    box.finish(a1)
+    assert box.started == [a1, "b"]
+    box.finish("b")
+    assert box.started == [a1, "b", "a2"]
+
+
+def test_an_interactive_request_goes_to_a_full_model_whose_worker_preempts_for_it() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B", lanes=1)])
+    box.ask("A", rid="agent")
+    box.router.submit("chat", "A", 100, preempts=True)
+    box.router.submit("batch", "A", -100)
+    box.settle()
+    assert box.started == ["agent", "chat"]
+
+
+def test_a_swap_waits_for_admitted_work_and_cuts_nothing() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0)
+    a1, a2 = box.ask("A"), box.ask("A")
+    b = box.ask("B")
+    assert box.started == [a1, a2]
+    box.finish(a1)
+    assert box.state("A") is ModelState.DRAINING and b not in box.started
+    box.finish(a2)
+    assert box.started[-1] == b and box.state("A") is ModelState.UNLOADED
+
+
+def test_a_reservation_is_given_up_when_the_request_that_made_it_leaves() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0)
+    a1 = box.ask("A")
+    b = box.ask("B")
+    a2 = box.ask("A")
+    assert box.state("A") is ModelState.DRAINING
+    box.router.cancel(b)
+    box.settle()
+    assert box.state("A") is ModelState.LOADED and box.started == [a1, a2]
+
+
+# -- the seed's bands ------------------------------------------------------------------------
+
+
+def test_tier_offsets_order_inside_the_batch_band_and_all_stay_below_normal() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0)
+    box.ask("A", rid="busy")
+    for rid, priority in [("free", -100), ("pro", -99), ("max", -98), ("normal", 0)]:
+        box.router.submit(rid, "B", priority)
+    box.settle()
+    box.finish("busy")
+    for rid in ("normal", "max", "pro"):
+        box.finish(rid)
+    assert box.started == ["busy", "normal", "max", "pro", "free"]
+
+
+@pytest.mark.parametrize("bonus", [1, 10, 99])
+def test_the_swap_affinity_bonus_never_crosses_a_band(bonus: int) -> None:
+    # a normal request for the loaded model against an interactive one needing a swap
+    box = Box(["A", "B"], swap_affinity_bonus=bonus)
+    box.ask("A", rid="busy")
+    box.router.submit("interactive-B", "B", 100)
+    box.clock.advance(0.001)
+    box.router.submit("normal-A", "A", 0)
+    box.settle()
+    box.finish("busy")
+    assert box.started == ["busy", "interactive-B"]
+    # and a batch job with the bonus stays below a normal request (0): a max member's (-98) while
+    # offset + bonus < 100 (the seed's invariant), a plain one (-100) even at the cap of 99
+    batch = -98 if bonus <= 97 else -100
+    box = Box(["A", "B"], swap_affinity_bonus=bonus)
+    box.ask("A", rid="busy")
+    box.router.submit("normal-B", "B", 0)
+    box.clock.advance(0.001)
+    box.router.submit("batch-A", "A", batch)
+    box.settle()
+    box.finish("busy")
+    assert box.started == ["busy", "normal-B"]
+
+
+@pytest.mark.parametrize(("waited_min", "batch_first"), [(99, False), (101, True)])
+def test_a_batch_request_overtakes_normal_traffic_only_after_about_100_minutes(waited_min: int, batch_first: bool) -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0, aging_divisor_s=60)
+    box.ask("A", rid="busy")
+    box.router.submit("batch", "B", -100)
+    box.clock.advance(waited_min * 60)
+    box.router.submit("normal", "B", 0)
+    box.settle()
+    box.finish("busy")
+    assert box.started[1] == ("batch" if batch_first else "normal")
+    assert box.router.reorders["aging"] == (1 if batch_first else 0)
+
+
+def test_aging_zero_disables_it() -> None:
+    box = Box(["A", "B"], swap_affinity_bonus=0, aging_divisor_s=0)
+    box.ask("A", rid="busy")
+    box.router.submit("batch", "B", -100)
+    box.clock.advance(10 * 24 * 3600)
+    box.router.submit("normal", "B", 0)
+    box.settle()
+    box.finish("busy")
+    assert box.started[1] == "normal"
+
+
+def test_fifo_adds_the_header_to_the_models_priority() -> None:
+    box = Box([ModelSpec("A"), ModelSpec("B", priority=10), ModelSpec("C")], scheduler="fifo")
+    box.ask("A", rid="busy")
+    box.router.submit("c-normal", "C", -89)  # queues at -89
+    box.router.submit("b-batch", "B", -100)  # 10 - 100 = -90
+    box.router.submit("c-low", "C", -91)
+    box.settle()
+    assert box.started == ["busy"]
+    box.finish("busy")
+    box.finish("c-normal")
+    box.finish("b-batch")
+    assert box.started == ["busy", "c-normal", "b-batch", "c-low"]
+    assert box.dispatches["b-batch"].score == -90  # type: ignore[attr-defined]
+    assert box.router.reorders == {"swap_affinity": 0, "aging": 0}
+
+
+# -- loading, slots, TTL, admin ----------------------------------------------------------------
+
+
+def test_requests_for_a_loading_model_wait_until_it_is_loaded() -> None:
+    box = Box(["A"])
+    box.auto_load = False
+    box.ask("A", rid="a1")
+    box.ask("A", rid="a2")
+    assert box.started == [] and box.state("A") is ModelState.LOADING
+    box.clock.advance(2.5)
+    assert box.router.loaded("A") == pytest.approx(2.501)
+    box.settle()
+    assert box.started == ["a1", "a2"]
+
+
+def test_two_slots_hold_two_models_and_a_third_evicts_the_idle_one() -> None:
+    box = Box(["A", "B", "C"], max_loaded_models=2)
+    box.ask("A", rid="a")
+    box.ask("B", rid="b")
+    assert {box.state("A"), box.state("B")} == {ModelState.LOADED}
+    box.finish("b")  # B idle, A busy
+    box.ask("C", rid="c")
+    assert box.started == ["a", "b", "c"]
+    assert box.state("B") is ModelState.UNLOADED and box.state("A") is ModelState.LOADED
+
+
+def test_a_load_that_fails_drops_only_that_models_waiting_requests() -> None:
+    box = Box(["A", "B"], max_loaded_models=2)
+    box.auto_load = False
+    box.ask("A", rid="a")
+    box.ask("B", rid="b")
+    assert box.router.load_failed("B") == ["b"]
+    box.router.loaded("A")
+    box.settle()
+    assert box.started == ["a"] and box.state("B") is ModelState.UNLOADED
+
+
+def test_ttl_unloads_an_idle_model_and_never_a_busy_one() -> None:
+    box = Box([ModelSpec("A", ttl_s=300), ModelSpec("B")], max_loaded_models=2)
+    box.ask("A", rid="a")
+    box.ask("B", rid="b")
+    box.clock.advance(1000)
+    box.settle()
+    assert box.state("A") is ModelState.LOADED  # still running a
+    box.finish("a")
+    box.clock.advance(299)
+    box.settle()
+    assert box.state("A") is ModelState.LOADED
+    box.clock.advance(2)
+    box.settle()
+    assert box.state("A") is ModelState.UNLOADED
+    assert box.state("B") is ModelState.LOADED  # ttl 0: never
+
+
+def test_admin_load_and_unload() -> None:
+    box = Box(["A", "B"])
+    box.router.request_load("B")
+    box.settle()
+    assert box.state("B") is ModelState.LOADED
+    box.ask("B", rid="b")
+    box.router.request_unload("B")
+    box.settle()
+    assert box.state("B") is ModelState.DRAINING  # b still runs
+    box.ask("B", rid="b2")
+    assert "b2" not in box.started
+    box.finish("b")
+    assert box.swaps[-2:] == [("unload", "B"), ("load", "B")]  # b2 loads it again
+    assert box.started[-1] == "b2"
+
+
+def test_dispatch_records_the_serial_fields() -> None:
+    box = Box(["A", "B"])
+    box.ask("A", rid="busy")
+    box.router.submit("b", "B", -98)
+    box.clock.advance(30)
+    box.settle()
+    box.finish("busy")
+    fields = box.dispatches["b"].serial_fields()  # type: ignore[attr-defined]
+    assert fields == {"serial_priority": -98, "serial_band": "batch", "serial_score": pytest.approx(-97.5, abs=0.01), "serial_queue_wait_ms": 30001}
+
+
+def test_unknown_model_and_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="swapAffinityBonus"):
+        RouterConfig(swap_affinity_bonus=100)
+    with pytest.raises(ValueError, match="max_loaded_models"):
+        RouterConfig(max_loaded_models=0)
+    router = Router([ModelSpec("A")])
+    with pytest.raises(KeyError):
+        router.submit("x", "nope")
+
+
+# -- properties ------------------------------------------------------------------------------
+
+
+def running(box: Box) -> list[str]:
+    return [r for r in box.started if r in box.router._dispatched]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("ABC"), st.integers(-150, 150), st.integers(0, 3)), min_size=1, max_size=25),
+    st.integers(1, 3),
+    st.integers(0, 99),
+    st.integers(0, 2),
+)
+def test_every_request_runs_once_and_resident_models_never_exceed_the_limit(script, max_loaded, bonus, lanes) -> None:  # type: ignore[no-untyped-def]
+    box = Box([ModelSpec(m, lanes=lanes) for m in "ABC"], max_loaded_models=max_loaded, swap_affinity_bonus=bonus)
+    for i, (model, priority, finish_n) in enumerate(script):
+        box.router.submit(f"r{i}", model, priority, preempts=priority > 100)
+        box.clock.advance(1)
+        box.settle()
+        for rid in running(box)[:finish_n]:
+            box.finish(rid)
+        assert sum(box.state(m) is not ModelState.UNLOADED for m in "ABC") <= max_loaded
+        if lanes:  # a request that does not preempt never makes its model run more than its lanes
+            for m in "ABC":
+                plain = [r for r in running(box) if box.router._dispatched[r] == m and script[int(r[1:])][1] <= 100]
+                assert len(plain) <= lanes
+    for _ in range(100):
+        if not running(box) and not box.router.waiting:
+            break
+        for rid in running(box):
+            box.finish(rid)
+    assert sorted(box.started) == sorted(f"r{i}" for i in range(len(script)))
+    assert len(set(box.started)) == len(box.started)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from("AB"), min_size=1, max_size=20))
+def test_bonus_zero_and_equal_priorities_is_exact_fifo(models) -> None:  # type: ignore[no-untyped-def]
+    box = Box(["A", "B"], swap_affinity_bonus=0)
+    box.ask("A", rid="busy")
+    for i, model in enumerate(models):
+        box.router.submit(f"r{i}", model, 0)
+        box.clock.advance(1)
+    box.settle()
+    for _ in range(100):
+        if not running(box) and not box.router.waiting:
+            break
+        box.finish(running(box)[0])
+    assert box.started == ["busy", *(f"r{i}" for i in range(len(models)))]
+    assert box.router.reorders == {"swap_affinity": 0, "aging": 0}
