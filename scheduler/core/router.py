@@ -42,7 +42,7 @@ SCHEDULERS = ("serial", "fifo")
 BANDS = ("interactive", "normal", "batch")
 
 
-class ModelState(str, enum.Enum):
+class ModelState(enum.StrEnum):
     UNLOADED = "unloaded"
     LOADING = "loading"
     LOADED = "loaded"
@@ -341,7 +341,7 @@ class Router:
                 m.state = ModelState.LOADED  # the request that reserved it went elsewhere or left
         for mid in plan.draining:
             self.models[mid].state = ModelState.DRAINING
-        for mid, m in self.models.items():
+        for m in self.models.values():
             if m.unload_requested and m.state is ModelState.LOADED:
                 m.state = ModelState.DRAINING
         for model, why in plan.unload:
