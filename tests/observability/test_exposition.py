@@ -56,6 +56,36 @@ def test_before_the_first_snapshot_only_the_link_and_web_families_are_there(monk
     assert "superfluid_lanes_active" not in parsed and "superfluid_pool_blocks_total" not in parsed
 
 
+def test_with_several_models_the_routers_families_replace_the_workers_and_name_each_model(monkeypatch: Any) -> None:
+    h = Histogram((1.0, 10.0))
+    h.observe(2.0)
+    router = {
+        "queue_depth_by_band": {"interactive": 0, "normal": 3, "batch": 1},
+        "queue_oldest_wait_s_by_band": {"interactive": 0.0, "normal": 1.5, "batch": 9.0},
+        "dispatched_by_band": {"interactive": 0, "normal": 7, "batch": 2},
+        "reorders": {"aging": 0, "swap_affinity": 1},
+        "loads": {"a": 1, "b": 2},
+        "load_seconds": {"a": h.stats(), "b": Histogram((1.0, 10.0)).stats()},
+        "states": {"a": "loaded", "b": "unloaded"},
+    }
+    snapshot = {"metrics": {"lanes_total": 1}, "counters": {"dispatched_normal": 99, "reorders_swap_affinity": 50}}
+    monkeypatch.setattr(metrics_module, "web_metrics", WebMetrics())
+    registry = CollectorRegistry()
+    registry.register(SuperfluidCollector(lambda: (snapshot, True, 0, 0), lambda: router))
+    text = exposition(registry=registry)
+    assert text.count("# TYPE llamaswap_scheduler_reorders_total counter") == 1  # the worker's is left out
+    parsed = parse(text)
+    assert {s.labels["reason"]: s.value for s in parsed["llamaswap_scheduler_reorders"].samples} == {"aging": 0, "swap_affinity": 1}
+    assert {s.labels["band"]: s.value for s in parsed["llamaswap_scheduler_dispatched"].samples} == {"interactive": 0, "normal": 7, "batch": 2}
+    assert {s.labels["band"]: s.value for s in parsed["llamaswap_scheduler_queue_depth"].samples} == {"interactive": 0, "normal": 3, "batch": 1}
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_model_loads"].samples} == {"a": 1, "b": 2}
+    shown = {(s.labels["model"], s.labels["state"]) for s in parsed["superfluid_model_state"].samples if s.value == 1}
+    assert shown == {("a", "loaded"), ("b", "unloaded")}
+    count = {s.labels["model"]: s.value for s in parsed["superfluid_model_load_seconds"].samples if s.name.endswith("_count")}
+    assert count == {"a": 1, "b": 0}
+    assert [s.value for s in parsed["superfluid_lanes_active"].samples] == [1]  # the worker's own families stay
+
+
 def test_web_metrics_count_requests_rejections_and_tokens_per_key(monkeypatch: Any) -> None:
     m = WebMetrics()
     ok = RequestRecord(endpoint="chat", key_name="alice", qos="agent", status=200, usage={"prompt_tokens": 12, "completion_tokens": 5})
