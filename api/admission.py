@@ -314,12 +314,12 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
-        wait = _own_turn_s(rt, request.model, limit)
+        wait = _own_turn_s(rt, queue_model(request.model)[0], limit)
         raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
     client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
     client_slot = principal.client_id
     if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
-        wait = _own_turn_s(rt, request.model, client_limit)
+        wait = _own_turn_s(rt, queue_model(request.model)[0], client_limit)
         raise rate_limited(
             f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
         )
@@ -332,12 +332,26 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     if client_limit > 0:
         rt.client_slots.acquire(client_slot)
         admission.client_slot = client_slot
-    rt.in_flight.acquire(request.model)
-    admission.model_slot = request.model
+    model = queue_model(request.model)[0]
+    rt.in_flight.acquire(model)
+    admission.model_slot = model
 
 
 def lanes() -> int:
     return max(1, int(settings.SUPERFLUID_MAX_BATCH))
+
+
+def queue_model(name: str) -> tuple[str, int]:
+    """The model a request's place in the queue bound counts against, and its lanes: with several
+    models (serve --config) the id an alias resolves to and that model's lanes, so a model's
+    id and aliases share one bound; else the name and ``--max-batch``."""
+    from scheduler.link.pool import get_pool
+
+    pool = get_pool()
+    if pool is None:
+        return name, lanes()
+    model = pool.resolve(name) or name
+    return model, max(1, pool.setup.lanes.get(model) or lanes())
 
 
 def check_queue(rt: KeyRuntime, model: str) -> None:
@@ -346,8 +360,9 @@ def check_queue(rt: KeyRuntime, model: str) -> None:
     max_queue = int(settings.SUPERFLUID_MAX_QUEUE)
     if max_queue <= 0:
         return
+    model, model_lanes = queue_model(model)
     in_flight = rt.in_flight.held.get(model, 0)
-    waiting = in_flight - lanes()
+    waiting = in_flight - model_lanes
     if waiting >= max_queue:
         retry = rt.drain.retry_after_s(waiting)
         raise ApiError(

@@ -38,7 +38,8 @@ def key(secret: str, name: str, policy: Policy | None = None, **fields: object) 
 
 
 def chat(**fields: object) -> GenerationRequest:
-    return GenerationRequest(endpoint="chat", model=MODEL, messages=[{"role": "user", "content": "hi"}], **fields)  # type: ignore[arg-type]
+    fields.setdefault("model", MODEL)
+    return GenerationRequest(endpoint="chat", messages=[{"role": "user", "content": "hi"}], **fields)  # type: ignore[arg-type]
 
 
 def fim() -> GenerationRequest:
@@ -267,6 +268,30 @@ async def test_beyond_the_lanes_plus_max_queue_a_request_is_503_queue_full_until
     assert err.status == 503 and err.type == "server_error" and int(err.headers["Retry-After"]) >= 1
     await held.pop().release()
     held.append(await admit({}, ("10.0.0.99", 1), chat(), runtime=rt))
+    for admission in held:
+        await admission.release()
+    assert rt.in_flight.held == {}
+
+
+@override_settings(SUPERFLUID_MAX_BATCH=8, SUPERFLUID_MAX_QUEUE=2, SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_with_several_models_an_id_and_its_alias_share_one_bound_sized_by_that_models_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scheduler.link.pool as pool_module
+
+    class Setup:
+        lanes = {"smol": 1, "other": 8}
+
+    class Pool:
+        setup = Setup()
+
+        def resolve(self, name: str) -> str | None:
+            return {"smol": "smol", "s": "smol", "other": "other"}.get(name)
+
+    monkeypatch.setattr(pool_module, "get_pool", lambda: Pool())
+    rt = runtime()
+    held = [await admit({}, (f"10.0.0.{i}", 1), chat(model=m), runtime=rt) for i, m in enumerate(["smol", "s", "smol"])]  # 1 lane + 2 waiting
+    await expect("queue_full", admit({}, ("10.0.0.99", 1), chat(model="s"), runtime=rt))
+    assert rt.in_flight.held == {"smol": 3}
+    held.append(await admit({}, ("10.0.0.98", 1), chat(model="other"), runtime=rt))  # another model's bound
     for admission in held:
         await admission.release()
     assert rt.in_flight.held == {}
