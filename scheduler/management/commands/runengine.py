@@ -9,7 +9,6 @@ admitted, what is in flight gets ``--drain-timeout`` seconds, then each job left
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -80,7 +79,7 @@ class Command(BaseCommand):
         add_engine_arguments(parser)
         # serve passes a pipe: "loaded repack=on|off|none" once the model is loaded, "ready" once
         # the start-up decode worked, so it can tell a worker that dies starting from a later crash
-        parser.add_argument("--status-fd", type=int, default=-1, help=argparse.SUPPRESS)
+        parser.add_argument("--status-fd", type=int, default=-1, help="write start-up progress (loaded, ready) to this inherited pipe (what serve passes)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         # SIGTERM/SIGINT are blocked in every thread of this process and taken by one thread
