@@ -10,6 +10,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.base import EngineError
 from scheduler.engines.sim import FakeClock, SimEngine
+from scheduler.link.messages import INVALID_PROMPT, Accepted, Done, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.pressure import PressureMonitor, macos_level
@@ -26,9 +27,9 @@ class FimSim(SimEngine):
 
 class FakeConn:
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
 
-    def queue(self, message: dict[str, Any]) -> None:
+    def queue(self, message: Message) -> None:
         self.sent.append(message)
 
 
@@ -41,7 +42,7 @@ def make_worker(engine: SimEngine | None = None, **config: Any) -> tuple[EngineW
 
 
 def submit(worker: EngineWorker, conn: FakeConn, job_id: str, request: dict[str, Any], **extra: Any) -> None:
-    worker.handle(conn, {"op": "submit", "id": job_id, "request": request, "qos": 1, **extra})  # type: ignore[arg-type]
+    worker.handle(conn, Submit(id=job_id, request=request, qos=1, **extra))  # type: ignore[arg-type]
 
 
 def run(worker: EngineWorker, ticks: int = 500) -> None:
@@ -57,7 +58,7 @@ def test_fim_with_a_token_array_prompt_keeps_the_prefix() -> None:
     worker, conn = make_worker(FimSim(n_lanes=2, lane_ctx=512))
     submit(worker, conn, "fim", {"endpoint": "completions", "prompt": [10, 11, 12], "suffix": "ab", "max_tokens": 2})
     assert worker.scheduler.jobs["fim"].prompt == [PRE, 10, 11, 12, SUF, 97, 98, MID]
-    assert conn.sent[-1] == {"ev": "accepted", "id": "fim", "prompt_tokens": 8}
+    assert conn.sent[-1] == Accepted(id="fim", prompt_tokens=8)
 
 
 def test_fim_with_a_text_prompt_and_one_out_of_vocabulary_token_array() -> None:
@@ -65,7 +66,8 @@ def test_fim_with_a_text_prompt_and_one_out_of_vocabulary_token_array() -> None:
     submit(worker, conn, "text", {"endpoint": "completions", "prompt": "xy", "suffix": "a", "max_tokens": 2})
     assert worker.scheduler.jobs["text"].prompt == [PRE, 120, 121, SUF, 97, MID]
     submit(worker, conn, "bad", {"endpoint": "completions", "prompt": [10, 999], "suffix": "a", "max_tokens": 2})
-    assert conn.sent[-1]["ev"] == "rejected" and conn.sent[-1]["error"]["code"] == "invalid_prompt"
+    last = conn.sent[-1]
+    assert isinstance(last, Rejected) and last.reason == INVALID_PROMPT
     assert "bad" not in worker.scheduler.jobs
 
 
@@ -146,8 +148,8 @@ def test_a_refused_plan_is_replanned_with_pins_released_and_the_requests_still_f
     submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hello " * 10, "max_tokens": 3})
     run(worker)
     assert worker.scheduler.counters["plans_rejected"] == 1
-    done = [m for m in conn.sent if m["ev"] == "done"]
-    assert [m["id"] for m in done] == ["a"] and done[0]["usage"]["completion_tokens"] == 3
+    done = [m for m in conn.sent if isinstance(m, Done)]
+    assert [m.id for m in done] == ["a"] and done[0].usage["completion_tokens"] == 3
 
 
 # -- --no-park ---------------------------------------------------------------------------
