@@ -21,6 +21,7 @@ Secrets never leave this module: logs and records carry the key's name.
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy, get_runtime
 from scheduler.core.qos import QosClass, UnknownQosClass, band_of, class_of_priority, parse_priority, parse_qos
 
-from .errors import ApiError, invalid_request
+from .errors import ApiError, engine_unavailable, invalid_request
 from .schemas import GenerationRequest
 
 
@@ -78,12 +79,18 @@ class Admission:
     extra: dict[str, Any] = field(default_factory=dict)
     runtime: KeyRuntime | None = None
     slot: str | None = None  # the concurrency slot held, by key name
+    shared_slot: tuple[str, str] | None = None  # Redis mode: (key name, this admission's member)
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
 
     async def release(self) -> None:
+        if self.shared_slot is not None:
+            from keys.limits import shared_limiter
+
+            slot, self.shared_slot = self.shared_slot, None
+            await shared_limiter(settings.SUPERFLUID_REDIS_URL).release(*slot)
         if self.slot is not None and self.runtime is not None:
             self.runtime.slots.release(self.slot)
             self.slot = None
@@ -227,8 +234,49 @@ async def admit(
         raise forbidden("Batch-invariant lanes are not allowed for this client.", "batch_invariant_forbidden", "x-superfluid-batch-invariant")
 
     admission = Admission(qos=qos, priority=priority, batch_invariant=batch_invariant, key_name=principal.key_name, runtime=rt)
-    take_limits(rt, principal, request, admission)
+    if settings.SUPERFLUID_REDIS_URL:
+        await take_shared_limits(principal, request, admission)
+    else:
+        take_limits(rt, principal, request, admission)
     return admission
+
+
+async def take_shared_limits(principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+    """Redis mode: the same limits as :func:`take_limits`, counted in Redis for every head (one
+    Lua script checks all, then takes all). Redis unreachable: 503 with Retry-After, never a
+    count of this process's own, which would multiply the limits by the number of heads."""
+    from keys.limits import LimitsUnavailable, shared_limiter
+
+    policy = principal.policy
+    checks: list[tuple[str, float, float, str, str]] = []  # name, rate/s, capacity, code, message
+    if policy is not None and policy.rate_limit_rpm > 0:
+        rpm = policy.rate_limit_rpm
+        checks.append((f"key:{principal.key_name}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this API key: {rpm} requests per minute."))
+    elif settings.SUPERFLUID_RATE_LIMIT > 0:
+        rpm = int(settings.SUPERFLUID_RATE_LIMIT)
+        checks.append((f"ip:{principal.client_ip}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
+    if request.suffix is not None:
+        rate = parse_rate(str(settings.SUPERFLUID_COMPLETION_RATE))
+        if rate > 0:
+            burst = max(1, int(settings.SUPERFLUID_COMPLETION_BURST))
+            checks.append((f"fim:{principal.client_id}", rate, burst, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
+    limit = policy.max_concurrent if policy is not None else 0
+    slot = (principal.key_name, limit) if limit > 0 and principal.key_name is not None else None
+    if not checks and slot is None:
+        return
+    member = uuid.uuid4().hex
+    limiter = shared_limiter(settings.SUPERFLUID_REDIS_URL)
+    try:
+        refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], slot, member)
+    except LimitsUnavailable:
+        raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
+    if 0 < refused <= len(checks):
+        _name, _rate, _cap, code, message = checks[refused - 1]
+        raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
+    if refused:
+        raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", 1.0)
+    if slot is not None:
+        admission.shared_slot = (slot[0], member)
 
 
 def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
