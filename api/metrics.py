@@ -216,6 +216,16 @@ def worker_families() -> dict[str, Any]:
         out.update(all_families(state))
     out["superfluid_worker_connected"] = family("gauge", "1 while the engine worker is connected over the link.", [({}, 1 if link.connected else 0)])
     out["superfluid_worker_restarts_total"] = family("counter", "Times a new engine worker process said hello.", [({}, link.worker_restarts)])
+    fleet = state.get("fleet") if state else None
+    if fleet:  # Redis mode: the fleet, not one worker
+        out["superfluid_fleet_workers"] = family("gauge", "Engine workers alive in the Redis fleet.", [({}, len(fleet))])
+        out["superfluid_fleet_lanes_busy"] = family(
+            "gauge",
+            "Busy lanes of each fleet worker.",
+            [({"worker": w.get("worker", ""), "host": w.get("host", "")}, sum(1 for lane in w.get("lanes") or [] if lane.get("job_id"))) for w in fleet],
+        )
+        out["superfluid_fleet_lanes"] = family("gauge", "Lanes of each fleet worker.", [({"worker": w.get("worker", ""), "host": w.get("host", "")}, w.get("n_lanes", 0)) for w in fleet])
+        out["superfluid_global_queue_depth"] = family("gauge", "Jobs waiting in the Redis queue, by class.", [({"class": c}, n) for c, n in (state.get("global_queue") or {}).items()])
     out["superfluid_requests_inflight"] = family("gauge", "Generation requests the web side holds open.", [({}, len(link.inflight))])
     return out
 

@@ -91,6 +91,8 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
             "decode": _metric(metrics, "superfluid_decode_tokens_total"),
         },
         "ttft": {"sum": _metric(metrics, "superfluid_ttft_seconds"), "count": _hist_count(metrics, "superfluid_ttft_seconds")},
+        # Redis mode: every worker (host, lanes) and the global queue by class; absent otherwise
+        **({"fleet": list(state["fleet"]), "global_queue": dict(state.get("global_queue") or {})} if state.get("fleet") else {}),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,6 +148,10 @@ def test_eight_requests_through_both_heads_complete(fleet: Fleet) -> None:
     state = fleet.heads[0].state()
     fleet_state = state.get("fleet") or []
     assert len(fleet_state) == 2 and {w["host"] for w in fleet_state}
+    metrics = httpx.get(fleet.heads[1].base + "/metrics", timeout=10).text
+    assert re.search(r"^superfluid_fleet_workers 2(\.0)?$", metrics, re.M), metrics
+    assert len(re.findall(r"^superfluid_fleet_lanes_busy\{", metrics, re.M)) == 2
+    assert re.search(r'^superfluid_global_queue_depth\{class="interactive"\} 0', metrics, re.M)
 
 
 def test_an_interactive_chat_through_head_2_goes_before_background_agents_through_head_1(fleet: Fleet) -> None:
