@@ -133,6 +133,6 @@ async def outcome(handle: JobHandle, timeout_s: float = 30.0) -> tuple[str, JobE
 
 
 async def head(url: str, prefix: str) -> RedisTransport:
-    link = RedisTransport(url, prefix=prefix, poll_s=0.05)
+    link = RedisTransport(url, prefix=prefix, poll_s=0.2)
     assert await link.wait_connected(20), "no worker showed up"
     return link
