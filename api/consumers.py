@@ -147,7 +147,7 @@ class GenerationConsumer(StreamingConsumer):
         if link.draining:
             raise engine_unavailable("The server is shutting down.")
         if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
-            raise engine_unavailable("The engine worker is not running.")
+            raise engine_unavailable(getattr(link, "unavailable_detail", "The engine worker is not running."), retry_after=getattr(link, "retry_after_s", None))
         assert link.hello is not None
         request = self.parse(body, [link.hello.model])
         check_prompt_size(request, link.hello.lane_ctx or 1 << 30)  # before any tokenising

@@ -149,12 +149,16 @@ LinkClient = SocketTransport
 
 def get_link() -> Transport:
     """The running event loop's transport, made on first use: the worker sockets serve hands
-    over, or else the path in settings."""
+    over, or else the path in settings; the Redis queue when ``SUPERFLUID_REDIS_URL`` is set."""
     from django.conf import settings
 
     link = current()
     if link is None:
-        if WORKER_SOCKETS.active:
+        if getattr(settings, "SUPERFLUID_REDIS_URL", ""):
+            from .redis_transport import RedisTransport
+
+            link = RedisTransport(settings.SUPERFLUID_REDIS_URL)
+        elif WORKER_SOCKETS.active:
             link = SocketTransport(sockets=WORKER_SOCKETS)
         else:
             link = SocketTransport(settings.SUPERFLUID_SOCKET)
