@@ -43,3 +43,20 @@ async def test_redis_unreachable_is_refused_never_counted_locally() -> None:
     with pytest.raises(LimitsUnavailable):
         await limiter.take([("key:k", 1.0, 4)], None, "m")
     await limiter.client.aclose()
+
+
+async def test_a_key_slot_and_a_client_slot_are_taken_together_or_not_at_all(redis_server: RedisServer, prefix: str) -> None:
+    from keys.limits import client_slot, key_slot
+
+    heads = [RedisLimiter(redis_server.url, prefix) for _ in range(2)]
+    both = [(key_slot("k"), 2), (client_slot("10.0.0.1"), 1)]
+    assert await heads[0].take([], both, "one") == (0, 0.0)
+    # the client's one place is held (by head 0): head 1 is refused on the second slot, and the
+    # key's slot it would have passed is not taken
+    assert (await heads[1].take([], both, "two"))[0] == 2
+    assert await heads[1].take([], [(key_slot("k"), 2)], "three") == (0, 0.0)
+    assert (await heads[1].take([], [(key_slot("k"), 2)], "four"))[0] == 1
+    await heads[0].release(client_slot("10.0.0.1"), "one")
+    assert (await heads[1].take([], both, "five"))[0] == 1  # the key's 2 are still held
+    for h in heads:
+        await h.client.aclose()
