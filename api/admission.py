@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,7 @@ from scheduler.core.qos import (
     parse_qos,
 )
 
-from .errors import ApiError, invalid_request
+from .errors import ApiError, engine_unavailable, invalid_request
 from .schemas import GenerationRequest
 
 
@@ -97,12 +98,22 @@ class Admission:
     model_slot: str | None = None  # the place held in the model's queue bound
     pin_prefix: bool = False  # x-superfluid-pin-prefix, granted
     cache_scope: str = ""  # prefix-cache partition: "" shared (keyless, sharing policies), else the policy's
+    # Redis mode: the concurrency slots held in Redis (key's, keyless client's) and this admission's member
+    shared_slots: list[str] = field(default_factory=list)
+    shared_member: str = ""
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
 
     async def release(self) -> None:
+        if self.shared_slots:
+            from keys.limits import shared_limiter
+
+            slots, self.shared_slots = self.shared_slots, []
+            limiter = shared_limiter(settings.SUPERFLUID_REDIS_URL)
+            for slot in slots:
+                await limiter.release(slot, self.shared_member)
         rt = self.runtime
         if rt is None:
             return
@@ -284,8 +295,71 @@ async def admit(
     admission = Admission(qos=qos, priority=priority, batch_invariant=batch_invariant, key_name=principal.key_name, runtime=rt)
     admission.pin_prefix = pin_prefix
     admission.cache_scope = "" if policy is None or policy.share_prefix_cache else f"policy:{policy.name}"
-    take_limits(rt, principal, request, admission)
+    if settings.SUPERFLUID_REDIS_URL:
+        await take_shared_limits(rt, principal, request, admission)
+    else:
+        take_limits(rt, principal, request, admission)
     return admission
+
+
+async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+    """Redis mode: the same limits as :func:`take_limits`, counted in Redis for every head (one
+    Lua script checks all, then takes all): rates, the key's and a keyless client's concurrency.
+    Redis unreachable: 503 with Retry-After, never a count of this process's own, which would
+    multiply the limits by the number of heads. The model's queue bound (``--max-queue``) stays
+    this head's own: it bounds what this head holds, with its own drain rate's Retry-After."""
+    from keys.limits import LimitsUnavailable, client_slot, key_slot, shared_limiter
+
+    policy = principal.policy
+    checks: list[tuple[str, float, float, str, str]] = []  # name, rate/s, capacity, code, message
+    if policy is not None and policy.rate_limit_rpm > 0:
+        rpm = policy.rate_limit_rpm
+        checks.append((f"key:{principal.key_name}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this API key: {rpm} requests per minute."))
+    elif settings.SUPERFLUID_RATE_LIMIT > 0:
+        rpm = int(settings.SUPERFLUID_RATE_LIMIT)
+        checks.append((f"ip:{principal.client_ip}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
+    if request.suffix is not None:
+        rate = parse_rate(str(settings.SUPERFLUID_COMPLETION_RATE))
+        if rate > 0:
+            burst = max(1, int(settings.SUPERFLUID_COMPLETION_BURST))
+            checks.append((f"fim:{principal.client_id}", rate, burst, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
+    slots: list[tuple[str, int, str]] = []  # Redis slot, limit, message
+    limit = policy.max_concurrent if policy is not None else 0
+    if limit > 0 and principal.key_name is not None:
+        slots.append((key_slot(principal.key_name), limit, f"This API key already has {limit} requests in flight; wait for one to finish."))
+    client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
+    if client_limit > 0:
+        slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
+    # The head's own queue bound first, and its place taken before the await, so no other
+    # request on this loop can slip in between; given back if Redis refuses.
+    check_queue(rt, request.model)
+    rt.in_flight.acquire(request.model)
+    admission.model_slot = request.model
+    if not checks and not slots:
+        return
+    member = uuid.uuid4().hex
+    limiter = shared_limiter(settings.SUPERFLUID_REDIS_URL)
+    try:
+        refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], [(s[0], s[1]) for s in slots], member)
+    except LimitsUnavailable:
+        _give_back_model_slot(rt, admission)
+        raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
+    if refused:
+        _give_back_model_slot(rt, admission)
+        if refused <= len(checks):
+            _name, _rate, _cap, code, message = checks[refused - 1]
+            raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
+        _slot, held, message = slots[refused - len(checks) - 1]
+        raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, request.model, held))))
+    admission.shared_slots = [s[0] for s in slots]
+    admission.shared_member = member
+
+
+def _give_back_model_slot(rt: KeyRuntime, admission: Admission) -> None:
+    """A refused request leaves the queue bound without counting as served (no drain note)."""
+    if admission.model_slot is not None:
+        rt.in_flight.release(admission.model_slot)
+        admission.model_slot = None
 
 
 def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:

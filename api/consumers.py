@@ -151,7 +151,7 @@ class GenerationConsumer(StreamingConsumer):
             raise engine_unavailable("The server is shutting down.")
         if pool is None:
             if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
-                raise engine_unavailable("The engine worker is not running.")
+                raise engine_unavailable(getattr(link, "unavailable_detail", "The engine worker is not running."), retry_after=getattr(link, "retry_after_s", None))
             assert link.hello is not None
             request = self.parse(body, [link.hello.model])
             lane_ctx = link.hello.lane_ctx

@@ -8,7 +8,9 @@ prometheus_client renders everything from its default registry:
 
    - the engine worker's statistics from its latest snapshot (``snapshot["metrics"]``, a
      :class:`~scheduler.worker.metrics.WorkerStats`), its scheduler counters
-     (``snapshot["counters"]``) and KV pool figures (``snapshot["pool"]``);
+     (``snapshot["counters"]``) and KV pool figures (``snapshot["pool"]``); in Redis mode the
+     fleet (``snapshot["fleet"]``, ``snapshot["global_queue"]``: ``superfluid_fleet_*`` and
+     ``superfluid_global_queue_depth``);
    - the link (is the worker connected, how often it restarted, requests in flight);
    - the web side's generation counters (:class:`WebMetrics`), filled from each request's
      record when its response ends: per endpoint and status, and per API key;
@@ -215,6 +217,30 @@ def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
     )
     for key, (name, help_) in POOL_GAUGES.items():
         yield gauge(name, help_, pool.get(key, 0) or 0)
+    yield from fleet_families(state)
+
+
+def fleet_families(state: Mapping[str, Any]) -> Iterator[Metric]:
+    """Redis mode: the fleet (``snapshot["fleet"]``: each worker's id, host and lanes) and the
+    global queue by class (``snapshot["global_queue"]``); nothing when the snapshot has no fleet."""
+    fleet: list[Mapping[str, Any]] = list(state.get("fleet") or [])
+    if not fleet:
+        return
+    yield gauge("superfluid_fleet_workers", "Engine workers alive in the Redis fleet.", len(fleet))
+
+    def who(w: Mapping[str, Any]) -> list[str]:
+        return [str(w.get("worker", "")), str(w.get("host", ""))]
+
+    yield labelled(
+        GaugeMetricFamily,
+        "superfluid_fleet_lanes_busy",
+        "Busy lanes of each fleet worker.",
+        ["worker", "host"],
+        [(who(w), sum(1 for lane in w.get("lanes") or [] if lane.get("job_id"))) for w in fleet],
+    )
+    yield labelled(GaugeMetricFamily, "superfluid_fleet_lanes", "Lanes of each fleet worker.", ["worker", "host"], [(who(w), w.get("n_lanes", 0) or 0) for w in fleet])
+    queue: Mapping[str, int] = state.get("global_queue") or {}
+    yield labelled(GaugeMetricFamily, "superfluid_global_queue_depth", "Jobs waiting in the Redis queue, by class.", ["class"], [([c], n) for c, n in queue.items()])
 
 
 # -- web-side counters, filled from request records -------------------------------------------

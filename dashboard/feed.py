@@ -78,6 +78,8 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
             "decode": stats.get("decode_tokens_total", 0),
         },
         "ttft": {"sum": sum(h.get("sum", 0.0) for h in ttft.values()), "count": sum(int(h.get("count", 0)) for h in ttft.values())},
+        # Redis mode: every worker (host, lanes) and the global queue by class; absent otherwise
+        **({"fleet": list(state["fleet"]), "global_queue": dict(state.get("global_queue") or {})} if state.get("fleet") else {}),
     }
 
 

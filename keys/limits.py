@@ -1,4 +1,5 @@
-"""Token buckets and concurrency slots, per process, with an injected clock.
+"""Token buckets and concurrency slots, per process, with an injected clock; and the same limits
+counted in Redis for a fleet of heads (:class:`RedisLimiter`, Redis mode).
 
 Pure: no Django. A bucket holds up to ``capacity`` tokens and gains ``rate_per_s`` a second; a
 request takes one token or is told how long until one is there (``Retry-After``).
@@ -143,3 +144,126 @@ class DrainMeter:
         rate = self.rate()
         wait = ahead / rate if rate > 0 else ahead * self.FALLBACK_S_PER_REQUEST
         return max(1, min(self.MAX_RETRY_AFTER_S, math.ceil(wait)))
+
+
+# -- limits that hold across processes (Redis mode) -------------------------------------------
+
+# Every check, then every take, in one script on the server's clock, so two heads can neither
+# both take the last token nor see different times. A bucket is a hash {tokens, ts}; a
+# concurrency slot (an API key's, a keyless client's) is a sorted set of the admissions holding
+# it, scored by when the place lapses (a head that dies without releasing frees them after
+# SLOT_TTL_S).
+# ARGV: prefix, n_buckets, (name, rate_per_s, capacity) x n_buckets, n_slots,
+#       (slot_name, slot_limit) x n_slots, member, slot_ttl_s.   Returns {0, 0} when taken, else
+#       {refused check (1-based; n_buckets + j = the j-th slot), milliseconds until it would pass}.
+LIMITS_LUA = """
+local p, n = ARGV[1], tonumber(ARGV[2])
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local state = {}
+for i = 1, n do
+  local key = p .. "rl:" .. ARGV[3 * i]
+  local rate, cap = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
+  local cur = redis.call("HMGET", key, "tokens", "ts")
+  local tokens = tonumber(cur[1]) or cap
+  local ts = tonumber(cur[2]) or now
+  tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+  if tokens < 1 then
+    return {i, math.ceil((1 - tokens) / rate * 1000)}
+  end
+  state[i] = {key, tokens, rate, cap}
+end
+local base = 3 * n + 3
+local m = tonumber(ARGV[base])
+local member, ttl = ARGV[base + 2 * m + 1], tonumber(ARGV[base + 2 * m + 2])
+for j = 1, m do
+  local skey, limit = p .. "cc:" .. ARGV[base + 2 * j - 1], tonumber(ARGV[base + 2 * j])
+  redis.call("ZREMRANGEBYSCORE", skey, "-inf", now)
+  if redis.call("ZCARD", skey) >= limit then
+    return {n + j, 1000}
+  end
+end
+for i = 1, n do
+  local s = state[i]
+  redis.call("HSET", s[1], "tokens", s[2] - 1, "ts", now)
+  redis.call("EXPIRE", s[1], math.ceil(s[4] / s[3]) + 1)
+end
+for j = 1, m do
+  local skey = p .. "cc:" .. ARGV[base + 2 * j - 1]
+  redis.call("ZADD", skey, now + ttl, member)
+  redis.call("EXPIRE", skey, ttl + 1)
+end
+return {0, 0}
+"""
+
+
+def key_slot(key_name: str) -> str:
+    """The Redis concurrency slot of an API key (by name)."""
+    return key_name
+
+
+def client_slot(client_id: str) -> str:
+    """The Redis concurrency slot of a keyless client (by address), apart from any key's."""
+    return f"\x00client:{client_id}"
+
+
+class LimitsUnavailable(Exception):
+    """The shared limits cannot be checked (Redis unreachable): refuse, never count locally."""
+
+
+class RedisLimiter:
+    """Per-key rate buckets and concurrency slots counted in Redis, for every head at once."""
+
+    SLOT_TTL_S = 3600  # a slot a dead head never released lapses after this long
+
+    def __init__(self, url: str, prefix: str = "sf:") -> None:
+        import redis.asyncio as aioredis
+
+        self.prefix = prefix
+        self.client = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+        self.script = self.client.register_script(LIMITS_LUA)
+
+    async def take(
+        self, buckets: list[tuple[str, float, float]], slots: tuple[str, int] | list[tuple[str, int]] | None, member: str
+    ) -> tuple[int, float]:
+        """Check every bucket (name, rate per second, capacity) and every slot (name, limit; one
+        or a list), then take them all: ``(0, 0.0)``; or ``(i, wait_s)`` for the first refused
+        check (1-based; ``len(buckets) + j`` is the j-th slot), taking nothing.
+        LimitsUnavailable if Redis is away."""
+        if slots is None:
+            slots = []
+        elif isinstance(slots, tuple):
+            slots = [slots]
+        slots = [(name, limit) for name, limit in slots if limit > 0]
+        args: list[object] = [self.prefix, len(buckets)]
+        for name, rate, capacity in buckets:
+            args += [name, rate, capacity]
+        args.append(len(slots))
+        for name, limit in slots:
+            args += [name, limit]
+        args += [member, self.SLOT_TTL_S]
+        try:
+            refused, wait_ms = await self.script(keys=[], args=[str(a) for a in args])
+        except Exception as exc:  # redis.RedisError, OSError, a timeout
+            raise LimitsUnavailable(str(exc)) from exc
+        return int(refused), int(wait_ms) / 1000.0
+
+    async def release(self, slot: str, member: str) -> None:
+        try:
+            await self.client.zrem(f"{self.prefix}cc:{slot}", member)
+        except Exception:  # the slot lapses by itself after SLOT_TTL_S
+            pass
+
+
+_limiters: dict[tuple[int, str], RedisLimiter] = {}
+
+
+def shared_limiter(url: str) -> RedisLimiter:
+    """The running event loop's limiter for ``url`` (an asyncio Redis client serves one loop)."""
+    import asyncio
+
+    key = (id(asyncio.get_running_loop()), url)
+    limiter = _limiters.get(key)
+    if limiter is None:
+        limiter = _limiters[key] = RedisLimiter(url)
+    return limiter

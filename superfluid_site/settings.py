@@ -120,7 +120,19 @@ TEMPLATES = [
 ]
 WSGI_APPLICATION = "superfluid_site.wsgi.application"
 ASGI_APPLICATION = "superfluid_site.asgi.application"
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Redis mode (serve --redis URL, or REDIS_URL): jobs go through the Redis queue
+# (scheduler/link/redis_transport.py) and the Channels layer is channels_redis on the same server.
+SUPERFLUID_REDIS_URL = env_str("REDIS_URL", "")
+
+
+def channel_layers(redis_url: str) -> dict[str, dict[str, object]]:
+    # redis-py 8 times reads out after 5 s by default; channels_redis blocks 5 s in BZPOPMIN
+    if redis_url:
+        return {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": 30}], "prefix": "sf-channels:"}}}
+    return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+CHANNEL_LAYERS = channel_layers(SUPERFLUID_REDIS_URL)
 
 DATABASES = {"default": _database(env_str("DATABASE_URL", ""))}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -149,7 +149,7 @@ LinkClient = SocketTransport
 
 def get_link() -> Transport:
     """The running event loop's transport, made on first use: the worker sockets serve hands
-    over, or else the path in settings."""
+    over, or else the path in settings; the Redis queue when ``SUPERFLUID_REDIS_URL`` is set."""
     from django.conf import settings
 
     link = current()
@@ -159,7 +159,11 @@ def get_link() -> Transport:
         pool = get_pool()  # several models: the pool's link (it installs itself)
         if pool is not None:
             return pool.link
-        if WORKER_SOCKETS.active:
+        if getattr(settings, "SUPERFLUID_REDIS_URL", ""):
+            from .redis_transport import RedisTransport
+
+            link = RedisTransport(settings.SUPERFLUID_REDIS_URL)
+        elif WORKER_SOCKETS.active:
             link = SocketTransport(sockets=WORKER_SOCKETS)
         else:
             link = SocketTransport(settings.SUPERFLUID_SOCKET)

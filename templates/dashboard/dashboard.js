@@ -227,11 +227,25 @@
     drawChart($("chart-ttft"), series.ttft, "#4aa3ff", now);
   }
 
+  function renderFleet(s) {
+    // Redis mode: every worker's lanes with its host, and the queue in Redis by class
+    if (!s.fleet) { return; }
+    $("fleet-panel").hidden = false;
+    kvRows($("fleet"), s.fleet.map(function (w) {
+      var busy = (w.lanes || []).filter(function (l) { return l.job_id; }).length;
+      return [(w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join(""), busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
+    }));
+    var q = s.global_queue || {}, rows = [];
+    ["interactive", "completion", "agent", "background"].forEach(function (c) { rows.push([c, q[c] || 0, q[c] || 0]); });
+    kvRows($("global-queue"), rows);
+  }
+
   function render(s) {
     $("model").textContent = (s.model || "?") + " · " + (s.engine || "") + " · " + (s.n_lanes || 0) + " lanes × " + (s.lane_ctx || 0) + " ctx" + (s.draining ? " · draining" : "");
     var now = s.t;
     renderLanes(s, now);
     renderQueue(s);
+    renderFleet(s);
     renderPool(s);
     renderTick(s);
     renderCharts(s);

@@ -4,14 +4,13 @@ OS pressure readings, the replan path, cache scopes and the --no-park switch."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.base import EngineError
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import Message, Submit, encode
+from scheduler.link.messages import INVALID_PROMPT, Accepted, Done, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.pressure import PressureMonitor, macos_level
@@ -27,13 +26,11 @@ class FimSim(SimEngine):
 
 
 class FakeConn:
-    """Keeps what the worker sends as it goes on the wire (the typed link's JSON)."""
-
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
 
     def queue(self, message: Message) -> None:
-        self.sent.append(json.loads(encode(message)))
+        self.sent.append(message)
 
 
 def make_worker(engine: SimEngine | None = None, **config: Any) -> tuple[EngineWorker, FakeConn]:
@@ -61,7 +58,7 @@ def test_fim_with_a_token_array_prompt_keeps_the_prefix() -> None:
     worker, conn = make_worker(FimSim(n_lanes=2, lane_ctx=512))
     submit(worker, conn, "fim", {"endpoint": "completions", "prompt": [10, 11, 12], "suffix": "ab", "max_tokens": 2})
     assert worker.scheduler.jobs["fim"].prompt == [PRE, 10, 11, 12, SUF, 97, 98, MID]
-    assert conn.sent[-1] == {"type": "accepted", "id": "fim", "prompt_tokens": 8}
+    assert conn.sent[-1] == Accepted(id="fim", prompt_tokens=8)
 
 
 def test_fim_with_a_text_prompt_and_one_out_of_vocabulary_token_array() -> None:
@@ -69,7 +66,8 @@ def test_fim_with_a_text_prompt_and_one_out_of_vocabulary_token_array() -> None:
     submit(worker, conn, "text", {"endpoint": "completions", "prompt": "xy", "suffix": "a", "max_tokens": 2})
     assert worker.scheduler.jobs["text"].prompt == [PRE, 120, 121, SUF, 97, MID]
     submit(worker, conn, "bad", {"endpoint": "completions", "prompt": [10, 999], "suffix": "a", "max_tokens": 2})
-    assert conn.sent[-1]["type"] == "rejected" and conn.sent[-1]["reason"] == "invalid_prompt"
+    last = conn.sent[-1]
+    assert isinstance(last, Rejected) and last.reason == INVALID_PROMPT
     assert "bad" not in worker.scheduler.jobs
 
 
@@ -150,8 +148,8 @@ def test_a_refused_plan_is_replanned_with_pins_released_and_the_requests_still_f
     submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hello " * 10, "max_tokens": 3})
     run(worker)
     assert worker.scheduler.counters["plans_rejected"] == 1
-    done = [m for m in conn.sent if m["type"] == "done"]
-    assert [m["id"] for m in done] == ["a"] and done[0]["usage"]["completion_tokens"] == 3
+    done = [m for m in conn.sent if isinstance(m, Done)]
+    assert [m.id for m in done] == ["a"] and done[0].usage["completion_tokens"] == 3
 
 
 # -- --no-park ---------------------------------------------------------------------------

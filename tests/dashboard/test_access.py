@@ -116,13 +116,14 @@ def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text(
 
     from scheduler.core.scheduler import SchedulerConfig
     from scheduler.engines.sim import FakeClock, SimEngine
+    from scheduler.link.messages import Delta, Message, Submit
     from scheduler.worker.loop import EngineWorker
 
     class Conn:
         def __init__(self) -> None:
-            self.sent: list[dict[str, Any]] = []
+            self.sent: list[Message] = []
 
-        def queue(self, message: dict[str, Any]) -> None:
+        def queue(self, message: Message) -> None:
             self.sent.append(message)
 
     clock = FakeClock()
@@ -130,10 +131,10 @@ def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text(
     conn = Conn()
     prompt = "zebra-quokka-secret " * 6
     request = {"endpoint": "completions", "prompt": prompt, "max_tokens": 40, "temperature": 0}
-    worker.handle(conn, {"op": "submit", "id": "j1", "request": request, "qos": 2, "priority": 0})  # type: ignore[arg-type]
+    worker.handle(conn, Submit(id="j1", request=request, qos=2, priority=0))  # type: ignore[arg-type]
     for _ in range(6):
         worker.run_tick()
-    reply = "".join(m.get("text", "") for m in conn.sent if m.get("ev") == "delta")
+    reply = "".join(m.text for m in conn.sent if isinstance(m, Delta))
     assert reply  # the job has produced text by now, and still runs
     out = dashboard_state(worker.snapshot())
     text = json.dumps(out, allow_nan=False)

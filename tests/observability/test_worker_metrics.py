@@ -166,3 +166,33 @@ def test_time_to_first_token_is_observed_while_the_job_still_runs_and_only_once(
     assert stats(worker)["ttft_s"]["agent"]["count"] == 1
     run(worker)
     assert stats(worker)["ttft_s"]["agent"]["count"] == 1
+
+
+def test_a_redis_fleet_snapshot_gives_the_fleet_families_and_a_plain_one_none() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    class One:
+        def __init__(self, state: dict[str, Any]) -> None:
+            self.state = state
+
+        def collect(self) -> Any:
+            return snapshot_families(self.state)
+
+    fleet = {
+        "fleet": [
+            {"worker": "w1", "host": "a", "n_lanes": 4, "lanes": [{"job_id": "j1"}, {"job_id": None}, {}, {}]},
+            {"worker": "w2", "host": "b", "n_lanes": 2, "lanes": [{"job_id": "j2"}, {"job_id": "j3"}]},
+        ],
+        "global_queue": {"interactive": 0, "agent": 3},
+    }
+    registry = CollectorRegistry()
+    registry.register(One(fleet))  # type: ignore[arg-type]
+    text = generate_latest(registry).decode()
+    assert "superfluid_fleet_workers 2.0" in text
+    assert 'superfluid_fleet_lanes{host="a",worker="w1"} 4.0' in text
+    assert 'superfluid_fleet_lanes_busy{host="a",worker="w1"} 1.0' in text and 'superfluid_fleet_lanes_busy{host="b",worker="w2"} 2.0' in text
+    assert 'superfluid_global_queue_depth{class="agent"} 3.0' in text
+    plain = CollectorRegistry()
+    plain.register(One({}))  # type: ignore[arg-type]
+    assert "superfluid_fleet" not in generate_latest(plain).decode() and "superfluid_global_queue_depth" not in generate_latest(plain).decode()

@@ -2,7 +2,9 @@
 
 ``manage.py serve`` starts it with ``--link-fd``: one end of a socketpair it inherits (no path
 anyone could take). Started by hand, ``--socket PATH`` listens on a 0600 socket in a directory
-only its owner may write, and refuses peers of another uid. SIGTERM drains: nothing new is
+only its owner may write, and refuses peers of another uid. ``--redis URL`` (or ``REDIS_URL``)
+makes it a fleet worker: it pulls jobs from the Redis queue (``scheduler.link.redis_transport``).
+SIGTERM drains: nothing new is
 admitted, what is in flight gets ``--drain-timeout`` seconds, then each job left ends with a
 ``shutdown`` error its client sees, and the worker exits.
 """
@@ -73,9 +75,10 @@ class Command(BaseCommand):
     help = "Run an engine worker process (manage.py serve starts and supervises one for you)."
 
     def add_arguments(self, parser: Any) -> None:
-        link = parser.add_mutually_exclusive_group(required=True)
+        link = parser.add_mutually_exclusive_group(required=not os.environ.get("REDIS_URL"))
         link.add_argument("--socket", default="", help="listen for the web side on this Unix socket path (its directory must be writable by this user alone)")
         link.add_argument("--link-fd", type=int, default=-1, help="the link is this inherited socket (what serve passes)")
+        link.add_argument("--redis", default="", help="pull jobs from the Redis queue at this URL (a fleet worker; REDIS_URL too)")
         add_engine_arguments(parser)
         # serve passes a pipe: "loaded repack=on|off|none" once the model is loaded, "ready" once
         # the start-up decode worked, so it can tell a worker that dies starting from a later crash
@@ -154,7 +157,15 @@ class Command(BaseCommand):
             f"engine worker: {name} on {engine.name}, {config.max_batch} lanes x {config.lane_ctx} tokens, "
             f"loaded in {loaded_s:.1f}s, start-up decode in {time.monotonic() - started - loaded_s:.1f}s\n"
         )
-        if options["link_fd"] >= 0:
+        redis_url = options["redis"] or ("" if options["socket"] or options["link_fd"] >= 0 else os.environ.get("REDIS_URL", ""))
+        if redis_url:
+            from scheduler.link.redis_transport import RedisWorkerLink
+
+            # a fleet worker: it takes jobs from the global queue while it has free lanes
+            starvation_s = config.starvation_ticks * 0.25  # the ticks' period as time (a busy tick's target)
+            link = RedisWorkerLink(worker, redis_url, starvation_s=starvation_s, preemption=config.preemption)
+            sys.stderr.write(f"engine worker: pulling from Redis as {link.worker_id}\n")
+        elif options["link_fd"] >= 0:
             inherited = socket.socket(fileno=options["link_fd"])
             os.set_inheritable(inherited.fileno(), False)
             # the only connection there will be: when serve's end closes, nobody is left to serve

@@ -4,6 +4,9 @@ The worker is a separate process so that a llama.cpp crash cannot take the web s
 this command restarts it when it dies. Each worker gets a fresh ``socketpair``: it inherits one
 end, this process keeps the other, so the link has no path another user could take.
 
+With ``--redis URL`` it is a fleet head: jobs go through the Redis queue, and the worker it starts
+pulls from that queue like any other (``--no-engine``: no local worker).
+
 SIGTERM (or Ctrl-C) drains: no new requests are admitted, in-flight ones get ``--drain-timeout``
 seconds to finish (the worker gets the same timeout), then every stream still open ends with an
 error frame and ``[DONE]`` (and its access-log line and activity row), and the process exits 0
@@ -115,6 +118,8 @@ class WorkerSupervisor:
         self.exited = threading.Event()
 
     def start(self) -> None:
+        if not self.argv:  # serve --redis --no-engine: a web head only, nothing to supervise
+            return
         self._spawn()
         self._thread.start()
 
@@ -264,6 +269,19 @@ def _int_flag(value: float) -> int:
     return 0 if value <= 0 else max(1, round(value))
 
 
+def _check_redis(url: str) -> None:
+    """A wrong URL is a configuration error: say so at once. An unreachable server is not (it
+    may come back): serve starts and answers 503 until it does."""
+    try:
+        import redis
+    except ImportError:
+        raise CommandError("--redis needs redis-py: pip install redis") from None
+    try:
+        redis.Redis.from_url(url)
+    except ValueError as exc:
+        raise CommandError(f"--redis: {exc}") from None
+
+
 class Command(BaseCommand):
     help = "Serve the OpenAI-compatible API, admin and dashboard with an engine worker (embedded defaults)."
 
@@ -277,6 +295,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
         parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body in bytes; a larger one is refused with 413 before it is parsed")
+        parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""), help="a fleet head: jobs go through the Redis queue at this URL (REDIS_URL too); a local engine worker pulls from it unless --no-engine")
+        parser.add_argument("--no-engine", action="store_true", help="with --redis: a web head only, no local engine worker")
         parser.add_argument("--socket", default="", help="link over a Unix socket at this path, in a directory only this user may write (default: an inherited socketpair, no path)")
         parser.add_argument("--key-policy", default=os.environ.get("SUPERFLUID_KEY_POLICY", ""), metavar="FILE", help="key policies and keys (by SHA-256 digest) in a JSON file, beside the admin's; read at start")
         parser.add_argument("--require-key", action="store_true", default=settings.SUPERFLUID_REQUIRE_KEY, help="every API request needs a key (always so when binding beyond loopback)")
@@ -386,6 +406,20 @@ class Command(BaseCommand):
             except PolicyFileError as exc:
                 raise CommandError(f"--key-policy {options['key_policy']}: {exc}") from None
 
+        redis_url = options["redis"]
+        if options["no_engine"] and not redis_url:
+            raise CommandError("--no-engine needs --redis URL (or REDIS_URL): without a queue, no worker could take the requests")
+        if redis_url and options["socket"]:
+            raise CommandError("--socket and --redis are exclusive: with --redis the link is the Redis queue")
+        if redis_url and pool_setup is not None:
+            raise CommandError("--redis serves one model per worker for now: several models (--config, repeated --model) need the local link")
+        if redis_url:
+            from superfluid_site.settings import channel_layers
+
+            _check_redis(redis_url)
+            settings.SUPERFLUID_REDIS_URL = redis_url
+            settings.CHANNEL_LAYERS = channel_layers(redis_url)
+
         call_command("migrate", interactive=False, verbosity=0)
 
         socket_path = options["socket"]
@@ -416,7 +450,9 @@ class Command(BaseCommand):
             worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
             if socket_path:
                 worker_cmd += ["--socket", socket_path]
-            supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path, repack=options["repack"] if engine == "llamacpp" else None)
+            if redis_url:
+                worker_cmd = [] if options["no_engine"] else [*worker_cmd, "--redis", redis_url]
+            supervisor = WorkerSupervisor(worker_cmd, pair=not socket_path and not redis_url, repack=options["repack"] if engine == "llamacpp" else None)
             supervisor.start()
             lanes_line = f"{config.max_batch} lanes"
         else:

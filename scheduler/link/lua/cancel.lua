@@ -1,0 +1,17 @@
+-- The head cancels a job: a queued one leaves the queue; a running one's worker is told (and
+-- its emits are fenced from now on, since the job is gone).
+-- ARGV: prefix, id.   Returns the worker that held it, or "".
+local p, id = ARGV[1], ARGV[2]
+local jk = p .. "job:" .. id
+local cur = redis.call("HMGET", jk, "state", "worker", "qos", "member")
+if cur[1] == false then return "" end
+if cur[1] == "q" then
+  redis.call("ZREM", p .. "q:" .. cur[3], cur[4])
+end
+redis.call("DEL", jk)
+redis.call("ZREM", p .. "leases", id)
+if cur[1] == "run" and cur[2] ~= "" then
+  redis.call("PUBLISH", p .. "w:" .. cur[2], "cancel " .. id)
+  return cur[2]
+end
+return ""

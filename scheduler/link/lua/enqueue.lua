@@ -1,0 +1,41 @@
+-- Put a job in the global queue (or back in it after its worker was lost).
+-- ARGV: prefix, id, qos, priority, aging_divisor_s, data, head, requeue (0|1), expect_epoch (-1: new job)
+-- Order inside a class is a static score: priority + waited_s / divisor ranks jobs exactly as
+-- -(priority - arrival_s / divisor) does, whatever the time now, so a sorted set holds it.
+-- A job put back after a loss goes ahead of every arrival of its class (as a preempted one).
+local p, id = ARGV[1], ARGV[2]
+local qos, prio, divisor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local data, head, requeue, expect = ARGV[6], ARGV[7], ARGV[8] == "1", tonumber(ARGV[9])
+local jk = p .. "job:" .. id
+local t = redis.call("TIME")
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = 0
+if expect >= 0 then
+  local cur = redis.call("HMGET", jk, "epoch", "state")
+  if cur[1] == false or tonumber(cur[1]) ~= expect or cur[2] ~= "lost" then
+    return -1  -- fenced: not lost, or lost again meanwhile
+  end
+  epoch = expect
+elseif redis.call("EXISTS", jk) == 1 then
+  return -2  -- duplicate id
+end
+local arrival = now_ms
+if requeue then
+  arrival = tonumber(redis.call("HGET", jk, "arrival") or now_ms)
+end
+local seq = redis.call("INCR", p .. "seq")
+local score
+if requeue then
+  score = -1e300
+elseif divisor > 0 then
+  score = arrival / 1000.0 / divisor - prio
+else
+  score = -prio
+end
+local member = string.format("%016d", seq) .. ":" .. id
+redis.call("HSET", jk, "data", data, "qos", qos, "prio", prio, "arrival", arrival, "state", "q",
+  "worker", "", "epoch", epoch, "head", head, "member", member, "requeued", requeue and 1 or 0)
+redis.call("EXPIRE", jk, 86400)
+redis.call("ZADD", p .. "q:" .. qos, score, member)
+redis.call("PUBLISH", p .. "new", qos)
+return epoch

@@ -1,0 +1,67 @@
+-- A worker with free lanes takes the next jobs, by one worker's rules, in one atomic step.
+-- ARGV: prefix, worker, n (lanes to fill), starvation_s (0 = off), lease_ms, floor (4 = none),
+--       cap0..cap3, use0..use3
+-- Class order under per-class lane caps (a class at its cap on this worker is skipped); a job
+-- that has waited starvation_s rises one class per period waited (never above interactive);
+-- inside a class the sorted set's order (requeued first, then score, then arrival). With a
+-- floor (a worker with every lane busy asking to preempt its lowest running class), only
+-- interactive or completion jobs of a class above the floor are taken, and only when no live
+-- worker has a free lane (that worker takes it without preempting anyone).
+-- Returns {id, epoch, data, ...}.
+local p, worker = ARGV[1], ARGV[2]
+local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local caps, use = {}, {}
+for c = 0, 3 do
+  caps[c] = tonumber(ARGV[7 + c])
+  use[c] = tonumber(ARGV[11 + c])
+end
+local t = redis.call("TIME")
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if floor < 4 then
+  local free = redis.call("HGETALL", p .. "free")
+  for i = 1, #free, 2 do
+    if free[i] ~= worker then
+      local lanes, ts = string.match(free[i + 1], "^(%-?%d+)|(%d+)$")
+      if lanes and tonumber(lanes) > 0 and now_ms - tonumber(ts) < 3000 then
+        return {}
+      end
+    end
+  end
+end
+local out = {}
+for _ = 1, n do
+  local best, best_key, best_c = nil, nil, nil
+  for c = 0, 3 do
+    local allowed = use[c] < caps[c]
+    if floor < 4 and (c > 1 or c >= floor) then allowed = false end
+    if allowed then
+      local head = redis.call("ZRANGE", p .. "q:" .. c, 0, 0, "WITHSCORES")
+      if #head > 0 then
+        local member, score = head[1], tonumber(head[2])
+        local id = string.sub(member, 18)
+        local arrival = tonumber(redis.call("HGET", p .. "job:" .. id, "arrival") or now_ms)
+        local eff = c
+        if starv > 0 then
+          eff = math.max(0, c - math.floor((now_ms - arrival) / 1000.0 / starv))
+        end
+        -- (effective class, requeued first / score, arrival order)
+        local key = {eff, score, member}
+        if best == nil or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
+            or (key[2] == best_key[2] and key[3] < best_key[3]))) then
+          best, best_key, best_c = id, key, c
+        end
+      end
+    end
+  end
+  if best == nil then break end
+  local jk = p .. "job:" .. best
+  redis.call("ZREM", p .. "q:" .. best_c, best_key[3])
+  local epoch = redis.call("HINCRBY", jk, "epoch", 1)
+  redis.call("HSET", jk, "state", "run", "worker", worker)
+  redis.call("ZADD", p .. "leases", now_ms + lease_ms, best)
+  use[best_c] = use[best_c] + 1
+  table.insert(out, best)
+  table.insert(out, epoch)
+  table.insert(out, redis.call("HGET", jk, "data"))
+end
+return out

@@ -1,0 +1,650 @@
+"""The Redis transport: many web heads and engine workers around one global queue.
+
+The third implementation of :class:`scheduler.link.transport.Transport` (``serve --redis URL``).
+Nothing here is a queue of our own: Redis holds the state and Lua scripts (``lua/``) change it
+atomically, with Redis ``TIME`` as the one clock.
+
+- A head *enqueues* a job (``enqueue.lua``): a hash ``job:ID`` and a member in the sorted set of
+  its class, ``q:C``, scored so that the set's order is one worker's order inside a class.
+- A worker with a free lane *picks* (``pick.lua``): the best head over the classes its per-class
+  lane caps allow, with starvation aging across classes, in one step, so the order is global
+  across heads and no two workers take the same job. The job is then *leased* to the worker
+  (``leases``, renewed by ``renew.lua``) under a new *epoch*.
+- A worker *emits* a job's messages (``emit.lua``) to one Redis Stream per job, ``s:ID``
+  (trimmed, expiring): only the holder of the current epoch may, so a worker that lost its lease
+  writes nothing more.
+- A lease that runs out (the worker was killed) is *reaped* (``reap.lua``, run by every process):
+  the epoch moves on and a ``lost`` marker goes on the stream. The head owning the job reads the
+  deltas before the marker, then puts the job back at the front of its class, continuing after
+  the text already delivered (the shared resubmission path, :meth:`JobHandle.resubmission`).
+- A cancel (``cancel.lua``) takes a queued job out of the queue, or tells the worker holding it
+  (pub/sub ``w:WORKER``). Lane caps the admin edits go to every worker through the ``config``
+  key and channel. Each worker publishes its snapshot (``worker:ID``, expiring) for every head.
+
+Redis unreachable: the head is "not connected" (requests get 503 with ``Retry-After``), jobs in
+flight wait for it; when it returns, service resumes with no restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .messages import (
+    DUPLICATE_ID,
+    ENGINE_CRASHED,
+    ENGINE_UNAVAILABLE,
+    Cancel,
+    Config,
+    Done,
+    EncodeError,
+    Error,
+    Hello,
+    Message,
+    Rejected,
+    Snapshot,
+    Submit,
+    decode,
+    encode,
+)
+from .transport import MAX_CRASHES, SNAPSHOT_LISTENERS, JobHandle, Transport
+
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio as aioredis
+
+    from scheduler.worker.loop import EngineWorker
+
+log = logging.getLogger("superfluid.link")
+
+LUA_DIR = Path(__file__).resolve().parent / "lua"
+LEASE_MS = 3000  # a worker renews every LEASE_MS / 3; a job whose lease lapses is given back
+STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
+STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
+WORKER_TTL_S = 3  # a worker's snapshot key expires unless refreshed
+DEFAULT_PREFIX = "sf:"
+NO_FLOOR = 4
+N_CLASSES = 4
+
+
+def load_scripts() -> dict[str, str]:
+    return {path.stem: path.read_text() for path in sorted(LUA_DIR.glob("*.lua"))}
+
+
+def redis_url_from_env() -> str:
+    return os.environ.get("REDIS_URL", "")
+
+
+class Scripts:
+    """The Lua scripts registered on a client (sync or asyncio): ``scripts.pick(args)``."""
+
+    def __init__(self, client: Any) -> None:
+        self._scripts = {name: client.register_script(body) for name, body in load_scripts().items()}
+
+    def __getattr__(self, name: str) -> Any:
+        script = self._scripts[name]
+        return lambda args, client=None: script(keys=[], args=[str(a) for a in args], client=client)
+
+
+# =============================================================================================
+# the web head
+# =============================================================================================
+
+
+class RedisTransport(Transport):
+    """A web head's link: jobs go to the Redis queue, their events come back on their streams."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        aging_divisor_s: float = 60.0,
+        reconnect_timeout_s: float = 120.0,
+        poll_s: float = 0.25,
+    ) -> None:
+        super().__init__(reconnect_timeout_s=reconnect_timeout_s)
+        self.url = url
+        self.prefix = prefix
+        self.aging_divisor_s = aging_divisor_s
+        self.poll_s = poll_s
+        self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.redis_ok = False
+        self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
+        self.global_queue: dict[str, int] = {}
+        self._client: aioredis.Redis | None = None
+        self._scripts: Scripts | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._epochs: dict[str, int] = {}  # job id -> the epoch its last enqueue had
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def _redis(self) -> aioredis.Redis:
+        if self._client is None:
+            import redis.asyncio as aioredis
+
+            self._client = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=1.0, health_check_interval=5)
+            self._scripts = Scripts(self._client)
+        return self._client
+
+    @property
+    def scripts(self) -> Scripts:
+        self._redis()
+        assert self._scripts is not None
+        return self._scripts
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-redis-link")
+
+    async def stop(self) -> None:
+        tasks = [t for t in [self._task, *self._readers.values()] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._task = None
+        self._readers.clear()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+            self._client = None
+
+    async def wait_connected(self, timeout_s: float) -> bool:
+        """Redis unreachable answers at once (the caller answers 503 with Retry-After); a
+        fleet with no worker yet is waited for, as the local link waits for its worker."""
+        self.start()
+        if self._task is not None and not self.redis_ok and self._checked_once:
+            return False
+        return await super().wait_connected(timeout_s)
+
+    _checked_once = False
+    retry_after_s = 5.0  # what a 503 tells clients while Redis or every worker is away
+
+    @property
+    def unavailable_detail(self) -> str:
+        if not self.redis_ok:
+            return "The queue (Redis) is unreachable; retry after the time in the Retry-After header."
+        return "No engine worker is running; retry after the time in the Retry-After header."
+
+    async def _run(self) -> None:
+        """Reap lapsed leases, read the fleet, keep ``connected`` true while Redis answers and a
+        worker is alive."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._tick()
+                self.redis_ok = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # redis down, or a reply we cannot read
+                if self.redis_ok or not self._checked_once:
+                    log.warning("Redis at %s unreachable: %s", self.url, exc)
+                self.redis_ok = False
+                self._connected.clear()
+                if self._lost_since is None:
+                    self._lost_since = loop.time()
+                self._check_lost_deadline(loop.time())
+            self._checked_once = True
+            await asyncio.sleep(self.poll_s)
+
+    async def _tick(self) -> None:
+        client = self._redis()
+        await self.scripts.reap([self.prefix, STREAM_MAXLEN, STREAM_TTL_S])
+        ids = [m.decode() if isinstance(m, bytes) else m for m in await client.smembers(self.prefix + "workers")]
+        raw = await client.mget([self.prefix + "worker:" + i for i in ids]) if ids else []
+        workers: dict[str, dict[str, Any]] = {}
+        for wid, blob in zip(ids, raw, strict=False):
+            if blob is None:
+                await client.srem(self.prefix + "workers", wid)
+                continue
+            with contextlib.suppress(ValueError):
+                workers[wid] = json.loads(blob)
+        pipe = client.pipeline()
+        for c in range(N_CLASSES):
+            pipe.zcard(f"{self.prefix}q:{c}")
+        depths = await pipe.execute()
+        from scheduler.core.qos import QosClass
+
+        self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
+        self.workers = workers
+        self._publish_fleet()
+        loop = asyncio.get_running_loop()
+        if workers:
+            first = workers[sorted(workers)[0]]
+            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=int(first.get("lane_ctx", 0)), pid=int(first.get("pid", 0)))
+            if not self.connected:
+                await self._became_connected(hello)
+        else:
+            if self.connected:
+                self._connected.clear()
+                self._lost_since = loop.time()
+            self._check_lost_deadline(loop.time())
+
+    def _publish_fleet(self) -> None:
+        """The snapshot the dashboard and /metrics read: the first worker's (its lanes, queues and
+        metrics, as with one worker), with every worker's lanes and the global queue beside it."""
+        if not self.workers:
+            return
+        fleet = []
+        for wid in sorted(self.workers):
+            state = self.workers[wid]
+            fleet.append({"worker": wid, "host": state.get("host", ""), "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
+        base = dict(self.workers[sorted(self.workers)[0]])
+        base["fleet"] = fleet
+        base["global_queue"] = dict(self.global_queue)
+        self.snapshot = base
+        for listener in SNAPSHOT_LISTENERS:
+            listener(base)
+
+    async def _became_connected(self, hello: Hello) -> None:
+        """The first worker is there (or Redis is back): send the config and every job that was
+        never enqueued. Jobs already in Redis keep their place and their readers."""
+        if self.hello is not None and hello.pid != self.hello.pid:
+            self.worker_restarts += 1
+        self.hello = hello
+        self._connection += 1
+        self._lost_since = None
+        self._connected.set()
+        if self.worker_config is not None:
+            await self._send(encode(self.worker_config))
+        for handle in list(self.inflight.values()):
+            if handle.sent_on == -1:
+                handle.sent_on = self._connection
+                await self._send(encode(handle.submit))
+
+    # -- carrying -----------------------------------------------------------------------
+
+    async def _send(self, data: bytes) -> None:
+        try:
+            message = decode(data)
+        except ValueError:
+            return
+        try:
+            if isinstance(message, Submit):
+                await self._enqueue(message, requeue=False, expect_epoch=-1)
+            elif isinstance(message, Cancel):
+                await self.scripts.cancel([self.prefix, message.id])
+                reader = self._readers.pop(message.id, None)
+                if reader is not None:
+                    reader.cancel()
+            elif isinstance(message, Config):
+                client = self._redis()
+                body = json.dumps({"class_lanes": message.class_lanes})
+                await client.set(self.prefix + "config", body)
+                await client.publish(self.prefix + "config", body)
+        except Exception as exc:
+            log.warning("Redis: could not send %s: %s", message.type, exc)
+            handle = self.inflight.get(getattr(message, "id", ""))
+            if isinstance(message, Submit) and handle is not None:
+                handle.sent_on = -1  # enqueued when Redis answers again
+
+    async def _enqueue(self, message: Submit, *, requeue: bool, expect_epoch: int) -> None:
+        epoch = int(
+            await self.scripts.enqueue(
+                [self.prefix, message.id, int(message.qos), int(message.priority), self.aging_divisor_s, encode(message).decode(), self.head_id, 1 if requeue else 0, expect_epoch]
+            )
+        )
+        handle = self.inflight.get(message.id)
+        if handle is None:
+            return
+        if epoch == -2:
+            self.inflight.pop(message.id, None)
+            handle.events.put_nowait(Rejected(message.id, DUPLICATE_ID, f"duplicate job id {message.id}"))
+            return
+        if epoch < 0:
+            return  # fenced: someone else moved the job on
+        self._epochs[message.id] = epoch
+        if message.id not in self._readers:
+            self._readers[message.id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{message.id}")
+
+    async def _read(self, handle: JobHandle) -> None:
+        """Follow one job's stream until its end (Done, Error, Rejected) or its cancel."""
+        job_id = handle.job_id
+        key = f"{self.prefix}s:{job_id}"
+        last = "0-0"
+        quiet_since = time.monotonic()
+        try:
+            while job_id in self.inflight:
+                try:
+                    reply = await self._redis().xread({key: last}, count=256, block=1000)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    await asyncio.sleep(self.poll_s)
+                    continue
+                if not reply:
+                    if time.monotonic() - quiet_since > 5.0 and self.redis_ok:
+                        quiet_since = time.monotonic()
+                        await self._check_vanished(handle, key)
+                    continue
+                quiet_since = time.monotonic()
+                for _stream, entries in reply:
+                    for entry_id, fields in entries:
+                        last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                        raw = fields.get(b"m") or fields.get("m") or b""
+                        await self._entry(handle, raw if isinstance(raw, bytes) else raw.encode())
+                        if job_id not in self.inflight:
+                            break
+        finally:
+            self._readers.pop(job_id, None)
+            if job_id not in self.inflight:
+                with contextlib.suppress(Exception):
+                    await self._redis().delete(key)
+
+    async def _check_vanished(self, handle: JobHandle, key: str) -> None:
+        """Redis restarted empty (or the job expired): fail the job instead of waiting forever."""
+        client = self._redis()
+        if await client.exists(f"{self.prefix}job:{handle.job_id}") or await client.exists(key):
+            return
+        self._fail(handle, ENGINE_UNAVAILABLE, "The job was lost by the queue (Redis restarted without it).")
+
+    async def _entry(self, handle: JobHandle, raw: bytes) -> None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return
+        if isinstance(body, dict) and body.get("type") == "lost":
+            await self._on_job_lost(handle, int(body.get("epoch", -1)))
+            return
+        try:
+            message = decode(raw)
+        except ValueError as exc:
+            log.warning("dropping a malformed message from a worker: %s", exc)
+            return
+        self._on_message(message)
+
+    async def _on_job_lost(self, handle: JobHandle, epoch: int) -> None:
+        """The worker holding this job stopped renewing its lease (it died): put the job back at
+        the front of its class, continuing after the text already delivered; a job in flight
+        during two losses in a row fails with engine_crashed."""
+        if self.draining:
+            self._fail(handle, "shutdown", "The server shut down before this request finished.")
+            return
+        handle.crashes += 1
+        if handle.crashes >= MAX_CRASHES:
+            log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, handle.crashes)
+            await self.scripts.cancel([self.prefix, handle.job_id])
+            self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
+            return
+        log.warning("job %s lost its worker; resuming it after %d tokens", handle.job_id, handle.delivered_tokens)
+        try:
+            resubmit = handle.resubmission()
+            encode(resubmit)
+        except EncodeError as exc:
+            self._fail(handle, "unencodable", str(exc))
+            return
+        self.worker_restarts += 1
+        await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
+
+    def _on_message(self, message: Message) -> None:
+        if isinstance(message, Snapshot):
+            return  # heads read the fleet from Redis
+        super()._on_message(message)
+
+
+# =============================================================================================
+# the engine worker
+# =============================================================================================
+
+
+def _connection_class() -> type:
+    from scheduler.worker.server import Connection, encode_or_error
+
+    class JobConnection(Connection):
+        """A job's way back: what the worker queues for it is emitted to its stream."""
+
+        def __init__(self, job_id: str, epoch: int) -> None:
+            super().__init__(0, None)
+            self.job_id, self.epoch = job_id, epoch
+            self.terminal = False
+            self.qos = N_CLASSES - 1
+
+        def queue(self, message: Message) -> None:
+            self.outbox.append(encode_or_error(message))
+            if isinstance(message, (Done, Error, Rejected)):
+                self.terminal = True
+
+        def flush(self) -> None:  # the link flushes every job's connection in one round trip
+            pass
+
+    return JobConnection
+
+
+class RedisWorkerLink:
+    """The worker's end (in place of ``LinkServer``): pulls jobs when lanes are free, emits
+    their messages, renews their leases, takes cancels and config, publishes snapshots."""
+
+    def __init__(
+        self,
+        worker: EngineWorker,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        starvation_s: float = 2.0,
+        preemption: bool = True,
+    ) -> None:
+        import redis
+
+        self.worker = worker
+        self.url = url
+        self.prefix = prefix
+        self.starvation_s = starvation_s
+        self.preemption = preemption
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.host = socket.gethostname()
+        self.client: redis.Redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+        self.scripts = Scripts(self.client)
+        self.connections: list[Any] = []  # what the worker loop iterates (none: jobs emit here)
+        self.held: dict[str, Any] = {}  # job id -> JobConnection, from pick to its last message
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._snapshot: dict[str, Any] | None = None
+        self._conn_cls = _connection_class()
+        self._control = self._conn_cls("", 0)  # the connection config messages arrive on
+
+    # -- the LinkServer interface the worker loop uses -----------------------------------
+
+    def start(self) -> None:
+        with contextlib.suppress(Exception):
+            raw = self.client.get(self.prefix + "config")
+            if raw:
+                self._config(raw)
+        for target, name in ((self._pull_loop, "redis-pull"), (self._renew_loop, "redis-renew"), (self._control_loop, "redis-control")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        with contextlib.suppress(Exception):
+            self.client.srem(self.prefix + "workers", self.worker_id)
+            self.client.delete(self.prefix + "worker:" + self.worker_id)
+            self.client.hdel(self.prefix + "free", self.worker_id)
+
+    def broadcast(self, message: Message) -> None:
+        if isinstance(message, Snapshot):
+            self._snapshot = message.state
+
+    def flush(self) -> None:
+        """On the tick thread: every job's queued messages, one script call per job, one round
+        trip for all. A job this worker no longer holds (its lease lapsed, or it was cancelled)
+        is cancelled here."""
+        with self._lock:
+            pending = [c for c in self.held.values() if c.outbox]
+        if not pending:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for conn in pending:
+            lines = [line.decode().rstrip("\n") for line in conn.outbox]
+            conn.outbox = []
+            self.scripts.emit([self.prefix, conn.job_id, conn.epoch, self.worker_id, 1 if conn.terminal else 0, STREAM_MAXLEN, STREAM_TTL_S, *lines], client=pipe)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            log.warning("Redis: could not emit: %s", exc)
+            results = [0] * len(pending)  # unsure: keep the jobs; the lease decides
+            return
+        for conn, ok in zip(pending, results, strict=False):
+            if conn.terminal or ok == 0:
+                self._release(conn.job_id)
+            if ok == 0 and not conn.terminal:
+                self.worker.inbox.put((conn, Cancel(conn.job_id)))  # fenced: stop working on it
+
+    # -- threads --------------------------------------------------------------------------
+
+    def _release(self, job_id: str) -> None:
+        with self._lock:
+            self.held.pop(job_id, None)
+        self._wake.set()
+
+    def _usage(self) -> list[int]:
+        from scheduler.core.qos import QosClass
+
+        use = [0] * N_CLASSES
+        with self._lock:
+            for conn in self.held.values():
+                use[conn.qos] += 1
+        caps = self.worker.scheduler.config.class_lanes
+        return use + [caps.get(QosClass(c), self.worker.engine.n_lanes) for c in range(N_CLASSES)]
+
+    def _pull_loop(self) -> None:
+        n_lanes = self.worker.engine.n_lanes
+        while not self._stop.is_set():
+            self._wake.wait(0.2)
+            self._wake.clear()
+            if self.worker.draining:
+                continue
+            try:
+                while self._pull_once(n_lanes):
+                    pass
+            except Exception as exc:
+                log.warning("Redis: could not pull jobs: %s", exc)
+                self._stop.wait(0.5)
+
+    def _pull_once(self, n_lanes: int) -> bool:
+        usage = self._usage()
+        use, caps = usage[:N_CLASSES], usage[N_CLASSES:]
+        with self._lock:
+            held = len(self.held)
+            running = [c.qos for c in self.held.values()]
+        free = n_lanes - held
+        floor = NO_FLOOR
+        n = free
+        if free <= 0:
+            urgent = sum(1 for q in running if q <= 1)
+            if not self.preemption or not running or max(running) <= 1 or urgent >= n_lanes:
+                return False
+            floor, n = max(running), 1  # ask to preempt our lowest running class
+        reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, LEASE_MS, floor, *caps, *use])
+        if not reply:
+            return False
+        for i in range(0, len(reply), 3):
+            job_id = reply[i].decode() if isinstance(reply[i], bytes) else str(reply[i])
+            epoch = int(reply[i + 1])
+            data = reply[i + 2] if isinstance(reply[i + 2], bytes) else str(reply[i + 2]).encode()
+            conn = self._conn_cls(job_id, epoch)
+            try:
+                message = decode(data)
+                if not isinstance(message, Submit):
+                    raise ValueError("not a submit")
+            except ValueError as exc:
+                log.error("job %s in Redis is not a submit: %s", job_id, exc)
+                conn.queue(Error(job_id, "invalid_job", "The engine worker could not read this job."))
+                with self._lock:
+                    self.held[job_id] = conn
+                continue
+            try:
+                conn.qos = max(0, min(N_CLASSES - 1, int(message.qos)))
+            except (TypeError, ValueError):
+                conn.qos = N_CLASSES - 1
+            with self._lock:
+                self.held[job_id] = conn
+            self.worker._on_message(message)
+            self.worker.inbox.put((conn, message))
+            if conn.qos <= 1:
+                self.worker.interrupt.set()
+        return free > 0 and len(reply) // 3 >= n
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(LEASE_MS / 3000.0):
+            with self._lock:
+                ids = list(self.held)
+                free = self.worker.engine.n_lanes - len(ids)
+            try:
+                gone = self.scripts.renew([self.prefix, self.worker_id, LEASE_MS, free, *ids])
+                self._publish_snapshot()
+            except Exception as exc:
+                log.warning("Redis: could not renew leases: %s", exc)
+                continue
+            for raw in gone or []:
+                job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+                with self._lock:
+                    conn = self.held.pop(job_id, None)
+                if conn is not None and not conn.terminal:
+                    self.worker.inbox.put((conn, Cancel(job_id)))
+                    self.worker.interrupt.set()
+
+    def _publish_snapshot(self) -> None:
+        state = dict(self._snapshot or {})
+        if not state:
+            hello = self.worker.hello()
+            state = {"model": hello.model, "engine": hello.engine, "n_lanes": hello.n_lanes, "lane_ctx": hello.lane_ctx, "pid": hello.pid}
+        state["host"] = self.host
+        state["worker"] = self.worker_id
+        body = json.dumps(state, default=str)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.prefix + "worker:" + self.worker_id, body, ex=WORKER_TTL_S)
+        pipe.sadd(self.prefix + "workers", self.worker_id)
+        pipe.execute()
+
+    def _control_loop(self) -> None:
+        """Cancels for our jobs, admin config for every worker, and "a job arrived" wake-ups."""
+        while not self._stop.is_set():
+            try:
+                pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.prefix + "w:" + self.worker_id, self.prefix + "config", self.prefix + "new")
+                raw = self.client.get(self.prefix + "config")  # what changed while we were away
+                if raw:
+                    self._config(raw)
+                while not self._stop.is_set():
+                    item = pubsub.get_message(timeout=0.5)
+                    if item is None:
+                        continue
+                    channel = item["channel"].decode() if isinstance(item["channel"], bytes) else item["channel"]
+                    data = item["data"].decode() if isinstance(item["data"], bytes) else str(item["data"])
+                    if channel == self.prefix + "new":
+                        self._wake.set()
+                    elif channel == self.prefix + "config":
+                        self._config(data)
+                    elif data.startswith("cancel "):
+                        job_id = data[len("cancel "):]
+                        with self._lock:
+                            conn = self.held.pop(job_id, None)
+                        if conn is not None:
+                            self.worker.inbox.put((conn, Cancel(job_id)))
+                            self.worker.interrupt.set()
+                            self._wake.set()
+            except Exception as exc:
+                log.warning("Redis: control channel lost: %s", exc)
+                self._stop.wait(0.5)
+
+    def _config(self, raw: str | bytes) -> None:
+        try:
+            body = json.loads(raw)
+            config = Config(class_lanes=dict(body.get("class_lanes") or {}))
+        except (ValueError, TypeError, AttributeError):
+            log.warning("Redis: ignoring a malformed config")
+            return
+        self.worker.inbox.put((self._control, config))

@@ -1,0 +1,138 @@
+"""Redis-mode tests run against a real ``redis-server`` (Debian's; ``.ci/run`` installs it) that
+the session starts on a free loopback port, with no persistence, and stops at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from scheduler.core.scheduler import SchedulerConfig
+from scheduler.engines.sim import SimEngine
+from scheduler.link.messages import Delta, Done, Error, JobEvent, Rejected
+from scheduler.link.redis_transport import RedisTransport, RedisWorkerLink
+from scheduler.link.transport import JobHandle
+from scheduler.worker.loop import EngineWorker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child on 127.0.0.1; ``stop()`` and ``start()`` again on the same port."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:  # CI installs it: a missing server fails these tests, never skips them
+            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="superfluid-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        argv = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=20)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """Every test has its own key prefix on the shared server."""
+    return f"t{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(port=redis_server.port)
+    yield c
+    c.close()
+
+
+# -- a fleet in this process: sim workers on threads, heads on the test's event loop ----------
+
+
+class SimFleetWorker:
+    def __init__(self, url: str, prefix: str, *, lanes: int = 2, engine: SimEngine | None = None, class_lanes: dict[Any, int] | None = None) -> None:
+        self.engine = engine or SimEngine(n_lanes=lanes, lane_ctx=512)
+        config = SchedulerConfig(max_batch=self.engine.n_lanes, lane_ctx=self.engine.lane_ctx, class_lanes=dict(class_lanes or {}))
+        self.worker = EngineWorker(self.engine, config, model_name="sim", prepare_in_thread=True)
+        self.link = RedisWorkerLink(self.worker, url, prefix=prefix, starvation_s=60.0)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.worker.serve(self.link, drain_timeout_s=5.0)  # type: ignore[arg-type]
+        except BaseException as exc:  # a simulated crash: the process would be gone
+            self.error = exc
+            self.link.close()
+
+    def start(self) -> SimFleetWorker:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.worker.drain()
+        self.thread.join(10)
+
+
+def completion(prompt: str = "Once upon a time", max_tokens: int = 40, **extra: Any) -> dict[str, Any]:
+    return {"endpoint": "completions", "model": "sim", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
+
+
+async def outcome(handle: JobHandle, timeout_s: float = 30.0) -> tuple[str, JobEvent]:
+    parts: list[str] = []
+    while True:
+        event = await asyncio.wait_for(handle.next_event(), timeout_s)
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, (Done, Error, Rejected)):
+            return "".join(parts), event
+
+
+async def head(url: str, prefix: str) -> RedisTransport:
+    link = RedisTransport(url, prefix=prefix, poll_s=0.2)
+    assert await link.wait_connected(20), "no worker showed up"
+    return link

@@ -1,0 +1,32 @@
+"""Admission in Redis mode: a keyless client's --client-concurrency is counted in Redis for every
+head (each runtime here stands for one head), and a refused request leaves no place held."""
+
+from __future__ import annotations
+
+from django.test import override_settings
+
+from tests.keys.test_admission import IP, admit, chat, expect, runtime
+
+from .conftest import RedisServer
+
+
+async def test_client_concurrency_holds_across_heads_and_a_refusal_holds_nothing(redis_server: RedisServer) -> None:
+    from keys import limits
+
+    limits._limiters.clear()
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=2, SUPERFLUID_MAX_QUEUE=0):
+        heads = [runtime(), runtime()]
+        held = [await admit({}, IP, chat(), runtime=heads[0]), await admit({}, IP, chat(), runtime=heads[1])]
+        # the third, on either head, is refused: the count is the fleet's, not a head's
+        err = await expect("concurrency_limit_exceeded", admit({}, IP, chat(), runtime=heads[0]))
+        assert err.status == 429 and int(err.headers["Retry-After"]) >= 1
+        assert heads[0].client_slots.held == {} and heads[0].in_flight.held == {held[0].model_slot: 1}
+        other = await admit({}, ("10.0.0.8", 1), chat(), runtime=heads[1])  # another address
+        await held[0].release()
+        held[0] = await admit({}, IP, chat(), runtime=heads[1])
+        for admission in [*held, other]:
+            await admission.release()
+        assert all(h.in_flight.held == {} for h in heads)
+    for limiter in limits._limiters.values():
+        await limiter.client.aclose()
+    limits._limiters.clear()

@@ -1,0 +1,136 @@
+"""Heads and workers around one Redis, in this process, with the simulated engine: jobs through
+any head reach any worker, a worker's crash resumes its jobs elsewhere from the text delivered,
+cancels reach the worker holding the job, admin caps reach every worker, and an interactive
+arrival with every lane of the fleet busy preempts one lower-class lane."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from scheduler.core.qos import QosClass
+from scheduler.core.types import TickPlan, TickResult
+from scheduler.engines.sim import SimEngine
+from scheduler.link.messages import Config, Delta, Done
+
+from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
+
+
+def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
+    engine = SimEngine(n_lanes=lanes, lane_ctx=512)
+    engine.on_call = lambda n: time.sleep(seconds_per_call)
+    return engine
+
+
+class CrashingSim(SimEngine):
+    """Raises out of ``execute`` after ``crash_after`` calls: the worker (its process) is gone."""
+
+    def __init__(self, crash_after: int) -> None:
+        super().__init__(n_lanes=2, lane_ctx=512)
+        self.crash_after = crash_after
+
+    def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+        time.sleep(0.005)
+        result = super().execute(plan, should_stop)
+        if len(self.calls) >= self.crash_after:
+            raise RuntimeError("simulated engine crash")
+        return result
+
+
+async def test_jobs_through_two_heads_are_served_by_two_workers(redis_server: RedisServer, prefix: str) -> None:
+    workers = [SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.002)).start() for _ in range(2)]
+    heads = [await head(redis_server.url, prefix) for _ in range(2)]
+    handles = [await heads[i % 2].submit(request=completion(f"prompt {i}", max_tokens=20)) for i in range(8)]
+    results = [await outcome(h) for h in handles]
+    for (text, done), h in zip(results, handles, strict=True):
+        assert isinstance(done, Done) and done.usage["completion_tokens"] == 20 and len(text) == 20
+        heads[0].finish(h) if h.job_id in heads[0].open else heads[1].finish(h)
+    served = [w.worker.stats["requests_total"] for w in workers]
+    assert sum(served) == 8 and all(n > 0 for n in served)
+    assert len(heads[0].workers) == 2  # each head sees the fleet
+    for h in heads:
+        await h.stop()
+    for w in workers:
+        w.stop()
+
+
+async def test_a_worker_crash_resumes_its_jobs_on_another_worker_from_the_text_delivered(redis_server: RedisServer, prefix: str) -> None:
+    reference_worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    reference = [await outcome(await link.submit(request=completion(f"story {i}", max_tokens=60))) for i in range(2)]
+    reference_worker.stop()
+    reference_worker.link.close()
+
+    doomed = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=25)).start()
+    handles = [await link.submit(request=completion(f"story {i}", max_tokens=60)) for i in range(2)]
+    # both jobs are on the doomed worker and have delivered text before it dies
+    for h in handles:
+        while h.delivered_tokens == 0:
+            await asyncio.sleep(0.01)
+    spare = SimFleetWorker(redis_server.url, prefix).start()
+    results = [await outcome(h) for h in handles]
+    assert doomed.error is not None  # it did crash
+    for (text, done), (ref_text, _ref_done) in zip(results, reference, strict=True):
+        assert isinstance(done, Done) and done.usage["completion_tokens"] == 60
+        assert text == ref_text  # nothing repeated, nothing lost
+    assert spare.worker.stats["requests_total"] == 2
+    await link.stop()
+    spare.stop()
+
+
+async def test_cancel_reaches_the_worker_holding_the_job(redis_server: RedisServer, prefix: str) -> None:
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    link = await head(redis_server.url, prefix)
+    handle = await link.submit(request=completion(max_tokens=400))
+    while not isinstance(await handle.next_event(), Delta):
+        pass
+    await link.cancel(handle)
+    deadline = time.monotonic() + 10
+    while any(j is not None for j in worker.worker.scheduler.lanes):
+        assert time.monotonic() < deadline, "the lane was not freed"
+        await asyncio.sleep(0.01)
+    assert worker.link.held == {}
+    await link.stop()
+    worker.stop()
+
+
+async def test_admin_lane_caps_reach_every_worker(redis_server: RedisServer, prefix: str) -> None:
+    workers = [SimFleetWorker(redis_server.url, prefix).start() for _ in range(2)]
+    link = await head(redis_server.url, prefix)
+    await link.configure(Config(class_lanes={"background": 1}))
+    deadline = time.monotonic() + 5
+    while not all(w.worker.scheduler.config.class_lanes.get(QosClass.BACKGROUND) == 1 for w in workers):
+        assert time.monotonic() < deadline, "a worker did not get the cap"
+        await asyncio.sleep(0.02)
+    late = SimFleetWorker(redis_server.url, prefix).start()  # a worker that joins later reads it too
+    while late.worker.scheduler.config.class_lanes.get(QosClass.BACKGROUND) != 1:
+        assert time.monotonic() < deadline + 5
+        await asyncio.sleep(0.02)
+    await link.stop()
+    for w in [*workers, late]:
+        w.stop()
+
+
+async def test_an_interactive_arrival_with_the_fleet_busy_preempts_one_background_lane(redis_server: RedisServer, prefix: str) -> None:
+    workers = [SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start() for _ in range(2)]
+    heads = [await head(redis_server.url, prefix) for _ in range(2)]
+    background = [await heads[0].submit(request=completion(f"bg {i}", max_tokens=300), qos=3) for i in range(6)]
+    # every lane of both workers busy with background work, two more waiting
+    deadline = time.monotonic() + 10
+    while sum(len(w.link.held) for w in workers) < 4:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    chat = await heads[1].submit(request=completion("hello", max_tokens=5), qos=0)
+    text, done = await outcome(chat)
+    assert isinstance(done, Done) and len(text) == 5
+    # it ran before any background job finished, and exactly one lane was preempted fleet-wide
+    assert not any(b.job_id not in heads[0].inflight for b in background)
+    preemptions = sum(w.worker.scheduler.counters["preemptions"] for w in workers)
+    assert preemptions == 1
+    for b in background:
+        await heads[0].cancel(b)
+    for h in heads:
+        await h.stop()
+    for w in workers:
+        w.stop()

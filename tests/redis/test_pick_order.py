@@ -1,0 +1,151 @@
+"""The Lua scripts on fake data: the order pick.lua takes jobs in is one worker's order (class,
+lane caps, starvation aging, priority, arrival; a job given back first), and the fencing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from scheduler.link.redis_transport import LEASE_MS, NO_FLOOR, Scripts
+
+BIG = 8
+
+
+def enqueue(s: Scripts, p: str, job_id: str, qos: int, prio: int = 0, *, divisor: float = 60.0, requeue: int = 0, expect: int = -1) -> int:
+    data = json.dumps({"type": "submit", "id": job_id, "request": {}, "qos": qos, "priority": prio})
+    return int(s.enqueue([p, job_id, qos, prio, divisor, data, "head", requeue, expect]))
+
+
+def pick(s: Scripts, p: str, n: int = 1, *, worker: str = "w1", caps: tuple[int, ...] = (BIG,) * 4, use: tuple[int, ...] = (0,) * 4, floor: int = NO_FLOOR, starvation_s: float = 0) -> list[str]:
+    reply = s.pick([p, worker, n, starvation_s, LEASE_MS, floor, *caps, *use])
+    return [reply[i].decode() for i in range(0, len(reply), 3)]
+
+
+@pytest.fixture
+def s(client: redis.Redis) -> Scripts:
+    return Scripts(client)
+
+
+def test_classes_in_order_whatever_the_arrival_order(s: Scripts, prefix: str) -> None:
+    for job_id, qos in [("bg", 3), ("agent", 2), ("chat", 0), ("fim", 1)]:
+        enqueue(s, prefix, job_id, qos)
+    assert pick(s, prefix, 4) == ["chat", "fim", "agent", "bg"]
+    assert pick(s, prefix, 1) == []
+
+
+def test_inside_a_class_priority_first_then_arrival(s: Scripts, prefix: str) -> None:
+    for job_id, prio in [("a", 0), ("b", 0), ("urgent", 100), ("batch", -100), ("c", 0)]:
+        enqueue(s, prefix, job_id, 2, prio)
+    assert pick(s, prefix, 5) == ["urgent", "a", "b", "c", "batch"]
+
+
+def test_aging_lifts_an_old_low_priority_job_over_a_new_higher_one(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    # divisor 1 s: a job that waited 120 s earns 120 points, more than priority 100
+    enqueue(s, prefix, "old", 2, 0, divisor=1.0)
+    ((member, score),) = client.zrange(prefix + "q:2", 0, 0, withscores=True)
+    client.zadd(prefix + "q:2", {member: score - 120.0})  # the score it has had it come 120 s ago
+    enqueue(s, prefix, "new", 2, 100, divisor=1.0)
+    enqueue(s, prefix, "recent", 2, 0, divisor=1.0)
+    assert pick(s, prefix, 1) == ["old"]
+    assert pick(s, prefix, 2) == ["new", "recent"]  # without the wait, priority decides
+
+
+def test_without_aging_priority_alone_decides(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "old", 2, 0, divisor=0)
+    enqueue(s, prefix, "new", 2, 1, divisor=0)
+    assert pick(s, prefix, 2) == ["new", "old"]
+
+
+def test_a_class_at_its_lane_cap_on_this_worker_is_skipped(s: Scripts, prefix: str) -> None:
+    enqueue(s, prefix, "chat", 0)
+    enqueue(s, prefix, "agent", 2)
+    # this worker already runs one interactive job and caps interactive at one lane
+    assert pick(s, prefix, 2, caps=(1, BIG, BIG, BIG), use=(1, 0, 0, 0)) == ["agent"]
+    assert pick(s, prefix, 1, worker="w2") == ["chat"]  # another worker is under its cap
+
+
+def test_starvation_aging_lifts_a_long_waiting_class(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "bg", 3)
+    client.hincrby(prefix + "job:bg", "arrival", -10_000)  # waited 10 s: three periods of 3 s
+    enqueue(s, prefix, "agent", 2)
+    assert pick(s, prefix, 1, starvation_s=3) == ["bg"]
+    enqueue(s, prefix, "bg2", 3)
+    assert pick(s, prefix, 2, starvation_s=3) == ["agent", "bg2"]
+
+
+def test_a_job_given_back_after_a_loss_goes_first_in_its_class(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "lost", 2)
+    assert pick(s, prefix, 1) == ["lost"]
+    enqueue(s, prefix, "waiting", 2, 100)
+    client.zadd(prefix + "leases", {"lost": 0})  # its lease ran out
+    assert int(s.reap([prefix, 100, 60])) == 1
+    epoch = int(client.hget(prefix + "job:lost", "epoch"))
+    assert enqueue(s, prefix, "lost", 2, requeue=1, expect=epoch) == epoch
+    assert pick(s, prefix, 2) == ["lost", "waiting"]
+
+
+def test_the_floor_takes_only_urgent_work_and_only_when_no_worker_has_a_free_lane(s: Scripts, prefix: str) -> None:
+    enqueue(s, prefix, "agent", 2)
+    enqueue(s, prefix, "chat", 0)
+    s.renew([prefix, "w2", LEASE_MS, 1])  # another worker has a free lane: it takes the chat
+    assert pick(s, prefix, 1, floor=3) == []
+    s.renew([prefix, "w2", LEASE_MS, 0])
+    assert pick(s, prefix, 1, floor=3) == ["chat"]
+    assert pick(s, prefix, 1, floor=3) == []  # an agent job never preempts
+
+
+def test_the_floor_never_preempts_a_class_as_urgent_as_the_newcomer(s: Scripts, prefix: str) -> None:
+    enqueue(s, prefix, "fim", 1)
+    assert pick(s, prefix, 1, floor=1) == []
+    assert pick(s, prefix, 1, floor=2) == ["fim"]
+
+
+def test_only_the_lease_holder_of_the_current_epoch_emits(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "j", 2)
+    reply = s.pick([prefix, "w1", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])
+    epoch = int(reply[1])
+    line = '{"type":"delta","id":"j","text":"a","tokens":1}'
+    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, line])) == 1
+    assert int(s.emit([prefix, "j", epoch, "w2", 0, 100, 60, line])) == 0  # not its job
+    client.zadd(prefix + "leases", {"j": 0})
+    s.reap([prefix, 100, 60])
+    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, line])) == 0  # lease lapsed: fenced
+    entries = client.xrange(prefix + "s:j")
+    assert [json.loads(f[b"m"])["type"] for _id, f in entries] == ["delta", "lost"]
+    # the next holder emits under the new epoch; its renew keeps the lease, the old one's does not
+    enqueue(s, prefix, "j", 2, requeue=1, expect=epoch + 1)
+    reply = s.pick([prefix, "w2", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])
+    assert int(reply[1]) == epoch + 2
+    assert [g.decode() for g in s.renew([prefix, "w1", LEASE_MS, 0, "j"])] == ["j"]
+    assert s.renew([prefix, "w2", LEASE_MS, 0, "j"]) == []
+
+
+def test_a_lost_job_is_given_back_once(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "j", 2)
+    pick(s, prefix, 1)
+    client.zadd(prefix + "leases", {"j": 0})
+    s.reap([prefix, 100, 60])
+    epoch = int(client.hget(prefix + "job:j", "epoch"))
+    assert enqueue(s, prefix, "j", 2, requeue=1, expect=epoch) == epoch
+    assert enqueue(s, prefix, "j", 2, requeue=1, expect=epoch) == -1  # no longer lost
+    assert enqueue(s, prefix, "other", 2) == 0 and enqueue(s, prefix, "other", 2) == -2  # duplicate id
+
+
+def test_cancel_takes_a_queued_job_out_and_tells_a_running_jobs_worker(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "queued", 2)
+    enqueue(s, prefix, "running", 0)
+    assert pick(s, prefix, 1) == ["running"]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(prefix + "w:w1")
+    assert s.cancel([prefix, "queued"]) == b""
+    assert s.cancel([prefix, "running"]) == b"w1"
+    message = None
+    for _ in range(50):
+        message = pubsub.get_message(timeout=0.1)
+        if message:
+            break
+    assert message is not None and message["data"] == b"cancel running"
+    assert pick(s, prefix, 2) == []
+    pubsub.close()
