@@ -21,6 +21,7 @@ from typing import Any
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, SamplingParams
+from scheduler.engines import chat as chat_format
 from scheduler.engines.base import Engine, EngineError
 from scheduler.link.protocol import error_dict
 
@@ -48,6 +49,9 @@ class JobContext:
     prompt_tokens: int  # the client's prompt, before any resume text
     resume_tokens: int = 0  # completion tokens delivered by an earlier worker
     pending_text: list[str] = field(default_factory=list)
+    logprobs: bool = False  # the request asked for logprobs
+    lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
 
 
 class EngineWorker:
@@ -154,7 +158,15 @@ class EngineWorker:
         engine = self.engine
         if request.get("endpoint") == "chat":
             try:
-                text = engine.render_chat(request["messages"])
+                features = getattr(engine, "features", frozenset())
+                messages, extra = chat_format.template_inputs(
+                    request["messages"],
+                    request.get("tools") if request.get("tool_choice") != "none" else None,
+                    getattr(engine, "chat_template", None),
+                    request.get("chat_template_kwargs"),
+                    native_ok="template_vars" in features,
+                )
+                text = engine.render_chat(messages, **extra) if extra else engine.render_chat(messages)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Rejected(400, f"The chat template rejected the messages: {exc}", "invalid_messages", "messages") from None
             own = engine.tokenize(text)
@@ -204,9 +216,7 @@ class EngineWorker:
                 param,
             )
         budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
-        sampling = SamplingParams(
-            **{k: request[k] for k in SamplingParams.__dataclass_fields__ if request.get(k) is not None}
-        )
+        sampling = self._sampling(request)
         qos = QosClass(int(message.get("qos", QosClass.AGENT)))
         job = Job(
             job_id=job_id,
@@ -221,7 +231,56 @@ class EngineWorker:
         if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
-        return job, JobContext(job_id, conn, stream, own_len, resume_tokens)
+        ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        return job, ctx
+
+    def _sampling(self, request: dict[str, Any]) -> SamplingParams:
+        """The request's sampler settings; a feature the engine lacks, a token id outside the
+        vocabulary or a constraint that does not compile is a 400 naming the parameter."""
+        from scheduler.engines import grammar as grammars
+
+        engine = self.engine
+        features = getattr(engine, "features", frozenset())
+
+        def need(feature: str, param: str) -> None:
+            if feature not in features:
+                raise Rejected(400, f"'{param}' is not supported by the {engine.name} engine.", "unsupported_parameter", param)
+
+        simple = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty")
+        kwargs: dict[str, Any] = {k: request[k] for k in simple if request.get(k) is not None}
+        if request.get("typical_p") not in (None, 1.0):
+            need("typical_p", "typical_p")
+            kwargs["typical_p"] = float(request["typical_p"])
+        if request.get("ignore_eos"):
+            need("ignore_eos", "ignore_eos")
+            kwargs["ignore_eos"] = True
+        bias = [(int(t), float(b)) for t, b in request.get("logit_bias") or []]
+        if bias:
+            need("logit_bias", "logit_bias")
+            vocab = getattr(engine, "vocab_size", None)
+            bad = [t for t, _ in bias if vocab is not None and not 0 <= t < vocab]
+            if bad:
+                raise Rejected(400, f"Invalid value for 'logit_bias': token id {bad[0]} is not in the vocabulary (0 to {vocab - 1}).", "invalid_value", "logit_bias")
+            kwargs["logit_bias"] = tuple(bias)
+        if request.get("logprobs") is not None:
+            need("logprobs", "logprobs")
+            kwargs["logprobs"] = int(request["logprobs"])
+        tools, choice = request.get("tools"), request.get("tool_choice", "auto")
+        param = "tool_choice"
+        try:
+            grammar = grammars.tool_grammar(tools or [], choice, bool(request.get("parallel_tool_calls", True))) if tools else None
+            if grammar is None:
+                param = "response_format"
+                grammar = grammars.response_grammar(request.get("response_format"))
+        except grammars.GrammarError as exc:
+            raise Rejected(400, f"Invalid value for '{param}': {exc}", "invalid_value", param) from None
+        if grammar is not None:
+            need("grammar", param)
+            problem = engine.check_grammar(grammar)  # type: ignore[attr-defined]
+            if problem:
+                raise Rejected(400, f"Invalid value for '{param}': the constraint does not compile ({problem}).", "invalid_value", param)
+            kwargs["grammar"] = grammar
+        return SamplingParams(**kwargs)
 
     # -- ticks -------------------------------------------------------------------------
 
@@ -264,11 +323,28 @@ class EngineWorker:
             return True
         self._replanned = False
         self.stats["tick_seconds_total"] += time.perf_counter() - started
+        if result.logprobs:
+            self._stash_logprobs(result.logprobs)
         self._process(self.scheduler.commit(result))
         self.metrics.on_tick(plan, result)
         active = sum(1 for j in self.scheduler.lanes if j is not None)
         self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
         return True
+
+    def _stash_logprobs(self, logprobs: dict[int, tuple[float, list[tuple[int, float]]]]) -> None:
+        """Queue each sampled token's logprobs on its job, to go out with the token's text."""
+        lanes = self.scheduler.lanes
+        for lane, (logprob, top) in logprobs.items():
+            job = lanes[lane] if 0 <= lane < len(lanes) else None
+            ctx = self.contexts.get(job.job_id) if job is not None else None
+            if ctx is not None and ctx.logprobs:
+                ctx.lp_queue.append({"logprob": logprob, "top": top})
+
+    def _logprob_entry(self, token: int, lp: dict[str, Any] | None) -> dict[str, Any]:
+        piece = self.engine.token_bytes
+        entry = {"token_id": token, "bytes": list(piece(token)), "logprob": lp["logprob"] if lp else None}
+        entry["top"] = [{"token_id": t, "bytes": list(piece(t)), "logprob": v} for t, v in (lp["top"] if lp else [])]
+        return entry
 
     def _fail_running(self, message: str) -> None:
         log.error("engine error, failing running jobs: %s", message)
@@ -290,6 +366,9 @@ class EngineWorker:
                 text = ctx.stream.push(event.token)
                 if text:
                     ctx.pending_text.append(text)
+                if ctx.logprobs and not ctx.stream.stopped:
+                    lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
+                    ctx.pending_logprobs.append(self._logprob_entry(event.token, lp))
                 if ctx.stream.stopped:
                     self.scheduler.finish(event.job_id, "stop")
             elif event.kind == "finished":
@@ -299,11 +378,19 @@ class EngineWorker:
         if followups:
             self._process(followups)
         for ctx in self.contexts.values():
-            if ctx.pending_text:
+            if ctx.pending_text or ctx.pending_logprobs:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 generated = len(job.output) if job else 0
-                ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": generated + ctx.resume_tokens})
-                ctx.pending_text.clear()
+                self._send_delta(ctx, generated + ctx.resume_tokens)
+
+    @staticmethod
+    def _send_delta(ctx: JobContext, tokens: int) -> None:
+        message: dict[str, Any] = {"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": tokens}
+        if ctx.pending_logprobs:
+            message["logprobs"] = list(ctx.pending_logprobs)  # optional: only when asked for
+            ctx.pending_logprobs.clear()
+        ctx.conn.queue(message)
+        ctx.pending_text.clear()
 
     def _finished(self, ctx: JobContext, event: Event) -> None:
         self.contexts.pop(ctx.job_id, None)
@@ -313,9 +400,8 @@ class EngineWorker:
         if tail:
             ctx.pending_text.append(tail)
         completion = len(job.output) + ctx.resume_tokens
-        if ctx.pending_text:
-            ctx.conn.queue({"ev": "delta", "id": ctx.job_id, "text": "".join(ctx.pending_text), "tokens": completion})
-            ctx.pending_text.clear()
+        if ctx.pending_text or ctx.pending_logprobs:
+            self._send_delta(ctx, completion)
         self.metrics.on_finished(job, event.reason)
         if event.reason == "error":
             return

@@ -30,7 +30,7 @@ from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
-from scheduler.management.options import add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
+from scheduler.management.options import add_api_arguments, add_engine_arguments, choose_engine, engine_argv, resolve_model, scheduler_config
 
 log = logging.getLogger("superfluid.serve")
 
@@ -114,6 +114,7 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("SUPERFLUID_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("SUPERFLUID_PORT", "8000")))
         add_engine_arguments(parser)
+        add_api_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
@@ -156,6 +157,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
+        settings.SUPERFLUID_STRICT_PARAMS = options["strict_params"]
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", "--socket", socket_path, *engine_argv(options, model)]
         supervisor = WorkerSupervisor(worker_cmd)
