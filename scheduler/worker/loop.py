@@ -102,6 +102,9 @@ class EngineWorker:
             "n_lanes": self.engine.n_lanes,
             "lane_ctx": self.engine.lane_ctx,
             "pid": os.getpid(),
+            # optional, for /v1/models' meta: where the engine knows them
+            "n_ctx_train": getattr(self.engine, "n_ctx_train", None),
+            "n_vocab": getattr(self.engine, "vocab_size", None),
         }
 
     def _on_message(self, message: dict[str, Any]) -> None:

