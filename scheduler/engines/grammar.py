@@ -12,6 +12,7 @@ written in the generic format of :mod:`scheduler.engines.chat`::
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -58,18 +59,25 @@ def _schema_rules(schema: Any, name: str) -> Any:
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
         conv.visit(resolved, name)
-    except (KeyError, ValueError, TypeError, AssertionError, NotImplementedError, RecursionError) as exc:
+    except Exception as exc:  # the converter trusts its input: any failure is the schema's
         raise GrammarError(f"the JSON Schema cannot be enforced: {exc}") from None
     return conv
 
 
 def schema_grammar(schema: Any) -> str:
-    """GBNF for JSON that fits ``schema`` (a JSON Schema object; ``{}`` is any JSON value)."""
+    """GBNF for JSON that fits ``schema`` (a JSON Schema object; ``{}`` is any JSON value).
+    Conversions are cached by the schema's text: agents send the same schema again and again,
+    and converting runs on the engine thread."""
     if schema in ({}, True):
         return JSON_OBJECT_GBNF.replace("root   ::= object", "root   ::= value")
     if not isinstance(schema, dict):
         raise GrammarError("the JSON Schema must be an object")
-    return _format(_schema_rules(schema, ""))
+    return _cached_schema_grammar(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_schema_grammar(schema_text: str) -> str:
+    return _format(_schema_rules(json.loads(schema_text), ""))
 
 
 def response_grammar(response_format: dict[str, Any] | None) -> str | None:
@@ -98,6 +106,18 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+    if choice in ("auto", "none") or not tools:
+        return None
+    return _cached_tool_grammar(json.dumps([tools, choice, parallel], sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_tool_grammar(key: str) -> str | None:
+    tools, choice, parallel = json.loads(key)
+    return _tool_grammar(tools, choice, parallel)
+
+
+def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
     """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
     ``auto``/``none`` (the model may then answer in text). A named function is called once;
     ``required`` with ``parallel`` allows up to MAX_PARALLEL_CALLS calls."""

@@ -726,3 +726,32 @@ def test_from_wire_fills_defaults_for_missing_optional_fields() -> None:
     assert GenerationRequest.from_wire({"endpoint": "completions", "model": "m", "prompt": "p"}) == (
         GenerationRequest(endpoint="completions", model="m", prompt="p")
     )
+
+
+# -- hostile bodies ----------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-300, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=10,
+)
+_KEYS = ["logit_bias", "tools", "tool_choice", "response_format", "logprobs", "top_logprobs", "stop", "ignore_eos",
+         "json_schema", "grammar", "n_predict", "typical_p", "chat_template_kwargs", "functions", "function_call",
+         "parallel_tool_calls", "guided_json", "top_k", "bogus"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), _values, max_size=4), st.booleans())
+def test_any_extension_body_parses_or_is_a_clean_400(extra: dict[str, Any], strict: bool) -> None:
+    body = {"model": "smollm2", "messages": USER, **extra}
+    try:
+        req = parse_chat_request(json.dumps(body).encode(), models=MODELS, strict=strict)
+    except ApiError as err:
+        assert err.status == 400 and err.param is not None
+        return
+    assert GenerationRequest.from_wire(json.loads(json.dumps(req.to_wire()))) == req
+    assert all(-100 <= b <= 100 for _, b in req.logit_bias)
+    assert req.logprobs is None or 0 <= req.logprobs <= 20
