@@ -77,7 +77,31 @@ def schema_grammar(schema: Any) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _cached_schema_grammar(schema_text: str) -> str:
-    return _format(_schema_rules(json.loads(schema_text), ""))
+    return _format(_schema_rules(_bounded_integers(json.loads(schema_text)), ""))
+
+
+MAX_INTEGER_ENUM = 1024
+
+
+def _bounded_integers(node: Any) -> Any:
+    """llama-cpp-python's converter ignores ``minimum``/``maximum``; an integer with both bounds
+    and at most MAX_INTEGER_ENUM values becomes the enum of them, which it does enforce."""
+    if isinstance(node, list):
+        return [_bounded_integers(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_integers(v) for k, v in node.items()}
+    lo, hi = out.get("minimum"), out.get("maximum")
+    if out.get("type") == "integer" and "enum" not in out and "const" not in out:
+        if isinstance(out.get("exclusiveMinimum"), int) and not isinstance(out.get("exclusiveMinimum"), bool):
+            lo = out["exclusiveMinimum"] + 1
+        if isinstance(out.get("exclusiveMaximum"), int) and not isinstance(out.get("exclusiveMaximum"), bool):
+            hi = out["exclusiveMaximum"] - 1
+        if all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in (lo, hi)):
+            first, last = int(-(-lo // 1)), int(hi // 1)
+            if 0 <= last - first < MAX_INTEGER_ENUM:
+                return {"enum": list(range(first, last + 1))}
+    return out
 
 
 def response_grammar(response_format: dict[str, Any] | None) -> str | None:

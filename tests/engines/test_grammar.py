@@ -73,3 +73,10 @@ def test_any_schema_converts_or_is_a_grammar_error(schema: Any) -> None:
         return
     assert "root ::=" in g or "root   ::=" in g
     json.dumps(schema)  # what came in was JSON: nothing was mutated into something else
+
+
+def test_integer_bounds_are_enforced_as_an_enum_when_the_range_is_small() -> None:
+    g = schema_grammar({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}}})
+    age = next(line for line in g.splitlines() if line.startswith("age ::="))
+    assert '"150"' in age and '"151"' not in age and '"-' not in age
+    assert schema_grammar({"type": "integer", "minimum": 5, "exclusiveMaximum": 8}).splitlines()[0] == 'root ::= "5" | "6" | "7"'
