@@ -36,6 +36,7 @@ from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
+    add_api_arguments,
     add_engine_arguments,
     add_web_arguments,
     apply_web_options,
@@ -230,6 +231,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("SUPERFLUID_PORT", "8000")))
         add_engine_arguments(parser)
         add_web_arguments(parser)
+        add_api_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
@@ -290,6 +292,8 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
         apply_web_options(options)
+        settings.SUPERFLUID_STRICT_PARAMS = options["strict_params"]
+        settings.SUPERFLUID_MODEL_PATH = str(model)  # /tokenize reads the vocabulary from it
 
         worker_cmd = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(options, model)]
         if socket_path:
