@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -136,7 +135,7 @@ class GenerationConsumer(StreamingConsumer):
     endpoint = "chat"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        return parse_chat_request(body, models=models)
+        return parse_chat_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
 
     async def handle(self, body: bytes) -> None:
         check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
@@ -159,6 +158,9 @@ class GenerationConsumer(StreamingConsumer):
             request = self.parse(body, pool.names())  # an id or an alias; else 404 model_not_found
             lane_ctx = pool.setup.ctx_sizes.get(pool.resolve(request.model) or "", 0)
         check_prompt_size(request, lane_ctx or 1 << 30)  # before any tokenising
+        self.ignored = request.ignored
+        if request.ignored:
+            log.info("request ignores parameters: %s", responses.ignored_params_value(request.ignored))
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         qos, priority = admission.qos, admission.priority
@@ -210,10 +212,16 @@ class GenerationConsumer(StreamingConsumer):
             link.finish(handle)
 
     def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
-        return [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
+        headers = [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
+        if getattr(self, "ignored", None):
+            headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(self.ignored).encode()))
+        return headers
+
+    def reply(self, request: GenerationRequest) -> responses.Reply:
+        return responses.Reply(self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs is not None)
 
     async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
-        rid, created, model = responses.new_id(self.endpoint), int(time.time()), request.model
+        reply = self.reply(request)
         pending: list[Any] = []
         if qos is QosClass.COMPLETION:
             # a completion may miss its start deadline while queued: wait for its first event so
@@ -225,53 +233,34 @@ class GenerationConsumer(StreamingConsumer):
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
         self.record.status = 200
-        if self.endpoint == "chat":
-            await self.send_body(responses.sse_event(responses.chat_chunk(rid, model, created, role="assistant", content="")), more_body=True)
+        for chunk in reply.first_chunks():
+            await self.send_body(responses.sse_event(chunk), more_body=True)
         while True:
             event = pending.pop(0) if pending else await handle.next_event()
             if isinstance(event, Delta):
-                if self.endpoint == "chat":
-                    chunk = responses.chat_chunk(rid, model, created, content=event.text)
-                else:
-                    chunk = responses.completion_chunk(rid, model, created, event.text)
-                await self.send_body(responses.sse_event(chunk), more_body=True)
+                frames = reply.delta_chunks(event)
+                if frames:
+                    await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
             elif isinstance(event, Done):
                 self.note_done(event)
-                reason = event.finish_reason
-                frames = []
-                if self.endpoint == "chat":
-                    frames.append(responses.chat_chunk(rid, model, created, finish_reason=reason))
-                else:
-                    frames.append(responses.completion_chunk(rid, model, created, "", finish_reason=reason))
-                if request.include_usage:
-                    usage = self.usage(event)
-                    if self.endpoint == "chat":
-                        frames.append(responses.chat_usage_chunk(rid, model, created, usage))
-                    else:
-                        frames.append(responses.completion_usage_chunk(rid, model, created, usage))
+                frames = reply.final_chunks(event, self.usage(event) if request.include_usage else None)
                 await self.send_body(b"".join(responses.sse_event(f) for f in frames) + responses.SSE_DONE)
                 return
             elif isinstance(event, (Error, Rejected)):
                 raise link_error(event)
 
     async def collect(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
-        parts: list[str] = []
+        reply = self.reply(request)
         while True:
             event = await handle.next_event()
             if isinstance(event, Delta):
-                parts.append(event.text)
+                reply.add(event)
             elif isinstance(event, (Error, Rejected)):
                 raise link_error(event)
             elif isinstance(event, Done):
                 self.note_done(event)
                 break
-        rid, created, text = responses.new_id(self.endpoint), int(time.time()), "".join(parts)
-        usage = self.usage(event)
-        if self.endpoint == "chat":
-            obj = responses.chat_completion(rid, request.model, created, text, event.finish_reason, usage)
-        else:
-            obj = responses.text_completion(rid, request.model, created, text, event.finish_reason, usage)
-        await self.send_json(200, obj, self.response_headers(handle, qos))
+        await self.send_json(200, reply.body(event, self.usage(event)), self.response_headers(handle, qos))
 
     def note_done(self, event: Done) -> None:
         self.record.finish_reason = event.finish_reason
@@ -297,4 +286,4 @@ class CompletionsConsumer(GenerationConsumer):
     endpoint = "completions"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        return parse_completion_request(body, models=models)
+        return parse_completion_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)

@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .errors import ApiError, method_not_allowed, not_found, server_error
 
-API_PREFIXES = ("/v1", "/health", "/slots", "/metrics")
+API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props")
 
 
 def is_api_path(path: str) -> bool:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, Literal
+
+from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
 
@@ -248,3 +250,250 @@ def model_object(
 def model_list(objs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The ``GET /v1/models`` body: ``{"object": "list", "data": [...]}``."""
     return {"object": "list", "data": list(objs)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Ignored parameters
+# ---------------------------------------------------------------------------------------------
+
+IGNORED_PARAMS_HEADER = "x-superfluid-ignored-params"
+_MAX_IGNORED_NAMED = 32
+
+
+def ignored_params_value(names: Iterable[str]) -> str:
+    """The ``x-superfluid-ignored-params`` value: the ignored parameter names, comma-separated.
+    A name is only echoed if it is a plain identifier (letters, digits, ``_.-``, at most 64
+    characters), so a hostile key can never inject into the header; others count as ``?``."""
+    out: list[str] = []
+    for name in names:
+        safe = 0 < len(name) <= 64 and all(c.isascii() and (c.isalnum() or c in "_.-") for c in name)
+        out.append(name if safe else "?")
+        if len(out) == _MAX_IGNORED_NAMED:
+            break
+    return ", ".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logprobs
+# ---------------------------------------------------------------------------------------------
+
+
+def _token_text(raw: list[int]) -> str:
+    return bytes(raw).decode("utf-8", "replace")
+
+
+def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat ``choices[].logprobs`` for the worker's per-token entries (``token_id``, ``bytes``,
+    ``logprob``, ``top``): one ``content`` item per completion token."""
+    return {
+        "content": [
+            {
+                "token": _token_text(e["bytes"]),
+                "logprob": e["logprob"],
+                "bytes": e["bytes"],
+                "top_logprobs": [
+                    {"token": _token_text(t["bytes"]), "logprob": t["logprob"], "bytes": t["bytes"]}
+                    for t in e["top"]
+                ],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
+    """Legacy completions ``choices[].logprobs``: parallel ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
+    first token's text starts in the choice's text so far."""
+    tokens = [_token_text(e["bytes"]) for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Tool calls
+# ---------------------------------------------------------------------------------------------
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool calls) of a reply written in the generic format
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that does not parse or
+    names no offered function stays in the content as text."""
+    calls: list[dict[str, Any]] = []
+    rest: list[str] = []
+    pos = 0
+    decoder = json.JSONDecoder()
+    while True:
+        start = text.find(TOOL_OPEN, pos)
+        if start < 0:
+            rest.append(text[pos:])
+            break
+        rest.append(text[pos:start])
+        body_at = start + len(TOOL_OPEN)
+        stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
+        try:
+            obj, end = decoder.raw_decode(text, body_at + stripped)
+        except ValueError:
+            rest.append(text[start:])
+            break
+        close = text.find(TOOL_CLOSE, end)
+        between = text[end:close] if close >= 0 else text[end:]
+        name = obj.get("name") if isinstance(obj, dict) else None
+        arguments = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
+        if close < 0 or between.strip() or name not in names or not isinstance(arguments, dict):
+            rest.append(text[start:])
+            break
+        calls.append(
+            {
+                "id": new_call_id(),
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+            }
+        )
+        pos = close + len(TOOL_CLOSE)
+    content = "".join(rest).strip()
+    return (content or None), calls
+
+
+class Reply:
+    """Builds one request's response from the worker's events: the streamed chunks or the final
+    body, with logprobs and, when the request offers tools, tool calls parsed out of the text.
+
+    In tool mode text is streamed until it might begin a ``<tool_call>`` block; from there it is
+    held, and at the end sent as ``tool_calls`` deltas (id, type and name first, then the
+    arguments), as OpenAI streams them, or as text if it was no call after all."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        model: str,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = "auto",
+        logprobs: bool = False,
+    ) -> None:
+        self.endpoint, self.model = endpoint, model
+        self.id, self.created = new_id(endpoint), int(time.time())
+        self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
+        self.want_logprobs = logprobs
+        self.text: list[str] = []  # everything generated
+        self.held = ""  # tool mode: text not yet streamed
+        self.streamed_chars = 0
+        self.logprobs: list[dict[str, Any]] = []
+
+    # -- streaming ------------------------------------------------------------------------
+
+    def first_chunks(self) -> list[dict[str, Any]]:
+        if self.endpoint == "chat":
+            return [chat_chunk(self.id, self.model, self.created, role="assistant", content="")]
+        return []
+
+    def delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
+        text = event.text
+        self.text.append(text)
+        entries = event.logprobs or []
+        if self.endpoint == "completions":
+            chunk = completion_chunk(self.id, self.model, self.created, text)
+            if self.want_logprobs:
+                chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.streamed_chars)
+            self.streamed_chars += len(text)
+            return [chunk] if text or entries else []
+        if self.tool_names:
+            text = self._release(text)
+        if not text and not entries:
+            return []
+        chunk = chat_chunk(self.id, self.model, self.created, content=text)
+        if self.want_logprobs:
+            chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
+        return [chunk]
+
+    def _release(self, text: str) -> str:
+        """Tool mode: the part of the held text that cannot be the start of a tool call."""
+        held = self.held + text
+        at = held.find(TOOL_OPEN)
+        if at < 0:
+            keep = 0
+            for n in range(min(len(TOOL_OPEN) - 1, len(held)), 0, -1):
+                if held.endswith(TOOL_OPEN[:n]):
+                    keep = n
+                    break
+            at = len(held) - keep
+        self.held = held[at:]
+        return held[:at]
+
+    def final_chunks(self, event: Done, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        reason = event.finish_reason
+        frames: list[dict[str, Any]] = []
+        if self.endpoint == "chat":
+            if self.tool_names and self.held:
+                content, calls = parse_tool_calls(self.held, self.tool_names)
+                if calls:
+                    if content:
+                        frames.append(chat_chunk(self.id, self.model, self.created, content=content))
+                    for i, call in enumerate(calls):
+                        head = {"index": i, "id": call["id"], "type": "function",
+                                "function": {"name": call["function"]["name"], "arguments": ""}}
+                        frames.append(self._tool_chunk(head))
+                        frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
+                    reason = "tool_calls" if reason == "stop" else reason
+                else:
+                    frames.append(chat_chunk(self.id, self.model, self.created, content=self.held))
+                self.held = ""
+            frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
+            if usage is not None:
+                frames.append(chat_usage_chunk(self.id, self.model, self.created, usage))
+        else:
+            frames.append(completion_chunk(self.id, self.model, self.created, "", finish_reason=reason))
+            if usage is not None:
+                frames.append(completion_usage_chunk(self.id, self.model, self.created, usage))
+        return frames
+
+    def _tool_chunk(self, call_delta: dict[str, Any]) -> dict[str, Any]:
+        chunk = chat_chunk(self.id, self.model, self.created)
+        chunk["choices"][0]["delta"] = {"tool_calls": [call_delta]}
+        return chunk
+
+    # -- not streamed ---------------------------------------------------------------------
+
+    def add(self, event: Delta) -> None:
+        self.text.append(event.text)
+        self.logprobs.extend(event.logprobs or [])
+
+    def body(self, event: Done, usage: dict[str, Any]) -> dict[str, Any]:
+        text, reason = "".join(self.text), event.finish_reason
+        if self.endpoint == "completions":
+            obj = text_completion(self.id, self.model, self.created, text, reason, usage)
+            if self.want_logprobs:
+                obj["choices"][0]["logprobs"] = completion_logprobs(self.logprobs)
+            return obj
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if self.tool_names:
+            content, calls = parse_tool_calls(text, self.tool_names)
+            if calls and reason == "stop":
+                reason = "tool_calls"
+            elif not calls:
+                content = text
+        obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
+        message = obj["choices"][0]["message"]
+        if calls:
+            message["content"] = content
+            message["tool_calls"] = calls
+        if self.want_logprobs:
+            obj["choices"][0]["logprobs"] = chat_logprobs(self.logprobs)
+        return obj

@@ -9,9 +9,12 @@ Conventions, following OpenAI's API:
 
 * A JSON ``null`` for an optional parameter means "absent" (SDKs send ``null`` for unset fields).
 * Booleans are not numbers, and integers must be JSON integers (``5.0`` is not an integer).
-* Parameters OpenAI defines but we cannot honour are rejected with ``unsupported_parameter`` /
-  ``unsupported_value`` rather than silently ignored, unless ignoring them cannot change the
-  output (``user``, ``metadata``, ...).
+* Parameters that llama-server or vLLM take are accepted; those that mean something here are
+  honoured (``ignore_eos``, ``repetition_penalty``, ``typical_p``, ``logit_bias``, ``grammar``,
+  ``json_schema``, ...). Anything else is ignored and listed in ``GenerationRequest.ignored``
+  (the response names it in ``x-superfluid-ignored-params``), unless ``strict=True``
+  (``--strict-params``): then it is a 400 ``unknown_parameter``, as OpenAI answers.
+* A parameter we know is still checked for its type: a wrong type is a 400 in either mode.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ INVALID_JSON_MESSAGE = (
 )
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
-MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCES = 16
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries in one logit_bias
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
@@ -57,8 +62,21 @@ _COMMON_KEYS = frozenset(
         "user",
         "logit_bias",
         "cache_prompt",
+        # llama-server / vLLM extensions that are honoured
+        "ignore_eos",
+        "repetition_penalty",
+        "typical_p",
+        "n_predict",
+        "grammar",
+        "json_schema",
+        "guided_json",
+        "response_format",
     }
 )
+# Parameters llama-server or vLLM take that change nothing here (or cannot be honoured): accepted
+# in either mode without a type check and named in ``ignored``; with ``strict`` they are unknown.
+# (Anything not listed anywhere is treated the same way.)
+_HARMLESS_KEYS = frozenset({"user", "metadata", "store", "service_tier", "cache_prompt", "stream_options"})
 _CHAT_KEYS = _COMMON_KEYS | {
     "messages",
     "max_completion_tokens",
@@ -69,7 +87,7 @@ _CHAT_KEYS = _COMMON_KEYS | {
     "functions",
     "function_call",
     "parallel_tool_calls",
-    "response_format",
+    "chat_template_kwargs",
     "metadata",
     "store",
     "service_tier",
@@ -101,7 +119,7 @@ class GenerationRequest:
 
     endpoint: Endpoint
     model: str
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     suffix: str | None = None
     max_tokens: int | None = None
@@ -117,6 +135,20 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
+    # -- llama-server / vLLM extensions and structured output (all optional) -----------------
+    logit_bias: list[list[float]] = field(default_factory=list)  # [[token id, bias], ...]
+    ignore_eos: bool = False
+    typical_p: float = 1.0
+    # None: no logprobs; k >= 0: the chosen token's logprob plus the top k alternatives
+    logprobs: int | None = None
+    # {"type": "json_object"} | {"type": "json_schema", "schema": {...}, "strict": bool}
+    # | {"type": "grammar", "grammar": "<GBNF>"}; None for free text
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # [{"name", "description", "parameters"}, ...]
+    tool_choice: str | dict[str, Any] = "auto"  # "none" | "auto" | "required" | {"name": ...}
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
         """The sampling fields, keyed exactly like ``scheduler.core.types.SamplingParams`` so that
@@ -130,6 +162,10 @@ class GenerationRequest:
             "repeat_penalty": self.repeat_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
+            "typical_p": self.typical_p,
+            "ignore_eos": self.ignore_eos,
+            "logit_bias": tuple((int(t), float(b)) for t, b in self.logit_bias),
+            "logprobs": self.logprobs,
         }
 
     def to_wire(self) -> dict[str, Any]:
@@ -141,6 +177,8 @@ class GenerationRequest:
         if isinstance(self.prompt, list):
             out["prompt"] = list(self.prompt)
         out["stop"] = list(self.stop)
+        out["logit_bias"] = [list(p) for p in self.logit_bias]
+        out["ignored"] = list(self.ignored)
         return out
 
 
@@ -149,7 +187,7 @@ class GenerationRequest:
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_chat_request(raw: bytes, *, models: Collection[str]) -> GenerationRequest:
+def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> GenerationRequest:
     """Validate a ``POST /v1/chat/completions`` body and return the request.
 
     ``raw`` is the HTTP body; ``models`` the model ids being served. Raises :class:`ApiError`
@@ -158,7 +196,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str]) -> GenerationRequ
     """
     body = _load_object(raw)
     model = _parse_model(body, models)
-    _reject_unknown_keys(body, _CHAT_KEYS)
+    ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body)
     _check_chat_unsupported(body)
     max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
@@ -178,39 +216,47 @@ def parse_chat_request(raw: bytes, *, models: Collection[str]) -> GenerationRequ
         model=model,
         messages=messages,
         max_tokens=max_completion if max_completion is not None else max_tokens,
+        ignored=ignored,
     )
     _parse_common(body, req)
+    _parse_chat_logprobs(body, req)
+    _parse_tools(body, req)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise _invalid_type("chat_template_kwargs", "an object")
+    req.chat_template_kwargs = kwargs or None
     return req
 
 
-def parse_completion_request(raw: bytes, *, models: Collection[str]) -> GenerationRequest:
+def parse_completion_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> GenerationRequest:
     """Validate a ``POST /v1/completions`` body and return the request.
 
     Same contract as :func:`parse_chat_request`. ``prompt`` may be a string, a list of one
     string, a list of token ids, or a list of one list of token ids; several prompts (batching)
-    are rejected. ``suffix`` is kept for fill-in-the-middle; ``echo``, ``best_of`` > 1 and
-    ``logprobs`` are unsupported.
+    are rejected. ``suffix`` is kept for fill-in-the-middle; ``echo`` and ``best_of`` > 1 are
+    unsupported; ``logprobs`` (0-20) asks for that many alternatives per token.
     """
     body = _load_object(raw)
     model = _parse_model(body, models)
-    _reject_unknown_keys(body, _COMPLETION_KEYS)
+    ignored = _unknown_keys(body, _COMPLETION_KEYS, strict)
     prompt = _parse_prompt(body)
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise _invalid_type("suffix", "a string")
     _must_be(body, "echo", lambda v: v is False, "false (echo is not supported)")
     _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
-    _must_be(
-        body, "logprobs", lambda v: _is_int(v) and v == 0, "null or 0 (logprobs are not supported)"
-    )
     req = GenerationRequest(
         endpoint="completions",
         model=model,
         prompt=prompt,
         suffix=suffix,
         max_tokens=_opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1"),
+        ignored=ignored,
     )
     _parse_common(body, req)
+    req.logprobs = _opt_int(
+        body, "logprobs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}"
+    )
     return req
 
 
@@ -299,14 +345,18 @@ def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:
     return model
 
 
-def _reject_unknown_keys(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    for key in body:
-        if key not in allowed:
-            raise invalid_request(
-                f"Unrecognized request argument supplied: {key}",
-                param=key,
-                code="unknown_parameter",
-            )
+def _unknown_keys(body: Mapping[str, Any], allowed: frozenset[str], strict: bool) -> list[str]:
+    """The keys of ``body`` this endpoint does not know, in body order; with ``strict`` the first
+    one is a 400 ``unknown_parameter`` instead."""
+    unknown = [key for key in body if key not in allowed]
+    if strict and unknown:
+        key = unknown[0]
+        raise invalid_request(
+            f"Unrecognized request argument supplied: {key}",
+            param=key,
+            code="unknown_parameter",
+        )
+    return unknown
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +364,7 @@ def _reject_unknown_keys(body: Mapping[str, Any], allowed: frozenset[str]) -> No
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if messages is None:
         raise _missing("messages")
@@ -329,7 +379,7 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     return [_parse_message(m, i) for i, m in enumerate(messages)]
 
 
-def _parse_message(msg: Any, i: int) -> dict[str, str]:
+def _parse_message(msg: Any, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise _invalid_type(where, "an object")
@@ -347,20 +397,55 @@ def _parse_message(msg: Any, i: int) -> dict[str, str]:
         raise _invalid_value(
             f"{where}.role", "one of 'system', 'user', 'assistant', 'developer', 'tool'"
         )
-    # Tool calls cannot be rendered faithfully without tool support; dropping them would change
-    # what the model sees, so refuse. Empty/null values are what SDKs echo back and are harmless.
-    for key in ("tool_calls", "function_call"):
-        if msg.get(key):
-            raise invalid_request(
-                f"'{where}.{key}' is not supported: this server does not support tool calling.",
-                param=f"{where}.{key}",
-                code="unsupported_parameter",
-            )
     for key in ("name", "refusal", "tool_call_id"):
         if msg.get(key) is not None and not isinstance(msg[key], str):
             raise _invalid_type(f"{where}.{key}", "a string")
-    content = _parse_content(msg.get("content"), role, f"{where}.content")
-    return {"role": "system" if role == "developer" else role, "content": content}
+    calls = _parse_message_tool_calls(msg, role, where)
+    content = _parse_content(msg.get("content"), "assistant" if calls else role, f"{where}.content")
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
+    if calls:
+        out["tool_calls"] = calls
+    if role == "tool" and msg.get("tool_call_id") is not None:
+        out["tool_call_id"] = msg["tool_call_id"]
+    if role == "tool" and msg.get("name") is not None:
+        out["name"] = msg["name"]
+    return out
+
+
+def _parse_message_tool_calls(msg: Mapping[str, Any], role: str, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's earlier tool calls (``tool_calls``, or the legacy ``function_call``),
+    normalised to ``[{"id", "type": "function", "function": {"name", "arguments": str}}]``."""
+    calls = msg.get("tool_calls")
+    legacy = msg.get("function_call")
+    if not calls and not legacy:
+        return []  # empty/null values are what SDKs echo back and are harmless
+    key = "tool_calls" if calls else "function_call"
+    if role != "assistant":
+        raise _invalid_value(f"{where}.{key}", "no tool calls on a message whose role is not 'assistant'")
+    if legacy and not calls:
+        calls = [{"id": "call_0", "type": "function", "function": legacy}]
+    if not isinstance(calls, list):
+        raise _invalid_type(f"{where}.tool_calls", "an array of tool calls")
+    out = []
+    for j, call in enumerate(calls):
+        cw = f"{where}.tool_calls[{j}]"
+        if not isinstance(call, dict):
+            raise _invalid_type(cw, "a tool call object")
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            raise _missing(f"{cw}.function")
+        name, arguments = fn.get("name"), fn.get("arguments", "{}")
+        if not isinstance(name, str) or not name:
+            raise _invalid_type(f"{cw}.function.name", "a non-empty string")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments)
+        if not isinstance(arguments, str):
+            raise _invalid_type(f"{cw}.function.arguments", "a string of JSON")
+        call_id = call.get("id") or f"call_{j}"
+        if not isinstance(call_id, str):
+            raise _invalid_type(f"{cw}.id", "a string")
+        out.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
 
 
 def _parse_content(content: Any, role: str, where: str) -> str:
@@ -401,27 +486,6 @@ def _parse_content(content: Any, role: str, where: str) -> str:
 
 
 def _check_chat_unsupported(body: Mapping[str, Any]) -> None:
-    # Empty/"none" forms are what generic clients send by default; they ask for nothing.
-    for key in ("tools", "functions"):
-        value = body.get(key)
-        if value is not None and value != []:
-            raise _unsupported_parameter(key, "this server does not support tool calling")
-    for key in ("tool_choice", "function_call"):
-        value = body.get(key)
-        if value is not None and value != "none":
-            raise _unsupported_parameter(key, "this server does not support tool calling")
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise _invalid_type("parallel_tool_calls", "a boolean")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise _unsupported_parameter(
-            "response_format", "only {\"type\": \"text\"} is supported"
-        )
-    _must_be(body, "logprobs", lambda v: v is False, "false or null (logprobs are not supported)")
-    _must_be(
-        body, "top_logprobs", lambda v: _is_int(v) and v == 0, "null (logprobs are not supported)"
-    )
     metadata = body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise _invalid_type("metadata", "an object")
@@ -431,6 +495,150 @@ def _check_chat_unsupported(body: Mapping[str, Any]) -> None:
     tier = body.get("service_tier")
     if tier is not None and not isinstance(tier, str):
         raise _invalid_type("service_tier", "a string")
+
+
+def _parse_chat_logprobs(body: Mapping[str, Any], req: GenerationRequest) -> None:
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise _invalid_type("logprobs", "a boolean")
+    top = _opt_int(
+        body, "top_logprobs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}"
+    )
+    if top is not None and not wanted:
+        raise invalid_request(
+            "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is given.",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    req.logprobs = (top or 0) if wanted else None
+
+
+def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
+    """``tools``/``tool_choice`` (or the legacy ``functions``/``function_call``)."""
+    tools_key = "tools" if body.get("tools") is not None else "functions"
+    raw = body.get(tools_key)
+    tools: list[dict[str, Any]] = []
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise _invalid_type(tools_key, "an array of tools")
+        for j, tool in enumerate(raw):
+            where = f"{tools_key}[{j}]"
+            if not isinstance(tool, dict):
+                raise _invalid_type(where, "a tool object")
+            if tools_key == "tools":
+                if tool.get("type", "function") != "function":
+                    raise _invalid_value(f"{where}.type", "'function'")
+                fn = tool.get("function")
+                where = f"{where}.function"
+            else:
+                fn = tool
+            if not isinstance(fn, dict):
+                raise _missing(where)
+            name = fn.get("name")
+            if not isinstance(name, str) or not name:
+                raise _invalid_type(f"{where}.name", "a non-empty string")
+            params = fn.get("parameters")
+            if params is None:
+                params = {"type": "object", "properties": {}}
+            if not isinstance(params, dict):
+                raise _invalid_type(f"{where}.parameters", "a JSON Schema object")
+            description = fn.get("description")
+            if description is not None and not isinstance(description, str):
+                raise _invalid_type(f"{where}.description", "a string")
+            tools.append({"name": name, "description": description or "", "parameters": params})
+    choice_key = "tool_choice" if body.get("tool_choice") is not None else "function_call"
+    choice = body.get(choice_key)
+    names = {t["name"] for t in tools}
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise _invalid_value(choice_key, "'none', 'auto', 'required' or a named function")
+    elif isinstance(choice, dict):
+        fn = choice.get("function") if choice_key == "tool_choice" else choice
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise _missing(f"{choice_key}.function.name" if choice_key == "tool_choice" else f"{choice_key}.name")
+        if name not in names:
+            raise invalid_request(
+                f"Invalid value for '{choice_key}': no function named '{name}' in '{tools_key}'.",
+                param=choice_key,
+                code="invalid_value",
+            )
+        choice = {"name": name}
+    else:
+        raise _invalid_type(choice_key, "a string or an object")
+    if choice != "none" and choice != "auto" and not tools:
+        raise invalid_request(
+            f"Invalid value for '{choice_key}': it needs 'tools'.", param=choice_key, code="invalid_value"
+        )
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _invalid_type("parallel_tool_calls", "a boolean")
+    if tools and req.response_format is not None and choice != "none":
+        raise invalid_request(
+            "'response_format' and 'tools' cannot both constrain a reply; send one or set "
+            "'tool_choice' to 'none'.",
+            param="response_format",
+            code="invalid_value",
+        )
+    req.tools = tools or None
+    req.tool_choice = choice
+    req.parallel_tool_calls = parallel is not False
+
+
+def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``response_format`` (OpenAI and vLLM), or llama-server's top-level ``json_schema`` /
+    ``grammar`` and vLLM's ``guided_json``, as one normalised constraint (None: free text)."""
+    found = [k for k in ("response_format", "json_schema", "guided_json", "grammar") if body.get(k) is not None]
+    if len(found) > 1:
+        raise invalid_request(
+            f"Only one of {', '.join(repr(k) for k in found)} may be given.",
+            param=found[1],
+            code="invalid_value",
+        )
+    if not found:
+        return None
+    key = found[0]
+    value = body[key]
+    if key == "grammar":
+        if not isinstance(value, str) or not value.strip():
+            raise _invalid_type("grammar", "a non-empty GBNF grammar string")
+        return {"type": "grammar", "grammar": value}
+    if key in ("json_schema", "guided_json"):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise _invalid_value(key, "a JSON Schema object") from None
+        if not isinstance(value, dict):
+            raise _invalid_type(key, "a JSON Schema object")
+        return {"type": "json_schema", "schema": value, "strict": True}
+    if not isinstance(value, dict):
+        raise _invalid_type("response_format", "an object")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _missing("response_format.json_schema")
+        name = spec.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _invalid_type("response_format.json_schema.name", "a string")
+        schema = spec.get("schema")
+        if schema is None:
+            schema = {}
+        if not isinstance(schema, (dict, bool)):
+            raise _invalid_type("response_format.json_schema.schema", "a JSON Schema object")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise _invalid_type("response_format.json_schema.strict", "a boolean")
+        # the grammar enforces the schema whether or not ``strict`` is set
+        return {"type": "json_schema", "schema": schema if schema is not True else {}, "strict": bool(strict)}
+    raise _invalid_value("response_format.type", "'text', 'json_object' or 'json_schema'")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,10 +697,14 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
     req.top_p = _opt_number(
         body, "top_p", 0.0, 1.0, req.top_p, "a number greater than 0 and at most 1", lo_open=True
     )
-    top_k = _opt_int(body, "top_k", 0, None, "an integer greater than or equal to 0")
+    # vLLM spells "no top-k" -1; llama-server 0
+    top_k = _opt_int(body, "top_k", -1, None, "an integer greater than or equal to -1")
     if top_k is not None:
-        req.top_k = top_k
+        req.top_k = max(0, top_k)
     req.min_p = _opt_number(body, "min_p", 0.0, 1.0, req.min_p, "a number between 0 and 1")
+    req.typical_p = _opt_number(
+        body, "typical_p", 0.0, 1.0, req.typical_p, "a number greater than 0 and at most 1", lo_open=True
+    )
     req.seed = _opt_int(body, "seed", _INT64_MIN, _INT64_MAX, "a 64-bit integer")
     req.presence_penalty = _opt_number(
         body, "presence_penalty", -2.0, 2.0, req.presence_penalty, "a number between -2 and 2"
@@ -500,15 +712,21 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
     req.frequency_penalty = _opt_number(
         body, "frequency_penalty", -2.0, 2.0, req.frequency_penalty, "a number between -2 and 2"
     )
-    req.repeat_penalty = _opt_number(
-        body,
-        "repeat_penalty",
-        0.0,
-        None,
-        req.repeat_penalty,
-        "a number greater than 0",
-        lo_open=True,
-    )
+    for name in ("repeat_penalty", "repetition_penalty"):  # llama-server's name, vLLM's name
+        req.repeat_penalty = _opt_number(
+            body, name, 0.0, None, req.repeat_penalty, "a number greater than 0", lo_open=True
+        )
+    if req.max_tokens is None:
+        # llama-server's n_predict; -1 (or any negative) means "until the context is full"
+        n_predict = _opt_int(body, "n_predict", None, None, "an integer")
+        if n_predict is not None and n_predict > 0:
+            req.max_tokens = n_predict
+    else:
+        _opt_int(body, "n_predict", None, None, "an integer")
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise _invalid_type("ignore_eos", "a boolean")
+    req.ignore_eos = bool(ignore_eos)
     req.stop = _parse_stop(body)
     _must_be(body, "n", lambda v: _is_int(v) and v == 1, "1 (several choices are not supported)")
     stream = body.get("stream")
@@ -520,14 +738,43 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
     if user is not None and not isinstance(user, str):
         raise _invalid_type("user", "a string")
     req.user = user
-    bias = body.get("logit_bias")
-    if bias is not None and bias != {}:
-        if not isinstance(bias, dict):
-            raise _invalid_type("logit_bias", "an object")
-        raise _unsupported_parameter("logit_bias", "only an empty object is supported")
+    req.logit_bias = _parse_logit_bias(body)
     cache_prompt = body.get("cache_prompt")
     if cache_prompt is not None and not isinstance(cache_prompt, bool):
         raise _invalid_type("cache_prompt", "a boolean")
+    req.response_format = _parse_response_format(body)
+
+
+def _parse_logit_bias(body: Mapping[str, Any]) -> list[list[float]]:
+    """OpenAI's ``{"token id": bias}`` (bias -100..100; -100 bans the token) or llama-server's
+    ``[[token id, bias], ...]`` (a bias of ``false`` bans). Out-of-vocabulary ids are the
+    worker's to reject: it knows the vocabulary."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return []
+    expected = "an object mapping token ids to numbers between -100 and 100"
+    if isinstance(bias, dict):
+        pairs = list(bias.items())
+    elif isinstance(bias, list) and all(isinstance(p, list) and len(p) == 2 for p in bias):
+        pairs = [(p[0], p[1]) for p in bias]
+    else:
+        raise _invalid_type("logit_bias", expected)
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise _invalid_value("logit_bias", f"at most {MAX_LOGIT_BIAS} entries")
+    out: list[list[float]] = []
+    for key, value in pairs:
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 12:
+            token = int(key)
+        elif _is_int(key) and 0 <= key < 2**31:
+            token = int(key)
+        else:
+            raise _invalid_value("logit_bias", f"{expected} (token id {str(key)[:20]!r})")
+        if value is False:
+            value = -100
+        if not _is_number(value) or not -100 <= value <= 100:
+            raise _invalid_value("logit_bias", expected)
+        out.append([token, float(value)])
+    return out
 
 
 def _parse_stop(body: Mapping[str, Any]) -> list[str]:

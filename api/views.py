@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ from scheduler.link.transport import Transport
 from . import responses
 from .admission import key_required
 from .edge import error_response
-from .errors import method_not_allowed, model_not_found, not_found
+from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found
 
 _STARTED = int(time.time())
 
@@ -46,12 +48,28 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
     return {name: obj for name, obj in out.items() if name in allowed}
 
 
+def _model_extra() -> dict[str, Any]:
+    """``context_length`` (tokens one request may use: a lane's context) and llama-server's
+    ``meta`` (``n_ctx_train``, ``n_vocab``) where the worker said them."""
+    hello = get_link().hello
+    extra: dict[str, Any] = {}
+    if hello is None:
+        return extra
+    if hello.lane_ctx:
+        extra["context_length"] = hello.lane_ctx
+    meta = {k: v for k, v in (("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab)) if v}
+    if meta:
+        extra["meta"] = meta
+    return extra
+
+
 @key_required()
 async def models(request: HttpRequest) -> JsonResponse:
     pool = get_pool()
     if pool is not None:
         return JsonResponse(responses.model_list(_pool_objects(pool, request).values()))
-    objs = [responses.model_object(m, _STARTED) for m in _allowed(request, await _served_models())]
+    extra = _model_extra()
+    objs = [responses.model_object(m, _STARTED, **extra) for m in _allowed(request, await _served_models())]
     return JsonResponse(responses.model_list(objs))
 
 
@@ -63,7 +81,109 @@ async def model_detail(request: HttpRequest, model_id: str) -> JsonResponse:
         return JsonResponse(found) if found is not None else error_response(model_not_found(model_id))
     if model_id not in _allowed(request, await _served_models()):
         return error_response(model_not_found(model_id))
-    return JsonResponse(responses.model_object(model_id, _STARTED))
+    return JsonResponse(responses.model_object(model_id, _STARTED, **_model_extra()))
+
+
+# -- llama-server's /tokenize, /detokenize and /props --------------------------------------
+
+
+def _json_body(request: HttpRequest) -> dict[str, Any]:
+    # the method is checked by edge.api_route(("POST",)) in urls.py
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise invalid_request("We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    return body
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid_request(f"Invalid value for '{name}': expected a boolean.", param=name, code="invalid_type")
+    return value
+
+
+async def _vocab() -> Any:
+    from .tokenizer import vocab_for
+
+    path = getattr(settings, "SUPERFLUID_MODEL_PATH", "")
+    if not path:
+        from scheduler.engines.models import default_model_path
+
+        path = str(default_model_path())
+    return await asyncio.to_thread(vocab_for, path)
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text as llama-server gives it: a string, or its bytes when not valid UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+@key_required()
+async def tokenize(request: HttpRequest) -> JsonResponse:
+    """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
+    -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers."""
+    try:
+        body = _json_body(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise invalid_request("Invalid value for 'content': expected a string.", param="content", code="invalid_type")
+        add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
+        with_pieces = _flag(body, "with_pieces", False)
+    except ApiError as exc:
+        return error_response(exc)
+    vocab = await _vocab()
+    tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special)
+    if with_pieces:
+        return JsonResponse({"tokens": [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens]})
+    return JsonResponse({"tokens": tokens})
+
+
+@key_required()
+async def detokenize(request: HttpRequest) -> JsonResponse:
+    """``{"tokens": [ids]}`` -> ``{"content": str}``."""
+    from .tokenizer import detokenize as text_of
+
+    try:
+        body = _json_body(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise invalid_request("Invalid value for 'tokens': expected an array of token ids.", param="tokens", code="invalid_type")
+        vocab = await _vocab()
+        if any(not 0 <= t < vocab.n_vocab for t in tokens):
+            raise invalid_request(f"Invalid value for 'tokens': token ids must be between 0 and {vocab.n_vocab - 1}.", param="tokens", code="invalid_value")
+    except ApiError as exc:
+        return error_response(exc)
+    return JsonResponse({"content": text_of(vocab, tokens)})
+
+
+@key_required()
+async def props(request: HttpRequest) -> JsonResponse:
+    """llama-server's ``/props``: the served model, its context per request, the lanes."""
+    models = await _served_models()
+    hello = get_link().hello
+    return JsonResponse(
+        {
+            "model_alias": models[0] if models else None,
+            "model_path": getattr(settings, "SUPERFLUID_MODEL_PATH", "") or None,
+            "total_slots": hello.n_lanes if hello else None,
+            "default_generation_settings": {
+                "n_ctx": hello.lane_ctx if hello else None,
+                "params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
+                           "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+            },
+            "engine": hello.engine if hello else None,
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "superfluid",
+        }
+    )
 
 
 async def health(request: HttpRequest) -> JsonResponse:

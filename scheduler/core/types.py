@@ -31,6 +31,11 @@ class SamplingParams:
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    typical_p: float = 1.0
+    ignore_eos: bool = False  # end-of-generation tokens are banned: run to max_tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -100 bans
+    grammar: str | None = None  # GBNF the output must match (root rule ``root``)
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
 
 
 class JobState(enum.Enum):
@@ -154,6 +159,9 @@ class TickResult:
     fed: dict[int, int] = field(default_factory=dict)  # lane -> tokens consumed
     sampled: dict[int, int] = field(default_factory=dict)  # lane -> token id
     eog: set[int] = field(default_factory=set)  # lanes whose sampled token ends generation
+    # lane -> (logprob of the sampled token, [(token, logprob), ...] top alternatives), for
+    # lanes whose sampling asks for logprobs
+    logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
     parked: dict[str, Any] = field(default_factory=dict)  # job_id -> artifact
     evicted: dict[int, Any] = field(default_factory=dict)  # prefix entry key -> host artifact
     elapsed_s: float = 0.0

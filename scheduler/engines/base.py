@@ -40,8 +40,31 @@ class Engine(Protocol):
     n_lanes: int  # lanes (sequence ids) the engine was built with
     lane_ctx: int  # context tokens per lane
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The model's chat template applied to OpenAI-style messages, generation prompt added."""
+    def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
+        """The model's chat template applied to OpenAI-style messages, generation prompt added;
+        ``extra`` are more template variables (``tools``, chat_template_kwargs), passed only
+        when the engine has the ``template_vars`` feature."""
+        ...
+
+    @property
+    def features(self) -> frozenset[str]:
+        """Request features beyond the basic sampler chain that the engine honours:
+        ``logit_bias``, ``ignore_eos``, ``typical_p``, ``grammar``, ``logprobs``,
+        ``template_vars``. A request needing one the engine lacks is refused with a 400."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own chat template source, if it has one."""
+        ...
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        """The context the model was trained with, where the engine knows it (/v1/models' meta)."""
+        ...
+
+    def check_grammar(self, grammar: str) -> str | None:
+        """Why the GBNF grammar does not compile for this engine; None if it does."""
         ...
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
@@ -114,6 +137,12 @@ class TickPrimitives(Protocol):
         ...
 
     def is_eog(self, token: int) -> bool: ...
+
+    def take_logprobs(self) -> Mapping[int, tuple[float, list[tuple[int, float]]]]:
+        """For the lanes of the last ``forward`` whose sampler asks for logprobs: (logprob of the
+        sampled token, [(token, logprob), ...] top alternatives); the engine computes them in
+        ``forward`` and forgets them here. Empty for an engine without the logprobs feature."""
+        ...
 
 
 class Piece(NamedTuple):
@@ -234,6 +263,7 @@ def run_tick(
                 result.sampled[lane] = token
                 if engine.is_eog(token):
                     result.eog.add(lane)
+            result.logprobs.update(engine.take_logprobs())
             if not step.last and should_stop():
                 result.stopped_early = True
                 break

@@ -3,6 +3,7 @@ server and Hugging Face tokenizers render them."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -39,7 +40,7 @@ def compile_chat_template(source: str | None) -> Any:
         raise EngineError(f"the model's chat template does not compile: {exc}", permanent=True) from exc
 
 
-def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str) -> str:
+def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str, **extra: Any) -> str:
     """``messages`` through ``template`` with the generation prompt added. Template errors
     (``raise_exception``, or messages the template cannot handle) surface as ``ValueError``:
     they are the request's fault as far as a client is told."""
@@ -52,7 +53,104 @@ def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_t
                 add_generation_prompt=True,
                 bos_token=bos_token,
                 eos_token=eos_token,
+                **extra,
             )
         )
-    except jinja2.TemplateError as exc:
+    except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
+
+
+# -- tools ----------------------------------------------------------------------------------
+# Templates that know tools (they read a ``tools`` variable) get them as Hugging Face templates
+# expect; any other template sees the generic format below: the tools listed in the system
+# message, earlier calls written as the model is told to write them, results as user turns.
+
+# Variables a request's chat_template_kwargs may not override.
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"})
+
+TOOL_PROMPT = (
+    "You may call functions to answer. The functions are listed in <tools></tools> as JSON "
+    "Schemas:\n<tools>\n{tools}\n</tools>\nTo call a function, reply with a JSON object holding "
+    "its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def template_knows_tools(source: str | None) -> bool:
+    return bool(source) and "tools" in str(source)
+
+
+def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": dict(tool)}
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    fn = call["function"]
+    try:
+        arguments = json.loads(fn["arguments"])
+    except ValueError:
+        arguments = fn["arguments"]
+    return "<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """``messages`` as plain ``{"role", "content"}`` turns any template renders: the tools (if
+    any) described in the system message, assistant tool calls as ``<tool_call>`` blocks, tool
+    results as user turns in ``<tool_response>`` blocks."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        role, content = msg["role"], msg.get("content") or ""
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = "\n".join(_call_text(c) for c in msg["tool_calls"])
+            out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
+        elif role == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
+        else:
+            out.append({"role": role, "content": content})
+    if tools:
+        listing = TOOL_PROMPT.format(tools="\n".join(json.dumps(_openai_tool(t), ensure_ascii=False) for t in tools))
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{listing}"}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+
+
+def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` for a template that knows tools: call arguments as objects, as Hugging Face
+    templates expect them (they write them with ``tojson``)."""
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            calls = []
+            for call in msg["tool_calls"]:
+                fn = dict(call["function"])
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"])
+                except ValueError:
+                    pass
+                calls.append({**call, "function": fn})
+            msg["tool_calls"] = calls
+        out.append(msg)
+    return out
+
+
+def template_inputs(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_source: str | None,
+    template_kwargs: dict[str, Any] | None,
+    *,
+    native_ok: bool,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(messages, extra template variables) for a request: the template's own tool format when it
+    has one and the engine passes variables through (``native_ok``), the generic one otherwise."""
+    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS} if native_ok else {}
+    if tools and native_ok and template_knows_tools(template_source):
+        extra["tools"] = [_openai_tool(t) for t in tools]
+        return native_tool_messages(messages), extra
+    has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    if tools or has_calls:
+        return generic_tool_messages(messages, tools), extra
+    return messages, extra

@@ -27,6 +27,10 @@ from scheduler.engines.chat import compile_chat_template, render_chat_template
 _LOG_WARN = 3
 _LOG_CONT = 5
 _PENALTY_LAST_N = 64
+# What a logit bias of -100 (and ignore_eos) becomes: a ban, but finite, so that when a grammar
+# allows only banned tokens the draw still lands on one the grammar allows (an all -inf draw
+# could accept a token the grammar rejects, which llama.cpp answers with an abort).
+_BAN = -1.0e9
 # llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
 # the argtypes say which C signature this build has.
 _PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
@@ -160,6 +164,8 @@ class ParkedKV:
 
 class LlamaCppEngine:
     name = "llamacpp"
+    # request features beyond the basic sampler chain that this engine honours
+    features = frozenset({"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars"})
 
     def __init__(
         self,
@@ -194,6 +200,9 @@ class LlamaCppEngine:
         self._ctx: Any = None
         self._batch: Any = None
         self._samplers: dict[int, Any] = {}
+        self._logprob_lanes: dict[int, int] = {}  # lane -> top alternatives wanted
+        self._step_logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = {}  # the last forward's, until taken
+        self._eog_ids: list[int] | None = None
 
         _init_backend()
         # use_extra_bufts as llama-server's --no-repack sets it; see choose_repack
@@ -304,11 +313,12 @@ class LlamaCppEngine:
             self._template = compile_chat_template(self.chat_template)
         return self._template
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
         """The model's chat template applied to ``messages`` with the generation prompt added;
-        template errors are ``ValueError`` (see ``scheduler.engines.chat``)."""
+        ``extra`` are more template variables (``tools``, chat_template_kwargs). Template errors
+        are ``ValueError`` (see ``scheduler.engines.chat``)."""
         return render_chat_template(
-            self._compiled_template(), messages, bos_token=self.bos_text, eos_token=self.eos_text
+            self._compiled_template(), messages, bos_token=self.bos_text, eos_token=self.eos_text, **extra
         )
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
@@ -381,6 +391,10 @@ class LlamaCppEngine:
         self.drop_sampler(bind.lane)
         chain = self._build_sampler(bind.sampling)
         self._samplers[bind.lane] = chain
+        if bind.sampling.logprobs is not None:
+            self._logprob_lanes[bind.lane] = bind.sampling.logprobs
+        # replaying the accepted tokens rebuilds penalties and the grammar's state, so a
+        # constrained lane resumes where it was parked
         for token in bind.history:
             llama_cpp.llama_sampler_accept(chain, token)
 
@@ -416,8 +430,17 @@ class LlamaCppEngine:
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         if ret != 0:
             raise _err(f"llama_decode returned {ret}", permanent=ret < 0)
-        sample, ctx, samplers = llama_cpp.llama_sampler_sample, self._ctx, self._samplers
-        return {lane: sample(samplers[lane], ctx, index) for lane, index in outputs}
+        sample, ctx, samplers, logprob_lanes = llama_cpp.llama_sampler_sample, self._ctx, self._samplers, self._logprob_lanes
+        sampled: dict[int, int] = {}
+        for lane, index in outputs:
+            token = sampled[lane] = sample(samplers[lane], ctx, index)
+            if lane in logprob_lanes:  # read before the next decode overwrites this row of logits
+                self._step_logprobs[lane] = self._logprobs(index, token, logprob_lanes[lane])
+        return sampled
+
+    def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        taken, self._step_logprobs = self._step_logprobs, {}
+        return taken
 
     def probe(self) -> None:
         """Decode a few tokens through the path requests take (a prompt batch on two lanes, then
@@ -486,12 +509,55 @@ class LlamaCppEngine:
             L.llama_memory_seq_rm(self._mem, lane, -1, -1)
             raise _err(f"could not restore KV into lane {lane}", permanent=False)
 
+    def _logprobs(self, index: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        """The model's log-probability of ``token`` at batch row ``index`` and the ``top`` most
+        likely tokens there, from the raw logits (before penalties, biases and grammar), as
+        OpenAI and vLLM report them."""
+        import numpy as np
+
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, index)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).astype(np.float64)
+        shift = logits.max()
+        logz = shift + np.log(np.exp(logits - shift).sum())
+        alts: list[tuple[int, float]] = []
+        if top > 0:
+            idx = np.argpartition(-logits, top - 1)[:top]
+            idx = idx[np.argsort(-logits[idx], kind="stable")]
+            alts = [(int(i), float(logits[i] - logz)) for i in idx]
+        return float(logits[token] - logz), alts
+
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token id (EOS, EOT, ...), computed once."""
+        if self._eog_ids is None:
+            is_eog, vocab = llama_cpp.llama_vocab_is_eog, self._vocab
+            self._eog_ids = [t for t in range(self.vocab_size) if is_eog(vocab, t)]
+        return self._eog_ids
+
+    def check_grammar(self, grammar: str) -> str | None:
+        """None if llama.cpp parses ``grammar`` (GBNF, root rule ``root``), else why not."""
+        self._require_open()
+        _take_log()
+        smpl = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
+        if not smpl:
+            return _take_log() or "the grammar does not parse"
+        llama_cpp.llama_sampler_free(smpl)
+        return None
+
     def _build_sampler(self, sp: SamplingParams) -> Any:
         L = llama_cpp
         params = L.llama_sampler_chain_default_params()
         params.no_perf = True
         chain = L.llama_sampler_chain_init(params)
         add = L.llama_sampler_chain_add
+        biases = {int(t): float(b) for t, b in sp.logit_bias if 0 <= int(t) < self.vocab_size}
+        if sp.ignore_eos:
+            biases.update({t: _BAN for t in self.eog_tokens()})
+        if biases:
+            arr = (L.llama_logit_bias * len(biases))()
+            for i, (t, b) in enumerate(biases.items()):
+                arr[i].token = t
+                arr[i].bias = _BAN if b <= -100.0 else b
+            add(chain, L.llama_sampler_init_logit_bias(self.vocab_size, len(biases), arr))
         if sp.repeat_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0:
             args: tuple[Any, ...] = (
                 _PENALTY_LAST_N,
@@ -502,11 +568,19 @@ class LlamaCppEngine:
             if _PENALTIES_TAKE_N_VOCAB:
                 args = (self.vocab_size, *args)
             add(chain, L.llama_sampler_init_penalties(*args))
+        if sp.grammar:
+            grammar = L.llama_sampler_init_grammar(self._vocab, sp.grammar.encode("utf-8"), b"root")
+            if not grammar:
+                L.llama_sampler_free(chain)
+                raise _err("could not build the request's grammar", permanent=True)
+            add(chain, grammar)
         if sp.temperature <= 0.0:
             add(chain, L.llama_sampler_init_greedy())
             return chain
         if sp.top_k > 0:
             add(chain, L.llama_sampler_init_top_k(sp.top_k))
+        if sp.typical_p < 1.0:
+            add(chain, L.llama_sampler_init_typical(sp.typical_p, 1))
         if sp.top_p < 1.0:
             add(chain, L.llama_sampler_init_top_p(sp.top_p, 1))
         if sp.min_p > 0.0:
@@ -517,6 +591,7 @@ class LlamaCppEngine:
         return chain
 
     def drop_sampler(self, lane: int) -> None:
+        self._logprob_lanes.pop(lane, None)
         chain = self._samplers.pop(lane, None)
         if chain is not None:
             llama_cpp.llama_sampler_free(chain)

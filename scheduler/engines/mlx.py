@@ -183,12 +183,16 @@ class MlxEngine:
         self._eog = frozenset(int(i) for i in eog)
 
         self.chat_template: str | None = _read_chat_template(folder, tok_config)
+        self.features: frozenset[str] = frozenset()  # the basic sampler chain only
         self._template: Any = None
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
         if self._template is None:
             self._template = compile_chat_template(self.chat_template)
-        return render_chat_template(self._template, messages, bos_token=self.bos_text, eos_token=self.eos_text)
+        return render_chat_template(self._template, messages, bos_token=self.bos_text, eos_token=self.eos_text, **extra)
+
+    def check_grammar(self, grammar: str) -> str | None:
+        return "the MLX engine has no grammar sampler"
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
         self._require_open()
@@ -259,6 +263,9 @@ class MlxEngine:
 
     def drop_sampler(self, lane: int) -> None:
         self._samplers.pop(lane, None)
+
+    def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        return {}  # no logprobs feature
 
     def bound_lanes(self) -> dict[int, LaneSampler]:
         return self._samplers

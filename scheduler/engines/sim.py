@@ -68,11 +68,14 @@ class SimEngine:
         self.calls: list[list[tuple[int, int]]] = []  # per engine call: (lane, n tokens)
         self.on_call: Callable[[int], None] | None = None  # hook: runs after each call
         self.vocab_size = 256  # tokens are bytes
+        self.features: frozenset[str] = frozenset()  # the basic sampler chain only
+        self.chat_template: str | None = None
+        self.n_ctx_train: int | None = None
         self.max_step_tokens = n_lanes * lane_ctx  # no batch limit of its own: plan.step_tokens decides
 
     # -- text ---------------------------------------------------------------------------
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
@@ -122,6 +125,12 @@ class SimEngine:
 
     def drop_sampler(self, lane: int) -> None:
         self.lane_job[lane] = None
+
+    def check_grammar(self, grammar: str) -> str | None:
+        return "the sim engine has no grammar sampler"
+
+    def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        return {}
 
     def bound_lanes(self) -> set[int]:
         return {lane for lane, job in enumerate(self.lane_job) if job is not None}

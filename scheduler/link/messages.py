@@ -42,6 +42,8 @@ INVALID_MESSAGES = "invalid_messages"  # the chat template refused them
 INVALID_PROMPT = "invalid_prompt"  # token ids outside the vocabulary
 FIM_UNSUPPORTED = "fim_unsupported"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a sampling feature this engine lacks (logit_bias on MLX...)
+INVALID_VALUE = "invalid_value"  # a parameter the engine cannot take (a token id outside the vocabulary, a grammar that does not compile)
 # Error (failed after acceptance, or never reached a worker)
 ENGINE_ERROR = "engine_error"
 DEADLINE_EXCEEDED = "completion_deadline_exceeded"
@@ -101,6 +103,9 @@ class Hello(Message):
     n_lanes: int
     lane_ctx: int
     pid: int
+    # optional, for /v1/models' meta and /props: where the engine knows them
+    n_ctx_train: int | None = None
+    n_vocab: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,15 @@ class Rejected(Message):
 
 @dataclass(frozen=True)
 class Delta(Message):
-    """Text to send; ``tokens``: completion tokens generated so far (resumed ones included)."""
+    """Text to send; ``tokens``: completion tokens generated so far (resumed ones included);
+    ``logprobs``: one entry per token sampled since the last delta (``token_id``, ``bytes``,
+    ``logprob``, ``top``), only when the request asked for logprobs."""
 
     type: ClassVar[str] = "delta"
     id: str
     text: str
     tokens: int = 0
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,16 @@ def apply_web_options(options: dict[str, Any]) -> None:
     settings.SUPERFLUID_CLIENT_CONCURRENCY = options["client_concurrency"]
 
 
+def add_api_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the web side's request parsing (serve only; the worker never sees them)."""
+    parser.add_argument(
+        "--strict-params",
+        action="store_true",
+        default=_env("--strict-params", False),
+        help="answer parameters this server does not know with a 400 unknown_parameter, as OpenAI does, instead of ignoring them (named in x-superfluid-ignored-params)",
+    )
+
+
 def parse_class_lanes(text: str, max_batch: int) -> dict[QosClass, int]:
     caps: dict[QosClass, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):

@@ -25,6 +25,7 @@ from typing import Any
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, SamplingParams
+from scheduler.engines import chat as chat_format
 from scheduler.engines.base import Engine, EngineError
 from scheduler.link.messages import (
     CONTEXT_LENGTH_EXCEEDED,
@@ -36,8 +37,10 @@ from scheduler.link.messages import (
     INVALID_JOB,
     INVALID_MESSAGES,
     INVALID_PROMPT,
+    INVALID_VALUE,
     SHUTDOWN,
     SHUTTING_DOWN,
+    UNSUPPORTED_PARAMETER,
     Accepted,
     Cancel,
     Config,
@@ -84,6 +87,9 @@ class JobContext:
     prompt_tokens: int  # the client's prompt, before any resume text
     resume_tokens: int = 0  # completion tokens delivered by an earlier worker
     pending_text: list[str] = field(default_factory=list)
+    logprobs: bool = False  # the request asked for logprobs
+    lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
 
 
 class Prepared(Message):
@@ -151,6 +157,9 @@ class EngineWorker:
             n_lanes=self.engine.n_lanes,
             lane_ctx=self.engine.lane_ctx,
             pid=os.getpid(),
+            # optional, for /v1/models' meta and /props
+            n_ctx_train=self.engine.n_ctx_train or None,
+            n_vocab=self.engine.vocab_size,
         )
 
     def _on_message(self, message: Message) -> None:
@@ -274,7 +283,9 @@ class EngineWorker:
         if not -MAX_PRIORITY <= int(message.priority) <= MAX_PRIORITY:
             raise Refusal(INVALID_JOB, "The priority is out of range.")
 
-    def _chat_tokens(self, messages: list[dict[str, Any]], resume_text: str = "") -> tuple[list[int], int]:
+    def _chat_tokens(
+        self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None
+    ) -> tuple[list[int], int]:
         """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
         conversation's). What the client wrote is tokenised as text: control-token text in a
         message (``<|im_end|>``) is not parsed as a control token. The template is rendered with
@@ -283,11 +294,17 @@ class EngineWorker:
         text is tokenised as before. Resumed text is tokenised together with the template's
         last piece, as it was when the whole text was tokenised at once."""
         engine = self.engine
-        text = engine.render_chat(messages)
+        template_vars = extra or {}
+
+        def render(msgs: list[dict[str, Any]]) -> str:
+            # extra template variables (tools, chat_template_kwargs) only where the request has them
+            return engine.render_chat(msgs, **template_vars) if template_vars else engine.render_chat(msgs)
+
+        text = render(messages)
         marker = f"\x00{uuid.uuid4().hex}\x00"
         contents = [m.get("content") for m in messages]
         if all(isinstance(c, str) for c in contents) and marker not in text:
-            marked = engine.render_chat([{**m, "content": f"{marker}{i}{marker}"} for i, m in enumerate(messages)])
+            marked = render([{**m, "content": f"{marker}{i}{marker}"} for i, m in enumerate(messages)])
             pieces = marked.split(marker)
             # pieces: template, index, template, index, ..., template
             if len(pieces) == 2 * len(messages) + 1 and all(pieces[2 * i + 1] == str(i) for i in range(len(messages))):
@@ -311,7 +328,15 @@ class EngineWorker:
         resumed = engine.tokenize(resume_text, add_special=False) if resume_text else []
         if request.get("endpoint") == "chat":
             try:
-                tokens, own_len = self._chat_tokens(request["messages"], resume_text)
+                features = engine.features
+                messages, extra = chat_format.template_inputs(
+                    request["messages"],
+                    request.get("tools") if request.get("tool_choice") != "none" else None,
+                    engine.chat_template,
+                    request.get("chat_template_kwargs"),
+                    native_ok="template_vars" in features,
+                )
+                tokens, own_len = self._chat_tokens(messages, resume_text, extra)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
             return tokens, own_len, "messages"
@@ -361,7 +386,7 @@ class EngineWorker:
                 param,
             )
         budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
-        sampling = _sampling(request)
+        sampling = self._sampling(request)
         qos = QosClass(int(message.qos))
         job = Job(
             job_id=job_id,
@@ -377,7 +402,59 @@ class EngineWorker:
         if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
-        return job, JobContext(job_id, conn, stream, own_len, resume_tokens)
+        ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        return job, ctx
+
+    def _sampling(self, request: dict[str, Any]) -> SamplingParams:
+        """The request's sampler settings; a feature the engine lacks, a token id outside the
+        vocabulary or a constraint that does not compile refuses the job naming the parameter
+        (a 400 on the web side); a malformed number refuses it too (TypeError/ValueError)."""
+        from scheduler.engines import grammar as grammars
+
+        engine = self.engine
+        features = engine.features
+
+        def need(feature: str, param: str) -> None:
+            if feature not in features:
+                raise Refusal(UNSUPPORTED_PARAMETER, f"'{param}' is not supported by the {engine.name} engine.", param)
+
+        kwargs = _numbers(request, _SIMPLE_SAMPLING)
+        typical = _numbers(request, ("typical_p",)).get("typical_p")
+        if typical not in (None, 1.0):
+            need("typical_p", "typical_p")
+            kwargs["typical_p"] = typical
+        if request.get("ignore_eos"):
+            need("ignore_eos", "ignore_eos")
+            kwargs["ignore_eos"] = True
+        bias = [(int(t), float(b)) for t, b in request.get("logit_bias") or []]
+        if bias:
+            need("logit_bias", "logit_bias")
+            vocab = engine.vocab_size
+            bad = [t for t, _ in bias if not 0 <= t < vocab]
+            if bad:
+                raise Refusal(INVALID_VALUE, f"Invalid value for 'logit_bias': token id {bad[0]} is not in the vocabulary (0 to {vocab - 1}).", "logit_bias")
+            if not all(math.isfinite(b) for _, b in bias):
+                raise ValueError("logit_bias values must be finite")
+            kwargs["logit_bias"] = tuple(bias)
+        if request.get("logprobs") is not None:
+            need("logprobs", "logprobs")
+            kwargs["logprobs"] = int(request["logprobs"])
+        tools, choice = request.get("tools"), request.get("tool_choice", "auto")
+        param = "tool_choice"
+        try:
+            grammar = grammars.tool_grammar(tools or [], choice, bool(request.get("parallel_tool_calls", True))) if tools else None
+            if grammar is None:
+                param = "response_format"
+                grammar = grammars.response_grammar(request.get("response_format"))
+        except grammars.GrammarError as exc:
+            raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': {exc}", param) from None
+        if grammar is not None:
+            need("grammar", param)
+            problem = engine.check_grammar(grammar)
+            if problem:
+                raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': the constraint does not compile ({problem}).", param)
+            kwargs["grammar"] = grammar
+        return SamplingParams(**kwargs)
 
     # -- ticks -------------------------------------------------------------------------
 
@@ -420,11 +497,28 @@ class EngineWorker:
             return True
         self._replanned = False
         self.stats["tick_seconds_total"] += time.perf_counter() - started
+        if result.logprobs:
+            self._stash_logprobs(result.logprobs)
         self._process(self.scheduler.commit(result))
         self.metrics.on_tick(plan, result)
         active = sum(1 for j in self.scheduler.lanes if j is not None)
         self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
         return True
+
+    def _stash_logprobs(self, logprobs: dict[int, tuple[float, list[tuple[int, float]]]]) -> None:
+        """Queue each sampled token's logprobs on its job, to go out with the token's text."""
+        lanes = self.scheduler.lanes
+        for lane, (logprob, top) in logprobs.items():
+            job = lanes[lane] if 0 <= lane < len(lanes) else None
+            ctx = self.contexts.get(job.job_id) if job is not None else None
+            if ctx is not None and ctx.logprobs:
+                ctx.lp_queue.append({"logprob": logprob, "top": top})
+
+    def _logprob_entry(self, token: int, lp: dict[str, Any] | None) -> dict[str, Any]:
+        piece = self.engine.token_bytes
+        entry = {"token_id": token, "bytes": list(piece(token)), "logprob": lp["logprob"] if lp else None}
+        entry["top"] = [{"token_id": t, "bytes": list(piece(t)), "logprob": v} for t, v in (lp["top"] if lp else [])]
+        return entry
 
     def _fail_running(self, message: str) -> None:
         log.error("engine error, failing running jobs: %s", message)
@@ -446,6 +540,9 @@ class EngineWorker:
                 text = ctx.stream.push(event.token)
                 if text:
                     ctx.pending_text.append(text)
+                if ctx.logprobs and not ctx.stream.stopped:
+                    lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
+                    ctx.pending_logprobs.append(self._logprob_entry(event.token, lp))
                 if ctx.stream.stopped:
                     self.scheduler.finish(event.job_id, "stop")
             elif event.kind == "finished":
@@ -455,11 +552,19 @@ class EngineWorker:
         if followups:
             self._process(followups)
         for ctx in self.contexts.values():
-            if ctx.pending_text:
+            if ctx.pending_text or ctx.pending_logprobs:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 generated = len(job.output) if job else 0
-                ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), generated + ctx.resume_tokens))
-                ctx.pending_text.clear()
+                self._send_delta(ctx, generated + ctx.resume_tokens)
+
+    @staticmethod
+    def _send_delta(ctx: JobContext, tokens: int) -> None:
+        logprobs = None
+        if ctx.pending_logprobs:
+            logprobs = list(ctx.pending_logprobs)  # optional: only when asked for
+            ctx.pending_logprobs.clear()
+        ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), tokens, logprobs))
+        ctx.pending_text.clear()
 
     def _finished(self, ctx: JobContext, event: Event) -> None:
         self.contexts.pop(ctx.job_id, None)
@@ -469,9 +574,8 @@ class EngineWorker:
         if tail:
             ctx.pending_text.append(tail)
         completion = len(job.output) + ctx.resume_tokens
-        if ctx.pending_text:
-            ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), completion))
-            ctx.pending_text.clear()
+        if ctx.pending_text or ctx.pending_logprobs:
+            self._send_delta(ctx, completion)
         self.metrics.on_finished(job, event.reason)
         if event.reason == "error":
             return
@@ -587,24 +691,30 @@ class EngineWorker:
         log.info("class-lane caps now %s", {q.label: n for q, n in sorted(caps.items())} or "none")
 
 
-def _sampling(request: dict[str, Any]) -> SamplingParams:
-    """The request's sampling fields as the engine needs them: ints and finite floats (TypeError
-    or ValueError otherwise, which refuses this job rather than failing a tick)."""
+# the sampler settings every engine honours (plain numbers); the rest are engine features
+_SIMPLE_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _numbers(request: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The request's numeric sampling fields among ``names`` as the engine needs them: ints and
+    finite floats (TypeError or ValueError otherwise, which refuses this job rather than failing
+    a tick)."""
     values: dict[str, Any] = {}
-    for name, f in SamplingParams.__dataclass_fields__.items():
+    fields_ = SamplingParams.__dataclass_fields__
+    for name in names:
         value = request.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number")
-        if isinstance(f.default, float):
+        if isinstance(fields_[name].default, float):
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"{name} must be finite")
         else:
             value = int(value)
         values[name] = value
-    return SamplingParams(**values)
+    return values
 
 
 def _urgent(message: Submit) -> bool:

@@ -422,3 +422,99 @@ def test_openai_sdk_maps_error_responses_to_its_exceptions(
     assert got.status_code == err.status
     assert (got.code, got.param, got.type) == (err.code, err.param, err.type)
     assert err.message in got.message
+
+
+# -- tool calls, logprobs, ignored parameters (api.responses.Reply) ----------------------------
+
+from api.responses import Reply, chat_logprobs, completion_logprobs, ignored_params_value, parse_tool_calls  # noqa: E402
+from scheduler.link.messages import Delta, Done  # noqa: E402
+
+
+def _call(name: str, args: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def test_tool_calls_are_parsed_out_of_the_generic_format() -> None:
+    content, calls = parse_tool_calls(_call("f", '{"x": 1}') + "\n" + _call("g", "{}"), ["f", "g"])
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("f", {"x": 1}), ("g", {})]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
+    assert len({c["id"] for c in calls}) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["plain answer", _call("h", "{}"), '<tool_call>\n{"name": "f", "arguments": {"x": 1', _call("f", "[1]"),
+     '<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>'],
+    ids=["text", "unoffered-function", "cut-by-max-tokens", "arguments-not-an-object", "junk-inside"],
+)
+def test_text_that_is_not_a_well_formed_call_stays_content(text: str) -> None:
+    content, calls = parse_tool_calls(text, ["f"])
+    assert calls == [] and content == text.strip()
+
+
+def _events(*texts: str) -> list[Delta]:
+    return [Delta("j", t) for t in texts]
+
+
+def test_non_streamed_tool_reply_has_tool_calls_and_finish_reason_tool_calls() -> None:
+    reply = Reply("chat", "m", tools=[{"name": "f"}], tool_choice="required")
+    for e in _events("<tool_", 'call>\n{"name": "f", "arguments": {"a": "b"}}\n</tool_call>'):
+        reply.add(e)
+    body = reply.body(Done("j", "stop"), None)  # type: ignore[arg-type]
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": "b"}
+
+
+def test_streamed_tool_reply_sends_text_until_a_call_may_begin_then_openai_shaped_deltas() -> None:
+    reply = Reply("chat", "m", tools=[{"name": "f"}])
+    sent = [c for e in _events("Let me check. <tool", '_call>\n{"name": "f", "arguments": {}}\n</tool_call>') for c in reply.delta_chunks(e)]
+    assert [c["choices"][0]["delta"]["content"] for c in sent] == ["Let me check. "]
+    final = reply.final_chunks(Done("j", "stop"), None)
+    deltas = [c["choices"][0]["delta"].get("tool_calls") for c in final]
+    assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
+    assert deltas[1][0] == {"index": 0, "function": {"arguments": "{}"}}
+    assert final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_streamed_text_that_only_looked_like_a_call_is_sent_at_the_end() -> None:
+    reply = Reply("chat", "m", tools=[{"name": "f"}])
+    sent = [c for e in _events("a <tool", "box> b") for c in reply.delta_chunks(e)]
+    final = reply.final_chunks(Done("j", "length"), None)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in sent + final)
+    assert text == "a <toolbox> b" and final[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_without_tools_markup_is_plain_text() -> None:
+    reply = Reply("chat", "m", tools=[{"name": "f"}], tool_choice="none")
+    reply.add(Delta("j", _call("f", "{}")))
+    body = reply.body(Done("j", "stop"), None)  # type: ignore[arg-type]
+    assert body["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in body["choices"][0]["message"]
+
+
+ENTRIES = [
+    {"token_id": 1, "bytes": list(b"He"), "logprob": -0.5, "top": [{"token_id": 1, "bytes": list(b"He"), "logprob": -0.5},
+                                                                  {"token_id": 2, "bytes": [0xE2, 0x82], "logprob": -1.5}]},
+    {"token_id": 3, "bytes": list(b"llo"), "logprob": -0.1, "top": []},
+]
+
+
+def test_chat_logprobs_shape() -> None:
+    out = chat_logprobs(ENTRIES)
+    assert [e["token"] for e in out["content"]] == ["He", "llo"]
+    assert out["content"][0]["top_logprobs"][1] == {"token": "\ufffd", "logprob": -1.5, "bytes": [0xE2, 0x82]}
+
+
+def test_completion_logprobs_shape_with_offsets() -> None:
+    out = completion_logprobs(ENTRIES, offset=4)
+    assert out == {"tokens": ["He", "llo"], "token_logprobs": [-0.5, -0.1],
+                   "top_logprobs": [{"He": -0.5, "\ufffd": -1.5}, {}], "text_offset": [4, 6]}
+
+
+def test_ignored_params_header_never_echoes_unsafe_names() -> None:
+    assert ignored_params_value(["mirostat", "dry_multiplier"]) == "mirostat, dry_multiplier"
+    value = ignored_params_value(["x\r\nSet-Cookie: a=b", "é", "", "a" * 65, "ok.name-1"])
+    assert value == "?, ?, ?, ?, ok.name-1"
+    assert ignored_params_value(str(i) for i in range(100)).count(",") == 31

@@ -10,21 +10,22 @@ import pytest
 from api.errors import ApiError
 from api.schemas import GenerationRequest, parse_chat_request, parse_completion_request
 from scheduler.core.types import SamplingParams
+from scheduler.link.messages import Submit, decode, encode
 
 MODELS = ("smollm2", "other-model")
 USER = [{"role": "user", "content": "hi"}]
 
 
-def chat(**body: Any) -> GenerationRequest:
+def chat(_strict: bool = False, **body: Any) -> GenerationRequest:
     body.setdefault("model", "smollm2")
     body.setdefault("messages", USER)
-    return parse_chat_request(json.dumps(body).encode(), models=MODELS)
+    return parse_chat_request(json.dumps(body).encode(), models=MODELS, strict=_strict)
 
 
-def completion(**body: Any) -> GenerationRequest:
+def completion(_strict: bool = False, **body: Any) -> GenerationRequest:
     body.setdefault("model", "smollm2")
     body.setdefault("prompt", "Once upon a time")
-    return parse_completion_request(json.dumps(body).encode(), models=MODELS)
+    return parse_completion_request(json.dumps(body).encode(), models=MODELS, strict=_strict)
 
 
 def raw_chat_error(raw: bytes) -> ApiError:
@@ -115,24 +116,55 @@ def test_any_served_model_is_accepted() -> None:
 # -- unknown keys ------------------------------------------------------------------------------
 
 
-def test_unknown_top_level_key_is_rejected_naming_it() -> None:
-    for err in both_errors(frobnicate=1):
+def test_unknown_top_level_key_is_ignored_and_named() -> None:
+    assert chat(frobnicate=1, mirostat=2).ignored == ["frobnicate", "mirostat"]
+    assert completion(frobnicate={"x": [1]}).ignored == ["frobnicate"]
+    assert chat().ignored == [] and completion().ignored == []
+
+
+def test_strict_unknown_top_level_key_is_rejected_naming_it() -> None:
+    for err in both_errors(_strict=True, frobnicate=1):
         assert_400(err, "frobnicate", "unknown_parameter")
         assert err.message == "Unrecognized request argument supplied: frobnicate"
 
 
 @pytest.mark.parametrize("key", ["prompt", "suffix", "echo", "best_of"])
 def test_completion_only_keys_are_unknown_on_chat(key: str) -> None:
-    assert_400(chat_error(**{key: None}), key, "unknown_parameter")
+    assert_400(chat_error(_strict=True, **{key: None}), key, "unknown_parameter")
+    assert chat(**{key: None}).ignored == [key]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field", "expected"),
+    [("ignore_eos", True, "ignore_eos", True), ("repetition_penalty", 1.3, "repeat_penalty", 1.3),
+     ("typical_p", 0.5, "typical_p", 0.5), ("top_k", -1, "top_k", 0), ("n_predict", 7, "max_tokens", 7),
+     ("n_predict", -1, "max_tokens", None), ("min_p", 0.1, "min_p", 0.1), ("seed", 3, "seed", 3),
+     ("presence_penalty", 1, "presence_penalty", 1.0), ("frequency_penalty", -1, "frequency_penalty", -1.0)],
+)
+def test_llama_server_and_vllm_parameters_are_honoured(key: str, value: Any, field: str, expected: Any) -> None:
+    for req in (chat(_strict=True, **{key: value}), completion(_strict=True, **{key: value})):
+        assert getattr(req, field) == expected and req.ignored == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("ignore_eos", 1), ("typical_p", 0), ("typical_p", 1.5),
+                                            ("repetition_penalty", 0), ("n_predict", "5"), ("grammar", 3),
+                                            ("json_schema", [1]), ("chat_template_kwargs", [])])
+def test_known_extension_of_the_wrong_type_is_rejected_even_when_tolerant(key: str, value: Any) -> None:
+    assert_400(chat_error(**{key: value}), key)
+
+
+def test_chat_template_kwargs_are_kept() -> None:
+    assert chat(chat_template_kwargs={"enable_thinking": False}).chat_template_kwargs == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize(
     "key",
-    ["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "response_format",
+    ["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
      "metadata", "store", "service_tier", "parallel_tool_calls", "functions", "function_call"],
 )
 def test_chat_only_keys_are_unknown_on_completions(key: str) -> None:
-    assert_400(completion_error(**{key: None}), key, "unknown_parameter")
+    assert_400(completion_error(_strict=True, **{key: None}), key, "unknown_parameter")
+    assert completion(**{key: None}).ignored == [key]
 
 
 # -- chat messages -----------------------------------------------------------------------------
@@ -147,7 +179,10 @@ def test_minimal_chat_request_gets_defaults() -> None:
     assert req.sampling_dict() == {
         "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
         "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "typical_p": 1.0, "ignore_eos": False, "logit_bias": (), "logprobs": None,
     }
+    assert SamplingParams(**req.sampling_dict()) == SamplingParams()
+    assert (req.tools, req.tool_choice, req.response_format, req.logprobs) == (None, "auto", None, None)
     assert (req.stop, req.stream, req.include_usage, req.user) == ([], False, False, None)
 
 
@@ -245,16 +280,34 @@ def test_message_extras_sdks_echo_back_are_accepted_and_dropped() -> None:
     ]
     assert chat(messages=msgs).messages == [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-        {"role": "tool", "content": "42"},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
     ]
 
 
 @pytest.mark.parametrize("key", ["tool_calls", "function_call"])
-def test_assistant_message_with_tool_calls_is_unsupported(key: str) -> None:
-    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+def test_assistant_message_with_tool_calls_is_kept_for_the_template(key: str) -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
     value = [call] if key == "tool_calls" else call["function"]
-    err = chat_error(messages=[*USER, {"role": "assistant", "content": None, key: value}])
-    assert_400(err, f"messages[1].{key}", "unsupported_parameter")
+    (_, msg) = chat(messages=[*USER, {"role": "assistant", "content": None, key: value}]).messages
+    assert msg["role"] == "assistant" and msg["content"] == ""
+    assert msg["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+
+
+@pytest.mark.parametrize(
+    ("calls", "param"),
+    [("x", "messages[1].tool_calls"), ([3], "messages[1].tool_calls[0]"),
+     ([{"function": {"arguments": "{}"}}], "messages[1].tool_calls[0].function.name"),
+     ([{"function": {"name": "f", "arguments": 3}}], "messages[1].tool_calls[0].function.arguments"),
+     ([{}], "messages[1].tool_calls[0].function")],
+)
+def test_malformed_tool_calls_in_history_are_rejected_naming_them(calls: Any, param: str) -> None:
+    assert_400(chat_error(messages=[*USER, {"role": "assistant", "content": None, "tool_calls": calls}]), param)
+
+
+def test_tool_calls_on_a_user_message_are_rejected() -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    assert_400(chat_error(messages=[{"role": "user", "content": "x", "tool_calls": [call]}]),
+               "messages[0].tool_calls", "invalid_value")
 
 
 def test_unknown_message_key_is_rejected_naming_it() -> None:
@@ -270,17 +323,79 @@ def test_message_name_that_is_not_a_string_is_rejected() -> None:
 # -- chat-only parameters ----------------------------------------------------------------------
 
 
+TOOL = {"type": "function", "function": {"name": "f", "description": "d",
+                                          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
+
+
 @pytest.mark.parametrize(
-    ("key", "value"),
-    [("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
-     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-     ("response_format", {"type": "json_object"}),
-     ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-     ("logit_bias", {"50256": -100})],
+    ("body", "choice"),
+    [({"tools": [TOOL]}, "auto"), ({"tools": [TOOL], "tool_choice": "required"}, "required"),
+     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}, {"name": "f"}),
+     ({"tools": [TOOL], "tool_choice": "none"}, "none"),
+     ({"functions": [TOOL["function"]], "function_call": {"name": "f"}}, {"name": "f"})],
 )
-def test_unsupported_chat_parameter_is_rejected_naming_it(key: str, value: Any) -> None:
-    assert_400(chat_error(**{key: value}), key, "unsupported_parameter")
+def test_tools_and_tool_choice_are_normalised(body: dict[str, Any], choice: Any) -> None:
+    req = chat(_strict=True, **body)
+    assert req.tools == [{"name": "f", "description": "d", "parameters": TOOL["function"]["parameters"]}]
+    assert req.tool_choice == choice
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "tools[0].function"),
+     ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+     ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
+     ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+     ({"tool_choice": "required"}, "tool_choice"),
+     ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format")],
+)
+def test_malformed_tools_are_rejected_naming_the_param(body: dict[str, Any], param: str) -> None:
+    assert_400(chat_error(**body), param)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [({"response_format": {"type": "json_object"}}, {"type": "json_object"}),
+     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"},
+                                                                   "strict": True}}},
+      {"type": "json_schema", "schema": {"type": "object"}, "strict": True}),
+     ({"response_format": {"type": "text"}}, None),
+     ({"json_schema": {"type": "integer"}}, {"type": "json_schema", "schema": {"type": "integer"}, "strict": True}),
+     ({"guided_json": '{"type": "integer"}'}, {"type": "json_schema", "schema": {"type": "integer"}, "strict": True}),
+     ({"grammar": 'root ::= "a"'}, {"type": "grammar", "grammar": 'root ::= "a"'})],
+)
+def test_structured_output_forms_are_normalised(body: dict[str, Any], expected: Any) -> None:
+    assert chat(_strict=True, **body).response_format == expected
+    assert completion(_strict=True, **body).response_format == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"response_format": "json"}, "response_format"), ({"response_format": {"type": "yaml"}}, "response_format.type"),
+     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+     ({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}, "response_format.json_schema.schema"),
+     ({"response_format": {"type": "json_object"}, "grammar": "root ::= x"}, "grammar")],
+)
+def test_malformed_structured_output_is_rejected_naming_the_param(body: dict[str, Any], param: str) -> None:
+    assert_400(chat_error(**body), param)
+
+
+@pytest.mark.parametrize(
+    ("bias", "expected"),
+    [({"50256": -100}, [[50256, -100.0]]), ({"1": 5, "2": -0.5}, [[1, 5.0], [2, -0.5]]),
+     ([[7, False]], [[7, -100.0]]), ([[7, 3]], [[7, 3.0]]), ({}, []), (None, [])],
+)
+def test_logit_bias_is_parsed(bias: Any, expected: Any) -> None:
+    assert chat(logit_bias=bias).logit_bias == expected
+    assert completion(logit_bias=bias).logit_bias == expected
+
+
+@pytest.mark.parametrize("bias", [{"x": 1}, {"-1": 1}, {"1": 101}, {"1": "5"}, {"1": True}, [[1]], 3])
+def test_malformed_logit_bias_is_rejected(bias: Any) -> None:
+    for err in both_errors(logit_bias=bias):
+        assert_400(err, "logit_bias")
 
 
 @pytest.mark.parametrize(
@@ -288,7 +403,7 @@ def test_unsupported_chat_parameter_is_rejected_naming_it(key: str, value: Any) 
     [("tools", None), ("tools", []), ("tool_choice", None), ("tool_choice", "none"), ("functions", []),
      ("function_call", "none"), ("response_format", {"type": "text"}), ("response_format", None),
      ("logit_bias", {}), ("logit_bias", None), ("parallel_tool_calls", True),
-     ("parallel_tool_calls", False), ("user", "u-1"), ("metadata", {"k": "v"}), ("store", False),
+     ("parallel_tool_calls", False), ("user", "u-1"), ("logit_bias", {"50256": -100}), ("metadata", {"k": "v"}), ("store", False),
      ("service_tier", "auto"), ("cache_prompt", True), ("logprobs", False), ("logprobs", None),
      ("top_logprobs", None), ("n", 1), ("n", None)],
 )
@@ -310,9 +425,22 @@ def test_user_is_kept() -> None:
     assert completion(user="bob").user == "bob"
 
 
-@pytest.mark.parametrize(("key", "value"), [("logprobs", True), ("top_logprobs", 5)])
-def test_chat_logprobs_are_unsupported(key: str, value: Any) -> None:
-    assert_400(chat_error(**{key: value}), key, "unsupported_value")
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 3}, 3), ({"logprobs": True, "top_logprobs": 20}, 20),
+     ({"logprobs": False}, None), ({}, None)],
+)
+def test_chat_logprobs_are_parsed(body: dict[str, Any], expected: Any) -> None:
+    assert chat(**body).logprobs == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"logprobs": 1}, "logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"), ({"top_logprobs": 3}, "top_logprobs")],
+)
+def test_bad_chat_logprobs_are_rejected(body: dict[str, Any], param: str) -> None:
+    assert_400(chat_error(**body), param)
 
 
 @pytest.mark.parametrize(
@@ -382,8 +510,7 @@ def test_suffix_that_is_not_a_string_is_rejected() -> None:
     assert_400(completion_error(suffix=3), "suffix", "invalid_type")
 
 
-@pytest.mark.parametrize(("key", "value"), [("echo", True), ("echo", 0), ("best_of", 2), ("best_of", 1.0),
-                                            ("logprobs", 1), ("logprobs", 5), ("logprobs", True)])
+@pytest.mark.parametrize(("key", "value"), [("echo", True), ("echo", 0), ("best_of", 2), ("best_of", 1.0)])
 def test_unsupported_completion_options_are_rejected_naming_them(key: str, value: Any) -> None:
     assert_400(completion_error(**{key: value}), key, "unsupported_value")
 
@@ -391,7 +518,7 @@ def test_unsupported_completion_options_are_rejected_naming_them(key: str, value
 @pytest.mark.parametrize(
     ("key", "value"),
     [("echo", False), ("echo", None), ("best_of", 1), ("best_of", None), ("logprobs", 0), ("logprobs", None),
-     ("logit_bias", {}), ("cache_prompt", False), ("user", "u")],
+     ("logit_bias", {}), ("cache_prompt", False), ("user", "u"), ("logprobs", 5), ("logprobs", 20)],
 )
 def test_harmless_completion_options_are_accepted(key: str, value: Any) -> None:
     completion(**{key: value})
@@ -399,11 +526,12 @@ def test_harmless_completion_options_are_accepted(key: str, value: Any) -> None:
 
 @pytest.mark.parametrize("key", ["metadata", "store", "service_tier"])
 def test_chat_only_ignored_keys_are_unknown_on_completions(key: str) -> None:
-    assert_400(completion_error(**{key: "x"}), key, "unknown_parameter")
+    assert_400(completion_error(_strict=True, **{key: "x"}), key, "unknown_parameter")
 
 
-def test_completion_logit_bias_is_unsupported() -> None:
-    assert_400(completion_error(logit_bias={"1": 5}), "logit_bias", "unsupported_parameter")
+@pytest.mark.parametrize("value", [21, -1, True, 1.0])
+def test_bad_completion_logprobs_are_rejected(value: Any) -> None:
+    assert_400(completion_error(logprobs=value), "logprobs")
 
 
 # -- sampling parameters (both endpoints) ------------------------------------------------------
@@ -414,8 +542,8 @@ NUMERIC_PARAMS: list[tuple[str, list[tuple[Any, Any]], list[Any], str]] = [
      "expected a number between 0 and 2"),
     ("top_p", [(1, 1.0), (0.01, 0.01)], [0, -0.5, 1.5, "0.9", False],
      "expected a number greater than 0 and at most 1"),
-    ("top_k", [(0, 0), (40, 40)], [-1, 4.0, 1.5, "40", True],
-     "expected an integer greater than or equal to 0"),
+    ("top_k", [(0, 0), (40, 40)], [-2, 4.0, 1.5, "40", True],
+     "expected an integer greater than or equal to -1"),
     ("min_p", [(0, 0.0), (0.05, 0.05), (1, 1.0)], [-0.01, 1.01, "0.1", True],
      "expected a number between 0 and 1"),
     ("seed", [(0, 0), (-5, -5), (2**63 - 1, 2**63 - 1)], [1.0, "7", True, 2**63, -(2**63) - 1],
@@ -481,7 +609,8 @@ def test_sampling_dict_feeds_scheduler_sampling_params() -> None:
 
 @pytest.mark.parametrize(
     ("stop", "expected"),
-    [(None, []), ("\n", ["\n"]), ([], []), (["a"], ["a"]), (["a", "b", "c", "d"], ["a", "b", "c", "d"])],
+    [(None, []), ("\n", ["\n"]), ([], []), (["a"], ["a"]), (["a", "b", "c", "d"], ["a", "b", "c", "d"]),
+     ([str(i) for i in range(16)], [str(i) for i in range(16)])],
 )
 def test_stop_is_normalised_to_a_list(stop: Any, expected: list[str]) -> None:
     assert chat(stop=stop).stop == expected
@@ -490,7 +619,7 @@ def test_stop_is_normalised_to_a_list(stop: Any, expected: list[str]) -> None:
 
 @pytest.mark.parametrize(
     ("stop", "code"),
-    [(["a", "b", "c", "d", "e"], "invalid_value"), ("", "invalid_value"), (["a", ""], "invalid_value"),
+    [(["a"] * 17, "invalid_value"), ("", "invalid_value"), (["a", ""], "invalid_value"),
      ([1], "invalid_value"), (["a", None], "invalid_value"), (3, "invalid_type"), ({"a": 1}, "invalid_type")],
 )
 def test_invalid_stop_is_rejected(stop: Any, code: str) -> None:
@@ -583,7 +712,8 @@ def test_to_wire_has_every_field_and_shares_no_lists() -> None:
     assert set(wire) == {
         "endpoint", "model", "messages", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "stop", "stream",
-        "include_usage", "user",
+        "include_usage", "user", "logit_bias", "ignore_eos", "typical_p", "logprobs", "response_format",
+        "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "ignored",
     }
     wire["stop"].append("y")
     wire["messages"][0]["content"] = "changed"
@@ -639,3 +769,33 @@ def test_a_valid_surrogate_pair_escape_is_ordinary_text() -> None:
     raw = b'{"model": "smollm2", "messages": [{"role": "user", "content": "\\ud83d\\ude00 ok"}]}'
     req = parse_chat_request(raw, models=["smollm2"])
     assert req.messages == [{"role": "user", "content": "\U0001f600 ok"}]
+
+
+# -- hostile bodies ----------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-300, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=10,
+)
+_KEYS = ["logit_bias", "tools", "tool_choice", "response_format", "logprobs", "top_logprobs", "stop", "ignore_eos",
+         "json_schema", "grammar", "n_predict", "typical_p", "chat_template_kwargs", "functions", "function_call",
+         "parallel_tool_calls", "guided_json", "top_k", "bogus"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(_KEYS), _values, max_size=4), st.booleans())
+def test_any_extension_body_parses_or_is_a_clean_400(extra: dict[str, Any], strict: bool) -> None:
+    body = {"model": "smollm2", "messages": USER, **extra}
+    try:
+        req = parse_chat_request(json.dumps(body).encode(), models=MODELS, strict=strict)
+    except ApiError as err:
+        assert err.status == 400 and err.param is not None
+        return
+    wire = req.to_wire()
+    assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)  # it travels the link unchanged
+    assert all(-100 <= b <= 100 for _, b in req.logit_bias)
+    assert req.logprobs is None or 0 <= req.logprobs <= 20

@@ -117,3 +117,42 @@ def test_should_stop_is_asked_between_steps_and_the_tick_says_it_stopped() -> No
     plan = TickPlan(tick=1, bind=[LaneBind(0, "a", GREEDY)], feeds=[LaneFeed(0, "a", 0, list(range(10)), True)], step_tokens=4)
     result = run_tick(engine, plan, lambda: True, engine.clock)
     assert result.stopped_early and result.fed == {0: 4} and engine.forwards == 1
+
+
+class WithLogprobs(Recording):
+    """A simulator that, like llama.cpp, computes logprobs in ``forward`` for lanes whose
+    sampling asks for them and hands them over in ``take_logprobs``."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.wants: dict[int, int] = {}
+        self.pending: dict[int, tuple[float, list[tuple[int, float]]]] = {}
+
+    def bind_sampler(self, bind: LaneBind) -> None:
+        super().bind_sampler(bind)
+        if bind.sampling.logprobs is not None:
+            self.wants[bind.lane] = bind.sampling.logprobs
+
+    def forward(self, step: Step) -> dict[int, int]:
+        sampled = super().forward(step)
+        for lane, token in sampled.items():
+            if lane in self.wants:
+                self.pending[lane] = (-0.5, [(token, -0.5)][: self.wants[lane]])
+        return sampled
+
+    def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        taken, self.pending = self.pending, {}
+        return taken
+
+
+def test_logprobs_from_forward_reach_the_tick_result_for_the_lanes_that_asked_only() -> None:
+    engine = WithLogprobs(n_lanes=2)
+    plan = TickPlan(
+        tick=1,
+        bind=[LaneBind(0, "a", SamplingParams(temperature=0.0, logprobs=1)), LaneBind(1, "b", GREEDY)],
+        feeds=[LaneFeed(0, "a", 0, [1, 2, 3], True), LaneFeed(1, "b", 0, [4, 5], True)],
+    )
+    result = run_tick(engine, plan, lambda: False, engine.clock)
+    assert set(result.sampled) == {0, 1}
+    assert result.logprobs == {0: (-0.5, [(result.sampled[0], -0.5)])}
+    assert engine.pending == {}  # taken once: a later tick does not report them again

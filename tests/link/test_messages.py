@@ -19,6 +19,8 @@ EXAMPLES: list[m.Message] = [
     m.Accepted(id="j1", prompt_tokens=12),
     m.Rejected(id="j1", reason=m.CONTEXT_LENGTH_EXCEEDED, detail="too long", param="messages"),
     m.Delta(id="j1", text="hello", tokens=5),
+    m.Delta(id="j1", text="hi", tokens=1, logprobs=[{"token_id": 7, "bytes": [104, 105], "logprob": -0.25, "top": []}]),
+    m.Hello(model="smollm2", engine="llamacpp", n_lanes=8, lane_ctx=2048, pid=7, n_ctx_train=8192, n_vocab=49152),
     m.Done(id="j1", finish_reason="length", usage={"prompt_tokens": 1, "completion_tokens": 2}, timing={"ttft_ms": 1.5}, serial={"serial_band": "normal"}),
     m.Error(id="j1", reason=m.ENGINE_CRASHED, detail="twice"),
     m.Snapshot(state={"lanes": [], "lanes_active": 0}),
@@ -65,3 +67,19 @@ def test_a_lone_surrogate_or_a_nan_is_an_encode_error() -> None:
         m.encode(m.Submit(id="j", request={"messages": [{"role": "user", "content": "\ud800"}]}))
     with pytest.raises(m.EncodeError):
         m.encode(m.Submit(id="j", request={"temperature": float("nan")}))
+
+
+def test_an_older_worker_s_hello_and_delta_leave_the_optional_fields_unset() -> None:
+    hello = m.decode(b'{"type": "hello", "model": "m", "engine": "sim", "n_lanes": 1, "lane_ctx": 64, "pid": 1}')
+    assert isinstance(hello, m.Hello) and hello.n_ctx_train is None and hello.n_vocab is None
+    delta = m.decode(b'{"type": "delta", "id": "j", "text": "x", "tokens": 1}')
+    assert isinstance(delta, m.Delta) and delta.logprobs is None
+
+
+@pytest.mark.parametrize("reason", [m.UNSUPPORTED_PARAMETER, m.INVALID_VALUE])
+def test_a_sampler_refusal_is_a_400_naming_its_parameter(reason: str) -> None:
+    from api.link_errors import link_error
+
+    err = link_error(m.Rejected(id="j", reason=reason, detail="'logit_bias' is not supported by the mlx engine.", param="logit_bias"))
+    assert (err.status, err.code, err.param) == (400, reason, "logit_bias")
+    assert "logit_bias" in err.message

@@ -40,6 +40,7 @@ from scheduler.engines.models import model_name_for
 from scheduler.link.pool import PoolSetup
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
+    add_api_arguments,
     add_engine_arguments,
     add_web_arguments,
     apply_web_options,
@@ -291,6 +292,7 @@ class Command(BaseCommand):
         add_engine_arguments(parser, repeat_model=True)
         add_web_arguments(parser)
         parser.add_argument("--config", default=os.environ.get("SUPERFLUID_CONFIG", ""), help="several models from a YAML file (see docs/configuration.md); not with --model")
+        add_api_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
@@ -444,6 +446,9 @@ class Command(BaseCommand):
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
         apply_web_options(options)
+        settings.SUPERFLUID_STRICT_PARAMS = options["strict_params"]
+        # /tokenize reads the vocabulary from it (with several models: the first configured one's)
+        settings.SUPERFLUID_MODEL_PATH = str(model if pool_setup is None else pool_setup.config.models[0].path)
 
         supervisor: WorkerSupervisor | PoolWorkers
         if pool_setup is None:

@@ -1,0 +1,96 @@
+"""The served model's vocabulary in the web process, for ``/tokenize`` and ``/detokenize``.
+
+A GGUF file is opened vocabulary-only (llama.cpp reads the tokenizer metadata, not the weights),
+once, on first use, so these routes never wait behind generation in the worker. An MLX model
+folder uses its ``tokenizer.json`` through Hugging Face ``tokenizers``. Token ids and text are
+the same the worker uses: special tokens written in the text are parsed as such.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+from typing import Protocol
+
+
+class Vocab(Protocol):
+    n_vocab: int
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+
+class GgufVocab:
+    def __init__(self, path: Path) -> None:
+        import llama_cpp
+
+        self._L = L = llama_cpp
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        self._model = L.llama_model_load_from_file(str(path).encode(), params)
+        if not self._model:
+            raise RuntimeError(f"could not read the vocabulary of {path}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.bos = int(L.llama_vocab_bos(self._vocab))
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        while True:
+            buf = (self._L.llama_token * size)()
+            # add_special=False to llama_tokenize: BOS alone is added below, as the engine does
+            n = self._L.llama_tokenize(self._vocab, data, len(data), buf, size, False, parse_special)
+            if n >= 0:
+                break
+            size = -n
+        tokens = list(buf[:n])
+        if add_special and self.add_bos and self.bos >= 0 and tokens[:1] != [self.bos]:
+            tokens.insert(0, self.bos)
+        return tokens
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return ctypes.string_at(buf, max(n, 0))
+
+
+class HfVocab:
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.n_vocab = int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+
+    def piece(self, token: int) -> bytes:
+        return self._tok.decode([token], skip_special_tokens=False).encode("utf-8")
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Vocab] = {}
+
+
+def vocab_for(path: str | Path) -> Vocab:
+    """The vocabulary of the model at ``path`` (loaded once per process)."""
+    key = str(path)
+    with _lock:
+        vocab = _loaded.get(key)
+        if vocab is None:
+            p = Path(path)
+            vocab = HfVocab(p) if p.is_dir() else GgufVocab(p)
+            _loaded[key] = vocab
+        return vocab
+
+
+def detokenize(vocab: Vocab, tokens: list[int]) -> str:
+    return b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")

@@ -1,0 +1,159 @@
+"""Constraints as GBNF grammars: ``response_format`` (JSON, a JSON Schema, a raw grammar) and
+tool calls, for llama.cpp's grammar sampler.
+
+JSON Schema to GBNF is llama-cpp-python's own converter (``llama_cpp.llama_grammar``, the port of
+llama.cpp's ``json_schema_to_grammar``), imported only when a schema is converted. Tool calls are
+written in the generic format of :mod:`scheduler.engines.chat`::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {...}}
+    </tool_call>
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+# JSON with at most one space between tokens: llama.cpp's json.gbnf allows runs of newlines and
+# indentation, which a small model can fill until max_tokens without ever closing the object.
+JSON_OBJECT_GBNF = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null")
+object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"
+array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\""
+number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?
+ws     ::= " "?
+"""
+
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+MAX_PARALLEL_CALLS = 4
+
+
+class GrammarError(ValueError):
+    """A schema or grammar that cannot be turned into a constraint: the request's fault."""
+
+
+def _converter() -> Any:
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    return SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+# llama-cpp-python's converter lets raw control characters into strings, which JSON forbids (and
+# strict parsers reject); llama.cpp's own converter excludes them, as here.
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+def _format(conv: Any) -> str:
+    return str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
+
+
+def _schema_rules(schema: Any, name: str) -> Any:
+    """A converter holding ``schema`` as rule ``name``; GrammarError if it cannot convert."""
+    conv = _converter()
+    try:
+        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
+        conv.visit(resolved, name)
+    except Exception as exc:  # the converter trusts its input: any failure is the schema's
+        raise GrammarError(f"the JSON Schema cannot be enforced: {exc}") from None
+    return conv
+
+
+def schema_grammar(schema: Any) -> str:
+    """GBNF for JSON that fits ``schema`` (a JSON Schema object; ``{}`` is any JSON value).
+    Conversions are cached by the schema's text: agents send the same schema again and again,
+    and converting runs on the engine thread."""
+    if schema in ({}, True):
+        return JSON_OBJECT_GBNF.replace("root   ::= object", "root   ::= value")
+    if not isinstance(schema, dict):
+        raise GrammarError("the JSON Schema must be an object")
+    return _cached_schema_grammar(json.dumps(schema, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_schema_grammar(schema_text: str) -> str:
+    return _format(_schema_rules(_bounded_integers(json.loads(schema_text)), ""))
+
+
+MAX_INTEGER_ENUM = 1024
+
+
+def _bounded_integers(node: Any) -> Any:
+    """llama-cpp-python's converter ignores ``minimum``/``maximum``; an integer with both bounds
+    and at most MAX_INTEGER_ENUM values becomes the enum of them, which it does enforce."""
+    if isinstance(node, list):
+        return [_bounded_integers(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _bounded_integers(v) for k, v in node.items()}
+    lo, hi = out.get("minimum"), out.get("maximum")
+    if out.get("type") == "integer" and "enum" not in out and "const" not in out:
+        if isinstance(out.get("exclusiveMinimum"), int) and not isinstance(out.get("exclusiveMinimum"), bool):
+            lo = out["exclusiveMinimum"] + 1
+        if isinstance(out.get("exclusiveMaximum"), int) and not isinstance(out.get("exclusiveMaximum"), bool):
+            hi = out["exclusiveMaximum"] - 1
+        if all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in (lo, hi)):
+            first, last = int(-(-lo // 1)), int(hi // 1)
+            if 0 <= last - first < MAX_INTEGER_ENUM:
+                return {"enum": list(range(first, last + 1))}
+    return out
+
+
+def response_grammar(response_format: dict[str, Any] | None) -> str | None:
+    """The grammar for a request's normalised ``response_format`` (see ``api.schemas``)."""
+    if not response_format:
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return JSON_OBJECT_GBNF
+    if kind == "json_schema":
+        return schema_grammar(response_format.get("schema") or {})
+    if kind == "grammar":
+        return str(response_format["grammar"])
+    return None
+
+
+def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``."""
+    params = tool.get("parameters") or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+    if choice in ("auto", "none") or not tools:
+        return None
+    return _cached_tool_grammar(json.dumps([tools, choice, parallel], sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_tool_grammar(key: str) -> str | None:
+    tools, choice, parallel = json.loads(key)
+    return _tool_grammar(tools, choice, parallel)
+
+
+def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+    """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
+    ``auto``/``none`` (the model may then answer in text). A named function is called once;
+    ``required`` with ``parallel`` allows up to MAX_PARALLEL_CALLS calls."""
+    if choice in ("auto", "none") or not tools:
+        return None
+    if isinstance(choice, dict):
+        chosen = [t for t in tools if t["name"] == choice.get("name")]
+    else:
+        chosen = list(tools)
+    schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
+    conv = _schema_rules(schema, "call")
+    one = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
+    many = parallel and not isinstance(choice, dict)
+    conv._add_rule("root", f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one)
+    return _format(conv)

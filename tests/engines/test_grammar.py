@@ -1,0 +1,82 @@
+"""Constraints as GBNF (scheduler.engines.grammar): what a request's schema or tools become, and
+that hostile schemas are a clean GrammarError (a 400), never a crash of the engine thread."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.engines.grammar import (
+    JSON_OBJECT_GBNF,
+    GrammarError,
+    response_grammar,
+    schema_grammar,
+    tool_grammar,
+)
+
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CLOCK = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+
+
+def test_response_formats_map_to_grammars() -> None:
+    assert response_grammar(None) is None
+    assert response_grammar({"type": "json_object"}) == JSON_OBJECT_GBNF
+    assert response_grammar({"type": "grammar", "grammar": 'root ::= "x"'}) == 'root ::= "x"'
+    g = response_grammar({"type": "json_schema", "schema": {"type": "object", "properties": {"n": {"type": "integer"}}}})
+    assert g is not None and '"\\"n\\""' in g
+
+
+def test_strings_in_schema_grammars_exclude_raw_control_characters() -> None:
+    g = schema_grammar({"type": "object", "properties": {"s": {"type": "string"}}})
+    assert 'char ::= [^"\\\\\\x7F\\x00-\\x1F]' in g
+
+
+def test_tool_grammar_forces_the_named_function_once_and_required_allows_parallel_calls() -> None:
+    assert tool_grammar([WEATHER], "auto", True) is None and tool_grammar([WEATHER], "none", True) is None
+    named = tool_grammar([WEATHER, CLOCK], {"name": "get_weather"}, True)
+    assert named is not None and '"\\"get_weather\\""' in named and "get_time" not in named
+    assert re.search(r"^root ::= .*\"\\n</tool_call>\"$", named, re.M)
+    required = tool_grammar([WEATHER, CLOCK], "required", True)
+    assert required is not None and "get_time" in required and "{0,3}" in required
+    assert "{0,3}" not in (tool_grammar([WEATHER, CLOCK], "required", False) or "")
+
+
+def test_unenforceable_schemas_are_grammar_errors() -> None:
+    for bad in ({"$ref": "#/nowhere"}, {"type": "string", "pattern": "(("}, [1], "x"):
+        try:
+            schema_grammar(bad)
+        except GrammarError:
+            continue
+        raise AssertionError(f"{bad!r} converted")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["type", "properties", "items", "required", "enum", "const", "$ref", "anyOf",
+                         "minLength", "maxLength", "pattern", "minimum", "additionalProperties", "x"]),
+        inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(json_values)
+def test_any_schema_converts_or_is_a_grammar_error(schema: Any) -> None:
+    try:
+        g = schema_grammar(schema)
+    except GrammarError:
+        return
+    assert "root ::=" in g or "root   ::=" in g
+    json.dumps(schema)  # what came in was JSON: nothing was mutated into something else
+
+
+def test_integer_bounds_are_enforced_as_an_enum_when_the_range_is_small() -> None:
+    g = schema_grammar({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}}})
+    age = next(line for line in g.splitlines() if line.startswith("age ::="))
+    assert '"150"' in age and '"151"' not in age and '"-' not in age
+    assert schema_grammar({"type": "integer", "minimum": 5, "exclusiveMaximum": 8}).splitlines()[0] == 'root ::= "5" | "6" | "7"'
