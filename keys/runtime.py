@@ -183,7 +183,9 @@ class KeyRuntime:
         self.start()
         if not self.loaded.is_set():
             await asyncio.wait_for(self.loaded.wait(), timeout_s)
-        if self.watch and self.poke.is_set():
+        # A poke not yet read, or one the watcher has just taken and is reading now (it clears
+        # the poke before its read): either way this request waits for that read.
+        if self.watch and (self.poke.is_set() or self._lock.locked()):
             self.poke.clear()
             with contextlib.suppress(Exception):  # the watcher logs failures and tries again
                 await asyncio.wait_for(self.refresh(), timeout_s)
