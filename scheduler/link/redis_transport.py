@@ -251,14 +251,7 @@ class RedisTransport(Transport):
     async def _became_connected(self, hello: Hello) -> None:
         """The first worker is there (or Redis is back): send the config and every job that was
         never enqueued. Jobs already in Redis keep their place and their readers."""
-        if self.hello is not None and hello.pid != self.hello.pid:
-            self.worker_restarts += 1
-        self.hello = hello
-        self._connection += 1
-        self._lost_since = None
-        self._connected.set()
-        if self.worker_config is not None:
-            await self._send(encode(self.worker_config))
+        await self._greet(hello)
         for handle in list(self.inflight.values()):
             if handle.sent_on == -1:
                 handle.sent_on = self._connection

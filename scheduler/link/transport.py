@@ -177,8 +177,8 @@ class Transport(ABC):
 
     # -- what the carrier reports ---------------------------------------------------------
 
-    async def _on_hello(self, hello: Hello) -> None:
-        """A worker is there: send the config, then every job in flight again."""
+    async def _greet(self, hello: Hello) -> None:
+        """Note the worker that answered (a new pid counts a restart) and send it the config."""
         if self.hello is not None and hello.pid != self.hello.pid:
             self.worker_restarts += 1
         self.hello = hello
@@ -187,6 +187,10 @@ class Transport(ABC):
         self._connected.set()
         if self.worker_config is not None:
             await self._send(encode(self.worker_config))
+
+    async def _on_hello(self, hello: Hello) -> None:
+        """A worker is there: send the config, then every job in flight again."""
+        await self._greet(hello)
         for handle in list(self.inflight.values()):
             try:
                 data = encode(handle.resubmission())
