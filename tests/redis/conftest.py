@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -136,3 +136,15 @@ async def head(url: str, prefix: str) -> RedisTransport:
     link = RedisTransport(url, prefix=prefix, poll_s=0.2)
     assert await link.wait_connected(20), "no worker showed up"
     return link
+
+
+@pytest.fixture(autouse=True)
+async def _close_this_loops_limiters() -> AsyncIterator[None]:
+    """Admission's shared Redis limiters belong to the test's event loop: close them with it, so
+    a connection left half-open (Redis was stopped) is not collected during a later test."""
+    yield
+    from keys import limits
+
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in limits._limiters if k[0] == loop_id]:
+        await limits._limiters.pop(key).client.aclose()
