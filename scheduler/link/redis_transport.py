@@ -130,6 +130,9 @@ class RedisTransport(Transport):
     # -- lifecycle ----------------------------------------------------------------------
 
     def _redis(self) -> aioredis.Redis:
+        if self._stopped:
+            # a cancel or a reader after stop() would open a client nobody closes
+            raise ConnectionError("the Redis link is stopped")
         if self._client is None:
             import redis.asyncio as aioredis
 
@@ -143,19 +146,23 @@ class RedisTransport(Transport):
         assert self._scripts is not None
         return self._scripts
 
+    _stopped = False
+
     def start(self) -> None:
+        self._stopped = False
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-redis-link")
 
     async def stop(self) -> None:
-        tasks = [t for t in [self._task, *self._readers.values()] if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._task = None
-        self._readers.clear()
+        self._stopped = True
+        while tasks := [t for t in [self._task, *self._readers.values()] if t is not None]:
+            self._task = None
+            self._readers.clear()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
@@ -260,6 +267,8 @@ class RedisTransport(Transport):
     # -- carrying -----------------------------------------------------------------------
 
     async def _send(self, data: bytes) -> None:
+        if self._stopped:
+            return  # shutting down: a job left behind is given back when its lease lapses
         try:
             message = decode(data)
         except ValueError:
