@@ -35,6 +35,11 @@ class EngineError(Exception):
         self.partial = partial
 
 
+class StepAborted(EngineError):
+    """An engine step stopped by :meth:`abort_step` before it finished; the engine rolled the
+    step back (nothing of it is in the KV cache and nothing was sampled)."""
+
+
 class Engine(Protocol):
     name: str  # "llamacpp", "mlx", "sim"
     n_lanes: int  # lanes (sequence ids) the engine was built with
@@ -252,6 +257,10 @@ def run_tick(
             t = clock()
             try:
                 sampled = engine.forward(step)
+            except StepAborted:
+                # rolled back: the tick ends as if it had stopped before this step
+                result.stopped_early = True
+                break
             except EngineError as error:
                 error.partial = result  # earlier steps of this tick are in the KV cache
                 raise

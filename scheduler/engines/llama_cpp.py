@@ -20,7 +20,7 @@ from typing import Any
 import llama_cpp
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, TickResult
-from scheduler.engines.base import EngineError, Step, run_tick
+from scheduler.engines.base import EngineError, Step, StepAborted, run_tick
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
@@ -68,6 +68,20 @@ def _init_backend() -> None:
             llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
             _backend_ready = True
+
+
+def _flag_reader() -> int | None:
+    """The address of a C function ``f(p)`` that is true when the byte at ``p`` is non-zero, for
+    llama.cpp's abort callback: libc's ``strlen`` over a two-byte flag (b"\\x01\\x00" or
+    b"\\x00\\x00": length 1 or 0). llama.cpp polls the callback after every graph node on a
+    compute thread; a Python callback there would take the GIL hundreds of times a step and
+    stall the other compute threads at their barrier whenever another thread of the worker
+    holds it. None where no C library is found (steps are then not abortable)."""
+    try:
+        libc = ctypes.CDLL(None) if os.name != "nt" else ctypes.cdll.msvcrt
+        return ctypes.cast(libc.strlen, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
 
 
 def _take_log() -> str:
@@ -255,6 +269,19 @@ class LlamaCppEngine:
             raise _err("could not create llama.cpp context", permanent=True)
         self._mem = L.llama_get_memory(self._ctx)
 
+        # Abortable steps: abort_step() sets the flag from any thread; llama.cpp stops the
+        # running llama_decode at its next graph node and removes the step's cells from the KV
+        # cache (every step is one ubatch: n_ubatch == n_batch). Only steps that carry prompt
+        # tokens watch the flag; a decode round is short and every stream waits for it.
+        self._abort_flag = ctypes.create_string_buffer(2)
+        self._no_abort = ctypes.create_string_buffer(2)
+        self._abort_watching = False
+        reader = _flag_reader() if hasattr(L, "llama_set_abort_callback") else None
+        self.abortable = reader is not None
+        if reader is not None:
+            self._abort_fn = L.ggml_abort_callback(reader)
+            L.llama_set_abort_callback(self._ctx, self._abort_fn, ctypes.addressof(self._no_abort))
+
         # One batch for the engine's life. Views over its C arrays let the hot path write
         # whole runs of tokens/positions with slice assignment instead of per-element ctypes
         # pointer indexing.
@@ -427,7 +454,11 @@ class LlamaCppEngine:
                 outputs.append((lane, end - 1))
             n = end
         self._batch.n_tokens = n
+        self._watch_abort(step.prefill)
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
+        if ret == 2 and step.prefill:
+            _take_log()  # llama.cpp's note that it removed the step's cells
+            raise StepAborted("step aborted")
         if ret != 0:
             raise _err(f"llama_decode returned {ret}", permanent=ret < 0)
         sample, ctx, samplers, logprob_lanes = llama_cpp.llama_sampler_sample, self._ctx, self._samplers, self._logprob_lanes
@@ -441,6 +472,20 @@ class LlamaCppEngine:
     def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
         taken, self._step_logprobs = self._step_logprobs, {}
         return taken
+
+    def abort_step(self) -> None:
+        """Stop the step in flight if it carries prompt tokens, and any such step until
+        :meth:`clear_abort` (thread-safe: one byte store)."""
+        self._abort_flag[0] = b"\x01"
+
+    def clear_abort(self) -> None:
+        self._abort_flag[0] = b"\x00"
+
+    def _watch_abort(self, watch: bool) -> None:
+        if self.abortable and watch != self._abort_watching:
+            flag = self._abort_flag if watch else self._no_abort
+            llama_cpp.llama_set_abort_callback(self._ctx, self._abort_fn, ctypes.addressof(flag))
+            self._abort_watching = watch
 
     def probe(self) -> None:
         """Decode a few tokens through the path requests take (a prompt batch on two lanes, then

@@ -165,9 +165,17 @@ class EngineWorker:
     def _on_message(self, message: Message) -> None:
         """Runs on a reader thread: stop the tick in flight when someone must not wait for it."""
         if isinstance(message, (Cancel, Disconnected)):
-            self.interrupt.set()
+            self._interrupt()
         elif isinstance(message, Submit) and self._prepare_queue is None and _urgent(message):
-            self.interrupt.set()
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        """Stop the tick in flight: between its engine steps, and inside a step that carries
+        prompt tokens where the engine can abort one (llama.cpp rolls it back)."""
+        self.interrupt.set()
+        abort = getattr(self.engine, "abort_step", None)
+        if abort is not None:
+            abort()
 
     def serve(self, link: LinkServer, drain_timeout_s: float = 30.0) -> None:
         self.link = link
@@ -248,7 +256,7 @@ class EngineWorker:
                 result = Prepared(message.id, None, exc)
             self.inbox.put((conn, result))
             if _urgent(message):
-                self.interrupt.set()
+                self._interrupt()
 
     def _build(self, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
         """The job for a Submit; Refusal if it cannot be one (any failure refuses this job alone)."""
@@ -638,6 +646,9 @@ class EngineWorker:
         while True:
             idle = self.scheduler.idle
             self.interrupt.clear()
+            clear_abort = getattr(self.engine, "clear_abort", None)
+            if clear_abort is not None:
+                clear_abort()
             self._drain_inbox(0.05 if idle else 0.0)
             if self.draining:
                 if drain_deadline is None:

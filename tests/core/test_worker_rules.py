@@ -10,7 +10,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.base import EngineError
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import INVALID_PROMPT, Accepted, Done, Message, Rejected, Submit
+from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Done, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.pressure import PressureMonitor, macos_level
@@ -168,3 +168,32 @@ def test_no_park_turns_parking_off_and_is_forwarded_to_the_worker() -> None:
     argv = engine_argv(options, model=__import__("pathlib").Path("/m.gguf"))
     assert "--no-park" in argv and "--no-park" not in engine_argv(parse([]), model=__import__("pathlib").Path("/m.gguf"))
     assert parse(argv[2:])["no_park"] is True
+
+
+class Abortable(SimEngine):
+    """The simulator with llama.cpp's abort hooks, noting each call."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.calls: list[str] = []
+
+    def abort_step(self) -> None:
+        self.calls.append("abort")
+
+    def clear_abort(self) -> None:
+        self.calls.append("clear")
+
+
+def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_clears_it() -> None:
+    engine = Abortable(n_lanes=2, lane_ctx=512)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", prepare_in_thread=False)
+    background = Submit("bg", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=3)
+    worker._on_message(background)
+    assert engine.calls == [] and not worker.interrupt.is_set()  # a batch job waits for the step
+    worker._on_message(Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=0))
+    assert engine.calls == ["abort"] and worker.interrupt.is_set()
+    worker._on_message(Cancel("bg"))
+    assert engine.calls == ["abort", "abort"]
+    worker.drain()
+    worker.run(drain_timeout_s=0.0)  # each turn of the loop clears the flag before its tick
+    assert engine.calls[2] == "clear" and not worker.interrupt.is_set()

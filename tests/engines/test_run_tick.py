@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.core.kv_pool import PoolOps
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
-from scheduler.engines.base import EngineError, Step, run_tick
+from scheduler.engines.base import EngineError, Step, StepAborted, run_tick
 from scheduler.engines.sim import SimEngine, SimParked
 
 
@@ -17,10 +17,11 @@ class Recording(SimEngine):
     """The simulator, noting each primitive it is asked for; ``fail_at`` makes that forward call
     (1-based) fail as llama.cpp does when the KV cache has no room."""
 
-    def __init__(self, fail_at: int = 0, **kw: Any) -> None:
+    def __init__(self, fail_at: int = 0, abort_at: int = 0, **kw: Any) -> None:
         super().__init__(**kw)
         self.log: list[str] = []
         self.fail_at = fail_at
+        self.abort_at = abort_at  # that forward call is aborted (rolled back) as llama.cpp does
         self.forwards = 0
 
     def save(self, seq: int) -> SimParked:
@@ -51,6 +52,8 @@ class Recording(SimEngine):
         self.forwards += 1
         if self.forwards == self.fail_at:
             raise EngineError("llama_decode returned 1", permanent=False)
+        if self.forwards == self.abort_at:
+            raise StepAborted("step aborted")
         self.log.append("forward " + ",".join(f"{p.lane}:{len(p.tokens)}" for p in step.pieces))
         return super().forward(step)
 
@@ -117,6 +120,15 @@ def test_should_stop_is_asked_between_steps_and_the_tick_says_it_stopped() -> No
     plan = TickPlan(tick=1, bind=[LaneBind(0, "a", GREEDY)], feeds=[LaneFeed(0, "a", 0, list(range(10)), True)], step_tokens=4)
     result = run_tick(engine, plan, lambda: True, engine.clock)
     assert result.stopped_early and result.fed == {0: 4} and engine.forwards == 1
+
+
+def test_an_aborted_step_ends_the_tick_with_what_the_earlier_steps_did() -> None:
+    engine = Recording(abort_at=2, n_lanes=1)
+    plan = TickPlan(tick=1, bind=[LaneBind(0, "a", GREEDY)], feeds=[LaneFeed(0, "a", 0, list(range(10)), True)], step_tokens=4)
+    result = run_tick(engine, plan, lambda: False, engine.clock)
+    # no error: the tick stopped early, the first step's four tokens in, the aborted one not
+    assert result.stopped_early and result.fed == {0: 4} and result.sampled == {}
+    assert len(engine.kv[0]) == 4 and engine.forwards == 2
 
 
 class WithLogprobs(Recording):

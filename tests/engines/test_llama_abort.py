@@ -1,0 +1,73 @@
+"""Abortable steps on the real llama.cpp engine (issue 13): a step carrying prompt tokens stops
+when ``abort_step()`` is set and llama.cpp rolls it back, so the lane is as it was before the
+step and running the step again gives what an undisturbed engine gives; decode-only steps are
+never aborted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import llama_cpp
+import pytest
+
+from bench.engine_driver import GREEDY, chat, generate, never, release
+from scheduler.core.types import LaneBind, LaneFeed, TickPlan
+from scheduler.engines.llama_cpp import LlamaCppEngine
+from scheduler.engines.models import default_model_path
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    eng = LlamaCppEngine(default_model_path(), n_lanes=2, lane_ctx=1024)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(engine: LlamaCppEngine) -> Iterator[None]:
+    engine.clear_abort()
+    yield
+    engine.clear_abort()
+    release(engine, 0, 1)
+
+
+def cells(engine: LlamaCppEngine, lane: int) -> int:
+    return int(llama_cpp.llama_memory_seq_pos_max(engine._mem, lane)) + 1
+
+
+def test_an_aborted_prefill_step_is_rolled_back_and_runs_again_as_if_never_started(engine: LlamaCppEngine) -> None:
+    assert engine.abortable
+    story = chat(engine, "Tell me a long story about a dragon who learns to bake bread. " * 3)
+    reference = generate(engine, 1, story, max_tokens=12)
+    release(engine, 1)
+    # lane 0 holds a conversation in the middle of its reply while lane 1's prompt arrives
+    other = chat(engine, "What is the capital of France?")
+    before = generate(engine, 0, other, max_tokens=4)
+    lane0 = cells(engine, 0)
+
+    plan = TickPlan(tick=0, step_tokens=512)
+    plan.bind.append(LaneBind(lane=1, job_id="story", sampling=GREEDY))
+    plan.feeds.append(LaneFeed(lane=1, job_id="story", start_pos=0, tokens=story, sample=True))
+    engine.abort_step()
+    result = engine.execute(plan, never)
+    assert result.stopped_early and result.fed == {} and result.sampled == {}
+    assert cells(engine, 1) == 0  # nothing of the step is left in lane 1's KV
+    assert cells(engine, 0) == lane0  # and lane 0 lost nothing
+
+    engine.clear_abort()
+    release(engine, 1)
+    assert generate(engine, 1, story, max_tokens=12) == reference
+    # lane 0 goes on where it was
+    assert len(before) == 4 and cells(engine, 0) == lane0
+
+
+def test_a_decode_only_step_is_never_aborted(engine: LlamaCppEngine) -> None:
+    prompt = chat(engine, "List three prime numbers.")
+    first = generate(engine, 0, prompt, max_tokens=1)
+    engine.abort_step()
+    plan = TickPlan(tick=1)
+    plan.feeds.append(LaneFeed(lane=0, job_id="run0", start_pos=len(prompt), tokens=first, sample=True, decode=True))
+    result = engine.execute(plan, never)
+    assert not result.stopped_early and result.fed == {0: 1} and 0 in result.sampled
