@@ -8,6 +8,8 @@ import logging
 import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from api.admission import authenticate
 from api.errors import ApiError
@@ -95,3 +97,16 @@ def test_a_weak_or_malformed_static_key_stops_the_start_without_echoing_it(raw: 
 def test_only_the_digest_of_the_static_key_is_kept() -> None:
     assert static_key_digest("SUPERFLUID_API_KEY", f" {STATIC}\n") == digest_of(STATIC)
     assert static_key_digest("SUPERFLUID_API_KEY", "") == ""
+
+
+@settings(max_examples=200)
+@given(presented=st.text(min_size=1, max_size=60))
+def test_nothing_but_the_static_key_itself_matches_it(presented: str) -> None:
+    """Hostile keys: the snapshot's lookup (hash, then a constant-time confirmation) finds the
+    static key for its exact secret only."""
+    from keys.runtime import Key, Snapshot
+
+    k = Key(id=-1, name=STATIC_KEY_NAME, digest=digest_of(STATIC))
+    snap = Snapshot(version=1, keys_by_digest={k.digest: k})
+    assert (snap.lookup(presented) is k) is (presented == STATIC)
+    assert snap.lookup(STATIC) is k
