@@ -47,6 +47,20 @@ def create_key(key: ApiKey) -> str:
 
 
 @transaction.atomic
+def rotate_key(key: ApiKey) -> str:
+    """Give ``key`` a new secret and return it (shown once): the old secret stops working as
+    soon as the running server reads the change (at once in this process, within
+    ``keys.runtime.POLL_S`` in others). Name, policy and history stay."""
+    secret = new_secret()
+    n = ApiKey.objects.filter(pk=key.pk).update(digest=digest_of(secret), prefix=display_prefix(secret), updated=timezone.now())
+    if n != 1:
+        raise ApiKey.DoesNotExist(f"no API key with id {key.pk}")
+    key.digest, key.prefix = digest_of(secret), display_prefix(secret)
+    _changed()
+    return secret
+
+
+@transaction.atomic
 def save_key(key: ApiKey) -> ApiKey:
     """Save edits to an existing key (owner, notes, policy, expiry, revoked)."""
     key.full_clean()

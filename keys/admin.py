@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 
-from . import actions
+from . import actions, usage
 from .models import ApiKey, ClassLaneCap, KeyPolicy
 
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
@@ -38,7 +39,10 @@ class KeyStatusFilter(admin.SimpleListFilter):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "secret_prefix", "policy", "owner", "status", "created", "last_used", "expires")
+    list_display = (
+        "name", "secret_prefix", "policy", "owner", "status", "created", "last_used", "expires",
+        "requests", "tokens_in", "tokens_out", "errors",
+    )
     list_filter = (KeyStatusFilter, "revoked", "policy")
     search_fields = ("name", "owner", "notes", "prefix")
     list_select_related = ("policy",)
@@ -62,6 +66,85 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if obj.is_expired():
             return "expired"
         return "active"
+
+    # -- usage, from the activity log (keys/usage.py) ----------------------------------------
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
+        qs = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name == "keys_apikey_changelist":
+            qs = qs.annotate(**usage.annotations())
+        return qs
+
+    @staticmethod
+    def _pair(obj: ApiKey, measure: str) -> str:
+        day, month = getattr(obj, f"usage_{measure}_24h", None), getattr(obj, f"usage_{measure}_30d", None)
+        if day is None or month is None:
+            return "-"
+        return f"{day:,} / {month:,}"
+
+    @admin.display(description="requests 24 h / 30 d", ordering="usage_requests_30d")
+    def requests(self, obj: ApiKey) -> str:
+        return self._pair(obj, "requests")
+
+    @admin.display(description="tokens in 24 h / 30 d", ordering="usage_tokens_in_30d")
+    def tokens_in(self, obj: ApiKey) -> str:
+        return self._pair(obj, "tokens_in")
+
+    @admin.display(description="tokens out 24 h / 30 d", ordering="usage_tokens_out_30d")
+    def tokens_out(self, obj: ApiKey) -> str:
+        return self._pair(obj, "tokens_out")
+
+    @admin.display(description="errors 24 h / 30 d", ordering="usage_errors_30d")
+    def errors(self, obj: ApiKey) -> str:
+        return self._pair(obj, "errors")
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if obj is not None:
+            now = timezone.now()
+            context["usage_totals"] = usage.totals(obj.name, now)
+            context["usage_hours"] = usage.chart(usage.buckets(obj.name, hours=True, now=now), "hour")
+            context["usage_days"] = usage.chart(usage.buckets(obj.name, hours=False, now=now), "day")
+            context["rotate_url"] = reverse("admin:keys_apikey_rotate", args=[obj.pk])
+        return super().change_view(request, object_id, form_url, context)
+
+    # -- rotating a secret ----------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        rotate = path("<int:key_id>/rotate/", self.admin_site.admin_view(self.rotate_view), name="keys_apikey_rotate")
+        return [rotate, *super().get_urls()]
+
+    def rotate_view(self, request: HttpRequest, key_id: int) -> HttpResponse:
+        """GET: ask. POST: a new secret, shown on this one page only (never stored, not even in
+        a message or the session); the old one is refused from the server's next read on."""
+        key = ApiKey.objects.filter(pk=key_id).first()
+        if key is None:
+            raise Http404("No such API key.")
+        if not self.has_change_permission(request, key):
+            raise PermissionDenied
+        opts = self.model._meta
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": opts,
+            "original": key,
+            "change_url": reverse("admin:keys_apikey_change", args=[key.pk]),
+            "add_url": reverse("admin:keys_apikey_add"),
+            "list_url": reverse("admin:keys_apikey_changelist"),
+        }
+        if request.method != "POST":
+            context["title"] = f"Rotate the secret of “{key.name}”"
+            return TemplateResponse(request, "admin/keys/apikey/rotate.html", context)
+        old_prefix = key.prefix
+        secret = actions.rotate_key(key)
+        self.log_change(request, key, f"Rotated the secret ({old_prefix}… replaced by {key.prefix}…).")
+        context.update(title=f"API key “{key.name}”: new secret", secret=secret, rotated=True)
+        response = TemplateResponse(request, "admin/keys/apikey/created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    # -- saving ---------------------------------------------------------------------------
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
@@ -96,14 +179,25 @@ class ApiKeyAdmin(admin.ModelAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
+    def _set_revoked(self, request: HttpRequest, queryset: QuerySet[ApiKey], revoked: bool) -> int:
+        """Revoke (or restore) in one transaction, and note it in each key's history (the admin's
+        LogEntry) with who did it. Keys already in that state are left alone."""
+        keys = list(queryset.filter(revoked=not revoked))
+        if keys:
+            actions.revoke_keys(keys, revoked=revoked)
+        note = "Revoked with the bulk action." if revoked else "Restored (revoke undone) with the bulk action."
+        for key in keys:
+            self.log_change(request, key, note)
+        return len(keys)
+
     @admin.action(description="Revoke the selected keys")
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        n = actions.revoke_keys(list(queryset))
+        n = self._set_revoked(request, queryset, True)
         self.message_user(request, f"Revoked {n} key(s); the server refuses them from now on.", messages.SUCCESS)
 
     @admin.action(description="Restore the selected keys (undo revoke)")
     def restore_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        n = actions.revoke_keys(list(queryset), revoked=False)
+        n = self._set_revoked(request, queryset, False)
         self.message_user(request, f"Restored {n} key(s).", messages.SUCCESS)
 
 

@@ -126,6 +126,13 @@ class ApiKey(models.Model):
     def is_expired(self, now: object | None = None) -> bool:
         return self.expires is not None and self.expires <= (now or timezone.now())
 
+    def clean(self) -> None:
+        from .runtime import STATIC_KEY_NAME
+
+        if self.name == STATIC_KEY_NAME:
+            # the environment's static key goes by this name: its limits and usage would mix
+            raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
+
 
 class ClassLaneCap(models.Model):
     model = models.CharField(max_length=200, blank=True, help_text="Model id; empty = all models.")

@@ -97,6 +97,53 @@ def read_version() -> int:
     return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
 
 
+def policy_of(p: Any) -> Policy:
+    """The runtime's frozen copy of a ``KeyPolicy`` row."""
+    return Policy(
+        name=p.name,
+        default_class=QosClass(p.default_class),
+        max_class=QosClass(p.max_class),
+        allow_batch_invariant=p.allow_batch_invariant,
+        rate_limit_rpm=p.rate_limit_rpm,
+        max_concurrent=p.max_concurrent,
+        priority_offset=p.priority_offset,
+        allowed_models=tuple(p.model_list),
+        is_admin=p.is_admin,
+        share_prefix_cache=p.share_prefix_cache,
+        allow_pin_prefix=p.allow_pin_prefix,
+    )
+
+
+# SUPERFLUID_API_KEY: the name it goes by in logs, metrics, the activity log and per-key limits
+# (an admin key may not take it), and an id no database row has
+STATIC_KEY_NAME = "SUPERFLUID_API_KEY"
+STATIC_KEY_ID = -(2**31)
+
+
+def static_key(from_file: dict[str, Key] | None = None) -> Key | None:
+    """The key of ``SUPERFLUID_API_KEY`` (None without one), following the policy named by
+    ``SUPERFLUID_API_KEY_POLICY``: an admin policy, else one of the --key-policy file's, else,
+    when unnamed, the server's defaults. A named policy that exists nowhere refuses the key (it
+    would otherwise get more than it was meant to) and says so in the log."""
+    digest = str(getattr(settings, "SUPERFLUID_API_KEY_SHA256", "") or "")
+    if not digest:
+        return None
+    name = str(getattr(settings, "SUPERFLUID_API_KEY_POLICY", "") or "")
+    policy: Policy | None = None
+    if name:
+        from .models import KeyPolicy
+
+        row = KeyPolicy.objects.filter(name=name).first()
+        if row is not None:
+            policy = policy_of(row)
+        else:
+            policy = next((k.policy for k in (from_file or {}).values() if k.policy is not None and k.policy.name == name), None)
+        if policy is None:
+            log.error("SUPERFLUID_API_KEY_POLICY names no policy %r: the static key is refused until one exists", name)
+            return None
+    return Key(id=STATIC_KEY_ID, name=STATIC_KEY_NAME, digest=digest, policy=policy)
+
+
 def load_snapshot() -> Snapshot:
     """Everything admission needs, in one read (the tables are small). The version is read first:
     a change committed meanwhile leaves newer rows under an older number, read again next poll."""
@@ -108,26 +155,17 @@ def load_snapshot() -> Snapshot:
     for row in ApiKey.objects.select_related("policy"):
         policy = None
         if row.policy is not None:
-            p = row.policy
-            policy = policies.get(p.pk)
+            policy = policies.get(row.policy.pk)
             if policy is None:
-                policy = policies[p.pk] = Policy(
-                    name=p.name,
-                    default_class=QosClass(p.default_class),
-                    max_class=QosClass(p.max_class),
-                    allow_batch_invariant=p.allow_batch_invariant,
-                    rate_limit_rpm=p.rate_limit_rpm,
-                    max_concurrent=p.max_concurrent,
-                    priority_offset=p.priority_offset,
-                    allowed_models=tuple(p.model_list),
-                    is_admin=p.is_admin,
-                    share_prefix_cache=p.share_prefix_cache,
-                    allow_pin_prefix=p.allow_pin_prefix,
-                )
+                policy = policies[row.policy.pk] = policy_of(row.policy)
         keys[row.digest] = Key(id=row.pk, name=row.name, digest=row.digest, policy=policy, expires=row.expires, revoked=row.revoked)
     from .policyfile import file_keys
 
-    for digest, key in file_keys().items():  # --key-policy FILE: the database's keys win
+    from_file = file_keys()
+    static = static_key(from_file)
+    if static is not None:  # the database's keys win
+        keys.setdefault(static.digest, static)
+    for digest, key in from_file.items():  # --key-policy FILE: the database's keys win
         keys.setdefault(digest, key)
     caps: dict[str, dict[QosClass, int]] = {}
     for cap in ClassLaneCap.objects.all():

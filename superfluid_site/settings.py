@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from superfluid_site.deploy import csrf_trusted_origins, proxy_ssl_header, static_key_digest
 from superfluid_site.env import EnvError, env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -73,6 +74,15 @@ ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 # (api/edge.py), e.g. https://app.example.com
 SUPERFLUID_ALLOWED_ORIGINS = env_list("SUPERFLUID_ALLOWED_ORIGINS", "")
 CSRF_FAILURE_VIEW = "api.edge.csrf_failure"  # JSON under the API's paths
+# -- behind a reverse proxy (docs/deployment.md) -------------------------------------------
+# Origins whose forms (the admin's login) may POST here besides this host's own, e.g. the
+# https:// address a TLS proxy serves us under
+CSRF_TRUSTED_ORIGINS = csrf_trusted_origins("DJANGO_CSRF_TRUSTED_ORIGINS", env_list("DJANGO_CSRF_TRUSTED_ORIGINS", ""))
+# Opt-in: trust this header to say the client reached the proxy over TLS. Only behind a proxy that
+# always sets (or strips) it: otherwise any client could claim https.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header("DJANGO_SECURE_PROXY_SSL_HEADER", env_str("DJANGO_SECURE_PROXY_SSL_HEADER", ""))
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)  # opt-in: cookies only over https
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
 
 INSTALLED_APPS = [
     "daphne",
@@ -176,6 +186,11 @@ SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes;
 # -- keys and admission (docs/keys.md) ------------------------------------------------------
 SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)
 SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY  # serve also sets it when binding beyond loopback
+# A static key from the environment (containers), accepted beside the admin's keys under the
+# name SUPERFLUID_API_KEY. Only its SHA-256 is kept here; the secret itself is never stored.
+SUPERFLUID_API_KEY_SHA256 = static_key_digest("SUPERFLUID_API_KEY", env_str("SUPERFLUID_API_KEY", ""))
+# The admin's (or --key-policy file's) policy the static key follows; empty = the server's defaults
+SUPERFLUID_API_KEY_POLICY = env_str("SUPERFLUID_API_KEY_POLICY", "")
 SUPERFLUID_RATE_LIMIT = env_int("SUPERFLUID_RATE_LIMIT", 0)  # per-IP requests/minute without a key limit; 0 = off
 SUPERFLUID_COMPLETION_RATE = env_str("SUPERFLUID_COMPLETION_RATE", "10/s")  # FIM token bucket per client
 SUPERFLUID_COMPLETION_BURST = env_int("SUPERFLUID_COMPLETION_BURST", 20)

@@ -442,6 +442,9 @@ class Command(BaseCommand):
         settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
         settings.SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(options["key_policy"]) if options["key_policy"] else ""
         settings.SUPERFLUID_KEYS_REQUIRED = options["require_key"] or not is_loopback(options["host"])
+        from superfluid_site.deploy import with_bound_host
+
+        settings.ALLOWED_HOSTS = with_bound_host(list(settings.ALLOWED_HOSTS), options["host"])  # http://HOST:PORT answers
         settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
         settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
         settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]

@@ -1,0 +1,72 @@
+"""Deployment settings read from the environment: behind a TLS proxy, in a container.
+
+Pure functions (no Django): the settings module calls them, ``serve`` calls
+:func:`with_bound_host`, and the tests call them directly. Every one raises
+:class:`~superfluid_site.env.EnvError` naming the variable when its value cannot be right, so a
+typo stops the process instead of leaving a deployment that quietly refuses every login.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from superfluid_site.env import EnvError
+
+STATIC_KEY_MIN_CHARS = 16  # a static key shorter than this is refused at start
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]+$")
+
+
+def csrf_trusted_origins(name: str, values: list[str]) -> list[str]:
+    """``DJANGO_CSRF_TRUSTED_ORIGINS``: each a scheme and a host (``https://llm.example.com``,
+    ``https://*.example.com``), as Django requires since 4.0."""
+    for value in values:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+            raise EnvError(f"{name}: {value!r} is not an origin (write it as https://host or https://host:port)")
+    return [v.rstrip("/") for v in values]
+
+
+def proxy_ssl_header(name: str, raw: str) -> tuple[str, str] | None:
+    """``DJANGO_SECURE_PROXY_SSL_HEADER``: the header the proxy sets on requests that came to it
+    over TLS, ``X-Forwarded-Proto`` (meaning ``X-Forwarded-Proto: https``) or ``Name=value``;
+    Django's SECURE_PROXY_SSL_HEADER (``("HTTP_X_FORWARDED_PROTO", "https")``). Empty: off."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    header, sep, value = raw.partition("=")
+    header, value = header.strip(), value.strip() if sep else "https"
+    if not _HEADER_NAME.match(header) or not value:
+        raise EnvError(f"{name}={raw!r}: write the header's name, e.g. X-Forwarded-Proto, or Name=value")
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
+def static_key_digest(name: str, raw: str) -> str:
+    """``SUPERFLUID_API_KEY``: only its SHA-256 is kept (the settings never hold the secret, so
+    no debug page, log line or settings dump can show it). Empty: no static key."""
+    secret = raw.strip()
+    if not secret:
+        return ""
+    if len(secret) < STATIC_KEY_MIN_CHARS or any(c.isspace() for c in secret):
+        raise EnvError(f"{name} must be at least {STATIC_KEY_MIN_CHARS} characters without spaces (e.g. python -c \"import secrets; print('sf-' + secrets.token_urlsafe(32))\")")
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def with_bound_host(allowed: list[str], host: str) -> list[str]:
+    """``ALLOWED_HOSTS`` plus the address ``serve --host`` binds, so ``http://HOST:PORT/`` (what
+    serve prints) answers. A wildcard bind (``0.0.0.0``, ``::``) names no host: the names people
+    reach it by go in DJANGO_ALLOWED_HOSTS."""
+    host = host.strip().strip("[]")
+    if not host or "*" in allowed:
+        return list(allowed)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        entry = host.lower()
+    else:
+        if address.is_unspecified:
+            return list(allowed)
+        entry = f"[{address.compressed}]" if address.version == 6 else address.compressed
+    return list(allowed) if entry in allowed else [*allowed, entry]
