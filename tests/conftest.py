@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,3 +19,17 @@ def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from scheduler.engines.models import default_model_path
 
     return convert_gguf(default_model_path(), tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_resources(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Collect each test's garbage when it ends: a socket, connection or file it left open is
+    reported against the test that leaked it, instead of failing whichever later test the
+    garbage collector happens to run in (warnings are errors here)."""
+    yield
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    leaks = sorted({str(w.message) for w in caught if issubclass(w.category, ResourceWarning)})
+    if leaks:
+        pytest.fail(f"{request.node.nodeid} left resources open: " + "; ".join(leaks[:5]), pytrace=False)
