@@ -224,11 +224,15 @@ def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError) -> No
     record_now(RequestRecord(endpoint=endpoint, client_ip=client_ip, status=exc.status, error_code=exc.code or exc.type))
 
 
-def _cancel_deadline(request: Any) -> None:
-    deadline = getattr(request, "_sf_deadline", None)
-    request._sf_deadline = None
-    if deadline is not None and deadline.active():
-        deadline.cancel()
+LINGER_S = 5.0  # how long a refused request's connection still drains what the client sends
+
+
+def _cancel_deadline(request: Any, *, linger: bool = False) -> None:
+    for name in ("_sf_deadline", "_sf_linger") if linger else ("_sf_deadline",):
+        call = getattr(request, name, None)
+        setattr(request, name, None)
+        if call is not None and call.active():
+            call.cancel()
 
 
 def refuse_unread(request: Any, exc: ApiError) -> None:
@@ -245,8 +249,16 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     channel = request.channel
     if channel is None or channel.transport is None:
         return
-    channel.transport.write(raw_error_reply(exc))
-    channel.loseConnection()
+    transport = channel.transport
+    transport.write(raw_error_reply(exc))
+    if hasattr(transport, "loseWriteConnection"):
+        # a client that sends its whole body before it reads would get a connection reset, not
+        # this answer, were the socket closed on unread bytes: close our side once the answer is
+        # out, drop what still arrives (never buffered), and let go after LINGER_S whatever
+        transport.loseWriteConnection()
+        request._sf_linger = channel.callLater(LINGER_S, transport.loseConnection)
+    else:
+        channel.loseConnection()
     client = getattr(request, "client_addr", None)
     try:
         record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc)
@@ -274,7 +286,7 @@ def install_request_bounds() -> None:
             refuse_unread(self, request_timeout(float(settings.SUPERFLUID_BODY_TIMEOUT)))
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_size = False, False, None, 0
+        self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_linger, self._sf_size = False, False, None, None, 0
         original_init(self, *args, **kwargs)
         timeout = float(settings.SUPERFLUID_BODY_TIMEOUT)
         if timeout > 0 and self.channel is not None:
@@ -302,7 +314,7 @@ def install_request_bounds() -> None:
         return original_process(self)
 
     def connection_lost(self: Any, reason: Any) -> None:
-        _cancel_deadline(self)
+        _cancel_deadline(self, linger=True)
         original_lost(self, reason)
 
     WebRequest.__init__ = init

@@ -83,3 +83,11 @@ def test_a_content_length_over_the_bound_is_413_without_sending_the_body(bounded
     bounded.wait_for(lambda: ("chat", 413, "request_too_large") in activity_rows(bounded), timeout_s=30)
     ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_client_that_sends_its_whole_oversized_body_before_reading_still_gets_the_413(bounded: RunningServer) -> None:
+    # httpx writes the whole body before it reads: the refusal comes while it is still writing
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 1_000_000}]}).encode()
+    for _ in range(3):
+        big = httpx.post(bounded.base + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120)
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"

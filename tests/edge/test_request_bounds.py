@@ -19,7 +19,7 @@ from twisted.internet.testing import StringTransport
 
 from activity import writer as activity_writer
 from activity.models import ActivityEntry
-from api.edge import install_request_bounds
+from api.edge import LINGER_S, install_request_bounds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,7 +61,24 @@ class FakeServer:
         return Queue()
 
 
-def connect() -> tuple[FakeServer, Any, StringTransport, Clock]:
+class HalfClosingTransport(StringTransport):
+    """A TCP-like transport: the server may close its writing side and keep reading."""
+
+    write_closed = False
+
+    def loseWriteConnection(self) -> None:  # noqa: N802 - Twisted's name
+        self.write_closed = True
+
+
+def let_go(transport: HalfClosingTransport, clock: Clock) -> bool:
+    """The answer is out and the server's side closed at once; the connection ends after the
+    linger whatever the client does."""
+    answered_and_half_closed = transport.write_closed and not transport.disconnecting
+    clock.advance(LINGER_S)
+    return answered_and_half_closed and transport.disconnecting
+
+
+def connect() -> tuple[FakeServer, Any, HalfClosingTransport, Clock]:
     from daphne.http_protocol import HTTPFactory
 
     install_request_bounds()
@@ -69,7 +86,7 @@ def connect() -> tuple[FakeServer, Any, StringTransport, Clock]:
     factory = HTTPFactory(server)
     factory.reactor = clock  # the channel's idle timeout and our deadline both run on it
     protocol = factory.buildProtocol(("127.0.0.1", 50000))
-    transport = StringTransport(peerAddress=type("A", (), {"host": "127.0.0.1", "port": 50000})())
+    transport = HalfClosingTransport(peerAddress=type("A", (), {"host": "127.0.0.1", "port": 50000})())
     protocol.makeConnection(transport)
     return server, protocol, transport, clock
 
@@ -104,12 +121,12 @@ async def test_a_body_that_trickles_in_is_cut_off_with_a_408_and_never_queued(se
     protocol.dataReceived(head(len(BODY)) + BODY[:sent])
     for _ in range(TIMEOUT_S - 1):  # a byte of the body now and then: the idle timeout never fires
         clock.advance(1)
-        assert not transport.disconnecting and transport.value() == b""
+        assert not transport.write_closed and transport.value() == b""
     clock.advance(1)
-    assert transport.disconnecting  # the connection (and its worker slot) is let go
     status, body = reply(transport)
     assert status == 408 and body["error"]["code"] == "request_timeout" and body["error"]["type"] == "invalid_request_error"
     protocol.dataReceived(BODY[sent:])  # the rest, too late: dropped
+    assert let_go(transport, clock)  # the connection (and its worker slot) is let go
     assert server.scopes == [] and server.bodies == []  # the application never saw it
     assert await rows() == [("chat", 408, "request_timeout")]
 
@@ -122,32 +139,31 @@ async def test_a_body_that_arrives_in_time_is_served_and_its_deadline_never_fire
     protocol.dataReceived(BODY[5:])
     assert len(server.scopes) == 1 and b"".join(server.bodies) == BODY
     clock.advance(10 * TIMEOUT_S)
-    assert transport.value() == b"" and not transport.disconnecting  # the application answers, not the edge
+    assert transport.value() == b"" and not transport.write_closed and not transport.disconnecting  # the application answers, not the edge
     assert await rows() == []
 
 
 @override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
 async def test_a_content_length_over_the_bound_is_413_before_any_body_is_read_and_logged() -> None:
-    server, protocol, transport, _clock = connect()
+    server, protocol, transport, clock = connect()
     protocol.dataReceived(head(10**12))
-    assert transport.disconnecting
     status, body = reply(transport)
     assert status == 413 and body["error"]["code"] == "request_too_large"
     protocol.dataReceived(b"x" * 5000)  # whatever the client sends anyway is dropped
-    assert server.scopes == []
+    assert server.scopes == [] and let_go(transport, clock)
     assert await rows() == [("chat", 413, "request_too_large")]
 
 
 @override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
 async def test_a_chunked_body_is_cut_off_at_the_bound() -> None:
-    server, protocol, transport, _clock = connect()
+    server, protocol, transport, clock = connect()
     protocol.dataReceived(head(None, b"/v1/completions"))
     for _ in range(3):
         protocol.dataReceived(b"190\r\n" + b"x" * 400 + b"\r\n")
-    assert transport.disconnecting
     status, body = reply(transport)
     assert status == 413 and body["error"]["code"] == "request_too_large"
-    assert server.scopes == []
+    protocol.dataReceived(b"190\r\n" + b"x" * 400 + b"\r\n0\r\n\r\n")  # the rest, and its end: dropped
+    assert server.scopes == [] and let_go(transport, clock)
     assert await rows() == [("completions", 413, "request_too_large")]
 
 
