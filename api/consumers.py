@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -80,6 +81,9 @@ class StreamingConsumer(AsyncHttpConsumer):
         # a Content-Length over the bound is refused before any of the body is kept
         if self._size > limit or (not self.body and _declared_length(self.scope) > limit):
             await self.send_error(request_too_large(limit))
+            client = self.scope.get("client")
+            self.record.client_ip = client[0] if client else None
+            await record_request(self.record)  # the activity log says why it failed
             raise StopConsumer()
         self.body.append(chunk)
         if not message.get("more_body") and self._task is None:
@@ -152,12 +156,10 @@ class GenerationConsumer(StreamingConsumer):
             if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
                 raise engine_unavailable(getattr(link, "unavailable_detail", "The engine worker is not running."), retry_after=getattr(link, "retry_after_s", None))
             assert link.hello is not None
-            request = self.parse(body, [link.hello.model])
-            lane_ctx = link.hello.lane_ctx
+            request = await self.parse_off_loop(body, [link.hello.model], lambda _r: link.hello.lane_ctx if link.hello else 0)
         else:
-            request = self.parse(body, pool.names())  # an id or an alias; else 404 model_not_found
-            lane_ctx = pool.setup.ctx_sizes.get(pool.resolve(request.model) or "", 0)
-        check_prompt_size(request, lane_ctx or 1 << 30)  # before any tokenising
+            # an id or an alias; else 404 model_not_found
+            request = await self.parse_off_loop(body, pool.names(), lambda r: pool.setup.ctx_sizes.get(pool.resolve(r.model) or "", 0))
         self.ignored = request.ignored
         if request.ignored:
             log.info("request ignores parameters: %s", responses.ignored_params_value(request.ignored))
@@ -184,6 +186,19 @@ class GenerationConsumer(StreamingConsumer):
             await self.run_job(link, request, admission)
         finally:
             pool.release(ticket)
+
+    async def parse_off_loop(self, body: bytes, models: list[str], lane_ctx: Callable[[GenerationRequest], int]) -> GenerationRequest:
+        """Parse and validate the body, then bound its prompt (before any tokenising), in a
+        thread: a body of 20,000 messages takes long enough to stall every other stream were it
+        done on the event loop. (``json.loads`` itself keeps the GIL for its run, which
+        ``--max-body-bytes`` bounds.)"""
+
+        def work() -> GenerationRequest:
+            request = self.parse(body, models)
+            check_prompt_size(request, lane_ctx(request) or 1 << 30)
+            return request
+
+        return await asyncio.to_thread(work)
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
         qos, priority = admission.qos, admission.priority

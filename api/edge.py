@@ -11,7 +11,9 @@ Ollama's CVE-2024-28224).
 from __future__ import annotations
 
 import functools
+import io
 import json
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,7 +24,7 @@ from django.http.request import split_domain_port, validate_host
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
-from .errors import ApiError, method_not_allowed, not_found, server_error
+from .errors import ApiError, method_not_allowed, not_found, request_timeout, request_too_large, server_error
 
 API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props")
 
@@ -186,6 +188,140 @@ def install_protocol_errors() -> None:
         self.loseConnection()
 
     HTTPChannel._respondToBadRequestAndDisconnect = bad_request_and_disconnect
+    install_request_bounds()
+
+
+# -- bodies that are too large or arrive too slowly, refused where they are read ------------------
+
+# Twisted reads the whole request (headers and body, into memory or a temporary file) before
+# daphne hands any of it to the application, and its only clock is an idle timeout that every
+# byte resets: a body trickled in a byte a minute held its connection and buffer forever, and an
+# oversized one was read whole before the consumer saw its Content-Length. These bounds work in
+# that layer, on daphne's request object, and refuse at once: a JSON error, the connection
+# closed, nothing of the request handed to the application (so nothing is queued).
+
+GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+def raw_error_reply(exc: ApiError) -> bytes:
+    """A whole HTTP/1.1 response for ``exc`` that closes the connection."""
+    from http import HTTPStatus
+
+    payload = json.dumps(exc.body()).encode()
+    head = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}", "Content-Type: application/json", "Connection: close", f"Content-Length: {len(payload)}"]
+    head += [f"{k}: {v}" for k, v in (exc.headers or {}).items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
+
+
+def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError) -> None:
+    """The access-log line, /metrics count and activity row of a generation request refused
+    before it reached the application: the activity log says why it failed."""
+    endpoint = GENERATION_PATHS.get(path.split(b"?", 1)[0].decode("latin-1"))
+    if endpoint is None:  # the activity log keeps generation requests only
+        return
+    from .records import RequestRecord, record_now
+
+    record_now(RequestRecord(endpoint=endpoint, client_ip=client_ip, status=exc.status, error_code=exc.code or exc.type))
+
+
+LINGER_S = 5.0  # how long a refused request's connection still drains what the client sends
+
+
+def _cancel_deadline(request: Any, *, linger: bool = False) -> None:
+    for name in ("_sf_deadline", "_sf_linger") if linger else ("_sf_deadline",):
+        call = getattr(request, name, None)
+        setattr(request, name, None)
+        if call is not None and call.active():
+            call.cancel()
+
+
+def refuse_unread(request: Any, exc: ApiError) -> None:
+    """Answer ``exc`` now and close the connection, reading no more of the request; the
+    application never sees it."""
+    if getattr(request, "_sf_refused", False):
+        return
+    request._sf_refused = True
+    _cancel_deadline(request)
+    content = getattr(request, "content", None)
+    if content is not None:  # what was buffered of the body (a temporary file when long) goes now
+        content.close()
+        request.content = io.BytesIO()
+    channel = request.channel
+    if channel is None or channel.transport is None:
+        return
+    transport = channel.transport
+    transport.write(raw_error_reply(exc))
+    if hasattr(transport, "loseWriteConnection"):
+        # a client that sends its whole body before it reads would get a connection reset, not
+        # this answer, were the socket closed on unread bytes: close our side once the answer is
+        # out, drop what still arrives (never buffered), and let go after LINGER_S whatever
+        transport.loseWriteConnection()
+        request._sf_linger = channel.callLater(LINGER_S, transport.loseConnection)
+    else:
+        channel.loseConnection()
+    client = getattr(request, "client_addr", None)
+    try:
+        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc)
+    except Exception:
+        logging.getLogger("superfluid.api").exception("could not record a refused request")
+
+
+def install_request_bounds() -> None:
+    """``--max-body-bytes`` and ``--body-timeout`` in the protocol layer (``serve`` calls this
+    through ``install_protocol_errors``). The clock starts at the request line: request line,
+    headers and body together must arrive within ``SUPERFLUID_BODY_TIMEOUT`` seconds, else 408
+    ``request_timeout``; a ``Content-Length`` over ``SUPERFLUID_MAX_BODY_BYTES`` is 413
+    ``request_too_large`` before any body byte is read, and a chunked body is cut off at it."""
+    from daphne.http_protocol import WebRequest
+
+    if getattr(WebRequest, "_sf_bounded", False):
+        return
+    WebRequest._sf_bounded = True
+    original_init, original_got_length = WebRequest.__init__, WebRequest.gotLength
+    original_chunk, original_process, original_lost = WebRequest.handleContentChunk, WebRequest.process, WebRequest.connectionLost
+
+    def timed_out(self: Any) -> None:
+        self._sf_deadline = None
+        if not getattr(self, "_sf_processing", False):
+            refuse_unread(self, request_timeout(float(settings.SUPERFLUID_BODY_TIMEOUT)))
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_linger, self._sf_size = False, False, None, None, 0
+        original_init(self, *args, **kwargs)
+        timeout = float(settings.SUPERFLUID_BODY_TIMEOUT)
+        if timeout > 0 and self.channel is not None:
+            self._sf_deadline = self.channel.callLater(timeout, lambda: timed_out(self))
+
+    def got_length(self: Any, length: int | None) -> None:
+        original_got_length(self, 0 if length is not None and length > settings.SUPERFLUID_MAX_BODY_BYTES else length)
+        if length is not None and length > settings.SUPERFLUID_MAX_BODY_BYTES:
+            refuse_unread(self, request_too_large(settings.SUPERFLUID_MAX_BODY_BYTES))
+
+    def handle_content_chunk(self: Any, data: bytes) -> None:
+        if self._sf_refused:
+            return  # what arrives after the refusal is dropped, never buffered
+        self._sf_size += len(data)
+        if self._sf_size > settings.SUPERFLUID_MAX_BODY_BYTES:
+            refuse_unread(self, request_too_large(settings.SUPERFLUID_MAX_BODY_BYTES))
+            return
+        original_chunk(self, data)
+
+    def process(self: Any) -> Any:
+        _cancel_deadline(self)
+        if self._sf_refused:
+            return None
+        self._sf_processing = True
+        return original_process(self)
+
+    def connection_lost(self: Any, reason: Any) -> None:
+        _cancel_deadline(self, linger=True)
+        original_lost(self, reason)
+
+    WebRequest.__init__ = init
+    WebRequest.gotLength = got_length
+    WebRequest.handleContentChunk = handle_content_chunk
+    WebRequest.process = process
+    WebRequest.connectionLost = connection_lost
 
 
 # -- a prompt too long to fit, told without tokenising it ---------------------------------------

@@ -9,7 +9,7 @@ The ``code`` values used across the API are deliberately few:
 
 ``invalid_json``, ``missing_required_parameter``, ``invalid_type``, ``invalid_value``,
 ``unsupported_value``, ``unsupported_parameter``, ``unsupported_content``, ``unknown_parameter``,
-``model_not_found``, ``context_length_exceeded``, ``request_too_large``, ``engine_unavailable``,
+``model_not_found``, ``context_length_exceeded``, ``request_too_large``, ``request_timeout``, ``engine_unavailable``,
 ``method_not_allowed``, ``not_found``.
 """
 
@@ -101,6 +101,15 @@ def request_too_large(limit_bytes: int) -> ApiError:
         413,
         f"Request body too large: the limit is {limit_bytes} bytes.",
         code="request_too_large",
+    )
+
+
+def request_timeout(timeout_s: float) -> ApiError:
+    """408 ``request_timeout``: the request (line, headers and body) did not arrive in time."""
+    return ApiError(
+        408,
+        f"The request did not arrive within {timeout_s:g} seconds (--body-timeout); nothing was queued.",
+        code="request_timeout",
     )
 
 

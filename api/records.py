@@ -74,6 +74,12 @@ async def record_request(record: RequestRecord) -> None:
     Nothing here waits on the database: the row goes to the activity writer's queue (its own
     thread and connection, writing in batches), so a burst of finished or dropped requests
     never holds up another request's disconnect."""
+    record_now(record)
+
+
+def record_now(record: RequestRecord) -> None:
+    """``record_request`` for a caller that is not a coroutine (the edge's refusals in the
+    protocol layer, api/edge.py); it never blocks either."""
     access_log.info("%s", access_line(record))
     try:
         from .metrics import observe_record

@@ -297,6 +297,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
         parser.add_argument("--http-allow-batch-invariant", action="store_true", default=settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT, help="allow x-superfluid-batch-invariant over HTTP")
         parser.add_argument("--max-body-bytes", type=int, default=settings.SUPERFLUID_MAX_BODY_BYTES, help="largest request body in bytes; a larger one is refused with 413 before it is parsed")
+        parser.add_argument("--body-timeout", type=float, default=settings.SUPERFLUID_BODY_TIMEOUT, help="seconds a request's line, headers and body may take to arrive; a slower one is refused with 408 and nothing is queued (0: no bound)")
         parser.add_argument("--redis", default=os.environ.get("REDIS_URL", ""), help="a fleet head: jobs go through the Redis queue at this URL (REDIS_URL too); a local engine worker pulls from it unless --no-engine")
         parser.add_argument("--no-engine", action="store_true", help="with --redis: a web head only, no local engine worker")
         parser.add_argument("--socket", default="", help="link over a Unix socket at this path, in a directory only this user may write (default: an inherited socketpair, no path)")
@@ -438,6 +439,7 @@ class Command(BaseCommand):
         settings.SUPERFLUID_HTTP_QOS_HEADER = not options["no_http_qos_header"]
         settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = options["http_allow_batch_invariant"]
         settings.SUPERFLUID_MAX_BODY_BYTES = options["max_body_bytes"]
+        settings.SUPERFLUID_BODY_TIMEOUT = options["body_timeout"]
         settings.SUPERFLUID_MAX_BATCH = config.max_batch if pool_setup is None else max(pool_setup.lanes.values())
         settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
         settings.SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(options["key_policy"]) if options["key_policy"] else ""

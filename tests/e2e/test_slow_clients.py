@@ -1,0 +1,93 @@
+"""A slow or oversized request against the real server (daphne and Twisted, not a test double):
+it is refused with an OpenAI error object and the connection let go, nothing is queued, the
+activity log says why, and everyone else keeps being served."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .server import RunningServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}).encode()
+
+
+def head(port: int, length: int) -> bytes:
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (a socket timeout, far beyond
+    the bound, is the failsafe: a server that never answers fails the test, it does not hang it)."""
+    sock.settimeout(120)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def status_and_error(raw: bytes) -> tuple[int, dict]:
+    status_line, _, rest = raw.partition(b"\r\n")
+    headers, _, payload = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in headers.lower()
+    return int(status_line.split()[1]), json.loads(payload)["error"]
+
+
+def activity_rows(server: RunningServer) -> list[tuple[str, int, str]]:
+    with sqlite3.connect(Path(server.data_dir) / "superfluid.sqlite3") as db:
+        return db.execute("SELECT endpoint, status, error_code FROM activity_activityentry ORDER BY id").fetchall()
+
+
+@pytest.fixture(scope="module")
+def bounded() -> Iterator[RunningServer]:
+    srv = RunningServer("--max-batch", "2", "--ctx-size", "1024", "--body-timeout", "2", "--max-body-bytes", "100000").start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_body_that_stops_halfway_is_refused_with_408_and_the_connection_let_go(bounded: RunningServer) -> None:
+    slow = socket.create_connection(("127.0.0.1", bounded.port))
+    try:
+        slow.sendall(head(bounded.port, len(BODY)) + BODY[:10])  # and then nothing more
+        # meanwhile a normal request is served, on its own connection
+        ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
+        assert ok.status_code == 200, ok.text
+        status, error = status_and_error(read_all(slow))
+    finally:
+        slow.close()
+    assert status == 408 and error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+    assert bounded.state()["lanes_active"] == 0
+    bounded.wait_for(lambda: ("chat", 408, "request_timeout") in activity_rows(bounded), timeout_s=30)
+    assert "error=request_timeout" in bounded.log()
+
+
+def test_a_content_length_over_the_bound_is_413_without_sending_the_body(bounded: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", bounded.port)) as big:
+        big.sendall(head(bounded.port, 10**9))  # a gigabyte announced, none of it sent
+        status, error = status_and_error(read_all(big))
+    assert status == 413 and error["code"] == "request_too_large"
+    bounded.wait_for(lambda: ("chat", 413, "request_too_large") in activity_rows(bounded), timeout_s=30)
+    ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_client_that_sends_its_whole_oversized_body_before_reading_still_gets_the_413(bounded: RunningServer) -> None:
+    # httpx writes the whole body before it reads: the refusal comes while it is still writing
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 1_000_000}]}).encode()
+    for _ in range(3):
+        big = httpx.post(bounded.base + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120)
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
