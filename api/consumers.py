@@ -239,13 +239,17 @@ class GenerationConsumer(StreamingConsumer):
                 handle.key = admission.key_name
                 handles.append(handle)
             self.record.request_id = handles[0].job_id
+            scored: list[Any] = []
             for handle in handles:
                 first = await handle.next_event()
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
+                scored.append(getattr(first, "prompt_logprobs", None))
             echoes = await self.echo_texts(subs) if request.echo else [""] * len(subs)
             head = self.reply(request)
             replies = [self.reply(sub, index=i, id=head.id, created=head.created, echo=echoes[i]) for i, sub in enumerate(subs)]
+            for reply, entries in zip(replies, scored):
+                reply.prompt_logprobs = list(entries or [])
             await self.merged(request, handles, replies, admission.qos, finished)
         except BaseException:
             for i, handle in enumerate(handles):

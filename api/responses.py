@@ -314,7 +314,8 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[
     return {
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
+        # a scored prompt's first token has no logprob and no alternatives: null, as OpenAI's
+        "top_logprobs": [None if e["logprob"] is None else {_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
         "text_offset": offsets,
     }
 

@@ -113,6 +113,8 @@ class Accepted(Message):
     type: ClassVar[str] = "accepted"
     id: str
     prompt_tokens: int = 0
+    # completions echo + logprobs: one entry per prompt token (the first one's logprob null)
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class JobContext:
     logprobs: bool = False  # the request asked for logprobs
     lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
+    prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
 
 
 class Prepared(Message):
@@ -223,7 +224,7 @@ class EngineWorker:
         self.scheduler.add(job)
         self.contexts[job.job_id] = ctx
         self.stats["requests_total"] += 1
-        conn.queue(Accepted(job.job_id, ctx.prompt_tokens))
+        conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
 
     def _prepared(self, result: Prepared) -> None:
         conn = self.preparing.pop(result.id, None)
@@ -403,6 +404,8 @@ class EngineWorker:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        if request.get("echo") and sampling.logprobs is not None:
+            ctx.prompt_logprobs = self._prompt_logprobs(tokens[:own_len], sampling.logprobs)
         return job, ctx
 
     def _sampling(self, request: dict[str, Any]) -> SamplingParams:
@@ -513,6 +516,20 @@ class EngineWorker:
             ctx = self.contexts.get(job.job_id) if job is not None else None
             if ctx is not None and ctx.logprobs:
                 ctx.lp_queue.append({"logprob": logprob, "top": top})
+
+    def _prompt_logprobs(self, tokens: list[int], top: int) -> list[dict[str, Any]]:
+        """Completions ``echo`` + ``logprobs``: each prompt token scored by the model given the
+        tokens before it; the first has no logprob (null), as in OpenAI's and vLLM's replies."""
+        score = getattr(self.engine, "score_prompt", None)
+        if score is None or "prompt_logprobs" not in self.engine.features:
+            raise Refusal(UNSUPPORTED_PARAMETER, f"'echo' with 'logprobs' is not supported by the {self.engine.name} engine.", "echo")
+        try:
+            scored = score(tokens, top) if tokens else []
+        except EngineError as exc:
+            raise Refusal(INVALID_JOB, f"The prompt could not be scored: {exc}", "echo") from None
+        entries = [self._logprob_entry(tokens[0], None)] if tokens else []
+        entries += [self._logprob_entry(t, {"logprob": lp, "top": alts}) for t, (lp, alts) in zip(tokens[1:], scored)]
+        return entries
 
     def _logprob_entry(self, token: int, lp: dict[str, Any] | None) -> dict[str, Any]:
         piece = self.engine.token_bytes

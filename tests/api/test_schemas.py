@@ -834,3 +834,31 @@ def test_any_extension_body_parses_or_is_a_clean_400(extra: dict[str, Any], stri
     assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)  # it travels the link unchanged
     assert all(-100 <= b <= 100 for _, b in req.logit_bias)
     assert req.logprobs is None or 0 <= req.logprobs <= 20
+
+
+_prompts = (
+    st.text(max_size=6)
+    | st.lists(st.integers(-2, 2**31), max_size=4)
+    | st.lists(st.text(max_size=4) | st.lists(st.integers(-2, 50), max_size=3) | _values, max_size=40)
+    | _values
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_prompts, st.none() | st.integers(-2, 40) | _values, st.none() | st.booleans() | _values)
+def test_any_prompt_n_and_echo_parse_to_bounded_choices_or_a_clean_400(prompt: Any, n: Any, echo: Any) -> None:
+    body = {"model": "smollm2", "prompt": prompt, "n": n, "echo": echo}
+    try:
+        req = parse_completion_request(json.dumps(body).encode(), models=MODELS)
+    except ApiError as err:
+        assert err.status == 400 and err.param in ("prompt", "n", "echo")
+        return
+    choices = req.choices()
+    prompts = req.prompts if req.prompts is not None else [req.prompt]
+    assert 1 <= req.n <= 16 and len(choices) == req.n * len(prompts) <= 32
+    assert [c.prompt for c in choices] == [p for p in prompts for _ in range(req.n)]
+    for c in choices:
+        assert isinstance(c.prompt, str) or (c.prompt and all(isinstance(t, int) and t >= 0 for t in c.prompt))
+        assert c.n == 1 and c.prompts is None and c.echo is req.echo
+    wire = req.to_wire()
+    assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)

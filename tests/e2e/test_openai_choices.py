@@ -3,6 +3,7 @@ completions ``echo``, through the unmodified ``openai`` client against the real 
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import httpx
@@ -128,3 +129,45 @@ def test_a_disconnect_cancels_every_choice(server: RunningServer) -> None:
         assert server.state()["lanes_active"] == 3  # all three choices generate side by side
     # every lane is freed, long before 1500 tokens each could have been generated
     server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=10)
+
+
+def test_the_n_choices_share_the_prompts_kv_instead_of_prefilling_it_n_times(server: RunningServer) -> None:
+    nonce = str(time.time_ns())  # a prompt no earlier request shares a prefix with
+    prompt = f"{nonce} " + "The quick brown fox jumps over the lazy dog. " * 6
+    before = server.state()["counters"]["prefix_tokens_reused"]
+    reply = client(server).completions.create(model=MODEL, prompt=prompt, n=4, max_tokens=4, temperature=0.7)
+    assert len(reply.choices) == 4 and reply.usage is not None
+    prompt_tokens = reply.usage.prompt_tokens
+    assert prompt_tokens > 40
+    reused = server.state()["counters"]["prefix_tokens_reused"] - before
+    # three of the four lanes took the first lane's prefilled prompt (all but its last token)
+    assert reused >= 3 * (prompt_tokens - 1)
+
+
+def test_echo_with_logprobs_scores_the_prompt_tokens_as_the_model_would_generate_them(server: RunningServer) -> None:
+    c = client(server)
+    prompt = "The capital of France is"
+    plain = c.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=2)
+    generated = plain.choices[0].text
+    assert plain.choices[0].logprobs is not None
+    n_prompt = plain.usage.prompt_tokens  # type: ignore[union-attr]
+    # score the prompt followed by the greedy continuation: its tokens get the logprobs the
+    # model gave them while generating (up to float noise of a different batch shape)
+    scored = c.completions.create(model=MODEL, prompt=prompt + generated, max_tokens=1, temperature=0, echo=True, logprobs=2)
+    lp = scored.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs is not None
+    assert scored.choices[0].text.startswith(prompt + generated)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first token: nothing before it
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert len(lp.tokens) == scored.usage.prompt_tokens + scored.usage.completion_tokens  # type: ignore[union-attr]
+    assert "".join(lp.tokens) == scored.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    first_generated = plain.choices[0].logprobs.token_logprobs[0]
+    assert lp.token_logprobs[n_prompt] == pytest.approx(first_generated, abs=0.05)
+    assert all(len(alts) == 2 for alts in lp.top_logprobs[1:])
+    # streamed: the prompt and its scores come first, then the completion's
+    chunks = [ch.choices[0] for ch in c.completions.create(model=MODEL, prompt=prompt + generated, max_tokens=1, temperature=0,
+                                                          echo=True, logprobs=2, stream=True) if ch.choices]
+    assert chunks[0].text == prompt + generated
+    streamed = [v for ch in chunks if ch.logprobs for v in ch.logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
