@@ -31,7 +31,7 @@ from .edge import check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
-from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
+from .schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_embeddings_request
 
 log = logging.getLogger("superfluid.api")
 
@@ -428,3 +428,46 @@ class CompletionsConsumer(GenerationConsumer):
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_completion_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+
+
+class EmbeddingsConsumer(GenerationConsumer):
+    """``POST /v1/embeddings``: admitted like any request (the key's class rules and limits),
+    then one job on the worker, which embeds every input in its embeddings context, without a
+    lane, and answers at once."""
+
+    endpoint = "embeddings"
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        request, self.encoding_format = parse_embeddings_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+        return request
+
+    async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        inputs = [list(p) if isinstance(p, list) else p for p in request.prompts or []]
+        handle = await link.submit(
+            request={"endpoint": "embeddings", "model": request.model, "inputs": inputs},
+            qos=int(admission.qos),
+            priority=admission.priority,
+        )
+        handle.key = admission.key_name
+        self.record.request_id = handle.job_id
+        try:
+            while True:
+                event = await handle.next_event()
+                if isinstance(event, (Rejected, Error)):
+                    raise link_error(event)
+                if isinstance(event, Done):
+                    break
+        except asyncio.CancelledError:
+            await link.cancel(handle)
+            raise
+        finally:
+            link.finish(handle)
+        self.record.finish_reason = event.finish_reason
+        self.record.usage = dict(event.usage)
+        tokens = int(event.usage.get("prompt_tokens", 0))
+        data = [
+            {"object": "embedding", "index": i, "embedding": responses.embedding_value(vector, self.encoding_format)}
+            for i, vector in enumerate(event.embeddings or [])
+        ]
+        body = {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        await self.send_json(200, body, self.response_headers(handle, admission.qos))

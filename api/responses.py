@@ -533,3 +533,19 @@ class Reply:
         if self.want_logprobs:
             obj["choices"][0]["logprobs"] = chat_logprobs(self.logprobs)
         return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+def embedding_value(vector: list[float], encoding_format: str) -> list[float] | str:
+    """One embedding as ``float`` (a JSON array) or ``base64`` (little-endian float32 bytes,
+    base64-encoded, as OpenAI sends it and the ``openai`` client decodes it)."""
+    if encoding_format == "base64":
+        import base64
+        import struct
+
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return list(vector)

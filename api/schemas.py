@@ -939,3 +939,68 @@ def _unsupported_parameter(param: str, why: str) -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+MAX_EMBEDDING_INPUTS = 32
+_EMBEDDING_KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+
+
+def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, str]:
+    """Validate a ``POST /v1/embeddings`` body: (the request, with every input in ``prompts``
+    and the first in ``prompt``; the ``encoding_format``, ``float`` or ``base64``). ``input`` is
+    a string, an array of strings, an array of token ids or an array of token-id arrays (at most
+    ``MAX_EMBEDDING_INPUTS``); ``dimensions`` is refused: the model's vectors are not truncated."""
+    body = _load_object(raw)
+    model = _parse_model(body, models)
+    ignored = _unknown_keys(body, _EMBEDDING_KEYS, strict)
+    value = body.get("input")
+    if value is None:
+        raise _missing("input")
+    expected = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
+    if isinstance(value, str):
+        inputs: list[str | list[int]] = [value]
+    elif isinstance(value, list) and value and all(_is_int(t) for t in value):
+        inputs = [list(value)]
+    elif isinstance(value, list) and value:
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise _invalid_value("input", f"at most {MAX_EMBEDDING_INPUTS} inputs in one request (got {len(value)})")
+        inputs = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                inputs.append(item)
+            elif isinstance(item, list) and item and all(_is_int(t) for t in item):
+                inputs.append(list(item))
+            else:
+                raise _invalid_value("input", f"{expected} (item {i} is neither a string nor a non-empty array of token ids)")
+    else:
+        raise _invalid_type("input", expected) if not isinstance(value, list) else _invalid_value("input", expected)
+    for item in inputs:
+        if isinstance(item, str) and not item:
+            raise _invalid_value("input", "non-empty strings")
+        if isinstance(item, list) and any(t < 0 for t in item):
+            raise _invalid_value("input", "token ids greater than or equal to 0")
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    if fmt not in ("float", "base64"):
+        raise _invalid_value("encoding_format", "'float' or 'base64'")
+    if body.get("dimensions") is not None:
+        raise _unsupported_parameter(
+            "dimensions", "this server returns the model's own embedding size and does not shorten vectors; omit it"
+        )
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _invalid_type("user", "a string")
+    req = GenerationRequest(
+        endpoint="embeddings",  # type: ignore[arg-type]
+        model=model,
+        prompt=inputs[0],
+        prompts=inputs,
+        user=user,
+        ignored=ignored,
+    )
+    return req, fmt

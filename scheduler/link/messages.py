@@ -149,6 +149,7 @@ class Done(Message):
     usage: dict[str, int] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
     serial: dict[str, Any] = field(default_factory=dict)
+    embeddings: list[list[float]] | None = None  # /v1/embeddings: one vector per input
 
 
 @dataclass(frozen=True)

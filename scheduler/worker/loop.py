@@ -209,6 +209,9 @@ class EngineWorker:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
             if job_id in self.contexts or job_id in self.preparing:
                 raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
+            if isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings":
+                self._embed(conn, message)
+                return
             self._check_size(message)
             if self._prepare_queue is not None:
                 self.preparing[job_id] = conn
@@ -219,6 +222,37 @@ class EngineWorker:
             self._refuse(conn, job_id, exc)
             return
         self._admit(conn, job, ctx)
+
+    def _embed(self, conn: Connection, message: Submit) -> None:
+        """``/v1/embeddings``: every input embedded at once, here on the tick thread between two
+        steps (an embedding is one prefill-sized forward in the engine's embeddings context; it
+        takes no lane and never queues), then answered with Accepted and Done."""
+        engine, request = self.engine, message.request
+        embed = getattr(engine, "embed", None)
+        if embed is None or "embeddings" not in engine.features:
+            raise Refusal(UNSUPPORTED_PARAMETER, f"Embeddings are not supported by the {engine.name} engine.", "input")
+        inputs = request.get("inputs")
+        if not isinstance(inputs, list) or not inputs:
+            raise Refusal(INVALID_VALUE, "Invalid value for 'input': expected a non-empty string or array.", "input")
+        limit = engine.lane_ctx
+        vectors, total = [], 0
+        for i, item in enumerate(inputs):
+            tokens = [int(t) for t in item] if isinstance(item, list) else engine.tokenize(str(item))
+            if any(not 0 <= t < engine.vocab_size for t in tokens):
+                raise Refusal(INVALID_VALUE, f"Token ids in 'input' must be between 0 and {engine.vocab_size - 1}.", "input")
+            if not tokens:
+                raise Refusal(INVALID_VALUE, f"Invalid value for 'input': input {i} holds no tokens.", "input")
+            if len(tokens) > limit:
+                raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens. However, input {i} holds {len(tokens)} tokens.", "input")
+            try:
+                vectors.append(embed(tokens))
+            except EngineError as exc:
+                raise Refusal(INVALID_JOB, f"The input could not be embedded: {exc}", "input") from None
+            total += len(tokens)
+        self.stats["requests_total"] += 1
+        job_id = str(message.id)
+        conn.queue(Accepted(job_id, total))
+        conn.queue(Done(job_id, "stop", usage={"prompt_tokens": total, "completion_tokens": 0}, embeddings=vectors))
 
     def _admit(self, conn: Connection, job: Job, ctx: JobContext) -> None:
         self.scheduler.add(job)

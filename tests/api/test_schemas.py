@@ -862,3 +862,49 @@ def test_any_prompt_n_and_echo_parse_to_bounded_choices_or_a_clean_400(prompt: A
         assert c.n == 1 and c.prompts is None and c.echo is req.echo
     wire = req.to_wire()
     assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)
+
+
+# -- embeddings --------------------------------------------------------------------------------
+
+from api.schemas import parse_embeddings_request  # noqa: E402
+
+
+def embeddings(**body: Any) -> tuple[GenerationRequest, str]:
+    return parse_embeddings_request(json.dumps({"model": "smollm2", **body}).encode(), models=MODELS)
+
+
+def test_embedding_inputs_are_strings_token_ids_or_lists_of_either() -> None:
+    assert embeddings(input="hi")[0].prompts == ["hi"]
+    assert embeddings(input=[1, 2])[0].prompts == [[1, 2]]
+    assert embeddings(input=["a", "b"])[0].prompts == ["a", "b"]
+    assert embeddings(input=[[1], [2, 3]])[0].prompts == [[1], [2, 3]]
+    assert embeddings(input="hi")[1] == "float" and embeddings(input="hi", encoding_format="base64")[1] == "base64"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [({}, "input", "missing_required_parameter"), ({"input": 3}, "input", "invalid_type"),
+     ({"input": []}, "input", "invalid_value"), ({"input": [""]}, "input", "invalid_value"),
+     ({"input": [[-1]]}, "input", "invalid_value"), ({"input": [["a"]]}, "input", "invalid_value"),
+     ({"input": ["a"] * 33}, "input", "invalid_value"), ({"input": "a", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
+     ({"input": "a", "dimensions": 8}, "dimensions", "unsupported_parameter")],
+)
+def test_bad_embedding_bodies_are_400_naming_the_param(body: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(ApiError) as info:
+        embeddings(**body)
+    assert_400(info.value, param, code)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_prompts, st.none() | st.sampled_from(["float", "base64"]) | _values, st.none() | _values)
+def test_any_embedding_input_parses_to_at_most_32_inputs_or_a_clean_400(value: Any, fmt: Any, dims: Any) -> None:
+    body = {"model": "smollm2", "input": value, "encoding_format": fmt, "dimensions": dims}
+    try:
+        req, out_fmt = parse_embeddings_request(json.dumps(body).encode(), models=MODELS)
+    except ApiError as err:
+        assert err.status == 400 and err.param in ("input", "encoding_format", "dimensions")
+        return
+    assert dims is None and out_fmt in ("float", "base64")
+    assert req.prompts and 1 <= len(req.prompts) <= 32
+    for item in req.prompts:
+        assert (isinstance(item, str) and item) or (item and all(isinstance(t, int) and t >= 0 for t in item))
