@@ -248,7 +248,7 @@ class GenerationConsumer(StreamingConsumer):
             echoes = await self.echo_texts(subs) if request.echo else [""] * len(subs)
             head = self.reply(request)
             replies = [self.reply(sub, index=i, id=head.id, created=head.created, echo=echoes[i]) for i, sub in enumerate(subs)]
-            for reply, entries in zip(replies, scored):
+            for reply, entries in zip(replies, scored, strict=True):
                 reply.prompt_logprobs = list(entries or [])
             await self.merged(request, handles, replies, admission.qos, finished)
         except BaseException:
@@ -300,9 +300,9 @@ class GenerationConsumer(StreamingConsumer):
                 await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handles[0], qos))
                 self.headers_sent = True
                 self.record.status = 200
-                first = b"".join(responses.sse_event(f) for r in replies for f in r.first_chunks())
-                if first:
-                    await self.send_body(first, more_body=True)
+                opening = b"".join(responses.sse_event(f) for r in replies for f in r.first_chunks())
+                if opening:
+                    await self.send_body(opening, more_body=True)
             while len(dones) < len(handles):
                 i, event = await events.get()
                 reply = replies[i]

@@ -562,7 +562,7 @@ class EngineWorker:
         except EngineError as exc:
             raise Refusal(INVALID_JOB, f"The prompt could not be scored: {exc}", "echo") from None
         entries = [self._logprob_entry(tokens[0], None)] if tokens else []
-        entries += [self._logprob_entry(t, {"logprob": lp, "top": alts}) for t, (lp, alts) in zip(tokens[1:], scored)]
+        entries += [self._logprob_entry(t, {"logprob": lp, "top": alts}) for t, (lp, alts) in zip(tokens[1:], scored, strict=True)]
         return entries
 
     def _logprob_entry(self, token: int, lp: dict[str, Any] | None) -> dict[str, Any]:
