@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from .edge import check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
-from .schemas import GenerationRequest, parse_chat_request, parse_completion_request
+from .schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_embeddings_request
 
 log = logging.getLogger("superfluid.api")
 
@@ -195,12 +196,18 @@ class GenerationConsumer(StreamingConsumer):
 
         def work() -> GenerationRequest:
             request = self.parse(body, models)
-            check_prompt_size(request, lane_ctx(request) or 1 << 30)
+            limit = lane_ctx(request) or 1 << 30
+            check_prompt_size(request, limit)
+            for prompt in (request.prompts or [])[1:]:  # several prompts: each must fit
+                check_prompt_size(dataclasses.replace(request, prompt=prompt, prompts=None), limit)
             return request
 
         return await asyncio.to_thread(work)
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        if request.n > 1 or request.prompts or request.echo:
+            await self.run_jobs(link, request, admission)
+            return
         qos, priority = admission.qos, admission.priority
         handle = await link.submit(
             request=request.to_wire(),
@@ -226,14 +233,149 @@ class GenerationConsumer(StreamingConsumer):
         finally:
             link.finish(handle)
 
+    # -- several choices (n > 1, several prompts) and echo ------------------------------------
+
+    async def run_jobs(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        """One job per choice, submitted together under this request's one admission; their
+        events are merged into one response with ``index`` 0..k-1 in OpenAI's order. A
+        disconnect, or any choice failing, cancels every job still running."""
+        subs = request.choices()
+        handles: list[JobHandle] = []
+        finished: set[int] = set()
+        try:
+            for sub in subs:
+                handle = await link.submit(
+                    request=sub.to_wire(),
+                    qos=int(admission.qos),
+                    priority=admission.priority,
+                    batch_invariant=admission.batch_invariant,
+                    pin_prefix=admission.pin_prefix,
+                    cache_scope=admission.cache_scope,
+                )
+                handle.key = admission.key_name
+                handles.append(handle)
+            self.record.request_id = handles[0].job_id
+            scored: list[Any] = []
+            for handle in handles:
+                first = await handle.next_event()
+                if isinstance(first, (Rejected, Error)):
+                    raise link_error(first)
+                scored.append(getattr(first, "prompt_logprobs", None))
+            echoes = await self.echo_texts(subs) if request.echo else [""] * len(subs)
+            head = self.reply(request)
+            replies = [self.reply(sub, index=i, id=head.id, created=head.created, echo=echoes[i]) for i, sub in enumerate(subs)]
+            for reply, entries in zip(replies, scored, strict=True):
+                reply.prompt_logprobs = list(entries or [])
+            await self.merged(request, handles, replies, admission.qos, finished)
+        except BaseException:
+            for i, handle in enumerate(handles):
+                if i not in finished:
+                    await link.cancel(handle)
+            raise
+        finally:
+            for handle in handles:
+                link.finish(handle)
+
+    async def echo_texts(self, subs: list[GenerationRequest]) -> list[str]:
+        """Each choice's prompt as text: the string given, or its token ids detokenised."""
+        from .tokenizer import detokenize
+        from .views import _vocab
+
+        out = []
+        for sub in subs:
+            if isinstance(sub.prompt, list):
+                out.append(detokenize(await _vocab(), sub.prompt))
+            else:
+                out.append(sub.prompt or "")
+        return out
+
+    async def merged(
+        self, request: GenerationRequest, handles: list[JobHandle], replies: list[responses.Reply], qos: QosClass, finished: set[int]
+    ) -> None:
+        events: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        pending: list[list[Any]] = [[] for _ in handles]
+        if request.stream and qos is QosClass.COMPLETION:
+            # as for one choice: a missed start deadline is an HTTP error, not a frame in a 200
+            for i, handle in enumerate(handles):
+                first = await handle.next_event()
+                if isinstance(first, Error):
+                    raise link_error(first)
+                pending[i].append(first)
+
+        async def pump(i: int, handle: JobHandle) -> None:
+            while True:
+                event = pending[i].pop(0) if pending[i] else await handle.next_event()
+                await events.put((i, event))
+                if isinstance(event, (Done, Error, Rejected)):
+                    return
+
+        tasks = [asyncio.get_running_loop().create_task(pump(i, h)) for i, h in enumerate(handles)]
+        dones: dict[int, Done] = {}
+        try:
+            if request.stream:
+                await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handles[0], qos))
+                self.headers_sent = True
+                self.record.status = 200
+                opening = b"".join(responses.sse_event(f) for r in replies for f in r.first_chunks())
+                if opening:
+                    await self.send_body(opening, more_body=True)
+            while len(dones) < len(handles):
+                i, event = await events.get()
+                reply = replies[i]
+                if isinstance(event, (Error, Rejected)):
+                    raise link_error(event)
+                if isinstance(event, Delta):
+                    if not request.stream:
+                        reply.add(event)
+                        continue
+                    frames = reply.delta_chunks(event)
+                    if frames:
+                        await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
+                elif isinstance(event, Done):
+                    dones[i] = last_done = event
+                    finished.add(i)
+                    if request.stream:
+                        frames = reply.final_chunks(event, None)
+                        await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+        usage = self.total_usage([dones[i] for i in range(len(handles))], request.n)
+        self.note_done(last_done)  # the last choice to finish: its timing and serial fields
+        self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
+        if request.stream:
+            tail = b""
+            if request.include_usage:
+                make = responses.chat_usage_chunk if self.endpoint == "chat" else responses.completion_usage_chunk
+                tail = responses.sse_event(make(replies[0].id, replies[0].model, replies[0].created, usage))
+            await self.send_body(tail + responses.SSE_DONE)
+            return
+        bodies = [reply.body(dones[i], None) for i, reply in enumerate(replies)]
+        obj = bodies[0]
+        obj["choices"] = [b["choices"][0] for b in bodies]
+        obj["usage"] = usage
+        await self.send_json(200, obj, self.response_headers(handles[0], qos))
+
+    @staticmethod
+    def total_usage(dones: list[Done], n: int) -> dict[str, Any]:
+        """The request's usage: each prompt counted once (its first choice's count), every
+        choice's completion tokens."""
+        prompts = dones[::n]
+        return responses.usage_dict(
+            sum(d.usage["prompt_tokens"] for d in prompts),
+            sum(d.usage["completion_tokens"] for d in dones),
+            sum(d.usage.get("cached_tokens", 0) for d in prompts),
+        )
+
     def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
         if getattr(self, "ignored", None):
             headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(self.ignored).encode()))
         return headers
 
-    def reply(self, request: GenerationRequest) -> responses.Reply:
-        return responses.Reply(self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs is not None)
+    def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
+        return responses.Reply(self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs is not None, **extra)
 
     async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
         reply = self.reply(request)
@@ -302,3 +444,46 @@ class CompletionsConsumer(GenerationConsumer):
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_completion_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+
+
+class EmbeddingsConsumer(GenerationConsumer):
+    """``POST /v1/embeddings``: admitted like any request (the key's class rules and limits),
+    then one job on the worker, which embeds every input in its embeddings context, without a
+    lane, and answers at once."""
+
+    endpoint = "embeddings"
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        request, self.encoding_format = parse_embeddings_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+        return request
+
+    async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        inputs = [list(p) if isinstance(p, list) else p for p in request.prompts or []]
+        handle = await link.submit(
+            request={"endpoint": "embeddings", "model": request.model, "inputs": inputs},
+            qos=int(admission.qos),
+            priority=admission.priority,
+        )
+        handle.key = admission.key_name
+        self.record.request_id = handle.job_id
+        try:
+            while True:
+                event = await handle.next_event()
+                if isinstance(event, (Rejected, Error)):
+                    raise link_error(event)
+                if isinstance(event, Done):
+                    break
+        except asyncio.CancelledError:
+            await link.cancel(handle)
+            raise
+        finally:
+            link.finish(handle)
+        self.record.finish_reason = event.finish_reason
+        self.record.usage = dict(event.usage)
+        tokens = int(event.usage.get("prompt_tokens", 0))
+        data = [
+            {"object": "embedding", "index": i, "embedding": responses.embedding_value(vector, self.encoding_format)}
+            for i, vector in enumerate(event.embeddings or [])
+        ]
+        body = {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        await self.send_json(200, body, self.response_headers(handle, admission.qos))

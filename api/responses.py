@@ -314,7 +314,8 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[
     return {
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
+        # a scored prompt's first token has no logprob and no alternatives: null, as OpenAI's
+        "top_logprobs": [None if e["logprob"] is None else {_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
         "text_offset": offsets,
     }
 
@@ -386,24 +387,47 @@ class Reply:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = "auto",
         logprobs: bool = False,
+        index: int = 0,
+        id: str | None = None,  # noqa: A002 - several choices of one request share the id
+        created: int | None = None,
+        echo: str = "",
     ) -> None:
         self.endpoint, self.model = endpoint, model
-        self.id, self.created = new_id(endpoint), int(time.time())
+        self.id = id or new_id(endpoint)
+        self.created = int(time.time()) if created is None else created
+        self.index = index
+        self.echo = echo  # completions ``echo``: the prompt's text, sent before the completion
         self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
         self.want_logprobs = logprobs
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
         self.streamed_chars = 0
         self.logprobs: list[dict[str, Any]] = []
+        self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
 
     # -- streaming ------------------------------------------------------------------------
 
+    def _indexed(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for frame in frames:
+            for choice in frame.get("choices", []):
+                choice["index"] = self.index
+        return frames
+
     def first_chunks(self) -> list[dict[str, Any]]:
         if self.endpoint == "chat":
-            return [chat_chunk(self.id, self.model, self.created, role="assistant", content="")]
+            return self._indexed([chat_chunk(self.id, self.model, self.created, role="assistant", content="")])
+        if self.echo:
+            chunk = completion_chunk(self.id, self.model, self.created, self.echo)
+            if self.want_logprobs:
+                chunk["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs, 0)
+            self.streamed_chars += len(self.echo)
+            return self._indexed([chunk])
         return []
 
     def delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
+        return self._indexed(self._delta_chunks(event))
+
+    def _delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
         text = event.text
         self.text.append(text)
         entries = event.logprobs or []
@@ -437,6 +461,13 @@ class Reply:
         return held[:at]
 
     def final_chunks(self, event: Done, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+        frames = self._indexed(self._final_chunks(event, None))
+        if usage is not None:  # the usage chunk has no choices
+            make = chat_usage_chunk if self.endpoint == "chat" else completion_usage_chunk
+            frames.append(make(self.id, self.model, self.created, usage))
+        return frames
+
+    def _final_chunks(self, event: Done, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         reason = event.finish_reason
         frames: list[dict[str, Any]] = []
         if self.endpoint == "chat":
@@ -474,12 +505,17 @@ class Reply:
         self.text.append(event.text)
         self.logprobs.extend(event.logprobs or [])
 
-    def body(self, event: Done, usage: dict[str, Any]) -> dict[str, Any]:
+    def body(self, event: Done, usage: dict[str, Any] | None) -> dict[str, Any]:
+        obj = self._body(event, usage)
+        obj["choices"][0]["index"] = self.index
+        return obj
+
+    def _body(self, event: Done, usage: dict[str, Any] | None) -> dict[str, Any]:
         text, reason = "".join(self.text), event.finish_reason
         if self.endpoint == "completions":
-            obj = text_completion(self.id, self.model, self.created, text, reason, usage)
+            obj = text_completion(self.id, self.model, self.created, self.echo + text, reason, usage)
             if self.want_logprobs:
-                obj["choices"][0]["logprobs"] = completion_logprobs(self.logprobs)
+                obj["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs + self.logprobs)
             return obj
         calls: list[dict[str, Any]] = []
         content: str | None = text
@@ -497,3 +533,19 @@ class Reply:
         if self.want_logprobs:
             obj["choices"][0]["logprobs"] = chat_logprobs(self.logprobs)
         return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+
+def embedding_value(vector: list[float], encoding_format: str) -> list[float] | str:
+    """One embedding as ``float`` (a JSON array) or ``base64`` (little-endian float32 bytes,
+    base64-encoded, as OpenAI sends it and the ``openai`` client decodes it)."""
+    if encoding_format == "base64":
+        import base64
+        import struct
+
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return list(vector)

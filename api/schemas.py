@@ -19,6 +19,7 @@ Conventions, following OpenAI's API:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Collection, Mapping
@@ -39,6 +40,9 @@ CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 MAX_STOP_SEQUENCES = 16
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries in one logit_bias
+MAX_N = 16  # choices per prompt (``n``)
+MAX_PROMPTS = 32  # prompts in one completions request
+MAX_CHOICES = 32  # ``n`` times the number of prompts: the jobs one request may submit
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 
@@ -148,6 +152,10 @@ class GenerationRequest:
     tool_choice: str | dict[str, Any] = "auto"  # "none" | "auto" | "required" | {"name": ...}
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    n: int = 1  # choices per prompt
+    # completions: every prompt when the request holds several (``prompt`` is then the first)
+    prompts: list[str | list[int]] | None = None
+    echo: bool = False  # completions: the prompt's text comes back before the completion
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -179,6 +187,25 @@ class GenerationRequest:
         out["stop"] = list(self.stop)
         out["logit_bias"] = [list(p) for p in self.logit_bias]
         out["ignored"] = list(self.ignored)
+        if self.prompts is not None:
+            out["prompts"] = [list(p) if isinstance(p, list) else p for p in self.prompts]
+        return out
+
+    def choices(self) -> list[GenerationRequest]:
+        """One single-choice request per choice, in OpenAI's ``index`` order: prompt by prompt,
+        ``n`` choices each (index = prompt * n + j). With a ``seed``, choice j samples with
+        ``seed + j``: the same request gives the same choices, and they differ from each other."""
+        prompts: list[Any] = list(self.prompts) if self.prompts is not None else [self.prompt]
+        out: list[GenerationRequest] = []
+        for prompt in prompts:
+            for j in range(self.n):
+                seed = self.seed
+                if seed is not None and j:
+                    seed = (seed + j - _INT64_MIN) % 2**64 + _INT64_MIN
+                out.append(dataclasses.replace(
+                    self, n=1, prompts=None, prompt=list(prompt) if isinstance(prompt, list) else prompt, seed=seed,
+                    messages=[dict(m) for m in self.messages] if self.messages is not None else None,
+                ))
         return out
 
 
@@ -231,24 +258,29 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
 def parse_completion_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> GenerationRequest:
     """Validate a ``POST /v1/completions`` body and return the request.
 
-    Same contract as :func:`parse_chat_request`. ``prompt`` may be a string, a list of one
-    string, a list of token ids, or a list of one list of token ids; several prompts (batching)
-    are rejected. ``suffix`` is kept for fill-in-the-middle; ``echo`` and ``best_of`` > 1 are
-    unsupported; ``logprobs`` (0-20) asks for that many alternatives per token.
+    Same contract as :func:`parse_chat_request`. ``prompt`` may be a string, a list of token
+    ids, or a list of strings or of token-id lists (several prompts: ``prompts``, one choice
+    each times ``n``). ``suffix`` is kept for fill-in-the-middle; ``echo`` prepends the prompt's
+    text; ``best_of`` > 1 is unsupported; ``logprobs`` (0-20) asks for that many alternatives
+    per token.
     """
     body = _load_object(raw)
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _COMPLETION_KEYS, strict)
-    prompt = _parse_prompt(body)
+    prompts = _parse_prompt(body)
     suffix = body.get("suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise _invalid_type("suffix", "a string")
-    _must_be(body, "echo", lambda v: v is False, "false (echo is not supported)")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise _invalid_type("echo", "a boolean")
     _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
     req = GenerationRequest(
         endpoint="completions",
         model=model,
-        prompt=prompt,
+        prompt=prompts[0],
+        prompts=prompts if len(prompts) > 1 else None,
+        echo=bool(echo),
         suffix=suffix,
         max_tokens=_opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1"),
         ignored=ignored,
@@ -257,6 +289,13 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
     req.logprobs = _opt_int(
         body, "logprobs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}"
     )
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise invalid_request(
+            f"Invalid value for 'n': {len(prompts)} prompts times n={req.n} asks for "
+            f"{len(prompts) * req.n} choices; at most {MAX_CHOICES} are allowed in one request.",
+            param="n",
+            code="invalid_value",
+        )
     return req
 
 
@@ -646,36 +685,36 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_prompt(body: Mapping[str, Any]) -> str | list[int]:
+def _parse_prompt(body: Mapping[str, Any]) -> list[str | list[int]]:
+    """Every prompt of the request: a string, an array of token ids, or an array of strings or
+    of token-id arrays (several prompts, at most ``MAX_PROMPTS``)."""
     prompt = body.get("prompt")
     if prompt is None:
         raise _missing("prompt")
     if isinstance(prompt, str):
-        return prompt
-    expected = (
-        "a string, an array of one string, an array of token ids, or an array of one array of "
-        "token ids"
-    )
+        return [prompt]
+    expected = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
     if not isinstance(prompt, list):
         raise _invalid_type("prompt", expected)
     if not prompt:
         raise _invalid_value("prompt", expected)
     if all(_is_int(t) for t in prompt):
-        return _token_ids(prompt)
-    if all(isinstance(p, (str, list)) for p in prompt):
-        if len(prompt) > 1:
-            raise invalid_request(
-                "Invalid value for 'prompt': only one prompt per request is supported "
-                f"(got {len(prompt)}); batching multiple prompts is not supported.",
-                param="prompt",
-                code="unsupported_value",
-            )
-        (single,) = prompt
+        return [_token_ids(prompt)]
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid_request(
+            f"Invalid value for 'prompt': at most {MAX_PROMPTS} prompts in one request (got {len(prompt)}).",
+            param="prompt",
+            code="invalid_value",
+        )
+    out: list[str | list[int]] = []
+    for i, single in enumerate(prompt):
         if isinstance(single, str):
-            return single
-        if single and all(_is_int(t) for t in single):
-            return _token_ids(single)
-    raise _invalid_value("prompt", expected)
+            out.append(single)
+        elif isinstance(single, list) and single and all(_is_int(t) for t in single):
+            out.append(_token_ids(single))
+        else:
+            raise _invalid_value("prompt", f"{expected} (item {i} is neither a string nor a non-empty array of token ids)")
+    return out
 
 
 def _token_ids(tokens: list[Any]) -> list[int]:
@@ -728,7 +767,8 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
         raise _invalid_type("ignore_eos", "a boolean")
     req.ignore_eos = bool(ignore_eos)
     req.stop = _parse_stop(body)
-    _must_be(body, "n", lambda v: _is_int(v) and v == 1, "1 (several choices are not supported)")
+    n = _opt_int(body, "n", 1, MAX_N, f"an integer between 1 and {MAX_N}")
+    req.n = n if n is not None else 1
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid_type("stream", "a boolean")
@@ -899,3 +939,68 @@ def _unsupported_parameter(param: str, why: str) -> ApiError:
         param=param,
         code="unsupported_parameter",
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings
+# ---------------------------------------------------------------------------------------------
+
+MAX_EMBEDDING_INPUTS = 32
+_EMBEDDING_KEYS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+
+
+def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, str]:
+    """Validate a ``POST /v1/embeddings`` body: (the request, with every input in ``prompts``
+    and the first in ``prompt``; the ``encoding_format``, ``float`` or ``base64``). ``input`` is
+    a string, an array of strings, an array of token ids or an array of token-id arrays (at most
+    ``MAX_EMBEDDING_INPUTS``); ``dimensions`` is refused: the model's vectors are not truncated."""
+    body = _load_object(raw)
+    model = _parse_model(body, models)
+    ignored = _unknown_keys(body, _EMBEDDING_KEYS, strict)
+    value = body.get("input")
+    if value is None:
+        raise _missing("input")
+    expected = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
+    if isinstance(value, str):
+        inputs: list[str | list[int]] = [value]
+    elif isinstance(value, list) and value and all(_is_int(t) for t in value):
+        inputs = [list(value)]
+    elif isinstance(value, list) and value:
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise _invalid_value("input", f"at most {MAX_EMBEDDING_INPUTS} inputs in one request (got {len(value)})")
+        inputs = []
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                inputs.append(item)
+            elif isinstance(item, list) and item and all(_is_int(t) for t in item):
+                inputs.append(list(item))
+            else:
+                raise _invalid_value("input", f"{expected} (item {i} is neither a string nor a non-empty array of token ids)")
+    else:
+        raise _invalid_type("input", expected) if not isinstance(value, list) else _invalid_value("input", expected)
+    for item in inputs:
+        if isinstance(item, str) and not item:
+            raise _invalid_value("input", "non-empty strings")
+        if isinstance(item, list) and any(t < 0 for t in item):
+            raise _invalid_value("input", "token ids greater than or equal to 0")
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    if fmt not in ("float", "base64"):
+        raise _invalid_value("encoding_format", "'float' or 'base64'")
+    if body.get("dimensions") is not None:
+        raise _unsupported_parameter(
+            "dimensions", "this server returns the model's own embedding size and does not shorten vectors; omit it"
+        )
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _invalid_type("user", "a string")
+    req = GenerationRequest(
+        endpoint="embeddings",  # type: ignore[arg-type]
+        model=model,
+        prompt=inputs[0],
+        prompts=inputs,
+        user=user,
+        ignored=ignored,
+    )
+    return req, fmt

@@ -179,7 +179,7 @@ class ParkedKV:
 class LlamaCppEngine:
     name = "llamacpp"
     # request features beyond the basic sampler chain that this engine honours
-    features = frozenset({"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars"})
+    features = frozenset({"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars", "prompt_logprobs", "embeddings"})
 
     def __init__(
         self,
@@ -217,6 +217,10 @@ class LlamaCppEngine:
         self._logprob_lanes: dict[int, int] = {}  # lane -> top alternatives wanted
         self._step_logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = {}  # the last forward's, until taken
         self._eog_ids: list[int] | None = None
+        self._score_ctx: Any = None  # a one-sequence context for scoring prompts, made on first use
+        self._score_lock = threading.Lock()
+        self._embed_ctx: Any = None  # a one-sequence embeddings context (pooled), made on first use
+        self.pooling = "mean"
 
         _init_backend()
         # use_extra_bufts as llama-server's --no-repack sets it; see choose_repack
@@ -554,13 +558,110 @@ class LlamaCppEngine:
             L.llama_memory_seq_rm(self._mem, lane, -1, -1)
             raise _err(f"could not restore KV into lane {lane}", permanent=False)
 
-    def _logprobs(self, index: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    def score_prompt(self, tokens: list[int], top: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """The model's logprob of each prompt token after the ones before it (and the ``top``
+        likeliest there), for completions ``echo`` + ``logprobs``: one entry per token but the
+        first. It runs in a context of its own (one sequence, logits on every row), so no lane
+        and no cached prefix is touched; the worker calls it while preparing the job."""
+        L = llama_cpp
+        self._require_open()
+        with self._score_lock:
+            if self._score_ctx is None:
+                cparams = L.llama_context_default_params()
+                cparams.n_ctx = self.lane_ctx
+                cparams.n_seq_max = 1
+                cparams.n_batch = cparams.n_ubatch = min(self.lane_ctx, 512)
+                cparams.n_threads = cparams.n_threads_batch = self.n_threads
+                cparams.no_perf = True
+                self._score_ctx = L.llama_init_from_model(self._model, cparams)
+                if not self._score_ctx:
+                    self._score_ctx = None
+                    raise _err("could not create the prompt-scoring context", permanent=False)
+            ctx = self._score_ctx
+            chunk = min(self.lane_ctx, 512)
+            batch = L.llama_batch_init(chunk, 0, 1)
+            out: list[tuple[float, list[tuple[int, float]]]] = []
+            try:
+                L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
+                for at in range(0, len(tokens) - 1, chunk):
+                    piece = tokens[at : at + chunk]
+                    for j, token in enumerate(piece):
+                        batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, at + j, 1
+                        batch.seq_id[j][0] = 0
+                        batch.logits[j] = 1
+                    batch.n_tokens = len(piece)
+                    ret = L.llama_decode(ctx, batch)
+                    if ret != 0:
+                        raise _err(f"llama_decode returned {ret} while scoring the prompt", permanent=False)
+                    for j in range(len(piece)):
+                        if at + j + 1 < len(tokens):
+                            out.append(self._logprobs(j, tokens[at + j + 1], top, ctx))
+            finally:
+                L.llama_batch_free(batch)
+                L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
+            return out
+
+    def embed(self, tokens: list[int]) -> list[float]:
+        """The pooled, L2-normalised embedding of ``tokens`` (at most ``lane_ctx``), from a
+        context of its own created with embeddings on: the model's own pooling type when its
+        GGUF names one, else mean pooling."""
+        import numpy as np
+
+        L = llama_cpp
+        self._require_open()
+        if not 0 < len(tokens) <= self.lane_ctx:
+            raise EngineError(f"an input must hold 1 to {self.lane_ctx} tokens", permanent=False)
+        with self._score_lock:
+            if self._embed_ctx is None:
+                self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_UNSPECIFIED)
+                if L.llama_pooling_type(self._embed_ctx) in (L.LLAMA_POOLING_TYPE_NONE, L.LLAMA_POOLING_TYPE_UNSPECIFIED):
+                    L.llama_free(self._embed_ctx)
+                    self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_MEAN)
+                names = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last"}
+                self.pooling = names.get(L.llama_pooling_type(self._embed_ctx), "model")
+            ctx = self._embed_ctx
+            batch = L.llama_batch_init(len(tokens), 0, 1)
+            try:
+                L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
+                for j, token in enumerate(tokens):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, j, 1
+                    batch.seq_id[j][0] = 0
+                    batch.logits[j] = 1
+                batch.n_tokens = len(tokens)
+                ret = L.llama_decode(ctx, batch)
+                if ret != 0:
+                    raise _err(f"llama_decode returned {ret} while embedding", permanent=False)
+                ptr = L.llama_get_embeddings_seq(ctx, 0)
+                if not ptr:
+                    raise _err("the embeddings context gave no pooled embedding", permanent=False)
+                vec = np.ctypeslib.as_array(ptr, shape=(L.llama_model_n_embd(self._model),)).astype(np.float64)
+            finally:
+                L.llama_batch_free(batch)
+                L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
+        norm = float(np.linalg.norm(vec))
+        return [float(v) for v in (vec / norm if norm > 0 else vec)]
+
+    def _embeddings_context(self, pooling: int) -> Any:
+        L = llama_cpp
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = self.lane_ctx
+        cparams.n_seq_max = 1
+        cparams.n_threads = cparams.n_threads_batch = self.n_threads
+        cparams.embeddings = True
+        cparams.pooling_type = pooling
+        cparams.no_perf = True
+        ctx = L.llama_init_from_model(self._model, cparams)
+        if not ctx:
+            raise _err("could not create the embeddings context", permanent=False)
+        return ctx
+
+    def _logprobs(self, index: int, token: int, top: int, ctx: Any = None) -> tuple[float, list[tuple[int, float]]]:
         """The model's log-probability of ``token`` at batch row ``index`` and the ``top`` most
         likely tokens there, from the raw logits (before penalties, biases and grammar), as
         OpenAI and vLLM report them."""
         import numpy as np
 
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, index)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx if ctx is None else ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).astype(np.float64)
         shift = logits.max()
         logz = shift + np.log(np.exp(logits - shift).sum())
@@ -656,6 +757,13 @@ class LlamaCppEngine:
         if self._ctx:
             L.llama_free(self._ctx)
             self._ctx = None
+        with self._score_lock:  # not while a prompt is being scored on the prepare thread
+            if self._score_ctx:
+                L.llama_free(self._score_ctx)
+                self._score_ctx = None
+            if self._embed_ctx:
+                L.llama_free(self._embed_ctx)
+                self._embed_ctx = None
         if self._model:
             L.llama_model_free(self._model)
             self._model = None

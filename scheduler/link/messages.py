@@ -113,6 +113,8 @@ class Accepted(Message):
     type: ClassVar[str] = "accepted"
     id: str
     prompt_tokens: int = 0
+    # completions echo + logprobs: one entry per prompt token (the first one's logprob null)
+    prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ class Done(Message):
     usage: dict[str, int] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
     serial: dict[str, Any] = field(default_factory=dict)
+    embeddings: list[list[float]] | None = None  # /v1/embeddings: one vector per input
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class JobContext:
     logprobs: bool = False  # the request asked for logprobs
     lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
+    prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
 
 
 class Prepared(Message):
@@ -216,6 +217,9 @@ class EngineWorker:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
             if job_id in self.contexts or job_id in self.preparing:
                 raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
+            if isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings":
+                self._embed(conn, message)
+                return
             self._check_size(message)
             if self._prepare_queue is not None:
                 self.preparing[job_id] = conn
@@ -227,11 +231,42 @@ class EngineWorker:
             return
         self._admit(conn, job, ctx)
 
+    def _embed(self, conn: Connection, message: Submit) -> None:
+        """``/v1/embeddings``: every input embedded at once, here on the tick thread between two
+        steps (an embedding is one prefill-sized forward in the engine's embeddings context; it
+        takes no lane and never queues), then answered with Accepted and Done."""
+        engine, request = self.engine, message.request
+        embed = getattr(engine, "embed", None)
+        if embed is None or "embeddings" not in engine.features:
+            raise Refusal(UNSUPPORTED_PARAMETER, f"Embeddings are not supported by the {engine.name} engine.", "input")
+        inputs = request.get("inputs")
+        if not isinstance(inputs, list) or not inputs:
+            raise Refusal(INVALID_VALUE, "Invalid value for 'input': expected a non-empty string or array.", "input")
+        limit = engine.lane_ctx
+        vectors, total = [], 0
+        for i, item in enumerate(inputs):
+            tokens = [int(t) for t in item] if isinstance(item, list) else engine.tokenize(str(item))
+            if any(not 0 <= t < engine.vocab_size for t in tokens):
+                raise Refusal(INVALID_VALUE, f"Token ids in 'input' must be between 0 and {engine.vocab_size - 1}.", "input")
+            if not tokens:
+                raise Refusal(INVALID_VALUE, f"Invalid value for 'input': input {i} holds no tokens.", "input")
+            if len(tokens) > limit:
+                raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens. However, input {i} holds {len(tokens)} tokens.", "input")
+            try:
+                vectors.append(embed(tokens))
+            except EngineError as exc:
+                raise Refusal(INVALID_JOB, f"The input could not be embedded: {exc}", "input") from None
+            total += len(tokens)
+        self.stats["requests_total"] += 1
+        job_id = str(message.id)
+        conn.queue(Accepted(job_id, total))
+        conn.queue(Done(job_id, "stop", usage={"prompt_tokens": total, "completion_tokens": 0}, embeddings=vectors))
+
     def _admit(self, conn: Connection, job: Job, ctx: JobContext) -> None:
         self.scheduler.add(job)
         self.contexts[job.job_id] = ctx
         self.stats["requests_total"] += 1
-        conn.queue(Accepted(job.job_id, ctx.prompt_tokens))
+        conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
 
     def _prepared(self, result: Prepared) -> None:
         conn = self.preparing.pop(result.id, None)
@@ -411,6 +446,8 @@ class EngineWorker:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        if request.get("echo") and sampling.logprobs is not None:
+            ctx.prompt_logprobs = self._prompt_logprobs(tokens[:own_len], sampling.logprobs)
         return job, ctx
 
     def _sampling(self, request: dict[str, Any]) -> SamplingParams:
@@ -521,6 +558,20 @@ class EngineWorker:
             ctx = self.contexts.get(job.job_id) if job is not None else None
             if ctx is not None and ctx.logprobs:
                 ctx.lp_queue.append({"logprob": logprob, "top": top})
+
+    def _prompt_logprobs(self, tokens: list[int], top: int) -> list[dict[str, Any]]:
+        """Completions ``echo`` + ``logprobs``: each prompt token scored by the model given the
+        tokens before it; the first has no logprob (null), as in OpenAI's and vLLM's replies."""
+        score = getattr(self.engine, "score_prompt", None)
+        if score is None or "prompt_logprobs" not in self.engine.features:
+            raise Refusal(UNSUPPORTED_PARAMETER, f"'echo' with 'logprobs' is not supported by the {self.engine.name} engine.", "echo")
+        try:
+            scored = score(tokens, top) if tokens else []
+        except EngineError as exc:
+            raise Refusal(INVALID_JOB, f"The prompt could not be scored: {exc}", "echo") from None
+        entries = [self._logprob_entry(tokens[0], None)] if tokens else []
+        entries += [self._logprob_entry(t, {"logprob": lp, "top": alts}) for t, (lp, alts) in zip(tokens[1:], scored, strict=True)]
+        return entries
 
     def _logprob_entry(self, token: int, lp: dict[str, Any] | None) -> dict[str, Any]:
         piece = self.engine.token_bytes

@@ -518,3 +518,36 @@ def test_ignored_params_header_never_echoes_unsafe_names() -> None:
     value = ignored_params_value(["x\r\nSet-Cookie: a=b", "é", "", "a" * 65, "ok.name-1"])
     assert value == "?, ?, ?, ?, ok.name-1"
     assert ignored_params_value(str(i) for i in range(100)).count(",") == 31
+
+
+def test_a_reply_for_choice_k_puts_k_in_every_chunk_and_shares_the_request_id() -> None:
+    head = Reply("chat", "m")
+    reply = Reply("chat", "m", index=2, id=head.id, created=head.created)
+    frames = reply.first_chunks() + reply.delta_chunks(Delta("j", "hi")) + reply.final_chunks(Done("j", "stop"), None)
+    assert [f["choices"][0]["index"] for f in frames] == [2, 2, 2] and {f["id"] for f in frames} == {head.id}
+    for f in frames:
+        ChatCompletionChunk.model_validate(f)
+    body = reply.body(Done("j", "length"), None)
+    assert body["choices"][0]["index"] == 2 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_echo_puts_the_prompt_first_and_its_scores_before_the_completions() -> None:
+    first = {"token_id": 1, "bytes": list(b"Hi"), "logprob": None, "top": []}
+    second = {"token_id": 2, "bytes": list(b" there"), "logprob": -1.5, "top": [{"token_id": 2, "bytes": list(b" there"), "logprob": -1.5}]}
+    made = {"token_id": 3, "bytes": list(b"!"), "logprob": -0.1, "top": [{"token_id": 3, "bytes": list(b"!"), "logprob": -0.1}]}
+    reply = Reply("completions", "m", echo="Hi there", logprobs=True)
+    reply.prompt_logprobs = [first, second]
+    reply.add(Delta("j", "!", 1, [made]))
+    # a null first logprob is what OpenAI sends (the SDK's types say float, but it does not
+    # validate replies: the e2e test reads this through the client)
+    (choice,) = reply.body(Done("j", "stop"), None)["choices"]
+    assert choice["text"] == "Hi there!"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["Hi", " there", "!"] and lp["token_logprobs"] == [None, -1.5, -0.1]
+    assert lp["top_logprobs"] == [None, {" there": -1.5}, {"!": -0.1}] and lp["text_offset"] == [0, 2, 8]
+    streamed = Reply("completions", "m", echo="Hi there", logprobs=True)
+    streamed.prompt_logprobs = [first, second]
+    (chunk,) = streamed.first_chunks()
+    assert chunk["choices"][0]["text"] == "Hi there" and chunk["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.5]
+    (nxt,) = streamed.delta_chunks(Delta("j", "!", 1, [made]))
+    assert nxt["choices"][0]["logprobs"]["text_offset"] == [8]

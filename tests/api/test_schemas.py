@@ -486,11 +486,36 @@ def test_missing_prompt_is_rejected() -> None:
     assert_400(completion_error(prompt=None), "prompt", "missing_required_parameter")
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], ["a", "b", "c"]])
-def test_more_than_one_prompt_is_rejected_as_batching_unsupported(prompt: Any) -> None:
-    err = completion_error(prompt=prompt)
-    assert_400(err, "prompt", "unsupported_value")
-    assert "batching" in err.message
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], ["a", [5, 6], "c"]])
+def test_several_prompts_become_one_choice_each_in_order(prompt: Any) -> None:
+    req = completion(prompt=prompt)
+    assert req.prompts == prompt and req.prompt == prompt[0]
+    assert [c.prompt for c in req.choices()] == prompt
+    assert all(c.n == 1 and c.prompts is None for c in req.choices())
+
+
+def test_choices_are_ordered_prompt_by_prompt_n_each_with_distinct_seeds() -> None:
+    req = completion(prompt=["a", "b"], n=3, seed=7)
+    choices = req.choices()
+    assert [c.prompt for c in choices] == ["a", "a", "a", "b", "b", "b"]
+    assert [c.seed for c in choices] == [7, 8, 9, 7, 8, 9]
+    assert [c.seed for c in completion(n=2).choices()] == [None, None]
+    assert completion(n=2, seed=2**63 - 1).choices()[1].seed == -(2**63)  # wraps in int64
+
+
+def test_a_single_prompt_in_a_list_is_just_that_prompt() -> None:
+    assert completion(prompt=["x"]).prompts is None and completion(prompt=["x"]).prompt == "x"
+    assert completion(prompt=[[1, 2]]).prompt == [1, 2]
+
+
+def test_too_many_prompts_or_choices_are_refused_naming_the_bound() -> None:
+    err = completion_error(prompt=["a"] * 33)
+    assert_400(err, "prompt", "invalid_value")
+    assert "32" in err.message
+    completion(prompt=["a"] * 32)
+    err = completion_error(prompt=["a"] * 3, n=11)
+    assert_400(err, "n", "invalid_value")
+    assert "33" in err.message and "32" in err.message
 
 
 @pytest.mark.parametrize(
@@ -510,9 +535,15 @@ def test_suffix_that_is_not_a_string_is_rejected() -> None:
     assert_400(completion_error(suffix=3), "suffix", "invalid_type")
 
 
-@pytest.mark.parametrize(("key", "value"), [("echo", True), ("echo", 0), ("best_of", 2), ("best_of", 1.0)])
+@pytest.mark.parametrize(("key", "value"), [("best_of", 2), ("best_of", 1.0)])
 def test_unsupported_completion_options_are_rejected_naming_them(key: str, value: Any) -> None:
     assert_400(completion_error(**{key: value}), key, "unsupported_value")
+
+
+def test_echo_is_a_boolean() -> None:
+    assert completion(echo=True).echo is True and completion(echo=None).echo is False
+    assert_400(completion_error(echo=0), "echo", "invalid_type")
+    assert_400(completion_error(echo="yes"), "echo", "invalid_type")
 
 
 @pytest.mark.parametrize(
@@ -627,15 +658,19 @@ def test_invalid_stop_is_rejected(stop: Any, code: str) -> None:
         assert_400(err, "stop", code)
 
 
-@pytest.mark.parametrize("n", [2, 0, 1.0, "1", True])
-def test_n_other_than_one_is_rejected(n: Any) -> None:
+@pytest.mark.parametrize(("n", "code"), [(0, "invalid_value"), (17, "invalid_value"), (-1, "invalid_value"),
+                                         (1.0, "invalid_type"), ("1", "invalid_type"), (True, "invalid_type")])
+def test_n_outside_1_to_16_or_not_an_integer_is_rejected(n: Any, code: str) -> None:
     for err in both_errors(n=n):
-        assert_400(err, "n", "unsupported_value")
+        assert_400(err, "n", code)
+        assert "16" in err.message
 
 
-def test_n_of_one_is_accepted() -> None:
-    chat(n=1)
-    completion(n=1)
+@pytest.mark.parametrize("n", [1, 2, 16])
+def test_n_up_to_16_gives_that_many_choices(n: int) -> None:
+    assert len(chat(n=n).choices()) == n
+    assert len(completion(n=n).choices()) == n
+    assert chat(n=None).n == 1
 
 
 # -- streaming ---------------------------------------------------------------------------------
@@ -713,7 +748,7 @@ def test_to_wire_has_every_field_and_shares_no_lists() -> None:
         "endpoint", "model", "messages", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "stop", "stream",
         "include_usage", "user", "logit_bias", "ignore_eos", "typical_p", "logprobs", "response_format",
-        "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "ignored",
+        "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "ignored", "n", "prompts", "echo",
     }
     wire["stop"].append("y")
     wire["messages"][0]["content"] = "changed"
@@ -799,3 +834,77 @@ def test_any_extension_body_parses_or_is_a_clean_400(extra: dict[str, Any], stri
     assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)  # it travels the link unchanged
     assert all(-100 <= b <= 100 for _, b in req.logit_bias)
     assert req.logprobs is None or 0 <= req.logprobs <= 20
+
+
+_prompts = (
+    st.text(max_size=6)
+    | st.lists(st.integers(-2, 2**31), max_size=4)
+    | st.lists(st.text(max_size=4) | st.lists(st.integers(-2, 50), max_size=3) | _values, max_size=40)
+    | _values
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_prompts, st.none() | st.integers(-2, 40) | _values, st.none() | st.booleans() | _values)
+def test_any_prompt_n_and_echo_parse_to_bounded_choices_or_a_clean_400(prompt: Any, n: Any, echo: Any) -> None:
+    body = {"model": "smollm2", "prompt": prompt, "n": n, "echo": echo}
+    try:
+        req = parse_completion_request(json.dumps(body).encode(), models=MODELS)
+    except ApiError as err:
+        assert err.status == 400 and err.param in ("prompt", "n", "echo")
+        return
+    choices = req.choices()
+    prompts = req.prompts if req.prompts is not None else [req.prompt]
+    assert 1 <= req.n <= 16 and len(choices) == req.n * len(prompts) <= 32
+    assert [c.prompt for c in choices] == [p for p in prompts for _ in range(req.n)]
+    for c in choices:
+        assert isinstance(c.prompt, str) or (c.prompt and all(isinstance(t, int) and t >= 0 for t in c.prompt))
+        assert c.n == 1 and c.prompts is None and c.echo is req.echo
+    wire = req.to_wire()
+    assert decode(encode(Submit(id="j", request=wire))) == Submit(id="j", request=wire)
+
+
+# -- embeddings --------------------------------------------------------------------------------
+
+from api.schemas import parse_embeddings_request  # noqa: E402
+
+
+def embeddings(**body: Any) -> tuple[GenerationRequest, str]:
+    return parse_embeddings_request(json.dumps({"model": "smollm2", **body}).encode(), models=MODELS)
+
+
+def test_embedding_inputs_are_strings_token_ids_or_lists_of_either() -> None:
+    assert embeddings(input="hi")[0].prompts == ["hi"]
+    assert embeddings(input=[1, 2])[0].prompts == [[1, 2]]
+    assert embeddings(input=["a", "b"])[0].prompts == ["a", "b"]
+    assert embeddings(input=[[1], [2, 3]])[0].prompts == [[1], [2, 3]]
+    assert embeddings(input="hi")[1] == "float" and embeddings(input="hi", encoding_format="base64")[1] == "base64"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [({}, "input", "missing_required_parameter"), ({"input": 3}, "input", "invalid_type"),
+     ({"input": []}, "input", "invalid_value"), ({"input": [""]}, "input", "invalid_value"),
+     ({"input": [[-1]]}, "input", "invalid_value"), ({"input": [["a"]]}, "input", "invalid_value"),
+     ({"input": ["a"] * 33}, "input", "invalid_value"), ({"input": "a", "encoding_format": "int8"}, "encoding_format", "invalid_value"),
+     ({"input": "a", "dimensions": 8}, "dimensions", "unsupported_parameter")],
+)
+def test_bad_embedding_bodies_are_400_naming_the_param(body: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(ApiError) as info:
+        embeddings(**body)
+    assert_400(info.value, param, code)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_prompts, st.none() | st.sampled_from(["float", "base64"]) | _values, st.none() | _values)
+def test_any_embedding_input_parses_to_at_most_32_inputs_or_a_clean_400(value: Any, fmt: Any, dims: Any) -> None:
+    body = {"model": "smollm2", "input": value, "encoding_format": fmt, "dimensions": dims}
+    try:
+        req, out_fmt = parse_embeddings_request(json.dumps(body).encode(), models=MODELS)
+    except ApiError as err:
+        assert err.status == 400 and err.param in ("input", "encoding_format", "dimensions")
+        return
+    assert dims is None and out_fmt in ("float", "base64")
+    assert req.prompts and 1 <= len(req.prompts) <= 32
+    for item in req.prompts:
+        assert (isinstance(item, str) and item) or (item and all(isinstance(t, int) and t >= 0 for t in item))

@@ -116,7 +116,7 @@ async def test_a_body_over_the_bound_is_413_even_when_only_its_length_says_so(si
     [
         ("GET", "/v1", 404, "not_found"),
         ("GET", "/v1/", 404, "not_found"),
-        ("POST", "/v1/embeddings", 404, "not_found"),
+        ("POST", "/v1/audio/speech", 404, "not_found"),
         ("POST", "/v1/models", 405, "method_not_allowed"),
         ("DELETE", "/v1/models/sim", 405, "method_not_allowed"),
         ("POST", "/health", 405, "method_not_allowed"),

@@ -303,3 +303,28 @@ def test_close_is_idempotent_and_final() -> None:
         eng.tokenize("Hi")
     with pytest.raises(EngineError):
         eng.execute(TickPlan(tick=1), never)
+
+
+# -- prompt scoring (completions echo + logprobs) ---------------------------------------------
+
+
+def test_scoring_a_greedy_continuation_finds_each_token_the_likeliest(
+    engine: Engine, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    tokens = prompts[0] + reference[0]
+    scored = engine.score_prompt(tokens, 2)
+    assert len(scored) == len(tokens) - 1
+    assert all(lp <= 0 and len(alts) == 2 for lp, alts in scored)
+    for i, token in enumerate(reference[0]):  # greedy: each was the argmax where it was drawn
+        lp, alts = scored[len(prompts[0]) - 1 + i]
+        assert alts[0][0] == token and lp == pytest.approx(alts[0][1])
+
+
+def test_scoring_a_prompt_longer_than_one_batch_sees_all_of_it(engine: Engine) -> None:
+    sentence = engine.tokenize("The quick brown fox jumps over the lazy dog. ", add_special=False)
+    tokens = sentence * (700 // len(sentence) + 1)  # more than the 512-token chunk
+    scored = engine.score_prompt(tokens, 0)
+    assert len(scored) == len(tokens) - 1
+    first = sum(lp for lp, _ in scored[: len(sentence) - 1])
+    late = sum(lp for lp, _ in scored[-(len(sentence) - 1):])
+    assert late > first / 4  # by the last repetition (past the chunk) the model has seen it many times
