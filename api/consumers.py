@@ -156,7 +156,7 @@ class GenerationConsumer(StreamingConsumer):
             lane_ctx = link.hello.lane_ctx
         else:
             request = self.parse(body, pool.names())  # an id or an alias; else 404 model_not_found
-            lane_ctx = pool.setup.ctx_sizes.get(pool.resolve(request.model) or "", 0)
+            lane_ctx = pool.setup.ctx_sizes.get(pool.route(request.model, fim=request.suffix is not None) or "", 0)
         check_prompt_size(request, lane_ctx or 1 << 30)  # before any tokenising
         self.ignored = request.ignored
         if request.ignored:
@@ -170,7 +170,7 @@ class GenerationConsumer(StreamingConsumer):
         if pool is None:
             await self.run_job(link, request, admission)
             return
-        model_id = pool.resolve(request.model)
+        model_id = pool.route(request.model, fim=request.suffix is not None)  # fill-in-the-middle: the --fim-model
         assert model_id is not None
         try:
             # the router's turn; an interactive or completion request may go to a full model, whose

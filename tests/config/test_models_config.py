@@ -164,3 +164,30 @@ def test_fim_bounds_are_clear_errors(folder: Path, batch: int, ctx: int, flag: s
     main = from_model_paths([folder / "smol.gguf"], lambda p: p.stem)
     with pytest.raises(ConfigError, match=flag):
         with_fim_model(main, folder / "other.gguf", lambda p: p.stem, max_batch=batch, max_context=ctx)
+
+
+def test_serve_wires_the_fim_model_with_its_own_lanes_and_context(folder: Path) -> None:
+    from django.core.management.base import CommandError
+
+    from django.core.management import call_command
+
+    from scheduler.management.commands.serve import Command
+
+    cmd = Command()
+    parser = cmd.create_parser("manage.py", "serve")
+    smol = str(folder / "smol.gguf")
+    options = vars(parser.parse_args(["--model", smol, "--fim-model", str(folder / "other.gguf"), "--class-lanes", "agent=6"]))
+    cfg = cmd._models(options)
+    assert cfg is not None and [m.id for m in cfg.models] == ["smol", "other"]
+    setup = cmd._pool_setup(cfg, options)
+    assert setup.lanes == {"smol": 8, "other": 2}  # --fim-max-batch 2 by default
+    assert setup.ctx_sizes == {"smol": 4096, "other": 4096}  # --ctx-size, at most 8192
+    options = vars(parser.parse_args(["--model", smol, "--fim-model", smol, "--fim-max-batch", "3", "--fim-max-context", "8192"]))
+    setup = cmd._pool_setup(cmd._models(options), options)  # type: ignore[arg-type]
+    assert (setup.lanes, setup.ctx_sizes) == ({"smol": 8, "smol-fim": 3}, {"smol": 4096, "smol-fim": 8192})
+    for bad, match in ((["--fim-max-context", "16384"], "--fim-max-context must be between 64 and 8192, got 16384"),
+                       (["--fim-max-batch", "0"], "--fim-max-batch must be between 1 and 64, got 0")):
+        with pytest.raises(CommandError, match=match):
+            call_command("serve", "--model", smol, "--fim-model", smol, *bad)
+    with pytest.raises(CommandError, match="no such file"):
+        call_command("serve", "--model", smol, "--fim-model", str(folder / "missing.gguf"))
