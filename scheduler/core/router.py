@@ -414,6 +414,7 @@ class Router:
                     "state": m.state.value,
                     "inflight": m.inflight,
                     "waiting": sum(1 for w in self.waiting if w.model == mid),
+                    "waiting_by_band": {b: sum(1 for w in self.waiting if w.model == mid and w.band == b) for b in BANDS},
                     "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),
                     "loads": m.loads,
                     "dispatched": m.dispatched,

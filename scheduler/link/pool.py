@@ -164,10 +164,12 @@ class ModelPool:
         self.draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         install(self.link)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="superfluid-router")
         for model in self.config.preload:
@@ -357,6 +359,7 @@ class ModelPool:
                     "lanes": self.setup.lanes.get(m.id),
                     "lanes_in_use": sum(1 for lane in lanes if lane.get("state") != "idle"),
                     "waiting": s["waiting"],
+                    "waiting_by_band": s["waiting_by_band"],
                     "running": s["inflight"],
                     "last_used": self.last_used.get(m.id),
                     "ttl_s": m.ttl_s,

@@ -401,3 +401,14 @@ def test_a_pinned_models_lanes_bound_only_its_own_requests() -> None:
     assert box.router.snapshot()["models"]["F"]["dispatched"] == 3  # type: ignore[index]
     assert box.router.snapshot()["models"]["A"]["dispatched"] == 1  # type: ignore[index]
     assert a2 not in box.started
+
+
+def test_the_snapshot_counts_each_models_waiting_requests_by_band() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B")])
+    box.ask("A")
+    box.ask("A", priority=-100)
+    box.ask("B", priority=100)
+    box.ask("A", priority=5)
+    models = box.router.snapshot()["models"]
+    assert models["A"]["waiting_by_band"] == {"interactive": 0, "normal": 1, "batch": 1}  # type: ignore[index]
+    assert models["B"]["waiting_by_band"] == {"interactive": 1, "normal": 0, "batch": 0}  # type: ignore[index]
