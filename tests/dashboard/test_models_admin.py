@@ -89,3 +89,21 @@ def test_the_single_worker_server_shows_its_one_model(admin_client: Client, monk
     smol = cells(html, "smol")
     assert (smol["state"], smol["resident"], smol["lanes"], smol["queue"], smol["ttl"]) == ("loaded", "yes", "1 / 2", "0 / 3 / 0", "never")
     assert "One model, no router" in html and band_depth(html, "normal") == 3
+
+
+# -- the live dashboard's push: every resident model's lanes, the router's queue by band ----------
+
+
+async def test_a_push_carries_every_resident_models_lanes_and_the_router_queue(two_models: ModelPool) -> None:
+    import asyncio
+
+    from dashboard.feed import full_state, models_view
+
+    assert models_view() == {}  # no pool on this loop (the single-worker server): nothing extra
+    two_models.loop = asyncio.get_running_loop()
+    two_models.links["a"].snapshot["lanes"] = [{"lane": 0, "state": "decode", "class": "agent", "job_id": "j"}, {"lane": 1, "state": "idle"}]  # type: ignore[attr-defined]
+    pushed = full_state({"model": "a", "lanes": []})
+    assert [(m["id"], m["state"], m["n_lanes"], m["lanes_in_use"]) for m in pushed["models"]] == [("a", "draining", 2, 1)]  # b and f are not resident
+    assert pushed["models"][0]["lanes"] == [{"lane": 0, "state": "decode", "class": "agent"}, {"lane": 1, "state": "idle", "class": None}]
+    assert {b: q["depth"] for b, q in pushed["router_queue"].items()} == {"interactive": 0, "normal": 1, "batch": 1}
+    assert pushed["model"] == "a"  # the snapshot's own view is still there
