@@ -167,9 +167,8 @@ def test_fim_bounds_are_clear_errors(folder: Path, batch: int, ctx: int, flag: s
 
 
 def test_serve_wires_the_fim_model_with_its_own_lanes_and_context(folder: Path) -> None:
-    from django.core.management.base import CommandError
-
     from django.core.management import call_command
+    from django.core.management.base import CommandError
 
     from scheduler.management.commands.serve import Command
 

@@ -50,7 +50,14 @@ from scheduler.management.options import (
     resolve_model,
     scheduler_config,
 )
-from scheduler.models_config import FIM_MAX_CONTEXT, ConfigError, ModelsConfig, from_model_paths, load_config, with_fim_model
+from scheduler.models_config import (
+    FIM_MAX_CONTEXT,
+    ConfigError,
+    ModelsConfig,
+    from_model_paths,
+    load_config,
+    with_fim_model,
+)
 
 log = logging.getLogger("superfluid.serve")
 
