@@ -44,7 +44,7 @@ def single_view(link: Any) -> dict[str, Any]:
     depth = ((snapshot.get("metrics") or {}).get("queue_depth_by_band")) or {}
     model = (hello.model if hello is not None else None) or snapshot.get("model") or "-"
     connected = hello is not None and not getattr(link, "draining", False)
-    row = {
+    row: dict[str, Any] = {
         "id": model,
         "aliases": [],
         "state": "loaded" if connected else "unloaded",

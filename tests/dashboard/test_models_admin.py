@@ -36,7 +36,7 @@ def band_depth(html: str, band: str) -> int:
 @pytest.fixture
 def two_models(monkeypatch: pytest.MonkeyPatch) -> ModelPool:
     cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf"), aliases=("alpha",)), ServedModel("b", Path("/m/b.gguf"), ttl_s=300), ServedModel("f", Path("/m/f.gguf"), fim=True)))
-    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 2, "b": 1, "f": 2}, ctx_sizes={"a": 1024, "b": 1024, "f": 512}))  # type: ignore[arg-type, return-value]
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 2, "b": 1, "f": 2}, ctx_sizes={"a": 1024, "b": 1024, "f": 512}))  # type: ignore[arg-type]
     r = pool.router
     r.request_load("a")
     r.schedule()
