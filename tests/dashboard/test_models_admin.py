@@ -101,7 +101,7 @@ async def test_a_push_carries_every_resident_models_lanes_and_the_router_queue(t
 
     assert models_view() == {}  # no pool on this loop (the single-worker server): nothing extra
     two_models.loop = asyncio.get_running_loop()
-    two_models.links["a"].snapshot["lanes"] = [{"lane": 0, "state": "decode", "class": "agent", "job_id": "j"}, {"lane": 1, "state": "idle"}]  # type: ignore[attr-defined]
+    two_models.links["a"].snapshot["lanes"] = [{"lane": 0, "state": "decode", "class": "agent", "job_id": "j"}, {"lane": 1, "state": "idle"}]  # type: ignore[index]
     pushed = full_state({"model": "a", "lanes": []})
     assert [(m["id"], m["state"], m["n_lanes"], m["lanes_in_use"]) for m in pushed["models"]] == [("a", "draining", 2, 1)]  # b and f are not resident
     assert pushed["models"][0]["lanes"] == [{"lane": 0, "state": "decode", "class": "agent"}, {"lane": 1, "state": "idle", "class": None}]
