@@ -115,7 +115,18 @@ def models_view(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]
 
 
 def full_state(state: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]:
-    """What one push carries: the snapshot's view and, with several models, the router's."""
+    """What one push carries: the snapshot's view and, with several models, the router's. With
+    several models every resident worker sends snapshots; the page's lanes panel draws the model
+    used last (the pool link's), so it does not flip between models at each snapshot."""
+    from scheduler.link.pool import all_pools
+
+    try:
+        loop = loop or asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    pool = next((p for p in all_pools() if loop is not None and p.loop is loop), None)
+    if pool is not None and pool.link.snapshot:
+        state = pool.link.snapshot
     return {**dashboard_state(state, lane_keys(loop)), **models_view(loop)}
 
 

@@ -107,3 +107,7 @@ async def test_a_push_carries_every_resident_models_lanes_and_the_router_queue(t
     assert pushed["models"][0]["lanes"] == [{"lane": 0, "state": "decode", "class": "agent"}, {"lane": 1, "state": "idle", "class": None}]
     assert {b: q["depth"] for b, q in pushed["router_queue"].items()} == {"interactive": 0, "normal": 1, "batch": 1}
     assert pushed["model"] == "a"  # the snapshot's own view is still there
+    # the lanes panel draws the model used last, whichever worker's snapshot came in
+    two_models.last_model = "a"
+    two_models.links["a"].snapshot["model"] = "a"  # type: ignore[index]
+    assert full_state({"model": "f", "lanes": []})["model"] == "a"
