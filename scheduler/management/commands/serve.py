@@ -488,6 +488,9 @@ class Command(BaseCommand):
             supervisor = PoolWorkers()
             n = pool_setup.config.max_loaded_models
             lanes_line = f"on demand, at most {n} loaded at once"
+            fim_id = pool_setup.config.fim_model
+            if fim_id:
+                lanes_line += f"; fill-in-the-middle on {fim_id}, {pool_setup.lanes[fim_id]} lanes, resident"
         try:
             self._run_web(options, supervisor, model_name, lanes_line)
         finally:
