@@ -159,8 +159,10 @@ class GenerationConsumer(StreamingConsumer):
             assert link.hello is not None
             request = await self.parse_off_loop(body, [link.hello.model], lambda _r: link.hello.lane_ctx if link.hello else 0)
         else:
-            # an id or an alias; else 404 model_not_found
-            request = await self.parse_off_loop(body, pool.names(), lambda r: pool.setup.ctx_sizes.get(pool.resolve(r.model) or "", 0))
+            # an id or an alias (else 404 model_not_found); fill-in-the-middle: the --fim-model
+            request = await self.parse_off_loop(
+                body, pool.names(), lambda r: pool.setup.ctx_sizes.get(pool.route(r.model, fim=r.suffix is not None) or "", 0)
+            )
         self.ignored = request.ignored
         if request.ignored:
             log.info("request ignores parameters: %s", responses.ignored_params_value(request.ignored))
@@ -173,7 +175,7 @@ class GenerationConsumer(StreamingConsumer):
         if pool is None:
             await self.run_job(link, request, admission)
             return
-        model_id = pool.resolve(request.model)
+        model_id = pool.route(request.model, fim=request.suffix is not None)  # fill-in-the-middle: the --fim-model
         assert model_id is not None
         try:
             # the router's turn; an interactive or completion request may go to a full model, whose

@@ -7,7 +7,7 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .feed import GROUP, dashboard_state, lane_keys
+from .feed import GROUP, full_state
 
 CLOSE_FORBIDDEN = 4403
 GROUP_REFRESH_S = 3600.0
@@ -29,7 +29,7 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
 
         link = get_link()  # starts the link to the worker if no request has yet
         if link.snapshot:
-            await self.send_json({"type": "state", "state": dashboard_state(link.snapshot, lane_keys())})
+            await self.send_json({"type": "state", "state": full_state(link.snapshot)})
 
     async def _keep_membership(self) -> None:
         """Group memberships expire (a day in the in-memory layer); a dashboard may stay open longer."""

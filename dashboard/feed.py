@@ -83,6 +83,53 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
     }
 
 
+def models_view(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]:
+    """With several models (the router's pool on this event loop): every resident model's lanes
+    (``models``) and the router's queue by band (``router_queue``); ``{}`` without a pool."""
+    from scheduler.link.pool import all_pools
+
+    from .served import pool_view
+
+    try:
+        loop = loop or asyncio.get_running_loop()
+    except RuntimeError:
+        return {}
+    pool = next((p for p in all_pools() if p.loop is loop), None)
+    if pool is None:
+        return {}
+    view = pool_view(pool)
+    models = [
+        {
+            "id": m["id"],
+            "fim": bool(m.get("fim")),
+            "state": m["state"],
+            "n_lanes": m.get("lanes") or len(m["lane_list"]),
+            "lanes_in_use": m["lanes_in_use"],
+            "waiting": m["waiting"],
+            "lanes": [{"lane": lane.get("lane"), "state": lane.get("state"), "class": lane.get("class")} for lane in m["lane_list"]],
+        }
+        for m in view["models"]
+        if m["resident"]
+    ]
+    return {"models": models, "router_queue": view["queue"]}
+
+
+def full_state(state: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]:
+    """What one push carries: the snapshot's view and, with several models, the router's. With
+    several models every resident worker sends snapshots; the page's lanes panel draws the model
+    used last (the pool link's), so it does not flip between models at each snapshot."""
+    from scheduler.link.pool import all_pools
+
+    try:
+        loop = loop or asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    pool = next((p for p in all_pools() if loop is not None and p.loop is loop), None)
+    if pool is not None and pool.link.snapshot:
+        state = pool.link.snapshot
+    return {**dashboard_state(state, lane_keys(loop)), **models_view(loop)}
+
+
 class SnapshotFeed:
     """Throttled pushes of the latest snapshot to the group, on the event loop that calls it."""
 
@@ -122,7 +169,7 @@ class SnapshotFeed:
             layer = get_channel_layer()
             if layer is None:
                 return
-            message = {"type": "lanes.update", "state": dashboard_state(self.latest, lane_keys(loop))}
+            message = {"type": "lanes.update", "state": full_state(self.latest, loop)}
         except Exception:
             log.exception("dashboard feed: could not prepare a push")
             return

@@ -1,1 +1,17 @@
-# The dashboard has no models: it draws the engine worker's live snapshots (dashboard/feed.py).
+"""The dashboard keeps no data. ``ServedModel`` is unmanaged (no table): it only gives the admin a
+"Served models" entry, whose page shows the running server's models (dashboard/admin.py)."""
+
+from django.db import models
+
+
+class ServedModel(models.Model):
+    id = models.CharField(primary_key=True, max_length=200)
+
+    class Meta:
+        managed = False
+        verbose_name = "served model"
+        verbose_name_plural = "served models"
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return self.id

@@ -25,6 +25,8 @@ A relative ``model`` path is taken from the file's folder.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,7 @@ from scheduler.core.router import SCHEDULERS, ModelSpec, RouterConfig
 
 MAX_BATCH_LIMIT = 64
 MIN_CTX = 64
+FIM_MAX_CONTEXT = 8192  # --fim-max-context's bound (scheduling seed: "up to 8192")
 
 
 class ConfigError(ValueError):
@@ -51,9 +54,10 @@ class ServedModel:
     ctx_size: int | None = None  # None: the --ctx-size flag
     ttl_s: float = 0.0
     priority: int = 0
+    fim: bool = False  # serve --fim-model: fill-in-the-middle goes here; resident from the start
 
     def spec(self) -> ModelSpec:
-        return ModelSpec(self.id, priority=self.priority, ttl_s=self.ttl_s)
+        return ModelSpec(self.id, priority=self.priority, ttl_s=self.ttl_s, pinned=self.fim)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,16 @@ class ModelsConfig:
 
     def get(self, model_id: str) -> ServedModel:
         return next(m for m in self.models if m.id == model_id)
+
+    @property
+    def fim_model(self) -> str | None:
+        """The id of the ``--fim-model``, if there is one."""
+        return next((m.id for m in self.models if m.fim), None)
+
+    def route(self, model_id: str, *, fim: bool) -> str:
+        """The model a request runs on: a fill-in-the-middle request (one with ``suffix``) on the
+        ``--fim-model`` whatever model it names; everything else on the model it names."""
+        return (self.fim_model or model_id) if fim else model_id
 
 
 def _names(models: Sequence[ServedModel]) -> dict[str, str]:
@@ -108,6 +122,22 @@ def from_model_paths(paths: Sequence[Path], name_for: Callable[[Path], str], *, 
         swap_affinity_bonus=swap_affinity_bonus,
         preload=(ids[0],) if len(ids) == 1 else (),
     )
+
+
+def with_fim_model(cfg: ModelsConfig, path: Path, name_for: Callable[[Path], str], *, max_batch: int, max_context: int) -> ModelsConfig:
+    """``--fim-model PATH``: ``cfg`` plus a model for fill-in-the-middle with its own lanes
+    (``--fim-max-batch``) and per-lane context (``--fim-max-context``, up to 8192), loaded at start
+    beside the others and never swapped out. Its id is the file name, made unique with a
+    ``-fim`` suffix (and a number) where a configured id or alias has it already."""
+    if not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        raise ConfigError(f"--fim-max-batch must be between 1 and {MAX_BATCH_LIMIT}, got {max_batch}")
+    if not MIN_CTX <= max_context <= FIM_MAX_CONTEXT:
+        raise ConfigError(f"--fim-max-context must be between {MIN_CTX} and {FIM_MAX_CONTEXT}, got {max_context}")
+    base = name_for(path)
+    candidates = itertools.chain([base, f"{base}-fim"], (f"{base}-fim-{n}" for n in itertools.count(2)))
+    fim_id = next(c for c in candidates if c not in cfg.names)
+    fim = ServedModel(fim_id, path, max_batch=max_batch, ctx_size=max_context, fim=True)
+    return dataclasses.replace(cfg, models=(*cfg.models, fim), preload=(*cfg.preload, fim_id), names={})
 
 
 # -- the YAML file -----------------------------------------------------------------------------

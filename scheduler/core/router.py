@@ -23,6 +23,9 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
   Reservations are recomputed every time, so a better request that arrives meanwhile for the
   reserved model still goes first.
 - A loaded model whose ``ttl_s`` has passed with nothing running or waiting is unloaded.
+- A ``pinned`` model (serve's ``--fim-model``) is resident beside the others: it takes no one of
+  the ``max_loaded_models`` slots, is never chosen for a swap and has no TTL; its requests wait
+  only for its own lanes.
 
 ``reorders`` counts dispatches (or swaps started) that would not have happened at this moment
 without swap affinity, or without aging: the seed's ``reorders_total{reason=...}``.
@@ -60,6 +63,7 @@ class ModelSpec:
     priority: int = 0  # the fifo scheduler's per-model priority
     ttl_s: float = 0.0  # idle seconds before unloading; 0 = never
     lanes: int = 0  # requests its worker runs at once (its --max-batch); 0 = no bound here
+    pinned: bool = False  # resident beside the others (serve --fim-model): no swap slot, never a victim, no TTL
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,7 @@ class _Model:
     load_started_s: float | None = None
     unload_requested: bool = False  # the admin asked: drain, then unload
     loads: int = 0
+    dispatched: int = 0  # requests sent to its worker
 
 
 @dataclass
@@ -280,18 +285,18 @@ class Router:
         claimed: set[str] = set()  # a better request waits for one of its lanes: not a victim
 
         def occupied() -> int:
-            return sum(1 for s in state.values() if s is not ModelState.UNLOADED)
+            return sum(1 for mid, s in state.items() if s is not ModelState.UNLOADED and not self.models[mid].spec.pinned)
 
         def take_slot(model: str, why: Waiting | None) -> bool:
             nonlocal coming
-            if occupied() < self.config.max_loaded_models:
+            if self.models[model].spec.pinned or occupied() < self.config.max_loaded_models:
                 state[model] = ModelState.LOADING
                 plan.load.append((model, why))
                 return True
             if coming > 0:
                 coming -= 1  # wait for a slot already on its way
                 return False
-            victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed]
+            victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed and not self.models[v].spec.pinned]
             if not victims:
                 return False
             victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].last_used_s or 0.0, v))
@@ -321,7 +326,7 @@ class Router:
             if state[model] is ModelState.UNLOADED and model not in pending:
                 take_slot(model, None)
         for mid, m in self.models.items():
-            if state[mid] is not ModelState.LOADED or m.spec.ttl_s <= 0 or inflight[mid] or mid in pending:
+            if state[mid] is not ModelState.LOADED or m.spec.ttl_s <= 0 or m.spec.pinned or inflight[mid] or mid in pending:
                 continue
             if any(w.model == mid for w in self.waiting):
                 continue
@@ -364,6 +369,7 @@ class Router:
             self._dispatched[w.request_id] = w.model
             m = self.models[w.model]
             m.inflight += 1
+            m.dispatched += 1
             m.last_used_s = now
             self.dispatched_by_band[w.band] += 1
             score = w.won_with if w.won_with is not None else self.score(w, now)
@@ -408,8 +414,12 @@ class Router:
                     "state": m.state.value,
                     "inflight": m.inflight,
                     "waiting": sum(1 for w in self.waiting if w.model == mid),
+                    "waiting_by_band": {b: sum(1 for w in self.waiting if w.model == mid and w.band == b) for b in BANDS},
                     "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),
                     "loads": m.loads,
+                    "dispatched": m.dispatched,
+                    "lanes": m.spec.lanes,
+                    "pinned": m.spec.pinned,
                     "ttl_s": m.spec.ttl_s,
                     "priority": m.spec.priority,
                 }

@@ -150,7 +150,7 @@ class ModelPool:
     def __init__(self, setup: PoolSetup, clock: Callable[[], float] = time.monotonic) -> None:
         self.setup = setup
         self.config = setup.config
-        specs = [ModelSpec(m.id, priority=m.priority, ttl_s=m.ttl_s, lanes=setup.lanes.get(m.id, 0)) for m in self.config.models]
+        specs = [ModelSpec(m.id, priority=m.priority, ttl_s=m.ttl_s, lanes=setup.lanes.get(m.id, 0), pinned=m.fim) for m in self.config.models]
         self.router = Router(specs, self.config.router_config(), clock)
         self.links: dict[str, SocketTransport] = {}
         self.workers: dict[str, Worker] = {}
@@ -164,10 +164,12 @@ class ModelPool:
         self.draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         install(self.link)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="superfluid-router")
         for model in self.config.preload:
@@ -210,6 +212,12 @@ class ModelPool:
 
     def resolve(self, name: str) -> str | None:
         return self.config.resolve(name)
+
+    def route(self, name: str, *, fim: bool) -> str | None:
+        """The model id a request runs on: fill-in-the-middle on the ``--fim-model`` (if any),
+        anything else on the model its ``model`` names (an id or an alias); None if unknown."""
+        model_id = self.resolve(name)
+        return None if model_id is None else self.config.route(model_id, fim=fim)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -351,12 +359,15 @@ class ModelPool:
                     "lanes": self.setup.lanes.get(m.id),
                     "lanes_in_use": sum(1 for lane in lanes if lane.get("state") != "idle"),
                     "waiting": s["waiting"],
+                    "waiting_by_band": s["waiting_by_band"],
                     "running": s["inflight"],
                     "last_used": self.last_used.get(m.id),
                     "ttl_s": m.ttl_s,
                     "priority": m.priority,
                     "context_length": self.setup.ctx_sizes.get(m.id),
                     "loads": self.loads_total[m.id],
+                    "requests": s["dispatched"],
+                    "fim": m.fim,
                     "worker_restarts": self.workers[m.id].restarts if m.id in self.workers else 0,
                     "error": self.errors.get(m.id),
                 }

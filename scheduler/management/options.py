@@ -103,6 +103,13 @@ def apply_web_options(options: dict[str, Any]) -> None:
     settings.SUPERFLUID_CLIENT_CONCURRENCY = options["client_concurrency"]
 
 
+def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
+    """serve's --fim-model: a second resident model with its own lanes for fill-in-the-middle."""
+    parser.add_argument("--fim-model", default=_env("--fim-model", ""), help="a GGUF file or an MLX model folder that serves fill-in-the-middle (/v1/completions with suffix) on its own lanes, resident beside the main model (default: none)")
+    parser.add_argument("--fim-max-batch", type=int, default=_env("--fim-max-batch", 2), help="lanes of the --fim-model (default: 2)")
+    parser.add_argument("--fim-max-context", type=int, default=_env("--fim-max-context", 0), help="context tokens per lane of the --fim-model, 64-8192 (default: 0 = --ctx-size, at most 8192)")
+
+
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the web side's request parsing (serve only; the worker never sees them)."""
     parser.add_argument(

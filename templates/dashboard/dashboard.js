@@ -240,12 +240,56 @@
     kvRows($("global-queue"), rows);
   }
 
+  function renderModels(s) {
+    // several models: every resident model's lanes, and what waits at the router by band
+    if (!s.models) { return; }
+    $("models-panel").hidden = false;
+    $("router-panel").hidden = false;
+    var box = $("models");
+    var ids = s.models.map(function (m) { return m.id; });
+    Array.prototype.slice.call(box.children).forEach(function (card) {
+      if (ids.indexOf(card.getAttribute("data-model")) < 0) { box.removeChild(card); }
+    });
+    s.models.forEach(function (m) {
+      var card = box.querySelector('[data-model="' + CSS.escape(m.id) + '"]');
+      if (!card) {
+        card = el("div", { "class": "model", "data-model": m.id });
+        card.innerHTML = '<div class="top"><span class="name"></span><span class="badge"></span></div><div class="meta"></div><div class="chips"></div>';
+        box.appendChild(card);
+      }
+      card.setAttribute("data-state", m.state);
+      card.setAttribute("data-busy", String(m.lanes_in_use));
+      card.querySelector(".name").textContent = m.id + (m.fim ? " (FIM)" : "");
+      card.querySelector(".badge").textContent = m.state;
+      card.querySelector(".meta").textContent = m.lanes_in_use + "/" + m.n_lanes + " lanes in use · " + m.waiting + " waiting";
+      var chips = card.querySelector(".chips"), lanes = m.lanes || [];
+      while (chips.children.length > lanes.length) { chips.removeChild(chips.lastChild); }
+      lanes.forEach(function (lane, i) {
+        var chip = chips.children[i] || chips.appendChild(el("span", { "class": "chip" }));
+        chip.setAttribute("data-model-lane", String(lane.lane));
+        chip.setAttribute("data-state", lane.state || "idle");
+        chip.setAttribute("title", "lane " + lane.lane + ": " + (lane.state || "idle") + (lane["class"] ? " · " + lane["class"] : ""));
+      });
+    });
+    var q = s.router_queue || {}, table = $("router-queue");
+    table.innerHTML = "";
+    ["interactive", "normal", "batch"].forEach(function (b) {
+      var row = q[b] || { depth: 0, oldest_wait_s: 0 };
+      var tr = el("tr", { "data-band": b });
+      tr.appendChild(el("td", {}, b));
+      tr.appendChild(el("td", { "class": "depth" }, String(row.depth)));
+      tr.appendChild(el("td", {}, "oldest " + fmt(row.oldest_wait_s, 1) + " s"));
+      table.appendChild(tr);
+    });
+  }
+
   function render(s) {
     $("model").textContent = (s.model || "?") + " · " + (s.engine || "") + " · " + (s.n_lanes || 0) + " lanes × " + (s.lane_ctx || 0) + " ctx" + (s.draining ? " · draining" : "");
     var now = s.t;
     renderLanes(s, now);
     renderQueue(s);
     renderFleet(s);
+    renderModels(s);
     renderPool(s);
     renderTick(s);
     renderCharts(s);

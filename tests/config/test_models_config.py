@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.models_config import ConfigError, from_model_paths, load_config, parse_config
+from scheduler.models_config import ConfigError, from_model_paths, load_config, parse_config, with_fim_model
 
 GOOD = """\
 models:
@@ -134,3 +134,59 @@ def test_serve_stops_at_start_with_the_files_line_and_key(folder: Path) -> None:
         call_command("serve", "--model", str(folder / "smol.gguf"), "--model", str(folder / "x" / "smol.gguf"))
     with pytest.raises(CommandError, match="--socket links one worker"):
         call_command("serve", "--config", write(folder, "models:\n  a:\n    model: smol.gguf\n"), "--socket", str(folder / "s.sock"))
+
+
+# -- serve --fim-model: a second resident model for fill-in-the-middle ---------------------------
+
+
+def test_a_fim_model_is_added_beside_the_main_one_resident_from_the_start(folder: Path) -> None:
+    main = from_model_paths([folder / "smol.gguf"], lambda p: p.stem)
+    cfg = with_fim_model(main, folder / "other.gguf", lambda p: p.stem, max_batch=2, max_context=8192)
+    fim = cfg.get("other")
+    assert (fim.fim, fim.max_batch, fim.ctx_size, fim.ttl_s) == (True, 2, 8192, 0.0)
+    assert cfg.fim_model == "other" and cfg.preload == ("smol", "other")
+    assert fim.spec().pinned and not cfg.get("smol").spec().pinned
+    # fill-in-the-middle goes to it whatever model the request names; anything else as named
+    assert cfg.route("smol", fim=True) == "other" and cfg.route("smol", fim=False) == "smol"
+    assert cfg.route("other", fim=False) == "other"
+    assert main.fim_model is None and main.route("smol", fim=True) == "smol"
+
+
+def test_the_same_file_as_fim_model_gets_its_own_id(folder: Path) -> None:
+    main = load_config(write(folder, "models:\n  smol:\n    model: smol.gguf\n    aliases: [smol-fim]\n"))
+    cfg = with_fim_model(main, folder / "smol.gguf", lambda p: p.stem, max_batch=2, max_context=4096)
+    assert [m.id for m in cfg.models] == ["smol", "smol-fim-2"]
+    assert cfg.resolve("smol-fim") == "smol" and cfg.fim_model == "smol-fim-2"
+
+
+@pytest.mark.parametrize(("batch", "ctx", "flag"), [(0, 4096, "--fim-max-batch"), (65, 4096, "--fim-max-batch"), (2, 8193, "--fim-max-context"), (2, 63, "--fim-max-context")])
+def test_fim_bounds_are_clear_errors(folder: Path, batch: int, ctx: int, flag: str) -> None:
+    main = from_model_paths([folder / "smol.gguf"], lambda p: p.stem)
+    with pytest.raises(ConfigError, match=flag):
+        with_fim_model(main, folder / "other.gguf", lambda p: p.stem, max_batch=batch, max_context=ctx)
+
+
+def test_serve_wires_the_fim_model_with_its_own_lanes_and_context(folder: Path) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from scheduler.management.commands.serve import Command
+
+    cmd = Command()
+    parser = cmd.create_parser("manage.py", "serve")
+    smol = str(folder / "smol.gguf")
+    options = vars(parser.parse_args(["--model", smol, "--fim-model", str(folder / "other.gguf"), "--class-lanes", "agent=6"]))
+    cfg = cmd._models(options)
+    assert cfg is not None and [m.id for m in cfg.models] == ["smol", "other"]
+    setup = cmd._pool_setup(cfg, options)
+    assert setup.lanes == {"smol": 8, "other": 2}  # --fim-max-batch 2 by default
+    assert setup.ctx_sizes == {"smol": 4096, "other": 4096}  # --ctx-size, at most 8192
+    options = vars(parser.parse_args(["--model", smol, "--fim-model", smol, "--fim-max-batch", "3", "--fim-max-context", "8192"]))
+    setup = cmd._pool_setup(cmd._models(options), options)  # type: ignore[arg-type]
+    assert (setup.lanes, setup.ctx_sizes) == ({"smol": 8, "smol-fim": 3}, {"smol": 4096, "smol-fim": 8192})
+    for bad, match in ((["--fim-max-context", "16384"], "--fim-max-context must be between 64 and 8192, got 16384"),
+                       (["--fim-max-batch", "0"], "--fim-max-batch must be between 1 and 64, got 0")):
+        with pytest.raises(CommandError, match=match):
+            call_command("serve", "--model", smol, "--fim-model", smol, *bad)
+    with pytest.raises(CommandError, match="no such file"):
+        call_command("serve", "--model", smol, "--fim-model", str(folder / "missing.gguf"))

@@ -365,3 +365,50 @@ def test_bonus_zero_and_equal_priorities_is_exact_fifo(models) -> None:  # type:
         box.finish(running(box)[0])
     assert box.started == ["busy", *(f"r{i}" for i in range(len(models)))]
     assert box.router.reorders == {"swap_affinity": 0, "aging": 0}
+
+
+# -- a pinned model (serve --fim-model): resident beside the swapped ones -----------------------
+
+
+def test_a_pinned_model_stays_resident_beside_the_swapped_one_and_takes_no_swap_slot() -> None:
+    box = Box([ModelSpec("A"), ModelSpec("B"), ModelSpec("F", lanes=2, ttl_s=5, pinned=True)], max_loaded_models=1)
+    box.router.request_load("F")
+    box.settle()
+    assert box.state("F") is ModelState.LOADED
+    a = box.ask("A")  # the one swap slot is still free: F does not hold it
+    assert box.started == [a] and box.state("A") is ModelState.LOADED
+    b = box.ask("B")
+    f = box.ask("F")  # its own lanes: it starts at once, not behind A's work nor B's swap
+    assert box.started == [a, f]
+    box.finish(a)
+    assert box.started == [a, f, b]
+    assert box.swaps == [("load", "F"), ("load", "A"), ("unload", "A"), ("load", "B")]  # F never a victim
+    box.finish(f)
+    box.clock.advance(60)
+    box.settle()
+    assert box.state("F") is ModelState.LOADED  # no TTL for it
+
+
+def test_a_pinned_models_lanes_bound_only_its_own_requests() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("F", lanes=2, pinned=True)])
+    box.router.request_load("F")
+    a1 = box.ask("A")
+    a2 = box.ask("A")
+    f1, f2, f3 = box.ask("F"), box.ask("F"), box.ask("F")
+    assert box.started == [a1, f1, f2]
+    box.finish(f1)
+    assert box.started == [a1, f1, f2, f3]
+    assert box.router.snapshot()["models"]["F"]["dispatched"] == 3  # type: ignore[index]
+    assert box.router.snapshot()["models"]["A"]["dispatched"] == 1  # type: ignore[index]
+    assert a2 not in box.started
+
+
+def test_the_snapshot_counts_each_models_waiting_requests_by_band() -> None:
+    box = Box([ModelSpec("A", lanes=1), ModelSpec("B")])
+    box.ask("A")
+    box.ask("A", priority=-100)
+    box.ask("B", priority=100)
+    box.ask("A", priority=5)
+    models = box.router.snapshot()["models"]
+    assert models["A"]["waiting_by_band"] == {"interactive": 0, "normal": 1, "batch": 1}  # type: ignore[index]
+    assert models["B"]["waiting_by_band"] == {"interactive": 1, "normal": 0, "batch": 0}  # type: ignore[index]

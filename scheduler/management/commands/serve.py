@@ -42,6 +42,7 @@ from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
     add_api_arguments,
     add_engine_arguments,
+    add_fim_arguments,
     add_web_arguments,
     apply_web_options,
     choose_engine,
@@ -49,7 +50,14 @@ from scheduler.management.options import (
     resolve_model,
     scheduler_config,
 )
-from scheduler.models_config import ConfigError, ModelsConfig, from_model_paths, load_config
+from scheduler.models_config import (
+    FIM_MAX_CONTEXT,
+    ConfigError,
+    ModelsConfig,
+    from_model_paths,
+    load_config,
+    with_fim_model,
+)
 
 log = logging.getLogger("superfluid.serve")
 
@@ -292,6 +300,7 @@ class Command(BaseCommand):
         add_engine_arguments(parser, repeat_model=True)
         add_web_arguments(parser)
         parser.add_argument("--config", default=os.environ.get("SUPERFLUID_CONFIG", ""), help="several models from a YAML file (see docs/configuration.md); not with --model")
+        add_fim_arguments(parser)
         add_api_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
         parser.add_argument("--no-http-qos-header", action="store_true", default=not settings.SUPERFLUID_HTTP_QOS_HEADER, help="ignore x-superfluid-qos")
@@ -322,9 +331,19 @@ class Command(BaseCommand):
                 cfg = from_model_paths(
                     resolved, model_name_for, model_name=options["model_name"], aging_divisor_s=float(options["aging_divisor"]), swap_affinity_bonus=options["swap_affinity_bonus"]
                 )
+            elif options["fim_model"]:  # one main model and the FIM model: the router runs both
+                main = resolve_model({"model": paths[0] if paths else ""})
+                choose_engine(options["engine"], main)
+                cfg = from_model_paths([main], model_name_for, model_name=options["model_name"], aging_divisor_s=float(options["aging_divisor"]), swap_affinity_bonus=options["swap_affinity_bonus"])
             else:
                 options["model"] = paths[0] if paths else ""
                 return None
+            if options["fim_model"]:
+                fim_path = resolve_model({"model": options["fim_model"]})
+                choose_engine(options["engine"], fim_path)
+                cfg = with_fim_model(
+                    cfg, fim_path, model_name_for, max_batch=options["fim_max_batch"], max_context=options["fim_max_context"] or min(options["ctx_size"], FIM_MAX_CONTEXT)
+                )
         except ConfigError as exc:
             raise CommandError(str(exc)) from None
         if options["socket"]:
@@ -359,6 +378,8 @@ class Command(BaseCommand):
                 opts["max_batch"] = m.max_batch
             if m.ctx_size is not None:
                 opts["ctx_size"] = m.ctx_size
+            if m.fim:
+                opts["class_lanes"] = ""  # its lanes are its own; --class-lanes caps the main model's
             opts["aging_divisor"] = _int_flag(cfg.aging_divisor_s)
             opts["swap_affinity_bonus"] = cfg.swap_affinity_bonus
             try:
@@ -472,6 +493,9 @@ class Command(BaseCommand):
             supervisor = PoolWorkers()
             n = pool_setup.config.max_loaded_models
             lanes_line = f"on demand, at most {n} loaded at once"
+            fim_id = pool_setup.config.fim_model
+            if fim_id:
+                lanes_line += f"; fill-in-the-middle on {fim_id}, {pool_setup.lanes[fim_id]} lanes, resident"
         try:
             self._run_web(options, supervisor, model_name, lanes_line)
         finally:

@@ -1,0 +1,91 @@
+"""Each served model as the admin page and the live dashboard show it, from the running server.
+
+With several models (``serve --config``, repeated ``--model``, ``--fim-model``) the rows come from
+the router's pool (``scheduler/link/pool.py``), read on the event loop that runs it; with one
+model, from its worker's latest snapshot. Nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.core.router import BANDS
+
+READ_TIMEOUT_S = 5.0
+
+
+def _lanes(snapshot: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [dict(lane) for lane in (snapshot or {}).get("lanes", [])]
+
+
+def _in_use(lanes: list[dict[str, Any]]) -> int:
+    return sum(1 for lane in lanes if lane.get("state") not in (None, "idle"))
+
+
+def pool_view(pool: Any) -> dict[str, Any]:
+    """Rows for every configured model and the router's queue by band; call on the pool's loop."""
+    rows = []
+    for m in pool.models_state():
+        link = pool.links.get(m["id"])
+        lanes = _lanes(link.snapshot if link is not None else None)
+        rows.append({**m, "resident": m["state"] in ("loading", "loaded", "draining"), "lane_list": lanes})
+    snap = pool.router.snapshot()
+    return {"router": True, "scheduler": snap["scheduler"], "max_loaded_models": snap["max_loaded_models"], "queue": snap["queue"], "models": rows}
+
+
+def single_view(link: Any) -> dict[str, Any]:
+    """The one model of the single-worker server, from its worker's hello and latest snapshot."""
+    snapshot = link.snapshot or {}
+    hello = link.hello
+    lanes = _lanes(snapshot)
+    depth = ((snapshot.get("metrics") or {}).get("queue_depth_by_band")) or {}
+    model = (hello.model if hello is not None else None) or snapshot.get("model") or "-"
+    connected = hello is not None and not getattr(link, "draining", False)
+    row: dict[str, Any] = {
+        "id": model,
+        "aliases": [],
+        "state": "loaded" if connected else "unloaded",
+        "resident": connected,
+        "fim": False,
+        "lanes": snapshot.get("n_lanes", len(lanes)) or None,
+        "lanes_in_use": _in_use(lanes),
+        "lane_list": lanes,
+        "waiting": sum(int(depth.get(b, 0) or 0) for b in BANDS),
+        "waiting_by_band": {b: int(depth.get(b, 0) or 0) for b in BANDS},
+        "running": _in_use(lanes),
+        "requests": None,
+        "last_used": None,
+        "ttl_s": 0.0,
+        "context_length": snapshot.get("lane_ctx"),
+        "loads": None,
+        "error": None,
+    }
+    queue = {b: {"depth": row["waiting_by_band"][b], "oldest_wait_s": 0.0} for b in BANDS}
+    return {"router": False, "scheduler": None, "max_loaded_models": 1, "queue": queue, "models": [row]}
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` on ``loop`` (the state belongs to it), from a view's worker thread."""
+    if loop is None or not loop.is_running() or getattr(loop, "_thread_id", None) == threading.get_ident():
+        return fn(*args)
+
+    async def call() -> Any:
+        return fn(*args)
+
+    return asyncio.run_coroutine_threadsafe(call(), loop).result(READ_TIMEOUT_S)
+
+
+def served_state() -> dict[str, Any]:
+    """What the admin's model page shows: the pool's models, else the single worker's model."""
+    from scheduler.link.pool import all_pools
+    from scheduler.link.transport import _links
+
+    for pool in all_pools():
+        return _on_loop(pool.loop, pool_view, pool)  # type: ignore[no-any-return]
+    for key, link in list(_links.items()):
+        if isinstance(key, int):  # the single-worker server's link, by event loop
+            return single_view(link)
+    return {"router": False, "scheduler": None, "max_loaded_models": 1, "queue": {b: {"depth": 0, "oldest_wait_s": 0.0} for b in BANDS}, "models": []}

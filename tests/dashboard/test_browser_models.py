@@ -1,0 +1,81 @@
+"""The dashboard and the admin's model page in a real headless browser with two models: the
+bundled GGUF as main model (one lane) and as ``--fim-model`` (two lanes). The page shows each
+resident model's lanes and what waits at the router, by band, as real requests come and go."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from bench.harness import ROOT, RunningServer
+from scheduler.engines.models import default_model_path, model_name_for
+from tests.e2e.test_models import Run
+
+from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, USER
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MAIN = model_name_for(default_model_path())
+FIM = MAIN + "-fim"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    gguf = str(default_model_path())
+    srv = RunningServer("--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", "1024").start()
+    try:
+        env = {**srv.env, "DJANGO_SUPERUSER_USERNAME": USER, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def depth(page, band: str) -> str:  # type: ignore[no-untyped-def]
+    return page.locator(f"#router-queue tr[data-band={band}] .depth").inner_text()
+
+
+def test_every_resident_models_lanes_and_the_router_queue_by_band(server: RunningServer) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1440, "height": 1100})
+            page.goto(server.base + "/admin/login/?next=/dashboard/")
+            page.fill("#id_username", USER)
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url("**/dashboard/")
+            main, fim = f"#models [data-model='{MAIN}']", f"#models [data-model='{FIM}']"
+            page.wait_for_selector(f"{main}[data-state=loaded]", timeout=60000)
+            page.wait_for_selector(f"{fim}[data-state=loaded]", timeout=60000)
+            assert page.locator(f"{main} .chip").count() == 1 and page.locator(f"{fim} .chip").count() == 2
+            assert "(FIM)" in page.locator(f"{fim} .name").inner_text()
+            assert depth(page, "normal") == "0"
+
+            long = Run(server, MAIN, long=True)  # takes the main model's one lane
+            assert long.first.wait(120)
+            queued = Run(server, MAIN)  # waits at the router for that lane, in the normal band
+            page.wait_for_selector(f"{main}[data-busy='1'] .chip[data-state=decode]", timeout=60000)
+            page.wait_for_function("() => document.querySelector('#router-queue tr[data-band=normal] .depth').textContent === '1'", timeout=60000)
+            assert depth(page, "batch") == "0" and depth(page, "interactive") == "0"
+            assert page.locator(f"{fim}[data-busy='0']").count() == 1  # the FIM model's lanes stay free
+            assert long.thread.is_alive(), "the long request ended before the page was read"
+            long.join()
+            queued.join()
+            page.wait_for_function("() => document.querySelector('#router-queue tr[data-band=normal] .depth').textContent === '0'", timeout=60000)
+            page.wait_for_selector(f"{main}[data-busy='0']", timeout=60000)
+
+            # the admin's page lists both models, resident, with their lanes
+            page.goto(server.base + "/admin/dashboard/servedmodel/")
+            rows = {r.get_attribute("data-model"): r.locator("td.state").inner_text() for r in page.locator("#served-models tr.model").all()}
+            assert rows == {MAIN: "loaded", FIM: "loaded"}
+            assert page.locator(f"#served-models tr[data-model='{FIM}'] td.lanes").inner_text() == "0 / 2"
+        finally:
+            browser.close()

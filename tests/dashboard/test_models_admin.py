@@ -1,0 +1,113 @@
+"""The admin's "Served models" page: each model of the running server, read-only, admins only."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from scheduler.link import pool as pool_mod
+from scheduler.link import transport
+from scheduler.link.pool import ModelPool, PoolSetup
+from scheduler.models_config import ModelsConfig, ServedModel
+
+URL = "/admin/dashboard/servedmodel/"
+
+
+def cells(html: str, model: str) -> dict[str, str]:
+    row = re.search(rf'<tr class="model" data-model="{re.escape(model)}">(.*?)</tr>', html, re.S)
+    assert row, f"no row for {model}"
+    return {k: re.sub(r"\s+", " ", v).strip() for k, v in re.findall(r'<td class="([\w-]+)">(.*?)</td>', row.group(1), re.S)}
+
+
+def band_depth(html: str, band: str) -> int:
+    m = re.search(rf'<tr data-band="{band}">.*?<td class="depth">(\d+)</td>', html, re.S)
+    assert m
+    return int(m.group(1))
+
+
+@pytest.fixture
+def two_models(monkeypatch: pytest.MonkeyPatch) -> ModelPool:
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf"), aliases=("alpha",)), ServedModel("b", Path("/m/b.gguf"), ttl_s=300), ServedModel("f", Path("/m/f.gguf"), fim=True)))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 2, "b": 1, "f": 2}, ctx_sizes={"a": 1024, "b": 1024, "f": 512}))  # type: ignore[arg-type]
+    r = pool.router
+    r.request_load("a")
+    r.schedule()
+    r.loaded("a")
+    r.submit("x1", "a", 0)
+    r.schedule()  # runs on a
+    r.submit("x2", "b", -100)  # a batch request waits for b (one slot, a is busy)
+    r.submit("x3", "b", 0)
+    r.schedule()
+    pool.last_used["a"] = 1_800_000_000.0  # as acquire() notes it
+    pool.links["a"] = SimpleNamespace(snapshot={"lanes": [{"state": "decode"}, {"state": "idle"}]})  # type: ignore[assignment]
+    monkeypatch.setitem(pool_mod._POOLS, -1, pool)
+    return pool
+
+
+@pytest.mark.django_db
+def test_only_admins_see_the_page(client: Client, two_models: ModelPool) -> None:
+    r = client.get(URL)
+    assert r.status_code == 302 and r["Location"].startswith("/admin/login/")
+    staff = get_user_model().objects.create_user("sam", password="pw", is_staff=True)
+    client.force_login(staff)
+    assert client.get(URL).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_servedmodel"))
+    assert client.get(URL).status_code == 200
+
+
+@pytest.mark.django_db
+def test_each_model_shows_residence_lanes_queue_by_band_last_use_and_ttl(admin_client: Client, two_models: ModelPool) -> None:
+    index = admin_client.get("/admin/").content.decode()
+    assert URL in index and "Served models" in index
+    html = admin_client.get(URL).content.decode()
+    a, b, f = cells(html, "a"), cells(html, "b"), cells(html, "f")
+    assert (a["state"], a["resident"], a["lanes"], a["running"], a["requests"], a["ttl"]) == ("draining", "yes", "1 / 2", "1", "1", "never")
+    assert a["last-used"] == time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(1_800_000_000))
+    assert (b["state"], b["resident"], b["lanes"], b["queue"], b["ttl"], b["last-used"]) == ("unloaded", "no", "0 / 1", "0 / 1 / 1", "300 s", "never")
+    assert (f["state"], f["resident"]) == ("unloaded", "no") and "f (FIM)" in html
+    assert (band_depth(html, "interactive"), band_depth(html, "normal"), band_depth(html, "batch")) == (0, 1, 1)
+    assert "at most 1 model loaded at once" in html
+
+
+@pytest.mark.django_db
+def test_the_single_worker_server_shows_its_one_model(admin_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    link: Any = SimpleNamespace(
+        hello=SimpleNamespace(model="smol"), draining=False,
+        snapshot={"n_lanes": 2, "lane_ctx": 4096, "lanes": [{"state": "prefill"}, {"state": "idle"}],
+                  "metrics": {"queue_depth_by_band": {"interactive": 0, "normal": 3, "batch": 0}}},
+    )
+    monkeypatch.setitem(transport._links, -7, link)
+    html = admin_client.get(URL).content.decode()
+    smol = cells(html, "smol")
+    assert (smol["state"], smol["resident"], smol["lanes"], smol["queue"], smol["ttl"]) == ("loaded", "yes", "1 / 2", "0 / 3 / 0", "never")
+    assert "One model, no router" in html and band_depth(html, "normal") == 3
+
+
+# -- the live dashboard's push: every resident model's lanes, the router's queue by band ----------
+
+
+async def test_a_push_carries_every_resident_models_lanes_and_the_router_queue(two_models: ModelPool) -> None:
+    import asyncio
+
+    from dashboard.feed import full_state, models_view
+
+    assert models_view() == {}  # no pool on this loop (the single-worker server): nothing extra
+    two_models.loop = asyncio.get_running_loop()
+    two_models.links["a"].snapshot["lanes"] = [{"lane": 0, "state": "decode", "class": "agent", "job_id": "j"}, {"lane": 1, "state": "idle"}]  # type: ignore[index]
+    pushed = full_state({"model": "a", "lanes": []})
+    assert [(m["id"], m["state"], m["n_lanes"], m["lanes_in_use"]) for m in pushed["models"]] == [("a", "draining", 2, 1)]  # b and f are not resident
+    assert pushed["models"][0]["lanes"] == [{"lane": 0, "state": "decode", "class": "agent"}, {"lane": 1, "state": "idle", "class": None}]
+    assert {b: q["depth"] for b, q in pushed["router_queue"].items()} == {"interactive": 0, "normal": 1, "batch": 1}
+    assert pushed["model"] == "a"  # the snapshot's own view is still there
+    # the lanes panel draws the model used last, whichever worker's snapshot came in
+    two_models.last_model = "a"
+    two_models.links["a"].snapshot["model"] = "a"  # type: ignore[index]
+    assert full_state({"model": "f", "lanes": []})["model"] == "a"

@@ -1,0 +1,69 @@
+"""serve --fim-model: a second resident model for fill-in-the-middle, with its own lanes.
+
+The bundled SmolLM2 GGUF serves as both models (the FIM one under ``<name>-fim``). SmolLM2 has no
+FIM tokens, so a request with ``suffix`` is answered 400 ``fim_unsupported`` by whichever worker
+gets it; which one did shows in each model's request count in the admin's model list."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from scheduler.engines.models import default_model_path, model_name_for
+
+from .server import RunningServer
+from .test_models import Run
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MAIN = model_name_for(default_model_path())
+FIM = MAIN + "-fim"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[RunningServer]:
+    server = RunningServer(
+        "--model", str(default_model_path()), "--max-batch", "1", "--ctx-size", "1024",
+        "--fim-model", str(default_model_path()), "--fim-max-context", "2048",
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def models(srv: RunningServer) -> dict[str, dict]:
+    return {m["id"]: m for m in httpx.get(srv.base + "/v1/internal/models", timeout=5).json()["data"]}
+
+
+def test_both_models_are_resident_from_the_start_each_with_its_lanes(srv: RunningServer) -> None:
+    state = srv.wait_for(lambda: (s := models(srv)) and all(m["state"] == "loaded" for m in s.values()) and s, timeout_s=120)
+    assert set(state) == {MAIN, FIM}
+    assert (state[MAIN]["lanes"], state[MAIN]["context_length"], state[MAIN]["fim"]) == (1, 1024, False)
+    assert (state[FIM]["lanes"], state[FIM]["context_length"], state[FIM]["fim"]) == (2, 2048, True)
+    listed = {m.id for m in OpenAI(base_url=srv.base + "/v1", api_key="none").models.list().data}
+    assert listed == {MAIN, FIM}
+
+
+def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_busy(srv: RunningServer) -> None:
+    srv.wait_for(lambda: all(m["state"] == "loaded" and m["running"] == 0 for m in models(srv).values()), timeout_s=120)
+    before = models(srv)
+    long = Run(srv, MAIN, long=True)  # holds the main model's one lane
+    assert long.first.wait(120)
+    r = httpx.post(srv.base + "/v1/completions", timeout=60,
+                   json={"model": MAIN, "prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "fim_unsupported"  # SmolLM2 has no FIM tokens
+    during = models(srv)
+    assert long.thread.is_alive(), "the long request ended before the FIM request was answered"
+    assert during[FIM]["requests"] == before[FIM]["requests"] + 1
+    assert during[MAIN]["requests"] == before[MAIN]["requests"] + 1  # the long one only
+    long.join()
+    # without suffix a request runs on the model it names
+    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+    assert client.completions.create(model=MAIN, prompt="Hello", max_tokens=2).choices[0].text is not None
+    assert client.chat.completions.create(model=FIM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).model == FIM
+    after = models(srv)
+    assert (after[MAIN]["requests"], after[FIM]["requests"]) == (during[MAIN]["requests"] + 1, during[FIM]["requests"] + 1)
