@@ -461,6 +461,12 @@ class LlamaCppEngine:
         self._watch_abort(step.prefill)
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         if ret == 2 and step.prefill:
+            # llama.cpp rolls back only the ubatch it was in: a step that mixes a decode token
+            # with prompt tokens is split into several ubatches, and those already done stay in
+            # the KV cache. Trim every piece's lane back to where the step started, so the step
+            # is all or nothing and the plan's positions stay right.
+            for piece in step.pieces:
+                llama_cpp.llama_memory_seq_rm(self._mem, piece.lane, piece.start, -1)
             _take_log()  # llama.cpp's note that it removed the step's cells
             raise StepAborted("step aborted")
         if ret != 0:

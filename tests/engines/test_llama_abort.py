@@ -11,7 +11,7 @@ import llama_cpp
 import pytest
 
 from bench.engine_driver import GREEDY, chat, generate, never, release
-from scheduler.core.types import LaneBind, LaneFeed, TickPlan
+from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
 from scheduler.engines.llama_cpp import LlamaCppEngine
 from scheduler.engines.models import default_model_path
 
@@ -71,3 +71,40 @@ def test_a_decode_only_step_is_never_aborted(engine: LlamaCppEngine) -> None:
     plan.feeds.append(LaneFeed(lane=0, job_id="run0", start_pos=len(prompt), tokens=first, sample=True, decode=True))
     result = engine.execute(plan, never)
     assert not result.stopped_early and result.fed == {0: 1} and 0 in result.sampled
+
+
+def test_an_abort_in_a_later_ubatch_of_a_mixed_step_keeps_nothing_of_the_step(engine: LlamaCppEngine) -> None:
+    # A decode token beside a prompt chunk is split by llama.cpp into two ubatches; an abort in
+    # the second rolls back only that one. The engine must trim the first one's cells too (a
+    # fuzz run found the next prefill of that lane failing on positions otherwise).
+    calls = {"n": 0, "limit": 1 << 30}
+
+    @llama_cpp.ggml_abort_callback
+    def counting(_data: object) -> bool:  # aborts at the limit-th graph node
+        calls["n"] += 1
+        return calls["n"] >= calls["limit"]
+
+    story = chat(engine, "Tell me a long story about a dragon who learns to bake bread. " * 2)
+    held = generate(engine, 0, story[:20], max_tokens=1)  # lane 0: 20 prompt tokens, one sampled
+
+    def mixed_step(limit: int) -> TickResult:
+        calls["n"], calls["limit"] = 0, limit
+        engine._abort_fn, engine._abort_watching = counting, False  # watched by the next prefill step
+        plan = TickPlan(tick=0, step_tokens=512)
+        plan.bind.append(LaneBind(lane=1, job_id="story", sampling=GREEDY))
+        plan.feeds.append(LaneFeed(lane=0, job_id="run0", start_pos=20, tokens=held, sample=True, decode=True))
+        plan.feeds.append(LaneFeed(lane=1, job_id="story", start_pos=0, tokens=story, sample=True))
+        return engine.execute(plan, never)
+
+    original = engine._abort_fn
+    try:
+        whole = mixed_step(1 << 30)
+        nodes = calls["n"]
+        assert not whole.stopped_early and cells(engine, 0) == 21 and cells(engine, 1) == len(story)
+        llama_cpp.llama_memory_seq_rm(engine._mem, 0, 20, -1)
+        release(engine, 1)
+        result = mixed_step(nodes * 3 // 4)  # inside the second of the two ubatches
+        assert result.stopped_early and result.fed == {} and result.sampled == {}
+        assert cells(engine, 0) == 20 and cells(engine, 1) == 0
+    finally:
+        engine._abort_fn, engine._abort_watching = original, False
