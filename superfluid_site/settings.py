@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "keys",
     "dashboard",
     "activity",
+    "batches",
     "django_prometheus",
 ]
 
@@ -197,3 +198,8 @@ SUPERFLUID_COMPLETION_BURST = env_int("SUPERFLUID_COMPLETION_BURST", 20)
 
 # -- observability ------------------------------------------------------------------------
 SUPERFLUID_ACTIVITY_RETENTION_DAYS = env_int("SUPERFLUID_ACTIVITY_RETENTION_DAYS", 30)  # 0 keeps every row
+
+# -- the Batch API (docs/api.md) -------------------------------------------------------------
+SUPERFLUID_BATCH_CONCURRENCY = env_int("SUPERFLUID_BATCH_CONCURRENCY", 4)  # lines of one batch in flight at once
+SUPERFLUID_BATCH_MAX_FILE_BYTES = env_int("SUPERFLUID_BATCH_MAX_FILE_BYTES", 0)  # 0 = SUPERFLUID_MAX_BODY_BYTES
+SUPERFLUID_BATCH_MAX_LINES = env_int("SUPERFLUID_BATCH_MAX_LINES", 50_000)
