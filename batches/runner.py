@@ -47,12 +47,22 @@ def celery_mode() -> bool:
     return bool(getattr(settings, "SUPERFLUID_REDIS_URL", ""))
 
 
-def start(batch_id: str) -> None:
+async def start(batch_id: str) -> None:
     """Begin a batch just created: Celery tasks in Redis mode, else in this event loop."""
     if celery_mode():
+        from superfluid_site.celery import app
+
         from .tasks import start_batch
 
-        start_batch.delay(batch_id)
+        if not app.conf.broker_url:  # serve --redis URL without REDIS_URL in the environment
+            app.conf.broker_url = settings.SUPERFLUID_REDIS_URL
+        try:
+            await asyncio.to_thread(start_batch.delay, batch_id)  # never blocks the event loop on Redis
+        except Exception as exc:  # the broker is unreachable: the batch fails, visibly
+            log.warning("batch %s: could not reach the Celery broker: %s", batch_id, exc)
+            await Batch.objects.filter(pk=batch_id, status="validating").aupdate(
+                status="failed", failed_at=timezone.now(),
+                errors={"object": "list", "data": [{"code": "broker_unavailable", "message": "The batch queue (Redis) could not be reached; create the batch again.", "param": None, "line": None}]})
         return
     task = asyncio.get_running_loop().create_task(run_batch(batch_id))
     _local[batch_id] = task

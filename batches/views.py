@@ -199,8 +199,8 @@ async def batches(request: HttpRequest) -> HttpResponse:
         b = await sync_to_async(_create)(owner, request.get_host(), file_id, endpoint, window, metadata)
     except ApiError as exc:
         return error_response(exc)
-    runner.start(b.id)
-    return JsonResponse(batch_object(b))
+    await runner.start(b.id)
+    return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
 
 
 async def _own_batch(request: HttpRequest, batch_id: str) -> Batch:
