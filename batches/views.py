@@ -12,8 +12,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.utils import timezone
 
 from api.admission import key_required
@@ -71,16 +73,13 @@ async def files(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         rows = await sync_to_async(lambda: [file_object(f) for f in File.objects.filter(owner=_owner(request))[:10_000]])()
         return JsonResponse({"object": "list", "data": rows, "has_more": False})
-    limit = max_file_bytes()
+    limit = max_file_bytes()  # the whole body was bounded before Django read it (batches/asgi.py)
     try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        declared = 0
-    if declared > limit + 64 * 1024:  # the multipart envelope around the file
-        return error_response(request_too_large(limit))
-    try:
-        purpose = request.POST.get("purpose")
-        upload = request.FILES.get("file")
+        try:
+            purpose = request.POST.get("purpose")
+            upload = request.FILES.get("file")
+        except (MultiPartParserError, SuspiciousOperation) as exc:
+            raise invalid_request(f"We could not parse the multipart body of your request: {exc}", code="invalid_multipart") from None
         if purpose != "batch":
             raise invalid_request("Invalid value for 'purpose': only 'batch' is supported here.", param="purpose", code="invalid_value")
         if upload is None:

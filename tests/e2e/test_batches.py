@@ -109,6 +109,13 @@ def test_bad_input_is_refused_and_stores_nothing(server: RunningServer) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         c.files.create(file=("x.jsonl", jsonl([chat_line(1)])), purpose="fine-tune")
     assert err.value.param == "purpose"
+    # over the bound (--max-body-bytes, 8 MiB): 413 before the server reads it all
+    big = jsonl([chat_line(1)]) + b" " * (9 * 1024 * 1024)
+    with pytest.raises(openai.APIStatusError) as err:
+        c.files.create(file=("big.jsonl", big), purpose="batch")
+    assert err.value.status_code == 413 and err.value.code == "request_too_large"
+    r = httpx.post(server.base + "/v1/files", content=b"--x\r\ngarbage", headers={"content-type": "multipart/form-data; boundary=x"}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert len(httpx.get(server.base + "/v1/files", timeout=10).json()["data"]) == before
     # a file for one endpoint cannot start a batch on the other
     f = c.files.create(file=("ok.jsonl", jsonl([chat_line(1)])), purpose="batch")
