@@ -69,6 +69,29 @@ async def start(batch_id: str) -> None:
     task.add_done_callback(lambda _t: _local.pop(batch_id, None))
 
 
+_resumed = False
+
+
+async def resume_local() -> None:
+    """Embedded mode, once per process (on its first Batch API request): batches a previous run
+    of the server left unfinished go on here. Their lines' leases were that process's, which is
+    gone, so they are given up first."""
+    global _resumed
+    if _resumed or celery_mode():
+        return
+    _resumed = True
+
+    def unfinished() -> list[str]:
+        ids = list(Batch.objects.filter(status__in=("validating", "in_progress", "cancelling")).values_list("pk", flat=True))
+        Line.objects.filter(batch_id__in=ids, done=False).update(claimed_until=None)
+        return [i for i in ids if not finalize_if_done(i)]
+
+    for batch_id in await sync_to_async(unfinished)():
+        if batch_id not in _local:
+            log.info("batch %s: resumed", batch_id)
+            await start(batch_id)
+
+
 async def run_batch(batch_id: str) -> None:
     """The embedded runner: N claimers until no line is left, then finalize."""
     await sync_to_async(begin)(batch_id)

@@ -7,6 +7,8 @@ another key gets 404, as if it did not exist."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +27,19 @@ from api.errors import ApiError, invalid_request, request_too_large
 from . import runner
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
 from .models import Batch, File, Line
+
+
+def batch_view(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+    """Keys as on every /v1 route; the first call in a process (embedded mode) resumes the
+    batches a previous run left unfinished."""
+
+    @key_required()
+    @functools.wraps(view)
+    async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        await runner.resume_local()
+        return await view(request, *args, **kwargs)
+
+    return inner
 
 
 def _owner(request: HttpRequest) -> str:
@@ -68,7 +83,7 @@ def max_lines() -> int:
 # -- files ---------------------------------------------------------------------------------
 
 
-@key_required()
+@batch_view
 async def files(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         rows = await sync_to_async(lambda: [file_object(f) for f in File.objects.filter(owner=_owner(request))[:10_000]])()
@@ -107,7 +122,7 @@ async def _own_file(request: HttpRequest, file_id: str) -> File:
     return f
 
 
-@key_required()
+@batch_view
 async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
     try:
         return JsonResponse(file_object(await _own_file(request, file_id)))
@@ -115,7 +130,7 @@ async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
         return error_response(exc)
 
 
-@key_required()
+@batch_view
 async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
     try:
         f = await _own_file(request, file_id)
@@ -159,7 +174,7 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
     return b
 
 
-@key_required()
+@batch_view
 async def batches(request: HttpRequest) -> HttpResponse:
     owner = _owner(request)
     if request.method == "GET":
@@ -209,7 +224,7 @@ async def _own_batch(request: HttpRequest, batch_id: str) -> Batch:
     return b
 
 
-@key_required()
+@batch_view
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     try:
         return JsonResponse(batch_object(await _own_batch(request, batch_id)))
@@ -217,7 +232,7 @@ async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
         return error_response(exc)
 
 
-@key_required()
+@batch_view
 async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
     try:
         b = await _own_batch(request, batch_id)
