@@ -127,3 +127,27 @@ def test_bad_input_is_refused_and_stores_nothing(server: RunningServer) -> None:
     with pytest.raises(openai.NotFoundError):
         c.batches.retrieve("batch_nope")
     assert c.batches.list().data == [] or all(x.input_file_id != f.id for x in c.batches.list())
+
+
+def test_a_batch_in_progress_goes_on_after_the_server_restarts() -> None:
+    first = RunningServer("--max-batch", "4", "--ctx-size", "1024").start()
+    try:
+        c = client(first)
+        f = c.files.create(file=("in.jsonl", jsonl([chat_line(i, max_tokens=24) for i in range(6)])), purpose="batch")
+        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 120
+        while c.batches.retrieve(b.id).request_counts.completed < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        first.stop()
+    second = RunningServer("--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": first.data_dir}).start()
+    try:
+        c = client(second)
+        done = c.batches.retrieve(b.id)
+        assert done.status == "in_progress" and done.request_counts.completed < 6  # it was cut short
+        done = wait_for(c, b.id, ("completed", "failed", "cancelled"))
+        assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (6, 0), done
+        out = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert out == [f"req-{i}" for i in range(6)]  # each line once, in input order
+    finally:
+        second.stop()
