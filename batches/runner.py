@@ -233,8 +233,10 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
         status, headers, body = await _call(b, line, principal)
         if status is None:
             return False, None
-        if status not in RETRIED_CODES or await sync_to_async(_status)(b.id) != "in_progress":
+        if status not in RETRIED_CODES:
             break
+        if await sync_to_async(_status)(b.id) != "in_progress":
+            return False, None  # refused for now, and the batch is being cancelled: not a result
         try:
             wait = float(headers.get("retry-after", "1"))
         except ValueError:
