@@ -145,7 +145,9 @@ class GenerationConsumer(StreamingConsumer):
     async def handle(self, body: bytes) -> None:
         check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
         # the key next: a missing or wrong one is 401 before the body is looked at
-        self.principal: Principal = await authenticate(self.headers(), self.scope.get("client"))
+        # an in-process caller (batches/runner.py: a Batch API line) puts its owner's principal and
+        # the background class in the scope; no HTTP client can set scope keys
+        self.principal: Principal = self.scope.get("superfluid.principal") or await authenticate(self.headers(), self.scope.get("client"))
         self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":
             raise method_not_allowed(self.scope.get("method", ""))
@@ -168,6 +170,8 @@ class GenerationConsumer(StreamingConsumer):
             log.info("request ignores parameters: %s", responses.ignored_params_value(request.ignored))
         self.record.model, self.record.stream = request.model, request.stream
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
+        if self.scope.get("superfluid.qos") is not None:
+            admission.qos = self.scope["superfluid.qos"]
         qos, priority = admission.qos, admission.priority
         self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
             admission.key_name, qos.label, priority, admission.band

@@ -22,6 +22,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import path, re_path  # noqa: E402
 
 from api.consumers import ChatCompletionsConsumer, CompletionsConsumer, EmbeddingsConsumer  # noqa: E402
+from batches.asgi import BoundedBody  # noqa: E402
 from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -31,6 +32,7 @@ application = ProtocolTypeRouter(
                 path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
                 path("v1/completions", CompletionsConsumer.as_asgi()),
                 path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
+                path("v1/files", BoundedBody(django_asgi_app)),  # an upload's size, bounded before Django reads it
                 re_path(r"", django_asgi_app),
             ]
         ),

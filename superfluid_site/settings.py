@@ -98,6 +98,7 @@ INSTALLED_APPS = [
     "keys",
     "dashboard",
     "activity",
+    "batches",
     "django_prometheus",
 ]
 
@@ -198,3 +199,16 @@ SUPERFLUID_COMPLETION_BURST = env_int("SUPERFLUID_COMPLETION_BURST", 20)
 
 # -- observability ------------------------------------------------------------------------
 SUPERFLUID_ACTIVITY_RETENTION_DAYS = env_int("SUPERFLUID_ACTIVITY_RETENTION_DAYS", 30)  # 0 keeps every row
+
+# -- the Batch API (docs/api.md) -------------------------------------------------------------
+SUPERFLUID_BATCH_CONCURRENCY = env_int("SUPERFLUID_BATCH_CONCURRENCY", 4)  # lines of one batch in flight at once
+SUPERFLUID_BATCH_MAX_FILE_BYTES = env_int("SUPERFLUID_BATCH_MAX_FILE_BYTES", 0)  # 0 = SUPERFLUID_MAX_BODY_BYTES
+SUPERFLUID_BATCH_MAX_LINES = env_int("SUPERFLUID_BATCH_MAX_LINES", 50_000)
+# Redis mode runs batches on Celery (celery -A superfluid_site worker, docs/operations.md)
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or SUPERFLUID_REDIS_URL  # else serve --redis's URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ACKS_LATE = True  # a task is acknowledged after it ran: a killed worker's task is delivered again
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # one task at a time per worker process: the lines stay bounded
+CELERY_TASK_IGNORE_RESULT = True  # results live in the database (batches.Line), not in a result backend
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -4,6 +4,7 @@ from django.urls import path, re_path
 from api import edge
 from api import metrics as api_metrics
 from api import views as api_views
+from batches import views as batch_views
 from dashboard import views as dashboard_views
 
 # Under the API's paths every reply is JSON: a wrong method is an OpenAI-style 405 (api_route),
@@ -25,6 +26,13 @@ urlpatterns = [
         r"^v1/internal/models/(?P<model_id>[^/]+)/(?P<action>load|unload)$",
         edge.api_route(("POST",))(api_views.admin_models),
     ),
+    # the Batch API (batches/): files for its input and output, batches
+    path("v1/files", edge.api_route(("GET", "HEAD", "POST"))(batch_views.files)),
+    path("v1/files/<str:file_id>", edge.api_route()(batch_views.file_detail)),
+    path("v1/files/<str:file_id>/content", edge.api_route()(batch_views.file_content)),
+    path("v1/batches", edge.api_route(("GET", "HEAD", "POST"))(batch_views.batches)),
+    path("v1/batches/<str:batch_id>", edge.api_route()(batch_views.batch_detail)),
+    path("v1/batches/<str:batch_id>/cancel", edge.api_route(("POST",))(batch_views.batch_cancel)),
     re_path(r"^v1$", edge.unknown_route),  # not a 301 to /v1/ (APPEND_SLASH)
     re_path(r"^v1/(?P<rest>.*)$", edge.unknown_route),
 ]

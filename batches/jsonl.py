@@ -1,0 +1,70 @@
+"""The Batch API's input file, read hostilely: every line a JSON object with ``custom_id`` (a
+non-empty string, unique in the file), ``method`` ``POST``, ``url`` one of the batch endpoints
+and ``body`` an object without ``stream: true``. Anything else is one clear error naming the
+line; nothing is stored. Pure: no Django."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+MAX_CUSTOM_ID = 512
+
+
+class InvalidFile(ValueError):
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(f"Line {line}: {message}" if line is not None else message)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+
+
+def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
+    """The lines of a batch input file (blank lines are skipped), or InvalidFile."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidFile("The file is not UTF-8 text.") from None
+    out: list[BatchLine] = []
+    seen: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        if len(out) >= max_lines:
+            raise InvalidFile(f"The file has more than {max_lines} requests.")
+        try:
+            obj = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise InvalidFile("not valid JSON.", number) from None
+        if not isinstance(obj, dict):
+            raise InvalidFile("expected a JSON object.", number)
+        unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
+        if unknown:
+            raise InvalidFile(f"unknown field '{unknown[0]}' (expected custom_id, method, url, body).", number)
+        custom_id = obj.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
+            raise InvalidFile(f"'custom_id' must be a non-empty string of at most {MAX_CUSTOM_ID} characters.", number)
+        if custom_id in seen:
+            raise InvalidFile(f"duplicate custom_id {custom_id!r}; each request needs its own.", number)
+        if obj.get("method") != "POST":
+            raise InvalidFile("'method' must be \"POST\".", number)
+        url = obj.get("url")
+        if url not in ENDPOINTS:
+            raise InvalidFile(f"'url' must be one of {', '.join(ENDPOINTS)}.", number)
+        body = obj.get("body")
+        if not isinstance(body, dict):
+            raise InvalidFile("'body' must be a JSON object.", number)
+        if body.get("stream") not in (None, False):
+            raise InvalidFile("'stream' is not supported in a batch.", number)
+        seen.add(custom_id)
+        out.append(BatchLine(custom_id, url, body))
+    if not out:
+        raise InvalidFile("The file holds no requests.")
+    return out

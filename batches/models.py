@@ -1,0 +1,83 @@
+"""The OpenAI Batch API's files and batches, and each batch's lines (their results land here one
+by one, so a line that ran is never run again: the Celery tasks are idempotent)."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.db import models
+
+
+def _file_id() -> str:
+    return "file-" + secrets.token_hex(12)
+
+
+def _batch_id() -> str:
+    return "batch_" + secrets.token_hex(12)
+
+
+class File(models.Model):
+    id = models.CharField(primary_key=True, max_length=64, default=_file_id, editable=False)
+    purpose = models.CharField(max_length=32)  # batch (uploaded), batch_output (written here)
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveIntegerField(default=0)
+    content = models.BinaryField()
+    owner = models.CharField(max_length=200, blank=True, default="", help_text="The API key's name; empty without a key.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.filename})"
+
+
+class Batch(models.Model):
+    STATUSES = ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"]
+
+    id = models.CharField(primary_key=True, max_length=64, default=_batch_id, editable=False)
+    endpoint = models.CharField(max_length=64)
+    completion_window = models.CharField(max_length=16, default="24h")
+    status = models.CharField(max_length=16, default="validating", choices=[(s, s) for s in STATUSES])
+    input_file = models.ForeignKey(File, on_delete=models.PROTECT, related_name="batches")
+    output_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    error_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    owner = models.CharField(max_length=200, blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="", help_text="The Host the batch was created under; its lines are sent with it.")
+    metadata = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(null=True, blank=True)
+    total = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.status} {self.completed + self.failed}/{self.total}"
+
+
+class Line(models.Model):
+    """One request of a batch: pending until its result (or error) is written."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
+    index = models.PositiveIntegerField()
+    custom_id = models.CharField(max_length=512)
+    body = models.JSONField()
+    claimed_until = models.DateTimeField(null=True, blank=True)  # a runner's lease on it
+    done = models.BooleanField(default=False)
+    ok = models.BooleanField(default=False)
+    result = models.JSONField(null=True, blank=True)  # the output (or error) file's line
+
+    class Meta:
+        ordering = ["batch", "index"]
+        constraints = [models.UniqueConstraint(fields=["batch", "index"], name="batch_line_index")]

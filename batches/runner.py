@@ -1,0 +1,323 @@
+"""Runs a batch's lines: each one goes through the same consumer, admission and queue as an HTTP
+request to its endpoint (api/consumers.py, called in-process with an ASGI scope), as its batch's
+key and at the background class, so a batch never delays interactive work.
+
+Runners claim the next pending line under a lease (``Line.claimed_until``), run it, and write its
+result once (a line already done is never counted again): in the embedded mode
+``SUPERFLUID_BATCH_CONCURRENCY`` coroutines in the web process's event loop do this; in Redis
+mode as many chains of short Celery tasks (batches/tasks.py) do it, each task one line. A 429 or
+503 (limits, a full queue, no engine) is waited out (its Retry-After) and retried, not failed.
+A cancel is seen through the database (polled), so it reaches lines running in any process:
+no new line is claimed, and lines in flight get the disconnect an HTTP client's would send,
+which cancels their jobs. The runner that finds no line left finalizes: the output and error
+files, then ``completed`` (or ``cancelled``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from .models import Batch, File, Line
+
+log = logging.getLogger("superfluid.batches")
+
+LEASE = timedelta(minutes=15)  # a line claimed by a runner that died is run again after this
+POLL_S = 0.5  # how often a running line looks for a cancel
+RETRY_CAP_S = 30.0  # the longest wait before retrying a line refused with 429/503
+RETRIED_CODES = (429, 503)
+
+_local: dict[str, asyncio.Task[None]] = {}  # embedded mode: the batches this process runs
+
+
+def concurrency() -> int:
+    return max(1, int(getattr(settings, "SUPERFLUID_BATCH_CONCURRENCY", 4)))
+
+
+def celery_mode() -> bool:
+    return bool(getattr(settings, "SUPERFLUID_REDIS_URL", ""))
+
+
+async def start(batch_id: str) -> None:
+    """Begin a batch just created: Celery tasks in Redis mode, else in this event loop."""
+    if celery_mode():
+        from superfluid_site.celery import app
+
+        from .tasks import start_batch
+
+        if not app.conf.broker_url:  # serve --redis URL without REDIS_URL in the environment
+            app.conf.broker_url = settings.SUPERFLUID_REDIS_URL
+        try:
+            await asyncio.to_thread(start_batch.delay, batch_id)  # never blocks the event loop on Redis
+        except Exception as exc:  # the broker is unreachable: the batch fails, visibly
+            log.warning("batch %s: could not reach the Celery broker: %s", batch_id, exc)
+            await Batch.objects.filter(pk=batch_id, status="validating").aupdate(
+                status="failed", failed_at=timezone.now(),
+                errors={"object": "list", "data": [{"code": "broker_unavailable", "message": "The batch queue (Redis) could not be reached; create the batch again.", "param": None, "line": None}]})
+        return
+    task = asyncio.get_running_loop().create_task(run_batch(batch_id))
+    _local[batch_id] = task
+    task.add_done_callback(lambda _t: _local.pop(batch_id, None))
+
+
+_resumed = False
+
+
+async def resume_local() -> None:
+    """Embedded mode, once per process (on its first Batch API request): batches a previous run
+    of the server left unfinished go on here. Their lines' leases were that process's, which is
+    gone, so they are given up first."""
+    global _resumed
+    if _resumed or celery_mode():
+        return
+    _resumed = True
+
+    def unfinished() -> list[str]:
+        ids = list(Batch.objects.filter(status__in=("validating", "in_progress", "cancelling")).values_list("pk", flat=True))
+        Line.objects.filter(batch_id__in=ids, done=False).update(claimed_until=None)
+        return [i for i in ids if not finalize_if_done(i)]
+
+    for batch_id in await sync_to_async(unfinished)():
+        if batch_id not in _local:
+            log.info("batch %s: resumed", batch_id)
+            await start(batch_id)
+
+
+async def run_batch(batch_id: str) -> None:
+    """The embedded runner: N claimers until no line is left, then finalize."""
+    await sync_to_async(begin)(batch_id)
+    try:
+        await asyncio.gather(*(_claimer(batch_id) for _ in range(concurrency())))
+    finally:
+        await sync_to_async(finalize_if_done)(batch_id)
+
+
+async def _claimer(batch_id: str) -> None:
+    while await run_next(batch_id):
+        pass
+
+
+# -- state, in the database ----------------------------------------------------------------
+
+
+def begin(batch_id: str) -> None:
+    Batch.objects.filter(pk=batch_id, status="validating").update(status="in_progress", in_progress_at=timezone.now())
+
+
+def request_cancel(batch_id: str) -> Batch:
+    now = timezone.now()
+    Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(status="cancelling", cancelling_at=now)
+    finalize_if_done(batch_id)  # nothing in flight: cancelled at once
+    return Batch.objects.get(pk=batch_id)
+
+
+def _status(batch_id: str) -> str:
+    return Batch.objects.filter(pk=batch_id).values_list("status", flat=True).first() or "failed"
+
+
+def claim(batch_id: str) -> Line | None:
+    """The next pending line whose lease is free, leased to the caller; None when the batch is
+    not running or none is left to claim."""
+    now = timezone.now()
+    with transaction.atomic():
+        if _status(batch_id) != "in_progress":
+            return None
+        line = (Line.objects.select_for_update().filter(batch_id=batch_id, done=False)
+                .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)).order_by("index").first())
+        if line is None:
+            return None
+        line.claimed_until = now + LEASE
+        line.save(update_fields=["claimed_until"])
+        return line
+
+
+def record(line_id: int, ok: bool, result: dict[str, Any]) -> None:
+    """A line's result, written once: the counts move only for the first write."""
+    with transaction.atomic():
+        if Line.objects.filter(pk=line_id, done=False).update(done=True, ok=ok, result=result) != 1:
+            return
+        batch_id = Line.objects.filter(pk=line_id).values_list("batch_id", flat=True).get()
+        Batch.objects.filter(pk=batch_id).update(**({"completed": F("completed") + 1} if ok else {"failed": F("failed") + 1}))
+
+
+def finalize_if_done(batch_id: str) -> bool:
+    """When no line is pending (or the batch is cancelling and none is in flight), write the
+    output and error files and end the batch. Only one caller wins the transition."""
+    now = timezone.now()
+    b = Batch.objects.filter(pk=batch_id).first()
+    if b is None or b.status not in ("in_progress", "cancelling"):
+        return False
+    pending = Line.objects.filter(batch_id=batch_id, done=False)
+    if b.status == "in_progress" and pending.exists():
+        return False
+    if b.status == "cancelling" and pending.filter(claimed_until__gte=now).exists():
+        return False  # lines still in flight; their runners finalize when they end
+    final = "completed" if b.status == "in_progress" else "cancelled"
+    with transaction.atomic():
+        if b.status == "in_progress":
+            if Batch.objects.filter(pk=batch_id, status="in_progress").update(status="finalizing", finalizing_at=now) != 1:
+                return False
+        elif Batch.objects.filter(pk=batch_id, status="cancelling").update(status="finalizing_cancel") != 1:
+            return False
+        out, err = [], []
+        for ok, result in Line.objects.filter(batch_id=batch_id, done=True).order_by("index").values_list("ok", "result"):
+            (out if ok else err).append(json.dumps(result) + "\n")
+        fields: dict[str, Any] = {"status": final, f"{final}_at": timezone.now()}
+        for rows, purpose, name in ((out, "batch_output", "output"), (err, "batch_output", "errors")):
+            if rows:
+                data = "".join(rows).encode()
+                f = File.objects.create(purpose=purpose, filename=f"{batch_id}_{name}.jsonl", bytes=len(data), content=data, owner=b.owner)
+                fields["output_file" if name == "output" else "error_file"] = f
+        Batch.objects.filter(pk=batch_id).update(**fields)
+    return True
+
+
+# -- one line ------------------------------------------------------------------------------
+
+
+async def run_next(batch_id: str) -> bool:
+    """Claim one line and run it; False when there was none to claim."""
+    line = await sync_to_async(claim)(batch_id)
+    if line is None:
+        return False
+    b = await Batch.objects.aget(pk=batch_id)
+    ok, result = await run_line(b, line)
+    if result is not None:
+        await sync_to_async(record)(line.pk, ok, result)
+    else:  # cancelled in flight: not a result; the line stays pending and its lease is given up
+        await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=None)
+    await sync_to_async(finalize_if_done)(batch_id)
+    return True
+
+
+async def _principal(owner: str) -> Any:
+    """The batch's key as it is now (revoked or deleted since: its lines get 401), or no key."""
+    from api.admission import Principal, invalid_api_key, keys_required
+    from keys.runtime import get_runtime
+
+    snapshot = await get_runtime().ready()
+    if not owner:
+        if keys_required():
+            raise invalid_api_key("This batch was created without an API key, and keys are now required.")
+        return Principal(key=None, client_ip="127.0.0.1")
+    key = next((k for k in snapshot.keys_by_digest.values() if k.name == owner), None)
+    if key is None or key.revoked or key.is_expired(timezone.now()):
+        raise invalid_api_key(f"The API key that created this batch ({owner}) is no longer valid.")
+    return Principal(key=key, client_ip="127.0.0.1")
+
+
+def _output(line: Line, status: int, request_id: str | None, body: Any) -> dict[str, Any]:
+    return {"id": "batch_req_" + secrets.token_hex(12), "custom_id": line.custom_id,
+            "response": {"status_code": status, "request_id": request_id or "", "body": body}, "error": None}
+
+
+async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
+    """(ok, the output line) for one request, or (False, None) when the batch was cancelled
+    while it ran."""
+    from api.errors import ApiError
+
+    try:
+        principal = await _principal(b.owner)
+    except ApiError as exc:
+        return False, _output(line, exc.status, None, exc.body())
+    while True:
+        status, headers, body = await _call(b, line, principal)
+        if status is None:
+            return False, None
+        if status not in RETRIED_CODES:
+            break
+        if await sync_to_async(_status)(b.id) != "in_progress":
+            return False, None  # refused for now, and the batch is being cancelled: not a result
+        try:
+            wait = float(headers.get("retry-after", "1"))
+        except ValueError:
+            wait = 1.0
+        if await _cancelled_within(b.id, min(max(wait, 0.2), RETRY_CAP_S)):
+            return False, None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = {"error": {"message": body.decode("utf-8", "replace"), "type": "server_error", "param": None, "code": None}}
+    return 200 <= status < 300, _output(line, status, headers.get("x-request-id"), parsed)
+
+
+async def _cancelled_within(batch_id: str, seconds: float) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while loop.time() < end:
+        if await sync_to_async(_status)(batch_id) != "in_progress":
+            return True
+        await asyncio.sleep(min(POLL_S, max(0.0, end - loop.time())))
+    return False
+
+
+async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[str, str], bytes]:
+    """The line through its endpoint's consumer: (status, headers, body), or status None when
+    the batch was cancelled first (the consumer got a disconnect and cancelled the job)."""
+    from api.consumers import ChatCompletionsConsumer, CompletionsConsumer
+    from scheduler.core.qos import QosClass
+
+    url = "/v1/chat/completions" if b.endpoint == "/v1/chat/completions" else "/v1/completions"
+    consumer = ChatCompletionsConsumer if url == "/v1/chat/completions" else CompletionsConsumer
+    payload = json.dumps(line.body).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", (b.host or "localhost").encode("latin-1")), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode())],
+        "client": ("127.0.0.1", 0), "server": None,
+        "superfluid.principal": principal, "superfluid.qos": QosClass.BACKGROUND,
+    }
+    disconnect = asyncio.Event()
+    sent_body = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    status: int | None = None
+    headers: dict[str, str] = {}
+    chunks: list[bytes] = []
+    finished = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+            headers.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message.get("headers", [])})
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                finished.set()
+
+    app = asyncio.create_task(consumer.as_asgi()(scope, receive, send))
+    try:
+        while not finished.is_set() and not app.done():
+            waiter = asyncio.create_task(finished.wait())
+            await asyncio.wait({app, waiter}, timeout=POLL_S)
+            waiter.cancel()
+            if not finished.is_set() and not app.done() and await sync_to_async(_status)(b.id) != "in_progress":
+                disconnect.set()  # what a client's disconnect does: the consumer cancels the job
+                await asyncio.wait({app}, timeout=10)
+                return None, {}, b""
+    finally:
+        disconnect.set()  # after the reply, as daphne's disconnect: the consumer ends
+        if not app.done():
+            await asyncio.wait({app}, timeout=10)
+            app.cancel()
+    if status is None:
+        return 500, {}, json.dumps({"error": {"message": "The request ended without a response.", "type": "server_error", "param": None, "code": None}}).encode()
+    return status, headers, b"".join(chunks)

@@ -1,0 +1,242 @@
+"""OpenAI's Files and Batches endpoints (the part of them a batch needs), in OpenAI's shapes so
+the unmodified ``openai`` client works: ``client.files.create(purpose="batch")``,
+``client.batches.create/retrieve/cancel/list``, ``client.files.content``.
+
+A file or batch belongs to the key that made it (by name; keyless ones to keyless callers);
+another key gets 404, as if it did not exist."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import SuspiciousOperation
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
+from django.utils import timezone
+
+from api.admission import key_required
+from api.edge import error_response
+from api.errors import ApiError, invalid_request, request_too_large
+
+from . import runner
+from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
+from .models import Batch, File, Line
+
+
+def batch_view(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+    """Keys as on every /v1 route; the first call in a process (embedded mode) resumes the
+    batches a previous run left unfinished."""
+
+    @key_required()
+    @functools.wraps(view)
+    async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        await runner.resume_local()
+        return await view(request, *args, **kwargs)
+
+    return inner
+
+
+def _owner(request: HttpRequest) -> str:
+    return request.principal.key_name or ""  # type: ignore[attr-defined]
+
+
+def _ts(value: Any) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+def file_object(f: File) -> dict[str, Any]:
+    return {"id": f.id, "object": "file", "bytes": f.bytes, "created_at": _ts(f.created_at), "filename": f.filename,
+            "purpose": f.purpose, "status": "processed", "status_details": None, "expires_at": None}
+
+
+def batch_object(b: Batch) -> dict[str, Any]:
+    return {
+        "id": b.id, "object": "batch", "endpoint": b.endpoint, "errors": b.errors, "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window, "status": b.status, "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id, "created_at": _ts(b.created_at), "in_progress_at": _ts(b.in_progress_at),
+        "expires_at": _ts(b.expires_at), "finalizing_at": _ts(b.finalizing_at), "completed_at": _ts(b.completed_at),
+        "failed_at": _ts(b.failed_at), "expired_at": None, "cancelling_at": _ts(b.cancelling_at),
+        "cancelled_at": _ts(b.cancelled_at),
+        "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
+        "metadata": b.metadata,
+    }
+
+
+def _not_found(kind: str, ident: str) -> ApiError:
+    return ApiError(404, f"No such {kind}: '{ident}'.", param="id", code="not_found")
+
+
+def max_file_bytes() -> int:
+    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or settings.SUPERFLUID_MAX_BODY_BYTES)
+
+
+def max_lines() -> int:
+    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_LINES", 50_000))
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+@batch_view
+async def files(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        rows = await sync_to_async(lambda: [file_object(f) for f in File.objects.filter(owner=_owner(request))[:10_000]])()
+        return JsonResponse({"object": "list", "data": rows, "has_more": False})
+    limit = max_file_bytes()  # the whole body was bounded before Django read it (batches/asgi.py)
+    try:
+        try:
+            purpose = request.POST.get("purpose")
+            upload = request.FILES.get("file")
+        except (MultiPartParserError, SuspiciousOperation) as exc:
+            raise invalid_request(f"We could not parse the multipart body of your request: {exc}", code="invalid_multipart") from None
+        if purpose != "batch":
+            raise invalid_request("Invalid value for 'purpose': only 'batch' is supported here.", param="purpose", code="invalid_value")
+        if upload is None:
+            raise invalid_request("Missing required parameter: 'file' (a multipart file field).", param="file", code="missing_required_parameter")
+        if upload.size is None or upload.size > limit:
+            raise request_too_large(limit)
+        data = upload.read(limit + 1)
+        if len(data) > limit:
+            raise request_too_large(limit)
+        try:
+            parse_jsonl(data, max_lines())
+        except InvalidFile as exc:
+            raise invalid_request(f"The batch input file is not valid: {exc}", param="file", code="invalid_file") from None
+    except ApiError as exc:
+        return error_response(exc)
+    name = (upload.name or "batch.jsonl")[:255]
+    f = await File.objects.acreate(purpose="batch", filename=name, bytes=len(data), content=data, owner=_owner(request))
+    return JsonResponse(file_object(f))
+
+
+async def _own_file(request: HttpRequest, file_id: str) -> File:
+    f = await File.objects.filter(pk=file_id, owner=_owner(request)).afirst()
+    if f is None:
+        raise _not_found("file", file_id)
+    return f
+
+
+@batch_view
+async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
+    try:
+        return JsonResponse(file_object(await _own_file(request, file_id)))
+    except ApiError as exc:
+        return error_response(exc)
+
+
+@batch_view
+async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
+    try:
+        f = await _own_file(request, file_id)
+    except ApiError as exc:
+        return error_response(exc)
+    return HttpResponse(bytes(f.content), content_type="application/jsonl")
+
+
+# -- batches -------------------------------------------------------------------------------
+
+
+def _json(request: HttpRequest) -> dict[str, Any]:
+    import json
+
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise invalid_request("We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    return body
+
+
+def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, metadata: Any) -> Batch:
+    f = File.objects.filter(pk=file_id, owner=owner, purpose="batch").first()
+    if f is None:
+        raise _not_found("file", file_id)
+    try:
+        lines = parse_jsonl(bytes(f.content), max_lines())
+    except InvalidFile as exc:  # cannot happen for a file uploaded here; kept for safety
+        raise invalid_request(f"The batch input file is not valid: {exc}", param="input_file_id", code="invalid_file") from None
+    wrong = next((i for i, line in enumerate(lines, start=1) if line.url != endpoint), None)
+    if wrong is not None:
+        raise invalid_request(f"Request {wrong} of the input file is for {lines[wrong - 1].url}, not the batch's endpoint {endpoint}.",
+                              param="input_file_id", code="invalid_file")
+    now = timezone.now()
+    with transaction.atomic():
+        b = Batch.objects.create(endpoint=endpoint, completion_window=window, input_file=f, owner=owner, host=host,
+                                 metadata=metadata, total=len(lines), expires_at=now + timedelta(hours=24))
+        Line.objects.bulk_create([Line(batch=b, index=i, custom_id=line.custom_id, body=line.body) for i, line in enumerate(lines)])
+    return b
+
+
+@batch_view
+async def batches(request: HttpRequest) -> HttpResponse:
+    owner = _owner(request)
+    if request.method == "GET":
+        try:
+            limit = max(1, min(100, int(request.GET.get("limit", "20"))))
+        except ValueError:
+            return error_response(invalid_request("Invalid value for 'limit': expected an integer.", param="limit", code="invalid_type"))
+        after = request.GET.get("after")
+
+        def page() -> dict[str, Any]:
+            qs = Batch.objects.filter(owner=owner)
+            if after:
+                anchor = qs.filter(pk=after).first()
+                if anchor is not None:
+                    qs = qs.filter(created_at__lte=anchor.created_at).exclude(pk=after)
+            rows = list(qs[: limit + 1])
+            data = [batch_object(b) for b in rows[:limit]]
+            return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
+
+        return JsonResponse(await sync_to_async(page)())
+    try:
+        body = _json(request)
+        file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window", "24h")
+        metadata = body.get("metadata")
+        if not isinstance(file_id, str) or not file_id:
+            raise invalid_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code="missing_required_parameter")
+        if endpoint not in ENDPOINTS:
+            raise invalid_request(f"Invalid value for 'endpoint': expected one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")
+        if window != "24h":
+            raise invalid_request("Invalid value for 'completion_window': only '24h' is supported.", param="completion_window", code="invalid_value")
+        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
+                                     or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
+            raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
+                                  param="metadata", code="invalid_value")
+        b = await sync_to_async(_create)(owner, request.get_host(), file_id, endpoint, window, metadata)
+    except ApiError as exc:
+        return error_response(exc)
+    await runner.start(b.id)
+    return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
+
+
+async def _own_batch(request: HttpRequest, batch_id: str) -> Batch:
+    b = await Batch.objects.filter(pk=batch_id, owner=_owner(request)).afirst()
+    if b is None:
+        raise _not_found("batch", batch_id)
+    return b
+
+
+@batch_view
+async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
+    try:
+        return JsonResponse(batch_object(await _own_batch(request, batch_id)))
+    except ApiError as exc:
+        return error_response(exc)
+
+
+@batch_view
+async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
+    try:
+        b = await _own_batch(request, batch_id)
+    except ApiError as exc:
+        return error_response(exc)
+    b = await sync_to_async(runner.request_cancel)(b.id)
+    return JsonResponse(batch_object(b))

@@ -1,0 +1,89 @@
+"""Redis mode: the Batch API on Celery, with a real redis-server, a real ``serve --redis`` head
+(with its engine) and a real ``celery -A superfluid_site worker`` process, through the
+unmodified ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from bench.harness import ROOT, RunningServer
+from tests.redis.conftest import RedisServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+
+@pytest.fixture(scope="module")
+def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]:
+    redis = RedisServer().start()
+    data_dir = tempfile.mkdtemp(prefix="superfluid-celery-")
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url}
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300)
+    head = RunningServer("--redis", redis.url, "--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": data_dir})
+    with open(Path(data_dir) / "celery.log", "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "superfluid_site", "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "info"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        head.start(300)
+        yield head, worker
+    finally:
+        head.stop()
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        redis.stop()
+
+
+def wait_for(c: openai.OpenAI, batch_id: str, states: tuple[str, ...], timeout_s: float = 300):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        b = c.batches.retrieve(batch_id)
+        if b.status in states or time.monotonic() > deadline:
+            return b
+        time.sleep(0.5)
+
+
+def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": MODEL, "prompt": f"{i} plus {i} is", "max_tokens": max_tokens, "temperature": 0}} for i in range(n)]
+    return c.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch").id
+
+
+def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_celery: tuple[RunningServer, subprocess.Popen[bytes]]) -> None:
+    head, worker = head_and_celery
+    c = openai.OpenAI(base_url=head.base + "/v1", api_key="unused", max_retries=0)
+    b = c.batches.create(input_file_id=batch_file(c, 20, 8), endpoint="/v1/completions", completion_window="24h")
+    b = wait_for(c, b.id, ("completed", "failed", "cancelled"))
+    assert b.status == "completed", b
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (20, 20, 0)
+    out = [json.loads(x) for x in c.files.content(b.output_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(20))
+    assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"][0]["text"] for o in out)
+    assert b.error_file_id is None
+
+    long = c.batches.create(input_file_id=batch_file(c, 40, 200), endpoint="/v1/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while c.batches.retrieve(long.id).request_counts.completed < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert c.batches.cancel(long.id).status in ("cancelling", "cancelled")
+    long = wait_for(c, long.id, ("cancelled", "completed", "failed"), timeout_s=120)
+    assert long.status == "cancelled"
+    assert long.request_counts.completed < 40
+    assert worker.poll() is None

@@ -1,0 +1,78 @@
+"""The batch input file, read hostilely: anything is either a list of valid lines or one
+InvalidFile naming the problem, never another exception."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batches.jsonl import ENDPOINTS, InvalidFile, parse_jsonl
+
+
+def line(custom_id: str = "a", **over: object) -> bytes:
+    obj = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}
+    obj.update(over)
+    return (json.dumps(obj) + "\n").encode()
+
+
+def test_a_valid_file_gives_its_lines_in_order() -> None:
+    lines = parse_jsonl(line("x") + b"\n" + line("y", url="/v1/completions", body={"prompt": "p"}), 10)
+    assert [(x.custom_id, x.url) for x in lines] == [("x", "/v1/chat/completions"), ("y", "/v1/completions")]
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"", "no requests"),
+        (b"\xff\xfe", "UTF-8"),
+        (b"{", "Line 1: not valid JSON"),
+        (b"[]", "Line 1: expected a JSON object"),
+        (line() + line(), "Line 2: duplicate custom_id"),
+        (line(method="GET"), "'method'"),
+        (line(url="/v1/embeddings"), "'url'"),
+        (line(body=[1]), "'body'"),
+        (line(body={"stream": True}), "'stream'"),
+        (line(custom_id=""), "'custom_id'"),
+        (line(custom_id=5), "'custom_id'"),
+        (line(extra=1), "unknown field 'extra'"),
+        (b"[" * 100_000, "not valid JSON"),
+    ],
+)
+def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
+    with pytest.raises(InvalidFile) as err:
+        parse_jsonl(data, 10)
+    assert words in str(err.value)
+
+
+def test_the_line_bound_holds() -> None:
+    with pytest.raises(InvalidFile, match="more than 2 requests"):
+        parse_jsonl(line("a") + line("b") + line("c"), 2)
+    assert len(parse_jsonl(line("a") + line("b"), 2)) == 2
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+fields = st.fixed_dictionaries({}, optional={
+    "custom_id": st.text(max_size=4) | json_values,
+    "method": st.sampled_from(["POST", "GET", "post"]) | json_values,
+    "url": st.sampled_from([*ENDPOINTS, "/v1/x"]) | json_values,
+    "body": st.dictionaries(st.sampled_from(["stream", "model", "x"]), json_values, max_size=3) | json_values,
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fields | json_values, max_size=5) | st.binary(max_size=64))
+def test_any_input_is_lines_or_one_clear_error(value: object) -> None:
+    data = value if isinstance(value, bytes) else b"\n".join(json.dumps(v).encode() for v in value)  # type: ignore[attr-defined]
+    try:
+        lines = parse_jsonl(data, 4)
+    except InvalidFile as exc:
+        assert str(exc)
+        return
+    assert 0 < len(lines) <= 4
+    assert len({x.custom_id for x in lines}) == len(lines)
+    for x in lines:
+        assert x.url in ENDPOINTS and isinstance(x.body, dict) and x.body.get("stream") in (None, False)

@@ -1,0 +1,87 @@
+"""A batch's state in the database: lines leased to one runner at a time, results counted once
+(a redelivered Celery task never counts a line twice), files written in input order, a cancel
+that waits for lines in flight."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from batches import runner
+from batches.models import Batch, File, Line
+
+pytestmark = pytest.mark.django_db
+
+
+def make_batch(n: int) -> Batch:
+    f = File.objects.create(purpose="batch", filename="in.jsonl", bytes=1, content=b"x", owner="k")
+    b = Batch.objects.create(endpoint="/v1/completions", input_file=f, owner="k", total=n)
+    Line.objects.bulk_create([Line(batch=b, index=i, custom_id=f"c{i}", body={}) for i in range(n)])
+    return b
+
+
+def result(custom_id: str, status: int) -> dict:
+    return {"id": "batch_req_x", "custom_id": custom_id, "response": {"status_code": status, "request_id": "r", "body": {}}, "error": None}
+
+
+def test_nothing_is_claimed_before_the_batch_is_in_progress_and_each_line_once() -> None:
+    b = make_batch(3)
+    assert runner.claim(b.id) is None  # still validating
+    runner.begin(b.id)
+    claimed = [runner.claim(b.id) for _ in range(4)]
+    assert [line.index if line else None for line in claimed] == [0, 1, 2, None]
+
+
+def test_a_lapsed_lease_is_claimed_again() -> None:
+    b = make_batch(1)
+    runner.begin(b.id)
+    line = runner.claim(b.id)
+    assert line is not None and runner.claim(b.id) is None
+    Line.objects.filter(pk=line.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))  # its runner died
+    again = runner.claim(b.id)
+    assert again is not None and again.pk == line.pk
+
+
+def test_a_result_is_counted_once_and_the_files_keep_input_order() -> None:
+    b = make_batch(3)
+    runner.begin(b.id)
+    lines = [runner.claim(b.id) for _ in range(3)]
+    runner.record(lines[2].pk, True, result("c2", 200))
+    runner.record(lines[2].pk, False, result("c2", 500))  # a redelivered task: ignored
+    runner.record(lines[1].pk, False, result("c1", 400))
+    assert not runner.finalize_if_done(b.id)  # c0 is still pending
+    runner.record(lines[0].pk, True, result("c0", 200))
+    assert runner.finalize_if_done(b.id)
+    assert not runner.finalize_if_done(b.id)  # only one finalizes
+    b.refresh_from_db()
+    assert (b.status, b.completed, b.failed) == ("completed", 2, 1)
+    assert b.finalizing_at is not None and b.completed_at is not None
+    assert [json.loads(x)["custom_id"] for x in bytes(b.output_file.content).decode().splitlines()] == ["c0", "c2"]
+    assert [json.loads(x)["response"]["status_code"] for x in bytes(b.error_file.content).decode().splitlines()] == [400]
+    assert b.output_file.owner == "k" and b.output_file.purpose == "batch_output"
+
+
+def test_cancel_waits_for_lines_in_flight_then_keeps_what_finished() -> None:
+    b = make_batch(3)
+    runner.begin(b.id)
+    first, second = runner.claim(b.id), runner.claim(b.id)
+    runner.record(first.pk, True, result("c0", 200))
+    assert runner.request_cancel(b.id).status == "cancelling"  # c1 is in flight
+    assert runner.claim(b.id) is None  # nothing new starts
+    Line.objects.filter(pk=second.pk).update(claimed_until=None)  # its runner gave it up (cancelled)
+    assert runner.finalize_if_done(b.id)
+    b.refresh_from_db()
+    assert (b.status, b.completed, b.failed) == ("cancelled", 1, 0)
+    assert b.cancelled_at is not None and b.error_file is None
+    assert [json.loads(x)["custom_id"] for x in bytes(b.output_file.content).decode().splitlines()] == ["c0"]
+    assert runner.request_cancel(b.id).status == "cancelled"  # again: nothing changes
+
+
+def test_cancel_before_any_line_ran_is_cancelled_at_once() -> None:
+    b = make_batch(2)
+    runner.begin(b.id)
+    b = runner.request_cancel(b.id)
+    assert b.status == "cancelled" and b.output_file is None and b.error_file is None
