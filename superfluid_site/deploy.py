@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from superfluid_site.env import EnvError
 
 STATIC_KEY_MIN_CHARS = 16  # a static key shorter than this is refused at start
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]+$")
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9]+(?:-+[A-Za-z0-9]+)*$")  # letters and digits, hyphens between
 
 
 def csrf_trusted_origins(name: str, values: list[str]) -> list[str]:
