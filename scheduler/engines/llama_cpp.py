@@ -274,9 +274,9 @@ class LlamaCppEngine:
         self._mem = L.llama_get_memory(self._ctx)
 
         # Abortable steps: abort_step() sets the flag from any thread; llama.cpp stops the
-        # running llama_decode at its next graph node and removes the step's cells from the KV
-        # cache (every step is one ubatch: n_ubatch == n_batch). Only steps that carry prompt
-        # tokens watch the flag; a decode round is short and every stream waits for it.
+        # running llama_decode at its next graph node and removes that ubatch's cells from the
+        # KV cache, and forward() trims the rest of the step (see there). Only steps that carry
+        # prompt tokens watch the flag; a decode round is short and every stream waits for it.
         self._abort_flag = ctypes.create_string_buffer(2)
         self._no_abort = ctypes.create_string_buffer(2)
         self._abort_watching = False
