@@ -125,8 +125,10 @@ def test_a_disconnect_cancels_every_choice(server: RunningServer) -> None:
             if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
                 seen.add(line.split('"index":', 1)[1][:1])
             if len(seen) == 3:
+                # all three choices generate side by side (asked while the stream is still read
+                # from: leaving the loop drops the line iterator, which closes the response)
+                server.wait_for(lambda: server.state()["lanes_active"] == 3, timeout_s=30)
                 break
-        assert server.state()["lanes_active"] == 3  # all three choices generate side by side
     # every lane is freed, long before 1500 tokens each could have been generated
     server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=10)
 
