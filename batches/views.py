@@ -31,13 +31,16 @@ from .models import Batch, File, Line
 
 def batch_view(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
     """Keys as on every /v1 route; the first call in a process (embedded mode) resumes the
-    batches a previous run left unfinished."""
+    batches a previous run left unfinished; an ApiError the view raises is its error reply."""
 
     @key_required()
     @functools.wraps(view)
     async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         await runner.resume_local()
-        return await view(request, *args, **kwargs)
+        try:
+            return await view(request, *args, **kwargs)
+        except ApiError as exc:
+            return error_response(exc)
 
     return inner
 
@@ -90,26 +93,23 @@ async def files(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"object": "list", "data": rows, "has_more": False})
     limit = max_file_bytes()  # the whole body was bounded before Django read it (batches/asgi.py)
     try:
-        try:
-            purpose = request.POST.get("purpose")
-            upload = request.FILES.get("file")
-        except (MultiPartParserError, SuspiciousOperation) as exc:
-            raise invalid_request(f"We could not parse the multipart body of your request: {exc}", code="invalid_multipart") from None
-        if purpose != "batch":
-            raise invalid_request("Invalid value for 'purpose': only 'batch' is supported here.", param="purpose", code="invalid_value")
-        if upload is None:
-            raise invalid_request("Missing required parameter: 'file' (a multipart file field).", param="file", code="missing_required_parameter")
-        if upload.size is None or upload.size > limit:
-            raise request_too_large(limit)
-        data = upload.read(limit + 1)
-        if len(data) > limit:
-            raise request_too_large(limit)
-        try:
-            parse_jsonl(data, max_lines())
-        except InvalidFile as exc:
-            raise invalid_request(f"The batch input file is not valid: {exc}", param="file", code="invalid_file") from None
-    except ApiError as exc:
-        return error_response(exc)
+        purpose = request.POST.get("purpose")
+        upload = request.FILES.get("file")
+    except (MultiPartParserError, SuspiciousOperation) as exc:
+        raise invalid_request(f"We could not parse the multipart body of your request: {exc}", code="invalid_multipart") from None
+    if purpose != "batch":
+        raise invalid_request("Invalid value for 'purpose': only 'batch' is supported here.", param="purpose", code="invalid_value")
+    if upload is None:
+        raise invalid_request("Missing required parameter: 'file' (a multipart file field).", param="file", code="missing_required_parameter")
+    if upload.size is None or upload.size > limit:
+        raise request_too_large(limit)
+    data = upload.read(limit + 1)
+    if len(data) > limit:
+        raise request_too_large(limit)
+    try:
+        parse_jsonl(data, max_lines())
+    except InvalidFile as exc:
+        raise invalid_request(f"The batch input file is not valid: {exc}", param="file", code="invalid_file") from None
     name = (upload.name or "batch.jsonl")[:255]
     f = await File.objects.acreate(purpose="batch", filename=name, bytes=len(data), content=data, owner=_owner(request))
     return JsonResponse(file_object(f))
@@ -124,18 +124,12 @@ async def _own_file(request: HttpRequest, file_id: str) -> File:
 
 @batch_view
 async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
-    try:
-        return JsonResponse(file_object(await _own_file(request, file_id)))
-    except ApiError as exc:
-        return error_response(exc)
+    return JsonResponse(file_object(await _own_file(request, file_id)))
 
 
 @batch_view
 async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
-    try:
-        f = await _own_file(request, file_id)
-    except ApiError as exc:
-        return error_response(exc)
+    f = await _own_file(request, file_id)
     return HttpResponse(bytes(f.content), content_type="application/jsonl")
 
 
@@ -181,7 +175,7 @@ async def batches(request: HttpRequest) -> HttpResponse:
         try:
             limit = max(1, min(100, int(request.GET.get("limit", "20"))))
         except ValueError:
-            return error_response(invalid_request("Invalid value for 'limit': expected an integer.", param="limit", code="invalid_type"))
+            raise invalid_request("Invalid value for 'limit': expected an integer.", param="limit", code="invalid_type") from None
         after = request.GET.get("after")
 
         def page() -> dict[str, Any]:
@@ -196,23 +190,20 @@ async def batches(request: HttpRequest) -> HttpResponse:
                     "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
         return JsonResponse(await sync_to_async(page)())
-    try:
-        body = _json(request)
-        file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window", "24h")
-        metadata = body.get("metadata")
-        if not isinstance(file_id, str) or not file_id:
-            raise invalid_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code="missing_required_parameter")
-        if endpoint not in ENDPOINTS:
-            raise invalid_request(f"Invalid value for 'endpoint': expected one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")
-        if window != "24h":
-            raise invalid_request("Invalid value for 'completion_window': only '24h' is supported.", param="completion_window", code="invalid_value")
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
-                                     or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
-            raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
-                                  param="metadata", code="invalid_value")
-        b = await sync_to_async(_create)(owner, request.get_host(), file_id, endpoint, window, metadata)
-    except ApiError as exc:
-        return error_response(exc)
+    body = _json(request)
+    file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window", "24h")
+    metadata = body.get("metadata")
+    if not isinstance(file_id, str) or not file_id:
+        raise invalid_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code="missing_required_parameter")
+    if endpoint not in ENDPOINTS:
+        raise invalid_request(f"Invalid value for 'endpoint': expected one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")
+    if window != "24h":
+        raise invalid_request("Invalid value for 'completion_window': only '24h' is supported.", param="completion_window", code="invalid_value")
+    if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
+                                 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
+        raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
+                              param="metadata", code="invalid_value")
+    b = await sync_to_async(_create)(owner, request.get_host(), file_id, endpoint, window, metadata)
     await runner.start(b.id)
     return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
 
@@ -226,17 +217,11 @@ async def _own_batch(request: HttpRequest, batch_id: str) -> Batch:
 
 @batch_view
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
-    try:
-        return JsonResponse(batch_object(await _own_batch(request, batch_id)))
-    except ApiError as exc:
-        return error_response(exc)
+    return JsonResponse(batch_object(await _own_batch(request, batch_id)))
 
 
 @batch_view
 async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
-    try:
-        b = await _own_batch(request, batch_id)
-    except ApiError as exc:
-        return error_response(exc)
+    b = await _own_batch(request, batch_id)
     b = await sync_to_async(runner.request_cancel)(b.id)
     return JsonResponse(batch_object(b))
