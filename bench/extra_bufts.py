@@ -18,43 +18,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPT = "Explain in a few sentences why the sky is blue."
-
-
-def time_generation(engine: Any, lanes: int, rounds: int) -> tuple[float, float]:
-    from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
-
-    def never() -> bool:
-        return False
-
-    prompt = engine.tokenize(engine.render_chat([{"role": "user", "content": PROMPT}]))
-    greedy = SamplingParams(temperature=0.0)
-    plan = TickPlan(tick=0, step_tokens=max(512, lanes))
-    for lane in range(lanes):
-        plan.bind.append(LaneBind(lane=lane, job_id=f"b{lane}", sampling=greedy))
-        plan.feeds.append(LaneFeed(lane=lane, job_id=f"b{lane}", start_pos=0, tokens=prompt, sample=True))
-    t0 = time.perf_counter()
-    last = dict(engine.execute(plan, never).sampled)
-    t1 = time.perf_counter()
-    for i in range(rounds):
-        plan = TickPlan(tick=1 + i)
-        for lane in range(lanes):
-            plan.feeds.append(LaneFeed(lane=lane, job_id=f"b{lane}", start_pos=len(prompt) + i, tokens=[last[lane]], sample=True, decode=True))
-        last = dict(engine.execute(plan, never).sampled)
-    t2 = time.perf_counter()
-    engine.execute(TickPlan(tick=rounds + 1, release=list(range(lanes))), never)
-    return lanes * len(prompt) / (t1 - t0), lanes * rounds / (t2 - t1)
-
-
 def child(model: str, mode: str, threads: int, lanes: int) -> None:
     from scheduler.engines.llama_cpp import LlamaCppEngine
+    from scheduler.management.commands.checkengine import time_generation
 
     engine = LlamaCppEngine(model, n_lanes=lanes, lane_ctx=1024, n_threads=threads, repack=mode)
     engine.probe()
