@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from bench.harness import ROOT, RunningServer
+from tests.e2e.test_batches import wait_for
 from tests.redis.conftest import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -49,15 +50,6 @@ def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]
             except subprocess.TimeoutExpired:
                 worker.kill()
         redis.stop()
-
-
-def wait_for(c: openai.OpenAI, batch_id: str, states: tuple[str, ...], timeout_s: float = 300):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        b = c.batches.retrieve(batch_id)
-        if b.status in states or time.monotonic() > deadline:
-            return b
-        time.sleep(0.5)
 
 
 def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
