@@ -715,7 +715,8 @@ def main() -> int:
         action="append",
         default=[],
         metavar="FLAGS",
-        help='also run a superfluid server with --serve-args plus these flags, e.g. "--prefill-budget 0" (repeatable)',
+        help='also run a superfluid server with --serve-args plus these flags, e.g. "--prefill-budget 0" '
+        "(repeatable; a single flag as --variant=--no-park)",
     )
     parser.add_argument(
         "--hog",
