@@ -26,7 +26,15 @@ skipped with a message; it runs as ``llama-server -m <gguf> -np 8 -c 32768 -t 2 
 see ``LLAMA_SERVER_ARGS``):
 
     python bench/scenarios.py --scenario all --peer llama-server --runs 3
+    python bench/scenarios.py --scenario all --peer llama-server --runs 3 --variant "--prefill-budget 0"
+    python bench/scenarios.py --scenario agents-chat --peer llama-server --runs 3 --hog 1
     python bench/scenarios.py --scenario agents-chat --runs 1 --trace-dir /tmp/trace
+
+``--variant FLAGS`` (repeatable) runs another superfluid server with ``--serve-args`` plus FLAGS
+beside the default one, so one table shows both (agents-chat: with class headers; shared-prefix:
+both prompt sets). ``--hog N`` keeps N cores busy (one Python busy-loop process each) during
+every run of every server: started just before each run, stopped just after it, and named in
+the tables' titles (its CPU shows in the "other cores" column).
 
 Each configuration runs ``--runs`` times, interleaved, each run with fresh prompts (so no cache
 carries over from one run to the next); the tables show medians over runs, per-run rows go to
@@ -511,7 +519,7 @@ def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int,
     title = (
         f"agents-chat: {AGENTS} background agents (prompts {min(prompt, default=0)}-{max(prompt, default=0)} tokens, "
         f"max_tokens {AGENT_MAX_TOKENS}) + 1 interactive chat {CHAT_DELAY_S:.0f} s later (max_tokens {CHAT_MAX_TOKENS}), "
-        f"median of {runs} run{'s' if runs != 1 else ''}"
+        f"median of {runs} run{'s' if runs != 1 else ''}{hog_note(rows)}"
     )
     columns = [
         ("chat TTFT s", "chat_ttft_s", 2), ("agents' max stall s", "agents_max_stall_s", 2),
@@ -611,6 +619,7 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
     title = (
         f"shared-prefix: {SHARED_REQUESTS} concurrent chats, system prompt ~{_fmt(_median(prefix), 0)} tokens shared or distinct, "
         f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}"
+        f"{hog_note(rows)}"
     )
     columns = [
         ("median TTFT s", "median_ttft_s", 2), ("p90 TTFT s", "p90_ttft_s", 2), ("prompt tokens", "prompt_tokens", 0),
@@ -622,20 +631,66 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
 # --------------------------------------------------------------------------------------------
 
 
-def agents_plan(targets: list[Target], peer_args: str) -> list[tuple[str, Target, bool]]:
+def agents_plan(
+    default: Target, variants: list[tuple[str, Target]], peer: Target | None, peer_args: str
+) -> list[tuple[str, Target, bool]]:
     """(configuration, target, send class headers), in the order they run."""
-    plan = [("superfluid, class headers", targets[0], True), ("superfluid, no class headers", targets[0], False)]
-    if len(targets) > 1:
-        plan.append((f"llama-server {peer_args}", targets[1], True))
+    plan = [("superfluid, class headers", default, True), ("superfluid, no class headers", default, False)]
+    plan += [(f"superfluid {flags}, class headers", target, True) for flags, target in variants]
+    if peer is not None:
+        plan.append((f"llama-server {peer_args}", peer, True))
     return plan
 
 
-def shared_plan(targets: list[Target]) -> list[tuple[str, Target, bool]]:
+def shared_plan(
+    default: Target, variants: list[tuple[str, Target]], peer: Target | None
+) -> list[tuple[str, Target, bool]]:
     """(configuration, target, shared prefix), in the order they run."""
-    plan = [("superfluid, shared prefix", targets[0], True), ("superfluid, distinct prompts", targets[0], False)]
-    if len(targets) > 1:
-        plan += [("llama-server, shared prefix", targets[1], True), ("llama-server, distinct prompts", targets[1], False)]
+    plan = [("superfluid, shared prefix", default, True), ("superfluid, distinct prompts", default, False)]
+    for flags, target in variants:
+        plan += [(f"superfluid {flags}, shared prefix", target, True), (f"superfluid {flags}, distinct prompts", target, False)]
+    if peer is not None:
+        plan += [("llama-server, shared prefix", peer, True), ("llama-server, distinct prompts", peer, False)]
     return plan
+
+
+class Hog:
+    """``n`` CPU hogs: one Python busy-loop process per core to keep busy, started on entering
+    and stopped (by their own process ids) on leaving."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> Hog:
+        for _ in range(self.n):
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        if self.procs:
+            time.sleep(0.5)  # spinning before the run starts
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
+
+
+def hog_note(rows: list[dict[str, Any]]) -> str:
+    hog = max((r.get("hog") or 0 for r in rows), default=0)
+    return f"; CPU hog: {hog} busy-loop process{'es' if hog != 1 else ''} during every run" if hog else ""
 
 
 def print_tables(rows: list[dict[str, Any]], skipped: str | None) -> None:
@@ -655,6 +710,21 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1, help="repetitions of every configuration, interleaved")
     parser.add_argument("--serve-args", default="--max-batch 8", help="flags for manage.py serve (default: %(default)s)")
     parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server besides -m/--host/--port (default: %(default)s)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help='also run a superfluid server with --serve-args plus these flags, e.g. "--prefill-budget 0" '
+        "(repeatable; a single flag as --variant=--no-park)",
+    )
+    parser.add_argument(
+        "--hog",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N cores busy (a Python busy loop each) during every run of every server",
+    )
     parser.add_argument("--trace-dir", type=Path, help="write superfluid's /v1/internal/state samples (JSONL) here")
     parser.add_argument("--json", type=Path, help="also write every run's measurements to this file (after each run)")
     parser.add_argument("--tables-from", type=Path, help="only print the tables from a --json file written earlier")
@@ -664,6 +734,8 @@ def main() -> int:
         return 0
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.hog < 0:
+        parser.error("--hog must be 0 or more")
     if args.trace_dir:
         args.trace_dir.mkdir(parents=True, exist_ok=True)
 
@@ -679,7 +751,11 @@ def main() -> int:
             skipped = INSTALL_HINT
             print(f"NOTE: {INSTALL_HINT}; running superfluid only.", file=sys.stderr)
 
-    factories: dict[str, Callable[[], Any]] = {"superfluid": lambda: RunningServer(*shlex.split(args.serve_args))}
+    serve_flags = {"superfluid": args.serve_args}
+    serve_flags.update({f"superfluid {flags}": f"{args.serve_args} {flags}" for flags in args.variant})
+    factories: dict[str, Callable[[], Any]] = {
+        name: (lambda flags=flags: RunningServer(*shlex.split(flags))) for name, flags in serve_flags.items()
+    }
     if peer_binary is not None:
         factories["llama-server"] = lambda: PeerServer(peer_binary, model_path, *shlex.split(args.peer_args))
     servers: dict[str, Any] = {}
@@ -688,9 +764,9 @@ def main() -> int:
 
     def start(name: str) -> None:
         server = servers[name] = factories[name]().start()
-        argv = f"manage.py serve {args.serve_args}" if name == "superfluid" else " ".join(server.argv())
+        argv = f"manage.py serve {serve_flags[name]}" if name in serve_flags else " ".join(server.argv())
         print(f"{name}: {argv} on {server.base}", file=sys.stderr)
-        warm_up(Target(name, server.base, model, name == "superfluid"))
+        warm_up(Target(name, server.base, model, name in serve_flags))
 
     def revive(target: Target) -> None:
         """A server that died (on a shared machine, someone's broad kill) is started afresh."""
@@ -703,31 +779,41 @@ def main() -> int:
     try:
         for name in factories:
             start(name)
-            targets.append(Target(name, servers[name].base, model, name == "superfluid", servers[name].proc.pid))
+            targets.append(Target(name, servers[name].base, model, name in serve_flags, servers[name].proc.pid))
+        by_name = {t.name: t for t in targets}
+        default, peer = by_name["superfluid"], by_name.get("llama-server")
+        variants = [(flags, by_name[f"superfluid {flags}"]) for flags in args.variant]
 
         def record(row: dict[str, Any]) -> None:
+            row["hog"] = args.hog
             all_rows.append(row)
             if args.json:  # after every run, so a run cut short keeps what it measured
                 args.json.write_text(json.dumps(all_rows, indent=2, default=str))
 
         if args.scenario in ("agents-chat", "all"):
             for run in range(1, args.runs + 1):
-                for config, target, headers in agents_plan(targets, args.peer_args):
+                for config, target, headers in agents_plan(default, variants, peer, args.peer_args):
                     revive(target)
                     wait_idle(target)
-                    record(agents_chat_once(target, headers, run, tokens, config, args.trace_dir))
+                    with Hog(args.hog):
+                        row = agents_chat_once(target, headers, run, tokens, config, args.trace_dir)
+                    record(row)
         if args.scenario in ("shared-prefix", "all"):
             for run in range(1, args.runs + 1):
-                for config, target, shared in shared_plan(targets):
+                for config, target, shared in shared_plan(default, variants, peer):
                     revive(target)
                     wait_idle(target)
-                    record(shared_prefix_once(target, shared, run, tokens, config, args.trace_dir))
+                    with Hog(args.hog):
+                        row = shared_prefix_once(target, shared, run, tokens, config, args.trace_dir)
+                    record(row)
     finally:
         for server in servers.values():
             server.stop()
 
     print()
-    print(f"{model}, {time.strftime('%Y-%m-%d %H:%M')}, code {code_state()}, {load()}, `python {' '.join(sys.argv)}`")
+    hog = f", CPU hog on {args.hog} core{'s' if args.hog != 1 else ''} during every run" if args.hog else ""
+    print(f"{model}, {time.strftime('%Y-%m-%d %H:%M')}, code {code_state()}, {load()}{hog}")
+    print(f"`python {' '.join(sys.argv)}`")
     print_tables(all_rows, skipped)
     return 0
 

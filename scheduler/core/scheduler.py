@@ -49,6 +49,10 @@ class SchedulerConfig:
     newcomer_prefill_cap_s: float = 0.5  # while a newcomer could be admitted
     decoding_prefill_cap_s: float = 0.25  # while a lane decodes (llama.cpp/MLX busy-tick target)
     prefill_cap_s: float = 8.0  # otherwise
+    # Whether the engine stops a running step when an urgent job arrives or a lane is cancelled
+    # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
+    # even while lanes decode: an urgent arrival no longer waits for the step in flight.
+    abortable_steps: bool = False
     initial_prefill_tokens_per_s: float = 256.0  # until measured
     preemption: bool = True
     park: bool = True
@@ -495,21 +499,30 @@ class Scheduler:
             lane = self._preempt_job(plan, victim, park=self.config.park)
             self._bind(plan, urgent, lane, now)
 
-    def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool) -> tuple[int, int]:
+    def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool, n_decode: int) -> tuple[int, int]:
         """(most prompt tokens this tick, tokens per engine call), from the measured rate.
 
-        A tick carries one decode round, so while a lane decodes the tick is kept near the
-        engine's busy-tick target (whole steps, at least one): its stream gets a token per step
-        instead of one per 8 s of other lanes' prefill."""
+        The step: with a pinned --prefill-budget on an engine whose steps abort (an urgent
+        arrival or a cancel stops the step in flight), a full chunk (512 tokens, smaller only if
+        512 take more than the 8 s cap); otherwise the largest that fits in 0.5 s, so an urgent
+        arrival never waits long for the step in flight. A tick carries one decode round, so
+        while a lane decodes the tick is kept near the engine's busy-tick target (whole steps,
+        at least one): its stream gets a token per step instead of one per 8 s of other lanes'
+        prefill. The decode tokens ride in the first step, so a decoding tick's prompt is the
+        steps less the decode tokens: whole engine calls, never a small call at the end."""
         rate = max(1.0, self.prefill_tokens_per_s)
+        budget = self.config.prefill_budget
+        big = budget != 0 and self.config.abortable_steps
+        step_s = self.config.prefill_cap_s if big else self.config.newcomer_prefill_cap_s
+        step = next((s for s in PREFILL_STEPS if s <= rate * step_s), 32)
         cap_s = self.config.newcomer_prefill_cap_s if newcomer_possible else self.config.prefill_cap_s
         if decoding:
             cap_s = min(cap_s, self.config.decoding_prefill_cap_s)
-        step = next((s for s in PREFILL_STEPS if s <= rate * self.config.newcomer_prefill_cap_s), 32)
-        budget = self.config.prefill_budget
         if budget == 0:
             budget = int(min(4096, max(256, rate * self.config.tick_target_ms / 1000)))
         cap = max(step, int(rate * cap_s) // step * step)
+        if n_decode:
+            cap = max(step // 2, cap - n_decode)
         return min(budget, cap), step
 
     def _tick_group(self, plan: TickPlan) -> list[Job]:
@@ -593,10 +606,13 @@ class Scheduler:
         decoding = [j for j in running if not j.prefilling]
         prefilling = [j for j in running if j.prefilling]
         newcomer_possible = bool(self.free_lanes()) or len(self.queues) > 0
-        budget, plan.step_tokens = self._prefill_cap_tokens(newcomer_possible, bool(decoding))
+        granted = self._decode_grant(decoding)
+        budget, plan.step_tokens = self._prefill_cap_tokens(
+            newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
+        )
         self.prefill_cap = (budget, plan.step_tokens)
 
-        for job in self._decode_grant(decoding):
+        for job in granted:
             assert job.lane is not None
             seq = job.sequence
             rest = seq[job.computed :]

@@ -119,6 +119,9 @@ class EngineWorker:
         self.completion_deadline_ms = completion_deadline_ms
         self.pressure = (pressure_monitor or PressureMonitor()) if os_pressure else None
         self.model_name = model_name
+        # An engine that aborts a running step (llama.cpp) lets the scheduler plan full prompt
+        # chunks: an urgent arrival or a cancel no longer waits for the step in flight.
+        config.abortable_steps = bool(getattr(engine, "abortable", False))
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()
@@ -164,10 +167,13 @@ class EngineWorker:
         )
 
     def _on_message(self, message: Message) -> None:
-        """Runs on a reader thread: stop the tick in flight when someone must not wait for it."""
-        if isinstance(message, (Cancel, Disconnected)):
-            self._interrupt()
-        elif isinstance(message, Submit) and self._prepare_queue is None and _urgent(message):
+        """Runs on a reader thread: stop the tick in flight when someone must not wait for it.
+
+        An urgent Submit interrupts at once, also when prompts are prepared on their own thread:
+        the tick thread hands it to that thread only between ticks, so waiting for the tick in
+        flight (a full prompt chunk, seconds on a CPU) would delay the urgent job by that much.
+        Once prepared it interrupts again (``_prepare_loop``), ending the tick begun meanwhile."""
+        if isinstance(message, (Cancel, Disconnected)) or (isinstance(message, Submit) and _urgent(message)):
             self._interrupt()
 
     def _interrupt(self) -> None:

@@ -120,8 +120,9 @@ def test_with_every_lane_busy_and_nothing_queued_a_tick_prefills_about_eight_sec
 
 def test_while_a_lane_decodes_each_tick_prefills_one_step_so_its_stream_keeps_flowing() -> None:
     """A tick carries one decode round: an 8 s prefill tick would stall every decoding stream for
-    8 s. While a lane decodes, ticks stay near the busy-tick target (one 128-token step at
-    300 tok/s), and the 8 s cap returns once nothing decodes."""
+    8 s. While a lane decodes, ticks stay near the busy-tick target (one 128-token engine call at
+    300 tok/s: the decode token and 127 prompt tokens), and the 8 s cap returns once nothing
+    decodes."""
     sched, engine, clock = make_scheduler(
         max_batch=2, initial_prefill_tokens_per_s=300.0, prefill_s_per_token=1.0 / 300.0, decode_round_s=0.0
     )
@@ -129,6 +130,7 @@ def test_while_a_lane_decodes_each_tick_prefills_one_step_so_its_stream_keeps_fl
     tick(sched, engine)  # the talker's prompt and first token
     sched.add(make_job(3000, max_tokens=4, job_id="long"))
     token_times: list[float] = []
+    engine.calls.clear()
     while any(j.job_id == "talker" for j in sched.lanes if j is not None):
         events = tick(sched, engine)
         assert sched.last_plan is not None
@@ -136,9 +138,10 @@ def test_while_a_lane_decodes_each_tick_prefills_one_step_so_its_stream_keeps_fl
         token_times += [clock() for e in events if e.kind == "token" and e.job_id == "talker"]
     gaps = [b - a for a, b in itertools.pairwise(token_times)]
     assert len(token_times) == 19 and max(gaps) <= 0.5  # one step and the decode round
+    assert [sum(n for _, n in call) for call in engine.calls] == [128] * 19  # one whole call a tick
     sched.add(make_job(3000, max_tokens=4, job_id="filler"))  # takes the talker's lane
     tick(sched, engine)  # both lanes prefill, none decodes: 8 s of prefill again
-    assert prefill_by_job(sched.last_plan) == {"long": 3000 - 19 * 128, "filler": 2304 - (3000 - 19 * 128)}  # type: ignore[arg-type]
+    assert prefill_by_job(sched.last_plan) == {"long": 3000 - 19 * 127, "filler": 2304 - (3000 - 19 * 127)}  # type: ignore[arg-type]
 
 
 def test_an_engine_too_slow_for_a_step_in_half_a_second_still_prefills_one_step() -> None:
@@ -262,3 +265,77 @@ def test_a_lane_starved_of_prefill_for_starvation_ticks_gets_prefill_first() -> 
         served.append(job_id)
     # bg gets the budget once it has had none for 3 ticks, though agent is the better class.
     assert served == ["agent", "agent", "agent", "bg", "agent", "agent", "bg", "agent", "agent", "bg"]
+
+
+# -- big steps: a pinned budget on an engine whose steps abort ---------------------------------
+
+
+def decoding_beside_a_long_prompt(talkers: int = 2, **overrides: object) -> tuple[list[int], list[float]]:
+    """``talkers`` lanes decode while a 3000-token prompt prefills beside them at 300 tok/s:
+    the tokens of each engine call, and the longest gap between one talker's tokens (s)."""
+    sched, engine, clock = make_scheduler(
+        max_batch=talkers + 1,
+        initial_prefill_tokens_per_s=300.0,
+        prefill_s_per_token=1.0 / 300.0,
+        decode_round_s=0.0,
+        **overrides,
+    )
+    for i in range(talkers):
+        sched.add(make_job(8, max_tokens=60, job_id=f"talker{i}"))
+    tick(sched, engine)  # the talkers' prompts and first tokens
+    sched.add(make_job(3000, max_tokens=4, job_id="long"))
+    engine.calls.clear()
+    token_times: list[float] = []
+    while sched.jobs["long"].prefilling:
+        events = tick(sched, engine)
+        token_times += [clock() for e in events if e.kind == "token" and e.job_id == "talker0"]
+    gaps = [b - a for a, b in itertools.pairwise(token_times)]
+    return [sum(n for _, n in call) for call in engine.calls], gaps
+
+
+def test_a_pinned_budget_on_an_abortable_engine_decodes_beside_a_512_token_chunk_in_one_call() -> None:
+    """llama-server's way: the decode tokens and a full chunk of prompt in one llama_decode, since
+    an urgent arrival aborts the step in flight instead of waiting for it. The decoding streams
+    pay for it: a token per 512-token call (1.7 s at 300 tok/s) instead of per 128-token call."""
+    calls, gaps = decoding_beside_a_long_prompt(abortable_steps=True)
+    assert calls[:-1] == [512] * (len(calls) - 1)  # 2 decode tokens + 510 prompt tokens, one call
+    assert len(calls) == 6  # 3000 prompt tokens in 6 calls, not 24
+    assert 1.6 <= max(gaps) <= 1.75
+
+
+def test_prefill_budget_zero_keeps_small_steps_and_short_stalls_on_an_abortable_engine() -> None:
+    calls, gaps = decoding_beside_a_long_prompt(abortable_steps=True, prefill_budget=0)
+    assert calls[:-1] == [128] * (len(calls) - 1)
+    assert max(gaps) <= 0.5
+
+
+def test_an_engine_that_cannot_abort_a_step_keeps_small_steps_under_a_pinned_budget() -> None:
+    calls, gaps = decoding_beside_a_long_prompt(abortable_steps=False)
+    assert calls[:-1] == [128] * (len(calls) - 1)
+    assert max(gaps) <= 0.5
+
+
+def test_a_pinned_budget_below_a_chunk_bounds_the_big_step() -> None:
+    calls, _ = decoding_beside_a_long_prompt(abortable_steps=True, prefill_budget=200)
+    assert calls[:-1] == [202] * (len(calls) - 1)  # 2 decode tokens + 200 prompt tokens
+
+
+@pytest.mark.parametrize(
+    ("rate", "step"), [(4000.0, 512), (300.0, 512), (64.0, 512), (40.0, 256), (20.0, 128), (2.0, 32)]
+)
+def test_a_big_step_is_512_tokens_unless_they_take_over_8_s(rate: float, step: int) -> None:
+    sched, _ = measured(rate, abortable_steps=True)
+    sched.add(make_job(3000))
+    assert sched.step().step_tokens == step
+
+
+def test_with_big_steps_a_tick_with_a_newcomer_possible_prefills_one_chunk() -> None:
+    tokens, seconds = first_tick_prefill(max_batch=2, abortable_steps=True)
+    assert tokens == 512  # one chunk, though it is 1.7 s of work: a non-urgent newcomer waits for it
+    assert seconds == pytest.approx(512 / 300.0)
+
+
+def test_with_big_steps_and_nothing_to_admit_a_tick_still_prefills_about_eight_seconds() -> None:
+    tokens, seconds = first_tick_prefill(max_batch=1, abortable_steps=True)
+    assert tokens == 2048  # 300 tok/s x 8 s = 2400, rounded down to whole 512-token chunks
+    assert seconds <= 8.0

@@ -4,13 +4,15 @@ OS pressure readings, the replan path, cache scopes and the --no-park switch."""
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from typing import Any
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
-from scheduler.engines.base import EngineError
+from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Done, Message, Rejected, Submit
+from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Delta, Done, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.pressure import PressureMonitor, macos_level
@@ -197,3 +199,117 @@ def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_
     worker.drain()
     worker.run(drain_timeout_s=0.0)  # each turn of the loop clears the flag before its tick
     assert engine.calls[2] == "clear" and not worker.interrupt.is_set()
+
+
+class AbortingSim(SimEngine):
+    """The simulator with llama.cpp's abortable steps: a step that carries prompt tokens stops
+    (a few ms in, charged to the clock) and is rolled back while the abort flag is set.
+    ``during_step`` runs as each step starts, for what arrives while it runs."""
+
+    abortable = True
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.flag = False
+        self.aborted: list[int] = []  # tokens of each aborted step
+        self.during_step: Callable[[Step], None] | None = None
+
+    def abort_step(self) -> None:
+        self.flag = True
+
+    def clear_abort(self) -> None:
+        self.flag = False
+
+    def forward(self, step: Step) -> dict[int, int]:
+        if self.during_step is not None:
+            self.during_step(step)
+        if self.flag and step.prefill:
+            self.clock.advance(0.005)
+            self.aborted.append(sum(len(p.tokens) for p in step.pieces))
+            raise StepAborted("step aborted")
+        return super().forward(step)
+
+
+class TimedConn(FakeConn):
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.first_delta: dict[str, float] = {}
+
+    def queue(self, message: Message) -> None:
+        if isinstance(message, Delta):
+            self.first_delta.setdefault(message.id, self.clock())
+        super().queue(message)
+
+
+def serve_turns(worker: EngineWorker, until: Callable[[], bool], turns: int = 2000) -> None:
+    """The serving loop's turns (``EngineWorker.run``): clear the flags, take what arrived, run a
+    tick. Waits for the preparation thread, as a short prompt is prepared in milliseconds."""
+    for _ in range(turns):
+        if until():
+            return
+        worker.interrupt.clear()
+        worker.engine.clear_abort()  # type: ignore[attr-defined]
+        worker._drain_inbox(0.0)
+        deadline = time.monotonic() + 5.0
+        while worker.preparing and time.monotonic() < deadline:
+            worker._drain_inbox(0.05)
+        worker.run_tick()
+    raise AssertionError("the worker did not get there")
+
+
+def agents_then_a_chat(chat: bool) -> tuple[EngineWorker, AbortingSim, TimedConn, float]:
+    """Two background agents on a two-lane worker that prepares prompts on its own thread, as the
+    server's does: one decodes while the other's 3000-token prompt prefills in 512-token steps
+    (300 tok/s, 1.7 s a step). If ``chat``, an interactive chat arrives while such a step runs,
+    delivered as the link's reader thread delivers it. Returns the arrival time too."""
+    clock = FakeClock()
+    engine = AbortingSim(n_lanes=2, lane_ctx=4096, clock=clock, prefill_s_per_token=1 / 300, decode_round_s=0.02)
+    worker = EngineWorker(
+        engine, SchedulerConfig(max_batch=2, lane_ctx=4096), model_name="sim", clock=clock, prepare_in_thread=True
+    )
+    conn = TimedConn(clock)
+
+    def deliver(message: Message) -> None:
+        worker._on_message(message)
+        worker.inbox.put((conn, message))  # type: ignore[arg-type]
+
+    done = lambda *ids: lambda: {m.id for m in conn.sent if isinstance(m, Done)} >= set(ids)  # noqa: E731
+    deliver(Submit("talker", {"endpoint": "completions", "prompt": "hi", "max_tokens": 40}, qos=3))
+    serve_turns(worker, lambda: "talker" in conn.first_delta)
+    deliver(Submit("long", {"endpoint": "completions", "prompt": "x" * 3000, "max_tokens": 4}, qos=3))
+    arrived: list[float] = []
+
+    def chat_arrives(step: Step) -> None:
+        if chat and not arrived and step.prefill and sum(len(p.tokens) for p in step.pieces) == 512:
+            arrived.append(clock())
+            deliver(Submit("chat", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}, qos=0))
+
+    engine.during_step = chat_arrives
+    serve_turns(worker, done("talker", "long", "chat") if chat else done("talker", "long"))
+    return worker, engine, conn, arrived[0] if arrived else 0.0
+
+
+def test_an_urgent_arrival_aborts_a_big_prefill_step_gets_its_first_token_at_once_and_the_step_is_redone() -> None:
+    worker, engine, conn, arrived = agents_then_a_chat(chat=True)
+    assert worker.scheduler.config.abortable_steps  # the engine said its steps abort: full chunks
+    assert engine.aborted and engine.aborted[0] == 512  # the step in flight was stopped
+    # The chat's first token: the abort (ms), then its own tick beside the decode round, not
+    # after the 1.7 s step it arrived during.
+    assert conn.first_delta["chat"] - arrived < 0.1
+    # The aborted prompt chunk ran again later: both agents finish exactly as undisturbed.
+    _, _, quiet, _ = agents_then_a_chat(chat=False)
+
+    def texts(c: FakeConn) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for m in c.sent:
+            if isinstance(m, Delta):
+                out[m.id] = out.get(m.id, "") + m.text
+        return out
+
+    def usage(c: FakeConn) -> dict[str, dict[str, int]]:
+        return {m.id: m.usage for m in c.sent if isinstance(m, Done)}
+
+    assert {k: v for k, v in texts(conn).items() if k != "chat"} == texts(quiet)
+    assert usage(conn)["long"] == usage(quiet)["long"]
+    assert usage(conn)["chat"]["completion_tokens"] == 3

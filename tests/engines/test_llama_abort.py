@@ -1,19 +1,26 @@
 """Abortable steps on the real llama.cpp engine (issue 13): a step carrying prompt tokens stops
 when ``abort_step()`` is set and llama.cpp rolls it back, so the lane is as it was before the
 step and running the step again gives what an undisturbed engine gives; decode-only steps are
-never aborted."""
+never aborted. End to end through the worker: an interactive chat arriving during a full-chunk
+prefill call aborts it and is answered next."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import llama_cpp
 import pytest
 
 from bench.engine_driver import GREEDY, chat, generate, never, release
+from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
+from scheduler.engines.base import Step, StepAborted
 from scheduler.engines.llama_cpp import LlamaCppEngine
 from scheduler.engines.models import default_model_path
+from scheduler.link.messages import Delta, Done, Message, Submit
+from scheduler.worker.loop import EngineWorker
 
 pytestmark = pytest.mark.model
 
@@ -108,3 +115,83 @@ def test_an_abort_in_a_later_ubatch_of_a_mixed_step_keeps_nothing_of_the_step(en
         assert cells(engine, 0) == 20 and cells(engine, 1) == 0
     finally:
         engine._abort_fn, engine._abort_watching = original, False
+
+
+def test_an_interactive_chat_arriving_during_a_big_prefill_step_aborts_it_and_goes_next(engine: LlamaCppEngine) -> None:
+    """The worker end to end on the real engine, prompts prepared on their own thread as in the
+    server: a background agent decodes while another's ~900-token prompt prefills beside it in
+    full chunks (one llama_decode of the decode token and ~511 prompt tokens, about 2 s here).
+    An interactive chat, delivered as the link's reader thread delivers it while such a call
+    runs, aborts the call: no full chunk runs before the chat's first token, and the aborted
+    chunk is prefilled again later, so the agents finish as they do undisturbed."""
+    story = "Tell me a long story about a dragon who learns to bake bread in a small village. " * 50
+
+    def run(with_chat: bool) -> tuple[list[str], dict[str, str], dict[str, dict[str, int]]]:
+        worker = EngineWorker(
+            engine, SchedulerConfig(max_batch=2, lane_ctx=1024), model_name="m", prepare_in_thread=True
+        )
+        events: list[str] = []  # what the engine and the client saw, in order
+        texts: dict[str, str] = {}
+        usage: dict[str, dict[str, int]] = {}
+
+        class Conn:
+            def queue(self, message: Message) -> None:
+                if isinstance(message, Delta):
+                    if message.id not in texts:
+                        events.append(f"first token {message.id}")
+                    texts[message.id] = texts.get(message.id, "") + message.text
+                elif isinstance(message, Done):
+                    usage[message.id] = message.usage
+
+        conn = Conn()
+
+        def deliver(message: Submit) -> None:  # as LinkServer's reader thread does
+            worker._on_message(message)
+            worker.inbox.put((conn, message))  # type: ignore[arg-type]
+
+        def body(prompt: str, n: int) -> dict[str, object]:
+            return {"endpoint": "completions", "prompt": prompt, "max_tokens": n, "temperature": 0}
+
+        forward = engine.forward
+        sent: list[bool] = []
+
+        def watched(step: Step) -> dict[int, int]:
+            n_prompt = sum(len(p.tokens) for p in step.pieces) if step.prefill else 0
+            if with_chat and not sent and n_prompt >= 500:
+                sent.append(True)
+                chat = Submit("chat", body("Say hello.", 4), qos=0)
+                threading.Timer(0.01, deliver, args=(chat,)).start()  # while this call runs
+            try:
+                out = forward(step)
+            except StepAborted:
+                events.append(f"aborted {n_prompt}")
+                raise
+            events.append(f"step {n_prompt}")
+            return out
+
+        engine.forward = watched  # type: ignore[method-assign]
+        try:
+            deliver(Submit("talker", body("Here is a list of fruits and their colours:\n1.", 24), qos=3))
+            deliver(Submit("long", body(story, 6), qos=3))
+            want = {"talker", "long", "chat"} if with_chat else {"talker", "long"}
+            deadline = time.monotonic() + 300
+            while set(usage) < want and time.monotonic() < deadline:
+                worker.interrupt.clear()
+                engine.clear_abort()
+                worker._drain_inbox(0.05 if worker.preparing or not worker.scheduler.jobs else 0.0)
+                worker.run_tick()
+            worker.run_tick()  # releases the finished lanes
+        finally:
+            del engine.forward
+        return events, texts, usage
+
+    events, texts, usage = run(with_chat=True)
+    _, quiet_texts, quiet_usage = run(with_chat=False)
+    aborted = [i for i, e in enumerate(events) if e.startswith("aborted") and int(e.split()[1]) >= 500]
+    assert aborted, events  # the big call in flight was stopped
+    chat_first = events.index("first token chat")
+    full_steps = [e for e in events[aborted[0] : chat_first] if e.startswith("step") and int(e.split()[1]) >= 500]
+    assert full_steps == [], events  # the chat did not wait for a full chunk
+    assert usage["chat"]["completion_tokens"] == 4
+    assert {k: v for k, v in texts.items() if k != "chat"} == quiet_texts
+    assert {k: v for k, v in usage.items() if k != "chat"} == quiet_usage
