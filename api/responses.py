@@ -380,30 +380,30 @@ def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
     """Where each member's value of the JSON object starting at ``text[at]`` lies in ``text``
     (the last one of a repeated key, as ``json`` keeps); ValueError if it is no object."""
     decoder = json.JSONDecoder()
-    ws = " \t\n\r"
+    ws = tuple(" \t\n\r")
     spans: dict[str, tuple[int, int]] = {}
     if text[at : at + 1] != "{":
         raise ValueError("not an object")
     i = at + 1
     while True:
-        while text[i : i + 1] in tuple(ws):
+        while text[i : i + 1] in ws:
             i += 1
         if text[i : i + 1] == "}":
             return spans
         if text[i : i + 1] != '"':
             raise ValueError("a key was expected")
-        key, i = json.decoder.scanstring(text, i + 1)
-        while text[i : i + 1] in tuple(ws):
+        key, i = decoder.raw_decode(text, i)
+        while text[i : i + 1] in ws:
             i += 1
         if text[i : i + 1] != ":":
             raise ValueError("':' was expected")
         i += 1
-        while text[i : i + 1] in tuple(ws):
+        while text[i : i + 1] in ws:
             i += 1
         _value, end = decoder.raw_decode(text, i)
         spans[key] = (i, end)
         i = end
-        while text[i : i + 1] in tuple(ws):
+        while text[i : i + 1] in ws:
             i += 1
         if text[i : i + 1] == ",":
             i += 1

@@ -85,7 +85,7 @@ def run_xgrammar(folder: Path, eos: int, n_vocab: int, tokens: list[int], gramma
     import xgrammar as xgr
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))  # type: ignore[no-untyped-call]
     t_tok, info = timed(lambda: xgr.TokenizerInfo.from_huggingface(hf, vocab_size=n_vocab, stop_token_ids=[eos]))
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
     if grammar == "schema":
@@ -143,6 +143,7 @@ def main() -> None:
     tok = Tokenizer.from_str(tok_json)
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     eos = tok.token_to_id("<|im_end|>")
+    assert eos is not None, "SmolLM2's <|im_end|> is its end of turn"
     tokens = tok.encode(REPLY, add_special_tokens=False).ids + [eos]
     cases: list[tuple[str, Callable[[], tuple[float, float, float]]]] = [
         ("llguidance, JSON Schema", lambda: run_llguidance(tok_json, eos, n_vocab, tokens, "schema")),
