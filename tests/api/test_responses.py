@@ -537,6 +537,33 @@ def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cu
     assert content.strip() == (message["content"] or "") and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+_PARTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "{", "}", "[", "]", '"', "\\", ":", ",", " ", "\n",
+          '"name"', '"arguments"', '"f"', '"h"', "x", "1"]
+
+
+@given(parts=st.lists(st.sampled_from(_PARTS), max_size=60), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(parts: list[str], cuts: list[int]) -> None:
+    """Whatever the model writes, cut wherever: the stream ends with one finish_reason, and the
+    text it sends (content plus call arguments) holds every character but the call markup; with
+    no streamed call, the content is exactly what the unstreamed reply gives."""
+    text = "".join(parts)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
+    content, calls, _ = _assembled(sent + final)
+    assert [c["choices"][0]["finish_reason"] for c in sent + final if c["choices"][0]["finish_reason"]] == [final[-1]["choices"][0]["finish_reason"]]
+    whole = Reply("chat", "m", tools=[{"name": "f"}])
+    for e in _events(text):
+        whole.add(e)
+    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    if not calls:
+        assert content == text and "tool_calls" not in message
+    else:
+        assert all(name == "f" for name, _ in calls)
+        assert len(content) + sum(len(a) for _, a in calls) <= len(text)
+
+
 @pytest.mark.parametrize(
     "pieces",
     [["<tool_call>\n{\"name\": \"h\", ", "\"arguments\": {}}\n</tool_call>"],  # not an offered function
