@@ -9,6 +9,7 @@ Pure functions returning dicts or bytes; the shapes are those the official ``ope
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Collection, Iterable
@@ -349,6 +350,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
         stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
         try:
             obj, end = decoder.raw_decode(text, body_at + stripped)
+            spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
         except ValueError:
             rest.append(text[start:])
             break
@@ -359,11 +361,14 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
         if close < 0 or between.strip() or name not in names or not isinstance(arguments, dict):
             rest.append(text[start:])
             break
+        # the arguments as the model wrote them (valid JSON: it parsed), so that a stream, which
+        # sends them as they are generated, adds up to exactly the same string
+        span = spans.get("arguments", spans.get("parameters"))
         calls.append(
             {
                 "id": new_call_id(),
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+                "function": {"name": name, "arguments": text[span[0] : span[1]] if span else "{}"},
             }
         )
         pos = close + len(TOOL_CLOSE)
@@ -371,13 +376,98 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
     return (content or None), calls
 
 
+def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
+    """Where each member's value of the JSON object starting at ``text[at]`` lies in ``text``
+    (the last one of a repeated key, as ``json`` keeps); ValueError if it is no object."""
+    decoder = json.JSONDecoder()
+    ws = tuple(" \t\n\r")
+    spans: dict[str, tuple[int, int]] = {}
+    if text[at : at + 1] != "{":
+        raise ValueError("not an object")
+    i = at + 1
+    while True:
+        while text[i : i + 1] in ws:
+            i += 1
+        if text[i : i + 1] == "}":
+            return spans
+        if text[i : i + 1] != '"':
+            raise ValueError("a key was expected")
+        key, i = decoder.raw_decode(text, i)
+        while text[i : i + 1] in ws:
+            i += 1
+        if text[i : i + 1] != ":":
+            raise ValueError("':' was expected")
+        i += 1
+        while text[i : i + 1] in ws:
+            i += 1
+        _value, end = decoder.raw_decode(text, i)
+        spans[key] = (i, end)
+        i = end
+        while text[i : i + 1] in ws:
+            i += 1
+        if text[i : i + 1] == ",":
+            i += 1
+        elif text[i : i + 1] != "}":
+            raise ValueError("',' or '}' was expected")
+
+
+# The head of a call in the generic format up to its arguments' opening brace: once this much has
+# come, with an offered name, the call is streamed (its arguments as they are generated).
+_CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+_CALL_TAIL = re.compile(r"\s*\}\s*</tool_call>")
+
+
+def _could_be_tail(text: str) -> bool:
+    """Whether ``text`` may still grow into a call's closing (``}`` then ``</tool_call>``)."""
+    rest = text.lstrip()
+    if not rest:
+        return True
+    if rest[0] != "}":
+        return False
+    rest = rest[1:].lstrip()
+    return TOOL_CLOSE.startswith(rest)
+
+
+class _ArgsScanner:
+    """Finds where a JSON object ends, a character at a time (strings and escapes aware)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str) -> int:
+        """How many characters of ``text`` belong to the value; len(text) if it goes on."""
+        for i, c in enumerate(text):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return len(text)
+
+
 class Reply:
     """Builds one request's response from the worker's events: the streamed chunks or the final
     body, with logprobs and, when the request offers tools, tool calls parsed out of the text.
 
     In tool mode text is streamed until it might begin a ``<tool_call>`` block; from there it is
-    held, and at the end sent as ``tool_calls`` deltas (id, type and name first, then the
-    arguments), as OpenAI streams them, or as text if it was no call after all."""
+    held. Once the block's head names an offered function and its arguments' ``{`` has come, the
+    call is sent as OpenAI streams one: a ``tool_calls`` delta with id, type and name, then the
+    arguments in fragments as they are generated (adding up to exactly the string the
+    non-streamed reply carries). Held text that never becomes such a head is parsed at the end:
+    calls written otherwise (arguments before the name) are sent then, and anything else as
+    text, as if it had never been held."""
 
     def __init__(
         self,
@@ -404,6 +494,9 @@ class Reply:
         self.streamed_chars = 0
         self.logprobs: list[dict[str, Any]] = []
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
+        self.calls_sent = 0  # tool calls streamed so far (the next one's index)
+        self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
+        self.after_args = False  # a streamed call's arguments are complete: its tail is in held
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -437,14 +530,63 @@ class Reply:
                 chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.streamed_chars)
             self.streamed_chars += len(text)
             return [chunk] if text or entries else []
+        calls: list[dict[str, Any]] = []
         if self.tool_names:
-            text = self._release(text)
+            text, calls = self._stream_calls(text)
         if not text and not entries:
-            return []
+            return calls
         chunk = chat_chunk(self.id, self.model, self.created, content=text)
         if self.want_logprobs:
             chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
-        return [chunk]
+        return [chunk, *calls]
+
+    def _stream_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """Tool mode: (text to send as content, tool-call chunks) for newly generated text."""
+        content: list[str] = []
+        frames: list[dict[str, Any]] = []
+        held = self.held + text
+        self.held = ""
+        while held:
+            if self.args is not None:  # a streamed call's arguments
+                n = self.args.feed(held)
+                if n:
+                    frames.append(self._tool_chunk({"index": self.calls_sent - 1, "function": {"arguments": held[:n]}}))
+                held = held[n:]
+                if self.args.depth > 0:
+                    break
+                self.args, self.after_args = None, True
+                continue
+            if self.after_args:  # the call's closing: "}" and </tool_call>
+                tail = _CALL_TAIL.match(held)
+                if tail is None:
+                    if len(held) < 64 and _could_be_tail(held):
+                        self.held = held
+                        break
+                    self.after_args = False  # not the closing after all: text from here
+                    content.append(held)
+                    held = ""
+                    break
+                held = held[tail.end() :]
+                self.after_args = False
+                continue
+            free = self._release(held)  # text that cannot begin a call
+            content.append(free)
+            held, self.held = self.held, ""
+            head = _CALL_HEAD.match(held)
+            if head is None:
+                self.held = held  # maybe a call's head, still coming
+                break
+            name = json.loads(head.group(1))
+            if name not in self.tool_names:
+                self.held = held
+                break
+            call = {"index": self.calls_sent, "id": new_call_id(), "type": "function",
+                    "function": {"name": name, "arguments": ""}}
+            frames.append(self._tool_chunk(call))
+            self.calls_sent += 1
+            self.args = _ArgsScanner()
+            held = held[head.end() :]
+        return "".join(content), frames
 
     def _release(self, text: str) -> str:
         """Tool mode: the part of the held text that cannot be the start of a tool call."""
@@ -471,20 +613,25 @@ class Reply:
         reason = event.finish_reason
         frames: list[dict[str, Any]] = []
         if self.endpoint == "chat":
-            if self.tool_names and self.held:
+            if self.tool_names and self.held and self.after_args:
+                # a streamed call's closing that never completed: what came is text
+                frames.append(chat_chunk(self.id, self.model, self.created, content=self.held))
+            elif self.tool_names and self.held:
                 content, calls = parse_tool_calls(self.held, self.tool_names)
                 if calls:
                     if content:
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
-                    for i, call in enumerate(calls):
+                    for call in calls:
+                        i, self.calls_sent = self.calls_sent, self.calls_sent + 1
                         head = {"index": i, "id": call["id"], "type": "function",
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
                         frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                    reason = "tool_calls" if reason == "stop" else reason
                 else:
                     frames.append(chat_chunk(self.id, self.model, self.created, content=self.held))
-                self.held = ""
+            self.held = ""
+            if self.calls_sent and reason == "stop":
+                reason = "tool_calls"
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
                 frames.append(chat_usage_chunk(self.id, self.model, self.created, usage))

@@ -9,7 +9,8 @@ stays merged while the same lanes keep decoding and is split back into per-lane 
 anything else needs one of them. Prompt chunks run one lane at a time. On the CPU backend the
 batched round gives bit-identical logits to running each lane alone.
 
-Sampling is ``scheduler.engines.sampling`` (the llama.cpp engine's chain in NumPy); text comes
+Sampling is ``scheduler.engines.sampling`` (the llama.cpp engine's chain in NumPy, grammars as
+llguidance token masks: ``scheduler.engines.token_mask``); text comes
 from the model folder's ``tokenizer.json`` through the ``tokenizers`` library and its chat
 template through the same Jinja rendering as llama.cpp (``scheduler.engines.chat``).
 
@@ -22,7 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from scheduler.engines.base import EngineError, Piece, Step, run_tick
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
+
+if TYPE_CHECKING:
+    from scheduler.engines.token_mask import TokenMasks
 
 # Special tokens that end a turn, as llama.cpp recognises them by text (llama-vocab.cpp).
 _EOG_TEXTS = frozenset(
@@ -130,6 +134,8 @@ class MlxEngine:
         self._group: tuple[int, ...] = ()  # lanes whose caches are merged for decode rounds
         self._group_cache: list[Any] | None = None
         self._samplers: dict[int, LaneSampler] = {}
+        self._step_logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = {}  # the last forward's, until taken
+        self._masks: TokenMasks | None = None  # llguidance's view of the vocabulary, built on first use
         self._setup_text()
         self._closed = False
 
@@ -183,7 +189,8 @@ class MlxEngine:
         self._eog = frozenset(int(i) for i in eog)
 
         self.chat_template: str | None = _read_chat_template(folder, tok_config)
-        self.features: frozenset[str] = frozenset()  # the basic sampler chain only
+        # request features beyond the basic sampler chain (not prompt scoring nor embeddings)
+        self.features: frozenset[str] = frozenset({"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars"})
         self._template: Any = None
 
     def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
@@ -191,8 +198,18 @@ class MlxEngine:
             self._template = compile_chat_template(self.chat_template)
         return render_chat_template(self._template, messages, bos_token=self.bos_text, eos_token=self.eos_text, **extra)
 
+    def _token_masks(self) -> TokenMasks:
+        if self._masks is None:
+            from scheduler.engines.token_mask import TokenMasks
+
+            n_vocab = max(int(self._config.get("vocab_size") or 0), self.vocab_size)  # the logits' width
+            self._masks = TokenMasks(self.model_path / "tokenizer.json", n_vocab, sorted(self._eog))
+        return self._masks
+
     def check_grammar(self, grammar: str) -> str | None:
-        return "the MLX engine has no grammar sampler"
+        """None if llguidance compiles ``grammar`` (GBNF, root rule ``root``), else why not."""
+        self._require_open()
+        return self._token_masks().check(grammar)
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
         self._require_open()
@@ -259,19 +276,38 @@ class MlxEngine:
         return self.n_lanes + self.cache_slots
 
     def bind_sampler(self, bind: LaneBind) -> None:
-        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history)
+        """A fresh sampler for the lane; a grammar gets a fresh matcher, and the tokens the job
+        generated before (a parked lane resumed) are replayed into both, so penalties and the
+        grammar continue exactly where they stopped."""
+        matcher = None
+        if bind.sampling.grammar:
+            from scheduler.engines.token_mask import GrammarCompileError
+
+            try:
+                matcher = self._token_masks().matcher(bind.sampling.grammar)
+            except GrammarCompileError as exc:
+                raise EngineError(f"could not build the request's grammar: {exc}", permanent=True) from None
+        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history, grammar=matcher, eog=self._eog)
 
     def drop_sampler(self, lane: int) -> None:
         self._samplers.pop(lane, None)
+        self._step_logprobs.pop(lane, None)
 
     def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
-        return {}  # no logprobs feature
+        taken, self._step_logprobs = self._step_logprobs, {}
+        return taken
 
     def bound_lanes(self) -> dict[int, LaneSampler]:
         return self._samplers
 
     def forward(self, step: Step) -> dict[int, int]:
-        return {lane: self._samplers[lane].sample(row) for lane, row in self._step(step.pieces).items()}
+        sampled: dict[int, int] = {}
+        for lane, row in self._step(step.pieces).items():
+            sampler = self._samplers[lane]
+            sampled[lane] = sampler.sample(row)
+            if sampler.last_logprobs is not None:
+                self._step_logprobs[lane] = sampler.last_logprobs
+        return sampled
 
     def _step(self, pieces: list[Piece]) -> dict[int, np.ndarray]:
         """Append each piece to its lane's cache; the last position's logits of the pieces that

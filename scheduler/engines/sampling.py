@@ -1,23 +1,37 @@
 """Per-lane token sampling in NumPy, for engines that hand back logits (MLX).
 
 Mirrors the llama.cpp engine's sampler chain (``LlamaCppEngine._build_sampler``) so a request
-means the same on either engine: penalties over the last 64 accepted tokens (repeat, frequency,
-presence), then greedy at temperature 0, else top-k, top-p, min-p, temperature and a seeded
-draw. The random streams differ from llama.cpp's, so seeded samples repeat on one engine, not
-across engines.
+means the same on either engine: logit bias (and ``ignore_eos``: end-of-generation tokens
+banned), penalties over the last 64 accepted tokens (repeat, frequency, presence), the grammar
+(a token mask, :mod:`scheduler.engines.token_mask`), then greedy at temperature 0, else top-k,
+typical-p, top-p, min-p, temperature and a seeded draw. Logprobs are the raw logits' (before
+any of that), as the llama.cpp engine reports them. The random streams differ from llama.cpp's,
+so seeded samples repeat on one engine, not across engines.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from typing import Protocol
 
 import numpy as np
 
 from scheduler.core.types import SamplingParams
 
 PENALTY_LAST_N = 64  # as the llama.cpp engine's _PENALTY_LAST_N
+# A bias of -100 and ignore_eos ban a token, as the llama.cpp engine does: finitely, so that when
+# the grammar allows only banned tokens the draw still lands on one it allows.
+BAN = -1.0e9
+
+
+class TokenConstraint(Protocol):
+    """A lane's grammar state (:class:`scheduler.engines.token_mask.GrammarMatcher`)."""
+
+    def allowed(self) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -28,19 +42,37 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 class LaneSampler:
     """One lane's sampler state: its parameters, recent tokens and random stream."""
 
-    def __init__(self, params: SamplingParams, history: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        history: Iterable[int] = (),
+        *,
+        grammar: TokenConstraint | None = None,
+        eog: Collection[int] = (),
+    ) -> None:
         self.params = params
+        self.grammar = grammar
+        self.eog = sorted(eog)  # what ignore_eos bans, and the way out of a grammar with no token left
+        self.biases = {int(t): (BAN if b <= -100.0 else float(b)) for t, b in params.logit_bias}
+        if params.ignore_eos:
+            self.biases.update({t: BAN for t in self.eog})
+        # the last sample's (logprob, top alternatives) when the params ask for logprobs
+        self.last_logprobs: tuple[float, list[tuple[int, float]]] | None = None
         self.recent: collections.deque[int] = collections.deque(maxlen=PENALTY_LAST_N)
         self.penalised = (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         )
         # seed None: a fresh random stream, as LLAMA_DEFAULT_SEED asks llama.cpp for
         self.rng = np.random.default_rng(None if params.seed is None else params.seed & 0xFFFFFFFF)
+        # replaying what the lane generated before (a parked lane bound again) rebuilds the
+        # penalties' window and the grammar's state
         for token in history:
             self.accept(token)
 
     def accept(self, token: int) -> None:
         self.recent.append(int(token))
+        if self.grammar is not None:
+            self.grammar.accept(int(token))
 
     def penalise(self, logits: np.ndarray) -> np.ndarray:
         """A float32 copy of ``logits`` with llama.cpp's penalties applied to recent tokens: a
@@ -61,21 +93,39 @@ class LaneSampler:
     def sample(self, logits: np.ndarray) -> int:
         """Pick the next token from one position's logits (any float dtype) and accept it."""
         sp = self.params
+        raw = logits
+        logits = np.array(logits, dtype=np.float32)
+        n = logits.shape[0]
+        for t, b in self.biases.items():
+            if 0 <= t < n:
+                logits[t] += b
         logits = self.penalise(logits)
+        if self.grammar is not None:
+            allowed = self.grammar.allowed()[:n]
+            if allowed.shape[0] < n:
+                allowed = np.concatenate([allowed, np.zeros(n - allowed.shape[0], dtype=bool)])
+            if not allowed.any():
+                # the grammar failed or holds nothing more: end the reply rather than break it
+                allowed[[t for t in self.eog if t < n] or [int(np.argmax(logits))]] = True
+            logits = np.where(allowed, logits, -np.inf).astype(np.float32)
         if sp.temperature <= 0.0:
             token = int(np.argmax(logits))
         else:
             token = self._draw(logits)
+        if sp.logprobs is not None:
+            self.last_logprobs = logprobs_of(raw, token, sp.logprobs)
         self.accept(token)
         return token
 
     def _draw(self, logits: np.ndarray) -> int:
         sp = self.params
-        cand = np.arange(logits.shape[0])
-        vals = logits
+        cand = np.flatnonzero(np.isfinite(logits))  # what the grammar left
+        vals = logits[cand]
         if 0 < sp.top_k < vals.shape[0]:
             keep = np.argpartition(-vals, sp.top_k - 1)[: sp.top_k]
             cand, vals = cand[keep], vals[keep]
+        if sp.typical_p < 1.0:
+            cand, vals = _typical(cand, vals, sp.typical_p)
         if sp.top_p < 1.0:
             order = np.argsort(-vals, kind="stable")
             cand, vals = cand[order], vals[order]
@@ -87,3 +137,32 @@ class LaneSampler:
             cand, vals = cand[keep], vals[keep]
         probs = _softmax(vals.astype(np.float64) / sp.temperature)
         return int(cand[self.rng.choice(probs.shape[0], p=probs)])
+
+
+def _typical(cand: np.ndarray, vals: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling as llama.cpp's ``llama_sampler_init_typical(p, 1)``: keep the
+    tokens whose surprise is closest to the distribution's entropy, until their probability
+    passes ``p``."""
+    probs = _softmax(vals.astype(np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = np.log(probs)
+        entropy = -np.nansum(probs * logp)
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    cum = np.cumsum(probs[order])
+    n = min(int(np.searchsorted(cum, p, side="right")) + 1, vals.shape[0])  # the token crossing p stays
+    keep = order[:n]
+    return cand[keep], vals[keep]
+
+
+def logprobs_of(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of ``token`` under the raw ``logits`` and the ``top`` likeliest tokens
+    with theirs, as the llama.cpp engine's ``_logprobs``."""
+    row = np.asarray(logits, dtype=np.float64)
+    shift = row.max()
+    logz = shift + np.log(np.exp(row - shift).sum())
+    alts: list[tuple[int, float]] = []
+    if top > 0:
+        idx = np.argpartition(-row, top - 1)[:top]
+        idx = idx[np.argsort(-row[idx], kind="stable")]
+        alts = [(int(i), float(row[i] - logz)) for i in idx]
+    return float(row[token] - logz), alts

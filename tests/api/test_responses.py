@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -471,12 +473,125 @@ def test_non_streamed_tool_reply_has_tool_calls_and_finish_reason_tool_calls() -
 def test_streamed_tool_reply_sends_text_until_a_call_may_begin_then_openai_shaped_deltas() -> None:
     reply = Reply("chat", "m", tools=[{"name": "f"}])
     sent = [c for e in _events("Let me check. <tool", '_call>\n{"name": "f", "arguments": {}}\n</tool_call>') for c in reply.delta_chunks(e)]
-    assert [c["choices"][0]["delta"]["content"] for c in sent] == ["Let me check. "]
-    final = reply.final_chunks(Done("j", "stop"), None)
-    deltas = [c["choices"][0]["delta"].get("tool_calls") for c in final]
+    assert sent[0]["choices"][0]["delta"] == {"content": "Let me check. "}
+    deltas = [c["choices"][0]["delta"]["tool_calls"] for c in sent[1:]]
     assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
     assert deltas[1][0] == {"index": 0, "function": {"arguments": "{}"}}
-    assert final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    final = reply.final_chunks(Done("j", "stop"), None)
+    assert len(final) == 1 and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _stream(reply: Reply, pieces: list[str], reason: str = "stop") -> tuple[list[dict], list[dict]]:
+    """(content and tool-call chunks as deltas, the final chunks) of a streamed reply."""
+    sent = [c for e in _events(*pieces) for c in reply.delta_chunks(e)]
+    return sent, reply.final_chunks(Done("j", reason), None)
+
+
+def _assembled(chunks: list[dict]) -> tuple[str, list[tuple[str, str]], list[int]]:
+    """(content, [(name, arguments)], how many chunks carried argument text per call), as the
+    openai client's stream helpers accumulate them."""
+    content, calls, frags = "", {}, {}
+    for c in chunks:
+        delta = c["choices"][0]["delta"]
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            entry = calls.setdefault(call["index"], ["", ""])
+            entry[0] += call.get("function", {}).get("name") or ""
+            entry[1] += call.get("function", {}).get("arguments") or ""
+            frags[call["index"]] = frags.get(call["index"], 0) + bool(call.get("function", {}).get("arguments"))
+    return content, [(n, a) for _, (n, a) in sorted(calls.items())], [frags[i] for i in sorted(frags)]
+
+
+LONG_CALL = '<tool_call>\n{"name": "f", "arguments": {"city": "Paris \\"centre\\" {x}", "days": [1, 2, {"a": "}"}]}}\n</tool_call>'
+
+
+def test_arguments_stream_as_they_are_generated_and_add_up_to_the_non_streamed_string() -> None:
+    tokens = [LONG_CALL[i : i + 3] for i in range(0, len(LONG_CALL), 3)]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), tokens)
+    content, calls, frags = _assembled(sent + final)
+    whole = Reply("chat", "m", tools=[{"name": "f"}])
+    for e in _events(LONG_CALL):
+        whole.add(e)
+    body = whole.body(Done("j", "stop"), None)  # type: ignore[arg-type]
+    expected = body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert content == "" and calls == [("f", expected)] and frags[0] > 5
+    assert json.loads(expected) == {"city": 'Paris "centre" {x}', "days": [1, 2, {"a": "}"}]}
+    # the head went out before the arguments were complete
+    first_args = next(i for i, c in enumerate(sent) if c["choices"][0]["delta"]["tool_calls"][0]["function"].get("arguments"))
+    assert first_args < len(tokens) // 2 and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(LONG_CALL) * 2 + 20), max_size=30), text_before=st.sampled_from(["", "Sure. ", "a < b "]))
+@settings(max_examples=200, deadline=None)
+def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cuts: list[int], text_before: str) -> None:
+    text = text_before + LONG_CALL + "\n" + LONG_CALL.replace('"f"', '"g"')
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}]), pieces)
+    content, calls, _ = _assembled(sent + final)
+    whole = Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}])
+    for e in _events(text):
+        whole.add(e)
+    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    assert content.strip() == (message["content"] or "") and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+_PARTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "{", "}", "[", "]", '"', "\\", ":", ",", " ", "\n",
+          '"name"', '"arguments"', '"f"', '"h"', "x", "1"]
+
+
+@given(parts=st.lists(st.sampled_from(_PARTS), max_size=60), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(parts: list[str], cuts: list[int]) -> None:
+    """Whatever the model writes, cut wherever: the stream ends with one finish_reason, and the
+    text it sends (content plus call arguments) holds every character but the call markup; with
+    no streamed call, the content is exactly what the unstreamed reply gives."""
+    text = "".join(parts)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
+    content, calls, _ = _assembled(sent + final)
+    assert [c["choices"][0]["finish_reason"] for c in sent + final if c["choices"][0]["finish_reason"]] == [final[-1]["choices"][0]["finish_reason"]]
+    whole = Reply("chat", "m", tools=[{"name": "f"}])
+    for e in _events(text):
+        whole.add(e)
+    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    if not calls:
+        assert content == text and "tool_calls" not in message
+    else:
+        assert all(name == "f" for name, _ in calls)
+        assert len(content) + sum(len(a) for _, a in calls) <= len(text)
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [["<tool_call>\n{\"name\": \"h\", ", "\"arguments\": {}}\n</tool_call>"],  # not an offered function
+     ["<tool_call>\n{\"x\": 1}", " and more"]],  # no call at all
+    ids=["unoffered-function", "no-call"],
+)
+def test_a_block_that_is_no_call_streams_as_text_at_the_end(pieces: list[str]) -> None:
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
+    content, calls, _ = _assembled(sent + final)
+    assert calls == [] and content == "".join(pieces) and final[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_call_with_arguments_before_its_name_is_sent_at_the_end() -> None:
+    text = '<tool_call>\n{"arguments": {"a": 1}, "name": "f"}\n</tool_call>'
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), [text[:20], text[20:]])
+    assert sent == []
+    assert _assembled(final)[1] == [("f", '{"a": 1}')] and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_call_cut_by_max_tokens_ends_with_finish_reason_length() -> None:
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), ['<tool_call>\n{"name": "f", "arguments": {"a": ', '"b'], "length")
+    assert _assembled(sent + final)[1] == [("f", '{"a": "b')] and final[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_after_a_streamed_calls_arguments_that_is_no_closing_is_content() -> None:
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), ['<tool_call>{"name": "f", "arguments": {}', "} trailing"])
+    content, calls, _ = _assembled(sent + final)
+    assert calls == [("f", "{}")] and content == "} trailing"
 
 
 def test_streamed_text_that_only_looked_like_a_call_is_sent_at_the_end() -> None:

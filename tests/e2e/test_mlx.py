@@ -5,6 +5,7 @@ MLX's CPU backend runs this model at a few tokens per second, so replies are sho
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -130,3 +131,42 @@ def test_an_interactive_chat_preempts_a_background_job_which_resumes_exactly(mlx
         assert usage["completion_tokens"] > 4  # the preemption came mid-stream
     finally:
         srv.stop()
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]},
+    },
+}
+
+
+def test_structured_output_logprobs_and_a_named_tool_call_on_mlx(mlx_server: RunningServer) -> None:
+    """What the MLX engine refused before its sampler had token masks: a json_schema reply
+    parses and fits the schema, logprobs come one per token, a named call parses."""
+    c = client(mlx_server)
+    reply = c.chat.completions.create(
+        model=MODEL, max_tokens=40, temperature=0, logprobs=True, top_logprobs=2,
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
+    data = json.loads(reply.choices[0].message.content or "")
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int) and 0 <= data["age"] <= 150
+    assert reply.choices[0].logprobs is not None and reply.choices[0].logprobs.content is not None
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == reply.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in entries)  # type: ignore[union-attr]
+    call = c.chat.completions.create(
+        model=MODEL, max_tokens=80, temperature=0, tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+    ).choices[0]
+    assert call.finish_reason == "tool_calls" and call.message.tool_calls
+    fn = call.message.tool_calls[0].function  # type: ignore[union-attr]
+    assert fn.name == "get_weather" and isinstance(json.loads(fn.arguments)["city"], str)

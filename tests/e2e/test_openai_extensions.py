@@ -94,6 +94,28 @@ def test_required_tool_call_streams_as_openai_streams_tool_calls(server: Running
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
 
 
+def test_streamed_arguments_come_in_fragments_that_add_up_to_the_non_streamed_call(server: RunningServer) -> None:
+    """The openai client's own stream helper: the call's arguments arrive in several deltas as
+    they are generated, and what it accumulates is exactly the non-streamed reply's arguments."""
+    c = client(server)
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "What is the weather like in Paris?"}],
+           "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+           "max_tokens": 80, "temperature": 0}
+    plain = c.chat.completions.create(**ask).choices[0].message.tool_calls
+    assert plain and len(plain) == 1
+    fragments = 0
+    with c.chat.completions.stream(**ask) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                fragments += 1
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.tool_calls
+    (call,) = final.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", plain[0].function.arguments)
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    assert fragments > 1
+
+
 @pytest.mark.parametrize(
     "prompt",
     ["Describe a person as JSON.", "Who is your favourite author?", "Tell me about a chef from Lyon.",

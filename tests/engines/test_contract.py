@@ -8,6 +8,8 @@ engine. Token counts are small: MLX's CPU backend runs this model at a few token
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, relea
 from scheduler.core.kv_pool import PoolOps
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
+from scheduler.engines.grammar import schema_grammar, tool_grammar
 from scheduler.worker.output import TextStream
 
 pytestmark = pytest.mark.model
@@ -260,6 +263,96 @@ def test_stop_strings_end_the_text_through_the_workers_text_stream(engine: Any, 
         if stream.stopped:
             break
     assert stream.stopped and text == "The capital of France is"
+
+
+# -- the sampler chain's request features (logit bias, ignore_eos, logprobs, grammars) ----------
+
+SMALL_PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_both_engines_declare_the_request_features(engine: Any) -> None:
+    assert {"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars"} <= engine.features
+
+
+def test_a_logit_bias_of_minus_100_keeps_a_token_out_and_ignore_eos_runs_to_max_tokens(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    banned = SamplingParams(temperature=0.0, logit_bias=((reference[0][0], -100.0),))
+    no_eos = SamplingParams(temperature=0.0, ignore_eos=True)
+    runs = drive(
+        engine,
+        [Run(0, prompts[0], banned, N_TOKENS), Run(1, prompts[0], no_eos, 12, stop_on_eog=True), Run(2, prompts[0], GREEDY, 12, stop_on_eog=True)],
+    )
+    assert runs[0].output[0] != reference[0][0] and reference[0][0] not in runs[0].output
+    assert len(runs[2].output) < 12  # free, the model ends its answer ...
+    assert len(runs[1].output) == 12 and not any(engine.is_eog(t) for t in runs[1].output)  # ... banned, it cannot
+
+
+def test_logprobs_are_the_raw_models_and_name_the_sampled_token(engine: Any, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """Greedy with logprobs: each sample's logprob is the best of its top 3, which are sorted and
+    are log-probabilities; a lane that did not ask gets none."""
+    asks = Run(0, prompts[0], SamplingParams(temperature=0.0, logprobs=3), 4)
+    quiet = Run(1, prompts[0], GREEDY, 4)
+    seen: list[tuple[float, list[tuple[int, float]]]] = []
+    for tick in range(1, 5):
+        plan = TickPlan(tick=tick)
+        for run in (asks, quiet):
+            if not run.bound:
+                plan.bind.append(LaneBind(run.lane, run.job, run.sampling))
+                run.bound = True
+            plan.feeds.append(run.feed())
+        result = engine.execute(plan, never)
+        assert set(result.logprobs) == {0}
+        seen.append(result.logprobs[0])
+        asks.commit(result)
+        quiet.commit(result)
+    assert asks.output == quiet.output == reference[0][:4]
+    for token, (logprob, top) in zip(asks.output, seen, strict=True):
+        assert [t for t, _ in top][0] == token and top[0][1] == pytest.approx(logprob)
+        assert len(top) == 3 and [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        assert all(lp <= 0 for _, lp in top) and sum(math.exp(lp) for _, lp in top) <= 1.0 + 1e-6
+
+
+def test_a_schema_grammar_gives_json_that_fits_batched_beside_a_free_lane_and_across_parking(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    grammar = SamplingParams(temperature=0.0, grammar=schema_grammar(SMALL_PERSON))
+    question = chat(engine, "Describe a person as JSON.")
+    assert engine.check_grammar(grammar.grammar) is None
+    whole, free = drive(engine, [Run(0, question, grammar, 30, stop_on_eog=True), Run(1, prompts[0], GREEDY, N_TOKENS)])
+    assert free.output == reference[0]  # the constrained lane beside it changes nothing
+    reply = json.loads(text_of(engine, whole.output))
+    assert set(reply) == {"name", "age"} and isinstance(reply["age"], int) and len(reply["name"]) <= 12
+    release(engine, 0, 1)
+    # parked after 5 tokens, resumed in another lane with its history replayed into the grammar
+    run = Run(0, question, grammar, 30, stop_on_eog=True)
+    drive(engine, [run], ticks=6)
+    parked = engine.execute(TickPlan(tick=7, park=[(0, "g")]), never).parked["g"]
+    run.lane, run.bound = 2, True
+    plan = TickPlan(tick=8, restore=[LaneRestore(2, "g", parked)], bind=[LaneBind(2, run.job, grammar, list(run.output))], feeds=[run.feed()])
+    run.commit(engine.execute(plan, never))
+    drive(engine, [run])
+    assert run.output == whole.output
+
+
+def test_a_named_tool_grammar_gives_a_call_that_parses(engine: Any) -> None:
+    tools = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}]
+    sampling = SamplingParams(temperature=0.8, seed=3, grammar=tool_grammar(tools, {"name": "get_weather"}, True))
+    run = drive(engine, [Run(0, chat(engine, "What is the weather in Paris?"), sampling, 80, stop_on_eog=True)])[0]
+    text = text_of(engine, run.output)
+    assert text.startswith("<tool_call>\n") and len(run.output) < 80  # the call closed and the reply ended
+    # the closing tag may be a control token, which prints nothing
+    call = json.loads(text.removeprefix("<tool_call>\n").split("\n</tool_call>")[0])
+    assert call["name"] == "get_weather" and isinstance(call["arguments"]["city"], str)
+
+
+def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
+    assert engine.check_grammar('root ::= "x" missing')
 
 
 # -- prefix cache operations ----------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from scheduler.core.types import SamplingParams
 from scheduler.engines.sampling import PENALTY_LAST_N, LaneSampler
@@ -53,3 +54,68 @@ def test_a_seed_repeats_its_draws_and_no_seed_varies() -> None:
     assert [a.sample(LOGITS) for _ in range(50)] == [b.sample(LOGITS) for _ in range(50)]
     unseeded = [LaneSampler(SamplingParams(temperature=2.0)) for _ in range(3)]
     assert len({tuple(s.sample(LOGITS) for _ in range(30)) for s in unseeded}) > 1
+
+
+def test_a_bias_of_minus_100_bans_a_token_and_a_positive_bias_lifts_one() -> None:
+    banned = LaneSampler(SamplingParams(temperature=0.0, logit_bias=((1, -100.0),)))
+    assert banned.sample(LOGITS) == 2
+    lifted = LaneSampler(SamplingParams(temperature=0.0, logit_bias=((4, 3.0),)))
+    assert lifted.sample(LOGITS) == 4
+
+
+def test_ignore_eos_bans_every_end_of_generation_token() -> None:
+    free = LaneSampler(SamplingParams(temperature=0.0), eog=[1, 2])
+    assert free.sample(LOGITS) == 1
+    hot = LaneSampler(SamplingParams(temperature=3.0, ignore_eos=True, seed=5), eog=[1, 2])
+    assert {hot.sample(LOGITS) for _ in range(200)} <= {0, 3, 4}
+
+
+class _OnlyOdd:
+    """A grammar allowing odd token ids, remembering what it accepted."""
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def allowed(self) -> np.ndarray:
+        return np.arange(LOGITS.shape[0]) % 2 == 1
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+
+def test_the_grammar_masks_tokens_after_biases_and_sees_the_history_replayed() -> None:
+    grammar = _OnlyOdd()
+    sampler = LaneSampler(SamplingParams(temperature=0.0, logit_bias=((1, -100.0),)), history=[7, 9], grammar=grammar)
+    assert grammar.accepted == [7, 9]  # a resumed lane's tokens, replayed
+    assert sampler.sample(LOGITS) == 3  # 1 is banned, 2 is not allowed: the best odd one left
+    hot = LaneSampler(SamplingParams(temperature=5.0, seed=2), grammar=_OnlyOdd())
+    assert {hot.sample(LOGITS) for _ in range(100)} == {1, 3}
+
+
+def test_a_grammar_that_allows_nothing_ends_the_reply_with_an_end_of_generation_token() -> None:
+    class Nothing(_OnlyOdd):
+        def allowed(self) -> np.ndarray:
+            return np.zeros(LOGITS.shape[0], dtype=bool)
+
+    assert LaneSampler(SamplingParams(temperature=1.0, seed=1), grammar=Nothing(), eog=[4]).sample(LOGITS) == 4
+
+
+def test_typical_p_keeps_the_tokens_nearest_the_entropy() -> None:
+    # a tiny typical_p keeps one token: the one whose surprise is nearest the entropy, not the likeliest
+    probs = np.exp(LOGITS - LOGITS.max()) / np.exp(LOGITS - LOGITS.max()).sum()
+    entropy = -(probs * np.log(probs)).sum()
+    typical = int(np.argmin(np.abs(-np.log(probs) - entropy)))
+    assert typical != int(np.argmax(LOGITS))
+    sampler = LaneSampler(SamplingParams(temperature=1.0, typical_p=0.01, seed=4))
+    assert {sampler.sample(LOGITS) for _ in range(50)} == {typical}
+
+
+def test_logprobs_come_from_the_raw_logits_before_biases_and_penalties() -> None:
+    sampler = LaneSampler(SamplingParams(temperature=0.0, logprobs=2, logit_bias=((1, -100.0),)))
+    token = sampler.sample(LOGITS)
+    logz = np.log(np.exp(LOGITS.astype(np.float64)).sum())
+    assert sampler.last_logprobs is not None
+    logprob, top = sampler.last_logprobs
+    assert token == 2 and logprob == pytest.approx(LOGITS[2] - logz)
+    assert [t for t, _ in top] == [1, 2] and top[0][1] == pytest.approx(LOGITS[1] - logz)
+    assert LaneSampler(SamplingParams(temperature=0.0)).last_logprobs is None
