@@ -113,3 +113,10 @@ class RunningServer(ServerProcess):
 
     def state(self) -> dict:
         return httpx.get(self.base + "/v1/internal/state", timeout=5).json()
+
+    def manage(self, *args: str, env: dict[str, str] | None = None) -> str:
+        """``manage.py ARGS`` against this server's data directory (its database); its output."""
+        done = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done.stdout

