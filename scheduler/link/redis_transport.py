@@ -127,6 +127,7 @@ class RedisTransport(Transport):
         self._task: asyncio.Task[None] | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._epochs: dict[str, int] = {}  # job id -> the epoch its last enqueue had
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -389,9 +390,21 @@ class RedisTransport(Transport):
                             break
         finally:
             self._readers.pop(job_id, None)
-            if job_id not in self.inflight:
-                with contextlib.suppress(Exception):
-                    await self._redis().delete(key, f"{self.prefix}r:{job_id}")
+            if job_id not in self.open:  # answered or cancelled; else finish() deletes it
+                await self._forget(job_id)
+
+    async def _forget(self, job_id: str) -> None:
+        """The web side is done with this job: its stream and resume note go. (Not as soon as
+        its last event is read: until the client has it all, another head may have to resume it.)"""
+        with contextlib.suppress(Exception):
+            await self._redis().delete(f"{self.prefix}s:{job_id}", f"{self.prefix}r:{job_id}")
+
+    def finish(self, handle: JobHandle) -> None:
+        super().finish(handle)
+        if handle.job_id not in self._readers and not self._stopped:
+            task = asyncio.get_running_loop().create_task(self._forget(handle.job_id))
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
 
     async def _check_vanished(self, handle: JobHandle, key: str) -> None:
         """Redis restarted empty (or the job expired): fail the job instead of waiting forever."""
