@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from scheduler.link.transport import Transport
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
 from .edge import check_host_and_origin, check_prompt_size
-from .errors import ApiError, engine_unavailable, method_not_allowed, request_too_large, server_error
+from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
 from .schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_embeddings_request
@@ -169,6 +170,10 @@ class GenerationConsumer(StreamingConsumer):
         if request.ignored:
             log.info("request ignores parameters: %s", responses.ignored_params_value(request.ignored))
         self.record.model, self.record.stream = request.model, request.stream
+        last_event_id = self.headers().get("last-event-id", "").strip()
+        if last_event_id and pool is None and request.stream and getattr(link, "resumable", False):
+            await self.resume(link, request, body, last_event_id)  # a stream begun on another head
+            return
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         if self.scope.get("superfluid.qos") is not None:
             admission.qos = self.scope["superfluid.qos"]
@@ -230,7 +235,7 @@ class GenerationConsumer(StreamingConsumer):
             if isinstance(first, (Rejected, Error)):
                 raise link_error(first)
             if request.stream:
-                await self.stream(request, handle, qos)
+                await self.stream(request, handle, qos, link=link, body=body_digest(request))
             else:
                 await self.collect(request, handle, qos)
         except asyncio.CancelledError:
@@ -383,8 +388,40 @@ class GenerationConsumer(StreamingConsumer):
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         return responses.Reply(self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs is not None, **extra)
 
-    async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
+    async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:
+        """Redis mode: a client whose stream began on another head (which died) reconnects here
+        with ``Last-Event-ID: <job id>:<n>`` and the same body and key: it gets the rest of the
+        stream, from the job's Redis Stream, after the n-th text delta (the reply's state is
+        rebuilt from the deltas it already has, so the frames are those the first head would have
+        sent). Not admitted again: it is the same request."""
+        job_id, _, seen = last_event_id.rpartition(":")
+        if not job_id or not seen.isdigit() or len(job_id) > 64:
+            raise invalid_request("Last-Event-ID is not an id this server sent.", param="Last-Event-ID", code="invalid_value")
+        gone = ApiError(404, "No stream to resume for this Last-Event-ID (it finished, expired or belongs to another key).", code="not_found")
+        meta = await link.stream_meta(job_id)
+        if meta is None or meta.get("key") != self.principal.key_name or meta.get("body") != body_digest(request):
+            raise gone
+        attached = await link.attach(job_id)
+        if attached is None:
+            raise gone
+        handle, meta = attached
+        self.record.request_id = job_id
+        try:
+            qos = QosClass(int(meta.get("qos", QosClass.INTERACTIVE)))
+            reply = self.reply(request, id=meta.get("id"), created=meta.get("created"))
+            await self.pump_stream(request, handle, qos, reply, [], ids=True, skip=int(seen))
+        except asyncio.CancelledError:
+            await link.cancel(handle)
+            raise
+        finally:
+            link.finish(handle)
+
+    async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass, *, link: Any = None, body: str = "") -> None:
         reply = self.reply(request)
+        ids = bool(getattr(link, "resumable", False))
+        if ids:  # another head can go on with this stream if this one dies
+            meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos)}
+            await link.remember_stream(handle.job_id, meta)
         pending: list[Any] = []
         if qos is QosClass.COMPLETION:
             # a completion may miss its start deadline while queued: wait for its first event so
@@ -393,17 +430,33 @@ class GenerationConsumer(StreamingConsumer):
             if isinstance(first, Error):
                 raise link_error(first)
             pending.append(first)
+        await self.pump_stream(request, handle, qos, reply, pending, ids=ids, skip=None)
+
+    async def pump_stream(
+        self, request: GenerationRequest, handle: JobHandle, qos: QosClass, reply: responses.Reply, pending: list[Any], *, ids: bool, skip: int | None
+    ) -> None:
+        """Send the SSE response. With ``ids`` every frame carries ``id: <job id>:<n>``, n the
+        text deltas so far; ``skip`` (a resume): the opening and the first ``skip`` deltas' frames
+        were sent by another head, so they only advance the reply's state."""
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
         self.record.status = 200
-        for chunk in reply.first_chunks():
-            await self.send_body(responses.sse_event(chunk), more_body=True)
+        n = 0
+
+        def sse(frames: list[dict[str, Any]]) -> bytes:
+            tag = f"id: {handle.job_id}:{n}\n".encode() if ids else b""
+            return b"".join(tag + responses.sse_event(f) for f in frames)
+
+        opening = reply.first_chunks() if skip is None else []
+        if opening:
+            await self.send_body(sse(opening), more_body=True)
         while True:
             event = pending.pop(0) if pending else await handle.next_event()
             if isinstance(event, Delta):
+                n += 1
                 frames = reply.delta_chunks(event)
-                if frames:
-                    await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
+                if frames and (skip is None or n > skip):
+                    await self.send_body(sse(frames), more_body=True)
             elif isinstance(event, Done):
                 self.note_done(event)
                 frames = reply.final_chunks(event, self.usage(event) if request.include_usage else None)
@@ -439,6 +492,12 @@ class GenerationConsumer(StreamingConsumer):
     def usage(event: Done) -> dict[str, Any]:
         u = event.usage
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
+
+
+def body_digest(request: GenerationRequest) -> str:
+    """What a resume must repeat: the parsed request (so whitespace or key order may differ)."""
+    wire = json.dumps(request.to_wire(), sort_keys=True, default=str).encode()
+    return hashlib.sha256(wire).hexdigest()
 
 
 class ChatCompletionsConsumer(GenerationConsumer):

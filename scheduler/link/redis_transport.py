@@ -70,6 +70,7 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 LEASE_MS = 3000  # a worker renews every LEASE_MS / 3; a job whose lease lapses is given back
 STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
+READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
 WORKER_TTL_S = 3  # a worker's snapshot key expires unless refreshed
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
@@ -126,6 +127,7 @@ class RedisTransport(Transport):
         self._task: asyncio.Task[None] | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._epochs: dict[str, int] = {}  # job id -> the epoch its last enqueue had
+        self._forgetting: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -155,6 +157,11 @@ class RedisTransport(Transport):
 
     async def stop(self) -> None:
         self._stopped = True
+        # readers leave by themselves once their XREAD returns (at most its block time): one
+        # cancelled inside a command can leave redis-py's pool waiting forever on its release
+        readers = list(self._readers.values())
+        if readers:
+            await asyncio.wait(readers, timeout=READ_BLOCK_MS / 1000 + 2)
         while tasks := [t for t in [self._task, *self._readers.values()] if t is not None]:
             self._task = None
             self._readers.clear()
@@ -278,9 +285,7 @@ class RedisTransport(Transport):
                 await self._enqueue(message, requeue=False, expect_epoch=-1)
             elif isinstance(message, Cancel):
                 await self.scripts.cancel([self.prefix, message.id])
-                reader = self._readers.pop(message.id, None)
-                if reader is not None:
-                    reader.cancel()
+                # its reader sees the job gone when its XREAD returns, and deletes the stream
             elif isinstance(message, Config):
                 client = self._redis()
                 body = json.dumps({"class_lanes": message.class_lanes})
@@ -311,6 +316,50 @@ class RedisTransport(Transport):
         if message.id not in self._readers:
             self._readers[message.id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{message.id}")
 
+    # -- resuming a stream on another head (Last-Event-ID) --------------------------------
+
+    resumable = True  # the consumers give SSE ids and accept Last-Event-ID on this link
+
+    async def remember_stream(self, job_id: str, meta: dict[str, Any]) -> None:
+        """What another head needs to go on with this job's SSE stream if this head dies (the
+        reply's id and created, the key, a digest of the body): ``r:ID``, expiring with the stream."""
+        key = f"{self.prefix}r:{job_id}"
+        try:
+            pipe = self._redis().pipeline(transaction=False)
+            pipe.set(key, json.dumps(meta), ex=STREAM_TTL_S)
+            await pipe.execute()
+        except Exception as exc:  # no resume for this one; the stream itself goes on
+            log.warning("Redis: could not note stream %s for resuming: %s", job_id, exc)
+
+    async def stream_meta(self, job_id: str) -> dict[str, Any] | None:
+        raw = await self._redis().get(f"{self.prefix}r:{job_id}")
+        try:
+            meta = json.loads(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    async def attach(self, job_id: str) -> tuple[JobHandle, dict[str, Any]] | None:
+        """Follow a job another head submitted (its client reconnected here with Last-Event-ID):
+        its stream is read again from the start, so the handle sees every event in order (the
+        caller skips what the client already has), and this head takes the job over (a lost
+        worker's job is given back from here). None: no such stream (expired, finished, unknown)."""
+        meta = await self.stream_meta(job_id)
+        data = await self._redis().hget(f"{self.prefix}job:{job_id}", "data")
+        if meta is None or job_id in self.inflight:
+            return None
+        submit: Message = Submit(id=job_id, request={})
+        if data is not None:
+            with contextlib.suppress(ValueError):
+                submit = decode(data)
+        if not isinstance(submit, Submit):
+            return None
+        handle = JobHandle(job_id=job_id, submit=submit, sent_on=self._connection)
+        self.inflight[job_id] = handle
+        self.open.add(job_id)
+        self._readers[job_id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{job_id}")
+        return handle, meta
+
     async def _read(self, handle: JobHandle) -> None:
         """Follow one job's stream until its end (Done, Error, Rejected) or its cancel."""
         job_id = handle.job_id
@@ -318,9 +367,9 @@ class RedisTransport(Transport):
         last = "0-0"
         quiet_since = time.monotonic()
         try:
-            while job_id in self.inflight:
+            while job_id in self.inflight and not self._stopped:
                 try:
-                    reply = await self._redis().xread({key: last}, count=256, block=1000)
+                    reply = await self._redis().xread({key: last}, count=256, block=READ_BLOCK_MS)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -341,9 +390,21 @@ class RedisTransport(Transport):
                             break
         finally:
             self._readers.pop(job_id, None)
-            if job_id not in self.inflight:
-                with contextlib.suppress(Exception):
-                    await self._redis().delete(key)
+            if job_id not in self.open:  # answered or cancelled; else finish() deletes it
+                await self._forget(job_id)
+
+    async def _forget(self, job_id: str) -> None:
+        """The web side is done with this job: its stream and resume note go. (Not as soon as
+        its last event is read: until the client has it all, another head may have to resume it.)"""
+        with contextlib.suppress(Exception):
+            await self._redis().delete(f"{self.prefix}s:{job_id}", f"{self.prefix}r:{job_id}")
+
+    def finish(self, handle: JobHandle) -> None:
+        super().finish(handle)
+        if handle.job_id not in self._readers and not self._stopped:
+            task = asyncio.get_running_loop().create_task(self._forget(handle.job_id))
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
 
     async def _check_vanished(self, handle: JobHandle, key: str) -> None:
         """Redis restarted empty (or the job expired): fail the job instead of waiting forever."""
@@ -374,6 +435,9 @@ class RedisTransport(Transport):
         if self.draining:
             self._fail(handle, "shutdown", "The server shut down before this request finished.")
             return
+        state, now = await self._redis().hmget(f"{self.prefix}job:{handle.job_id}", ["state", "epoch"])
+        if state != b"lost" or now is None or int(now) != epoch:
+            return  # a marker already acted on (a stream read again after a head took the job over)
         handle.crashes += 1
         if handle.crashes >= MAX_CRASHES:
             log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, handle.crashes)

@@ -26,7 +26,7 @@ from bench.harness import ROOT, RunningServer
 from .conftest import RedisServer
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-LANES = 2
+LANES = 3  # two workers: six lanes, so six streams are in flight at once
 
 
 def start_worker(url: str, data_dir: str, log_dir: str, n: int) -> subprocess.Popen[bytes]:
@@ -183,7 +183,7 @@ def test_sigkill_of_a_worker_with_greedy_streams_in_flight_loses_and_repeats_not
     # batch-invariant lanes: a greedy text does not depend on what else shares the batch (or on
     # which worker runs it), so the undisturbed run is a fair reference for a concurrent one
     invariant = {"x-superfluid-batch-invariant": "1"}
-    prompts = {f"s{i}": f"Story {i}: once upon a time" for i in range(4)}
+    prompts = {f"s{i}": f"Story {i}: once upon a time" for i in range(6)}
     reference: dict[str, str] = {}
     events: list[tuple[str, float]] = []
     for name, prompt in prompts.items():
@@ -196,7 +196,7 @@ def test_sigkill_of_a_worker_with_greedy_streams_in_flight_loses_and_repeats_not
         t.start()
     # past the opening newlines: text resumed right after "\n\n" is tokenised as one token where
     # the model had produced two (a limit of resuming from text, the same with the local link)
-    wait_until(lambda: len(progress) == 4 and min(progress.values()) >= 6, 300, "every stream under way")
+    wait_until(lambda: len(progress) == 6 and min(progress.values()) >= 6, 300, "all six streams under way")
     # the worker holding jobs right now (its id is host:pid:tag)
     client = fleet.client()
     holders = {client.hget(k, "worker").decode() for k in client.scan_iter("sf:job:*")} - {""}
