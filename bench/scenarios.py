@@ -50,6 +50,7 @@ import math
 import os
 import random
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -736,6 +737,8 @@ def main() -> int:
         parser.error("--runs must be at least 1")
     if args.hog < 0:
         parser.error("--hog must be 0 or more")
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the servers and CPU hogs are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.trace_dir:
         args.trace_dir.mkdir(parents=True, exist_ok=True)
 
