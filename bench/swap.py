@@ -25,7 +25,7 @@ agents-chat-two-models
 Usage:
 
     python bench/swap.py --runs 3
-    nice -n 19 python bench/swap.py --runs 1 --agents 2 --agent-prompt-tokens 200   # a smoke run
+    nice -n 19 python bench/swap.py --runs 1 --agents 2 --agent-prompt-tokens 200 --lanes 2 --ctx-size 1024   # a smoke run
 
 Tables are Markdown (medians over runs), per-run lines go to stderr. All traffic is to 127.0.0.1.
 """
