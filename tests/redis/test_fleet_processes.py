@@ -35,6 +35,17 @@ def start_worker(url: str, data_dir: str, log_dir: str, n: int) -> subprocess.Po
         return subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "SUPERFLUID_DATA_DIR": data_dir}, stdout=log, stderr=subprocess.STDOUT)
 
 
+def start_heads(heads: list[RunningServer]) -> None:
+    """Start the web heads side by side (each waits for its own port) and check each is up."""
+    threads = [threading.Thread(target=h.start, args=(300,)) for h in heads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for h in heads:
+        assert h.proc is not None and h.proc.poll() is None, h.log()
+
+
 @dataclass
 class Fleet:
     redis: RedisServer
@@ -80,13 +91,7 @@ def fleet() -> Iterator[Fleet]:
     heads = [RunningServer("--redis", server.url, "--no-engine", "--http-allow-batch-invariant", env={"SUPERFLUID_DATA_DIR": data_dir}) for _ in range(2)]
     fleet = Fleet(server, heads, workers, data_dir)
     try:
-        threads = [threading.Thread(target=h.start, args=(300,)) for h in heads]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for h in heads:
-            assert h.proc is not None and h.proc.poll() is None, h.log()
+        start_heads(heads)
         wait_until(lambda: fleet.live_workers() == 2, 120, "both workers registered")
         yield fleet
     finally:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -19,7 +18,7 @@ import pytest
 from bench.harness import ROOT, RunningServer
 
 from .conftest import RedisServer
-from .test_fleet_processes import MODEL, start_worker
+from .test_fleet_processes import MODEL, start_heads, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -35,13 +34,7 @@ def fleet() -> Iterator[tuple[RedisServer, list[RunningServer]]]:
     worker = start_worker(server.url, data_dir, data_dir, 0)
     heads = [RunningServer("--redis", server.url, "--no-engine", env={"SUPERFLUID_DATA_DIR": data_dir}) for _ in range(2)]
     try:
-        threads = [threading.Thread(target=h.start, args=(300,)) for h in heads]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for h in heads:
-            assert h.proc is not None and h.proc.poll() is None, h.log()
+        start_heads(heads)
         yield server, heads
     finally:
         for h in heads:
