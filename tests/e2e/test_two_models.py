@@ -65,6 +65,11 @@ def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningSer
 
 
 def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
+    # a known start: smol resident (one at a time), so Gemma's requests in the burst need a swap
+    # whatever order the router serves the burst in (smol's may all go first, with no reload)
+    r = httpx.post(srv.base + "/v1/completions", json={"model": "smol", "prompt": "Hi", "max_tokens": 1}, timeout=600)
+    assert r.status_code == 200, r.text
+    assert models_state(srv)["smol"]["state"] == "loaded" and models_state(srv)["gemma"]["state"] != "loaded"
     before = {m: loads(srv, m) for m in ("smol", "gemma")}
     dispatched = metric(srv, 'llamaswap_scheduler_dispatched_total{band="normal"}')
     # both models asked at once, streamed and not, more than their lanes: the router swaps
@@ -86,9 +91,10 @@ def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
     with ThreadPoolExecutor(len(jobs)) as pool:
         texts = list(pool.map(ask, jobs))
     assert len(texts) == len(jobs)
-    # every request was dispatched once, and each model was loaded again for it
+    # every request was dispatched once; Gemma was loaded for its share while smol's waited or
+    # ran (smol is loaded again only when the router served Gemma's first)
     assert metric(srv, 'llamaswap_scheduler_dispatched_total{band="normal"}') == dispatched + len(jobs)
-    assert all(loads(srv, m) >= before[m] + 1 for m in before)
+    assert loads(srv, "gemma") >= before["gemma"] + 1 and loads(srv, "smol") >= before["smol"]
     state = models_state(srv)
     assert all(state[m]["running"] == 0 and state[m]["waiting"] == 0 and state[m]["error"] is None for m in ("smol", "gemma"))
 
