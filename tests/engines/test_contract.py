@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,66 @@ def test_a_named_tool_grammar_gives_a_call_that_parses(engine: Any) -> None:
 
 def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
     assert engine.check_grammar('root ::= "x" missing')
+
+
+# the model would not write this by itself: most of its tokens are a first pick the grammar rejects
+ODD_GRAMMAR = 'root ::= "Zq" [0-9] [0-9] "|" ("ab" | "cd") ("ab" | "cd") ("ab" | "cd") "!"'
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=0.0, grammar=ODD_GRAMMAR),
+        SamplingParams(temperature=0.9, seed=5, top_k=40, top_p=0.9, repeat_penalty=1.3, logit_bias=((28, -100.0),), grammar=ODD_GRAMMAR),
+    ],
+    ids=["greedy", "sampled-with-penalties-and-a-ban"],
+)
+def test_a_grammar_against_the_models_own_choice_is_followed_to_its_end(engine: Any, sampling: SamplingParams) -> None:
+    run = drive(engine, [Run(0, chat(engine, "What is the capital of France?"), sampling, 40, stop_on_eog=True)])[0]
+    release(engine, 0)
+    assert re.fullmatch(r"Zq[0-9]{2}\|(ab|cd){3}!", text_of(engine, run.output)), text_of(engine, run.output)
+    assert run.done and len(run.output) < 40  # the grammar's end left only end-of-generation
+
+
+def test_llama_cpp_samples_first_and_masks_only_a_rejected_pick_with_the_same_greedy_reply(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp's constrained lanes check only the chain's pick against the grammar (the whole
+    vocabulary is masked only when it is rejected); greedy replies must be those of masking first."""
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+
+    if not isinstance(engine, LlamaCppEngine):
+        pytest.skip("MLX masks with llguidance before sampling")
+    question = chat(engine, "Describe a person as JSON.")
+    grammar = SamplingParams(temperature=0.0, grammar=schema_grammar(SMALL_PERSON))
+    checks: list[bool] = []
+    drive(engine, [Run(1, question, grammar, 1)])  # binds a grammar: the candidate array exists
+    release(engine, 1)
+    cand = engine._candidates
+    allows = cand.allows
+    monkeypatch.setattr(cand, "allows", lambda g, t: checks.append(allows(g, t)) or checks[-1])
+    sample_first = drive(engine, [Run(0, question, grammar, 30, stop_on_eog=True)])[0]
+    release(engine, 0)
+    # most picks passed the one-token check; some were rejected and masked
+    assert checks.count(True) > len(checks) / 2 and len(checks) == len(sample_first.output) + 1
+    masks: list[int] = []
+
+    def mask_first(chain: Any, grammar_sampler: Any, index: int) -> int:
+        import llama_cpp
+
+        masks.append(index)
+        cand.fill(llama_cpp.llama_get_logits_ith(engine._ctx, index))
+        llama_cpp.llama_sampler_apply(grammar_sampler, cand.ref)
+        llama_cpp.llama_sampler_apply(chain, cand.ref)
+        token = cand.chosen()
+        llama_cpp.llama_sampler_accept(grammar_sampler, token)
+        llama_cpp.llama_sampler_accept(chain, token)
+        return token
+
+    monkeypatch.setattr(engine, "_sample_constrained", mask_first)
+    masked = drive(engine, [Run(0, question, grammar, 30, stop_on_eog=True)])[0]
+    release(engine, 0)
+    assert masks and sample_first.output == masked.output
 
 
 # -- prefix cache operations ----------------------------------------------------------------
