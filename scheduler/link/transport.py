@@ -79,6 +79,14 @@ class JobHandle:
     async def next_event(self) -> JobEvent:
         return await self.events.get()
 
+    async def next_events(self) -> list[JobEvent]:
+        """The next event and every one queued behind it (a tick's worth when the reader fell
+        behind), so that a stream writes what arrived together in one send."""
+        ready = [await self.events.get()]
+        while not self.events.empty():
+            ready.append(self.events.get_nowait())
+        return ready
+
     def resubmission(self) -> Submit:
         return dataclasses.replace(self.submit, resume_text=self.delivered_text, resume_tokens=self.delivered_tokens)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -61,6 +62,32 @@ async def test_a_chat_completion_comes_back_whole_and_as_a_well_framed_stream(si
         assert text == body["choices"][0]["message"]["content"]  # the same tokens either way
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert chunks[-1]["usage"]["completion_tokens"] == 5 and chunks[-1]["choices"] == []
+
+
+async def test_deltas_that_arrive_together_go_out_in_one_write_with_the_same_stream(sim: SimWorker) -> None:
+    async with attached(sim):
+        body = chat_body(max_tokens=24, stream=True, temperature=0)
+        whole = (await request("POST", "/v1/chat/completions", body, JSON)).sse_data()
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
+        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+        assert (await comm.receive_output(10))["type"] == "http.response.start"
+        # the reader falls behind: the event loop is blocked while the worker's thread finishes
+        # the job, so every remaining delta is queued for the stream when it runs again
+        deadline = time.monotonic() + 10
+        while sim.busy() != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)  # noqa: ASYNC251 (blocking the loop is the point)
+        assert sim.busy() == (0, 0)
+        writes: list[bytes] = []
+        while True:
+            message = await comm.receive_output(10)
+            writes.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        await comm.send_input({"type": "http.disconnect"})
+        data = [line[6:] for line in b"".join(writes).decode().split("\n") if line.startswith("data: ")]
+        assert len(data) == len(whole) >= 24  # nothing lost or repeated ...
+        assert [json.loads(d)["choices"] for d in data[:-1]] == [json.loads(d)["choices"] for d in whole[:-1]]
+        assert len(writes) <= 4  # ... and 24 deltas did not take 24 writes
 
 
 # -- validation ----------------------------------------------------------------------------
