@@ -39,6 +39,9 @@ RETRIED_CODES = (429, 503)
 _local: dict[str, asyncio.Task[None]] = {}  # embedded mode: the batches this process runs
 
 
+START_BATCH = "batches.tasks.start_batch"  # the Celery task that begins a batch (batches/tasks.py)
+
+
 def concurrency() -> int:
     return max(1, int(getattr(settings, "SUPERFLUID_BATCH_CONCURRENCY", 4)))
 
@@ -52,12 +55,11 @@ async def start(batch_id: str) -> None:
     if celery_mode():
         from superfluid_site.celery import app
 
-        from .tasks import start_batch
-
         if not app.conf.broker_url:  # serve --redis URL without REDIS_URL in the environment
             app.conf.broker_url = settings.SUPERFLUID_REDIS_URL
         try:
-            await asyncio.to_thread(start_batch.delay, batch_id)  # never blocks the event loop on Redis
+            # by name: batches.tasks drives this module, so importing it here would be a circle
+            await asyncio.to_thread(app.send_task, START_BATCH, args=[batch_id])  # never blocks the event loop on Redis
         except Exception as exc:  # the broker is unreachable: the batch fails, visibly
             log.warning("batch %s: could not reach the Celery broker: %s", batch_id, exc)
             await Batch.objects.filter(pk=batch_id, status="validating").aupdate(

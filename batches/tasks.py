@@ -37,7 +37,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(coro, _loop).result()
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name=runner.START_BATCH, acks_late=True, ignore_result=True)
 def start_batch(batch_id: str) -> None:
     runner.begin(batch_id)
     if not Line.objects.filter(batch_id=batch_id, claimed_until__isnull=False).exists():  # not started before
