@@ -447,8 +447,8 @@ CHAT_MAX_TOKENS = 32
 AGENT_SYSTEM = "You are a background research agent. Read the field notes and summarise them for the archive."
 
 
-def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, config: str,
-                     trace_dir: Path | None) -> dict[str, Any]:
+def agents_chat_jobs(target: Target, headers: bool, run: int, tokens: Tokens, config: str) -> list[tuple[float, Callable[[], Stream]]]:
+    """The scenario's requests for run_concurrently: eight agents at once, then the chat."""
     overhead = tokens.count(chatml_prefix(AGENT_SYSTEM) + "Field notes:\n\n\nSummarise the notes in three sentences.<|im_end|>\n<|im_start|>assistant\n")
     jobs: list[tuple[float, Callable[[], Stream]]] = []
     for i in range(AGENTS):
@@ -462,7 +462,12 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
             "messages": [{"role": "user", "content": f"Hi, I am visitor {run}. What is the capital of France?"}]}
     h = {QOS: "interactive"} if headers else {}
     jobs.append((CHAT_DELAY_S, lambda: stream_chat(target.base, chat, h, "chat")))
+    return jobs
 
+
+def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, config: str,
+                     trace_dir: Path | None) -> dict[str, Any]:
+    jobs = agents_chat_jobs(target, headers, run, tokens, config)
     load_before = load()
     meter = CpuMeter(target.pids())
     sampler = StateSampler(target.base) if target.superfluid else None
