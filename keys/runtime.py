@@ -27,6 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from scheduler.core.qos import QosClass
+from superfluid_site.serving import serving
 
 from .credentials import digest_of, digests_match
 from .limits import BucketSet, ConcurrencySlots, DrainMeter
@@ -256,8 +257,8 @@ class KeyRuntime:
             await self.push_caps()
 
     def served_model(self) -> str:
-        if settings.SUPERFLUID_MODELS:
-            return str(settings.SUPERFLUID_MODELS[0])
+        if serving().models:
+            return str(serving().models[0])
         from scheduler.link.client import _clients
 
         link = _clients.get(id(self.loop))

@@ -149,8 +149,8 @@ LinkClient = SocketTransport
 
 def get_link() -> Transport:
     """The running event loop's transport, made on first use: the worker sockets serve hands
-    over, or else the path in settings; the Redis queue when ``SUPERFLUID_REDIS_URL`` is set."""
-    from django.conf import settings
+    over, or else the path of the serving configuration; the Redis queue when it names one (``--redis``)."""
+    from superfluid_site.serving import serving
 
     link = current()
     if link is None:
@@ -159,14 +159,14 @@ def get_link() -> Transport:
         pool = get_pool()  # several models: the pool's link (it installs itself)
         if pool is not None:
             return pool.link
-        if getattr(settings, "SUPERFLUID_REDIS_URL", ""):
+        if serving().redis_url:
             from .redis_transport import RedisTransport
 
-            link = RedisTransport(settings.SUPERFLUID_REDIS_URL)
+            link = RedisTransport(serving().redis_url)
         elif WORKER_SOCKETS.active:
             link = SocketTransport(sockets=WORKER_SOCKETS)
         else:
-            link = SocketTransport(settings.SUPERFLUID_SOCKET)
+            link = SocketTransport(serving().socket)
         install(link)
     return link
 
