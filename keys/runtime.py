@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -259,9 +258,10 @@ class KeyRuntime:
     def served_model(self) -> str:
         if serving().models:
             return str(serving().models[0])
-        from scheduler.link.client import _clients
+        from superfluid_site.runtime import runtime_of
 
-        link = _clients.get(id(self.loop))
+        web = runtime_of(self.loop)
+        link = web.link if web is not None else None
         return str(link.hello.model) if link is not None and link.hello else ""
 
     async def push_caps(self) -> None:
@@ -291,25 +291,21 @@ class KeyRuntime:
         get_writer().touch(key.id, timezone.now())  # written by the activity writer's thread
 
 
-_runtimes: dict[int, KeyRuntime] = {}
-_lock = threading.Lock()
-
-
 def get_runtime() -> KeyRuntime:
-    """This event loop's runtime, started on first use."""
-    loop = asyncio.get_running_loop()
-    with _lock:
-        rt = _runtimes.get(id(loop))
-        if rt is None or rt.loop is not loop:
-            rt = _runtimes[id(loop)] = KeyRuntime(loop)
-    rt.start()
-    return rt
+    """This event loop's key runtime, started on first use (its web runtime owns it:
+    ``superfluid_site/runtime.py``)."""
+    from superfluid_site.runtime import web_runtime
+
+    return web_runtime().keys
 
 
 def poke_all() -> None:
-    """Ask every runtime in this process to re-read now (called after a commit; any thread)."""
-    with _lock:
-        runtimes = list(_runtimes.values())
-    for rt in runtimes:
+    """Ask every key runtime in this process to re-read now (called after a commit; any thread)."""
+    from superfluid_site.runtime import all_runtimes
+
+    for web in all_runtimes():
+        rt = web.keys_if_made()
+        if rt is None:
+            continue
         with contextlib.suppress(RuntimeError):  # a loop that has closed
             rt.loop.call_soon_threadsafe(rt.poke.set)

@@ -24,7 +24,7 @@ import struct
 import threading
 
 from .messages import MAX_LINE_BYTES, Hello, decode
-from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, _links, all_links, current, install
+from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, current, install
 
 __all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
 
@@ -170,5 +170,3 @@ def get_link() -> Transport:
         install(link)
     return link
 
-
-_clients = _links  # the transports by event loop (older name)
