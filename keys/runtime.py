@@ -26,6 +26,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from scheduler.core.qos import QosClass
+from scheduler.link.transport import cancel_task
 from superfluid_site.serving import serving
 
 from .credentials import digest_of, digests_match
@@ -230,11 +231,8 @@ class KeyRuntime:
         return self.snapshot
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -16,7 +16,6 @@ already delivered. Only if no worker comes back within ``reconnect_timeout_s`` d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -24,7 +23,7 @@ import struct
 import threading
 
 from .messages import MAX_LINE_BYTES, Hello, decode
-from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, current, install
+from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, cancel_task, current, install
 
 __all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
 
@@ -76,11 +75,8 @@ class SocketTransport(Transport):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-link")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
 
     async def _send(self, data: bytes) -> None:
         writer = self._writer

@@ -22,6 +22,7 @@ A subclass provides :meth:`_send` (put one encoded message on the carrier) and c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -248,6 +249,14 @@ class Transport(ABC):
         else:
             return
         handle.events.put_nowait(message)  # type: ignore[arg-type]
+
+
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task (a link's reader, the key watcher) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def install(link: Transport) -> Transport:
