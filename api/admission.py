@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
@@ -49,6 +48,7 @@ from scheduler.core.qos import (
     parse_priority,
     parse_qos,
 )
+from superfluid_site.serving import serving
 
 from .errors import ApiError, engine_unavailable, invalid_request
 from .schemas import GenerationRequest
@@ -111,7 +111,7 @@ class Admission:
             from keys.limits import shared_limiter
 
             slots, self.shared_slots = self.shared_slots, []
-            limiter = shared_limiter(settings.SUPERFLUID_REDIS_URL)
+            limiter = shared_limiter(serving().redis_url)
             for slot in slots:
                 await limiter.release(slot, self.shared_member)
         rt = self.runtime
@@ -145,7 +145,7 @@ def rate_limited(message: str, code: str, wait_s: float) -> ApiError:
 
 
 def keys_required() -> bool:
-    return bool(settings.SUPERFLUID_KEYS_REQUIRED)
+    return bool(serving().keys_required)
 
 
 # -- authentication --------------------------------------------------------------------
@@ -234,16 +234,17 @@ def resolve_class(headers: dict[str, str], request: GenerationRequest, default: 
     priority = clamp_priority(parse_priority(raw_priority))
     if request.suffix is not None:
         return QosClass.COMPLETION, priority, False  # fill-in-the-middle always runs as completion
-    raw_qos = headers.get("x-superfluid-qos") if settings.SUPERFLUID_HTTP_QOS_HEADER else None
+    cfg = serving()
+    raw_qos = headers.get("x-superfluid-qos") if cfg.http_qos_header else None
     if raw_qos is not None:
         try:
             return parse_qos(raw_qos), priority, True
         except UnknownQosClass as exc:
             raise invalid_request(str(exc), param="x-superfluid-qos", code="invalid_qos_class") from None
-    if raw_priority is not None and settings.SUPERFLUID_HTTP_QOS_HEADER:
+    if raw_priority is not None and cfg.http_qos_header:
         return class_of_priority(priority), priority, True
     if default is None:
-        default = parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS)
+        default = parse_qos(cfg.http_default_qos)
     return default, priority, False
 
 
@@ -271,7 +272,7 @@ async def admit(
         raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
 
     qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
-    by_qos_header = settings.SUPERFLUID_HTTP_QOS_HEADER and "x-superfluid-qos" in headers
+    by_qos_header = serving().http_qos_header and "x-superfluid-qos" in headers
     if policy is not None and asked and qos < policy.max_class and not by_qos_header:
         # only X-LlamaSwap-Priority asked: clamp it to the key's best class, never an error
         qos, priority = policy.max_class, clamp_to_policy(policy.max_class)
@@ -285,7 +286,7 @@ async def admit(
         priority = clamp_priority(priority + policy.priority_offset)
 
     batch_invariant = wants_batch_invariant(headers)
-    if batch_invariant and not (settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT or (policy is not None and policy.allow_batch_invariant)):
+    if batch_invariant and not (serving().http_allow_batch_invariant or (policy is not None and policy.allow_batch_invariant)):
         raise forbidden("Batch-invariant lanes are not allowed for this client.", "batch_invariant_forbidden", "x-superfluid-batch-invariant")
 
     pin_prefix = headers.get("x-superfluid-pin-prefix", "").strip().lower() in ("1", "true", "yes")
@@ -295,7 +296,7 @@ async def admit(
     admission = Admission(qos=qos, priority=priority, batch_invariant=batch_invariant, key_name=principal.key_name, runtime=rt)
     admission.pin_prefix = pin_prefix
     admission.cache_scope = "" if policy is None or policy.share_prefix_cache else f"policy:{policy.name}"
-    if settings.SUPERFLUID_REDIS_URL:
+    if serving().redis_url:
         await take_shared_limits(rt, principal, request, admission)
     else:
         take_limits(rt, principal, request, admission)
@@ -310,24 +311,25 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     this head's own: it bounds what this head holds, with its own drain rate's Retry-After."""
     from keys.limits import LimitsUnavailable, client_slot, key_slot, shared_limiter
 
+    cfg = serving()
     policy = principal.policy
     checks: list[tuple[str, float, float, str, str]] = []  # name, rate/s, capacity, code, message
     if policy is not None and policy.rate_limit_rpm > 0:
         rpm = policy.rate_limit_rpm
         checks.append((f"key:{principal.key_name}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this API key: {rpm} requests per minute."))
-    elif settings.SUPERFLUID_RATE_LIMIT > 0:
-        rpm = int(settings.SUPERFLUID_RATE_LIMIT)
+    elif cfg.rate_limit > 0:
+        rpm = int(cfg.rate_limit)
         checks.append((f"ip:{principal.client_ip}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
     if request.suffix is not None:
-        rate = parse_rate(str(settings.SUPERFLUID_COMPLETION_RATE))
+        rate = parse_rate(str(cfg.completion_rate))
         if rate > 0:
-            burst = max(1, int(settings.SUPERFLUID_COMPLETION_BURST))
+            burst = max(1, int(cfg.completion_burst))
             checks.append((f"fim:{principal.client_id}", rate, burst, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
     slots: list[tuple[str, int, str]] = []  # Redis slot, limit, message
     limit = policy.max_concurrent if policy is not None else 0
     if limit > 0 and principal.key_name is not None:
         slots.append((key_slot(principal.key_name), limit, f"This API key already has {limit} requests in flight; wait for one to finish."))
-    client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
+    client_limit = int(cfg.client_concurrency) if principal.key is None else 0
     if client_limit > 0:
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
     # The head's own queue bound first, and its place taken before the await, so no other
@@ -338,7 +340,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     if not checks and not slots:
         return
     member = uuid.uuid4().hex
-    limiter = shared_limiter(settings.SUPERFLUID_REDIS_URL)
+    limiter = shared_limiter(cfg.redis_url)
     try:
         refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], [(s[0], s[1]) for s in slots], member)
     except LimitsUnavailable:
@@ -365,19 +367,20 @@ def _give_back_model_slot(rt: KeyRuntime, admission: Admission) -> None:
 def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
     """Check every limit, then take them all: a refused request takes nothing. No await in
     here, so no other request on this event loop can slip between the check and the take."""
+    cfg = serving()
     policy = principal.policy
     buckets = []
     if policy is not None and policy.rate_limit_rpm > 0:
         rpm = policy.rate_limit_rpm
         bucket = rt.buckets.bucket(("key", principal.key_name), rpm / 60.0, rpm)
         buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this API key: {rpm} requests per minute."))
-    elif settings.SUPERFLUID_RATE_LIMIT > 0:
-        rpm = int(settings.SUPERFLUID_RATE_LIMIT)
+    elif cfg.rate_limit > 0:
+        rpm = int(cfg.rate_limit)
         bucket = rt.buckets.bucket(("ip", principal.client_ip), rpm / 60.0, rpm)
         buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
     if request.suffix is not None:
-        rate = parse_rate(str(settings.SUPERFLUID_COMPLETION_RATE))
-        burst = max(1, int(settings.SUPERFLUID_COMPLETION_BURST))
+        rate = parse_rate(str(cfg.completion_rate))
+        burst = max(1, int(cfg.completion_burst))
         if rate > 0:
             bucket = rt.completion_buckets.bucket(principal.client_id, rate, burst)
             buckets.append((bucket, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
@@ -390,7 +393,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
         wait = _own_turn_s(rt, queue_model(request.model)[0], limit)
         raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
-    client_limit = int(settings.SUPERFLUID_CLIENT_CONCURRENCY) if principal.key is None else 0
+    client_limit = int(cfg.client_concurrency) if principal.key is None else 0
     client_slot = principal.client_id
     if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
         wait = _own_turn_s(rt, queue_model(request.model)[0], client_limit)
@@ -412,7 +415,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
 
 
 def lanes() -> int:
-    return max(1, int(settings.SUPERFLUID_MAX_BATCH))
+    return max(1, int(serving().max_batch))
 
 
 def queue_model(name: str) -> tuple[str, int]:
@@ -431,7 +434,7 @@ def queue_model(name: str) -> tuple[str, int]:
 def check_queue(rt: KeyRuntime, model: str) -> None:
     """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes;
     ``Retry-After`` is the time the measured drain rate needs to serve those waiting."""
-    max_queue = int(settings.SUPERFLUID_MAX_QUEUE)
+    max_queue = int(serving().max_queue)
     if max_queue <= 0:
         return
     model, model_lanes = queue_model(model)

@@ -19,13 +19,13 @@ from typing import Any
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from django.conf import settings
 
 from scheduler.core.qos import QosClass
 from scheduler.link.client import JobHandle, get_link
 from scheduler.link.messages import Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
 from scheduler.link.transport import Transport
+from superfluid_site.serving import serving
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
@@ -79,7 +79,7 @@ class StreamingConsumer(AsyncHttpConsumer):
     async def http_request(self, message: dict[str, Any]) -> None:
         chunk = message.get("body", b"")
         self._size += len(chunk)
-        limit = settings.SUPERFLUID_MAX_BODY_BYTES
+        limit = serving().max_body_bytes
         # a Content-Length over the bound is refused before any of the body is kept
         if self._size > limit or (not self.body and _declared_length(self.scope) > limit):
             await self.send_error(request_too_large(limit))
@@ -141,7 +141,7 @@ class GenerationConsumer(StreamingConsumer):
     endpoint = "chat"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        return parse_chat_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+        return parse_chat_request(body, models=models, strict=serving().strict_params)
 
     async def handle(self, body: bytes) -> None:
         check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
@@ -157,7 +157,7 @@ class GenerationConsumer(StreamingConsumer):
         if link.draining or (pool is not None and pool.draining):
             raise engine_unavailable("The server is shutting down.")
         if pool is None:
-            if not await link.wait_connected(settings.SUPERFLUID_ENGINE_WAIT_S):
+            if not await link.wait_connected(serving().engine_wait_s):
                 raise engine_unavailable(getattr(link, "unavailable_detail", "The engine worker is not running."), retry_after=getattr(link, "retry_after_s", None))
             assert link.hello is not None
             request = await self.parse_off_loop(body, [link.hello.model], lambda _r: link.hello.lane_ctx if link.hello else 0)
@@ -516,7 +516,7 @@ class CompletionsConsumer(GenerationConsumer):
     endpoint = "completions"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        return parse_completion_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+        return parse_completion_request(body, models=models, strict=serving().strict_params)
 
 
 class EmbeddingsConsumer(GenerationConsumer):
@@ -527,7 +527,7 @@ class EmbeddingsConsumer(GenerationConsumer):
     endpoint = "embeddings"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.encoding_format = parse_embeddings_request(body, models=models, strict=settings.SUPERFLUID_STRICT_PARAMS)
+        request, self.encoding_format = parse_embeddings_request(body, models=models, strict=serving().strict_params)
         return request
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:

@@ -24,6 +24,8 @@ from django.http.request import split_domain_port, validate_host
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
+from superfluid_site.serving import serving
+
 from .errors import ApiError, method_not_allowed, not_found, request_timeout, request_too_large, server_error
 
 API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props")
@@ -283,26 +285,26 @@ def install_request_bounds() -> None:
     def timed_out(self: Any) -> None:
         self._sf_deadline = None
         if not getattr(self, "_sf_processing", False):
-            refuse_unread(self, request_timeout(float(settings.SUPERFLUID_BODY_TIMEOUT)))
+            refuse_unread(self, request_timeout(float(serving().body_timeout)))
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_linger, self._sf_size = False, False, None, None, 0
         original_init(self, *args, **kwargs)
-        timeout = float(settings.SUPERFLUID_BODY_TIMEOUT)
+        timeout = float(serving().body_timeout)
         if timeout > 0 and self.channel is not None:
             self._sf_deadline = self.channel.callLater(timeout, lambda: timed_out(self))
 
     def got_length(self: Any, length: int | None) -> None:
-        original_got_length(self, 0 if length is not None and length > settings.SUPERFLUID_MAX_BODY_BYTES else length)
-        if length is not None and length > settings.SUPERFLUID_MAX_BODY_BYTES:
-            refuse_unread(self, request_too_large(settings.SUPERFLUID_MAX_BODY_BYTES))
+        original_got_length(self, 0 if length is not None and length > serving().max_body_bytes else length)
+        if length is not None and length > serving().max_body_bytes:
+            refuse_unread(self, request_too_large(serving().max_body_bytes))
 
     def handle_content_chunk(self: Any, data: bytes) -> None:
         if self._sf_refused:
             return  # what arrives after the refusal is dropped, never buffered
         self._sf_size += len(data)
-        if self._sf_size > settings.SUPERFLUID_MAX_BODY_BYTES:
-            refuse_unread(self, request_too_large(settings.SUPERFLUID_MAX_BODY_BYTES))
+        if self._sf_size > serving().max_body_bytes:
+            refuse_unread(self, request_too_large(serving().max_body_bytes))
             return
         original_chunk(self, data)
 

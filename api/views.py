@@ -7,12 +7,12 @@ import json
 import time
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from scheduler.link.client import get_link
 from scheduler.link.pool import ModelPool, get_pool
 from scheduler.link.transport import Transport
+from superfluid_site.serving import serving
 
 from . import responses
 from .admission import key_required
@@ -24,10 +24,10 @@ _STARTED = int(time.time())
 
 async def _served_models() -> list[str]:
     link = get_link()
-    await link.wait_connected(min(5.0, float(settings.SUPERFLUID_ENGINE_WAIT_S)))
+    await link.wait_connected(min(5.0, float(serving().engine_wait_s)))
     if link.hello is not None:
         return [link.hello.model]
-    return list(settings.SUPERFLUID_MODELS)
+    return list(serving().models)
 
 
 def _allowed(request: HttpRequest, models: list[str]) -> list[str]:
@@ -110,7 +110,7 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 async def _vocab() -> Any:
     from .tokenizer import vocab_for
 
-    path = getattr(settings, "SUPERFLUID_MODEL_PATH", "")
+    path = serving().model_path
     if not path:
         from scheduler.engines.models import default_model_path
 
@@ -172,7 +172,7 @@ async def props(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {
             "model_alias": models[0] if models else None,
-            "model_path": getattr(settings, "SUPERFLUID_MODEL_PATH", "") or None,
+            "model_path": serving().model_path or None,
             "total_slots": hello.n_lanes if hello else None,
             "default_generation_settings": {
                 "n_ctx": hello.lane_ctx if hello else None,

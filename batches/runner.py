@@ -27,6 +27,8 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from superfluid_site.serving import serving
+
 from .models import Batch, File, Line
 
 log = logging.getLogger("superfluid.batches")
@@ -47,7 +49,7 @@ def concurrency() -> int:
 
 
 def celery_mode() -> bool:
-    return bool(getattr(settings, "SUPERFLUID_REDIS_URL", ""))
+    return bool(serving().redis_url)
 
 
 async def start(batch_id: str) -> None:
@@ -56,7 +58,7 @@ async def start(batch_id: str) -> None:
         from superfluid_site.celery import app
 
         if not app.conf.broker_url:  # serve --redis URL without REDIS_URL in the environment
-            app.conf.broker_url = settings.SUPERFLUID_REDIS_URL
+            app.conf.broker_url = serving().redis_url
         try:
             # by name: batches.tasks drives this module, so importing it here would be a circle
             await asyncio.to_thread(app.send_task, START_BATCH, args=[batch_id])  # never blocks the event loop on Redis

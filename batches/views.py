@@ -23,6 +23,7 @@ from django.utils import timezone
 from api.admission import key_required
 from api.edge import error_response
 from api.errors import ApiError, invalid_request, request_too_large
+from superfluid_site.serving import serving
 
 from . import runner
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
@@ -76,7 +77,7 @@ def _not_found(kind: str, ident: str) -> ApiError:
 
 
 def max_file_bytes() -> int:
-    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or settings.SUPERFLUID_MAX_BODY_BYTES)
+    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or serving().max_body_bytes)
 
 
 def max_lines() -> int:

@@ -24,16 +24,14 @@ MIN_INTERVAL_S = 0.2  # about five pushes a second
 def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | None]:
     """job id -> API key name of the jobs this web process has in flight (the worker's lanes
     may not say)."""
-    from scheduler.link import client as link_client
+    from superfluid_site.runtime import runtime_of
 
     try:
         loop = loop or asyncio.get_running_loop()
     except RuntimeError:
         return {}
-    link = link_client._clients.get(id(loop))
-    if link is None:
-        return {}
-    return {job_id: handle.key for job_id, handle in list(link.inflight.items())}
+    web = runtime_of(loop)
+    return web.in_flight_keys() if web is not None else {}
 
 
 def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | None = None) -> dict[str, Any]:

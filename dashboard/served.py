@@ -87,13 +87,13 @@ def _on_loop(loop: asyncio.AbstractEventLoop | None, fn: Any, *args: Any) -> Any
 def served_state() -> dict[str, Any]:
     """What the admin's model page shows: the pool's models, else the single worker's model."""
     from scheduler.link.pool import all_pools
-    from scheduler.link.transport import _links
+    from superfluid_site.runtime import all_runtimes
 
     for pool in all_pools():
         return _on_loop(pool.loop, pool_view, pool)  # type: ignore[no-any-return]
-    for key, link in list(_links.items()):
-        if isinstance(key, int):  # the single-worker server's link, by event loop
-            return single_view(link)
+    for web in all_runtimes():
+        if web.link is not None:  # the single-worker server's link
+            return single_view(web.link)
     return {"router": False, "scheduler": None, "max_loaded_models": 1, "queue": {b: {"depth": 0, "oldest_wait_s": 0.0} for b in BANDS}, "models": []}
 
 

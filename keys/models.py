@@ -7,12 +7,12 @@ second, and pushes the class-lane caps to the engine worker after commit.
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
 from scheduler.core.qos import BAND_SPACING, QosClass
+from superfluid_site.serving import serving
 
 # A policy's tier offset is added to X-LlamaSwap-Priority. Bands sit BAND_SPACING (100) apart, so
 # a priority at a band's anchor stays in its band while |offset| + SWAP_AFFINITY_BONUS is below
@@ -149,7 +149,7 @@ class ClassLaneCap(models.Model):
         return f"{self.model or 'all models'}: {QosClass(self.qos_class).label} <= {self.max_lanes}"
 
     def clean(self) -> None:
-        max_batch = int(settings.SUPERFLUID_MAX_BATCH)
+        max_batch = int(serving().max_batch)
         if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
             raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
+from superfluid_site.serving import serving
 
 from .runtime import Key, Policy
 
@@ -117,10 +118,8 @@ _loaded: dict[str, dict[str, Key]] = {}
 
 
 def file_keys() -> dict[str, Key]:
-    """The keys of ``settings.SUPERFLUID_KEY_POLICY_FILE`` (empty without one), read once."""
-    from django.conf import settings
-
-    path = str(getattr(settings, "SUPERFLUID_KEY_POLICY_FILE", "") or "")
+    """The keys of serve's ``--key-policy`` file (``serving().key_policy_file``) (empty without one), read once."""
+    path = serving().key_policy_file
     if not path:
         return {}
     if path not in _loaded:

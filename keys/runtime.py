@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +26,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from scheduler.core.qos import QosClass
+from scheduler.link.transport import cancel_task
+from superfluid_site.serving import serving
 
 from .credentials import digest_of, digests_match
 from .limits import BucketSet, ConcurrencySlots, DrainMeter
@@ -230,11 +231,8 @@ class KeyRuntime:
         return self.snapshot
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
@@ -256,11 +254,12 @@ class KeyRuntime:
             await self.push_caps()
 
     def served_model(self) -> str:
-        if settings.SUPERFLUID_MODELS:
-            return str(settings.SUPERFLUID_MODELS[0])
-        from scheduler.link.client import _clients
+        if serving().models:
+            return str(serving().models[0])
+        from superfluid_site.runtime import runtime_of
 
-        link = _clients.get(id(self.loop))
+        web = runtime_of(self.loop)
+        link = web.link if web is not None else None
         return str(link.hello.model) if link is not None and link.hello else ""
 
     async def push_caps(self) -> None:
@@ -290,25 +289,21 @@ class KeyRuntime:
         get_writer().touch(key.id, timezone.now())  # written by the activity writer's thread
 
 
-_runtimes: dict[int, KeyRuntime] = {}
-_lock = threading.Lock()
-
-
 def get_runtime() -> KeyRuntime:
-    """This event loop's runtime, started on first use."""
-    loop = asyncio.get_running_loop()
-    with _lock:
-        rt = _runtimes.get(id(loop))
-        if rt is None or rt.loop is not loop:
-            rt = _runtimes[id(loop)] = KeyRuntime(loop)
-    rt.start()
-    return rt
+    """This event loop's key runtime, started on first use (its web runtime owns it:
+    ``superfluid_site/runtime.py``)."""
+    from superfluid_site.runtime import web_runtime
+
+    return web_runtime().keys
 
 
 def poke_all() -> None:
-    """Ask every runtime in this process to re-read now (called after a commit; any thread)."""
-    with _lock:
-        runtimes = list(_runtimes.values())
-    for rt in runtimes:
+    """Ask every key runtime in this process to re-read now (called after a commit; any thread)."""
+    from superfluid_site.runtime import all_runtimes
+
+    for web in all_runtimes():
+        rt = web.keys_if_made()
+        if rt is None:
+            continue
         with contextlib.suppress(RuntimeError):  # a loop that has closed
             rt.loop.call_soon_threadsafe(rt.poke.set)

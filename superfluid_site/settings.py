@@ -1,7 +1,8 @@
 """superfluid settings: read from the environment, with embedded defaults that just work.
 
-Every variable is listed in docs/configuration.md. Serving flags (``manage.py serve --...``)
-override the SUPERFLUID_* values at start-up.
+Every variable is listed in docs/configuration.md. The serving values below are the defaults of
+``manage.py serve``'s flags and of the serving configuration (``superfluid_site/serving.py``):
+serve builds that from its flags and nothing changes these settings at run time.
 """
 
 from __future__ import annotations
@@ -172,9 +173,9 @@ LOGGING = {
     },
 }
 
-# -- serving (manage.py serve sets these from its flags) ---------------------------------
+# -- serving (defaults of serve's flags and of superfluid_site/serving.py's ServingConfig) --
 SUPERFLUID_SOCKET = env_str("SUPERFLUID_SOCKET", str(DATA_DIR / "engine.sock"))
-SUPERFLUID_MODELS: list[str] = []  # model ids the worker serves; filled from the worker's hello
+SUPERFLUID_MODELS: list[str] = []  # model ids served; serve names them, else the worker's hello does
 SUPERFLUID_HTTP_DEFAULT_QOS = env_str("SUPERFLUID_HTTP_DEFAULT_QOS", "agent")
 SUPERFLUID_HTTP_QOS_HEADER = env_bool("SUPERFLUID_HTTP_QOS_HEADER", True)
 SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = env_bool("SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT", False)
@@ -187,7 +188,7 @@ SUPERFLUID_STRICT_PARAMS = env_bool("SUPERFLUID_STRICT_PARAMS", False)  # unknow
 SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
 # -- keys and admission (docs/keys.md) ------------------------------------------------------
 SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)
-SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY  # serve also sets it when binding beyond loopback
+SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY  # serve's configuration also requires them when binding beyond loopback
 # A static key from the environment (containers), accepted beside the admin's keys under the
 # name SUPERFLUID_API_KEY. Only its SHA-256 is kept here; the secret itself is never stored.
 SUPERFLUID_API_KEY_SHA256 = static_key_digest("SUPERFLUID_API_KEY", env_str("SUPERFLUID_API_KEY", ""))

@@ -16,7 +16,6 @@ already delivered. Only if no worker comes back within ``reconnect_timeout_s`` d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -24,7 +23,7 @@ import struct
 import threading
 
 from .messages import MAX_LINE_BYTES, Hello, decode
-from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, _links, all_links, current, install
+from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, cancel_task, current, install
 
 __all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
 
@@ -76,11 +75,8 @@ class SocketTransport(Transport):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-link")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_task(self._task)
+        self._task = None
 
     async def _send(self, data: bytes) -> None:
         writer = self._writer
@@ -149,8 +145,8 @@ LinkClient = SocketTransport
 
 def get_link() -> Transport:
     """The running event loop's transport, made on first use: the worker sockets serve hands
-    over, or else the path in settings; the Redis queue when ``SUPERFLUID_REDIS_URL`` is set."""
-    from django.conf import settings
+    over, or else the path of the serving configuration; the Redis queue when it names one (``--redis``)."""
+    from superfluid_site.serving import serving
 
     link = current()
     if link is None:
@@ -159,16 +155,14 @@ def get_link() -> Transport:
         pool = get_pool()  # several models: the pool's link (it installs itself)
         if pool is not None:
             return pool.link
-        if getattr(settings, "SUPERFLUID_REDIS_URL", ""):
+        if serving().redis_url:
             from .redis_transport import RedisTransport
 
-            link = RedisTransport(settings.SUPERFLUID_REDIS_URL)
+            link = RedisTransport(serving().redis_url)
         elif WORKER_SOCKETS.active:
             link = SocketTransport(sockets=WORKER_SOCKETS)
         else:
-            link = SocketTransport(settings.SUPERFLUID_SOCKET)
+            link = SocketTransport(serving().socket)
         install(link)
     return link
 
-
-_clients = _links  # the transports by event loop (older name)

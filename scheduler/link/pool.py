@@ -30,10 +30,11 @@ from typing import Any, Protocol
 from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
 from scheduler.models_config import ModelsConfig
 from scheduler.worker.metrics import Histogram
+from superfluid_site.runtime import web_runtime
 
 from .client import SocketTransport, WorkerSockets
 from .messages import Config, Hello, encode
-from .transport import Transport, _links, current, install
+from .transport import Transport, current, install
 
 log = logging.getLogger("superfluid.pool")
 
@@ -268,7 +269,7 @@ class ModelPool:
         sockets = WorkerSockets()
         link = SocketTransport(sockets=sockets)
         link.worker_config = self.link.worker_config
-        _links[(id(asyncio.get_running_loop()), model)] = link  # type: ignore[index]  # serve's drain sees it
+        web_runtime().add_model_link(model, link)  # serve's drain sees it
         self.links[model] = link
         worker = self.setup.spawn(model, sockets)
         self.workers[model] = worker
@@ -310,7 +311,7 @@ class ModelPool:
     async def _close(self, model: str, link: SocketTransport) -> None:
         await link.stop()
         with contextlib.suppress(RuntimeError):
-            _links.pop((id(asyncio.get_running_loop()), model), None)  # type: ignore[call-overload]
+            web_runtime().remove_model_link(model)
 
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)

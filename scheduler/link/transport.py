@@ -22,6 +22,7 @@ A subclass provides :meth:`_send` (put one encoded message on the carrier) and c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -258,20 +259,32 @@ class Transport(ABC):
         handle.events.put_nowait(message)  # type: ignore[arg-type]
 
 
-_links: dict[int, Transport] = {}
+async def cancel_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task (a link's reader, the key watcher) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def install(link: Transport) -> Transport:
-    """Make ``link`` the running event loop's transport (tests install an in-process one)."""
-    _links[id(asyncio.get_running_loop())] = link
-    link.start()
-    return link
+    """Make ``link`` the running event loop's transport (tests install an in-process one): the
+    loop's web runtime owns it (``superfluid_site/runtime.py``)."""
+    from superfluid_site.runtime import web_runtime
+
+    return web_runtime().install_link(link)
 
 
 def current() -> Transport | None:
     """The running event loop's transport, if one was made."""
-    return _links.get(id(asyncio.get_running_loop()))
+    from superfluid_site.runtime import runtime_of
+
+    rt = runtime_of(asyncio.get_running_loop())
+    return rt.link if rt is not None else None
 
 
 def all_links() -> list[Transport]:
-    return list(_links.values())
+    """Every transport of every web runtime in this process (serve's drain)."""
+    from superfluid_site.runtime import all_runtimes
+
+    return [link for rt in all_runtimes() for link in rt.links()]

@@ -92,15 +92,11 @@ def add_web_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
 
 
-def apply_web_options(options: dict[str, Any]) -> None:
-    """Check the web flags and put them into the settings admission reads."""
-    from django.conf import settings
-
+def check_web_options(options: dict[str, Any]) -> None:
+    """Refuse a negative web bound (serve puts them into its ServingConfig)."""
     for flag, _typ, _default, _help_text in WEB_FLAGS:
         if options[flag.lstrip("-").replace("-", "_")] < 0:
             raise CommandError(f"{flag} must be 0 (no bound) or positive")
-    settings.SUPERFLUID_MAX_QUEUE = options["max_queue"]
-    settings.SUPERFLUID_CLIENT_CONCURRENCY = options["client_concurrency"]
 
 
 def add_fim_arguments(parser: argparse.ArgumentParser) -> None:

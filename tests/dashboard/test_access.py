@@ -13,7 +13,7 @@ from django.test import Client
 
 from dashboard import feed as dashboard_feed
 from dashboard.feed import dashboard_state
-from scheduler.link import client as link_client
+from superfluid_site.runtime import forget
 
 ORIGIN = (b"origin", b"http://127.0.0.1:8000")
 
@@ -104,9 +104,9 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
         assert "metrics" not in got
     finally:
         await comm.disconnect()
-        link = link_client._clients.pop(id(asyncio.get_running_loop()), None)
-        if link is not None:
-            await link.stop()
+        web = forget(asyncio.get_running_loop())
+        if web is not None and web.link is not None:
+            await web.link.stop()
 
 
 def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text() -> None:

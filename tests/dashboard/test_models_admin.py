@@ -14,9 +14,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from scheduler.link import pool as pool_mod
-from scheduler.link import transport
 from scheduler.link.pool import ModelPool, PoolSetup
 from scheduler.models_config import ModelsConfig, ServedModel
+from superfluid_site import runtime as runtime_mod
 
 URL = "/admin/dashboard/servedmodel/"
 
@@ -84,7 +84,7 @@ def test_the_single_worker_server_shows_its_one_model(admin_client: Client, monk
         snapshot={"n_lanes": 2, "lane_ctx": 4096, "lanes": [{"state": "prefill"}, {"state": "idle"}],
                   "metrics": {"queue_depth_by_band": {"interactive": 0, "normal": 3, "batch": 0}}},
     )
-    monkeypatch.setitem(transport._links, -7, link)
+    monkeypatch.setattr(runtime_mod, "all_runtimes", lambda: [SimpleNamespace(link=link)])  # the server's one web runtime
     html = admin_client.get(URL).content.decode()
     smol = cells(html, "smol")
     assert (smol["state"], smol["resident"], smol["lanes"], smol["queue"], smol["ttl"]) == ("loaded", "yes", "1 / 2", "0 / 3 / 0", "never")

@@ -77,18 +77,18 @@ class SimWorker:
 async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
     """On the running event loop: the in-process transport to ``worker`` and a key runtime with
     a fixed snapshot (``keys``: digest -> Key; none by default), as the server has per process."""
-    from keys import runtime as key_runtime
     from keys.runtime import KeyRuntime, Snapshot
-    from scheduler.link import transport as link_transport
+    from superfluid_site.runtime import forget, web_runtime
 
     loop = asyncio.get_running_loop()
     link = InProcessTransport(worker.make_worker)
     worker.transport = link
-    link_transport.install(link)
+    web = web_runtime()
+    web.install_link(link)
     rt = KeyRuntime(loop, watch=False)
     rt.snapshot = Snapshot(version=1, keys_by_digest=dict(keys or {}))
     rt.loaded.set()
-    key_runtime._runtimes[id(loop)] = rt
+    web.set_keys(rt)
     try:
         assert await link.wait_connected(10), "the simulated worker did not answer"
         yield link, rt
@@ -97,8 +97,7 @@ async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  #
 
         await asyncio.to_thread(flush)  # the rows of this test's requests, while its database is there
         await link.stop()
-        link_transport._links.pop(id(loop), None)
-        key_runtime._runtimes.pop(id(loop), None)
+        forget(loop)
         worker.transport = None
 
 

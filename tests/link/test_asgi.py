@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 from channels.testing import HttpCommunicator
 
-from scheduler.link.transport import _links, install
+from scheduler.link.transport import install
+from superfluid_site.runtime import forget
 
 from .conftest import transport
 from .test_transport import CrashingSim
@@ -45,7 +47,7 @@ async def link_of(request: pytest.FixtureRequest) -> Any:
     yield make
     for link in made:
         await link.stop()
-    _links.clear()
+    forget(asyncio.get_running_loop())
 
 
 async def test_a_stream_through_the_in_process_worker_is_well_framed(link_of: Any) -> None:

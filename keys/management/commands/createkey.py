@@ -13,7 +13,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -22,6 +21,7 @@ from django.utils import timezone
 from keys import actions
 from keys.models import ApiKey, KeyPolicy
 from scheduler.core.qos import UnknownQosClass, parse_qos
+from superfluid_site.serving import serving
 
 POLICY_FLAGS = ("qos_class", "max_class", "rpm", "max_concurrent", "batch_invariant", "admin", "priority_offset", "models")
 
@@ -89,7 +89,7 @@ class Command(BaseCommand):
             return existing
         default = _qos(options["qos_class"], "--class")
         if default is None:
-            default = int(parse_qos(settings.SUPERFLUID_HTTP_DEFAULT_QOS))
+            default = int(parse_qos(serving().http_default_qos))
         best = _qos(options["max_class"], "--max-class")
         policy = KeyPolicy(
             name=name,

@@ -44,7 +44,7 @@ from scheduler.management.options import (
     add_engine_arguments,
     add_fim_arguments,
     add_web_arguments,
-    apply_web_options,
+    check_web_options,
     choose_engine,
     engine_argv,
     resolve_model,
@@ -58,6 +58,9 @@ from scheduler.models_config import (
     load_config,
     with_fim_model,
 )
+from superfluid_site.deploy import with_bound_host
+from superfluid_site.serving import ServingConfig, override_django_settings, serving
+from superfluid_site.serving import install as install_serving
 
 log = logging.getLogger("superfluid.serve")
 
@@ -422,6 +425,7 @@ class Command(BaseCommand):
         if options["completion_burst"] < 1 or options["rate_limit"] < 0:
             raise CommandError("--completion-burst must be at least 1 and --rate-limit 0 or more")
 
+        check_web_options(options)
         if options["key_policy"]:
             from keys.policyfile import PolicyFileError, load_policy_file
 
@@ -438,11 +442,7 @@ class Command(BaseCommand):
         if redis_url and pool_setup is not None:
             raise CommandError("--redis serves one model per worker for now: several models (--config, repeated --model) need the local link")
         if redis_url:
-            from superfluid_site.settings import channel_layers
-
             _check_redis(redis_url)
-            settings.SUPERFLUID_REDIS_URL = redis_url
-            settings.CHANNEL_LAYERS = channel_layers(redis_url)
 
         call_command("migrate", interactive=False, verbosity=0)
 
@@ -454,27 +454,36 @@ class Command(BaseCommand):
                 check_private_dir(socket_path)
             except (OSError, ValueError) as exc:
                 raise CommandError(f"--socket: {exc}") from None
-            settings.SUPERFLUID_SOCKET = socket_path
-        settings.SUPERFLUID_MODELS = [model_name] if pool_setup is None else [m.id for m in pool_setup.config.models]
-        settings.SUPERFLUID_HTTP_DEFAULT_QOS = default_qos.label
-        settings.SUPERFLUID_HTTP_QOS_HEADER = not options["no_http_qos_header"]
-        settings.SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = options["http_allow_batch_invariant"]
-        settings.SUPERFLUID_MAX_BODY_BYTES = options["max_body_bytes"]
-        settings.SUPERFLUID_BODY_TIMEOUT = options["body_timeout"]
-        settings.SUPERFLUID_MAX_BATCH = config.max_batch if pool_setup is None else max(pool_setup.lanes.values())
-        settings.SUPERFLUID_REQUIRE_KEY = options["require_key"]
-        settings.SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(options["key_policy"]) if options["key_policy"] else ""
-        settings.SUPERFLUID_KEYS_REQUIRED = options["require_key"] or not is_loopback(options["host"])
-        from superfluid_site.deploy import with_bound_host
+        serving_config = ServingConfig.from_settings(
+            models=(model_name,) if pool_setup is None else tuple(m.id for m in pool_setup.config.models),
+            # /tokenize reads the vocabulary from it (with several models: the first configured one's)
+            model_path=str(model if pool_setup is None else pool_setup.config.models[0].path),
+            redis_url=redis_url or settings.SUPERFLUID_REDIS_URL,
+            socket=socket_path or settings.SUPERFLUID_SOCKET,
+            http_default_qos=default_qos.label,
+            http_qos_header=not options["no_http_qos_header"],
+            http_allow_batch_invariant=options["http_allow_batch_invariant"],
+            max_body_bytes=options["max_body_bytes"],
+            body_timeout=options["body_timeout"],
+            max_queue=options["max_queue"],
+            client_concurrency=options["client_concurrency"],
+            strict_params=options["strict_params"],
+            max_batch=config.max_batch if pool_setup is None else max(pool_setup.lanes.values()),
+            require_key=options["require_key"],
+            keys_required=options["require_key"] or not is_loopback(options["host"]),
+            key_policy_file=os.path.abspath(options["key_policy"]) if options["key_policy"] else "",
+            rate_limit=options["rate_limit"],
+            completion_rate=options["completion_rate"],
+            completion_burst=options["completion_burst"],
+        )
+        install_serving(serving_config)
+        # Django and Channels read these two themselves (docs/architecture.md, "Configuration")
+        django_overrides: dict[str, Any] = {"ALLOWED_HOSTS": with_bound_host(list(settings.ALLOWED_HOSTS), options["host"])}  # http://HOST:PORT answers
+        if redis_url:
+            from superfluid_site.settings import channel_layers
 
-        settings.ALLOWED_HOSTS = with_bound_host(list(settings.ALLOWED_HOSTS), options["host"])  # http://HOST:PORT answers
-        settings.SUPERFLUID_RATE_LIMIT = options["rate_limit"]
-        settings.SUPERFLUID_COMPLETION_RATE = options["completion_rate"]
-        settings.SUPERFLUID_COMPLETION_BURST = options["completion_burst"]
-        apply_web_options(options)
-        settings.SUPERFLUID_STRICT_PARAMS = options["strict_params"]
-        # /tokenize reads the vocabulary from it (with several models: the first configured one's)
-        settings.SUPERFLUID_MODEL_PATH = str(model if pool_setup is None else pool_setup.config.models[0].path)
+            django_overrides["CHANNEL_LAYERS"] = channel_layers(redis_url)
+        override_django_settings(**django_overrides)
 
         supervisor: WorkerSupervisor | PoolWorkers
         if pool_setup is None:
@@ -522,7 +531,7 @@ class Command(BaseCommand):
 
         if options["require_key"]:
             keys_line = "required (--require-key)"
-        elif settings.SUPERFLUID_KEYS_REQUIRED:
+        elif serving().keys_required:
             keys_line = f"required (binds {host}, beyond loopback)"
         else:
             keys_line = "optional on loopback (--require-key to require them)"
