@@ -14,6 +14,8 @@ from django.utils import timezone
 from scheduler.core.qos import BAND_SPACING, QosClass
 from superfluid_site.serving import serving
 
+from .snapshot import STATIC_KEY_NAME
+
 # A policy's tier offset is added to X-LlamaSwap-Priority. Bands sit BAND_SPACING (100) apart, so
 # a priority at a band's anchor stays in its band while |offset| + SWAP_AFFINITY_BONUS is below
 # half the spacing: |offset| <= 39 with the seed's default swap affinity bonus of 10.
@@ -127,8 +129,6 @@ class ApiKey(models.Model):
         return self.expires is not None and self.expires <= (now or timezone.now())
 
     def clean(self) -> None:
-        from .runtime import STATIC_KEY_NAME
-
         if self.name == STATIC_KEY_NAME:
             # the environment's static key goes by this name: its limits and usage would mix
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})

@@ -29,7 +29,7 @@ from typing import Any
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
 from superfluid_site.serving import serving
 
-from .runtime import Key, Policy
+from .snapshot import Key, Policy
 
 MAX_PRIORITY_OFFSET = 39  # keys.models.MAX_PRIORITY_OFFSET, without importing the models
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")

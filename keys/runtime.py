@@ -17,8 +17,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -29,67 +27,15 @@ from scheduler.core.qos import QosClass
 from scheduler.link.transport import cancel_task
 from superfluid_site.serving import serving
 
-from .credentials import digest_of, digests_match
 from .limits import BucketSet, ConcurrencySlots, DrainMeter
+from .snapshot import STATIC_KEY_ID, STATIC_KEY_NAME, Key, Policy, Snapshot
+
+__all__ = ["STATIC_KEY_ID", "STATIC_KEY_NAME", "Key", "KeyRuntime", "Policy", "Snapshot", "load_snapshot", "static_key"]
 
 log = logging.getLogger("superfluid.keys")
 
 POLL_S = 0.25
 LAST_USED_EVERY_S = 60.0  # last_used is written at most this often per key
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    default_class: QosClass = QosClass.AGENT
-    max_class: QosClass = QosClass.AGENT
-    allow_batch_invariant: bool = False
-    rate_limit_rpm: int = 0
-    max_concurrent: int = 0
-    priority_offset: int = 0
-    allowed_models: tuple[str, ...] = ()
-    is_admin: bool = False
-    share_prefix_cache: bool = False
-    allow_pin_prefix: bool = False
-
-    def allows_model(self, model: str) -> bool:
-        return not self.allowed_models or model in self.allowed_models
-
-
-@dataclass(frozen=True)
-class Key:
-    id: int
-    name: str
-    digest: str
-    policy: Policy | None = None
-    expires: datetime | None = None
-    revoked: bool = False
-
-    def is_expired(self, now: datetime) -> bool:
-        return self.expires is not None and self.expires <= now
-
-
-@dataclass
-class Snapshot:
-    version: int = -1
-    keys_by_digest: dict[str, Key] = field(default_factory=dict)
-    class_lanes: dict[str, dict[QosClass, int]] = field(default_factory=dict)  # model ("" = all) -> caps
-
-    def lookup(self, secret: str) -> Key | None:
-        """The key whose digest is sha256(secret). A dict finds it by digest; compare_digest
-        confirms it without an early-exit comparison."""
-        digest = digest_of(secret)
-        key = self.keys_by_digest.get(digest)
-        if key is None or not digests_match(key.digest, digest):
-            return None
-        return key
-
-    def caps_for(self, model: str) -> dict[str, int]:
-        """Caps for ``model``: the all-models rows, overridden by the model's own."""
-        caps = dict(self.class_lanes.get("", {}))
-        if model:
-            caps.update(self.class_lanes.get(model, {}))
-        return {qos.label: n for qos, n in sorted(caps.items())}
 
 
 def read_version() -> int:
@@ -113,12 +59,6 @@ def policy_of(p: Any) -> Policy:
         share_prefix_cache=p.share_prefix_cache,
         allow_pin_prefix=p.allow_pin_prefix,
     )
-
-
-# SUPERFLUID_API_KEY: the name it goes by in logs, metrics, the activity log and per-key limits
-# (an admin key may not take it), and an id no database row has
-STATIC_KEY_NAME = "SUPERFLUID_API_KEY"
-STATIC_KEY_ID = -(2**31)
 
 
 def static_key(from_file: dict[str, Key] | None = None) -> Key | None:

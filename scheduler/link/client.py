@@ -19,22 +19,15 @@ import asyncio
 import logging
 import os
 import socket
-import struct
 import threading
 
 from .messages import MAX_LINE_BYTES, Hello, decode
+from .peer import peer_uid
 from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, cancel_task, current, install
 
 __all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
 
 log = logging.getLogger("superfluid.link")
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
 
 
 class WorkerSockets:

@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduler.link.client import peer_uid
 from scheduler.link.messages import MAX_LINE_BYTES, UNENCODABLE, EncodeError, Error, Hello, Message, decode, encode
+from scheduler.link.peer import peer_uid
 
 log = logging.getLogger("superfluid.worker")
 
