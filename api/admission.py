@@ -38,7 +38,7 @@ from django.utils import timezone
 
 from keys.credentials import secret_from_headers
 from keys.limits import parse_rate, retry_after_s
-from keys.runtime import Key, KeyRuntime, Policy, get_runtime
+from keys.runtime import Key, KeyRuntime, Policy
 from scheduler.core.qos import (
     PRIORITY_ALIASES,
     QosClass,
@@ -48,6 +48,7 @@ from scheduler.core.qos import (
     parse_priority,
     parse_qos,
 )
+from superfluid_site.runtime import key_runtime
 from superfluid_site.serving import serving
 
 from .errors import ApiError, engine_unavailable, invalid_request
@@ -158,7 +159,7 @@ async def authenticate(headers: dict[str, str], client: tuple[str, int] | list[A
     required (``--require-key``, or binding beyond loopback); otherwise the request goes on
     without a key (clients like ``openai`` always send some key).
     """
-    rt = runtime or get_runtime()
+    rt = runtime or key_runtime()
     snapshot = await rt.ready()
     client_ip = str(client[0]) if client else None
     secret = secret_from_headers(headers)
@@ -263,7 +264,7 @@ async def admit(
     runtime: KeyRuntime | None = None,
 ) -> Admission:
     """Decide class, priority and lane kind for one request and take its limits, or raise."""
-    rt = runtime or get_runtime()
+    rt = runtime or key_runtime()
     if principal is None:
         principal = await authenticate(headers, client, rt)
     policy = principal.policy

@@ -21,10 +21,10 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from scheduler.core.qos import QosClass
-from scheduler.link.client import JobHandle, get_link
 from scheduler.link.messages import Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
-from scheduler.link.transport import Transport
+from scheduler.link.transport import JobHandle, Transport
+from superfluid_site.runtime import get_link
 from superfluid_site.serving import serving
 
 from . import responses

@@ -424,7 +424,7 @@ def pool_state() -> Mapping[str, Any] | None:
 def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
     """(latest snapshot, connected, worker restarts, requests in flight) of this event loop's
     link client; None off an event loop (no link there)."""
-    from scheduler.link.client import get_link
+    from superfluid_site.runtime import get_link
 
     try:
         link = get_link()

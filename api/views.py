@@ -9,9 +9,9 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from scheduler.link.client import get_link
 from scheduler.link.pool import ModelPool, get_pool
 from scheduler.link.transport import Transport
+from superfluid_site.runtime import get_link
 from superfluid_site.serving import serving
 
 from . import responses

@@ -206,9 +206,9 @@ async def run_next(batch_id: str) -> bool:
 async def _principal(owner: str) -> Any:
     """The batch's key as it is now (revoked or deleted since: its lines get 401), or no key."""
     from api.admission import Principal, invalid_api_key, keys_required
-    from keys.runtime import get_runtime
+    from superfluid_site.runtime import key_runtime
 
-    snapshot = await get_runtime().ready()
+    snapshot = await key_runtime().ready()
     if not owner:
         if keys_required():
             raise invalid_api_key("This batch was created without an API key, and keys are now required.")

@@ -25,7 +25,7 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(GROUP, self.channel_name)
         self._refresh = asyncio.get_running_loop().create_task(self._keep_membership())
         await self.accept()
-        from scheduler.link.client import get_link
+        from superfluid_site.runtime import get_link
 
         link = get_link()  # starts the link to the worker if no request has yet
         if link.snapshot:

@@ -26,9 +26,9 @@ def _changed() -> None:
 
 
 def _notify() -> None:
-    from .runtime import poke_all
+    from superfluid_site.runtime import poke_keys
 
-    poke_all()
+    poke_keys()
 
 
 # -- keys ------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -24,7 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from scheduler.core.qos import QosClass
-from scheduler.link.transport import cancel_task
+from scheduler.link.transport import Transport, cancel_task
 from superfluid_site.serving import serving
 
 from .limits import BucketSet, ConcurrencySlots, DrainMeter
@@ -135,8 +136,9 @@ _load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
 
 
 class KeyRuntime:
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True, link: Callable[[], Transport] | None = None) -> None:
         self.loop = loop
+        self.link = link  # the loop's link to the worker, made on first use (None: no worker, tests)
         self.watch = watch  # False: a fixed snapshot (tests)
         self.snapshot = Snapshot()
         self.loaded = asyncio.Event()
@@ -196,22 +198,20 @@ class KeyRuntime:
     def served_model(self) -> str:
         if serving().models:
             return str(serving().models[0])
-        from superfluid_site.runtime import runtime_of
-
-        web = runtime_of(self.loop)
-        link = web.link if web is not None else None
-        return str(link.hello.model) if link is not None and link.hello else ""
+        hello = self.link().hello if self.link is not None else None
+        return str(hello.model) if hello else ""
 
     async def push_caps(self) -> None:
         """Send the served model's caps to the worker when they changed (the link client sends
         them again by itself after a reconnect)."""
+        if self.link is None:
+            return
         caps = self.snapshot.caps_for(self.served_model())
         if caps == self.sent_caps:
             return
-        from scheduler.link.client import get_link
         from scheduler.link.messages import Config
 
-        await get_link().configure(Config(class_lanes=dict(caps)))
+        await self.link().configure(Config(class_lanes=dict(caps)))
         self.sent_caps = caps
         log.info("class-lane caps sent to the engine worker: %s", caps or "(the flags' caps)")
 
@@ -227,23 +227,3 @@ class KeyRuntime:
         from activity.writer import get_writer
 
         get_writer().touch(key.id, timezone.now())  # written by the activity writer's thread
-
-
-def get_runtime() -> KeyRuntime:
-    """This event loop's key runtime, started on first use (its web runtime owns it:
-    ``superfluid_site/runtime.py``)."""
-    from superfluid_site.runtime import web_runtime
-
-    return web_runtime().keys
-
-
-def poke_all() -> None:
-    """Ask every key runtime in this process to re-read now (called after a commit; any thread)."""
-    from superfluid_site.runtime import all_runtimes
-
-    for web in all_runtimes():
-        rt = web.keys_if_made()
-        if rt is None:
-            continue
-        with contextlib.suppress(RuntimeError):  # a loop that has closed
-            rt.loop.call_soon_threadsafe(rt.poke.set)

@@ -6,19 +6,25 @@ engine worker (a ``Transport``: ``scheduler/link/``), the links of the models a 
 policies, rate buckets, concurrency slots). daphne runs one event loop, so a server has one web
 runtime; a test's event loop gets its own. Other parts reach them through :func:`web_runtime`
 (the running loop's, made on first use), :func:`runtime_of` (a given loop's, if any) and
-:func:`all_runtimes` -- never through a module's private dictionary.
+:func:`all_runtimes` -- never through a module's private dictionary -- or through the front doors
+below: :func:`get_link`, :func:`install`, :func:`current`, :func:`all_links`, :func:`key_runtime`,
+:func:`poke_keys`.
 
-Importing this module touches neither Django nor the link; the key runtime is made on first use.
+This module is the top of the web side's layers: it imports the link's transports, the model
+pool and the key runtime (inside functions, so importing it touches neither Django nor the link),
+and none of them imports it back; the key runtime is handed its link when it is made.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from keys.runtime import KeyRuntime
+    from scheduler.link.pool import ModelPool
     from scheduler.link.transport import Transport
 
 
@@ -26,7 +32,6 @@ class WebRuntime:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.link: Transport | None = None  # the loop's link (a pool's PoolLink with several models)
-        self.model_links: dict[str, Transport] = {}  # a pool's per-model links, by model id
         self._keys: KeyRuntime | None = None
 
     # -- the link -------------------------------------------------------------------------
@@ -37,15 +42,40 @@ class WebRuntime:
         link.start()
         return link
 
-    def add_model_link(self, model: str, link: Transport) -> None:
-        self.model_links[model] = link
+    def get_link(self) -> Transport:
+        """The loop's link, made on first use: with several models the pool's; else the worker
+        sockets serve hands over, or the serving configuration's socket path; the Redis queue
+        when it names one (``--redis``)."""
+        if self.link is not None:
+            return self.link
+        from scheduler.link.pool import get_pool
 
-    def remove_model_link(self, model: str) -> None:
-        self.model_links.pop(model, None)
+        pool = get_pool()
+        if pool is not None:
+            return self.install_link(pool.link)
+        from scheduler.link.client import WORKER_SOCKETS, SocketTransport
+        from superfluid_site.serving import serving
+
+        link: Transport
+        if serving().redis_url:
+            from scheduler.link.redis_transport import RedisTransport
+
+            link = RedisTransport(serving().redis_url)
+        elif WORKER_SOCKETS.active:
+            link = SocketTransport(sockets=WORKER_SOCKETS)
+        else:
+            link = SocketTransport(serving().socket)
+        return self.install_link(link)
+
+    def pools(self) -> list[ModelPool]:
+        from scheduler.link.pool import all_pools
+
+        return [pool for pool in all_pools() if pool.loop is self.loop]
 
     def links(self) -> list[Transport]:
-        """Every link of this loop: its own, then the pool's per-model ones."""
-        return ([self.link] if self.link is not None else []) + list(self.model_links.values())
+        """Every link of this loop: its own, then its pool's per-model ones not yet closed."""
+        own = [self.link] if self.link is not None else []
+        return own + [link for pool in self.pools() for link in pool.open_links.values()]
 
     def in_flight_keys(self) -> dict[str, str | None]:
         """job id -> API key name of the jobs in flight on this loop's link (the dashboard's lanes)."""
@@ -61,7 +91,7 @@ class WebRuntime:
         if self._keys is None:
             from keys.runtime import KeyRuntime
 
-            self._keys = KeyRuntime(self.loop)
+            self._keys = KeyRuntime(self.loop, link=self.get_link)
         self._keys.start()
         return self._keys
 
@@ -103,3 +133,42 @@ def forget(loop: asyncio.AbstractEventLoop) -> WebRuntime | None:
     """Drop ``loop``'s web runtime (tests, after stopping its link); returns it."""
     with _lock:
         return _runtimes.pop(id(loop), None)
+
+
+# -- front doors: the running loop's link and key runtime -------------------------------------
+
+
+def get_link() -> Transport:
+    """The running event loop's link to the engine worker(s), made on first use."""
+    return web_runtime().get_link()
+
+
+def install(link: Transport) -> Transport:
+    """Make ``link`` the running event loop's link and start it (tests install an in-process one)."""
+    return web_runtime().install_link(link)
+
+
+def current() -> Transport | None:
+    """The running event loop's link, if one was made."""
+    rt = runtime_of(asyncio.get_running_loop())
+    return rt.link if rt is not None else None
+
+
+def all_links() -> list[Transport]:
+    """Every link of every web runtime in this process (serve's drain)."""
+    return [link for rt in all_runtimes() for link in rt.links()]
+
+
+def key_runtime() -> KeyRuntime:
+    """The running event loop's key runtime, started on first use."""
+    return web_runtime().keys
+
+
+def poke_keys() -> None:
+    """Ask every key runtime in this process to re-read now (called after a commit; any thread)."""
+    for web in all_runtimes():
+        rt = web.keys_if_made()
+        if rt is None:
+            continue
+        with contextlib.suppress(RuntimeError):  # a loop that has closed
+            rt.loop.call_soon_threadsafe(rt.poke.set)

@@ -23,9 +23,9 @@ import threading
 
 from .messages import MAX_LINE_BYTES, Hello, decode
 from .peer import peer_uid
-from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, all_links, cancel_task, current, install
+from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, cancel_task
 
-__all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "get_link", "install", "all_links", "current", "peer_uid"]
+__all__ = ["SNAPSHOT_LISTENERS", "JobHandle", "SocketTransport", "WORKER_SOCKETS", "peer_uid"]
 
 log = logging.getLogger("superfluid.link")
 
@@ -134,28 +134,4 @@ class SocketTransport(Transport):
 
 # Kept for callers that name the class: the local socket transport is "the link client".
 LinkClient = SocketTransport
-
-
-def get_link() -> Transport:
-    """The running event loop's transport, made on first use: the worker sockets serve hands
-    over, or else the path of the serving configuration; the Redis queue when it names one (``--redis``)."""
-    from superfluid_site.serving import serving
-
-    link = current()
-    if link is None:
-        from .pool import get_pool
-
-        pool = get_pool()  # several models: the pool's link (it installs itself)
-        if pool is not None:
-            return pool.link
-        if serving().redis_url:
-            from .redis_transport import RedisTransport
-
-            link = RedisTransport(serving().redis_url)
-        elif WORKER_SOCKETS.active:
-            link = SocketTransport(sockets=WORKER_SOCKETS)
-        else:
-            link = SocketTransport(serving().socket)
-        install(link)
-    return link
 

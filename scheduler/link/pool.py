@@ -1,7 +1,7 @@
 """Several models behind one server: the web side of the model router.
 
 Used when ``serve`` is given ``--config`` or ``--model`` more than once (one ``--model`` is the
-single-worker server of ``client.get_link``). Each resident model has its own engine worker process
+single-worker server of ``superfluid_site.runtime.get_link``). Each resident model has its own engine worker process
 (its own tick loop, lanes and KV pool) under its own supervisor, reached over its own
 :class:`SocketTransport` on its own ``socketpair``; a crash of one model's worker is restarted by
 its supervisor and never touches another's.
@@ -10,15 +10,14 @@ A request waits in the :class:`scheduler.core.router.Router` (``acquire``) until
 dispatches it; it is then submitted to its model's transport, and ``release`` tells the router
 its work ended. The router's load and unload actions start and stop workers here.
 
-For the rest of the web side (health, /slots, the dashboard, key-policy caps, drain) the pool
-installs a :class:`PoolLink` as the event loop's link: it fans configuration out to every model's
+For the rest of the web side (health, /slots, the dashboard, key-policy caps, drain) the web
+runtime installs the pool's :class:`PoolLink` as the event loop's link: it fans configuration out to every model's
 transport and shows the snapshot of the model used last.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -30,11 +29,10 @@ from typing import Any, Protocol
 from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
 from scheduler.models_config import ModelsConfig
 from scheduler.worker.metrics import Histogram
-from superfluid_site.runtime import web_runtime
 
 from .client import SocketTransport, WorkerSockets
 from .messages import Config, Hello, encode
-from .transport import Transport, current, install
+from .transport import Transport
 
 log = logging.getLogger("superfluid.pool")
 
@@ -166,12 +164,12 @@ class ModelPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
+        self.open_links: dict[str, Transport] = {}  # loaded and not yet closed, by model id
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        install(self.link)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="superfluid-router")
         for model in self.config.preload:
             self.router.request_load(model)
@@ -269,7 +267,7 @@ class ModelPool:
         sockets = WorkerSockets()
         link = SocketTransport(sockets=sockets)
         link.worker_config = self.link.worker_config
-        web_runtime().add_model_link(model, link)  # serve's drain sees it
+        self.open_links[model] = link  # serve's drain sees it (WebRuntime.links) until it is closed
         self.links[model] = link
         worker = self.setup.spawn(model, sockets)
         self.workers[model] = worker
@@ -310,8 +308,7 @@ class ModelPool:
 
     async def _close(self, model: str, link: SocketTransport) -> None:
         await link.stop()
-        with contextlib.suppress(RuntimeError):
-            web_runtime().remove_model_link(model)
+        self.open_links.pop(model, None)
 
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)
@@ -413,7 +410,3 @@ def router_stats() -> dict[str, Any] | None:
     pools = all_pools()
     return pools[0].router_stats() if pools else None
 
-
-def current_pool_link() -> Transport | None:
-    link = current()
-    return link if isinstance(link, PoolLink) else None

@@ -266,25 +266,3 @@ async def cancel_task(task: asyncio.Task[Any] | None) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-
-def install(link: Transport) -> Transport:
-    """Make ``link`` the running event loop's transport (tests install an in-process one): the
-    loop's web runtime owns it (``superfluid_site/runtime.py``)."""
-    from superfluid_site.runtime import web_runtime
-
-    return web_runtime().install_link(link)
-
-
-def current() -> Transport | None:
-    """The running event loop's transport, if one was made."""
-    from superfluid_site.runtime import runtime_of
-
-    rt = runtime_of(asyncio.get_running_loop())
-    return rt.link if rt is not None else None
-
-
-def all_links() -> list[Transport]:
-    """Every transport of every web runtime in this process (serve's drain)."""
-    from superfluid_site.runtime import all_runtimes
-
-    return [link for rt in all_runtimes() for link in rt.links()]

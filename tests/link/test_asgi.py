@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 from channels.testing import HttpCommunicator
 
-from scheduler.link.transport import install
-from superfluid_site.runtime import forget
+from superfluid_site.runtime import forget, install
 
 from .conftest import transport
 from .test_transport import CrashingSim

@@ -170,7 +170,7 @@ async def test_the_metrics_view_filters_per_key_series_by_the_scraping_key(monke
     import api.admission
 
     rt = _runtime(("sf-alice", "alice", False), ("sf-root", "root", True))
-    monkeypatch.setattr(api.admission, "get_runtime", lambda: rt)
+    monkeypatch.setattr(api.admission, "key_runtime", lambda: rt)
     monkeypatch.setattr(metrics_module.collector, "link", lambda: None)
     web = WebMetrics()
     web.observe(RequestRecord(endpoint="chat", key_name="alice", qos="agent", status=200))

@@ -524,7 +524,7 @@ class Command(BaseCommand):
         from twisted.internet import reactor
 
         from scheduler.link.messages import SHUTDOWN
-        from scheduler.link.transport import all_links
+        from superfluid_site.runtime import all_links
 
         host, port = options["host"], options["port"]
         base = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -546,9 +546,9 @@ class Command(BaseCommand):
                 f"  API keys:  {keys_line}\n"
             )
             sys.stdout.flush()
-            from keys.runtime import get_runtime
+            from superfluid_site.runtime import key_runtime
 
-            reactor.callLater(0, get_runtime)  # load keys, push the admin's class-lane caps to the worker
+            reactor.callLater(0, key_runtime)  # load keys, push the admin's class-lane caps to the worker
             if isinstance(supervisor, PoolWorkers):
                 from scheduler.link.pool import get_pool
 
