@@ -10,7 +10,17 @@ import httpx
 
 from bench.harness import RunningServer, free_port
 
-__all__ = ["RunningServer", "admin_session", "free_port", "stream_text"]
+__all__ = ["RunningServer", "admin_session", "free_port", "serving", "stream_text"]
+
+
+@contextlib.contextmanager
+def serving(*flags: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+    """A real server started with ``flags``, stopped when the block (or the fixture) ends."""
+    srv = RunningServer(*flags, env=env).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @contextlib.contextmanager
