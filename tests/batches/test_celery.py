@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -19,7 +18,7 @@ import pytest
 
 from bench.harness import ROOT, RunningServer
 from tests.e2e.test_batches import wait_for
-from tests.redis.conftest import RedisServer
+from tests.redis.conftest import RedisServer, stop_processes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -43,12 +42,7 @@ def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]
         yield head, worker
     finally:
         head.stop()
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        stop_processes(worker)
         redis.stop()
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import redis
 from bench.harness import ROOT, RunningServer
 from tests.e2e.server import stream_text
 
-from .conftest import RedisServer
+from .conftest import RedisServer, stop_processes
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 LANES = 3  # two workers: six lanes, so six streams are in flight at once
@@ -97,14 +96,7 @@ def fleet() -> Iterator[Fleet]:
     finally:
         for h in heads:
             h.stop()
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(30)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_processes(*workers)
         server.stop()
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ import pytest
 
 from bench.harness import ROOT, RunningServer
 
-from .conftest import RedisServer
+from .conftest import RedisServer, stop_processes
 from .test_fleet_processes import MODEL, start_heads, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -40,11 +39,7 @@ def fleet() -> Iterator[tuple[RedisServer, list[RunningServer]]]:
         for h in heads:
             if h.proc is not None and h.proc.poll() is None:
                 h.stop()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_processes(worker)
         server.stop()
 
 
