@@ -9,21 +9,16 @@ from collections.abc import Iterator
 import pytest
 
 from bench.harness import RunningServer
-from scheduler.engines.models import default_model_path, model_name_for
+from tests.e2e.test_fim_model import FIM, MAIN, two_model_flags
 from tests.e2e.test_models import Run
 
 from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, USER, browser_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-MAIN = model_name_for(default_model_path())
-FIM = MAIN + "-fim"
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    gguf = str(default_model_path())
-    with browser_server("--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", "1024") as srv:
+    with browser_server(*two_model_flags(1024)) as srv:
         yield srv
 
 
