@@ -16,9 +16,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.test_batches import wait_for
-from tests.redis.conftest import RedisServer, stop_processes
+from tests.redis.conftest import RedisServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -25,19 +24,6 @@ from scheduler.worker.loop import EngineWorker
 from tests.link.conftest import completion, outcome
 
 __all__ = ["completion", "outcome"]  # the link tests' job helpers, for the Redis tests to import from here
-
-
-def stop_processes(*procs: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """SIGTERM to each child still running, then wait for each; one still there after
-    ``timeout_s`` is killed."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def free_port() -> int:

@@ -19,10 +19,10 @@ import httpx
 import pytest
 import redis
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.server import stream_text
 
-from .conftest import RedisServer, stop_processes
+from .conftest import RedisServer
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 LANES = 3  # two workers: six lanes, so six streams are in flight at once

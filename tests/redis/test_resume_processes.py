@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
 
-from .conftest import RedisServer, stop_processes
+from .conftest import RedisServer
 from .test_fleet_processes import MODEL, start_heads, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
