@@ -5,11 +5,13 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from superfluid_site.view_only_admin import ViewOnlyAdmin
+
 from .models import ActivityEntry
 
 
 @admin.register(ActivityEntry)
-class ActivityEntryAdmin(admin.ModelAdmin):
+class ActivityEntryAdmin(ViewOnlyAdmin):
     """Browse only: rows are written by the server and removed by the retention prune."""
 
     list_display = (
@@ -40,12 +42,3 @@ class ActivityEntryAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in self.model._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -40,6 +40,11 @@ def _created(created: int | None) -> int:
     return int(time.time()) if created is None else int(created)
 
 
+def _body(id: str, obj: str, created: int | None, model: str, **fields: Any) -> dict[str, Any]:  # noqa: A002
+    """A response object: ``id``, ``object``, ``created`` and ``model``, then ``fields`` in order."""
+    return {"id": id, "object": obj, "created": _created(created), "model": model, **fields}
+
+
 def usage_dict(
     prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
 ) -> dict[str, Any]:
@@ -59,30 +64,12 @@ def usage_dict(
 
 
 def chat_completion(
-    id: str,  # noqa: A002 - mirrors the wire field name
-    model: str,
-    created: int | None,
-    text: str,
-    finish_reason: str | None,
-    usage: dict[str, Any] | None,
+    id: str, model: str, created: int | None, text: str, finish_reason: str | None, usage: dict[str, Any] | None  # noqa: A002 - mirrors the wire field name
 ) -> dict[str, Any]:
     """A non-streamed ``chat.completion`` with one assistant choice holding ``text``."""
-    return {
-        "id": id,
-        "object": "chat.completion",
-        "created": _created(created),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage,
-        "system_fingerprint": None,
-    }
+    message = {"role": "assistant", "content": text, "refusal": None}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    return _body(id, "chat.completion", created, model, choices=[choice], usage=usage, system_fingerprint=None)
 
 
 def chat_chunk(
@@ -104,36 +91,22 @@ def chat_chunk(
         delta["role"] = role
     if content is not None:
         delta["content"] = content
-    out: dict[str, Any] = {
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": _created(created),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(id, "chat.completion.chunk", created, model, choice, include_usage)
+
+
+def _chunk(id: str, obj: str, created: int | None, model: str, choice: dict[str, Any], include_usage: bool) -> dict[str, Any]:  # noqa: A002
+    """A streamed event holding one choice; ``"usage": null`` after it when ``include_usage``."""
+    out = _body(id, obj, created, model, system_fingerprint=None, choices=[choice])
     if include_usage:
         out["usage"] = None
     return out
 
 
-def chat_usage_chunk(
-    id: str,  # noqa: A002
-    model: str,
-    created: int | None,
-    usage: dict[str, Any],
-) -> dict[str, Any]:
+def chat_usage_chunk(id: str, model: str, created: int | None, usage: dict[str, Any]) -> dict[str, Any]:  # noqa: A002
     """The trailing ``chat.completion.chunk`` sent before ``[DONE]`` when the client asked for
     usage: empty ``choices`` and the whole request's ``usage``."""
-    return {
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": _created(created),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [],
-        "usage": usage,
-    }
+    return _body(id, "chat.completion.chunk", created, model, system_fingerprint=None, choices=[], usage=usage)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,23 +115,11 @@ def chat_usage_chunk(
 
 
 def text_completion(
-    id: str,  # noqa: A002
-    model: str,
-    created: int | None,
-    text: str,
-    finish_reason: str | None,
-    usage: dict[str, Any] | None,
+    id: str, model: str, created: int | None, text: str, finish_reason: str | None, usage: dict[str, Any] | None  # noqa: A002
 ) -> dict[str, Any]:
     """A non-streamed ``text_completion`` with one choice holding ``text``."""
-    return {
-        "id": id,
-        "object": "text_completion",
-        "created": _created(created),
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage,
-        "system_fingerprint": None,
-    }
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    return _body(id, "text_completion", created, model, choices=[choice], usage=usage, system_fingerprint=None)
 
 
 def completion_chunk(
@@ -172,35 +133,13 @@ def completion_chunk(
 ) -> dict[str, Any]:
     """One streamed completions event. OpenAI streams these with ``object`` ``text_completion``
     (there is no separate chunk object name); ``include_usage`` as in :func:`chat_chunk`."""
-    out: dict[str, Any] = {
-        "id": id,
-        "object": "text_completion",
-        "created": _created(created),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if include_usage:
-        out["usage"] = None
-    return out
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(id, "text_completion", created, model, choice, include_usage)
 
 
-def completion_usage_chunk(
-    id: str,  # noqa: A002
-    model: str,
-    created: int | None,
-    usage: dict[str, Any],
-) -> dict[str, Any]:
+def completion_usage_chunk(id: str, model: str, created: int | None, usage: dict[str, Any]) -> dict[str, Any]:  # noqa: A002
     """The trailing completions event carrying ``usage`` with empty ``choices``."""
-    return {
-        "id": id,
-        "object": "text_completion",
-        "created": _created(created),
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [],
-        "usage": usage,
-    }
+    return _body(id, "text_completion", created, model, system_fingerprint=None, choices=[], usage=usage)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -248,9 +248,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     _parse_common(body, req)
     _parse_chat_logprobs(body, req)
     _parse_tools(body, req)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise _invalid_type("chat_template_kwargs", "an object")
+    kwargs = _optional(body, "chat_template_kwargs", dict)
     req.chat_template_kwargs = kwargs or None
     return req
 
@@ -268,12 +266,8 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _COMPLETION_KEYS, strict)
     prompts = _parse_prompt(body)
-    suffix = body.get("suffix")
-    if suffix is not None and not isinstance(suffix, str):
-        raise _invalid_type("suffix", "a string")
-    echo = body.get("echo")
-    if echo is not None and not isinstance(echo, bool):
-        raise _invalid_type("echo", "a boolean")
+    suffix = _optional(body, "suffix", str)
+    echo = _optional(body, "echo", bool)
     _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
     req = GenerationRequest(
         endpoint="completions",
@@ -466,10 +460,7 @@ def _parse_message_tool_calls(msg: Mapping[str, Any], role: str, where: str) -> 
     if not isinstance(calls, list):
         raise _invalid_type(f"{where}.tool_calls", "an array of tool calls")
     out = []
-    for j, call in enumerate(calls):
-        cw = f"{where}.tool_calls[{j}]"
-        if not isinstance(call, dict):
-            raise _invalid_type(cw, "a tool call object")
+    for j, cw, call in _each_object(calls, f"{where}.tool_calls", "a tool call object"):
         fn = call.get("function")
         if not isinstance(fn, dict):
             raise _missing(f"{cw}.function")
@@ -487,6 +478,16 @@ def _parse_message_tool_calls(msg: Mapping[str, Any], role: str, where: str) -> 
     return out
 
 
+def _each_object(items: list[Any], where: str, what: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(index, path, item) for each item of the array at ``where``, which must hold objects: a
+    non-object is ``what`` expected at its path."""
+    for j, item in enumerate(items):
+        path = f"{where}[{j}]"
+        if not isinstance(item, dict):
+            raise _invalid_type(path, what)
+        yield j, path, item
+
+
 def _parse_content(content: Any, role: str, where: str) -> str:
     if isinstance(content, str):
         return content
@@ -501,10 +502,7 @@ def _parse_content(content: Any, role: str, where: str) -> str:
     if not content:
         raise _invalid_value(where, "a string or a non-empty array of content parts")
     texts: list[str] = []
-    for j, part in enumerate(content):
-        part_where = f"{where}[{j}]"
-        if not isinstance(part, dict):
-            raise _invalid_type(part_where, "a content part object")
+    for _, part_where, part in _each_object(content, where, "a content part object"):
         kind = part.get("type")
         if not isinstance(kind, str):
             raise _missing(f"{part_where}.type")
@@ -525,21 +523,13 @@ def _parse_content(content: Any, role: str, where: str) -> str:
 
 
 def _check_chat_unsupported(body: Mapping[str, Any]) -> None:
-    metadata = body.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise _invalid_type("metadata", "an object")
-    store = body.get("store")
-    if store is not None and not isinstance(store, bool):
-        raise _invalid_type("store", "a boolean")
-    tier = body.get("service_tier")
-    if tier is not None and not isinstance(tier, str):
-        raise _invalid_type("service_tier", "a string")
+    _optional(body, "metadata", dict)
+    _optional(body, "store", bool)
+    _optional(body, "service_tier", str)
 
 
 def _parse_chat_logprobs(body: Mapping[str, Any], req: GenerationRequest) -> None:
-    wanted = body.get("logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise _invalid_type("logprobs", "a boolean")
+    wanted = _optional(body, "logprobs", bool)
     top = _opt_int(
         body, "top_logprobs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}"
     )
@@ -560,10 +550,7 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     if raw is not None:
         if not isinstance(raw, list):
             raise _invalid_type(tools_key, "an array of tools")
-        for j, tool in enumerate(raw):
-            where = f"{tools_key}[{j}]"
-            if not isinstance(tool, dict):
-                raise _invalid_type(where, "a tool object")
+        for _, where, tool in _each_object(raw, tools_key, "a tool object"):
             if tools_key == "tools":
                 if tool.get("type", "function") != "function":
                     raise _invalid_value(f"{where}.type", "'function'")
@@ -581,9 +568,7 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
                 params = {"type": "object", "properties": {}}
             if not isinstance(params, dict):
                 raise _invalid_type(f"{where}.parameters", "a JSON Schema object")
-            description = fn.get("description")
-            if description is not None and not isinstance(description, str):
-                raise _invalid_type(f"{where}.description", "a string")
+            description = _optional(fn, "description", str, f"{where}.description")
             tools.append({"name": name, "description": description or "", "parameters": params})
     choice_key = "tool_choice" if body.get("tool_choice") is not None else "function_call"
     choice = body.get(choice_key)
@@ -611,9 +596,7 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
         raise invalid_request(
             f"Invalid value for '{choice_key}': it needs 'tools'.", param=choice_key, code="invalid_value"
         )
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise _invalid_type("parallel_tool_calls", "a boolean")
+    parallel = _optional(body, "parallel_tool_calls", bool)
     if tools and req.response_format is not None and choice != "none":
         raise invalid_request(
             "'response_format' and 'tools' cannot both constrain a reply; send one or set "
@@ -664,17 +647,13 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
             raise _missing("response_format.json_schema")
-        name = spec.get("name")
-        if name is not None and not isinstance(name, str):
-            raise _invalid_type("response_format.json_schema.name", "a string")
+        _optional(spec, "name", str, "response_format.json_schema.name")
         schema = spec.get("schema")
         if schema is None:
             schema = {}
         if not isinstance(schema, (dict, bool)):
             raise _invalid_type("response_format.json_schema.schema", "a JSON Schema object")
-        strict = spec.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise _invalid_type("response_format.json_schema.strict", "a boolean")
+        strict = _optional(spec, "strict", bool, "response_format.json_schema.strict")
         # the grammar enforces the schema whether or not ``strict`` is set
         return {"type": "json_schema", "schema": schema if schema is not True else {}, "strict": bool(strict)}
     raise _invalid_value("response_format.type", "'text', 'json_object' or 'json_schema'")
@@ -691,29 +670,44 @@ def _parse_prompt(body: Mapping[str, Any]) -> list[str | list[int]]:
     prompt = body.get("prompt")
     if prompt is None:
         raise _missing("prompt")
-    if isinstance(prompt, str):
-        return [prompt]
-    expected = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
-    if not isinstance(prompt, list):
-        raise _invalid_type("prompt", expected)
-    if not prompt:
-        raise _invalid_value("prompt", expected)
-    if all(_is_int(t) for t in prompt):
-        return [_token_ids(prompt)]
-    if len(prompt) > MAX_PROMPTS:
-        raise invalid_request(
-            f"Invalid value for 'prompt': at most {MAX_PROMPTS} prompts in one request (got {len(prompt)}).",
+
+    def too_many(n: int) -> ApiError:
+        return invalid_request(
+            f"Invalid value for 'prompt': at most {MAX_PROMPTS} prompts in one request (got {n}).",
             param="prompt",
             code="invalid_value",
         )
+
+    return _texts_or_token_arrays("prompt", prompt, MAX_PROMPTS, too_many, _token_ids)
+
+
+_TEXTS_OR_TOKENS = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
+
+
+def _texts_or_token_arrays(
+    param: str, value: Any, limit: int, too_many: Callable[[int], ApiError], token_ids: Callable[[list[Any]], list[int]]
+) -> list[str | list[int]]:
+    """The inputs ``value`` (not None) holds: a string, an array of token ids, or an array of at
+    most ``limit`` strings or non-empty token-id arrays (``too_many(n)`` is the error for more).
+    ``token_ids`` checks and copies each array of token ids, in order."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise _invalid_type(param, _TEXTS_OR_TOKENS)
+    if not value:
+        raise _invalid_value(param, _TEXTS_OR_TOKENS)
+    if all(_is_int(t) for t in value):
+        return [token_ids(value)]
+    if len(value) > limit:
+        raise too_many(len(value))
     out: list[str | list[int]] = []
-    for i, single in enumerate(prompt):
+    for i, single in enumerate(value):
         if isinstance(single, str):
             out.append(single)
         elif isinstance(single, list) and single and all(_is_int(t) for t in single):
-            out.append(_token_ids(single))
+            out.append(token_ids(single))
         else:
-            raise _invalid_value("prompt", f"{expected} (item {i} is neither a string nor a non-empty array of token ids)")
+            raise _invalid_value(param, f"{_TEXTS_OR_TOKENS} (item {i} is neither a string nor a non-empty array of token ids)")
     return out
 
 
@@ -762,26 +756,18 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
             req.max_tokens = n_predict
     else:
         _opt_int(body, "n_predict", None, None, "an integer")
-    ignore_eos = body.get("ignore_eos")
-    if ignore_eos is not None and not isinstance(ignore_eos, bool):
-        raise _invalid_type("ignore_eos", "a boolean")
+    ignore_eos = _optional(body, "ignore_eos", bool)
     req.ignore_eos = bool(ignore_eos)
     req.stop = _parse_stop(body)
     n = _opt_int(body, "n", 1, MAX_N, f"an integer between 1 and {MAX_N}")
     req.n = n if n is not None else 1
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise _invalid_type("stream", "a boolean")
+    stream = _optional(body, "stream", bool)
     req.stream = bool(stream)
     req.include_usage = _parse_stream_options(body, req.stream)
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise _invalid_type("user", "a string")
+    user = _optional(body, "user", str)
     req.user = user
     req.logit_bias = _parse_logit_bias(body)
-    cache_prompt = body.get("cache_prompt")
-    if cache_prompt is not None and not isinstance(cache_prompt, bool):
-        raise _invalid_type("cache_prompt", "a boolean")
+    _optional(body, "cache_prompt", bool)
     req.response_format = _parse_response_format(body)
 
 
@@ -915,6 +901,18 @@ def _must_be(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], expe
         )
 
 
+_EXPECTED = {str: "a string", bool: "a boolean", dict: "an object"}
+
+
+def _optional(body: Mapping[str, Any], key: str, kind: type[Any], param: str | None = None) -> Any:
+    """``body[key]``, None when absent or null; a value that is not a ``kind`` is an
+    ``invalid_type`` error naming ``param`` (``key`` unless given)."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise _invalid_type(param or key, _EXPECTED[kind])
+    return value
+
+
 def _missing(param: str) -> ApiError:
     return invalid_request(
         f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
@@ -960,24 +958,11 @@ def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: boo
     value = body.get("input")
     if value is None:
         raise _missing("input")
-    expected = "a string, an array of strings, an array of token ids, or an array of arrays of token ids"
-    if isinstance(value, str):
-        inputs: list[str | list[int]] = [value]
-    elif isinstance(value, list) and value and all(_is_int(t) for t in value):
-        inputs = [list(value)]
-    elif isinstance(value, list) and value:
-        if len(value) > MAX_EMBEDDING_INPUTS:
-            raise _invalid_value("input", f"at most {MAX_EMBEDDING_INPUTS} inputs in one request (got {len(value)})")
-        inputs = []
-        for i, item in enumerate(value):
-            if isinstance(item, str):
-                inputs.append(item)
-            elif isinstance(item, list) and item and all(_is_int(t) for t in item):
-                inputs.append(list(item))
-            else:
-                raise _invalid_value("input", f"{expected} (item {i} is neither a string nor a non-empty array of token ids)")
-    else:
-        raise _invalid_type("input", expected) if not isinstance(value, list) else _invalid_value("input", expected)
+
+    def too_many(n: int) -> ApiError:
+        return _invalid_value("input", f"at most {MAX_EMBEDDING_INPUTS} inputs in one request (got {n})")
+
+    inputs = _texts_or_token_arrays("input", value, MAX_EMBEDDING_INPUTS, too_many, list)
     for item in inputs:
         if isinstance(item, str) and not item:
             raise _invalid_value("input", "non-empty strings")
@@ -992,9 +977,7 @@ def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: boo
         raise _unsupported_parameter(
             "dimensions", "this server returns the model's own embedding size and does not shorten vectors; omit it"
         )
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise _invalid_type("user", "a string")
+    user = _optional(body, "user", str)
     req = GenerationRequest(
         endpoint="embeddings",  # type: ignore[arg-type]
         model=model,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -116,21 +116,25 @@ async def files(request: HttpRequest) -> HttpResponse:
     return JsonResponse(file_object(f))
 
 
-async def _own_file(request: HttpRequest, file_id: str) -> File:
-    f = await File.objects.filter(pk=file_id, owner=_owner(request)).afirst()
-    if f is None:
-        raise _not_found("file", file_id)
-    return f
+_Owned = TypeVar("_Owned", File, Batch)
+
+
+async def _own(model: type[_Owned], request: HttpRequest, pk: str) -> _Owned:
+    """The caller's file or batch ``pk``; another owner's is not found, as a missing one."""
+    row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst()
+    if row is None:
+        raise _not_found(model.__name__.lower(), pk)
+    return row
 
 
 @batch_view
 async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
-    return JsonResponse(file_object(await _own_file(request, file_id)))
+    return JsonResponse(file_object(await _own(File, request, file_id)))
 
 
 @batch_view
 async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
-    f = await _own_file(request, file_id)
+    f = await _own(File, request, file_id)
     return HttpResponse(bytes(f.content), content_type="application/jsonl")
 
 
@@ -209,20 +213,13 @@ async def batches(request: HttpRequest) -> HttpResponse:
     return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
 
 
-async def _own_batch(request: HttpRequest, batch_id: str) -> Batch:
-    b = await Batch.objects.filter(pk=batch_id, owner=_owner(request)).afirst()
-    if b is None:
-        raise _not_found("batch", batch_id)
-    return b
-
-
 @batch_view
 async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
-    return JsonResponse(batch_object(await _own_batch(request, batch_id)))
+    return JsonResponse(batch_object(await _own(Batch, request, batch_id)))
 
 
 @batch_view
 async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
-    b = await _own_batch(request, batch_id)
+    b = await _own(Batch, request, batch_id)
     b = await sync_to_async(runner.request_cancel)(b.id)
     return JsonResponse(batch_object(b))

@@ -16,6 +16,20 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stop_processes(*procs: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM to each child still running, then wait for each; one still there after
+    ``timeout_s`` is killed (and reaped)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -65,7 +65,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import RunningServer  # noqa: E402
+from bench.harness import RunningServer, stop_processes  # noqa: E402
 from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 
@@ -683,14 +683,7 @@ class Hog:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(*self.procs, timeout_s=10)
         self.procs = []
 
 

@@ -21,6 +21,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from scheduler.core.router import BANDS
+from superfluid_site.view_only_admin import ViewOnlyAdmin
 
 from .models import ServedModel
 from .served import ACTIONS, ActionRefused, model_action, served_state
@@ -35,16 +36,7 @@ def _when(epoch: float | None) -> str:
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
+class ServedModelAdmin(ViewOnlyAdmin):
     def can_manage(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_staff and request.user.has_perm(MANAGE_PERMISSION))
 

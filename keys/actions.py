@@ -9,8 +9,9 @@ within ``keys.runtime.POLL_S``. The admin and the management commands call these
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -29,6 +30,26 @@ def _notify() -> None:
     from superfluid_site.runtime import poke_keys
 
     poke_keys()
+
+
+_Row = TypeVar("_Row", bound=models.Model)
+
+
+@transaction.atomic
+def _save(row: _Row) -> _Row:
+    """Validate and save one row, and bump the version with it."""
+    row.full_clean()
+    row.save()
+    _changed()
+    return row
+
+
+@transaction.atomic
+def _delete(model: type[models.Model], rows: Iterable[models.Model]) -> int:
+    """Delete the rows of ``model`` that ``rows`` name, and bump the version with them."""
+    n, _ = model._default_manager.filter(pk__in=[r.pk for r in rows]).delete()
+    _changed()
+    return n
 
 
 # -- keys ------------------------------------------------------------------------------
@@ -60,13 +81,9 @@ def rotate_key(key: ApiKey) -> str:
     return secret
 
 
-@transaction.atomic
 def save_key(key: ApiKey) -> ApiKey:
     """Save edits to an existing key (owner, notes, policy, expiry, revoked)."""
-    key.full_clean()
-    key.save()
-    _changed()
-    return key
+    return _save(key)
 
 
 @transaction.atomic
@@ -77,41 +94,27 @@ def revoke_keys(keys: Iterable[ApiKey], revoked: bool = True) -> int:
     return n
 
 
-@transaction.atomic
 def delete_keys(keys: Iterable[ApiKey]) -> int:
-    n, _ = ApiKey.objects.filter(pk__in=[k.pk for k in keys]).delete()
-    _changed()
-    return n
+    return _delete(ApiKey, keys)
 
 
 # -- policies --------------------------------------------------------------------------
 
 
-@transaction.atomic
 def save_policy(policy: KeyPolicy) -> KeyPolicy:
-    policy.full_clean()
-    policy.save()
-    _changed()
-    return policy
+    return _save(policy)
 
 
-@transaction.atomic
 def delete_policies(policies: Iterable[KeyPolicy]) -> int:
     """Raises ``ProtectedError`` while a key follows one of them."""
-    n, _ = KeyPolicy.objects.filter(pk__in=[p.pk for p in policies]).delete()
-    _changed()
-    return n
+    return _delete(KeyPolicy, policies)
 
 
 # -- class-lane caps -------------------------------------------------------------------
 
 
-@transaction.atomic
 def save_cap(cap: ClassLaneCap) -> ClassLaneCap:
-    cap.full_clean()
-    cap.save()
-    _changed()
-    return cap
+    return _save(cap)
 
 
 @transaction.atomic
@@ -122,8 +125,5 @@ def set_cap(qos_class: int, max_lanes: int, model: str = "") -> ClassLaneCap:
     return save_cap(cap)
 
 
-@transaction.atomic
 def delete_caps(caps: Iterable[ClassLaneCap]) -> int:
-    n, _ = ClassLaneCap.objects.filter(pk__in=[c.pk for c in caps]).delete()
-    _changed()
-    return n
+    return _delete(ClassLaneCap, caps)

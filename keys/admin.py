@@ -3,6 +3,7 @@ running server hears about them within a second."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -17,6 +18,23 @@ from . import actions, usage
 from .models import ApiKey, ClassLaneCap, KeyPolicy
 
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
+
+
+class ThroughActions(admin.ModelAdmin):
+    """Saves and deletes go through ``keys.actions`` (which bump the config version), never a
+    bare ``.save()``: ``save_row`` and ``delete_rows`` name the two actions."""
+
+    save_row: Callable[[Any], Any]
+    delete_rows: Callable[[list[Any]], int]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        self.save_row(obj)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        self.delete_rows([obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        self.delete_rows(list(queryset))
 
 
 class KeyStatusFilter(admin.SimpleListFilter):
@@ -37,8 +55,22 @@ class KeyStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _usage_column(measure: str) -> Callable[[Any, ApiKey], str]:
+    """A changelist column: ``measure`` over the last 24 hours / 30 days, sorted by the 30 days."""
+
+    @admin.display(description=f"{measure.replace('_', ' ')} 24 h / 30 d", ordering=f"usage_{measure}_30d")
+    def column(admin_: Any, obj: ApiKey) -> str:
+        day, month = getattr(obj, f"usage_{measure}_24h", None), getattr(obj, f"usage_{measure}_30d", None)
+        if day is None or month is None:
+            return "-"
+        return f"{day:,} / {month:,}"
+
+    return column
+
+
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ThroughActions):
+    delete_rows = staticmethod(actions.delete_keys)  # before ``actions`` below names the admin actions
     list_display = (
         "name", "secret_prefix", "policy", "owner", "status", "created", "last_used", "expires",
         "requests", "tokens_in", "tokens_out", "errors",
@@ -76,28 +108,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
             qs = qs.annotate(**usage.annotations())
         return qs
 
-    @staticmethod
-    def _pair(obj: ApiKey, measure: str) -> str:
-        day, month = getattr(obj, f"usage_{measure}_24h", None), getattr(obj, f"usage_{measure}_30d", None)
-        if day is None or month is None:
-            return "-"
-        return f"{day:,} / {month:,}"
-
-    @admin.display(description="requests 24 h / 30 d", ordering="usage_requests_30d")
-    def requests(self, obj: ApiKey) -> str:
-        return self._pair(obj, "requests")
-
-    @admin.display(description="tokens in 24 h / 30 d", ordering="usage_tokens_in_30d")
-    def tokens_in(self, obj: ApiKey) -> str:
-        return self._pair(obj, "tokens_in")
-
-    @admin.display(description="tokens out 24 h / 30 d", ordering="usage_tokens_out_30d")
-    def tokens_out(self, obj: ApiKey) -> str:
-        return self._pair(obj, "tokens_out")
-
-    @admin.display(description="errors 24 h / 30 d", ordering="usage_errors_30d")
-    def errors(self, obj: ApiKey) -> str:
-        return self._pair(obj, "errors")
+    requests = _usage_column("requests")
+    tokens_in = _usage_column("tokens_in")
+    tokens_out = _usage_column("tokens_out")
+    errors = _usage_column("errors")
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
         obj = self.get_object(request, object_id)
@@ -152,12 +166,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
         else:
             setattr(request, _SECRET_ATTR, actions.create_key(obj))
 
-    def delete_model(self, request: HttpRequest, obj: ApiKey) -> None:
-        actions.delete_keys([obj])
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        actions.delete_keys(list(queryset))
-
     def response_add(self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None) -> HttpResponse:
         """Show the new secret on this one page instead of redirecting: it is never stored, not
         even in a message cookie or the session."""
@@ -202,7 +210,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(KeyPolicy)
-class KeyPolicyAdmin(admin.ModelAdmin):
+class KeyPolicyAdmin(ThroughActions):
+    save_row = staticmethod(actions.save_policy)
+    delete_rows = staticmethod(actions.delete_policies)
     list_display = (
         "name",
         "default_class",
@@ -233,18 +243,11 @@ class KeyPolicyAdmin(admin.ModelAdmin):
     def key_count(self, obj: KeyPolicy) -> int:
         return getattr(obj, "n_keys", 0)
 
-    def save_model(self, request: HttpRequest, obj: KeyPolicy, form: Any, change: bool) -> None:
-        actions.save_policy(obj)
-
-    def delete_model(self, request: HttpRequest, obj: KeyPolicy) -> None:
-        actions.delete_policies([obj])
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[KeyPolicy]) -> None:
-        actions.delete_policies(list(queryset))
-
 
 @admin.register(ClassLaneCap)
-class ClassLaneCapAdmin(admin.ModelAdmin):
+class ClassLaneCapAdmin(ThroughActions):
+    save_row = staticmethod(actions.save_cap)
+    delete_rows = staticmethod(actions.delete_caps)
     list_display = ("__str__", "model_display", "qos_class", "max_lanes", "updated")
     list_editable = ("max_lanes",)
     list_filter = ("qos_class", "model")
@@ -253,12 +256,3 @@ class ClassLaneCapAdmin(admin.ModelAdmin):
     @admin.display(description="model", ordering="model")
     def model_display(self, obj: ClassLaneCap) -> str:
         return obj.model or "all models"
-
-    def save_model(self, request: HttpRequest, obj: ClassLaneCap, form: Any, change: bool) -> None:
-        actions.save_cap(obj)
-
-    def delete_model(self, request: HttpRequest, obj: ClassLaneCap) -> None:
-        actions.delete_caps([obj])
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ClassLaneCap]) -> None:
-        actions.delete_caps(list(queryset))

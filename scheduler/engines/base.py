@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, Self
 
 from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
 
@@ -278,3 +278,72 @@ def run_tick(
                 break
     result.elapsed_s = clock() - started
     return result
+
+
+class LaneEngine:
+    """What the real engines (llama.cpp, MLX) share around :func:`run_tick`: their sequences are
+    the lanes, then the cache slots, and a closed engine refuses all work."""
+
+    n_lanes: int
+    cache_slots: int
+    _closed: bool
+    bos_id: int | None
+    bos_text: str
+    _add_bos: bool
+    _pieces: dict[int, bytes]
+
+    def _set_lanes(self, n_lanes: int, lane_ctx: int, max_step_tokens: int, cache_slots: int) -> None:
+        """Check and keep the lane geometry; the engine counts as closed until its constructor
+        has everything a close() would free."""
+        if n_lanes < 1:
+            raise ValueError("n_lanes must be at least 1")
+        if lane_ctx < 16:
+            raise ValueError("lane_ctx must be at least 16")
+        if max_step_tokens < n_lanes:
+            # Every decoding lane must fit in the first call of a tick.
+            raise ValueError("max_step_tokens must be at least n_lanes")
+        self.n_lanes = n_lanes
+        self.cache_slots = cache_slots  # extra sequences after the lanes, for cached prefixes
+        self.lane_ctx = lane_ctx
+        self.max_step_tokens = max_step_tokens
+        self._closed = True
+
+    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
+        self._require_open()
+        return run_tick(self, plan, should_stop)  # type: ignore[arg-type]  # a subclass has the primitives
+
+    @property
+    def n_seqs(self) -> int:
+        return self.n_lanes + self.cache_slots
+
+    def _require_open(self) -> None:
+        # Every native call after close() would touch freed memory; fail in Python instead.
+        if self._closed:
+            raise EngineError("engine is closed", permanent=True)
+
+    def _with_bos(self, text: str, tokens: list[int], add_special: bool) -> list[int]:
+        """``tokens`` of ``text``, after a BOS when the vocabulary asks for one, ``add_special``
+        allows it and the text does not start with it already (BOS once, never EOS)."""
+        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
+        if add_special and self._add_bos and not has_bos and self.bos_id is not None:
+            return [self.bos_id, *tokens]
+        return tokens
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._token_piece(token)
+            self._pieces[token] = piece
+        return piece
+
+    def _token_piece(self, token: int) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -13,7 +13,6 @@ import ctypes
 import math
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, TickResult
-from scheduler.engines.base import EngineError, Step, StepAborted, run_tick
+from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
+from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
@@ -215,7 +214,17 @@ class ParkedKV:
 # -- the engine -------------------------------------------------------------------------
 
 
-class LlamaCppEngine:
+def _fill_one_sequence(batch: Any, tokens: list[int], start: int) -> None:
+    """``batch`` holds ``tokens`` of sequence 0 at positions from ``start``, logits on every row
+    (the prompt-scoring and embeddings contexts)."""
+    for j, token in enumerate(tokens):
+        batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, start + j, 1
+        batch.seq_id[j][0] = 0
+        batch.logits[j] = 1
+    batch.n_tokens = len(tokens)
+
+
+class LlamaCppEngine(LaneEngine):
     name = "llamacpp"
     # request features beyond the basic sampler chain that this engine honours
     features = frozenset({"logit_bias", "ignore_eos", "typical_p", "grammar", "logprobs", "template_vars", "prompt_logprobs", "embeddings"})
@@ -232,23 +241,12 @@ class LlamaCppEngine:
         cache_slots: int = 0,
         repack: str = "auto",
     ) -> None:
-        if n_lanes < 1:
-            raise ValueError("n_lanes must be at least 1")
-        if lane_ctx < 16:
-            raise ValueError("lane_ctx must be at least 16")
-        if max_step_tokens < n_lanes:
-            # Every decoding lane must fit in the first call of a tick.
-            raise ValueError("max_step_tokens must be at least n_lanes")
+        self._set_lanes(n_lanes, lane_ctx, max_step_tokens, cache_slots)
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise FileNotFoundError(f"model file not found: {self.model_path}")
-        self.n_lanes = n_lanes
-        self.cache_slots = cache_slots  # extra sequences after the lanes, for cached prefixes
-        self.lane_ctx = lane_ctx
-        self.max_step_tokens = max_step_tokens
         self.kv_unified = kv_unified
         self.n_threads = n_threads or os.cpu_count() or 1
-        self._closed = True  # until everything below exists, close() must not free anything
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
@@ -402,8 +400,6 @@ class LlamaCppEngine:
         data = text.encode("utf-8")
         # BOS is added by hand rather than through llama_tokenize(add_special=True), which
         # would also append EOS/SEP for vocabularies that ask for them: wrong for a prompt.
-        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
-        bos = add_special and self._add_bos and not has_bos
         size = len(data) + 8
         while True:
             buf = (llama_cpp.llama_token * size)()
@@ -411,15 +407,7 @@ class LlamaCppEngine:
             if n >= 0:
                 break
             size = -n
-        tokens = buf[:n]
-        return [self.bos_id, *tokens] if bos else tokens
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._token_piece(token)
-            self._pieces[token] = piece
-        return piece
+        return self._with_bos(text, buf[:n], add_special)
 
     def _token_piece(self, token: int) -> bytes:
         self._require_open()
@@ -450,15 +438,9 @@ class LlamaCppEngine:
 
     # -- protocol: ticks --------------------------------------------------------------
 
-    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        self._require_open()
-        return run_tick(self, plan, should_stop)
+    # execute: LaneEngine's, run_tick over the primitives below
 
     # -- run_tick's primitives ------------------------------------------------------------
-
-    @property
-    def n_seqs(self) -> int:
-        return self.n_lanes + self.cache_slots
 
     def clear(self, seq: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
@@ -592,11 +574,6 @@ class LlamaCppEngine:
         self.execute(plan, lambda: False)
         self.execute(TickPlan(tick=2, release=lanes), lambda: False)
 
-    def _require_open(self) -> None:
-        # Every C call after close() would touch freed memory; fail in Python instead.
-        if self._closed:
-            raise EngineError("engine is closed", permanent=True)
-
     def save(self, lane: int) -> ParkedKV:
         L = llama_cpp
         n_tokens = L.llama_memory_seq_pos_max(self._mem, lane) + 1
@@ -666,11 +643,7 @@ class LlamaCppEngine:
                 L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
                 for at in range(0, len(tokens) - 1, chunk):
                     piece = tokens[at : at + chunk]
-                    for j, token in enumerate(piece):
-                        batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, at + j, 1
-                        batch.seq_id[j][0] = 0
-                        batch.logits[j] = 1
-                    batch.n_tokens = len(piece)
+                    _fill_one_sequence(batch, piece, at)
                     ret = L.llama_decode(ctx, batch)
                     if ret != 0:
                         raise _err(f"llama_decode returned {ret} while scoring the prompt", permanent=False)
@@ -703,11 +676,7 @@ class LlamaCppEngine:
             batch = L.llama_batch_init(len(tokens), 0, 1)
             try:
                 L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
-                for j, token in enumerate(tokens):
-                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = token, j, 1
-                    batch.seq_id[j][0] = 0
-                    batch.logits[j] = 1
-                batch.n_tokens = len(tokens)
+                _fill_one_sequence(batch, tokens, 0)
                 ret = L.llama_decode(ctx, batch)
                 if ret != 0:
                     raise _err(f"llama_decode returned {ret} while embedding", permanent=False)
@@ -856,9 +825,3 @@ class LlamaCppEngine:
             self.close()
         except Exception:  # interpreter shutdown may have torn down ctypes already
             pass
-
-    def __enter__(self) -> LlamaCppEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -20,15 +20,14 @@ Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layer
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scheduler.core.types import LaneBind, TickPlan, TickResult
-from scheduler.engines.base import EngineError, Piece, Step, run_tick
+from scheduler.core.types import LaneBind
+from scheduler.engines.base import EngineError, LaneEngine, Piece, Step
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
@@ -78,7 +77,7 @@ class MlxParkedKV:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
-class MlxEngine:
+class MlxEngine(LaneEngine):
     name = "mlx"
 
     def __init__(
@@ -91,23 +90,13 @@ class MlxEngine:
         cache_slots: int = 0,
         batch_decode: bool = True,
     ) -> None:
-        if n_lanes < 1:
-            raise ValueError("n_lanes must be at least 1")
-        if lane_ctx < 16:
-            raise ValueError("lane_ctx must be at least 16")
-        if max_step_tokens < n_lanes:
-            raise ValueError("max_step_tokens must be at least n_lanes")
+        self._set_lanes(n_lanes, lane_ctx, max_step_tokens, cache_slots)
         self.model_path = Path(model_path)
         if not is_mlx_model_dir(self.model_path):
             raise FileNotFoundError(
                 f"not an MLX model folder (config.json and *.safetensors): {self.model_path}"
             )
-        self.n_lanes = n_lanes
-        self.cache_slots = cache_slots
-        self.lane_ctx = lane_ctx
-        self.max_step_tokens = max_step_tokens
         self.batch_decode = batch_decode
-        self._closed = True
 
         import mlx.core as mx
         from mlx_lm.models.cache import KVCache, make_prompt_cache
@@ -220,24 +209,11 @@ class MlxEngine:
                 ids_plain: list[int] = self._tok.encode(text, add_special_tokens=False).ids
             finally:
                 self._tok.encode_special_tokens = False
-            has_bos_plain = bool(self.bos_text) and text.startswith(self.bos_text)
-            if add_special and self._add_bos and not has_bos_plain and self.bos_id is not None:
-                return [self.bos_id, *ids_plain]
-            return ids_plain
+            return self._with_bos(text, ids_plain, add_special)
         # Special tokens written in the text are parsed as such; BOS is added by hand, once,
         # and never EOS (a post-processor may add both), as the llama.cpp engine does.
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
-        if add_special and self._add_bos and not has_bos and self.bos_id is not None:
-            return [self.bos_id, *ids]
-        return ids
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._token_piece(token)
-            self._pieces[token] = piece
-        return piece
+        return self._with_bos(text, ids, add_special)
 
     def _token_piece(self, token: int) -> bytes:
         if token in self._special:
@@ -265,15 +241,9 @@ class MlxEngine:
 
     # -- ticks ------------------------------------------------------------------------
 
-    def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
-        self._require_open()
-        return run_tick(self, plan, should_stop)
+    # execute: LaneEngine's, run_tick over the primitives below
 
     # -- run_tick's primitives ------------------------------------------------------------
-
-    @property
-    def n_seqs(self) -> int:
-        return self.n_lanes + self.cache_slots
 
     def bind_sampler(self, bind: LaneBind) -> None:
         """A fresh sampler for the lane; a grammar gets a fresh matcher, and the tokens the job
@@ -458,10 +428,6 @@ class MlxEngine:
 
     # -- checks and lifecycle ---------------------------------------------------------
 
-    def _require_open(self) -> None:
-        if self._closed:
-            raise EngineError("engine is closed", permanent=True)
-
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_lanes + self.cache_slots:
             raise EngineError(f"sequence {seq} out of range", permanent=True)
@@ -474,12 +440,6 @@ class MlxEngine:
         self._seqs = []
         self._samplers.clear()
         self._model = None
-
-    def __enter__(self) -> MlxEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 
-from .messages import MAX_LINE_BYTES, Hello, decode
+from .messages import MAX_LINE_BYTES, Hello, decode, decode_or_drop
 from .peer import peer_uid
 from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, cancel_task
 
@@ -118,12 +118,9 @@ class SocketTransport(Transport):
                     line = await reader.readline()
                     if not line:
                         break
-                    try:
-                        message = decode(line)
-                    except ValueError as exc:
-                        log.warning("dropping a malformed message from the worker: %s", exc)
-                        continue
-                    self._on_message(message)
+                    message = decode_or_drop(line, "the worker")
+                    if message is not None:
+                        self._on_message(message)
             except (ConnectionError, OSError, ValueError) as exc:
                 log.warning("link to the engine worker lost: %s", exc)
             finally:

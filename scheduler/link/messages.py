@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -199,3 +200,12 @@ def decode(line: bytes) -> Message:
         return cls(**{k: v for k, v in body.items() if k in known})
     except TypeError as exc:  # a required field missing
         raise ValueError(f"malformed {cls.type} message: {exc}") from None
+
+
+def decode_or_drop(line: bytes, sender: str) -> Message | None:
+    """The message on one line ``sender`` wrote, or None (logged) if it is not one."""
+    try:
+        return decode(line)
+    except ValueError as exc:
+        logging.getLogger("superfluid.link").warning("dropping a malformed message from %s: %s", sender, exc)
+        return None

@@ -54,6 +54,7 @@ from .messages import (
     Snapshot,
     Submit,
     decode,
+    decode_or_drop,
     encode,
 )
 from .transport import MAX_CRASHES, SNAPSHOT_LISTENERS, JobHandle, Transport
@@ -421,12 +422,9 @@ class RedisTransport(Transport):
         if isinstance(body, dict) and body.get("type") == "lost":
             await self._on_job_lost(handle, int(body.get("epoch", -1)))
             return
-        try:
-            message = decode(raw)
-        except ValueError as exc:
-            log.warning("dropping a malformed message from a worker: %s", exc)
-            return
-        self._on_message(message)
+        message = decode_or_drop(raw, "a worker")
+        if message is not None:
+            self._on_message(message)
 
     async def _on_job_lost(self, handle: JobHandle, epoch: int) -> None:
         """The worker holding this job stopped renewing its lease (it died): put the job back at

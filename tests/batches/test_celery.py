@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.test_batches import wait_for
 from tests.redis.conftest import RedisServer
 
@@ -43,12 +42,7 @@ def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]
         yield head, worker
     finally:
         head.stop()
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(30)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        stop_processes(worker)
         redis.stop()
 
 

@@ -74,26 +74,34 @@ def start(sched: Scheduler, engine: SimEngine, jobs: list[Job], ticks: int = 2) 
         tick(sched, engine)
 
 
+def running(max_batch: int, jobs: list[Job], ticks: int = 2) -> tuple[Scheduler, SimEngine]:
+    """A scheduler with ``max_batch`` lanes that ``start`` filled with ``jobs``."""
+    sched, engine, _ = make_scheduler(max_batch=max_batch)
+    start(sched, engine, jobs, ticks)
+    return sched, engine
+
+
+def busy(job_id: str, qos: QosClass, prompt_tokens: int = 16, batch_invariant: bool = False) -> Job:
+    """A job of 100 tokens: it still holds its lane when the test's arrival comes."""
+    return make_job(prompt_tokens, max_tokens=100, qos=qos, job_id=job_id, batch_invariant=batch_invariant)
+
+
 def chat(job_id: str = "chat", max_tokens: int = 3, qos: QosClass = QosClass.INTERACTIVE) -> Job:
     return make_job(8, max_tokens=max_tokens, qos=qos, job_id=job_id)
+
+
+def arrive(sched: Scheduler, job: Job | None = None) -> TickPlan:
+    """The plan of the tick after ``job`` (a chat unless given) is queued."""
+    sched.add(job or chat())
+    return sched.step()
 
 
 # -- who is preempted -------------------------------------------------------------------------
 
 
 def test_an_interactive_job_takes_the_lane_of_the_lowest_class_running_job() -> None:
-    sched, engine, _ = make_scheduler(max_batch=3)
-    start(
-        sched,
-        engine,
-        [
-            make_job(max_tokens=100, qos=QosClass.AGENT, job_id="agent1"),
-            make_job(max_tokens=100, qos=QosClass.BACKGROUND, job_id="bg"),
-            make_job(max_tokens=100, qos=QosClass.AGENT, job_id="agent2"),
-        ],
-    )
-    sched.add(chat())
-    plan = sched.step()
+    sched, engine = running(3, [busy("agent1", QosClass.AGENT), busy("bg", QosClass.BACKGROUND), busy("agent2", QosClass.AGENT)])
+    plan = arrive(sched)
     assert plan.park == [(1, "bg")]
     assert [(b.lane, b.job_id) for b in plan.bind] == [(1, "chat")]
     events = sched.commit(engine.execute(plan, lambda: False))
@@ -106,101 +114,47 @@ def test_an_interactive_job_takes_the_lane_of_the_lowest_class_running_job() -> 
 
 
 def test_a_prefilling_background_job_is_preempted_before_a_decoding_agent() -> None:
-    sched, engine, _ = make_scheduler(max_batch=2)
-    start(
-        sched,
-        engine,
-        [
-            make_job(max_tokens=100, qos=QosClass.AGENT, job_id="agent"),
-            make_job(3000, max_tokens=100, qos=QosClass.BACKGROUND, job_id="bg-prefilling"),
-        ],
-        ticks=0,
-    )
+    sched, _ = running(2, [busy("agent", QosClass.AGENT), busy("bg-prefilling", QosClass.BACKGROUND, 3000)], ticks=0)
     assert sched.jobs["bg-prefilling"].prefilling and not sched.jobs["agent"].prefilling
-    sched.add(chat())
-    plan = sched.step()
-    assert plan.park == [(1, "bg-prefilling")]
+    assert arrive(sched).park == [(1, "bg-prefilling")]
 
 
 def test_a_decoding_victim_is_chosen_before_a_prefilling_one_of_the_same_class() -> None:
-    sched, engine, _ = make_scheduler(max_batch=2)
-    start(
-        sched,
-        engine,
-        [
-            make_job(max_tokens=100, qos=QosClass.BACKGROUND, job_id="bg-decoding"),
-            make_job(3000, max_tokens=100, qos=QosClass.BACKGROUND, job_id="bg-prefilling"),
-        ],
-        ticks=0,
-    )
+    sched, _ = running(2, [busy("bg-decoding", QosClass.BACKGROUND), busy("bg-prefilling", QosClass.BACKGROUND, 3000)], ticks=0)
     assert sched.jobs["bg-prefilling"].prefilling and not sched.jobs["bg-decoding"].prefilling
-    sched.add(chat())
-    plan = sched.step()
-    assert plan.park == [(0, "bg-decoding")]
+    assert arrive(sched).park == [(0, "bg-decoding")]
     assert sched.lanes[1] is not None and sched.lanes[1].job_id == "bg-prefilling"
 
 
 def test_among_equal_victims_the_most_recently_admitted_is_preempted() -> None:
-    sched, engine, _ = make_scheduler(max_batch=3)
-    start(
-        sched,
-        engine,
-        [make_job(max_tokens=100, qos=QosClass.BACKGROUND, job_id=f"bg{i}") for i in range(3)],
-    )
-    sched.add(chat())
-    plan = sched.step()
-    assert plan.park == [(2, "bg2")]
+    sched, _ = running(3, [busy(f"bg{i}", QosClass.BACKGROUND) for i in range(3)])
+    assert arrive(sched).park == [(2, "bg2")]
 
 
 def test_a_completion_job_also_preempts_but_never_an_interactive_lane() -> None:
-    sched, engine, _ = make_scheduler(max_batch=2)
-    start(
-        sched,
-        engine,
-        [
-            make_job(max_tokens=100, qos=QosClass.INTERACTIVE, job_id="chat-running"),
-            make_job(max_tokens=100, qos=QosClass.AGENT, job_id="agent"),
-        ],
-    )
-    sched.add(chat("fim", qos=QosClass.COMPLETION))
-    plan = sched.step()
+    sched, engine = running(2, [busy("chat-running", QosClass.INTERACTIVE), busy("agent", QosClass.AGENT)])
+    plan = arrive(sched, chat("fim", qos=QosClass.COMPLETION))
     assert plan.park == [(1, "agent")]
     sched.commit(engine.execute(plan, lambda: False))
-    sched.add(chat("fim2", qos=QosClass.COMPLETION))
-    plan = sched.step()
+    plan = arrive(sched, chat("fim2", qos=QosClass.COMPLETION))
     assert not plan.park and not plan.release and not plan.bind
     assert sched.queues.depth(QosClass.COMPLETION) == 1
 
 
 def test_a_batch_invariant_lane_is_never_preempted() -> None:
-    sched, engine, _ = make_scheduler(max_batch=2)
-    start(
-        sched,
-        engine,
-        [
-            make_job(max_tokens=100, qos=QosClass.BACKGROUND, batch_invariant=True, job_id="bg-invariant"),
-            make_job(max_tokens=100, qos=QosClass.AGENT, job_id="agent"),
-        ],
-    )
-    sched.add(chat("chat1"))
-    plan = sched.step()
+    sched, engine = running(2, [busy("bg-invariant", QosClass.BACKGROUND, batch_invariant=True), busy("agent", QosClass.AGENT)])
+    plan = arrive(sched, chat("chat1"))
     assert plan.park == [(1, "agent")]  # the agent goes, though background is the lower class
     sched.commit(engine.execute(plan, lambda: False))
 
-    sched.add(chat("chat2"))
-    plan = sched.step()
+    plan = arrive(sched, chat("chat2"))
     assert not plan.park and not plan.release and not plan.bind
     assert {f.job_id for f in plan.feeds} <= {"chat1", "bg-invariant"}
     assert sched.jobs["chat2"].lane is None
 
 
 def test_an_agent_job_arriving_with_every_lane_busy_preempts_nothing() -> None:
-    sched, engine, _ = make_scheduler(max_batch=2)
-    start(
-        sched,
-        engine,
-        [make_job(max_tokens=100, qos=QosClass.BACKGROUND, job_id=f"bg{i}") for i in range(2)],
-    )
+    sched, engine = running(2, [busy(f"bg{i}", QosClass.BACKGROUND) for i in range(2)])
     sched.add(make_job(max_tokens=3, qos=QosClass.AGENT, job_id="agent"))
     events: list[Event] = []
     for _ in range(5):

@@ -31,22 +31,14 @@ from scheduler.core.qos import (
         ("background", QosClass.BACKGROUND),
         ("background-agent", QosClass.BACKGROUND),
         ("3", QosClass.BACKGROUND),
-    ],
-)
-def test_every_class_name_and_alias_resolves_to_its_class(name: str, expected: QosClass) -> None:
-    assert parse_qos(name) is expected
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
+        # case and surrounding whitespace do not matter
         ("Interactive-Chat", QosClass.INTERACTIVE),
         ("INLINE-COMPLETION", QosClass.COMPLETION),
         ("Foreground", QosClass.AGENT),
         ("  background-AGENT \t", QosClass.BACKGROUND),
     ],
 )
-def test_class_names_ignore_case_and_surrounding_whitespace(name: str, expected: QosClass) -> None:
+def test_every_class_name_and_alias_resolves_to_its_class_in_any_case(name: str, expected: QosClass) -> None:
     assert parse_qos(name) is expected
 
 
@@ -67,16 +59,24 @@ def test_classes_order_from_most_to_least_urgent_and_agent_is_the_default() -> N
     assert [c.label for c in QosClass] == ["interactive", "completion", "agent", "background"]
 
 
-@pytest.mark.parametrize(("header", "expected"), [("interactive", 100), ("normal", 0), ("batch", -100)])
-def test_priority_aliases_resolve_to_their_numbers(header: str, expected: int) -> None:
-    assert parse_priority(header) == expected
-
-
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [("0", 0), ("7", 7), ("+5", 5), ("-98", -98), (" -3 ", -3), ("101", 101), ("-100", -100)],
+    [
+        # the aliases
+        ("interactive", 100),
+        ("normal", 0),
+        ("batch", -100),
+        # a signed integer
+        ("0", 0),
+        ("7", 7),
+        ("+5", 5),
+        ("-98", -98),
+        (" -3 ", -3),
+        ("101", 101),
+        ("-100", -100),
+    ],
 )
-def test_priority_is_a_signed_integer(header: str, expected: int) -> None:
+def test_a_priority_is_an_alias_or_a_signed_integer(header: str, expected: int) -> None:
     assert parse_priority(header) == expected
 
 
@@ -91,36 +91,23 @@ def test_priority_is_never_clamped(header: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("priority", "band"),
+    ("priority", "band", "qos"),
     [
-        (100, "interactive"),
-        (50, "interactive"),
-        (49, "normal"),
-        (0, "normal"),
-        (-49, "normal"),
-        (-50, "batch"),
-        (-100, "batch"),
-        (100000, "interactive"),
-        (-100000, "batch"),
+        (100, "interactive", QosClass.INTERACTIVE),
+        (50, "interactive", QosClass.INTERACTIVE),
+        (49, "normal", QosClass.AGENT),
+        (0, "normal", QosClass.AGENT),
+        (-49, "normal", QosClass.AGENT),
+        (-50, "batch", QosClass.BACKGROUND),
+        (-100, "batch", QosClass.BACKGROUND),
+        (100000, "interactive", QosClass.INTERACTIVE),
+        (-100000, "batch", QosClass.BACKGROUND),
     ],
 )
-def test_bands_are_100_wide_and_centred_on_the_anchors(priority: int, band: str) -> None:
+def test_bands_are_100_wide_and_centred_on_the_anchors_and_a_priority_alone_selects_its_bands_class(
+    priority: int, band: str, qos: QosClass
+) -> None:
     assert band_of(priority) == band
-
-
-@pytest.mark.parametrize(
-    ("priority", "qos"),
-    [
-        (100, QosClass.INTERACTIVE),
-        (50, QosClass.INTERACTIVE),
-        (49, QosClass.AGENT),
-        (0, QosClass.AGENT),
-        (-49, QosClass.AGENT),
-        (-50, QosClass.BACKGROUND),
-        (-100, QosClass.BACKGROUND),
-    ],
-)
-def test_a_priority_alone_selects_the_class_of_its_band(priority: int, qos: QosClass) -> None:
     assert class_of_priority(priority) is qos
 
 

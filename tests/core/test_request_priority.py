@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.core.qos import QosClass
 
 from .builders import make_job, make_scheduler, run_until_idle, tick
@@ -24,28 +26,27 @@ def test_higher_priority_goes_first_and_equal_priority_keeps_arrival_order() -> 
     assert order == ["b", "d", "a", "c"]
 
 
-def test_aging_lets_a_long_waiting_low_priority_job_overtake_and_counts_a_reorder() -> None:
-    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0, starvation_ticks=0)
+@pytest.mark.parametrize(
+    ("aging_divisor_s", "wait_s", "admitted", "reorders"),
+    [
+        # aging on: 101 minutes' wait, -100 + 101 > 0, so the old batch job overtakes
+        (60.0, 101 * 60, ["old-batch", "new-normal"], 1),
+        # aging off: priority alone decides, however long the wait
+        (0, 10_000, ["new-normal", "old-batch"], 0),
+    ],
+    ids=["aging-lets-a-long-waiting-low-priority-job-overtake", "without-aging-priority-alone-decides"],
+)
+def test_aging_decides_whether_a_long_waiting_low_priority_job_overtakes(
+    aging_divisor_s: float, wait_s: float, admitted: list[str], reorders: int
+) -> None:
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=aging_divisor_s, starvation_ticks=0)
     sched.add(make_job(job_id="busy", max_tokens=5))
     tick(sched, engine)
     sched.add(make_job(job_id="old-batch", priority=-100, max_tokens=1))
-    clock.advance(101 * 60)  # 101 minutes: -100 + 101 > 0
+    clock.advance(wait_s)
     sched.add(make_job(job_id="new-normal", priority=0, max_tokens=1))
-    admitted = [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"]
-    assert admitted == ["old-batch", "new-normal"]
-    assert sched.snapshot()["counters"]["reorders_aging"] == 1
-
-
-def test_without_aging_priority_alone_decides() -> None:
-    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=0, starvation_ticks=0)
-    sched.add(make_job(job_id="busy", max_tokens=5))
-    tick(sched, engine)
-    sched.add(make_job(job_id="old-batch", priority=-100, max_tokens=1))
-    clock.advance(10_000)
-    sched.add(make_job(job_id="new-normal", priority=0, max_tokens=1))
-    admitted = [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"]
-    assert admitted == ["new-normal", "old-batch"]
-    assert sched.snapshot()["counters"]["reorders_aging"] == 0
+    assert [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"] == admitted
+    assert sched.snapshot()["counters"]["reorders_aging"] == reorders
 
 
 def test_the_dispatch_score_is_priority_plus_affinity_plus_aging_and_bands_are_counted() -> None:
@@ -63,8 +64,6 @@ def test_the_dispatch_score_is_priority_plus_affinity_plus_aging_and_bands_are_c
 
 
 def test_swap_affinity_is_validated_below_one_band() -> None:
-    import pytest
-
     from scheduler.core.scheduler import SchedulerConfig
 
     with pytest.raises(ValueError):

@@ -6,6 +6,7 @@ Set SUPERFLUID_UPDATE_SCREENSHOT=1 to refresh docs/dashboard.png from this run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -21,6 +22,7 @@ import httpx
 import pytest
 
 from bench.harness import ROOT, RunningServer
+from tests.e2e.server import serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -51,20 +53,24 @@ RECORDER = """
 """
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
+@contextlib.contextmanager
+def browser_server(*flags: str) -> Iterator[RunningServer]:
+    """A real server started with ``flags``, with the superuser USER the browser logs in as."""
     if CHROMIUM is None:
         message = "chromium is not installed (apt-get install chromium; .ci/run and the README's test command do)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI installs it: a skip there would hide a broken install step
         pytest.skip(message)
-    srv = RunningServer("--max-batch", "4", "--ctx-size", "4096").start()
-    try:
+    with serving(*flags) as srv:
         env = {**srv.env, "DJANGO_SUPERUSER_USERNAME": USER, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
         subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
         yield srv
-    finally:
-        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    with browser_server("--max-batch", "4", "--ctx-size", "4096") as srv:
+        yield srv
 
 
 def long_prompt(n_words: int = 480, seed: int | None = None) -> str:

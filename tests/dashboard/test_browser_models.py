@@ -4,36 +4,22 @@ resident model's lanes and what waits at the router, by band, as real requests c
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from bench.harness import ROOT, RunningServer
-from scheduler.engines.models import default_model_path, model_name_for
+from bench.harness import RunningServer
+from tests.e2e.test_fim_model import FIM, MAIN, two_model_flags
 from tests.e2e.test_models import Run
 
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, USER
+from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, USER, browser_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-MAIN = model_name_for(default_model_path())
-FIM = MAIN + "-fim"
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    gguf = str(default_model_path())
-    srv = RunningServer("--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", "1024").start()
-    try:
-        env = {**srv.env, "DJANGO_SUPERUSER_USERNAME": USER, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
+    with browser_server(*two_model_flags(1024)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def depth(page, band: str) -> str:  # type: ignore[no-untyped-def]

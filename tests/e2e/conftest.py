@@ -4,14 +4,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, serving
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[RunningServer]:
     """One real server for the read-mostly tests; tests that kill or drain start their own."""
-    srv = RunningServer("--max-batch", "8", "--ctx-size", "2048").start()
-    try:
+    with serving("--max-batch", "8", "--ctx-size", "2048") as srv:
         yield srv
-    finally:
-        srv.stop()

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 
 from bench.harness import RunningServer, free_port
 
-__all__ = ["RunningServer", "admin_session", "free_port", "stream_text"]
+__all__ = ["RunningServer", "admin_session", "assert_streams_batched", "free_port", "openai_chat", "peak_lanes", "serving", "stream_text"]
+
+
+@contextlib.contextmanager
+def serving(*flags: str, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> Iterator[RunningServer]:
+    """A real server started with ``flags``, stopped when the block (or the fixture) ends."""
+    srv = RunningServer(*flags, env=env).start(timeout_s)
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @contextlib.contextmanager
@@ -23,6 +37,47 @@ def admin_session(srv: RunningServer, user: str = "root", password: str = "a-lon
         r = session.post("/admin/login/?next=/admin/", data={"username": user, "password": password, "next": "/admin/", "csrfmiddlewaretoken": session.cookies["csrftoken"]})
         assert r.status_code == 302 and r.headers["location"] == "/admin/", r.text[:2000]
         yield session
+
+
+@contextlib.contextmanager
+def peak_lanes(srv: RunningServer, interval_s: float) -> Iterator[dict[str, int]]:
+    """``["lanes"]``: the most lanes the server showed busy at once while the block ran."""
+    peak = {"lanes": 0}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak["lanes"] = max(peak["lanes"], srv.state().get("lanes_active", 0))
+            time.sleep(interval_s)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watcher.join()
+
+
+def assert_streams_batched(srv: RunningServer, n: int, chat: Callable[[int], tuple[str, str]], interval_s: float, idle_s: float) -> None:
+    """``n`` chats at once (``chat(i)`` gives one's text and finish reason) all hold a lane
+    together and all end normally; within ``idle_s`` every lane is free again."""
+    with peak_lanes(srv, interval_s) as peak, ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(chat, range(n)))
+    assert peak["lanes"] == n
+    assert all(text and finish in ("stop", "length") for text, finish in results)
+    srv.wait_for(lambda: srv.state()["lanes_active"] == 0, timeout_s=idle_s)
+
+
+def openai_chat(base: str, model: str, messages: list[dict], max_tokens: int, timeout_s: float = 600) -> tuple[str, str]:
+    """(text, finish_reason) of a greedy chat streamed through the ``openai`` client."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+    parts, finish = [], ""
+    for chunk in c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True):  # type: ignore[arg-type]
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    return "".join(parts), finish
 
 
 def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=None, timeout_s: float = 180) -> tuple[str, dict]:  # type: ignore[no-untyped-def]

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, assert_streams_batched, openai_chat
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -21,37 +19,11 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 def stream_chat(base: str, content: str, max_tokens: int) -> tuple[str, str]:
-    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
-    parts, finish = [], ""
-    for chunk in c.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0, stream=True
-    ):
-        if chunk.choices:
-            parts.append(chunk.choices[0].delta.content or "")
-            finish = chunk.choices[0].finish_reason or finish
-    return "".join(parts), finish
+    return openai_chat(base, MODEL, [{"role": "user", "content": content}], max_tokens)
 
 
 def test_eight_concurrent_streams_are_batched_in_one_worker_and_all_complete(server: RunningServer) -> None:
-    peak = {"lanes": 0}
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            peak["lanes"] = max(peak["lanes"], server.state().get("lanes_active", 0))
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            results = list(pool.map(lambda i: stream_chat(server.base, f"Count to {i + 3}.", 48), range(8)))
-    finally:
-        done.set()
-        watcher.join()
-    assert peak["lanes"] == 8
-    assert all(text and finish in ("stop", "length") for text, finish in results)
-    server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=5)
+    assert_streams_batched(server, 8, lambda i: stream_chat(server.base, f"Count to {i + 3}.", 48), interval_s=0.02, idle_s=5)
 
 
 def test_client_disconnect_cancels_the_job_and_frees_its_lane_within_a_second(server: RunningServer) -> None:

@@ -14,8 +14,9 @@ from openai import OpenAI
 
 from scheduler.engines.models import default_model_path, model_name_for
 
-from .server import RunningServer
+from .server import RunningServer, serving
 from .test_models import Run
+from .test_models import models_state as models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -23,20 +24,16 @@ MAIN = model_name_for(default_model_path())
 FIM = MAIN + "-fim"
 
 
+def two_model_flags(fim_max_context: int) -> list[str]:
+    """The bundled GGUF as a one-lane main model and again as the FIM model."""
+    gguf = str(default_model_path())
+    return ["--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", str(fim_max_context)]
+
+
 @pytest.fixture(scope="module")
 def srv() -> Iterator[RunningServer]:
-    server = RunningServer(
-        "--model", str(default_model_path()), "--max-batch", "1", "--ctx-size", "1024",
-        "--fim-model", str(default_model_path()), "--fim-max-context", "2048",
-    ).start()
-    try:
+    with serving(*two_model_flags(2048)) as server:
         yield server
-    finally:
-        server.stop()
-
-
-def models(srv: RunningServer) -> dict[str, dict]:
-    return {m["id"]: m for m in httpx.get(srv.base + "/v1/internal/models", timeout=5).json()["data"]}
 
 
 def test_both_models_are_resident_from_the_start_each_with_its_lanes(srv: RunningServer) -> None:

@@ -9,14 +9,13 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from .server import RunningServer, stream_text
+from .server import RunningServer, assert_streams_batched, openai_chat, serving, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -30,11 +29,8 @@ START_S = 300.0  # loading mlx-lm (and transformers) on a busy two-core machine 
 
 @pytest.fixture(scope="module")
 def mlx_server(mlx_model_dir: Path) -> Iterator[RunningServer]:
-    srv = RunningServer("--model", str(mlx_model_dir), "--max-batch", "3", "--ctx-size", "512").start(START_S)
-    try:
+    with serving("--model", str(mlx_model_dir), "--max-batch", "3", "--ctx-size", "512", timeout_s=START_S) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def client(server: RunningServer) -> openai.OpenAI:
@@ -42,14 +38,7 @@ def client(server: RunningServer) -> openai.OpenAI:
 
 
 def stream_chat(server: RunningServer, messages: list[dict], max_tokens: int) -> tuple[str, str]:
-    parts, finish = [], ""
-    for chunk in client(server).chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
-    ):
-        if chunk.choices:
-            parts.append(chunk.choices[0].delta.content or "")
-            finish = chunk.choices[0].finish_reason or finish
-    return "".join(parts), finish
+    return openai_chat(server.base, MODEL, messages, max_tokens, timeout_s=300)
 
 
 def test_a_chat_reply_streams_through_the_openai_client_on_mlx(mlx_server: RunningServer) -> None:
@@ -60,26 +49,10 @@ def test_a_chat_reply_streams_through_the_openai_client_on_mlx(mlx_server: Runni
 
 
 def test_concurrent_streams_are_batched_and_all_complete(mlx_server: RunningServer) -> None:
-    peak = {"lanes": 0}
-    done = threading.Event()
+    def ask(i: int) -> tuple[str, str]:
+        return stream_chat(mlx_server, [{"role": "user", "content": f"Count to {i + 3}."}], 8)
 
-    def watch() -> None:
-        while not done.is_set():
-            peak["lanes"] = max(peak["lanes"], mlx_server.state().get("lanes_active", 0))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            asks = [[{"role": "user", "content": f"Count to {i + 3}."}] for i in range(3)]
-            results = list(pool.map(lambda m: stream_chat(mlx_server, m, 8), asks))
-    finally:
-        done.set()
-        watcher.join()
-    assert peak["lanes"] == 3
-    assert all(text and finish in ("stop", "length") for text, finish in results)
-    mlx_server.wait_for(lambda: mlx_server.state()["lanes_active"] == 0, timeout_s=10)
+    assert_streams_batched(mlx_server, 3, ask, interval_s=0.05, idle_s=10)
 
 
 def test_a_client_disconnect_cancels_its_job_and_frees_the_lane(mlx_server: RunningServer) -> None:

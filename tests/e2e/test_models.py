@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from scheduler.engines.models import default_model_path
 
-from .server import RunningServer, stream_text
+from .server import RunningServer, serving, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -48,19 +48,20 @@ routing:
 """
 
 
-def start(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> RunningServer:
+def config_file(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> str:
     path = Path(tempfile.mkdtemp(prefix="superfluid-models-")) / "superfluid.yaml"
     path.write_text(config(bonus, b_ttl, max_loaded))
-    return RunningServer("--config", str(path)).start()
+    return str(path)
+
+
+def start(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> RunningServer:
+    return RunningServer("--config", config_file(bonus, b_ttl, max_loaded)).start()
 
 
 @pytest.fixture(scope="module")
 def bonus10() -> Iterator[RunningServer]:
-    srv = start(10, b_ttl=2)
-    try:
+    with serving("--config", config_file(10, b_ttl=2)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def models_state(srv: RunningServer) -> dict[str, dict]:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from .server import RunningServer, stream_text
+from .server import RunningServer, serving, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -18,11 +18,8 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 @pytest.fixture(scope="module")
 def two_lanes() -> Iterator[RunningServer]:
-    srv = RunningServer("--max-batch", "2", "--ctx-size", "2048").start()
-    try:
+    with serving("--max-batch", "2", "--ctx-size", "2048") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def agent_body() -> dict:

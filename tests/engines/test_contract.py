@@ -1,5 +1,6 @@
 """The engine contract, run against every engine on the real SmolLM2-135M: llama.cpp from the
-bundled GGUF, MLX from the same GGUF converted by ``manage.py mlxconvert``'s code.
+bundled GGUF, MLX from the same GGUF converted by ``manage.py mlxconvert``'s code. What only
+llama.cpp does (prompt scoring, its own KV state bytes) is tested here too, on the same engine.
 
 ``reference`` holds greedy continuations generated alone in lane 0; batching, chunked prefill,
 parking, lane reuse and prefix copies must all reproduce them token for token on the same
@@ -26,7 +27,7 @@ from scheduler.worker.output import TextStream
 
 pytestmark = pytest.mark.model
 
-N_LANES, SLOTS = 3, 2
+N_LANES, SLOTS, LANE_CTX = 3, 2, 1024  # 1024: a scored prompt can span two 512-token chunks
 SLOT0 = N_LANES  # the first cache slot's sequence id
 QUESTIONS = [
     "What is the capital of France?",
@@ -40,14 +41,14 @@ def _llamacpp(_request: pytest.FixtureRequest) -> Any:
     from scheduler.engines.llama_cpp import LlamaCppEngine
     from scheduler.engines.models import default_model_path
 
-    return LlamaCppEngine(default_model_path(), n_lanes=N_LANES, lane_ctx=512, cache_slots=SLOTS)
+    return LlamaCppEngine(default_model_path(), n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)
 
 
 def _mlx(request: pytest.FixtureRequest) -> Any:
     folder: Path = request.getfixturevalue("mlx_model_dir")
     from scheduler.engines.mlx import MlxEngine
 
-    return MlxEngine(folder, n_lanes=N_LANES, lane_ctx=512, cache_slots=SLOTS)
+    return MlxEngine(folder, n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)
 
 
 @pytest.fixture(scope="module", params=["llamacpp", "mlx"])
@@ -85,7 +86,9 @@ def reference(engine: Any, prompts: list[list[int]]) -> list[list[int]]:
 
 def test_engine_describes_itself(engine: Any) -> None:
     assert engine.name in ("llamacpp", "mlx")
-    assert (engine.n_lanes, engine.lane_ctx, engine.vocab_size) == (N_LANES, 512, 49152)
+    assert (engine.n_lanes, engine.lane_ctx, engine.vocab_size) == (N_LANES, LANE_CTX, 49152)
+    assert engine.n_ctx_train == 8192
+    assert (engine.bos_text, engine.eos_text) == ("<|im_start|>", "<|im_end|>")
     assert engine.fim_tokens() is None  # SmolLM2 has no FIM tokens
     assert engine.is_eog(2) and not engine.is_eog(engine.tokenize("Paris")[0])
 
@@ -98,10 +101,24 @@ def test_render_chat_applies_the_models_template(engine: Any) -> None:
     assert default.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
 
 
+def test_a_templates_raise_exception_is_a_value_error(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "chat_template", "{{ raise_exception('roles must alternate') }}")
+    monkeypatch.setattr(engine, "_template", None)
+    with pytest.raises(ValueError, match="roles must alternate"):
+        engine.render_chat([{"role": "user", "content": "x"}])
+
+
 def test_tokenize_parses_special_tokens_and_adds_no_bos(engine: Any) -> None:
     tokens = engine.tokenize("<|im_start|>user\nHi<|im_end|>")
     assert tokens[0] == 1 and tokens[-1] == 2 and tokens.count(1) == 1
     assert engine.tokenize("Hi", add_special=False) == engine.tokenize("Hi")
+
+
+def test_tokenize_adds_bos_once_when_the_vocab_wants_it(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_add_bos", True)
+    assert engine.tokenize("Hi")[0] == engine.bos_id
+    assert engine.tokenize("Hi", add_special=False)[0] != engine.bos_id
+    assert engine.tokenize("<|im_start|>Hi").count(engine.bos_id) == 1
 
 
 def test_tokenize_without_special_keeps_control_token_text_as_text(engine: Any) -> None:
@@ -114,8 +131,20 @@ def test_tokenize_without_special_keeps_control_token_text_as_text(engine: Any) 
 def test_token_bytes_reassemble_multibyte_utf8(engine: Any) -> None:
     text = "héllo 你好 🙂"
     tokens = engine.tokenize(text, add_special=False)
-    assert b"".join(engine.token_bytes(t) for t in tokens) == text.encode("utf-8")
+    pieces = [engine.token_bytes(t) for t in tokens]
+    assert b"".join(pieces) == text.encode("utf-8")
+    # some token is a fragment of a character: bytes, not text, is the right unit
+    assert any(not _is_utf8(p) for p in pieces)
     assert engine.token_bytes(2) == b""  # <|im_end|> is a control token
+    assert engine.token_bytes(tokens[0]) is engine.token_bytes(tokens[0])  # cached
+
+
+def _is_utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 # -- generation -----------------------------------------------------------------------------
@@ -215,6 +244,22 @@ def test_should_stop_ends_the_tick_at_the_next_step_and_resumes_exactly(
     drive(engine, [decoding, prefilling])  # resumes lane 1 from position 15
     assert decoding.output == reference[0]
     assert prefilling.output == reference[2]
+
+
+def test_should_stop_is_not_asked_when_one_step_suffices(engine: Any, prompts: list[list[int]]) -> None:
+    asked: list[bool] = []
+
+    def stop() -> bool:
+        asked.append(True)
+        return True
+
+    first = TickPlan(tick=1, bind=[LaneBind(0, "a", GREEDY)], feeds=[LaneFeed(0, "a", 0, prompts[0], True)])
+    result = engine.execute(first, stop)
+    assert not asked and not result.stopped_early and 0 in result.sampled
+    assert result.fed == {0: len(prompts[0])} and result.prefill_s > 0
+    token = result.sampled[0]
+    decode = engine.execute(TickPlan(tick=2, feeds=[LaneFeed(0, "a", len(prompts[0]), [token], True, decode=True)]), never)
+    assert decode.fed == {0: 1} and decode.prefill_s == 0.0 and decode.elapsed_s > 0
 
 
 def test_seeded_sampling_repeats_per_lane_and_the_seed_matters(engine: Any, prompts: list[list[int]]) -> None:
@@ -456,3 +501,43 @@ def test_close_is_idempotent_and_final(engine: Any, request: pytest.FixtureReque
         other.tokenize("Hi")
     with pytest.raises(EngineError):
         other.execute(TickPlan(tick=1), never)
+
+
+# -- what only llama.cpp does -----------------------------------------------------------------
+
+
+@pytest.fixture
+def llamacpp(engine: Any) -> Any:
+    if engine.name != "llamacpp":
+        pytest.skip("prompt scoring and KV state bytes are llama.cpp's alone")
+    return engine
+
+
+def test_restoring_garbage_state_bytes_raises(llamacpp: Any) -> None:
+    from scheduler.engines.llama_cpp import ParkedKV
+
+    plan = TickPlan(tick=1, restore=[LaneRestore(1, "x", ParkedKV(b"\x00" * 64, 3))])
+    with pytest.raises(EngineError):
+        llamacpp.execute(plan, never)
+
+
+def test_scoring_a_greedy_continuation_finds_each_token_the_likeliest(
+    llamacpp: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    tokens = prompts[0] + reference[0]
+    scored = llamacpp.score_prompt(tokens, 2)
+    assert len(scored) == len(tokens) - 1
+    assert all(lp <= 0 and len(alts) == 2 for lp, alts in scored)
+    for i, token in enumerate(reference[0]):  # greedy: each was the argmax where it was drawn
+        lp, alts = scored[len(prompts[0]) - 1 + i]
+        assert alts[0][0] == token and lp == pytest.approx(alts[0][1])
+
+
+def test_scoring_a_prompt_longer_than_one_batch_sees_all_of_it(llamacpp: Any) -> None:
+    sentence = llamacpp.tokenize("The quick brown fox jumps over the lazy dog. ", add_special=False)
+    tokens = sentence * (700 // len(sentence) + 1)  # more than the 512-token chunk
+    scored = llamacpp.score_prompt(tokens, 0)
+    assert len(scored) == len(tokens) - 1
+    first = sum(lp for lp, _ in scored[: len(sentence) - 1])
+    late = sum(lp for lp, _ in scored[-(len(sentence) - 1):])
+    assert late > first / 4  # by the last repetition (past the chunk) the model has seen it many times

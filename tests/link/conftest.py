@@ -27,8 +27,8 @@ def completion(prompt: str = "Once upon a time", max_tokens: int = 40, **extra: 
     return {"endpoint": "completions", "model": "sim", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
 
 
-async def outcome(handle: JobHandle, timeout_s: float = 20.0) -> tuple[str, JobEvent]:
-    """(the text delivered, the event that ended the job)."""
+async def outcome(handle: JobHandle, timeout_s: float = 30.0) -> tuple[str, JobEvent]:
+    """(the text delivered, the event that ended the job); the timeout only bounds a hang."""
     parts: list[str] = []
     while True:
         event = await asyncio.wait_for(handle.next_event(), timeout_s)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness import RunningServer
+from tests.e2e.server import RunningServer, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -77,11 +77,8 @@ def scrape(srv: RunningServer) -> Scrape:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
-    srv = RunningServer("--max-batch", "2", "--ctx-size", "2048").start()
-    try:
+    with serving("--max-batch", "2", "--ctx-size", "2048") as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def chat(srv: RunningServer, content: str, max_tokens: int, headers: dict[str, str] | None = None, stream: bool = False) -> httpx.Response:

@@ -19,10 +19,11 @@ import redis
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import SimEngine
-from scheduler.link.messages import Delta, Done, Error, JobEvent, Rejected
 from scheduler.link.redis_transport import RedisTransport, RedisWorkerLink
-from scheduler.link.transport import JobHandle
 from scheduler.worker.loop import EngineWorker
+from tests.link.conftest import completion, outcome
+
+__all__ = ["completion", "outcome"]  # the link tests' job helpers, for the Redis tests to import from here
 
 
 def free_port() -> int:
@@ -116,20 +117,6 @@ class SimFleetWorker:
     def stop(self) -> None:
         self.worker.drain()
         self.thread.join(10)
-
-
-def completion(prompt: str = "Once upon a time", max_tokens: int = 40, **extra: Any) -> dict[str, Any]:
-    return {"endpoint": "completions", "model": "sim", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
-
-
-async def outcome(handle: JobHandle, timeout_s: float = 30.0) -> tuple[str, JobEvent]:
-    parts: list[str] = []
-    while True:
-        event = await asyncio.wait_for(handle.next_event(), timeout_s)
-        if isinstance(event, Delta):
-            parts.append(event.text)
-        elif isinstance(event, (Done, Error, Rejected)):
-            return "".join(parts), event
 
 
 async def head(url: str, prefix: str) -> RedisTransport:

@@ -4,10 +4,8 @@ this module's own (the last test stops and starts it)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +19,8 @@ import httpx
 import pytest
 import redis
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
+from tests.e2e.server import stream_text
 
 from .conftest import RedisServer
 
@@ -97,14 +96,7 @@ def fleet() -> Iterator[Fleet]:
     finally:
         for h in heads:
             h.stop()
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(30)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_processes(*workers)
         server.stop()
 
 
@@ -116,24 +108,17 @@ def post(base: str, body: dict, headers: dict | None = None, timeout_s: float = 
 def stream(base: str, body: dict, headers: dict | None, events: list[tuple[str, float]], name: str, texts: dict[str, str], progress: dict[str, int] | None = None) -> None:
     """Stream a completion, noting (name + ":first" / ":done", time) and the text."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
-    parts: list[str] = []
-    with httpx.stream("POST", base + path, json={"model": MODEL, "temperature": 0, "stream": True, **body}, headers=headers or {}, timeout=600) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            for choice in event.get("choices", []):
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    if not parts:
-                        events.append((name + ":first", time.monotonic()))
-                    parts.append(piece)
-                    if progress is not None:
-                        progress[name] = len(parts)
+
+    def on_chunk(n: int) -> None:
+        if n == 1:
+            events.append((name + ":first", time.monotonic()))
+        if progress is not None:
+            progress[name] = n
+
+    request = {"_path": path, "model": MODEL, "temperature": 0, "stream": True, **body}
+    text, _ = stream_text(base, request, headers, on_chunk, timeout_s=600)
     events.append((name + ":done", time.monotonic()))
-    texts[name] = "".join(parts)
+    texts[name] = text
 
 
 def test_eight_requests_through_both_heads_complete(fleet: Fleet) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness import ROOT
+from bench.harness import ROOT, stop_processes
 
 from .test_fleet_processes import MODEL, wait_until
 
@@ -114,15 +113,7 @@ def hosts() -> Iterator[Hosts]:
         run("ip", "addr", "add", f"{h.subnet}.254/24", "dev", h.bridge)  # the test's own address
         yield h
     finally:
-        for proc in h.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in h.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes(*h.procs)
         for ns in h.names:
             run("ip", "netns", "del", ns)
         run("ip", "link", "del", h.bridge)  # the veth ends on it go with their namespaces

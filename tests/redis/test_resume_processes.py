@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import ROOT, RunningServer, stop_processes
 
 from .conftest import RedisServer
 from .test_fleet_processes import MODEL, start_heads, start_worker
@@ -40,11 +39,7 @@ def fleet() -> Iterator[tuple[RedisServer, list[RunningServer]]]:
         for h in heads:
             if h.proc is not None and h.proc.poll() is None:
                 h.stop()
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_processes(worker)
         server.stop()
 
 
