@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -22,12 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import ROOT, RunningServer  # noqa: E402
+from bench.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, admin_page, create_superuser  # noqa: E402
 from bench.scenarios import Stream, Target, Tokens, agents_chat_jobs, run_concurrently, warm_up  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 
 USER, PASSWORD = "ops", "dashboard-shot-pw"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]
 
 
 def main() -> int:
@@ -35,8 +33,7 @@ def main() -> int:
     ap.add_argument("--at", type=float, default=12.0, help="seconds after the agents start (default %(default)s)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
     args = ap.parse_args()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+    if CHROMIUM is None:
         print("chromium is not installed (apt-get install chromium)", file=sys.stderr)
         return 2
     from playwright.sync_api import sync_playwright
@@ -44,19 +41,13 @@ def main() -> int:
     model_path = default_model_path()
     server = RunningServer("--max-batch", "8").start()
     try:
-        env = {**server.env, "DJANGO_SUPERUSER_USERNAME": USER, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
+        create_superuser(server, USER, PASSWORD)
         target = Target("superfluid", server.base, model_name_for(model_path), True, server.proc.pid if server.proc else None)
         warm_up(target)
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
-                page = browser.new_page(viewport={"width": 1440, "height": 1100})
-                page.goto(server.base + "/dashboard/")
-                page.fill("#id_username", USER)
-                page.fill("#id_password", PASSWORD)
-                page.click("input[type=submit]")
-                page.wait_for_url("**/dashboard/")
+                page = admin_page(browser, server.base, USER, PASSWORD)
                 page.wait_for_selector("#conn[data-status=live]", timeout=30000)
                 page.wait_for_selector("[data-lane='7']", timeout=30000)
                 jobs = agents_chat_jobs(target, True, 1, Tokens(model_path), "dashboard")

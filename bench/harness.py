@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -10,10 +11,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+# Debian's chromium, headless, for the dashboard's browser tests and bench/dashboard_shot.py
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def stop_processes(*procs: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -134,3 +148,20 @@ class RunningServer(ServerProcess):
         if done.returncode != 0:
             raise RuntimeError(f"manage.py {' '.join(args)} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
         return done.stdout
+
+
+def create_superuser(server: RunningServer, user: str, password: str) -> None:
+    """An admin account in ``server``'s database (for a browser to log in as)."""
+    env = {**server.env, "DJANGO_SUPERUSER_USERNAME": user, "DJANGO_SUPERUSER_PASSWORD": password, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
+
+
+def admin_page(browser: Any, base: str, user: str, password: str, next_path: str = "/dashboard/") -> Any:
+    """A new page of ``browser`` (playwright), logged in through the admin's form, on ``next_path``."""
+    page = browser.new_page(viewport={"width": 1440, "height": 1100})
+    page.goto(f"{base}/admin/login/?next={next_path}")
+    page.fill("#id_username", user)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_path}")
+    return page

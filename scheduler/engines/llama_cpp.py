@@ -190,6 +190,13 @@ class _Candidates:
     def chosen(self) -> int:
         return int(self.array.data[self.array.selected].id)
 
+    def pick_masked(self, logits: Any, grammar: Any, chain: Any) -> int:
+        """The chain's pick among the tokens ``grammar`` allows (the whole vocabulary masked)."""
+        self.fill(logits)
+        llama_cpp.llama_sampler_apply(grammar, self.ref)
+        llama_cpp.llama_sampler_apply(chain, self.ref)
+        return self.chosen()
+
     def allows(self, grammar: Any, token: int) -> bool:
         """Whether ``grammar`` in its present state accepts ``token`` next: the grammar applied to
         a one-token candidate array (microseconds; the whole vocabulary takes milliseconds)."""
@@ -528,10 +535,7 @@ class LlamaCppEngine(LaneEngine):
         llama_cpp.llama_sampler_apply(chain, cand.ref)
         token = cand.chosen()
         if not cand.allows(grammar, token):
-            cand.fill(logits)
-            llama_cpp.llama_sampler_apply(grammar, cand.ref)
-            llama_cpp.llama_sampler_apply(chain, cand.ref)
-            token = cand.chosen()
+            token = cand.pick_masked(logits, grammar, chain)
         llama_cpp.llama_sampler_accept(grammar, token)
         llama_cpp.llama_sampler_accept(chain, token)
         return token

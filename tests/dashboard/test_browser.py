@@ -10,8 +10,6 @@ import contextlib
 import os
 import random
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,23 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from bench.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, create_superuser
 from tests.e2e.server import serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 USER, PASSWORD = "ops", "dashboard-test-pw"
 
 # records every lane state the page shows: [time, lane, state, job]
@@ -62,8 +49,7 @@ def browser_server(*flags: str) -> Iterator[RunningServer]:
             pytest.fail(message)  # CI installs it: a skip there would hide a broken install step
         pytest.skip(message)
     with serving(*flags) as srv:
-        env = {**srv.env, "DJANGO_SUPERUSER_USERNAME": USER, "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "DJANGO_SUPERUSER_EMAIL": "ops@example.invalid"}
-        subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput"], env=env, cwd=ROOT, check=True, capture_output=True)
+        create_superuser(srv, USER, PASSWORD)
         yield srv
 
 

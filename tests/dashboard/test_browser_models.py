@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.harness import RunningServer
+from bench.harness import CHROMIUM, CHROMIUM_ARGS, RunningServer, admin_page
 from tests.e2e.test_fim_model import FIM, MAIN, two_model_flags
 from tests.e2e.test_models import Run
 
-from .test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, USER, browser_server
+from .test_browser import PASSWORD, USER, browser_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -32,12 +32,7 @@ def test_every_resident_models_lanes_and_the_router_queue_by_band(server: Runnin
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1440, "height": 1100})
-            page.goto(server.base + "/admin/login/?next=/dashboard/")
-            page.fill("#id_username", USER)
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
-            page.wait_for_url("**/dashboard/")
+            page = admin_page(browser, server.base, USER, PASSWORD)
             main, fim = f"#models [data-model='{MAIN}']", f"#models [data-model='{FIM}']"
             page.wait_for_selector(f"{main}[data-state=loaded]", timeout=60000)
             page.wait_for_selector(f"{fim}[data-state=loaded]", timeout=60000)

@@ -447,10 +447,7 @@ def test_llama_cpp_samples_first_and_masks_only_a_rejected_pick_with_the_same_gr
         import llama_cpp
 
         masks.append(index)
-        cand.fill(llama_cpp.llama_get_logits_ith(engine._ctx, index))
-        llama_cpp.llama_sampler_apply(grammar_sampler, cand.ref)
-        llama_cpp.llama_sampler_apply(chain, cand.ref)
-        token = cand.chosen()
+        token = cand.pick_masked(llama_cpp.llama_get_logits_ith(engine._ctx, index), grammar_sampler, chain)
         llama_cpp.llama_sampler_accept(grammar_sampler, token)
         llama_cpp.llama_sampler_accept(chain, token)
         return token
