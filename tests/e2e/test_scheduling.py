@@ -94,24 +94,29 @@ def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_firs
 
 def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(two_lanes: RunningServer) -> None:
     system = "You are a meticulous assistant for a shipping company. " * 30
-    results: list[dict] = []
+    results: dict[int, dict] = {}
+    started = threading.Event()
 
-    def ask(i: int) -> None:
-        body = {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 4, "stream": True,
+    def ask(i: int, max_tokens: int = 4) -> None:
+        body = {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Order {i}?"}]}
-        results.append(stream_text(two_lanes.base, body)[1])
+        results[i] = stream_text(two_lanes.base, body, on_chunk=lambda _n: started.set())[1]
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    # the first one is answering (its prompt computed, its lane busy) when three more arrive at
+    # once: one takes the other lane and copies the prefix from the first's, the last two wait
+    # and are seeded from the cache or a lane; none prefills the shared prompt again
+    first = threading.Thread(target=ask, args=(0, 24))
+    first.start()
+    assert started.wait(180)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(1, 4)]
     for t in threads:
         t.start()
-    for t in threads:
+    for t in [first, *threads]:
         t.join(180)
-    cached = sorted(u["prompt_tokens_details"]["cached_tokens"] for u in results)
     prompt = results[0]["prompt_tokens"]
-    assert len(results) == 4
-    assert cached[0] == 0 or cached[0] > prompt // 2  # at most one prefilled it in full
-    assert all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
+    cached = [results[i]["prompt_tokens_details"]["cached_tokens"] for i in range(4)]
+    assert cached[0] == 0 and all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
 
 
 def test_the_priority_header_alone_picks_the_class_of_its_band(two_lanes: RunningServer) -> None:
