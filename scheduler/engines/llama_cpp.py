@@ -663,7 +663,6 @@ class LlamaCppEngine(LaneEngine):
         """The pooled, L2-normalised embedding of ``tokens`` (at most ``lane_ctx``), from a
         context of its own created with embeddings on: the model's own pooling type when its
         GGUF names one, else mean pooling."""
-
         L = llama_cpp
         self._require_open()
         if not 0 < len(tokens) <= self.lane_ctx:
@@ -712,7 +711,6 @@ class LlamaCppEngine(LaneEngine):
         """The model's log-probability of ``token`` at batch row ``index`` and the ``top`` most
         likely tokens there, from the raw logits (before penalties, biases and grammar), as
         OpenAI and vLLM report them."""
-
         ptr = llama_cpp.llama_get_logits_ith(self._ctx if ctx is None else ctx, index)
         logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).astype(np.float64)
         shift = logits.max()

@@ -1,18 +1,18 @@
 """Several models behind one server: the web side of the model router.
 
 Used when ``serve`` is given ``--config`` or ``--model`` more than once (one ``--model`` is the
-single-worker server of ``superfluid_site.runtime.get_link``). Each resident model has its own engine worker process
-(its own tick loop, lanes and KV pool) under its own supervisor, reached over its own
-:class:`SocketTransport` on its own ``socketpair``; a crash of one model's worker is restarted by
-its supervisor and never touches another's.
+single-worker server of ``superfluid_site.runtime.get_link``). Each resident model has its own
+engine worker process (its own tick loop, lanes and KV pool) under its own supervisor, reached
+over its own :class:`SocketTransport` on its own ``socketpair``; a crash of one model's worker is
+restarted by its supervisor and never touches another's.
 
 A request waits in the :class:`scheduler.core.router.Router` (``acquire``) until the router
 dispatches it; it is then submitted to its model's transport, and ``release`` tells the router
 its work ended. The router's load and unload actions start and stop workers here.
 
 For the rest of the web side (health, /slots, the dashboard, key-policy caps, drain) the web
-runtime installs the pool's :class:`PoolLink` as the event loop's link: it fans configuration out to every model's
-transport and shows the snapshot of the model used last.
+runtime installs the pool's :class:`PoolLink` as the event loop's link: it fans configuration out
+to every model's transport and shows the snapshot of the model used last.
 """
 
 from __future__ import annotations
