@@ -23,6 +23,7 @@ import numpy as np
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
+from scheduler.engines.sampling import logprobs_of
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
 _LOG_WARN = 3
@@ -712,15 +713,7 @@ class LlamaCppEngine(LaneEngine):
         likely tokens there, from the raw logits (before penalties, biases and grammar), as
         OpenAI and vLLM report them."""
         ptr = llama_cpp.llama_get_logits_ith(self._ctx if ctx is None else ctx, index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).astype(np.float64)
-        shift = logits.max()
-        logz = shift + np.log(np.exp(logits - shift).sum())
-        alts: list[tuple[int, float]] = []
-        if top > 0:
-            idx = np.argpartition(-logits, top - 1)[:top]
-            idx = idx[np.argsort(-logits[idx], kind="stable")]
-            alts = [(int(i), float(logits[i] - logz)) for i in idx]
-        return float(logits[token] - logz), alts
+        return logprobs_of(np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)), token, top)
 
     def eog_tokens(self) -> list[int]:
         """Every end-of-generation token id (EOS, EOT, ...), computed once."""

@@ -156,7 +156,7 @@ def _typical(cand: np.ndarray, vals: np.ndarray, p: float) -> tuple[np.ndarray, 
 
 def logprobs_of(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """The log-probability of ``token`` under the raw ``logits`` and the ``top`` likeliest tokens
-    with theirs, as the llama.cpp engine's ``_logprobs``."""
+    with theirs; every engine reports logprobs through this (llama.cpp's and MLX's alike)."""
     row = np.asarray(logits, dtype=np.float64)
     shift = row.max()
     logz = shift + np.log(np.exp(row - shift).sum())
