@@ -44,6 +44,7 @@ stderr. All traffic is to 127.0.0.1. Prompts are built deterministically from se
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -382,6 +383,17 @@ class CpuMeter:
         return server / wall, max(others, 0.0) / wall
 
 
+def run_measured(
+    target: Target, jobs: list[tuple[float, Callable[[], Stream]]], sampler: StateSampler | None
+) -> tuple[float, list[Stream], float, float]:
+    """:func:`run_concurrently` while ``sampler`` (if any) polls the server's state; returns its
+    (start time, results) and the cores the server and the rest of the machine used meanwhile."""
+    meter = CpuMeter(target.pids())
+    with sampler or contextlib.nullcontext():
+        t0, results = run_concurrently(jobs)
+    return t0, results, *meter.read()
+
+
 def warm_up(target: Target) -> None:
     body = {"model": target.model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0}
     s = stream_chat(target.base, body, {}, "warm-up")
@@ -469,16 +481,8 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
                      trace_dir: Path | None) -> dict[str, Any]:
     jobs = agents_chat_jobs(target, headers, run, tokens, config)
     load_before = load()
-    meter = CpuMeter(target.pids())
     sampler = StateSampler(target.base) if target.superfluid else None
-    if sampler:
-        sampler.__enter__()
-    try:
-        t0, results = run_concurrently(jobs)
-    finally:
-        if sampler:
-            sampler.__exit__()
-    server_cores, other_cores = meter.read()
+    t0, results, server_cores, other_cores = run_measured(target, jobs, sampler)
     agents, chat_s = results[:AGENTS], results[AGENTS]
     failed = [s for s in results if not s.ok]
     row = {
@@ -580,16 +584,8 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
                 "messages": [{"role": "system", "content": systems[i]}, {"role": "user", "content": user}]}
         jobs.append((0.0, lambda b=body, i=i: stream_chat(target.base, b, {}, f"req{i}")))
     load_before = load()
-    meter = CpuMeter(target.pids())
     sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
-    if sampler:
-        sampler.__enter__()
-    try:
-        t0, results = run_concurrently(jobs)
-    finally:
-        if sampler:
-            sampler.__exit__()
-    server_cores, other_cores = meter.read()
+    t0, results, server_cores, other_cores = run_measured(target, jobs, sampler)
     if sampler and trace_dir:
         sampler.dump(trace_dir / f"shared-prefix-{_slug(config)}-run{run}.jsonl", t0)
     ttfts = [s.ttft for s in results if s.ttft is not None]
