@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.qos import (
-    DEFAULT_CLASS,
-    QosClass,
-    UnknownQosClass,
-    band_of,
-    class_of_priority,
-    parse_priority,
-    parse_qos,
-)
+from scheduler.core import qos
+from scheduler.core.qos import DEFAULT_CLASS, QosClass, UnknownQosClass
 
 
 @pytest.mark.parametrize(
@@ -39,18 +32,18 @@ from scheduler.core.qos import (
     ],
 )
 def test_every_class_name_and_alias_resolves_to_its_class_in_any_case(name: str, expected: QosClass) -> None:
-    assert parse_qos(name) is expected
+    assert qos.parse_qos(name) is expected
 
 
 @pytest.mark.parametrize("name", ["urgent", "4", "-1", "", "interactive chat", "batch", "normal"])
 def test_an_unknown_class_name_raises_unknown_qos_class(name: str) -> None:
     with pytest.raises(UnknownQosClass):
-        parse_qos(name)
+        qos.parse_qos(name)
 
 
 def test_unknown_qos_class_is_a_value_error_naming_the_bad_value() -> None:
     with pytest.raises(ValueError, match="'urgent'"):
-        parse_qos("urgent")
+        qos.parse_qos("urgent")
 
 
 def test_classes_order_from_most_to_least_urgent_and_agent_is_the_default() -> None:
@@ -77,21 +70,21 @@ def test_classes_order_from_most_to_least_urgent_and_agent_is_the_default() -> N
     ],
 )
 def test_a_priority_is_an_alias_or_a_signed_integer(header: str, expected: int) -> None:
-    assert parse_priority(header) == expected
+    assert qos.parse_priority(header) == expected
 
 
 @pytest.mark.parametrize("header", [None, "", "   ", "high", "1.5", "0x10", "1e3", "--5", "5 5"])
 def test_absent_or_unparseable_priority_means_zero(header: str | None) -> None:
-    assert parse_priority(header) == 0
+    assert qos.parse_priority(header) == 0
 
 
 @pytest.mark.parametrize("header", ["100000", "-100000", "99999999999999999999"])
 def test_priority_is_never_clamped(header: str) -> None:
-    assert parse_priority(header) == int(header)
+    assert qos.parse_priority(header) == int(header)
 
 
 @pytest.mark.parametrize(
-    ("priority", "band", "qos"),
+    ("priority", "band", "qos_class"),
     [
         (100, "interactive", QosClass.INTERACTIVE),
         (50, "interactive", QosClass.INTERACTIVE),
@@ -105,14 +98,14 @@ def test_priority_is_never_clamped(header: str) -> None:
     ],
 )
 def test_bands_are_100_wide_and_centred_on_the_anchors_and_a_priority_alone_selects_its_bands_class(
-    priority: int, band: str, qos: QosClass
+    priority: int, band: str, qos_class: QosClass
 ) -> None:
-    assert band_of(priority) == band
-    assert class_of_priority(priority) is qos
+    assert qos.band_of(priority) == band
+    assert qos.class_of_priority(priority) is qos_class
 
 
 def test_a_tier_offset_orders_work_inside_a_band_without_crossing_it() -> None:
-    free, pro, max_ = (parse_priority(str(-100 + offset)) for offset in (0, 1, 2))
-    assert free < pro < max_ < parse_priority("normal")
-    assert {band_of(p) for p in (free, pro, max_)} == {"batch"}
-    assert {class_of_priority(p) for p in (free, pro, max_)} == {QosClass.BACKGROUND}
+    free, pro, max_ = (qos.parse_priority(str(-100 + offset)) for offset in (0, 1, 2))
+    assert free < pro < max_ < qos.parse_priority("normal")
+    assert {qos.band_of(p) for p in (free, pro, max_)} == {"batch"}
+    assert {qos.class_of_priority(p) for p in (free, pro, max_)} == {QosClass.BACKGROUND}
