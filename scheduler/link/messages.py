@@ -1,7 +1,7 @@
 """Every message the web side and the engine worker exchange, typed, and their wire form.
 
 web -> worker:  Submit, Cancel, Config
-worker -> web:  Hello (once, on connect), Accepted, Rejected, Delta, Done, Error, Snapshot
+worker -> web:  Hello (once, on connect), Accepted, Delta, Done, Rejected, Error, Snapshot
 
 A message travels as one line of JSON: ``{"type": "<name>", ...fields}``. The same encoding is
 used by every transport (in-process, local socket, Redis), so a message that cannot be encoded
@@ -59,16 +59,22 @@ class Message:
     type: ClassVar[str] = ""
 
 
+@dataclass(frozen=True)
+class JobMessage(Message):
+    """About one job: ``id`` is the one the web side gave it in its Submit."""
+
+    id: str
+
+
 # -- web -> worker ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Submit(Message):
+class Submit(JobMessage):
     """A job. ``request`` is ``GenerationRequest.to_wire()``; ``resume_*`` are set when a job is
     submitted again after a worker loss (continue after the text already delivered)."""
 
     type: ClassVar[str] = "submit"
-    id: str
     request: dict[str, Any]
     qos: int = 2
     priority: int = 0
@@ -80,9 +86,8 @@ class Submit(Message):
 
 
 @dataclass(frozen=True)
-class Cancel(Message):
+class Cancel(JobMessage):
     type: ClassVar[str] = "cancel"
-    id: str
 
 
 @dataclass(frozen=True)
@@ -110,42 +115,28 @@ class Hello(Message):
 
 
 @dataclass(frozen=True)
-class Accepted(Message):
+class Accepted(JobMessage):
     type: ClassVar[str] = "accepted"
-    id: str
     prompt_tokens: int = 0
     # completions echo + logprobs: one entry per prompt token (the first one's logprob null)
     prompt_logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
-class Rejected(Message):
-    """Never queued. ``detail`` is a sentence for the client; ``param`` the request field it is about."""
-
-    type: ClassVar[str] = "rejected"
-    id: str
-    reason: str
-    detail: str = ""
-    param: str | None = None
-
-
-@dataclass(frozen=True)
-class Delta(Message):
+class Delta(JobMessage):
     """Text to send; ``tokens``: completion tokens generated so far (resumed ones included);
     ``logprobs``: one entry per token sampled since the last delta (``token_id``, ``bytes``,
     ``logprob``, ``top``), only when the request asked for logprobs."""
 
     type: ClassVar[str] = "delta"
-    id: str
     text: str
     tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
-class Done(Message):
+class Done(JobMessage):
     type: ClassVar[str] = "done"
-    id: str
     finish_reason: str
     usage: dict[str, int] = field(default_factory=dict)
     timing: dict[str, Any] = field(default_factory=dict)
@@ -153,12 +144,24 @@ class Done(Message):
     embeddings: list[list[float]] | None = None  # /v1/embeddings: one vector per input
 
 
+# A job refused or failed: ``reason`` is one of the constants above.
+
+
 @dataclass(frozen=True)
-class Error(Message):
+class Rejected(JobMessage):
+    """Never queued. ``detail`` is a sentence for the client; ``param`` the request field it is about."""
+
+    type: ClassVar[str] = "rejected"
+    reason: str
+    detail: str = ""
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Error(JobMessage):
     """Failed after acceptance (or, made by the web side, never reached a worker)."""
 
     type: ClassVar[str] = "error"
-    id: str
     reason: str
     detail: str = ""
 
