@@ -44,6 +44,8 @@ from .admission import key_required
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 ANONYMOUS_KEY = "anonymous"  # the key label of requests made without an API key
 DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LANE_STATES = ("idle", "prefill", "decode")
+LABEL_VALUES: dict[str, tuple[str, ...]] = {"state": LANE_STATES, "class": CLASSES, "band": BANDS}  # every sample a label has
 
 
 # -- families from plain numbers ------------------------------------------------------------
@@ -79,87 +81,81 @@ def _per(keys: Iterable[str], table: Mapping[str, float] | None) -> list[tuple[l
     return [([k], table.get(k, 0) or 0) for k in keys]
 
 
+def gauges_by_label(table: Mapping[str, tuple[str, str, str]], stats: Mapping[str, Any]) -> Iterator[Metric]:
+    """A gauge for each row of ``table`` (field of ``stats`` -> (metric name, help, label)), with a
+    sample for each of the label's values (LABEL_VALUES), 0 where the field has none."""
+    for field, (name, help_, label) in table.items():
+        yield labelled(GaugeMetricFamily, name, help_, [label], _per(LABEL_VALUES[label], stats.get(field)))
+
+
 # -- the worker's snapshot --------------------------------------------------------------------
 
-# scheduler counter key (snapshot["counters"]) -> (metric name, help); a missing key exports 0
-COUNTERS: dict[str, tuple[str, str]] = {
-    "admitted": ("superfluid_admitted_total", "Jobs admitted into a lane for the first time."),
-    "finished": ("superfluid_finished_total", "Jobs finished for any reason (stop, length, cancelled, error)."),
-    "cancelled": ("superfluid_cancelled_total", "Jobs cancelled (client disconnect or explicit cancel)."),
-    "preemptions": ("superfluid_preemptions_total", "Running lanes preempted for a more urgent class."),
-    "ticks": ("superfluid_ticks_total", "Ticks executed by the engine."),
-    "prefix_hits": ("superfluid_prefix_cache_hits_total", "Admissions seeded from the prefix cache."),
-    "prefix_tokens_reused": ("superfluid_prefix_cache_tokens_reused_total", "Prompt tokens not prefilled thanks to the prefix cache."),
-    "parks": ("superfluid_parks_total", "Lanes whose KV was parked to host memory on preemption."),
-    "resumes": ("superfluid_resumes_total", "Parked jobs restored into a lane."),
-    "evictions": ("superfluid_evictions_total", "Cached prefixes evicted from the KV pool."),
-    "host_imports": ("superfluid_host_imports_total", "Prefixes imported back from host memory."),
-    "host_drops": ("superfluid_host_drops_total", "Prefixes dropped from host memory (OS pressure or the host cache bound)."),
-    "stored": ("superfluid_prefix_cache_stored_total", "Prefixes stored into the prefix cache."),
-    "deadline_expired": ("superfluid_deadline_expired_total", "Queued jobs finished because their start deadline passed."),
-    "plans_rejected": ("superfluid_plans_rejected_total", "Tick plans the engine could not hold (replanned with pins released)."),
+# (snapshot part, key) -> (family, metric name, help): one unlabelled sample each, 0 where the key
+# is missing. The parts: "metrics" (the worker's WorkerStats), "counters" (the scheduler core's, the
+# KV pool's and the queues' counters), "pool" (the KV pool's figures).
+SCALARS: dict[tuple[str, str], tuple[Callable[[str, str, float], Metric], str, str]] = {
+    ("metrics", "lanes_total"): (gauge, "superfluid_lanes_total", "Lanes (--max-batch)."),
+    ("metrics", "jobs_parked"): (gauge, "superfluid_jobs_parked", "Preempted jobs waiting with their KV parked."),
+    ("metrics", "prefill_budget_tokens"): (gauge, "superfluid_prefill_budget_tokens", "Prompt tokens a tick may prefill, as last planned (live budget)."),
+    ("metrics", "prefill_step_tokens"): (gauge, "superfluid_prefill_step_tokens", "Most tokens per engine call while prefilling."),
+    ("metrics", "decode_grant_tokens"): (gauge, "superfluid_decode_grant_tokens", "Decode tokens the next tick grants (one per decoding lane, up to --tick-decode-budget)."),
+    ("metrics", "prefill_tokens_per_s"): (gauge, "superfluid_prefill_tokens_per_second", "Measured prefill rate the budget is sized from."),
+    ("metrics", "tick"): (gauge, "superfluid_tick", "Number of the last tick planned."),
+    ("metrics", "prefill_tokens_total"): (counter, "superfluid_prefill_tokens_total", "Prompt tokens fed to the engine (prefill, including recompute)."),
+    ("metrics", "decode_tokens_total"): (counter, "superfluid_decode_tokens_total", "Decode tokens fed to the engine."),
+    ("metrics", "prompt_tokens_total"): (counter, "superfluid_prompt_tokens_total", "Prompt tokens of finished requests."),
+    ("metrics", "completion_tokens_total"): (counter, "superfluid_completion_tokens_total", "Completion tokens of finished requests."),
+    ("metrics", "requests_total"): (counter, "superfluid_worker_requests_total", "Jobs the worker accepted into its queues."),
+    ("metrics", "rejected_total"): (counter, "superfluid_worker_rejected_total", "Jobs the worker rejected (context too long, draining, ...)."),
+    ("metrics", "engine_errors_total"): (counter, "superfluid_engine_errors_total", "Ticks that failed in the engine."),
+    ("metrics", "ticks_stopped_early_total"): (counter, "superfluid_ticks_stopped_early_total", "Ticks interrupted at an engine step (cancel or urgent arrival)."),
+    ("counters", "admitted"): (counter, "superfluid_admitted_total", "Jobs admitted into a lane for the first time."),
+    ("counters", "finished"): (counter, "superfluid_finished_total", "Jobs finished for any reason (stop, length, cancelled, error)."),
+    ("counters", "cancelled"): (counter, "superfluid_cancelled_total", "Jobs cancelled (client disconnect or explicit cancel)."),
+    ("counters", "preemptions"): (counter, "superfluid_preemptions_total", "Running lanes preempted for a more urgent class."),
+    ("counters", "ticks"): (counter, "superfluid_ticks_total", "Ticks executed by the engine."),
+    ("counters", "prefix_hits"): (counter, "superfluid_prefix_cache_hits_total", "Admissions seeded from the prefix cache."),
+    ("counters", "prefix_tokens_reused"): (counter, "superfluid_prefix_cache_tokens_reused_total", "Prompt tokens not prefilled thanks to the prefix cache."),
+    ("counters", "parks"): (counter, "superfluid_parks_total", "Lanes whose KV was parked to host memory on preemption."),
+    ("counters", "resumes"): (counter, "superfluid_resumes_total", "Parked jobs restored into a lane."),
+    ("counters", "evictions"): (counter, "superfluid_evictions_total", "Cached prefixes evicted from the KV pool."),
+    ("counters", "host_imports"): (counter, "superfluid_host_imports_total", "Prefixes imported back from host memory."),
+    ("counters", "host_drops"): (counter, "superfluid_host_drops_total", "Prefixes dropped from host memory (OS pressure or the host cache bound)."),
+    ("counters", "stored"): (counter, "superfluid_prefix_cache_stored_total", "Prefixes stored into the prefix cache."),
+    ("counters", "deadline_expired"): (counter, "superfluid_deadline_expired_total", "Queued jobs finished because their start deadline passed."),
+    ("counters", "plans_rejected"): (counter, "superfluid_plans_rejected_total", "Tick plans the engine could not hold (replanned with pins released)."),
+    ("pool", "blocks_used"): (gauge, "superfluid_pool_blocks_used", "KV pool blocks in use (live lanes, cached and pinned prefixes)."),
+    ("pool", "blocks_total"): (gauge, "superfluid_pool_blocks_total", "KV pool blocks in all."),
+    ("pool", "cached_blocks"): (gauge, "superfluid_pool_blocks_cached", "KV pool blocks holding cached prefixes."),
+    ("pool", "pinned_blocks"): (gauge, "superfluid_pool_blocks_pinned", "KV pool blocks holding pinned prefixes."),
+    ("pool", "host_prefixes"): (gauge, "superfluid_pool_host_prefixes", "Prefixes held in host memory after eviction."),
+    ("pool", "host_bytes"): (gauge, "superfluid_pool_host_bytes", "Bytes of KV held in host memory (evicted prefixes)."),
+    ("pool", "device_prefixes"): (gauge, "superfluid_pool_device_prefixes", "Cached prefixes held in the KV pool."),
 }
-OS_PRESSURE_KEYS = {"warning": "os_pressure_warning", "critical": "os_pressure_critical"}
-REORDER_KEYS = {"aging": "reorders_aging", "swap_affinity": "reorders_swap_affinity"}
-
-# snapshot["pool"] key -> (metric name, help)
-POOL_GAUGES: dict[str, tuple[str, str]] = {
-    "blocks_used": ("superfluid_pool_blocks_used", "KV pool blocks in use (live lanes, cached and pinned prefixes)."),
-    "blocks_total": ("superfluid_pool_blocks_total", "KV pool blocks in all."),
-    "cached_blocks": ("superfluid_pool_blocks_cached", "KV pool blocks holding cached prefixes."),
-    "pinned_blocks": ("superfluid_pool_blocks_pinned", "KV pool blocks holding pinned prefixes."),
-    "host_prefixes": ("superfluid_pool_host_prefixes", "Prefixes held in host memory after eviction."),
-    "host_bytes": ("superfluid_pool_host_bytes", "Bytes of KV held in host memory (evicted prefixes)."),
-    "device_prefixes": ("superfluid_pool_device_prefixes", "Cached prefixes held in the KV pool."),
+# metric name -> (help, label, {label value: snapshot["counters"] key}); a missing key exports 0
+LABELLED_COUNTERS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "llamaswap_scheduler_dispatched_total": ("Requests dispatched (admitted into a lane), by priority band.", "band", {b: f"dispatched_{b}" for b in BANDS}),
+    "superfluid_os_pressure_total": ("OS memory-pressure events acted on, by level.", "level", {"warning": "os_pressure_warning", "critical": "os_pressure_critical"}),
+    "llamaswap_scheduler_reorders_total": ("Dispatches where aging or swap affinity changed the pick.", "reason", {"aging": "reorders_aging", "swap_affinity": "reorders_swap_affinity"}),
 }
-
-# WorkerStats field -> (metric name, help), one unlabelled sample each
-WORKER_GAUGES: dict[str, tuple[str, str]] = {
-    "lanes_total": ("superfluid_lanes_total", "Lanes (--max-batch)."),
-    "jobs_parked": ("superfluid_jobs_parked", "Preempted jobs waiting with their KV parked."),
-    "prefill_budget_tokens": ("superfluid_prefill_budget_tokens", "Prompt tokens a tick may prefill, as last planned (live budget)."),
-    "prefill_step_tokens": ("superfluid_prefill_step_tokens", "Most tokens per engine call while prefilling."),
-    "decode_grant_tokens": ("superfluid_decode_grant_tokens", "Decode tokens the next tick grants (one per decoding lane, up to --tick-decode-budget)."),
-    "prefill_tokens_per_s": ("superfluid_prefill_tokens_per_second", "Measured prefill rate the budget is sized from."),
-    "tick": ("superfluid_tick", "Number of the last tick planned."),
+# WorkerStats field -> (metric name, help, label): a gauge with a sample for each of the label's
+# values (LABEL_VALUES), 0 where the field has none
+WORKER_BY_LABEL: dict[str, tuple[str, str, str]] = {
+    "lanes_by_state": ("superfluid_lanes", "Lanes by state.", "state"),
+    "lanes_by_class": ("superfluid_lanes_by_class", "Busy lanes by QoS class.", "class"),
+    "queue_depth_by_class": ("superfluid_queue_depth", "Jobs waiting for a lane, by QoS class.", "class"),
+    "queue_oldest_wait_s_by_class": ("superfluid_queue_oldest_wait_seconds", "How long the longest-waiting job of each class has waited.", "class"),
+    "queue_depth_by_band": ("llamaswap_scheduler_queue_depth", "Requests waiting, by priority band.", "band"),
+    "queue_oldest_wait_s_by_band": ("llamaswap_scheduler_queue_oldest_wait_seconds", "How long the longest-waiting request of each band has waited.", "band"),
 }
-WORKER_COUNTERS: dict[str, tuple[str, str]] = {
-    "prefill_tokens_total": ("superfluid_prefill_tokens_total", "Prompt tokens fed to the engine (prefill, including recompute)."),
-    "decode_tokens_total": ("superfluid_decode_tokens_total", "Decode tokens fed to the engine."),
-    "prompt_tokens_total": ("superfluid_prompt_tokens_total", "Prompt tokens of finished requests."),
-    "completion_tokens_total": ("superfluid_completion_tokens_total", "Completion tokens of finished requests."),
-    "requests_total": ("superfluid_worker_requests_total", "Jobs the worker accepted into its queues."),
-    "rejected_total": ("superfluid_worker_rejected_total", "Jobs the worker rejected (context too long, draining, ...)."),
-    "engine_errors_total": ("superfluid_engine_errors_total", "Ticks that failed in the engine."),
-    "ticks_stopped_early_total": ("superfluid_ticks_stopped_early_total", "Ticks interrupted at an engine step (cancel or urgent arrival)."),
-}
-LANE_STATES = ("idle", "prefill", "decode")
 
 
 def worker_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
-    """The families of one snapshot's ``metrics`` (a WorkerStats); a missing field exports 0."""
+    """The families of one snapshot's ``metrics`` (a WorkerStats) beyond its plain numbers (those
+    are in SCALARS); a missing field exports 0."""
     states: Mapping[str, int] = stats.get("lanes_by_state") or {}
     yield gauge("superfluid_lanes_active", "Lanes holding a job.", int(stats.get("lanes_total", 0)) - states.get("idle", 0))
-    for field, (name, help_) in WORKER_GAUGES.items():
-        yield gauge(name, help_, stats.get(field, 0) or 0)
-    yield labelled(GaugeMetricFamily, "superfluid_lanes", "Lanes by state.", ["state"], _per(LANE_STATES, states))
-    yield labelled(GaugeMetricFamily, "superfluid_lanes_by_class", "Busy lanes by QoS class.", ["class"], _per(CLASSES, stats.get("lanes_by_class")))
-    yield labelled(GaugeMetricFamily, "superfluid_queue_depth", "Jobs waiting for a lane, by QoS class.", ["class"], _per(CLASSES, stats.get("queue_depth_by_class")))
-    yield labelled(
-        GaugeMetricFamily,
-        "superfluid_queue_oldest_wait_seconds",
-        "How long the longest-waiting job of each class has waited.",
-        ["class"],
-        _per(CLASSES, stats.get("queue_oldest_wait_s_by_class")),
-    )
-    yield labelled(GaugeMetricFamily, "llamaswap_scheduler_queue_depth", "Requests waiting, by priority band.", ["band"], _per(BANDS, stats.get("queue_depth_by_band")))
-    yield labelled(
-        GaugeMetricFamily,
-        "llamaswap_scheduler_queue_oldest_wait_seconds",
-        "How long the longest-waiting request of each band has waited.",
-        ["band"],
-        _per(BANDS, stats.get("queue_oldest_wait_s_by_band")),
-    )
+    yield from gauges_by_label(WORKER_BY_LABEL, stats)
     last: Mapping[str, Any] = stats.get("last_tick") or {}
     yield labelled(
         GaugeMetricFamily,
@@ -170,8 +166,6 @@ def worker_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
     )
     yield gauge("superfluid_last_tick_lanes", "Lanes fed by the last executed tick.", last.get("lanes", 0))
     yield gauge("superfluid_last_tick_seconds", "Duration of the last executed tick.", last.get("seconds", 0.0))
-    for field, (name, help_) in WORKER_COUNTERS.items():
-        yield counter(name, help_, stats.get(field, 0) or 0)
     finished: Mapping[str, Mapping[str, int]] = stats.get("finished") or {}
     yield labelled(
         CounterMetricFamily,
@@ -189,34 +183,12 @@ def worker_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
 def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
     """Every family one worker snapshot gives: its statistics, the scheduler's counters (the
     core's, the KV pool's and the queues' reorder counts) and the KV pool's figures."""
+    for (part, key), (family, name, help_) in SCALARS.items():
+        yield family(name, help_, (state.get(part) or {}).get(key, 0) or 0)
     yield from worker_families(state.get("metrics") or {})
     counters: Mapping[str, Any] = state.get("counters") or {}
-    pool: Mapping[str, Any] = state.get("pool") or {}
-    for key, (name, help_) in COUNTERS.items():
-        yield counter(name, help_, counters.get(key, 0) or 0)
-    yield labelled(
-        CounterMetricFamily,
-        "llamaswap_scheduler_dispatched_total",
-        "Requests dispatched (admitted into a lane), by priority band.",
-        ["band"],
-        [([b], counters.get(f"dispatched_{b}", 0) or 0) for b in BANDS],
-    )
-    yield labelled(
-        CounterMetricFamily,
-        "superfluid_os_pressure_total",
-        "OS memory-pressure events acted on, by level.",
-        ["level"],
-        [([level], counters.get(k, 0) or 0) for level, k in OS_PRESSURE_KEYS.items()],
-    )
-    yield labelled(
-        CounterMetricFamily,
-        "llamaswap_scheduler_reorders_total",
-        "Dispatches where aging or swap affinity changed the pick.",
-        ["reason"],
-        [([r], counters.get(k, 0) or 0) for r, k in REORDER_KEYS.items()],
-    )
-    for key, (name, help_) in POOL_GAUGES.items():
-        yield gauge(name, help_, pool.get(key, 0) or 0)
+    for name, (help_, label, keys) in LABELLED_COUNTERS.items():
+        yield labelled(CounterMetricFamily, name, help_, [label], [([v], counters.get(k, 0) or 0) for v, k in keys.items()])
     yield from fleet_families(state)
 
 
@@ -297,39 +269,19 @@ class WebMetrics:
         hist.observe(time.time() - record.started_s)
 
     def families(self) -> Iterator[Metric]:
-        yield labelled(
-            CounterMetricFamily,
-            "superfluid_http_generation_requests_total",
-            "Generation requests (chat, completions) by endpoint and HTTP status.",
-            ["endpoint", "status"],
-            sorted(self.requests.items()),
+        counters = (
+            ("superfluid_http_generation_requests_total", "Generation requests (chat, completions) by endpoint and HTTP status.", ["endpoint", "status"], self.requests),
+            ("superfluid_key_requests_total", 'Generation requests per API key (key="anonymous" without one), endpoint and class.', ["key", "endpoint", "class"], self.key_requests),
+            ("superfluid_key_rejections_total", "Generation requests refused before any reply (4xx/5xx other than client disconnects), per key and error code.", ["key", "code"], self.key_rejections),
+            ("superfluid_key_tokens_total", "Tokens per API key, by kind (prompt, completion).", ["key", "kind"], self.key_tokens),
         )
+        for name, help_, labels, table in counters:
+            yield labelled(CounterMetricFamily, name, help_, labels, sorted(table.items()))
         yield histogram(
             "superfluid_http_generation_duration_seconds",
             "Time from request to the end of its response, by endpoint.",
             "endpoint",
             {e: h.stats() for e, h in sorted(self.durations.items())},
-        )
-        yield labelled(
-            CounterMetricFamily,
-            "superfluid_key_requests_total",
-            'Generation requests per API key (key="anonymous" without one), endpoint and class.',
-            ["key", "endpoint", "class"],
-            sorted(self.key_requests.items()),
-        )
-        yield labelled(
-            CounterMetricFamily,
-            "superfluid_key_rejections_total",
-            "Generation requests refused before any reply (4xx/5xx other than client disconnects), per key and error code.",
-            ["key", "code"],
-            sorted(self.key_rejections.items()),
-        )
-        yield labelled(
-            CounterMetricFamily,
-            "superfluid_key_tokens_total",
-            "Tokens per API key, by kind (prompt, completion).",
-            ["key", "kind"],
-            sorted(self.key_tokens.items()),
         )
 
 
@@ -355,46 +307,26 @@ ROUTER_OVERRIDES = frozenset(
 )
 
 
+# router_stats() field -> (metric name, help, label): a gauge with a sample for each of the
+# label's values (LABEL_VALUES), 0 where the field has none
+ROUTER_BY_LABEL: dict[str, tuple[str, str, str]] = {
+    "queue_depth_by_band": ("llamaswap_scheduler_queue_depth", "Requests waiting (at the model router and at each model's worker), by priority band.", "band"),
+    "queue_oldest_wait_s_by_band": ("llamaswap_scheduler_queue_oldest_wait_seconds", "How long the longest-waiting request has waited, by band.", "band"),
+}
+# router_stats() field -> (metric name, help, label): a counter with a sample for each label value the field holds
+ROUTER_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "dispatched_by_band": ("llamaswap_scheduler_dispatched_total", "Requests the model router dispatched, by band.", "band"),
+    "reorders": ("llamaswap_scheduler_reorders_total", "Dispatches where aging or swap affinity changed the pick.", "reason"),
+    "loads": ("superfluid_model_loads_total", "Times each model was loaded (a worker started and said hello).", "model"),
+}
+
+
 def router_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
     """The families of the pool's ``router_stats()``: the seed's llamaswap_scheduler_* across
     every model (the router's queue plus each resident worker's), and model loads and states."""
-    depth: Mapping[str, int] = stats.get("queue_depth_by_band") or {}
-    oldest: Mapping[str, float] = stats.get("queue_oldest_wait_s_by_band") or {}
-    yield labelled(
-        GaugeMetricFamily,
-        "llamaswap_scheduler_queue_depth",
-        "Requests waiting (at the model router and at each model's worker), by priority band.",
-        ["band"],
-        _per(BANDS, depth),
-    )
-    yield labelled(
-        GaugeMetricFamily,
-        "llamaswap_scheduler_queue_oldest_wait_seconds",
-        "How long the longest-waiting request has waited, by band.",
-        ["band"],
-        _per(BANDS, oldest),
-    )
-    yield labelled(
-        CounterMetricFamily,
-        "llamaswap_scheduler_dispatched_total",
-        "Requests the model router dispatched, by band.",
-        ["band"],
-        sorted(([b], n) for b, n in (stats.get("dispatched_by_band") or {}).items()),
-    )
-    yield labelled(
-        CounterMetricFamily,
-        "llamaswap_scheduler_reorders_total",
-        "Dispatches where aging or swap affinity changed the pick.",
-        ["reason"],
-        sorted(([r], n) for r, n in (stats.get("reorders") or {}).items()),
-    )
-    yield labelled(
-        CounterMetricFamily,
-        "superfluid_model_loads_total",
-        "Times each model was loaded (a worker started and said hello).",
-        ["model"],
-        [([m], n) for m, n in (stats.get("loads") or {}).items()],
-    )
+    yield from gauges_by_label(ROUTER_BY_LABEL, stats)
+    for field, (name, help_, label) in ROUTER_COUNTERS.items():
+        yield labelled(CounterMetricFamily, name, help_, [label], sorted(([k], n) for k, n in (stats.get(field) or {}).items()))
     yield histogram(
         "superfluid_model_load_seconds",
         "Time from starting a model's worker to its hello (the model loaded).",
