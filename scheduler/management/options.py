@@ -30,49 +30,59 @@ def _env(flag: str, default: Any) -> Any:
         raise CommandError(f"environment value for {flag}: {exc}") from None
 
 
-# (flag, type, default, help) -- forwarded from serve to runengine as given
-ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
-    ("--model-name", str, "", "id the model is served under (default: the file name without extension)"),
-    ("--engine", str, "auto", "auto (a .gguf file: llamacpp, an MLX model folder: mlx), llamacpp or mlx"),
-    ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
-    ("--ctx-size", int, 4096, "context tokens per lane"),
-    ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
-    ("--class-lanes", str, "", "lane caps per class, e.g. background=2,agent=6 (each 1..--max-batch)"),
-    ("--prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 = adaptive (256-4096)"),
-    ("--tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 = every decoding lane"),
-    ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
-    ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
-    ("--drain-timeout", int, 30, "seconds in-flight requests get to finish on SIGTERM"),
-    ("--prefix-cache-slots", int, 4, "engine sequences holding cached prompt prefixes; 0 disables the prefix cache"),
-    ("--pressure-high", int, 85, "KV pool occupancy (%) at which cached prefixes are evicted"),
-    ("--pressure-low", int, 70, "KV pool occupancy (%) eviction stops at"),
-    ("--host-cache-mb", int, 1024, "host memory for evicted prefixes, MiB; 0 drops them instead"),
-    ("--os-pressure", str, "on", "react to OS memory pressure (/proc/pressure/memory): on or off"),
-    ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
-    ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
-    ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
-    ("--no-park", bool, False, "a preempted lane drops its KV and recomputes it when resumed, instead of parking it in host memory"),
-    ("--repack", str, "auto", "llama.cpp extra buffer types (AMX, weight repacking): auto (off where a build with AMX/AVX512 kernels meets a CPU with AMX), on or off"),
-]
+# (flag, type, default, help) by --help section -- forwarded from serve to runengine as given
+ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
+    "model and engine": [
+        ("--model-name", str, "", "id the model is served under (default: the file name without extension)"),
+        ("--engine", str, "auto", "auto (a .gguf file: llamacpp, an MLX model folder: mlx), llamacpp or mlx"),
+        ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
+        ("--ctx-size", int, 4096, "context tokens per lane"),
+        ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
+        ("--repack", str, "auto", "llama.cpp extra buffer types (AMX, weight repacking): auto (off where a build with AMX/AVX512 kernels meets a CPU with AMX), on or off"),
+        ("--drain-timeout", int, 30, "seconds in-flight requests get to finish on SIGTERM"),
+    ],
+    "scheduling": [
+        ("--class-lanes", str, "", "lane caps per class, e.g. background=2,agent=6 (each 1..--max-batch)"),
+        ("--prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 = adaptive (256-4096)"),
+        ("--tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 = every decoding lane"),
+        ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
+        ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
+        ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
+        ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
+        ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
+    ],
+    "prefix cache and memory": [
+        ("--prefix-cache-slots", int, 4, "engine sequences holding cached prompt prefixes; 0 disables the prefix cache"),
+        ("--pressure-high", int, 85, "KV pool occupancy (%) at which cached prefixes are evicted"),
+        ("--pressure-low", int, 70, "KV pool occupancy (%) eviction stops at"),
+        ("--host-cache-mb", int, 1024, "host memory for evicted prefixes, MiB; 0 drops them instead"),
+        ("--os-pressure", str, "on", "react to OS memory pressure (/proc/pressure/memory): on or off"),
+        ("--no-park", bool, False, "a preempted lane drops its KV and recomputes it when resumed, instead of parking it in host memory"),
+    ],
+}
+ENGINE_FLAGS = [row for rows in ENGINE_FLAG_GROUPS.values() for row in rows]
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool = False) -> None:
+    groups = {title: parser.add_argument_group(title) for title in ENGINE_FLAG_GROUPS}
+    engine = groups["model and engine"]
     if repeat_model:  # serve: several models, ids from the file names (or --config)
         env_model = _env("--model", "")  # SUPERFLUID_MODEL: one model, when no --model is given
-        parser.add_argument("--model", action="append", default=None, help="model: a GGUF file or an MLX model folder, once or more; default: the bundled SmolLM2-135M-Instruct GGUF")
+        engine.add_argument("--model", action="append", default=None, help="model: a GGUF file or an MLX model folder, once or more; default: the bundled SmolLM2-135M-Instruct GGUF")
         parser.set_defaults(model_env=env_model)
     else:
-        parser.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
-    for flag, typ, default, help_text in ENGINE_FLAGS:
-        if flag == "--repack" and _env("--no-repack", False):
-            default = "off"  # SUPERFLUID_NO_REPACK=1, as --no-repack
-        if typ is bool:
-            parser.add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
-            continue
-        parser.add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
+        engine.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
+    for title, flags in ENGINE_FLAG_GROUPS.items():
+        for flag, typ, default, help_text in flags:
+            if flag == "--repack" and _env("--no-repack", False):
+                default = "off"  # SUPERFLUID_NO_REPACK=1, as --no-repack
+            if typ is bool:
+                groups[title].add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
+                continue
+            groups[title].add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
 
     # llama-server's spelling; the last of --repack/--no-repack on the command line wins
-    parser.add_argument("--no-repack", dest="repack", action="store_const", const="off", default=argparse.SUPPRESS, help="same as --repack off (as llama-server's --no-repack)")
+    engine.add_argument("--no-repack", dest="repack", action="store_const", const="off", default=argparse.SUPPRESS, help="same as --repack off (as llama-server's --no-repack)")
 
 
 def _help(text: str) -> str:
