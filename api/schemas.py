@@ -26,6 +26,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from scheduler.core.types import SamplingParams
+
 from .errors import ApiError, invalid_request, model_not_found
 
 Endpoint = Literal["chat", "completions"]
@@ -45,6 +47,8 @@ MAX_PROMPTS = 32  # prompts in one completions request
 MAX_CHOICES = 32  # ``n`` times the number of prompts: the jobs one request may submit
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+# What an absent sampling parameter means is the scheduler's default (one place says it).
+_SAMPLING = SamplingParams()
 
 # Keys each endpoint understands. Anything else is ``unknown_parameter``.
 _COMMON_KEYS = frozenset(
@@ -127,24 +131,24 @@ class GenerationRequest:
     prompt: str | list[int] | None = None
     suffix: str | None = None
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0
+    temperature: float = _SAMPLING.temperature
+    top_p: float = _SAMPLING.top_p
+    top_k: int = _SAMPLING.top_k
+    min_p: float = _SAMPLING.min_p
+    seed: int | None = _SAMPLING.seed
+    presence_penalty: float = _SAMPLING.presence_penalty
+    frequency_penalty: float = _SAMPLING.frequency_penalty
+    repeat_penalty: float = _SAMPLING.repeat_penalty
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
     # -- llama-server / vLLM extensions and structured output (all optional) -----------------
     logit_bias: list[list[float]] = field(default_factory=list)  # [[token id, bias], ...]
-    ignore_eos: bool = False
-    typical_p: float = 1.0
+    ignore_eos: bool = _SAMPLING.ignore_eos
+    typical_p: float = _SAMPLING.typical_p
     # None: no logprobs; k >= 0: the chosen token's logprob plus the top k alternatives
-    logprobs: int | None = None
+    logprobs: int | None = _SAMPLING.logprobs
     # {"type": "json_object"} | {"type": "json_schema", "schema": {...}, "strict": bool}
     # | {"type": "grammar", "grammar": "<GBNF>"}; None for free text
     response_format: dict[str, Any] | None = None
