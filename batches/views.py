@@ -119,22 +119,31 @@ async def files(request: HttpRequest) -> HttpResponse:
 _Owned = TypeVar("_Owned", File, Batch)
 
 
-async def _own(model: type[_Owned], request: HttpRequest, pk: str) -> _Owned:
-    """The caller's file or batch ``pk``; another owner's is not found, as a missing one."""
-    row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst()
-    if row is None:
-        raise _not_found(model.__name__.lower(), pk)
-    return row
+def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned], Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
+    """A batch_view of one of the caller's files or batches, the route's ``pk``: the view is
+    handed the row; another owner's is not found, as a missing one."""
+
+    def wrap(view: Callable[[HttpRequest, _Owned], Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+        @batch_view
+        @functools.wraps(view)
+        async def inner(request: HttpRequest, pk: str) -> HttpResponse:
+            row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst()
+            if row is None:
+                raise _not_found(model.__name__.lower(), pk)
+            return await view(request, row)
+
+        return inner
+
+    return wrap
 
 
-@batch_view
-async def file_detail(request: HttpRequest, file_id: str) -> HttpResponse:
-    return JsonResponse(file_object(await _own(File, request, file_id)))
+@owned_view(File)
+async def file_detail(request: HttpRequest, f: File) -> HttpResponse:
+    return JsonResponse(file_object(f))
 
 
-@batch_view
-async def file_content(request: HttpRequest, file_id: str) -> HttpResponse:
-    f = await _own(File, request, file_id)
+@owned_view(File)
+async def file_content(request: HttpRequest, f: File) -> HttpResponse:
     return HttpResponse(bytes(f.content), content_type="application/jsonl")
 
 
@@ -213,13 +222,12 @@ async def batches(request: HttpRequest) -> HttpResponse:
     return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
 
 
-@batch_view
-async def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
-    return JsonResponse(batch_object(await _own(Batch, request, batch_id)))
+@owned_view(Batch)
+async def batch_detail(request: HttpRequest, b: Batch) -> HttpResponse:
+    return JsonResponse(batch_object(b))
 
 
-@batch_view
-async def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
-    b = await _own(Batch, request, batch_id)
+@owned_view(Batch)
+async def batch_cancel(request: HttpRequest, b: Batch) -> HttpResponse:
     b = await sync_to_async(runner.request_cancel)(b.id)
     return JsonResponse(batch_object(b))

@@ -28,11 +28,11 @@ urlpatterns = [
     ),
     # the Batch API (batches/): files for its input and output, batches
     path("v1/files", edge.api_route(("GET", "HEAD", "POST"))(batch_views.files)),
-    path("v1/files/<str:file_id>", edge.api_route()(batch_views.file_detail)),
-    path("v1/files/<str:file_id>/content", edge.api_route()(batch_views.file_content)),
+    path("v1/files/<str:pk>", edge.api_route()(batch_views.file_detail)),
+    path("v1/files/<str:pk>/content", edge.api_route()(batch_views.file_content)),
     path("v1/batches", edge.api_route(("GET", "HEAD", "POST"))(batch_views.batches)),
-    path("v1/batches/<str:batch_id>", edge.api_route()(batch_views.batch_detail)),
-    path("v1/batches/<str:batch_id>/cancel", edge.api_route(("POST",))(batch_views.batch_cancel)),
+    path("v1/batches/<str:pk>", edge.api_route()(batch_views.batch_detail)),
+    path("v1/batches/<str:pk>/cancel", edge.api_route(("POST",))(batch_views.batch_cancel)),
     re_path(r"^v1$", edge.unknown_route),  # not a 301 to /v1/ (APPEND_SLASH)
     re_path(r"^v1/(?P<rest>.*)$", edge.unknown_route),
 ]
