@@ -452,6 +452,10 @@ class LlamaCppEngine(LaneEngine):
     def clear(self, seq: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
+    def trim(self, seq: int, n_tokens: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, n_tokens, -1):
+            raise EngineError(f"could not trim sequence {seq} to {n_tokens} tokens", permanent=True)
+
     def bind_sampler(self, bind: LaneBind) -> None:
         self.drop_sampler(bind.lane)
         chain, grammar = self._build_sampler(bind.sampling)

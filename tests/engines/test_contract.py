@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
-from scheduler.core.kv_pool import PoolOps
+from scheduler.core.kv_pool import PoolOps, common_prefix
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.engines.grammar import schema_grammar, tool_grammar
@@ -473,6 +473,20 @@ def test_a_prefix_copied_from_another_lane_continues_like_a_full_prefill(
     shared = len(prompts[0]) - 9
     engine.execute(TickPlan(tick=0, pool=PoolOps(copy=[(0, 1, shared)])), never)
     assert _continue_greedy(engine, 1, prompts[0], shared) == reference[0]
+
+
+def test_a_kept_lane_trimmed_to_the_prefix_a_new_prompt_shares_continues_like_a_full_prefill(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """A finished job's lane keeps its KV (its sampler goes); the next job sharing the start of
+    its prompt is trimmed to that start and feeds the rest: the reply of a full prefill."""
+    generate(engine, 0, prompts[1], max_tokens=3)
+    shared = common_prefix(prompts[0], prompts[1])
+    assert 8 < shared < len(prompts[0])
+    engine.execute(TickPlan(tick=0, keep=[0]), never)
+    assert not engine.bound_lanes()
+    engine.execute(TickPlan(tick=0, trim=[(0, shared)]), never)
+    assert _continue_greedy(engine, 0, prompts[0], shared) == reference[0]
 
 
 def test_a_prefix_stored_evicted_to_host_and_imported_back_is_the_same_prefix(
