@@ -37,6 +37,7 @@ ENGINE_FLAGS: list[tuple[str, type, Any, str]] = [
     ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
     ("--ctx-size", int, 4096, "context tokens per lane"),
     ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
+    ("--adapt-threads", str, "on", "llama.cpp: use fewer threads than --threads while steps measure faster with fewer (busy cores): on or off"),
     ("--class-lanes", str, "", "lane caps per class, e.g. background=2,agent=6 (each 1..--max-batch)"),
     ("--prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 = adaptive (256-4096)"),
     ("--tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 = every decoding lane"),
@@ -174,6 +175,8 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError("--ctx-size must be at least 64")
     if options["os_pressure"] not in ("on", "off"):
         raise CommandError("--os-pressure must be on or off")
+    if options["adapt_threads"] not in ("on", "off"):
+        raise CommandError(f"--adapt-threads must be on or off; got {options['adapt_threads']!r}")
     if options["repack"] not in ("auto", "on", "off"):
         raise CommandError(f"--repack must be auto, on or off; got {options['repack']!r}")
     if options["completion_deadline_ms"] < 0:

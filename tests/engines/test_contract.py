@@ -552,3 +552,25 @@ def test_scoring_a_prompt_longer_than_one_batch_sees_all_of_it(llamacpp: Any) ->
     first = sum(lp for lp, _ in scored[: len(sentence) - 1])
     late = sum(lp for lp, _ in scored[-(len(sentence) - 1):])
     assert late > first / 4  # by the last repetition (past the chunk) the model has seen it many times
+
+
+def test_the_thread_count_changes_between_steps_and_the_greedy_reply_stays_the_same(
+    llamacpp: Any, prompts: list[list[int]], reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread governor may change llama.cpp's threads at any step (busy cores): every step
+    here alternates between all threads and one, and the replies are the ones of a fixed count."""
+    if llamacpp.n_threads < 2:
+        pytest.skip("one core: a single thread, nothing to change")
+    governor = llamacpp.threads
+    assert governor is not None and governor.max_threads == llamacpp.n_threads
+    used: list[int] = []
+
+    def alternate(kind: str) -> int:
+        used.append(llamacpp.n_threads if len(used) % 2 else 1)
+        return used[-1]
+
+    monkeypatch.setattr(governor, "threads_for", alternate)
+    for i in (0, 1):
+        assert generate(llamacpp, 0, prompts[i], max_tokens=N_TOKENS) == reference[i]
+        release(llamacpp, 0)
+    assert set(used) == {1, llamacpp.n_threads}
