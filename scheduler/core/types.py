@@ -126,13 +126,16 @@ class LaneRestore:
 
 @dataclass
 class TickPlan:
-    """What the engine does this tick, in this order: pool evict/drop/store, release, park,
-    restore, pool imports/copy, bind, feed."""
+    """What the engine does this tick, in this order: pool evict/drop/store, release, keep,
+    park, trim, restore, pool imports/copy, bind, feed."""
 
     tick: int
     pool: PoolOps = field(default_factory=PoolOps)
-    release: list[int] = field(default_factory=list)
+    release: list[int] = field(default_factory=list)  # free lanes: KV cleared, sampler dropped
+    keep: list[int] = field(default_factory=list)  # free lanes whose KV stays (sampler dropped)
     park: list[tuple[int, str]] = field(default_factory=list)
+    # (lane, n): cut a kept lane's KV to its first n tokens (0: empty it) before a job is bound
+    trim: list[tuple[int, int]] = field(default_factory=list)
     restore: list[LaneRestore] = field(default_factory=list)
     bind: list[LaneBind] = field(default_factory=list)
     feeds: list[LaneFeed] = field(default_factory=list)
@@ -149,7 +152,7 @@ class TickPlan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.feeds or self.release or self.park or self.restore or self.pool)
+        return bool(self.feeds or self.release or self.keep or self.park or self.trim or self.restore or self.pool)
 
 
 @dataclass

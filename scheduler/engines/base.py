@@ -122,6 +122,10 @@ class TickPrimitives(Protocol):
         """Empty the sequence's KV."""
         ...
 
+    def trim(self, seq: int, n_tokens: int) -> None:
+        """Keep only the first ``n_tokens`` (at least 1) of the sequence's KV."""
+        ...
+
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         """Make ``dst`` hold the first ``n_tokens`` of ``src``'s KV."""
         ...
@@ -210,8 +214,8 @@ def _check(seq: int, limit: int, what: str) -> None:
 def run_tick(
     engine: TickPrimitives, plan: TickPlan, should_stop: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
 ) -> TickResult:
-    """One tick, the same order for every engine: evict, drop and store cached prefixes; release
-    and park lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
+    """One tick, the same order for every engine: evict, drop and store cached prefixes; release,
+    keep and park lanes; trim kept lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
     the feeds step by step (:func:`pack_steps`), stopping between steps when ``should_stop()``
     says so. A step that fails raises its EngineError with ``partial`` set to what ran before."""
     started = clock()
@@ -233,11 +237,20 @@ def run_tick(
         _check(lane, lanes, "lane")
         engine.clear(lane)
         engine.drop_sampler(lane)
+    for lane in plan.keep:
+        _check(lane, lanes, "lane")
+        engine.drop_sampler(lane)
     for lane, job_id in plan.park:
         _check(lane, lanes, "lane")
         result.parked[job_id] = engine.save(lane)
         engine.clear(lane)
         engine.drop_sampler(lane)
+    for lane, n in plan.trim:
+        _check(lane, lanes, "lane")
+        if n > 0:
+            engine.trim(lane, n)
+        else:
+            engine.clear(lane)
     for restore in plan.restore:
         _check(restore.lane, lanes, "lane")
         engine.load(restore.lane, restore.artifact)

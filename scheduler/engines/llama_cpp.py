@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import logging
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,9 @@ from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 from scheduler.engines.sampling import logprobs_of
+from scheduler.engines.threads import ThreadGovernor, step_kind
+
+log = logging.getLogger(__name__)
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
 _LOG_WARN = 3
@@ -248,6 +253,7 @@ class LlamaCppEngine(LaneEngine):
         max_step_tokens: int = 512,
         cache_slots: int = 0,
         repack: str = "auto",
+        adapt_threads: bool = True,
     ) -> None:
         self._set_lanes(n_lanes, lane_ctx, max_step_tokens, cache_slots)
         self.model_path = Path(model_path)
@@ -255,6 +261,9 @@ class LlamaCppEngine(LaneEngine):
             raise FileNotFoundError(f"model file not found: {self.model_path}")
         self.kv_unified = kv_unified
         self.n_threads = n_threads or os.cpu_count() or 1
+        # the compute threads of each step, chosen by measurement (scheduler/engines/threads.py)
+        self.threads = ThreadGovernor(self.n_threads) if adapt_threads and self.n_threads > 1 else None
+        self._threads_set = self.n_threads
         self._model: Any = None
         self._ctx: Any = None
         self._batch: Any = None
@@ -453,6 +462,10 @@ class LlamaCppEngine(LaneEngine):
     def clear(self, seq: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
+    def trim(self, seq: int, n_tokens: int) -> None:
+        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, n_tokens, -1):
+            raise EngineError(f"could not trim sequence {seq} to {n_tokens} tokens", permanent=True)
+
     def bind_sampler(self, bind: LaneBind) -> None:
         self.drop_sampler(bind.lane)
         chain, grammar = self._build_sampler(bind.sampling)
@@ -500,7 +513,20 @@ class LlamaCppEngine(LaneEngine):
             n = end
         self._batch.n_tokens = n
         self._watch_abort(step.prefill)
+        governor = self.threads
+        if governor is not None:
+            kind = step_kind(step.prefill, n)
+            threads = governor.threads_for(kind)
+            if threads != self._threads_set:
+                llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
+                self._threads_set = threads
+            started = time.perf_counter()
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
+        if governor is not None and ret == 0:
+            before = governor.current
+            governor.observe(threads, kind, time.perf_counter() - started, n)
+            if governor.current != before:
+                log.info("compute threads %d -> %d: %s steps measured faster with %d", before, governor.current, kind, governor.current)
         if ret == 2 and step.prefill:
             # llama.cpp rolls back only the ubatch it was in: a step that mixes a decode token
             # with prompt tokens is split into several ubatches, and those already done stay in

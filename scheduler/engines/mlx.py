@@ -361,6 +361,25 @@ class MlxEngine(LaneEngine):
         self._seqs[seq] = self._make_cache(self._model)
         self._lens[seq] = 0
 
+    def trim(self, seq: int, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` of the sequence's KV (sliced copies: MLX arrays are values)."""
+        if not 0 < n_tokens <= self._lens[seq]:
+            raise EngineError(f"cannot trim sequence {seq} holding {self._lens[seq]} to {n_tokens} tokens", permanent=True)
+        self._seqs[seq] = self._sliced(self._cache(seq), n_tokens)
+        self._lens[seq] = n_tokens
+
+    def _sliced(self, source: list[Any], n_tokens: int) -> list[Any]:
+        mx = self._mx
+        caches = []
+        for c in source:
+            new = self._kv_cache()
+            new.keys = mx.contiguous(c.keys[..., :n_tokens, :])
+            new.values = mx.contiguous(c.values[..., :n_tokens, :])
+            new.offset = n_tokens
+            caches.append(new)
+        mx.eval([(c.keys, c.values) for c in caches])
+        return caches
+
     def save(self, seq: int) -> MlxParkedKV:
         mx = self._mx
         n = self._lens[seq]
@@ -412,17 +431,8 @@ class MlxEngine(LaneEngine):
         self._check_seq(dst)
         if not 0 < n_tokens <= self._lens[src]:
             raise EngineError(f"cannot copy {n_tokens} tokens from sequence {src} holding {self._lens[src]}", permanent=True)
-        mx = self._mx
-        source = self._cache(src)
+        caches = self._sliced(self._cache(src), n_tokens)
         self.clear(dst)
-        caches = []
-        for c in source:
-            new = self._kv_cache()
-            new.keys = mx.contiguous(c.keys[..., :n_tokens, :])
-            new.values = mx.contiguous(c.values[..., :n_tokens, :])
-            new.offset = n_tokens
-            caches.append(new)
-        mx.eval([(c.keys, c.values) for c in caches])
         self._seqs[dst] = caches
         self._lens[dst] = n_tokens
 

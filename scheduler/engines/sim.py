@@ -114,6 +114,10 @@ class SimEngine:
     def clear(self, seq: int) -> None:
         self.kv[seq] = []
 
+    def trim(self, seq: int, n_tokens: int) -> None:
+        assert 0 < n_tokens <= len(self.kv[seq]), f"trim sequence {seq} holding {len(self.kv[seq])} to {n_tokens}"
+        del self.kv[seq][n_tokens:]
+
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         assert dst >= self.n_lanes or not self.kv[dst], f"copy into lane {dst} that is not empty"
         assert len(self.kv[src]) >= n_tokens, f"copy of {n_tokens} tokens from sequence {src} holding {len(self.kv[src])}"

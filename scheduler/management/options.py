@@ -38,6 +38,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--max-batch", int, 8, "concurrent lanes (sequences) in the engine"),
         ("--ctx-size", int, 4096, "context tokens per lane"),
         ("--threads", int, 0, "CPU threads for the engine (0 = all cores)"),
+        ("--adapt-threads", str, "on", "llama.cpp: use fewer threads than --threads while steps measure faster with fewer (busy cores): on or off"),
         ("--repack", str, "auto", "llama.cpp extra buffer types (AMX, weight repacking): auto (off where a build with AMX/AVX512 kernels meets a CPU with AMX), on or off"),
         ("--drain-timeout", int, 30, "seconds in-flight requests get to finish on SIGTERM"),
     ],
@@ -184,6 +185,8 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError("--ctx-size must be at least 64")
     if options["os_pressure"] not in ("on", "off"):
         raise CommandError("--os-pressure must be on or off")
+    if options["adapt_threads"] not in ("on", "off"):
+        raise CommandError(f"--adapt-threads must be on or off; got {options['adapt_threads']!r}")
     if options["repack"] not in ("auto", "on", "off"):
         raise CommandError(f"--repack must be auto, on or off; got {options['repack']!r}")
     if options["completion_deadline_ms"] < 0:

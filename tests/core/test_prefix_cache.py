@@ -178,8 +178,9 @@ def test_the_prefix_cache_is_partitioned_by_scope() -> None:
     sched.add(job("b3", "policy:b"))
     events += run_until_idle(sched, engine)
     cached = {e.job_id: e.job.cached_tokens for e in events if e.kind == "finished" and e.job is not None}
-    assert cached["b1"] == cached["a1"] == cached["c1"] == cached["a2"] == 0
+    assert cached["b1"] == cached["a1"] == cached["c1"] == 0
     assert cached["b2"] >= 80 and cached["b3"] >= 80  # its own scope's prefix
+    assert cached["a2"] >= 80  # what a1 left in its lane: a's own scope
 
 
 def test_with_fixed_per_sequence_kv_the_watermarks_evict_nothing() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
-from scheduler.core.kv_pool import PoolOps
+from scheduler.core.kv_pool import PoolOps, common_prefix
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.engines.grammar import schema_grammar, tool_grammar
@@ -475,6 +475,20 @@ def test_a_prefix_copied_from_another_lane_continues_like_a_full_prefill(
     assert _continue_greedy(engine, 1, prompts[0], shared) == reference[0]
 
 
+def test_a_kept_lane_trimmed_to_the_prefix_a_new_prompt_shares_continues_like_a_full_prefill(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """A finished job's lane keeps its KV (its sampler goes); the next job sharing the start of
+    its prompt is trimmed to that start and feeds the rest: the reply of a full prefill."""
+    generate(engine, 0, prompts[1], max_tokens=3)
+    shared = common_prefix(prompts[0], prompts[1])
+    assert 8 < shared < len(prompts[0])
+    engine.execute(TickPlan(tick=0, keep=[0]), never)
+    assert not engine.bound_lanes()
+    engine.execute(TickPlan(tick=0, trim=[(0, shared)]), never)
+    assert _continue_greedy(engine, 0, prompts[0], shared) == reference[0]
+
+
 def test_a_prefix_stored_evicted_to_host_and_imported_back_is_the_same_prefix(
     engine: Any, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
@@ -538,3 +552,25 @@ def test_scoring_a_prompt_longer_than_one_batch_sees_all_of_it(llamacpp: Any) ->
     first = sum(lp for lp, _ in scored[: len(sentence) - 1])
     late = sum(lp for lp, _ in scored[-(len(sentence) - 1):])
     assert late > first / 4  # by the last repetition (past the chunk) the model has seen it many times
+
+
+def test_the_thread_count_changes_between_steps_and_the_greedy_reply_stays_the_same(
+    llamacpp: Any, prompts: list[list[int]], reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread governor may change llama.cpp's threads at any step (busy cores): every step
+    here alternates between all threads and one, and the replies are the ones of a fixed count."""
+    if llamacpp.n_threads < 2:
+        pytest.skip("one core: a single thread, nothing to change")
+    governor = llamacpp.threads
+    assert governor is not None and governor.max_threads == llamacpp.n_threads
+    used: list[int] = []
+
+    def alternate(kind: str) -> int:
+        used.append(llamacpp.n_threads if len(used) % 2 else 1)
+        return used[-1]
+
+    monkeypatch.setattr(governor, "threads_for", alternate)
+    for i in (0, 1):
+        assert generate(llamacpp, 0, prompts[i], max_tokens=N_TOKENS) == reference[i]
+        release(llamacpp, 0)
+    assert set(used) == {1, llamacpp.n_threads}

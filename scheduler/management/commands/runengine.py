@@ -37,14 +37,18 @@ EXIT_MODEL_UNLOADABLE = 78  # EX_CONFIG: the engine cannot load the model it was
 CRASH_PROBE_ENV = "SUPERFLUID_TEST_CRASH_PROBE"
 
 
-def load_engine(kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int, repack: str = "auto") -> Any:
+def load_engine(
+    kind: str, model: Path, *, n_lanes: int, lane_ctx: int, threads: int, cache_slots: int, repack: str = "auto", adapt_threads: bool = True
+) -> Any:
     """The engine ``--engine kind`` picks for ``model``; CommandError if it cannot load it."""
     kind = choose_engine(kind, model)
     try:
         if kind == "llamacpp":
             from scheduler.engines.llama_cpp import LlamaCppEngine
 
-            return LlamaCppEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots, repack=repack)
+            return LlamaCppEngine(
+                model, n_lanes=n_lanes, lane_ctx=lane_ctx, n_threads=threads or None, cache_slots=cache_slots, repack=repack, adapt_threads=adapt_threads
+            )
         try:
             from scheduler.engines.mlx import MlxEngine
         except ImportError as exc:
@@ -108,6 +112,7 @@ class Command(BaseCommand):
                 threads=options["threads"],
                 cache_slots=config.cache_slots if config.prefix_cache else 0,
                 repack=options["repack"],
+                adapt_threads=options["adapt_threads"] == "on",
             )
         except CommandError as exc:
             # a distinct status, so the supervisor can tell "this model does not load" from a crash

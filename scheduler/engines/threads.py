@@ -1,0 +1,111 @@
+"""How many compute threads the next engine step uses, chosen by measuring.
+
+llama.cpp splits every graph node of a step across its threads and waits at a barrier after
+each. On a machine whose cores are all busy (another inference process, a compiler, this
+server's own web process under many streams) a descheduled thread holds every other one at
+the next barrier: measured on two cores under load, 2 threads decoded at 0.1-0.6 tok/s where
+1 thread decoded at 9-28 tok/s (``docs/benchmarks.md``). On a quiet machine the opposite holds
+(2 threads ~1.8x one). So the count is not a constant: the governor watches each step's cost
+per token against the fastest seen for that kind of step, and when steps turn slow it tries
+fewer threads on the next step of the same kind and keeps them if that step is faster; while
+below the maximum it tries one more now and then, and goes back up when that is faster.
+
+Pure Python and clock-driven, so its rules are tested without an engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# A step whose cost per token is this many times the fastest seen for its kind is slow.
+SLOW_FACTOR = 1.6
+# A probe with another count wins when its cost per token is below this fraction of the current's.
+WIN_FACTOR = 0.85
+PROBE_COOLDOWN_S = 10.0  # after a probe, no slow-step probe for this long
+# Exploring: now and then one decode round (the cheapest step) runs with another count (each in
+# turn), so a change that the step times do not show as a slowdown is found too:
+# first after this long, twice as long after each probe that lost, back to this after a switch.
+EXPLORE_S = 15.0
+EXPLORE_MAX_S = 240.0
+EMA = 0.5  # weight of the newest step in a kind's running cost
+
+
+def step_kind(prefill: bool, n_tokens: int) -> str:
+    """Steps of one kind cost about the same per token: decode rounds by their lane count,
+    prompt steps by their size in powers of two."""
+    if not prefill:
+        return f"decode/{n_tokens}"
+    return f"prefill/{1 << max(0, n_tokens - 1).bit_length()}"
+
+
+def candidates(max_threads: int) -> list[int]:
+    """The counts tried, most first: all, one fewer (a core taken by someone else), one."""
+    return sorted({max_threads, max(1, max_threads - 1), 1}, reverse=True)
+
+
+@dataclass
+class ThreadGovernor:
+    max_threads: int
+    clock: Callable[[], float] = time.monotonic
+    current: int = 0
+    best: dict[str, float] = field(default_factory=dict)  # kind -> fastest cost per token at the maximum
+    recent: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> running cost per token
+    probe: tuple[int, str] | None = None  # (threads, kind): the next step of that kind runs with them
+    last_probe_s: float = float("-inf")
+    explore_every_s: float = EXPLORE_S
+    switches: int = 0
+    _explored: int = 0  # explorations so far: they take the other counts in turn
+
+    def __post_init__(self) -> None:
+        self.max_threads = max(1, self.max_threads)
+        self.current = self.current or self.max_threads
+        self.next_explore_s = self.clock() + self.explore_every_s
+
+    def threads_for(self, kind: str) -> int:
+        """The thread count for the next step, of ``kind``."""
+        if self.probe is not None and self.probe[1] == kind:
+            return self.probe[0]
+        return self.current
+
+    def observe(self, threads: int, kind: str, seconds: float, n_tokens: int) -> None:
+        """A step of ``kind`` ran ``n_tokens`` with ``threads`` in ``seconds``."""
+        if n_tokens <= 0 or seconds <= 0:
+            return
+        cost = seconds / n_tokens
+        now = self.clock()
+        if self.probe == (threads, kind):
+            self._settle_probe(threads, kind, cost, now)
+            return
+        if threads != self.current:
+            return
+        key = (threads, kind)
+        self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
+        if threads == self.max_threads:
+            self.best[kind] = min(self.best.get(kind, cost), cost)
+        if self.probe is not None:
+            return
+        counts = candidates(self.max_threads)
+        i = counts.index(self.current) if self.current in counts else 0
+        best = self.best.get(kind)
+        slow = best is not None and self.recent[key] > SLOW_FACTOR * best
+        if slow and i + 1 < len(counts) and now - self.last_probe_s >= PROBE_COOLDOWN_S:
+            self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
+        elif kind.startswith("decode/") and now >= self.next_explore_s and len(counts) > 1:
+            others = [c for c in counts if c != self.current]
+            self._explored += 1
+            self.probe = (others[self._explored % len(others)], kind)
+
+    def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
+        self.probe = None
+        self.last_probe_s = now
+        current = self.recent.get((self.current, kind))
+        if current is not None and cost < WIN_FACTOR * current:
+            self.current = threads
+            self.switches += 1
+            self.explore_every_s = EXPLORE_S
+        else:
+            self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
+        self.next_explore_s = now + self.explore_every_s
+        self.recent[(threads, kind)] = cost

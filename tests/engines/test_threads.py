@@ -1,0 +1,97 @@
+"""The thread governor: how many compute threads llama.cpp's next step uses, by measurement."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.engines.sim import FakeClock
+from scheduler.engines.threads import EXPLORE_MAX_S, ThreadGovernor, candidates, step_kind
+
+# steps of a busy server: decode rounds of 8 lanes, now and then a 512-token prompt step
+STEPS = [(False, 8)] * 6 + [(True, 512)]
+
+
+def run(gov: ThreadGovernor, clock: FakeClock, cost: Callable[[int, float], float], n: int) -> Counter[int]:
+    """``n`` steps; ``cost(threads, now)`` is the seconds per token. The threads used, counted."""
+    used: Counter[int] = Counter()
+    for i in range(n):
+        prefill, tokens = STEPS[i % len(STEPS)]
+        kind = step_kind(prefill, tokens)
+        threads = gov.threads_for(kind)
+        seconds = cost(threads, clock.now) * tokens * (1.0 if prefill else 4.0)  # a decode token costs more
+        clock.advance(seconds)
+        gov.observe(threads, kind, seconds, tokens)
+        used[threads] += 1
+    return used
+
+
+def quiet(threads: int, _now: float) -> float:
+    return 0.004 / min(threads, 2) ** 0.85  # two threads ~1.8x one
+
+
+def test_on_a_quiet_machine_every_core_is_used_and_fewer_are_tried_rarely() -> None:
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    used = run(gov, clock, quiet, 5000)
+    assert gov.current == 2 and gov.switches == 0
+    assert used[1] <= 12  # a few decode rounds exploring, with the back-off: 5000 steps ~ 10 minutes here
+    assert clock.now - 1000 > 500
+
+
+def test_when_the_cores_are_taken_it_drops_to_one_thread_and_comes_back_when_they_are_free() -> None:
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    busy = (1300.0, 1700.0)
+
+    def cost(threads: int, now: float) -> float:
+        if busy[0] <= now < busy[1]:
+            return 0.004 * (25.0 if threads == 2 else 1.6)  # barriers wait for descheduled threads
+        return quiet(threads, now)
+
+    run(gov, clock, cost, 2000)
+    assert clock.now > busy[0]
+    while clock.now < busy[0] + 5:
+        run(gov, clock, cost, 1)
+    assert gov.current == 1  # within seconds of the cores being taken
+    while clock.now < busy[1]:
+        run(gov, clock, cost, 1)
+    while clock.now < busy[1] + EXPLORE_MAX_S + 30:
+        run(gov, clock, cost, 1)
+    assert gov.current == 2
+
+
+def test_one_core_means_one_thread_and_no_probe() -> None:
+    clock = FakeClock()
+    gov = ThreadGovernor(1, clock=clock)
+    used = run(gov, clock, lambda t, now: 0.01, 500)
+    assert used == Counter({1: 500}) and gov.probe is None
+    assert candidates(1) == [1] and candidates(2) == [2, 1] and candidates(16) == [16, 15, 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    max_threads=st.sampled_from([2, 4, 16]),
+    winner=st.integers(0, 2),
+    edge=st.floats(1.5, 30.0),
+)
+def test_with_steady_costs_it_settles_on_the_count_that_is_clearly_fastest(max_threads: int, winner: int, edge: float) -> None:
+    counts = candidates(max_threads)
+    fastest = counts[min(winner, len(counts) - 1)]
+    clock = FakeClock()
+    gov = ThreadGovernor(max_threads, clock=clock)
+
+    def cost(threads: int, _now: float) -> float:
+        return 0.002 * (1.0 if threads == fastest else edge)
+
+    run(gov, clock, cost, 400)
+    for _ in range(200):  # enough explorations to have met the fastest count
+        if gov.current == fastest:
+            break
+        run(gov, clock, cost, 50)
+    assert gov.current == fastest
+    used = run(gov, clock, cost, 2000)
+    assert used[fastest] >= 0.97 * 2000
