@@ -404,6 +404,14 @@ def run_measured(
     return t0, results, *meter.read()
 
 
+def report_run(row: dict[str, Any], summary: str, load_before: str) -> None:
+    """One run's line on stderr: its figures, the load around it, the CPU used; then its failures."""
+    print(f"  [{row['configuration']} run {row['run']}] {summary}; {load_before} before, {load()} after; "
+          f"server used {row['server_cores']:.2f} cores, the rest of the machine {row['other_cores']:.2f}", file=sys.stderr)
+    for f in row["failed"]:
+        print(f"    FAILED {f}", file=sys.stderr)
+
+
 def warm_up(target: Target) -> None:
     body = {"model": target.model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0}
     s = stream_chat(target.base, body, {}, "warm-up")
@@ -510,13 +518,9 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
         "chat_text": chat_s.text,
         "failed": [f"{s.label}: {s.status} {s.error}" for s in failed],
     }
-    print(f"  [{config} run {run}] chat TTFT {_fmt(row['chat_ttft_s'])} s, agents max stall {_fmt(row['agents_max_stall_s'])} s, "
-          f"agents TTFT median {_fmt(row['agents_median_ttft_s'])} / max {_fmt(row['agents_max_ttft_s'])} s, total {_fmt(row['total_s'])} s; "
-          f"agent prompt tokens {row['agent_prompt_tokens']}, completion {row['agent_completion_tokens']}; chat {chat_s.text!r}; "
-          f"{load_before} before, {load()} after; server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}",
-          file=sys.stderr)
-    for f in row["failed"]:
-        print(f"    FAILED {f}", file=sys.stderr)
+    report_run(row, f"chat TTFT {_fmt(row['chat_ttft_s'])} s, agents max stall {_fmt(row['agents_max_stall_s'])} s, "
+               f"agents TTFT median {_fmt(row['agents_median_ttft_s'])} / max {_fmt(row['agents_max_ttft_s'])} s, total {_fmt(row['total_s'])} s; "
+               f"agent prompt tokens {row['agent_prompt_tokens']}, completion {row['agent_completion_tokens']}; chat {chat_s.text!r}", load_before)
     if sampler:
         t_chat = chat_s.t_send
         print(f"    at chat send (+{t_chat - t0:.1f} s): {sampler.lanes_at(t_chat)}", file=sys.stderr)
@@ -539,21 +543,28 @@ def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int,
     title = (
         f"agents-chat: {AGENTS} background agents (prompts {min(prompt, default=0)}-{max(prompt, default=0)} tokens, "
         f"max_tokens {AGENT_MAX_TOKENS}) + 1 interactive chat {CHAT_DELAY_S:.0f} s later (max_tokens {CHAT_MAX_TOKENS}), "
-        f"median of {runs} run{'s' if runs != 1 else ''}{hog_note(rows)}"
+        f"{medians_of(runs, rows)}"
     )
     columns = [
         ("chat TTFT s", "chat_ttft_s", 2), ("agents' max stall s", "agents_max_stall_s", 2),
         ("agents' median TTFT s", "agents_median_ttft_s", 2), ("agents' max TTFT s", "agents_max_ttft_s", 2),
-        ("total s", "total_s", 1), ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
+        ("total s", "total_s", 1),
     ]
     return median_table(title, columns, rows, configs, skipped)
+
+
+def medians_of(runs: int, rows: list[dict[str, Any]]) -> str:
+    return f"median of {runs} run{'s' if runs != 1 else ''}{hog_note(rows)}"
 
 
 def median_table(
     title: str, columns: list[tuple[str, str, int]], rows: list[dict[str, Any]], configs: list[str], skipped: str | None
 ) -> str:
     """``title``, then a Markdown row per configuration: for each (heading, key, digits) column,
-    the median over that configuration's runs; failed requests are counted beside its name."""
+    then the CPU the server and the rest of the machine used (where the rows measured it), the
+    median over that configuration's runs; failed requests are counted beside its name."""
+    if any("server_cores" in r for r in rows):
+        columns = [*columns, ("server cores", "server_cores", 2), ("other cores", "other_cores", 2)]
     lines = [title, "", "| configuration | " + " | ".join(c[0] for c in columns) + " |", "|---|" + "--:|" * len(columns)]
     for config in configs:
         rs = [r for r in rows if r["configuration"] == config]
@@ -617,12 +628,9 @@ def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, c
         "prefix_prefills": prefills, "per_request_cached": cached, "failed": failed,
         "server_cores": server_cores, "other_cores": other_cores,
     }
-    print(f"  [{config} run {run}] TTFT median {_fmt(row['median_ttft_s'])} / p90 {_fmt(row['p90_ttft_s'])} s, total {_fmt(row['total_s'])} s, "
-          f"prompt {total_prompt}, cached {total_cached}, prefix {row['prefix_tokens']} tokens, prefills {_fmt(prefills)}; "
-          f"cached per request {cached}; {load_before} before, {load()} after; "
-          f"server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}", file=sys.stderr)
-    for f in failed:
-        print(f"    FAILED {f}", file=sys.stderr)
+    report_run(row, f"TTFT median {_fmt(row['median_ttft_s'])} / p90 {_fmt(row['p90_ttft_s'])} s, total {_fmt(row['total_s'])} s, "
+               f"prompt {total_prompt}, cached {total_cached}, prefix {row['prefix_tokens']} tokens, prefills {_fmt(prefills)}; "
+               f"cached per request {cached}", load_before)
     return row
 
 
@@ -630,13 +638,11 @@ def shared_prefix_table(rows: list[dict[str, Any]], configs: list[str], runs: in
     prefix = [r["prefix_tokens"] for r in rows]
     title = (
         f"shared-prefix: {SHARED_REQUESTS} concurrent chats, system prompt ~{_fmt(_median(prefix), 0)} tokens shared or distinct, "
-        f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, median of {runs} run{'s' if runs != 1 else ''}"
-        f"{hog_note(rows)}"
+        f"short distinct user messages, max_tokens {SHARED_MAX_TOKENS}, {medians_of(runs, rows)}"
     )
     columns = [
         ("median TTFT s", "median_ttft_s", 2), ("p90 TTFT s", "p90_ttft_s", 2), ("prompt tokens", "prompt_tokens", 0),
-        ("cached tokens", "cached_tokens", 0), ("prefills of the shared prefix", "prefix_prefills", 1),
-        ("total s", "total_s", 1), ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
+        ("cached tokens", "cached_tokens", 0), ("prefills of the shared prefix", "prefix_prefills", 1), ("total s", "total_s", 1),
     ]
     return median_table(title, columns, rows, configs, skipped)
 
@@ -689,25 +695,20 @@ def agent_turns_once(target: Target, run: int, tokens: Tokens, config: str) -> d
         "later_prompt_tokens": sum(prompt), "later_cached_tokens": sum(cached),
         "server_cores": server_cores, "other_cores": other_cores, "failed": failed,
     }
-    print(f"  [{config} run {run}] total {_fmt(total_s)} s, first turns' TTFT median {_fmt(row['first_ttft_s'])} s, "
-          f"later turns' {_fmt(row['later_ttft_s'])} s; later turns' prompt tokens {sum(prompt)}, cached {sum(cached)} "
-          f"(per turn {cached}); {load_before} before, {load()} after; "
-          f"server used {server_cores:.2f} cores, the rest of the machine {other_cores:.2f}", file=sys.stderr)
-    for f in failed:
-        print(f"    FAILED {f}", file=sys.stderr)
+    report_run(row, f"total {_fmt(total_s)} s, first turns' TTFT median {_fmt(row['first_ttft_s'])} s, "
+               f"later turns' {_fmt(row['later_ttft_s'])} s; later turns' prompt tokens {sum(prompt)}, cached {sum(cached)} "
+               f"(per turn {cached})", load_before)
     return row
 
 
 def agent_turns_table(rows: list[dict[str, Any]], configs: list[str], runs: int, skipped: str | None) -> str:
     title = (
         f"agent-turns: {TURN_AGENTS} agents at once, {TURNS} turns each (first ~{TURN_FIRST_TOKENS} tokens, then the "
-        f"conversation so far + ~{TURN_NEW_TOKENS} new tokens), max_tokens {TURN_MAX_TOKENS}, "
-        f"median of {runs} run{'s' if runs != 1 else ''}{hog_note(rows)}"
+        f"conversation so far + ~{TURN_NEW_TOKENS} new tokens), max_tokens {TURN_MAX_TOKENS}, {medians_of(runs, rows)}"
     )
     columns = [
         ("total s", "total_s", 1), ("first turns' TTFT s", "first_ttft_s", 2), ("later turns' TTFT s", "later_ttft_s", 2),
         ("later turns' prompt tokens", "later_prompt_tokens", 0), ("of them cached", "later_cached_tokens", 0),
-        ("server cores", "server_cores", 2), ("other cores", "other_cores", 2),
     ]
     return median_table(title, columns, rows, configs, skipped)
 
