@@ -19,11 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# A step whose cost per token is this many times the fastest seen for its kind is slow.
-SLOW_FACTOR = 1.6
+# A step whose cost per token is this many times the fastest seen for its kind is slow (busy
+# cores measured 3-25x; a long context or a burst of the web process alone stays well below).
+SLOW_FACTOR = 2.0
 # A probe with another count wins when its cost per token is below this fraction of the current's.
 WIN_FACTOR = 0.85
-PROBE_COOLDOWN_S = 10.0  # after a probe, no slow-step probe for this long
+# After a probe, no slow-step probe for this long, twice as long after each probe that lost
+# (a prompt step with fewer threads is a slow step), back to this after a switch.
+PROBE_COOLDOWN_S = 10.0
 # Exploring: now and then one decode round (the cheapest step) runs with another count (each in
 # turn), so a change that the step times do not show as a slowdown is found too:
 # first after this long, twice as long after each probe that lost, back to this after a switch.
@@ -55,6 +58,7 @@ class ThreadGovernor:
     probe: tuple[int, str] | None = None  # (threads, kind): the next step of that kind runs with them
     last_probe_s: float = float("-inf")
     explore_every_s: float = EXPLORE_S
+    cooldown_s: float = PROBE_COOLDOWN_S
     switches: int = 0
     _explored: int = 0  # explorations so far: they take the other counts in turn
 
@@ -90,7 +94,7 @@ class ThreadGovernor:
         i = counts.index(self.current) if self.current in counts else 0
         best = self.best.get(kind)
         slow = best is not None and self.recent[key] > SLOW_FACTOR * best
-        if slow and i + 1 < len(counts) and now - self.last_probe_s >= PROBE_COOLDOWN_S:
+        if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
         elif kind.startswith("decode/") and now >= self.next_explore_s and len(counts) > 1:
             others = [c for c in counts if c != self.current]
@@ -104,8 +108,9 @@ class ThreadGovernor:
         if current is not None and cost < WIN_FACTOR * current:
             self.current = threads
             self.switches += 1
-            self.explore_every_s = EXPLORE_S
+            self.explore_every_s, self.cooldown_s = EXPLORE_S, PROBE_COOLDOWN_S
         else:
             self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
+            self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
         self.next_explore_s = now + self.explore_every_s
         self.recent[(threads, kind)] = cost

@@ -95,3 +95,22 @@ def test_with_steady_costs_it_settles_on_the_count_that_is_clearly_fastest(max_t
     assert gov.current == fastest
     used = run(gov, clock, cost, 2000)
     assert used[fastest] >= 0.97 * 2000
+
+
+def test_steps_that_vary_without_busy_cores_cost_few_probes() -> None:
+    """Prompt steps deep in a long context cost more per token than early ones, and a burst of
+    the web process slows a step now and then: neither is busy cores, and the probes they
+    set off (each a slower step) back off instead of recurring every few seconds."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    n = 0
+
+    def cost(threads: int, _now: float) -> float:
+        nonlocal n
+        n += 1
+        jitter = 2.5 if n % 50 == 0 else 1.0 + (n % 7) / 10  # a burst every 50th step
+        return quiet(threads, 0) * jitter
+
+    used = run(gov, clock, cost, 20_000)
+    assert gov.current == 2
+    assert used[1] <= 40  # against 20,000 steps (about half an hour here)
