@@ -480,7 +480,8 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
     jobs = agents_chat_jobs(target, headers, run, tokens, config)
     load_before = load()
     meter = CpuMeter(target.pids())
-    sampler = StateSampler(target.base) if target.superfluid else None
+    # polling the state costs the server CPU the peer does not pay: only when a trace is asked for
+    sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
     if sampler:
         sampler.__enter__()
     try:
