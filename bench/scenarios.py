@@ -499,7 +499,8 @@ def agents_chat_once(target: Target, headers: bool, run: int, tokens: Tokens, co
                      trace_dir: Path | None) -> dict[str, Any]:
     jobs = agents_chat_jobs(target, headers, run, tokens, config)
     load_before = load()
-    sampler = StateSampler(target.base) if target.superfluid else None
+    # polling the state costs the server CPU the peer does not pay: only when a trace is asked for
+    sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
     t0, results, server_cores, other_cores = run_measured(target, jobs, sampler)
     agents, chat_s = results[:AGENTS], results[AGENTS]
     failed = [s for s in results if not s.ok]

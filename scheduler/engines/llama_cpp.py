@@ -28,7 +28,7 @@ from scheduler.engines.chat import builtin_chat_template, compile_chat_template,
 from scheduler.engines.sampling import logprobs_of
 from scheduler.engines.threads import ThreadGovernor, step_kind
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("superfluid.engine")
 
 # ggml_log_level (ggml.h): NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5.
 _LOG_WARN = 3

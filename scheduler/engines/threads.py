@@ -56,6 +56,10 @@ class ThreadGovernor:
     best: dict[str, float] = field(default_factory=dict)  # kind -> fastest cost per token at the maximum
     recent: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> running cost per token
     probe: tuple[int, str] | None = None  # (threads, kind): the next step of that kind runs with them
+    # (threads, kind, cost) of a probe that beat the current count's running cost: the next
+    # step of that kind, with the current count, says whether it still does (a slow step that
+    # set the probe off may have been a passing one)
+    challenger: tuple[int, str, float] | None = None
     last_probe_s: float = float("-inf")
     explore_every_s: float = EXPLORE_S
     cooldown_s: float = PROBE_COOLDOWN_S
@@ -84,11 +88,13 @@ class ThreadGovernor:
             return
         if threads != self.current:
             return
+        if self.challenger is not None and self.challenger[1] == kind:
+            self._settle_challenger(cost, now)
         key = (threads, kind)
         self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
         if threads == self.max_threads:
             self.best[kind] = min(self.best.get(kind, cost), cost)
-        if self.probe is not None:
+        if self.probe is not None or self.challenger is not None:
             return
         counts = candidates(self.max_threads)
         i = counts.index(self.current) if self.current in counts else 0
@@ -103,14 +109,30 @@ class ThreadGovernor:
 
     def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
         self.probe = None
-        self.last_probe_s = now
+        self.recent[(threads, kind)] = cost
         current = self.recent.get((self.current, kind))
         if current is not None and cost < WIN_FACTOR * current:
+            self.challenger = (threads, kind, cost)  # confirmed, or not, by the next step
+        else:
+            self._lost(now)
+
+    def _settle_challenger(self, cost: float, now: float) -> None:
+        """The current count's step right after a winning probe: the probe's count takes over
+        if it still beats this fresh measure."""
+        assert self.challenger is not None
+        threads, _kind, challenger_cost = self.challenger
+        self.challenger = None
+        if challenger_cost < WIN_FACTOR * cost:
             self.current = threads
             self.switches += 1
             self.explore_every_s, self.cooldown_s = EXPLORE_S, PROBE_COOLDOWN_S
+            self.last_probe_s = now
+            self.next_explore_s = now + self.explore_every_s
         else:
-            self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
-            self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
+            self._lost(now)
+
+    def _lost(self, now: float) -> None:
+        self.last_probe_s = now
+        self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
+        self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
         self.next_explore_s = now + self.explore_every_s
-        self.recent[(threads, kind)] = cost

@@ -114,3 +114,23 @@ def test_steps_that_vary_without_busy_cores_cost_few_probes() -> None:
     used = run(gov, clock, cost, 20_000)
     assert gov.current == 2
     assert used[1] <= 40  # against 20,000 steps (about half an hour here)
+
+
+def test_a_passing_slow_step_does_not_switch_the_count() -> None:
+    """A single step slowed by something passing (the web process, a page fault) sets off a
+    probe with fewer threads, whose step looks cheap beside it; the next step with all threads
+    is fast again, so the count stays."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    run(gov, clock, quiet, 700)
+    kind = step_kind(True, 512)
+    for _ in range(40):
+        clock.advance(60)
+        gov.observe(2, kind, quiet(2, 0) * 512 * 6, 512)  # one step six times slower
+        if gov.probe is None:
+            continue
+        assert gov.threads_for(kind) == 1
+        gov.observe(1, kind, quiet(1, 0) * 512, 512)  # the probe: a normal one-thread step
+        assert gov.threads_for(kind) == 2  # still all threads for the confirming step
+        gov.observe(2, kind, quiet(2, 0) * 512, 512)  # back to normal
+    assert gov.current == 2 and gov.switches == 0
