@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +25,29 @@ def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 _leaks: list[str] = []
+
+# Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the
+# harness's RunningServer, a fleet test's own Popen, a test that expects the start to fail).
+# (test that started it, whether it loads a model); listed at the end of the run.
+_serve_starts: list[tuple[str, bool]] = []
+
+
+def _is_serve(argv: Any) -> bool:
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
+        return False
+    words = [os.fsdecode(a) for a in argv]
+    return any(w.endswith("manage.py") and words[i + 1 : i + 2] == ["serve"] for i, w in enumerate(words))
+
+
+class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
+    def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _is_serve(args):
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args]))
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _CountingPopen  # type: ignore[misc]
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +68,12 @@ def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _serve_starts:
+        with_model = sum(1 for _, model in _serve_starts if model)
+        terminalreporter.section("real servers started (manage.py serve)")
+        terminalreporter.write_line(f"{len(_serve_starts)} started: {with_model} loading a model, {len(_serve_starts) - with_model} --no-engine heads")
+        for test, model in _serve_starts:
+            terminalreporter.write_line(f"  {'model    ' if model else 'no-engine'} {test}")
     if _leaks:
         terminalreporter.section("resources left open (collected at each test's end)")
         for line in _leaks:

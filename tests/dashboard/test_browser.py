@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, create_superuser
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, create_superuser
 from tests.e2e.server import serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]

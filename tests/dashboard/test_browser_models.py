@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.harness import CHROMIUM, CHROMIUM_ARGS, RunningServer, admin_page
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS, RunningServer, admin_page
 from tests.e2e.test_fim_model import FIM, MAIN, two_model_flags
 from tests.e2e.test_models import Run
 

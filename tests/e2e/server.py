@@ -1,4 +1,4 @@
-"""The real-server harness is shared with the benchmarks; helpers the e2e tests share."""
+"""The real-server harness (testkit/harness.py, shared with the benchmarks); helpers the e2e tests share."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 
-from bench.harness import RunningServer, free_port
+from testkit.harness import RunningServer, free_port
 
 __all__ = ["RunningServer", "admin_session", "assert_streams_batched", "free_port", "openai_chat", "peak_lanes", "serving", "stream_text"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.harness import ROOT
+from testkit.harness import ROOT
 
 from .server import RunningServer
 

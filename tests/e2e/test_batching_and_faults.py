@@ -100,7 +100,7 @@ def test_serve_stops_with_the_reason_when_the_model_cannot_be_loaded(tmp_path) -
     import subprocess
     import sys
 
-    from bench.harness import ROOT, free_port
+    from testkit.harness import ROOT, free_port
 
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)  # the magic, then nothing a loader can use

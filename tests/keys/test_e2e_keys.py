@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from testkit.harness import ROOT, RunningServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
