@@ -12,6 +12,58 @@ from typing import Any
 
 import pytest
 
+# The one shared real server: the bundled SmolLM2 model, four lanes (enough for n=4 choices and
+# for a test to fill every lane), and request bounds small enough for the slow-client tests to
+# reach them. Tests on it assert on deltas (a counter read before and after), on their own
+# requests' ids, never on totals: other tests used it before them.
+SHARED_SERVER_FLAGS = ("--max-batch", "4", "--ctx-size", "2048", "--body-timeout", "3", "--max-body-bytes", "100000")
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Iterator[Any]:
+    """The real server most end-to-end tests share; tests that kill, drain or need other flags
+    start their own (the summary at the end of the run lists every start)."""
+    from testkit.harness import RunningServer
+
+    srv = RunningServer(*SHARED_SERVER_FLAGS).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+# The one keyed real server: --require-key, and a completion rate the keys tests reach on
+# purpose. The tests on it make keys of their own names in its database.
+KEYED_SERVER_FLAGS = ("--require-key", "--max-batch", "4", "--ctx-size", "1024", "--completion-rate", "1/m", "--completion-burst", "2")
+
+
+@pytest.fixture(scope="session")
+def keyed_server() -> Iterator[Any]:
+    """The real server the --require-key tests share (tests/keys/test_e2e_keys.py,
+    tests/e2e/test_batches_keys.py)."""
+    from testkit.harness import RunningServer
+
+    srv = RunningServer(*KEYED_SERVER_FLAGS).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def fim_server() -> Iterator[Any]:
+    """The real server with two resident models (serve --fim-model: the bundled GGUF as a
+    one-lane main model and again as a two-lane FIM model), shared by the FIM tests, the
+    dashboard's models test and the one-lane preemption test."""
+    from testkit.harness import RunningServer
+    from tests.e2e.test_fim_model import two_model_flags
+
+    srv = RunningServer(*two_model_flags(2048)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
 
 @pytest.fixture(scope="session")
 def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
