@@ -85,14 +85,15 @@ def lane_count(srv: RunningServer) -> int:
     return len(httpx.get(srv.base + "/slots", timeout=10).json())
 
 
-def assert_a_disconnect_frees_the_lane(srv: RunningServer, model: str, lines_before_closing: int, timeout_s: float) -> None:
+def assert_a_disconnect_frees_the_lane(srv: RunningServer, model: str, max_tokens: int, lines_before_closing: int, timeout_s: float) -> None:
     """A long streamed chat holds one lane; the client closes its connection after
     ``lines_before_closing`` SSE lines; the job is cancelled and its lane freed (within
     ``timeout_s``, a failsafe, not a measure: how fast belongs to bench/), long before its
-    1,500 tokens could have been generated."""
+    ``max_tokens`` could have been generated."""
     assert srv.state()["lanes_active"] == 0
-    body = {"model": model, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    body = {"model": model, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", srv.base + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
         lines = (line for line in r.iter_lines() if line.startswith("data: "))
         for _ in range(lines_before_closing):
             next(lines)

@@ -27,7 +27,7 @@ def test_as_many_concurrent_streams_as_lanes_are_batched_in_one_worker_and_all_c
 
 
 def test_client_disconnect_cancels_the_job_and_frees_its_lane(server: RunningServer) -> None:
-    assert_a_disconnect_frees_the_lane(server, MODEL, lines_before_closing=3, timeout_s=30)
+    assert_a_disconnect_frees_the_lane(server, MODEL, max_tokens=1500, lines_before_closing=3, timeout_s=30)
 
 
 def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_zero() -> None:
