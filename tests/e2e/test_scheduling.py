@@ -27,34 +27,39 @@ def agent_body() -> dict:
     }
 
 
-def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed() -> None:
-    srv = RunningServer("--max-batch", "1", "--ctx-size", "1024").start()
-    try:
-        undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
-        chat_done = threading.Event()
+def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed(fim_server: RunningServer) -> None:
+    """On the session's two-model server (tests/conftest.py), whose main model has one lane: the
+    interactive chat goes to that model's worker although its lane is busy, and the worker parks
+    the background agent for it. One lane, so every step is a batch of one, as undisturbed."""
+    srv = fim_server
 
-        def send_chat(n: int) -> None:
-            if n == 10 and not chat_done.is_set():
-                chat_done.set()
-                threading.Thread(
-                    target=stream_text,
-                    args=(
-                        srv.base,
-                        {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
-                         "messages": [{"role": "user", "content": "Hi!"}]},
-                        {"x-superfluid-qos": "interactive"},
-                    ),
-                ).start()
+    def counters() -> dict:
+        return srv.state()["snapshots"][MODEL]["counters"]
 
-        before = srv.state()["counters"]
-        preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
-        after = srv.state()["counters"]
-        assert after["preemptions"] - before["preemptions"] == 1
-        assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
-        assert preempted == undisturbed
-        assert usage["completion_tokens"] > 10  # the preemption came mid-stream (after 10 chunks)
-    finally:
-        srv.stop()
+    srv.wait_for(lambda: srv.state()["snapshots"].get(MODEL), timeout_s=120)  # the main model's worker is up
+    undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
+    chat_done = threading.Event()
+
+    def send_chat(n: int) -> None:
+        if n == 10 and not chat_done.is_set():
+            chat_done.set()
+            threading.Thread(
+                target=stream_text,
+                args=(
+                    srv.base,
+                    {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
+                     "messages": [{"role": "user", "content": "Hi!"}]},
+                    {"x-superfluid-qos": "interactive"},
+                ),
+            ).start()
+
+    before = counters()
+    preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
+    after = counters()
+    assert after["preemptions"] - before["preemptions"] == 1
+    assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
+    assert preempted == undisturbed
+    assert usage["completion_tokens"] > 10  # the preemption came mid-stream (after 10 chunks)
 
 
 def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_first(server: RunningServer) -> None:
