@@ -52,10 +52,6 @@ def config_file(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> str:
     return str(path)
 
 
-def start(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> RunningServer:
-    return RunningServer("--config", config_file(bonus, b_ttl, max_loaded)).start()
-
-
 @pytest.fixture(scope="module")
 def bonus10() -> Iterator[RunningServer]:
     with serving("--config", config_file(10, b_ttl=2)) as srv:
@@ -152,15 +148,3 @@ def test_both_models_answer_the_openai_client_by_id_and_alias_and_ttl_unloads(bo
     with pytest.raises(Exception) as err:
         client.chat.completions.create(model="gamma", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert getattr(err.value, "status_code", None) == 404
-
-
-def test_with_the_bonus_at_zero_arrival_order_wins() -> None:
-    srv = start(0)
-    try:
-        _long, b, a2 = scenario(srv, ("b", 0), ("a", 0))
-        assert b.first_at < a2.first_at
-        assert metric(srv, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}') == 0
-        rows = httpx.get(srv.base + "/v1/internal/models", timeout=5).json()["router"]["dispatched"]
-        assert rows["normal"] == 3
-    finally:
-        srv.stop()
