@@ -32,18 +32,26 @@ def shared_server() -> Iterator[Any]:
         srv.stop()
 
 
-# The one keyed real server: --require-key, and a completion rate the keys tests reach on
-# purpose. The tests on it make keys of their own names in its database.
-KEYED_SERVER_FLAGS = ("--require-key", "--max-batch", "4", "--ctx-size", "1024", "--completion-rate", "1/m", "--completion-burst", "2")
+# The one keyed real server: --require-key, a completion rate the keys tests reach on purpose,
+# a static key from the environment (a container's SUPERFLUID_API_KEY), and bound to 127.0.0.2
+# (loopback, but not in the default DJANGO_ALLOWED_HOSTS: the deployment test's --host). The
+# tests on it make keys of their own names in its database.
+KEYED_SERVER_HOST = "127.0.0.2"
+KEYED_SERVER_STATIC_KEY = "sf-container-static-key-0123456789"
+KEYED_SERVER_FLAGS = (
+    "--host", KEYED_SERVER_HOST, "--require-key", "--max-batch", "4", "--ctx-size", "1024", "--completion-rate", "1/m", "--completion-burst", "2",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def keyed_server() -> Iterator[Any]:
     """The real server the --require-key tests share (tests/keys/test_e2e_keys.py,
-    tests/e2e/test_batches_keys.py)."""
+    tests/keys/test_e2e_deploy.py, tests/e2e/test_batches_keys.py)."""
     from testkit.harness import RunningServer
 
-    srv = RunningServer(*KEYED_SERVER_FLAGS).start()
+    srv = RunningServer(*KEYED_SERVER_FLAGS, env={"SUPERFLUID_API_KEY": KEYED_SERVER_STATIC_KEY})
+    srv.base = f"http://{KEYED_SERVER_HOST}:{srv.port}"
+    srv.start()
     try:
         yield srv
     finally:
