@@ -104,6 +104,9 @@ class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
         if _is_serve(args):
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
             _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args]))
+            if os.environ.get("SUPERFLUID_TEST_SERVE_LOG"):  # the list as it grows, for a run cut short
+                with open(os.environ["SUPERFLUID_TEST_SERVE_LOG"], "a") as log:
+                    log.write(f"{'model    ' if _serve_starts[-1][1] else 'no-engine'} {test}\n")
         super().__init__(args, *rest, **kwargs)
 
 
