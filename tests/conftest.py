@@ -96,7 +96,7 @@ def _is_serve(argv: Any) -> bool:
     if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
         return False
     words = [os.fsdecode(a) for a in argv]
-    return any(w.endswith("manage.py") and words[i + 1 : i + 2] == ["serve"] for i, w in enumerate(words))
+    return "--help" not in words and any(w.endswith("manage.py") and words[i + 1 : i + 2] == ["serve"] for i, w in enumerate(words))
 
 
 class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
