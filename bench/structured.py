@@ -23,8 +23,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import RunningServer  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import RunningServer  # noqa: E402
 
 SCHEMA = {
     "type": "object",

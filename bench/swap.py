@@ -45,7 +45,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness import RunningServer  # noqa: E402
 from bench.scenarios import (  # noqa: E402
     AGENT_MAX_TOKENS,
     AGENT_PROMPT_TOKENS,
@@ -68,6 +67,7 @@ from bench.scenarios import (  # noqa: E402
     stream_chat,
 )
 from scheduler.engines.models import default_model_path, gemma_model_path  # noqa: E402
+from testkit.harness import RunningServer  # noqa: E402
 
 MODELS = ("smol", "gemma")
 SWAP_MAX_TOKENS = 8

@@ -27,8 +27,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_loop import run_bare_loop  # noqa: E402
-from bench.harness import RunningServer  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import RunningServer  # noqa: E402
 
 TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes", "the first city on Mars",
           "a talking cat", "a haunted library", "a river that flows uphill", "an old violin"]

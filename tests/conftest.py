@@ -3,11 +3,74 @@
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+# The one shared real server: the bundled SmolLM2 model, four lanes (enough for n=4 choices and
+# for a test to fill every lane), and request bounds small enough for the slow-client tests to
+# reach them. Tests on it assert on deltas (a counter read before and after), on their own
+# requests' ids, never on totals: other tests used it before them.
+SHARED_SERVER_FLAGS = ("--max-batch", "4", "--ctx-size", "2048", "--body-timeout", "3", "--max-body-bytes", "100000")
+
+
+@pytest.fixture(scope="session")
+def shared_server() -> Iterator[Any]:
+    """The real server most end-to-end tests share; tests that kill, drain or need other flags
+    start their own (the summary at the end of the run lists every start)."""
+    from testkit.harness import RunningServer
+
+    srv = RunningServer(*SHARED_SERVER_FLAGS).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+# The one keyed real server: --require-key, a completion rate the keys tests reach on purpose,
+# a static key from the environment (a container's SUPERFLUID_API_KEY), and bound to 127.0.0.2
+# (loopback, but not in the default DJANGO_ALLOWED_HOSTS: the deployment test's --host). The
+# tests on it make keys of their own names in its database.
+KEYED_SERVER_HOST = "127.0.0.2"
+KEYED_SERVER_STATIC_KEY = "sf-container-static-key-0123456789"
+KEYED_SERVER_FLAGS = (
+    "--host", KEYED_SERVER_HOST, "--require-key", "--max-batch", "4", "--ctx-size", "1024", "--completion-rate", "1/m", "--completion-burst", "2",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def keyed_server() -> Iterator[Any]:
+    """The real server the --require-key tests share (tests/keys/test_e2e_keys.py,
+    tests/keys/test_e2e_deploy.py, tests/e2e/test_batches_keys.py)."""
+    from testkit.harness import RunningServer
+
+    srv = RunningServer(*KEYED_SERVER_FLAGS, env={"SUPERFLUID_API_KEY": KEYED_SERVER_STATIC_KEY})
+    srv.base = f"http://{KEYED_SERVER_HOST}:{srv.port}"
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def fim_server() -> Iterator[Any]:
+    """The real server with two resident models (serve --fim-model: the bundled GGUF as a
+    one-lane main model and again as a two-lane FIM model), shared by the FIM tests, the
+    dashboard's models test and the one-lane preemption test."""
+    from testkit.harness import RunningServer
+    from tests.e2e.test_fim_model import two_model_flags
+
+    srv = RunningServer(*two_model_flags(2048)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +85,32 @@ def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 _leaks: list[str] = []
+
+# Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the
+# harness's RunningServer, a fleet test's own Popen, a test that expects the start to fail).
+# (test that started it, whether it loads a model); listed at the end of the run.
+_serve_starts: list[tuple[str, bool]] = []
+
+
+def _is_serve(argv: Any) -> bool:
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)):
+        return False
+    words = [os.fsdecode(a) for a in argv]
+    return "--help" not in words and any(w.endswith("manage.py") and words[i + 1 : i + 2] == ["serve"] for i, w in enumerate(words))
+
+
+class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
+    def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _is_serve(args):
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args]))
+            if os.environ.get("SUPERFLUID_TEST_SERVE_LOG"):  # the list as it grows, for a run cut short
+                with open(os.environ["SUPERFLUID_TEST_SERVE_LOG"], "a") as log:
+                    log.write(f"{'model    ' if _serve_starts[-1][1] else 'no-engine'} {test}\n")
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _CountingPopen  # type: ignore[misc]
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +131,12 @@ def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _serve_starts:
+        with_model = sum(1 for _, model in _serve_starts if model)
+        terminalreporter.section("real servers started (manage.py serve)")
+        terminalreporter.write_line(f"{len(_serve_starts)} started: {with_model} loading a model, {len(_serve_starts) - with_model} --no-engine heads")
+        for test, model in _serve_starts:
+            terminalreporter.write_line(f"  {'model    ' if model else 'no-engine'} {test}")
     if _leaks:
         terminalreporter.section("resources left open (collected at each test's end)")
         for line in _leaks:

@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer, stop_processes
+from testkit.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.test_batches import wait_for
 from tests.redis.conftest import RedisServer
 

@@ -6,21 +6,18 @@ Set SUPERFLUID_UPDATE_SCREENSHOT=1 to refresh docs/dashboard.png from this run.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from bench.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, create_superuser
-from tests.e2e.server import serving
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, RunningServer, create_superuser
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -40,23 +37,21 @@ RECORDER = """
 """
 
 
-@contextlib.contextmanager
-def browser_server(*flags: str) -> Iterator[RunningServer]:
-    """A real server started with ``flags``, with the superuser USER the browser logs in as."""
+def require_chromium() -> None:
     if CHROMIUM is None:
         message = "chromium is not installed (apt-get install chromium; .ci/run and the README's test command do)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI installs it: a skip there would hide a broken install step
         pytest.skip(message)
-    with serving(*flags) as srv:
-        create_superuser(srv, USER, PASSWORD)
-        yield srv
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with browser_server("--max-batch", "4", "--ctx-size", "4096") as srv:
-        yield srv
+def server(shared_server: RunningServer) -> RunningServer:
+    """The session's shared real server (four lanes), with the superuser USER the browser logs
+    in as."""
+    require_chromium()
+    create_superuser(shared_server, USER, PASSWORD)
+    return shared_server
 
 
 def long_prompt(n_words: int = 480, seed: int | None = None) -> str:

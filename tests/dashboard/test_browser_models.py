@@ -4,22 +4,23 @@ resident model's lanes and what waits at the router, by band, as real requests c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from bench.harness import CHROMIUM, CHROMIUM_ARGS, RunningServer, admin_page
-from tests.e2e.test_fim_model import FIM, MAIN, two_model_flags
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS, RunningServer, admin_page, create_superuser
+from tests.e2e.test_fim_model import FIM, MAIN
 from tests.e2e.test_models import Run
 
-from .test_browser import PASSWORD, USER, browser_server
+from .test_browser import PASSWORD, USER, require_chromium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    with browser_server(*two_model_flags(1024)) as srv:
-        yield srv
+def server(fim_server: RunningServer) -> RunningServer:
+    """The session's two-model server (tests/conftest.py), with the superuser the browser
+    logs in as."""
+    require_chromium()
+    create_superuser(fim_server, USER, PASSWORD)
+    return fim_server
 
 
 def depth(page, band: str) -> str:  # type: ignore[no-untyped-def]

@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from .server import RunningServer, serving
+from .server import RunningServer
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[RunningServer]:
-    """One real server for the read-mostly tests; tests that kill or drain start their own."""
-    with serving("--max-batch", "8", "--ctx-size", "2048") as srv:
-        yield srv
+def server(shared_server: RunningServer) -> RunningServer:
+    """The session's shared real server (tests/conftest.py)."""
+    return shared_server

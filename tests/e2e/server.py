@@ -1,4 +1,4 @@
-"""The real-server harness is shared with the benchmarks; helpers the e2e tests share."""
+"""The real-server harness (testkit/harness.py, shared with the benchmarks); helpers the e2e tests share."""
 
 from __future__ import annotations
 
@@ -12,9 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 
-from bench.harness import RunningServer, free_port
+from testkit.harness import RunningServer, free_port
 
-__all__ = ["RunningServer", "admin_session", "assert_streams_batched", "free_port", "openai_chat", "peak_lanes", "serving", "stream_text"]
+__all__ = [
+    "RunningServer",
+    "admin_session",
+    "assert_a_disconnect_frees_the_lane",
+    "assert_streams_batched",
+    "free_port",
+    "lane_count",
+    "openai_chat",
+    "peak_lanes",
+    "serving",
+    "stream_text",
+]
 
 
 @contextlib.contextmanager
@@ -67,6 +78,27 @@ def assert_streams_batched(srv: RunningServer, n: int, chat: Callable[[int], tup
     assert peak["lanes"] == n
     assert all(text and finish in ("stop", "length") for text, finish in results)
     srv.wait_for(lambda: srv.state()["lanes_active"] == 0, timeout_s=idle_s)
+
+
+def lane_count(srv: RunningServer) -> int:
+    """How many lanes the server's model has (one /slots entry each)."""
+    return len(httpx.get(srv.base + "/slots", timeout=10).json())
+
+
+def assert_a_disconnect_frees_the_lane(srv: RunningServer, model: str, max_tokens: int, lines_before_closing: int, timeout_s: float) -> None:
+    """A long streamed chat holds one lane; the client closes its connection after
+    ``lines_before_closing`` SSE lines; the job is cancelled and its lane freed (within
+    ``timeout_s``, a failsafe, not a measure: how fast belongs to bench/), long before its
+    ``max_tokens`` could have been generated."""
+    assert srv.state()["lanes_active"] == 0
+    body = {"model": model, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", srv.base + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        for _ in range(lines_before_closing):
+            next(lines)
+        assert srv.state()["lanes_active"] == 1
+    srv.wait_for(lambda: srv.state()["lanes_active"] == 0, timeout_s=timeout_s)
 
 
 def openai_chat(base: str, model: str, messages: list[dict], max_tokens: int, timeout_s: float = 600) -> tuple[str, str]:

@@ -9,35 +9,31 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from bench.harness import ROOT
+from testkit.harness import ROOT
 
 from .server import RunningServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
+OWNER, OTHER = "batch-owner", "batch-other"  # the keyed server is shared: names no other test uses
 
 
 @pytest.fixture(scope="module")
-def keyed() -> Iterator[tuple[RunningServer, str, str]]:
-    srv = RunningServer("--require-key", "--max-batch", "4", "--ctx-size", "1024").start()
-    try:
-        secrets = []
-        for name, flags in (("owner", ["--class", "interactive", "--max-class", "interactive"]), ("other", [])):
-            done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "createkey", name, *flags], cwd=ROOT,
-                                  env={**os.environ, "SUPERFLUID_DATA_DIR": srv.data_dir}, capture_output=True, text=True, timeout=120)
-            assert done.returncode == 0, done.stderr
-            secrets.append(done.stdout.strip().splitlines()[-1])
-        yield srv, secrets[0], secrets[1]
-    finally:
-        srv.stop()
+def keyed(keyed_server: RunningServer) -> tuple[RunningServer, str, str]:
+    """The session's keyed server (tests/conftest.py) and two keys of this module's own."""
+    secrets = []
+    for name, flags in ((OWNER, ["--class", "interactive", "--max-class", "interactive"]), (OTHER, [])):
+        done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "createkey", name, *flags], cwd=ROOT,
+                              env={**os.environ, "SUPERFLUID_DATA_DIR": keyed_server.data_dir}, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        secrets.append(done.stdout.strip().splitlines()[-1])
+    return keyed_server, secrets[0], secrets[1]
 
 
 def test_keys_own_their_batches_and_lines_run_as_the_key_at_background(keyed: tuple[RunningServer, str, str]) -> None:
@@ -60,17 +56,17 @@ def test_keys_own_their_batches_and_lines_run_as_the_key_at_background(keyed: tu
     with pytest.raises(openai.NotFoundError):
         other.batches.cancel(b.id)
     assert other.batches.list().data == []
-    deadline = time.monotonic() + 300
-    while (b := owner.batches.retrieve(b.id)).status not in ("completed", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    b = srv.wait_for(lambda: (x := owner.batches.retrieve(b.id)).status in ("completed", "failed", "cancelled") and x, timeout_s=300, interval_s=0.5)
     assert b.status == "completed" and b.request_counts.completed == 3, b
     with pytest.raises(openai.NotFoundError):
         other.files.content(b.output_file_id)
     assert len(owner.files.content(b.output_file_id).text.splitlines()) == 3
     # the activity log: three chat requests by the owner's key, all at the background class
-    rows: list[tuple[str, str]] = []
-    while len(rows) < 3 and time.monotonic() < deadline:
+    def rows() -> list[tuple[str, str]]:
         with sqlite3.connect(Path(srv.data_dir) / "superfluid.sqlite3") as db:
-            rows = db.execute("SELECT key_name, qos_class FROM activity_activityentry WHERE endpoint = 'chat'").fetchall()
-        time.sleep(0.3)
-    assert sorted(rows) == [("owner", "background")] * 3
+            return db.execute(
+                "SELECT key_name, qos_class FROM activity_activityentry WHERE endpoint = 'chat' AND key_name IN (?, ?)", (OWNER, OTHER)
+            ).fetchall()
+
+    srv.wait_for(lambda: len(rows()) >= 3, timeout_s=60)
+    assert sorted(rows()) == [(OWNER, "background")] * 3

@@ -6,7 +6,8 @@ gets it; which one did shows in each model's request count in the admin's model 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from openai import OpenAI
 
 from scheduler.engines.models import default_model_path, model_name_for
 
-from .server import RunningServer, serving
+from .server import RunningServer
 from .test_models import Run
 from .test_models import models_state as models
 
@@ -30,10 +31,11 @@ def two_model_flags(fim_max_context: int) -> list[str]:
     return ["--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", str(fim_max_context)]
 
 
-@pytest.fixture(scope="module")
-def srv() -> Iterator[RunningServer]:
-    with serving(*two_model_flags(2048)) as server:
-        yield server
+@pytest.fixture
+def srv(fim_server: RunningServer) -> RunningServer:
+    """The session's two-model server (tests/conftest.py); other tests use it too, so these
+    count requests as deltas."""
+    return fim_server
 
 
 def test_both_models_are_resident_from_the_start_each_with_its_lanes(srv: RunningServer) -> None:
@@ -64,3 +66,30 @@ def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_
     assert client.chat.completions.create(model=FIM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).model == FIM
     after = models(srv)
     assert (after[MAIN]["requests"], after[FIM]["requests"]) == (during[MAIN]["requests"] + 1, during[FIM]["requests"] + 1)
+
+
+def test_a_crash_of_one_models_worker_leaves_the_other_alone(srv: RunningServer) -> None:
+    """SIGKILL of the main model's worker: the FIM model's worker never notices, the main one is
+    restarted and serves again. (The last test on this session's two-model server: it kills.)"""
+    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+
+    def ask(model: str) -> str:
+        out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        return out.choices[0].message.content or ""
+
+    assert ask(MAIN) and ask(FIM)
+
+    def pids() -> dict[str, int]:
+        snaps = httpx.get(srv.base + "/v1/internal/state", timeout=5).json()["snapshots"]
+        return {m: snap["pid"] for m, snap in snaps.items()}
+
+    srv.wait_for(lambda: len(pids()) == 2, timeout_s=30)
+    before, restarts = pids(), {m: s["worker_restarts"] for m, s in models(srv).items()}
+    os.kill(before[MAIN], signal.SIGKILL)
+    assert ask(FIM)  # the FIM model's worker never noticed
+    srv.wait_for(lambda: pids().get(MAIN) not in (None, before[MAIN]), timeout_s=120)
+    assert ask(MAIN)
+    assert pids()[FIM] == before[FIM]
+    state = models(srv)
+    assert (state[MAIN]["worker_restarts"] - restarts[MAIN], state[FIM]["worker_restarts"] - restarts[FIM]) == (1, 0)
+    assert state[MAIN]["state"] == state[FIM]["state"] == "loaded"

@@ -4,22 +4,15 @@ request priority, batch-invariant and fill-in-the-middle gates."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from .server import RunningServer, serving, stream_text
+from .server import RunningServer, lane_count, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-
-
-@pytest.fixture(scope="module")
-def two_lanes() -> Iterator[RunningServer]:
-    with serving("--max-batch", "2", "--ctx-size", "2048") as srv:
-        yield srv
 
 
 def agent_body() -> dict:
@@ -34,52 +27,57 @@ def agent_body() -> dict:
     }
 
 
-def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed() -> None:
-    srv = RunningServer("--max-batch", "1", "--ctx-size", "1024").start()
-    try:
-        undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
-        chat_done = threading.Event()
+def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed(fim_server: RunningServer) -> None:
+    """On the session's two-model server (tests/conftest.py), whose main model has one lane: the
+    interactive chat goes to that model's worker although its lane is busy, and the worker parks
+    the background agent for it. One lane, so every step is a batch of one, as undisturbed."""
+    srv = fim_server
 
-        def send_chat(n: int) -> None:
-            if n == 10 and not chat_done.is_set():
-                chat_done.set()
-                threading.Thread(
-                    target=stream_text,
-                    args=(
-                        srv.base,
-                        {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
-                         "messages": [{"role": "user", "content": "Hi!"}]},
-                        {"x-superfluid-qos": "interactive"},
-                    ),
-                ).start()
+    def counters() -> dict:
+        return srv.state()["snapshots"][MODEL]["counters"]
 
-        before = srv.state()["counters"]
-        preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
-        after = srv.state()["counters"]
-        assert after["preemptions"] - before["preemptions"] == 1
-        assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
-        assert preempted == undisturbed
-        assert usage["completion_tokens"] > 10  # the preemption came mid-stream (after 10 chunks)
-    finally:
-        srv.stop()
+    srv.wait_for(lambda: srv.state()["snapshots"].get(MODEL), timeout_s=120)  # the main model's worker is up
+    undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
+    chat_done = threading.Event()
+
+    def send_chat(n: int) -> None:
+        if n == 10 and not chat_done.is_set():
+            chat_done.set()
+            threading.Thread(
+                target=stream_text,
+                args=(
+                    srv.base,
+                    {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
+                     "messages": [{"role": "user", "content": "Hi!"}]},
+                    {"x-superfluid-qos": "interactive"},
+                ),
+            ).start()
+
+    before = counters()
+    preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
+    after = counters()
+    assert after["preemptions"] - before["preemptions"] == 1
+    assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1
+    assert preempted == undisturbed
+    assert usage["completion_tokens"] > 10  # the preemption came mid-stream (after 10 chunks)
 
 
-def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_first(two_lanes: RunningServer) -> None:
+def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_first(server: RunningServer) -> None:
     finished: list[str] = []
-    started = threading.Event()
 
     def agent(name: str) -> None:
-        body = agent_body() | {"max_tokens": 120}
-        stream_text(two_lanes.base, body, {"x-superfluid-qos": "background"}, on_chunk=lambda n: n == 3 and started.set())
+        body = agent_body() | {"max_tokens": 160}
+        stream_text(server.base, body, {"x-superfluid-qos": "background"})
         finished.append(name)
 
-    threads = [threading.Thread(target=agent, args=(f"agent{i}",)) for i in range(2)]
+    # background agents on every lane, then an interactive chat
+    threads = [threading.Thread(target=agent, args=(f"agent{i}",)) for i in range(lane_count(server))]
     for t in threads:
         t.start()
-    assert started.wait(60)
-    before = two_lanes.state()["counters"]["preemptions"]
+    server.wait_for(lambda: server.state()["lanes_active"] == len(threads), timeout_s=120)
+    before = server.state()["counters"]["preemptions"]
     text, _ = stream_text(
-        two_lanes.base,
+        server.base,
         {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 10, "stream": True,
          "messages": [{"role": "user", "content": "Say hello."}]},
         {"x-superfluid-qos": "interactive"},
@@ -89,10 +87,10 @@ def test_an_interactive_chat_takes_a_lane_from_background_work_and_finishes_firs
         t.join(120)
     assert text
     assert finished[0] == "chat"
-    assert two_lanes.state()["counters"]["preemptions"] > before
+    assert server.state()["counters"]["preemptions"] > before
 
 
-def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(two_lanes: RunningServer) -> None:
+def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(server: RunningServer) -> None:
     system = "You are a meticulous assistant for a shipping company. " * 30
     results: dict[int, dict] = {}
     started = threading.Event()
@@ -101,11 +99,12 @@ def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(two_la
         body = {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"Order {i}?"}]}
-        results[i] = stream_text(two_lanes.base, body, on_chunk=lambda _n: started.set())[1]
+        results[i] = stream_text(server.base, body, on_chunk=lambda _n: started.set())[1]
 
     # the first one is answering (its prompt computed, its lane busy) when three more arrive at
-    # once: one takes the other lane and copies the prefix from the first's, the last two wait
-    # and are seeded from the cache or a lane; none prefills the shared prompt again
+    # once: they take free lanes and copy the prefix from the first's lane (or, when the lanes
+    # are taken, wait and are seeded from the cache or a lane); none prefills the shared prompt
+    # again
     first = threading.Thread(target=ask, args=(0, 24))
     first.start()
     assert started.wait(180)
@@ -119,45 +118,21 @@ def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(two_la
     assert cached[0] == 0 and all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
 
 
-def test_the_priority_header_alone_picks_the_class_of_its_band(two_lanes: RunningServer) -> None:
+def test_the_priority_header_alone_picks_the_class_of_its_band(server: RunningServer) -> None:
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
     for value, expected in [("interactive", "interactive"), ("100", "interactive"), ("-100", "background"),
                             ("batch", "background"), ("7", "agent"), ("garbage", "agent")]:
-        r = httpx.post(two_lanes.base + "/v1/completions", json=body, headers={"X-LlamaSwap-Priority": value}, timeout=60)
+        r = httpx.post(server.base + "/v1/completions", json=body, headers={"X-LlamaSwap-Priority": value}, timeout=60)
         assert r.status_code == 200
         assert r.headers["x-superfluid-qos"] == expected, value
-    r = httpx.post(two_lanes.base + "/v1/completions", json=body,
+    r = httpx.post(server.base + "/v1/completions", json=body,
                    headers={"X-LlamaSwap-Priority": "100", "x-superfluid-qos": "background"}, timeout=60)
     assert r.headers["x-superfluid-qos"] == "background"  # the class header wins
 
 
-def test_batch_invariant_requests_are_403_unless_the_server_allows_them(two_lanes: RunningServer) -> None:
-    r = httpx.post(two_lanes.base + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
-                   headers={"x-superfluid-batch-invariant": "true"}, timeout=60)
-    assert r.status_code == 403
-    assert r.json()["error"]["code"] == "batch_invariant_forbidden"
-
-
-def test_fill_in_the_middle_on_a_model_without_fim_tokens_is_400_fim_unsupported(two_lanes: RunningServer) -> None:
-    r = httpx.post(two_lanes.base + "/v1/completions",
+def test_fill_in_the_middle_on_a_model_without_fim_tokens_is_400_fim_unsupported(server: RunningServer) -> None:
+    r = httpx.post(server.base + "/v1/completions",
                    json={"model": MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 4}, timeout=60)
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "fim_unsupported"
     assert r.json()["error"]["param"] == "suffix"
-
-
-def test_a_locked_down_server_ignores_the_class_header_and_may_allow_batch_invariant_lanes() -> None:
-    srv = RunningServer(
-        "--max-batch", "2", "--ctx-size", "1024",
-        "--no-http-qos-header", "--http-default-qos", "background", "--http-allow-batch-invariant",
-    ).start()
-    try:
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3}
-        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-qos": "interactive"}, timeout=60)
-        assert r.status_code == 200 and r.headers["x-superfluid-qos"] == "background"
-        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-qos": "nonsense"}, timeout=60)
-        assert r.status_code == 200  # an ignored header cannot be invalid
-        r = httpx.post(srv.base + "/v1/completions", json=body, headers={"x-superfluid-batch-invariant": "true"}, timeout=60)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    finally:
-        srv.stop()

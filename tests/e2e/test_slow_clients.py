@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -50,13 +49,12 @@ def activity_rows(server: RunningServer) -> list[tuple[str, int, str]]:
         return db.execute("SELECT endpoint, status, error_code FROM activity_activityentry ORDER BY id").fetchall()
 
 
-@pytest.fixture(scope="module")
-def bounded() -> Iterator[RunningServer]:
-    srv = RunningServer("--max-batch", "2", "--ctx-size", "1024", "--body-timeout", "2", "--max-body-bytes", "100000").start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def bounded(shared_server: RunningServer) -> RunningServer:
+    """The session's shared server: its flags include --body-timeout 3 --max-body-bytes 100000
+    (tests/conftest.py), bounds these tests reach on purpose and no other test comes near."""
+    assert "--body-timeout" in shared_server.flags and "--max-body-bytes" in shared_server.flags
+    return shared_server
 
 
 def test_a_body_that_stops_halfway_is_refused_with_408_and_the_connection_let_go(bounded: RunningServer) -> None:

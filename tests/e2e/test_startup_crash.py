@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from bench.harness import ROOT, free_port
 from scheduler.management.commands.serve import WorkerSupervisor
+from testkit.harness import ROOT, free_port
 
 from .server import RunningServer
 

@@ -8,10 +8,11 @@ import json
 import os
 import signal
 import threading
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from .server import RunningServer
@@ -56,45 +57,74 @@ def chat(base: str, name: str, out: dict[str, dict[str, Any]], progress: dict[st
         out[name] = result
 
 
-def test_sigkill_of_the_worker_with_eight_chat_streams_in_flight_loses_repeats_and_hangs_nothing() -> None:
-    srv = RunningServer("--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant").start()
+@pytest.fixture(scope="module")
+def srv() -> Iterator[RunningServer]:
+    """One server whose worker these tests kill (twice: the web process outlives each)."""
+    server = RunningServer("--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant").start()
     try:
-        names = [str(i) for i in range(N)]
-        reference: dict[str, dict[str, Any]] = {}
-        undisturbed = [threading.Thread(target=chat, args=(srv.base, name, reference)) for name in names]
-        for t in undisturbed:
-            t.start()
-        for t in undisturbed:
-            t.join()
-        assert all(r["done"] and r["error"] is None and r["text"] for r in reference.values()), reference
-
-        results: dict[str, dict[str, Any]] = {}
-        progress: dict[str, int] = {}
-        threads = [threading.Thread(target=chat, args=(srv.base, name, results, progress)) for name in names]
-        for t in threads:
-            t.start()
-        # every stream past its opening pieces (text resumed right after them can tokenise
-        # differently from what the model produced: a limit of resuming from text)
-        srv.wait_for(lambda: len(progress) == N and min(progress.values()) >= 6, timeout_s=300)
-        pid = int(srv.health()["worker_pid"])
-        os.kill(pid, signal.SIGKILL)
-        for t in threads:
-            t.join(timeout=300)  # httpx's own timeout ends a hung stream first; this is the failsafe
-        assert not any(t.is_alive() for t in threads), "a stream hung"
-
-        assert sorted(results) == names
-        for name, r in results.items():
-            assert r["done"], (name, r)  # every stream ended properly: [DONE], never a cut connection
-            if r["error"] is None:
-                assert r["text"] == reference[name]["text"], name  # nothing lost, nothing repeated
-            else:  # a clear error, and what came before it is the reference's beginning
-                assert r["error"]["message"] and r["error"]["type"], r
-                assert reference[name]["text"].startswith(r["text"]), name
-        assert any(r["error"] is None for r in results.values())  # the jobs were resumed, not all failed
-        assert srv.health()["worker_restarts"] >= 1 and srv.health()["worker_pid"] != pid
-        deadline = time.monotonic() + 60
-        while srv.state().get("lanes_active", 0) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert srv.state()["lanes_active"] == 0
+        yield server
     finally:
-        srv.stop()
+        server.stop()
+
+
+def test_killed_worker_does_not_take_the_server_down_and_streams_continue(srv: RunningServer) -> None:
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 120, "temperature": 0, "stream": True}
+    restarts = srv.health()["worker_restarts"]
+    texts: list[str] = []
+    with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
+        killed = False
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            assert "error" not in event, event
+            texts.append(event["choices"][0]["text"])
+            if len(texts) == 5 and not killed:
+                os.kill(int(srv.health()["worker_pid"]), signal.SIGKILL)
+                killed = True
+    assert killed and len("".join(texts)) > 0
+    assert srv.proc is not None and srv.proc.poll() is None  # the web server is still up
+    assert srv.health()["worker_restarts"] >= restarts + 1
+    c = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0)
+    again = c.completions.create(model=MODEL, prompt="Hello", max_tokens=5)
+    assert again.choices[0].text
+
+
+def test_sigkill_of_the_worker_with_eight_chat_streams_in_flight_loses_repeats_and_hangs_nothing(srv: RunningServer) -> None:
+    names = [str(i) for i in range(N)]
+    reference: dict[str, dict[str, Any]] = {}
+    undisturbed = [threading.Thread(target=chat, args=(srv.base, name, reference)) for name in names]
+    for t in undisturbed:
+        t.start()
+    for t in undisturbed:
+        t.join()
+    assert all(r["done"] and r["error"] is None and r["text"] for r in reference.values()), reference
+
+    results: dict[str, dict[str, Any]] = {}
+    progress: dict[str, int] = {}
+    threads = [threading.Thread(target=chat, args=(srv.base, name, results, progress)) for name in names]
+    for t in threads:
+        t.start()
+    # every stream past its opening pieces (text resumed right after them can tokenise
+    # differently from what the model produced: a limit of resuming from text)
+    srv.wait_for(lambda: len(progress) == N and min(progress.values()) >= 6, timeout_s=300)
+    pid = int(srv.health()["worker_pid"])
+    os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=300)  # httpx's own timeout ends a hung stream first; this is the failsafe
+    assert not any(t.is_alive() for t in threads), "a stream hung"
+
+    assert sorted(results) == names
+    for name, r in results.items():
+        assert r["done"], (name, r)  # every stream ended properly: [DONE], never a cut connection
+        if r["error"] is None:
+            assert r["text"] == reference[name]["text"], name  # nothing lost, nothing repeated
+        else:  # a clear error, and what came before it is the reference's beginning
+            assert r["error"]["message"] and r["error"]["type"], r
+            assert reference[name]["text"].startswith(r["text"]), name
+    assert any(r["error"] is None for r in results.values())  # the jobs were resumed, not all failed
+    assert srv.health()["worker_restarts"] >= 1 and srv.health()["worker_pid"] != pid
+    srv.wait_for(lambda: srv.state().get("lanes_active", 0) == 0, timeout_s=60)

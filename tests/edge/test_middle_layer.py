@@ -196,6 +196,27 @@ async def test_a_400_digit_priority_is_served_and_stored(sim: SimWorker) -> None
         assert priorities == {1_000_000, -1_000_000}
 
 
+@override_settings(SUPERFLUID_HTTP_QOS_HEADER=False, SUPERFLUID_HTTP_DEFAULT_QOS="background", SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT=True)
+async def test_a_locked_down_server_ignores_the_class_header_and_may_allow_batch_invariant_lanes(sim: SimWorker) -> None:
+    """serve --no-http-qos-header --http-default-qos background --http-allow-batch-invariant
+    (this was an e2e test with a server of its own: the model plays no part in it)."""
+    body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 3}).encode()
+    async with attached(sim):
+        r = await request("POST", "/v1/completions", body, [*JSON, (b"x-superfluid-qos", b"interactive")])
+        assert r.status == 200 and r.headers["x-superfluid-qos"] == "background"
+        r = await request("POST", "/v1/completions", body, [*JSON, (b"x-superfluid-qos", b"nonsense")])
+        assert r.status == 200  # an ignored header cannot be invalid
+        r = await request("POST", "/v1/completions", body, [*JSON, (b"x-superfluid-batch-invariant", b"true")])
+        assert r.status == 200 and r.json()["usage"]["completion_tokens"] == 3, r.body
+
+
+async def test_batch_invariant_requests_are_403_unless_the_server_allows_them(sim: SimWorker) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 3}).encode()
+    async with attached(sim):
+        r = await request("POST", "/v1/completions", body, [*JSON, (b"x-superfluid-batch-invariant", b"true")])
+        assert r.status == 403 and r.json()["error"]["code"] == "batch_invariant_forbidden"
+
+
 # -- disconnects and bounds ---------------------------------------------------------------------
 
 

@@ -132,7 +132,7 @@ def test_checkengine_decodes_and_prints_speed_or_dies_with_the_engine(tmp_path) 
     import subprocess
     import sys
 
-    from bench.harness import ROOT
+    from testkit.harness import ROOT
 
     argv = [sys.executable, str(ROOT / "manage.py"), "checkengine", "--max-batch", "2", "--rounds", "2", "--no-repack"]
     env = {**os.environ, "SUPERFLUID_DATA_DIR": str(tmp_path)}

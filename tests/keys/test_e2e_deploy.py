@@ -13,26 +13,24 @@ import httpx
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from testkit.harness import ROOT, RunningServer
+from tests.conftest import KEYED_SERVER_HOST, KEYED_SERVER_STATIC_KEY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
-STATIC = "sf-container-static-key-0123456789"
+STATIC = KEYED_SERVER_STATIC_KEY
 SECRET = re.compile(r"sf-[A-Za-z0-9_-]{43}")
-ADMIN_USER, ADMIN_PASSWORD = "root", "a-long-test-password-9"
-HOST = "127.0.0.2"  # loopback, but not in the default DJANGO_ALLOWED_HOSTS
+ADMIN_USER, ADMIN_PASSWORD = "deploy-root", "a-long-test-password-9"  # the keyed server is shared: a name of its own
+HOST = KEYED_SERVER_HOST  # loopback, but not in the default DJANGO_ALLOWED_HOSTS
 
 
 @pytest.fixture(scope="module")
-def srv() -> Iterator[RunningServer]:
-    server = RunningServer("--host", HOST, "--require-key", "--max-batch", "2", "--ctx-size", "512", env={"SUPERFLUID_API_KEY": STATIC})
-    server.base = f"http://{HOST}:{server.port}"
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def srv(keyed_server: RunningServer) -> RunningServer:
+    """The session's keyed server (tests/conftest.py): serve --host 127.0.0.2 --require-key with
+    SUPERFLUID_API_KEY set, as a container runs it."""
+    assert keyed_server.base == f"http://{HOST}:{keyed_server.port}" and keyed_server.env["SUPERFLUID_API_KEY"] == STATIC
+    return keyed_server
 
 
 def manage(srv: RunningServer, *args: str, env: dict[str, str] | None = None) -> str:

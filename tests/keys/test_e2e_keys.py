@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from bench.harness import ROOT, RunningServer
+from testkit.harness import ROOT, RunningServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -74,40 +74,34 @@ class Keyed:
 
 
 @pytest.fixture(scope="module")
-def keyed() -> Iterator[Keyed]:
-    srv = RunningServer(
-        "--require-key", "--max-batch", "4", "--ctx-size", "1024", "--completion-rate", "1/m", "--completion-burst", "2"
-    ).start()
+def keyed(keyed_server: RunningServer) -> Iterator[Keyed]:
+    """The session's keyed server (tests/conftest.py: --require-key --completion-rate 1/m
+    --completion-burst 2) with this module's keys."""
+    srv = keyed_server
     k = Keyed(srv)
-    try:
-        procs = {
-            name: subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), "createkey", name, *flags],
-                cwd=ROOT, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-            for name, flags in KEYS.items()
-        }
-        outputs = {name: proc.communicate(timeout=60)[0] for name, proc in procs.items()}
-        for name, proc in procs.items():
-            assert proc.returncode == 0, outputs[name]
-            k.keys[name] = outputs[name].strip().splitlines()[-1]
-        yield k
-    finally:
-        srv.stop()
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "createkey", name, *flags],
+            cwd=ROOT, env=srv.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for name, flags in KEYS.items()
+    }
+    outputs = {name: proc.communicate(timeout=60)[0] for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, outputs[name]
+        k.keys[name] = outputs[name].strip().splitlines()[-1]
+    yield k
 
 
 def error(r: httpx.Response) -> dict:
     return r.json()["error"]
 
 
-def within_a_second(predicate, start: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = start + 3.0
-    while time.monotonic() < deadline:
-        if predicate():
-            assert time.monotonic() - start < 1.0, f"took {time.monotonic() - start:.2f}s"
-            return
-        time.sleep(0.02)
-    raise AssertionError("not within 3 s")
+def soon(srv: RunningServer, predicate) -> None:  # type: ignore[no-untyped-def]
+    """``predicate`` comes true while the server keeps running: no restart, no reload. The
+    timeout is a failsafe, not a measure (how fast a change lands is the key runtime's
+    watch interval; latency belongs in bench/, not in a test's pass or fail)."""
+    srv.wait_for(predicate, timeout_s=30, interval_s=0.02)
 
 
 # -- authentication ----------------------------------------------------------------------
@@ -154,25 +148,23 @@ def test_admin_routes_need_a_key_with_the_admin_flag(keyed: Keyed) -> None:
         assert httpx.get(keyed.srv.base + path, headers={"x-api-key": keyed.keys["ops"]}, timeout=10).status_code == 200
 
 
-def test_a_revoked_key_is_refused_within_a_second(keyed: Keyed) -> None:
+def test_a_revoked_key_is_refused_without_a_restart(keyed: Keyed) -> None:
     secret = keyed.keys["doomed"]
     assert keyed.models(secret).status_code == 200
     keyed.manage("revokekey", "doomed")
-    revoked = time.monotonic()
-    within_a_second(lambda: keyed.models(secret).status_code == 401, revoked)
+    soon(keyed.srv, lambda: keyed.models(secret).status_code == 401)
     r = keyed.chat("doomed")
     assert r.status_code == 401 and error(r)["code"] == "invalid_api_key" and "revoked" in error(r)["message"]
 
 
-def test_an_expired_key_is_refused_within_a_second_of_its_expiry(keyed: Keyed) -> None:
+def test_an_expired_key_is_accepted_until_its_expiry_and_refused_after_it(keyed: Keyed) -> None:
     lifetime_s = 5.0
     before = time.monotonic()
     secret = keyed.createkey("brief", "--expires-days", str(lifetime_s / 86400))
     after = time.monotonic()  # the key expires between before + lifetime and after + lifetime
-    keyed.srv.wait_for(lambda: keyed.models(secret).status_code == 200, timeout_s=2)
-    while keyed.models(secret).status_code == 200:
-        assert time.monotonic() < after + lifetime_s + 1.0, "still accepted a second after its expiry"
-        time.sleep(0.05)
+    keyed.srv.wait_for(lambda: keyed.models(secret).status_code == 200, timeout_s=30)
+    # accepted until it expires, never refused before (the lower bound is the key's meaning)
+    keyed.srv.wait_for(lambda: keyed.models(secret).status_code == 401, timeout_s=after - before + lifetime_s + 30)
     assert time.monotonic() >= before + lifetime_s
     assert error(keyed.models(secret))["message"] == "This API key has expired."
 
@@ -299,29 +291,29 @@ def test_a_key_made_in_the_admin_shows_its_secret_once_and_follows_policy_edits_
     raw = c.chat.completions.with_raw_response.create(model=MODEL, messages=HI, max_tokens=1)
     assert raw.headers["x-superfluid-qos"] == "background"
 
-    # and revokes the key with the list's action: refused within a second
+    # and revokes the key with the list's action: refused from then on
     key_id = change_url.rstrip("/").split("/")[-2]
     r = post_form(admin, "/admin/keys/apikey/", {"action": "revoke_selected", "_selected_action": key_id, "index": "0"})
     assert r.status_code == 302
-    within_a_second(lambda: keyed.models(secret).status_code == 401, time.monotonic())
+    soon(keyed.srv, lambda: keyed.models(secret).status_code == 401)
 
 
-def test_a_class_lane_cap_set_in_the_admin_reaches_the_worker_within_a_second(keyed: Keyed, admin: httpx.Client) -> None:
+def test_a_class_lane_cap_set_in_the_admin_reaches_the_running_worker(keyed: Keyed, admin: httpx.Client) -> None:
     assert keyed.state()["class_lanes"] == {}
     r = post_form(admin, "/admin/keys/classlanecap/add/", {"model": "", "qos_class": "3", "max_lanes": "5"})
     assert r.status_code == 200 and "--max-batch (4)" in r.text  # validated against the worker's lanes
     r = post_form(admin, "/admin/keys/classlanecap/add/", {"model": "", "qos_class": "3", "max_lanes": "2", "_continue": "1"})
     assert r.status_code == 302, r.text[:2000]
-    within_a_second(lambda: keyed.state()["class_lanes"] == {"background": 2}, time.monotonic())
+    soon(keyed.srv, lambda: keyed.state()["class_lanes"] == {"background": 2})
     # a cap for this very model wins over the all-models one
     r = post_form(admin, "/admin/keys/classlanecap/add/", {"model": MODEL, "qos_class": "3", "max_lanes": "1", "_continue": "1"})
     assert r.status_code == 302
     model_cap_url = r.headers["location"]  # /admin/keys/classlanecap/<id>/change/
-    within_a_second(lambda: keyed.state()["class_lanes"] == {"background": 1}, time.monotonic())
+    soon(keyed.srv, lambda: keyed.state()["class_lanes"] == {"background": 1})
     # deleting it falls back to the all-models cap
     r = post_form(admin, model_cap_url.replace("/change/", "/delete/"), {"post": "yes"})
     assert r.status_code == 302
-    within_a_second(lambda: keyed.state()["class_lanes"] == {"background": 2}, time.monotonic())
+    soon(keyed.srv, lambda: keyed.state()["class_lanes"] == {"background": 2})
 
 
 def test_no_secret_reaches_the_log_or_the_database(keyed: Keyed) -> None:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import redis
 
-from bench.harness import ROOT, RunningServer, stop_processes
+from testkit.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.server import stream_text
 
 from .conftest import RedisServer

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness import ROOT, stop_processes
+from testkit.harness import ROOT, stop_processes
 
 from .test_fleet_processes import MODEL, wait_until
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.harness import ROOT, RunningServer, stop_processes
+from testkit.harness import ROOT, RunningServer, stop_processes
 
 from .conftest import RedisServer
 from .test_fleet_processes import MODEL, start_heads, start_worker

@@ -1,4 +1,4 @@
-"""Start the real server (manage.py serve, real model) on a free port: for benchmarks and e2e tests."""
+"""Start the real server (manage.py serve, real model) on a free port: for the e2e tests and the benchmarks."""
 
 from __future__ import annotations
 
