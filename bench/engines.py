@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine_driver import Run, chat, drive, release  # noqa: E402
 from scheduler.engines.models import default_model_path  # noqa: E402
+from testkit.engine_driver import Run, chat, drive, release  # noqa: E402
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?",
              "Give me a recipe for pancakes.", "Describe how a bicycle works.", "What causes the seasons?",

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from bench.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 from scheduler.core.kv_pool import PoolOps, common_prefix
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.engines.grammar import schema_grammar, tool_grammar
 from scheduler.worker.output import TextStream
+from testkit.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
 
 pytestmark = pytest.mark.model
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.engine_driver import Run, drive
 from scheduler.core.types import SamplingParams
 from scheduler.engines.chat import GEMMA, compile_chat_template, render_chat_template
 from scheduler.engines.llama_cpp import LlamaCppEngine
 from scheduler.engines.models import engine_for, gemma_model_path, model_name_for
+from testkit.engine_driver import Run, drive
 
 pytestmark = pytest.mark.model
 

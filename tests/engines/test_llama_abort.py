@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import llama_cpp
 import pytest
 
-from bench.engine_driver import GREEDY, chat, generate, never, release
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
 from scheduler.engines.base import Step, StepAborted
@@ -21,6 +20,7 @@ from scheduler.engines.llama_cpp import LlamaCppEngine
 from scheduler.engines.models import default_model_path
 from scheduler.link.messages import Delta, Done, Message, Submit
 from scheduler.worker.loop import EngineWorker
+from testkit.engine_driver import GREEDY, chat, generate, never, release
 
 pytestmark = pytest.mark.model
 
