@@ -869,32 +869,27 @@ def main() -> int:
             if args.json:  # after every run, so a run cut short keeps what it measured
                 args.json.write_text(json.dumps(all_rows, indent=2, default=str))
 
+        def each_run(plan: list[tuple[str, Target, Any]], once: Callable[[str, Target, Any, int], dict[str, Any]]) -> None:
+            """Every configuration of ``plan`` (name, server, what ``once`` needs), ``--runs``
+            times, interleaved; each run on an idle server, under the hog if asked for."""
+            for run in range(1, args.runs + 1):
+                for config, target, extra in plan:
+                    revive(target)
+                    wait_idle(target)
+                    with Hog(args.hog):
+                        row = once(config, target, extra, run)
+                    record(row)
+
         if args.scenario in ("agents-chat", "all"):
-            for run in range(1, args.runs + 1):
-                for config, target, headers in agents_plan(default, variants, peer, args.peer_args):
-                    revive(target)
-                    wait_idle(target)
-                    with Hog(args.hog):
-                        row = agents_chat_once(target, headers, run, tokens, config, args.trace_dir)
-                    record(row)
+            each_run(agents_plan(default, variants, peer, args.peer_args),
+                     lambda config, target, headers, run: agents_chat_once(target, headers, run, tokens, config, args.trace_dir))
         if args.scenario in ("shared-prefix", "all"):
-            for run in range(1, args.runs + 1):
-                for config, target, shared in shared_plan(default, variants, peer):
-                    revive(target)
-                    wait_idle(target)
-                    with Hog(args.hog):
-                        row = shared_prefix_once(target, shared, run, tokens, config, args.trace_dir)
-                    record(row)
+            each_run(shared_plan(default, variants, peer),
+                     lambda config, target, shared, run: shared_prefix_once(target, shared, run, tokens, config, args.trace_dir))
         if args.scenario in ("agent-turns", "all"):
-            turn_targets = [("superfluid", default)] + [(f"superfluid {flags}", t) for flags, t in variants]
-            turn_targets += [(f"llama-server {args.peer_args}", peer)] if peer is not None else []
-            for run in range(1, args.runs + 1):
-                for config, target in turn_targets:
-                    revive(target)
-                    wait_idle(target)
-                    with Hog(args.hog):
-                        row = agent_turns_once(target, run, tokens, config)
-                    record(row)
+            turn_targets = [("superfluid", default, None)] + [(f"superfluid {flags}", t, None) for flags, t in variants]
+            turn_targets += [(f"llama-server {args.peer_args}", peer, None)] if peer is not None else []
+            each_run(turn_targets, lambda config, target, _none, run: agent_turns_once(target, run, tokens, config))
     finally:
         for server in servers.values():
             server.stop()
