@@ -596,21 +596,20 @@ class Scheduler:
             lane = self._preempt_job(plan, victim, park=self.config.park)
             self._bind(plan, urgent, lane, now)
 
-    def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool, n_decode: int, urgent_decoding: bool = False) -> tuple[int, int]:
+    def _prefill_cap_tokens(self, newcomer_possible: bool, decoding: bool, n_decode: int) -> tuple[int, int]:
         """(most prompt tokens this tick, tokens per engine call), from the measured rate.
 
         The step: with a pinned --prefill-budget on an engine whose steps abort (an urgent
         arrival or a cancel stops the step in flight), a full chunk (512 tokens, smaller only if
-        512 take more than the 8 s cap), unless an interactive or completion lane decodes this
-        tick (its stream would get a token per full chunk); otherwise the largest that fits in
-        0.5 s, so an urgent arrival never waits long for the step in flight. A tick carries one decode round, so
+        512 take more than the 8 s cap); otherwise the largest that fits in 0.5 s, so an urgent
+        arrival never waits long for the step in flight. A tick carries one decode round, so
         while a lane decodes the tick is kept near the engine's busy-tick target (whole steps,
         at least one): its stream gets a token per step instead of one per 8 s of other lanes'
         prefill. The decode tokens ride in the first step, so a decoding tick's prompt is the
         steps less the decode tokens: whole engine calls, never a small call at the end."""
         rate = max(1.0, self.prefill_tokens_per_s)
         budget = self.config.prefill_budget
-        big = budget != 0 and self.config.abortable_steps and not urgent_decoding
+        big = budget != 0 and self.config.abortable_steps
         step_s = self.config.prefill_cap_s if big else self.config.newcomer_prefill_cap_s
         step = next((s for s in PREFILL_STEPS if s <= rate * step_s), 32)
         cap_s = self.config.newcomer_prefill_cap_s if newcomer_possible else self.config.prefill_cap_s
@@ -706,10 +705,7 @@ class Scheduler:
         newcomer_possible = bool(self.free_lanes()) or len(self.queues) > 0
         granted = self._decode_grant(decoding)
         budget, plan.step_tokens = self._prefill_cap_tokens(
-            newcomer_possible,
-            bool(decoding),
-            sum(len(j.sequence) - j.computed for j in granted),
-            urgent_decoding=any(j.qos <= QosClass.COMPLETION for j in granted),
+            newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
         )
         self.prefill_cap = (budget, plan.step_tokens)
 

@@ -303,33 +303,6 @@ def test_a_pinned_budget_on_an_abortable_engine_decodes_beside_a_512_token_chunk
     assert 1.6 <= max(gaps) <= 1.75
 
 
-def test_big_steps_yield_while_an_interactive_lane_decodes_so_the_chat_streams() -> None:
-    """A chat that preempted its way in decodes beside agents' long prompts: while it does,
-    steps are the small ones (its stream gets a token per step of about 0.5 s, not per 512-token
-    chunk); once it is done, the prompt goes on in full chunks."""
-    sched, engine, clock = make_scheduler(
-        max_batch=2,
-        abortable_steps=True,
-        initial_prefill_tokens_per_s=300.0,
-        prefill_s_per_token=1.0 / 300.0,
-        decode_round_s=0.0,
-    )
-    chat = make_job(8, max_tokens=12, job_id="chat", qos=QosClass.INTERACTIVE)
-    sched.add(chat)
-    tick(sched, engine)
-    sched.add(make_job(3000, max_tokens=4, job_id="agent"))
-    engine.calls.clear()
-    token_times: list[float] = []
-    while chat.finish_reason is None:
-        events = tick(sched, engine)
-        token_times += [clock() for e in events if e.kind == "token" and e.job_id == "chat"]
-    chat_calls = [sum(n for _, n in call) for call in engine.calls]
-    assert max(chat_calls) <= 128 and max(b - a for a, b in itertools.pairwise(token_times)) <= 0.5
-    engine.calls.clear()
-    tick(sched, engine)
-    assert sum(n for _, n in engine.calls[0]) == 512  # alone again: a full chunk
-
-
 def test_prefill_budget_zero_keeps_small_steps_and_short_stalls_on_an_abortable_engine() -> None:
     calls, gaps = decoding_beside_a_long_prompt(abortable_steps=True, prefill_budget=0)
     assert calls[:-1] == [128] * (len(calls) - 1)
