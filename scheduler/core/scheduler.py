@@ -137,8 +137,7 @@ class Scheduler:
         self._seq = itertools.count()
         self._release: list[int] = []  # lanes to empty in the next plan
         self._release_keep: list[int] = []  # lanes freed in the next plan with their KV kept
-        self._kept: dict[int, KeptLane] = {}  # free lane -> the tokens its KV holds
-        self._dirty: set[int] = set()  # free lanes whose KV is not empty (trimmed when bound)
+        self._kept: dict[int, KeptLane] = {}  # free lane whose KV is not empty -> the tokens it holds (trimmed when bound)
         self._events: list[Event] = []
         self._last_prefill_tick: dict[int, int] = {}  # lane -> last tick it got prefill
         self.prefill_tokens_per_s = config.initial_prefill_tokens_per_s
@@ -314,7 +313,6 @@ class Scheduler:
             self.lanes[job.lane] = None
             if self._keeps(job, reason):
                 self._kept[job.lane] = KeptLane(job.cache_scope, job.sequence[: job.computed], job.finished_s)
-                self._dirty.add(job.lane)
                 self._release_keep.append(job.lane)
             else:
                 self._release.append(job.lane)
@@ -357,8 +355,9 @@ class Scheduler:
         else an empty one; else the one kept longest ago (its prefix is the least likely to
         come back)."""
         if self._kept:
-            best = max(free, key=lambda lane: self._kept_match(job, lane))
-            if self._kept_match(job, best):
+            matches = {lane: self._kept_match(job, lane) for lane in free}
+            best = max(free, key=matches.__getitem__)
+            if matches[best]:
                 return best
             empty = [lane for lane in free if lane not in self._kept]
             if empty:
@@ -377,10 +376,9 @@ class Scheduler:
     def _forget_kept(self) -> None:
         """Empty every kept lane (the engine refused a plan, memory is short): its KV goes."""
         self._release_keep = []
-        for lane in sorted(self._dirty):
+        for lane in sorted(self._kept):
             if lane not in self._release:
                 self._release.append(lane)
-        self._dirty.clear()
         self._kept.clear()
 
     def _class_usage(self) -> dict[QosClass, int]:
@@ -404,7 +402,7 @@ class Scheduler:
     def _bind(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
         self.queues.pop(job)
         kept_n = self._kept_match(job, lane)
-        self._kept.pop(lane, None)
+        kept = self._kept.pop(lane, None)
         job.state = JobState.RUNNING
         job.lane = lane
         self.lanes[lane] = job
@@ -421,8 +419,7 @@ class Scheduler:
                 self._events.append(Event("resumed", job.job_id, lane=lane))
             else:
                 keep_tokens = self._seed_from_prefix(plan, job, lane, now, kept_n)
-        if lane in self._dirty:
-            self._dirty.discard(lane)
+        if kept is not None:  # the lane's KV is not empty: keep what the job shares, no more
             plan.trim.append((lane, keep_tokens))
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, list(job.output)))
         if job.admitted_s is None:
