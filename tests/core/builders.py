@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,8 @@ def make_job(
     batch_invariant: bool = False,
 ) -> Job:
     job_id = job_id or f"job{next(_ids)}"
-    prompt = [(hash((job_id, i)) % 200) + 3 for i in range(prompt_tokens)]
+    # a stable hash: the same job id gives the same prompt in every run (str hash() is salted per process)
+    prompt = [zlib.crc32(f"{job_id}:{i}".encode()) % 200 + 3 for i in range(prompt_tokens)]
     return Job(
         job_id=job_id,
         prompt=prompt,
