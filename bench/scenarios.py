@@ -59,6 +59,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import signal
 import statistics
@@ -802,6 +803,11 @@ def main() -> int:
         metavar="N",
         help="keep N cores busy (a Python busy loop each) during every run of every server",
     )
+    parser.add_argument(
+        "--only",
+        metavar="REGEX",
+        help='run only the configurations whose name matches, e.g. "class headers|llama-server" or "distinct"',
+    )
     parser.add_argument("--trace-dir", type=Path, help="write superfluid's /v1/internal/state samples (JSONL) here")
     parser.add_argument("--json", type=Path, help="also write every run's measurements to this file (after each run)")
     parser.add_argument("--tables-from", type=Path, help="only print the tables from a --json file written earlier")
@@ -872,6 +878,8 @@ def main() -> int:
         def each_run(plan: list[tuple[str, Target, Any]], once: Callable[[str, Target, Any, int], dict[str, Any]]) -> None:
             """Every configuration of ``plan`` (name, server, what ``once`` needs), ``--runs``
             times, interleaved; each run on an idle server, under the hog if asked for."""
+            if args.only:
+                plan = [step for step in plan if re.search(args.only, step[0])]
             for run in range(1, args.runs + 1):
                 for config, target, extra in plan:
                     revive(target)

@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--peer", choices=["llama-server"], help="also run every stream count against this peer")
     parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server (default: %(default)s)")
+    parser.add_argument("--variant", metavar="FLAGS", help='also run a second superfluid server with these flags, e.g. "--prefill-budget 0"')
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
@@ -131,12 +132,15 @@ def main() -> None:
             peer = PeerServer(binary, model_path, *shlex.split(args.peer_args)).start()
             one_stream(peer.base, model, prompts(1)[0], 8)
     server = RunningServer("--max-batch", str(max(counts))).start()
+    variant = RunningServer("--max-batch", str(max(counts)), *shlex.split(args.variant)).start() if args.variant else None
     rows = []
     try:
-        one_stream(server.base, model, prompts(1)[0], 8)  # warm up the worker
+        for each in (server, variant):
+            if each is not None:
+                one_stream(each.base, model, prompts(1)[0], 8)  # warm up the worker
         for n in counts:
             texts = prompts(n)
-            bare, inproc, served, peered = [], [], [], []
+            bare, inproc, served, peered, varied = [], [], [], [], []
             for _ in range(args.repeat):
                 bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
                 engine = LlamaCppEngine(model_path, n_lanes=max(counts))
@@ -155,9 +159,16 @@ def main() -> None:
             if peered:
                 p = statistics.median(peered)
                 row.update({"llama_server_tok_s": round(p, 1), "peer_ratio": round(s / p, 3)})
+            if varied:
+                v = statistics.median(varied)
+                row.update({"variant_tok_s": round(v, 1), "variant_ratio": round(v / b, 3)})
+                if peered:
+                    row["variant_peer_ratio"] = round(v / statistics.median(peered), 3)
             rows.append(row)
     finally:
         server.stop()
+        if variant is not None:
+            variant.stop()
         if peer is not None:
             peer.stop()
 
@@ -170,6 +181,12 @@ def main() -> None:
         peer_cells = (f" {r['llama_server_tok_s']} |", f" {r['peer_ratio']:.3f} |") if with_peer else ("", "")
         print(f"| {r['streams']} | {r['bare_tok_s']} | {r['worker_tok_s']} | {r['superfluid_tok_s']} |{peer_cells[0]}"
               f" {r['worker_ratio']:.3f} | {r['ratio']:.3f} |{peer_cells[1]}")
+    if variant is not None:
+        print(f"\nsuperfluid {args.variant}, same runs\n")
+        print("| streams | tok/s | / bare |" + (" / llama-server |" if with_peer else ""))
+        print("|--:|--:|--:|" + ("--:|" if with_peer else ""))
+        for r in rows:
+            print(f"| {r['streams']} | {r['variant_tok_s']} | {r['variant_ratio']:.3f} |" + (f" {r['variant_peer_ratio']:.3f} |" if with_peer else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
