@@ -149,10 +149,14 @@ def main() -> None:
                 finally:
                     engine.close()
                 served.append(run_server(server.base, model, texts, args.max_tokens)["tokens_per_s"])
+                if variant is not None:
+                    varied.append(run_server(variant.base, model, texts, args.max_tokens)["tokens_per_s"])
                 if peer is not None:
                     peered.append(run_server(peer.base, model, texts, args.max_tokens)["tokens_per_s"])
                 runs = f"bare {bare[-1]:.1f}, worker {inproc[-1]:.1f}, superfluid {served[-1]:.1f}"
-                print(f"  {n} streams, run {len(bare)}: {runs}" + (f", llama-server {peered[-1]:.1f}" if peered else ""), file=sys.stderr)
+                runs += f", superfluid {args.variant} {varied[-1]:.1f}" if varied else ""
+                runs += f", llama-server {peered[-1]:.1f}" if peered else ""
+                print(f"  {n} streams, run {len(bare)}: {runs}", file=sys.stderr)
             b, w, s = statistics.median(bare), statistics.median(inproc), statistics.median(served)
             row = {"streams": n, "bare_tok_s": round(b, 1), "worker_tok_s": round(w, 1), "superfluid_tok_s": round(s, 1),
                    "worker_ratio": round(w / b, 3), "ratio": round(s / b, 3)}
