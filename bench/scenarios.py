@@ -548,7 +548,7 @@ def agents_chat_table(rows: list[dict[str, Any]], configs: list[str], runs: int,
         f"{medians_of(runs, rows)}"
     )
     columns = [
-        ("chat TTFT s", "chat_ttft_s", 2), ("agents' max stall s", "agents_max_stall_s", 2),
+        ("chat TTFT s", "chat_ttft_s", 2), ("chat done s", "chat_done_s", 1), ("agents' max stall s", "agents_max_stall_s", 2),
         ("agents' median TTFT s", "agents_median_ttft_s", 2), ("agents' max TTFT s", "agents_max_ttft_s", 2),
         ("total s", "total_s", 1),
     ]

@@ -60,6 +60,11 @@ class SchedulerConfig:
     newcomer_prefill_cap_s: float = 0.5  # while a newcomer could be admitted
     decoding_prefill_cap_s: float = 0.25  # while a lane decodes (llama.cpp/MLX busy-tick target)
     prefill_cap_s: float = 8.0  # otherwise
+    # While an interactive or completion lane decodes beside lanes that prefill, the ticks after
+    # each prefill step decode only, for up to this share of that step's time: the answer streams
+    # at reading speed behind 512-token chunks, and prefill keeps 1 / (1 + share) of its rate
+    # while such an answer streams. 0: a decode round beside every prefill step, no more.
+    urgent_decode_share: float = 0.2
     # Whether the engine stops a running step when an urgent job arrives or a lane is cancelled
     # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
     # even while lanes decode: an urgent arrival no longer waits for the step in flight.
@@ -144,6 +149,7 @@ class Scheduler:
         self.round_s = config.initial_round_s  # measured decode round duration
         self.rounds = 0  # engine calls planned (a tick is one or more rounds)
         self._tick_started_s = 0.0
+        self._decode_only_until = 0.0  # urgent answers decode alone until then (urgent_decode_share)
         self._tick_decoded = 0  # decode tokens granted in the tick in flight
         self._grants = itertools.count()
         self._decoded_at: dict[str, int] = {}  # job id -> number of its last decode grant
@@ -287,6 +293,7 @@ class Scheduler:
             if fed_prefill:
                 rate = fed_prefill / result.prefill_s
                 self.prefill_tokens_per_s = 0.7 * self.prefill_tokens_per_s + 0.3 * rate
+                self._decode_only_until = now + self.config.urgent_decode_share * result.elapsed_s
         return self.drain_events()
 
     def drain_events(self) -> list[Event]:
@@ -704,6 +711,8 @@ class Scheduler:
         budget, plan.step_tokens = self._prefill_cap_tokens(
             newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
         )
+        if prefilling and any(j.qos <= QosClass.COMPLETION for j in granted) and self.clock() < self._decode_only_until:
+            budget = 0  # an urgent answer streams: decode rounds alone for a share of the last step
         self.prefill_cap = (budget, plan.step_tokens)
 
         for job in granted:

@@ -218,7 +218,8 @@ def test_a_better_class_is_prefilled_before_a_shorter_prompt() -> None:
 def test_a_tick_that_finishes_an_urgent_prompt_prefills_no_lower_class_but_still_decodes(
     urgent_class: QosClass,
 ) -> None:
-    sched, engine, _ = make_scheduler(max_batch=3)
+    # no decode-only ticks for the urgent answer after it (tested below): the hold alone
+    sched, engine, _ = make_scheduler(max_batch=3, urgent_decode_share=0.0)
     sched.add(make_job(16, max_tokens=50, job_id="decoding-agent"))
     tick(sched, engine)
     sched.add(make_job(3000, job_id="prefilling-agent"))
@@ -339,3 +340,56 @@ def test_with_big_steps_and_nothing_to_admit_a_tick_still_prefills_about_eight_s
     tokens, seconds = first_tick_prefill(max_batch=1, abortable_steps=True)
     assert tokens == 2048  # 300 tok/s x 8 s = 2400, rounded down to whole 512-token chunks
     assert seconds <= 8.0
+
+
+# -- an urgent answer streams at reading speed beside big steps ---------------------------------
+
+
+def chat_beside_a_long_prompt(qos: QosClass, **overrides: object) -> tuple[list[tuple[float, float, int]], float, float]:
+    """A 3000-token agent prompt prefills at 300 tok/s in 512-token steps (1.7 s each; a decode
+    round is 20 ms) while a chat of class ``qos`` answers 30 tokens: each engine call as (start s,
+    seconds, prompt tokens), the chat's time from its first token to its last, and the time the
+    agent's prompt took from the chat's first token on."""
+    sched, engine, clock = make_scheduler(
+        max_batch=2,
+        abortable_steps=True,
+        initial_prefill_tokens_per_s=300.0,
+        prefill_s_per_token=1.0 / 300.0,
+        decode_round_s=0.02,
+        **overrides,
+    )
+    sched.add(make_job(3000, max_tokens=4, job_id="agent"))
+    tick(sched, engine)
+    sched.add(make_job(8, max_tokens=30, qos=qos, job_id="chat"))
+    chat_times: list[float] = []
+    calls: list[tuple[float, float, int]] = []
+    agent_done: float | None = None
+    while agent_done is None or "chat" in sched.jobs:
+        start = clock()
+        events = tick(sched, engine)
+        assert sched.last_plan is not None
+        calls.append((start, clock() - start, sum(len(f.tokens) for f in sched.last_plan.feeds if not f.is_decode)))
+        chat_times += [clock() for e in events if e.kind == "token" and e.job_id == "chat"]
+        if agent_done is None and not sched.jobs["agent"].prefilling:
+            agent_done = clock()
+    assert len(chat_times) == 30
+    return calls, chat_times[-1] - chat_times[0], agent_done - chat_times[0]
+
+
+@pytest.mark.parametrize("urgent_class", [QosClass.INTERACTIVE, QosClass.COMPLETION])
+def test_an_urgent_answer_decodes_alone_for_a_fifth_of_each_prefill_step(urgent_class: QosClass) -> None:
+    calls, chat_s, _ = chat_beside_a_long_prompt(urgent_class)
+    assert chat_s < 3 * 512 / 300.0  # 30 tokens within three chunks, not one token per 1.7 s chunk
+    prefill_starts = [i for i, (_, _, tokens) in enumerate(calls) if tokens]
+    for a, b in itertools.pairwise(prefill_starts):
+        step_s = calls[a][1]
+        decode_only_s = sum(seconds for _, seconds, _ in calls[a + 1 : b])
+        # decode rounds alone for at most a fifth of the step before, and one round past it
+        assert decode_only_s <= 0.2 * step_s + 0.02 + 1e-9
+
+
+def test_the_agents_prompt_keeps_five_sixths_of_its_prefill_rate_while_the_answer_streams() -> None:
+    _, _, with_rule = chat_beside_a_long_prompt(QosClass.INTERACTIVE)
+    _, _, without = chat_beside_a_long_prompt(QosClass.INTERACTIVE, urgent_decode_share=0.0)
+    assert with_rule <= without * 1.2 + 0.02
+    assert with_rule > without  # the answer's rounds are not free
