@@ -144,7 +144,10 @@ class Scheduler:
         self._release_keep: list[int] = []  # lanes freed in the next plan with their KV kept
         self._kept: dict[int, KeptLane] = {}  # free lane whose KV is not empty -> the tokens it holds (trimmed when bound)
         self._events: list[Event] = []
-        self._last_prefill_tick: dict[int, int] = {}  # lane -> last tick it got prefill
+        # Prefill starvation counts ticks that prefilled: decode-only ticks (an urgent answer
+        # streaming) deprive every prompt alike, so they must not reorder prompts.
+        self._prefill_ticks = 0  # ticks whose plan carried prompt tokens
+        self._last_prefill_tick: dict[int, int] = {}  # lane -> _prefill_ticks when it last got prefill
         self.prefill_tokens_per_s = config.initial_prefill_tokens_per_s
         self.round_s = config.initial_round_s  # measured decode round duration
         self.rounds = 0  # engine calls planned (a tick is one or more rounds)
@@ -265,12 +268,14 @@ class Scheduler:
                 if job is not None and job_id not in result.parked:
                     job.computed = 0  # the engine kept nothing: recompute from the start
         self.pool.settle(result.evicted)
+        if plan is not None and plan.prefill_tokens and result.fed:
+            self._prefill_ticks += 1
         for lane, n in result.fed.items():
             job = self.lanes[lane]
             if job is not None:
                 job.computed += n
                 if n:
-                    self._last_prefill_tick[lane] = self.tick
+                    self._last_prefill_tick[lane] = self._prefill_ticks
         for lane, token in result.sampled.items():
             job = self.lanes[lane]
             if job is None or job.state is not JobState.RUNNING:
@@ -413,7 +418,7 @@ class Scheduler:
         job.state = JobState.RUNNING
         job.lane = lane
         self.lanes[lane] = job
-        self._last_prefill_tick[lane] = self.tick
+        self._last_prefill_tick[lane] = self._prefill_ticks + 1  # as if fed in the tick being planned
         keep_tokens = 0  # of the lane's kept KV, what stays
         if job.parked is not None:
             plan.restore.append(LaneRestore(lane, job.job_id, job.parked))
@@ -726,7 +731,8 @@ class Scheduler:
 
         def prefill_order(job: Job) -> tuple[int, int, int]:
             assert job.lane is not None
-            idle = self.tick - self._last_prefill_tick.get(job.lane, self.tick)
+            planned = self._prefill_ticks + 1  # the tick being planned, if it prefills
+            idle = planned - self._last_prefill_tick.get(job.lane, planned)
             starving = idle >= self.config.starvation_ticks > 0
             return (0 if starving else 1, int(job.qos), job.remaining_prompt)
 
