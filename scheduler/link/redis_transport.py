@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -321,19 +322,29 @@ class RedisTransport(Transport):
 
     resumable = True  # the consumers give SSE ids and accept Last-Event-ID on this link
 
+    async def _idempotent(self, command: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
+        """An idempotent command, tried once more on a connection error: after a Redis restart
+        the pooled connection is dead and the first command on it fails ("Connection closed by
+        server"); the second attempt opens a fresh one."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        try:
+            return await command(self._redis())
+        except (RedisConnectionError, RedisTimeoutError):
+            return await command(self._redis())
+
     async def remember_stream(self, job_id: str, meta: dict[str, Any]) -> None:
         """What another head needs to go on with this job's SSE stream if this head dies (the
         reply's id and created, the key, a digest of the body): ``r:ID``, expiring with the stream."""
         key = f"{self.prefix}r:{job_id}"
         try:
-            pipe = self._redis().pipeline(transaction=False)
-            pipe.set(key, json.dumps(meta), ex=STREAM_TTL_S)
-            await pipe.execute()
+            await self._idempotent(lambda client: client.set(key, json.dumps(meta), ex=STREAM_TTL_S))
         except Exception as exc:  # no resume for this one; the stream itself goes on
             log.warning("Redis: could not note stream %s for resuming: %s", job_id, exc)
 
     async def stream_meta(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self._redis().get(f"{self.prefix}r:{job_id}")
+        raw = await self._idempotent(lambda client: client.get(f"{self.prefix}r:{job_id}"))
         try:
             meta = json.loads(raw) if raw is not None else None
         except ValueError:

@@ -83,3 +83,22 @@ async def test_the_head_that_took_a_stream_over_resumes_it_when_its_worker_dies(
     assert spare.worker.stats["requests_total"] == 1
     await second.stop()
     spare.stop()
+
+
+async def test_a_stream_noted_right_after_redis_restarted_can_still_be_resumed(prefix: str) -> None:
+    """After a Redis restart the head's pooled connection is dead and the next command on it
+    fails ("Connection closed by server"). The note another head needs to resume a stream
+    (``r:ID``) must survive that: it was lost with a logged warning, and a client whose head
+    then died got 404 on resuming (found by the fleet test in CI)."""
+    server = RedisServer().start()
+    link = RedisTransport(server.url, prefix=prefix)
+    try:
+        await link.remember_stream("before", {"id": "chatcmpl-1"})
+        assert await link.stream_meta("before") == {"id": "chatcmpl-1"}
+        server.stop()
+        server.start()  # the same port, empty
+        await link.remember_stream("after", {"id": "chatcmpl-2"})
+        assert await link.stream_meta("after") == {"id": "chatcmpl-2"}
+    finally:
+        await link.stop()
+        server.stop()
