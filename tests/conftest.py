@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,6 +123,9 @@ def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None
     earlier). Whether an unclosed client is garbage by a test's end depends on reference cycles,
     so a leak is reported, not failed, to keep the suite deterministic."""
     yield
+    e2e = sys.modules.get("tests.e2e.server")
+    if e2e is not None:
+        e2e.close_openai_clients()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         gc.collect()

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from testkit.harness import ROOT, RunningServer, stop_processes
+from tests.e2e.server import openai_client
 from tests.e2e.test_batches import wait_for
 from tests.redis.conftest import RedisServer
 
@@ -54,7 +55,7 @@ def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
 
 def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_celery: tuple[RunningServer, subprocess.Popen[bytes]]) -> None:
     head, worker = head_and_celery
-    c = openai.OpenAI(base_url=head.base + "/v1", api_key="unused", max_retries=0)
+    c = openai_client(head.base)
     b = c.batches.create(input_file_id=batch_file(c, 20, 8), endpoint="/v1/completions", completion_window="24h")
     b = wait_for(c, b.id, ("completed", "failed", "cancelled"))
     assert b.status == "completed", b

@@ -20,12 +20,30 @@ __all__ = [
     "assert_a_disconnect_frees_the_lane",
     "assert_streams_batched",
     "free_port",
+    "close_openai_clients",
     "lane_count",
     "openai_chat",
+    "openai_client",
     "peak_lanes",
     "serving",
     "stream_text",
 ]
+
+
+_open_clients: list[openai.OpenAI] = []
+
+
+def openai_client(base: str, api_key: str = "unused", timeout_s: float = 600) -> openai.OpenAI:
+    """An ``openai`` client on ``base``'s /v1 (no retries), closed when the test ends
+    (tests/conftest.py calls close_openai_clients after every test)."""
+    c = openai.OpenAI(base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=timeout_s)
+    _open_clients.append(c)
+    return c
+
+
+def close_openai_clients() -> None:
+    while _open_clients:
+        _open_clients.pop().close()
 
 
 @contextlib.contextmanager
@@ -103,7 +121,7 @@ def assert_a_disconnect_frees_the_lane(srv: RunningServer, model: str, max_token
 
 def openai_chat(base: str, model: str, messages: list[dict], max_tokens: int, timeout_s: float = 600) -> tuple[str, str]:
     """(text, finish_reason) of a greedy chat streamed through the ``openai`` client."""
-    c = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=timeout_s)
+    c = openai_client(base, timeout_s=timeout_s)
     parts, finish = [], ""
     for chunk in c.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True):  # type: ignore[arg-type]
         if chunk.choices:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -18,7 +18,7 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server.base)
 
 
 def jsonl(lines: list[dict]) -> bytes:

@@ -16,7 +16,7 @@ import pytest
 
 from testkit.harness import ROOT
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -38,9 +38,9 @@ def keyed(keyed_server: RunningServer) -> tuple[RunningServer, str, str]:
 
 def test_keys_own_their_batches_and_lines_run_as_the_key_at_background(keyed: tuple[RunningServer, str, str]) -> None:
     srv, owner_secret, other_secret = keyed
-    owner = openai.OpenAI(base_url=srv.base + "/v1", api_key=owner_secret, max_retries=0)
-    other = openai.OpenAI(base_url=srv.base + "/v1", api_key=other_secret, max_retries=0)
-    nobody = openai.OpenAI(base_url=srv.base + "/v1", api_key="sk-wrong", max_retries=0)
+    owner = openai_client(srv.base, owner_secret)
+    other = openai_client(srv.base, other_secret)
+    nobody = openai_client(srv.base, "sk-wrong")
     data = "".join(json.dumps({"custom_id": f"k{i}", "method": "POST", "url": "/v1/chat/completions",
                                "body": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}}) + "\n" for i in range(3))
     with pytest.raises(openai.AuthenticationError):

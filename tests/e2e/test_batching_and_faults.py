@@ -1,12 +1,10 @@
-"""Concurrency, disconnects, worker crashes and graceful shutdown against the real server."""
+"""Concurrency, disconnects and a model that cannot load, against the real server (graceful
+shutdown: test_link.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 
-import httpx
 import pytest
 
 from .server import RunningServer, assert_a_disconnect_frees_the_lane, assert_streams_batched, lane_count, openai_chat
@@ -28,29 +26,6 @@ def test_as_many_concurrent_streams_as_lanes_are_batched_in_one_worker_and_all_c
 
 def test_client_disconnect_cancels_the_job_and_frees_its_lane(server: RunningServer) -> None:
     assert_a_disconnect_frees_the_lane(server, MODEL, max_tokens=1500, lines_before_closing=3, timeout_s=30)
-
-
-def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_zero() -> None:
-    srv = RunningServer("--max-batch", "2", "--ctx-size", "1024", "--drain-timeout", "30").start()
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
-    events: list[str] = []
-    try:
-        with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
-            lines = (line for line in r.iter_lines() if line.startswith("data: "))
-            events.append(next(lines))
-            assert srv.proc is not None
-            srv.proc.send_signal(signal.SIGTERM)
-            # once the signal is handled, a new request is refused while this one drains
-            refused = srv.wait_for(lambda: (r := httpx.post(srv.base + "/v1/completions", json={**body, "stream": False}, timeout=30)).status_code == 503 and r, timeout_s=30)
-            assert refused.json()["error"]["code"], refused.text
-            events.extend(lines)
-        assert events[-1] == "data: [DONE]"
-        final = json.loads(events[-2][6:])
-        assert "choices" in final, final
-        assert final["choices"][0]["finish_reason"] == "length"
-        assert srv.proc.wait(timeout=30) == 0
-    finally:
-        srv.stop()
 
 
 def test_serve_stops_with_the_reason_when_the_model_cannot_be_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]

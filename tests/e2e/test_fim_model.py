@@ -11,11 +11,10 @@ import signal
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from scheduler.engines.models import default_model_path, model_name_for
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 from .test_models import Run
 from .test_models import models_state as models
 
@@ -43,7 +42,7 @@ def test_both_models_are_resident_from_the_start_each_with_its_lanes(srv: Runnin
     assert set(state) == {MAIN, FIM}
     assert (state[MAIN]["lanes"], state[MAIN]["context_length"], state[MAIN]["fim"]) == (1, 1024, False)
     assert (state[FIM]["lanes"], state[FIM]["context_length"], state[FIM]["fim"]) == (2, 2048, True)
-    listed = {m.id for m in OpenAI(base_url=srv.base + "/v1", api_key="none").models.list().data}
+    listed = {m.id for m in openai_client(srv.base).models.list().data}
     assert listed == {MAIN, FIM}
 
 
@@ -61,7 +60,7 @@ def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_
     assert during[MAIN]["requests"] == before[MAIN]["requests"] + 1  # the long one only
     long.join()
     # without suffix a request runs on the model it names
-    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+    client = openai_client(srv.base)
     assert client.completions.create(model=MAIN, prompt="Hello", max_tokens=2).choices[0].text is not None
     assert client.chat.completions.create(model=FIM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).model == FIM
     after = models(srv)
@@ -71,7 +70,7 @@ def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_
 def test_a_crash_of_one_models_worker_leaves_the_other_alone(srv: RunningServer) -> None:
     """SIGKILL of the main model's worker: the FIM model's worker never notices, the main one is
     restarted and serves again. (The last test on this session's two-model server: it kills.)"""
-    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+    client = openai_client(srv.base)
 
     def ask(model: str) -> str:
         out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from scheduler.engines.models import default_model_path
 
-from .server import RunningServer, serving, stream_text
+from .server import RunningServer, openai_client, serving, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -135,7 +134,7 @@ def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one(bo
 
 
 def test_both_models_answer_the_openai_client_by_id_and_alias_and_ttl_unloads(bonus10: RunningServer) -> None:
-    client = OpenAI(base_url=bonus10.base + "/v1", api_key="none")
+    client = openai_client(bonus10.base)
     listed = {m.id for m in client.models.list().data}
     assert listed == {"a", "alpha", "b", "beta"}
     for name in ("alpha", "b", "a", "beta"):

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -20,7 +20,7 @@ QUESTION = [
 
 
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
+    return openai_client(server.base)
 
 
 def sse_events(response: httpx.Response) -> list[str]:

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -19,7 +19,7 @@ STORY = [{"role": "user", "content": "Tell me a short story about a cat."}]
 
 
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    return openai_client(server.base)
 
 
 def test_chat_n_gives_n_different_choices_indexed_in_order_with_summed_usage(server: RunningServer) -> None:

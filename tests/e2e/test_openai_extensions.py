@@ -5,14 +5,13 @@ ignore_eos and the tolerance of parameters this server does not know."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from .server import RunningServer
+from .server import RunningServer, openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -45,20 +44,8 @@ PERSON = {
 }
 
 
-_clients: list[openai.OpenAI] = []
-
-
 def client(server: RunningServer) -> openai.OpenAI:
-    c = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=900)
-    _clients.append(c)
-    return c
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _clients:
-        _clients.pop().close()
+    return openai_client(server.base, timeout_s=900)
 
 
 def test_named_tool_call_parses_fits_the_schema_and_the_result_is_answered(server: RunningServer) -> None:

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from bench.swap import two_models_config
 from scheduler.engines.models import default_model_path, gemma_model_path
 
-from .server import RunningServer, admin_session, stream_text
+from .server import RunningServer, admin_session, openai_client, stream_text
 from .test_models import metric, models_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -45,7 +44,7 @@ def loads(srv: RunningServer, model: str) -> float:
 
 
 def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningServer) -> None:
-    client = OpenAI(base_url=srv.base + "/v1", api_key="none")
+    client = openai_client(srv.base)
     listed = {m.id: m for m in client.models.list().data}
     assert set(listed) == {"smol", "small", "gemma", "g3"}
     assert listed["g3"].model_extra and listed["g3"].model_extra["alias_of"] == "gemma"

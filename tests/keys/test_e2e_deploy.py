@@ -15,6 +15,7 @@ import pytest
 
 from testkit.harness import ROOT, RunningServer
 from tests.conftest import KEYED_SERVER_HOST, KEYED_SERVER_STATIC_KEY
+from tests.e2e.server import openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -54,7 +55,7 @@ def eventually(predicate, what: str, timeout_s: float = 10.0) -> None:  # type: 
 
 
 def test_the_static_key_is_accepted_and_a_wrong_one_refused_and_it_is_never_logged(srv: RunningServer) -> None:
-    client = openai.OpenAI(base_url=srv.base + "/v1", api_key=STATIC, max_retries=0)
+    client = openai_client(srv.base, STATIC)
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=2, temperature=0)
     assert raw.http_response.status_code == 200 and raw.parse().usage.completion_tokens >= 1
     assert [m.id for m in client.models.list()] == [MODEL]
@@ -62,7 +63,7 @@ def test_the_static_key_is_accepted_and_a_wrong_one_refused_and_it_is_never_logg
         r = chat(srv, wrong)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=srv.base + "/v1", api_key="sf-wrong", max_retries=0).models.list()
+        openai_client(srv.base, "sf-wrong").models.list()
     assert STATIC not in srv.log()
 
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from testkit.harness import ROOT, RunningServer
+from tests.e2e.server import openai_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -70,7 +71,7 @@ class Keyed:
         return r.json()
 
     def client(self, secret: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.srv.base + "/v1", api_key=secret, max_retries=0)
+        return openai_client(self.srv.base, secret)
 
 
 @pytest.fixture(scope="module")
