@@ -130,6 +130,10 @@ class RedisTransport(Transport):
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._epochs: dict[str, int] = {}  # job id -> the epoch its last enqueue had
         self._forgetting: set[asyncio.Task[None]] = set()
+        # a cancel, or the config, whose send failed while the link counted as connected (a
+        # pooled connection that died with a Redis restart): sent by the next tick that reaches Redis
+        self._unsent_cancels: list[bytes] = []
+        self._config_unsent = False
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -242,6 +246,8 @@ class RedisTransport(Transport):
             hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=int(first.get("lane_ctx", 0)), pid=int(first.get("pid", 0)))
             if not self.connected:
                 await self._became_connected(hello)
+            else:
+                await self._send_again()
         else:
             if self.connected:
                 self._connected.clear()
@@ -268,10 +274,24 @@ class RedisTransport(Transport):
         """The first worker is there (or Redis is back): send the config and every job that was
         never enqueued. Jobs already in Redis keep their place and their readers."""
         await self._greet(hello)
+        await self._send_again()
+
+    async def _send_again(self) -> None:
+        """Send what did not reach Redis: every job not enqueued yet (its submit failed, or came
+        while Redis was away), the cancels that failed, and the latest config if its send
+        failed. A submit that failed while the link counted as connected was otherwise never
+        sent again: its client waited for nothing until its own timeout (found by the fleet
+        test after a Redis restart)."""
         for handle in list(self.inflight.values()):
             if handle.sent_on == -1:
                 handle.sent_on = self._connection
                 await self._send(encode(handle.submit))
+        cancels, self._unsent_cancels = self._unsent_cancels, []
+        for data in cancels:
+            await self._send(data)
+        if self._config_unsent and self.worker_config is not None:
+            self._config_unsent = False
+            await self._send(encode(self.worker_config))
 
     # -- carrying -----------------------------------------------------------------------
 
@@ -294,10 +314,15 @@ class RedisTransport(Transport):
                 await client.set(self.prefix + "config", body)
                 await client.publish(self.prefix + "config", body)
         except Exception as exc:
-            log.warning("Redis: could not send %s: %s", message.type, exc)
-            handle = self.inflight.get(getattr(message, "id", ""))
-            if isinstance(message, Submit) and handle is not None:
-                handle.sent_on = -1  # enqueued when Redis answers again
+            log.warning("Redis: could not send %s (sent again when Redis answers): %s", message.type, exc)
+            if isinstance(message, Submit):
+                handle = self.inflight.get(message.id)
+                if handle is not None:
+                    handle.sent_on = -1
+            elif isinstance(message, Cancel):
+                self._unsent_cancels.append(data)
+            elif isinstance(message, Config):
+                self._config_unsent = True  # the latest config goes, not this one
 
     async def _enqueue(self, message: Submit, *, requeue: bool, expect_epoch: int) -> None:
         epoch = int(

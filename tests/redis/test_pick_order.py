@@ -13,9 +13,9 @@ from scheduler.link.redis_transport import LEASE_MS, NO_FLOOR, Scripts
 BIG = 8
 
 
-def enqueue(s: Scripts, p: str, job_id: str, qos: int, prio: int = 0, *, divisor: float = 60.0, requeue: int = 0, expect: int = -1) -> int:
-    data = json.dumps({"type": "submit", "id": job_id, "request": {}, "qos": qos, "priority": prio})
-    return int(s.enqueue([p, job_id, qos, prio, divisor, data, "head", requeue, expect]))
+def enqueue(s: Scripts, p: str, job_id: str, qos: int, prio: int = 0, *, divisor: float = 60.0, requeue: int = 0, expect: int = -1, head: str = "head", request: dict | None = None) -> int:
+    data = json.dumps({"type": "submit", "id": job_id, "request": request or {}, "qos": qos, "priority": prio})
+    return int(s.enqueue([p, job_id, qos, prio, divisor, data, head, requeue, expect]))
 
 
 def pick(s: Scripts, p: str, n: int = 1, *, worker: str = "w1", caps: tuple[int, ...] = (BIG,) * 4, use: tuple[int, ...] = (0,) * 4, floor: int = NO_FLOOR, starvation_s: float = 0) -> list[str]:
@@ -130,7 +130,21 @@ def test_a_lost_job_is_given_back_once(s: Scripts, client: redis.Redis, prefix: 
     epoch = int(client.hget(prefix + "job:j", "epoch"))
     assert enqueue(s, prefix, "j", 2, requeue=1, expect=epoch) == epoch
     assert enqueue(s, prefix, "j", 2, requeue=1, expect=epoch) == -1  # no longer lost
-    assert enqueue(s, prefix, "other", 2) == 0 and enqueue(s, prefix, "other", 2) == -2  # duplicate id
+    assert enqueue(s, prefix, "other", 2) == 0
+    assert enqueue(s, prefix, "other", 2, head="another-head") == -2  # duplicate id
+    assert enqueue(s, prefix, "other", 2, request={"prompt": "else"}) == -2  # duplicate id
+
+
+def test_a_heads_own_submit_sent_again_is_a_no_op(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """A head whose enqueue reply was lost (a connection that died with it) sends the same
+    submit again: it keeps its place and epoch and is queued once."""
+    assert enqueue(s, prefix, "a", 2) == 0 and enqueue(s, prefix, "b", 2) == 0
+    assert enqueue(s, prefix, "a", 2) == 0
+    assert client.zcard(prefix + "q:2") == 2
+    assert pick(s, prefix, 2) == ["a", "b"]
+    epoch = int(client.hget(prefix + "job:a", "epoch"))
+    assert enqueue(s, prefix, "a", 2) == epoch  # picked meanwhile: still a no-op, at its epoch now
+    assert pick(s, prefix, 2) == []
 
 
 def test_cancel_takes_a_queued_job_out_and_tells_a_running_jobs_worker(s: Scripts, client: redis.Redis, prefix: str) -> None:

@@ -5,6 +5,9 @@ takes the job over, so a worker lost after the first head died still resumes it.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from scheduler.link.messages import Delta, Done
 from scheduler.link.redis_transport import RedisTransport
@@ -102,3 +105,48 @@ async def test_a_stream_noted_right_after_redis_restarted_can_still_be_resumed(p
     finally:
         await link.stop()
         server.stop()
+
+
+class _FailsOnce:
+    """The link's scripts, except that the first call of ``name`` raises what a pooled
+    connection that died with a Redis restart raises, whether or not Redis ran it first."""
+
+    def __init__(self, scripts: Any, name: str, *, after_running: bool) -> None:
+        self._scripts, self._name, self._after_running, self.failed = scripts, name, after_running, False
+
+    def __getattr__(self, name: str) -> Any:
+        script = getattr(self._scripts, name)
+        if name != self._name or self.failed:
+            return script
+
+        async def fail(args: list[Any], client: Any = None) -> Any:
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            self.failed = True
+            if self._after_running:
+                await script(args, client)
+            raise RedisConnectionError("Connection closed by server.")
+
+        return fail
+
+
+@pytest.mark.parametrize("after_running", [False, True], ids=["lost-before-redis", "reply-lost"])
+async def test_a_submit_that_fails_while_the_link_is_up_is_sent_again_and_answered_once(redis_server: RedisServer, prefix: str, after_running: bool) -> None:
+    """After a Redis restart a head's link is up again, but a submit can still meet a dead
+    pooled connection. It used to be marked "send when Redis is back", which for a link that
+    already was back meant never: the client waited for nothing until its own timeout (found
+    by the fleet test). Now the next tick sends it again, and a resend of a submit whose first
+    reply was lost is a no-op in Redis, so the job runs once."""
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        reference, _ = await outcome(await link.submit(request=completion("a tale", max_tokens=20)))
+        link._scripts = _FailsOnce(link.scripts, "enqueue", after_running=after_running)  # type: ignore[assignment]
+        handle = await link.submit(request=completion("a tale", max_tokens=20))
+        text, done = await asyncio.wait_for(outcome(handle), 30)
+        assert link._scripts.failed  # type: ignore[attr-defined]
+        assert text == reference and done.usage["completion_tokens"] == 20
+        assert worker.worker.stats["requests_total"] == 2  # the reference and this one, once
+    finally:
+        await link.stop()
+        worker.stop()

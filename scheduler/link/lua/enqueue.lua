@@ -17,6 +17,10 @@ if expect >= 0 then
   end
   epoch = expect
 elseif redis.call("EXISTS", jk) == 1 then
+  local cur = redis.call("HMGET", jk, "head", "data", "epoch")
+  if cur[1] == head and cur[2] == data then
+    return tonumber(cur[3])  -- this head's own submit again (its first reply was lost): no-op
+  end
   return -2  -- duplicate id
 end
 local arrival = now_ms
