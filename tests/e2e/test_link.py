@@ -70,7 +70,7 @@ def test_sigterm_drains_what_fits_refuses_new_requests_ends_what_outlasts_the_dr
     normally; a long one (3,000 tokens, far beyond --drain-timeout) ends with an error frame;
     a new request meanwhile is a 503; serve exits 0. (A third lane keeps the probe requests
     sent before the signal is handled from queueing behind the two streams.)"""
-    srv = RunningServer("--max-batch", "3", "--ctx-size", "4096", "--drain-timeout", "5").start()
+    srv = RunningServer("--max-batch", "3", "--ctx-size", "4096", "--drain-timeout", "8").start()
     short = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
     long = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 3000, "temperature": 0, "stream": True}
     got: dict[str, list[str]] = {"short": [], "long": []}
