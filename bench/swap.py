@@ -67,31 +67,12 @@ from bench.scenarios import (  # noqa: E402
     stream_chat,
 )
 from scheduler.engines.models import default_model_path, gemma_model_path  # noqa: E402
+from testkit.configs import two_models_config  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
 MODELS = ("smol", "gemma")
 SWAP_MAX_TOKENS = 8
 IDLE_TIMEOUT_S = 300.0
-
-
-def two_models_config(smol: Path, gemma: Path, *, max_batch: int = 2, ctx_size: int = 1024, gemma_ttl_s: int = 0, max_loaded: int = 1) -> str:
-    """SmolLM2 as ``smol`` (alias ``small``) and Gemma as ``gemma`` (alias ``g3``); the e2e tests
-    (tests/e2e/test_two_models.py) serve the same file."""
-    return f"""\
-models:
-  smol:
-    model: {smol}
-    aliases: [small]
-    max_batch: {max_batch}
-    ctx_size: {ctx_size}
-  gemma:
-    model: {gemma}
-    aliases: [g3]
-    max_batch: {max_batch}
-    ctx_size: {ctx_size}
-    ttl: {gemma_ttl_s}
-max_loaded_models: {max_loaded}
-"""
 
 
 def start_server(max_loaded: int, lanes: int, ctx_size: int) -> RunningServer:

@@ -74,6 +74,28 @@ def fim_server() -> Iterator[Any]:
         srv.stop()
 
 
+# The one several-models real server (serve --config): the bundled SmolLM2 as ``smol`` and Gemma 3
+# 270M as ``gemma``, one lane each, one loaded at a time, Gemma unloaded once idle for this long,
+# and the request-priority seed's serial router with a swap affinity bonus of 10.
+MODELS_SERVER_GEMMA_TTL_S = 3
+
+
+@pytest.fixture(scope="session")
+def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real server the router tests share (tests/e2e/test_models.py, test_two_models.py)."""
+    from scheduler.engines.models import default_model_path, gemma_model_path
+    from testkit.configs import two_models_config
+    from testkit.harness import RunningServer
+
+    path = tmp_path_factory.mktemp("models") / "superfluid.yaml"
+    path.write_text(two_models_config(default_model_path(), gemma_model_path(), max_batch=1, gemma_ttl_s=MODELS_SERVER_GEMMA_TTL_S, swap_affinity_bonus=10))
+    srv = RunningServer("--config", str(path)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
 @pytest.fixture(scope="session")
 def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled SmolLM2 GGUF converted to an MLX model folder, once per session: the

