@@ -1,6 +1,13 @@
-"""SIGKILL of the engine worker with eight chat streams in flight (local link, no Redis): every
-stream either completes with exactly the text of an undisturbed greedy run or ends with a clear
-error frame and ``[DONE]``; none hangs, none repeats or loses text."""
+"""One real server whose engine worker dies, three ways, while the web process stays up.
+
+- At start-up: SUPERFLUID_TEST_CRASH_PROBE=repack makes the worker SIGSEGV itself in its
+  start-up decode while llama.cpp's extra buffer types are on (issue 17's crash, made for real);
+  serve starts it once more with --no-repack and comes up (the supervisor's other rules are
+  tests/e2e/test_startup_crash.py's).
+- SIGKILL during one stream: the server stays up and serves the next request.
+- SIGKILL with eight chat streams in flight (local link, no Redis): every stream either
+  completes with exactly the text of an undisturbed greedy run or ends with a clear error frame
+  and ``[DONE]``; none hangs, none repeats or loses text."""
 
 from __future__ import annotations
 
@@ -14,7 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
+from scheduler.management.commands.runengine import CRASH_PROBE_ENV
+
 from .server import RunningServer, openai_client
+from .test_startup_crash import RETRY_LINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -58,12 +68,27 @@ def chat(base: str, name: str, out: dict[str, dict[str, Any]], progress: dict[st
 
 @pytest.fixture(scope="module")
 def srv() -> Iterator[RunningServer]:
-    """One server whose worker these tests kill (twice: the web process outlives each)."""
-    server = RunningServer("--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant").start()
+    """One server whose worker crashes at start-up and is then killed twice (the web process
+    outlives each)."""
+    server = RunningServer("--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant", env={CRASH_PROBE_ENV: "repack"}).start(timeout_s=240)
     try:
         yield server
     finally:
         server.stop()
+
+
+def test_serve_comes_up_with_no_repack_when_the_start_up_decode_crashes_with_extra_buffer_types(srv: RunningServer) -> None:
+    # first in the module: the kills below restart the worker, and their lines join the log
+    r = httpx.post(
+        srv.base + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "temperature": 0},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+    log = srv.log()
+    assert log.count(RETRY_LINE) == 1 and "SIGSEGV" in log
+    assert "restarting" not in log and srv.health()["worker_restarts"] == 0
 
 
 def test_killed_worker_does_not_take_the_server_down_and_streams_continue(srv: RunningServer) -> None:
