@@ -111,8 +111,9 @@ _leaks: list[str] = []
 
 # Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the
 # harness's RunningServer, a fleet test's own Popen, a test that expects the start to fail).
-# (test that started it, whether it loads a model); listed at the end of the run.
-_serve_starts: list[tuple[str, bool]] = []
+# (test that started it, whether it loads a model, the process); listed at the end of the run,
+# with the starts that exited with an error status (the tests of a serve that refuses to start).
+_serve_starts: list[tuple[str, bool, subprocess.Popen]] = []  # type: ignore[type-arg]
 
 
 def _is_serve(argv: Any) -> bool:
@@ -124,13 +125,13 @@ def _is_serve(argv: Any) -> bool:
 
 class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
     def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+        super().__init__(args, *rest, **kwargs)
         if _is_serve(args):
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-            _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args]))
+            _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args], self))
             if os.environ.get("SUPERFLUID_TEST_SERVE_LOG"):  # the list as it grows, for a run cut short
                 with open(os.environ["SUPERFLUID_TEST_SERVE_LOG"], "a") as log:
                     log.write(f"{'model    ' if _serve_starts[-1][1] else 'no-engine'} {test}\n")
-        super().__init__(args, *rest, **kwargs)
 
 
 subprocess.Popen = _CountingPopen  # type: ignore[misc]
@@ -165,11 +166,16 @@ def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if _serve_starts:
-        with_model = sum(1 for _, model in _serve_starts if model)
+        with_model = sum(1 for _, model, _ in _serve_starts if model)
+        refused = sum(1 for *_, proc in _serve_starts if (proc.returncode or 0) > 0)
         terminalreporter.section("real servers started (manage.py serve)")
-        terminalreporter.write_line(f"{len(_serve_starts)} started: {with_model} loading a model, {len(_serve_starts) - with_model} --no-engine heads")
-        for test, model in _serve_starts:
-            terminalreporter.write_line(f"  {'model    ' if model else 'no-engine'} {test}")
+        terminalreporter.write_line(
+            f"{len(_serve_starts)} started: {with_model} loading a model, {len(_serve_starts) - with_model} --no-engine heads;"
+            f" {refused} of them exited with an error status (a test of a serve that must not come up)"
+        )
+        for test, model, proc in _serve_starts:
+            status = f" (exited {proc.returncode})" if (proc.returncode or 0) > 0 else ""
+            terminalreporter.write_line(f"  {'model    ' if model else 'no-engine'} {test}{status}")
     if _leaks:
         terminalreporter.section("resources left open (collected at each test's end)")
         for line in _leaks:
