@@ -3,7 +3,8 @@
 The link client (``scheduler/link/client.py``) calls :func:`on_snapshot` for every snapshot the
 worker sends (ten a second, and at once when a lane is taken or freed). This module keeps the
 latest and sends it to the group at most every ``MIN_INTERVAL_S`` (the last one always goes out,
-so a lane going idle is never lost), reduced to what the page draws (:func:`dashboard_state`).
+so a lane going idle is never lost), reduced to what the page draws (:func:`dashboard_state`);
+on the in-memory layer, only while a dashboard is open.
 No prompt or reply text is in a snapshot, so none reaches the page.
 """
 
@@ -165,7 +166,7 @@ class SnapshotFeed:
             from channels.layers import get_channel_layer
 
             layer = get_channel_layer()
-            if layer is None:
+            if layer is None or _nobody_watching(layer):
                 return
             message = {"type": "lanes.update", "state": full_state(self.latest, loop)}
         except Exception:
@@ -181,6 +182,14 @@ class SnapshotFeed:
             self.sent += 1
         except Exception:
             log.exception("dashboard feed: group_send failed")
+
+
+def _nobody_watching(layer: Any) -> bool:
+    """No dashboard is open on this process's in-memory layer (the embedded default), so there
+    is nothing to prepare; a shared layer (Redis) may have watchers on other heads: always push."""
+    from channels.layers import InMemoryChannelLayer
+
+    return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
 
 
 feed = SnapshotFeed()

@@ -177,13 +177,16 @@ class Snapshot(Message):
 MESSAGES: dict[str, type[Message]] = {
     cls.type: cls for cls in (Submit, Cancel, Config, Hello, Accepted, Rejected, Delta, Done, Error, Snapshot)
 }
+# each message class's field names, looked up once: a Delta per token is encoded and decoded
+_FIELDS: dict[type[Message], tuple[str, ...]] = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGES.values()}
 JobEvent = Accepted | Rejected | Delta | Done | Error  # what a job's handle yields
 
 
 def encode(message: Message) -> bytes:
     """One line of JSON. Strict: every string must be encodable UTF-8 (no lone surrogates), every
     number finite; otherwise :class:`EncodeError` and nothing is sent."""
-    body = {"type": message.type, **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)}}
+    names = _FIELDS.get(type(message)) or tuple(f.name for f in dataclasses.fields(message))
+    body = {"type": message.type, **{name: getattr(message, name) for name in names}}
     try:
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
     except (UnicodeEncodeError, ValueError, TypeError, RecursionError) as exc:
@@ -198,9 +201,8 @@ def decode(line: bytes) -> Message:
     cls = MESSAGES.get(str(body.get("type")))
     if cls is None:
         raise ValueError(f"unknown link message type {body.get('type')!r}")
-    known = {f.name for f in dataclasses.fields(cls)}
     try:
-        return cls(**{k: v for k, v in body.items() if k in known})
+        return cls(**{k: body[k] for k in _FIELDS[cls] if k in body})
     except TypeError as exc:  # a required field missing
         raise ValueError(f"malformed {cls.type} message: {exc}") from None
 

@@ -109,6 +109,33 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
             await web.link.stop()
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_with_no_dashboard_open_the_feed_prepares_no_push_and_one_opened_later_gets_pushes(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    feed = dashboard_feed.feed
+    sent = feed.sent
+    dashboard_feed.on_snapshot({"model": "m", "tick": 41, "lanes": []})
+    for _ in range(100):  # the push falls due within MIN_INTERVAL_S
+        if feed._handle is None and not feed._tasks:
+            break
+        await asyncio.sleep(0.01)
+    assert feed._handle is None and feed.sent == sent  # nobody in the group: nothing prepared or sent
+    user = await sync_to_async(make_user)("otto", staff=True)
+    cookie = await sync_to_async(session_cookie)(user)
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    try:
+        assert connected
+        dashboard_feed.on_snapshot({"model": "m", "tick": 42, "lanes": []})
+        message = await comm.receive_json_from(timeout=3)
+        assert message["state"]["tick"] == 42 and feed.sent == sent + 1
+    finally:
+        await comm.disconnect()
+        web = forget(asyncio.get_running_loop())
+        if web is not None and web.link is not None:
+            await web.link.stop()
+
+
 def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text() -> None:
     """A simulated worker serves a request whose prompt and reply are distinctive: what the
     page receives carries its lane, tokens and TTFT, and neither text."""
