@@ -1,5 +1,5 @@
 """Concurrency, disconnects and a model that cannot load, against the real server (graceful
-shutdown: test_link.py)."""
+shutdown: test_worker_faults.py)."""
 
 from __future__ import annotations
 

@@ -7,15 +7,20 @@
 - SIGKILL during one stream: the server stays up and serves the next request.
 - SIGKILL with eight chat streams in flight (local link, no Redis): every stream either
   completes with exactly the text of an undisturbed greedy run or ends with a clear error frame
-  and ``[DONE]``; none hangs, none repeats or loses text."""
+  and ``[DONE]``; none hangs, none repeats or loses text.
+
+Then SIGTERM: the drain lets what fits finish, refuses new work, ends what outlasts
+--drain-timeout with an error frame, and serve exits 0."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sqlite3
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,8 +74,10 @@ def chat(base: str, name: str, out: dict[str, dict[str, Any]], progress: dict[st
 @pytest.fixture(scope="module")
 def srv() -> Iterator[RunningServer]:
     """One server whose worker crashes at start-up and is then killed twice (the web process
-    outlives each)."""
-    server = RunningServer("--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant", env={CRASH_PROBE_ENV: "repack"}).start(timeout_s=240)
+    outlives each), then drained (the module's last test)."""
+    server = RunningServer(
+        "--max-batch", "8", "--ctx-size", "2048", "--http-allow-batch-invariant", "--drain-timeout", "8", env={CRASH_PROBE_ENV: "repack"}
+    ).start(timeout_s=240)  # fmt: skip
     try:
         yield server
     finally:
@@ -152,3 +159,64 @@ def test_sigkill_of_the_worker_with_eight_chat_streams_in_flight_loses_repeats_a
     assert any(r["error"] is None for r in results.values())  # the jobs were resumed, not all failed
     assert srv.health()["worker_restarts"] >= 1 and srv.health()["worker_pid"] != pid
     srv.wait_for(lambda: srv.state().get("lanes_active", 0) == 0, timeout_s=60)
+
+
+def _collect(srv: RunningServer, body: dict, lines: list[str], started: threading.Event, after: int) -> None:
+    """Stream ``body``, keeping every ``data:`` line; ``started`` is set after ``after`` lines."""
+    with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
+        lines.append(r.headers["x-request-id"])
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                if len(lines) == after + 1:
+                    started.set()
+    started.set()
+
+
+def test_sigterm_drains_what_fits_refuses_new_requests_ends_what_outlasts_the_drain_timeout_and_exits_zero(srv: RunningServer) -> None:
+    """Last in the module: it stops the server. Both halves of a drain: a short stream in flight
+    at SIGTERM finishes normally; a long one (2,000 tokens, far beyond --drain-timeout) ends with
+    an error frame; a new request meanwhile is a 503; serve exits 0. (Free lanes keep the probe
+    requests sent before the signal is handled from queueing behind the two streams.)"""
+    short = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
+    long = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 2000, "temperature": 0, "stream": True}
+    got: dict[str, list[str]] = {"short": [], "long": []}
+    started = {name: threading.Event() for name in got}
+    threads = [
+        threading.Thread(target=_collect, args=(srv, short, got["short"], started["short"], 1)),
+        threading.Thread(target=_collect, args=(srv, long, got["long"], started["long"], 5)),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        assert all(e.wait(120) for e in started.values())
+        assert srv.proc is not None
+        srv.proc.send_signal(signal.SIGTERM)
+        # once the signal is handled, a new request is refused while the streams drain
+        probe = {**short, "stream": False, "max_tokens": 1}
+        refused = srv.wait_for(lambda: (r := httpx.post(srv.base + "/v1/completions", json=probe, timeout=30)).status_code == 503 and r, timeout_s=30)
+        assert refused.json()["error"]["code"], refused.text
+        for t in threads:
+            t.join(120)
+        # the wait's bound is a failsafe, not a measure
+        assert srv.proc.wait(timeout=120) == 0
+
+        request_id, *lines = got["short"]
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+        request_id, *lines = got["long"]
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][6:])["error"]
+        assert error["code"] == "engine_unavailable" and "shut down" in error["message"]
+        assert all("choices" in json.loads(line[6:]) for line in lines[:-2])  # text, then the error
+        # the long stream's access line (the kills before this test ended streams with errors too)
+        line = next(x for x in srv.log().splitlines() if f"completions {request_id} status=200" in x)
+        assert "error=engine_unavailable" in line, line
+        with sqlite3.connect(Path(srv.data_dir) / "superfluid.sqlite3") as db:
+            rows = db.execute("SELECT error_code FROM activity_activityentry WHERE request_id = ?", (request_id,)).fetchall()
+        assert rows == [("engine_unavailable",)]
+    finally:
+        srv.stop()
+        for t in threads:
+            t.join(30)
