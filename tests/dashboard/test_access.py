@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,6 +34,24 @@ def application() -> Any:
     from superfluid_site.asgi import application as app
 
     return app
+
+
+@contextlib.asynccontextmanager
+async def staff_dashboard(username: str) -> AsyncIterator[WebsocketCommunicator]:
+    """A staff user's open dashboard websocket; at the end it is closed and the link to the
+    worker that opening it started is stopped."""
+    user = await sync_to_async(make_user)(username, staff=True)
+    cookie = await sync_to_async(session_cookie)(user)
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    try:
+        assert connected
+        yield comm
+    finally:
+        await comm.disconnect()
+        web = forget(asyncio.get_running_loop())
+        if web is not None and web.link is not None:
+            await web.link.stop()
 
 
 @pytest.mark.django_db
@@ -77,12 +97,7 @@ async def test_the_websocket_refuses_non_staff_users_and_foreign_origins() -> No
 @pytest.mark.django_db(transaction=True)
 async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
     settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
-    user = await sync_to_async(make_user)("sue", staff=True)
-    cookie = await sync_to_async(session_cookie)(user)
-    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
-    connected, _ = await comm.connect()
-    try:
-        assert connected
+    async with staff_dashboard("sue") as comm:
         state = {
             "model": "m",
             "tick": 7,
@@ -102,11 +117,6 @@ async def test_staff_receive_snapshots_pushed_by_the_feed(settings, tmp_path) ->
         if got["tick"] == 7:
             assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 9
         assert "metrics" not in got
-    finally:
-        await comm.disconnect()
-        web = forget(asyncio.get_running_loop())
-        if web is not None and web.link is not None:
-            await web.link.stop()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -120,20 +130,10 @@ async def test_with_no_dashboard_open_the_feed_prepares_no_push_and_one_opened_l
             break
         await asyncio.sleep(0.01)
     assert feed._handle is None and feed.sent == sent  # nobody in the group: nothing prepared or sent
-    user = await sync_to_async(make_user)("otto", staff=True)
-    cookie = await sync_to_async(session_cookie)(user)
-    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
-    connected, _ = await comm.connect()
-    try:
-        assert connected
+    async with staff_dashboard("otto") as comm:
         dashboard_feed.on_snapshot({"model": "m", "tick": 42, "lanes": []})
         message = await comm.receive_json_from(timeout=3)
         assert message["state"]["tick"] == 42 and feed.sent == sent + 1
-    finally:
-        await comm.disconnect()
-        web = forget(asyncio.get_running_loop())
-        if web is not None and web.link is not None:
-            await web.link.stop()
 
 
 def test_dashboard_state_from_a_real_worker_snapshot_is_plain_json_without_text() -> None:
