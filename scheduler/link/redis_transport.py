@@ -204,7 +204,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await self._tick()
+                await self._tick_on_live_connections()
                 self.redis_ok = True
             except asyncio.CancelledError:
                 raise
@@ -218,6 +218,20 @@ class RedisTransport(Transport):
                 self._check_lost_deadline(loop.time())
             self._checked_once = True
             await asyncio.sleep(self.poll_s)
+
+    async def _tick_on_live_connections(self) -> None:
+        """One tick. After a Redis restart every idle connection in the pool is dead, and each
+        fails once when it is next drawn: the link flipped to "unreachable" for a poll per dead
+        connection, answering 503s while Redis was up (found by the fleet test). On a connection
+        error the idle connections are dropped and the tick runs once more on fresh ones; if
+        Redis is really away, that fails too."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        try:
+            await self._tick()
+        except RedisConnectionError:
+            await self._redis().connection_pool.disconnect(inuse_connections=False)
+            await self._tick()
 
     async def _tick(self) -> None:
         client = self._redis()
@@ -285,7 +299,7 @@ class RedisTransport(Transport):
         for handle in list(self.inflight.values()):
             if handle.sent_on == -1:
                 handle.sent_on = self._connection
-                await self._send(encode(handle.submit))
+                await self._send(encode(handle.submit), resend=True)
         cancels, self._unsent_cancels = self._unsent_cancels, []
         for data in cancels:
             await self._send(data)
@@ -295,7 +309,9 @@ class RedisTransport(Transport):
 
     # -- carrying -----------------------------------------------------------------------
 
-    async def _send(self, data: bytes) -> None:
+    async def _send(self, data: bytes, *, resend: bool = False) -> None:
+        """``resend``: a submit this head sent before, whose first attempt may have run in Redis
+        although its reply was lost (see enqueue.lua)."""
         if self._stopped:
             return  # shutting down: a job left behind is given back when its lease lapses
         try:
@@ -304,7 +320,7 @@ class RedisTransport(Transport):
             return
         try:
             if isinstance(message, Submit):
-                await self._enqueue(message, requeue=False, expect_epoch=-1)
+                await self._enqueue(message, requeue=False, expect_epoch=-1, resend=resend)
             elif isinstance(message, Cancel):
                 await self.scripts.cancel([self.prefix, message.id])
                 # its reader sees the job gone when its XREAD returns, and deletes the stream
@@ -324,12 +340,9 @@ class RedisTransport(Transport):
             elif isinstance(message, Config):
                 self._config_unsent = True  # the latest config goes, not this one
 
-    async def _enqueue(self, message: Submit, *, requeue: bool, expect_epoch: int) -> None:
-        epoch = int(
-            await self.scripts.enqueue(
-                [self.prefix, message.id, int(message.qos), int(message.priority), self.aging_divisor_s, encode(message).decode(), self.head_id, 1 if requeue else 0, expect_epoch]
-            )
-        )
+    async def _enqueue(self, message: Submit, *, requeue: bool, expect_epoch: int, resend: bool = False) -> None:
+        args = [self.prefix, message.id, int(message.qos), int(message.priority), self.aging_divisor_s, encode(message).decode(), self.head_id]
+        epoch = int(await self.scripts.enqueue([*args, 1 if requeue else 0, expect_epoch, 1 if resend else 0]))
         handle = self.inflight.get(message.id)
         if handle is None:
             return

@@ -13,9 +13,11 @@ from scheduler.link.redis_transport import LEASE_MS, NO_FLOOR, Scripts
 BIG = 8
 
 
-def enqueue(s: Scripts, p: str, job_id: str, qos: int, prio: int = 0, *, divisor: float = 60.0, requeue: int = 0, expect: int = -1, head: str = "head", request: dict | None = None) -> int:
+def enqueue(
+    s: Scripts, p: str, job_id: str, qos: int, prio: int = 0, *, divisor: float = 60.0, requeue: int = 0, expect: int = -1, head: str = "head", request: dict | None = None, resend: int = 0
+) -> int:
     data = json.dumps({"type": "submit", "id": job_id, "request": request or {}, "qos": qos, "priority": prio})
-    return int(s.enqueue([p, job_id, qos, prio, divisor, data, head, requeue, expect]))
+    return int(s.enqueue([p, job_id, qos, prio, divisor, data, head, requeue, expect, resend]))
 
 
 def pick(s: Scripts, p: str, n: int = 1, *, worker: str = "w1", caps: tuple[int, ...] = (BIG,) * 4, use: tuple[int, ...] = (0,) * 4, floor: int = NO_FLOOR, starvation_s: float = 0) -> list[str]:
@@ -145,6 +147,20 @@ def test_a_heads_own_submit_sent_again_is_a_no_op(s: Scripts, client: redis.Redi
     epoch = int(client.hget(prefix + "job:a", "epoch"))
     assert enqueue(s, prefix, "a", 2) == epoch  # picked meanwhile: still a no-op, at its epoch now
     assert pick(s, prefix, 2) == []
+
+
+def test_a_heads_own_submit_sent_again_after_its_job_ended_runs_nothing(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """The lost reply's job was picked and ran to its end (its last emit deleted it; its stream
+    stays) before the head sent the submit again: the resend reads that stream (epoch 0),
+    nothing is queued. Only a resend: a fresh submit never finds a stream under a new id."""
+    assert enqueue(s, prefix, "a", 2) == 0 and pick(s, prefix, 1) == ["a"]
+    epoch = int(client.hget(prefix + "job:a", "epoch"))
+    assert s.emit([prefix, "a", epoch, "w1", 1, 1000, 60, json.dumps({"type": "done", "id": "a"})]) == 1
+    assert not client.exists(prefix + "job:a") and client.exists(prefix + "s:a")
+    assert enqueue(s, prefix, "a", 2, resend=1) == 0
+    assert client.zcard(prefix + "q:2") == 0 and not client.exists(prefix + "job:a")
+    assert pick(s, prefix, 1) == []
+    assert enqueue(s, prefix, "b", 2, resend=1) == 0 and pick(s, prefix, 1) == ["b"]  # never ran: queued
 
 
 def test_cancel_takes_a_queued_job_out_and_tells_a_running_jobs_worker(s: Scripts, client: redis.Redis, prefix: str) -> None:

@@ -107,12 +107,32 @@ async def test_a_stream_noted_right_after_redis_restarted_can_still_be_resumed(p
         server.stop()
 
 
+async def test_right_after_a_redis_restart_the_links_check_does_not_count_dead_pooled_connections_as_redis_down(prefix: str) -> None:
+    """After a Redis restart each idle pooled connection fails once when drawn. The link's
+    periodic check drew them one per poll, and each failure flipped it to "unreachable" (503s
+    while Redis was up: the fleet test's head answered 503 right after serving again). The
+    check now drops the idle connections and runs once more on fresh ones."""
+    server = RedisServer().start()
+    link = RedisTransport(server.url, prefix=prefix, poll_s=600)  # no periodic check: this test runs it
+    try:
+        await asyncio.gather(*(link._redis().ping() for _ in range(4)))  # four idle connections in the pool
+        server.stop()
+        server.start()  # the same port, empty
+        await link._tick_on_live_connections()  # raised "Connection closed by server" before
+        await link._tick_on_live_connections()
+    finally:
+        await link.stop()
+        server.stop()
+
+
 class _FailsOnce:
     """The link's scripts, except that the first call of ``name`` raises what a pooled
-    connection that died with a Redis restart raises, whether or not Redis ran it first."""
+    connection that died with a Redis restart raises: before Redis ran it ("before"), after
+    ("after": its reply was lost), or after and once the job it queued has run to its end
+    ("ended": what a fast worker can do before the head's next tick sends the submit again)."""
 
-    def __init__(self, scripts: Any, name: str, *, after_running: bool) -> None:
-        self._scripts, self._name, self._after_running, self.failed = scripts, name, after_running, False
+    def __init__(self, scripts: Any, name: str, *, when: str, url: str = "") -> None:
+        self._scripts, self._name, self._when, self._url, self.failed = scripts, name, when, url, False
 
     def __getattr__(self, name: str) -> Any:
         script = getattr(self._scripts, name)
@@ -123,29 +143,67 @@ class _FailsOnce:
             from redis.exceptions import ConnectionError as RedisConnectionError
 
             self.failed = True
-            if self._after_running:
+            if self._when != "before":
                 await script(args, client)
+            if self._when == "ended":
+                await _job_ended(self._url, args[0], args[1])
             raise RedisConnectionError("Connection closed by server.")
 
         return fail
 
 
-@pytest.mark.parametrize("after_running", [False, True], ids=["lost-before-redis", "reply-lost"])
-async def test_a_submit_that_fails_while_the_link_is_up_is_sent_again_and_answered_once(redis_server: RedisServer, prefix: str, after_running: bool) -> None:
+async def _job_ended(url: str, prefix: str, job_id: str) -> None:
+    """Wait until the job's stream holds its last event (a worker's ``done``)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(url)
+    try:
+        for _ in range(300):
+            entries = await client.xrange(f"{prefix}s:{job_id}")
+            if any(b'"type":"done"' in fields.get(b"m", b"") for _, fields in entries):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the job did not end")
+    finally:
+        await client.aclose()
+
+
+async def _nothing_queued_or_running(url: str, prefix: str) -> None:
+    """Wait until no job is queued in any class and none is leased to a worker."""
+    import redis.asyncio as aioredis
+
+    from scheduler.link.redis_transport import N_CLASSES
+
+    client = aioredis.from_url(url)
+    try:
+        for _ in range(500):
+            counts = [await client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)] + [await client.zcard(f"{prefix}leases")]
+            if not any(counts):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("jobs still queued or running")
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("when", ["before", "after", "ended"], ids=["lost-before-redis", "reply-lost", "reply-lost-and-the-job-ended"])
+async def test_a_submit_that_fails_while_the_link_is_up_is_sent_again_and_answered_once(redis_server: RedisServer, prefix: str, when: str) -> None:
     """After a Redis restart a head's link is up again, but a submit can still meet a dead
     pooled connection. It used to be marked "send when Redis is back", which for a link that
     already was back meant never: the client waited for nothing until its own timeout (found
-    by the fleet test). Now the next tick sends it again, and a resend of a submit whose first
-    reply was lost is a no-op in Redis, so the job runs once."""
+    by the fleet test). Now the next tick sends it again. A resend of a submit whose first
+    reply was lost is a no-op in Redis, and one whose job has already ended reads that job's
+    stream (found by CI: the job ran twice), so the job runs once."""
     worker = SimFleetWorker(redis_server.url, prefix).start()
     link = await head(redis_server.url, prefix)
     try:
         reference, _ = await outcome(await link.submit(request=completion("a tale", max_tokens=20)))
-        link._scripts = _FailsOnce(link.scripts, "enqueue", after_running=after_running)  # type: ignore[assignment]
+        link._scripts = _FailsOnce(link.scripts, "enqueue", when=when, url=redis_server.url)  # type: ignore[assignment]
         handle = await link.submit(request=completion("a tale", max_tokens=20))
         text, done = await asyncio.wait_for(outcome(handle), 30)
         assert link._scripts.failed  # type: ignore[attr-defined]
         assert text == reference and done.usage["completion_tokens"] == 20
+        await _nothing_queued_or_running(redis_server.url, prefix)  # a second run would be by now
         assert worker.worker.stats["requests_total"] == 2  # the reference and this one, once
     finally:
         await link.stop()

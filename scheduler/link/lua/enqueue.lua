@@ -1,11 +1,13 @@
 -- Put a job in the global queue (or back in it after its worker was lost).
--- ARGV: prefix, id, qos, priority, aging_divisor_s, data, head, requeue (0|1), expect_epoch (-1: new job)
+-- ARGV: prefix, id, qos, priority, aging_divisor_s, data, head, requeue (0|1), expect_epoch (-1: new job),
+--       resend (0|1: this head sends its own submit again, not knowing whether the first one ran)
 -- Order inside a class is a static score: priority + waited_s / divisor ranks jobs exactly as
 -- -(priority - arrival_s / divisor) does, whatever the time now, so a sorted set holds it.
 -- A job put back after a loss goes ahead of every arrival of its class (as a preempted one).
 local p, id = ARGV[1], ARGV[2]
 local qos, prio, divisor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local data, head, requeue, expect = ARGV[6], ARGV[7], ARGV[8] == "1", tonumber(ARGV[9])
+local resend = ARGV[10] == "1"
 local jk = p .. "job:" .. id
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -22,6 +24,10 @@ elseif redis.call("EXISTS", jk) == 1 then
     return tonumber(cur[3])  -- this head's own submit again (its first reply was lost): no-op
   end
   return -2  -- duplicate id
+elseif resend and redis.call("EXISTS", p .. "s:" .. id) == 1 then
+  -- the first submit did run, and its job has already ended (emit deleted it); its stream is
+  -- kept: the head reads the reply there instead of running the job a second time
+  return 0
 end
 local arrival = now_ms
 if requeue then
