@@ -1,5 +1,6 @@
 """The Batch API against the real server and model, through the unmodified ``openai`` client
-(the embedded mode: lines run in the web process, at the background class)."""
+(the embedded mode: lines run in the web process, at the background class). A batch that goes
+on after serve restarts is tests/e2e/test_worker_faults.py's drain test."""
 
 from __future__ import annotations
 
@@ -127,30 +128,3 @@ def test_bad_input_is_refused_and_stores_nothing(server: RunningServer) -> None:
     with pytest.raises(openai.NotFoundError):
         c.batches.retrieve("batch_nope")
     assert c.batches.list().data == [] or all(x.input_file_id != f.id for x in c.batches.list())
-
-
-def test_a_batch_in_progress_goes_on_after_the_server_restarts() -> None:
-    first = RunningServer("--max-batch", "4", "--ctx-size", "1024").start()
-    try:
-        c = client(first)
-        # more lines than two rounds of the runner's 4 claimers: lines that finish together (the
-        # same prompt, its KV kept in the lanes) leave 4 in flight, which the drain finishes, and
-        # 4 not yet sent, which the draining server refuses: the batch is cut short
-        f = c.files.create(file=("in.jsonl", jsonl([chat_line(i, max_tokens=24) for i in range(12)])), purpose="batch")
-        b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.monotonic() + 120
-        while c.batches.retrieve(b.id).request_counts.completed < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        first.stop()
-    second = RunningServer("--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": first.data_dir}).start()
-    try:
-        c = client(second)
-        done = c.batches.retrieve(b.id)
-        assert done.status == "in_progress" and done.request_counts.completed < 12  # it was cut short
-        done = wait_for(c, b.id, ("completed", "failed", "cancelled"))
-        assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (12, 0), done
-        out = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
-        assert out == [f"req-{i}" for i in range(12)]  # each line once, in input order
-    finally:
-        second.stop()

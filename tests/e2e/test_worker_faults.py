@@ -10,7 +10,8 @@
   and ``[DONE]``; none hangs, none repeats or loses text.
 
 Then SIGTERM: the drain lets what fits finish, refuses new work, ends what outlasts
---drain-timeout with an error frame, and serve exits 0."""
+--drain-timeout with an error frame, and serve exits 0; a batch it was running goes on when
+serve starts again on the same database."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import pytest
 from scheduler.management.commands.runengine import CRASH_PROBE_ENV
 
 from .server import RunningServer, openai_client
+from .test_batches import chat_line, jsonl, wait_for
 from .test_startup_crash import RETRY_LINE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -39,6 +41,7 @@ N = 8
 # undisturbed run of the eight is a fair reference for a disturbed one, whatever the worker
 # restarted with
 INVARIANT = {"x-superfluid-batch-invariant": "1"}
+BATCH_LINES = 24
 
 
 def chat(base: str, name: str, out: dict[str, dict[str, Any]], progress: dict[str, int] | None = None) -> None:
@@ -173,11 +176,19 @@ def _collect(srv: RunningServer, body: dict, lines: list[str], started: threadin
     started.set()
 
 
-def test_sigterm_drains_what_fits_refuses_new_requests_ends_what_outlasts_the_drain_timeout_and_exits_zero(srv: RunningServer) -> None:
+def test_sigterm_drains_what_fits_and_exits_zero_and_the_batch_it_was_running_goes_on_after_a_restart(srv: RunningServer) -> None:
     """Last in the module: it stops the server. Both halves of a drain: a short stream in flight
     at SIGTERM finishes normally; a long one (2,000 tokens, far beyond --drain-timeout) ends with
     an error frame; a new request meanwhile is a 503; serve exits 0. (Free lanes keep the probe
-    requests sent before the signal is handled from queueing behind the two streams.)"""
+    requests sent before the signal is handled from queueing behind the two streams.) A batch
+    running in the web process meanwhile is cut short, not failed: serve started again on the
+    same database finishes it, each line once."""
+    c = openai_client(srv.base)
+    # six rounds of the runner's 4 claimers, 48 tokens a line: far from done when the signal
+    # comes, a second after the first line and the two streams have started
+    f = c.files.create(file=("in.jsonl", jsonl([chat_line(i, max_tokens=48) for i in range(BATCH_LINES)])), purpose="batch")
+    batch = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    srv.wait_for(lambda: c.batches.retrieve(batch.id).request_counts.completed >= 1, timeout_s=120)
     short = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 24, "temperature": 0, "stream": True}
     long = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 2000, "temperature": 0, "stream": True}
     got: dict[str, list[str]] = {"short": [], "long": []}
@@ -220,3 +231,14 @@ def test_sigterm_drains_what_fits_refuses_new_requests_ends_what_outlasts_the_dr
         srv.stop()
         for t in threads:
             t.join(30)
+    again = RunningServer("--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": srv.data_dir}).start()
+    try:
+        c = openai_client(again.base)
+        cut = c.batches.retrieve(batch.id)
+        assert cut.status == "in_progress" and cut.request_counts.completed < BATCH_LINES, cut  # it was cut short
+        done = wait_for(c, batch.id, ("completed", "failed", "cancelled"))
+        assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (BATCH_LINES, 0), done
+        out = [json.loads(x)["custom_id"] for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert out == [f"req-{i}" for i in range(BATCH_LINES)]  # each line once, in input order
+    finally:
+        again.stop()
