@@ -189,7 +189,8 @@ def _nobody_watching(layer: Any) -> bool:
     is nothing to prepare; a shared layer (Redis) may have watchers on other heads: always push."""
     from channels.layers import InMemoryChannelLayer
 
-    return isinstance(layer, InMemoryChannelLayer) and not layer.groups.get(GROUP)
+    groups = getattr(layer, "groups", None)  # its members by group; unknown shape: push
+    return isinstance(layer, InMemoryChannelLayer) and isinstance(groups, dict) and not groups.get(GROUP)
 
 
 feed = SnapshotFeed()
