@@ -30,3 +30,24 @@ async def test_client_concurrency_holds_across_heads_and_a_refusal_holds_nothing
     for limiter in limits._limiters.values():
         await limiter.client.aclose()
     limits._limiters.clear()
+
+
+async def test_the_first_limits_check_after_a_redis_restart_is_not_refused_for_a_dead_pooled_connection() -> None:
+    """After a Redis restart every idle pooled connection of the limiter is dead and failed once
+    when drawn: a keyed request right after Redis came back got 503 "cannot be checked" for
+    each (the link's own check had the same flaw, found by the fleet test)."""
+    import asyncio
+
+    from keys.limits import RedisLimiter
+
+    server = RedisServer().start()
+    limiter = RedisLimiter(server.url, prefix="restart:")
+    try:
+        await asyncio.gather(*(limiter.take([("key:k", 1.0, 60)], None, f"m{i}") for i in range(4)))  # four idle connections
+        server.stop()
+        server.start()  # the same port, empty
+        assert await limiter.take([("key:k", 1.0, 60)], ("key:k", 2), "after") == (0, 0.0)
+        assert await limiter.take([("key:k", 1.0, 60)], ("key:k", 2), "again") == (0, 0.0)
+    finally:
+        await limiter.client.aclose()
+        server.stop()
