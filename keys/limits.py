@@ -217,10 +217,10 @@ class RedisLimiter:
     SLOT_TTL_S = 3600  # a slot a dead head never released lapses after this long
 
     def __init__(self, url: str, prefix: str = "sf:") -> None:
-        import redis.asyncio as aioredis
+        from scheduler.link.redis_transport import reconnecting_client
 
         self.prefix = prefix
-        self.client = aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+        self.client = reconnecting_client(url)  # a dead pooled connection is retried, not a 503
         self.script = self.client.register_script(LIMITS_LUA)
 
     async def take(
@@ -242,19 +242,8 @@ class RedisLimiter:
         for name, limit in slots:
             args += [name, limit]
         args += [member, self.SLOT_TTL_S]
-        from redis.exceptions import ConnectionError as RedisConnectionError
-
         try:
-            try:
-                refused, wait_ms = await self.script(keys=[], args=[str(a) for a in args])
-            except RedisConnectionError:
-                # After a Redis restart every idle pooled connection is dead and fails once when
-                # drawn ("Connection closed by server"): the script never reached the new server.
-                # Drop the idle ones and try once more; Redis really away fails again. (Were a
-                # reply lost on a live server, the retry would take a rate token twice; a slot is
-                # taken by member, so at most once.)
-                await self.client.connection_pool.disconnect(inuse_connections=False)
-                refused, wait_ms = await self.script(keys=[], args=[str(a) for a in args])
+            refused, wait_ms = await self.script(keys=[], args=[str(a) for a in args])
         except Exception as exc:  # redis.RedisError, OSError, a timeout
             raise LimitsUnavailable(str(exc)) from exc
         return int(refused), int(wait_ms) / 1000.0

@@ -36,7 +36,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +102,22 @@ class Scripts:
 # =============================================================================================
 
 
+def reconnecting_client(url: str, **options: Any) -> aioredis.Redis:
+    """An asyncio Redis client (the heads' link, the shared limits) whose commands, on a
+    connection error, reconnect and run once more. After a Redis restart every idle pooled
+    connection is dead and fails once when drawn ("Connection closed by server"): the command
+    never reached the new server, and without the retry each dead connection failed one request
+    or flipped the link to "unreachable" for a poll (503s while Redis was up; found by the fleet
+    test). Not on timeouts: a script that timed out may have run. Redis really away fails the
+    second attempt too."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return aioredis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)), **options)
+
+
 class RedisTransport(Transport):
     """A web head's link: jobs go to the Redis queue, their events come back on their streams."""
 
@@ -142,9 +157,7 @@ class RedisTransport(Transport):
             # a cancel or a reader after stop() would open a client nobody closes
             raise ConnectionError("the Redis link is stopped")
         if self._client is None:
-            import redis.asyncio as aioredis
-
-            self._client = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=1.0, health_check_interval=5)
+            self._client = reconnecting_client(self.url, health_check_interval=5)
             self._scripts = Scripts(self._client)
         return self._client
 
@@ -204,7 +217,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await self._tick_on_live_connections()
+                await self._tick()
                 self.redis_ok = True
             except asyncio.CancelledError:
                 raise
@@ -218,20 +231,6 @@ class RedisTransport(Transport):
                 self._check_lost_deadline(loop.time())
             self._checked_once = True
             await asyncio.sleep(self.poll_s)
-
-    async def _tick_on_live_connections(self) -> None:
-        """One tick. After a Redis restart every idle connection in the pool is dead, and each
-        fails once when it is next drawn: the link flipped to "unreachable" for a poll per dead
-        connection, answering 503s while Redis was up (found by the fleet test). On a connection
-        error the idle connections are dropped and the tick runs once more on fresh ones; if
-        Redis is really away, that fails too."""
-        from redis.exceptions import ConnectionError as RedisConnectionError
-
-        try:
-            await self._tick()
-        except RedisConnectionError:
-            await self._redis().connection_pool.disconnect(inuse_connections=False)
-            await self._tick()
 
     async def _tick(self) -> None:
         client = self._redis()
@@ -360,29 +359,17 @@ class RedisTransport(Transport):
 
     resumable = True  # the consumers give SSE ids and accept Last-Event-ID on this link
 
-    async def _idempotent(self, command: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
-        """An idempotent command, tried once more on a connection error: after a Redis restart
-        the pooled connection is dead and the first command on it fails ("Connection closed by
-        server"); the second attempt opens a fresh one."""
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
-        try:
-            return await command(self._redis())
-        except (RedisConnectionError, RedisTimeoutError):
-            return await command(self._redis())
-
     async def remember_stream(self, job_id: str, meta: dict[str, Any]) -> None:
         """What another head needs to go on with this job's SSE stream if this head dies (the
         reply's id and created, the key, a digest of the body): ``r:ID``, expiring with the stream."""
         key = f"{self.prefix}r:{job_id}"
         try:
-            await self._idempotent(lambda client: client.set(key, json.dumps(meta), ex=STREAM_TTL_S))
+            await self._redis().set(key, json.dumps(meta), ex=STREAM_TTL_S)
         except Exception as exc:  # no resume for this one; the stream itself goes on
             log.warning("Redis: could not note stream %s for resuming: %s", job_id, exc)
 
     async def stream_meta(self, job_id: str) -> dict[str, Any] | None:
-        raw = await self._idempotent(lambda client: client.get(f"{self.prefix}r:{job_id}"))
+        raw = await self._redis().get(f"{self.prefix}r:{job_id}")
         try:
             meta = json.loads(raw) if raw is not None else None
         except ValueError:

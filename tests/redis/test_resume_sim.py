@@ -110,16 +110,16 @@ async def test_a_stream_noted_right_after_redis_restarted_can_still_be_resumed(p
 async def test_right_after_a_redis_restart_the_links_check_does_not_count_dead_pooled_connections_as_redis_down(prefix: str) -> None:
     """After a Redis restart each idle pooled connection fails once when drawn. The link's
     periodic check drew them one per poll, and each failure flipped it to "unreachable" (503s
-    while Redis was up: the fleet test's head answered 503 right after serving again). The
-    check now drops the idle connections and runs once more on fresh ones."""
+    while Redis was up: the fleet test's head answered 503 right after serving again). Its
+    client now reconnects and runs a command once more on a connection error."""
     server = RedisServer().start()
     link = RedisTransport(server.url, prefix=prefix, poll_s=600)  # no periodic check: this test runs it
     try:
         await asyncio.gather(*(link._redis().ping() for _ in range(4)))  # four idle connections in the pool
         server.stop()
         server.start()  # the same port, empty
-        await link._tick_on_live_connections()  # raised "Connection closed by server" before
-        await link._tick_on_live_connections()
+        await link._tick()  # raised "Connection closed by server" before
+        await link._tick()
     finally:
         await link.stop()
         server.stop()
