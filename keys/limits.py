@@ -220,7 +220,9 @@ class RedisLimiter:
         from scheduler.link.redis_transport import reconnecting_client
 
         self.prefix = prefix
-        self.client = reconnecting_client(url)  # a dead pooled connection is retried, not a 503
+        # a dead pooled connection is retried, not a 503. (Were a reply lost on a live server,
+        # the retry would take a rate token twice; a slot is taken by member, so at most once.)
+        self.client = reconnecting_client(url)
         self.script = self.client.register_script(LIMITS_LUA)
 
     async def take(
