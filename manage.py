@@ -1,12 +1,22 @@
 #!/usr/bin/env python
 """Django's command-line utility for administrative tasks."""
+
 import os
 import sys
 
 
 def main():
     """Run administrative tasks."""
-    os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'superfluid_site.settings')
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "superfluid_site.settings")
+    if sys.argv[1:2] == ["serve"]:
+        # Before django.setup(): the daphne app makes the web process's event loop when imported.
+        from superfluid_site.env import EnvError
+        from superfluid_site.eventloop import use_event_loop
+
+        try:
+            use_event_loop()
+        except EnvError as exc:
+            sys.exit(f"serve: {exc}")
     try:
         from django.core.management import execute_from_command_line
     except ImportError as exc:
@@ -18,5 +28,5 @@ def main():
     execute_from_command_line(sys.argv)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -36,6 +36,11 @@ def test_models_lists_the_served_model_and_unknown_ids_are_404(server: RunningSe
     assert err.value.code == "model_not_found"
 
 
+def test_the_web_process_runs_on_uvloop(server: RunningServer) -> None:
+    # serve's default loop (superfluid_site/eventloop.py): its banner names the loop daphne runs on
+    assert "web loop:  uvloop" in server.log()
+
+
 def test_chat_reply_through_the_official_client_answers_and_reports_usage(server: RunningServer) -> None:
     reply = client(server).chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
     assert "Paris" in reply.choices[0].message.content

@@ -137,3 +137,43 @@ def test_manage_py_check_stops_on_a_bad_environment_and_names_the_ids(monkeypatc
     for name in ("SUPERFLUID_CLASS_LANES", "SUPERFLUID_MODEL", "SUPERFLUID_HOST"):
         monkeypatch.delenv(name)
     call_command("check")  # the defaults pass
+
+
+@pytest.fixture
+def restore_loop_policy() -> Any:
+    """The process's event loop policy, put back after the test."""
+    import asyncio
+
+    before = asyncio.get_event_loop_policy()
+    yield
+    asyncio.set_event_loop_policy(before)
+
+
+@pytest.mark.usefixtures("restore_loop_policy")
+@pytest.mark.parametrize(("raw", "expected"), [("", "uvloop"), ("uvloop", "uvloop"), ("asyncio", "asyncio")])
+def test_serve_runs_on_uvloop_unless_the_environment_says_asyncio(monkeypatch: pytest.MonkeyPatch, raw: str, expected: str) -> None:
+    import asyncio
+
+    from superfluid_site.eventloop import loop_name, use_event_loop
+
+    asyncio.set_event_loop_policy(None)
+    monkeypatch.setenv("SUPERFLUID_EVENT_LOOP", raw)
+    assert use_event_loop() == expected
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop_name(loop) == expected
+    finally:
+        loop.close()
+
+
+@pytest.mark.usefixtures("restore_loop_policy")
+def test_an_unknown_event_loop_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from superfluid_site.eventloop import use_event_loop
+
+    asyncio.set_event_loop_policy(None)
+    monkeypatch.setenv("SUPERFLUID_EVENT_LOOP", "trio")
+    with pytest.raises(EnvError, match="SUPERFLUID_EVENT_LOOP='trio'"):
+        use_event_loop()
+    assert type(asyncio.get_event_loop_policy()).__module__.startswith("asyncio")

@@ -15,6 +15,7 @@ within a few seconds more, whatever the worker is doing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -59,6 +60,7 @@ from scheduler.models_config import (
     with_fim_model,
 )
 from superfluid_site.deploy import with_bound_host
+from superfluid_site.eventloop import loop_name
 from superfluid_site.serving import ServingConfig, override_django_settings, serving
 from superfluid_site.serving import install as install_serving
 
@@ -536,7 +538,7 @@ class Command(BaseCommand):
         else:
             keys_line = "optional on loopback (--require-key to require them)"
 
-        def ready() -> None:
+        def ready() -> None:  # daphne calls it with the reactor's loop set as the current one
             sys.stdout.write(
                 f"superfluid serving {model_name} ({lanes})\n"
                 f"  API:       {base}/v1  (OpenAI-compatible)\n"
@@ -544,6 +546,7 @@ class Command(BaseCommand):
                 f"  dashboard: {base}/dashboard/\n"
                 f"  health:    {base}/health\n"
                 f"  API keys:  {keys_line}\n"
+                f"  web loop:  {loop_name(asyncio.get_event_loop())}\n"
             )
             sys.stdout.flush()
             from superfluid_site.runtime import key_runtime
