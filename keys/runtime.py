@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -40,9 +41,17 @@ LAST_USED_EVERY_S = 60.0  # last_used is written at most this often per key
 
 
 def read_version() -> int:
+    """The ``ConfigVersion`` number: one read by primary key, in SQL (the ORM's query building
+    costs ten times the read, and this runs four times a second for the life of the server)."""
+    from django.db import connection
+
     from .models import ConfigVersion
 
-    return ConfigVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+    table = connection.ops.quote_name(ConfigVersion._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT version FROM {table} WHERE id = %s", [1])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 def policy_of(p: Any) -> Policy:
@@ -131,7 +140,33 @@ def _guarded(fn: Any) -> Any:
     return run
 
 
-_read_version = sync_to_async(_guarded(read_version), thread_sensitive=True)
+# The version check, POLL_S apart for the life of the server, runs on a thread of its own whose
+# connection stays open between checks (closed after a failure, and when a runtime stops).
+# Through sync_to_async, with a fresh connection each time, a check cost ~2.3 ms against ~0.1,
+# a third of the web process's CPU at one stream (docs/benchmarks.md).
+_VERSION_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superfluid-keys-version")
+
+
+def _read_version_keeping_the_connection() -> int:
+    from django.db import connection
+
+    try:
+        return read_version()
+    except Exception:
+        connection.close()
+        raise
+
+
+def _close_version_connection() -> None:
+    from django.db import connection
+
+    connection.close()
+
+
+async def _read_version() -> int:
+    return await asyncio.get_running_loop().run_in_executor(_VERSION_THREAD, _read_version_keeping_the_connection)
+
+
 _load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
 
 
@@ -175,6 +210,7 @@ class KeyRuntime:
     async def stop(self) -> None:
         await cancel_task(self._task)
         self._task = None
+        await self.loop.run_in_executor(_VERSION_THREAD, _close_version_connection)
 
     async def _run(self) -> None:
         while True:
