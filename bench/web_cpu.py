@@ -1,0 +1,91 @@
+"""The web process's CPU per streamed token, on each event loop ``serve`` can run.
+
+On a machine whose cores llama.cpp's threads fill, every millisecond the web process spends on a
+token is taken from the decode (docs/benchmarks.md). This starts one ``manage.py serve`` per
+event loop (``SUPERFLUID_EVENT_LOOP``: uvloop, the default, and asyncio), then, alternating
+between them, streams the same greedy completion at N concurrent streams and reads the web
+process's CPU time (user + system, from /proc: Linux) before and after. The worker process is
+not counted. Prints a table, medians over ``--repeat`` rounds.
+
+    python bench/web_cpu.py [--streams 1,8] [--max-tokens 400] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.throughput import one_stream, prompts  # noqa: E402
+from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
+from testkit.harness import RunningServer  # noqa: E402
+
+LOOPS = ("uvloop", "asyncio")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (its threads included, its children not)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(server: RunningServer, model: str, streams: int, max_tokens: int) -> tuple[float, float]:
+    """(web CPU ms per completion token, aggregate tokens/s) for one round."""
+    assert server.proc is not None
+    texts = prompts(streams)
+    before = cpu_seconds(server.proc.pid)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        tokens = sum(pool.map(lambda t: one_stream(server.base, model, t, max_tokens), texts))
+    seconds = time.perf_counter() - start
+    return (cpu_seconds(server.proc.pid) - before) * 1e3 / tokens, tokens / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", default="1,8")
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    counts = [int(s) for s in args.streams.split(",")]
+    model = model_name_for(default_model_path())
+    servers = {
+        loop: RunningServer("--max-batch", str(max(counts)), env={"SUPERFLUID_EVENT_LOOP": loop}).start()
+        for loop in LOOPS
+    }
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    try:
+        for server in servers.values():
+            one_stream(server.base, model, prompts(1)[0], 8)  # warm: first request, key runtime loaded
+        for round_ in range(args.repeat):
+            for n in counts:
+                for loop, server in servers.items():
+                    ms, tps = measure(server, model, n, args.max_tokens)
+                    results.setdefault((loop, n), []).append((ms, tps))
+                    print(
+                        f"round {round_ + 1} {loop:8} {n} streams: {ms:.3f} ms web CPU/token, {tps:.1f} tok/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        for server in servers.values():
+            server.stop()
+    print(f"\nweb process CPU per streamed token, median of {args.repeat} ({args.max_tokens} tokens a stream)\n")
+    print("| streams | uvloop ms/token | asyncio ms/token | uvloop / asyncio | uvloop tok/s | asyncio tok/s |")
+    print("|--:|--:|--:|--:|--:|--:|")
+    for n in counts:
+        uv_ms = statistics.median(r[0] for r in results[("uvloop", n)])
+        as_ms = statistics.median(r[0] for r in results[("asyncio", n)])
+        uv_tps = statistics.median(r[1] for r in results[("uvloop", n)])
+        as_tps = statistics.median(r[1] for r in results[("asyncio", n)])
+        print(f"| {n} | {uv_ms:.3f} | {as_ms:.3f} | {uv_ms / as_ms:.2f} | {uv_tps:.1f} | {as_tps:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
