@@ -148,8 +148,15 @@ _VERSION_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superflu
 
 
 def _read_version_keeping_the_connection() -> int:
-    from django.db import connection
+    """The version, on the thread's kept connection. A kept connection can go stale between
+    checks (a database restart, a server's idle timeout): on a database error it is replaced and
+    the read, which changes nothing, tried once more; a second failure closes it and raises."""
+    from django.db import DatabaseError, connection
 
+    try:
+        return read_version()
+    except DatabaseError:
+        connection.close()
     try:
         return read_version()
     except Exception:

@@ -101,3 +101,29 @@ def test_the_admin_pages_render(admin_client: Client) -> None:
                 "/admin/keys/keypolicy/add/", "/admin/keys/classlanecap/", "/admin/keys/classlanecap/add/",
                 "/admin/keys/apikey/?status=active", "/admin/keys/apikey/?status=expired"):
         assert admin_client.get(url).status_code == 200, url
+
+
+
+@pytest.mark.django_db
+def test_the_version_check_gets_past_a_connection_the_database_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The key runtime's check keeps its thread's connection between reads; one the database has
+    # closed meanwhile (a restart, an idle timeout) fails its next read, which must cost a new
+    # connection, not a failed check. (Django keeps an in-memory test database's connection
+    # open whatever closes it, so the drop is simulated: the first read fails as it would.)
+    from django.db import OperationalError
+
+    from keys import runtime
+
+    actions.create_key(ApiKey(name="a"))
+    expected = read_version()
+    reads: list[int] = []
+
+    def once_dropped() -> int:
+        reads.append(1)
+        if len(reads) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return read_version()
+
+    monkeypatch.setattr(runtime, "read_version", once_dropped)
+    assert runtime._read_version_keeping_the_connection() == expected
+    assert len(reads) == 2
