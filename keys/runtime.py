@@ -47,9 +47,10 @@ def read_version() -> int:
 
     from .models import ConfigVersion
 
-    table = connection.ops.quote_name(ConfigVersion._meta.db_table)
+    meta, quote = ConfigVersion._meta, connection.ops.quote_name
+    column = meta.get_field("version").column
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT version FROM {table} WHERE id = %s", [1])
+        cursor.execute(f"SELECT {quote(column)} FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)} = %s", [1])
         row = cursor.fetchone()
     return int(row[0]) if row else 0
 
@@ -142,8 +143,9 @@ def _guarded(fn: Any) -> Any:
 
 # The version check, POLL_S apart for the life of the server, runs on a thread of its own whose
 # connection stays open between checks (closed after a failure, and when a runtime stops).
-# Through sync_to_async, with a fresh connection each time, a check cost ~2.3 ms against ~0.1,
-# a third of the web process's CPU at one stream (docs/benchmarks.md).
+# Through sync_to_async, the ORM and a fresh connection each time, a check cost ~2.3 ms against
+# 0.15-0.45 ms now (mostly the thread's wake-up): about a quarter of the web process's CPU at one stream
+# (docs/benchmarks.md).
 _VERSION_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superfluid-keys-version")
 
 
