@@ -144,8 +144,8 @@ def _guarded(fn: Any) -> Any:
 # The version check, POLL_S apart for the life of the server, runs on a thread of its own whose
 # connection stays open between checks (closed after a failure, and when a runtime stops).
 # Through sync_to_async, the ORM and a fresh connection each time, a check cost ~2.3 ms against
-# 0.15-0.45 ms now (mostly the thread's wake-up): about a quarter of the web process's CPU at one stream
-# (docs/benchmarks.md).
+# 0.15-0.45 ms now (mostly the thread's wake-up): about a quarter of the web process's CPU at one
+# stream (docs/benchmarks.md).
 _VERSION_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="superfluid-keys-version")
 
 
