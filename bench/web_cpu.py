@@ -16,13 +16,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.throughput import one_stream, prompts  # noqa: E402
+from bench.throughput import one_stream, prompts, run_server  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
@@ -38,13 +36,9 @@ def cpu_seconds(pid: int) -> float:
 def measure(server: RunningServer, model: str, streams: int, max_tokens: int) -> tuple[float, float]:
     """(web CPU ms per completion token, aggregate tokens/s) for one round."""
     assert server.proc is not None
-    texts = prompts(streams)
     before = cpu_seconds(server.proc.pid)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(streams) as pool:
-        tokens = sum(pool.map(lambda t: one_stream(server.base, model, t, max_tokens), texts))
-    seconds = time.perf_counter() - start
-    return (cpu_seconds(server.proc.pid) - before) * 1e3 / tokens, tokens / seconds
+    run = run_server(server.base, model, prompts(streams), max_tokens)
+    return (cpu_seconds(server.proc.pid) - before) * 1e3 / run["completion_tokens"], run["tokens_per_s"]
 
 
 def main() -> None:
