@@ -1,6 +1,8 @@
 """The physical limit: N greedy streams over llama-cpp-python's low-level API, nothing else.
 
-No server, no scheduler, no superfluid engine code: one context with per-sequence KV streams
+No server, no scheduler, no superfluid engine code (only its choice of llama.cpp's extra buffer
+types, so that all sides load the weights alike: off where the build meets an AMX CPU, as
+superfluid's ``--repack auto`` and the peer's ``--no-repack``): one context with per-sequence KV streams
 (as llama-server and the superfluid engine run it), every prompt prefilled, then all sequences
 decoded together one token each per ``llama_decode`` until each has ``max_tokens``. End-of-
 generation tokens are ignored so every stream produces exactly ``max_tokens``; the numbers are
@@ -20,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+
+# Run as a script from anywhere: the repository root holds the ``scheduler`` package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scheduler.engines.llama_cpp import repack_here  # noqa: E402
+from scheduler.engines.models import default_model_path  # noqa: E402
 
 SEQ_CTX = 4096  # context per sequence, the server's default lane_ctx
 
@@ -71,7 +78,9 @@ def run_bare_loop(
     threads = n_threads or os.cpu_count() or 1
     n = len(prompts)
 
-    model = L.llama_model_load_from_file(str(model_path).encode(), L.llama_model_default_params())
+    mparams = L.llama_model_default_params()
+    mparams.use_extra_bufts = repack_here("auto")[0]
+    model = L.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise RuntimeError(f"could not load {model_path}")
     cparams = L.llama_context_default_params()
@@ -187,13 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    model = args.model
-    if model is None:
-        # Run as a script from anywhere: the repository root holds the ``scheduler`` package.
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from scheduler.engines.models import default_model_path
-
-        model = default_model_path()
+    model = args.model or default_model_path()
     header = (
         f"{'streams':>7} {'prompt':>7} {'compl':>7} {'seconds':>8} {'tok/s':>8}"
         f" {'decode tok/s':>13} {'prefill tok/s':>14}"

@@ -168,6 +168,11 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+def repack_here(requested: str) -> tuple[bool, str | None]:
+    """:func:`choose_repack` for the llama.cpp build imported here and this machine's CPU."""
+    return choose_repack(requested, llama_cpp.llama_print_system_info().decode("utf-8", "replace"), _read_cpuinfo())
+
+
 # -- artifacts --------------------------------------------------------------------------
 
 
@@ -280,9 +285,7 @@ class LlamaCppEngine(LaneEngine):
 
         _init_backend()
         # use_extra_bufts as llama-server's --no-repack sets it; see choose_repack
-        self.repack, self.repack_note = choose_repack(
-            repack, llama_cpp.llama_print_system_info().decode("utf-8", "replace"), _read_cpuinfo()
-        )
+        self.repack, self.repack_note = repack_here(repack)
         max_seq = llama_cpp.llama_max_parallel_sequences()
         if n_lanes + cache_slots > max_seq:
             raise ValueError(f"n_lanes + cache_slots must be at most {max_seq} (llama.cpp's sequence limit)")
