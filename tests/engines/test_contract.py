@@ -9,6 +9,7 @@ engine. Token counts are small: MLX's CPU backend runs this model at a few token
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import re
@@ -644,41 +645,59 @@ def test_a_decode_only_step_is_never_aborted(abortable: Any) -> None:
     assert not result.stopped_early and result.fed == {0: 1} and 0 in result.sampled
 
 
+class CountingAbort:
+    """llama.cpp's abort callback replaced by one that stops the step at its ``limit``-th graph
+    node (of the main compute thread), counting them in ``n``: an abort at a chosen point of a
+    step, where the flag set from another thread would land anywhere."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.n, self.limit = engine, 0, 1 << 30
+
+        @llama_cpp.ggml_abort_callback
+        def counting(_data: object) -> bool:
+            self.n += 1
+            return self.n >= self.limit
+
+        self._fn = counting
+
+    def arm(self, limit: int) -> None:
+        self.n, self.limit = 0, limit
+
+    def __enter__(self) -> CountingAbort:
+        self._original = self.engine._abort_fn
+        self.engine._abort_fn, self.engine._abort_watching = self._fn, False  # watched by the next prefill step
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        engine = self.engine
+        engine._abort_fn, engine._abort_watching = self._original, False
+        llama_cpp.llama_set_abort_callback(engine._ctx, engine._abort_fn, ctypes.addressof(engine._no_abort))
+
+
 def test_an_abort_in_a_later_ubatch_of_a_mixed_step_keeps_nothing_of_the_step(abortable: Any) -> None:
     # A decode token beside a prompt chunk is split by llama.cpp into two ubatches; an abort in
     # the second rolls back only that one. The engine must trim the first one's cells too (a
     # fuzz run found the next prefill of that lane failing on positions otherwise).
-    calls = {"n": 0, "limit": 1 << 30}
-
-    @llama_cpp.ggml_abort_callback
-    def counting(_data: object) -> bool:  # aborts at the limit-th graph node
-        calls["n"] += 1
-        return calls["n"] >= calls["limit"]
-
     story = chat(abortable, "Tell me a long story about a dragon who learns to bake bread. " * 2)
     held = generate(abortable, 0, story[:20], max_tokens=1)  # lane 0: 20 prompt tokens, one sampled
 
-    def mixed_step(limit: int) -> TickResult:
-        calls["n"], calls["limit"] = 0, limit
-        abortable._abort_fn, abortable._abort_watching = counting, False  # watched by the next prefill step
+    def mixed_step() -> TickResult:
         plan = TickPlan(tick=0, step_tokens=512)
         plan.bind.append(LaneBind(lane=1, job_id="story", sampling=GREEDY))
         plan.feeds.append(LaneFeed(lane=0, job_id="run0", start_pos=20, tokens=held, sample=True, decode=True))
         plan.feeds.append(LaneFeed(lane=1, job_id="story", start_pos=0, tokens=story, sample=True))
         return abortable.execute(plan, never)
 
-    original = abortable._abort_fn
-    try:
-        whole = mixed_step(1 << 30)
-        nodes = calls["n"]
+    with CountingAbort(abortable) as calls:
+        whole = mixed_step()
+        nodes = calls.n
         assert not whole.stopped_early and cells(abortable, 0) == 21 and cells(abortable, 1) == len(story)
         llama_cpp.llama_memory_seq_rm(abortable._mem, 0, 20, -1)
         release(abortable, 1)
-        result = mixed_step(nodes * 3 // 4)  # inside the second of the two ubatches
-        assert result.stopped_early and result.fed == {} and result.sampled == {}
-        assert cells(abortable, 0) == 20 and cells(abortable, 1) == 0
-    finally:
-        abortable._abort_fn, abortable._abort_watching = original, False
+        calls.arm(nodes * 3 // 4)  # inside the second of the two ubatches
+        result = mixed_step()
+    assert result.stopped_early and result.fed == {} and result.sampled == {}
+    assert cells(abortable, 0) == 20 and cells(abortable, 1) == 0
 
 
 def test_an_interactive_chat_arriving_during_a_big_prefill_step_aborts_it_and_goes_next(abortable: Any) -> None:
