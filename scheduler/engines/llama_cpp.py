@@ -242,6 +242,19 @@ def _fill_one_sequence(batch: Any, tokens: list[int], start: int) -> None:
     batch.n_tokens = len(tokens)
 
 
+def _plain_greedy(sp: SamplingParams) -> bool:
+    """The chain :meth:`LlamaCppEngine._build_sampler` builds for ``sp`` is llama.cpp's greedy
+    sampler alone: no logit bias (``ignore_eos`` is one), no penalties, temperature 0."""
+    return (
+        sp.temperature <= 0.0
+        and not sp.ignore_eos
+        and not sp.logit_bias
+        and sp.repeat_penalty == 1.0
+        and sp.frequency_penalty == 0.0
+        and sp.presence_penalty == 0.0
+    )
+
+
 class LlamaCppEngine(LaneEngine):
     name = "llamacpp"
     # request features beyond the basic sampler chain that this engine honours
@@ -273,6 +286,7 @@ class LlamaCppEngine(LaneEngine):
         self._ctx: Any = None
         self._batch: Any = None
         self._samplers: dict[int, Any] = {}  # lane -> its sampler chain (without the grammar)
+        self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
         self._candidates: _Candidates | None = None  # made when the first constrained lane binds
         self._logprob_lanes: dict[int, int] = {}  # lane -> top alternatives wanted
@@ -473,6 +487,8 @@ class LlamaCppEngine(LaneEngine):
         self.drop_sampler(bind.lane)
         chain, grammar = self._build_sampler(bind.sampling)
         self._samplers[bind.lane] = chain
+        if grammar is None and _plain_greedy(bind.sampling):
+            self._argmax_lanes.add(bind.lane)
         if grammar is not None:
             self._grammars[bind.lane] = grammar
             if self._candidates is None:
@@ -542,10 +558,15 @@ class LlamaCppEngine(LaneEngine):
         if ret != 0:
             raise _err(f"llama_decode returned {ret}", permanent=ret < 0)
         sample, ctx, samplers, grammars, logprob_lanes = llama_cpp.llama_sampler_sample, self._ctx, self._samplers, self._grammars, self._logprob_lanes
+        argmax_lanes, row, n_vocab = self._argmax_lanes, llama_cpp.llama_get_logits_ith, (self.vocab_size,)
         sampled: dict[int, int] = {}
         for lane, index in outputs:
             grammar = grammars.get(lane)
-            if grammar is None:
+            if lane in argmax_lanes:
+                # the greedy chain's pick (the first highest logit) without building its
+                # 49k-entry candidate array in C: a fifth of the time, 1% of a decode round of 8
+                token = sampled[lane] = int(np.ctypeslib.as_array(row(ctx, index), shape=n_vocab).argmax())
+            elif grammar is None:
                 token = sampled[lane] = sample(samplers[lane], ctx, index)
             else:
                 token = sampled[lane] = self._sample_constrained(samplers[lane], grammar, index)
@@ -762,7 +783,8 @@ class LlamaCppEngine(LaneEngine):
         return None
 
     def _build_sampler(self, sp: SamplingParams) -> tuple[Any, Any]:
-        """The lane's sampler chain and, apart from it, its grammar sampler (None when free)."""
+        """The lane's sampler chain and, apart from it, its grammar sampler (None when free).
+        A lane whose chain is plain greedy (:func:`_plain_greedy`) samples without it."""
         L = llama_cpp
         params = L.llama_sampler_chain_default_params()
         params.no_perf = True
@@ -811,6 +833,7 @@ class LlamaCppEngine(LaneEngine):
 
     def drop_sampler(self, lane: int) -> None:
         self._logprob_lanes.pop(lane, None)
+        self._argmax_lanes.discard(lane)
         chain = self._samplers.pop(lane, None)
         if chain is not None:
             llama_cpp.llama_sampler_free(chain)

@@ -541,6 +541,21 @@ def llamacpp(engine: Any) -> Any:
     return engine
 
 
+def test_a_plain_greedy_lane_picks_what_llama_cpps_greedy_sampler_picks(llamacpp: Any, prompts: list[list[int]]) -> None:
+    """A plain greedy lane takes the argmax of its logits row without llama.cpp's sampler; a
+    greedy lane with a (neutral) logit bias goes through the sampler chain. Batched together
+    on the same prompts they must pick the same tokens."""
+    chained = SamplingParams(temperature=0.0, logit_bias=((0, 0.0),))
+    for prompt in prompts:
+        runs = [Run(0, prompt, GREEDY, 16), Run(1, prompt, chained, 16)]
+        drive(llamacpp, runs, ticks=1)
+        assert 0 in llamacpp._argmax_lanes and 1 not in llamacpp._argmax_lanes
+        drive(llamacpp, runs)
+        assert runs[0].output == runs[1].output
+        release(llamacpp, 0, 1)
+    assert not llamacpp._argmax_lanes
+
+
 def test_restoring_garbage_state_bytes_raises(llamacpp: Any) -> None:
     from scheduler.engines.llama_cpp import ParkedKV
 
