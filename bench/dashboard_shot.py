@@ -2,11 +2,12 @@
 eight ~1,000-token background agents, a short interactive chat 2 s later), on the real server
 and model, through Debian's chromium (playwright), logged in as an admin.
 
-The picture is taken ``--at`` seconds after the agents start (default 12: the chat has answered,
-its TTFT is on the page, the agents prefill and decode in all eight lanes). Prints what the page
+The picture is taken ``--at`` seconds after the agents start (default 4.5: the chat, sent at 2 s,
+has answered and streams in the lane it took from an agent, which waits in the queue; the other
+agents prefill and decode in the rest of the eight lanes). Prints what the page
 showed. Needs a quiet machine, as every figure here: a starved machine draws a starved dashboard.
 
-    python bench/dashboard_shot.py [--at 12] [--out docs/dashboard.png]
+    python bench/dashboard_shot.py [--at 4.5] [--out docs/dashboard.png]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ USER, PASSWORD = "ops", "dashboard-shot-pw"
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--at", type=float, default=12.0, help="seconds after the agents start (default %(default)s)")
+    ap.add_argument("--at", type=float, default=4.5, help="seconds after the agents start (default %(default)s)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
     args = ap.parse_args()
     if CHROMIUM is None:
