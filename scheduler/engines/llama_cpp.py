@@ -242,19 +242,6 @@ def _fill_one_sequence(batch: Any, tokens: list[int], start: int) -> None:
     batch.n_tokens = len(tokens)
 
 
-def _plain_greedy(sp: SamplingParams) -> bool:
-    """The chain :meth:`LlamaCppEngine._build_sampler` builds for ``sp`` is llama.cpp's greedy
-    sampler alone: no logit bias (``ignore_eos`` is one), no penalties, temperature 0."""
-    return (
-        sp.temperature <= 0.0
-        and not sp.ignore_eos
-        and not sp.logit_bias
-        and sp.repeat_penalty == 1.0
-        and sp.frequency_penalty == 0.0
-        and sp.presence_penalty == 0.0
-    )
-
-
 class LlamaCppEngine(LaneEngine):
     name = "llamacpp"
     # request features beyond the basic sampler chain that this engine honours
@@ -487,12 +474,12 @@ class LlamaCppEngine(LaneEngine):
         self.drop_sampler(bind.lane)
         chain, grammar = self._build_sampler(bind.sampling)
         self._samplers[bind.lane] = chain
-        if grammar is None and _plain_greedy(bind.sampling):
-            self._argmax_lanes.add(bind.lane)
         if grammar is not None:
             self._grammars[bind.lane] = grammar
             if self._candidates is None:
                 self._candidates = _Candidates(self.vocab_size)
+        elif bind.sampling.temperature <= 0.0 and llama_cpp.llama_sampler_chain_n(chain) == 1:
+            self._argmax_lanes.add(bind.lane)  # the chain is the greedy sampler alone
         if bind.sampling.logprobs is not None:
             self._logprob_lanes[bind.lane] = bind.sampling.logprobs
         # replaying the accepted tokens rebuilds penalties and the grammar's state, so a
@@ -784,7 +771,7 @@ class LlamaCppEngine(LaneEngine):
 
     def _build_sampler(self, sp: SamplingParams) -> tuple[Any, Any]:
         """The lane's sampler chain and, apart from it, its grammar sampler (None when free).
-        A lane whose chain is plain greedy (:func:`_plain_greedy`) samples without it."""
+        A free lane whose chain is the greedy sampler alone samples without it (:meth:`forward`)."""
         L = llama_cpp
         params = L.llama_sampler_chain_default_params()
         params.no_perf = True
