@@ -157,7 +157,8 @@ class RedisTransport(Transport):
             # a cancel or a reader after stop() would open a client nobody closes
             raise ConnectionError("the Redis link is stopped")
         if self._client is None:
-            self._client = reconnecting_client(self.url, health_check_interval=5)
+            # named, so Redis's CLIENT LIST tells which head holds which connection
+            self._client = reconnecting_client(self.url, health_check_interval=5, client_name=f"head:{self.head_id}")
             self._scripts = Scripts(self._client)
         return self._client
 
@@ -177,13 +178,16 @@ class RedisTransport(Transport):
     async def stop(self) -> None:
         self._stopped = True
         # readers leave by themselves once their XREAD returns (at most its block time): one
-        # cancelled inside a command can leave redis-py's pool waiting forever on its release
-        readers = list(self._readers.values())
-        if readers:
-            await asyncio.wait(readers, timeout=READ_BLOCK_MS / 1000 + 2)
-        while tasks := [t for t in [self._task, *self._readers.values()] if t is not None]:
+        # cancelled inside a command can leave redis-py's pool waiting forever on its release.
+        # A stream's DELETE from finish() is waited for too: closing the client under it would
+        # make its retry open a new connection that nothing closes.
+        pending = [*self._readers.values(), *self._forgetting]
+        if pending:
+            await asyncio.wait(pending, timeout=READ_BLOCK_MS / 1000 + 2)
+        while tasks := [t for t in [self._task, *self._readers.values(), *self._forgetting] if t is not None]:
             self._task = None
             self._readers.clear()
+            self._forgetting.clear()
             for task in tasks:
                 task.cancel()
             for task in tasks:

@@ -1,13 +1,17 @@
 """Heads and workers around one Redis, in this process, with the simulated engine: jobs through
 any head reach any worker, a worker's crash resumes its jobs elsewhere from the text delivered,
 cancels reach the worker holding the job, admin caps reach every worker, and an interactive
-arrival with every lane of the fleet busy preempts one lower-class lane."""
+arrival with every lane of the fleet busy preempts one lower-class lane, and a head that stops
+leaves no connection to Redis behind."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
+
+import redis
 
 from scheduler.core.qos import QosClass
 from scheduler.core.types import TickPlan, TickResult
@@ -15,6 +19,13 @@ from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Config, Delta, Done
 
 from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
+
+# a script that keeps Redis busy (every other client waits) for ARGV[1] milliseconds
+SPIN = """
+local t = redis.call('TIME')
+local until_us = t[1] * 1000000 + t[2] + ARGV[1] * 1000
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= until_us
+"""
 
 
 def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
@@ -53,6 +64,35 @@ async def test_jobs_through_two_heads_are_served_by_two_workers(redis_server: Re
         await h.stop()
     for w in workers:
         w.stop()
+
+
+async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_connection_open(redis_server: RedisServer, prefix: str) -> None:
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    admin = redis.Redis.from_url(redis_server.url)
+    link = await head(redis_server.url, prefix)
+    named = f"head:{link.head_id}"
+    handle = await link.submit(request=completion(max_tokens=5))
+    _text, done = await outcome(handle)
+    assert isinstance(done, Done)
+    assert [c for c in admin.client_list() if c["name"] == named] != []
+    while link._readers:  # the reader has left: finish() deletes the stream itself
+        await asyncio.sleep(0.01)
+    # Redis busy for 0.3 s (a script spinning): the DELETE is still waiting when the head stops
+    busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
+    busy.start()
+    await asyncio.sleep(0.05)  # the script is running
+    link.finish(handle)
+    await asyncio.sleep(0.05)  # the DELETE is sent, and waits behind the script
+    await link.stop()
+    busy.join()
+    deadline = time.monotonic() + 5
+    while admin.exists(f"{prefix}s:{handle.job_id}"):  # the stream is deleted, one way or another
+        assert time.monotonic() < deadline, "the finished job's stream was never deleted"
+        await asyncio.sleep(0.01)
+    # closing the client under the DELETE made its retry open a connection that nothing closed
+    assert [c for c in admin.client_list() if c["name"] == named] == []
+    admin.close()
+    worker.stop()
 
 
 async def test_a_worker_crash_resumes_its_jobs_on_another_worker_from_the_text_delivered(redis_server: RedisServer, prefix: str) -> None:
