@@ -1,6 +1,8 @@
 """Each engine's own speed on the bundled model, driven directly with tick plans (no scheduler,
 worker or HTTP): the llama.cpp engine on the SmolLM2-135M GGUF and the MLX engine on the same
-model converted by ``manage.py mlxconvert`` (into a temporary folder).
+model converted by ``manage.py mlxconvert`` (into a temporary folder), once with the GGUF's
+quantised weights and once dequantised to float32 (``--dtype float32``). The MLX rows name the
+BLAS MLX multiplies through (``SUPERFLUID_MLX_SYSTEM_BLAS=0`` keeps the one bundled with mlx).
 
 For N = 1, 4, 8 lanes: one tick prefills every lane's short chat prompt (~27 tokens), then
 ``--rounds`` decode rounds of all N lanes, one tick each. Prefill tok/s is prompt tokens over the
@@ -31,14 +33,20 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 LANES = (1, 4, 8)
 
 
-def open_engine(name: str, mlx_dir: Path) -> Any:
-    if name == "llamacpp":
+ENGINES = ("llama.cpp", "MLX quantised", "MLX float32")
+
+
+def open_engine(name: str, tmp: Path) -> Any:
+    if name == "llama.cpp":
         from scheduler.engines.llama_cpp import LlamaCppEngine
 
         return LlamaCppEngine(default_model_path(), n_lanes=max(LANES), lane_ctx=512)
     from scheduler.engines.mlx import MlxEngine
+    from scheduler.engines.mlx_convert import convert_gguf
 
-    return MlxEngine(mlx_dir, n_lanes=max(LANES), lane_ctx=512)
+    dtype = "float32" if name.endswith("float32") else None
+    folder = convert_gguf(default_model_path(), tmp / (dtype or "quantised") / "SmolLM2-135M-Instruct-mlx", dtype=dtype)
+    return MlxEngine(folder, n_lanes=max(LANES), lane_ctx=512)
 
 
 def measure(engine: Any, lanes: int, rounds: int) -> tuple[float, float]:
@@ -58,11 +66,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from scheduler.engines.mlx_convert import convert_gguf
+    from scheduler.engines.mlx_runtime import blas_in_use
 
     with tempfile.TemporaryDirectory() as tmp:
-        mlx_dir = convert_gguf(default_model_path(), Path(tmp) / "SmolLM2-135M-Instruct-mlx")
-        engines = {name: open_engine(name, mlx_dir) for name in ("llamacpp", "mlx")}
+        engines = {name: open_engine(name, Path(tmp)) for name in ENGINES}
         results: dict[tuple[str, int], list[tuple[float, float]]] = {}
         try:
             for engine in engines.values():  # warm-up: first calls compile and allocate
@@ -79,13 +86,15 @@ def main() -> int:
     def med(name: str, lanes: int, which: int) -> float:
         return statistics.median(r[which] for r in results[(name, lanes)])
 
-    print(f"SmolLM2-135M-Instruct (GGUF Q4_1; MLX conversion of it), {args.rounds} decode rounds, median of {args.repeat}")
+    print(f"SmolLM2-135M-Instruct (GGUF Q4_1; MLX conversions of it), {args.rounds} decode rounds, median of {args.repeat}")
+    print(f"MLX multiplies through {blas_in_use()}")
     print()
-    print("| lanes | llama.cpp prefill tok/s | MLX prefill tok/s | llama.cpp decode tok/s | MLX decode tok/s | MLX / llama.cpp decode |")
-    print("|--:|--:|--:|--:|--:|--:|")
-    for lanes in LANES:
-        lp, mp, ld, md = med("llamacpp", lanes, 0), med("mlx", lanes, 0), med("llamacpp", lanes, 1), med("mlx", lanes, 1)
-        print(f"| {lanes} | {lp:.1f} | {mp:.1f} | {ld:.1f} | {md:.1f} | {md / ld:.3f} |")
+    print("| engine | lanes | prefill tok/s | decode tok/s | decode / llama.cpp's |")
+    print("|:--|--:|--:|--:|--:|")
+    for name in ENGINES:
+        for lanes in LANES:
+            prefill, decode = med(name, lanes, 0), med(name, lanes, 1)
+            print(f"| {name} | {lanes} | {prefill:.1f} | {decode:.1f} | {decode / med('llama.cpp', lanes, 1):.3f} |")
     return 0
 
 

@@ -107,6 +107,20 @@ def mlx_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert_gguf(default_model_path(), tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")
 
 
+@pytest.fixture(scope="session")
+def mlx_float_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same conversion with every weight dequantised to float32 (``mlxconvert --dtype
+    float32``): what the MLX engine's tests serve. MLX's CPU backend multiplies float weights
+    through BLAS (OpenBLAS when installed: scheduler/engines/mlx_runtime.py) and quantised ones
+    through a kernel of its own that is many times slower on these machines; the quantised
+    folder is served by the engine in tests/engines/test_mlx_convert.py."""
+    from scheduler.engines.mlx_convert import convert_gguf
+    from scheduler.engines.models import default_model_path
+
+    folder = tmp_path_factory.mktemp("mlx-float32") / "SmolLM2-135M-Instruct-mlx"
+    return convert_gguf(default_model_path(), folder, dtype="float32")
+
+
 _leaks: list[str] = []
 
 # Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the

@@ -98,7 +98,9 @@ class MlxEngine(LaneEngine):
             )
         self.batch_decode = batch_decode
 
-        import mlx.core as mx
+        from scheduler.engines.mlx_runtime import mlx_core
+
+        mx = mlx_core()
         from mlx_lm.models.cache import KVCache, make_prompt_cache
         from mlx_lm.utils import load_model
 

@@ -5,7 +5,9 @@ weights (group size 32) with scales and biases, other tensors as plain arrays, a
 metadata. This module renames the tensors to mlx-lm's names, writes ``config.json`` from the
 GGUF hyper-parameters and a ``tokenizer.json`` built with the ``tokenizers`` library from the
 GGUF vocabulary, so ``mlx_lm.load(dir)`` (and the MLX engine) serve the same model that
-llama.cpp serves from the file. Nothing is re-quantised: the weights are the GGUF's own.
+llama.cpp serves from the file. Nothing is re-quantised: the weights are the GGUF's own, or,
+with ``dtype``, those same values dequantised to plain float arrays (faster on MLX's CPU
+backend, which multiplies float weights through BLAS: ``scheduler.engines.mlx_runtime``).
 
 Limits: llama architecture, GPT-2 style byte-level BPE vocabularies (``tokenizer.ggml.model``
 ``gpt2``) with the pre-tokenizers listed in ``_PRE_TOKENIZERS``.
@@ -186,12 +188,41 @@ def _tokenizer(meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return tok, config
 
 
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False) -> Path:
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _dequantized(weights: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+    """Every weight as a plain ``dtype_name`` array: quantised ones through ``mx.dequantize``
+    (exactly the values the quantised model multiplies by), their scales and biases dropped."""
+    from scheduler.engines.mlx_runtime import mlx_core
+
+    mx = mlx_core()
+    dtype = getattr(mx, dtype_name)
+    quant = _quantization(weights) or {}
+    out: dict[str, Any] = {}
+    for name, value in weights.items():
+        if name.endswith((".scales", ".biases")):  # a quantised module's (a plain bias is .bias)
+            continue
+        module = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and module + ".scales" in weights:
+            bits = quant.get(module, quant)["bits"]
+            value = mx.dequantize(value, weights[module + ".scales"], weights.get(module + ".biases"), group_size=GROUP_SIZE, bits=bits, dtype=dtype)
+        out[name] = value.astype(dtype)
+    return out
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = False, dtype: str | None = None) -> Path:
     """Write an MLX model directory for ``gguf_path`` at ``out_dir`` and return it.
 
-    The directory appears whole or not at all (built beside it, then renamed), so a reader never
-    sees half a model. An existing directory is kept unless ``force``."""
-    import mlx.core as mx
+    ``dtype`` (one of ``DTYPES``) writes every weight dequantised to that type; by default the
+    GGUF's quantised weights are kept as they are. The directory appears whole or not at all
+    (built beside it, then renamed), so a reader never sees half a model. An existing directory
+    is kept unless ``force``."""
+    from scheduler.engines.mlx_runtime import mlx_core
+
+    mx = mlx_core()
+    if dtype is not None and dtype not in DTYPES:
+        raise ConversionError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
@@ -205,6 +236,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     if arch != "llama":
         raise ConversionError(f"only llama-architecture GGUFs convert; this one is {arch!r}")
     weights = {_rename(name): value for name, value in tensors.items()}
+    if dtype is not None:
+        weights = _dequantized(weights, dtype)
     tokenizer, tok_config = _tokenizer(meta)
     config = _config(meta, weights, vocab_size=len(meta["tokenizer.ggml.tokens"]))
 

@@ -1,7 +1,8 @@
 """The real server on the MLX engine (CPU backend here): the bundled SmolLM2 converted to an MLX
 model folder, served through the OpenAI API with batching, preemption and cancellation.
 
-MLX's CPU backend runs this model at a few tokens per second, so replies are short."""
+The server serves the float32 conversion (MLX's CPU backend multiplies it through BLAS, many
+times faster than its quantised kernel; docs/engines.md), and replies are short."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ START_S = 300.0  # loading mlx-lm (and transformers) on a busy two-core machine 
 
 
 @pytest.fixture(scope="module")
-def mlx_server(mlx_model_dir: Path) -> Iterator[RunningServer]:
-    with serving("--model", str(mlx_model_dir), "--max-batch", "2", "--ctx-size", "512", timeout_s=START_S) as srv:
+def mlx_server(mlx_float_dir: Path) -> Iterator[RunningServer]:
+    with serving("--model", str(mlx_float_dir), "--max-batch", "2", "--ctx-size", "512", timeout_s=START_S) as srv:
         yield srv
 
 

@@ -4,7 +4,8 @@ llama.cpp does (prompt scoring, its own KV state bytes) is tested here too, on t
 
 ``reference`` holds greedy continuations generated alone in lane 0; batching, chunked prefill,
 parking, lane reuse and prefix copies must all reproduce them token for token on the same
-engine. Token counts are small: MLX's CPU backend runs this model at a few tokens per second.
+engine. MLX runs the float32 conversion (``mlx_float_dir``: its products go through BLAS,
+many times faster on MLX's CPU backend than the quantised kernel); token counts stay small.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _llamacpp(_request: pytest.FixtureRequest) -> Any:
 
 
 def _mlx(request: pytest.FixtureRequest) -> Any:
-    folder: Path = request.getfixturevalue("mlx_model_dir")
+    folder: Path = request.getfixturevalue("mlx_float_dir")
     from scheduler.engines.mlx import MlxEngine
 
     return MlxEngine(folder, n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)

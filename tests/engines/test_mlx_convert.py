@@ -1,5 +1,7 @@
 """A GGUF file converted to an MLX model folder: the folder mlx-lm itself loads and answers
-with, whose tokenizer gives llama.cpp's token ids."""
+with, whose tokenizer gives llama.cpp's token ids, which the MLX engine serves with its
+quantised weights (the engine contract runs on the float32 conversion), and whose float32
+conversion holds the values the quantised weights stand for."""
 
 from __future__ import annotations
 
@@ -84,3 +86,44 @@ def test_the_mlxconvert_command_writes_a_folder_mlx_serves(tmp_path: Path) -> No
     assert sorted(p.name for p in (tmp_path / "smol").iterdir()) == [
         "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"
     ]
+
+
+def test_the_mlx_engine_serves_the_quantised_folder_and_parks_and_restores_a_lane_exactly(mlx_model_dir: Path) -> None:
+    from scheduler.core.types import LaneBind, LaneRestore, TickPlan
+    from scheduler.engines.mlx import MlxEngine
+    from testkit.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
+
+    with MlxEngine(mlx_model_dir, n_lanes=2, lane_ctx=256) as engine:
+        prompt = chat(engine, "What is the capital of France?")
+        reference = generate(engine, 0, prompt, max_tokens=8)
+        release(engine, 0)
+        assert text_of(engine, reference).startswith("The capital of France is Paris")
+        run = Run(0, prompt, max_tokens=8)
+        drive(engine, [run], ticks=4)
+        parked = engine.execute(TickPlan(tick=5, park=[(0, "a")]), never).parked["a"]
+        assert parked.n_tokens == run.computed
+        run.lane = 1
+        plan = TickPlan(tick=6, restore=[LaneRestore(1, "a", parked)], bind=[LaneBind(1, "a", GREEDY, list(run.output))], feeds=[run.feed()])
+        run.commit(engine.execute(plan, never))
+        drive(engine, [run])
+        assert run.output == reference
+
+
+def test_a_float32_conversion_holds_the_dequantised_weights(mlx_model_dir: Path, mlx_float_dir: Path) -> None:
+    import mlx.core as mx
+
+    config = json.loads((mlx_float_dir / "config.json").read_text())
+    assert "quantization" not in config
+    quantised = mx.load(str(mlx_model_dir / "model.safetensors"))
+    floats = mx.load(str(mlx_float_dir / "model.safetensors"))
+    assert not any(name.endswith((".scales", ".biases")) for name in floats)
+    assert {n for n in quantised if not n.endswith((".scales", ".biases"))} == set(floats)
+    name = "model.layers.0.mlp.down_proj"
+    expected = mx.dequantize(quantised[f"{name}.weight"], quantised[f"{name}.scales"], quantised[f"{name}.biases"], group_size=32, bits=4)
+    assert floats[f"{name}.weight"].dtype == mx.float32
+    assert mx.array_equal(floats[f"{name}.weight"], expected.astype(mx.float32))
+    from scheduler.engines.mlx_convert import ConversionError, convert_gguf
+    from scheduler.engines.models import default_model_path
+
+    with pytest.raises(ConversionError, match="dtype must be one of"):
+        convert_gguf(default_model_path(), mlx_float_dir.parent / "int8", dtype="int8")

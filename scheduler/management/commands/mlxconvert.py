@@ -16,6 +16,13 @@ class Command(BaseCommand):
         parser.add_argument("--gguf", default="", help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
         parser.add_argument("--out", default="", help="output folder (default: ~/.cache/superfluid/mlx/<name>-mlx)")
         parser.add_argument("--force", action="store_true", help="replace the output folder if it exists")
+        parser.add_argument(
+            "--dtype",
+            choices=("float32", "float16", "bfloat16"),
+            default=None,
+            help="write every weight dequantised to this type (default: keep the GGUF's quantised weights). "
+            "float32 is the fast choice on MLX's CPU backend (Linux) with OpenBLAS installed; keep the default on Apple silicon",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -29,7 +36,7 @@ class Command(BaseCommand):
         started = time.monotonic()
         existed = out.exists()
         try:
-            path = convert_gguf(gguf, out, force=options["force"])
+            path = convert_gguf(gguf, out, force=options["force"], dtype=options["dtype"])
         except (ConversionError, FileNotFoundError) as exc:
             raise CommandError(str(exc)) from None
         verb = "kept" if existed and not options["force"] else f"wrote in {time.monotonic() - started:.1f}s"
