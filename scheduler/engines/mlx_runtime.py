@@ -47,7 +47,7 @@ def mlx_core() -> ModuleType:
 
 
 def blas_in_use() -> str:
-    """What MLX's matrix products run on in this process, for the logs and checkengine."""
+    """What MLX's matrix products run on in this process (``checkengine``, ``bench/engines.py``)."""
     if _blas is not None:
         return f"system OpenBLAS ({_blas})"
     return "the BLAS bundled with mlx"

@@ -81,6 +81,10 @@ class Command(BaseCommand):
                 out(f"extra buffer types (AMX, weight repacking): {'on' if repack else 'off'} (--repack {options['repack']})")
                 if note:
                     out(note)
+            if engine.name == "mlx":
+                from scheduler.engines.mlx_runtime import blas_in_use
+
+                out(f"MLX multiplies through {blas_in_use()}")
             out(f"{model.name} on {engine.name}: loaded in {time.monotonic() - started:.1f}s")
             _probe(engine)  # the worker's start-up decode, test hook included
             out("start-up decode: ok")
