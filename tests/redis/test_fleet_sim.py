@@ -75,7 +75,9 @@ async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_co
     _text, done = await outcome(handle)
     assert isinstance(done, Done)
     assert [c for c in admin.client_list() if c["name"] == named] != []
+    deadline = time.monotonic() + 10
     while link._readers:  # the reader has left: finish() deletes the stream itself
+        assert time.monotonic() < deadline, "the stream's reader did not leave after Done"
         await asyncio.sleep(0.01)
     # Redis busy for 0.3 s (a script spinning): the DELETE is still waiting when the head stops
     busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
