@@ -191,12 +191,9 @@ def _tokenizer(meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _dequantized(weights: dict[str, Any], dtype_name: str) -> dict[str, Any]:
+def _dequantized(mx: Any, weights: dict[str, Any], dtype_name: str) -> dict[str, Any]:
     """Every weight as a plain ``dtype_name`` array: quantised ones through ``mx.dequantize``
     (exactly the values the quantised model multiplies by), their scales and biases dropped."""
-    from scheduler.engines.mlx_runtime import mlx_core
-
-    mx = mlx_core()
     dtype = getattr(mx, dtype_name)
     quant = _quantization(weights) or {}
     out: dict[str, Any] = {}
@@ -218,11 +215,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     GGUF's quantised weights are kept as they are. The directory appears whole or not at all
     (built beside it, then renamed), so a reader never sees half a model. An existing directory
     is kept unless ``force``."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ConversionError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     from scheduler.engines.mlx_runtime import mlx_core
 
     mx = mlx_core()
-    if dtype is not None and dtype not in DTYPES:
-        raise ConversionError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
@@ -237,7 +234,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
         raise ConversionError(f"only llama-architecture GGUFs convert; this one is {arch!r}")
     weights = {_rename(name): value for name, value in tensors.items()}
     if dtype is not None:
-        weights = _dequantized(weights, dtype)
+        weights = _dequantized(mx, weights, dtype)
     tokenizer, tok_config = _tokenizer(meta)
     config = _config(meta, weights, vocab_size=len(meta["tokenizer.ggml.tokens"]))
 

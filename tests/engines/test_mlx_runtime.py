@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from testkit.harness import ROOT
+
 PROBE = """
 from scheduler.engines.mlx_runtime import blas_in_use, mlx_core
 mx = mlx_core()

@@ -16,9 +16,11 @@ class Command(BaseCommand):
         parser.add_argument("--gguf", default="", help="GGUF file (default: the bundled SmolLM2-135M-Instruct)")
         parser.add_argument("--out", default="", help="output folder (default: ~/.cache/superfluid/mlx/<name>-mlx)")
         parser.add_argument("--force", action="store_true", help="replace the output folder if it exists")
+        from scheduler.engines.mlx_convert import DTYPES  # plain Python: needs neither mlx nor tokenizers
+
         parser.add_argument(
             "--dtype",
-            choices=("float32", "float16", "bfloat16"),
+            choices=DTYPES,
             default=None,
             help="write every weight dequantised to this type (default: keep the GGUF's quantised weights). "
             "float32 is the fast choice on MLX's CPU backend (Linux) with OpenBLAS installed; keep the default on Apple silicon",
