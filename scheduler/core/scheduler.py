@@ -345,7 +345,7 @@ class Scheduler:
             and self.config.keep_lanes
             and reason in KEEP_REASONS
             and not job.batch_invariant
-            and job.computed >= self.config.min_prefix_tokens
+            and job.computed > 0
         )
 
     def _seeds_from_prefix(self, job: Job) -> bool:
@@ -354,13 +354,20 @@ class Scheduler:
         return self.config.prefix_cache and not job.batch_invariant and job.parked is None and not job.output
 
     def _kept_match(self, job: Job, lane: int) -> int:
-        """Tokens of ``job``'s prompt that ``lane``'s kept KV already holds (0 if too few to
-        count, another scope's, or none); at least one prompt token is left to feed."""
+        """Tokens of ``job``'s prompt that ``lane``'s kept KV already holds (0 if another
+        scope's, none, or too few to count); at least one prompt token is left to feed.
+
+        A match counts from ``min_prefix_tokens`` up, or when the lane holds the whole prompt
+        but the token fed to sample from (a short prompt sent again: a retry, a regenerate, a
+        fixed prompt), as llama-server's slots reuse theirs. Fewer shared tokens (a chat
+        template's opening, say) do not count: taking the lane for them would empty KV that its
+        own conversation's next turn may still come back for."""
         kept = self._kept.get(lane)
         if kept is None or kept.scope != job.cache_scope or not self._seeds_from_prefix(job):
             return 0
-        n = min(common_prefix(kept.tokens, job.prompt), len(job.prompt) - 1)
-        return n if n >= self.config.min_prefix_tokens else 0
+        whole = len(job.prompt) - 1
+        n = min(common_prefix(kept.tokens, job.prompt), whole)
+        return n if n >= self.config.min_prefix_tokens or (n and n == whole) else 0
 
     def _lane_for(self, job: Job, free: list[int]) -> int:
         """The free lane ``job`` takes: the one whose kept KV shares the most of its prompt;

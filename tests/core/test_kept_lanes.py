@@ -78,6 +78,42 @@ def test_a_job_sharing_nothing_takes_an_empty_lane_and_leaves_the_kept_ones() ->
     assert a2.lane == 0 and a2.cached_tokens == len(a.sequence) - 1
 
 
+def test_a_short_prompt_sent_again_takes_its_lane_back_and_feeds_only_its_last_token() -> None:
+    """Below min_prefix_tokens (32), a lane that holds the whole prompt still counts: a retry, a
+    regenerate or a fixed prompt prefills one token, as on llama-server's slots."""
+    sched, engine, _ = make_scheduler(max_batch=2)
+    first = make_job(20, job_id="first", max_tokens=6)
+    sched.add(first)
+    run_until_idle(sched, engine)
+    again = make_job(20, job_id="again", max_tokens=6)
+    again.prompt = list(first.prompt)
+    sched.add(again)
+    plan = sched.step()
+    assert [b.lane for b in plan.bind] == [0] and plan.trim == [(0, 19)]
+    assert [len(f.tokens) for f in plan.feeds] == [1]
+    sched.commit(engine.execute(plan, lambda: False))
+    run_until_idle(sched, engine)
+    assert again.cached_tokens == 19 and again.output == first.output  # the same reply, one token fed
+
+
+def test_a_few_shared_opening_tokens_leave_the_kept_lane_to_its_conversation() -> None:
+    """A prompt that shares only its first tokens with a kept lane (a chat template's opening)
+    takes an empty lane: the kept conversation's next turn still finds all of its KV."""
+    sched, engine, _ = make_scheduler(max_batch=2)
+    a = make_job(200, job_id="a", max_tokens=4)
+    sched.add(a)
+    run_until_idle(sched, engine)
+    opener = make_job(20, job_id="opener", max_tokens=30)
+    opener.prompt = a.prompt[:5] + opener.prompt[5:]
+    sched.add(opener)
+    tick(sched, engine)
+    assert opener.lane == 1 and opener.cached_tokens == 0
+    a2 = next_turn(a, 10, "a2")
+    sched.add(a2)
+    tick(sched, engine)
+    assert a2.lane == 0 and a2.cached_tokens == len(a.sequence) - 1
+
+
 def test_with_every_lane_kept_the_one_kept_longest_ago_is_emptied_first() -> None:
     sched, engine, clock = make_scheduler(max_batch=2)
     for job_id in ("old", "new"):

@@ -64,9 +64,11 @@ def test_cancelling_a_running_job_frees_its_lane_for_the_next_in_queue() -> None
     tick(sched, engine)
     assert sched.cancel(running.job_id)
     plan = sched.step()
-    assert plan.release == [0]
+    assert 0 in plan.release + plan.keep  # freed; its KV kept until a job takes the lane
     assert [b.job_id for b in plan.bind] == [waiting.job_id]
+    assert plan.trim == [(0, 0)]  # the waiting job shares nothing: the lane is emptied for it
     assert engine.execute(plan, lambda: False).fed[0] > 0  # the engine reused the freed lane
+    assert engine.kv[0] == waiting.prompt
 
 
 def test_cancelling_a_queued_job_removes_it_without_touching_any_lane() -> None:
