@@ -62,6 +62,9 @@ from .server import Connection, Disconnected, LinkServer
 log = logging.getLogger("superfluid.worker")
 
 SNAPSHOT_INTERVAL_S = 0.1
+# The longest the tick thread waits, ticking nothing, for an interactive or completion job's
+# preparation (usually a millisecond or two) instead of starting a step that it would abort.
+URGENT_PREPARE_HOLD_S = 0.1
 
 
 class Refusal(Exception):
@@ -130,6 +133,8 @@ class EngineWorker:
         # Submits being rendered and tokenised off the tick thread (prepare_in_thread), by id.
         # A cancel removes its entry; a result whose entry is gone is dropped.
         self.preparing: dict[str, Connection] = {}
+        # the urgent ones among them: id -> when the tick thread stops waiting for it (monotonic)
+        self._urgent_preparing: dict[str, float] = {}
         self._prepare_queue: queue.SimpleQueue[tuple[Connection, Submit]] | None = None
         if prepare_in_thread:
             self._prepare_queue = queue.SimpleQueue()
@@ -172,7 +177,8 @@ class EngineWorker:
         An urgent Submit interrupts at once, also when prompts are prepared on their own thread:
         the tick thread hands it to that thread only between ticks, so waiting for the tick in
         flight (a full prompt chunk, seconds on a CPU) would delay the urgent job by that much.
-        Once prepared it interrupts again (``_prepare_loop``), ending the tick begun meanwhile."""
+        The tick thread then waits for its preparation (``_urgent_hold_s``); once prepared it
+        interrupts again (``_prepare_loop``), for a tick begun after the wait ran out."""
         if isinstance(message, (Cancel, Disconnected)) or (isinstance(message, Submit) and _urgent(message)):
             self._interrupt()
 
@@ -229,6 +235,8 @@ class EngineWorker:
             self._check_size(message)
             if self._prepare_queue is not None:
                 self.preparing[job_id] = conn
+                if _urgent(message):
+                    self._urgent_preparing[job_id] = time.monotonic() + URGENT_PREPARE_HOLD_S
                 self._prepare_queue.put((conn, message))
                 return
             job, ctx = self._build(conn, message)
@@ -295,9 +303,25 @@ class EngineWorker:
                 result = Prepared(message.id, self._build(conn, message), None)
             except Refusal as exc:
                 result = Prepared(message.id, None, exc)
-            self.inbox.put((conn, result))
             if _urgent(message):
+                # before the result is in the inbox: the tick that takes it from there is never
+                # the one this stops (the tick thread clears the flag, then drains the inbox)
                 self._interrupt()
+            self.inbox.put((conn, result))
+
+    def _urgent_hold_s(self) -> float:
+        """How much longer the tick thread waits for an urgent job being prepared (0: none).
+
+        An interactive or completion Submit stops the step in flight at once, then waits for
+        its preparation on the prepare thread. A prompt step begun meanwhile (a full 512-token
+        chunk, a second or more here) would be aborted the moment the job is ready, its work
+        lost, and the abort itself takes up to a graph node's time. So the tick thread ticks
+        nothing until the job is prepared, for at most URGENT_PREPARE_HOLD_S."""
+        if not self._urgent_preparing:
+            return 0.0
+        now = time.monotonic()
+        self._urgent_preparing = {j: until for j, until in self._urgent_preparing.items() if j in self.preparing and until > now}
+        return max(self._urgent_preparing.values(), default=now) - now
 
     def _build(self, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
         """The job for a Submit; Refusal if it cannot be one (any failure refuses this job alone)."""
@@ -712,6 +736,10 @@ class EngineWorker:
                     drain_deadline = time.monotonic() + drain_timeout_s
                 if (self.scheduler.idle and not self.preparing) or time.monotonic() > drain_deadline:
                     break
+            hold = self._urgent_hold_s()
+            if hold > 0:
+                self._drain_inbox(hold)  # returns with the first message: its Prepared, likely
+                continue  # from the top: the flag cleared, the inbox drained, then the tick
             if self.pressure is not None:
                 level = self.pressure.poll(time.monotonic())
                 if level is not None:  # a change: warning, critical, or back to normal

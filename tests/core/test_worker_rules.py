@@ -4,6 +4,7 @@ OS pressure readings, the replan path, cache scopes and the --no-park switch."""
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -313,3 +314,48 @@ def test_an_urgent_arrival_aborts_a_big_prefill_step_gets_its_first_token_at_onc
     assert {k: v for k, v in texts(conn).items() if k != "chat"} == texts(quiet)
     assert usage(conn)["long"] == usage(quiet)["long"]
     assert usage(conn)["chat"]["completion_tokens"] == 3
+
+
+def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_only_to_be_aborted() -> None:
+    """The serving loop itself (``EngineWorker.run``): a chat arrives during an agent's 512-token
+    prompt step and stops it; its preparation then takes 30 ms on the prepare thread. A step
+    begun in those 30 ms would be aborted as soon as the chat is ready, its work lost: the loop
+    begins none, then serves the chat and finishes the agent."""
+    clock = FakeClock()
+    engine = AbortingSim(n_lanes=2, lane_ctx=4096, clock=clock, prefill_s_per_token=1 / 300, decode_round_s=0.02)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=4096), model_name="sim", clock=clock, prepare_in_thread=True)
+    conn = TimedConn(clock)
+    build = worker._build
+
+    def slow_build(c: Any, message: Submit) -> Any:
+        if message.id == "chat":
+            time.sleep(0.03)
+        return build(c, message)
+
+    worker._build = slow_build  # type: ignore[method-assign]
+
+    def deliver(message: Message) -> None:
+        worker._on_message(message)
+        worker.inbox.put((conn, message))  # type: ignore[arg-type]
+
+    begun_while_preparing: list[int] = []
+
+    def during(step: Step) -> None:
+        if "chat" in worker.preparing:
+            begun_while_preparing.append(sum(len(p.tokens) for p in step.pieces))
+        elif step.prefill and not engine.aborted and "chat" not in conn.first_delta and not any(m.id == "chat" for m in conn.sent):
+            deliver(Submit("chat", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}, qos=0))
+
+    engine.during_step = during
+    deliver(Submit("long", {"endpoint": "completions", "prompt": "x" * 3000, "max_tokens": 4}, qos=3))
+    loop = threading.Thread(target=worker.run, kwargs={"drain_timeout_s": 30.0}, daemon=True)
+    loop.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not {"long", "chat"} <= {m.id for m in conn.sent if isinstance(m, Done)}:
+        time.sleep(0.01)
+    worker.drain()
+    loop.join(20)
+    assert not loop.is_alive()
+    assert engine.aborted == [512]  # the step the chat arrived in, and no other
+    assert begun_while_preparing == []
+    assert {m.id for m in conn.sent if isinstance(m, Done)} == {"long", "chat"}
