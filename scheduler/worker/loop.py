@@ -135,6 +135,7 @@ class EngineWorker:
         self.preparing: dict[str, Connection] = {}
         # the urgent ones among them: id -> when the tick thread stops waiting for it (monotonic)
         self._urgent_preparing: dict[str, float] = {}
+        self._urgent_ready = False  # one of them was prepared in this turn of the loop
         self._prepare_queue: queue.SimpleQueue[tuple[Connection, Submit]] | None = None
         if prepare_in_thread:
             self._prepare_queue = queue.SimpleQueue()
@@ -283,6 +284,8 @@ class EngineWorker:
         conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
 
     def _prepared(self, result: Prepared) -> None:
+        if self._urgent_preparing.pop(result.id, None) is not None:
+            self._urgent_ready = True
         conn = self.preparing.pop(result.id, None)
         if conn is None:
             return  # cancelled, or its connection closed, while it was being prepared
@@ -740,6 +743,11 @@ class EngineWorker:
             if hold > 0:
                 self._drain_inbox(hold)  # returns with the first message: its Prepared, likely
                 continue  # from the top: the flag cleared, the inbox drained, then the tick
+            if self._urgent_ready:
+                # its interrupt was raised before its Prepared was queued, so possibly after this
+                # turn cleared the flag: clear it again (from the top) before the tick serving it
+                self._urgent_ready = False
+                continue
             if self.pressure is not None:
                 level = self.pressure.poll(time.monotonic())
                 if level is not None:  # a change: warning, critical, or back to normal
