@@ -322,9 +322,8 @@ class EngineWorker:
         nothing until the job is prepared, for at most URGENT_PREPARE_HOLD_S."""
         if not self._urgent_preparing:
             return 0.0
-        now = time.monotonic()
-        self._urgent_preparing = {j: until for j, until in self._urgent_preparing.items() if j in self.preparing and until > now}
-        return max(self._urgent_preparing.values(), default=now) - now
+        self._urgent_preparing = {j: until for j, until in self._urgent_preparing.items() if j in self.preparing}
+        return max(0.0, max(self._urgent_preparing.values(), default=0.0) - time.monotonic())
 
     def _build(self, conn: Connection, message: Submit) -> tuple[Job, JobContext]:
         """The job for a Submit; Refusal if it cannot be one (any failure refuses this job alone)."""
