@@ -497,6 +497,19 @@ def test_a_kept_lane_trimmed_to_the_prefix_a_new_prompt_shares_continues_like_a_
     assert _continue_greedy(engine, 0, prompts[0], shared) == reference[0]
 
 
+def test_the_same_prompt_again_on_its_kept_lane_feeds_its_last_token_alone_and_replies_alike(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """A prompt sent again (a retry, a regenerate): the lane that answered it kept all of it, is
+    trimmed to all but its last token, and feeds that token alone to sample from: the reply
+    of a full prefill."""
+    generate(engine, 0, prompts[0], max_tokens=3)
+    engine.execute(TickPlan(tick=0, keep=[0]), never)
+    whole = len(prompts[0]) - 1
+    engine.execute(TickPlan(tick=0, trim=[(0, whole)]), never)
+    assert _continue_greedy(engine, 0, prompts[0], whole) == reference[0]
+
+
 def test_a_prefix_stored_evicted_to_host_and_imported_back_is_the_same_prefix(
     engine: Any, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
