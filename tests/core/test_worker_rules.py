@@ -9,12 +9,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Delta, Done, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
+from scheduler.worker import loop as loop_module
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.pressure import PressureMonitor, macos_level
 
@@ -316,11 +319,15 @@ def test_an_urgent_arrival_aborts_a_big_prefill_step_gets_its_first_token_at_onc
     assert usage(conn)["chat"]["completion_tokens"] == 3
 
 
-def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_only_to_be_aborted() -> None:
+def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_only_to_be_aborted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The serving loop itself (``EngineWorker.run``): a chat arrives during an agent's 512-token
     prompt step and stops it; its preparation then takes 30 ms on the prepare thread. A step
     begun in those 30 ms would be aborted as soon as the chat is ready, its work lost: the loop
-    begins none, then serves the chat and finishes the agent."""
+    begins none, then serves the chat and finishes the agent. (The wait's cap, 0.1 s, is raised
+    here so that a loaded machine's slow thread switch cannot end the wait early.)"""
+    monkeypatch.setattr(loop_module, "URGENT_PREPARE_HOLD_S", 10.0)
     clock = FakeClock()
     engine = AbortingSim(n_lanes=2, lane_ctx=4096, clock=clock, prefill_s_per_token=1 / 300, decode_round_s=0.02)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=4096), model_name="sim", clock=clock, prepare_in_thread=True)
