@@ -331,7 +331,7 @@ def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_o
     clock = FakeClock()
     engine = AbortingSim(n_lanes=2, lane_ctx=4096, clock=clock, prefill_s_per_token=1 / 300, decode_round_s=0.02)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=4096), model_name="sim", clock=clock, prepare_in_thread=True)
-    conn = TimedConn(clock)
+    conn = FakeConn()
     build = worker._build
 
     def slow_build(c: Any, message: Submit) -> Any:
@@ -350,7 +350,7 @@ def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_o
     def during(step: Step) -> None:
         if "chat" in worker.preparing:
             begun_while_preparing.append(sum(len(p.tokens) for p in step.pieces))
-        elif step.prefill and not engine.aborted and "chat" not in conn.first_delta and not any(m.id == "chat" for m in conn.sent):
+        elif step.prefill and not engine.aborted and not any(m.id == "chat" for m in conn.sent):
             deliver(Submit("chat", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}, qos=0))
 
     engine.during_step = during
