@@ -31,7 +31,9 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -132,6 +134,24 @@ def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> d
     return {"completion_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
+def bare_tps(model_path: Path, texts: list[str], max_tokens: int) -> float:
+    return float(run_bare_loop(model_path, texts, max_tokens)["tokens_per_s"])
+
+
+def worker_tps(model_path: Path, n_lanes: int, texts: list[str], max_tokens: int) -> float:
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(model_path, n_lanes=n_lanes)
+    try:
+        return run_worker_inprocess(engine, texts, max_tokens)["tokens_per_s"]
+    finally:
+        engine.close()
+
+
+def server_tps(base: str, model: str, texts: list[str], max_tokens: int) -> float:
+    return run_server(base, model, texts, max_tokens)["tokens_per_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -149,8 +169,6 @@ def main() -> None:
     model_path = default_model_path()
     model = model_name_for(model_path)
 
-    from scheduler.engines.llama_cpp import LlamaCppEngine
-
     peer = None
     if args.peer == "llama-server":
         binary = find_llama_server()
@@ -167,25 +185,31 @@ def main() -> None:
             if each is not None:
                 one_stream(each.base, model, prompts(1)[0], 8)  # warm up the worker
         for n in counts:
-            bare, inproc, served, peered, varied = [], [], [], [], []
-            for _ in range(args.repeat):
+            bare: list[float] = []
+            inproc: list[float] = []
+            served: list[float] = []
+            peered: list[float] = []
+            varied: list[float] = []
+            for rep in range(args.repeat):
                 # fresh prompts every repetition unless --repeat-prompts: what a server kept of the
                 # last one would otherwise spare it the prefill that the bare loop always pays
                 texts = prompts(n) if args.repeat_prompts else prompts(n, next(takes))
-                bare.append(run_bare_loop(model_path, texts, args.max_tokens)["tokens_per_s"])
-                engine = LlamaCppEngine(model_path, n_lanes=max(counts))
-                try:
-                    inproc.append(run_worker_inprocess(engine, texts, args.max_tokens)["tokens_per_s"])
-                finally:
-                    engine.close()
-                served.append(run_server(server.base, model, texts, args.max_tokens)["tokens_per_s"])
+
+                sides: list[tuple[str, Callable[[], float], list[float]]] = [
+                    ("bare", partial(bare_tps, model_path, texts, args.max_tokens), bare),
+                    ("worker", partial(worker_tps, model_path, max(counts), texts, args.max_tokens), inproc),
+                    ("superfluid", partial(server_tps, server.base, model, texts, args.max_tokens), served),
+                ]
                 if variant is not None:
-                    varied.append(run_server(variant.base, model, texts, args.max_tokens)["tokens_per_s"])
+                    sides.append((f"superfluid {args.variant}", partial(server_tps, variant.base, model, texts, args.max_tokens), varied))
                 if peer is not None:
-                    peered.append(run_server(peer.base, model, texts, args.max_tokens)["tokens_per_s"])
-                runs = f"bare {bare[-1]:.1f}, worker {inproc[-1]:.1f}, superfluid {served[-1]:.1f}"
-                runs += f", superfluid {args.variant} {varied[-1]:.1f}" if varied else ""
-                runs += f", llama-server {peered[-1]:.1f}" if peered else ""
+                    sides.append(("llama-server", partial(server_tps, peer.base, model, texts, args.max_tokens), peered))
+                # each repetition starts with the next side, so that none always runs first (or
+                # right after the bare loop's model load) while the machine drifts
+                k = rep % len(sides)
+                for _name, run, into in sides[k:] + sides[:k]:
+                    into.append(run())
+                runs = ", ".join(f"{name} {into[-1]:.1f}" for name, _run, into in sides)
                 print(f"  {n} streams, run {len(bare)}: {runs}", file=sys.stderr)
             b, w, s = statistics.median(bare), statistics.median(inproc), statistics.median(served)
             row = {"streams": n, "bare_tok_s": round(b, 1), "worker_tok_s": round(w, 1), "superfluid_tok_s": round(s, 1),
@@ -198,6 +222,10 @@ def main() -> None:
                 row.update({"variant_tok_s": round(v, 1), "variant_ratio": round(v / b, 3)})
                 if peered:
                     row["variant_peer_ratio"] = round(v / statistics.median(peered), 3)
+            # the same ratios per repetition (each pair ran minutes apart at most), then their median
+            row["ratio_paired"] = round(statistics.median(x / y for x, y in zip(served, bare, strict=True)), 3)
+            if peered:
+                row["peer_ratio_paired"] = round(statistics.median(x / y for x, y in zip(served, peered, strict=True)), 3)
             rows.append(row)
     finally:
         server.stop()
@@ -215,6 +243,11 @@ def main() -> None:
         peer_cells = (f" {r['llama_server_tok_s']} |", f" {r['peer_ratio']:.3f} |") if with_peer else ("", "")
         print(f"| {r['streams']} | {r['bare_tok_s']} | {r['worker_tok_s']} | {r['superfluid_tok_s']} |{peer_cells[0]}"
               f" {r['worker_ratio']:.3f} | {r['ratio']:.3f} |{peer_cells[1]}")
+    print("\nThe median of each repetition's ratio\n")
+    print("| streams | superfluid / bare |" + (" superfluid / llama-server |" if with_peer else ""))
+    print("|--:|--:|" + ("--:|" if with_peer else ""))
+    for r in rows:
+        print(f"| {r['streams']} | {r['ratio_paired']:.3f} |" + (f" {r['peer_ratio_paired']:.3f} |" if with_peer else ""))
     if variant is not None:
         print(f"\nsuperfluid {args.variant}, same runs\n")
         print("| streams | tok/s | / bare |" + (" / llama-server |" if with_peer else ""))
