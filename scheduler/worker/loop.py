@@ -11,6 +11,7 @@ stalls the lanes, after a cheap size bound that refuses what cannot fit without 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -136,9 +137,13 @@ class EngineWorker:
         # the urgent ones among them: id -> when the tick thread stops waiting for it (monotonic)
         self._urgent_preparing: dict[str, float] = {}
         self._urgent_ready = False  # one of them was prepared in this turn of the loop
-        self._prepare_queue: queue.SimpleQueue[tuple[Connection, Submit]] | None = None
+        # (0 urgent / 1 not, arrival number, ...): the prepare thread takes an interactive or
+        # completion job before the agents' prompts handed over in the same drain, which would
+        # otherwise hold it behind their rendering and tokenising (a 1,000-token prompt each)
+        self._prepare_queue: queue.PriorityQueue[tuple[int, int, Connection, Submit]] | None = None
+        self._prepare_order = itertools.count()
         if prepare_in_thread:
-            self._prepare_queue = queue.SimpleQueue()
+            self._prepare_queue = queue.PriorityQueue()
             threading.Thread(target=self._prepare_loop, name="prepare", daemon=True).start()
         self.draining = False
         self.stopped = threading.Event()
@@ -238,7 +243,7 @@ class EngineWorker:
                 self.preparing[job_id] = conn
                 if _urgent(message):
                     self._urgent_preparing[job_id] = time.monotonic() + URGENT_PREPARE_HOLD_S
-                self._prepare_queue.put((conn, message))
+                self._prepare_queue.put((0 if _urgent(message) else 1, next(self._prepare_order), conn, message))
                 return
             job, ctx = self._build(conn, message)
         except Refusal as exc:
@@ -299,7 +304,7 @@ class EngineWorker:
         """The preparation thread: renders and tokenises prompts so the tick thread never does."""
         assert self._prepare_queue is not None
         while True:
-            conn, message = self._prepare_queue.get()
+            _rank, _order, conn, message = self._prepare_queue.get()
             if message.id not in self.preparing:
                 continue  # cancelled before its turn
             try:

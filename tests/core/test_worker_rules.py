@@ -319,6 +319,40 @@ def test_an_urgent_arrival_aborts_a_big_prefill_step_gets_its_first_token_at_onc
     assert usage(conn)["chat"]["completion_tokens"] == 3
 
 
+def test_an_urgent_job_is_prepared_before_the_agents_prompts_handed_over_with_it() -> None:
+    """The tick thread hands Submits to the prepare thread between ticks, so a chat that arrives
+    during a long prompt step is handed over together with the agents' Submits that came in
+    before it. The prepare thread takes the chat next, after the prompt it is working on: in
+    arrival order it would wait for every one of them (a 1,000-token prompt each, rendered and
+    tokenised), and the tick thread's wait for it would run out."""
+    clock = FakeClock()
+    engine = SimEngine(n_lanes=8, lane_ctx=4096, clock=clock)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=8, lane_ctx=4096), model_name="sim", clock=clock, prepare_in_thread=True)
+    conn = FakeConn()
+    working, release = threading.Event(), threading.Event()
+    order: list[str] = []
+    build = worker._build
+
+    def gated_build(c: Any, message: Submit) -> Any:
+        order.append(message.id)
+        if message.id == "agent0":  # holds the prepare thread until every Submit is handed over
+            working.set()
+            release.wait(10)
+        return build(c, message)
+
+    worker._build = gated_build  # type: ignore[method-assign]
+    agent = {"endpoint": "completions", "prompt": "x" * 1000, "max_tokens": 4}
+    worker.handle(conn, Submit("agent0", agent, qos=2))  # type: ignore[arg-type]
+    assert working.wait(10)
+    for i in range(1, 5):
+        worker.handle(conn, Submit(f"agent{i}", agent, qos=2))  # type: ignore[arg-type]
+    worker.handle(conn, Submit("chat", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}, qos=0))  # type: ignore[arg-type]
+    release.set()
+    prepared = [worker.inbox.get(timeout=10)[1] for _ in range(6)]
+    assert order == ["agent0", "chat", "agent1", "agent2", "agent3", "agent4"]
+    assert [m.id for m in prepared] == order  # type: ignore[attr-defined]
+
+
 def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_only_to_be_aborted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
