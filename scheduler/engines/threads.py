@@ -10,6 +10,15 @@ per token against the fastest seen for that kind of step, and when steps turn sl
 fewer threads on the next step of the same kind and keeps them if that step is faster; while
 below the maximum it tries one more now and then, and goes back up when that is faster.
 
+The count is one for every kind of step (busy cores slow them all), but a count found faster
+by exploring one kind need not be faster on another: one thread can match two on a one-lane
+decode round, the cheapest step, and run a 512-token prompt step at half the speed. So after a
+switch that exploring found (no step was slow), the first step of each other kind with the new
+count is set beside that kind's cost with the old one, if that was measured just before the
+switch (so it saw the same cores): clearly slower, and the count goes back. That costs one slow
+step; keeping the count cost an agents' run on the AMX Xeon half as much time again (66 s
+against 43 s, the prompt steps on one thread for 100 s).
+
 Pure Python and clock-driven, so its rules are tested without an engine.
 """
 
@@ -33,6 +42,10 @@ PROBE_COOLDOWN_S = 10.0
 EXPLORE_S = 15.0
 EXPLORE_MAX_S = 240.0
 EMA = 0.5  # weight of the newest step in a kind's running cost
+# After a switch, each other kind's first step with the new count is checked for this long,
+# against its cost with the old count if that was measured at most FRESH_S before the switch.
+VERIFY_S = 30.0
+FRESH_S = 10.0
 
 
 def step_kind(prefill: bool, n_tokens: int) -> str:
@@ -55,7 +68,9 @@ class ThreadGovernor:
     current: int = 0
     best: dict[str, float] = field(default_factory=dict)  # kind -> fastest cost per token at the maximum
     recent: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> running cost per token
+    recent_at: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> when last measured
     probe: tuple[int, str] | None = None  # (threads, kind): the next step of that kind runs with them
+    exploring: bool = False  # the probe (or the challenger it made) explores: no step was slow
     # (threads, kind, cost) of a probe that beat the current count's running cost: the next
     # step of that kind, with the current count, says whether it still does (a slow step that
     # set the probe off may have been a passing one)
@@ -64,6 +79,10 @@ class ThreadGovernor:
     explore_every_s: float = EXPLORE_S
     cooldown_s: float = PROBE_COOLDOWN_S
     switches: int = 0
+    reverts: int = 0  # switches taken back because another kind of step ran clearly slower
+    # after a switch: (the count before, when, the kinds already checked with the new count,
+    # the back-off before: a switch taken back backs off from there, not from the reset)
+    verifying: tuple[int, float, set[str], float, float] | None = None
     _explored: int = 0  # explorations so far: they take the other counts in turn
 
     def __post_init__(self) -> None:
@@ -88,10 +107,13 @@ class ThreadGovernor:
             return
         if threads != self.current:
             return
+        if self.verifying is not None and self._reverted(kind, cost, now):
+            return
         if self.challenger is not None and self.challenger[1] == kind:
             self._settle_challenger(cost, now)
         key = (threads, kind)
         self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
+        self.recent_at[key] = now
         if threads == self.max_threads:
             self.best[kind] = min(self.best.get(kind, cost), cost)
         if self.probe is not None or self.challenger is not None:
@@ -102,14 +124,17 @@ class ThreadGovernor:
         slow = best is not None and self.recent[key] > SLOW_FACTOR * best
         if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
+            self.exploring = False
         elif kind.startswith("decode/") and now >= self.next_explore_s and len(counts) > 1:
             others = [c for c in counts if c != self.current]
             self._explored += 1
             self.probe = (others[self._explored % len(others)], kind)
+            self.exploring = True
 
     def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
         self.probe = None
         self.recent[(threads, kind)] = cost
+        self.recent_at[(threads, kind)] = now
         current = self.recent.get((self.current, kind))
         if current is not None and cost < WIN_FACTOR * current:
             self.challenger = (threads, kind, cost)  # confirmed, or not, by the next step
@@ -120,9 +145,11 @@ class ThreadGovernor:
         """The current count's step right after a winning probe: the probe's count takes over
         if it still beats this fresh measure."""
         assert self.challenger is not None
-        threads, _kind, challenger_cost = self.challenger
+        threads, kind, challenger_cost = self.challenger
         self.challenger = None
         if challenger_cost < WIN_FACTOR * cost:
+            if self.exploring:  # slow steps (busy cores) slow every kind; a try on a quiet one may not
+                self.verifying = (self.current, now, {kind}, self.explore_every_s, self.cooldown_s)
             self.current = threads
             self.switches += 1
             self.explore_every_s, self.cooldown_s = EXPLORE_S, PROBE_COOLDOWN_S
@@ -130,6 +157,28 @@ class ThreadGovernor:
             self.next_explore_s = now + self.explore_every_s
         else:
             self._lost(now)
+
+    def _reverted(self, kind: str, cost: float, now: float) -> bool:
+        """After a switch: whether this step of ``kind`` shows the old count clearly faster
+        for it, and the count went back."""
+        assert self.verifying is not None
+        before, switched_at, checked, explore_every_s, cooldown_s = self.verifying
+        if now - switched_at > VERIFY_S:
+            self.verifying = None
+            return False
+        if kind in checked:
+            return False
+        checked.add(kind)
+        old_cost = self.recent.get((before, kind))
+        fresh = self.recent_at.get((before, kind), float("-inf")) >= switched_at - FRESH_S
+        if old_cost is None or not fresh or WIN_FACTOR * cost <= old_cost:
+            return False
+        self.current = before
+        self.verifying = None
+        self.reverts += 1
+        self.explore_every_s, self.cooldown_s = explore_every_s, cooldown_s
+        self._lost(now)
+        return True
 
     def _lost(self, now: float) -> None:
         self.last_probe_s = now

@@ -134,3 +134,29 @@ def test_a_passing_slow_step_does_not_switch_the_count() -> None:
         assert gov.threads_for(kind) == 2  # still all threads for the confirming step
         gov.observe(2, kind, quiet(2, 0) * 512, 512)  # back to normal
     assert gov.current == 2 and gov.switches == 0
+
+
+def test_a_count_found_faster_on_one_kind_of_step_is_taken_back_when_another_runs_clearly_slower() -> None:
+    """Seen in an agents-and-chat run on two cores: an exploring one-lane decode round (the
+    chat's) ran faster with one thread, the count went to one for every step, and the agents'
+    512-token prompt steps ran at half speed for 100 s. Here one thread decodes a lane 20%
+    faster and prefills at half the speed: the switch is taken back at the first prompt step,
+    and prompt steps keep both threads."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    steps = [(False, 1)] * 8 + [(True, 512)]  # the chat's rounds between the agents' prompt steps
+    prefill_threads: Counter[int] = Counter()
+    for i in range(6000):
+        prefill, tokens = steps[i % len(steps)]
+        kind = step_kind(prefill, tokens)
+        threads = gov.threads_for(kind)
+        if prefill:
+            seconds = 512 * 0.004 * (1.0 if threads == 2 else 2.0)
+            prefill_threads[threads] += 1
+        else:
+            seconds = 0.015 * (1.0 if threads == 2 else 0.8)
+        clock.advance(seconds)
+        gov.observe(threads, kind, seconds, tokens)
+    assert gov.switches >= 1 and gov.reverts >= 1  # it did switch on the decode rounds
+    assert gov.current == 2
+    assert prefill_threads[2] >= 0.97 * sum(prefill_threads.values())
