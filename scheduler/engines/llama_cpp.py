@@ -529,10 +529,12 @@ class LlamaCppEngine(LaneEngine):
             started = time.perf_counter()
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         if governor is not None and ret == 0:
-            before = governor.current
+            before, was_kept = governor.current, kind in governor.kept
             governor.observe(threads, kind, time.perf_counter() - started, n)
             if governor.current != before:
                 log.info("compute threads %d -> %d: %s steps measured faster with %d", before, governor.current, kind, governor.current)
+            elif kind in governor.kept and not was_kept:
+                log.info("compute threads: %s steps keep %d, clearly slower with %d", kind, governor.kept[kind], governor.current)
         if ret == 2 and step.prefill:
             # llama.cpp rolls back only the ubatch it was in: a step that mixes a decode token
             # with prompt tokens is split into several ubatches, and those already done stay in

@@ -10,14 +10,14 @@ per token against the fastest seen for that kind of step, and when steps turn sl
 fewer threads on the next step of the same kind and keeps them if that step is faster; while
 below the maximum it tries one more now and then, and goes back up when that is faster.
 
-The count is one for every kind of step (busy cores slow them all), but a count found faster
-by exploring one kind need not be faster on another: one thread can match two on a one-lane
-decode round, the cheapest step, and run a 512-token prompt step at half the speed. So after a
-switch that exploring found (no step was slow), the first step of each other kind with the new
-count is set beside that kind's cost with the old one, if that was measured just before the
-switch (so it saw the same cores): clearly slower, and the count goes back. That costs one slow
-step; keeping the count cost an agents' run on the AMX Xeon half as much time again (66 s
-against 43 s, the prompt steps on one thread for 100 s).
+One count serves every kind of step (busy cores slow them all), but a count found faster on one
+kind need not be faster on another: one thread can match two on a one-lane decode round, the
+cheapest step (the chat's, beside eight agents), and run a 512-token prompt step at half the
+speed. So after a switch, the first step of each other kind with the new count is set beside
+that kind's cost with the old one, if that was measured just before the switch (so it saw the
+same cores): clearly slower, and that kind keeps the old count until the next switch, or until
+it turns slow with it. Without this, a switch found on the chat's rounds put the agents' prompt
+steps on one thread for 100 s of an agents' run on the AMX Xeon (66 s against 43 s).
 
 Pure Python and clock-driven, so its rules are tested without an engine.
 """
@@ -42,9 +42,8 @@ PROBE_COOLDOWN_S = 10.0
 EXPLORE_S = 15.0
 EXPLORE_MAX_S = 240.0
 EMA = 0.5  # weight of the newest step in a kind's running cost
-# After a switch, each other kind's first step with the new count is checked for this long,
-# against its cost with the old count if that was measured at most FRESH_S before the switch.
-VERIFY_S = 30.0
+# After a switch, each other kind's first step with the new count is set beside its cost with
+# the old count, if that was measured at most this long before the switch (the same cores).
 FRESH_S = 10.0
 
 
@@ -70,7 +69,6 @@ class ThreadGovernor:
     recent: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> running cost per token
     recent_at: dict[tuple[int, str], float] = field(default_factory=dict)  # (threads, kind) -> when last measured
     probe: tuple[int, str] | None = None  # (threads, kind): the next step of that kind runs with them
-    exploring: bool = False  # the probe (or the challenger it made) explores: no step was slow
     # (threads, kind, cost) of a probe that beat the current count's running cost: the next
     # step of that kind, with the current count, says whether it still does (a slow step that
     # set the probe off may have been a passing one)
@@ -79,10 +77,11 @@ class ThreadGovernor:
     explore_every_s: float = EXPLORE_S
     cooldown_s: float = PROBE_COOLDOWN_S
     switches: int = 0
-    reverts: int = 0  # switches taken back because another kind of step ran clearly slower
-    # after a switch: (the count before, when, the kinds already checked with the new count,
-    # the back-off before: a switch taken back backs off from there, not from the reset)
-    verifying: tuple[int, float, set[str], float, float] | None = None
+    # kinds that ran clearly slower with the count switched to than with the one before, and
+    # keep that one until the next switch (or until they turn slow with it)
+    kept: dict[str, int] = field(default_factory=dict)
+    # since the last switch: (the count before, when, the kinds already set beside it)
+    switched: tuple[int, float, set[str]] | None = None
     _explored: int = 0  # explorations so far: they take the other counts in turn
 
     def __post_init__(self) -> None:
@@ -94,7 +93,7 @@ class ThreadGovernor:
         """The thread count for the next step, of ``kind``."""
         if self.probe is not None and self.probe[1] == kind:
             return self.probe[0]
-        return self.current
+        return self.kept.get(kind, self.current)
 
     def observe(self, threads: int, kind: str, seconds: float, n_tokens: int) -> None:
         """A step of ``kind`` ran ``n_tokens`` with ``threads`` in ``seconds``."""
@@ -105,9 +104,12 @@ class ThreadGovernor:
         if self.probe == (threads, kind):
             self._settle_probe(threads, kind, cost, now)
             return
+        if kind in self.kept:
+            self._observe_kept(threads, kind, cost, now)
+            return
         if threads != self.current:
             return
-        if self.verifying is not None and self._reverted(kind, cost, now):
+        if self._keeps_old_count(kind, cost, now):
             return
         if self.challenger is not None and self.challenger[1] == kind:
             self._settle_challenger(cost, now)
@@ -124,12 +126,10 @@ class ThreadGovernor:
         slow = best is not None and self.recent[key] > SLOW_FACTOR * best
         if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
-            self.exploring = False
         elif kind.startswith("decode/") and now >= self.next_explore_s and len(counts) > 1:
             others = [c for c in counts if c != self.current]
             self._explored += 1
             self.probe = (others[self._explored % len(others)], kind)
-            self.exploring = True
 
     def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
         self.probe = None
@@ -148,8 +148,8 @@ class ThreadGovernor:
         threads, kind, challenger_cost = self.challenger
         self.challenger = None
         if challenger_cost < WIN_FACTOR * cost:
-            if self.exploring:  # slow steps (busy cores) slow every kind; a try on a quiet one may not
-                self.verifying = (self.current, now, {kind}, self.explore_every_s, self.cooldown_s)
+            self.switched = (self.current, now, {kind})
+            self.kept = {}
             self.current = threads
             self.switches += 1
             self.explore_every_s, self.cooldown_s = EXPLORE_S, PROBE_COOLDOWN_S
@@ -158,27 +158,37 @@ class ThreadGovernor:
         else:
             self._lost(now)
 
-    def _reverted(self, kind: str, cost: float, now: float) -> bool:
-        """After a switch: whether this step of ``kind`` shows the old count clearly faster
-        for it, and the count went back."""
-        assert self.verifying is not None
-        before, switched_at, checked, explore_every_s, cooldown_s = self.verifying
-        if now - switched_at > VERIFY_S:
-            self.verifying = None
+    def _keeps_old_count(self, kind: str, cost: float, now: float) -> bool:
+        """The first step of ``kind`` with the count switched to: if it ran clearly slower than
+        ``kind`` did with the count before, measured just before the switch, ``kind`` keeps that
+        one (a count found on one kind of step, say the chat's one-lane decode rounds, need not
+        suit another, say 512-token prompt steps)."""
+        if self.switched is None:
             return False
-        if kind in checked:
+        before, switched_at, seen = self.switched
+        if kind in seen:
             return False
-        checked.add(kind)
+        seen.add(kind)
         old_cost = self.recent.get((before, kind))
         fresh = self.recent_at.get((before, kind), float("-inf")) >= switched_at - FRESH_S
         if old_cost is None or not fresh or WIN_FACTOR * cost <= old_cost:
             return False
-        self.current = before
-        self.verifying = None
-        self.reverts += 1
-        self.explore_every_s, self.cooldown_s = explore_every_s, cooldown_s
-        self._lost(now)
+        self.kept[kind] = before
         return True
+
+    def _observe_kept(self, threads: int, kind: str, cost: float, now: float) -> None:
+        """A step of a kind that kept its count: it follows the others again once it turns slow
+        with it (the cores it was measured on before the switch are busy now)."""
+        if threads != self.kept[kind]:
+            return
+        key = (threads, kind)
+        self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
+        self.recent_at[key] = now
+        if threads == self.max_threads:
+            self.best[kind] = min(self.best.get(kind, cost), cost)
+        best = self.best.get(kind)
+        if best is not None and self.recent[key] > SLOW_FACTOR * best:
+            del self.kept[kind]
 
     def _lost(self, now: float) -> None:
         self.last_probe_s = now
