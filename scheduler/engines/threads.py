@@ -12,12 +12,13 @@ below the maximum it tries one more now and then, and goes back up when that is 
 
 One count serves every kind of step (busy cores slow them all), but a count found faster on one
 kind need not be faster on another: one thread can match two on a one-lane decode round, the
-cheapest step (the chat's, beside eight agents), and run a 512-token prompt step at half the
-speed. So after a switch, the first step of each other kind with the new count is set beside
-that kind's cost with the old one, if that was measured just before the switch (so it saw the
-same cores): clearly slower, and that kind keeps the old count until the next switch, or until
-it turns slow with it. Without this, a switch found on the chat's rounds put the agents' prompt
-steps on one thread for 100 s of an agents' run on the AMX Xeon (66 s against 43 s).
+cheapest step (the chat's, beside eight agents, or the last agent's), and run a 512-token
+prompt step at half the speed. So after a switch, the first step of each other kind with the
+new count is set beside that kind's cost with the old one, measured just before the switch (so
+on the same cores), or else in a step with the old count run just before: clearly slower, and
+that kind keeps the old count until the next switch, or until it turns slow with it. Without
+this, a switch found on the chat's rounds put the agents' prompt steps on one thread for 100 s
+of an agents' run on the AMX Xeon (66 s against 43 s).
 
 Pure Python and clock-driven, so its rules are tested without an engine.
 """
@@ -93,7 +94,19 @@ class ThreadGovernor:
         """The thread count for the next step, of ``kind``."""
         if self.probe is not None and self.probe[1] == kind:
             return self.probe[0]
-        return self.kept.get(kind, self.current)
+        if kind in self.kept:
+            return self.kept[kind]
+        if self.switched is not None and self._needs_reference(kind):
+            return self.switched[0]
+        return self.current
+
+    def _needs_reference(self, kind: str) -> bool:
+        """Since the last switch, ``kind`` has not run, and its cost with the count before was
+        not measured just before the switch: its next step runs with that count, to be set
+        beside the one after it, with the count switched to."""
+        assert self.switched is not None
+        before, switched_at, seen = self.switched
+        return kind not in seen and self.recent_at.get((before, kind), float("-inf")) < switched_at - FRESH_S
 
     def observe(self, threads: int, kind: str, seconds: float, n_tokens: int) -> None:
         """A step of ``kind`` ran ``n_tokens`` with ``threads`` in ``seconds``."""
@@ -106,6 +119,10 @@ class ThreadGovernor:
             return
         if kind in self.kept:
             self._observe_kept(threads, kind, cost, now)
+            return
+        if self.switched is not None and threads == self.switched[0] != self.current and kind not in self.switched[2]:
+            self.recent[(threads, kind)] = cost  # a reference step (_needs_reference)
+            self.recent_at[(threads, kind)] = now
             return
         if threads != self.current:
             return

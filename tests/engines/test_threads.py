@@ -192,3 +192,29 @@ def test_a_kind_that_kept_its_count_follows_the_others_once_it_turns_slow_with_i
     decode_threads = [step(decode) for _ in range(6)]
     assert decode_threads[-1] == 1 and gov.current == 1  # the rounds turned slow and switched
     assert [step(prefill) for _ in range(4)] == [1, 2, 1, 1]  # kept two, turned slow, follows
+
+
+def test_a_kind_not_measured_just_before_a_switch_runs_once_with_the_old_count_to_compare() -> None:
+    """The last agent's one-lane decode rounds switch the count to one; the next agents come
+    minutes later. Their first prompt step runs with two threads, beside which the second, with
+    one, is clearly slower: prompt steps keep two threads."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    decode, prefill = step_kind(False, 1), step_kind(True, 512)
+
+    def step(kind: str) -> int:
+        threads = gov.threads_for(kind)
+        seconds = 512 * 0.004 * (1.0 if threads == 2 else 2.0) if kind == prefill else 0.015 * (1.0 if threads == 2 else 0.8)
+        clock.advance(seconds)
+        gov.observe(threads, kind, seconds, 512 if kind == prefill else 1)
+        return threads
+
+    step(prefill)
+    for _ in range(10_000):
+        if gov.current == 1:
+            break
+        step(decode)
+    assert gov.current == 1
+    clock.advance(300)
+    assert [step(prefill) for _ in range(4)] == [2, 1, 2, 2]
+    assert step(decode) == 1
