@@ -34,18 +34,24 @@ from dataclasses import dataclass, field
 SLOW_FACTOR = 2.0
 # A probe with another count wins when its cost per token is below this fraction of the current's.
 WIN_FACTOR = 0.85
-# After a probe, no slow-step probe for this long, twice as long after each probe that lost
-# (a prompt step with fewer threads is a slow step), back to this after a switch.
+# After a slow-step probe, no other for this long, twice as long after each that lost (a prompt
+# step with fewer threads is a slow step), back to this after a switch. Explorations that lose
+# do not lengthen it: busy cores that begin after an hour of quiet are answered in seconds.
 PROBE_COOLDOWN_S = 10.0
 # Exploring: now and then one decode round (the cheapest step) runs with another count (each in
 # turn), so a change that the step times do not show as a slowdown is found too:
-# first after this long, twice as long after each probe that lost, back to this after a switch.
+# first after this long, twice as long after each exploration that lost, back to this after a switch.
 EXPLORE_S = 15.0
 EXPLORE_MAX_S = 240.0
 EMA = 0.5  # weight of the newest step in a kind's running cost
 # After a switch, each other kind's first step with the new count is set beside its cost with
 # the old count, if that was measured at most this long before the switch (the same cores).
 FRESH_S = 10.0
+# A probe or challenger whose kind of step has not come again in this long, and this many steps
+# of other kinds, is dropped: while one waits, nothing else is tried (a chat's one-lane rounds
+# end with the chat; the eight agents' rounds come only at the end of their prompts).
+PENDING_S = 10.0
+PENDING_STEPS = 5
 
 
 def step_kind(prefill: bool, n_tokens: int) -> str:
@@ -75,6 +81,9 @@ class ThreadGovernor:
     # set the probe off may have been a passing one)
     challenger: tuple[int, str, float] | None = None
     last_probe_s: float = float("-inf")
+    pending_since: float = float("-inf")  # when the probe, or the challenger, was set
+    pending_steps: int = 0  # steps of other kinds since then
+    exploring: bool = False  # the probe, or the challenger, is an exploration (no step was slow)
     explore_every_s: float = EXPLORE_S
     cooldown_s: float = PROBE_COOLDOWN_S
     switches: int = 0
@@ -114,6 +123,10 @@ class ThreadGovernor:
             return
         cost = seconds / n_tokens
         now = self.clock()
+        if self.probe is not None or self.challenger is not None:
+            self.pending_steps += 1
+            if self.pending_steps > PENDING_STEPS and now - self.pending_since > PENDING_S:
+                self.probe = self.challenger = None  # its kind did not come again
         if self.probe == (threads, kind):
             self._settle_probe(threads, kind, cost, now)
             return
@@ -143,10 +156,12 @@ class ThreadGovernor:
         slow = best is not None and self.recent[key] > SLOW_FACTOR * best
         if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
+            self.pending_since, self.pending_steps, self.exploring = now, 0, False
         elif kind.startswith("decode/") and now >= self.next_explore_s and len(counts) > 1:
             others = [c for c in counts if c != self.current]
             self._explored += 1
             self.probe = (others[self._explored % len(others)], kind)
+            self.pending_since, self.pending_steps, self.exploring = now, 0, True
 
     def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
         self.probe = None
@@ -155,6 +170,7 @@ class ThreadGovernor:
         current = self.recent.get((self.current, kind))
         if current is not None and cost < WIN_FACTOR * current:
             self.challenger = (threads, kind, cost)  # confirmed, or not, by the next step
+            self.pending_since, self.pending_steps = now, 0
         else:
             self._lost(now)
 
@@ -208,7 +224,11 @@ class ThreadGovernor:
             del self.kept[kind]
 
     def _lost(self, now: float) -> None:
-        self.last_probe_s = now
-        self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
-        self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
-        self.next_explore_s = now + self.explore_every_s
+        if self.exploring:
+            self.explore_every_s = min(EXPLORE_MAX_S, 2 * self.explore_every_s)
+            self.next_explore_s = now + self.explore_every_s
+        else:
+            self.last_probe_s = now
+            self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
+            # nor an exploration soon after: both would be slow steps
+            self.next_explore_s = max(self.next_explore_s, now + self.explore_every_s)

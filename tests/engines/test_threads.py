@@ -52,11 +52,12 @@ def test_when_the_cores_are_taken_it_drops_to_one_thread_and_comes_back_when_the
             return 0.004 * (25.0 if threads == 2 else 1.6)  # barriers wait for descheduled threads
         return quiet(threads, now)
 
-    run(gov, clock, cost, 2000)
-    assert clock.now > busy[0]
-    while clock.now < busy[0] + 5:
+    while clock.now < busy[0]:  # 20 minutes of quiet: the explorations have backed off to 4
         run(gov, clock, cost, 1)
-    assert gov.current == 1  # within seconds of the cores being taken
+    assert gov.explore_every_s == EXPLORE_MAX_S
+    while clock.now < busy[0] + 10:  # a decode round takes 3.2 s on two threads now
+        run(gov, clock, cost, 1)
+    assert gov.current == 1  # within a few rounds of the cores being taken
     while clock.now < busy[1]:
         run(gov, clock, cost, 1)
     while clock.now < busy[1] + EXPLORE_MAX_S + 30:
@@ -218,3 +219,29 @@ def test_a_kind_not_measured_just_before_a_switch_runs_once_with_the_old_count_t
     clock.advance(300)
     assert [step(prefill) for _ in range(4)] == [2, 1, 2, 2]
     assert step(decode) == 1
+
+
+def test_a_try_on_a_kind_of_step_that_does_not_come_again_does_not_block_the_next() -> None:
+    """An exploring try is set on the chat's one-lane decode round, and the chat ends: no
+    one-lane round comes again. While a try waits nothing else is tried, so with busy cores
+    (one thread 15x faster) the agents' 8-lane rounds would stay on two threads; the try is
+    dropped after a while and the rounds find one thread."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    one_lane, eight_lanes = step_kind(False, 1), step_kind(False, 8)
+
+    def step(kind: str) -> int:
+        threads = gov.threads_for(kind)
+        seconds = 0.05 * (15.0 if threads == 2 else 1.0)  # busy cores from the start
+        clock.advance(seconds)
+        gov.observe(threads, kind, seconds, 1)
+        return threads
+
+    while clock.now + 1.0 < gov.next_explore_s:
+        step(eight_lanes)
+    clock.advance(gov.next_explore_s - clock.now)
+    step(one_lane)  # the chat's last round, once exploring is due: the try lands on it
+    assert gov.probe is not None and gov.probe[1] == one_lane
+    for _ in range(200):  # ~150 s of 8-lane rounds
+        step(eight_lanes)
+    assert gov.current == 1
