@@ -26,7 +26,7 @@ from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 from scheduler.engines.sampling import logprobs_of
-from scheduler.engines.threads import ThreadGovernor, step_kind
+from scheduler.engines.threads import OTHERS_BUSY_CORES, OtherCpu, ThreadGovernor, step_kind
 
 log = logging.getLogger("superfluid.engine")
 
@@ -268,6 +268,7 @@ class LlamaCppEngine(LaneEngine):
         self.n_threads = n_threads or os.cpu_count() or 1
         # the compute threads of each step, chosen by measurement (scheduler/engines/threads.py)
         self.threads = ThreadGovernor(self.n_threads) if adapt_threads and self.n_threads > 1 else None
+        self._others = OtherCpu() if self.threads is not None else None
         self._threads_set = self.n_threads
         self._model: Any = None
         self._ctx: Any = None
@@ -530,6 +531,8 @@ class LlamaCppEngine(LaneEngine):
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         if governor is not None and ret == 0:
             before, was_kept = governor.current, kind in governor.kept
+            others = self._others.cores() if self._others is not None else None
+            governor.others_busy = others is not None and others >= OTHERS_BUSY_CORES
             governor.observe(threads, kind, time.perf_counter() - started, n)
             if governor.current != before:
                 log.info("compute threads %d -> %d: %s steps measured faster with %d", before, governor.current, kind, governor.current)

@@ -25,9 +25,11 @@ Pure Python and clock-driven, so its rules are tested without an engine.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # A step whose cost per token is this many times the fastest seen for its kind is slow (busy
 # cores measured 3-25x; a long context or a burst of the web process alone stays well below).
@@ -44,6 +46,12 @@ PROBE_COOLDOWN_S = 10.0
 EXPLORE_S = 15.0
 EXPLORE_MAX_S = 240.0
 EMA = 0.5  # weight of the newest step in a kind's running cost
+# Other processes using this many cores (a busy loop, a build, another server: from /proc on
+# Linux) count as busy cores as well as slow steps do: cores busy from before the server's
+# first step never show as steps slower than the fastest seen (session 15's hog runs stayed on
+# two threads for two minutes of prompt steps, 155 s against llama-server's 121 s).
+OTHERS_BUSY_CORES = 0.5
+OTHERS_SAMPLE_S = 1.0
 # After a switch, each other kind's first step with the new count is set beside its cost with
 # the old count, if that was measured at most this long before the switch (the same cores).
 FRESH_S = 10.0
@@ -84,6 +92,7 @@ class ThreadGovernor:
     pending_since: float = float("-inf")  # when the probe, or the challenger, was set
     pending_steps: int = 0  # steps of other kinds since then
     exploring: bool = False  # the probe, or the challenger, is an exploration (no step was slow)
+    others_busy: bool = False  # other processes keep cores busy (set by the engine: OtherCpu)
     explore_every_s: float = EXPLORE_S
     cooldown_s: float = PROBE_COOLDOWN_S
     switches: int = 0
@@ -153,7 +162,7 @@ class ThreadGovernor:
         counts = candidates(self.max_threads)
         i = counts.index(self.current) if self.current in counts else 0
         best = self.best.get(kind)
-        slow = best is not None and self.recent[key] > SLOW_FACTOR * best
+        slow = (best is not None and self.recent[key] > SLOW_FACTOR * best) or (self.others_busy and self.current == self.max_threads)
         if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
             self.pending_since, self.pending_steps, self.exploring = now, 0, False
@@ -232,3 +241,40 @@ class ThreadGovernor:
             self.cooldown_s = min(EXPLORE_MAX_S, 2 * self.cooldown_s)
             # nor an exploration soon after: both would be slow steps
             self.next_explore_s = max(self.next_explore_s, now + self.explore_every_s)
+
+
+class OtherCpu:
+    """How many cores processes other than this one kept busy lately: the machine's busy time
+    (``/proc/stat``: user, nice, system, irq, softirq and steal, which is another virtual
+    machine's) less this process's own (``/proc/self/stat``), over the last ``interval_s`` or
+    more. Linux only: elsewhere ``cores()`` is always None."""
+
+    def __init__(self, interval_s: float = OTHERS_SAMPLE_S, clock: Callable[[], float] = time.monotonic, root: Path = Path("/proc")) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.root = root
+        self.tick_s = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+        self._last = self._read()
+        self._cores: float | None = None
+
+    def _read(self) -> tuple[float, int, int] | None:
+        try:
+            fields = (self.root / "stat").read_text().split("\n", 1)[0].split()
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+            own = (self.root / "self" / "stat").read_text().rsplit(")", 1)[1].split()
+            return self.clock(), user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def cores(self) -> float | None:
+        """Cores used by other processes, averaged since the last sample (None: unknown)."""
+        if self._last is None or self.clock() - self._last[0] < self.interval_s:
+            return self._cores
+        now = self._read()
+        if now is None:
+            self._last = None
+            return None
+        (t0, busy0, own0), (t1, busy1, own1) = self._last, now
+        self._last = now
+        self._cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) * self.tick_s / (t1 - t0))
+        return self._cores

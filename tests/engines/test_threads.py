@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.engines.sim import FakeClock
-from scheduler.engines.threads import EXPLORE_MAX_S, ThreadGovernor, candidates, step_kind
+from scheduler.engines.threads import EXPLORE_MAX_S, OtherCpu, ThreadGovernor, candidates, step_kind
 
 # steps of a busy server: decode rounds of 8 lanes, now and then a 512-token prompt step
 STEPS = [(False, 8)] * 6 + [(True, 512)]
@@ -245,3 +246,49 @@ def test_a_try_on_a_kind_of_step_that_does_not_come_again_does_not_block_the_nex
     for _ in range(200):  # ~150 s of 8-lane rounds
         step(eight_lanes)
     assert gov.current == 1
+
+
+def test_cores_kept_busy_from_before_the_first_step_are_answered_with_fewer_threads() -> None:
+    """A busy loop runs before the server's first step: every step is as slow as the fastest
+    seen, so none is slow, and exploring runs only on decode rounds (none come while eight
+    agents' prompts are prefilled). Other processes' CPU, read from /proc, counts as busy cores:
+    the next prompt step tries one thread, and keeps it."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    prefill = step_kind(True, 512)
+
+    def step() -> int:
+        threads = gov.threads_for(prefill)
+        seconds = 512 * 0.004 * (1.0 if threads == 1 else 2.5)  # two threads wait on the busy core
+        clock.advance(seconds)
+        gov.others_busy = True
+        gov.observe(threads, prefill, seconds, 512)
+        return threads
+
+    assert [step() for _ in range(5)] == [2, 1, 2, 1, 1]  # a try, its confirming step, then one
+
+
+def test_other_processes_cpu_is_the_machines_busy_time_less_this_processs(tmp_path: Path) -> None:
+    clock = FakeClock()
+    (tmp_path / "self").mkdir()
+
+    def write(busy: tuple[int, int, int, int], idle: int, own: tuple[int, int]) -> None:
+        user, system, irq, steal = busy
+        (tmp_path / "stat").write_text(f"cpu  {user} 0 {system} {idle} 0 {irq} 0 {steal} 0 0\ncpu0 1 2 3 4\n")
+        (tmp_path / "self" / "stat").write_text("42 (python (worker)) S " + " ".join(["0"] * 10) + f" {own[0]} {own[1]} 0 0\n")
+
+    write((1000, 100, 0, 0), 5000, (300, 20))
+    others = OtherCpu(interval_s=1.0, clock=clock, root=tmp_path)
+    tick = others.tick_s
+    assert others.cores() is None  # no interval measured yet
+    clock.advance(2.0)
+    # two seconds (n ticks of one core): the machine 1.9 cores busy (0.2 of it stolen by another
+    # virtual machine), this process 1.0 of them
+    n = round(2.0 / tick)
+    write((1000 + int(1.5 * n), 100 + int(0.2 * n), 0, int(0.2 * n)), 5000 + n, (300 + int(0.9 * n), 20 + int(0.1 * n)))
+    assert abs((others.cores() or 0) - 0.9) < 0.02
+    clock.advance(0.5)
+    assert abs((others.cores() or 0) - 0.9) < 0.02  # within the interval: the last figure
+    (tmp_path / "stat").unlink()
+    clock.advance(2.0)
+    assert others.cores() is None  # not Linux, or /proc unreadable: unknown, never busy
