@@ -276,5 +276,10 @@ class OtherCpu:
             return None
         (t0, busy0, own0), (t1, busy1, own1) = self._last, now
         self._last = now
-        self._cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) * self.tick_s / (t1 - t0))
+        if t1 - t0 > 3 * self.interval_s:
+            # the worker was idle (nothing asked): an average over that gap is not "lately"
+            # (a benchmark's bare loop, run while the server waited, would count)
+            self._cores = None
+        else:
+            self._cores = max(0.0, ((busy1 - busy0) - (own1 - own0)) * self.tick_s / (t1 - t0))
         return self._cores

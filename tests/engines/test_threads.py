@@ -289,6 +289,11 @@ def test_other_processes_cpu_is_the_machines_busy_time_less_this_processs(tmp_pa
     assert abs((others.cores() or 0) - 0.9) < 0.02
     clock.advance(0.5)
     assert abs((others.cores() or 0) - 0.9) < 0.02  # within the interval: the last figure
+    clock.advance(60.0)  # the worker idle a minute, another process busy meanwhile
+    write((1000 + int(1.5 * n) + 60 * n, 100 + int(0.2 * n), 0, int(0.2 * n)), 5000 + n, (300 + int(0.9 * n), 20 + int(0.1 * n)))
+    assert others.cores() is None  # not "lately": the next sample says
+    clock.advance(1.0)
+    assert others.cores() == 0.0
     (tmp_path / "stat").unlink()
     clock.advance(2.0)
     assert others.cores() is None  # not Linux, or /proc unreadable: unknown, never busy
