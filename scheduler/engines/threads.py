@@ -143,8 +143,7 @@ class ThreadGovernor:
             self._observe_kept(threads, kind, cost, now)
             return
         if self.switched is not None and threads == self.switched[0] != self.current and kind not in self.switched[2]:
-            self.recent[(threads, kind)] = cost  # a reference step (_needs_reference)
-            self.recent_at[(threads, kind)] = now
+            self._record(threads, kind, cost, now, running=False)  # a reference step (_needs_reference)
             return
         if threads != self.current:
             return
@@ -152,17 +151,12 @@ class ThreadGovernor:
             return
         if self.challenger is not None and self.challenger[1] == kind:
             self._settle_challenger(cost, now)
-        key = (threads, kind)
-        self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
-        self.recent_at[key] = now
-        if threads == self.max_threads:
-            self.best[kind] = min(self.best.get(kind, cost), cost)
+        self._record(threads, kind, cost, now)
         if self.probe is not None or self.challenger is not None:
             return
         counts = candidates(self.max_threads)
         i = counts.index(self.current) if self.current in counts else 0
-        best = self.best.get(kind)
-        slow = (best is not None and self.recent[key] > SLOW_FACTOR * best) or (self.others_busy and self.current == self.max_threads)
+        slow = self._slow(threads, kind) or (self.others_busy and self.current == self.max_threads)
         if slow and i + 1 < len(counts) and now - self.last_probe_s >= self.cooldown_s:
             self.probe = (counts[i + 1], kind)  # steps turned slow: try fewer threads
             self.pending_since, self.pending_steps, self.exploring = now, 0, False
@@ -174,8 +168,7 @@ class ThreadGovernor:
 
     def _settle_probe(self, threads: int, kind: str, cost: float, now: float) -> None:
         self.probe = None
-        self.recent[(threads, kind)] = cost
-        self.recent_at[(threads, kind)] = now
+        self._record(threads, kind, cost, now, running=False)
         current = self.recent.get((self.current, kind))
         if current is not None and cost < WIN_FACTOR * current:
             self.challenger = (threads, kind, cost)  # confirmed, or not, by the next step
@@ -223,14 +216,24 @@ class ThreadGovernor:
         with it (the cores it was measured on before the switch are busy now)."""
         if threads != self.kept[kind]:
             return
-        key = (threads, kind)
-        self.recent[key] = cost if key not in self.recent else EMA * cost + (1 - EMA) * self.recent[key]
-        self.recent_at[key] = now
-        if threads == self.max_threads:
-            self.best[kind] = min(self.best.get(kind, cost), cost)
-        best = self.best.get(kind)
-        if best is not None and self.recent[key] > SLOW_FACTOR * best:
+        self._record(threads, kind, cost, now)
+        if self._slow(threads, kind):
             del self.kept[kind]
+
+    def _record(self, threads: int, kind: str, cost: float, now: float, *, running: bool = True) -> None:
+        """A step's cost per token: into the kind's running cost with ``threads`` (or in its
+        place: a probe's or a reference step's, one step that stands alone) and, with all
+        threads, its fastest."""
+        key = (threads, kind)
+        self.recent[key] = EMA * cost + (1 - EMA) * self.recent[key] if running and key in self.recent else cost
+        self.recent_at[key] = now
+        if running and threads == self.max_threads:
+            self.best[kind] = min(self.best.get(kind, cost), cost)
+
+    def _slow(self, threads: int, kind: str) -> bool:
+        """The kind's running cost with ``threads`` is SLOW_FACTOR times its fastest or more."""
+        best = self.best.get(kind)
+        return best is not None and self.recent[(threads, kind)] > SLOW_FACTOR * best
 
     def _lost(self, now: float) -> None:
         if self.exploring:
