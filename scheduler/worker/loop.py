@@ -241,9 +241,10 @@ class EngineWorker:
             self._check_size(message)
             if self._prepare_queue is not None:
                 self.preparing[job_id] = conn
-                if _urgent(message):
+                urgent = _urgent(message)
+                if urgent:
                     self._urgent_preparing[job_id] = time.monotonic() + URGENT_PREPARE_HOLD_S
-                self._prepare_queue.put((0 if _urgent(message) else 1, next(self._prepare_order), conn, message))
+                self._prepare_queue.put((0 if urgent else 1, next(self._prepare_order), conn, message))
                 return
             job, ctx = self._build(conn, message)
         except Refusal as exc:
