@@ -34,6 +34,24 @@ def quiet(threads: int, _now: float) -> float:
     return 0.004 / min(threads, 2) ** 0.85  # two threads ~1.8x one
 
 
+def one_step(gov: ThreadGovernor, clock: FakeClock, kind: str, tokens: int, seconds: Callable[[int], float]) -> int:
+    """One step of ``kind`` with the count the governor picks, taking ``seconds(threads)``;
+    returns that count."""
+    threads = gov.threads_for(kind)
+    took = seconds(threads)
+    clock.advance(took)
+    gov.observe(threads, kind, took, tokens)
+    return threads
+
+
+def chat_beside_agents(kind: str) -> Callable[[int], float]:
+    """Seconds for a step of ``kind`` where one thread decodes a lane 20% faster than two and
+    runs a 512-token prompt step at half the speed."""
+    if kind.startswith("prefill/"):
+        return lambda threads: 512 * 0.004 * (1.0 if threads == 2 else 2.0)
+    return lambda threads: 0.015 * (1.0 if threads == 2 else 0.8)
+
+
 def test_on_a_quiet_machine_every_core_is_used_and_fewer_are_tried_rarely() -> None:
     clock = FakeClock()
     gov = ThreadGovernor(2, clock=clock)
@@ -151,14 +169,7 @@ def test_a_kind_of_step_that_runs_clearly_slower_with_a_new_count_keeps_the_old_
     for i in range(6000):
         prefill, tokens = steps[i % len(steps)]
         kind = step_kind(prefill, tokens)
-        threads = gov.threads_for(kind)
-        if prefill:
-            seconds = 512 * 0.004 * (1.0 if threads == 2 else 2.0)
-        else:
-            seconds = 0.015 * (1.0 if threads == 2 else 0.8)
-        used[prefill][threads] += 1
-        clock.advance(seconds)
-        gov.observe(threads, kind, seconds, tokens)
+        used[prefill][one_step(gov, clock, kind, tokens, chat_beside_agents(kind))] += 1
     assert gov.switches >= 1 and gov.threads_for(step_kind(False, 1)) == 1
     assert gov.threads_for(step_kind(True, 512)) == 2
     assert used[True][2] >= 0.99 * sum(used[True].values())
@@ -177,14 +188,13 @@ def test_a_kind_that_kept_its_count_follows_the_others_once_it_turns_slow_with_i
     busy = False
 
     def step(kind: str) -> int:
-        threads = gov.threads_for(kind)
         tokens = 512 if kind == prefill else 8
-        quiet_cost = 0.004 / threads**0.85
-        busy_cost = 0.004 * (1.6 if threads == 1 else (3.0 if kind == prefill else 25.0))
-        seconds = (busy_cost if busy else quiet_cost) * tokens
-        clock.advance(seconds)
-        gov.observe(threads, kind, seconds, tokens)
-        return threads
+
+        def seconds(threads: int) -> float:
+            busy_cost = 0.004 * (1.6 if threads == 1 else (3.0 if kind == prefill else 25.0))
+            return (busy_cost if busy else 0.004 / threads**0.85) * tokens
+
+        return one_step(gov, clock, kind, tokens, seconds)
 
     for _ in range(4):  # 10 s of quiet serving, no exploration yet
         for _ in range(6):
@@ -205,11 +215,7 @@ def test_a_kind_not_measured_just_before_a_switch_runs_once_with_the_old_count_t
     decode, prefill = step_kind(False, 1), step_kind(True, 512)
 
     def step(kind: str) -> int:
-        threads = gov.threads_for(kind)
-        seconds = 512 * 0.004 * (1.0 if threads == 2 else 2.0) if kind == prefill else 0.015 * (1.0 if threads == 2 else 0.8)
-        clock.advance(seconds)
-        gov.observe(threads, kind, seconds, 512 if kind == prefill else 1)
-        return threads
+        return one_step(gov, clock, kind, 512 if kind == prefill else 1, chat_beside_agents(kind))
 
     step(prefill)
     for _ in range(10_000):
@@ -232,11 +238,7 @@ def test_a_try_on_a_kind_of_step_that_does_not_come_again_does_not_block_the_nex
     one_lane, eight_lanes = step_kind(False, 1), step_kind(False, 8)
 
     def step(kind: str) -> int:
-        threads = gov.threads_for(kind)
-        seconds = 0.05 * (15.0 if threads == 2 else 1.0)  # busy cores from the start
-        clock.advance(seconds)
-        gov.observe(threads, kind, seconds, 1)
-        return threads
+        return one_step(gov, clock, kind, 1, lambda threads: 0.05 * (15.0 if threads == 2 else 1.0))  # busy cores from the start
 
     while clock.now + 1.0 < gov.next_explore_s:
         step(eight_lanes)
@@ -257,13 +259,10 @@ def test_cores_kept_busy_from_before_the_first_step_are_answered_with_fewer_thre
     gov = ThreadGovernor(2, clock=clock)
     prefill = step_kind(True, 512)
 
+    gov.others_busy = True
+
     def step() -> int:
-        threads = gov.threads_for(prefill)
-        seconds = 512 * 0.004 * (1.0 if threads == 1 else 2.5)  # two threads wait on the busy core
-        clock.advance(seconds)
-        gov.others_busy = True
-        gov.observe(threads, prefill, seconds, 512)
-        return threads
+        return one_step(gov, clock, prefill, 512, lambda threads: 512 * 0.004 * (1.0 if threads == 1 else 2.5))  # two threads wait on the busy core
 
     assert [step() for _ in range(5)] == [2, 1, 2, 1, 1]  # a try, its confirming step, then one
 
