@@ -513,6 +513,7 @@ def _connection_class() -> type:
             super().__init__(0, None)
             self.job_id, self.epoch = job_id, epoch
             self.terminal = False
+            self.sent = 0  # messages Redis has appended for this job in this epoch (emit.lua's ``first``)
             self.qos = N_CLASSES - 1
 
         def queue(self, message: Message) -> None:
@@ -558,6 +559,7 @@ class RedisWorkerLink:
         self._snapshot: dict[str, Any] | None = None
         self._conn_cls = _connection_class()
         self._control = self._conn_cls("", 0)  # the connection config messages arrive on
+        self._emit_failing = False
 
     # -- the LinkServer interface the worker loop uses -----------------------------------
 
@@ -569,9 +571,16 @@ class RedisWorkerLink:
         for target, name in ((self._pull_loop, "redis-pull"), (self._renew_loop, "redis-renew"), (self._control_loop, "redis-control")):
             threading.Thread(target=target, name=name, daemon=True).start()
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 5.0) -> None:
+        """Stop pulling; what a job still has to send (a flush that failed last) is sent again
+        for up to ``flush_s``, then this worker leaves the fleet."""
         self._stop.set()
         self._wake.set()
+        deadline = time.monotonic() + flush_s
+        while self._unsent() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with contextlib.suppress(Exception):
+                self.flush()
         with contextlib.suppress(Exception):
             self.client.srem(self.prefix + "workers", self.worker_id)
             self.client.delete(self.prefix + "worker:" + self.worker_id)
@@ -584,27 +593,45 @@ class RedisWorkerLink:
     def flush(self) -> None:
         """On the tick thread: every job's queued messages, one script call per job, one round
         trip for all. A job this worker no longer holds (its lease lapsed, or it was cancelled)
-        is cancelled here."""
+        is cancelled here. When the round trip fails, every job keeps its messages and the next
+        flush (the next turn of the loop, within 50 ms) sends them again: each batch carries the
+        number of its first message, so Redis appends only what it does not have yet."""
         with self._lock:
             pending = [c for c in self.held.values() if c.outbox]
         if not pending:
             return
         pipe = self.client.pipeline(transaction=False)
+        batches = []
         for conn in pending:
-            lines = [line.decode().rstrip("\n") for line in conn.outbox]
-            conn.outbox = []
-            self.scripts.emit([self.prefix, conn.job_id, conn.epoch, self.worker_id, 1 if conn.terminal else 0, STREAM_MAXLEN, STREAM_TTL_S, *lines], client=pipe)
+            batch, conn.outbox = conn.outbox, []
+            batches.append(batch)
+            lines = [line.decode().rstrip("\n") for line in batch]
+            self.scripts.emit([self.prefix, conn.job_id, conn.epoch, self.worker_id, 1 if conn.terminal else 0, STREAM_MAXLEN, STREAM_TTL_S, conn.sent, *lines], client=pipe)
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception as exc:
-            log.warning("Redis: could not emit: %s", exc)
-            results = [0] * len(pending)  # unsure: keep the jobs; the lease decides
-            return
-        for conn, ok in zip(pending, results, strict=False):
+            results = [exc] * len(pending)
+        failed = None
+        for conn, batch, ok in zip(pending, batches, results, strict=True):
+            if isinstance(ok, Exception):  # not sent, or its reply lost: sent again next time
+                conn.outbox[:0] = batch  # before anything queued meanwhile
+                failed = ok
+                continue
+            conn.sent += len(batch)
             if conn.terminal or ok == 0:
                 self._release(conn.job_id)
             if ok == 0 and not conn.terminal:
                 self.worker.inbox.put((conn, Cancel(conn.job_id)))  # fenced: stop working on it
+        if (failed is not None) != self._emit_failing:  # said once when it starts and once when it ends
+            self._emit_failing = failed is not None
+            if failed is not None:
+                log.warning("Redis: could not emit jobs' events (sending them again until it works): %s", failed)
+            else:
+                log.warning("Redis: jobs' events are emitted again")
+
+    def _unsent(self) -> bool:
+        with self._lock:
+            return any(c.outbox for c in self.held.values())
 
     # -- threads --------------------------------------------------------------------------
 

@@ -109,11 +109,11 @@ def test_only_the_lease_holder_of_the_current_epoch_emits(s: Scripts, client: re
     reply = s.pick([prefix, "w1", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])
     epoch = int(reply[1])
     line = '{"type":"delta","id":"j","text":"a","tokens":1}'
-    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, line])) == 1
-    assert int(s.emit([prefix, "j", epoch, "w2", 0, 100, 60, line])) == 0  # not its job
+    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, line])) == 1
+    assert int(s.emit([prefix, "j", epoch, "w2", 0, 100, 60, 0, line])) == 0  # not its job
     client.zadd(prefix + "leases", {"j": 0})
     s.reap([prefix, 100, 60])
-    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, line])) == 0  # lease lapsed: fenced
+    assert int(s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, line])) == 0  # lease lapsed: fenced
     entries = client.xrange(prefix + "s:j")
     assert [json.loads(f[b"m"])["type"] for _id, f in entries] == ["delta", "lost"]
     # the next holder emits under the new epoch; its renew keeps the lease, the old one's does not
@@ -122,6 +122,32 @@ def test_only_the_lease_holder_of_the_current_epoch_emits(s: Scripts, client: re
     assert int(reply[1]) == epoch + 2
     assert [g.decode() for g in s.renew([prefix, "w1", LEASE_MS, 0, "j"])] == ["j"]
     assert s.renew([prefix, "w2", LEASE_MS, 0, "j"]) == []
+
+
+def test_a_batch_of_events_sent_again_is_appended_once_and_a_new_epoch_counts_afresh(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """A worker sends a batch again when its reply was lost: Redis appends what it has not got
+    (numbered from the batch's first message), never a message twice."""
+    enqueue(s, prefix, "j", 2)
+    epoch = int(s.pick([prefix, "w1", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])[1])
+
+    def texts() -> list[str]:
+        return [json.loads(f[b"m"]).get("text", "") for _id, f in client.xrange(prefix + "s:j")]
+
+    def delta(text: str) -> str:
+        return json.dumps({"type": "delta", "id": "j", "text": text, "tokens": 1})
+
+    assert s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, delta("a"), delta("b")]) == 1
+    assert s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, delta("a"), delta("b")]) == 1  # the same batch
+    assert s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, delta("a"), delta("b"), delta("c")]) == 1  # it, and one more
+    assert s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 3, delta("d")]) == 1
+    assert texts() == ["a", "b", "c", "d"]
+    # the job lost and picked again (the next epoch) starts its count at 0
+    client.zadd(prefix + "leases", {"j": 0})
+    s.reap([prefix, 100, 60])
+    enqueue(s, prefix, "j", 2, requeue=1, expect=epoch + 1)  # the reap's epoch
+    epoch = int(s.pick([prefix, "w2", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])[1])
+    assert s.emit([prefix, "j", epoch, "w2", 0, 100, 60, 0, delta("e")]) == 1
+    assert texts() == ["a", "b", "c", "d", "", "e"]  # "" is the lost marker
 
 
 def test_a_lost_job_is_given_back_once(s: Scripts, client: redis.Redis, prefix: str) -> None:
@@ -155,7 +181,7 @@ def test_a_heads_own_submit_sent_again_after_its_job_ended_runs_nothing(s: Scrip
     nothing is queued. Only a resend: a fresh submit never finds a stream under a new id."""
     assert enqueue(s, prefix, "a", 2) == 0 and pick(s, prefix, 1) == ["a"]
     epoch = int(client.hget(prefix + "job:a", "epoch"))
-    assert s.emit([prefix, "a", epoch, "w1", 1, 1000, 60, json.dumps({"type": "done", "id": "a"})]) == 1
+    assert s.emit([prefix, "a", epoch, "w1", 1, 1000, 60, 0, json.dumps({"type": "done", "id": "a"})]) == 1
     assert not client.exists(prefix + "job:a") and client.exists(prefix + "s:a")
     assert enqueue(s, prefix, "a", 2, resend=1) == 0
     assert client.zcard(prefix + "q:2") == 0 and not client.exists(prefix + "job:a")

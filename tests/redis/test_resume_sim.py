@@ -208,3 +208,71 @@ async def test_a_submit_that_fails_while_the_link_is_up_is_sent_again_and_answer
     finally:
         await link.stop()
         worker.stop()
+
+
+class _EmitFailsOnce:
+    """A worker's Redis client whose pipeline (the flush of every job's events) fails once, the
+    way a dead or timed-out connection fails it: before Redis ran it ("before"), after (its
+    reply was lost: "after"), or after with redis-py's own retry of the pipeline running the
+    same batch a second time ("twice"). ``at`` says which flush: the third, or the one carrying
+    the job's ``done``."""
+
+    def __init__(self, client: Any, *, when: str, at: str) -> None:
+        self._client, self._when, self._at = client, when, at
+        self.flushes = 0
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def pipeline(self, **options: Any) -> Any:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+
+        pipe = self._client.pipeline(**options)
+        real = pipe.execute
+
+        def execute(raise_on_error: bool = True) -> Any:
+            self.flushes += 1
+            stack = list(pipe.command_stack)
+            done = any(b'"type":"done"' in str(arg).encode() for args, _ in stack for arg in args)
+            if not self.failed and (self.flushes == 3 if self._at == "third" else done):
+                self.failed = True
+                if self._when != "before":
+                    real(raise_on_error=raise_on_error)
+                    if self._when == "twice":
+                        pipe.command_stack = stack
+                        return real(raise_on_error=raise_on_error)
+                raise RedisConnectionError("Connection closed by server.")
+            return real(raise_on_error=raise_on_error)
+
+        pipe.execute = execute
+        return pipe
+
+
+@pytest.mark.parametrize("when", ["before", "after", "twice"], ids=["not-sent", "reply-lost", "retried"])
+@pytest.mark.parametrize("at", ["third", "done"], ids=["mid-stream", "the-done"])
+async def test_a_flush_of_a_jobs_events_that_fails_is_sent_again_and_appended_once(redis_server: RedisServer, prefix: str, when: str, at: str) -> None:
+    """A worker's flush of its jobs' events can fail like any Redis round trip. It used to drop
+    the batch (the client never got those tokens, or waited forever for a ``done`` that was
+    never sent while the worker kept the job's lease alive), and a batch that redis-py's retry
+    sent again after its first reply was lost was appended twice. Now a batch that fails is
+    sent again, and Redis appends only what it does not have."""
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.002)).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        reference, _ = await outcome(await link.submit(request=completion("a tale", max_tokens=30)))
+        failing = _EmitFailsOnce(worker.link.client, when=when, at=at)
+        worker.link.client = failing  # type: ignore[assignment]
+        text, done = await outcome(await link.submit(request=completion("a tale", max_tokens=30)))
+        assert failing.failed
+        assert isinstance(done, Done) and done.usage["completion_tokens"] == 30
+        assert text == reference  # every token once, in order
+        await _nothing_queued_or_running(redis_server.url, prefix)
+        for _ in range(250):  # the worker lets the job go at its next flush (a done sent again)
+            if not worker.link.held:
+                break
+            await asyncio.sleep(0.02)
+        assert worker.link.held == {}
+    finally:
+        await link.stop()
+        worker.stop()
