@@ -184,18 +184,25 @@ class RedisTransport(Transport):
         pending = [*self._readers.values(), *self._forgetting]
         if pending:
             await asyncio.wait(pending, timeout=READ_BLOCK_MS / 1000 + 2)
+        # Bounded too: a stop that hangs holds up the server's shutdown (and, in tests, the run).
         while tasks := [t for t in [self._task, *self._readers.values(), *self._forgetting] if t is not None]:
             self._task = None
             self._readers.clear()
             self._forgetting.clear()
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            done, stuck = await asyncio.wait(tasks, timeout=5.0)
+            for task in done:  # retrieved, so that none is reported as never retrieved
+                if not task.cancelled():
+                    task.exception()
+            if stuck:
+                log.warning("Redis link: %d task(s) did not stop within 5 s of their cancel: %s", len(stuck), sorted(t.get_name() for t in stuck))
+                break
         if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
+            try:
+                await asyncio.wait_for(self._client.aclose(), 5.0)
+            except Exception as exc:  # TimeoutError too: the process goes on without it
+                log.warning("Redis link: closing the client failed: %r", exc)
             self._client = None
 
     async def wait_connected(self, timeout_s: float) -> bool:
