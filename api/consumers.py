@@ -58,6 +58,11 @@ def _declared_length(scope: dict[str, Any]) -> int:
 class StreamingConsumer(AsyncHttpConsumer):
     """Reads the body (bounded), then answers from a task that a disconnect cancels."""
 
+    # No channel: nothing sends an API request channel-layer messages. Channels gives every
+    # consumer one by default; on channels_redis (Redis mode) that is a receive blocking on Redis
+    # for the request's whole life, whose cancel held a finished consumer open for up to 10 s.
+    channel_layer_alias = None
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._size = 0

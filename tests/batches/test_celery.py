@@ -65,7 +65,7 @@ def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_
     assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"][0]["text"] for o in out)
     assert b.error_file_id is None
 
-    long = c.batches.create(input_file_id=batch_file(c, 40, 200), endpoint="/v1/completions", completion_window="24h")
+    long = c.batches.create(input_file_id=batch_file(c, 40, 40), endpoint="/v1/completions", completion_window="24h")
     deadline = time.monotonic() + 60
     while c.batches.retrieve(long.id).request_counts.completed < 1 and time.monotonic() < deadline:
         time.sleep(0.2)
