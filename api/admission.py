@@ -26,6 +26,7 @@ Secrets never leave this module: logs and records carry the key's name.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import uuid
@@ -108,26 +109,27 @@ class Admission:
         return band_of(self.priority)
 
     async def release(self) -> None:
+        """Give back every place held: this head's own first, with no await between them, so a
+        cancel (the client gone, a shutdown) cannot cut them short; then the slots held in Redis,
+        whose round trips a cancel does not stop either (they lapse after an hour otherwise)."""
+        rt = self.runtime
+        if rt is not None:
+            if self.slot is not None:
+                rt.slots.release(self.slot)
+                self.slot = None
+            if self.client_slot is not None:
+                rt.client_slots.release(self.client_slot)
+                self.client_slot = None
+            if self.model_slot is not None:
+                rt.in_flight.release(self.model_slot)
+                rt.drain.note()
+                self.model_slot = None
         if self.shared_slots:
             from keys.limits import shared_limiter
 
             slots, self.shared_slots = self.shared_slots, []
             limiter = shared_limiter(serving().redis_url)
-            for slot in slots:
-                await limiter.release(slot, self.shared_member)
-        rt = self.runtime
-        if rt is None:
-            return
-        if self.slot is not None:
-            rt.slots.release(self.slot)
-            self.slot = None
-        if self.client_slot is not None:
-            rt.client_slots.release(self.client_slot)
-            self.client_slot = None
-        if self.model_slot is not None:
-            rt.in_flight.release(self.model_slot)
-            rt.drain.note()
-            self.model_slot = None
+            await asyncio.shield(asyncio.gather(*(limiter.release(slot, self.shared_member) for slot in slots)))
 
 
 # -- errors ----------------------------------------------------------------------------

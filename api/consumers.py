@@ -118,9 +118,9 @@ class StreamingConsumer(AsyncHttpConsumer):
             log.exception("request failed")
             await self.send_error(server_error("The server had an error while processing your request."))
         finally:
+            await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 await self.admission.release()
-            await record_request(self.record)
 
     async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.record.status = status

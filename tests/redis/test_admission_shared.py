@@ -51,3 +51,25 @@ async def test_the_first_limits_check_after_a_redis_restart_is_not_refused_for_a
     finally:
         await limiter.client.aclose()
         server.stop()
+
+
+async def test_requests_that_end_normally_give_back_every_place_with_shared_limits(redis_server: RedisServer) -> None:
+    """Through the ASGI application, which gets its disconnect as soon as the reply is sent (as
+    daphne sends it). Giving back a shared slot waits on Redis; that disconnect used to cancel
+    the request's task there, so the head's own places (its queue bound) were often never given
+    back, and the request was never logged: within a dozen requests, one after another, a
+    request was refused as if the queue were full."""
+    from keys import limits
+    from tests.edge.inproc import JSON, SimWorker, attached, chat_body, request
+
+    limits._limiters.clear()
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=1, SUPERFLUID_MAX_QUEUE=1):
+        async with attached(SimWorker()) as (_link, rt):
+            for i in range(12):
+                stream = i % 2 == 1
+                reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=3, stream=stream), JSON)
+                assert reply.status == 200, (i, reply.body)
+            assert rt.in_flight.held == {} and rt.client_slots.held == {}
+    for limiter in limits._limiters.values():
+        await limiter.client.aclose()
+    limits._limiters.clear()
