@@ -311,7 +311,7 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
     try:
         while not finished.is_set() and not app.done():
             waiter = asyncio.create_task(finished.wait())
-            await asyncio.wait({app, waiter}, timeout=POLL_S)
+            await asyncio.wait({app, waiter}, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             if not finished.is_set() and not app.done() and await sync_to_async(_status)(b.id) != "in_progress":
                 disconnect.set()  # what a client's disconnect does: the consumer cancels the job

@@ -1,0 +1,48 @@
+"""A batch's lines through the runner (batches/runner.py) and the real consumers, in this process,
+against the simulated engine (the middle layer of tests/edge/inproc.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from batches import runner
+from batches.models import Batch, File, Line
+from tests.edge.inproc import SimWorker, attached
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_batch(n: int) -> Batch:
+    f = File.objects.create(purpose="batch", filename="in.jsonl", bytes=1, content=b"x", owner="")
+    b = Batch.objects.create(endpoint="/v1/completions", input_file=f, owner="", total=n)
+    body = {"model": "sim", "prompt": "once upon a time", "max_tokens": 4}
+    Line.objects.bulk_create([Line(batch=b, index=i, custom_id=f"c{i}", body=body) for i in range(n)])
+    runner.begin(b.id)
+    return b
+
+
+async def test_a_line_is_recorded_when_its_reply_is_in_not_at_the_next_look_for_a_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running line looks for a cancel every POLL_S. The wait between two looks used to end
+    only when the consumer had ended too, which is after the reply: every line took at least
+    POLL_S (half a second), whatever its length. Here a look is an hour apart: the lines must
+    not wait for one (the bound only stops a hang)."""
+    monkeypatch.setattr(runner, "POLL_S", 3600.0)
+    # the activity log's rows are kept here: its writer thread's connection and the runner's
+    # share the test's in-memory database, where one's write fails the other's as "locked"
+    rows: list[dict[str, object]] = []
+    monkeypatch.setattr("activity.writer.submit", rows.append)
+    b = await sync_to_async(make_batch)(3)
+    async with attached(SimWorker()):
+        for _ in range(3):
+            assert await asyncio.wait_for(runner.run_next(b.id), 30)
+        assert not await asyncio.wait_for(runner.run_next(b.id), 30)  # none left
+    b = await Batch.objects.select_related("output_file").aget(pk=b.id)
+    assert (b.status, b.completed, b.failed) == ("completed", 3, 0)
+    out = [json.loads(x) for x in bytes(b.output_file.content).decode().splitlines()]
+    assert [o["custom_id"] for o in out] == ["c0", "c1", "c2"]
+    assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"][0]["text"] for o in out)
+    assert len(rows) == 3  # each line's request was logged
