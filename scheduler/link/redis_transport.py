@@ -423,19 +423,25 @@ class RedisTransport(Transport):
                 except Exception:
                     await asyncio.sleep(self.poll_s)
                     continue
-                if not reply:
-                    if time.monotonic() - quiet_since > 5.0 and self.redis_ok:
-                        quiet_since = time.monotonic()
-                        await self._check_vanished(handle, key)
-                    continue
-                quiet_since = time.monotonic()
-                for _stream, entries in reply:
-                    for entry_id, fields in entries:
-                        last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                        raw = fields.get(b"m") or fields.get("m") or b""
-                        await self._entry(handle, raw if isinstance(raw, bytes) else raw.encode())
-                        if job_id not in self.inflight:
-                            break
+                try:
+                    if not reply:
+                        if time.monotonic() - quiet_since > 5.0 and self.redis_ok:
+                            quiet_since = time.monotonic()
+                            await self._check_vanished(handle, key)
+                        continue
+                    quiet_since = time.monotonic()
+                    for _stream, entries in reply:
+                        for entry_id, fields in entries:
+                            raw = fields.get(b"m") or fields.get("m") or b""
+                            await self._entry(handle, raw if isinstance(raw, bytes) else raw.encode())
+                            last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id  # acted on
+                            if job_id not in self.inflight:
+                                break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # acting on an entry met Redis away: read it again, act again
+                    log.warning("Redis: could not act on job %s's stream (trying again): %s", job_id, exc)
+                    await asyncio.sleep(self.poll_s)
         finally:
             self._readers.pop(job_id, None)
             if job_id not in self.open:  # answered or cancelled; else finish() deletes it
@@ -483,21 +489,25 @@ class RedisTransport(Transport):
         state, now = await self._redis().hmget(f"{self.prefix}job:{handle.job_id}", ["state", "epoch"])
         if state != b"lost" or now is None or int(now) != epoch:
             return  # a marker already acted on (a stream read again after a head took the job over)
-        handle.crashes += 1
-        if handle.crashes >= MAX_CRASHES:
-            log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, handle.crashes)
+        # counted once the Redis calls went through: a call that fails is made again when the
+        # stream's reader reads the marker again (the state check above keeps that to once)
+        crashes = handle.crashes + 1
+        if crashes >= MAX_CRASHES:
+            log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, crashes)
             await self.scripts.cancel([self.prefix, handle.job_id])
+            handle.crashes = crashes
             self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
             return
-        log.warning("job %s lost its worker; resuming it after %d tokens", handle.job_id, handle.delivered_tokens)
         try:
             resubmit = handle.resubmission()
             encode(resubmit)
         except EncodeError as exc:
             self._fail(handle, "unencodable", str(exc))
             return
-        self.worker_restarts += 1
         await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
+        handle.crashes = crashes
+        self.worker_restarts += 1
+        log.warning("job %s lost its worker; resumed it after %d tokens", handle.job_id, handle.delivered_tokens)
 
     def _on_message(self, message: Message) -> None:
         if isinstance(message, Snapshot):

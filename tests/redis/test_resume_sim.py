@@ -276,3 +276,30 @@ async def test_a_flush_of_a_jobs_events_that_fails_is_sent_again_and_appended_on
     finally:
         await link.stop()
         worker.stop()
+
+
+async def test_a_lost_job_whose_requeue_fails_once_is_requeued_when_its_marker_is_read_again(redis_server: RedisServer, prefix: str) -> None:
+    """The head reads a ``lost`` marker and requeues the job; that round trip can fail like any
+    other. It used to end the stream's reader with the error, and the client waited for nothing.
+    Now the reader reads the marker again and requeues the job, counted as one loss."""
+    reference_worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        reference, _ = await outcome(await link.submit(request=completion("story", max_tokens=60)))
+        reference_worker.stop()
+        reference_worker.link.close()
+
+        doomed = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=25)).start()
+        handle = await link.submit(request=completion("story", max_tokens=60))
+        first = await deltas_until(handle, 1)
+        link._scripts = _FailsOnce(link.scripts, "enqueue", when="before")  # type: ignore[assignment]
+        spare = SimFleetWorker(redis_server.url, prefix).start()
+        rest, done = await outcome(handle)
+        text = "".join(first) + rest
+        assert doomed.error is not None and link._scripts.failed  # type: ignore[attr-defined]
+        assert isinstance(done, Done) and done.usage["completion_tokens"] == 60
+        assert text == reference  # nothing repeated, nothing lost
+        assert link.worker_restarts == 1  # one loss, counted once
+        spare.stop()
+    finally:
+        await link.stop()
