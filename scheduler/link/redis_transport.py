@@ -176,6 +176,9 @@ class RedisTransport(Transport):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-redis-link")
 
     async def stop(self) -> None:
+        if self._unsent_cancels and self._client is not None:  # the jobs of clients a drain failed
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._send_unsent_cancels(), 2.0)
         self._stopped = True
         # readers leave by themselves once their XREAD returns (at most its block time): one
         # cancelled inside a command can leave redis-py's pool waiting forever on its release.
@@ -277,6 +280,7 @@ class RedisTransport(Transport):
                 self._connected.clear()
                 self._lost_since = loop.time()
             self._check_lost_deadline(loop.time())
+        await self._send_unsent_cancels()  # Redis answers: with or without a worker alive
 
     def _publish_fleet(self) -> None:
         """The snapshot the dashboard and /metrics read: the first worker's (its lanes, queues and
@@ -310,12 +314,28 @@ class RedisTransport(Transport):
             if handle.sent_on == -1:
                 handle.sent_on = self._connection
                 await self._send(encode(handle.submit), resend=True)
-        cancels, self._unsent_cancels = self._unsent_cancels, []
-        for data in cancels:
-            await self._send(data)
+        await self._send_unsent_cancels()
         if self._config_unsent and self.worker_config is not None:
             self._config_unsent = False
             await self._send(encode(self.worker_config))
+
+    async def _send_unsent_cancels(self) -> None:
+        cancels, self._unsent_cancels = self._unsent_cancels, []
+        for data in cancels:
+            await self._send(data)  # one that fails again is kept for the next tick
+
+    async def cancel(self, handle: JobHandle) -> None:
+        """Sent whether or not a worker is alive: the job waits in Redis, not in a worker, and
+        would otherwise run for nobody (ahead of newer work, once aged) when one comes back."""
+        self.open.discard(handle.job_id)
+        if self.inflight.pop(handle.job_id, None) is not None:
+            await self._send(encode(Cancel(handle.job_id)))
+
+    def _fail(self, handle: JobHandle, reason: str, detail: str) -> None:
+        """The client gets the error; the job, wherever it is in Redis, is cancelled at the next
+        tick (no worker for ``reconnect_timeout_s``, the job lost twice, or vanished)."""
+        super()._fail(handle, reason, detail)
+        self._unsent_cancels.append(encode(Cancel(handle.job_id)))
 
     # -- carrying -----------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ import redis
 from scheduler.core.qos import QosClass
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.sim import SimEngine
-from scheduler.link.messages import Config, Delta, Done
+from scheduler.link.messages import Config, Delta, Done, Error
+from scheduler.link.redis_transport import RedisTransport
 
 from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
 
@@ -176,3 +177,45 @@ async def test_an_interactive_arrival_with_the_fleet_busy_preempts_one_backgroun
         await h.stop()
     for w in workers:
         w.stop()
+
+
+async def test_a_job_cancelled_or_failed_while_no_worker_is_alive_leaves_the_queue(redis_server: RedisServer, prefix: str) -> None:
+    """A client that gives up while every worker is away (restarting, or gone for good) takes its
+    job out of the Redis queue, and so does a job the head fails after --reconnect-timeout: it
+    used to stay queued and run for nobody, once aged ahead of newer work, when a worker came."""
+    import redis.asyncio as aioredis
+
+    from scheduler.link.redis_transport import N_CLASSES
+
+    worker = SimFleetWorker(redis_server.url, prefix, lanes=1, engine=slow_sim(0.01, lanes=1)).start()
+    link = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.05, reconnect_timeout_s=1.0)
+    assert await link.wait_connected(20)
+    client = aioredis.from_url(redis_server.url)
+
+    async def queued() -> int:
+        return sum([await client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)])
+
+    try:
+        running = await link.submit(request=completion("long", max_tokens=150))
+        while not isinstance(await running.next_event(), Delta):
+            pass
+        waiting = [await link.submit(request=completion(f"queued {i}", max_tokens=5)) for i in range(2)]
+        deadline = time.monotonic() + 10
+        while await queued() < 2:  # behind the one lane
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        worker.stop()  # drains (the long job ends), takes nothing more, and leaves
+        worker.link.close()
+        while link.connected:
+            assert time.monotonic() < deadline + 10
+            await asyncio.sleep(0.01)
+        await link.cancel(waiting[0])  # the client of the first went away
+        _text, failed = await outcome(waiting[1])  # the second is failed after reconnect_timeout_s
+        assert isinstance(failed, Error) and failed.reason == "engine_unavailable"
+        deadline = time.monotonic() + 10
+        while await queued():
+            assert time.monotonic() < deadline, "a job nobody waits for is still queued"
+            await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+        await link.stop()
