@@ -348,7 +348,12 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], [(s[0], s[1]) for s in slots], member)
     except LimitsUnavailable:
         _give_back_model_slot(rt, admission)
+        _forget_member(limiter, [s[0] for s in slots], member)  # a script that timed out may have run
         raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
+    except BaseException:  # cancelled (the client went away) while Redis answered: nobody releases it
+        _give_back_model_slot(rt, admission)
+        _forget_member(limiter, [s[0] for s in slots], member)
+        raise
     if refused:
         _give_back_model_slot(rt, admission)
         if refused <= len(checks):
@@ -358,6 +363,24 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, request.model, held))))
     admission.shared_slots = [s[0] for s in slots]
     admission.shared_member = member
+
+
+_forgetting: set[asyncio.Task[None]] = set()
+
+
+def _forget_member(limiter: Any, slots: list[str], member: str) -> None:
+    """Give back the Redis slots ``member`` may hold, from a task of its own: the caller is being
+    cancelled, or is about to answer. (Without it a slot stays taken for the slot's hour.)"""
+    if not slots:
+        return
+    task = asyncio.get_running_loop().create_task(_release_all(limiter, slots, member))
+    _forgetting.add(task)
+    task.add_done_callback(_forgetting.discard)
+
+
+async def _release_all(limiter: Any, slots: list[str], member: str) -> None:
+    for slot in slots:
+        await limiter.release(slot, member)
 
 
 def _give_back_model_slot(rt: KeyRuntime, admission: Admission) -> None:

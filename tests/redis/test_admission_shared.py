@@ -73,3 +73,44 @@ async def test_requests_that_end_normally_give_back_every_place_with_shared_limi
     for limiter in limits._limiters.values():
         await limiter.client.aclose()
     limits._limiters.clear()
+
+
+async def test_a_request_cancelled_while_redis_checks_its_limits_holds_nothing(redis_server: RedisServer) -> None:
+    """The client goes away while the limits script is on its way (here Redis is busy for
+    0.3 s): the head's queue place and the Redis slot the script took are given back. Both used
+    to be held: the head's for good (the queue filled up), Redis's for the slot's hour."""
+    import asyncio
+    import threading
+
+    import redis
+
+    from keys import limits
+
+    from .test_fleet_sim import SPIN
+
+    limits._limiters.clear()
+    admin = redis.Redis(port=redis_server.port)
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=1, SUPERFLUID_MAX_QUEUE=0):
+        head = runtime()
+        warm = await admit({}, IP, chat(), runtime=head)  # the limiter's connection is open
+        await warm.release()
+        busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
+        busy.start()
+        await asyncio.sleep(0.05)  # the script is running: the limits check waits behind it
+        task = asyncio.get_running_loop().create_task(admit({}, IP, chat(), runtime=head))
+        await asyncio.sleep(0.05)  # the check is sent
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.to_thread(busy.join)
+        assert head.in_flight.held == {}
+        for _ in range(100):  # the slot is given back by a task of its own
+            if not any(admin.zcard(k) for k in admin.scan_iter("sf:cc:*")):
+                break
+            await asyncio.sleep(0.02)
+        assert [(k, admin.zcard(k)) for k in admin.scan_iter("sf:cc:*") if admin.zcard(k)] == []
+        again = await admit({}, IP, chat(), runtime=head)  # the client's one place is free
+        await again.release()
+    admin.close()
+    for limiter in limits._limiters.values():
+        await limiter.client.aclose()
+    limits._limiters.clear()
