@@ -107,6 +107,7 @@ class Transport(ABC):
         self._connected = asyncio.Event()
         self._lost_since: float | None = None
         self._connection = 0  # counts connections, so a job knows which worker it was sent to
+        self._abandoning: set[asyncio.Task[None]] = set()
 
     # -- lifecycle (the carrier) --------------------------------------------------------
 
@@ -153,8 +154,23 @@ class Transport(ABC):
         self.start()
         if self.connected:  # otherwise it is sent when the worker (re)connects
             handle.sent_on = self._connection
-            await self._send(data)
+            try:
+                await self._send(data)
+            except BaseException:
+                # cancelled (the client went away) while sending: no caller will ever hold this
+                # handle to cancel or finish it, and the submit may have gone out
+                self.inflight.pop(handle.job_id, None)
+                self.open.discard(handle.job_id)
+                self._abandon(handle.job_id)
+                raise
         return handle
+
+    def _abandon(self, job_id: str) -> None:
+        """Cancel at the worker a job whose submit may have been sent, from a task of its own
+        (the caller is being cancelled)."""
+        task = asyncio.get_running_loop().create_task(self._send(encode(Cancel(job_id))))
+        self._abandoning.add(task)
+        task.add_done_callback(self._abandoning.discard)
 
     async def cancel(self, handle: JobHandle) -> None:
         self.open.discard(handle.job_id)

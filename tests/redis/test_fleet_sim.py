@@ -219,3 +219,50 @@ async def test_a_job_cancelled_or_failed_while_no_worker_is_alive_leaves_the_que
     finally:
         await client.aclose()
         await link.stop()
+
+
+async def test_a_submit_cancelled_on_its_way_to_redis_leaves_nothing_behind(redis_server: RedisServer, prefix: str) -> None:
+    """The client goes away while its job's submit waits on Redis (busy here for 0.3 s). The
+    handle used to stay open for good (a drain waited its whole timeout for it) and the job,
+    once Redis ran the submit, ran for nobody. Now the handle goes and the job is cancelled;
+    a cancel that reaches Redis before its submit leaves a tombstone that refuses the submit."""
+    import redis.asyncio as aioredis
+
+    from scheduler.link.redis_transport import N_CLASSES
+
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    link = await head(redis_server.url, prefix)
+    admin = redis.Redis.from_url(redis_server.url)
+    client = aioredis.from_url(redis_server.url)
+    busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
+    try:
+        warm = await link.submit(request=completion("warm", max_tokens=2))  # connections open
+        _text, done = await outcome(warm)
+        assert isinstance(done, Done)
+        link.finish(warm)
+        served = worker.worker.stats["requests_total"]
+        busy.start()
+        await asyncio.sleep(0.05)  # the script is running: the submit waits behind it
+        task = asyncio.get_running_loop().create_task(link.submit(request=completion("nobody", max_tokens=200)))
+        await asyncio.sleep(0.05)  # the submit is sent
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert link.open == set() and link.inflight == {}
+        await asyncio.to_thread(busy.join)
+        deadline = time.monotonic() + 10
+        while True:
+            queued = [await client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)]
+            running = await client.zcard(f"{prefix}leases")
+            if not any(queued) and not running and not worker.link.held:
+                break
+            assert time.monotonic() < deadline, (queued, running)
+            await asyncio.sleep(0.02)
+        assert worker.worker.stats["requests_total"] - served <= 1  # at most started, then cancelled
+        assert not [k async for k in client.scan_iter(f"{prefix}job:*")]
+    finally:
+        if busy.is_alive():
+            await asyncio.to_thread(busy.join)
+        admin.close()
+        await client.aclose()
+        await link.stop()
+        worker.stop()

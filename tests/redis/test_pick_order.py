@@ -150,6 +150,15 @@ def test_a_batch_of_events_sent_again_is_appended_once_and_a_new_epoch_counts_af
     assert texts() == ["a", "b", "c", "d", "", "e"]  # "" is the lost marker
 
 
+def test_a_cancel_that_comes_before_its_submit_refuses_the_submit(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """A head cancelled while sending a submit cancels the job from another connection, which
+    can reach Redis first: the submit is then refused, and nothing is queued."""
+    assert s.cancel([prefix, "late"]) == b""
+    assert enqueue(s, prefix, "late", 2) == -3
+    assert client.zcard(prefix + "q:2") == 0 and not client.exists(prefix + "job:late")
+    assert enqueue(s, prefix, "other", 2) == 0  # other ids are not affected
+
+
 def test_a_lost_job_is_given_back_once(s: Scripts, client: redis.Redis, prefix: str) -> None:
     enqueue(s, prefix, "j", 2)
     pick(s, prefix, 1)

@@ -1,10 +1,16 @@
 -- The head cancels a job: a queued one leaves the queue; a running one's worker is told (and
 -- its emits are fenced from now on, since the job is gone).
+-- A cancel that finds no job leaves a tombstone for ten minutes, so that a submit still on its
+-- way (its sender was cancelled while sending, and cancelled the job from another connection)
+-- is refused when it arrives.
 -- ARGV: prefix, id.   Returns the worker that held it, or "".
 local p, id = ARGV[1], ARGV[2]
 local jk = p .. "job:" .. id
 local cur = redis.call("HMGET", jk, "state", "worker", "qos", "member")
-if cur[1] == false then return "" end
+if cur[1] == false then
+  redis.call("SET", p .. "x:" .. id, "1", "EX", 600)
+  return ""
+end
 if cur[1] == "q" then
   redis.call("ZREM", p .. "q:" .. cur[3], cur[4])
 end

@@ -1,4 +1,5 @@
 -- Put a job in the global queue (or back in it after its worker was lost).
+-- Returns the epoch; -1 fenced, -2 a duplicate id, -3 cancelled before it arrived.
 -- ARGV: prefix, id, qos, priority, aging_divisor_s, data, head, requeue (0|1), expect_epoch (-1: new job),
 --       resend (0|1: this head sends its own submit again, not knowing whether the first one ran)
 -- Order inside a class is a static score: priority + waited_s / divisor ranks jobs exactly as
@@ -28,6 +29,8 @@ elseif resend and redis.call("EXISTS", p .. "s:" .. id) == 1 then
   -- the first submit did run, and its job has already ended (emit deleted it); its stream is
   -- kept: the head reads the reply there instead of running the job a second time
   return 0
+elseif redis.call("EXISTS", p .. "x:" .. id) == 1 then
+  return -3  -- cancelled before it arrived (cancel.lua's tombstone)
 end
 local arrival = now_ms
 if requeue then
