@@ -15,6 +15,7 @@ files, then ``completed`` (or ``cancelled``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -35,6 +36,7 @@ log = logging.getLogger("superfluid.batches")
 
 LEASE = timedelta(minutes=15)  # a line claimed by a runner that died is run again after this
 POLL_S = 0.5  # how often a running line looks for a cancel
+FAILED_LINE_PAUSE_S = 1.0  # before a line that failed in the runner is claimed again
 RETRY_CAP_S = 30.0  # the longest wait before retrying a line refused with 429/503
 RETRIED_CODES = (429, 503)
 
@@ -106,8 +108,13 @@ async def run_batch(batch_id: str) -> None:
 
 
 async def _claimer(batch_id: str) -> None:
-    while await run_next(batch_id):
-        pass
+    while True:
+        try:
+            if not await run_next(batch_id):
+                return
+        except Exception:  # claiming or finalizing (the database erred): this claimer goes on
+            log.exception("batch %s: the runner failed; it goes on after a pause", batch_id)
+            await asyncio.sleep(FAILED_LINE_PAUSE_S)
 
 
 # -- state, in the database ----------------------------------------------------------------
@@ -189,16 +196,25 @@ def finalize_if_done(batch_id: str) -> bool:
 
 
 async def run_next(batch_id: str) -> bool:
-    """Claim one line and run it; False when there was none to claim."""
+    """Claim one line and run it; False when there was none to claim. A line that fails in here
+    (the database or the key runtime erred: not the request, whose errors are its result) is
+    given up and claimed again after a pause: the chain goes on, and the batch is not left
+    ``in_progress`` for good."""
     line = await sync_to_async(claim)(batch_id)
     if line is None:
         return False
-    b = await Batch.objects.aget(pk=batch_id)
-    ok, result = await run_line(b, line)
-    if result is not None:
-        await sync_to_async(record)(line.pk, ok, result)
-    else:  # cancelled in flight: not a result; the line stays pending and its lease is given up
-        await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=None)
+    try:
+        b = await Batch.objects.aget(pk=batch_id)
+        ok, result = await run_line(b, line)
+        if result is not None:
+            await sync_to_async(record)(line.pk, ok, result)
+        else:  # cancelled in flight: not a result; the line stays pending and its lease is given up
+            await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=None)
+    except Exception:
+        log.exception("batch %s: line %d failed in the runner; it runs again", batch_id, line.index)
+        with contextlib.suppress(Exception):  # else its lease lapses
+            await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=None)
+        await asyncio.sleep(FAILED_LINE_PAUSE_S)
     await sync_to_async(finalize_if_done)(batch_id)
     return True
 

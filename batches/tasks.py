@@ -11,6 +11,7 @@ recorded is never counted again."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -19,6 +20,8 @@ from celery import shared_task
 
 from . import runner
 from .models import Line
+
+log = logging.getLogger("superfluid.batches")
 
 T = TypeVar("T")
 RECHECK_S = 5
@@ -48,7 +51,13 @@ def start_batch(batch_id: str) -> None:
 
 @shared_task(acks_late=True, ignore_result=True)
 def run_line(batch_id: str) -> None:
-    if run_async(runner.run_next(batch_id)):
+    try:
+        more = run_async(runner.run_next(batch_id))
+    except Exception:  # claiming or finalizing (the database erred): the chain goes on, later
+        log.exception("batch %s: the runner failed; its chain goes on in %d s", batch_id, RECHECK_S)
+        run_line.apply_async((batch_id,), countdown=RECHECK_S)
+        return
+    if more:
         run_line.delay(batch_id)
         return
     if runner.finalize_if_done(batch_id):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -46,3 +47,38 @@ async def test_a_line_is_recorded_when_its_reply_is_in_not_at_the_next_look_for_
     assert [o["custom_id"] for o in out] == ["c0", "c1", "c2"]
     assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["choices"][0]["text"] for o in out)
     assert len(rows) == 3  # each line's request was logged
+
+
+async def test_a_line_whose_result_cannot_be_written_runs_again_and_the_batch_completes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database errs once while a line's result is written (and once while a line is
+    claimed). The runner's claimer used to die with the error, and with every claimer gone the
+    batch stayed ``in_progress`` for good. Now the line is given up and run again."""
+    from django.db import OperationalError
+
+    rows: list[dict[str, object]] = []
+    monkeypatch.setattr("activity.writer.submit", rows.append)
+    monkeypatch.setattr(runner, "FAILED_LINE_PAUSE_S", 0.01)
+    real_record, real_claim = runner.record, runner.claim
+    failures = {"record": 1, "claim": 1}
+
+    def flaky(name: str, real: Any) -> Any:
+        def call(*args: Any) -> Any:
+            if failures[name]:
+                failures[name] -= 1
+                raise OperationalError("database is locked")
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(runner, "record", flaky("record", real_record))
+    monkeypatch.setattr(runner, "claim", flaky("claim", real_claim))
+    monkeypatch.setattr(runner, "concurrency", lambda: 2)
+    b = await sync_to_async(make_batch)(4)
+    async with attached(SimWorker()):
+        await asyncio.wait_for(runner.run_batch(b.id), 30)
+    assert failures == {"record": 0, "claim": 0}
+    b = await Batch.objects.select_related("output_file").aget(pk=b.id)
+    assert (b.status, b.completed, b.failed) == ("completed", 4, 0)
+    out = [json.loads(x) for x in bytes(b.output_file.content).decode().splitlines()]
+    assert [o["custom_id"] for o in out] == ["c0", "c1", "c2", "c3"]  # each line once
+    assert len(rows) == 5  # the line whose result was lost ran twice
