@@ -152,12 +152,20 @@ class DrainMeter:
 # both take the last token nor see different times. A bucket is a hash {tokens, ts}; a
 # concurrency slot (an API key's, a keyless client's) is a sorted set of the admissions holding
 # it, scored by when the place lapses (a head that dies without releasing frees them after
-# SLOT_TTL_S).
+# SLOT_TTL_S). A call that took marks its member for a minute, so the same call run again (the
+# client retried a call whose reply was lost) takes nothing twice.
 # ARGV: prefix, n_buckets, (name, rate_per_s, capacity) x n_buckets, n_slots,
 #       (slot_name, slot_limit) x n_slots, member, slot_ttl_s.   Returns {0, 0} when taken, else
 #       {refused check (1-based; n_buckets + j = the j-th slot), milliseconds until it would pass}.
 LIMITS_LUA = """
 local p, n = ARGV[1], tonumber(ARGV[2])
+local base = 3 * n + 3
+local m = tonumber(ARGV[base])
+local member, ttl = ARGV[base + 2 * m + 1], tonumber(ARGV[base + 2 * m + 2])
+-- the same call run again (its reply was lost and the client retried): it has taken already
+if redis.call("EXISTS", p .. "lm:" .. member) == 1 then
+  return {0, 0}
+end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local state = {}
@@ -173,9 +181,6 @@ for i = 1, n do
   end
   state[i] = {key, tokens, rate, cap}
 end
-local base = 3 * n + 3
-local m = tonumber(ARGV[base])
-local member, ttl = ARGV[base + 2 * m + 1], tonumber(ARGV[base + 2 * m + 2])
 for j = 1, m do
   local skey, limit = p .. "cc:" .. ARGV[base + 2 * j - 1], tonumber(ARGV[base + 2 * j])
   redis.call("ZREMRANGEBYSCORE", skey, "-inf", now)
@@ -193,6 +198,7 @@ for j = 1, m do
   redis.call("ZADD", skey, now + ttl, member)
   redis.call("EXPIRE", skey, ttl + 1)
 end
+redis.call("SET", p .. "lm:" .. member, "1", "EX", 60)
 return {0, 0}
 """
 
@@ -220,8 +226,8 @@ class RedisLimiter:
         from scheduler.link.redis_transport import reconnecting_client
 
         self.prefix = prefix
-        # a dead pooled connection is retried, not a 503. (Were a reply lost on a live server,
-        # the retry would take a rate token twice; a slot is taken by member, so at most once.)
+        # a dead pooled connection is retried, not a 503; a check whose reply was lost and that
+        # runs again takes nothing twice (the script marks what its member took)
         self.client = reconnecting_client(url)
         self.script = self.client.register_script(LIMITS_LUA)
 

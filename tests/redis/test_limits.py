@@ -60,3 +60,20 @@ async def test_a_key_slot_and_a_client_slot_are_taken_together_or_not_at_all(red
     assert (await heads[1].take([], both, "five"))[0] == 1  # the key's 2 are still held
     for h in heads:
         await h.client.aclose()
+
+
+async def test_the_same_check_run_again_takes_nothing_twice(redis_server: RedisServer, prefix: str) -> None:
+    """redis-py runs a command again when its connection turned out dead after sending it, so a
+    limits check whose reply was lost can run twice. The second run used to take a second rate
+    token and count the request's own slot as another request: a key allowed one request at a
+    time was refused its own."""
+    limiter = RedisLimiter(redis_server.url, prefix)
+    bucket, slot = [("key:k", 1 / 60.0, 2)], ("k", 1)
+    assert await limiter.take(bucket, slot, "one") == (0, 0.0)
+    assert await limiter.take(bucket, slot, "one") == (0, 0.0)  # the same call again
+    assert await limiter.take(bucket, None, "two") == (0, 0.0)  # the bucket's second token is left
+    assert (await limiter.take(bucket, None, "three"))[0] == 1
+    assert (await limiter.take([], slot, "four"))[0] == 1  # "one" holds the one place, once
+    await limiter.release("k", "one")
+    assert await limiter.take([], slot, "four") == (0, 0.0)
+    await limiter.client.aclose()
