@@ -514,8 +514,8 @@ class RedisTransport(Transport):
         crashes = handle.crashes + 1
         if crashes >= MAX_CRASHES:
             log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, crashes)
-            await self.scripts.cancel([self.prefix, handle.job_id])
             handle.crashes = crashes
+            # the client's error first; the job's cancel goes at the next tick (again until sent)
             self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
             return
         try:

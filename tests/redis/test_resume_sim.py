@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.link.messages import Delta, Done
+from scheduler.link.messages import Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 
 from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
@@ -300,6 +300,30 @@ async def test_a_lost_job_whose_requeue_fails_once_is_requeued_when_its_marker_i
         assert isinstance(done, Done) and done.usage["completion_tokens"] == 60
         assert text == reference  # nothing repeated, nothing lost
         assert link.worker_restarts == 1  # one loss, counted once
+        spare.stop()
+    finally:
+        await link.stop()
+
+
+async def test_a_job_in_flight_during_two_worker_losses_in_a_row_fails_and_leaves_the_queue(redis_server: RedisServer, prefix: str) -> None:
+    """A request that kills every worker it reaches (here each worker dies at its first step,
+    before any token) is resumed once, then fails with engine_crashed, and is taken out of Redis:
+    a worker that comes later does not run it."""
+    link = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.05)
+    first = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=1)).start()
+    assert await link.wait_connected(20)
+    try:
+        handle = await link.submit(request=completion("poison", max_tokens=20))
+        while first.error is None:
+            await asyncio.sleep(0.01)
+        second = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=1)).start()
+        _text, event = await outcome(handle)
+        assert second.error is not None
+        assert isinstance(event, Error) and event.reason == "engine_crashed", event
+        await _nothing_queued_or_running(redis_server.url, prefix)
+        spare = SimFleetWorker(redis_server.url, prefix).start()
+        await asyncio.sleep(0.5)  # time to take a job, were one left
+        assert spare.worker.stats["requests_total"] == 0
         spare.stop()
     finally:
         await link.stop()
