@@ -746,23 +746,29 @@ class RedisWorkerLink:
         return free > 0 and len(reply) // 3 >= n
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(LEASE_MS / 3000.0):
+        # the first turn at once: heads see a new worker (its snapshot) without waiting a period
+        while not self._stop.is_set():
+            self._renew_once()
+            if self._stop.wait(LEASE_MS / 3000.0):
+                return
+
+    def _renew_once(self) -> None:
+        with self._lock:
+            ids = list(self.held)
+            free = self.worker.engine.n_lanes - len(ids)
+        try:
+            gone = self.scripts.renew([self.prefix, self.worker_id, LEASE_MS, free, *ids])
+            self._publish_snapshot()
+        except Exception as exc:
+            log.warning("Redis: could not renew leases: %s", exc)
+            return
+        for raw in gone or []:
+            job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             with self._lock:
-                ids = list(self.held)
-                free = self.worker.engine.n_lanes - len(ids)
-            try:
-                gone = self.scripts.renew([self.prefix, self.worker_id, LEASE_MS, free, *ids])
-                self._publish_snapshot()
-            except Exception as exc:
-                log.warning("Redis: could not renew leases: %s", exc)
-                continue
-            for raw in gone or []:
-                job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-                with self._lock:
-                    conn = self.held.pop(job_id, None)
-                if conn is not None and not conn.terminal:
-                    self.worker.inbox.put((conn, Cancel(job_id)))
-                    self.worker.interrupt.set()
+                conn = self.held.pop(job_id, None)
+            if conn is not None and not conn.terminal:
+                self.worker.inbox.put((conn, Cancel(job_id)))
+                self.worker.interrupt.set()
 
     def _publish_snapshot(self) -> None:
         state = dict(self._snapshot or {})
