@@ -515,7 +515,10 @@ class Reply:
             if head is None:
                 self.held = held  # maybe a call's head, still coming
                 break
-            name = json.loads(head.group(1))
+            try:
+                name = json.loads(head.group(1))
+            except ValueError:  # a string the pattern passes and JSON does not ("get\_weather")
+                name = None
             if name not in self.tool_names:
                 self.held = held
                 break

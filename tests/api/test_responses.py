@@ -538,7 +538,7 @@ def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cu
 
 
 _PARTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "{", "}", "[", "]", '"', "\\", ":", ",", " ", "\n",
-          '"name"', '"arguments"', '"f"', '"h"', "x", "1"]
+          '"name"', '"arguments"', '"f"', '"h"', "x", "1", '<tool_call>{"name": "', '", "arguments": {']
 
 
 @given(parts=st.lists(st.sampled_from(_PARTS), max_size=60), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))
@@ -567,8 +567,9 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
 @pytest.mark.parametrize(
     "pieces",
     [["<tool_call>\n{\"name\": \"h\", ", "\"arguments\": {}}\n</tool_call>"],  # not an offered function
-     ["<tool_call>\n{\"x\": 1}", " and more"]],  # no call at all
-    ids=["unoffered-function", "no-call"],
+     ["<tool_call>\n{\"x\": 1}", " and more"],  # no call at all
+     ["<tool_call>\n{\"name\": \"f\\_g\", \"arguments\": {", "}}\n</tool_call>"]],  # a name JSON cannot read
+    ids=["unoffered-function", "no-call", "invalid-escape-in-the-name"],
 )
 def test_a_block_that_is_no_call_streams_as_text_at_the_end(pieces: list[str]) -> None:
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
