@@ -243,8 +243,8 @@ class GenerationConsumer(StreamingConsumer):
                 await self.stream(request, handle, qos, link=link, body=body_digest(request))
             else:
                 await self.collect(request, handle, qos)
-        except asyncio.CancelledError:
-            await link.cancel(handle)
+        except BaseException:  # the client left, or this response failed: the job stops too
+            await link.cancel(handle)  # (nothing to send for a job that already ended)
             raise
         finally:
             link.finish(handle)
@@ -415,7 +415,7 @@ class GenerationConsumer(StreamingConsumer):
             qos = QosClass(int(meta.get("qos", QosClass.INTERACTIVE)))
             reply = self.reply(request, id=meta.get("id"), created=meta.get("created"))
             await self.pump_stream(request, handle, qos, reply, [], ids=True, skip=int(seen))
-        except asyncio.CancelledError:
+        except BaseException:  # the client left, or this response failed: the job stops too
             await link.cancel(handle)
             raise
         finally:

@@ -295,3 +295,37 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_the_worker_tokenises_i
         assert ids.status == 400 and ids.json()["error"]["code"] == "context_length_exceeded"
         assert tokenised == [] and not link.open  # none reached the worker
         assert (await request("POST", "/v1/chat/completions", chat_body("y" * 300, max_tokens=2), JSON)).status == 200
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_a_response_that_fails_mid_way_stops_its_job_and_frees_the_lane(slow_sim: SimWorker, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    """Any failure while the response is built (here the reply's own code raises at the fifth
+    delta; a tool call the parser could not read did so) ends in a server_error for the client,
+    and the job stops: it used to stop only for a client's disconnect, and otherwise ran to its
+    max_tokens holding a lane for nobody."""
+    from api.responses import Reply
+
+    real_delta, real_add = Reply.delta_chunks, Reply.add
+    seen = {"n": 0}
+
+    def failing(real):  # type: ignore[no-untyped-def]
+        def call(self, event):  # type: ignore[no-untyped-def]
+            seen["n"] += 1
+            if seen["n"] == 5:
+                raise RuntimeError("a bug in the reply")
+            return real(self, event)
+
+        return call
+
+    monkeypatch.setattr(Reply, "delta_chunks", failing(real_delta))
+    monkeypatch.setattr(Reply, "add", failing(real_add))
+    async with attached(slow_sim) as (link, _rt):
+        reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=400, stream=stream), JSON)
+        if stream:
+            assert reply.status == 200 and json.loads(reply.sse_data()[-2])["error"]["type"] == "server_error"
+        else:
+            assert reply.status == 500 and reply.json()["error"]["type"] == "server_error"
+        assert await wait_idle(slow_sim, link) == (0, 0)
+        assert not link.inflight and not link.open
+        assert slow_sim.transport is not None and slow_sim.transport.worker is not None
+        assert slow_sim.transport.worker.scheduler.counters["cancelled"] == 1  # stopped, not run to its end
