@@ -216,7 +216,12 @@ class Transport(ABC):
     async def _on_hello(self, hello: Hello) -> None:
         """A worker is there: send the config, then every job in flight again."""
         await self._greet(hello)
+        connection = self._connection
         for handle in list(self.inflight.values()):
+            # each send may pause (a full socket): a job cancelled meanwhile is not sent again, and
+            # one submitted since the greeting was sent by its submit
+            if self.inflight.get(handle.job_id) is not handle or handle.sent_on == connection:
+                continue
             try:
                 data = encode(handle.resubmission())
             except EncodeError as exc:

@@ -164,3 +164,52 @@ async def test_prompts_are_tokenised_on_the_preparation_thread_not_the_tick_thre
     assert isinstance(done, Done)
     assert threads == {"prepare"}
     await link.stop()
+
+
+
+async def test_a_job_cancelled_while_a_restarted_worker_gets_the_resubmissions_is_not_sent_again() -> None:
+    """Resubmitting the jobs in flight to a worker that came back awaits each send (a full
+    socket pauses it). A job cancelled during that pause used to be resubmitted after its cancel,
+    and the worker ran it for nobody. A job submitted meanwhile goes once, by its submit."""
+    from scheduler.link.messages import Cancel, Hello, Submit, decode
+    from scheduler.link.transport import Transport
+
+    class Carrier(Transport):
+        """Records what is sent; the send of a message with ``pause_on`` in it waits for ``go``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent: list[Any] = []
+            self.pause_on = ""
+            self.go = asyncio.Event()
+
+        def start(self) -> None:
+            pass
+
+        async def stop(self) -> None:
+            pass
+
+        async def _send(self, data: bytes) -> None:
+            self.sent.append(decode(data))
+            if self.pause_on and self.pause_on.encode() in data:
+                await self.go.wait()
+
+    def hello(pid: int) -> Hello:
+        return Hello(model="m", engine="sim", n_lanes=2, lane_ctx=512, pid=pid)
+
+    link = Carrier()
+    await link._on_hello(hello(1))
+    jobs = [await link.submit(request=completion(f"job {i}")) for i in range(3)]
+    link._on_lost(time.monotonic())
+    link.sent.clear()
+    link.pause_on = jobs[0].job_id  # the first resubmission's send pauses
+    resubmitting = asyncio.get_running_loop().create_task(link._on_hello(hello(2)))
+    while not link.sent:
+        await asyncio.sleep(0)
+    await link.cancel(jobs[2])  # during the pause
+    late = await link.submit(request=completion("late"))
+    link.go.set()
+    await resubmitting
+    sent = [(type(m).__name__, m.id) for m in link.sent]
+    assert sent == [("Submit", jobs[0].job_id), ("Cancel", jobs[2].job_id), ("Submit", late.job_id), ("Submit", jobs[1].job_id)]
+    assert all(isinstance(m, (Submit, Cancel)) for m in link.sent)
