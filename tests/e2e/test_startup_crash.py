@@ -108,6 +108,32 @@ def test_a_worker_that_crashes_after_it_was_ready_is_still_restarted() -> None:
         sup.kill()
 
 
+def test_a_restart_that_cannot_start_a_process_is_tried_again(monkeypatch: pytest.MonkeyPatch, capfd) -> None:  # type: ignore[no-untyped-def]
+    """Starting the worker again can fail for a while (no file descriptors or memory left).
+    The supervisor's thread used to die with that error: the model stayed dead for good and
+    serve did not exit. Now the start is tried again."""
+    import subprocess as sp
+
+    from scheduler.management.commands import serve
+
+    real, calls = sp.Popen, {"n": 0}
+
+    def popen(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] in (2, 3):  # the first two restarts
+            raise OSError(24, "Too many open files")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(serve.subprocess, "Popen", popen)
+    sup = supervise("later")
+    try:
+        wait(lambda: calls["n"] >= 4 and sup.proc is not None and sup.proc.poll() is None)
+        assert sup.fatal is None and not sup.exited.is_set()
+    finally:
+        sup.kill()
+    assert "Too many open files" in capfd.readouterr().err
+
+
 @pytest.mark.e2e
 @pytest.mark.model
 def test_serve_exits_with_the_hint_when_the_worker_crashes_at_start_up_whatever_the_flags(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -147,6 +147,11 @@ class WorkerSupervisor:
             pass_fds.append(theirs.fileno())
         try:
             self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=tuple(pass_fds))
+        except BaseException:
+            os.close(read_fd)
+            if ours is not None:
+                ours.close()
+            raise
         finally:
             os.close(write_fd)
             if theirs is not None:
@@ -197,6 +202,26 @@ class WorkerSupervisor:
         return f"{died}; {_portable_build_hint()}"
 
     def _watch(self) -> None:
+        try:
+            self._supervise()
+        finally:
+            self.exited.set()
+
+    def _respawn(self, backoff: float) -> bool:
+        """Start the worker again; a start that fails (no file descriptors or memory left for
+        now) is tried again, the waits growing to 10 s, until it works or serve stops. False:
+        serve is stopping."""
+        while not self.stopping:
+            try:
+                self._spawn()
+                return True
+            except OSError as exc:
+                backoff = min(10.0, backoff * 2)
+                sys.stderr.write(f"{self._which()} could not be started ({exc}); trying again in {backoff:.1f}s\n")
+                time.sleep(backoff)
+        return False
+
+    def _supervise(self) -> None:
         backoff = 0.2
         while True:
             assert self.proc is not None
@@ -219,7 +244,8 @@ class WorkerSupervisor:
                     )
                     self.argv = [*self.argv, "--no-repack"]
                     self.restarts += 1
-                    self._spawn()
+                    if not self._respawn(backoff):
+                        break
                     continue
                 self.fatal = fatal
                 self.stopping = True
@@ -231,10 +257,8 @@ class WorkerSupervisor:
             backoff = min(10.0, backoff * 2) if quick else 0.2
             sys.stderr.write(f"{self._which()} exited with {rc}; restarting in {backoff:.1f}s\n")
             time.sleep(backoff)
-            if self.stopping:
+            if not self._respawn(backoff):
                 break
-            self._spawn()
-        self.exited.set()
 
     def drain(self) -> None:
         self.stopping = True
