@@ -275,7 +275,12 @@ class ModelPool:
         worker.on_fatal = lambda: loop.call_soon_threadsafe(self._load_failed, model, worker)
         self.errors.pop(model, None)
         log.info("loading model %s", model)
-        worker.start()
+        try:
+            worker.start()
+        except OSError as exc:  # no process could be started (no file descriptors or memory left)
+            worker.fatal = f"its worker process could not be started ({exc})"
+            loop.call_soon(self._load_failed, model, worker)  # after this kick's dispatches
+            return
         link.start()
         self._spawn_task(self._await_loaded(model, link))
 
@@ -308,7 +313,8 @@ class ModelPool:
 
     async def _close(self, model: str, link: SocketTransport) -> None:
         await link.stop()
-        self.open_links.pop(model, None)
+        if self.open_links.get(model) is link:  # not a link a load since then has put there
+            self.open_links.pop(model, None)
 
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)
