@@ -7,6 +7,7 @@ another key gets 404, as if it did not exist."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -217,9 +218,23 @@ async def batches(request: HttpRequest) -> HttpResponse:
                                  or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
         raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
                               param="metadata", code="invalid_value")
-    b = await sync_to_async(_create)(owner, request.get_host(), file_id, endpoint, window, metadata)
-    await runner.start(b.id)
+    host = request.get_host()
+
+    async def create_and_start() -> Batch:
+        b = await sync_to_async(_create)(owner, host, file_id, endpoint, window, metadata)
+        await runner.start(b.id)
+        return b
+
+    # shielded: a client that leaves while a large file is read (Django cancels the view) would
+    # otherwise leave a batch created and never started, "validating" for good
+    task = asyncio.get_running_loop().create_task(create_and_start())
+    _creating.add(task)
+    task.add_done_callback(_creating.discard)
+    b = await asyncio.shield(task)
     return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
+
+
+_creating: set[asyncio.Task[Batch]] = set()
 
 
 @owned_view(Batch)

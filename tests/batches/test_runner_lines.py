@@ -4,7 +4,9 @@ against the simulated engine (the middle layer of tests/edge/inproc.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from typing import Any
 
 import pytest
@@ -82,3 +84,39 @@ async def test_a_line_whose_result_cannot_be_written_runs_again_and_the_batch_co
     out = [json.loads(x) for x in bytes(b.output_file.content).decode().splitlines()]
     assert [o["custom_id"] for o in out] == ["c0", "c1", "c2", "c3"]  # each line once
     assert len(rows) == 5  # the line whose result was lost ran twice
+
+
+async def test_a_client_that_leaves_while_its_batch_is_created_still_gets_the_batch_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a large input file takes a while; a client that disconnects meanwhile makes Django
+    cancel the view. The batch was created all the same (in its thread) and never started: it
+    stayed "validating" for good. Now creating and starting go on without the client."""
+    from channels.testing import ApplicationCommunicator
+
+    from batches import views
+    from tests.edge.inproc import JSON, application, scope
+
+    rows: list[dict[str, object]] = []
+    monkeypatch.setattr("activity.writer.submit", rows.append)
+    real_create = views._create
+
+    def slow_create(*args: Any) -> Batch:
+        time.sleep(0.3)  # a large file being read
+        return real_create(*args)
+
+    monkeypatch.setattr(views, "_create", slow_create)
+    f = await File.objects.acreate(purpose="batch", filename="in.jsonl", bytes=1, owner="",
+                                   content=b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                                                                "body": {"model": "sim", "prompt": "hi", "max_tokens": 3}}).encode() + b"\n" for i in range(2)))
+    async with attached(SimWorker()):
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/batches", JSON))
+        await comm.send_input({"type": "http.request", "body": json.dumps({"input_file_id": f.id, "endpoint": "/v1/completions", "completion_window": "24h"}).encode()})
+        await asyncio.sleep(0.1)  # the file is being read
+        await comm.send_input({"type": "http.disconnect"})
+        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+            await comm.wait(5)
+        for _ in range(250):
+            b = await Batch.objects.filter(input_file_id=f.id).afirst()
+            if b is not None and b.status == "completed":
+                break
+            await asyncio.sleep(0.02)
+        assert b is not None and (b.status, b.completed) == ("completed", 2), b and b.status
