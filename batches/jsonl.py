@@ -34,7 +34,9 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
         raise InvalidFile("The file is not UTF-8 text.") from None
     out: list[BatchLine] = []
     seen: set[str] = set()
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # lines end at "\n" only: splitlines() also splits at U+2028, U+0085 and the like, which a
+    # JSON string may hold as they are (a file written with ensure_ascii=False)
+    for number, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         if len(out) >= max_lines:

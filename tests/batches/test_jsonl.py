@@ -23,6 +23,15 @@ def test_a_valid_file_gives_its_lines_in_order() -> None:
     assert [(x.custom_id, x.url) for x in lines] == [("x", "/v1/chat/completions"), ("y", "/v1/completions")]
 
 
+def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_read() -> None:
+    """A file written with ensure_ascii=False holds U+2028, U+0085 and the like as they are; they
+    are not line ends (they used to split the line: 400 "not valid JSON")."""
+    text = "a\u2028b\u0085c\u2029d\x1ce"
+    data = (json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {"prompt": text}}, ensure_ascii=False) + "\r\n").encode()
+    lines = parse_jsonl(data + line("y", url="/v1/completions", body={"prompt": "p"}).replace(b"\n", b"\r\n"), 10)
+    assert [(x.custom_id, x.body["prompt"]) for x in lines] == [("x", text), ("y", "p")]
+
+
 @pytest.mark.parametrize(
     ("data", "words"),
     [
