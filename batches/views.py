@@ -91,7 +91,9 @@ def max_lines() -> int:
 @batch_view
 async def files(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        rows = await sync_to_async(lambda: [file_object(f) for f in File.objects.filter(owner=_owner(request))[:10_000]])()
+        # not their contents (up to 8 MiB each): the list is their metadata
+        owned = File.objects.filter(owner=_owner(request)).defer("content")[:10_000]
+        rows = await sync_to_async(lambda: [file_object(f) for f in owned])()
         return JsonResponse({"object": "list", "data": rows, "has_more": False})
     limit = max_file_bytes()  # the whole body was bounded before Django read it (batches/asgi.py)
     try:
