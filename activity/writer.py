@@ -115,16 +115,24 @@ class ActivityWriter:
 
 
 def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
+    """One transaction for the rows and the keys' times, so a batch that fails part way and is
+    written again is never written twice; the hourly prune after it, on its own."""
+    from django.db import transaction
+
     from keys.models import ApiKey
 
     from .log import maybe_prune
     from .models import ActivityEntry
 
-    if rows:
-        ActivityEntry.objects.bulk_create([ActivityEntry(**fields) for fields in rows])
-    for key_id, when in touches.items():
-        ApiKey.objects.filter(pk=key_id).update(last_used=when)
-    maybe_prune()
+    with transaction.atomic():
+        if rows:
+            ActivityEntry.objects.bulk_create([ActivityEntry(**fields) for fields in rows])
+        for key_id, when in touches.items():
+            ApiKey.objects.filter(pk=key_id).update(last_used=when)
+    try:
+        maybe_prune()
+    except Exception:  # tried again at the next interval; the rows are written
+        log.exception("could not prune the activity log")
 
 
 _writer = ActivityWriter()

@@ -156,3 +156,25 @@ async def test_recording_a_burst_never_waits_on_the_database_and_loses_no_row() 
         gate.set()
     assert await ActivityEntry.objects.acount() == 300
     assert {r async for r in ActivityEntry.objects.values_list("request_id", flat=True)} == {f"r{i}" for i in range(300)}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_write_that_fails_after_its_rows_is_written_again_without_doubling_them(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The writer stores a batch of rows, the keys' last-used times, then prunes once an hour.
+    A failure after the rows (the prune's DELETE timed out, a connection dropped) made it write
+    the whole batch again: every row twice, and the failed prune said nothing."""
+    calls = {"n": 0}
+
+    def prune(days=None):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        raise RuntimeError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(activity_log, "prune", prune)
+    monkeypatch.setattr(activity_log, "_last_prune", None)
+    logger = logging.getLogger("superfluid.activity")  # it does not propagate to the root
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, caplog.handler])
+    for i in range(3):
+        await record_request(RequestRecord(endpoint="chat", request_id=f"p{i}", status=200))
+    assert await asyncio.to_thread(activity_writer.get_writer().flush)
+    assert sorted([r async for r in ActivityEntry.objects.values_list("request_id", flat=True)]) == ["p0", "p1", "p2"]
+    assert calls["n"] == 1 and "could not prune the activity log" in caplog.text
