@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from .feed import GROUP, full_state
+
+log = logging.getLogger("superfluid.dashboard")
 
 CLOSE_FORBIDDEN = 4403
 GROUP_REFRESH_S = 3600.0
@@ -35,7 +38,10 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
         """Group memberships expire (a day in the in-memory layer); a dashboard may stay open longer."""
         while True:
             await asyncio.sleep(GROUP_REFRESH_S)
-            await self.channel_layer.group_add(GROUP, self.channel_name)
+            try:
+                await self.channel_layer.group_add(GROUP, self.channel_name)
+            except Exception:  # Redis away for a moment: the next refresh, well within a day, tries again
+                log.warning("dashboard: could not renew a page's group membership", exc_info=True)
 
     async def disconnect(self, code: int) -> None:
         refresh = getattr(self, "_refresh", None)

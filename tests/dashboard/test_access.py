@@ -175,3 +175,31 @@ def test_dashboard_state_names_the_key_of_a_lane_from_the_web_side_when_the_work
     state = {"lanes": [{"lane": 0, "state": "decode", "job_id": "j1"}, {"lane": 1, "state": "decode", "job_id": "j2", "key": "bob"}, {"lane": 2, "state": "idle"}]}
     lanes = dashboard_state(state, {"j1": "alice", "j2": "mallory"})["lanes"]
     assert [lane.get("key") for lane in lanes] == ["alice", "bob", None]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_failed_renewal_of_the_pages_group_membership_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open page renews its group membership (memberships expire); one renewal that failed
+    (Redis away for a moment) used to end the renewals, and a page left open for a day then
+    stopped updating."""
+    from channels.layers import get_channel_layer
+
+    from dashboard import consumers
+
+    monkeypatch.setattr(consumers, "GROUP_REFRESH_S", 0.01)
+    layer = get_channel_layer()
+    real, calls = layer.group_add, {"n": 0}
+
+    async def flaky(group: str, channel: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first renewal
+            raise ConnectionError("Connection closed by server.")
+        await real(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", flaky)
+    async with staff_dashboard("rita"):
+        for _ in range(200):
+            if calls["n"] >= 4:
+                break
+            await asyncio.sleep(0.01)
+    assert calls["n"] >= 4  # joined, failed once, renewed since
