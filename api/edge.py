@@ -261,11 +261,22 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
         request._sf_linger = channel.callLater(LINGER_S, transport.loseConnection)
     else:
         channel.loseConnection()
-    client = getattr(request, "client_addr", None)
+    # daphne sets client_addr only in process(), which a refused request never reaches
+    client = getattr(request, "client_addr", None) or _peer(transport)
     try:
         record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc)
     except Exception:
         logging.getLogger("superfluid.api").exception("could not record a refused request")
+
+
+def _peer(transport: Any) -> tuple[str, int] | None:
+    """The client's (host, port) from the connection, as daphne would name it."""
+    try:
+        peer = transport.getPeer()
+    except Exception:
+        return None
+    host = getattr(peer, "host", None)
+    return (str(host), int(getattr(peer, "port", 0) or 0)) if host else None
 
 
 def install_request_bounds() -> None:

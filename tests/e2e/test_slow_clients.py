@@ -44,9 +44,10 @@ def status_and_error(raw: bytes) -> tuple[int, dict]:
     return int(status_line.split()[1]), json.loads(payload)["error"]
 
 
-def activity_rows(server: RunningServer) -> list[tuple[str, int, str]]:
+def activity_rows(server: RunningServer) -> list[tuple[str, int, str, str]]:
+    """(endpoint, status, error code, client address) of each row."""
     with sqlite3.connect(Path(server.data_dir) / "superfluid.sqlite3") as db:
-        return db.execute("SELECT endpoint, status, error_code FROM activity_activityentry ORDER BY id").fetchall()
+        return db.execute("SELECT endpoint, status, error_code, client_ip FROM activity_activityentry ORDER BY id").fetchall()
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_a_body_that_stops_halfway_is_refused_with_408_and_the_connection_let_go
         slow.close()
     assert status == 408 and error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
     assert bounded.state()["lanes_active"] == 0
-    bounded.wait_for(lambda: ("chat", 408, "request_timeout") in activity_rows(bounded), timeout_s=30)
+    bounded.wait_for(lambda: ("chat", 408, "request_timeout", "127.0.0.1") in activity_rows(bounded), timeout_s=30)
     assert "error=request_timeout" in bounded.log()
 
 
@@ -78,7 +79,7 @@ def test_a_content_length_over_the_bound_is_413_without_sending_the_body(bounded
         big.sendall(head(bounded.port, 10**9))  # a gigabyte announced, none of it sent
         status, error = status_and_error(read_all(big))
     assert status == 413 and error["code"] == "request_too_large"
-    bounded.wait_for(lambda: ("chat", 413, "request_too_large") in activity_rows(bounded), timeout_s=30)
+    bounded.wait_for(lambda: ("chat", 413, "request_too_large", "127.0.0.1") in activity_rows(bounded), timeout_s=30)
     ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
     assert ok.status_code == 200, ok.text
 
