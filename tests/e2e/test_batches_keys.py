@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -33,6 +34,8 @@ def keyed(keyed_server: RunningServer) -> tuple[RunningServer, str, str]:
                               env={**os.environ, "SUPERFLUID_DATA_DIR": keyed_server.data_dir}, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         secrets.append(done.stdout.strip().splitlines()[-1])
+    for secret in secrets:  # the server reads new keys at its next poll of the database (0.25 s)
+        keyed_server.wait_for(lambda s=secret: httpx.get(keyed_server.base + "/v1/models", headers={"authorization": f"Bearer {s}"}, timeout=30).status_code == 200, timeout_s=30)
     return keyed_server, secrets[0], secrets[1]
 
 
