@@ -229,10 +229,10 @@ def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError) -> No
 LINGER_S = 5.0  # how long a refused request's connection still drains what the client sends
 
 
-def _cancel_deadline(request: Any, *, linger: bool = False) -> None:
-    for name in ("_sf_deadline", "_sf_linger") if linger else ("_sf_deadline",):
-        call = getattr(request, name, None)
-        setattr(request, name, None)
+def _cancel_deadline(request: Any, *, linger: bool = False, name: str = "_sf_deadline") -> None:
+    for attr in (name, "_sf_linger") if linger else (name,):
+        call = getattr(request, attr, None)
+        setattr(request, attr, None)
         if call is not None and call.active():
             call.cancel()
 
@@ -284,12 +284,36 @@ def install_request_bounds() -> None:
     through ``install_protocol_errors``). The clock starts at the request line: request line,
     headers and body together must arrive within ``SUPERFLUID_BODY_TIMEOUT`` seconds, else 408
     ``request_timeout``; a ``Content-Length`` over ``SUPERFLUID_MAX_BODY_BYTES`` is 413
-    ``request_too_large`` before any body byte is read, and a chunked body is cut off at it."""
+    ``request_too_large`` before any body byte is read, and a chunked body is cut off at it.
+    The request line itself is timed from its first byte (Twisted makes the request object only
+    once the line is whole), so a line trickled a byte at a time does not hold a connection."""
     from daphne.http_protocol import WebRequest
+    from twisted.web.http import HTTPChannel
 
     if getattr(WebRequest, "_sf_bounded", False):
         return
     WebRequest._sf_bounded = True
+    original_data, original_channel_lost = HTTPChannel.dataReceived, HTTPChannel.connectionLost
+
+    def line_timed_out(channel: Any) -> None:
+        channel._sf_line_deadline = None
+        if channel.requests:
+            return  # the line arrived: its request has its own deadline
+        # no path yet, so no activity row (it keeps generation requests): the 408 and the close
+        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout))))
+        channel.transport.loseConnection()
+
+    def data_received(self: Any, data: bytes) -> None:
+        # the first bytes of a request (none in progress): its line's clock starts
+        if not self.requests and getattr(self, "_sf_line_deadline", None) is None:
+            timeout = float(serving().body_timeout)
+            if timeout > 0:
+                self._sf_line_deadline = self.callLater(timeout, lambda: line_timed_out(self))
+        original_data(self, data)
+
+    def channel_lost(self: Any, reason: Any) -> None:
+        _cancel_deadline(self, name="_sf_line_deadline")
+        original_channel_lost(self, reason)
     original_init, original_got_length = WebRequest.__init__, WebRequest.gotLength
     original_chunk, original_process, original_lost = WebRequest.handleContentChunk, WebRequest.process, WebRequest.connectionLost
 
@@ -301,6 +325,8 @@ def install_request_bounds() -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_linger, self._sf_size = False, False, None, None, 0
         original_init(self, *args, **kwargs)
+        if self.channel is not None:  # the request line is whole: this request's own clock from here
+            _cancel_deadline(self.channel, name="_sf_line_deadline")
         timeout = float(serving().body_timeout)
         if timeout > 0 and self.channel is not None:
             self._sf_deadline = self.channel.callLater(timeout, lambda: timed_out(self))
@@ -330,6 +356,8 @@ def install_request_bounds() -> None:
         _cancel_deadline(self, linger=True)
         original_lost(self, reason)
 
+    HTTPChannel.dataReceived = data_received
+    HTTPChannel.connectionLost = channel_lost
     WebRequest.__init__ = init
     WebRequest.gotLength = got_length
     WebRequest.handleContentChunk = handle_content_chunk

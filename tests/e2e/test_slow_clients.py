@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -90,3 +91,37 @@ def test_a_client_that_sends_its_whole_oversized_body_before_reading_still_gets_
     for _ in range(3):
         big = httpx.post(bounded.base + "/v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=120)
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_request_line_trickled_a_byte_at_a_time_is_refused_with_408_and_the_connection_let_go(bounded: RunningServer) -> None:
+    """Twisted makes a request object only once its request line is whole, and the body
+    deadline started there: a client sending its request line a byte every few seconds (up to
+    16 KiB) held the connection for days, each byte resetting the idle timeout. The line is timed
+    from its first byte now: the 408 comes before the line is whole (here 36 bytes, a byte every
+    0.5 s, against --body-timeout 3)."""
+    line = b"POST /v1/chat/completions HTTP/1.1\r\n"
+    reply, sent = b"", 0
+    with socket.create_connection(("127.0.0.1", bounded.port)) as slow:
+        for byte in line:
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:  # the server has let go
+                break
+            sent += 1
+            time.sleep(0.5)
+            slow.setblocking(False)
+            try:
+                reply = slow.recv(65536)
+            except BlockingIOError:
+                pass
+            finally:
+                slow.setblocking(True)
+            if reply:
+                break
+        slow.settimeout(30)
+        reply += read_all(slow)
+    assert sent < len(line), "the whole line went out before any answer"
+    status, error = status_and_error(reply)
+    assert status == 408 and error["code"] == "request_timeout"
+    ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
+    assert ok.status_code == 200, ok.text
