@@ -40,6 +40,7 @@ from django.utils import timezone
 from keys.credentials import secret_from_headers
 from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy
+from scheduler.aio import spawn
 from scheduler.core.qos import (
     PRIORITY_ALIASES,
     QosClass,
@@ -129,7 +130,7 @@ class Admission:
 
             slots, self.shared_slots = self.shared_slots, []
             limiter = shared_limiter(serving().redis_url)
-            await asyncio.shield(asyncio.gather(*(limiter.release(slot, self.shared_member) for slot in slots)))
+            await asyncio.shield(_release_all(limiter, slots, self.shared_member))
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -373,9 +374,7 @@ def _forget_member(limiter: Any, slots: list[str], member: str) -> None:
     cancelled, or is about to answer. (Without it a slot stays taken for the slot's hour.)"""
     if not slots:
         return
-    task = asyncio.get_running_loop().create_task(_release_all(limiter, slots, member))
-    _forgetting.add(task)
-    task.add_done_callback(_forgetting.discard)
+    spawn(_forgetting, _release_all(limiter, slots, member))
 
 
 async def _release_all(limiter: Any, slots: list[str], member: str) -> None:

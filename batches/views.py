@@ -24,6 +24,7 @@ from django.utils import timezone
 from api.admission import key_required
 from api.edge import error_response
 from api.errors import ApiError, invalid_request, request_too_large
+from scheduler.aio import spawn
 from superfluid_site.serving import serving
 
 from . import runner
@@ -229,10 +230,7 @@ async def batches(request: HttpRequest) -> HttpResponse:
 
     # shielded: a client that leaves while a large file is read (Django cancels the view) would
     # otherwise leave a batch created and never started, "validating" for good
-    task = asyncio.get_running_loop().create_task(create_and_start())
-    _creating.add(task)
-    task.add_done_callback(_creating.discard)
-    b = await asyncio.shield(task)
+    b = await asyncio.shield(spawn(_creating, create_and_start()))
     return JsonResponse(batch_object(await Batch.objects.aget(pk=b.id)))
 
 

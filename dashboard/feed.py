@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from scheduler.aio import spawn
+
 log = logging.getLogger("superfluid.dashboard")
 
 GROUP = "lanes"
@@ -172,9 +174,7 @@ class SnapshotFeed:
         except Exception:
             log.exception("dashboard feed: could not prepare a push")
             return
-        task = loop.create_task(self._send(layer, message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, self._send(layer, message))  # on self._loop: _push runs there
 
     async def _send(self, layer: Any, message: dict[str, Any]) -> None:
         try:

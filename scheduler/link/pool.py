@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from scheduler.aio import spawn
 from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
 from scheduler.models_config import ModelsConfig
 from scheduler.worker.metrics import Histogram
@@ -184,9 +185,7 @@ class ModelPool:
                 log.exception("router tick failed")
 
     def _spawn_task(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     def drain(self) -> None:
         """serve's SIGTERM: nothing new; waiting requests end, running ones finish at their workers."""

@@ -39,6 +39,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scheduler.aio import spawn
+
 from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
@@ -476,9 +478,7 @@ class RedisTransport(Transport):
     def finish(self, handle: JobHandle) -> None:
         super().finish(handle)
         if handle.job_id not in self._readers and not self._stopped:
-            task = asyncio.get_running_loop().create_task(self._forget(handle.job_id))
-            self._forgetting.add(task)
-            task.add_done_callback(self._forgetting.discard)
+            spawn(self._forgetting, self._forget(handle.job_id))
 
     async def _check_vanished(self, handle: JobHandle, key: str) -> None:
         """Redis restarted empty (or the job expired): fail the job instead of waiting forever."""

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.aio import spawn
+
 from .messages import (
     ENGINE_CRASHED,
     ENGINE_UNAVAILABLE,
@@ -168,9 +170,7 @@ class Transport(ABC):
     def _abandon(self, job_id: str) -> None:
         """Cancel at the worker a job whose submit may have been sent, from a task of its own
         (the caller is being cancelled)."""
-        task = asyncio.get_running_loop().create_task(self._send(encode(Cancel(job_id))))
-        self._abandoning.add(task)
-        task.add_done_callback(self._abandoning.discard)
+        spawn(self._abandoning, self._send(encode(Cancel(job_id))))
 
     async def cancel(self, handle: JobHandle) -> None:
         self.open.discard(handle.job_id)
