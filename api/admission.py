@@ -347,13 +347,12 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     limiter = shared_limiter(cfg.redis_url)
     try:
         refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], [(s[0], s[1]) for s in slots], member)
-    except LimitsUnavailable:
-        _give_back_model_slot(rt, admission)
-        _forget_member(limiter, [s[0] for s in slots], member)  # a script that timed out may have run
-        raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
-    except BaseException:  # cancelled (the client went away) while Redis answered: nobody releases it
+    except BaseException as exc:  # Redis unreachable (a script that timed out may have run), or
+        # cancelled (the client went away) while Redis answered: nothing else gives these back
         _give_back_model_slot(rt, admission)
         _forget_member(limiter, [s[0] for s in slots], member)
+        if isinstance(exc, LimitsUnavailable):
+            raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
         raise
     if refused:
         _give_back_model_slot(rt, admission)

@@ -326,12 +326,14 @@ def install_request_bounds() -> None:
         self._sf_refused, self._sf_processing, self._sf_deadline, self._sf_linger, self._sf_size = False, False, None, None, 0
         original_init(self, *args, **kwargs)
         timeout = float(serving().body_timeout)
-        if self.channel is not None:  # the request line is whole: what is left of its time goes on
-            line = getattr(self.channel, "_sf_line_deadline", None)
-            if timeout > 0 and line is not None and line.active():
-                timeout = max(0.001, line.getTime() - line.seconds())
-            _cancel_deadline(self.channel, name="_sf_line_deadline")
-        if timeout > 0 and self.channel is not None:
+        if self.channel is None:
+            return
+        # the request line is whole: what is left of its time goes on to headers and body
+        line = getattr(self.channel, "_sf_line_deadline", None)
+        if timeout > 0 and line is not None and line.active():
+            timeout = max(0.001, line.getTime() - line.seconds())
+        _cancel_deadline(self.channel, name="_sf_line_deadline")
+        if timeout > 0:
             self._sf_deadline = self.channel.callLater(timeout, lambda: timed_out(self))
 
     def got_length(self: Any, length: int | None) -> None:
