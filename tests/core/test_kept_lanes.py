@@ -4,6 +4,7 @@ and feeds only what is new, with no copy; as llama-server's slots keep their pro
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,16 +64,21 @@ def test_the_turn_takes_the_lane_that_kept_its_prefix_over_an_empty_one() -> Non
     assert b2.lane == 1 and b2.cached_tokens == len(b.sequence) - 1
 
 
-def test_a_job_sharing_nothing_takes_an_empty_lane_and_leaves_the_kept_ones() -> None:
+@pytest.mark.parametrize("shared_opening", [0, 5], ids=["nothing shared", "a chat template's opening shared"])
+def test_a_job_sharing_little_takes_an_empty_lane_and_leaves_the_kept_one_to_its_conversation(shared_opening: int) -> None:
+    """A prompt that shares nothing with a kept lane, or only its first tokens (a chat
+    template's opening), takes an empty lane: the kept conversation's next turn, arriving while
+    the newcomer still runs, still finds all of its KV."""
     sched, engine, _ = make_scheduler(max_batch=2)
     a = make_job(200, job_id="a", max_tokens=4)
     sched.add(a)
     run_until_idle(sched, engine)
-    stranger = make_job(50, job_id="stranger", max_tokens=30)
-    sched.add(stranger)
+    newcomer = make_job(50, job_id="newcomer", max_tokens=30)
+    newcomer.prompt = a.prompt[:shared_opening] + newcomer.prompt[shared_opening:]
+    sched.add(newcomer)
     tick(sched, engine)
-    assert stranger.lane == 1 and stranger.cached_tokens == 0
-    a2 = next_turn(a, 10, "a2")  # arrives while the stranger still runs: lane 0 is still a's
+    assert newcomer.lane == 1 and newcomer.cached_tokens == 0
+    a2 = next_turn(a, 10, "a2")
     sched.add(a2)
     tick(sched, engine)
     assert a2.lane == 0 and a2.cached_tokens == len(a.sequence) - 1
@@ -94,24 +100,6 @@ def test_a_short_prompt_sent_again_takes_its_lane_back_and_feeds_only_its_last_t
     sched.commit(engine.execute(plan, lambda: False))
     run_until_idle(sched, engine)
     assert again.cached_tokens == 19 and again.output == first.output  # the same reply, one token fed
-
-
-def test_a_few_shared_opening_tokens_leave_the_kept_lane_to_its_conversation() -> None:
-    """A prompt that shares only its first tokens with a kept lane (a chat template's opening)
-    takes an empty lane: the kept conversation's next turn still finds all of its KV."""
-    sched, engine, _ = make_scheduler(max_batch=2)
-    a = make_job(200, job_id="a", max_tokens=4)
-    sched.add(a)
-    run_until_idle(sched, engine)
-    opener = make_job(20, job_id="opener", max_tokens=30)
-    opener.prompt = a.prompt[:5] + opener.prompt[5:]
-    sched.add(opener)
-    tick(sched, engine)
-    assert opener.lane == 1 and opener.cached_tokens == 0
-    a2 = next_turn(a, 10, "a2")
-    sched.add(a2)
-    tick(sched, engine)
-    assert a2.lane == 0 and a2.cached_tokens == len(a.sequence) - 1
 
 
 def test_with_every_lane_kept_the_one_kept_longest_ago_is_emptied_first() -> None:
