@@ -60,7 +60,13 @@ async def test_jobs_through_two_heads_are_served_by_two_workers(redis_server: Re
         heads[0].finish(h) if h.job_id in heads[0].open else heads[1].finish(h)
     served = [w.worker.stats["requests_total"] for w in workers]
     assert sum(served) == 8 and all(n > 0 for n in served)
-    assert len(heads[0].workers) == 2  # each head sees the fleet
+    # each head sees the whole fleet, from its next read of it (every poll_s; the jobs can all be
+    # done before a worker that published a moment after the head's first read is seen)
+    deadline = time.monotonic() + 10
+    while len(heads[0].workers) < 2:
+        assert time.monotonic() < deadline, heads[0].workers
+        await asyncio.sleep(0.01)
+    assert len(heads[0].workers) == 2
     for h in heads:
         await h.stop()
     for w in workers:
