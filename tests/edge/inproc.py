@@ -77,9 +77,11 @@ class SimWorker:
 async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
     """On the running event loop: the in-process transport to ``worker`` and a key runtime with
     a fixed snapshot (``keys``: digest -> Key; none by default), as the server has per process."""
+    from activity.writer import flush, get_writer
     from keys.runtime import KeyRuntime, Snapshot
     from superfluid_site.runtime import forget, web_runtime
 
+    given_up = get_writer().failed
     loop = asyncio.get_running_loop()
     link = InProcessTransport(worker.make_worker)
     worker.transport = link
@@ -93,12 +95,12 @@ async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  #
         assert await link.wait_connected(10), "the simulated worker did not answer"
         yield link, rt
     finally:
-        from activity.writer import flush
-
         await asyncio.to_thread(flush)  # the rows of this test's requests, while its database is there
         await link.stop()
         forget(loop)
         worker.transport = None
+    # A row the writer gave up on (after ~1.5 s of retries) is a test without database access.
+    assert get_writer().failed == given_up, "activity rows could not be written: mark the test django_db"
 
 
 def application() -> Any:

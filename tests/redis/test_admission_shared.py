@@ -3,6 +3,7 @@ head (each runtime here stands for one head), and a refused request leaves no pl
 
 from __future__ import annotations
 
+import pytest
 from django.test import override_settings
 
 from tests.keys.test_admission import IP, admit, chat, expect, runtime
@@ -53,6 +54,7 @@ async def test_the_first_limits_check_after_a_redis_restart_is_not_refused_for_a
         server.stop()
 
 
+@pytest.mark.django_db(transaction=True)
 async def test_requests_that_end_normally_give_back_every_place_with_shared_limits(redis_server: RedisServer) -> None:
     """Through the ASGI application, which gets its disconnect as soon as the reply is sent (as
     daphne sends it). Giving back a shared slot waits on Redis; that disconnect used to cancel

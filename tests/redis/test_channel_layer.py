@@ -36,6 +36,7 @@ def redis_layer(redis_server: RedisServer, settings: Any) -> Iterator[dict[str, 
     yield calls
 
 
+@pytest.mark.django_db(transaction=True)
 async def test_api_requests_take_no_channel_on_the_redis_layer(redis_layer: dict[str, int]) -> None:
     async with attached(SimWorker()):
         reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=3), JSON)
