@@ -70,11 +70,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("superfluid.link")
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
-LEASE_MS = 3000  # a worker renews every LEASE_MS / 3; a job whose lease lapses is given back
+# A worker renews its jobs' leases and its snapshot every LEASE_MS / 3; a job whose lease lapses
+# is given back to the queue, and a worker whose snapshot key (kept as long) lapses is gone.
+LEASE_MS = 3000
 STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
-WORKER_TTL_S = 3  # a worker's snapshot key expires unless refreshed
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
 N_CLASSES = 4
@@ -576,10 +577,12 @@ class RedisWorkerLink:
         prefix: str = DEFAULT_PREFIX,
         starvation_s: float = 2.0,
         preemption: bool = True,
+        lease_ms: int = LEASE_MS,
     ) -> None:
         import redis
 
         self.worker = worker
+        self.lease_ms = lease_ms
         self.url = url
         self.prefix = prefix
         self.starvation_s = starvation_s
@@ -715,7 +718,7 @@ class RedisWorkerLink:
             if not self.preemption or not running or max(running) <= 1 or urgent >= n_lanes:
                 return False
             floor, n = max(running), 1  # ask to preempt our lowest running class
-        reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, LEASE_MS, floor, *caps, *use])
+        reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, self.lease_ms, floor, *caps, *use])
         if not reply:
             return False
         for i in range(0, len(reply), 3):
@@ -749,7 +752,7 @@ class RedisWorkerLink:
         # the first turn at once: heads see a new worker (its snapshot) without waiting a period
         while not self._stop.is_set():
             self._renew_once()
-            if self._stop.wait(LEASE_MS / 3000.0):
+            if self._stop.wait(self.lease_ms / 3000.0):
                 return
 
     def _renew_once(self) -> None:
@@ -757,7 +760,7 @@ class RedisWorkerLink:
             ids = list(self.held)
             free = self.worker.engine.n_lanes - len(ids)
         try:
-            gone = self.scripts.renew([self.prefix, self.worker_id, LEASE_MS, free, *ids])
+            gone = self.scripts.renew([self.prefix, self.worker_id, self.lease_ms, free, *ids])
             self._publish_snapshot()
         except Exception as exc:
             log.warning("Redis: could not renew leases: %s", exc)
@@ -779,7 +782,7 @@ class RedisWorkerLink:
         state["worker"] = self.worker_id
         body = json.dumps(state, default=str)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.prefix + "worker:" + self.worker_id, body, ex=WORKER_TTL_S)
+        pipe.set(self.prefix + "worker:" + self.worker_id, body, px=self.lease_ms)
         pipe.sadd(self.prefix + "workers", self.worker_id)
         pipe.execute()
 

@@ -94,12 +94,16 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 # -- a fleet in this process: sim workers on threads, heads on the test's event loop ----------
 
 
+SIM_LEASE_MS = 1000
+
+
 class SimFleetWorker:
     def __init__(self, url: str, prefix: str, *, lanes: int = 2, engine: SimEngine | None = None, class_lanes: dict[Any, int] | None = None) -> None:
         self.engine = engine or SimEngine(n_lanes=lanes, lane_ctx=512)
         config = SchedulerConfig(max_batch=self.engine.n_lanes, lane_ctx=self.engine.lane_ctx, class_lanes=dict(class_lanes or {}))
         self.worker = EngineWorker(self.engine, config, model_name="sim", prepare_in_thread=True)
-        self.link = RedisWorkerLink(self.worker, url, prefix=prefix, starvation_s=60.0)
+        # A lease of a second instead of three: a test of a worker's loss waits for it to lapse.
+        self.link = RedisWorkerLink(self.worker, url, prefix=prefix, starvation_s=60.0, lease_ms=SIM_LEASE_MS)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None
 
