@@ -276,10 +276,13 @@ async def admit(
         raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
 
     qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
+    if policy is not None and class_of_priority(priority) < policy.max_class:
+        # a priority in a band above the key's best class, whatever class the request runs in (the
+        # router orders and swaps models by priority alone): the policy's anchor, never an error
+        priority = clamp_to_policy(policy.max_class)
     by_qos_header = serving().http_qos_header and "x-superfluid-qos" in headers
     if policy is not None and asked and qos < policy.max_class and not by_qos_header:
-        # only X-LlamaSwap-Priority asked: clamp it to the key's best class, never an error
-        qos, priority = policy.max_class, clamp_to_policy(policy.max_class)
+        qos = policy.max_class  # only X-LlamaSwap-Priority asked: the key's best class
     if policy is not None and asked and qos < policy.max_class:
         raise forbidden(
             f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",

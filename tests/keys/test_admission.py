@@ -130,6 +130,21 @@ async def test_a_priority_in_a_band_above_the_best_class_is_clamped_to_the_polic
     assert admission.qos is QosClass.BACKGROUND and admission.priority == -98 and admission.band == "batch"
 
 
+@pytest.mark.parametrize("qos", ["background", None])
+async def test_a_priority_above_the_best_class_is_clamped_also_beside_the_class_header(qos: str | None) -> None:
+    """A background-only key sending its own class and a huge priority: with several models the
+    router orders requests and swaps by priority alone, so the number must not outrank what an
+    interactive user sends (it did: the priority passed unclamped beside x-superfluid-qos)."""
+    bg = runtime(key("sf-b", "b", Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND, priority_offset=2)))
+    headers = bearer("sf-b", **{"x-llamaswap-priority": "1000000"}, **({"x-superfluid-qos": qos} if qos else {}))
+    for request in (chat(), fim()):
+        admission = await admit(headers, IP, request, runtime=bg)
+        assert admission.priority == -98 and admission.band == "batch", (request, admission.priority)
+    rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
+    admission = await admit(bearer("sf-k", **{"x-superfluid-qos": "agent", "x-llamaswap-priority": "interactive"}), IP, chat(), runtime=rt)
+    assert admission.qos is QosClass.AGENT and admission.priority == 0 and admission.band == "normal"
+
+
 @pytest.mark.parametrize(("header", "priority"), [("9" * 400, 1_000_000), ("-" + "9" * 400, -1_000_000), ("9" * 5000, 0), ("1000001", 1_000_000), ("-1000000", -1_000_000), ("123", 123)])
 async def test_a_priority_is_clamped_where_it_enters_so_nothing_downstream_overflows(header: str, priority: int) -> None:
     rt = runtime()
@@ -141,9 +156,10 @@ async def test_a_priority_is_clamped_where_it_enters_so_nothing_downstream_overf
 @override_settings(SUPERFLUID_HTTP_QOS_HEADER=False)
 async def test_without_the_qos_header_the_key_default_holds_and_priority_only_orders() -> None:
     rt = runtime(key("sf-k", "k", AGENT_UP_TO_COMPLETION))
-    headers = bearer("sf-k", **{"x-superfluid-qos": "interactive", "x-llamaswap-priority": "100"})
-    admission = await admit(headers, IP, chat(), runtime=rt)
-    assert admission.qos is QosClass.AGENT and admission.priority == 100
+    for priority, expected in (("40", 40), ("100", 0)):  # a band above the best class: clamped
+        headers = bearer("sf-k", **{"x-superfluid-qos": "interactive", "x-llamaswap-priority": priority})
+        admission = await admit(headers, IP, chat(), runtime=rt)
+        assert admission.qos is QosClass.AGENT and admission.priority == expected
 
 
 async def test_without_a_policy_the_server_defaults_hold() -> None:
