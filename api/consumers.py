@@ -277,7 +277,7 @@ class GenerationConsumer(StreamingConsumer):
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
                 scored.append(getattr(first, "prompt_logprobs", None))
-            echoes = await self.echo_texts(subs) if request.echo else [""] * len(subs)
+            echoes = await self.echo_texts(subs, link.hello.model if link.hello else None) if request.echo else [""] * len(subs)
             head = self.reply(request)
             replies = [self.reply(sub, index=i, id=head.id, created=head.created, echo=echoes[i]) for i, sub in enumerate(subs)]
             for reply, entries in zip(replies, scored, strict=True):
@@ -292,15 +292,16 @@ class GenerationConsumer(StreamingConsumer):
             for handle in handles:
                 link.finish(handle)
 
-    async def echo_texts(self, subs: list[GenerationRequest]) -> list[str]:
-        """Each choice's prompt as text: the string given, or its token ids detokenised."""
+    async def echo_texts(self, subs: list[GenerationRequest], model: str | None) -> list[str]:
+        """Each choice's prompt as text: the string given, or its token ids detokenised with the
+        vocabulary of the model that ran them (``model``: the id its worker said)."""
         from .tokenizer import detokenize
         from .views import _vocab
 
         out = []
         for sub in subs:
             if isinstance(sub.prompt, list):
-                out.append(detokenize(await _vocab(), sub.prompt))
+                out.append(detokenize(await _vocab(model), sub.prompt))
             else:
                 out.append(sub.prompt or "")
         return out

@@ -93,4 +93,8 @@ def vocab_for(path: str | Path) -> Vocab:
 
 
 def detokenize(vocab: Vocab, tokens: list[int]) -> str:
+    """The text of ``tokens``; ValueError for an id outside the vocabulary (llama.cpp's piece
+    lookup aborts the process on one)."""
+    if any(not 0 <= t < vocab.n_vocab for t in tokens):
+        raise ValueError(f"a token id outside this vocabulary (0 to {vocab.n_vocab - 1})")
     return b"".join(vocab.piece(t) for t in tokens).decode("utf-8", "replace")

@@ -107,10 +107,13 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-async def _vocab() -> Any:
+async def _vocab(model: str | None = None) -> Any:
+    """The vocabulary of ``model`` (an id or alias) where several models are served, else of
+    the one model (/tokenize's: the first configured)."""
     from .tokenizer import vocab_for
 
-    path = serving().model_path
+    cfg = serving()
+    path = dict(cfg.model_paths).get(model or "", cfg.model_path)
     if not path:
         from scheduler.engines.models import default_model_path
 

@@ -36,6 +36,9 @@ class ServingConfig:
 
     models: tuple[str, ...] = ()  # ids the server answers to (serve: --model/--config); else from the worker's hello
     model_path: str = ""  # /tokenize's vocabulary (several models: the first configured one's)
+    # several models: each id and alias -> its model's path (a token-id prompt's echo is read
+    # with its own model's vocabulary); one model: empty, model_path serves
+    model_paths: tuple[tuple[str, str], ...] = ()
     redis_url: str = ""  # --redis: the link, shared limits and the batch runner go through Redis
     socket: str = ""  # runengine --socket PATH: the link to a worker started by hand
     http_default_qos: str = "agent"

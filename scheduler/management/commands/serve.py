@@ -484,6 +484,7 @@ class Command(BaseCommand):
             models=(model_name,) if pool_setup is None else tuple(m.id for m in pool_setup.config.models),
             # /tokenize reads the vocabulary from it (with several models: the first configured one's)
             model_path=str(model if pool_setup is None else pool_setup.config.models[0].path),
+            model_paths=() if pool_setup is None else tuple((name, str(m.path)) for m in pool_setup.config.models for name in (m.id, *m.aliases)),
             redis_url=redis_url or settings.SUPERFLUID_REDIS_URL,
             socket=socket_path or settings.SUPERFLUID_SOCKET,
             http_default_qos=default_qos.label,
