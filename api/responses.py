@@ -290,7 +290,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
         try:
             obj, end = decoder.raw_decode(text, body_at + stripped)
             spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not a call (however deeply nested): text
             rest.append(text[start:])
             break
         close = text.find(TOOL_CLOSE, end)

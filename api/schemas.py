@@ -225,7 +225,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     (400 with the exact ``param``, or 404 ``model_not_found``) on the first problem found, checked
     in this order: JSON, object, ``model``, unknown keys, ``messages``, then the other parameters.
     """
-    body = _load_object(raw)
+    body = load_object(raw)
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body)
@@ -266,7 +266,7 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
     text; ``best_of`` > 1 is unsupported; ``logprobs`` (0-20) asks for that many alternatives
     per token.
     """
-    body = _load_object(raw)
+    body = load_object(raw)
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _COMPLETION_KEYS, strict)
     prompts = _parse_prompt(body)
@@ -314,7 +314,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _load_object(raw: bytes) -> dict[str, Any]:
+def load_object(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object of UTF-8 text, finite numbers and encodable strings, else
+    400 (never a 500, however deep or odd)."""
     # The body is decoded as UTF-8 here, not by json.loads, which would also take UTF-16/32.
     # "surrogatepass" lets surrogates encoded as bytes (CESU-8, ``\xed\xa0\x80``) through so
     # that check_encodable() names the parameter holding them, as it does for ``"\ud800"``.
@@ -634,9 +636,10 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if key in ("json_schema", "guided_json"):
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except ValueError:
+                value = json.loads(value, parse_constant=_reject_nonfinite, parse_float=_finite_float)
+            except (ValueError, RecursionError):
                 raise _invalid_value(key, "a JSON Schema object") from None
+            check_encodable({key: value})
         if not isinstance(value, dict):
             raise _invalid_type(key, "a JSON Schema object")
         return {"type": "json_schema", "schema": value, "strict": True}
@@ -956,7 +959,7 @@ def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: boo
     and the first in ``prompt``; the ``encoding_format``, ``float`` or ``base64``). ``input`` is
     a string, an array of strings, an array of token ids or an array of token-id arrays (at most
     ``MAX_EMBEDDING_INPUTS``); ``dimensions`` is refused: the model's vectors are not truncated."""
-    body = _load_object(raw)
+    body = load_object(raw)
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _EMBEDDING_KEYS, strict)
     value = body.get("input")

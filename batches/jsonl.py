@@ -9,6 +9,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from api.errors import ApiError
+from api.schemas import check_encodable
+
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID = 512
 
@@ -47,6 +50,10 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
             raise InvalidFile("not valid JSON.", number) from None
         if not isinstance(obj, dict):
             raise InvalidFile("expected a JSON object.", number)
+        try:
+            check_encodable(obj)
+        except ApiError as exc:  # a lone surrogate ("\ud800"): the database cannot store it
+            raise InvalidFile(exc.message, number) from None
         unknown = sorted(set(obj) - {"custom_id", "method", "url", "body"})
         if unknown:
             raise InvalidFile(f"unknown field '{unknown[0]}' (expected custom_id, method, url, body).", number)

@@ -72,7 +72,10 @@ def schema_grammar(schema: Any) -> str:
         return JSON_OBJECT_GBNF.replace("root   ::= object", "root   ::= value")
     if not isinstance(schema, dict):
         raise GrammarError("the JSON Schema must be an object")
-    return _cached_schema_grammar(json.dumps(schema, sort_keys=True))
+    try:
+        return _cached_schema_grammar(json.dumps(schema, sort_keys=True))
+    except RecursionError:
+        raise GrammarError("the JSON Schema is nested too deeply") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,7 +135,10 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
     if choice in ("auto", "none") or not tools:
         return None
-    return _cached_tool_grammar(json.dumps([tools, choice, parallel], sort_keys=True))
+    try:
+        return _cached_tool_grammar(json.dumps([tools, choice, parallel], sort_keys=True))
+    except RecursionError:
+        raise GrammarError("a tool's parameters are nested too deeply") from None
 
 
 @functools.lru_cache(maxsize=64)

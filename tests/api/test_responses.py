@@ -447,8 +447,8 @@ def test_tool_calls_are_parsed_out_of_the_generic_format() -> None:
 @pytest.mark.parametrize(
     "text",
     ["plain answer", _call("h", "{}"), '<tool_call>\n{"name": "f", "arguments": {"x": 1', _call("f", "[1]"),
-     '<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>'],
-    ids=["text", "unoffered-function", "cut-by-max-tokens", "arguments-not-an-object", "junk-inside"],
+     '<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>', "<tool_call>" + "[" * 5000, _call("f", "[" * 5000 + "]" * 5000)],
+    ids=["text", "unoffered-function", "cut-by-max-tokens", "arguments-not-an-object", "junk-inside", "nested-too-deep-cut", "nested-too-deep"],
 )
 def test_text_that_is_not_a_well_formed_call_stays_content(text: str) -> None:
     content, calls = parse_tool_calls(text, ["f"])

@@ -48,6 +48,8 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (line(custom_id=5), "'custom_id'"),
         (line(extra=1), "unknown field 'extra'"),
         (b"[" * 100_000, "not valid JSON"),
+        (line(custom_id="\ud800"), "lone surrogate"),  # the database cannot store it: was a 500 at batch create
+        (line(body={"prompt": "a\udfff"}), "lone surrogate"),
     ],
 )
 def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
