@@ -49,6 +49,7 @@ class CachedPrefix:
     host_bytes: int = 0
     hits: int = 0
     pending: bool = False  # its slot is being filled this tick
+    held: bool = False  # copied from this tick: its slot is not evicted or refilled before the copy
     scope: str = ""  # the cache partition it belongs to
 
     @property
@@ -134,8 +135,8 @@ class KvPool:
         best: CachedPrefix | None = None
         best_len = 0
         for entry in self.entries.values():
-            if entry.pending or entry.scope != scope:
-                continue
+            if entry.pending or entry.scope != scope or (entry.slot is None and entry.host is None):
+                continue  # being stored, another scope's, or on its way to host memory this tick
             n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
             if n > best_len or (n == best_len and best is not None and entry.on_device and not best.on_device):
                 best, best_len = entry, n
@@ -170,14 +171,16 @@ class KvPool:
         self.counters["stored"] += 1
         return entry
 
-    def use(self, ops: PoolOps, entry: CachedPrefix, dst_seq: int, n_tokens: int, now: float) -> None:
-        """Share ``n_tokens`` of a cached prefix into a lane, importing it from host first."""
+    def use(self, ops: PoolOps, entry: CachedPrefix, dst_seq: int, n_tokens: int, now: float) -> bool:
+        """Share ``n_tokens`` of a cached prefix into a lane, importing it from host first.
+        False (nothing planned) when it is in host memory and every device slot is being filled
+        or copied from this tick."""
         if not entry.on_device:
             slot = self.free_slot()
             if slot is None:
                 victims = self._eviction_order()
                 if not victims:
-                    raise RuntimeError("no cache slot to import into")
+                    return False
                 self._evict(ops, victims[0], now)
                 slot = self.free_slot()
                 assert slot is not None
@@ -186,15 +189,17 @@ class KvPool:
             self.counters["host_imports"] += 1
         assert entry.slot is not None
         ops.copy.append((entry.slot, dst_seq, n_tokens))
+        entry.held = True  # the copy runs after this tick's evictions, stores and imports
         entry.last_used_s = now
         entry.hits += 1
         self.counters["prefix_hits"] += 1
         self.counters["prefix_tokens_reused"] += n_tokens
+        return True
 
     def settle(self, evicted: dict[int, Any]) -> None:
         """After the engine ran a tick's ops: pending stores are usable; evictions got artifacts."""
         for entry in self.entries.values():
-            entry.pending = False
+            entry.pending = entry.held = False
         for key, artifact in evicted.items():
             evicted_entry = self.entries.get(key)
             if evicted_entry is not None and evicted_entry.slot is None:
@@ -243,8 +248,9 @@ class KvPool:
     # -- internals ---------------------------------------------------------------------
 
     def _eviction_order(self) -> list[CachedPrefix]:
-        """Unpinned least recently used first; then pinned, oldest first. Pending never."""
-        device = [e for e in self.device_entries() if not e.pending]
+        """Unpinned least recently used first; then pinned, oldest first. Never one being filled
+        or copied from this tick."""
+        device = [e for e in self.device_entries() if not e.pending and not e.held]
         unpinned = sorted((e for e in device if not e.pinned), key=lambda e: e.last_used_s)
         pinned = sorted((e for e in device if e.pinned), key=lambda e: e.created_s)
         return unpinned + pinned

@@ -464,8 +464,7 @@ class Scheduler:
             self.pool.counters["prefix_hits"] += 1
             self.pool.counters["prefix_tokens_reused"] += kept_n
             return kept_n
-        if entry is not None and n >= shared:
-            self.pool.use(plan.pool, entry, lane, n, now)
+        if entry is not None and n >= shared and self.pool.use(plan.pool, entry, lane, n, now):
             job.computed = job.cached_tokens = n
             return 0
         if leader is None:
@@ -494,7 +493,8 @@ class Scheduler:
 
     def _copy_from_lane(self, plan: TickPlan, leader: Job, job: Job, n: int, now: float) -> None:
         assert leader.lane is not None and job.lane is not None
-        self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now, scope=leader.cache_scope)
+        if not _bound_in(plan, leader.lane):  # else its KV is not in the lane yet when stores run
+            self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now, scope=leader.cache_scope)
         plan.pool.copy.append((leader.lane, job.lane, n))
         self.pool.counters["prefix_hits"] += 1
         self.pool.counters["prefix_tokens_reused"] += n
@@ -521,6 +521,8 @@ class Scheduler:
             if job is None or not job.pin_prefix or job.job_id in self._stored or job.prefilling:
                 continue
             assert job.lane is not None
+            if _bound_in(plan, job.lane):  # restored this tick: stores run before restores
+                continue  # stored at the next tick
             self._stored.add(job.job_id)
             self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
 
@@ -819,3 +821,10 @@ class Scheduler:
                 "reorders_swap_affinity": self.queues.reorders["swap_affinity"],
             },
         }
+
+
+def _bound_in(plan: TickPlan, lane: int) -> bool:
+    """Whether ``lane`` gets its job in this plan. Its KV is then restored, trimmed or copied in
+    during the tick, after the pool's stores have run (engines/base.py: run_tick's order), so a
+    store from it would copy what the lane held before."""
+    return any(b.lane == lane for b in plan.bind)
