@@ -135,7 +135,11 @@ class LaneSampler:
         if sp.min_p > 0.0:
             keep = vals >= vals.max() + math.log(sp.min_p)
             cand, vals = cand[keep], vals[keep]
-        probs = _softmax(vals.astype(np.float64) / sp.temperature)
+        with np.errstate(over="ignore"):
+            scaled = vals.astype(np.float64) / sp.temperature
+        if not np.isfinite(scaled).all():  # a temperature so small the logits overflow: greedy
+            return int(cand[int(np.argmax(vals))])
+        probs = _softmax(scaled)
         return int(cand[self.rng.choice(probs.shape[0], p=probs)])
 
 

@@ -33,6 +33,14 @@ def test_penalties_see_only_the_last_64_tokens() -> None:
     assert sampler.sample(LOGITS) == 1
 
 
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-300])
+def test_a_temperature_too_small_to_divide_by_is_greedy_not_a_crash(temperature: float) -> None:
+    # the API accepts any temperature in [0, 2]: the logits over 1e-310 overflowed to NaN, NumPy
+    # raised, and the MLX worker died (and again for each resubmission)
+    sampler = LaneSampler(SamplingParams(temperature=temperature, seed=1))
+    assert {sampler.sample(LOGITS) for _ in range(5)} == {1}
+
+
 def test_top_k_one_is_greedy_at_any_temperature() -> None:
     sampler = LaneSampler(SamplingParams(temperature=5.0, top_k=1, seed=3))
     assert {sampler.sample(LOGITS) for _ in range(20)} == {1}
