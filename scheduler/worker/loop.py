@@ -673,10 +673,13 @@ class EngineWorker:
         completion = len(job.output) + ctx.resume_tokens
         if ctx.pending_text or ctx.pending_logprobs:
             self._send_delta(ctx, completion)
-        self.metrics.on_finished(job, event.reason)
-        if event.reason == "error":
+        reason = event.reason
+        if reason == "length" and ctx.stream.stopped:
+            reason = "stop"  # a stop string completed by the last token max_tokens allowed
+        self.metrics.on_finished(job, reason)
+        if reason == "error":
             return
-        if event.reason == "deadline":
+        if reason == "deadline":
             ctx.conn.queue(Error(ctx.job_id, DEADLINE_EXCEEDED, "The completion was not started before its deadline (--completion-deadline-ms)."))
             return
         self.stats["prompt_tokens_total"] += ctx.prompt_tokens
@@ -692,7 +695,7 @@ class EngineWorker:
         ctx.conn.queue(
             Done(
                 ctx.job_id,
-                event.reason or "stop",
+                reason or "stop",
                 usage={
                     "prompt_tokens": ctx.prompt_tokens,
                     "completion_tokens": completion,

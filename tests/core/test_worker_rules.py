@@ -400,3 +400,18 @@ def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_o
     assert engine.aborted == [512]  # the step the chat arrived in, and no other
     assert begun_while_preparing == []
     assert {m.id for m in conn.sent if isinstance(m, Done)} == {"long", "chat"}
+
+
+@pytest.mark.parametrize("max_tokens", [3, 5])
+def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(max_tokens: int) -> None:
+    """OpenAI's finish_reason is "stop" whenever a stop sequence ended the text; it was "length"
+    when the stop string's last character came with the max_tokens-th token."""
+    worker, conn = make_worker()
+    submit(worker, conn, "free", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})
+    run(worker)
+    text = "".join(m.text for m in conn.sent if isinstance(m, Delta))
+    worker, conn = make_worker()
+    submit(worker, conn, "stopped", {"endpoint": "completions", "prompt": "hello", "max_tokens": max_tokens, "stop": [text[1:3]]})
+    run(worker)
+    assert "".join(m.text for m in conn.sent if isinstance(m, Delta)) == text[:1]
+    assert [m.finish_reason for m in conn.sent if isinstance(m, Done)] == ["stop"]
