@@ -623,9 +623,12 @@ class EngineWorker:
         for job in [j for j in self.scheduler.lanes if j is not None]:
             ctx = self.contexts.pop(job.job_id, None)
             self.scheduler.cancel(job.job_id, reason="error")
+            self.metrics.on_finished(job, "error")
             if ctx is not None:
                 ctx.conn.queue(Error(job.job_id, ENGINE_ERROR, f"The engine failed: {message}"))
-        self.scheduler.drain_events()
+        # the failed jobs' own events find no context; any other (a queued job whose deadline the
+        # failed tick's plan expired) is sent as usual, never dropped
+        self._process(self.scheduler.drain_events())
 
     def _process(self, events: list[Event]) -> None:
         for event in events:

@@ -415,3 +415,36 @@ def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(ma
     run(worker)
     assert "".join(m.text for m in conn.sent if isinstance(m, Delta)) == text[:1]
     assert [m.finish_reason for m in conn.sent if isinstance(m, Done)] == ["stop"]
+
+
+def test_a_deadline_that_expires_in_a_tick_whose_engine_step_fails_still_reaches_its_client() -> None:
+    """A queued completion's start deadline expires as the tick is planned and the engine then
+    fails: the running job gets its engine error and the queued one its deadline_exceeded. The
+    failure used to drop every pending event, so that client waited forever, its job held."""
+    from scheduler.link.messages import DEADLINE_EXCEEDED, ENGINE_ERROR, Error
+
+    clock = FakeClock()
+
+    class FailsOnce(SimEngine):
+        fail = False
+
+        def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+            if self.fail:
+                self.fail = False
+                raise EngineError("a KV restore failed")  # nothing ran: no partial result
+            return super().execute(plan, should_stop)
+
+    engine = FailsOnce(n_lanes=1, lane_ctx=512, clock=clock)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=512), model_name="sim", clock=clock, completion_deadline_ms=500)
+    conn = FakeConn()
+    worker.handle(conn, Submit(id="running", request={"endpoint": "completions", "prompt": "hello", "max_tokens": 200}, qos=1))
+    worker.run_tick()
+    worker.run_tick()
+    worker.handle(conn, Submit(id="queued", request={"endpoint": "completions", "prompt": "world", "max_tokens": 5}, qos=1))
+    clock.advance(1.0)
+    engine.fail = True
+    for _ in range(20):
+        worker.run_tick()
+    ends = {m.id: m.reason for m in conn.sent if isinstance(m, Error)}
+    assert ends == {"running": ENGINE_ERROR, "queued": DEADLINE_EXCEEDED}
+    assert worker.contexts == {} and worker.scheduler.idle
