@@ -193,7 +193,7 @@ class KeyRuntime:
         self.client_slots = ConcurrencySlots()  # keyless clients, per address (--client-concurrency)
         self.in_flight = ConcurrencySlots()  # admitted and not yet ended, per model (--max-queue)
         self.drain = DrainMeter()  # how fast admitted requests end: Retry-After for a full queue
-        self.sent_caps: dict[str, int] | None = None
+        self.sent_caps: dict[str, dict[str, int]] | None = None  # model -> caps last sent
         self._last_used: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one refresh at a time
@@ -247,18 +247,20 @@ class KeyRuntime:
         return str(hello.model) if hello else ""
 
     async def push_caps(self) -> None:
-        """Send the served model's caps to the worker when they changed (the link client sends
-        them again by itself after a reconnect)."""
+        """Send each served model's caps to its worker when they changed (the link client sends
+        them again by itself after a reconnect, and to a model's worker when it is loaded)."""
         if self.link is None:
             return
-        caps = self.snapshot.caps_for(self.served_model())
+        models = serving().models or (self.served_model(),)
+        caps = {model: self.snapshot.caps_for(model) for model in models}
         if caps == self.sent_caps:
             return
         from scheduler.link.messages import Config
 
-        await self.link().configure(Config(class_lanes=dict(caps)))
+        await self.link().configure_models({model: Config(class_lanes=dict(c)) for model, c in caps.items()})
         self.sent_caps = caps
-        log.info("class-lane caps sent to the engine worker: %s", caps or "(the flags' caps)")
+        shown = {model: c or "(the flags' caps)" for model, c in caps.items()}
+        log.info("class-lane caps sent to the engine worker: %s", shown[models[0]] if len(models) == 1 else shown)
 
     def touch(self, key: Key) -> None:
         """Note that ``key`` was used: written to the database at most once a minute per key."""

@@ -106,6 +106,7 @@ class PoolLink(Transport):
     def __init__(self, pool: ModelPool) -> None:
         super().__init__()
         self.pool = pool
+        self.worker_configs: dict[str, Config] = {}  # model id -> its worker's settings
         self._connected.set()
 
     def start(self) -> None:
@@ -118,10 +119,22 @@ class PoolLink(Transport):
         pass
 
     async def configure(self, config: Config) -> None:
-        encode(config)
-        self.worker_config = config
-        for link in list(self.pool.links.values()):
-            await link.configure(config)
+        await self.configure_models({"": config})  # "": every model without settings of its own
+
+    async def configure_models(self, configs: dict[str, Config]) -> None:
+        """Each model's worker gets its own model's settings (its class-lane caps), now if it is
+        loaded and when it is loaded later."""
+        for config in configs.values():
+            encode(config)
+        self.worker_configs = dict(configs)
+        self.worker_config = configs.get("") or next(iter(configs.values()), None)
+        for model, link in list(self.pool.links.items()):
+            config = self.config_for(model)
+            if config is not None:
+                await link.configure(config)
+
+    def config_for(self, model: str) -> Config | None:
+        return self.worker_configs.get(model) or self.worker_config
 
     def _latest(self) -> SocketTransport | None:
         model = self.pool.last_model
@@ -265,7 +278,7 @@ class ModelPool:
     def _load(self, model: str) -> None:
         sockets = WorkerSockets()
         link = SocketTransport(sockets=sockets)
-        link.worker_config = self.link.worker_config
+        link.worker_config = self.link.config_for(model)
         self.open_links[model] = link  # serve's drain sees it (WebRuntime.links) until it is closed
         self.links[model] = link
         worker = self.setup.spawn(model, sockets)

@@ -182,6 +182,12 @@ class Transport(ABC):
         self.inflight.pop(handle.job_id, None)
         self.open.discard(handle.job_id)
 
+    async def configure_models(self, configs: dict[str, Config]) -> None:
+        """Each served model's worker settings (model id -> Config): a link to one worker sends
+        its own model's, or the first when the worker has not said its model yet."""
+        model = self.hello.model if self.hello is not None else ""
+        await self.configure(configs.get(model) or next(iter(configs.values())))
+
     async def configure(self, config: Config) -> None:
         """Worker settings the admin can change: sent now if connected, and again after every
         (re)connect, before any job is submitted again."""

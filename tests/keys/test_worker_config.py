@@ -45,3 +45,35 @@ def test_the_scheduler_admits_no_more_than_the_new_cap() -> None:
         worker.handle(conn, Submit(id=f"j{i}", request=request, qos=int(QosClass.BACKGROUND), priority=0))  # type: ignore[arg-type]
     worker.run_tick()
     assert sum(1 for j in worker.scheduler.lanes if j is not None) == 1
+
+
+async def test_with_several_models_each_models_worker_gets_its_own_caps_also_when_loaded_later() -> None:
+    """The admin's caps for model b reached no worker, and model a's were applied to every model's
+    worker (the FIM model's too): the key runtime computed the first model's caps only and the
+    pool sent that one set to all."""
+    import asyncio
+    from pathlib import Path
+    from typing import Any
+
+    from keys.runtime import KeyRuntime, Snapshot
+    from scheduler.link.pool import ModelPool, PoolSetup
+    from scheduler.models_config import ModelsConfig, ServedModel
+    from superfluid_site.serving import ServingConfig, installed
+
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 4, "b": 4}, ctx_sizes={"a": 512, "b": 512}))  # type: ignore[arg-type]
+    sent: dict[str, Any] = {}
+
+    class Loaded:  # model a's link, loaded: what it is sent
+        async def configure(self, config: Config) -> None:
+            sent["a"] = config
+
+    pool.links["a"] = Loaded()  # type: ignore[assignment]
+    rt = KeyRuntime(asyncio.get_running_loop(), watch=False, link=lambda: pool.link)
+    rt.snapshot = Snapshot(version=1, class_lanes={"": {QosClass.BACKGROUND: 2}, "b": {QosClass.BACKGROUND: 1, QosClass.AGENT: 3}, "a": {QosClass.AGENT: 2}})
+    with installed(ServingConfig(models=("a", "b"))):
+        await rt.push_caps()
+    assert sent["a"].class_lanes == {"agent": 2, "background": 2}
+    later = pool.link.config_for("b")  # what _load gives model b's link when b is loaded
+    assert later is not None and later.class_lanes == {"agent": 3, "background": 1}
+    assert pool.link.config_for("a") == sent["a"]
