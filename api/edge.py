@@ -43,13 +43,19 @@ def error_response(exc: ApiError) -> JsonResponse:
 
 
 def api_route(methods: Iterable[str] = ("GET", "HEAD")) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
-    """An API view: no CSRF (callers authenticate with a bearer key, never a cookie) and a JSON
-    405 with ``Allow`` for any other method."""
+    """An API view: no CSRF token (callers authenticate with a bearer key, never a cookie), but
+    a browser request from a foreign origin is refused as at the consumers (on loopback without
+    keys, any page the user opens could otherwise upload files or unload models); a JSON 405
+    with ``Allow`` for any other method."""
     allowed = tuple(methods)
 
     def wrap(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
         @functools.wraps(view)
         async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                check_origin(request.headers.get("origin"))
+            except ApiError as exc:
+                return error_response(exc)
             if request.method not in allowed:
                 return error_response(method_not_allowed(request.method or "", allowed, request.path))
             return await view(request, *args, **kwargs)
@@ -145,7 +151,12 @@ def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> Non
         host = f"{server[0]}:{server[1]}" if server and server[1] is not None else (str(server[0]) if server else "")
     if not host_allowed(host):
         raise ApiError(400, f"Invalid HTTP_HOST header: {host!r}. You may need to add it to DJANGO_ALLOWED_HOSTS.", code="invalid_host")
-    origin = headers.get("origin")
+    check_origin(headers.get("origin"))
+
+
+def check_origin(origin: str | None) -> None:
+    """403 ``origin_forbidden`` for a browser request (it sends ``Origin``) from a page that is
+    not ours; a request without ``Origin`` (curl, an SDK) passes."""
     if origin is not None and not origin_allowed(origin):
         raise ApiError(403, f"Requests from the origin {origin!r} are not allowed.", type="permission_error", code="origin_forbidden", param="origin")
 

@@ -183,6 +183,24 @@ async def test_a_browser_request_from_a_foreign_origin_is_403_and_our_own_origin
             assert reply.status == 200, reply.body
 
 
+async def test_the_django_api_views_refuse_a_foreign_origin_as_the_consumers_do(sim: SimWorker) -> None:
+    """A page from another site, opened by the user of a keyless loopback server, could upload
+    files, start batches and unload models: only the consumers checked Origin."""
+    from batches.models import File
+
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL, "messages": []}}).encode()
+    parts = [b'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch', b'Content-Disposition: form-data; name="file"; filename="x.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n' + line]
+    upload = b"".join(b"--b\r\n" + part + b"\r\n" for part in parts) + b"--b--\r\n"
+    form = [(b"content-type", b"multipart/form-data; boundary=b"), (b"content-length", str(len(upload)).encode())]
+    async with attached(sim):
+        for path, body, headers in (("/v1/files", upload, form), ("/v1/internal/models/sim/unload", b"", []), ("/tokenize", b'{"content": "hi"}', JSON)):
+            reply = await request("POST", path, body, [*headers, (b"origin", b"http://evil.example")])
+            assert reply.status == 403 and reply.json()["error"]["code"] == "origin_forbidden", (path, reply.body)
+        assert not await sync_to_async(File.objects.exists)()
+        reply = await request("POST", "/tokenize", b'{"content": "hi"}', [*JSON, (b"origin", b"http://127.0.0.1:8000")])
+        assert reply.status == 200, reply.body
+
+
 # -- priority ----------------------------------------------------------------------------------
 
 
