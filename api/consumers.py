@@ -29,7 +29,7 @@ from superfluid_site.serving import serving
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
-from .edge import check_host_and_origin, check_prompt_size
+from .edge import check_expanded_size, check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
@@ -212,6 +212,7 @@ class GenerationConsumer(StreamingConsumer):
 
         def work() -> GenerationRequest:
             request = self.parse(body, models)
+            check_expanded_size(request, len(body))
             limit = lane_ctx(request) or 1 << 30
             check_prompt_size(request, limit)
             for prompt in (request.prompts or [])[1:]:  # several prompts: each must fit

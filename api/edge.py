@@ -381,6 +381,29 @@ def install_request_bounds() -> None:
     WebRequest.connectionLost = connection_lost
 
 
+# -- choices: every one carries the whole request -------------------------------------------
+
+# n choices of several prompts are one job each, and each job carries the request's messages,
+# tools and schemas: what reaches the engine is about the body times the number of jobs.
+EXPANDED_BODIES = 2  # at most this many times --max-body-bytes in all
+
+
+def check_expanded_size(request: Any, body_bytes: int) -> None:
+    """413 ``request_too_large`` when ``n`` times the prompts would send more than
+    EXPANDED_BODIES bodies' worth to the engine (32 copies of an 8 MB body: 200 MB over the
+    link, seconds of the event loop encoding it, every copy tokenised)."""
+    jobs = request.n * (len(request.prompts) if request.prompts else 1)
+    limit = EXPANDED_BODIES * serving().max_body_bytes
+    if jobs > 1 and serving().max_body_bytes > 0 and body_bytes * jobs > limit:
+        raise ApiError(
+            413,
+            f"This request asks for {jobs} completions (n times the prompts), each carrying its {body_bytes}-byte body: "
+            f"more than {limit} bytes in all. Ask for fewer choices or send a smaller body.",
+            param="n",
+            code="request_too_large",
+        )
+
+
 # -- a prompt too long to fit, told without tokenising it ---------------------------------------
 
 # No tokeniser packs more characters into one token than this on average over a whole prompt

@@ -174,3 +174,18 @@ async def test_a_refusal_outside_the_generation_endpoints_is_json_but_leaves_no_
     clock.advance(TIMEOUT_S)
     assert reply(transport)[0] == 408 and server.scopes == []
     assert await rows() == []
+
+
+@pytest.mark.parametrize(("n", "status"), [(16, 413), (1, 200)])
+async def test_choices_times_a_large_body_beyond_two_bodies_worth_is_413_before_anything_is_queued(n: int, status: int) -> None:
+    """Each of n choices is a job carrying the whole request: 16 copies of a body near
+    --max-body-bytes sent 200 MB over the link and held the event loop for seconds."""
+    from .inproc import JSON, SimWorker, attached, chat_body, request
+
+    sim = SimWorker()
+    async with attached(sim) as (link, _rt):
+        reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=1, n=n, user="u" * 1_100_000), JSON)
+        assert reply.status == status, reply.body[:300]
+        if status == 413:
+            assert reply.json()["error"]["code"] == "request_too_large" and reply.json()["error"]["param"] == "n"
+            assert link.worker is not None and link.worker.stats["requests_total"] == 0
