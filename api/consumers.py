@@ -402,7 +402,7 @@ class GenerationConsumer(StreamingConsumer):
         rebuilt from the deltas it already has, so the frames are those the first head would have
         sent). Not admitted again: it is the same request."""
         job_id, _, seen = last_event_id.rpartition(":")
-        if not job_id or not seen.isdigit() or len(job_id) > 64:
+        if not job_id or not (seen.isascii() and seen.isdigit()) or len(seen) > 9 or len(job_id) > 64:
             raise invalid_request("Last-Event-ID is not an id this server sent.", param="Last-Event-ID", code="invalid_value")
         gone = ApiError(404, "No stream to resume for this Last-Event-ID (it finished, expired or belongs to another key).", code="not_found")
         meta = await link.stream_meta(job_id)

@@ -658,6 +658,8 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
         schema = spec.get("schema")
         if schema is None:
             schema = {}
+        if schema is False:  # the schema nothing fits: no reply could follow it
+            raise _invalid_value("response_format.json_schema.schema", "a JSON Schema some JSON value fits (false allows none)")
         if not isinstance(schema, (dict, bool)):
             raise _invalid_type("response_format.json_schema.schema", "a JSON Schema object")
         strict = _optional(spec, "strict", bool, "response_format.json_schema.strict")

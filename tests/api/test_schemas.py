@@ -376,6 +376,7 @@ def test_structured_output_forms_are_normalised(body: dict[str, Any], expected: 
     [({"response_format": "json"}, "response_format"), ({"response_format": {"type": "yaml"}}, "response_format.type"),
      ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
      ({"response_format": {"type": "json_schema", "json_schema": {"schema": 3}}}, "response_format.json_schema.schema"),
+     ({"response_format": {"type": "json_schema", "json_schema": {"schema": False}}}, "response_format.json_schema.schema"),
      ({"response_format": {"type": "json_object"}, "grammar": "root ::= x"}, "grammar")],
 )
 def test_malformed_structured_output_is_rejected_naming_the_param(body: dict[str, Any], param: str) -> None:
