@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,8 +195,8 @@ def _int(where: _Where, node: yaml.Node, key: str, low: int | None = None, high:
 
 def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float:
     value = _scalar(where, node, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise where.error(node, key, f"must be a number, got {node.value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise where.error(node, key, f"must be a finite number, got {node.value!r}")
     if value < low:
         raise where.error(node, key, f"must be {low:g} or more, got {value}")
     return float(value)
