@@ -37,12 +37,12 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from keys.snapshot import ANONYMOUS_KEY_NAME as ANONYMOUS_KEY  # the key label of keyless requests
 from scheduler.worker.metrics import BANDS, CLASSES, Histogram, HistogramStats
 
 from .admission import key_required
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-ANONYMOUS_KEY = "anonymous"  # the key label of requests made without an API key
 DURATION_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 LANE_STATES = ("idle", "prefill", "decode")
 LABEL_VALUES: dict[str, tuple[str, ...]] = {"state": LANE_STATES, "class": CLASSES, "band": BANDS}  # every sample a label has

@@ -14,7 +14,7 @@ from django.utils import timezone
 from scheduler.core.qos import BAND_SPACING, QosClass
 from superfluid_site.serving import serving
 
-from .snapshot import STATIC_KEY_NAME
+from .snapshot import RESERVED_KEY_NAMES, STATIC_KEY_NAME
 
 # A policy's tier offset is added to X-LlamaSwap-Priority. Bands sit BAND_SPACING (100) apart, so
 # a priority at a band's anchor stays in its band while |offset| + SWAP_AFFINITY_BONUS is below
@@ -132,6 +132,8 @@ class ApiKey(models.Model):
         if self.name == STATIC_KEY_NAME:
             # the environment's static key goes by this name: its limits and usage would mix
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
+        if self.name in RESERVED_KEY_NAMES:
+            raise ValidationError({"name": f"{self.name} is what /metrics calls requests made without a key."})
 
 
 class ClassLaneCap(models.Model):

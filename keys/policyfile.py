@@ -29,7 +29,7 @@ from typing import Any
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
 from superfluid_site.serving import serving
 
-from .snapshot import Key, Policy
+from .snapshot import RESERVED_KEY_NAMES, Key, Policy
 
 MAX_PRIORITY_OFFSET = 39  # keys.models.MAX_PRIORITY_OFFSET, without importing the models
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -86,6 +86,9 @@ def parse_policy_file(text: str) -> dict[str, Key]:
         raise PolicyFileError(f"not valid JSON: {exc}") from None
     if not isinstance(data, dict) or set(data) - {"policies", "keys"}:
         raise PolicyFileError('the file must be an object with "policies" and "keys"')
+    for section in ("policies", "keys"):
+        if not isinstance(data.get(section, []), list):
+            raise PolicyFileError(f'"{section}" must be a list')
     policies: dict[str, Policy] = {}
     for i, raw in enumerate(data.get("policies", [])):
         policy = _policy(raw, f"policies[{i}]")
@@ -104,8 +107,10 @@ def parse_policy_file(text: str) -> dict[str, Key]:
         if not _DIGEST.match(digest):
             raise PolicyFileError(f"{where}: sha256 must be the 64 hex digits of the secret's SHA-256")
         policy_name = raw.get("policy")
-        if policy_name is not None and policy_name not in policies:
+        if policy_name is not None and (not isinstance(policy_name, str) or policy_name not in policies):
             raise PolicyFileError(f"{where}: no policy named {policy_name!r} in the file")
+        if raw["name"] in RESERVED_KEY_NAMES:
+            raise PolicyFileError(f"{where}: {raw['name']!r} is a reserved name (the environment's static key, or keyless requests in /metrics)")
         if raw["name"] in names or digest in keys:
             raise PolicyFileError(f"{where}: a second key named {raw['name']!r} or with the same digest")
         names.add(raw["name"])

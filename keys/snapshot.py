@@ -15,6 +15,10 @@ from .credentials import digest_of, digests_match
 # SUPERFLUID_API_KEY: the name it goes by in logs, metrics, the activity log and per-key limits
 # (an admin key may not take it), and an id no database row has
 STATIC_KEY_NAME = "SUPERFLUID_API_KEY"
+ANONYMOUS_KEY_NAME = "anonymous"  # /metrics' key label for requests made without a key
+# names no key may take: the static key's limits and usage, or every keyless client's series in
+# /metrics, would be shared with it
+RESERVED_KEY_NAMES = (STATIC_KEY_NAME, ANONYMOUS_KEY_NAME)
 STATIC_KEY_ID = -(2**31)
 
 

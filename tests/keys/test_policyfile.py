@@ -44,6 +44,13 @@ def test_a_policy_file_gives_keys_by_digest_with_their_policy() -> None:
         (json.dumps({"keys": [{"name": "k", "sha256": "xyz"}]}), "sha256"),
         (json.dumps({"keys": [{"name": "k", "sha256": "b" * 64, "policy": "nope"}]}), "no policy named"),
         (json.dumps({"keys": [{"name": "k", "sha256": "b" * 64}, {"name": "k", "sha256": "c" * 64}]}), "a second key"),
+        # each of these raised a TypeError (a traceback from serve) instead of saying where
+        (json.dumps({"policies": 5}), '"policies" must be a list'),
+        (json.dumps({"keys": None}), '"keys" must be a list'),
+        (json.dumps({"keys": [{"name": "k", "sha256": "b" * 64, "policy": ["p"]}]}), "no policy named"),
+        # a name shared with the static key or with keyless requests would share their limits or series
+        (json.dumps({"keys": [{"name": "anonymous", "sha256": "b" * 64}]}), "reserved name"),
+        (json.dumps({"keys": [{"name": "SUPERFLUID_API_KEY", "sha256": "b" * 64}]}), "reserved name"),
     ],
 )
 def test_a_bad_policy_file_is_refused_with_where_and_why(text: str, message: str) -> None:

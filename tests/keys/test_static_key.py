@@ -73,6 +73,8 @@ def test_the_static_key_follows_the_named_admin_policy_and_is_refused_while_that
 def test_an_admin_key_may_not_take_the_static_keys_name() -> None:
     with pytest.raises(ValidationError, match="static key"):
         actions.create_key(ApiKey(name=STATIC_KEY_NAME))
+    with pytest.raises(ValidationError, match="without a key"):  # /metrics' label for keyless requests
+        actions.create_key(ApiKey(name="anonymous"))
 
 
 @pytest.mark.django_db
