@@ -245,11 +245,11 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
     while it ran."""
     from api.errors import ApiError
 
-    try:
-        principal = await _principal(b.owner)
-    except ApiError as exc:
-        return False, _output(line, exc.status, None, exc.body())
     while True:
+        try:  # as the key is now, at each try: one revoked while its line waited is refused
+            principal = await _principal(b.owner)
+        except ApiError as exc:
+            return False, _output(line, exc.status, None, exc.body())
         status, headers, body = await _call(b, line, principal)
         if status is None:
             return False, None

@@ -120,3 +120,28 @@ async def test_a_client_that_leaves_while_its_batch_is_created_still_gets_the_ba
                 break
             await asyncio.sleep(0.02)
         assert b is not None and (b.status, b.completed) == ("completed", 2), b and b.status
+
+
+async def test_a_line_waiting_on_a_429_runs_under_its_key_as_it_is_at_the_next_try(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner's key was looked up once per line: a line retried after 429s kept running under
+    a key revoked (or narrowed) meanwhile. Here the key is revoked after the first 429."""
+    from keys.snapshot import Key, Snapshot
+    from superfluid_site.runtime import key_runtime
+
+    monkeypatch.setattr("activity.writer.submit", lambda _row: None)
+    b = await sync_to_async(make_batch)(1)
+    await Batch.objects.filter(pk=b.id).aupdate(owner="ci")
+    tries: list[object] = []
+
+    async def refused(_b: Batch, _line: Line, principal: object) -> tuple[int, dict[str, str], bytes]:
+        tries.append(principal)
+        rt = key_runtime()
+        rt.snapshot = Snapshot(version=rt.snapshot.version + 1, keys_by_digest={})  # revoked, and gone
+        return 429, {"retry-after": "0"}, b"{}"
+
+    async with attached(SimWorker(), keys={"d" * 64: Key(id=1, name="ci", digest="d" * 64)}):
+        monkeypatch.setattr(runner, "_call", refused)
+        line = await Line.objects.aget(batch_id=b.id, index=0)
+        ok, out = await asyncio.wait_for(runner.run_line(await Batch.objects.aget(pk=b.id), line), 30)
+    assert len(tries) == 1 and not ok
+    assert out is not None and out["response"]["status_code"] == 401
