@@ -440,7 +440,7 @@ class Scheduler:
                 keep_tokens = self._seed_from_prefix(plan, job, lane, now, kept_n)
         if kept is not None:  # the lane's KV is not empty: keep what the job shares, no more
             plan.trim.append((lane, keep_tokens))
-        plan.bind.append(LaneBind(lane, job.job_id, job.sampling, list(job.output)))
+        plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output))
         if job.admitted_s is None:
             job.admitted_s = now
             job.deadline_s = None  # a start deadline: a started job never misses it

@@ -479,6 +479,8 @@ class EngineWorker:
             batch_invariant=bool(message.batch_invariant),
             pin_prefix=bool(message.pin_prefix),
             cache_scope=message.cache_scope,
+            # the text a lost worker had sent already: a grammar goes on from where it was
+            resumed=self.engine.tokenize(resume_text, add_special=False, special=False) if resume_text else [],
         )
         if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
             job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0

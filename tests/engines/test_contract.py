@@ -809,3 +809,31 @@ def test_an_interactive_chat_arriving_during_a_big_prefill_step_aborts_it_and_go
     assert usage["chat"]["completion_tokens"] == 4
     assert {k: v for k, v in texts.items() if k != "chat"} == quiet_texts
     assert {k: v for k, v in usage.items() if k != "chat"} == quiet_usage
+
+
+def test_a_constrained_job_resumed_after_its_worker_was_lost_goes_on_inside_the_same_json(engine: Any) -> None:
+    """A job resubmitted with the text its client already got (a lost worker) continues that
+    text under its grammar: what the client ends up with, the delivered part and the rest, is
+    one JSON object. The grammar used to start again from its root, so the rest was a whole
+    new value after the delivered half."""
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+    delivered = '{"name": "Ada", "age'
+    texts: list[str] = []
+    done: list[Done] = []
+
+    class Conn:
+        def queue(self, message: Message) -> None:
+            if isinstance(message, Delta):
+                texts.append(message.text)
+            elif isinstance(message, Done):
+                done.append(message)
+
+    request = {"endpoint": "completions", "prompt": "A person as JSON:", "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
+    worker.handle(Conn(), Submit("resumed", request, qos=2, resume_text=delivered, resume_tokens=6))  # type: ignore[arg-type]
+    for _ in range(200):
+        if done:
+            break
+        worker.run_tick()
+    assert done and done[0].finish_reason == "stop", (done, texts)
+    whole = delivered + "".join(texts)
+    assert isinstance(json.loads(whole), dict) and json.loads(whole)["name"] == "Ada", whole
