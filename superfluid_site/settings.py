@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from keys.binding import is_loopback
 from superfluid_site.deploy import csrf_trusted_origins, proxy_ssl_header, static_key_digest
 from superfluid_site.env import EnvError, env_bool, env_int, env_list, env_str
 
@@ -188,7 +189,10 @@ SUPERFLUID_STRICT_PARAMS = env_bool("SUPERFLUID_STRICT_PARAMS", False)  # unknow
 SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
 # -- keys and admission (docs/keys.md) ------------------------------------------------------
 SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)
-SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY  # serve's configuration also requires them when binding beyond loopback
+# What serve derives from its flags, from the same environment, for the processes without them (a
+# Celery worker running batch lines): keys are required beyond loopback, and --key-policy's file
+SUPERFLUID_KEYS_REQUIRED = SUPERFLUID_REQUIRE_KEY or not is_loopback(env_str("SUPERFLUID_HOST", "127.0.0.1"))
+SUPERFLUID_KEY_POLICY_FILE = os.path.abspath(env_str("SUPERFLUID_KEY_POLICY", "")) if env_str("SUPERFLUID_KEY_POLICY", "") else ""
 # A static key from the environment (containers), accepted beside the admin's keys under the
 # name SUPERFLUID_API_KEY. Only its SHA-256 is kept here; the secret itself is never stored.
 SUPERFLUID_API_KEY_SHA256 = static_key_digest("SUPERFLUID_API_KEY", env_str("SUPERFLUID_API_KEY", ""))

@@ -177,3 +177,21 @@ def test_an_unknown_event_loop_is_refused_by_name(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(EnvError, match="SUPERFLUID_EVENT_LOOP='trio'"):
         use_event_loop()
     assert type(asyncio.get_event_loop_policy()).__module__.startswith("asyncio")
+
+
+def test_a_process_without_serves_flags_reads_keys_required_and_the_policy_file_from_the_environment(tmp_path: Path) -> None:
+    """A Celery worker running batch lines has serve's environment but not its flags: a file
+    key's lines were 401 (it never read SUPERFLUID_KEY_POLICY), and SUPERFLUID_HOST beyond
+    loopback did not make keys required there as it does in serve."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import django, json; django.setup(); from superfluid_site.serving import ServingConfig; "
+        "c = ServingConfig.from_settings(); print(json.dumps([c.keys_required, c.key_policy_file]))"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "DJANGO_SETTINGS_MODULE": "superfluid_site.settings", "SUPERFLUID_KEY_POLICY": "policies.json", "SUPERFLUID_HOST": "0.0.0.0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout.splitlines()[-1]) == [True, str(tmp_path / "policies.json")]
