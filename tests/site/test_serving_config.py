@@ -44,3 +44,13 @@ async def test_admission_reads_the_installed_rate_limit() -> None:
             await admit({}, IP, chat(), runtime=rt)
         await first.release()
     assert err.value.code == "rate_limit_exceeded"
+
+
+@pytest.mark.parametrize("flags", [["--max-body-bytes", "0"], ["--max-body-bytes", "-5"], ["--body-timeout", "-1"], ["--body-timeout", "nan"]])
+def test_serve_refuses_request_bounds_that_cannot_work_before_starting_anything(flags: list[str]) -> None:
+    """--max-body-bytes 0 refused every request with 413 and a negative --body-timeout bounded
+    nothing, both without a word."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--max-body-bytes must be at least 1 and --body-timeout"):
+        call_command("serve", *flags)

@@ -450,6 +450,9 @@ class Command(BaseCommand):
             raise CommandError(f"--completion-rate: {exc}") from None
         if options["completion_burst"] < 1 or options["rate_limit"] < 0:
             raise CommandError("--completion-burst must be at least 1 and --rate-limit 0 or more")
+        if options["max_body_bytes"] < 1 or not 0 <= options["body_timeout"] < float("inf"):
+            # 0 bytes refused every request with 413; a negative or NaN timeout bounded nothing
+            raise CommandError("--max-body-bytes must be at least 1 and --body-timeout a number of seconds, 0 or more (0: no bound)")
 
         check_web_options(options)
         if options["key_policy"]:
