@@ -575,6 +575,8 @@ class EngineWorker:
                 # the pool could not hold the plan: keep what ran, release pins, plan again
                 log.warning("engine refused the plan (%s); replanning with pins released", exc)
                 self._replanned = True
+                if partial.logprobs:  # tokens sampled before the refused step carry theirs
+                    self._stash_logprobs(partial.logprobs)
                 self._process(self.scheduler.commit(partial))
                 self.scheduler.on_plan_rejected()
                 return True

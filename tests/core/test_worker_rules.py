@@ -448,3 +448,40 @@ def test_a_deadline_that_expires_in_a_tick_whose_engine_step_fails_still_reaches
     ends = {m.id: m.reason for m in conn.sent if isinstance(m, Error)}
     assert ends == {"running": ENGINE_ERROR, "queued": DEADLINE_EXCEEDED}
     assert worker.contexts == {} and worker.scheduler.idle
+
+
+def test_tokens_sampled_before_a_refused_step_keep_their_logprobs() -> None:
+    """A plan the engine refuses part way is committed as far as it ran; the tokens sampled in
+    it went out with null logprobs (the replan path did not queue them)."""
+
+    class ScoresAndRefusesOnce(SimEngine):
+        refused = False
+
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self.features = frozenset({"logprobs"})
+            self._sampled: list[int] = []
+
+        def forward(self, step: Step) -> dict[int, int]:
+            sampled = super().forward(step)
+            self._sampled = list(sampled)
+            return sampled
+
+        def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+            return {lane: (-0.25, [(7, -0.25)]) for lane in self._sampled}
+
+        def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+            result = super().execute(plan, should_stop)
+            if plan.feeds and not self.refused:  # as if a later step of this tick was refused
+                self.refused = True
+                error = EngineError("llama_decode returned 1", permanent=False)
+                error.partial = result
+                raise error
+            return result
+
+    worker, conn = make_worker(ScoresAndRefusesOnce(n_lanes=2, lane_ctx=512))
+    submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3, "logprobs": 1})
+    run(worker)
+    assert worker.scheduler.counters["plans_rejected"] == 1
+    entries = [e for m in conn.sent if isinstance(m, Delta) for e in (m.logprobs or [])]
+    assert len(entries) == 3 and all(e["logprob"] == -0.25 for e in entries), entries
