@@ -8,6 +8,7 @@ Pure functions returning dicts or bytes; the shapes are those the official ``ope
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import secrets
@@ -247,10 +248,13 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[
     ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
     first token's text starts in the choice's text so far."""
     tokens = [_token_text(e["bytes"]) for e in entries]
+    # where each token starts in the text: a character split across tokens counts once, when its
+    # last byte comes (each token's text alone would count its pieces as one U+FFFD each)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     offsets = []
-    for t in tokens:
+    for e in entries:
         offsets.append(offset)
-        offset += len(t)
+        offset += len(decoder.decode(bytes(e["bytes"])))
     return {
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],

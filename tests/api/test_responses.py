@@ -629,6 +629,14 @@ def test_completion_logprobs_shape_with_offsets() -> None:
                    "top_logprobs": [{"He": -0.5, "\ufffd": -1.5}, {}], "text_offset": [4, 6]}
 
 
+def test_text_offsets_count_a_character_split_across_tokens_once() -> None:
+    # "é" (C3 A9) split over two tokens, then "x": the text is "éx", so "x" starts at 1; each
+    # token's text alone made the offsets drift by one per split character
+    split = [{"token_id": i, "bytes": list(b), "logprob": -0.1, "top": []} for i, b in enumerate((b"\xc3", b"\xa9", b"x"))]
+    assert completion_logprobs(split)["text_offset"] == [0, 0, 1]
+    assert completion_logprobs(split * 2, offset=3)["text_offset"] == [3, 3, 4, 5, 5, 6]
+
+
 def test_ignored_params_header_never_echoes_unsafe_names() -> None:
     assert ignored_params_value(["mirostat", "dry_multiplier"]) == "mirostat, dry_multiplier"
     value = ignored_params_value(["x\r\nSet-Cookie: a=b", "é", "", "a" * 65, "ok.name-1"])
