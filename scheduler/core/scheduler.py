@@ -245,6 +245,8 @@ class Scheduler:
         new = level if level in ("warning", "critical") else None
         if _PRESSURE_RANK[new] > _PRESSURE_RANK[self.os_level]:
             self._os_pressure = new
+        if self.os_level == "critical" and new != "critical":  # background waits 5 s after it ends
+            self._background_hold_until = max(self._background_hold_until, self.clock() + OS_PRESSURE_BACKGROUND_HOLD_S)
         self.os_level = new
 
     def on_plan_rejected(self) -> None:
@@ -707,10 +709,12 @@ class Scheduler:
         left = budget - self._tick_decoded
         if left <= 0:
             return []
+        for job in decoding:  # a lane waiting for its first grant is counted from now, not never
+            self._decoded_tick.setdefault(job.job_id, self.tick)
 
         def order(job: Job) -> tuple[int, int, int, int]:
             assert job.lane is not None
-            idle = self.tick - self._decoded_tick.get(job.job_id, self.tick)
+            idle = self.tick - self._decoded_tick[job.job_id]
             starving = idle >= self.config.starvation_ticks > 0
             return (0 if starving else 1, int(job.qos), self._decoded_at.get(job.job_id, -1), job.lane)
 

@@ -52,6 +52,11 @@ def test_critical_also_preempts_decoding_background_lanes_but_not_others() -> No
     assert sched.jobs["bg"].lane is None  # still critical: still held
     sched.on_os_pressure("normal")
     tick(sched, engine)
+    clock.advance(4.5)
+    tick(sched, engine)
+    assert sched.jobs["bg"].lane is None  # and for 5 s after it ended (it was from its rise)
+    clock.advance(1)
+    tick(sched, engine)
     assert sched.jobs["bg"].lane is not None
 
 

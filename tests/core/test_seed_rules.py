@@ -109,6 +109,21 @@ def test_tick_decode_budget_rotates_so_equal_lanes_get_equal_tokens() -> None:
     assert max(done_at.values()) <= 1.2 * min(done_at.values())
 
 
+def test_with_a_decode_budget_a_lower_class_lane_is_served_after_starvation_ticks_from_its_first_wait() -> None:
+    """A budget of one token a tick, an interactive lane and a background one: the background
+    lane gets a token at least every --starvation-ticks ticks. A lane that had never had a grant
+    counted as never idle, so one that finished its prefill beside a better class was starved
+    for good (1 token in 100 ticks)."""
+    sched, engine, _ = make_scheduler(max_batch=2, tick_decode_budget=1, starvation_ticks=8)
+    sched.add(make_job(job_id="chat", qos=QosClass.INTERACTIVE, max_tokens=500))
+    sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=500))
+    events = []
+    for _ in range(100):
+        events += tick(sched, engine)
+    counts = {k: len(v) for k, v in outputs(events).items()}
+    assert counts["bg"] >= 100 // 9 and counts["chat"] > counts["bg"], counts
+
+
 def test_tick_decode_budget_zero_decodes_every_lane_every_round() -> None:
     sched, engine, _ = make_scheduler(max_batch=4, tick_targets_s=(0.05, 0.25), decode_round_s=0.02)
     for i in range(4):
