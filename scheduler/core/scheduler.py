@@ -520,8 +520,8 @@ class Scheduler:
         if not self.config.prefix_cache:
             return
         for job in self.lanes:
-            if job is None or not job.pin_prefix or job.job_id in self._stored or job.prefilling:
-                continue
+            if job is None or not job.pin_prefix or job.batch_invariant or job.job_id in self._stored or job.prefilling:
+                continue  # a batch-invariant lane neither takes nor gives prefix-cache copies
             assert job.lane is not None
             if _bound_in(plan, job.lane):  # restored this tick: stores run before restores
                 continue  # stored at the next tick
@@ -557,7 +557,8 @@ class Scheduler:
         if not waiting_bi:
             return None
         floor = min(j.qos for j in waiting_bi)
-        return lambda j: j.batch_invariant or j.qos < floor
+        # the waiting ones themselves (the best class among them) still may; one below it may not
+        return lambda j: j.qos < floor or (j.batch_invariant and j.qos == floor)
 
     def _admit(self, plan: TickPlan, now: float) -> None:
         while free := self.free_lanes():

@@ -49,3 +49,31 @@ def test_while_one_waits_nothing_at_or_below_its_class_is_admitted_but_better_cl
     assert admitted[0] == "chat"  # a better class may pass
     assert admitted[1] == "inv"  # then the waiting batch-invariant job, before agent/background
     assert "bg" not in admitted and "agent-after" not in admitted
+
+
+def test_while_one_waits_a_batch_invariant_job_of_a_lower_class_waits_too() -> None:
+    """The wait rule let every other batch-invariant job through: here a background one was
+    admitted while an agent one waited (the agent class at its cap)."""
+    sched, engine, _ = make_scheduler(max_batch=3, class_lanes={QosClass.AGENT: 1}, preemption=False)
+    sched.add(make_job(job_id="agent-running", max_tokens=200))
+    tick(sched, engine)
+    sched.add(make_job(job_id="inv-agent", qos=QosClass.AGENT, batch_invariant=True, max_tokens=2))
+    sched.add(make_job(job_id="inv-bg", qos=QosClass.BACKGROUND, batch_invariant=True, max_tokens=2))
+    admitted = []
+    for _ in range(10):
+        admitted += [e.job_id for e in tick(sched, engine) if e.kind == "admitted"]
+    assert admitted == [] and sched.jobs["inv-bg"].lane is None
+
+
+def test_a_batch_invariant_job_asking_to_pin_its_prefix_gives_the_cache_nothing() -> None:
+    sched, engine, _ = make_scheduler(max_batch=2)
+    inv = make_job(80, job_id="inv", batch_invariant=True, max_tokens=2)
+    inv.pin_prefix = True
+    sched.add(inv)
+    run_until_idle(sched, engine)
+    assert sched.pool.device_entries() == []
+    follower = make_job(90, job_id="follower", max_tokens=2)
+    follower.prompt = inv.prompt + follower.prompt[80:]
+    sched.add(follower)
+    run_until_idle(sched, engine)
+    assert follower.cached_tokens == 0
