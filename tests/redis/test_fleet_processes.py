@@ -136,6 +136,8 @@ def test_eight_requests_through_both_heads_complete(fleet: Fleet) -> None:
     for t in threads:
         t.join()
     assert sorted(results) == list(range(8))
+    # the global queue ages classes with the workers' own period (16 s: 8 ticks of 2 s), not 2 s
+    assert "waiting classes age every 16 s" in (Path(fleet.data_dir) / "worker0.log").read_text()
     for r in results.values():
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 8

@@ -167,9 +167,10 @@ class Command(BaseCommand):
             from scheduler.link.redis_transport import RedisWorkerLink
 
             # a fleet worker: it takes jobs from the global queue while it has free lanes
-            starvation_s = config.starvation_ticks * 0.25  # the ticks' period as time (a busy tick's target)
-            link = RedisWorkerLink(worker, redis_url, starvation_s=starvation_s, preemption=config.preemption)
-            sys.stderr.write(f"engine worker: pulling from Redis as {link.worker_id}\n")
+            # the global queue's classes age with the worker's own period (--starvation-ticks busy
+            # ticks of --tick-target-ms: 16 s by default), not with the engines' shorter real ticks
+            link = RedisWorkerLink(worker, redis_url, starvation_s=worker.scheduler.queues.aging_period_s(), preemption=config.preemption)
+            sys.stderr.write(f"engine worker: pulling from Redis as {link.worker_id} (waiting classes age every {link.starvation_s:g} s)\n")
         elif options["link_fd"] >= 0:
             inherited = socket.socket(fileno=options["link_fd"])
             os.set_inheritable(inherited.fileno(), False)
