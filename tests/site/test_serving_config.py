@@ -54,3 +54,12 @@ def test_serve_refuses_request_bounds_that_cannot_work_before_starting_anything(
 
     with pytest.raises(CommandError, match="--max-body-bytes must be at least 1 and --body-timeout"):
         call_command("serve", *flags)
+
+
+def test_a_fleet_head_refuses_class_lanes_as_the_seed_says() -> None:
+    """A head without an engine has no scheduler: --class-lanes there was dropped without a word
+    (scheduling-and-qos seed: a fleet head refuses it; set it on each node)."""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--class-lanes .* on a fleet head"):
+        call_command("serve", "--redis", "redis://127.0.0.1:1/0", "--no-engine", "--class-lanes", "background=1")

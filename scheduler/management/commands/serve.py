@@ -466,6 +466,9 @@ class Command(BaseCommand):
         redis_url = options["redis"]
         if options["no_engine"] and not redis_url:
             raise CommandError("--no-engine needs --redis URL (or REDIS_URL): without a queue, no worker could take the requests")
+        if options["no_engine"] and options["class_lanes"]:
+            # the seed's fleet head: no local scheduler, so lane caps belong to each worker
+            raise CommandError("--class-lanes (SUPERFLUID_CLASS_LANES) on a fleet head (--no-engine): it has no scheduler; set it on each worker's runengine")
         if redis_url and options["socket"]:
             raise CommandError("--socket and --redis are exclusive: with --redis the link is the Redis queue")
         if redis_url and pool_setup is not None:
