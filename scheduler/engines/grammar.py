@@ -121,6 +121,20 @@ def response_grammar(response_format: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _rebased(node: Any, at: str) -> Any:
+    """``node`` with every local ``$ref`` (``#``, ``#/$defs/X``...) rewritten to point inside
+    ``at``, where the schema now sits in a larger one."""
+    if isinstance(node, list):
+        return [_rebased(v, at) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebased(v, at) for k, v in node.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#") and (ref == "#" or ref.startswith("#/")):
+        out["$ref"] = at + ref[1:]
+    return out
+
+
 def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``."""
     params = tool.get("parameters") or {"type": "object", "properties": {}}
@@ -130,6 +144,19 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+def calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call of any of ``tools``. Each tool's parameters sit in the root's ``$defs`` (as
+    ``args0``, ``args1``...) with their own local references (a pydantic model's ``$defs``, a
+    recursive ``#``) rebased there: nested under a call they no longer resolved."""
+    defs, calls = {}, []
+    for i, tool in enumerate(tools):
+        name = f"args{i}"
+        defs[name] = _rebased(tool.get("parameters") or {"type": "object", "properties": {}}, f"#/$defs/{name}")
+        calls.append(call_schema({"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}))
+    schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**schema, "$defs": defs}
 
 
 def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
@@ -157,8 +184,7 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
         chosen = [t for t in tools if t["name"] == choice.get("name")]
     else:
         chosen = list(tools)
-    schema = call_schema(chosen[0]) if len(chosen) == 1 else {"anyOf": [call_schema(t) for t in chosen]}
-    conv = _schema_rules(schema, "call")
+    conv = _schema_rules(calls_schema(chosen), "call")
     one = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
     many = parallel and not isinstance(choice, dict)
     conv._add_rule("root", f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one)

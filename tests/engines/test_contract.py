@@ -405,6 +405,34 @@ def test_a_named_tool_grammar_gives_a_call_that_parses(engine: Any) -> None:
     assert call["name"] == "get_weather" and isinstance(call["arguments"]["city"], str)
 
 
+# a tool's parameters as pydantic writes them for a nested model: the nested model in $defs
+LOOKUP = {
+    "name": "lookup",
+    "parameters": {
+        "$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}},
+        "type": "object",
+        "properties": {"who": {"type": "string", "maxLength": 16}, "addr": {"$ref": "#/$defs/Addr"}},
+        "required": ["who", "addr"],
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["required", {"name": "lookup"}], ids=["required", "named"])
+def test_a_forced_call_of_a_tool_whose_parameters_use_defs_fits_them(engine: Any, choice: Any) -> None:
+    """Nested under a call, the parameters' "#/$defs/Addr" no longer resolved: a forced call of
+    any tool made from a pydantic model with a nested one was a 400."""
+    import jsonschema
+
+    tools = [LOOKUP, {"name": "get_time", "parameters": {"type": "object", "properties": {}}}]
+    sampling = SamplingParams(temperature=0.0, grammar=tool_grammar(tools, choice, False))
+    run = drive(engine, [Run(0, chat(engine, "Where does Ada live? Look her up."), sampling, 80, stop_on_eog=True)])[0]
+    text = text_of(engine, run.output)
+    call = json.loads(text.removeprefix("<tool_call>\n").split("\n</tool_call>")[0])
+    if call["name"] == "lookup":
+        jsonschema.validate(call["arguments"], LOOKUP["parameters"])
+    assert call["name"] == "lookup" or choice == "required", call
+
+
 def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
     assert engine.check_grammar('root ::= "x" missing')
 
