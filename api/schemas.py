@@ -603,11 +603,12 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
             f"Invalid value for '{choice_key}': it needs 'tools'.", param=choice_key, code="invalid_value"
         )
     parallel = _optional(body, "parallel_tool_calls", bool)
-    if tools and req.response_format is not None and choice != "none":
+    if tools and req.response_format is not None and choice != "none" and req.response_format.get("type") == "grammar":
+        # json_object and json_schema join the tools (a call, or an answer in the format); a
+        # GBNF grammar of the client's own cannot be joined to another
         raise invalid_request(
-            "'response_format' and 'tools' cannot both constrain a reply; send one or set "
-            "'tool_choice' to 'none'.",
-            param="response_format",
+            "A 'grammar' and 'tools' cannot both constrain a reply; send one or set 'tool_choice' to 'none'.",
+            param="grammar",
             code="invalid_value",
         )
     req.tools = tools or None

@@ -53,11 +53,13 @@ def _format(conv: Any) -> str:
     return str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
-def _schema_rules(schema: Any, name: str) -> Any:
-    """A converter holding ``schema`` as rule ``name``; GrammarError if it cannot convert."""
-    conv = _converter()
+def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
+    """A converter holding ``schema`` as rule ``name`` (beside what ``conv`` holds already);
+    GrammarError if it cannot convert."""
+    conv = conv or _converter()
     try:
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
+        # each schema's references under a base of its own: two schemas' "#/$defs/X" differ
+        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), f"request-{name}")
         conv.visit(resolved, name)
     except Exception as exc:  # the converter trusts its input: any failure is the schema's
         raise GrammarError(f"the JSON Schema cannot be enforced: {exc}") from None
@@ -174,6 +176,40 @@ def _cached_tool_grammar(key: str) -> str | None:
     return _tool_grammar(tools, choice, parallel)
 
 
+def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, response_format: dict[str, Any]) -> str:
+    """``tool_choice`` auto beside a ``response_format`` (agent frameworks send both): the reply
+    is tool calls, or an answer in the format. GrammarError for a format that is a GBNF grammar
+    of the client's own (it cannot be joined to another)."""
+    kind = response_format.get("type")
+    if kind == "json_object":
+        answer: Any = {"type": "object"}
+    elif kind == "json_schema":
+        answer = response_format.get("schema") or {}
+        if answer in ({}, True):
+            answer = {}
+    else:
+        raise GrammarError("a GBNF grammar cannot be combined with tools")
+    try:
+        key = json.dumps([tools, parallel, answer], sort_keys=True)
+    except RecursionError:
+        raise GrammarError("the JSON Schema is nested too deeply") from None
+    return _cached_tools_or_format(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_tools_or_format(key: str) -> str:
+    tools, parallel, answer = json.loads(key)
+    conv = _schema_rules(calls_schema(tools), "call")
+    _schema_rules(_bounded_integers(answer), "answer", conv)
+    conv._add_rule("root", f"{_calls_rule(parallel)} | answer")
+    return _format(conv)
+
+
+def _calls_rule(parallel: bool) -> str:
+    one = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
+    return f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else one
+
+
 def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
     """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
     ``auto``/``none`` (the model may then answer in text). A named function is called once;
@@ -185,7 +221,5 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
     else:
         chosen = list(tools)
     conv = _schema_rules(calls_schema(chosen), "call")
-    one = f'"{TOOL_OPEN}\\n" call "\\n{TOOL_CLOSE}"'
-    many = parallel and not isinstance(choice, dict)
-    conv._add_rule("root", f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one)
+    conv._add_rule("root", _calls_rule(parallel and not isinstance(choice, dict)))
     return _format(conv)

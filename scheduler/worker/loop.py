@@ -526,9 +526,13 @@ class EngineWorker:
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
         param = "tool_choice"
+        parallel = bool(request.get("parallel_tool_calls", True))
         try:
-            grammar = grammars.tool_grammar(tools or [], choice, bool(request.get("parallel_tool_calls", True))) if tools else None
-            if grammar is None:
+            grammar = grammars.tool_grammar(tools or [], choice, parallel) if tools else None
+            if grammar is None and tools and choice == "auto" and request.get("response_format"):
+                param = "response_format"  # a tool call, or an answer in the format
+                grammar = grammars.tools_or_format_grammar(tools, parallel, request["response_format"])
+            elif grammar is None:
                 param = "response_format"
                 grammar = grammars.response_grammar(request.get("response_format"))
         except grammars.GrammarError as exc:

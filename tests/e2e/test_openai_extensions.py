@@ -117,6 +117,25 @@ def test_json_schema_replies_parse_and_fit_the_schema(server: RunningServer, pro
     jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
 
 
+@pytest.mark.parametrize("prompt", ["What is the weather in Paris, in celsius?", "Describe a person as JSON."])
+def test_tools_beside_a_json_schema_give_a_call_that_fits_or_an_answer_that_fits(server: RunningServer, prompt: str) -> None:
+    """Agent frameworks send tools and a response format together (tool_choice auto): the reply
+    is calls whose arguments fit their function, or an answer that fits the format. It was a
+    400."""
+    reply = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=120, temperature=0, tools=[WEATHER],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+    )
+    message = reply.choices[0].message
+    if message.tool_calls:
+        assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+        for call in message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])  # type: ignore[index]
+    else:
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(message.content or ""), PERSON)
+
+
 def test_json_schema_holds_when_streamed(server: RunningServer) -> None:
     chunks = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=120, stream=True,
