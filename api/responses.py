@@ -440,6 +440,10 @@ class Reply:
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
         self.after_args = False  # a streamed call's arguments are complete: its tail is in held
+        # tool mode: whitespace that may end the content, sent only once more content follows
+        # (or at the end of a reply without calls): the unstreamed reply's content is the text
+        # around its calls stripped, or, without calls, the whole text
+        self.pending_space = ""
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -476,6 +480,7 @@ class Reply:
         calls: list[dict[str, Any]] = []
         if self.tool_names:
             text, calls = self._stream_calls(text)
+            text = self._stripped(text)
         if not text and not entries:
             return calls
         chunk = chat_chunk(self.id, self.model, self.created, content=text)
@@ -534,6 +539,16 @@ class Reply:
             held = held[head.end() :]
         return "".join(content), frames
 
+    def _stripped(self, text: str) -> str:
+        """Tool mode: ``text`` as content, its trailing whitespace held until more content
+        follows (at the end: sent if the reply made no call, else dropped)."""
+        body = text.rstrip()
+        if not body:
+            self.pending_space += text
+            return ""
+        out, self.pending_space = self.pending_space + body, text[len(body) :]
+        return out
+
     def _release(self, text: str) -> str:
         """Tool mode: the part of the held text that cannot be the start of a tool call."""
         held = self.held + text
@@ -561,11 +576,12 @@ class Reply:
         if self.endpoint == "chat":
             if self.tool_names and self.held and self.after_args:
                 # a streamed call's closing that never completed: what came is text
-                frames.append(chat_chunk(self.id, self.model, self.created, content=self.held))
+                if rest := self._stripped(self.held):
+                    frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             elif self.tool_names and self.held:
                 content, calls = parse_tool_calls(self.held, self.tool_names)
                 if calls:
-                    if content:
+                    if content and (content := self._stripped(content)):
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
                     for call in calls:
                         i, self.calls_sent = self.calls_sent, self.calls_sent + 1
@@ -573,9 +589,12 @@ class Reply:
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
                         frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                else:
-                    frames.append(chat_chunk(self.id, self.model, self.created, content=self.held))
+                elif rest := self._stripped(self.held):
+                    frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
+            if self.pending_space and not self.calls_sent:  # no call after all: the text is whole
+                frames.append(chat_chunk(self.id, self.model, self.created, content=self.pending_space))
+            self.pending_space = ""
             if self.calls_sent and reason == "stop":
                 reason = "tool_calls"
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))

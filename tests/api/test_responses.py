@@ -473,7 +473,7 @@ def test_non_streamed_tool_reply_has_tool_calls_and_finish_reason_tool_calls() -
 def test_streamed_tool_reply_sends_text_until_a_call_may_begin_then_openai_shaped_deltas() -> None:
     reply = Reply("chat", "m", tools=[{"name": "f"}])
     sent = [c for e in _events("Let me check. <tool", '_call>\n{"name": "f", "arguments": {}}\n</tool_call>') for c in reply.delta_chunks(e)]
-    assert sent[0]["choices"][0]["delta"] == {"content": "Let me check. "}
+    assert sent[0]["choices"][0]["delta"] == {"content": "Let me check."}  # the space waits: a call may follow
     deltas = [c["choices"][0]["delta"]["tool_calls"] for c in sent[1:]]
     assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
     assert deltas[1][0] == {"index": 0, "function": {"arguments": "{}"}}
@@ -562,6 +562,19 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
     else:
         assert all(name == "f" for name, _ in calls)
         assert len(content) + sum(len(a) for _, a in calls) <= len(text)
+        if message.get("tool_calls"):  # the same calls unstreamed: the same content, but for
+            # whitespace before the first text (sent before a call could be known)
+            assert content.strip() == (message["content"] or "")
+
+
+def test_whitespace_between_and_after_streamed_calls_is_not_content() -> None:
+    """Forced parallel calls are written with a newline between them: streamed, it came as
+    content ("\\n"), where the unstreamed reply has none; text before a call kept its space."""
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    for text, expected in ((call + "\n" + call, ""), ("I will call. \n" + call + "\n", "I will call.")):
+        sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), [text[i : i + 7] for i in range(0, len(text), 7)])
+        content, calls, _ = _assembled(sent + final)
+        assert (content, len(calls)) == (expected, text.count("<tool_call>")), text
 
 
 @pytest.mark.parametrize(
