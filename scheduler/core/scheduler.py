@@ -606,10 +606,13 @@ class Scheduler:
             urgent = self.queues.best_by_own_class(urgent_classes, now, self._invariant_wait_rule())
             if urgent is None:
                 return
+            # a lane this plan copies a prefix from keeps its KV until the copy has run (the
+            # tick parks and releases lanes before it copies: run_tick's order)
+            sources = {src for src, _, _ in plan.pool.copy}
             victims = [
                 j
                 for j in self.lanes
-                if j is not None and j.qos > urgent.qos and not j.batch_invariant
+                if j is not None and j.qos > urgent.qos and not j.batch_invariant and j.lane not in sources
             ]
             if not victims:
                 return  # the best urgent job finds none below it: neither does a worse one

@@ -361,8 +361,12 @@ class EngineWorker:
                 f"This model's maximum context length is {limit} tokens; {chars} characters in the {param} cannot fit in it.",
                 param,
             )
-        if not -MAX_PRIORITY <= int(message.priority) <= MAX_PRIORITY:
-            raise Refusal(INVALID_JOB, "The priority is out of range.")
+        priority = message.priority
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+            raise Refusal(INVALID_JOB, "The priority is not an integer in range.")
+        stop = request.get("stop")
+        if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            raise Refusal(INVALID_JOB, "'stop' must be a list of strings.", "stop")
 
     def _chat_tokens(
         self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None

@@ -485,3 +485,45 @@ def test_tokens_sampled_before_a_refused_step_keep_their_logprobs() -> None:
     assert worker.scheduler.counters["plans_rejected"] == 1
     entries = [e for m in conn.sent if isinstance(m, Delta) for e in (m.logprobs or [])]
     assert len(entries) == 3 and all(e["logprob"] == -0.25 for e in entries), entries
+
+
+@pytest.mark.parametrize(("field", "value"), [("priority", None), ("priority", "high"), ("priority", float("nan")), ("stop", [1, 2]), ("stop", 3)])
+def test_a_malformed_submit_is_refused_and_the_worker_goes_on(field: str, value: Any) -> None:
+    """A priority int() cannot read raised out of handle(), ending the worker's loop; a stop
+    list holding a non-string was accepted and raised in the tick. Only a peer of another
+    version sends these (the web side validates both), but no Submit may take the worker down."""
+    from scheduler.link.messages import Rejected
+
+    worker, conn = make_worker()
+    request: dict[str, Any] = {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}
+    extra: dict[str, Any] = {}
+    if field == "stop":
+        request["stop"] = value
+    else:
+        extra["priority"] = value
+    worker.handle(conn, Submit(id="bad", request=request, qos=2, **extra))  # type: ignore[arg-type]
+    assert [type(m) for m in conn.sent] == [Rejected]
+    submit(worker, conn, "good", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})
+    run(worker)
+    assert [m.id for m in conn.sent if isinstance(m, Done)] == ["good"]
+
+
+def test_a_lane_copied_from_is_not_preempted_in_the_same_plan() -> None:
+    """An interactive job preempting a background lane copies its shared prefix from an agent's
+    lane; a completion job then preempted that agent in the same plan, and the tick parked the
+    lane before the copy ran: the interactive job decoded after KV that was not there (the
+    simulated engine refuses the copy). A worker-loop fuzzer found it."""
+    worker, conn = make_worker(min_prefix_tokens=8)
+    shared = "the shared system prompt, long enough "
+
+    def send(job_id: str, prompt: str, qos: int) -> None:
+        worker.handle(conn, Submit(id=job_id, request={"endpoint": "completions", "prompt": prompt, "max_tokens": 40}, qos=qos))  # type: ignore[arg-type]
+
+    send("A", "an unrelated background prompt", 3)
+    send("L", shared + "leader", 2)
+    for _ in range(3):
+        worker.run_tick()
+    send("U1", shared + "first urgent", 0)  # preempts A, copies the shared prefix from L's lane
+    send("U2", "another urgent one", 1)  # would preempt L in the same plan
+    run(worker)
+    assert {m.id for m in conn.sent if isinstance(m, Done)} == {"A", "L", "U1", "U2"}
