@@ -256,6 +256,25 @@ class Scheduler:
         self.pool.release_pins()
         self.pool.clear_device(self._pending_pool)
 
+    def on_engine_failed(self) -> None:
+        """The engine failed the last plan before it ran or part way through its lane and cache
+        work (the worker has failed the running jobs): what lanes and cache slots hold is
+        unknown. Every lane without a job is emptied at the next tick (kept lanes too), the
+        device cache is dropped (a store of the plan may never have run), an eviction that never
+        reached host memory is forgotten, and a job parked by the plan, whose KV never came
+        back, is computed again from the start."""
+        plan = self.last_plan
+        for _lane, job_id in plan.park if plan is not None else []:
+            job = self.jobs.get(job_id)
+            if job is not None and job.parked is None:
+                job.computed = 0
+        self._forget_kept()
+        for lane, job in enumerate(self.lanes):
+            if job is None and lane not in self._release:
+                self._release.append(lane)
+        self.pool.clear_device(self._pending_pool)
+        self.pool.settle({})
+
     def commit(self, result: TickResult) -> list[Event]:
         now = self.clock()
         self.counters["ticks"] += 1

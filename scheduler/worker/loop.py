@@ -641,6 +641,7 @@ class EngineWorker:
         # the failed jobs' own events find no context; any other (a queued job whose deadline the
         # failed tick's plan expired) is sent as usual, never dropped
         self._process(self.scheduler.drain_events())
+        self.scheduler.on_engine_failed()  # lanes and cache slots hold what, nobody knows
 
     def _process(self, events: list[Event]) -> None:
         for event in events:

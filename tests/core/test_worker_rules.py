@@ -527,3 +527,36 @@ def test_a_lane_copied_from_is_not_preempted_in_the_same_plan() -> None:
     send("U2", "another urgent one", 1)  # would preempt L in the same plan
     run(worker)
     assert {m.id for m in conn.sent if isinstance(m, Done)} == {"A", "L", "U1", "U2"}
+
+
+class FailsBeforeAnyStep(SimEngine):
+    """Fails the next plan before running any of it (EngineError with no partial result)."""
+
+    fail_next = False
+
+    def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+        if self.fail_next:
+            self.fail_next = False
+            raise EngineError("a KV restore failed")
+        return super().execute(plan, should_stop)
+
+
+def test_after_a_tick_that_failed_before_its_lane_and_cache_work_no_job_finds_stale_kv() -> None:
+    """The failed plan held a finished job's lane release and a pinned prompt's store; step() had
+    used both up and nothing issued them again: the next job on the lane fed after the old job's
+    KV, and a later job sharing the pinned prompt copied it from a slot never filled (the
+    simulated engine refuses both). A worker-loop fuzzer found it."""
+    engine = FailsBeforeAnyStep(n_lanes=2, lane_ctx=512, cache_slots=2)
+    worker, conn = make_worker(engine, cache_slots=2, min_prefix_tokens=8)
+    shared = "a system prompt that is pinned in the cache "
+    submit(worker, conn, "first", {"endpoint": "completions", "prompt": "first job", "max_tokens": 3})
+    run(worker)
+    submit(worker, conn, "pinned", {"endpoint": "completions", "prompt": shared + "one", "max_tokens": 30}, pin_prefix=True)
+    worker.run_tick()  # its prompt prefilled: the next plan stores it
+    engine.fail_next = True
+    worker.run_tick()
+    for job_id, prompt in (("next", "second job"), ("sharer", shared + "two"), ("third", "third job")):
+        submit(worker, conn, job_id, {"endpoint": "completions", "prompt": prompt, "max_tokens": 3})
+        run(worker)
+    done = {m.id for m in conn.sent if isinstance(m, Done)}
+    assert done == {"first", "next", "sharer", "third"}
