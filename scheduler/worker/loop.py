@@ -219,6 +219,9 @@ class EngineWorker:
                 self.scheduler.cancel(ctx.job_id)
             for job_id in [j for j, c in self.preparing.items() if c is conn]:
                 del self.preparing[job_id]
+            # their ends now, not at the next tick: a web side that reconnects submits each job
+            # again under its id (with the text delivered), maybe in this same inbox drain
+            self._process(self.scheduler.drain_events())
         elif isinstance(message, Config):
             self.configure(message)
         else:
@@ -306,8 +309,8 @@ class EngineWorker:
         assert self._prepare_queue is not None
         while True:
             _rank, _order, conn, message = self._prepare_queue.get()
-            if message.id not in self.preparing:
-                continue  # cancelled before its turn
+            if self.preparing.get(message.id) is not conn:
+                continue  # cancelled before its turn, or its connection closed (and the job, resubmitted on another, is queued again)
             try:
                 result = Prepared(message.id, self._build(conn, message), None)
             except Refusal as exc:

@@ -560,3 +560,50 @@ def test_after_a_tick_that_failed_before_its_lane_and_cache_work_no_job_finds_st
         run(worker)
     done = {m.id for m in conn.sent if isinstance(m, Done)}
     assert done == {"first", "next", "sharer", "third"}
+
+
+def test_a_job_submitted_again_after_its_link_dropped_is_served_on_the_new_connection() -> None:
+    """After a link drop the web side reconnects and submits each job in flight again, same id,
+    with the text delivered. (1) With the Disconnected and the resubmission in one inbox drain,
+    the old job's context was still there: Rejected(duplicate_id). (2) With preparation on its
+    thread and the old Submit still queued there, the thread prepared the old message for the
+    dead connection: the new one got Accepted, then nothing. A worker-loop fuzzer found both."""
+    import threading
+
+    from scheduler.worker.server import Disconnected
+
+    request = {"endpoint": "completions", "prompt": "hello there", "max_tokens": 20}
+    # (1) one inbox drain
+    worker, old = make_worker()
+    submit(worker, old, "a", request)
+    for _ in range(4):
+        worker.run_tick()
+    delivered = "".join(m.text for m in old.sent if isinstance(m, Delta))
+    new = FakeConn()
+    worker.handle(old, Disconnected())
+    submit(worker, new, "a", request, resume_text=delivered, resume_tokens=len(delivered))
+    run(worker)
+    assert [type(m) for m in new.sent][:1] == [Accepted] and isinstance(new.sent[-1], Done), new.sent
+    # (2) the old Submit still queued on the preparation thread
+    clock = FakeClock()
+    worker = EngineWorker(SimEngine(n_lanes=2, lane_ctx=512, clock=clock), SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock, prepare_in_thread=True)
+    held, build = threading.Event(), worker._build
+
+    def slow_build(conn: Any, message: Submit) -> Any:
+        if message.id == "blocker":
+            held.wait(10)
+        return build(conn, message)
+
+    worker._build = slow_build  # type: ignore[method-assign]
+    old, new = FakeConn(), FakeConn()
+    submit(worker, old, "blocker", request)
+    submit(worker, old, "b", request)  # queued behind the blocker
+    worker.handle(old, Disconnected())
+    submit(worker, new, "b", request, resume_text="xy", resume_tokens=2)
+    held.set()
+    deadline = time.monotonic() + 30
+    while not any(isinstance(m, Done) for m in new.sent):
+        assert time.monotonic() < deadline, new.sent
+        worker._drain_inbox(0.05)
+        worker.run_tick()
+    assert not any(isinstance(m, (Delta, Done)) and m.id == "b" for m in old.sent)
