@@ -309,17 +309,25 @@ class EngineWorker:
         assert self._prepare_queue is not None
         while True:
             _rank, _order, conn, message = self._prepare_queue.get()
-            if self.preparing.get(message.id) is not conn:
-                continue  # cancelled before its turn, or its connection closed (and the job, resubmitted on another, is queued again)
-            try:
-                result = Prepared(message.id, self._build(conn, message), None)
-            except Refusal as exc:
-                result = Prepared(message.id, None, exc)
+            result = self._prepare_one(conn, message)
+            if result is None:
+                continue
             if _urgent(message):
                 # before the result is in the inbox: the tick that takes it from there is never
                 # the one this stops (the tick thread clears the flag, then drains the inbox)
                 self._interrupt()
             self.inbox.put((conn, result))
+
+    def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
+        """One queued Submit prepared (its job, or its refusal); None when it is no longer
+        wanted: cancelled before its turn, or its connection closed (a job submitted again on
+        another connection is queued again, with that connection)."""
+        if self.preparing.get(message.id) is not conn:
+            return None
+        try:
+            return Prepared(message.id, self._build(conn, message), None)
+        except Refusal as exc:
+            return Prepared(message.id, None, exc)
 
     def _urgent_hold_s(self) -> float:
         """How much longer the tick thread waits for an urgent job being prepared (0: none).
