@@ -393,7 +393,10 @@ class GenerationConsumer(StreamingConsumer):
         return headers
 
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
-        return responses.Reply(self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice, logprobs=request.logprobs is not None, **extra)
+        return responses.Reply(
+            self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls, logprobs=request.logprobs is not None, **extra,
+        )  # fmt: skip
 
     async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:
         """Redis mode: a client whose stream began on another head (which died) reconnects here

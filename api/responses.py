@@ -419,6 +419,7 @@ class Reply:
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = "auto",
+        parallel_tool_calls: bool = True,
         logprobs: bool = False,
         index: int = 0,
         id: str | None = None,  # noqa: A002 - several choices of one request share the id
@@ -431,6 +432,9 @@ class Reply:
         self.index = index
         self.echo = echo  # completions ``echo``: the prompt's text, sent before the completion
         self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
+        # parallel_tool_calls false: at most one call; a further one the model writes is dropped
+        self.max_calls = None if parallel_tool_calls else 1
+        self.muted = False  # a streamed call past max_calls: its arguments are not sent
         self.want_logprobs = logprobs
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
@@ -497,7 +501,7 @@ class Reply:
         while held:
             if self.args is not None:  # a streamed call's arguments
                 n = self.args.feed(held)
-                if n:
+                if n and not self.muted:
                     frames.append(self._tool_chunk({"index": self.calls_sent - 1, "function": {"arguments": held[:n]}}))
                 held = held[n:]
                 if self.args.depth > 0:
@@ -531,10 +535,12 @@ class Reply:
             if name not in self.tool_names:
                 self.held = held
                 break
-            call = {"index": self.calls_sent, "id": new_call_id(), "type": "function",
-                    "function": {"name": name, "arguments": ""}}
-            frames.append(self._tool_chunk(call))
-            self.calls_sent += 1
+            self.muted = self.max_calls is not None and self.calls_sent >= self.max_calls
+            if not self.muted:
+                call = {"index": self.calls_sent, "id": new_call_id(), "type": "function",
+                        "function": {"name": name, "arguments": ""}}
+                frames.append(self._tool_chunk(call))
+                self.calls_sent += 1
             self.args = _ArgsScanner()
             held = held[head.end() :]
         return "".join(content), frames
@@ -579,8 +585,9 @@ class Reply:
                 if rest := self._stripped(self.held):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             elif self.tool_names and self.held:
-                content, calls = parse_tool_calls(self.held, self.tool_names)
-                if calls:
+                content, found = parse_tool_calls(self.held, self.tool_names)
+                calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
+                if found:
                     if content and (content := self._stripped(content)):
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
                     for call in calls:
@@ -633,6 +640,7 @@ class Reply:
         content: str | None = text
         if self.tool_names:
             content, calls = parse_tool_calls(text, self.tool_names)
+            calls = calls[: self.max_calls] if self.max_calls is not None else calls
             if calls and reason == "stop":
                 reason = "tool_calls"
             elif not calls:

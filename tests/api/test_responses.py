@@ -688,3 +688,21 @@ def test_echo_puts_the_prompt_first_and_its_scores_before_the_completions() -> N
     assert chunk["choices"][0]["text"] == "Hi there" and chunk["choices"][0]["logprobs"]["token_logprobs"] == [None, -1.5]
     (nxt,) = streamed.delta_chunks(Delta("j", "!", 1, [made]))
     assert nxt["choices"][0]["logprobs"]["text_offset"] == [8]
+
+
+def test_with_parallel_tool_calls_false_a_reply_has_at_most_one_call_streamed_or_not() -> None:
+    """OpenAI's parallel_tool_calls false promises at most one call; under tool_choice auto no
+    grammar limits what the model writes, and a second call it wrote came back too."""
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>'
+    text = "Checking. " + call % 1 + "\n" + call % 2
+    for parallel, n in ((False, 1), (True, 2)):
+        whole = Reply("chat", "m", tools=[{"name": "f"}], parallel_tool_calls=parallel)
+        for e in _events(text):
+            whole.add(e)
+        message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+        assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"x": 1}', '{"x": 2}'][:n]
+        assert message["content"] == "Checking."
+        for size in (5, 1000):  # streamed as the calls come, and as one held block parsed at the end
+            sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}], parallel_tool_calls=parallel), [text[i : i + size] for i in range(0, len(text), size)])
+            content, calls, _ = _assembled(sent + final)
+            assert (content, [a for _, a in calls]) == ("Checking.", ['{"x": 1}', '{"x": 2}'][:n]), (parallel, size)
