@@ -14,10 +14,31 @@ log = logging.getLogger("superfluid.dashboard")
 
 CLOSE_FORBIDDEN = 4403
 GROUP_REFRESH_S = 3600.0
+STAFF_RECHECK_S = 5.0  # an open page stops getting pushes this soon after its user logs out or loses staff
 
 
 def is_staff(user: Any) -> bool:
     return bool(user is not None and getattr(user, "is_authenticated", False) and getattr(user, "is_active", False) and getattr(user, "is_staff", False))
+
+
+def still_staff(session_key: str | None, user_pk: Any) -> bool:
+    """Whether the session the page connected with is still this user's, logged in (not logged
+    out, expired, or ended by a password change), and the user still active staff."""
+    from importlib import import_module
+
+    from django.conf import settings
+    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+    from django.utils.crypto import constant_time_compare
+
+    if not session_key:
+        return False
+    data = import_module(settings.SESSION_ENGINE).SessionStore(session_key).load()
+    if str(data.get(SESSION_KEY)) != str(user_pk):
+        return False
+    user = get_user_model().objects.filter(pk=user_pk).first()
+    if user is None or not is_staff(user):
+        return False
+    return constant_time_compare(str(data.get(HASH_SESSION_KEY, "")), user.get_session_auth_hash())
 
 
 class LanesConsumer(AsyncJsonWebsocketConsumer):
@@ -27,6 +48,7 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(GROUP, self.channel_name)
         self._refresh = asyncio.get_running_loop().create_task(self._keep_membership())
+        self._watch = asyncio.get_running_loop().create_task(self._watch_user())
         await self.accept()
         from superfluid_site.runtime import get_link
 
@@ -43,15 +65,38 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
             except Exception:  # Redis away for a moment: the next refresh, well within a day, tries again
                 log.warning("dashboard: could not renew a page's group membership", exc_info=True)
 
+    async def _watch_user(self) -> None:
+        """The user was checked when the page connected; a logout, a lost staff status or a
+        deactivation later closes the page's socket (it was fed on for as long as it stayed open)."""
+        from channels.db import database_sync_to_async
+
+        session = self.scope.get("session")
+        session_key = getattr(session, "session_key", None)
+        user_pk = getattr(self.scope.get("user"), "pk", None)
+        while True:
+            await asyncio.sleep(STAFF_RECHECK_S)
+            try:
+                ok = await database_sync_to_async(still_staff)(session_key, user_pk)
+            except Exception:  # the database away for a moment: asked again at the next check
+                log.warning("dashboard: could not check a page's user", exc_info=True)
+                continue
+            if not ok:
+                await self.channel_layer.group_discard(GROUP, self.channel_name)
+                await self.close(code=CLOSE_FORBIDDEN)
+                return
+
     async def disconnect(self, code: int) -> None:
-        refresh = getattr(self, "_refresh", None)
-        if refresh is not None:
-            refresh.cancel()
+        for task in (getattr(self, "_refresh", None), getattr(self, "_watch", None)):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         if self.channel_layer is not None:
             await self.channel_layer.group_discard(GROUP, self.channel_name)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        return None  # the page only listens
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """The page only listens: whatever it sends (not JSON, binary) is ignored. Decoding it
+        as JSON raised, killed the consumer before its disconnect, and left its channel in the
+        group (renewed hourly) for good."""
+        return None
 
     async def lanes_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "state", "state": event["state"]})

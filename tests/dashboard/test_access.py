@@ -203,3 +203,46 @@ async def test_a_failed_renewal_of_the_pages_group_membership_is_tried_again(mon
                 break
             await asyncio.sleep(0.01)
     assert calls["n"] >= 4  # joined, failed once, renewed since
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("frame", [{"text_data": "not json{"}, {"bytes_data": b"\x00\x01"}], ids=["text", "bytes"])
+async def test_a_frame_the_page_sends_is_ignored_and_the_socket_still_gets_pushes(settings, tmp_path, frame: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    """The page only listens. A frame that was not JSON, or binary, killed the consumer before its
+    disconnect ran: its channel stayed in the group (renewed hourly), so the feed built its
+    pushes for nobody from then on."""
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    async with staff_dashboard("frank") as comm:
+        await comm.send_to(**frame)
+        dashboard_feed.on_snapshot({"model": "m", "tick": 3, "lanes": []})
+        assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["logout", "demoted"])
+async def test_an_open_dashboard_is_closed_once_its_user_logs_out_or_loses_staff(settings, tmp_path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:  # type: ignore[no-untyped-def]
+    """The user was checked only when the socket connected: after a logout, or with staff status
+    taken away, the page went on getting every push (lanes, key names, queues)."""
+    from dashboard import consumers
+
+    monkeypatch.setattr(consumers, "STAFF_RECHECK_S", 0.05)
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    user = await sync_to_async(make_user)("lou", staff=True)
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    comm = WebsocketCommunicator(application(), "/ws/dashboard/", headers=[ORIGIN, (b"cookie", cookie)])
+    connected, _ = await comm.connect()
+    try:
+        assert connected
+        if how == "logout":
+            await sync_to_async(client.logout)()
+        else:
+            await sync_to_async(get_user_model().objects.filter(pk=user.pk).update)(is_staff=False)
+        closed = await comm.receive_output(timeout=3)
+        assert closed == {"type": "websocket.close", "code": consumers.CLOSE_FORBIDDEN}
+    finally:
+        await comm.disconnect()
+        web = forget(asyncio.get_running_loop())
+        if web is not None and web.link is not None:
+            await web.link.stop()
