@@ -221,6 +221,7 @@ class Router:
         m = self.models[model]
         m.state = ModelState.UNLOADED
         m.load_started_s = None
+        m.unload_requested = False  # an Unload asked while it loaded: done, it is not loaded
         self.admin_loads.discard(model)
         dropped = [w.request_id for w in self.waiting if w.model == model]
         for rid in dropped:
@@ -280,7 +281,8 @@ class Router:
                 state[mid] = ModelState.UNLOADING  # the admin's unload, once its work is done
                 plan.unload.append((mid, None))
         # slots that will be free without a new reservation: models stopping, or drained by the admin
-        coming = sum(1 for s in state.values() if s in (ModelState.UNLOADING, ModelState.DRAINING))
+        # (a pinned model's, the FIM model's, frees no slot: it does not count)
+        coming = sum(1 for mid, s in state.items() if s in (ModelState.UNLOADING, ModelState.DRAINING) and not self.models[mid].spec.pinned)
         reserved: set[str] = set()  # kept for a better request's swap: takes no more work
         claimed: set[str] = set()  # a better request waits for one of its lanes: not a victim
 

@@ -203,6 +203,7 @@ class ModelPool:
     def drain(self) -> None:
         """serve's SIGTERM: nothing new; waiting requests end, running ones finish at their workers."""
         self.draining = True
+        self.router.admin_loads.clear()  # a Load the admin asked for: no new worker now
         for rid, fut in list(self.waiters.items()):
             if self.router.cancel(rid) and not fut.done():
                 fut.set_exception(ModelUnavailable("", "The server is shutting down."))
@@ -267,6 +268,12 @@ class ModelPool:
         for model in actions.unload:
             self._unload(model)
         for model in actions.load:
+            if self.draining:  # shutting down: a worker started now would never be drained
+                for rid in self.router.load_failed(model):
+                    fut = self.waiters.get(rid)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(ModelUnavailable(model, "The server is shutting down."))
+                continue
             self._load(model)
         for d in actions.dispatch:
             fut = self.waiters.get(d.request_id)
@@ -289,7 +296,7 @@ class ModelPool:
         log.info("loading model %s", model)
         try:
             worker.start()
-        except OSError as exc:  # no process could be started (no file descriptors or memory left)
+        except Exception as exc:  # no process or thread could be started (no descriptors, memory, threads)
             worker.fatal = f"its worker process could not be started ({exc})"
             loop.call_soon(self._load_failed, model, worker)  # after this kick's dispatches
             return

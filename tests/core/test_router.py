@@ -412,3 +412,33 @@ def test_the_snapshot_counts_each_models_waiting_requests_by_band() -> None:
     models = box.router.snapshot()["models"]
     assert models["A"]["waiting_by_band"] == {"interactive": 0, "normal": 1, "batch": 1}  # type: ignore[index]
     assert models["B"]["waiting_by_band"] == {"interactive": 1, "normal": 0, "batch": 0}  # type: ignore[index]
+
+
+def test_an_unload_asked_while_loading_ends_with_a_failed_load() -> None:
+    """The admin unloads a model that is still loading, and the load fails: the unload was
+    still pending, so the next ordinary load drained and unloaded the model at once, its request
+    still waiting, and served it only after a third load."""
+    box = Box(["a", "b"], max_loaded_models=1)
+    box.auto_load = False
+    box.ask("a")
+    assert box.state("a") is ModelState.LOADING
+    box.router.request_unload("a")
+    box.router.load_failed("a")
+    box.auto_load = True
+    box.ask("a", rid="again")
+    assert box.started == ["again"] and box.state("a") is ModelState.LOADED
+    assert box.swaps == [("load", "a"), ("load", "a")]
+
+
+def test_unloading_the_pinned_fim_model_does_not_hold_back_an_unrelated_swap() -> None:
+    """A pinned model's stop frees no slot; counting it as one coming made a request for b wait
+    for the FIM model's work and stop instead of swapping out the idle a."""
+    box = Box([ModelSpec("a"), ModelSpec("b"), ModelSpec("fim", pinned=True)], max_loaded_models=1)
+    box.router.request_load("fim")
+    box.settle()
+    box.finish(box.ask("a"))  # a loaded and idle
+    box.ask("fim", rid="fill")  # the FIM model busy
+    box.router.request_unload("fim")
+    box.settle()
+    box.ask("b", rid="b1")
+    assert "b1" in box.started and box.state("b") is ModelState.LOADED and box.state("a") is ModelState.UNLOADED

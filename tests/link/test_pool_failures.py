@@ -53,3 +53,80 @@ async def test_a_model_whose_worker_cannot_be_started_fails_its_requests_and_can
         assert "could not be started" in err.value.detail and "Too many open files" in err.value.detail
         assert len(workers) == attempt and not pool.router.state("a").resident
     assert "a" not in pool.links and "a" not in pool.workers and "a" not in pool.open_links
+
+
+class Startable:
+    """A worker supervisor that starts (its link is made to look connected by the test), or
+    fails to with ``error``."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.exited = threading.Event()
+        self.fatal: str | None = None
+        self.on_fatal: Any = None
+        self.restarts = 0
+        self.error = error
+        self.drained = False
+
+    def start(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def drain(self) -> None:
+        self.drained = True
+        self.exited.set()
+
+    def kill(self) -> None:
+        self.exited.set()
+
+
+def two_models(errors: dict[str, BaseException] | None = None) -> tuple[ModelPool, dict[str, list[Startable]]]:
+    spawned: dict[str, list[Startable]] = {"a": [], "b": []}
+
+    def spawn(model: str, _sockets: Any) -> Startable:
+        spawned[model].append(Startable((errors or {}).get(model)))
+        return spawned[model][-1]
+
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    return ModelPool(PoolSetup(cfg, spawn=spawn, lanes={"a": 1, "b": 1}, ctx_sizes={"a": 512, "b": 512})), spawned  # type: ignore[arg-type]
+
+
+async def loaded(pool: ModelPool, model: str) -> None:
+    """The model's worker says hello (its link connects)."""
+    pool.links[model]._connected.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_worker_that_fails_to_start_with_any_error_fails_its_requests_and_leaves_the_other_model_usable() -> None:
+    """Only OSError was caught: a RuntimeError (no thread could be started) left the model
+    "loading" for good, holding the only slot, and every request for any model waited forever."""
+    pool, _spawned = two_models({"b": RuntimeError("can't start new thread")})
+    with pytest.raises(ModelUnavailable, match="can't start new thread"):
+        await asyncio.wait_for(pool.acquire("b", 0), 10)
+    waiting = asyncio.ensure_future(pool.acquire("a", 0))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await loaded(pool, "a")
+    link, _dispatch, ticket = await asyncio.wait_for(waiting, 10)
+    assert link is pool.links["a"]
+    pool.release(ticket)
+    pool.kill()
+
+
+async def test_after_a_drain_no_worker_is_started_for_an_admin_load() -> None:
+    """SIGTERM with an admin Load pending (the busy model reserved for it): once the busy
+    model's request ended, the other model's worker was started mid-shutdown, never drained, and
+    serve waited its whole --drain-timeout. A Load asked after the drain did the same."""
+    pool, spawned = two_models()
+    waiting = asyncio.ensure_future(pool.acquire("a", 0))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    await loaded(pool, "a")
+    _link, _dispatch, ticket = await asyncio.wait_for(waiting, 10)
+    pool.load("b")
+    pool.drain()
+    pool.release(ticket)
+    pool.load("b")
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert spawned["b"] == [] and pool.exited()
