@@ -487,8 +487,17 @@ class LlamaCppEngine(LaneEngine):
         # constrained lane resumes where it was parked
         for token in bind.history:
             llama_cpp.llama_sampler_accept(chain, token)
-            if grammar is not None:
-                llama_cpp.llama_sampler_accept(grammar, token)
+            if grammar is None:
+                continue
+            assert self._candidates is not None
+            if not self._candidates.allows(grammar, token):
+                # a resumed job's delivered text, tokenised again, need not be the grammar's
+                # (a vocabulary that adds a leading space): accepting a token the grammar
+                # rejects throws in C++ and ends the process. The grammar goes on from here.
+                log.warning("lane %d: the grammar rejects the text it resumes; constrained from the last token it accepted", bind.lane)
+                grammar = None
+                continue
+            llama_cpp.llama_sampler_accept(grammar, token)
 
     def bound_lanes(self) -> dict[int, Any]:
         return self._samplers

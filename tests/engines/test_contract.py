@@ -433,6 +433,16 @@ def test_a_forced_call_of_a_tool_whose_parameters_use_defs_fits_them(engine: Any
     assert call["name"] == "lookup" or choice == "required", call
 
 
+def test_a_history_the_grammar_rejects_is_bound_without_ending_the_process(engine: Any) -> None:
+    """A resumed job replays its delivered text into its grammar; text the grammar rejects (a
+    vocabulary that adds a leading space when it is tokenised again) made llama.cpp throw from
+    C++ and the worker process abort, every lane lost. The lane is bound and still samples."""
+    history = engine.tokenize("hello", add_special=False, special=False)
+    sampling = SamplingParams(temperature=0.0, grammar='root ::= "{" [a-z]* "}"')
+    run = drive(engine, [Run(0, chat(engine, "Say something."), sampling, len(history) + 6, output=list(history))])[0]
+    assert len(run.output) > len(history)
+
+
 def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
     assert engine.check_grammar('root ::= "x" missing')
 
