@@ -511,7 +511,10 @@ class LlamaCppEngine(LaneEngine):
         ctypes.memset(self._b_logits_addr, 0, n_step)
         n = 0
         outputs: list[tuple[int, int]] = []  # (lane, batch index) to sample after the call
-        for lane, start, tokens, wants_sample in step.pieces:
+        # in sequence order: with a KV stream per sequence, llama.cpp puts only consecutive
+        # sequences in one ubatch, each a pass over the weights (lanes 0,2,4,6,1,3,5,7 took four
+        # passes where 0..7 take one)
+        for lane, start, tokens, wants_sample in sorted(step.pieces, key=lambda p: p.lane):
             k = len(tokens)
             end = n + k
             if k == 1:

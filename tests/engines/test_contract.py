@@ -875,3 +875,24 @@ def test_a_constrained_job_resumed_after_its_worker_was_lost_goes_on_inside_the_
     assert done and done[0].finish_reason == "stop", (done, texts)
     whole = delivered + "".join(texts)
     assert isinstance(json.loads(whole), dict) and json.loads(whole)["name"] == "Ada", whole
+
+
+def test_lanes_fed_in_any_order_run_in_one_pass_over_the_weights(abortable: Any) -> None:
+    """With a KV stream per sequence, llama.cpp puts only consecutive sequences in one ubatch,
+    in the order the batch lists them: lanes 1 and 0 listed so took two passes over the model
+    (twice the graph nodes) where 0 and 1 take one. A review helper measured 0,2,4,6,1,3,5,7
+    at four passes. The engine lists a step's pieces in lane order."""
+    prompts = {lane: chat(abortable, f"Count to {lane + 3}.") for lane in (0, 1)}
+
+    def nodes(order: list[int]) -> int:
+        for lane in (0, 1):
+            release(abortable, lane)
+        plan = TickPlan(tick=0, step_tokens=512)
+        for lane in order:
+            plan.bind.append(LaneBind(lane=lane, job_id=f"l{lane}", sampling=GREEDY))
+            plan.feeds.append(LaneFeed(lane=lane, job_id=f"l{lane}", start_pos=0, tokens=prompts[lane], sample=True))
+        with CountingAbort(abortable) as calls:
+            assert not abortable.execute(plan, never).stopped_early
+            return calls.n
+
+    assert nodes([1, 0]) == nodes([0, 1])
