@@ -179,8 +179,8 @@ class WorkerMetrics:
             by_class[job.qos.label].append(job)
             by_band[band_of(job.priority)].append(job)
 
-        def oldest(jobs: list[Job]) -> float:
-            return round(max((now - j.arrival_s for j in jobs), default=0.0), 3)
+        def oldest(jobs: list[Job]) -> float:  # since each joined the queue (a preempted job: again)
+            return round(max((now - j.enqueued_s for j in jobs), default=0.0), 3)
 
         budget, step = sched.prefill_cap
         decoding = states["decode"]

@@ -196,3 +196,22 @@ def test_a_redis_fleet_snapshot_gives_the_fleet_families_and_a_plain_one_none() 
     plain = CollectorRegistry()
     plain.register(One({}))  # type: ignore[arg-type]
     assert "superfluid_fleet" not in generate_latest(plain).decode() and "superfluid_global_queue_depth" not in generate_latest(plain).decode()
+
+
+def test_a_preempted_jobs_wait_counts_from_when_it_went_back_to_the_queue() -> None:
+    """The oldest-wait gauges counted from arrival: a background job that had run for 3 s and
+    was just preempted showed 3 s of waiting."""
+    worker, clock = make_worker(max_batch=1)
+    conn = FakeConn()
+    submit(worker, conn, "bg", qos=QosClass.BACKGROUND, priority=-100, max_tokens=100)
+    for _ in range(3):
+        worker.run_tick()
+    clock.advance(3.0)
+    submit(worker, conn, "chat", qos=QosClass.INTERACTIVE, priority=100)
+    worker.run_tick()  # the chat preempts the background job, which queues again
+    assert worker.scheduler.jobs["bg"].lane is None
+    clock.advance(0.5)
+    fams = families(worker)
+    # half a second, and the chat's tick (the simulated engine's clock): not the 3 s it ran
+    assert samples(fams, "llamaswap_scheduler_queue_oldest_wait_seconds")[(("band", "batch"),)] < 1.5
+    assert samples(fams, "superfluid_queue_oldest_wait_seconds")[(("class", "background"),)] < 1.5
