@@ -581,12 +581,8 @@ class RedisWorkerLink:
     ) -> None:
         import redis
 
-        self.worker = worker
-        self.lease_ms = lease_ms
-        self.url = url
-        self.prefix = prefix
-        self.starvation_s = starvation_s
-        self.preemption = preemption
+        self.worker, self.url, self.prefix = worker, url, prefix
+        self.starvation_s, self.preemption, self.lease_ms = starvation_s, preemption, lease_ms
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.host = socket.gethostname()
         self.client: redis.Redis = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)

@@ -58,20 +58,10 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import JobState, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import (
-    Accepted,
-    Cancel,
-    Config,
-    Delta,
-    Done,
-    Error,
-    Message,
-    Rejected,
-    Snapshot,
-    Submit,
-    decode,
-    encode,
-)
+
+# isort: off
+from scheduler.link.messages import Accepted, Cancel, Config, Delta, Done, Error, Message, Rejected, Snapshot, Submit, decode, encode  # fmt: skip
+# isort: on
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.server import DISCONNECTED
 
