@@ -341,9 +341,11 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
     # The head's own queue bound first, and its place taken before the await, so no other
     # request on this loop can slip in between; given back if Redis refuses.
-    check_queue(rt, request.model)
-    rt.in_flight.acquire(request.model)
-    admission.model_slot = request.model
+    fim = request.suffix is not None
+    check_queue(rt, request.model, fim=fim)
+    model = queue_model(request.model, fim=fim)[0]  # the id an alias names, the FIM model for FIM
+    rt.in_flight.acquire(model)
+    admission.model_slot = model
     if not checks and not slots:
         return
     member = uuid.uuid4().hex
@@ -418,16 +420,16 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
-        wait = _own_turn_s(rt, queue_model(request.model)[0], limit)
+        wait = _own_turn_s(rt, queue_model(request.model, fim=request.suffix is not None)[0], limit)
         raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
     client_limit = int(cfg.client_concurrency) if principal.key is None else 0
     client_slot = principal.client_id
     if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
-        wait = _own_turn_s(rt, queue_model(request.model)[0], client_limit)
+        wait = _own_turn_s(rt, queue_model(request.model, fim=request.suffix is not None)[0], client_limit)
         raise rate_limited(
             f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
         )
-    check_queue(rt, request.model)
+    check_queue(rt, request.model, fim=request.suffix is not None)
     for bucket, _code, _message in buckets:
         bucket.take()
     if limit > 0 and slot is not None:
@@ -436,7 +438,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     if client_limit > 0:
         rt.client_slots.acquire(client_slot)
         admission.client_slot = client_slot
-    model = queue_model(request.model)[0]
+    model = queue_model(request.model, fim=request.suffix is not None)[0]
     rt.in_flight.acquire(model)
     admission.model_slot = model
 
@@ -445,26 +447,27 @@ def lanes() -> int:
     return max(1, int(serving().max_batch))
 
 
-def queue_model(name: str) -> tuple[str, int]:
+def queue_model(name: str, *, fim: bool = False) -> tuple[str, int]:
     """The model a request's place in the queue bound counts against, and its lanes: with several
-    models (serve --config) the id an alias resolves to and that model's lanes, so a model's
-    id and aliases share one bound; else the name and ``--max-batch``."""
+    models (serve --config) the model it runs on (the id an alias resolves to; the --fim-model
+    for fill-in-the-middle) and that model's lanes, so a model's id and aliases share one bound;
+    else the name and ``--max-batch``."""
     from scheduler.link.pool import get_pool
 
     pool = get_pool()
     if pool is None:
         return name, lanes()
-    model = pool.resolve(name) or name
+    model = pool.route(name, fim=fim) or name
     return model, max(1, pool.setup.lanes.get(model) or lanes())
 
 
-def check_queue(rt: KeyRuntime, model: str) -> None:
+def check_queue(rt: KeyRuntime, model: str, *, fim: bool = False) -> None:
     """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes;
     ``Retry-After`` is the time the measured drain rate needs to serve those waiting."""
     max_queue = int(serving().max_queue)
     if max_queue <= 0:
         return
-    model, model_lanes = queue_model(model)
+    model, model_lanes = queue_model(model, fim=fim)
     in_flight = rt.in_flight.held.get(model, 0)
     waiting = in_flight - model_lanes
     if waiting >= max_queue:

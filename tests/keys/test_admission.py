@@ -294,7 +294,7 @@ async def test_with_several_models_an_id_and_its_alias_share_one_bound_sized_by_
     import scheduler.link.pool as pool_module
 
     class Setup:
-        lanes = {"smol": 1, "other": 8}
+        lanes = {"smol": 1, "other": 8, "coder-fim": 2}
 
     class Pool:
         setup = Setup()
@@ -302,12 +302,22 @@ async def test_with_several_models_an_id_and_its_alias_share_one_bound_sized_by_
         def resolve(self, name: str) -> str | None:
             return {"smol": "smol", "s": "smol", "other": "other"}.get(name)
 
+        def route(self, name: str, *, fim: bool) -> str | None:
+            model = self.resolve(name)
+            return "coder-fim" if model is not None and fim else model
+
     monkeypatch.setattr(pool_module, "get_pool", lambda: Pool())
     rt = runtime()
     held = [await admit({}, (f"10.0.0.{i}", 1), chat(model=m), runtime=rt) for i, m in enumerate(["smol", "s", "smol"])]  # 1 lane + 2 waiting
     await expect("queue_full", admit({}, ("10.0.0.99", 1), chat(model="s"), runtime=rt))
     assert rt.in_flight.held == {"smol": 3}
     held.append(await admit({}, ("10.0.0.98", 1), chat(model="other"), runtime=rt))  # another model's bound
+    # fill-in-the-middle runs on the --fim-model: its place counts there, not against smol's
+    # full queue (FIM traffic pushed chat requests into 503 queue_full)
+    infill = fim()
+    infill.model = "smol"
+    held.append(await admit({}, ("10.0.0.97", 1), infill, runtime=rt))
+    assert rt.in_flight.held == {"smol": 3, "other": 1, "coder-fim": 1}
     for admission in held:
         await admission.release()
     assert rt.in_flight.held == {}
