@@ -213,7 +213,7 @@ def install_protocol_errors() -> None:
 # that layer, on daphne's request object, and refuse at once: a JSON error, the connection
 # closed, nothing of the request handed to the application (so nothing is queued).
 
-GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
 
 
 def raw_error_reply(exc: ApiError) -> bytes:

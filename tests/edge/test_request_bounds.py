@@ -155,6 +155,16 @@ async def test_a_content_length_over_the_bound_is_413_before_any_body_is_read_an
 
 
 @override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+async def test_an_embeddings_body_over_the_bound_is_logged_as_embeddings_are() -> None:
+    """docs/api.md: embeddings requests show in the activity log and metrics; one refused at the
+    edge left no row."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(10**12, b"/v1/embeddings"))
+    assert reply(transport)[0] == 413 and server.scopes == [] and let_go(transport, clock)
+    assert await rows() == [("embeddings", 413, "request_too_large")]
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
 async def test_a_chunked_body_is_cut_off_at_the_bound() -> None:
     server, protocol, transport, clock = connect()
     protocol.dataReceived(head(None, b"/v1/completions"))
