@@ -358,8 +358,10 @@ class GenerationConsumer(StreamingConsumer):
         finally:
             for task in tasks:
                 task.cancel()
-        usage = self.total_usage([dones[i] for i in range(len(handles))], request.n)
-        self.note_done(last_done)  # the last choice to finish: its timing and serial fields
+        every = [dones[i] for i in range(len(handles))]
+        usage = self.total_usage(every, request.n)
+        self.note_done(last_done)  # the last choice to finish: its serial fields
+        self.record.timing = merged_timing([d.timing for d in every])
         self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                              "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
         if request.stream:
@@ -510,6 +512,22 @@ class GenerationConsumer(StreamingConsumer):
     def usage(event: Done) -> dict[str, Any]:
         u = event.usage
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
+
+
+def merged_timing(timings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One request's timing from its choices' (n > 1, several prompts): the client's first token
+    and first admission came with the earliest choice, its end with the last; preemptions add up."""
+
+    def pick(key: str, how: Callable[[list[Any]], Any]) -> Any:
+        values = [t[key] for t in timings if t and t.get(key) is not None]
+        return how(values) if values else None
+
+    return {
+        "queue_wait_ms": pick("queue_wait_ms", min),
+        "ttft_ms": pick("ttft_ms", min),
+        "total_ms": pick("total_ms", max),
+        "preemptions": sum(int(t.get("preemptions") or 0) for t in timings if t),
+    }
 
 
 def body_digest(request: GenerationRequest) -> str:
