@@ -683,6 +683,7 @@ class LlamaCppEngine(LaneEngine):
         L = llama_cpp
         self._require_open()
         with self._score_lock:
+            self._require_open()  # again: close() may have run while this waited for the lock
             if self._score_ctx is None:
                 cparams = L.llama_context_default_params()
                 cparams.n_ctx = self.lane_ctx
@@ -723,6 +724,7 @@ class LlamaCppEngine(LaneEngine):
         if not 0 < len(tokens) <= self.lane_ctx:
             raise EngineError(f"an input must hold 1 to {self.lane_ctx} tokens", permanent=False)
         with self._score_lock:
+            self._require_open()  # again: close() may have run while this waited for the lock
             if self._embed_ctx is None:
                 self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_UNSPECIFIED)
                 if L.llama_pooling_type(self._embed_ctx) in (L.LLAMA_POOLING_TYPE_NONE, L.LLAMA_POOLING_TYPE_UNSPECIFIED):
@@ -867,9 +869,9 @@ class LlamaCppEngine(LaneEngine):
             if self._embed_ctx:
                 L.llama_free(self._embed_ctx)
                 self._embed_ctx = None
-        if self._model:
-            L.llama_model_free(self._model)
-            self._model = None
+            if self._model:  # under the lock: a scoring or embedding thread makes contexts from it
+                L.llama_model_free(self._model)
+                self._model = None
 
     def __del__(self) -> None:
         try:
