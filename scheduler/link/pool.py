@@ -176,6 +176,7 @@ class ModelPool:
         self.errors: dict[str, str] = {}  # the last load failure of each model
         self.draining = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._awaiting: dict[str, asyncio.Task[Any]] = {}  # model -> the wait for its worker's hello
         self._ticker: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
         self.open_links: dict[str, Transport] = {}  # loaded and not yet closed, by model id
@@ -301,10 +302,11 @@ class ModelPool:
             loop.call_soon(self._load_failed, model, worker)  # after this kick's dispatches
             return
         link.start()
-        self._spawn_task(self._await_loaded(model, link))
+        self._awaiting[model] = spawn(self._tasks, self._await_loaded(model, link))
 
     async def _await_loaded(self, model: str, link: SocketTransport) -> None:
         await link.wait_connected(float("inf"))
+        self._awaiting.pop(model, None)
         if self.links.get(model) is not link:
             return
         took = self.router.loaded(model)
@@ -321,6 +323,9 @@ class ModelPool:
         self.errors[model] = detail
         log.error("%s", detail)
         self.workers.pop(model, None)
+        awaiting = self._awaiting.pop(model, None)
+        if awaiting is not None:  # its link never connects now: the wait would last for ever
+            awaiting.cancel()
         link = self.links.pop(model, None)
         if link is not None:
             self._spawn_task(self._close(model, link))
@@ -338,6 +343,9 @@ class ModelPool:
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)
         worker = self.workers.pop(model, None)
+        awaiting = self._awaiting.pop(model, None)
+        if awaiting is not None and not awaiting.done():
+            awaiting.cancel()
         log.info("unloading model %s", model)
         if self.last_model == model:
             self.last_model = next(iter(self.links), None)

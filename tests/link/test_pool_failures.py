@@ -130,3 +130,22 @@ async def test_after_a_drain_no_worker_is_started_for_an_admin_load() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
     assert spawned["b"] == [] and pool.exited()
+
+
+async def test_a_failed_load_leaves_no_task_waiting_for_its_worker() -> None:
+    """Each load waits for its worker's hello; a load that failed left that wait pending for
+    ever, one task (and its link) per failure."""
+    pool, spawned = two_models()
+    for attempt in range(3):
+        waiting = asyncio.ensure_future(pool.acquire("a", 0))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        worker = spawned["a"][-1]
+        worker.fatal = "its worker exited"
+        pool._load_failed("a", worker)
+        with pytest.raises(ModelUnavailable):
+            await asyncio.wait_for(waiting, 10)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        pending = [t for t in asyncio.all_tasks() if "_await_loaded" in repr(t)]
+        assert pending == [], (attempt, pending)
