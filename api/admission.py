@@ -341,9 +341,8 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
     # The head's own queue bound first, and its place taken before the await, so no other
     # request on this loop can slip in between; given back if Redis refuses.
-    fim = request.suffix is not None
-    check_queue(rt, request.model, fim=fim)
-    model = queue_model(request.model, fim=fim)[0]  # the id an alias names, the FIM model for FIM
+    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
+    check_queue(rt, model, model_lanes)
     rt.in_flight.acquire(model)
     admission.model_slot = model
     if not checks and not slots:
@@ -417,19 +416,20 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         wait_s = bucket.wait_s()
         if wait_s > 0:
             raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
+    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
-        wait = _own_turn_s(rt, queue_model(request.model, fim=request.suffix is not None)[0], limit)
+        wait = _own_turn_s(rt, model, limit)
         raise rate_limited(f"This API key already has {limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait)
     client_limit = int(cfg.client_concurrency) if principal.key is None else 0
     client_slot = principal.client_id
     if client_limit > 0 and not rt.client_slots.available(client_slot, client_limit):
-        wait = _own_turn_s(rt, queue_model(request.model, fim=request.suffix is not None)[0], client_limit)
+        wait = _own_turn_s(rt, model, client_limit)
         raise rate_limited(
             f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
         )
-    check_queue(rt, request.model, fim=request.suffix is not None)
+    check_queue(rt, model, model_lanes)
     for bucket, _code, _message in buckets:
         bucket.take()
     if limit > 0 and slot is not None:
@@ -438,7 +438,6 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     if client_limit > 0:
         rt.client_slots.acquire(client_slot)
         admission.client_slot = client_slot
-    model = queue_model(request.model, fim=request.suffix is not None)[0]
     rt.in_flight.acquire(model)
     admission.model_slot = model
 
@@ -461,13 +460,13 @@ def queue_model(name: str, *, fim: bool = False) -> tuple[str, int]:
     return model, max(1, pool.setup.lanes.get(model) or lanes())
 
 
-def check_queue(rt: KeyRuntime, model: str, *, fim: bool = False) -> None:
-    """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes;
-    ``Retry-After`` is the time the measured drain rate needs to serve those waiting."""
+def check_queue(rt: KeyRuntime, model: str, model_lanes: int) -> None:
+    """503 ``queue_full`` when ``--max-queue`` requests already wait for the model's lanes (the
+    model and its lanes as ``queue_model`` gives them); ``Retry-After`` is the time the measured
+    drain rate needs to serve those waiting."""
     max_queue = int(serving().max_queue)
     if max_queue <= 0:
         return
-    model, model_lanes = queue_model(model, fim=fim)
     in_flight = rt.in_flight.held.get(model, 0)
     waiting = in_flight - model_lanes
     if waiting >= max_queue:

@@ -314,6 +314,16 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _json_value(text: str) -> Any:
+    """JSON as the API reads it; ValueError for anything else. parse_constant/parse_float
+    reject NaN/Infinity literals and overflowing floats, which Python's json would otherwise
+    accept though they are not JSON; nesting too deep for the parser is not JSON either."""
+    try:
+        return json.loads(text, parse_constant=_reject_nonfinite, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def load_object(raw: bytes) -> dict[str, Any]:
     """A request body: a JSON object of UTF-8 text, finite numbers and encodable strings, else
     400 (never a 500, however deep or odd)."""
@@ -327,10 +337,8 @@ def load_object(raw: bytes) -> dict[str, Any]:
             f"{INVALID_JSON_MESSAGE} The body is not valid UTF-8 (at byte {exc.start}).", code="invalid_json"
         ) from None
     try:
-        # parse_constant/parse_float: reject NaN/Infinity literals and overflowing floats, which
-        # Python's json would otherwise accept though they are not JSON.
-        body = json.loads(text, parse_constant=_reject_nonfinite, parse_float=_finite_float)
-    except (ValueError, RecursionError):
+        body = _json_value(text)
+    except ValueError:
         raise invalid_request(INVALID_JSON_MESSAGE, code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request(
@@ -637,8 +645,8 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if key in ("json_schema", "guided_json"):
         if isinstance(value, str):
             try:
-                value = json.loads(value, parse_constant=_reject_nonfinite, parse_float=_finite_float)
-            except (ValueError, RecursionError):
+                value = _json_value(value)
+            except ValueError:
                 raise _invalid_value(key, "a JSON Schema object") from None
             check_encodable({key: value})
         if not isinstance(value, dict):

@@ -184,8 +184,8 @@ def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, respons
     if kind == "json_object":
         answer: Any = {"type": "object"}
     elif kind == "json_schema":
-        answer = response_format.get("schema") or {}
-        if answer in ({}, True):
+        answer = response_format.get("schema")
+        if answer in (None, True):  # any JSON value
             answer = {}
     else:
         raise GrammarError("a GBNF grammar cannot be combined with tools")

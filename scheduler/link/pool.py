@@ -304,6 +304,13 @@ class ModelPool:
         link.start()
         self._awaiting[model] = spawn(self._tasks, self._await_loaded(model, link))
 
+    def _stop_awaiting(self, model: str) -> None:
+        """The wait for the model's worker's hello, cancelled: the load failed or the model is
+        being unloaded, so its link never connects now and the wait would last for ever."""
+        awaiting = self._awaiting.pop(model, None)
+        if awaiting is not None:
+            awaiting.cancel()
+
     async def _await_loaded(self, model: str, link: SocketTransport) -> None:
         await link.wait_connected(float("inf"))
         self._awaiting.pop(model, None)
@@ -323,9 +330,7 @@ class ModelPool:
         self.errors[model] = detail
         log.error("%s", detail)
         self.workers.pop(model, None)
-        awaiting = self._awaiting.pop(model, None)
-        if awaiting is not None:  # its link never connects now: the wait would last for ever
-            awaiting.cancel()
+        self._stop_awaiting(model)
         link = self.links.pop(model, None)
         if link is not None:
             self._spawn_task(self._close(model, link))
@@ -343,9 +348,7 @@ class ModelPool:
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)
         worker = self.workers.pop(model, None)
-        awaiting = self._awaiting.pop(model, None)
-        if awaiting is not None and not awaiting.done():
-            awaiting.cancel()
+        self._stop_awaiting(model)
         log.info("unloading model %s", model)
         if self.last_model == model:
             self.last_model = next(iter(self.links), None)

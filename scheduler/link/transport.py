@@ -161,8 +161,7 @@ class Transport(ABC):
             except BaseException:
                 # cancelled (the client went away) while sending: no caller will ever hold this
                 # handle to cancel or finish it, and the submit may have gone out
-                self.inflight.pop(handle.job_id, None)
-                self.open.discard(handle.job_id)
+                Transport.finish(self, handle)  # the bookkeeping only: no response was begun
                 self._abandon(handle.job_id)
                 raise
         return handle
