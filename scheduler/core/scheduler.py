@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from .kv_pool import KvPool, PoolConfig, PoolOps, common_prefix
 from .qos import QosClass, band_of
 from .queues import ClassQueues, ScoreConfig
-from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, TickPlan, TickResult
+from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, LaneSwap, TickPlan, TickResult
 
 OS_PRESSURE_HOST_COOLDOWN_S = 60.0  # after OS pressure, no prefix moves to host memory for this long
 OS_PRESSURE_BACKGROUND_HOLD_S = 5.0  # after critical pressure, no background job gets a lane for this long
@@ -69,6 +69,10 @@ class SchedulerConfig:
     # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
     # even while lanes decode: an urgent arrival no longer waits for the step in flight.
     abortable_steps: bool = False
+    # The engine runs a decode round in one pass over the weights per run of consecutive busy
+    # lanes (llama.cpp with a KV stream per sequence): a job above a free lane moves into it.
+    compact_lanes: bool = False
+    compact_min_tokens: int = 16  # a job moves into a free lane below only with this many tokens left to generate
     initial_prefill_tokens_per_s: float = 256.0  # until measured
     preemption: bool = True
     park: bool = True
@@ -170,6 +174,7 @@ class Scheduler:
             "os_pressure_warning": 0,
             "os_pressure_critical": 0,
             "plans_rejected": 0,
+            "lane_moves": 0,
             "dispatched_interactive": 0,
             "dispatched_normal": 0,
             "dispatched_batch": 0,
@@ -234,6 +239,7 @@ class Scheduler:
         self._admit(plan, now)
         self._share_prefixes(plan, now)
         self._store_pinned(plan, now)
+        self._compact_lanes(plan)
         self._plan_feeds(plan)
         self.last_plan = plan
         return plan
@@ -546,6 +552,60 @@ class Scheduler:
                 continue  # stored at the next tick
             self._stored.add(job.job_id)
             self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
+
+    def _compact_lanes(self, plan: TickPlan) -> None:
+        """Move running jobs down into free lanes below them, so the busy lanes are one run.
+
+        On an engine that passes over the weights once per run of consecutive busy lanes in a
+        decode round (``compact_lanes``), lanes 0-2 and 4-7 busy cost two passes a round where
+        0-6 cost one (docs/benchmarks.md). A move copies the job's KV and hands its sampler over
+        as it is, so its tokens are the same as if it had stayed; a kept lane's KV in the gap
+        trades places with it. The highest busy lane moves into the lowest free one while the
+        busy lanes are not one run. A job moves only with at least ``compact_min_tokens`` left to
+        generate (the copy costs about what a pass does, and pays for itself within a few
+        rounds), and never one this plan binds, parks, copies or stores from, a batch-invariant
+        one (it ticks alone), or one waiting for a leader's prefix."""
+        if not self.config.compact_lanes:
+            return
+        touched = {lane for lane, _ in plan.park} | {lane for lane, _ in plan.trim} | {b.lane for b in plan.bind}
+        touched |= {r.lane for r in plan.restore}
+        touched |= {lane for lane, _, _ in plan.pool.store} | {lane for pair in plan.pool.copy for lane in pair[:2]}
+        free = [lane for lane in self.free_lanes() if lane not in touched]
+        while free:
+            busy = [lane for lane, job in enumerate(self.lanes) if job is not None]
+            if not busy or busy[-1] - busy[0] + 1 == len(busy):
+                return  # one run (or none)
+            high, low = busy[-1], free[0]
+            job = self.lanes[high]
+            assert job is not None
+            left = min(job.max_tokens - len(job.output), self.config.lane_ctx - len(job.sequence))
+            movable = (
+                high not in touched
+                and job.computed > 0
+                and job.share_from is None
+                and not job.batch_invariant
+                and left >= self.config.compact_min_tokens
+            )
+            if low > high or not movable:
+                return
+            free.pop(0)
+            self._move(plan, job, high, low)
+
+    def _move(self, plan: TickPlan, job: Job, high: int, low: int) -> None:
+        kept = self._kept.pop(low, None)
+        plan.swap.append(LaneSwap(high, low, kept is not None))
+        if kept is not None:
+            self._kept[high] = kept
+        self.lanes[low], self.lanes[high] = job, None
+        job.lane = low
+        prefill_high = self._last_prefill_tick.pop(high, None)
+        prefill_low = self._last_prefill_tick.pop(low, None)
+        if prefill_high is not None:
+            self._last_prefill_tick[low] = prefill_high
+        if prefill_low is not None:
+            self._last_prefill_tick[high] = prefill_low
+        self.counters["lane_moves"] += 1
+        self._events.append(Event("moved", job.job_id, lane=low))
 
     def _expire_deadlines(self, now: float) -> None:
         for job in [j for j in self.queues if j.deadline_s is not None and now > j.deadline_s]:

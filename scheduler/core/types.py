@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .kv_pool import PoolOps
 from .qos import DEFAULT_CLASS, QosClass
@@ -120,6 +120,16 @@ class LaneBind:
     history: list[int] = field(default_factory=list)
 
 
+class LaneSwap(NamedTuple):
+    """Lanes ``a`` and ``b`` trade their KV and their samplers (a running job moves into a gap
+    below it: engines/base.py's run_tick). ``b_kept``: ``b`` holds a kept lane's KV, which goes
+    to ``a``; otherwise ``b`` is empty and ``a`` is left empty."""
+
+    a: int
+    b: int
+    b_kept: bool
+
+
 @dataclass
 class LaneRestore:
     lane: int
@@ -130,7 +140,7 @@ class LaneRestore:
 @dataclass
 class TickPlan:
     """What the engine does this tick, in this order: pool evict/drop/store, release, keep,
-    park, trim, restore, pool imports/copy, bind, feed."""
+    park, trim, swap, restore, pool imports/copy, bind, feed."""
 
     tick: int
     pool: PoolOps = field(default_factory=PoolOps)
@@ -139,6 +149,7 @@ class TickPlan:
     park: list[tuple[int, str]] = field(default_factory=list)
     # (lane, n): cut a kept lane's KV to its first n tokens (0: empty it) before a job is bound
     trim: list[tuple[int, int]] = field(default_factory=list)
+    swap: list[LaneSwap] = field(default_factory=list)
     restore: list[LaneRestore] = field(default_factory=list)
     bind: list[LaneBind] = field(default_factory=list)
     feeds: list[LaneFeed] = field(default_factory=list)
@@ -155,7 +166,7 @@ class TickPlan:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.feeds or self.release or self.keep or self.park or self.trim or self.restore or self.pool)
+        return bool(self.feeds or self.release or self.keep or self.park or self.trim or self.swap or self.restore or self.pool)
 
 
 @dataclass
@@ -178,7 +189,8 @@ class TickResult:
 @dataclass
 class Event:
     """Something a client or an operator should hear about. ``kind`` is one of:
-    ``admitted``, ``token``, ``preempted``, ``resumed``, ``finished``."""
+    ``admitted``, ``token``, ``preempted``, ``resumed``, ``moved`` (into a free lane below: ``lane``),
+    ``finished``."""
 
     kind: str
     job_id: str

@@ -136,6 +136,11 @@ class TickPrimitives(Protocol):
 
     def drop_sampler(self, lane: int) -> None: ...
 
+    def swap_samplers(self, a: int, b: int) -> None:
+        """Lanes ``a`` and ``b`` trade samplers as they are (random state, grammar, penalties),
+        either of them possibly without one."""
+        ...
+
     def bound_lanes(self) -> Collection[int]:
         """Lanes holding a sampler."""
         ...
@@ -206,6 +211,15 @@ def pack_steps(plan: TickPlan, cap: int, n_lanes: int, bound: Collection[int]) -
         yield Step(pieces, prefill, i >= n_feeds)
 
 
+def swap_keys(lanes: dict[int, Any], a: int, b: int) -> None:
+    """Lanes ``a`` and ``b`` trade their entries in a per-lane dict, either possibly absent."""
+    va, vb = lanes.pop(a, None), lanes.pop(b, None)
+    if va is not None:
+        lanes[b] = va
+    if vb is not None:
+        lanes[a] = vb
+
+
 def _check(seq: int, limit: int, what: str) -> None:
     if not 0 <= seq < limit:
         raise EngineError(f"{what} {seq} out of range", permanent=True)
@@ -215,7 +229,7 @@ def run_tick(
     engine: TickPrimitives, plan: TickPlan, should_stop: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
 ) -> TickResult:
     """One tick, the same order for every engine: evict, drop and store cached prefixes; release,
-    keep and park lanes; trim kept lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
+    keep and park lanes; trim kept lanes; swap lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
     the feeds step by step (:func:`pack_steps`), stopping between steps when ``should_stop()``
     says so. A step that fails raises its EngineError with ``partial`` set to what ran before."""
     started = clock()
@@ -251,6 +265,17 @@ def run_tick(
             engine.trim(lane, n)
         else:
             engine.clear(lane)
+    for swap in plan.swap:
+        _check(swap.a, lanes, "lane")
+        _check(swap.b, lanes, "lane")
+        moving = engine.save(swap.a)
+        kept = engine.save(swap.b) if swap.b_kept else None
+        engine.clear(swap.a)
+        engine.clear(swap.b)
+        engine.load(swap.b, moving)
+        if kept is not None:
+            engine.load(swap.a, kept)
+        engine.swap_samplers(swap.a, swap.b)
     for restore in plan.restore:
         _check(restore.lane, lanes, "lane")
         engine.load(restore.lane, restore.artifact)

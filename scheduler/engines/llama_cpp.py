@@ -23,7 +23,7 @@ import llama_cpp
 import numpy as np
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
-from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted
+from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, swap_keys
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 from scheduler.engines.sampling import logprobs_of
 from scheduler.engines.threads import OTHERS_BUSY_CORES, OtherCpu, ThreadGovernor, step_kind
@@ -333,6 +333,9 @@ class LlamaCppEngine(LaneEngine):
         if not self._ctx:
             raise _err("could not create llama.cpp context", permanent=True)
         self._mem = L.llama_get_memory(self._ctx)
+        # With a KV stream per sequence llama.cpp puts only consecutive sequence ids in one
+        # ubatch, a pass over the weights each: the scheduler keeps busy lanes in one run.
+        self.compact_lanes = not self.kv_unified
 
         # Abortable steps: abort_step() sets the flag from any thread; llama.cpp stops the
         # running llama_decode at its next graph node and removes that ubatch's cells from the
@@ -846,6 +849,13 @@ class LlamaCppEngine(LaneEngine):
         grammar = self._grammars.pop(lane, None)
         if grammar is not None:
             llama_cpp.llama_sampler_free(grammar)
+
+    def swap_samplers(self, a: int, b: int) -> None:
+        swap_keys(self._samplers, a, b)
+        swap_keys(self._grammars, a, b)
+        swap_keys(self._logprob_lanes, a, b)
+        if (a in self._argmax_lanes) != (b in self._argmax_lanes):
+            self._argmax_lanes ^= {a, b}
 
     # -- lifecycle --------------------------------------------------------------------
 

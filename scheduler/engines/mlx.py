@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from scheduler.core.types import LaneBind
-from scheduler.engines.base import EngineError, LaneEngine, Piece, Step
+from scheduler.engines.base import EngineError, LaneEngine, Piece, Step, swap_keys
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
@@ -264,6 +264,10 @@ class MlxEngine(LaneEngine):
     def drop_sampler(self, lane: int) -> None:
         self._samplers.pop(lane, None)
         self._step_logprobs.pop(lane, None)
+
+    def swap_samplers(self, a: int, b: int) -> None:
+        swap_keys(self._samplers, a, b)
+        swap_keys(self._step_logprobs, a, b)
 
     def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
         taken, self._step_logprobs = self._step_logprobs, {}

@@ -55,8 +55,10 @@ class SimEngine:
         decode_round_s: float = 0.06,
         eog_after: dict[str, int] | None = None,
         cache_slots: int = 4,
+        compact_lanes: bool = False,
     ) -> None:
         self.n_lanes = n_lanes
+        self.compact_lanes = compact_lanes  # have the scheduler keep busy lanes in one run, as on llama.cpp
         self.lane_ctx = lane_ctx
         self.clock = clock or FakeClock()
         self.prefill_s_per_token = prefill_s_per_token
@@ -129,6 +131,9 @@ class SimEngine:
 
     def drop_sampler(self, lane: int) -> None:
         self.lane_job[lane] = None
+
+    def swap_samplers(self, a: int, b: int) -> None:
+        self.lane_job[a], self.lane_job[b] = self.lane_job[b], self.lane_job[a]
 
     def check_grammar(self, grammar: str) -> str | None:
         return "the sim engine has no grammar sampler"

@@ -126,6 +126,9 @@ class EngineWorker:
         # An engine that aborts a running step (llama.cpp) lets the scheduler plan full prompt
         # chunks: an urgent arrival or a cancel no longer waits for the step in flight.
         config.abortable_steps = bool(getattr(engine, "abortable", False))
+        # An engine whose decode round costs a pass per run of consecutive busy lanes
+        # (llama.cpp's KV streams) has its running jobs moved down into free lanes.
+        config.compact_lanes = bool(getattr(engine, "compact_lanes", False))
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()

@@ -56,7 +56,7 @@ from typing import Any
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import JobState, TickPlan, TickResult
-from scheduler.engines.base import EngineError, Step, StepAborted
+from scheduler.engines.base import EngineError, Step, StepAborted, swap_keys
 from scheduler.engines.sim import FakeClock, SimEngine
 
 # isort: off
@@ -110,6 +110,10 @@ class FuzzEngine(SimEngine):
     def drop_sampler(self, lane: int) -> None:
         super().drop_sampler(lane)
         self._lp_lanes.pop(lane, None)
+
+    def swap_samplers(self, a: int, b: int) -> None:
+        super().swap_samplers(a, b)
+        swap_keys(self._lp_lanes, a, b)
 
     def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
         if self.armed and self.rnd.random() < self.faults.get("pre", 0.0):
@@ -290,6 +294,7 @@ class Fuzz:
             starvation_ticks=rnd.choice([2, 8]),
             watermarks=rnd.random() < 0.8,
             host_cache_bytes=rnd.choice([0, 1 << 30, 2000]),
+            compact_min_tokens=rnd.choice([1, 4, 16]),
         )
         if flags.get("cache_heavy"):
             cfg.update(prefix_cache=True, cache_slots=rnd.choice([1, 2]), min_prefix_tokens=4, host_cache_bytes=rnd.choice([300, 1 << 30]),
@@ -313,6 +318,7 @@ class Fuzz:
             rnd, faults, logprobs=rnd.random() < 0.5, n_lanes=cfg["max_batch"], lane_ctx=cfg["lane_ctx"], clock=self.clock,
             cache_slots=cfg["cache_slots"] if cfg["prefix_cache"] else 0,
             prefill_s_per_token=rnd.choice([0.0005, 0.005]), decode_round_s=rnd.choice([0.01, 0.06]),
+            compact_lanes=rnd.random() < flags.get("compact", 0.5),
         )  # fmt: skip
         self.engine.utf8 = self.utf8
         self.deadline_ms = rnd.choice([0, 0, 50, 300])

@@ -25,7 +25,7 @@ import pytest
 
 from scheduler.core.kv_pool import PoolOps, common_prefix
 from scheduler.core.scheduler import SchedulerConfig
-from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, SamplingParams, TickPlan, TickResult
+from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, LaneSwap, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.grammar import schema_grammar, tool_grammar
 from scheduler.link.messages import Delta, Done, Message, Submit
@@ -216,6 +216,28 @@ def test_park_and_restore_into_another_lane_continues_exactly(
     run.commit(engine.execute(plan, never))
     drive(engine, [run])
     assert run.output == reference[0]
+
+
+def test_a_job_swapped_into_a_kept_lane_continues_exactly_and_the_kept_kv_moves_up(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """A lane swap (the scheduler's lane compaction): the job's KV and its sampler as they are,
+    random state and all, go to the lower lane; the kept KV there goes to the job's old lane."""
+    seeded = SamplingParams(temperature=0.9, seed=11)
+    alone = generate(engine, 2, prompts[2], seeded, max_tokens=N_TOKENS)
+    release(engine, 2)
+    kept = drive(engine, [Run(1, prompts[1], max_tokens=4)])[0]
+    engine.execute(TickPlan(tick=1, keep=[1]), never)  # lane 1: a finished job's KV, no sampler
+    job = Run(2, prompts[2], seeded, N_TOKENS)
+    drive(engine, [job], ticks=4)
+    engine.execute(TickPlan(tick=5, swap=[LaneSwap(2, 1, True)]), never)
+    job.lane = 1
+    drive(engine, [job])
+    assert job.output == alone  # the seeded sampler moved with its state
+    # lane 2 now holds the kept KV: its conversation goes on from there
+    follow = Run(2, prompts[1], max_tokens=N_TOKENS, output=list(kept.output), computed=kept.computed)
+    drive(engine, [follow])
+    assert follow.output == reference[1]
 
 
 def test_restoring_something_that_is_not_this_engines_park_artifact_raises(engine: Any) -> None:
@@ -896,3 +918,45 @@ def test_lanes_fed_in_any_order_run_in_one_pass_over_the_weights(abortable: Any)
             return calls.n
 
     assert nodes([1, 0]) == nodes([0, 1])
+
+
+def test_the_worker_moves_a_job_into_the_gap_a_finished_one_left_and_every_text_is_unchanged(abortable: Any) -> None:
+    """llama.cpp with a KV stream per sequence asks for compact lanes: when the job in lane 1
+    finishes, the job in lane 2 moves into it (its KV and its seeded sampler), so the decode
+    rounds after that run lanes 0-1 in one pass over the weights instead of 0 and 2 in two; every
+    reply is the one it gets with no move at all."""
+    assert abortable.compact_lanes
+
+    def serve(compact: bool) -> tuple[dict[str, str], list[list[int]], int]:
+        release(abortable, *range(N_LANES))  # the last worker's kept lanes
+        worker = EngineWorker(abortable, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+        worker.scheduler.config.compact_lanes = compact
+        texts: dict[str, str] = {}
+        done: set[str] = set()
+        rounds: list[list[int]] = []
+
+        class Conn:
+            def queue(self, message: Message) -> None:
+                if isinstance(message, Delta):
+                    texts[message.id] = texts.get(message.id, "") + message.text
+                elif isinstance(message, Done):
+                    done.add(message.id)
+
+        for name, n, seed in (("a", 30, None), ("b", 3, None), ("c", 30, 7)):
+            body = {"endpoint": "completions", "prompt": f"Tell me about {name}pples.", "max_tokens": n, "ignore_eos": True}
+            body |= {"temperature": 0.9, "seed": seed} if seed is not None else {"temperature": 0}
+            worker.handle(Conn(), Submit(name, body, qos=2))  # type: ignore[arg-type]
+        for _ in range(400):
+            if len(done) == 3:
+                break
+            worker.run_tick()
+            plan = worker.scheduler.last_plan
+            if plan is not None and any(f.is_decode for f in plan.feeds):
+                rounds.append(sorted(f.lane for f in plan.feeds if f.is_decode))
+        assert len(done) == 3
+        return texts, rounds, worker.scheduler.counters["lane_moves"]
+
+    moved, rounds_moved, n_moves = serve(True)
+    kept, rounds_kept, _ = serve(False)
+    assert n_moves == 1 and moved == kept
+    assert [0, 2] in rounds_kept and [0, 2] not in rounds_moved and rounds_moved[-1] == [0, 1]
