@@ -118,6 +118,7 @@ SCALARS: dict[tuple[str, str], tuple[Callable[[str, str, float], Metric], str, s
     ("counters", "prefix_tokens_reused"): (counter, "superfluid_prefix_cache_tokens_reused_total", "Prompt tokens not prefilled thanks to the prefix cache."),
     ("counters", "parks"): (counter, "superfluid_parks_total", "Lanes whose KV was parked to host memory on preemption."),
     ("counters", "resumes"): (counter, "superfluid_resumes_total", "Parked jobs restored into a lane."),
+    ("counters", "lane_moves"): (counter, "superfluid_lane_moves_total", "Running jobs moved into a free lane below them, so busy lanes run in one pass (llama.cpp)."),
     ("counters", "evictions"): (counter, "superfluid_evictions_total", "Cached prefixes evicted from the KV pool."),
     ("counters", "host_imports"): (counter, "superfluid_host_imports_total", "Prefixes imported back from host memory."),
     ("counters", "host_drops"): (counter, "superfluid_host_drops_total", "Prefixes dropped from host memory (OS pressure or the host cache bound)."),

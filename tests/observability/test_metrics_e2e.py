@@ -27,7 +27,7 @@ GAUGES = [
 ]  # fmt: skip
 COUNTERS = [
     "superfluid_preemptions_total", "superfluid_prefix_cache_hits_total", "superfluid_prefix_cache_tokens_reused_total",
-    "superfluid_parks_total", "superfluid_resumes_total", "superfluid_evictions_total",
+    "superfluid_parks_total", "superfluid_resumes_total", "superfluid_lane_moves_total", "superfluid_evictions_total",
     "superfluid_decode_tokens_total", "superfluid_prefill_tokens_total",
 ]  # fmt: skip
 REQUIRED: dict[str, tuple[str, set[str]]] = {
