@@ -69,8 +69,9 @@ class SchedulerConfig:
     # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
     # even while lanes decode: an urgent arrival no longer waits for the step in flight.
     abortable_steps: bool = False
-    # The engine runs a decode round in one pass over the weights per run of consecutive busy
-    # lanes (llama.cpp with a KV stream per sequence): a job above a free lane moves into it.
+    # Keep the lanes decoding together in one run (docs/scheduling.md#lane-compaction): for an
+    # engine that runs a decode round in one pass over the weights per run of consecutive busy
+    # lanes (llama.cpp with a KV stream per sequence; the worker turns it off for others).
     compact_lanes: bool = False
     compact_min_tokens: int = 16  # a job moves into a free lane below only with this many tokens left to generate
     initial_prefill_tokens_per_s: float = 256.0  # until measured
@@ -407,9 +408,17 @@ class Scheduler:
                 return best
             empty = [lane for lane in free if lane not in self._kept]
             if empty:
-                return empty[0]
+                return self._beside_the_others(job, empty)
             return min(free, key=lambda lane: self._kept[lane].kept_s)
-        return free[0]
+        return self._beside_the_others(job, free)
+
+    def _beside_the_others(self, job: Job, lanes: list[int]) -> int:
+        """The lowest of ``lanes``, or with ``compact_lanes`` the lowest of those that leave the
+        lanes decoding together in the fewest runs (a job bound into a gap is not moved later)."""
+        if not self.config.compact_lanes or job.batch_invariant or len(lanes) == 1:
+            return lanes[0]
+        group = set(self._decoding_together())
+        return min(lanes, key=lambda lane: (_runs(group | {lane}), lane))
 
     def _kept_over_watermark(self) -> bool:
         """Kept lanes would bring the pool to its high watermark (engines whose KV grows with
@@ -553,59 +562,79 @@ class Scheduler:
             self._stored.add(job.job_id)
             self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
 
+    def _decoding_together(self) -> list[int]:
+        """Lanes whose jobs run in one decode round: all but batch-invariant ones (each ticks
+        alone) and ones waiting for a leader's prefix (nothing to feed), in lane order."""
+        return [lane for lane, job in enumerate(self.lanes) if job is not None and not job.batch_invariant and job.share_from is None]
+
     def _compact_lanes(self, plan: TickPlan) -> None:
-        """Move running jobs down into free lanes below them, so the busy lanes are one run.
+        """Move running jobs into free lanes so that the lanes decoding together are one run.
 
         On an engine that passes over the weights once per run of consecutive busy lanes in a
         decode round (``compact_lanes``), lanes 0-2 and 4-7 busy cost two passes a round where
         0-6 cost one (docs/benchmarks.md). A move copies the job's KV and hands its sampler over
-        as it is, so its tokens are the same as if it had stayed; a kept lane's KV in the gap
-        trades places with it. The highest busy lane moves into the lowest free one while the
-        busy lanes are not one run. A job moves only with at least ``compact_min_tokens`` left to
-        generate (the copy costs about what a pass does, and pays for itself within a few
-        rounds), and never one this plan binds, parks, copies or stores from, a batch-invariant
-        one (it ticks alone), or one waiting for a leader's prefix."""
+        as it is, so its tokens are the same as if it had stayed; a kept lane's KV in the target
+        lane trades places with it. Of the windows of as many lanes as there are jobs decoding
+        together, the one needing the fewest moves (the lowest among equals) is filled, and only
+        when every move it needs is worth its copy: the job has at least ``compact_min_tokens``
+        left to generate per 512 tokens of KV the move copies (its own, and the kept lane's it
+        trades places with; a move of 517 tokens took 8 ms here, about one pass), and it is not
+        one this plan binds, parks, copies or stores from. A batch-invariant job or one waiting
+        for a leader's prefix is never moved, and a window holding one is not taken."""
         if not self.config.compact_lanes:
             return
+        group = self._decoding_together()
+        k = len(group)
+        if k == 0 or group[-1] - group[0] + 1 == k:
+            return  # one run (or none)
         touched = {lane for lane, _ in plan.park} | {lane for lane, _ in plan.trim} | {b.lane for b in plan.bind}
         touched |= {r.lane for r in plan.restore}
         touched |= {lane for lane, _, _ in plan.pool.store} | {lane for pair in plan.pool.copy for lane in pair[:2]}
-        free = [lane for lane in self.free_lanes() if lane not in touched]
-        while free:
-            busy = [lane for lane, job in enumerate(self.lanes) if job is not None]
-            if not busy or busy[-1] - busy[0] + 1 == len(busy):
-                return  # one run (or none)
-            high, low = busy[-1], free[0]
-            job = self.lanes[high]
+        free = set(self.free_lanes()) - touched
+        in_group = set(group)
+        best: list[tuple[int, int]] | None = None
+        for start in range(len(self.lanes) - k + 1):
+            window = range(start, start + k)
+            holes = [lane for lane in window if lane not in in_group]
+            if best is not None and len(holes) >= len(best):
+                continue
+            if not all(lane in free for lane in holes):
+                continue  # a lane another job holds, or one this plan works on
+            outside = [lane for lane in group if lane not in window]
+            moves = list(zip(outside, holes, strict=True))
+            if all(self._worth_moving(src, dst, touched) for src, dst in moves):
+                best = moves
+        for src, dst in best or []:
+            job = self.lanes[src]
             assert job is not None
-            left = min(job.max_tokens - len(job.output), self.config.lane_ctx - len(job.sequence))
-            movable = (
-                high not in touched
-                and job.computed > 0
-                and job.share_from is None
-                and not job.batch_invariant
-                and left >= self.config.compact_min_tokens
-            )
-            if low > high or not movable:
-                return
-            free.pop(0)
-            self._move(plan, job, high, low)
+            self._move(plan, job, src, dst)
 
-    def _move(self, plan: TickPlan, job: Job, high: int, low: int) -> None:
-        kept = self._kept.pop(low, None)
-        plan.swap.append(LaneSwap(high, low, kept is not None))
+    def _worth_moving(self, src: int, dst: int, touched: set[int]) -> bool:
+        job = self.lanes[src]
+        assert job is not None
+        if src in touched or job.computed == 0:
+            return False
+        kept = self._kept.get(dst)
+        copied = job.computed + (len(kept.tokens) if kept is not None else 0)
+        left = min(job.max_tokens - len(job.output), self.config.lane_ctx - len(job.sequence))
+        return left >= self.config.compact_min_tokens * max(1.0, copied / 512)
+
+    def _move(self, plan: TickPlan, job: Job, src: int, dst: int) -> None:
+        """``job`` goes from lane ``src`` to the free lane ``dst``; a kept KV there goes to ``src``."""
+        kept = self._kept.pop(dst, None)
+        plan.swap.append(LaneSwap(src, dst, kept is not None))
         if kept is not None:
-            self._kept[high] = kept
-        self.lanes[low], self.lanes[high] = job, None
-        job.lane = low
-        prefill_high = self._last_prefill_tick.pop(high, None)
-        prefill_low = self._last_prefill_tick.pop(low, None)
-        if prefill_high is not None:
-            self._last_prefill_tick[low] = prefill_high
-        if prefill_low is not None:
-            self._last_prefill_tick[high] = prefill_low
+            self._kept[src] = kept
+        self.lanes[dst], self.lanes[src] = job, None
+        job.lane = dst
+        prefill_src = self._last_prefill_tick.pop(src, None)
+        prefill_dst = self._last_prefill_tick.pop(dst, None)
+        if prefill_src is not None:
+            self._last_prefill_tick[dst] = prefill_src
+        if prefill_dst is not None:
+            self._last_prefill_tick[src] = prefill_dst
         self.counters["lane_moves"] += 1
-        self._events.append(Event("moved", job.job_id, lane=low))
+        self._events.append(Event("moved", job.job_id, lane=dst))
 
     def _expire_deadlines(self, now: float) -> None:
         for job in [j for j in self.queues if j.deadline_s is not None and now > j.deadline_s]:
@@ -908,6 +937,12 @@ class Scheduler:
                 "reorders_swap_affinity": self.queues.reorders["swap_affinity"],
             },
         }
+
+
+def _runs(lanes: set[int]) -> int:
+    """Runs of consecutive lane numbers: the passes over the weights a decode round over these
+    lanes costs on an engine with a KV stream per sequence."""
+    return sum(1 for lane in lanes if lane - 1 not in lanes)
 
 
 def _bound_in(plan: TickPlan, lane: int) -> bool:

@@ -52,6 +52,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
         ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
         ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
+        ("--no-compact-lanes", bool, False, "llama.cpp: leave running jobs in their lanes, instead of moving one into a free lane so the busy lanes decode in one pass"),
     ],
     "prefix cache and memory": [
         ("--prefix-cache-slots", int, 4, "engine sequences holding cached prompt prefixes; 0 disables the prefix cache"),
@@ -212,6 +213,7 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             aging_divisor_s=float(options["aging_divisor"]),
             swap_affinity_bonus=options["swap_affinity_bonus"],
             park=not options.get("no_park", False),
+            compact_lanes=not options.get("no_compact_lanes", False),
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None

@@ -127,8 +127,9 @@ class EngineWorker:
         # chunks: an urgent arrival or a cancel no longer waits for the step in flight.
         config.abortable_steps = bool(getattr(engine, "abortable", False))
         # An engine whose decode round costs a pass per run of consecutive busy lanes
-        # (llama.cpp's KV streams) has its running jobs moved down into free lanes.
-        config.compact_lanes = bool(getattr(engine, "compact_lanes", False))
+        # (llama.cpp's KV streams) has running jobs moved into free lanes, unless the config
+        # says not to (serve --no-compact-lanes).
+        config.compact_lanes = config.compact_lanes and bool(getattr(engine, "compact_lanes", False))
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()

@@ -79,15 +79,26 @@ def test_the_kept_kv_in_the_gap_trades_places_and_still_serves_its_conversation(
     assert follow.lane == 3 and follow.cached_tokens == len(kept_tokens)
 
 
-def test_a_job_with_few_tokens_left_stays_where_it_is() -> None:
-    # j3 has 6 tokens left when j1 finishes: fewer than compact_min_tokens, not worth the copy;
-    # once j3 has finished, j2 (lanes 0 and 2 busy) moves into lane 1
-    sched, engine, _ = setup(True, [40, 4, 40, 10], compact_min_tokens=16)
+def test_only_a_move_worth_its_copy_is_made() -> None:
+    # when j1 (lane 1) finishes, lanes 0, 2 and 3 are busy: one move makes them one run, j3 into
+    # lane 1 or j0 into lane 1; j3 has 8 tokens left, fewer than compact_min_tokens, so j0 moves
+    sched, engine, _ = setup(True, [40, 4, 40, 12], compact_min_tokens=16)
     events, rounds = run(sched, engine)
-    kinds = [(e.kind, e.job_id) for e in events if e.kind in ("moved", "finished")]
-    assert kinds[:3] == [("finished", "j1"), ("finished", "j3"), ("moved", "j2")]
-    assert [e.lane for e in events if e.kind == "moved"] == [1]
-    assert [runs(r) for r in rounds].count(2) == 6  # j3's last six rounds, beside lanes 0 and 2
+    assert [(e.job_id, e.lane) for e in events if e.kind == "moved"] == [("j0", 1)]
+    assert all(runs(r) == 1 for r in rounds)
+    # with both ends short (8 tokens left each) no move is worth it: two passes until they end
+    sched, engine, _ = setup(True, [12, 4, 40, 12], compact_min_tokens=16)
+    events, rounds = run(sched, engine)
+    assert not [e for e in events if e.kind == "moved"]
+    assert [runs(r) for r in rounds].count(2) == 8
+    # the bar rises with the KV a move copies: 16 tokens left per 512 tokens of it
+    sched, engine, _ = setup(True, [40, 4, 40, 40], compact_min_tokens=16)
+    sched.config.lane_ctx = 4096
+    for job in sched.jobs.values():
+        job.prompt = job.prompt * 40  # 640 tokens: a move copies ~644, so 20 tokens left are needed
+        job.max_tokens = 20 + (4 if job.job_id == "j1" else 0)
+    events, _ = run(sched, engine)
+    assert not [e for e in events if e.kind == "moved"]
 
 
 def test_off_without_the_engine_capability_and_for_batch_invariant_jobs() -> None:
@@ -104,8 +115,35 @@ def test_off_without_the_engine_capability_and_for_batch_invariant_jobs() -> Non
     assert bi.finish_reason == "length" and not [e for e in events if e.kind == "moved"]
 
 
-def test_moves_fill_several_gaps_highest_lane_first() -> None:
-    sched, engine, jobs = setup(True, [40, 3, 40, 3, 40, 40])
+def test_the_fewest_moves_that_make_one_run_are_made() -> None:
+    # lanes 1 and 3 finish together: 0, 2, 4, 5 busy; filling lanes 2-5 takes one move (j0 into
+    # lane 3) where filling 0-3 would take two
+    sched, engine, _ = setup(True, [40, 3, 40, 3, 40, 40])
     events, rounds = run(sched, engine)
-    assert [(e.job_id, e.lane) for e in events if e.kind == "moved"] == [("j5", 1), ("j4", 3)]
+    assert [(e.job_id, e.lane) for e in events if e.kind == "moved"] == [("j0", 3)]
     assert all(runs(r) == 1 for r in rounds)
+
+
+def test_a_batch_invariant_lane_is_not_counted_in_the_others_run_and_never_moves() -> None:
+    # the batch-invariant job takes lane 0 (it is admitted first) and ticks alone; when lane 1
+    # finishes, lanes 2 and 3 decode together in one run already: nothing moves
+    sched, engine, _ = make_scheduler(max_batch=4, compact_lanes=True)
+    for i, (n, bi) in enumerate([(40, True), (4, False), (40, False), (40, False)]):
+        sched.add(make_job(16, max_tokens=n, job_id=f"j{i}", batch_invariant=bi))
+    events, rounds = run(sched, engine)
+    assert sched.jobs == {} and sched.counters["lane_moves"] == 0
+    assert [2, 3] in rounds and all(runs(r) == 1 for r in rounds)
+
+
+def test_a_new_job_takes_the_free_lane_beside_the_others_so_nothing_moves_later() -> None:
+    # lanes 0 and 1 finish together, 2 and 3 run on; a new job takes lane 1, not 0: lanes 1-3
+    # are one run, where lane 0 would leave a gap for a move to close
+    sched, engine, _ = setup(True, [4, 4, 40, 40], keep_lanes=False)
+    while "j0" in sched.jobs:
+        tick(sched, engine)
+    late = make_job(16, max_tokens=30, job_id="late")
+    sched.add(late)
+    events, rounds = run(sched, engine)
+    assert late.finish_reason == "length" and sched.counters["lane_moves"] == 0
+    assert [e.lane for e in events if e.kind == "admitted" and e.job_id == "late"] == [1]
+    assert [1, 2, 3] in rounds and all(runs(r) == 1 for r in rounds)

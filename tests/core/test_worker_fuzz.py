@@ -12,9 +12,10 @@ from .worker_fuzz import Fuzz
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), prepare=st.booleans(), utf8=st.booleans(), faults=st.booleans())
-def test_the_worker_loop_keeps_its_invariants_under_random_traffic_and_faults(seed: int, prepare: bool, utf8: bool, faults: bool) -> None:
-    flags = {"prepare": float(prepare), "utf8": float(utf8)}
+@given(seed=st.integers(0, 2**32 - 1), prepare=st.booleans(), utf8=st.booleans(), faults=st.booleans(), wide=st.booleans())
+def test_the_worker_loop_keeps_its_invariants_under_random_traffic_and_faults(seed: int, prepare: bool, utf8: bool, faults: bool, wide: bool) -> None:
+    # wide: 4-8 lanes and longer jobs, where lane compaction makes several moves in one plan
+    flags = {"prepare": float(prepare), "utf8": float(utf8), "wide": float(wide)}
     if faults:  # engine calls failing before any step or in a lane primitive; resubmissions after a link drop
         flags.update({"pre": 0.03, "prim": 0.02, "resubmit": 1.0})
     Fuzz(seed, flags).run(300)

@@ -176,6 +176,19 @@ def test_no_park_turns_parking_off_and_is_forwarded_to_the_worker() -> None:
     assert parse(argv[2:])["no_park"] is True
 
 
+def test_no_compact_lanes_reaches_the_worker_which_compacts_only_on_an_engine_that_asks() -> None:
+    """serve --no-compact-lanes travels to runengine; the worker compacts when the config allows
+    it and the engine declares that busy lanes in one run decode in one pass (llama.cpp)."""
+    path = __import__("pathlib").Path("/m.gguf")
+    options = parse(["--no-compact-lanes"])
+    assert scheduler_config(parse([])).compact_lanes is True and scheduler_config(options).compact_lanes is False
+    assert parse(engine_argv(options, model=path)[2:])["no_compact_lanes"] is True
+    for asks, allowed, on in ((True, True, True), (True, False, False), (False, True, False)):
+        engine = SimEngine(n_lanes=2, compact_lanes=asks)
+        worker = EngineWorker(engine, SchedulerConfig(max_batch=2, compact_lanes=allowed), model_name="m")
+        assert worker.scheduler.config.compact_lanes is on
+
+
 class Abortable(SimEngine):
     """The simulator with llama.cpp's abort hooks, noting each call."""
 

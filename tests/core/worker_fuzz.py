@@ -270,8 +270,9 @@ class Fuzz:
         self.flags = flags
         self.verbose = verbose
         self.clock = FakeClock()
-        max_batch = rnd.choice([1, 2, 3, 4])
-        lane_ctx = rnd.choice([48, 64, 96, 160, 256])
+        wide = bool(flags.get("wide"))  # 4-8 lanes and longer jobs: several lane moves in a plan
+        max_batch = rnd.choice([4, 5, 6, 8] if wide else [1, 2, 3, 4])
+        lane_ctx = rnd.choice([96, 160, 256] if wide else [48, 64, 96, 160, 256])
         cache_slots = rnd.choice([0, 1, 2, 4])
         prefix_cache = rnd.random() < 0.8
         class_lanes = {}
@@ -294,12 +295,15 @@ class Fuzz:
             starvation_ticks=rnd.choice([2, 8]),
             watermarks=rnd.random() < 0.8,
             host_cache_bytes=rnd.choice([0, 1 << 30, 2000]),
+            compact_lanes=True,  # where the engine asks for it (FuzzEngine's compact_lanes, below)
             compact_min_tokens=rnd.choice([1, 4, 16]),
         )
         if flags.get("cache_heavy"):
             cfg.update(prefix_cache=True, cache_slots=rnd.choice([1, 2]), min_prefix_tokens=4, host_cache_bytes=rnd.choice([300, 1 << 30]),
                        lane_ctx=rnd.choice([96, 160]), max_batch=rnd.choice([2, 3, 4]), watermarks=True)  # fmt: skip
             cfg["class_lanes"] = {}
+            if wide:
+                cfg["max_batch"] = rnd.choice([4, 6, 8])
         self.cfg_desc = cfg
         faults = {
             "abort": flags.get("abort", 0.05),
@@ -416,7 +420,7 @@ class Fuzz:
         elif r < 0.45:
             mt = max(1, room - rnd.randint(0, 3))
         else:
-            mt = rnd.randint(1, 25)
+            mt = rnd.randint(1, 60 if self.flags.get("wide") else 25)
         if mt is not None:
             if resume_tokens and mt <= resume_tokens:
                 mt = resume_tokens + rnd.randint(1, 5)
