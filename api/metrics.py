@@ -344,6 +344,23 @@ def router_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
     )
 
 
+def models_families(snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Several models: each loaded model's worker families, every sample labelled with its
+    ``model`` (a worker's counters start from zero with each load, so one series per model keeps
+    every series monotonic where the model used last made them jump), less the families the
+    router gives across every model."""
+    merged: dict[str, Metric] = {}
+    for model, snapshot in sorted(snapshots.items()):
+        for fam in snapshot_families(snapshot):
+            if fam.name in ROUTER_OVERRIDES:
+                continue
+            into = merged.get(fam.name)
+            if into is None:
+                into = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            into.samples += [s._replace(labels={**s.labels, "model": model}) for s in fam.samples]
+    yield from merged.values()
+
+
 def pool_state() -> Mapping[str, Any] | None:
     """The router's figures when serve runs several models; None in the single-worker server."""
     from scheduler.link.pool import router_stats
@@ -385,10 +402,10 @@ class SuperfluidCollector:
         router = self.router()
         if state is not None:
             snapshot, connected, restarts, inflight = state
-            if snapshot:  # with several models: the model used last, less what the router gives
-                for fam in snapshot_families(snapshot):
-                    if router is None or fam.name not in ROUTER_OVERRIDES:
-                        yield fam
+            if router is not None and "snapshots" in router:
+                yield from models_families(router["snapshots"])
+            elif snapshot:
+                yield from snapshot_families(snapshot)
             yield gauge("superfluid_worker_connected", "1 while the engine worker is connected over the link.", 1 if connected else 0)
             yield counter("superfluid_worker_restarts_total", "Times a new engine worker process said hello.", restarts)
             yield gauge("superfluid_requests_inflight", "Generation requests the web side holds open.", inflight)

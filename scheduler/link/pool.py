@@ -438,6 +438,8 @@ class ModelPool:
             "loads": dict(self.loads_total),
             "load_seconds": {m: h.stats() for m, h in self.load_seconds.items()},
             "states": {m: shown(m).value for m in self.loads_total},
+            # each loaded model's latest worker snapshot: /metrics labels its families by model
+            "snapshots": {m: link.snapshot for m, link in sorted(self.links.items()) if link.snapshot},
         }
 
 

@@ -120,7 +120,10 @@ def test_the_admins_load_reaches_the_router_and_the_ttl_unloads_the_idle_model(s
         assert r.status_code == 302
         # loaded by the admin's action, with no request for it; then idle past its TTL: unloaded
         srv.wait_for(lambda: loads(srv, "gemma") == loaded_before + 1, timeout_s=120)
+        # its worker's families, labelled by model, while it is loaded (one lane: conftest.py)
+        srv.wait_for(lambda: 'superfluid_lanes_total{model="gemma"} 1.0' in httpx.get(srv.base + "/metrics", timeout=5).text, timeout_s=30)
         srv.wait_for(lambda: models_state(srv)["gemma"]["state"] == "unloaded", timeout_s=60)
+        assert 'superfluid_lanes_total{model="gemma"}' not in httpx.get(srv.base + "/metrics", timeout=5).text
         page = admin.get(ADMIN).text
         gemma = row(page, "gemma")
         assert (gemma["state"], gemma["resident"], gemma["ttl"]) == ("unloaded", "no", f"{MODELS_SERVER_GEMMA_TTL_S} s")

@@ -68,7 +68,9 @@ def test_with_several_models_the_routers_families_replace_the_workers_and_name_e
         "load_seconds": {"a": h.stats(), "b": Histogram((1.0, 10.0)).stats()},
         "states": {"a": "loaded", "b": "unloaded"},
     }
-    snapshot = {"metrics": {"lanes_total": 1}, "counters": {"dispatched_normal": 99, "reorders_swap_affinity": 50}}
+    snapshot = {"metrics": {"lanes_total": 1}, "counters": {"dispatched_normal": 99, "reorders_swap_affinity": 50, "admitted": 4}}
+    other = {"metrics": {"lanes_total": 2}, "counters": {"admitted": 30}}
+    router["snapshots"] = {"a": snapshot, "b": other}  # each loaded model's worker
     monkeypatch.setattr(metrics_module, "web_metrics", WebMetrics())
     registry = CollectorRegistry()
     registry.register(SuperfluidCollector(lambda: (snapshot, True, 0, 0), lambda: router))
@@ -83,7 +85,10 @@ def test_with_several_models_the_routers_families_replace_the_workers_and_name_e
     assert shown == {("a", "loaded"), ("b", "unloaded")}
     count = {s.labels["model"]: s.value for s in parsed["superfluid_model_load_seconds"].samples if s.name.endswith("_count")}
     assert count == {"a": 1, "b": 0}
-    assert [s.value for s in parsed["superfluid_lanes_active"].samples] == [1]  # the worker's own families stay
+    # each model's worker families, labelled by model: no series jumps with the model used last
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_lanes_active"].samples} == {"a": 1, "b": 2}
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_admitted"].samples} == {"a": 4, "b": 30}
+    assert text.count("# TYPE superfluid_admitted_total counter") == 1
 
 
 def test_web_metrics_count_requests_rejections_and_tokens_per_key(monkeypatch: Any) -> None:
