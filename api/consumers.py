@@ -361,7 +361,7 @@ class GenerationConsumer(StreamingConsumer):
         every = [dones[i] for i in range(len(handles))]
         usage = self.total_usage(every, request.n)
         self.note_done(last_done)  # the last choice to finish: its serial fields
-        self.record.timing = merged_timing([d.timing for d in every])
+        self.note_timing([d.timing for d in every])
         self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                              "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
         if request.stream:
@@ -501,12 +501,24 @@ class GenerationConsumer(StreamingConsumer):
     def note_done(self, event: Done) -> None:
         self.record.finish_reason = event.finish_reason
         self.record.usage = dict(event.usage)
-        self.record.timing = dict(event.timing)
+        self.note_timing([event.timing])
         self.record.serial = dict(event.serial)
         router = getattr(self, "router_serial", None)
         if router:  # several models: the router's pick; the wait counts both queues
             worker_wait = int(event.serial.get("serial_queue_wait_ms") or 0)
             self.record.serial = {**router, "serial_queue_wait_ms": router["serial_queue_wait_ms"] + worker_wait}
+
+    def note_timing(self, timings: list[dict[str, Any]]) -> None:
+        """The activity row's timing from the worker's (one per choice), counted from the
+        request's arrival: with several models the wait at the router (a swap, a load) comes
+        before the worker's own clock starts."""
+        timing = merged_timing(timings)
+        router = getattr(self, "router_serial", None)
+        waited = int((router or {}).get("serial_queue_wait_ms") or 0)
+        for key in ("queue_wait_ms", "ttft_ms", "total_ms"):
+            if timing.get(key) is not None:
+                timing[key] += waited
+        self.record.timing = timing
 
     @staticmethod
     def usage(event: Done) -> dict[str, Any]:

@@ -98,3 +98,29 @@ def test_a_higher_priority_request_for_another_model_goes_before_a_queued_one(sr
     # swap affinity gives the queued smol request 10, priority 100 on gemma beats it
     _long, smol2, gemma = scenario(srv, ("smol", 0), ("gemma", 100))
     assert gemma.first_at < smol2.first_at
+
+
+def test_the_activity_rows_wait_and_first_token_count_the_wait_for_a_models_load(srv: RunningServer) -> None:
+    """A request for an unloaded model waits at the router while the model loads; its activity
+    row's queue wait, time to first token and total count that wait, as its client saw it (they
+    were the worker's alone, from after the load)."""
+    import sqlite3
+    from pathlib import Path
+
+    srv.wait_for(lambda: models_state(srv)["gemma"]["state"] == "unloaded", timeout_s=60)
+    started = time.monotonic()
+    r = httpx.post(srv.base + "/v1/completions", json={"model": "gemma", "prompt": "Hello", "max_tokens": 4, "temperature": 0}, timeout=300)
+    seen_ms = (time.monotonic() - started) * 1000
+    assert r.status_code == 200, r.text
+    request_id = r.headers["x-request-id"]
+
+    def row() -> tuple[float, ...] | None:
+        with sqlite3.connect(Path(srv.data_dir) / "superfluid.sqlite3") as db:
+            return db.execute(
+                "SELECT serial_queue_wait_ms, queue_wait_ms, ttft_ms, total_ms FROM activity_activityentry WHERE request_id = ?", (request_id,)
+            ).fetchone()
+
+    serial_wait, queue_wait, ttft, total = srv.wait_for(row, timeout_s=30)
+    assert serial_wait >= 200  # the load (a worker's start and the model's) came first
+    assert queue_wait >= serial_wait * 0.9 and ttft >= queue_wait and total >= ttft
+    assert total <= seen_ms + 50  # no more than the client waited
