@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.headers_sent = False
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
+        self.first_token_s: float | None = None  # when the first token went out (wall clock)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first closes old database connections on Django's single sync
@@ -113,6 +115,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         except asyncio.CancelledError:
             self.record.error_code = self.record.error_code or "client_disconnected"
             self.record.status = self.record.status or 499
+            if not self.record.timing:  # the worker's Done never came: what this side saw
+                self.record.timing = self.seen_timing()
             raise
         except Exception:
             log.exception("request failed")
@@ -121,6 +125,17 @@ class StreamingConsumer(AsyncHttpConsumer):
             await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 await self.admission.release()
+
+    def seen_timing(self) -> dict[str, Any]:
+        """The timing of a request its client left before the worker's Done: the time it was
+        open and, if one was sent, when its first token went out (the answer to "why did my
+        request wait" for a client that gave up waiting)."""
+        now = time.time()
+        first = self.first_token_s
+        return {
+            "total_ms": round((now - self.record.started_s) * 1000, 1),
+            "ttft_ms": round((first - self.record.started_s) * 1000, 1) if first is not None else None,
+        }
 
     async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.record.status = status
@@ -470,6 +485,8 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
+                    if n == 1:
+                        self.first_token_s = time.time()
                     frames = reply.delta_chunks(event)
                     if frames and (skip is None or n > skip):
                         out.append(sse(frames))
@@ -490,6 +507,8 @@ class GenerationConsumer(StreamingConsumer):
         while True:
             event = await handle.next_event()
             if isinstance(event, Delta):
+                if self.first_token_s is None:
+                    self.first_token_s = time.time()
                 reply.add(event)
             elif isinstance(event, (Error, Rejected)):
                 raise link_error(event)

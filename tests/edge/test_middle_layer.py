@@ -264,6 +264,11 @@ async def test_clients_dropping_after_their_first_chunk_free_every_lane_and_keep
     assert await asyncio.to_thread(activity_writer.flush)
     rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code"))
     assert len(rows) == n and set(rows) == {(200, "client_disconnected")}
+    # each row says how long its client waited, and when its first token went out if one did
+    times = await sync_to_async(list)(ActivityEntry.objects.values_list("ttft_ms", "total_ms"))
+    assert all(total is not None and total > 0 for _ttft, total in times)
+    assert all(ttft is None or 0 < ttft <= total for ttft, total in times)
+    assert 0 < sum(ttft is not None for ttft, _total in times) < n  # the two in lanes had tokens; the rest queued
 
 
 @override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4)
