@@ -184,6 +184,9 @@ class TickResult:
     elapsed_s: float = 0.0
     prefill_s: float = 0.0  # time spent in engine calls that carried prefill tokens
     stopped_early: bool = False
+    # lane -> why its job must end now (its grammar took too long to mask): the worker ends it
+    # with an error before the tick is committed; the rest of the tick stands
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -158,6 +158,11 @@ class TickPrimitives(Protocol):
         ``forward`` and forgets them here. Empty for an engine without the logprobs feature."""
         ...
 
+    def take_failed(self) -> Mapping[int, str]:
+        """Lanes of the last ``forward`` whose job must end (lane -> why): a grammar whose masks
+        have taken longer than the engine allows one request to hold every lane up."""
+        ...
+
 
 class Piece(NamedTuple):
     """Tokens of one lane's feed placed in one engine step (a ``llama_decode`` call, an MLX
@@ -311,6 +316,7 @@ def run_tick(
                 if engine.is_eog(token):
                     result.eog.add(lane)
             result.logprobs.update(engine.take_logprobs())
+            result.failed.update(engine.take_failed())
             if not step.last and should_stop():
                 result.stopped_early = True
                 break

@@ -273,6 +273,9 @@ class MlxEngine(LaneEngine):
         taken, self._step_logprobs = self._step_logprobs, {}
         return taken
 
+    def take_failed(self) -> dict[int, str]:
+        return {}  # llguidance's masks are not timed here (llama.cpp's are: see its engine)
+
     def bound_lanes(self) -> dict[int, LaneSampler]:
         return self._samplers
 

@@ -141,6 +141,9 @@ class SimEngine:
     def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
         return {}
 
+    def take_failed(self) -> dict[int, str]:
+        return {}
+
     def bound_lanes(self) -> set[int]:
         return {lane for lane, job in enumerate(self.lane_job) if job is not None}
 

@@ -47,6 +47,7 @@ UNSUPPORTED_PARAMETER = "unsupported_parameter"  # a sampling feature this engin
 INVALID_VALUE = "invalid_value"  # a parameter the engine cannot take (a token id outside the vocabulary, a grammar that does not compile)
 # Error (failed after acceptance, or never reached a worker)
 ENGINE_ERROR = "engine_error"
+GRAMMAR_TOO_SLOW = "grammar_too_slow"  # its grammar's masks held every lane up for too long in all
 DEADLINE_EXCEEDED = "completion_deadline_exceeded"
 SHUTDOWN = "shutdown"  # the server stopped before the job finished
 ENGINE_UNAVAILABLE = "engine_unavailable"  # no worker came back in time

@@ -35,6 +35,7 @@ from scheduler.link.messages import (
     EMPTY_PROMPT,
     ENGINE_ERROR,
     FIM_UNSUPPORTED,
+    GRAMMAR_TOO_SLOW,
     INVALID_JOB,
     INVALID_MESSAGES,
     INVALID_PROMPT,
@@ -600,6 +601,7 @@ class EngineWorker:
                 self._replanned = True
                 if partial.logprobs:  # tokens sampled before the refused step carry theirs
                     self._stash_logprobs(partial.logprobs)
+                self._fail_lanes(partial.failed)
                 self._process(self.scheduler.commit(partial))
                 self.scheduler.on_plan_rejected()
                 return True
@@ -609,6 +611,7 @@ class EngineWorker:
         self.stats["tick_seconds_total"] += time.perf_counter() - started
         if result.logprobs:
             self._stash_logprobs(result.logprobs)
+        self._fail_lanes(result.failed)
         self._process(self.scheduler.commit(result))
         self.metrics.on_tick(plan, result)
         active = sum(1 for j in self.scheduler.lanes if j is not None)
@@ -643,6 +646,20 @@ class EngineWorker:
         entry = {"token_id": token, "bytes": list(piece(token)), "logprob": lp["logprob"] if lp else None}
         entry["top"] = [{"token_id": t, "bytes": list(piece(t)), "logprob": v} for t, v in (lp["top"] if lp else [])]
         return entry
+
+    def _fail_lanes(self, failed: dict[int, str]) -> None:
+        """End the jobs of lanes the engine says must end (a grammar too slow to mask), each with
+        an error its client sees; what the tick did for every other lane stands."""
+        for lane, detail in failed.items():
+            job = self.scheduler.lanes[lane] if 0 <= lane < len(self.scheduler.lanes) else None
+            if job is None:
+                continue
+            log.warning("ending %s: %s", job.job_id, detail)
+            ctx = self.contexts.pop(job.job_id, None)
+            self.scheduler.cancel(job.job_id, reason="error")
+            self.metrics.on_finished(job, "error")
+            if ctx is not None:  # (its text so far went out with the ticks before this one)
+                ctx.conn.queue(Error(job.job_id, GRAMMAR_TOO_SLOW, detail))
 
     def _fail_running(self, message: str) -> None:
         log.error("engine error, failing running jobs: %s", message)

@@ -99,6 +99,7 @@ class FuzzEngine(SimEngine):
         self._lp_lanes: dict[int, int] = {}
         self._lp: dict[int, tuple[float, list[tuple[int, float]]]] = {}
         self.injected: list[str] = []
+        self.failed_jobs: set[str] = set()  # jobs whose lane take_failed named
 
     def bind_sampler(self, bind: Any) -> None:
         super().bind_sampler(bind)
@@ -114,6 +115,16 @@ class FuzzEngine(SimEngine):
     def swap_samplers(self, a: int, b: int) -> None:
         super().swap_samplers(a, b)
         swap_keys(self._lp_lanes, a, b)
+
+    def take_failed(self) -> dict[int, str]:
+        """Now and then a lane's job must end (as llama.cpp's for a grammar too slow to mask)."""
+        bound = [lane for lane, job in enumerate(self.lane_job) if job is not None]
+        if not (self.armed and bound and self.rnd.random() < self.faults.get("fail_lane", 0.0)):
+            return {}
+        lane = self.rnd.choice(bound)
+        self.failed_jobs.add(str(self.lane_job[lane]))
+        self.injected.append(f"fail_lane:{lane}")
+        return {lane: "injected: the grammar took too long"}
 
     def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
         if self.armed and self.rnd.random() < self.faults.get("pre", 0.0):
@@ -312,6 +323,7 @@ class Fuzz:
             "pre": flags.get("pre", 0.0),
             "abort_decode": flags.get("abort_decode", 0),
             "prim": flags.get("prim", 0.0),
+            "fail_lane": flags.get("fail_lane", 0.02),
         }
         self.utf8 = flags.get("utf8", 0.3) > rnd.random()
         if self.utf8:
@@ -702,6 +714,9 @@ class Fuzz:
                     self.fail(f"{rec.job_id}: deadline error for qos {rec.submit.qos} deadline {self.deadline_ms}")
                 if rec.text:
                     self.fail(f"{rec.job_id}: deadline error after text was delivered")
+            elif msg.reason == "grammar_too_slow":
+                if rec.job_id not in self.engine.failed_jobs:
+                    self.fail(f"{rec.job_id}: grammar_too_slow but its lane was never failed")
             elif msg.reason != "engine_error":
                 self.fail(f"{rec.job_id}: unexpected Error {msg!r}")
             if not _prefix(full_text, rec.text) or any(st and st in rec.text for st in rec.stops):

@@ -28,7 +28,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, LaneSwap, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.grammar import schema_grammar, tool_grammar
-from scheduler.link.messages import Delta, Done, Message, Submit
+from scheduler.link.messages import Delta, Done, Error, Message, Submit
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.output import TextStream
 from testkit.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
@@ -511,7 +511,7 @@ def test_llama_cpp_samples_first_and_masks_only_a_rejected_pick_with_the_same_gr
     assert checks.count(True) > len(checks) / 2 and len(checks) == len(sample_first.output) + 1
     masks: list[int] = []
 
-    def mask_first(chain: Any, grammar_sampler: Any, index: int) -> int:
+    def mask_first(chain: Any, grammar_sampler: Any, index: int, _lane: int) -> int:
         import llama_cpp
 
         masks.append(index)
@@ -960,3 +960,44 @@ def test_the_worker_moves_a_job_into_the_gap_a_finished_one_left_and_every_text_
     kept, rounds_kept, _ = serve(False)
     assert n_moves == 1 and moved == kept
     assert [0, 2] in rounds_kept and [0, 2] not in rounds_moved and rounds_moved[-1] == [0, 1]
+
+
+def test_a_grammar_too_slow_to_mask_ends_its_job_alone_and_the_lane_beside_it_goes_on(abortable: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule of 1,000 alternatives costs llama.cpp ~0.2 s a full mask here, and every lane of
+    the tick waits for it. Masks over GRAMMAR_SLOW_MASK_S are summed per job; past the budget
+    (5 s; 0.3 s here, to be quick) the job ends with grammar_too_slow, and the greedy job beside
+    it streams what it streams alone."""
+    from scheduler.engines import llama_cpp as engine_module
+    from scheduler.link.messages import GRAMMAR_TOO_SLOW
+
+    monkeypatch.setattr(engine_module, "GRAMMAR_SLOW_BUDGET_S", 0.3)
+    slow = "root ::= item+\nitem ::= (" + " | ".join(f'"zq{i}w"' for i in range(1000)) + ') " "'
+
+    def serve(with_slow: bool) -> tuple[dict[str, str], dict[str, Message]]:
+        release(abortable, *range(N_LANES))
+        worker = EngineWorker(abortable, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+        texts: dict[str, str] = {}
+        ends: dict[str, Message] = {}
+
+        class Conn:
+            def queue(self, message: Message) -> None:
+                if isinstance(message, Delta):
+                    texts[message.id] = texts.get(message.id, "") + message.text
+                elif isinstance(message, (Done, Error)):
+                    ends[message.id] = message
+
+        worker.handle(Conn(), Submit("free", {"endpoint": "completions", "prompt": "Tell me about apples.", "max_tokens": 24, "temperature": 0}, qos=2))  # type: ignore[arg-type]
+        if with_slow:
+            body = {"endpoint": "completions", "prompt": "Numbers:", "max_tokens": 40, "temperature": 0, "response_format": {"type": "grammar", "grammar": slow}}
+            worker.handle(Conn(), Submit("slow", body, qos=2))  # type: ignore[arg-type]
+        for _ in range(300):
+            if len(ends) == (2 if with_slow else 1):
+                break
+            worker.run_tick()
+        return texts, ends
+
+    texts, ends = serve(True)
+    alone, _ = serve(False)
+    assert isinstance(ends["slow"], Error) and ends["slow"].reason == GRAMMAR_TOO_SLOW, ends
+    assert "too many" in ends["slow"].detail
+    assert isinstance(ends["free"], Done) and texts["free"] == alone["free"]

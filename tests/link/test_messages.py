@@ -83,3 +83,12 @@ def test_a_sampler_refusal_is_a_400_naming_its_parameter(reason: str) -> None:
     err = link_error(m.Rejected(id="j", reason=reason, detail="'logit_bias' is not supported by the mlx engine.", param="logit_bias"))
     assert (err.status, err.code, err.param) == (400, reason, "logit_bias")
     assert "logit_bias" in err.message
+
+
+def test_a_grammar_too_slow_is_a_400_the_client_can_read() -> None:
+    """Mid-stream it is an error frame; before the first token, the request's status."""
+    from api.link_errors import link_error
+
+    err = link_error(m.Error(id="j", reason=m.GRAMMAR_TOO_SLOW, detail="The grammar took 5.2 s of masks"))
+    assert (err.status, err.code, err.type) == (400, "grammar_too_slow", "invalid_request_error")
+    assert "5.2 s" in err.message
