@@ -18,8 +18,6 @@ For the worker sides, "passes" is the mean number of runs of busy lanes per deco
 from __future__ import annotations
 
 import argparse
-import shlex
-import socket
 import statistics
 import sys
 import time
@@ -31,9 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
+from bench.peers import start_peer  # noqa: E402
 from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
-from bench.throughput import client, prompts  # noqa: E402
+from bench.throughput import client, prompts, run_worker_inprocess  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
@@ -50,41 +48,26 @@ def runs(lanes: list[int]) -> int:
 
 
 def worker_side(engine: Any, texts: list[str], ns: list[int], compact: bool) -> dict[str, float]:
-    from scheduler.core.scheduler import SchedulerConfig
     from scheduler.core.types import TickPlan
-    from scheduler.link.messages import Submit
-    from scheduler.worker.loop import EngineWorker
-    from scheduler.worker.server import Connection
 
     # the last side's kept lanes: every side starts from empty lanes
     engine.execute(TickPlan(tick=0, release=list(range(engine.n_lanes))), lambda: False)
-    worker = EngineWorker(engine, SchedulerConfig(max_batch=engine.n_lanes), model_name="bench")
-    worker.scheduler.config.compact_lanes = compact
-    ours, theirs = socket.socketpair()
-    conn = Connection(1, ours)
-    theirs.setblocking(False)
     passes: list[int] = []
-    start = time.perf_counter()
-    for i, (text, n) in enumerate(zip(texts, ns, strict=True)):
-        request = {"endpoint": "completions", "prompt": text, "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
-        worker.handle(conn, Submit(id=f"g{i}", request=request))
-    while not worker.scheduler.idle:
-        worker.run_tick()
+    moves: list[int] = [0]
+
+    def on_tick(worker: Any) -> None:
         plan = worker.scheduler.last_plan
         decode = [f.lane for f in plan.feeds if f.is_decode] if plan is not None else []
         if decode:
             passes.append(runs(decode))
-        conn.flush()
-        try:
-            while theirs.recv(1 << 20):
-                pass
-        except BlockingIOError:
-            pass
-    seconds = time.perf_counter() - start
-    tokens = worker.stats["completion_tokens_total"]
-    ours.close()
-    theirs.close()
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "passes": statistics.mean(passes), "moves": worker.scheduler.counters["lane_moves"]}
+        moves[0] = worker.scheduler.counters["lane_moves"]
+
+    requests = [
+        {"endpoint": "completions", "prompt": text, "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
+        for text, n in zip(texts, ns, strict=True)
+    ]
+    run = run_worker_inprocess(engine, requests, compact_lanes=compact, on_tick=on_tick)
+    return {"seconds": run["seconds"], "tokens_per_s": run["tokens_per_s"], "passes": statistics.mean(passes), "moves": moves[0]}
 
 
 def http_side(base: str, model: str, texts: list[str], ns: list[int]) -> dict[str, float]:
@@ -121,13 +104,7 @@ def main() -> None:
     ns = lengths(args.max_tokens)
     engine = LlamaCppEngine(model_path, n_lanes=8)
     server = RunningServer("--max-batch", "8").start()
-    peer = None
-    if args.peer == "llama-server":
-        binary = find_llama_server()
-        if binary is None:
-            print(f"NOTE: {INSTALL_HINT}; no llama-server column.", file=sys.stderr)
-        else:
-            peer = PeerServer(binary, model_path, *shlex.split(args.peer_args)).start()
+    peer = start_peer(model_path, args.peer_args) if args.peer == "llama-server" else None
     results: dict[str, list[dict[str, float]]] = {}
     try:
         for rep in range(args.repeat):

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -83,3 +85,13 @@ class PeerServer(ServerProcess):
     def start(self, timeout_s: float = 120.0) -> PeerServer:
         self._launch(self.argv(), timeout_s)
         return self
+
+
+def start_peer(model: Path, args: str) -> PeerServer | None:
+    """llama-server started with ``args`` (one string, split as a shell would), or None with a
+    note on stderr when it is not installed (the table then has no llama-server column)."""
+    binary = find_llama_server()
+    if binary is None:
+        print(f"NOTE: {INSTALL_HINT}; no llama-server column.", file=sys.stderr)
+        return None
+    return PeerServer(binary, model, *shlex.split(args)).start()

@@ -35,13 +35,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_loop import run_bare_loop  # noqa: E402
-from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
+from bench.peers import start_peer  # noqa: E402
 from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
@@ -102,8 +103,11 @@ def run_server(base: str, model: str, texts: list[str], max_tokens: int) -> dict
     return {"completion_tokens": sum(counts), "seconds": seconds, "tokens_per_s": sum(counts) / seconds}
 
 
-def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> dict[str, float]:
-    """The worker's tick loop over the real engine, fed directly (no link, no HTTP)."""
+def run_worker_inprocess(
+    engine: object, requests: list[dict[str, Any]], *, compact_lanes: bool = True, on_tick: Callable[[Any], None] | None = None
+) -> dict[str, float]:
+    """The worker's tick loop over the real engine, fed ``requests`` directly (no link, no
+    HTTP); ``on_tick(worker)`` after each tick."""
     import socket
 
     from scheduler.core.scheduler import SchedulerConfig
@@ -111,16 +115,18 @@ def run_worker_inprocess(engine: object, texts: list[str], max_tokens: int) -> d
     from scheduler.worker.loop import EngineWorker
     from scheduler.worker.server import Connection
 
-    worker = EngineWorker(engine, SchedulerConfig(max_batch=engine.n_lanes), model_name="bench")  # type: ignore[arg-type, attr-defined]
+    config = SchedulerConfig(max_batch=engine.n_lanes, compact_lanes=compact_lanes)  # type: ignore[attr-defined]
+    worker = EngineWorker(engine, config, model_name="bench")  # type: ignore[arg-type]
     ours, theirs = socket.socketpair()
     conn = Connection(1, ours)
     theirs.setblocking(False)
     start = time.perf_counter()
-    for i, text in enumerate(texts):
-        request = {"endpoint": "completions", "prompt": text, "max_tokens": max_tokens, "temperature": 0.0}
+    for i, request in enumerate(requests):
         worker.handle(conn, Submit(id=f"b{i}", request=request))
     while not worker.scheduler.idle:
         worker.run_tick()
+        if on_tick is not None:
+            on_tick(worker)
         conn.flush()
         try:
             while theirs.recv(1 << 20):
@@ -143,7 +149,8 @@ def worker_tps(model_path: Path, n_lanes: int, texts: list[str], max_tokens: int
 
     engine = LlamaCppEngine(model_path, n_lanes=n_lanes)
     try:
-        return run_worker_inprocess(engine, texts, max_tokens)["tokens_per_s"]
+        requests = [{"endpoint": "completions", "prompt": text, "max_tokens": max_tokens, "temperature": 0.0} for text in texts]
+        return run_worker_inprocess(engine, requests)["tokens_per_s"]
     finally:
         engine.close()
 
@@ -169,14 +176,9 @@ def main() -> None:
     model_path = default_model_path()
     model = model_name_for(model_path)
 
-    peer = None
-    if args.peer == "llama-server":
-        binary = find_llama_server()
-        if binary is None:
-            print(f"NOTE: {INSTALL_HINT}; no llama-server column.", file=sys.stderr)
-        else:
-            peer = PeerServer(binary, model_path, *shlex.split(args.peer_args)).start()
-            one_stream(peer.base, model, prompts(1)[0], 8)
+    peer = start_peer(model_path, args.peer_args) if args.peer == "llama-server" else None
+    if peer is not None:
+        one_stream(peer.base, model, prompts(1)[0], 8)
     server = RunningServer("--max-batch", str(max(counts))).start()
     variant = RunningServer("--max-batch", str(max(counts)), *shlex.split(args.variant)).start() if args.variant else None
     rows = []
