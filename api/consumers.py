@@ -71,7 +71,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.headers_sent = False
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
-        self.first_token_s: float | None = None  # when the first token went out (wall clock)
+        self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first closes old database connections on Django's single sync
@@ -128,7 +128,7 @@ class StreamingConsumer(AsyncHttpConsumer):
 
     def seen_timing(self) -> dict[str, Any]:
         """The timing of a request its client left before the worker's Done: the time it was
-        open and, if one was sent, when its first token went out (the answer to "why did my
+        open and, if one came, when its first token reached this side (the answer to "why did my
         request wait" for a client that gave up waiting)."""
         now = time.time()
         first = self.first_token_s
@@ -358,6 +358,8 @@ class GenerationConsumer(StreamingConsumer):
                 if isinstance(event, (Error, Rejected)):
                     raise link_error(event)
                 if isinstance(event, Delta):
+                    if self.first_token_s is None:
+                        self.first_token_s = time.time()
                     if not request.stream:
                         reply.add(event)
                         continue
@@ -485,11 +487,11 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
-                    if n == 1:
-                        self.first_token_s = time.time()
                     frames = reply.delta_chunks(event)
                     if frames and (skip is None or n > skip):
                         out.append(sse(frames))
+                        if self.first_token_s is None:  # (a resumed stream's first from this server)
+                            self.first_token_s = time.time()
                 elif isinstance(event, Done):
                     self.note_done(event)
                     frames = reply.final_chunks(event, self.usage(event) if request.include_usage else None)

@@ -73,7 +73,7 @@ class SchedulerConfig:
     # engine that runs a decode round in one pass over the weights per run of consecutive busy
     # lanes (llama.cpp with a KV stream per sequence; the worker turns it off for others).
     compact_lanes: bool = False
-    compact_min_tokens: int = 16  # a job moves into a free lane below only with this many tokens left to generate
+    compact_min_tokens: int = 16  # a job moves only with this many tokens left to generate per 512 tokens of KV copied
     initial_prefill_tokens_per_s: float = 256.0  # until measured
     preemption: bool = True
     park: bool = True

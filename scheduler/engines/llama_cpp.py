@@ -38,13 +38,14 @@ _PENALTY_LAST_N = 64
 # allows only banned tokens the draw still lands on one the grammar allows (an all -inf draw
 # could accept a token the grammar rejects, which llama.cpp answers with an abort).
 _BAN = -1.0e9
-# A grammar whose full-vocabulary mask takes longer than GRAMMAR_SLOW_MASK_S holds every lane
-# of the tick up while it runs (a JSON schema's mask takes 3 ms here on SmolLM2's 49k vocabulary
-# and 20 ms on Gemma 3's 262k; a rule of 1,000 alternatives 0.19 s and 1.7 s). Such masks are
-# summed per job; past GRAMMAR_SLOW_BUDGET_S the job ends with grammar_too_slow. An enum of 300
-# values, a legitimate schema, costs 0.5 s a mask on Gemma, and only a few masks a request.
-GRAMMAR_SLOW_MASK_S = 0.1
-GRAMMAR_SLOW_BUDGET_S = 5.0
+# Every lane of a step waits while a constrained lane's grammar masks the whole vocabulary (a
+# JSON schema's mask takes ~3 ms on SmolLM2's 49k vocabulary and ~20 ms on Gemma 3's 262k; a
+# rule of 1,000 alternatives 0.19 s and 1.7 s). A job's full masks in steps it shares with other
+# lanes are summed; once they pass GRAMMAR_GRACE_S plus GRAMMAR_PER_TOKEN_S for each token it
+# sampled under its grammar, the job ends with grammar_too_slow. An enum of 300 values, a
+# legitimate schema, costs a few masks of 0.5 s on Gemma and passes.
+GRAMMAR_GRACE_S = 5.0
+GRAMMAR_PER_TOKEN_S = 0.05
 # llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
 # the argtypes say which C signature this build has.
 _PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
@@ -283,7 +284,8 @@ class LlamaCppEngine(LaneEngine):
         self._samplers: dict[int, Any] = {}  # lane -> its sampler chain (without the grammar)
         self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
-        self._slow_masks_s: dict[int, float] = {}  # lane -> its grammar's slow masks, summed
+        # lane -> (seconds of full masks in shared steps, tokens sampled under the grammar)
+        self._mask_cost: dict[int, tuple[float, int]] = {}
         self._failed: dict[int, str] = {}  # lane -> why its job must end, until taken
         self._candidates: _Candidates | None = None  # made when the first constrained lane binds
         self._logprob_lanes: dict[int, int] = {}  # lane -> top alternatives wanted
@@ -576,6 +578,7 @@ class LlamaCppEngine(LaneEngine):
         sample, ctx, samplers, grammars, logprob_lanes = llama_cpp.llama_sampler_sample, self._ctx, self._samplers, self._grammars, self._logprob_lanes
         argmax_lanes, row, n_vocab = self._argmax_lanes, llama_cpp.llama_get_logits_ith, (self.vocab_size,)
         sampled: dict[int, int] = {}
+        shared = len(step.pieces) > 1  # other lanes wait for this step's masks
         for lane, index in outputs:
             grammar = grammars.get(lane)
             if lane in argmax_lanes:
@@ -585,12 +588,12 @@ class LlamaCppEngine(LaneEngine):
             elif grammar is None:
                 token = sampled[lane] = sample(samplers[lane], ctx, index)
             else:
-                token = sampled[lane] = self._sample_constrained(samplers[lane], grammar, index, lane)
+                token = sampled[lane] = self._sample_constrained(samplers[lane], grammar, index, lane, shared)
             if lane in logprob_lanes:  # read before the next decode overwrites this row of logits
                 self._step_logprobs[lane] = self._logprobs(index, token, logprob_lanes[lane])
         return sampled
 
-    def _sample_constrained(self, chain: Any, grammar: Any, index: int, lane: int) -> int:
+    def _sample_constrained(self, chain: Any, grammar: Any, index: int, lane: int, shared: bool) -> int:
         """Sample a constrained lane as llama-server does: the chain picks from the whole
         vocabulary and the grammar checks only that token; when it is rejected, the grammar masks
         the whole vocabulary and the chain picks again from what it allows. Greedy picks are the
@@ -601,10 +604,12 @@ class LlamaCppEngine(LaneEngine):
         cand.fill(logits)
         llama_cpp.llama_sampler_apply(chain, cand.ref)
         token = cand.chosen()
+        masked_s = 0.0
         if not cand.allows(grammar, token):
             started = time.perf_counter()
             token = cand.pick_masked(logits, grammar, chain)
-            self._time_mask(lane, time.perf_counter() - started)
+            masked_s = time.perf_counter() - started if shared else 0.0
+        self._charge_mask(lane, masked_s)
         llama_cpp.llama_sampler_accept(grammar, token)
         llama_cpp.llama_sampler_accept(chain, token)
         return token
@@ -613,16 +618,18 @@ class LlamaCppEngine(LaneEngine):
         taken, self._step_logprobs = self._step_logprobs, {}
         return taken
 
-    def _time_mask(self, lane: int, seconds: float) -> None:
-        """Count a slow full mask against the lane's job; past the budget, the job must end."""
-        if seconds < GRAMMAR_SLOW_MASK_S:
-            return
-        spent = self._slow_masks_s[lane] = self._slow_masks_s.get(lane, 0.0) + seconds
-        if spent > GRAMMAR_SLOW_BUDGET_S and lane not in self._failed:
+    def _charge_mask(self, lane: int, seconds: float) -> None:
+        """One token sampled under the lane's grammar, whose full mask (0 when none ran, or when
+        no other lane shared the step) took ``seconds``; past the allowance the job must end."""
+        spent, tokens = self._mask_cost.get(lane, (0.0, 0))
+        spent, tokens = spent + seconds, tokens + 1
+        self._mask_cost[lane] = (spent, tokens)
+        allowed = GRAMMAR_GRACE_S + GRAMMAR_PER_TOKEN_S * tokens
+        if spent > allowed and lane not in self._failed:
             self._failed[lane] = (
-                f"The grammar took {spent:.1f} s of masks over {GRAMMAR_SLOW_MASK_S * 1000:.0f} ms each, more than the "
-                f"{GRAMMAR_SLOW_BUDGET_S:.0f} s one request may hold the other requests up: a rule with too many "
-                "alternatives (a long enum, say)."
+                f"The grammar's masks held the other requests up for {spent:.1f} s over {tokens} tokens, more than "
+                f"the {GRAMMAR_GRACE_S:g} s plus {GRAMMAR_PER_TOKEN_S * 1000:g} ms a token one request may: a rule "
+                "with too many alternatives (a long enum, say)."
             )
 
     def take_failed(self) -> dict[int, str]:
@@ -869,7 +876,7 @@ class LlamaCppEngine(LaneEngine):
 
     def drop_sampler(self, lane: int) -> None:
         self._logprob_lanes.pop(lane, None)
-        self._slow_masks_s.pop(lane, None)
+        self._mask_cost.pop(lane, None)
         self._failed.pop(lane, None)
         self._argmax_lanes.discard(lane)
         chain = self._samplers.pop(lane, None)
@@ -883,7 +890,8 @@ class LlamaCppEngine(LaneEngine):
         swap_keys(self._samplers, a, b)
         swap_keys(self._grammars, a, b)
         swap_keys(self._logprob_lanes, a, b)
-        swap_keys(self._slow_masks_s, a, b)
+        swap_keys(self._mask_cost, a, b)
+        # (_failed needs no swap: forward fills it and run_tick takes it in the same step)
         if (a in self._argmax_lanes) != (b in self._argmax_lanes):
             self._argmax_lanes ^= {a, b}
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
-from scheduler.core.types import Event, Job, SamplingParams
+from scheduler.core.types import Event, Job, JobState, SamplingParams
 from scheduler.engines import chat as chat_format
 from scheduler.engines.base import Engine, EngineError
 from scheduler.link.messages import (
@@ -601,8 +601,9 @@ class EngineWorker:
                 self._replanned = True
                 if partial.logprobs:  # tokens sampled before the refused step carry theirs
                     self._stash_logprobs(partial.logprobs)
-                self._fail_lanes(partial.failed)
+                failing = self._jobs_of(partial.failed)
                 self._process(self.scheduler.commit(partial))
+                self._fail_jobs(failing)
                 self.scheduler.on_plan_rejected()
                 return True
             self._fail_running(str(exc))
@@ -611,8 +612,9 @@ class EngineWorker:
         self.stats["tick_seconds_total"] += time.perf_counter() - started
         if result.logprobs:
             self._stash_logprobs(result.logprobs)
-        self._fail_lanes(result.failed)
+        failing = self._jobs_of(result.failed)
         self._process(self.scheduler.commit(result))
+        self._fail_jobs(failing)
         self.metrics.on_tick(plan, result)
         active = sum(1 for j in self.scheduler.lanes if j is not None)
         self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
@@ -647,19 +649,28 @@ class EngineWorker:
         entry["top"] = [{"token_id": t, "bytes": list(piece(t)), "logprob": v} for t, v in (lp["top"] if lp else [])]
         return entry
 
-    def _fail_lanes(self, failed: dict[int, str]) -> None:
-        """End the jobs of lanes the engine says must end (a grammar too slow to mask), each with
-        an error its client sees; what the tick did for every other lane stands."""
-        for lane, detail in failed.items():
-            job = self.scheduler.lanes[lane] if 0 <= lane < len(self.scheduler.lanes) else None
-            if job is None:
+    def _jobs_of(self, failed: dict[int, str]) -> dict[str, str]:
+        """The jobs of the lanes the engine says must end (job id -> why), read before the tick
+        is committed (a commit frees the lanes of jobs it finishes)."""
+        lanes = self.scheduler.lanes
+        return {job.job_id: detail for lane, detail in failed.items() if 0 <= lane < len(lanes) and (job := lanes[lane]) is not None}
+
+    def _fail_jobs(self, failing: dict[str, str]) -> None:
+        """End, each with an error its client sees, the jobs the engine said must end (a grammar
+        too slow to mask) and that the committed tick left running; the tick's tokens, the last
+        one included, went out with it, and a job the tick finished keeps its Done."""
+        for job_id, detail in failing.items():
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
                 continue
-            log.warning("ending %s: %s", job.job_id, detail)
-            ctx = self.contexts.pop(job.job_id, None)
-            self.scheduler.cancel(job.job_id, reason="error")
+            log.warning("ending %s: %s", job_id, detail)
+            ctx = self.contexts.pop(job_id, None)
+            self.scheduler.cancel(job_id, reason="error")
             self.metrics.on_finished(job, "error")
-            if ctx is not None:  # (its text so far went out with the ticks before this one)
-                ctx.conn.queue(Error(job.job_id, GRAMMAR_TOO_SLOW, detail))
+            if ctx is not None:
+                ctx.conn.queue(Error(job_id, GRAMMAR_TOO_SLOW, detail))
+        if failing:
+            self._process(self.scheduler.drain_events())
 
     def _fail_running(self, message: str) -> None:
         log.error("engine error, failing running jobs: %s", message)

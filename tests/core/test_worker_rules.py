@@ -15,7 +15,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Delta, Done, Message, Rejected, Submit
+from scheduler.link.messages import INVALID_PROMPT, Accepted, Cancel, Delta, Done, Error, Message, Rejected, Submit
 from scheduler.management.options import add_engine_arguments, engine_argv, scheduler_config
 from scheduler.worker import loop as loop_module
 from scheduler.worker.loop import EngineWorker
@@ -620,3 +620,43 @@ def test_a_job_submitted_again_after_its_link_dropped_is_served_on_the_new_conne
         worker._drain_inbox(0.05)
         worker.run_tick()
     assert not any(isinstance(m, (Delta, Done)) and m.id == "b" for m in old.sent)
+
+
+class FailsLane(SimEngine):
+    """take_failed names every lane sampled in the step that brings the samples to ``at``."""
+
+    def __init__(self, at: int, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.at, self.samples = at, 0
+        self.failing: dict[int, str] = {}
+
+    def forward(self, step: Step) -> dict[int, int]:
+        sampled = super().forward(step)
+        before, self.samples = self.samples, self.samples + len(sampled)
+        if before < self.at <= self.samples:
+            self.failing = {lane: "the grammar took too long" for lane in sampled}
+        return sampled
+
+    def take_failed(self) -> dict[int, str]:
+        taken, self.failing = self.failing, {}
+        return taken
+
+
+def test_a_lane_the_engine_fails_ends_its_job_with_an_error_after_the_tokens_it_sampled() -> None:
+    """An engine that names a lane whose job must end (llama.cpp: a grammar too slow to mask)
+    ends that job alone, after the tick's token reached its client; a job that the same tick
+    finishes (its last allowed token) keeps its Done."""
+    from scheduler.link.messages import GRAMMAR_TOO_SLOW
+
+    worker, conn = make_worker(FailsLane(3, n_lanes=2, lane_ctx=512))
+    submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hi", "max_tokens": 6, "temperature": 0})
+    run(worker)
+    ends = [m for m in conn.sent if isinstance(m, (Done, Error))]
+    text = "".join(m.text for m in conn.sent if isinstance(m, Delta) and m.id == "a")
+    assert [(type(m).__name__, getattr(m, "reason", None)) for m in ends] == [("Error", GRAMMAR_TOO_SLOW)]
+    assert len(text) == 3 and worker.scheduler.idle and not worker.contexts  # its third token went out first
+    worker, conn = make_worker(FailsLane(3, n_lanes=2, lane_ctx=512))
+    submit(worker, conn, "b", {"endpoint": "completions", "prompt": "hi", "max_tokens": 3, "temperature": 0})
+    run(worker)
+    ends = [m for m in conn.sent if isinstance(m, (Done, Error))]
+    assert len(ends) == 1 and isinstance(ends[0], Done) and ends[0].finish_reason == "length"

@@ -271,6 +271,24 @@ async def test_clients_dropping_after_their_first_chunk_free_every_lane_and_keep
     assert 0 < sum(ttft is not None for ttft, _total in times) < n  # the two in lanes had tokens; the rest queued
 
 
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_a_client_leaving_n_choices_mid_stream_keeps_its_first_token_time(slow_sim: SimWorker) -> None:
+    """n > 1 goes through its own loop: its row too has the time to the first token that came."""
+    async with attached(slow_sim) as (link, _rt):
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
+        await comm.send_input({"type": "http.request", "body": chat_body("two stories", stream=True, n=2, max_tokens=200), "more_body": False})
+        assert (await comm.receive_output(20))["status"] == 200
+        while b'"content"' not in (await comm.receive_output(20)).get("body", b""):
+            pass  # the opening chunks (roles), then the first with text
+        await comm.send_input({"type": "http.disconnect"})
+        await comm.wait(5)
+        assert await wait_idle(slow_sim, link) == (0, 0)
+    assert await asyncio.to_thread(activity_writer.flush)
+    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code", "ttft_ms", "total_ms"))
+    assert len(rows) == 1 and rows[0][:2] == (200, "client_disconnected")
+    assert rows[0][2] is not None and 0 < rows[0][2] <= rows[0][3]
+
+
 @override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4)
 async def test_with_two_lanes_and_max_queue_4_twelve_requests_get_six_served_and_six_told_when_to_retry(slow_sim: SimWorker) -> None:
     async with attached(slow_sim) as (link, _rt):

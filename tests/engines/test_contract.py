@@ -511,7 +511,7 @@ def test_llama_cpp_samples_first_and_masks_only_a_rejected_pick_with_the_same_gr
     assert checks.count(True) > len(checks) / 2 and len(checks) == len(sample_first.output) + 1
     masks: list[int] = []
 
-    def mask_first(chain: Any, grammar_sampler: Any, index: int, _lane: int) -> int:
+    def mask_first(chain: Any, grammar_sampler: Any, index: int, _lane: int, _shared: bool) -> int:
         import llama_cpp
 
         masks.append(index)
@@ -964,13 +964,13 @@ def test_the_worker_moves_a_job_into_the_gap_a_finished_one_left_and_every_text_
 
 def test_a_grammar_too_slow_to_mask_ends_its_job_alone_and_the_lane_beside_it_goes_on(abortable: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule of 1,000 alternatives costs llama.cpp ~0.2 s a full mask here, and every lane of
-    the tick waits for it. Masks over GRAMMAR_SLOW_MASK_S are summed per job; past the budget
-    (5 s; 0.3 s here, to be quick) the job ends with grammar_too_slow, and the greedy job beside
-    it streams what it streams alone."""
+    the step waits for it. A job's masks in steps it shares are summed; past a grace (5 s; 0.3 s
+    here, to be quick) plus an allowance per token the job ends with grammar_too_slow, and the
+    greedy job beside it streams what it streams alone."""
     from scheduler.engines import llama_cpp as engine_module
     from scheduler.link.messages import GRAMMAR_TOO_SLOW
 
-    monkeypatch.setattr(engine_module, "GRAMMAR_SLOW_BUDGET_S", 0.3)
+    monkeypatch.setattr(engine_module, "GRAMMAR_GRACE_S", 0.3)
     slow = "root ::= item+\nitem ::= (" + " | ".join(f'"zq{i}w"' for i in range(1000)) + ') " "'
 
     def serve(with_slow: bool) -> tuple[dict[str, str], dict[str, Message]]:
