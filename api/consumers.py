@@ -115,21 +115,22 @@ class StreamingConsumer(AsyncHttpConsumer):
         except asyncio.CancelledError:
             self.record.error_code = self.record.error_code or "client_disconnected"
             self.record.status = self.record.status or 499
-            if not self.record.timing:  # the worker's Done never came: what this side saw
-                self.record.timing = self.seen_timing()
             raise
         except Exception:
             log.exception("request failed")
             await self.send_error(server_error("The server had an error while processing your request."))
         finally:
+            if not self.record.timing:  # no Done came (the client left, an error, a refusal): what this side saw
+                self.record.timing = self.seen_timing()
             await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 await self.admission.release()
 
     def seen_timing(self) -> dict[str, Any]:
-        """The timing of a request its client left before the worker's Done: the time it was
-        open and, if one came, when its first token reached this side (the answer to "why did my
-        request wait" for a client that gave up waiting)."""
+        """The timing of a request that ended without the worker's Done (its client left, an
+        error, a refusal): the time it was open and, if one came, when its first token reached
+        this side (the answer to "why did my request wait" for a client that gave up waiting, or
+        one that waited for a model that never loaded)."""
         now = time.time()
         first = self.first_token_s
         return {

@@ -73,3 +73,14 @@ async def test_a_huge_body_is_parsed_off_the_event_loop_while_other_streams_are_
         huge = await huge_task
     assert seen == [True]  # the small stream was served while the huge body was being parsed
     assert huge.status == 400 and huge.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_a_request_that_ends_without_a_done_keeps_the_time_it_was_open(sim: SimWorker) -> None:
+    """A worker's refusal (or an error, or a wait for a model that never loads) brings no Done
+    and so no worker timing: the row has how long the request was open, and no first token."""
+    async with attached(sim):
+        refused = await request("POST", "/v1/chat/completions", chat_body(max_tokens=10**6), JSON)
+        assert refused.status == 400
+    assert await asyncio.to_thread(activity_writer.flush)
+    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code", "ttft_ms", "total_ms"))
+    assert len(rows) == 1 and rows[0][:3] == (400, "context_length_exceeded", None) and rows[0][3] > 0
