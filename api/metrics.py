@@ -361,6 +361,20 @@ def models_families(snapshots: Mapping[str, Mapping[str, Any]]) -> Iterator[Metr
     yield from merged.values()
 
 
+LINK_CONNECTED = ("superfluid_worker_connected", "1 while the engine worker is connected over the link.")
+LINK_RESTARTS = ("superfluid_worker_restarts_total", "Times a new engine worker process said hello.")
+LINK_INFLIGHT = ("superfluid_requests_inflight", "Generation requests the web side holds open.")
+
+
+def links_families(links: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Several models: the link families of each loaded model's worker, labelled by model (the
+    pool's own link submits nothing: its figures were always 1, 0 and 0)."""
+    rows = sorted(links.items())
+    yield labelled(GaugeMetricFamily, *LINK_CONNECTED, ["model"], [([m], 1 if ln.get("connected") else 0) for m, ln in rows])
+    yield labelled(CounterMetricFamily, *LINK_RESTARTS, ["model"], [([m], int(ln.get("restarts") or 0)) for m, ln in rows])
+    yield labelled(GaugeMetricFamily, *LINK_INFLIGHT, ["model"], [([m], int(ln.get("inflight") or 0)) for m, ln in rows])
+
+
 def pool_state() -> Mapping[str, Any] | None:
     """The router's figures when serve runs several models; None in the single-worker server."""
     from scheduler.link.pool import router_stats
@@ -404,11 +418,13 @@ class SuperfluidCollector:
             snapshot, connected, restarts, inflight = state
             if router is not None and "snapshots" in router:
                 yield from models_families(router["snapshots"])
-            elif snapshot:
-                yield from snapshot_families(snapshot)
-            yield gauge("superfluid_worker_connected", "1 while the engine worker is connected over the link.", 1 if connected else 0)
-            yield counter("superfluid_worker_restarts_total", "Times a new engine worker process said hello.", restarts)
-            yield gauge("superfluid_requests_inflight", "Generation requests the web side holds open.", inflight)
+                yield from links_families(router.get("links") or {})
+            else:
+                if snapshot:
+                    yield from snapshot_families(snapshot)
+                yield gauge(LINK_CONNECTED[0], LINK_CONNECTED[1], 1 if connected else 0)
+                yield counter(LINK_RESTARTS[0], LINK_RESTARTS[1], restarts)
+                yield gauge(LINK_INFLIGHT[0], LINK_INFLIGHT[1], inflight)
         if router is not None:
             yield from router_families(router)
         yield from web_metrics.families()

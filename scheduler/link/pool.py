@@ -440,6 +440,11 @@ class ModelPool:
             "states": {m: shown(m).value for m in self.loads_total},
             # each loaded model's latest worker snapshot: /metrics labels its families by model
             "snapshots": {m: link.snapshot for m, link in sorted(self.links.items()) if link.snapshot},
+            # each loaded model's link: connected, worker restarts, requests it holds open
+            "links": {
+                m: {"connected": bool(link.connected), "restarts": int(link.worker_restarts), "inflight": len(link.inflight)}
+                for m, link in sorted(self.links.items())
+            },
         }
 
 
