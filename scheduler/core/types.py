@@ -121,9 +121,9 @@ class LaneBind:
 
 
 class LaneSwap(NamedTuple):
-    """Lanes ``a`` and ``b`` trade their KV and their samplers (a running job moves into a gap
-    below it: engines/base.py's run_tick). ``b_kept``: ``b`` holds a kept lane's KV, which goes
-    to ``a``; otherwise ``b`` is empty and ``a`` is left empty."""
+    """Lanes ``a`` and ``b`` trade their KV and their samplers (lane compaction: the running job
+    in ``a`` moves into the free lane ``b``; engines/base.py's run_tick). ``b_kept``: ``b`` holds
+    a kept lane's KV, which goes to ``a``; otherwise ``b`` is empty and ``a`` is left empty."""
 
     a: int
     b: int
@@ -185,14 +185,14 @@ class TickResult:
     prefill_s: float = 0.0  # time spent in engine calls that carried prefill tokens
     stopped_early: bool = False
     # lane -> why its job must end now (its grammar took too long to mask): the worker ends it
-    # with an error before the tick is committed; the rest of the tick stands
+    # with an error once the tick is committed (its tokens delivered), unless the tick ended it
     failed: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
 class Event:
     """Something a client or an operator should hear about. ``kind`` is one of:
-    ``admitted``, ``token``, ``preempted``, ``resumed``, ``moved`` (into a free lane below: ``lane``),
+    ``admitted``, ``token``, ``preempted``, ``resumed``, ``moved`` (into the free lane ``lane``: lane compaction),
     ``finished``."""
 
     kind: str
