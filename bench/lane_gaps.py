@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.peers import start_peer  # noqa: E402
 from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
 from bench.throughput import client, prompts, run_worker_inprocess  # noqa: E402
+from scheduler.core.scheduler import lane_runs  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
@@ -40,11 +41,6 @@ SHARES = (8, 1, 7, 2, 6, 3, 5, 4)  # eighths of --max-tokens, in lane order
 
 def lengths(max_tokens: int) -> list[int]:
     return [max(1, max_tokens * s // 8) for s in SHARES]
-
-
-def runs(lanes: list[int]) -> int:
-    lanes = sorted(lanes)
-    return sum(1 for i, lane in enumerate(lanes) if i == 0 or lane != lanes[i - 1] + 1)
 
 
 def worker_side(engine: Any, texts: list[str], ns: list[int], compact: bool) -> dict[str, float]:
@@ -59,7 +55,7 @@ def worker_side(engine: Any, texts: list[str], ns: list[int], compact: bool) -> 
         plan = worker.scheduler.last_plan
         decode = [f.lane for f in plan.feeds if f.is_decode] if plan is not None else []
         if decode:
-            passes.append(runs(decode))
+            passes.append(lane_runs(decode))
         moves[0] = worker.scheduler.counters["lane_moves"]
 
     requests = [

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .kv_pool import KvPool, PoolConfig, PoolOps, common_prefix
@@ -418,7 +418,7 @@ class Scheduler:
         if not self.config.compact_lanes or job.batch_invariant or len(lanes) == 1:
             return lanes[0]
         group = set(self._decoding_together())
-        return min(lanes, key=lambda lane: (_runs(group | {lane}), lane))
+        return min(lanes, key=lambda lane: (lane_runs(group | {lane}), lane))
 
     def _kept_over_watermark(self) -> bool:
         """Kept lanes would bring the pool to its high watermark (engines whose KV grows with
@@ -939,10 +939,11 @@ class Scheduler:
         }
 
 
-def _runs(lanes: set[int]) -> int:
+def lane_runs(lanes: Collection[int]) -> int:
     """Runs of consecutive lane numbers: the passes over the weights a decode round over these
     lanes costs on an engine with a KV stream per sequence."""
-    return sum(1 for lane in lanes if lane - 1 not in lanes)
+    busy = set(lanes)
+    return sum(1 for lane in busy if lane - 1 not in busy)
 
 
 def _bound_in(plan: TickPlan, lane: int) -> bool:

@@ -664,23 +664,24 @@ class EngineWorker:
             if job is None or job.state is not JobState.RUNNING:
                 continue
             log.warning("ending %s: %s", job_id, detail)
-            ctx = self.contexts.pop(job_id, None)
-            self.scheduler.cancel(job_id, reason="error")
-            self.metrics.on_finished(job, "error")
-            if ctx is not None:
-                ctx.conn.queue(Error(job_id, GRAMMAR_TOO_SLOW, detail))
+            self._end_with_error(job, GRAMMAR_TOO_SLOW, detail)
         if failing:
             self._process(self.scheduler.drain_events())
+
+    def _end_with_error(self, job: Job, reason: str, detail: str) -> None:
+        """End a running job with an error its client sees; its finished event then finds no
+        context, so nothing else is sent for it."""
+        ctx = self.contexts.pop(job.job_id, None)
+        self.scheduler.cancel(job.job_id, reason="error")
+        self.metrics.on_finished(job, "error")
+        if ctx is not None:
+            ctx.conn.queue(Error(job.job_id, reason, detail))
 
     def _fail_running(self, message: str) -> None:
         log.error("engine error, failing running jobs: %s", message)
         self.stats["engine_errors_total"] += 1
         for job in [j for j in self.scheduler.lanes if j is not None]:
-            ctx = self.contexts.pop(job.job_id, None)
-            self.scheduler.cancel(job.job_id, reason="error")
-            self.metrics.on_finished(job, "error")
-            if ctx is not None:
-                ctx.conn.queue(Error(job.job_id, ENGINE_ERROR, f"The engine failed: {message}"))
+            self._end_with_error(job, ENGINE_ERROR, f"The engine failed: {message}")
         # the failed jobs' own events find no context; any other (a queued job whose deadline the
         # failed tick's plan expired) is sent as usual, never dropped
         self._process(self.scheduler.drain_events())
