@@ -463,8 +463,9 @@ class Scheduler:
         self.lanes[lane] = job
         self._last_prefill_tick[lane] = self._prefill_ticks + 1  # as if fed in the tick being planned
         keep_tokens = 0  # of the lane's kept KV, what stays
-        if job.parked is not None:
-            plan.restore.append(LaneRestore(lane, job.job_id, job.parked))
+        parked = job.parked
+        if parked is not None:
+            plan.restore.append(LaneRestore(lane, job.job_id, parked))
             job.parked = None
             self.counters["resumes"] += 1
             self._events.append(Event("resumed", job.job_id, lane=lane))
@@ -476,7 +477,7 @@ class Scheduler:
                 keep_tokens = self._seed_from_prefix(plan, job, lane, now, kept_n)
         if kept is not None:  # the lane's KV is not empty: keep what the job shares, no more
             plan.trim.append((lane, keep_tokens))
-        plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output))
+        plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output, parked))
         if job.admitted_s is None:
             job.admitted_s = now
             job.deadline_s = None  # a start deadline: a started job never misses it

@@ -112,12 +112,16 @@ class LaneFeed:
 
 @dataclass
 class LaneBind:
-    """Give a lane fresh sampler state for a job; ``history`` are tokens already generated."""
+    """Give a lane fresh sampler state for a job; ``history`` are tokens already generated.
+    ``parked`` is the job's park artifact when this tick restores it into the lane: the engine
+    reads there how far the job's random stream had gone (a sampler may draw more than once for
+    a token), so a seeded reply goes on as if it had never been parked."""
 
     lane: int
     job_id: str
     sampling: SamplingParams
     history: list[int] = field(default_factory=list)
+    parked: Any = None
 
 
 class LaneSwap(NamedTuple):

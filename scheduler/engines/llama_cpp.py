@@ -231,10 +231,30 @@ class ParkedKV:
 
     data: bytes
     n_tokens: int
+    # the lane's sampler drew this many times more than it sampled tokens (a constrained pick
+    # the grammar rejected draws again): where its random stream resumes, with the tokens
+    extra_draws: int = 0
 
     @property
     def nbytes(self) -> int:
         return len(self.data)
+
+
+def _skip_draws(chain: Any, n: int) -> None:
+    """Advance the chain's seeded draw (its last sampler, when it is llama.cpp's ``dist``) by
+    ``n`` draws: ``dist`` draws once per application whatever the candidates, so applying it to
+    a one-token array ``n`` times moves its random stream as ``n`` samples did."""
+    L = llama_cpp
+    if n <= 0:
+        return
+    dist = L.llama_sampler_chain_get(chain, L.llama_sampler_chain_n(chain) - 1)
+    if L.llama_sampler_name(dist) != b"dist":
+        return  # greedy: nothing random to resume
+    one = (L.llama_token_data * 1)()
+    array = L.llama_token_data_array(data=one, size=1, selected=-1, sorted=False)
+    ref = ctypes.pointer(array)
+    for _ in range(n):
+        L.llama_sampler_apply(dist, ref)
 
 
 # -- the engine -------------------------------------------------------------------------
@@ -282,6 +302,7 @@ class LlamaCppEngine(LaneEngine):
         self._ctx: Any = None
         self._batch: Any = None
         self._samplers: dict[int, Any] = {}  # lane -> its sampler chain (without the grammar)
+        self._extra_draws: dict[int, int] = {}  # lane -> draws beyond one per token (ParkedKV)
         self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
         # lane -> (seconds of full masks in shared steps, tokens sampled under the grammar)
@@ -512,6 +533,11 @@ class LlamaCppEngine(LaneEngine):
                 grammar = None
                 continue
             llama_cpp.llama_sampler_accept(grammar, token)
+        # the seeded draw goes on from where the job's random stream was, not from its seed
+        extra = bind.parked.extra_draws if isinstance(bind.parked, ParkedKV) else 0
+        if extra:
+            self._extra_draws[bind.lane] = extra
+        _skip_draws(chain, len(bind.history) + extra)
 
     def bound_lanes(self) -> dict[int, Any]:
         return self._samplers
@@ -608,6 +634,7 @@ class LlamaCppEngine(LaneEngine):
         if not cand.allows(grammar, token):
             started = time.perf_counter()
             token = cand.pick_masked(logits, grammar, chain)
+            self._extra_draws[lane] = self._extra_draws.get(lane, 0) + 1  # the chain ran twice
             masked_s = time.perf_counter() - started if shared else 0.0
         self._charge_mask(lane, masked_s)
         llama_cpp.llama_sampler_accept(grammar, token)
@@ -678,7 +705,7 @@ class LlamaCppEngine(LaneEngine):
         written = L.llama_state_seq_get_data(self._ctx, buf, size, lane)
         if written == 0 and size > 0:
             raise _err(f"could not copy lane {lane}'s KV cache", permanent=False)
-        return ParkedKV(ctypes.string_at(buf, written), max(n_tokens, 0))
+        return ParkedKV(ctypes.string_at(buf, written), max(n_tokens, 0), self._extra_draws.get(lane, 0))
 
     def _check_seq(self, seq: int) -> None:
         if not 0 <= seq < self.n_lanes + self.cache_slots:
@@ -878,6 +905,7 @@ class LlamaCppEngine(LaneEngine):
         self._logprob_lanes.pop(lane, None)
         self._mask_cost.pop(lane, None)
         self._failed.pop(lane, None)
+        self._extra_draws.pop(lane, None)
         self._argmax_lanes.discard(lane)
         chain = self._samplers.pop(lane, None)
         if chain is not None:
@@ -891,6 +919,7 @@ class LlamaCppEngine(LaneEngine):
         swap_keys(self._grammars, a, b)
         swap_keys(self._logprob_lanes, a, b)
         swap_keys(self._mask_cost, a, b)
+        swap_keys(self._extra_draws, a, b)
         # (_failed needs no swap: forward fills it and run_tick takes it in the same step)
         if (a in self._argmax_lanes) != (b in self._argmax_lanes):
             self._argmax_lanes ^= {a, b}

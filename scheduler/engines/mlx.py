@@ -71,6 +71,7 @@ class MlxParkedKV:
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
     n_tokens: int
     dtype: str
+    draws: int | None = None  # the lane's sampler's draws so far (None: no sampler bound)
 
     @property
     def nbytes(self) -> int:
@@ -250,7 +251,8 @@ class MlxEngine(LaneEngine):
     def bind_sampler(self, bind: LaneBind) -> None:
         """A fresh sampler for the lane; a grammar gets a fresh matcher, and the tokens the job
         generated before (a parked lane resumed) are replayed into both, so penalties and the
-        grammar continue exactly where they stopped."""
+        grammar continue exactly where they stopped; the random stream skips the draws made
+        before (counted in the park artifact), so a seeded reply does too."""
         matcher = None
         if bind.sampling.grammar:
             from scheduler.engines.token_mask import GrammarCompileError
@@ -259,7 +261,8 @@ class MlxEngine(LaneEngine):
                 matcher = self._token_masks().matcher(bind.sampling.grammar)
             except GrammarCompileError as exc:
                 raise EngineError(f"could not build the request's grammar: {exc}", permanent=True) from None
-        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history, grammar=matcher, eog=self._eog)
+        draws = bind.parked.draws if isinstance(bind.parked, MlxParkedKV) else None
+        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history, grammar=matcher, eog=self._eog, draws=draws)
 
     def drop_sampler(self, lane: int) -> None:
         self._samplers.pop(lane, None)
@@ -402,7 +405,8 @@ class MlxEngine(LaneEngine):
             if k.dtype == mx.bfloat16:
                 k, v = k.astype(mx.float32), v.astype(mx.float32)
             layers.append((np.array(k), np.array(v)))
-        return MlxParkedKV(tuple(layers), n, dtype)
+        sampler = self._samplers.get(seq)
+        return MlxParkedKV(tuple(layers), n, dtype, sampler.draws if sampler is not None else None)
 
     def load(self, seq: int, artifact: Any) -> None:
         if not isinstance(artifact, MlxParkedKV):

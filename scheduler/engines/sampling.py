@@ -49,6 +49,7 @@ class LaneSampler:
         *,
         grammar: TokenConstraint | None = None,
         eog: Collection[int] = (),
+        draws: int | None = None,
     ) -> None:
         self.params = params
         self.grammar = grammar
@@ -66,8 +67,15 @@ class LaneSampler:
         self.rng = np.random.default_rng(None if params.seed is None else params.seed & 0xFFFFFFFF)
         # replaying what the lane generated before (a parked lane bound again) rebuilds the
         # penalties' window and the grammar's state
+        replayed = 0
         for token in history:
             self.accept(token)
+            replayed += 1
+        # and the random stream goes on past the draws made before (``draws``, a parked
+        # sampler's count; else one per token), not from the seed
+        self.draws = replayed if draws is None else draws
+        if self.draws and params.temperature > 0.0:
+            self.rng.random(self.draws)  # Generator.choice(p=...) takes one double per draw
 
     def accept(self, token: int) -> None:
         self.recent.append(int(token))
@@ -140,6 +148,7 @@ class LaneSampler:
         if not np.isfinite(scaled).all():  # a temperature so small the logits overflow: greedy
             return int(cand[int(np.argmax(vals))])
         probs = _softmax(scaled)
+        self.draws += 1
         return int(cand[self.rng.choice(probs.shape[0], p=probs)])
 
 

@@ -202,6 +202,9 @@ def test_the_preempted_job_is_parked_and_resumed_from_its_parked_cache() -> None
     artifact = resuming.restore[0].artifact
     assert isinstance(artifact, SimParked)
     assert artifact.tokens == victim.prompt + victim.output[:4]  # the 5th token was not fed yet
+    # the lane's sampler is bound with the same artifact: the engine reads its random stream's place there
+    (bind,) = [b for b in resuming.bind if b.job_id == "bg"]
+    assert bind.lane == 0 and bind.parked is artifact and bind.history == victim.output[:5]
     assert rec.kinds("bg") == ["admitted", "preempted", "resumed", "finished"]
     assert victim.preemptions == 1
 

@@ -240,6 +240,31 @@ def test_a_job_swapped_into_a_kept_lane_continues_exactly_and_the_kept_kv_moves_
     assert follow.output == reference[1]
 
 
+@pytest.mark.parametrize("constrained", [False, True], ids=["free", "schema"])
+def test_a_seeded_reply_parked_and_resumed_in_another_lane_is_the_reply_it_gives_undisturbed(
+    engine: Any, prompts: list[list[int]], constrained: bool
+) -> None:
+    """Preemption does not change a seeded reply: bound again with its park artifact, the lane's
+    random stream goes on past the draws it made (on llama.cpp a constrained pick the grammar
+    rejected draws twice), where it restarted from the seed before."""
+    if constrained:
+        hot = SamplingParams(temperature=1.0, seed=77, grammar=schema_grammar(SMALL_PERSON))
+        prompt = chat(engine, "Describe a person as JSON.")
+    else:
+        hot, prompt = SamplingParams(temperature=1.0, seed=77), prompts[1]
+    alone = drive(engine, [Run(0, prompt, hot, 16, stop_on_eog=True)])[0].output
+    release(engine, 0)
+    run = Run(0, prompt, hot, 16, stop_on_eog=True)
+    drive(engine, [run], ticks=6)
+    assert len(run.output) == 6 and not run.done
+    parked = engine.execute(TickPlan(tick=7, park=[(0, "s")]), never).parked["s"]
+    run.lane, run.bound = 2, True
+    plan = TickPlan(tick=8, restore=[LaneRestore(2, "s", parked)], bind=[LaneBind(2, run.job, hot, list(run.output), parked)], feeds=[run.feed()])
+    run.commit(engine.execute(plan, never))
+    drive(engine, [run])
+    assert run.output == alone
+
+
 def test_restoring_something_that_is_not_this_engines_park_artifact_raises(engine: Any) -> None:
     with pytest.raises(EngineError):
         engine.execute(TickPlan(tick=1, restore=[LaneRestore(1, "x", object())]), never)
