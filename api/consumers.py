@@ -415,7 +415,8 @@ class GenerationConsumer(StreamingConsumer):
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         return responses.Reply(
             self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
-            parallel_tool_calls=request.parallel_tool_calls, logprobs=request.logprobs is not None, **extra,
+            parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
+            logprobs=request.logprobs is not None, **extra,
         )  # fmt: skip
 
     async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:

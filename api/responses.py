@@ -420,6 +420,7 @@ class Reply:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = "auto",
         parallel_tool_calls: bool = True,
+        legacy_functions: bool = False,
         logprobs: bool = False,
         index: int = 0,
         id: str | None = None,  # noqa: A002 - several choices of one request share the id
@@ -433,7 +434,11 @@ class Reply:
         self.echo = echo  # completions ``echo``: the prompt's text, sent before the completion
         self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
         # parallel_tool_calls false: at most one call; a further one the model writes is dropped
-        self.max_calls = None if parallel_tool_calls else 1
+        self.max_calls = None if parallel_tool_calls and not legacy_functions else 1
+        # the tools came as the legacy ``functions``: the call is the message's ``function_call``
+        # ({name, arguments}, streamed as such) and the reply finishes with ``function_call``
+        self.legacy = legacy_functions
+        self.calls_reason = "function_call" if legacy_functions else "tool_calls"
         self.muted = False  # a streamed call past max_calls: its arguments are not sent
         self.want_logprobs = logprobs
         self.text: list[str] = []  # everything generated
@@ -603,7 +608,7 @@ class Reply:
                 frames.append(chat_chunk(self.id, self.model, self.created, content=self.pending_space))
             self.pending_space = ""
             if self.calls_sent and reason == "stop":
-                reason = "tool_calls"
+                reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
                 frames.append(chat_usage_chunk(self.id, self.model, self.created, usage))
@@ -615,7 +620,10 @@ class Reply:
 
     def _tool_chunk(self, call_delta: dict[str, Any]) -> dict[str, Any]:
         chunk = chat_chunk(self.id, self.model, self.created)
-        chunk["choices"][0]["delta"] = {"tool_calls": [call_delta]}
+        if self.legacy:  # {"function_call": {"name", "arguments"}}: no index, id or type
+            chunk["choices"][0]["delta"] = {"function_call": dict(call_delta["function"])}
+        else:
+            chunk["choices"][0]["delta"] = {"tool_calls": [call_delta]}
         return chunk
 
     # -- not streamed ---------------------------------------------------------------------
@@ -642,14 +650,17 @@ class Reply:
             content, calls = parse_tool_calls(text, self.tool_names)
             calls = calls[: self.max_calls] if self.max_calls is not None else calls
             if calls and reason == "stop":
-                reason = "tool_calls"
+                reason = self.calls_reason
             elif not calls:
                 content = text
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
         if calls:
             message["content"] = content
-            message["tool_calls"] = calls
+            if self.legacy:
+                message["function_call"] = calls[0]["function"]
+            else:
+                message["tool_calls"] = calls
         if self.want_logprobs:
             obj["choices"][0]["logprobs"] = chat_logprobs(self.logprobs)
         return obj

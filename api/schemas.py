@@ -38,7 +38,8 @@ INVALID_JSON_MESSAGE = (
     "valid JSON.)"
 )
 
-CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
+# "function": a legacy function's result (``functions``/``function_call``), read as a tool result
+CHAT_ROLES = frozenset({"system", "user", "assistant", "developer", "tool", "function"})
 MAX_STOP_SEQUENCES = 16
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries in one logit_bias
@@ -155,6 +156,8 @@ class GenerationRequest:
     tools: list[dict[str, Any]] | None = None  # [{"name", "description", "parameters"}, ...]
     tool_choice: str | dict[str, Any] = "auto"  # "none" | "auto" | "required" | {"name": ...}
     parallel_tool_calls: bool = True
+    # the tools came as the legacy ``functions``: the reply is a ``function_call`` (one at most)
+    legacy_functions: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     n: int = 1  # choices per prompt
     # completions: every prompt when the request holds several (``prompt`` is then the first)
@@ -423,7 +426,15 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             param="messages",
             code="invalid_value",
         )
-    return [_parse_message(m, i) for i, m in enumerate(messages)]
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        msg = _parse_message(m, i)
+        if msg.pop("legacy_result", False):
+            # a legacy function result answers the call of the assistant turn before it
+            calls = next((x["tool_calls"] for x in reversed(out) if x["role"] == "assistant"), None)
+            msg["tool_call_id"] = calls[0]["id"] if calls else "call_0"
+        out.append(msg)
+    return out
 
 
 def _parse_message(msg: Any, i: int) -> dict[str, Any]:
@@ -442,11 +453,21 @@ def _parse_message(msg: Any, i: int) -> dict[str, Any]:
         raise _missing(f"{where}.role")
     if not isinstance(role, str) or role not in CHAT_ROLES:
         raise _invalid_value(
-            f"{where}.role", "one of 'system', 'user', 'assistant', 'developer', 'tool'"
+            f"{where}.role", "one of 'system', 'user', 'assistant', 'developer', 'tool', 'function'"
         )
     for key in ("name", "refusal", "tool_call_id"):
         if msg.get(key) is not None and not isinstance(msg[key], str):
             raise _invalid_type(f"{where}.{key}", "a string")
+    if role == "function":
+        # the legacy API's function result, named as OpenAI requires: a tool result for the call
+        # the assistant turn before made (its ``function_call``; _parse_messages pairs them)
+        _parse_message_tool_calls(msg, role, where)  # no calls on it
+        if not msg.get("name"):
+            raise _missing(f"{where}.name")
+        if "content" not in msg:
+            raise _missing(f"{where}.content")
+        content = _parse_content(msg["content"] if msg["content"] is not None else "", role, f"{where}.content")
+        return {"role": "tool", "content": content, "name": msg["name"], "legacy_result": True}
     calls = _parse_message_tool_calls(msg, role, where)
     content = _parse_content(msg.get("content"), "assistant" if calls else role, f"{where}.content")
     out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
@@ -621,7 +642,9 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
         )
     req.tools = tools or None
     req.tool_choice = choice
-    req.parallel_tool_calls = parallel is not False
+    # the legacy API's reply holds one function_call: one call at most, as parallel_tool_calls false
+    req.legacy_functions = bool(tools) and tools_key == "functions"
+    req.parallel_tool_calls = parallel is not False and not req.legacy_functions
 
 
 def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -41,11 +41,12 @@ _BAN = -1.0e9
 # Every lane of a step waits while a constrained lane's grammar masks the whole vocabulary (a
 # JSON schema's mask takes ~3 ms on SmolLM2's 49k vocabulary and ~20 ms on Gemma 3's 262k; a
 # rule of 1,000 alternatives 0.19 s and 1.7 s). A job's full masks in steps it shares with other
-# lanes are summed; once they pass GRAMMAR_GRACE_S plus GRAMMAR_PER_TOKEN_S for each token it
-# sampled under its grammar, the job ends with grammar_too_slow. An enum of 300 values, a
-# legitimate schema, costs a few masks of 0.5 s on Gemma and passes.
+# lanes are summed; once they pass GRAMMAR_GRACE_S plus GRAMMAR_STALL_SHARE times those steps'
+# own decode time, the job ends with grammar_too_slow: past the grace, its masks can at most
+# double the others' time. An enum of 300 values, a legitimate schema, costs a few masks of
+# 0.5 s on Gemma and passes within the grace.
 GRAMMAR_GRACE_S = 5.0
-GRAMMAR_PER_TOKEN_S = 0.05
+GRAMMAR_STALL_SHARE = 1.0
 # llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
 # the argtypes say which C signature this build has.
 _PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
@@ -305,8 +306,10 @@ class LlamaCppEngine(LaneEngine):
         self._extra_draws: dict[int, int] = {}  # lane -> draws beyond one per token (ParkedKV)
         self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
-        # lane -> (seconds of full masks in shared steps, tokens sampled under the grammar)
-        self._mask_cost: dict[int, tuple[float, int]] = {}
+        # lane -> (seconds of full masks in shared steps, those steps' decode seconds, tokens
+        # sampled under the grammar in them)
+        self._mask_cost: dict[int, tuple[float, float, int]] = {}
+        self._decode_s = 0.0  # the last llama_decode's time
         self._failed: dict[int, str] = {}  # lane -> why its job must end, until taken
         self._candidates: _Candidates | None = None  # made when the first constrained lane binds
         self._logprob_lanes: dict[int, int] = {}  # lane -> top alternatives wanted
@@ -533,11 +536,13 @@ class LlamaCppEngine(LaneEngine):
                 grammar = None
                 continue
             llama_cpp.llama_sampler_accept(grammar, token)
-        # the seeded draw goes on from where the job's random stream was, not from its seed
+        # a seeded draw goes on from where the job's random stream was, not from its seed (an
+        # unseeded chain has a fresh random seed: nothing to skip)
         extra = bind.parked.extra_draws if isinstance(bind.parked, ParkedKV) else 0
         if extra:
             self._extra_draws[bind.lane] = extra
-        _skip_draws(chain, len(bind.history) + extra)
+        if bind.sampling.seed is not None:
+            _skip_draws(chain, len(bind.history) + extra)
 
     def bound_lanes(self) -> dict[int, Any]:
         return self._samplers
@@ -579,13 +584,14 @@ class LlamaCppEngine(LaneEngine):
             if threads != self._threads_set:
                 llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
                 self._threads_set = threads
-            started = time.perf_counter()
+        started = time.perf_counter()
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
+        self._decode_s = time.perf_counter() - started
         if governor is not None and ret == 0:
             before, was_kept = governor.current, kind in governor.kept
             others = self._others.cores() if self._others is not None else None
             governor.others_busy = others is not None and others >= OTHERS_BUSY_CORES
-            governor.observe(threads, kind, time.perf_counter() - started, n)
+            governor.observe(threads, kind, self._decode_s, n)
             if governor.current != before:
                 log.info("compute threads %d -> %d: %s steps measured faster with %d", before, governor.current, kind, governor.current)
             elif kind in governor.kept and not was_kept:
@@ -635,8 +641,9 @@ class LlamaCppEngine(LaneEngine):
             started = time.perf_counter()
             token = cand.pick_masked(logits, grammar, chain)
             self._extra_draws[lane] = self._extra_draws.get(lane, 0) + 1  # the chain ran twice
-            masked_s = time.perf_counter() - started if shared else 0.0
-        self._charge_mask(lane, masked_s)
+            masked_s = time.perf_counter() - started
+        if shared:
+            self._charge_mask(lane, masked_s)
         llama_cpp.llama_sampler_accept(grammar, token)
         llama_cpp.llama_sampler_accept(chain, token)
         return token
@@ -646,17 +653,16 @@ class LlamaCppEngine(LaneEngine):
         return taken
 
     def _charge_mask(self, lane: int, seconds: float) -> None:
-        """One token sampled under the lane's grammar, whose full mask (0 when none ran, or when
-        no other lane shared the step) took ``seconds``; past the allowance the job must end."""
-        spent, tokens = self._mask_cost.get(lane, (0.0, 0))
-        spent, tokens = spent + seconds, tokens + 1
-        self._mask_cost[lane] = (spent, tokens)
-        allowed = GRAMMAR_GRACE_S + GRAMMAR_PER_TOKEN_S * tokens
-        if spent > allowed and lane not in self._failed:
+        """One token sampled under the lane's grammar in a step other lanes shared, whose full
+        mask (0 when none ran) took ``seconds``; past the allowance the job must end."""
+        spent, decoded, tokens = self._mask_cost.get(lane, (0.0, 0.0, 0))
+        spent, decoded, tokens = spent + seconds, decoded + self._decode_s, tokens + 1
+        self._mask_cost[lane] = (spent, decoded, tokens)
+        if spent > GRAMMAR_GRACE_S + GRAMMAR_STALL_SHARE * decoded and lane not in self._failed:
             self._failed[lane] = (
                 f"The grammar's masks held the other requests up for {spent:.1f} s over {tokens} tokens, more than "
-                f"the {GRAMMAR_GRACE_S:g} s plus {GRAMMAR_PER_TOKEN_S * 1000:g} ms a token one request may: a rule "
-                "with too many alternatives (a long enum, say)."
+                f"the {GRAMMAR_GRACE_S:g} s plus {GRAMMAR_STALL_SHARE:g}x the steps' own decoding ({decoded:.1f} s) "
+                "one request may: a rule with too many alternatives (a long enum, say)."
             )
 
     def take_failed(self) -> dict[int, str]:

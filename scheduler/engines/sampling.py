@@ -74,7 +74,7 @@ class LaneSampler:
         # and the random stream goes on past the draws made before (``draws``, a parked
         # sampler's count; else one per token), not from the seed
         self.draws = replayed if draws is None else draws
-        if self.draws and params.temperature > 0.0:
+        if self.draws and params.temperature > 0.0 and params.seed is not None:
             self.rng.random(self.draws)  # Generator.choice(p=...) takes one double per draw
 
     def accept(self, token: int) -> None:

@@ -706,3 +706,32 @@ def test_with_parallel_tool_calls_false_a_reply_has_at_most_one_call_streamed_or
             sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}], parallel_tool_calls=parallel), [text[i : i + size] for i in range(0, len(text), size)])
             content, calls, _ = _assembled(sent + final)
             assert (content, [a for _, a in calls]) == ("Checking.", ['{"x": 1}', '{"x": 2}'][:n]), (parallel, size)
+
+
+def test_a_legacy_functions_reply_is_one_function_call_streamed_or_not() -> None:
+    """A request with the legacy ``functions`` gets the legacy reply: ``message.function_call``
+    ({name, arguments}, no id or type), ``function_call`` deltas, ``finish_reason``
+    ``function_call``, and one call at most (the legacy message holds one)."""
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": %d}}\n</tool_call>'
+    text = "Checking. " + call % 1 + "\n" + call % 2
+    whole = Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True)
+    for e in _events(text):
+        whole.add(e)
+    choice = whole.body(Done("j", "stop"), None)["choices"][0]  # type: ignore[arg-type]
+    assert choice["finish_reason"] == "function_call"
+    assert choice["message"]["function_call"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert "tool_calls" not in choice["message"] and choice["message"]["content"] == "Checking."
+    for size in (5, 1000):  # streamed as the call comes, and as one held block parsed at the end
+        sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True), [text[i : i + size] for i in range(0, len(text), size)])
+        deltas = [c["choices"][0]["delta"] for c in sent + final]
+        assert not any("tool_calls" in d for d in deltas)
+        calls = [d["function_call"] for d in deltas if "function_call" in d]
+        assert calls[0] == {"name": "f", "arguments": ""}
+        assert "".join(c.get("arguments", "") for c in calls) == '{"x": 1}' and all("name" not in c for c in calls[1:])
+        assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+        assert final[-1]["choices"][0]["finish_reason"] == "function_call"
+    # without a call the reply is text, as with tools
+    plain = Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True)
+    plain.add(Delta("j", "Sunny."))
+    choice = plain.body(Done("j", "stop"), None)["choices"][0]  # type: ignore[arg-type]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Sunny." and "function_call" not in choice["message"]

@@ -203,7 +203,7 @@ def test_message_that_is_not_an_object_is_rejected_naming_its_index() -> None:
     assert_400(chat_error(messages=[*USER, "hello"]), "messages[1]", "invalid_type")
 
 
-@pytest.mark.parametrize("role", ["robot", "", 3, "USER", "function"])
+@pytest.mark.parametrize("role", ["robot", "", 3, "USER", "functions"])
 def test_message_with_invalid_role_is_rejected(role: Any) -> None:
     err = chat_error(messages=[*USER, {"role": role, "content": "x"}])
     assert_400(err, "messages[1].role", "invalid_value")
@@ -291,6 +291,33 @@ def test_assistant_message_with_tool_calls_is_kept_for_the_template(key: str) ->
     (_, msg) = chat(messages=[*USER, {"role": "assistant", "content": None, key: value}]).messages
     assert msg["role"] == "assistant" and msg["content"] == ""
     assert msg["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+
+
+def test_a_legacy_function_result_is_read_as_the_result_of_the_legacy_call_before_it() -> None:
+    """The legacy conversation: the assistant's ``function_call``, then a ``function`` message
+    with the result, is the tool call ``call_0`` and its tool result."""
+    legacy = [*USER, {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+              {"role": "function", "name": "f", "content": '{"sky": "sunny"}'}]
+    (_, call, result) = chat(messages=legacy).messages
+    assert call["tool_calls"][0]["id"] == "call_0"
+    assert result == {"role": "tool", "content": '{"sky": "sunny"}', "name": "f", "tool_call_id": "call_0"}
+    # after a call with an id of its own (tool_calls), the result answers that id; null content is ""
+    mixed = [*USER, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+             {"role": "function", "name": "f", "content": None}]
+    assert chat(messages=mixed).messages[2] == {"role": "tool", "content": "", "name": "f", "tool_call_id": "call_x"}
+    assert_400(chat_error(messages=[*USER, {"role": "function", "name": "f", "content": "1", "function_call": {"name": "f"}}]),
+               "messages[1].function_call", "invalid_value")
+    assert_400(chat_error(messages=[*USER, {"role": "function", "content": "1"}]), "messages[1].name", "missing_required_parameter")
+    assert_400(chat_error(messages=[*USER, {"role": "function", "name": "f"}]), "messages[1].content", "missing_required_parameter")
+
+
+def test_legacy_functions_ask_for_a_legacy_reply_of_one_call() -> None:
+    legacy = chat(functions=[TOOL["function"]], function_call="auto")
+    assert legacy.legacy_functions and not legacy.parallel_tool_calls
+    assert legacy.tools == [{"name": "f", "description": "d", "parameters": TOOL["function"]["parameters"]}]
+    tools = chat(tools=[TOOL])
+    assert not tools.legacy_functions and tools.parallel_tool_calls
+    assert not chat(functions=[]).legacy_functions  # no functions: a plain reply
 
 
 @pytest.mark.parametrize(
@@ -749,7 +776,7 @@ def test_to_wire_has_every_field_and_shares_no_lists() -> None:
         "endpoint", "model", "messages", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k",
         "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "stop", "stream",
         "include_usage", "user", "logit_bias", "ignore_eos", "typical_p", "logprobs", "response_format",
-        "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "ignored", "n", "prompts", "echo",
+        "tools", "tool_choice", "parallel_tool_calls", "legacy_functions", "chat_template_kwargs", "ignored", "n", "prompts", "echo",
     }
     wire["stop"].append("y")
     wire["messages"][0]["content"] = "changed"

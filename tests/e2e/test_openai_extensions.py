@@ -69,6 +69,31 @@ def test_named_tool_call_parses_fits_the_schema_and_the_result_is_answered(serve
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_a_legacy_functions_client_gets_a_function_call_and_its_result_is_answered(server: RunningServer) -> None:
+    """The deprecated ``functions``/``function_call`` API, as older clients send it: the reply's
+    ``message.function_call``, streamed as ``function_call`` deltas, and the result sent back as a
+    ``function`` message."""
+    c = client(server)
+    question = [{"role": "user", "content": "What is the weather like in Oslo?"}]
+    forced = {"model": MODEL, "messages": question, "functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}, "max_tokens": 80}
+    choice = c.chat.completions.create(**forced).choices[0]  # type: ignore[call-overload]
+    assert choice.finish_reason == "function_call" and not choice.message.tool_calls
+    call = choice.message.function_call
+    assert call is not None and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    chunks = list(c.chat.completions.create(**forced, stream=True))  # type: ignore[call-overload]
+    deltas = [ch.choices[0].delta.function_call for ch in chunks if ch.choices and ch.choices[0].delta.function_call]
+    assert deltas[0].name == "get_weather"
+    jsonschema.validate(json.loads("".join(d.arguments or "" for d in deltas)), WEATHER["function"]["parameters"])
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["function_call"]
+    follow = c.chat.completions.create(  # type: ignore[call-overload]
+        model=MODEL, functions=[WEATHER["function"]], max_tokens=40, temperature=0,
+        messages=[*question, choice.message.model_dump(exclude_none=True),
+                  {"role": "function", "name": "get_weather", "content": '{"sky": "sunny", "temperature": 21}'}],
+    )
+    assert follow.choices[0].message.content or follow.choices[0].message.function_call
+
+
 def test_required_tool_call_streams_as_openai_streams_tool_calls(server: RunningServer) -> None:
     chunks = list(client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Weather in Rome, in celsius?"}], tools=[WEATHER],
