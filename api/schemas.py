@@ -431,7 +431,7 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         msg = _parse_message(m, i)
         if msg.pop("legacy_result", False):
             # a legacy function result answers the call of the assistant turn before it
-            calls = next((x["tool_calls"] for x in reversed(out) if x["role"] == "assistant"), None)
+            calls = next((x.get("tool_calls") for x in reversed(out) if x["role"] == "assistant"), None)
             msg["tool_call_id"] = calls[0]["id"] if calls else "call_0"
         out.append(msg)
     return out

@@ -305,6 +305,9 @@ def test_a_legacy_function_result_is_read_as_the_result_of_the_legacy_call_befor
     mixed = [*USER, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
              {"role": "function", "name": "f", "content": None}]
     assert chat(messages=mixed).messages[2] == {"role": "tool", "content": "", "name": "f", "tool_call_id": "call_x"}
+    # after an assistant turn without a call (the fuzzer's find: it was a 500), the legacy call id
+    plain = [*USER, {"role": "assistant", "content": None}, {"role": "function", "name": "f", "content": "1"}]
+    assert chat(messages=plain).messages[2]["tool_call_id"] == "call_0"
     assert_400(chat_error(messages=[*USER, {"role": "function", "name": "f", "content": "1", "function_call": {"name": "f"}}]),
                "messages[1].function_call", "invalid_value")
     assert_400(chat_error(messages=[*USER, {"role": "function", "content": "1"}]), "messages[1].name", "missing_required_parameter")
@@ -936,3 +939,40 @@ def test_any_embedding_input_parses_to_at_most_32_inputs_or_a_clean_400(value: A
     assert req.prompts and 1 <= len(req.prompts) <= 32
     for item in req.prompts:
         assert (isinstance(item, str) and item) or (item and all(isinstance(t, int) and t >= 0 for t in item))
+
+
+_CALL = st.fixed_dictionaries({"name": st.text(min_size=1, max_size=4), "arguments": st.text(max_size=4)})
+_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=6)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | st.text(max_size=6)},
+                          optional={"function_call": _CALL,
+                                    "tool_calls": st.lists(st.fixed_dictionaries({"id": st.text(min_size=1, max_size=4), "function": _CALL}), max_size=2)}),
+    st.fixed_dictionaries({"role": st.just("function"), "name": st.text(min_size=1, max_size=4), "content": st.none() | st.text(max_size=6)}),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": st.text(max_size=6)}, optional={"tool_call_id": st.text(max_size=4)}),
+    st.fixed_dictionaries(  # anything at all
+        {"role": st.sampled_from(["user", "assistant", "tool", "function"]) | _values},
+        optional={"content": _values, "name": _values, "tool_call_id": _values, "function_call": _values, "tool_calls": _values},
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_MESSAGE, min_size=1, max_size=5), st.booleans())
+def test_any_conversation_with_legacy_function_turns_parses_to_template_messages_or_a_clean_400(messages: list[Any], legacy: bool) -> None:
+    """Hostile conversations mixing tool calls, legacy function calls and function results: each
+    parses to messages the chat template reads (a tool result always answers some call id, no
+    internal marker left behind) or is a 400 naming a parameter."""
+    body: dict[str, Any] = {"model": "smollm2", "messages": messages}
+    if legacy:
+        body["functions"] = [TOOL["function"]]
+    try:
+        req = parse_chat_request(json.dumps(body).encode(), models=MODELS)
+    except ApiError as err:
+        assert err.status == 400 and err.param is not None
+        return
+    assert req.messages is not None and req.legacy_functions == legacy and len(req.messages) == len(messages)
+    for sent, msg in zip(messages, req.messages, strict=True):
+        assert set(msg) <= {"role", "content", "tool_calls", "tool_call_id", "name"}
+        assert msg["role"] in ("system", "user", "assistant", "tool") and isinstance(msg["content"], str)
+        if sent["role"] == "function":  # a legacy result: a tool result for a call id, named
+            assert msg["role"] == "tool" and msg["name"] == sent["name"] and isinstance(msg["tool_call_id"], str)
