@@ -567,6 +567,33 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
             assert content.strip() == (message["content"] or "")
 
 
+@given(parts=st.lists(st.sampled_from([*_PARTS, LONG_CALL, LONG_CALL]), max_size=30), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_hostile_text_in_legacy_functions_mode_streams_at_most_one_function_call(parts: list[str], cuts: list[int]) -> None:
+    """The legacy reply, whatever the model writes and wherever it is cut: never a tool_calls
+    delta, one function_call at most (its name once, then argument fragments), one
+    finish_reason, and what the stream calls adds up to the unstreamed function_call."""
+    text = "".join(parts)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True), pieces)
+    deltas = [c["choices"][0]["delta"] for c in sent + final]
+    assert not any("tool_calls" in d for d in deltas)
+    streamed = [d["function_call"] for d in deltas if "function_call" in d]
+    assert sum("name" in f for f in streamed) <= 1 and all("name" not in f for f in streamed[1:])
+    reasons = [c["choices"][0]["finish_reason"] for c in sent + final if c["choices"][0]["finish_reason"]]
+    assert reasons == [final[-1]["choices"][0]["finish_reason"]]
+    assert (reasons == ["function_call"]) == bool(streamed)
+    whole = Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True)
+    for e in _events(text):
+        whole.add(e)
+    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    assert "tool_calls" not in message
+    if streamed and message.get("function_call"):
+        assert streamed[0]["name"] == message["function_call"]["name"] == "f"
+        assert "".join(f.get("arguments", "") for f in streamed) == message["function_call"]["arguments"]
+
+
 def test_whitespace_between_and_after_streamed_calls_is_not_content() -> None:
     """Forced parallel calls are written with a newline between them: streamed, it came as
     content ("\\n"), where the unstreamed reply has none; text before a call kept its space."""
