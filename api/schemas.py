@@ -430,9 +430,11 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         msg = _parse_message(m, i)
         if msg.pop("legacy_result", False):
-            # a legacy function result answers the call of the assistant turn before it
-            calls = next((x.get("tool_calls") for x in reversed(out) if x["role"] == "assistant"), None)
-            msg["tool_call_id"] = calls[0]["id"] if calls else "call_0"
+            # a legacy function result answers the call of its name that the assistant turn
+            # before it made (a legacy turn has one call: call_0)
+            calls = next((x.get("tool_calls") or [] for x in reversed(out) if x["role"] == "assistant"), [])
+            named = [c for c in calls if c["function"]["name"] == msg["name"]] or calls
+            msg["tool_call_id"] = named[0]["id"] if named else "call_0"
         out.append(msg)
     return out
 

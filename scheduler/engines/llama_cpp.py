@@ -40,13 +40,17 @@ _PENALTY_LAST_N = 64
 _BAN = -1.0e9
 # Every lane of a step waits while a constrained lane's grammar masks the whole vocabulary (a
 # JSON schema's mask takes ~3 ms on SmolLM2's 49k vocabulary and ~20 ms on Gemma 3's 262k; a
-# rule of 1,000 alternatives 0.19 s and 1.7 s). A job's full masks in steps it shares with other
-# lanes are summed; once they pass GRAMMAR_GRACE_S plus GRAMMAR_STALL_SHARE times those steps'
-# own decode time, the job ends with grammar_too_slow: past the grace, its masks can at most
-# double the others' time. An enum of 300 values, a legitimate schema, costs a few masks of
-# 0.5 s on Gemma and passes within the grace.
+# rule of 1,000 alternatives 0.19 s and 1.7 s). A job's masks in steps it shares with other
+# lanes draw on a credit of GRAMMAR_GRACE_S, which each such step refills by GRAMMAR_STALL_SHARE
+# times its own decode time (at least GRAMMAR_FLOOR_S: a GPU's steps take milliseconds while
+# masks still run on the CPU) up to GRAMMAR_GRACE_S again; when the credit runs out the job ends
+# with grammar_too_slow. So a grammar's masks hold the others up at most GRAMMAR_GRACE_S at a
+# time and, over any stretch, about as long as the steps' own decoding: at most double their
+# time. An enum of 300 values, a legitimate schema, costs a few masks of 0.5 s on Gemma and
+# passes within the grace.
 GRAMMAR_GRACE_S = 5.0
 GRAMMAR_STALL_SHARE = 1.0
+GRAMMAR_FLOOR_S = 0.02
 # llama.cpp dropped n_vocab from llama_sampler_init_penalties and some bindings still carry it;
 # the argtypes say which C signature this build has.
 _PENALTIES_TAKE_N_VOCAB = len(llama_cpp.llama_sampler_init_penalties.argtypes) == 5
@@ -306,8 +310,8 @@ class LlamaCppEngine(LaneEngine):
         self._extra_draws: dict[int, int] = {}  # lane -> draws beyond one per token (ParkedKV)
         self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
-        # lane -> (seconds of full masks in shared steps, those steps' decode seconds, tokens
-        # sampled under the grammar in them)
+        # lane -> (the grammar's credit left in seconds, seconds of full masks in shared steps,
+        # tokens sampled under the grammar in them)
         self._mask_cost: dict[int, tuple[float, float, int]] = {}
         self._decode_s = 0.0  # the last llama_decode's time
         self._failed: dict[int, str] = {}  # lane -> why its job must end, until taken
@@ -654,15 +658,18 @@ class LlamaCppEngine(LaneEngine):
 
     def _charge_mask(self, lane: int, seconds: float) -> None:
         """One token sampled under the lane's grammar in a step other lanes shared, whose full
-        mask (0 when none ran) took ``seconds``; past the allowance the job must end."""
-        spent, decoded, tokens = self._mask_cost.get(lane, (0.0, 0.0, 0))
-        spent, decoded, tokens = spent + seconds, decoded + self._decode_s, tokens + 1
-        self._mask_cost[lane] = (spent, decoded, tokens)
-        if spent > GRAMMAR_GRACE_S + GRAMMAR_STALL_SHARE * decoded and lane not in self._failed:
+        mask (0 when none ran) took ``seconds``: the step refills the lane's credit, the mask
+        spends it, and a job whose credit runs out must end."""
+        credit, spent, tokens = self._mask_cost.get(lane, (GRAMMAR_GRACE_S, 0.0, 0))
+        earned = max(GRAMMAR_STALL_SHARE * self._decode_s, GRAMMAR_FLOOR_S)
+        credit = min(GRAMMAR_GRACE_S, credit + earned) - seconds
+        spent, tokens = spent + seconds, tokens + 1
+        self._mask_cost[lane] = (credit, spent, tokens)
+        if credit < 0 and lane not in self._failed:
             self._failed[lane] = (
                 f"The grammar's masks held the other requests up for {spent:.1f} s over {tokens} tokens, more than "
-                f"the {GRAMMAR_GRACE_S:g} s plus {GRAMMAR_STALL_SHARE:g}x the steps' own decoding ({decoded:.1f} s) "
-                "one request may: a rule with too many alternatives (a long enum, say)."
+                f"one request may ({GRAMMAR_GRACE_S:g} s at a time, and over time as long as the steps' own decoding): "
+                "a rule with too many alternatives (a long enum, say)."
             )
 
     def take_failed(self) -> dict[int, str]:

@@ -301,10 +301,12 @@ def test_a_legacy_function_result_is_read_as_the_result_of_the_legacy_call_befor
     (_, call, result) = chat(messages=legacy).messages
     assert call["tool_calls"][0]["id"] == "call_0"
     assert result == {"role": "tool", "content": '{"sky": "sunny"}', "name": "f", "tool_call_id": "call_0"}
-    # after a call with an id of its own (tool_calls), the result answers that id; null content is ""
-    mixed = [*USER, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    # after calls with ids of their own (tool_calls), the result answers the call of its name; null content is ""
+    mixed = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_x", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+                {"id": "call_y", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
              {"role": "function", "name": "f", "content": None}]
-    assert chat(messages=mixed).messages[2] == {"role": "tool", "content": "", "name": "f", "tool_call_id": "call_x"}
+    assert chat(messages=mixed).messages[2] == {"role": "tool", "content": "", "name": "f", "tool_call_id": "call_y"}
     # after an assistant turn without a call (the fuzzer's find: it was a 500), the legacy call id
     plain = [*USER, {"role": "assistant", "content": None}, {"role": "function", "name": "f", "content": "1"}]
     assert chat(messages=plain).messages[2]["tool_call_id"] == "call_0"

@@ -989,11 +989,44 @@ def test_the_worker_moves_a_job_into_the_gap_a_finished_one_left_and_every_text_
     assert [0, 2] in rounds_kept and [0, 2] not in rounds_moved and rounds_moved[-1] == [0, 1]
 
 
+def test_the_grammar_credit_refills_with_the_steps_decode_and_never_holds_more_than_the_grace(llamacpp: Any) -> None:
+    """The guard's arithmetic, on the engine's own counters: masks as long as the steps' decode
+    never run the credit out; a job that banked many cheap steps still cannot stall the others
+    longer than the grace in one burst; a GPU's millisecond steps earn the floor, enough for a
+    schema's masks at every token; masks steadily longer than the steps run it out."""
+    from scheduler.engines import llama_cpp as engine_module
+
+    lane = 2
+    try:
+        llamacpp._decode_s = 0.03
+        for _ in range(500):
+            llamacpp._charge_mask(lane, 0.029)
+        for _ in range(500):
+            llamacpp._charge_mask(lane, 0.0)  # cheap steps: the credit stays at the grace
+        assert llamacpp.take_failed() == {}
+        llamacpp._charge_mask(lane, engine_module.GRAMMAR_GRACE_S + 0.05)
+        assert lane in llamacpp.take_failed()
+        llamacpp.drop_sampler(lane)
+        llamacpp._decode_s = 0.002
+        for _ in range(2000):
+            llamacpp._charge_mask(lane, engine_module.GRAMMAR_FLOOR_S)
+        assert llamacpp.take_failed() == {}
+        llamacpp._decode_s = 0.03
+        tokens, failed = 0, {}
+        while not failed and tokens < 400:
+            llamacpp._charge_mask(lane, 0.06)  # 30 ms over each step: the 5 s last ~167 tokens
+            tokens += 1
+            failed = llamacpp.take_failed()
+        assert lane in failed and 150 < tokens < 185
+    finally:
+        llamacpp.drop_sampler(lane)
+
+
 def test_a_grammar_too_slow_to_mask_ends_its_job_alone_and_the_lane_beside_it_goes_on(abortable: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rule of 1,000 alternatives costs llama.cpp ~0.2 s a full mask here, and every lane of
-    the step waits for it. A job's masks in steps it shares are summed; past a grace (5 s; 0.3 s
-    here, to be quick) plus an allowance per token the job ends with grammar_too_slow, and the
-    greedy job beside it streams what it streams alone."""
+    the step waits for it. A job's masks in steps it shares spend a credit (5 s; 0.3 s here, to
+    be quick) that those steps' own decode time refills; when it runs out the job ends with
+    grammar_too_slow, and the greedy job beside it streams what it streams alone."""
     from scheduler.engines import llama_cpp as engine_module
     from scheduler.link.messages import GRAMMAR_TOO_SLOW
 
