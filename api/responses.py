@@ -243,18 +243,26 @@ def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any]:
-    """Legacy completions ``choices[].logprobs``: parallel ``tokens``, ``token_logprobs``,
-    ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
-    first token's text starts in the choice's text so far."""
-    tokens = [_token_text(e["bytes"]) for e in entries]
-    # where each token starts in the text: a character split across tokens counts once, when its
-    # last byte comes (each token's text alone would count its pieces as one U+FFFD each)
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+def token_offsets(entries: list[dict[str, Any]], offset: int = 0, decoder: codecs.IncrementalDecoder | None = None) -> tuple[list[int], int]:
+    """Where each entry's token starts in the text, from ``offset``, and where the text after
+    them starts: a character split across tokens counts once, when its last byte comes (each
+    token's text alone would count its pieces as one U+FFFD each). A stream passes its own
+    ``decoder``, so a character split across two chunks counts once too."""
+    decoder = decoder or codecs.getincrementaldecoder("utf-8")("replace")
     offsets = []
     for e in entries:
         offsets.append(offset)
         offset += len(decoder.decode(bytes(e["bytes"])))
+    return offsets, offset
+
+
+def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0, offsets: list[int] | None = None) -> dict[str, Any]:
+    """Legacy completions ``choices[].logprobs``: parallel ``tokens``, ``token_logprobs``,
+    ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
+    first token's text starts in the choice's text so far (or ``offsets`` gives them all)."""
+    tokens = [_token_text(e["bytes"]) for e in entries]
+    if offsets is None:
+        offsets, _ = token_offsets(entries, offset)
     return {
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
@@ -443,7 +451,10 @@ class Reply:
         self.want_logprobs = logprobs
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
-        self.streamed_chars = 0
+        # completions logprobs: where the next token starts in the text, counted from the tokens
+        # (text held back for a stop string comes later than its tokens' entries)
+        self.lp_offset = 0
+        self.lp_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.logprobs: list[dict[str, Any]] = []
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
@@ -469,7 +480,7 @@ class Reply:
             chunk = completion_chunk(self.id, self.model, self.created, self.echo)
             if self.want_logprobs:
                 chunk["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs, 0)
-            self.streamed_chars += len(self.echo)
+            self.lp_offset = len(self.echo)
             return self._indexed([chunk])
         return []
 
@@ -483,8 +494,8 @@ class Reply:
         if self.endpoint == "completions":
             chunk = completion_chunk(self.id, self.model, self.created, text)
             if self.want_logprobs:
-                chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.streamed_chars)
-            self.streamed_chars += len(text)
+                offsets, self.lp_offset = token_offsets(entries, self.lp_offset, self.lp_decoder)
+                chunk["choices"][0]["logprobs"] = completion_logprobs(entries, offsets=offsets)
             return [chunk] if text or entries else []
         calls: list[dict[str, Any]] = []
         if self.tool_names:

@@ -763,3 +763,36 @@ def test_a_legacy_functions_reply_is_one_function_call_streamed_or_not() -> None
     plain.add(Delta("j", "Sunny."))
     choice = plain.body(Done("j", "stop"), None)["choices"][0]  # type: ignore[arg-type]
     assert choice["finish_reason"] == "stop" and choice["message"]["content"] == "Sunny." and "function_call" not in choice["message"]
+
+
+_PIECES = [b"He", b"llo", b"\n", b" wor", b"ld", b"\xc3", b"\xa9", b"!"]  # \xc3\xa9: an "é" split over two tokens
+
+
+@given(pieces=st.lists(st.sampled_from(_PIECES), min_size=1, max_size=12), holds=st.lists(st.floats(0, 1), min_size=12, max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_streamed_completion_offsets_are_the_unstreamed_ones_however_the_text_is_held(pieces: list[bytes], holds: list[float]) -> None:
+    """The worker sends a token's logprobs when it is sampled and its text when it is released:
+    text that may begin a stop string is held, so a chunk can carry entries whose text comes in a
+    later chunk. The streamed text_offset were counted from the text sent, so every entry after
+    held text was placed too early; they are counted from the tokens now, as unstreamed."""
+    import codecs
+
+    entries = [{"token_id": i, "bytes": list(b), "logprob": -0.1, "top": []} for i, b in enumerate(pieces)]
+    decoder, available = codecs.getincrementaldecoder("utf-8")("replace"), []
+    text = ""
+    for b in pieces:
+        text += decoder.decode(b)
+        available.append(len(text))
+    released, deltas = 0, []
+    for i, entry in enumerate(entries):  # the text released with each entry: never ahead of the tokens
+        upto = len(text) if i == len(entries) - 1 else released + round(holds[i] * (available[i] - released))
+        deltas.append(Delta("j", text[released:upto], i + 1, [entry]))
+        released = upto
+    streamed = Reply("completions", "m", logprobs=True)
+    offsets = [o for d in deltas for c in streamed.delta_chunks(d) for o in c["choices"][0]["logprobs"]["text_offset"]]
+    whole = Reply("completions", "m", logprobs=True)
+    for d in deltas:
+        whole.add(d)
+    lp = whole.body(Done("j", "stop"), None)["choices"][0]["logprobs"]  # type: ignore[arg-type]
+    assert offsets == lp["text_offset"]
+    assert whole.body(Done("j", "stop"), None)["choices"][0]["text"] == text  # type: ignore[arg-type]
