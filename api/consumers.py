@@ -72,6 +72,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
+        self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first closes old database connections on Django's single sync
@@ -122,6 +123,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         finally:
             if not self.record.timing:  # no Done came (the client left, an error, a refusal): what this side saw
                 self.record.timing = self.seen_timing()
+            if not self.record.usage and self.tokens_seen:  # the tokens generated for it count, for its key too
+                self.record.usage = {"completion_tokens": sum(self.tokens_seen.values())}
             await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 await self.admission.release()
@@ -359,6 +362,7 @@ class GenerationConsumer(StreamingConsumer):
                 if isinstance(event, (Error, Rejected)):
                     raise link_error(event)
                 if isinstance(event, Delta):
+                    self.tokens_seen[event.id] = event.tokens
                     if self.first_token_s is None:
                         self.first_token_s = time.time()
                     if not request.stream:
@@ -489,6 +493,7 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
+                    self.tokens_seen[event.id] = event.tokens
                     frames = reply.delta_chunks(event)
                     if frames and (skip is None or n > skip):
                         out.append(sse(frames))
@@ -511,6 +516,7 @@ class GenerationConsumer(StreamingConsumer):
         while True:
             event = await handle.next_event()
             if isinstance(event, Delta):
+                self.tokens_seen[event.id] = event.tokens
                 if self.first_token_s is None:
                     self.first_token_s = time.time()
                 reply.add(event)

@@ -264,11 +264,13 @@ async def test_clients_dropping_after_their_first_chunk_free_every_lane_and_keep
     assert await asyncio.to_thread(activity_writer.flush)
     rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code"))
     assert len(rows) == n and set(rows) == {(200, "client_disconnected")}
-    # each row says how long its client waited, and when its first token went out if one did
-    times = await sync_to_async(list)(ActivityEntry.objects.values_list("ttft_ms", "total_ms"))
-    assert all(total is not None and total > 0 for _ttft, total in times)
-    assert all(ttft is None or 0 < ttft <= total for ttft, total in times)
-    assert 0 < sum(ttft is not None for ttft, _total in times) < n  # the two in lanes had tokens; the rest queued
+    # each row says how long its client waited, and when its first token went out if one did;
+    # the tokens generated for a client that left count too (its key's tokens on /metrics as well)
+    times = await sync_to_async(list)(ActivityEntry.objects.values_list("ttft_ms", "total_ms", "completion_tokens"))
+    assert all(total is not None and total > 0 for _ttft, total, _n in times)
+    assert all(ttft is None or 0 < ttft <= total for ttft, total, _n in times)
+    assert all((ttft is None) == (n is None) and (n is None or n >= 1) for ttft, _total, n in times)
+    assert 0 < sum(ttft is not None for ttft, _total, _n in times) < n  # the two in lanes had tokens; the rest queued
 
 
 @override_settings(SUPERFLUID_CLIENT_CONCURRENCY=0)
@@ -284,9 +286,10 @@ async def test_a_client_leaving_n_choices_mid_stream_keeps_its_first_token_time(
         await comm.wait(5)
         assert await wait_idle(slow_sim, link) == (0, 0)
     assert await asyncio.to_thread(activity_writer.flush)
-    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code", "ttft_ms", "total_ms"))
+    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("status", "error_code", "ttft_ms", "total_ms", "completion_tokens"))
     assert len(rows) == 1 and rows[0][:2] == (200, "client_disconnected")
     assert rows[0][2] is not None and 0 < rows[0][2] <= rows[0][3]
+    assert rows[0][4] is not None and rows[0][4] >= 1  # the choices' tokens so far
 
 
 @override_settings(SUPERFLUID_MAX_BATCH=2, SUPERFLUID_MAX_QUEUE=4)
