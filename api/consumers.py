@@ -129,6 +129,14 @@ class StreamingConsumer(AsyncHttpConsumer):
             if self.admission is not None:
                 await self.admission.release()
 
+    def saw_delta(self, event: Delta, *, reached_client: bool = True) -> None:
+        """Note a delta as this side saw it: its job's tokens so far and, when it is the first
+        to reach the client, the time to the first token (for the row of a request that ends
+        without the worker's Done)."""
+        self.tokens_seen[event.id] = event.tokens
+        if reached_client and self.first_token_s is None:
+            self.first_token_s = time.time()
+
     def seen_timing(self) -> dict[str, Any]:
         """The timing of a request that ended without the worker's Done (its client left, an
         error, a refusal): the time it was open and, if one came, when its first token reached
@@ -362,9 +370,7 @@ class GenerationConsumer(StreamingConsumer):
                 if isinstance(event, (Error, Rejected)):
                     raise link_error(event)
                 if isinstance(event, Delta):
-                    self.tokens_seen[event.id] = event.tokens
-                    if self.first_token_s is None:
-                        self.first_token_s = time.time()
+                    self.saw_delta(event)
                     if not request.stream:
                         reply.add(event)
                         continue
@@ -493,12 +499,11 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
-                    self.tokens_seen[event.id] = event.tokens
                     frames = reply.delta_chunks(event)
-                    if frames and (skip is None or n > skip):
+                    sent = bool(frames) and (skip is None or n > skip)  # (a resumed stream: from this server)
+                    if sent:
                         out.append(sse(frames))
-                        if self.first_token_s is None:  # (a resumed stream's first from this server)
-                            self.first_token_s = time.time()
+                    self.saw_delta(event, reached_client=sent)
                 elif isinstance(event, Done):
                     self.note_done(event)
                     frames = reply.final_chunks(event, self.usage(event) if request.include_usage else None)
@@ -516,9 +521,7 @@ class GenerationConsumer(StreamingConsumer):
         while True:
             event = await handle.next_event()
             if isinstance(event, Delta):
-                self.tokens_seen[event.id] = event.tokens
-                if self.first_token_s is None:
-                    self.first_token_s = time.time()
+                self.saw_delta(event)
                 reply.add(event)
             elif isinstance(event, (Error, Rejected)):
                 raise link_error(event)

@@ -25,7 +25,7 @@ from typing import Any
 
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
-from scheduler.core.types import Event, Job, JobState, SamplingParams
+from scheduler.core.types import Event, Job, JobState, SamplingParams, TickResult
 from scheduler.engines import chat as chat_format
 from scheduler.engines.base import Engine, EngineError
 from scheduler.link.messages import (
@@ -599,26 +599,28 @@ class EngineWorker:
                 # the pool could not hold the plan: keep what ran, release pins, plan again
                 log.warning("engine refused the plan (%s); replanning with pins released", exc)
                 self._replanned = True
-                if partial.logprobs:  # tokens sampled before the refused step carry theirs
-                    self._stash_logprobs(partial.logprobs)
-                failing = self._jobs_of(partial.failed)
-                self._process(self.scheduler.commit(partial))
-                self._fail_jobs(failing)
+                self._commit(partial)  # tokens sampled before the refused step, with their logprobs
                 self.scheduler.on_plan_rejected()
                 return True
             self._fail_running(str(exc))
             return True
         self._replanned = False
         self.stats["tick_seconds_total"] += time.perf_counter() - started
+        self._commit(result)
+        self.metrics.on_tick(plan, result)
+        active = sum(1 for j in self.scheduler.lanes if j is not None)
+        self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
+        return True
+
+    def _commit(self, result: TickResult) -> None:
+        """Commit what a tick ran: its tokens' logprobs queued on their jobs, its events sent, then
+        the jobs the engine said must end (read before the commit, which frees finished lanes)
+        ended with their error."""
         if result.logprobs:
             self._stash_logprobs(result.logprobs)
         failing = self._jobs_of(result.failed)
         self._process(self.scheduler.commit(result))
         self._fail_jobs(failing)
-        self.metrics.on_tick(plan, result)
-        active = sum(1 for j in self.scheduler.lanes if j is not None)
-        self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
-        return True
 
     def _stash_logprobs(self, logprobs: dict[int, tuple[float, list[tuple[int, float]]]]) -> None:
         """Queue each sampled token's logprobs on its job, to go out with the token's text."""
