@@ -6,6 +6,7 @@ Pure: no Django, no engine imports. Lower class value = more urgent.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class QosClass(enum.IntEnum):
@@ -58,16 +59,23 @@ PRIORITY_ALIASES: dict[str, int] = {"interactive": 100, "normal": 0, "batch": -1
 BAND_SPACING = 100
 
 
+# A signed integer in ASCII digits: Python's int() also takes "1_00", full-width and other
+# scripts' digits, which the seed's "signed integer" does not mean (and which would then pick a class).
+_SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
 def parse_priority(value: str | None) -> int:
     """Signed integer or alias; absent or unparseable means 0. Never clamped, never an error."""
     if value is None:
         return 0
-    text = value.strip().lower()
+    text = value.strip(" \t").lower()
     if text in PRIORITY_ALIASES:
         return PRIORITY_ALIASES[text]
+    if _SIGNED_INTEGER.fullmatch(text) is None:
+        return 0
     try:
         return int(text, 10)
-    except ValueError:
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
         return 0
 
 

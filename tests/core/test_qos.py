@@ -73,7 +73,9 @@ def test_a_priority_is_an_alias_or_a_signed_integer(header: str, expected: int) 
     assert qos.parse_priority(header) == expected
 
 
-@pytest.mark.parametrize("header", [None, "", "   ", "high", "1.5", "0x10", "1e3", "--5", "5 5"])
+# Python's int() reads "1_00", full-width "１００" and Arabic-Indic "٥٠" too; a header in any of
+# them would have picked the interactive class.
+@pytest.mark.parametrize("header", [None, "", "   ", "high", "1.5", "0x10", "1e3", "--5", "5 5", "1_00", "１００", "٥٠", "+-1", "9" * 5000])
 def test_absent_or_unparseable_priority_means_zero(header: str | None) -> None:
     assert qos.parse_priority(header) == 0
 
