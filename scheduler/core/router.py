@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -80,8 +81,8 @@ class RouterConfig:
             raise ValueError(f"scheduler must be serial or fifo, got {self.scheduler!r}")
         if not 0 <= self.swap_affinity_bonus <= 99:
             raise ValueError("swapAffinityBonus must be between 0 and 99")
-        if self.aging_divisor_s < 0:
-            raise ValueError("agingDivisor must be 0 (off) or positive")
+        if not (math.isfinite(self.aging_divisor_s) and self.aging_divisor_s >= 0):
+            raise ValueError("agingDivisor must be 0 (off) or a positive number")
 
 
 @dataclass(eq=False)

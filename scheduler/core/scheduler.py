@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -99,8 +100,8 @@ class SchedulerConfig:
             raise ValueError("max_batch must be at least 1")
         if not 0 <= self.swap_affinity_bonus <= 99:
             raise ValueError("swap_affinity_bonus must be between 0 and 99")
-        if self.aging_divisor_s < 0:
-            raise ValueError("aging_divisor_s must be 0 (off) or positive")
+        if not (math.isfinite(self.aging_divisor_s) and self.aging_divisor_s >= 0):
+            raise ValueError("aging_divisor_s must be 0 (off) or a positive number")
         if not 0 < self.pressure_low < self.pressure_high <= 1:
             raise ValueError("pressure watermarks need 0 < low < high <= 1")
         for qos, cap in self.class_lanes.items():

@@ -50,7 +50,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
         ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
         ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
-        ("--aging-divisor", int, 60, "request priority: seconds of waiting per score point; 0 disables aging"),
+        ("--aging-divisor", float, 60, "request priority: seconds of waiting per score point (a number, e.g. 0.5); 0 disables aging"),
         ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
         ("--no-compact-lanes", bool, False, "llama.cpp: leave running jobs in their lanes, instead of moving one into a free lane so the busy lanes decode in one pass"),
     ],

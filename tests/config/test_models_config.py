@@ -196,3 +196,29 @@ def test_serve_wires_the_fim_model_with_its_own_lanes_and_context(folder: Path) 
             call_command("serve", "--model", smol, "--fim-model", smol, *bad)
     with pytest.raises(CommandError, match="no such file"):
         call_command("serve", "--model", smol, "--fim-model", str(folder / "missing.gguf"))
+
+
+def test_a_fractional_aging_divisor_reaches_every_worker_as_the_router_has_it(folder: Path) -> None:
+    """agingDivisor 0.5 is half a second of waiting per priority point at the router and in each
+    model's worker alike (the worker flag once rounded it to 1 s)."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from scheduler.management.commands.runengine import Command as RunEngine
+    from scheduler.management.commands.serve import Command
+    from scheduler.management.options import scheduler_config
+
+    path = write(folder, "models:\n  a:\n    model: smol.gguf\n  b:\n    model: other.gguf\nrouting:\n  scheduler:\n    settings:\n      serial:\n        agingDivisor: 0.5\n")
+    cmd = Command()
+    parser = cmd.create_parser("manage.py", "serve")
+    options = vars(parser.parse_args(["--config", str(path)]))
+    cfg = cmd._models(options)
+    assert cfg is not None and cfg.router_config().aging_divisor_s == 0.5
+    setup = cmd._pool_setup(cfg, options)
+    for model in ("a", "b"):
+        argv = setup.spawn(model, None).argv
+        worker = vars(RunEngine().create_parser("manage.py", "runengine").parse_args([*argv[argv.index("runengine") + 1 :], "--link-fd", "3"]))
+        assert scheduler_config(worker).aging_divisor_s == 0.5
+    for bad in ("nan", "inf", "-1"):
+        with pytest.raises(CommandError, match="aging_divisor_s must be 0"):
+            call_command("serve", "--model", str(folder / "smol.gguf"), "--aging-divisor", bad)

@@ -302,11 +302,6 @@ class PoolWorkers:
             p.kill()
 
 
-def _int_flag(value: float) -> int:
-    """A config number for an integer runengine flag (agingDivisor 0.5 becomes 1; 0 stays off)."""
-    return 0 if value <= 0 else max(1, round(value))
-
-
 def _check_redis(url: str) -> None:
     """A wrong URL is a configuration error: say so at once. An unreachable server is not (it
     may come back): serve starts and answers 503 until it does."""
@@ -409,7 +404,7 @@ class Command(BaseCommand):
                 opts["ctx_size"] = m.ctx_size
             if m.fim:
                 opts["class_lanes"] = ""  # its lanes are its own; --class-lanes caps the main model's
-            opts["aging_divisor"] = _int_flag(cfg.aging_divisor_s)
+            opts["aging_divisor"] = cfg.aging_divisor_s  # the workers age as the router does
             opts["swap_affinity_bonus"] = cfg.swap_affinity_bonus
             try:
                 scheduler_config(opts)  # --class-lanes against this model's lanes, and so on
