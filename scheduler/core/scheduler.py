@@ -856,36 +856,61 @@ class Scheduler:
             self._decoded_tick[job.job_id] = self.tick
         self._tick_decoded += sum(1 for f in plan.feeds if f.sample)
 
+        inherited = self._inherited_classes()
+
+        def prefill_class(job: Job) -> int:
+            """The job's class, or the class it prefills the prefix a more urgent lane waits for at."""
+            cls, upto = inherited.get(job.job_id, (int(job.qos), 0))
+            return cls if job.computed < upto else int(job.qos)
+
         def prefill_order(job: Job) -> tuple[int, int, int]:
             assert job.lane is not None
             planned = self._prefill_ticks + 1  # the tick being planned, if it prefills
             idle = planned - self._last_prefill_tick.get(job.lane, planned)
             starving = idle >= self.config.starvation_ticks > 0
-            return (0 if starving else 1, int(job.qos), job.remaining_prompt)
+            return (0 if starving else 1, prefill_class(job), job.remaining_prompt)
 
         hold_below: int | None = None
         for job in sorted(prefilling, key=prefill_order):
             if budget <= 0:
                 break
-            if hold_below is not None and job.qos > hold_below:
+            if hold_below is not None and prefill_class(job) > hold_below:
                 continue
             assert job.lane is not None
             # sequence, not prompt: a job recomputed after preemption without parking re-feeds
             # its output too, and samples only after the last of it.
             remaining = len(job.sequence) - job.computed
             take = min(budget, remaining)
+            cls = prefill_class(job)
+            done = finishes = take == remaining
+            if cls < job.qos:  # only the prefix a more urgent lane waits for, which this feed may end
+                take = min(take, inherited[job.job_id][1] - job.computed)
+                finishes = take == remaining
+                done = job.computed + take == inherited[job.job_id][1]
             budget -= take
-            finishes = take == remaining
             tokens = job.sequence[job.computed : job.computed + take]
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, tokens, finishes))
-            if finishes and job.qos <= QosClass.COMPLETION and hold_below is None:
-                hold_below = int(job.qos)
+            if done and cls <= QosClass.COMPLETION and hold_below is None:
+                hold_below = cls  # the urgent prompt (or the prefix it waits for) ends: this step is its
         if hold_below is not None:
             plan.feeds = [
                 f
                 for f in plan.feeds
-                if f.is_decode or self.jobs[f.job_id].qos <= hold_below
+                if f.is_decode or prefill_class(self.jobs[f.job_id]) <= hold_below
             ]
+
+    def _inherited_classes(self) -> dict[str, tuple[int, int]]:
+        """Leader job id -> (the most urgent class among the lanes waiting for its prefix, the
+        longest prefix they wait for). A chat waiting for a background lane's system prompt
+        would otherwise wait for background's turn to prefill it: the leader prefills that much
+        at the waiter's class (priority inheritance), and the rest of its prompt at its own."""
+        inherited: dict[str, tuple[int, int]] = {}
+        for waiter in self.lanes:
+            if waiter is None or waiter.share_from is None:
+                continue
+            cls, upto = inherited.get(waiter.share_from, (int(waiter.qos), 0))
+            inherited[waiter.share_from] = (min(cls, int(waiter.qos)), max(upto, waiter.share_tokens))
+        return inherited
 
     # -- state for operators ---------------------------------------------------------
 

@@ -55,6 +55,40 @@ def test_a_follower_waits_for_the_leaders_prefix_instead_of_prefilling_it() -> N
     assert follower.computed == len(SYSTEM)
 
 
+def chat_ttft_behind_background_prefill(shares_the_system_prompt: bool) -> tuple[float, list[list[tuple[str, int, int]]]]:
+    """An agent and a background job prefill long prompts; an interactive chat arrives whose
+    system prompt is (or is not) the background job's. The chat's time to first token on the
+    simulated clock, and each tick's prefill feeds (job, start, end) while it waited."""
+    sched, engine, clock = make_scheduler(max_batch=3, initial_prefill_tokens_per_s=2000.0)
+    sched.add(make_job(3000, job_id="agent", qos=QosClass.AGENT))
+    background = make_job(3000, job_id="bg", qos=QosClass.BACKGROUND)
+    if shares_the_system_prompt:
+        background.prompt = SYSTEM + background.prompt
+    sched.add(background)
+    tick(sched, engine)
+    start = clock()
+    sched.add(shared_job("chat", max_tokens=1, qos=QosClass.INTERACTIVE))
+    feeds: list[list[tuple[str, int, int]]] = []
+    for _ in range(1000):
+        plan = sched.step()
+        feeds.append([(f.job_id, f.start_pos, f.start_pos + len(f.tokens)) for f in plan.feeds if not f.is_decode])
+        events = sched.commit(engine.execute(plan, lambda: False))
+        if any(e.job_id == "chat" and e.kind in ("token", "finished") for e in events):
+            return clock() - start, feeds
+    raise AssertionError("the chat never answered")
+
+
+def test_a_chat_waiting_for_a_background_lanes_system_prompt_waits_no_longer_than_prefilling_it_itself() -> None:
+    """The lane whose prefix a chat waits for prefills that prefix at the chat's class, and only
+    that prefix: the rest of the background prompt keeps background's turn. (It once prefilled
+    at background's turn, behind the agent: the chat waited for the whole agent prompt.)"""
+    alone, _ = chat_ttft_behind_background_prefill(False)
+    shared, feeds = chat_ttft_behind_background_prefill(True)
+    assert shared <= alone * 1.1, (shared, alone)
+    lifted = next(tick for tick in feeds if any(job == "bg" for job, *_ in tick))
+    assert lifted == [("bg", 0, len(SYSTEM))]  # the prefix alone, and nothing below the chat's class beside it
+
+
 def test_shared_prefix_output_equals_the_output_of_a_full_prefill() -> None:
     shared, eng_a, _ = make_scheduler(max_batch=4)
     alone, eng_b, _ = make_scheduler(max_batch=1, prefix_cache=False)
