@@ -154,12 +154,13 @@ class KvPool:
         self, ops: PoolOps, src_seq: int, tokens: list[int], now: float, *, pinned: bool = False, scope: str = ""
     ) -> CachedPrefix | None:
         """Copy ``tokens`` (the first len(tokens) of sequence ``src_seq``) into a cache slot,
-        evicting the least valuable device entry if every slot is taken."""
+        evicting the least valuable device entry if every slot is taken (a pinned one only to
+        store a pinned prefix: an ordinary store never displaces a pin)."""
         if len(tokens) < self.config.min_prefix_tokens or self.covered(tokens, scope):
             return None
         slot = self.free_slot()
         if slot is None:
-            victim = self._eviction_order()[:1]
+            victim = self._eviction_order(pinned_too=pinned)[:1]
             if not victim:
                 return None
             self._evict(ops, victim[0], now)
@@ -174,11 +175,11 @@ class KvPool:
     def use(self, ops: PoolOps, entry: CachedPrefix, dst_seq: int, n_tokens: int, now: float) -> bool:
         """Share ``n_tokens`` of a cached prefix into a lane, importing it from host first.
         False (nothing planned) when it is in host memory and every device slot is being filled
-        or copied from this tick."""
+        or copied from this tick, or holds a pin and ``entry`` is not pinned."""
         if not entry.on_device:
             slot = self.free_slot()
             if slot is None:
-                victims = self._eviction_order()
+                victims = self._eviction_order(pinned_too=entry.pinned)
                 if not victims:
                     return False
                 self._evict(ops, victims[0], now)
@@ -247,11 +248,13 @@ class KvPool:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _eviction_order(self) -> list[CachedPrefix]:
-        """Unpinned least recently used first; then pinned, oldest first. Never one being filled
-        or copied from this tick."""
+    def _eviction_order(self, *, pinned_too: bool = True) -> list[CachedPrefix]:
+        """Unpinned least recently used first; then (with ``pinned_too``) pinned, oldest first.
+        Never one being filled or copied from this tick."""
         device = [e for e in self.device_entries() if not e.pending and not e.held]
         unpinned = sorted((e for e in device if not e.pinned), key=lambda e: e.last_used_s)
+        if not pinned_too:
+            return unpinned
         pinned = sorted((e for e in device if e.pinned), key=lambda e: e.created_s)
         return unpinned + pinned
 

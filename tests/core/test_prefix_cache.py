@@ -181,6 +181,30 @@ def test_pinned_prefixes_yield_only_after_unpinned_ones() -> None:
     assert [e.pinned for e in sched.pool.host_entries()] == [False]
 
 
+def pin(sched: Scheduler, engine: SimEngine, job_id: str, first_token: int) -> None:
+    job = make_job(5, job_id=job_id, max_tokens=2)
+    job.prompt = [first_token] * 100 + job.prompt
+    job.pin_prefix = True
+    sched.add(job)
+    run_until_idle(sched, engine)
+
+
+def test_an_ordinary_shared_prefix_never_displaces_a_pin_but_a_newer_pin_displaces_the_oldest() -> None:
+    """Every cache slot holds a pin: two requests sharing an unpinned prefix still share it (lane
+    to lane) but it is not cached, and both pins stay in device memory. (The store once evicted
+    the oldest pin to host memory to make room.) A third pin takes the oldest pin's slot."""
+    sched, engine, clock = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=2)
+    pin(sched, engine, "pin-a", 9)
+    clock.advance(1)
+    pin(sched, engine, "pin-b", 8)
+    _fill_cache(sched, engine, 1)
+    assert sched.pool.counters["evictions"] == 0 and sched.pool.counters["prefix_hits"] >= 1
+    assert sorted(e.tokens[0] for e in sched.pool.device_entries() if e.pinned) == [8, 9]
+    pin(sched, engine, "pin-c", 7)
+    assert sorted(e.tokens[0] for e in sched.pool.device_entries()) == [7, 8]
+    assert [e.tokens[0] for e in sched.pool.host_entries()] == [9]
+
+
 def test_a_prefix_evicted_to_host_is_imported_back_by_the_next_request_that_shares_it() -> None:
     sched, engine, _ = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=1)
     _fill_cache(sched, engine, 2)  # one slot: the first prefix goes to host when the second comes
