@@ -426,7 +426,7 @@ class GenerationConsumer(StreamingConsumer):
         return responses.Reply(
             self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
-            logprobs=request.logprobs is not None, **extra,
+            logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage, **extra,
         )  # fmt: skip
 
     async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:

@@ -430,6 +430,7 @@ class Reply:
         parallel_tool_calls: bool = True,
         legacy_functions: bool = False,
         logprobs: bool = False,
+        include_usage: bool = False,
         index: int = 0,
         id: str | None = None,  # noqa: A002 - several choices of one request share the id
         created: int | None = None,
@@ -449,6 +450,9 @@ class Reply:
         self.calls_reason = "function_call" if legacy_functions else "tool_calls"
         self.muted = False  # a streamed call past max_calls: its arguments are not sent
         self.want_logprobs = logprobs
+        # stream_options.include_usage: every chunk with a choice says "usage": null (OpenAI's
+        # spec: "All other chunks will also include a usage field, but with a null value")
+        self.include_usage = include_usage
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
         # completions logprobs: where the next token starts in the text, counted from the tokens
@@ -471,6 +475,8 @@ class Reply:
         for frame in frames:
             for choice in frame.get("choices", []):
                 choice["index"] = self.index
+            if self.include_usage and frame.get("choices"):
+                frame["usage"] = None
         return frames
 
     def first_chunks(self) -> list[dict[str, Any]]:

@@ -62,6 +62,16 @@ async def test_a_chat_completion_comes_back_whole_and_as_a_well_framed_stream(si
         assert text == body["choices"][0]["message"]["content"]  # the same tokens either way
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
         assert chunks[-1]["usage"]["completion_tokens"] == 5 and chunks[-1]["choices"] == []
+        # as OpenAI's spec says: every other chunk carries "usage": null
+        assert all("usage" in c and c["usage"] is None for c in chunks[:-1])
+        for n in (1, 2):  # without include_usage no chunk has the key; n=2's choices stream apart
+            other = await request("POST", "/v1/chat/completions", chat_body(max_tokens=3, stream=True, n=n), JSON)
+            assert not any("usage" in json.loads(d) for d in other.sse_data()[:-1])
+        pair = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 3, "n": 2, "stream": True,
+                                                                    "stream_options": {"include_usage": True}}).encode(), JSON)
+        chunks = [json.loads(d) for d in pair.sse_data()[:-1]]
+        assert {c["choices"][0]["index"] for c in chunks[:-1]} == {0, 1} and all(c["usage"] is None for c in chunks[:-1])
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
 
 
 async def test_deltas_that_arrive_together_go_out_in_one_write_with_the_same_stream(sim: SimWorker) -> None:
