@@ -379,6 +379,14 @@ def _could_be_tail(text: str) -> bool:
     return TOOL_CLOSE.startswith(rest)
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 class _ArgsScanner:
     """Finds where a JSON object ends, a character at a time (strings and escapes aware)."""
 
@@ -463,6 +471,8 @@ class Reply:
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
+        self.args_text = ""  # ... and those arguments so far
+        self.calls_whole = True  # every streamed call's arguments closed and are JSON
         self.after_args = False  # a streamed call's arguments are complete: its tail is in held
         # tool mode: whitespace that may end the content, sent only once more content follows
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
@@ -525,10 +535,13 @@ class Reply:
                 n = self.args.feed(held)
                 if n and not self.muted:
                     frames.append(self._tool_chunk({"index": self.calls_sent - 1, "function": {"arguments": held[:n]}}))
+                    self.args_text += held[:n]
                 held = held[n:]
                 if self.args.depth > 0:
                     break
-                self.args, self.after_args = None, True
+                if not self.muted:
+                    self.calls_whole = self.calls_whole and _is_json(self.args_text)
+                self.args, self.after_args, self.args_text = None, True, ""
                 continue
             if self.after_args:  # the call's closing: "}" and </tool_call>
                 tail = _CALL_TAIL.match(held)
@@ -624,7 +637,10 @@ class Reply:
             if self.pending_space and not self.calls_sent:  # no call after all: the text is whole
                 frames.append(chat_chunk(self.id, self.model, self.created, content=self.pending_space))
             self.pending_space = ""
-            if self.calls_sent and reason == "stop":
+            # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
+            # string or the end of generation cut open, or that are no JSON, finishes "stop", as
+            # the same reply unstreamed does
+            if self.calls_sent and reason == "stop" and self.calls_whole and (self.args is None or self.muted):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:

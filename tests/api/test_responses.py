@@ -553,6 +553,8 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
     content, calls, _ = _assembled(sent + final)
     assert [c["choices"][0]["finish_reason"] for c in sent + final if c["choices"][0]["finish_reason"]] == [final[-1]["choices"][0]["finish_reason"]]
+    if final[-1]["choices"][0]["finish_reason"] == "tool_calls":  # what the client then parses, parses
+        assert calls and all(isinstance(json.loads(a), dict) for _, a in calls)
     whole = Reply("chat", "m", tools=[{"name": "f"}])
     for e in _events(text):
         whole.add(e)
@@ -628,6 +630,24 @@ def test_a_call_with_arguments_before_its_name_is_sent_at_the_end() -> None:
 def test_a_streamed_call_cut_by_max_tokens_ends_with_finish_reason_length() -> None:
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), ['<tool_call>\n{"name": "f", "arguments": {"a": ', '"b'], "length")
     assert _assembled(sent + final)[1] == [("f", '{"a": "b')] and final[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [['<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "'],  # a stop string cut it open
+     ['<tool_call>\n{"name": "f", "arguments": {x}}\n</tool_call>']],  # closed, but no JSON
+    ids=["cut-open", "not-json"],
+)
+def test_a_streamed_call_that_is_not_whole_finishes_stop_not_tool_calls(pieces: list[str]) -> None:
+    """tool_calls tells the client to parse the arguments: the openai package's stream helper
+    raised JSONDecodeError on a call a stop string had cut. Unstreamed, the same text is content
+    and the reply finishes stop."""
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
+    assert _assembled(sent + final)[1] and final[-1]["choices"][0]["finish_reason"] == "stop"
+    whole = Reply("chat", "m", tools=[{"name": "f"}])
+    for e in _events("".join(pieces)):
+        whole.add(e)
+    assert whole.body(Done("j", "stop"), None)["choices"][0]["finish_reason"] == "stop"  # type: ignore[arg-type]
 
 
 def test_text_after_a_streamed_calls_arguments_that_is_no_closing_is_content() -> None:
