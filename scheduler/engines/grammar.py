@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 # JSON with at most one space between tokens: llama.cpp's json.gbnf allows runs of newlines and
@@ -37,10 +38,62 @@ class GrammarError(ValueError):
     """A schema or grammar that cannot be turned into a constraint: the request's fault."""
 
 
-def _converter() -> Any:
-    from llama_cpp.llama_grammar import SchemaConverter
+# What a grammar may be, checked before llama.cpp (or llguidance) sees it. llama.cpp's GBNF parser
+# recurses once per nested group with no limit of its own: ~20,000 nested "(" crash the worker
+# (SIGSEGV, measured on 0.3.36), and a crashed worker is restarted and handed the same request.
+# x{m,n} copies x m times and adds n - m rules; a schema's minLength 30,000,000 made a 150 MB
+# grammar. The tool grammar for 40 tools is 109 KB.
+MAX_GRAMMAR_CHARS = 1 << 20
+MAX_GRAMMAR_DEPTH = 1000
+MAX_GRAMMAR_REPEAT = 10_000
+# a literal, a character class, a comment (each skipped whole), or what this check counts
+_GBNF_SCAN = re.compile(r'"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|#[^\n]*|[()]|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}')
 
-    return SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+def check_bounds(grammar: str) -> None:
+    """GrammarError unless ``grammar`` (GBNF) is at most MAX_GRAMMAR_CHARS long, nests groups
+    at most MAX_GRAMMAR_DEPTH deep and repeats (``{m,n}``) at most MAX_GRAMMAR_REPEAT times."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the grammar is {len(grammar):,} characters long; at most {MAX_GRAMMAR_CHARS:,} are allowed")
+    depth = 0
+    for m in _GBNF_SCAN.finditer(grammar):
+        token = m.group()
+        if token == "(":
+            depth += 1
+            if depth > MAX_GRAMMAR_DEPTH:
+                raise GrammarError(f"the grammar nests groups more than {MAX_GRAMMAR_DEPTH} deep")
+        elif token == ")":
+            depth -= 1
+        elif token.startswith("{"):
+            counts = [g for g in m.groups() if g]
+            if any(len(g) > 6 or int(g) > MAX_GRAMMAR_REPEAT for g in counts):
+                raise GrammarError(f"the grammar repeats an item more than {MAX_GRAMMAR_REPEAT:,} times (a length, item count or pattern bound)")
+
+
+def _compact_repetition(item: str, min_items: int, max_items: int | None, separator_rule: str | None = None, item_rule_is_literal: bool = False) -> str:
+    """``item`` min_items to max_items times (None: unbounded) as GBNF's ``{m,n}``, as llama.cpp's
+    own converter writes it: llama-cpp-python's writes max_items nested optional groups
+    (maxLength 20,000 nests 20,000 deep) and min_items copies of the item."""
+    if max_items == 0:
+        return ""
+    if min_items == 0 and max_items == 1:
+        return f"{item}?"
+    if not separator_rule:
+        if min_items == 1 and max_items is None:
+            return f"{item}+"
+        if min_items == 0 and max_items is None:
+            return f"{item}*"
+        return f"{item}{{{min_items},{'' if max_items is None else max_items}}}"
+    rest = _compact_repetition(f"({separator_rule} {item})", max(0, min_items - 1), None if max_items is None else max_items - 1)
+    result = f"{item} {rest}".rstrip()
+    return f"({result})?" if min_items == 0 else result
+
+
+def _converter() -> Any:
+    from llama_cpp import llama_grammar
+
+    llama_grammar._build_repetition = _compact_repetition  # looked up at each call
+    return llama_grammar.SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
 
 
 # llama-cpp-python's converter lets raw control characters into strings, which JSON forbids (and
@@ -193,7 +246,12 @@ def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, respons
         key = json.dumps([tools, parallel, answer], sort_keys=True)
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply") from None
-    return _cached_tools_or_format(key)
+
+
+    try:
+        return _cached_tools_or_format(key)
+    except RecursionError:
+        raise GrammarError("the JSON Schema is nested too deeply") from None
 
 
 @functools.lru_cache(maxsize=64)

@@ -555,6 +555,8 @@ class EngineWorker:
             elif grammar is None:
                 param = "response_format"
                 grammar = grammars.response_grammar(request.get("response_format"))
+            if grammar is not None:
+                grammars.check_bounds(grammar)  # before the engine's parser, which can crash on it
         except grammars.GrammarError as exc:
             raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': {exc}", param) from None
         if grammar is not None:

@@ -660,3 +660,36 @@ def test_a_lane_the_engine_fails_ends_its_job_with_an_error_after_the_tokens_it_
     run(worker)
     ends = [m for m in conn.sent if isinstance(m, (Done, Error))]
     assert len(ends) == 1 and isinstance(ends[0], Done) and ends[0].finish_reason == "length"
+
+
+# -- constraints an engine's parser cannot survive -----------------------------------------
+
+NESTED = 30_000  # llama.cpp's GBNF parser recurses per group: ~20,000 crashed the worker (SIGSEGV)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "param"),
+    [
+        ({"response_format": {"type": "json_schema", "schema": {"type": "string", "maxLength": 20_000}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "schema": {"type": "string", "minLength": 30_000_000}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "schema": {"type": "string", "pattern": "^a{0,50000}$"}}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "schema": {"type": "array", "items": {"type": "integer"}, "maxItems": 100_000}}}, "response_format"),
+        ({"response_format": {"type": "grammar", "grammar": "root ::= " + "(" * NESTED + '"a"' + ")" * NESTED}}, "response_format"),
+        ({"response_format": {"type": "grammar", "grammar": 'root ::= "a"{0,99999999999999999999}'}}, "response_format"),
+        ({"response_format": {"type": "grammar", "grammar": 'root ::= "' + "a" * (2 << 20) + '"'}}, "response_format"),
+        ({"tools": [{"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 20_000}}}}],
+          "tool_choice": "required"}, "tool_choice"),
+    ],
+    ids=["maxLength", "minLength", "pattern", "maxItems", "nested-groups", "huge-repeat", "huge-grammar", "tool-parameters"],
+)
+def test_a_constraint_that_would_crash_or_swamp_the_engine_is_a_400_and_the_worker_goes_on(constraint: dict[str, Any], param: str) -> None:
+    """Tiny bodies that made llama.cpp's parser crash the worker (a maxLength of 20,000 became
+    20,000 nested groups; the restarted worker got the same request and crashed again) or made
+    a 150 MB grammar (minLength 30,000,000) are refused before any engine parses them."""
+    worker, conn = make_worker()
+    submit(worker, conn, "bad", {"endpoint": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **constraint})
+    refused = conn.sent[-1]
+    assert isinstance(refused, Rejected) and refused.reason == "invalid_value" and refused.param == param, refused
+    submit(worker, conn, "good", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})
+    run(worker)
+    assert any(isinstance(m, Done) and m.id == "good" for m in conn.sent)

@@ -443,6 +443,18 @@ def test_a_schema_grammar_gives_json_that_fits_batched_beside_a_free_lane_and_ac
     assert run.output == whole.output
 
 
+def test_length_and_count_bounds_compile_as_repetitions_and_hold(engine: Any) -> None:
+    """A maxLength of 5,000 was 5,000 nested groups for llama.cpp's recursive parser (20,000
+    crashed the worker); written as x{m,n} it compiles on both engines, and still binds."""
+    for schema in ({"type": "string", "maxLength": 5000}, {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 5000}):
+        assert engine.check_grammar(schema_grammar(schema)) is None
+    short = SamplingParams(temperature=0.0, grammar=schema_grammar({"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 2, "maxItems": 3}))
+    run = drive(engine, [Run(0, chat(engine, "List some animals as a JSON array."), short, 40, stop_on_eog=True)])[0]
+    reply = json.loads(text_of(engine, run.output))
+    assert 2 <= len(reply) <= 3 and all(isinstance(a, str) and len(a) <= 3 for a in reply), reply
+    release(engine, 0)
+
+
 def test_a_named_tool_grammar_gives_a_call_that_parses(engine: Any) -> None:
     tools = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}]
     sampling = SamplingParams(temperature=0.8, seed=3, grammar=tool_grammar(tools, {"name": "get_weather"}, True))
