@@ -185,13 +185,17 @@ JobEvent = Accepted | Rejected | Delta | Done | Error  # what a job's handle yie
 
 def encode(message: Message) -> bytes:
     """One line of JSON. Strict: every string must be encodable UTF-8 (no lone surrogates), every
-    number finite; otherwise :class:`EncodeError` and nothing is sent."""
+    number finite, the line at most MAX_LINE_BYTES (the reader's bound: a longer line would end
+    the connection, every job on it with it); otherwise :class:`EncodeError` and nothing is sent."""
     names = _FIELDS.get(type(message)) or tuple(f.name for f in dataclasses.fields(message))
     body = {"type": message.type, **{name: getattr(message, name) for name in names}}
     try:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
+        line = json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8") + b"\n"
     except (UnicodeEncodeError, ValueError, TypeError, RecursionError) as exc:
         raise EncodeError(f"{message.type} message cannot be encoded: {exc}") from None
+    if len(line) > MAX_LINE_BYTES:
+        raise EncodeError(f"{message.type} message is {len(line):,} bytes; the link carries at most {MAX_LINE_BYTES:,}")
+    return line
 
 
 def decode(line: bytes) -> Message:

@@ -69,6 +69,20 @@ def test_a_lone_surrogate_or_a_nan_is_an_encode_error() -> None:
         m.encode(m.Submit(id="j", request={"temperature": float("nan")}))
 
 
+def test_a_message_longer_than_the_readers_bound_is_an_encode_error_for_its_job_alone() -> None:
+    """The reader ends a connection on a line over MAX_LINE_BYTES (every job on it fails): an
+    Accepted carrying the prompt logprobs of a ~43,000-token echo reached that. The sender
+    refuses it instead, and the worker's sender turns it into that job's error."""
+    from scheduler.worker.server import encode_or_error
+
+    huge = m.Delta(id="j", text="x" * m.MAX_LINE_BYTES, tokens=1)
+    with pytest.raises(m.EncodeError, match="at most"):
+        m.encode(huge)
+    error = m.decode(encode_or_error(huge))
+    assert isinstance(error, m.Error) and error.id == "j" and error.reason == m.UNENCODABLE
+    assert len(m.encode(m.Delta(id="j", text="x" * (m.MAX_LINE_BYTES - 100), tokens=1))) <= m.MAX_LINE_BYTES
+
+
 def test_an_older_worker_s_hello_and_delta_leave_the_optional_fields_unset() -> None:
     hello = m.decode(b'{"type": "hello", "model": "m", "engine": "sim", "n_lanes": 1, "lane_ctx": 64, "pid": 1}')
     assert isinstance(hello, m.Hello) and hello.n_ctx_train is None and hello.n_vocab is None
