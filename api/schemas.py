@@ -317,7 +317,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _json_value(text: str) -> Any:
+def json_value(text: str) -> Any:
     """JSON as the API reads it; ValueError for anything else. parse_constant/parse_float
     reject NaN/Infinity literals and overflowing floats, which Python's json would otherwise
     accept though they are not JSON; nesting too deep for the parser is not JSON either."""
@@ -340,7 +340,7 @@ def load_object(raw: bytes) -> dict[str, Any]:
             f"{INVALID_JSON_MESSAGE} The body is not valid UTF-8 (at byte {exc.start}).", code="invalid_json"
         ) from None
     try:
-        body = _json_value(text)
+        body = json_value(text)
     except ValueError:
         raise invalid_request(INVALID_JSON_MESSAGE, code="invalid_json") from None
     if not isinstance(body, dict):
@@ -670,7 +670,7 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if key in ("json_schema", "guided_json"):
         if isinstance(value, str):
             try:
-                value = _json_value(value)
+                value = json_value(value)
             except ValueError:
                 raise _invalid_value(key, "a JSON Schema object") from None
             check_encodable({key: value})

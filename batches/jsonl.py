@@ -5,12 +5,11 @@ line; nothing is stored. Pure: no Django."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from api.errors import ApiError
-from api.schemas import check_encodable
+from api.schemas import check_encodable, json_value
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID = 512
@@ -45,8 +44,8 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
         if len(out) >= max_lines:
             raise InvalidFile(f"The file has more than {max_lines} requests.")
         try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
+            obj = json_value(raw)  # as the API reads a body: NaN, Infinity and 1e999 are not JSON
+        except ValueError:
             raise InvalidFile("not valid JSON.", number) from None
         if not isinstance(obj, dict):
             raise InvalidFile("expected a JSON object.", number)

@@ -50,6 +50,10 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (b"[" * 100_000, "not valid JSON"),
         (line(custom_id="\ud800"), "lone surrogate"),  # the database cannot store it: was a 500 at batch create
         (line(body={"prompt": "a\udfff"}), "lone surrogate"),
+        # not JSON though Python's json reads them: the upload passed and batch create was a 500
+        (line(body={"prompt": "p", "temperature": float("nan")}), "Line 1: not valid JSON"),
+        (line(body={"prompt": "p", "temperature": float("inf")}), "Line 1: not valid JSON"),
+        (line(body={"prompt": "p"}).replace(b'"p"}', b'"p", "top_p": 1e999}'), "Line 1: not valid JSON"),
     ],
 )
 def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
