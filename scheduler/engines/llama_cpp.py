@@ -901,8 +901,8 @@ class LlamaCppEngine(LaneEngine):
         if sp.temperature <= 0.0:
             add(chain, L.llama_sampler_init_greedy())
             return chain, grammar
-        if sp.top_k > 0:
-            add(chain, L.llama_sampler_init_top_k(sp.top_k))
+        if 0 < sp.top_k < self.vocab_size:  # a larger k keeps every token: no limit (and C's int32_t
+            add(chain, L.llama_sampler_init_top_k(sp.top_k))  # would wrap 2**32 + 1 to 1: greedy)
         if sp.typical_p < 1.0:
             add(chain, L.llama_sampler_init_typical(sp.typical_p, 1))
         if sp.top_p < 1.0:

@@ -329,6 +329,13 @@ def test_seeded_sampling_repeats_per_lane_and_the_seed_matters(engine: Any, prom
     release(engine, 1, 2)
     others = drive(engine, [Run(s, prompts[1], SamplingParams(temperature=1.0, seed=s), N_TOKENS) for s in (1, 2)])
     assert any(o.output != first for o in others)
+    release(engine, 1, 2)
+    # a top_k of at least the vocabulary is no limit: 2**32 + 1 reached llama.cpp's int32_t as 1
+    # (greedy); the same seed samples the same tokens as without top_k
+    unlimited = drive(engine, [Run(s, prompts[1], SamplingParams(temperature=1.0, seed=1234, top_k=k), N_TOKENS)
+                               for s, k in ((1, engine.vocab_size), (2, 2**32 + 1))])
+    assert [u.output for u in unlimited] == [first, first]
+    release(engine, 1, 2)
 
 
 def test_top_k_one_is_greedy_and_a_repeat_penalty_breaks_a_loop(
