@@ -328,8 +328,8 @@ class GenerationConsumer(StreamingConsumer):
 
         out = []
         for sub in subs:
-            if isinstance(sub.prompt, list):
-                out.append(detokenize(await _vocab(model), sub.prompt))
+            if isinstance(sub.prompt, list):  # in a thread, as /detokenize: 128,000 ids took 0.2 s
+                out.append(await asyncio.to_thread(detokenize, await _vocab(model), sub.prompt))
             else:
                 out.append(sub.prompt or "")
         return out
