@@ -24,6 +24,7 @@ from django.http.request import split_domain_port, validate_host
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
+from scheduler.engines.chat import chat_text_chars
 from superfluid_site.serving import serving
 
 from .errors import ApiError, method_not_allowed, not_found, request_timeout, request_too_large, server_error
@@ -419,7 +420,8 @@ def check_prompt_size(request: Any, lane_ctx: int) -> None:
     param = "messages" if request.messages is not None else "prompt"
     if request.messages is not None:
         parts = len(request.messages)
-        chars = sum(len(m.get("content") or "") + len(m.get("role") or "") for m in request.messages)
+        tools = request.tools if request.tool_choice != "none" else None
+        chars = chat_text_chars(request.messages, tools, request.chat_template_kwargs)
     elif isinstance(request.prompt, list):
         parts, chars = len(request.prompt), 0
     else:

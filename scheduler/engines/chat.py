@@ -46,6 +46,16 @@ GEMMA = (
 BUILTIN_TEMPLATES = {"gemma": GEMMA, "gemma2": GEMMA, "gemma3": GEMMA, "gemma3n": GEMMA}
 
 
+
+def chat_text_chars(messages: Any, tools: Any = None, template_kwargs: Any = None) -> int:
+    """How much text a chat request gives its template, in characters of its JSON: the messages
+    whole (content, names, tool calls' arguments), the tools offered and the template's extra
+    variables. Each of them is rendered into the prompt, so each counts against the context
+    (counting the content alone let 7 MB of tool descriptions be tokenised before the refusal)."""
+    parts = [messages, tools, template_kwargs]
+    return sum(len(json.dumps(p, ensure_ascii=False, default=str)) for p in parts if p)
+
+
 def builtin_chat_template(architecture: str | None) -> str | None:
     """The template for a model that ships none, by its architecture; None: ChatML."""
     return BUILTIN_TEMPLATES.get(architecture or "")

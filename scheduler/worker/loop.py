@@ -365,7 +365,8 @@ class EngineWorker:
         if isinstance(messages, list):
             if len(messages) > limit:
                 raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens; {len(messages)} messages cannot fit in it.", "messages")
-            chars = sum(len(str(m.get("content") or "")) for m in messages if isinstance(m, dict))
+            tools = request.get("tools") if request.get("tool_choice") != "none" else None
+            chars = chat_format.chat_text_chars(messages, tools, request.get("chat_template_kwargs"))
             param = "messages"
         else:
             prompt, suffix = request.get("prompt"), request.get("suffix")

@@ -693,3 +693,16 @@ def test_a_constraint_that_would_crash_or_swamp_the_engine_is_a_400_and_the_work
     submit(worker, conn, "good", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})
     run(worker)
     assert any(isinstance(m, Done) and m.id == "good" for m in conn.sent)
+
+
+def test_tools_and_template_variables_count_against_the_context_before_anything_is_rendered() -> None:
+    """The worker's own bound (a peer of another version, or a Submit the web side did not
+    check) counts the tools and the template's variables, not only the messages' content."""
+    worker, conn = make_worker()
+    worker.engine.render_chat = lambda *a, **kw: pytest.fail("rendered")  # type: ignore[method-assign]
+    hi = [{"role": "user", "content": "hi"}]
+    tool = {"name": "f", "description": "d" * 70_000, "parameters": {"type": "object"}}
+    for extra in ({"tools": [tool]}, {"chat_template_kwargs": {"notes": "n" * 70_000}}):
+        submit(worker, conn, "big", {"endpoint": "chat", "messages": hi, "max_tokens": 3, **extra})
+        refused = conn.sent[-1]
+        assert isinstance(refused, Rejected) and refused.reason == "context_length_exceeded" and refused.param == "messages", refused

@@ -347,6 +347,14 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_the_worker_tokenises_i
         assert reply.status == 400 and reply.json()["error"]["param"] == "messages"
         ids = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [5] * 600}).encode(), JSON)
         assert ids.status == 400 and ids.json()["error"]["code"] == "context_length_exceeded"
+        # the template renders tools, tool calls' arguments and its extra variables too: each
+        # counts (7 MB of tool descriptions were tokenised before the refusal)
+        tool = {"type": "function", "function": {"name": "f", "description": "d" * 40_000, "parameters": {"type": "object"}}}
+        call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "a" * 40_000}}]}
+        for extra in ({"tools": [tool]}, {"messages": [{"role": "user", "content": "x"}, call, {"role": "tool", "tool_call_id": "c", "content": "r"}]},
+                      {"chat_template_kwargs": {"notes": "n" * 40_000}}):
+            big = await request("POST", "/v1/chat/completions", chat_body("hi", **extra), JSON)
+            assert big.status == 400 and big.json()["error"]["code"] == "context_length_exceeded", (list(extra), big.body[:300])
         assert tokenised == [] and not link.open  # none reached the worker
         assert (await request("POST", "/v1/chat/completions", chat_body("y" * 300, max_tokens=2), JSON)).status == 200
 
