@@ -231,7 +231,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     body = load_object(raw)
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
-    messages = _parse_messages(body)
+    messages = _parse_messages(body, strict, ignored)
     _check_chat_unsupported(body)
     max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
     max_completion = _opt_int(
@@ -414,7 +414,11 @@ def _unknown_keys(body: Mapping[str, Any], allowed: frozenset[str], strict: bool
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _parse_messages(body: Mapping[str, Any], strict: bool = False, ignored: list[str] | None = None) -> list[dict[str, Any]]:
+    """The chat's messages, normalised. A key a message may not have is ignored and named once
+    in ``ignored`` as ``messages.key`` (clients send their own: CodeCompanion an ``id``, others
+    ``reasoning_content`` or ``audio: null``, all of which OpenAI accepts); with ``strict`` it is
+    a 400 ``unknown_parameter`` naming the message."""
     messages = body.get("messages")
     if messages is None:
         raise _missing("messages")
@@ -428,7 +432,10 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
-        msg = _parse_message(m, i)
+        msg = _parse_message(m, i, strict)
+        for key in msg.pop("unknown_keys", ()):
+            if ignored is not None and f"messages.{key}" not in ignored:
+                ignored.append(f"messages.{key}")
         if msg.pop("legacy_result", False):
             # a legacy function result answers the call of its name that the assistant turn
             # before it made (a legacy turn has one call: call_0)
@@ -439,17 +446,24 @@ def _parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _parse_message(msg: Any, i: int) -> dict[str, Any]:
+def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise _invalid_type(where, "an object")
-    for key in msg:
-        if key not in _MESSAGE_KEYS:
-            raise invalid_request(
-                f"Unrecognized request argument supplied: {where}.{key}",
-                param=f"{where}.{key}",
-                code="unknown_parameter",
-            )
+    unknown = [key for key in msg if key not in _MESSAGE_KEYS]
+    if strict and unknown:
+        raise invalid_request(
+            f"Unrecognized request argument supplied: {where}.{unknown[0]}",
+            param=f"{where}.{unknown[0]}",
+            code="unknown_parameter",
+        )
+    out = _parse_known_message(msg, where)
+    if unknown:
+        out["unknown_keys"] = unknown
+    return out
+
+
+def _parse_known_message(msg: dict[str, Any], where: str) -> dict[str, Any]:
     role = msg.get("role")
     if role is None:
         raise _missing(f"{where}.role")
