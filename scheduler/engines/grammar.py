@@ -135,7 +135,48 @@ def schema_grammar(schema: Any) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _cached_schema_grammar(schema_text: str) -> str:
-    return _format(_schema_rules(_bounded_integers(json.loads(schema_text)), ""))
+    return _format(_schema_rules(_bounded_integers(_rooted(json.loads(schema_text))), ""))
+
+
+def _rooted(schema: Any) -> Any:
+    """``schema`` with the two root forms the converter cannot take made plain: a root ``$ref``
+    into the schema's own ``$defs`` (what pydantic writes for a self-referencing model) is
+    inlined beside them, and ``#`` (root recursion, OpenAI's own example of a recursive schema)
+    points at a copy of the root kept in ``$defs``."""
+    if not isinstance(schema, dict):
+        return schema
+    for _ in range(8):  # a root $ref to a def that is itself a $ref, a few deep
+        ref = schema.get("$ref")
+        if not (isinstance(ref, str) and ref.count("/") == 2 and ref.split("/")[1] in ("$defs", "definitions")):
+            break
+        _, where, name = ref.split("/")
+        target = schema.get(where, {}).get(name) if isinstance(schema.get(where), dict) else None
+        if not isinstance(target, dict):
+            break
+        schema = {**{k: v for k, v in schema.items() if k != "$ref"}, **{k: v for k, v in target.items() if k not in ("$defs", "definitions")}}
+    if not _refers_to_root(schema):
+        return schema
+    defs = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
+    name = next(n for n in (f"RootSchema{i or ''}" for i in range(len(defs) + 1)) if n not in defs)
+    body = _root_ref_to(schema, f"#/$defs/{name}")
+    return {**body, "$defs": {**defs, name: {k: v for k, v in body.items() if k != "$defs"}}}
+
+
+def _refers_to_root(node: Any) -> bool:
+    if isinstance(node, list):
+        return any(_refers_to_root(v) for v in node)
+    return isinstance(node, dict) and (node.get("$ref") == "#" or any(_refers_to_root(v) for v in node.values()))
+
+
+def _root_ref_to(node: Any, at: str) -> Any:
+    if isinstance(node, list):
+        return [_root_ref_to(v, at) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _root_ref_to(v, at) for k, v in node.items()}
+    if out.get("$ref") == "#":
+        out["$ref"] = at
+    return out
 
 
 MAX_INTEGER_ENUM = 1024
@@ -208,7 +249,7 @@ def calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     defs, calls = {}, []
     for i, tool in enumerate(tools):
         name = f"args{i}"
-        defs[name] = _rebased(tool.get("parameters") or {"type": "object", "properties": {}}, f"#/$defs/{name}")
+        defs[name] = _rebased(_rooted(tool.get("parameters") or {"type": "object", "properties": {}}), f"#/$defs/{name}")
         calls.append(call_schema({"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}))
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {**schema, "$defs": defs}
@@ -258,7 +299,7 @@ def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, respons
 def _cached_tools_or_format(key: str) -> str:
     tools, parallel, answer = json.loads(key)
     conv = _schema_rules(calls_schema(tools), "call")
-    _schema_rules(_bounded_integers(answer), "answer", conv)
+    _schema_rules(_bounded_integers(_rooted(answer)), "answer", conv)
     conv._add_rule("root", f"{_calls_rule(parallel)} | answer")
     return _format(conv)
 

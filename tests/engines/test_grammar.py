@@ -7,6 +7,7 @@ import json
 import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from scheduler.engines.grammar import (
     response_grammar,
     schema_grammar,
     tool_grammar,
+    tools_or_format_grammar,
 )
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -80,3 +82,37 @@ def test_integer_bounds_are_enforced_as_an_enum_when_the_range_is_small() -> Non
     age = next(line for line in g.splitlines() if line.startswith("age ::="))
     assert '"150"' in age and '"151"' not in age and '"-' not in age
     assert schema_grammar({"type": "integer", "minimum": 5, "exclusiveMaximum": 8}).splitlines()[0] == 'root ::= "5" | "6" | "7"'
+
+
+# OpenAI's own recursive-schema example (root recursion, "#") and what pydantic writes for a
+# self-referencing model (a root $ref into $defs): both were 400s as a response_format
+UI = {"type": "object", "properties": {"type": {"type": "string", "enum": ["div", "button"]}, "label": {"type": "string"},
+                                       "children": {"type": "array", "items": {"$ref": "#"}}},
+      "required": ["type", "label", "children"], "additionalProperties": False}
+NODE = {"$defs": {"Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}},
+                           "required": ["v"]}}, "$ref": "#/$defs/Node"}
+
+
+def rules_of(grammar: str) -> tuple[set[str], set[str]]:
+    """(rules defined, rule names referenced) in a GBNF grammar."""
+    defined, used = set(), set()
+    for line in grammar.splitlines():
+        name, sep, body = line.partition("::=")
+        if not sep:
+            continue
+        defined.add(name.strip())
+        body = re.sub(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]', " ", body)  # literals and classes
+        used |= set(re.findall(r"[A-Za-z][A-Za-z0-9-]*", body))
+    return defined, used
+
+
+@pytest.mark.parametrize("schema", [UI, NODE], ids=["root-recursion", "root-ref-into-defs"])
+def test_recursive_schemas_convert_wherever_they_are_used_and_every_rule_is_defined(schema: dict[str, Any]) -> None:
+    tool = [{"name": "f", "parameters": schema}]
+    for grammar in (schema_grammar(schema), tool_grammar(tool, "required", True),
+                    tools_or_format_grammar(tool, True, {"type": "json_schema", "schema": schema})):
+        defined, used = rules_of(grammar)
+        assert used <= defined, used - defined
+    recursive = schema_grammar(schema)
+    rule = "RootSchema" if schema is UI else "Node"
+    assert re.search(rf"^{rule} ::=", recursive, re.M) and re.search(rf"::= .*\b{rule}\b", recursive)  # it refers to itself
