@@ -31,6 +31,19 @@ def test_warning_drops_host_prefixes_evicts_a_round_and_suspends_host_moves() ->
     assert sched.snapshot()["counters"]["os_pressure_warning"] == 1
 
 
+def test_critical_pressure_leaves_a_batch_invariant_lane_running() -> None:
+    """A batch-invariant lane is never preempted, by a class or by memory pressure."""
+    sched, engine, _ = make_scheduler(max_batch=2)
+    sched.add(make_job(job_id="bi", qos=QosClass.BACKGROUND, max_tokens=50, batch_invariant=True))
+    tick(sched, engine)
+    tick(sched, engine)
+    lane = sched.jobs["bi"].lane
+    assert lane is not None and not sched.jobs["bi"].prefilling
+    sched.on_os_pressure("critical")
+    plan = sched.step()
+    assert plan.release == [] and sched.jobs["bi"].lane == lane
+
+
 def test_critical_also_preempts_decoding_background_lanes_but_not_others() -> None:
     sched, engine, clock = make_scheduler(max_batch=3)
     sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=50))
