@@ -4,7 +4,7 @@ Inside a class a job's *score* is ``priority + swap affinity + waited_s / aging_
 (request-priority seed): higher scores go first, equal scores in arrival order. Aging is
 unbounded, so low-priority work cannot starve; with equal priorities the older job always has
 the higher score, which is plain FIFO. A preempted job goes back to the *head* of its class,
-ahead of every score. Across classes the scheduler picks the head with the best *effective*
+ahead of every score. Across classes the scheduler picks the job with the best *effective*
 class: a job that has waited ``starvation_ticks`` ticks rises one class per period waited
 (never above interactive). A tick here is the seed's busy tick, ``--tick-target-ms`` (2 s by
 default) of waiting: aging only matters while every lane is busy, and llama.cpp and MLX cut
@@ -109,12 +109,15 @@ class ClassQueues:
         now: float = 0.0,
         keep: Callable[[Job], bool] | None = None,
     ) -> Job | None:
-        """The head of the best (effective) class among classes in ``allowed``; ``keep``
-        filters jobs out of consideration (e.g. those blocked by a waiting batch-invariant job)."""
-        heads = [h for c in allowed if (h := self.head(c, now, keep)) is not None]
-        if not heads:
+        """The job of the best effective class among classes in ``allowed``, in score order
+        inside it; ``keep`` filters jobs out of consideration (e.g. those blocked by a waiting
+        batch-invariant job). Every queued job ages, not only each queue's head: an old job
+        behind a newer one of higher priority rises as its wait says (it once surfaced only
+        when priority aging made it the head, after about 100 minutes for 100 points)."""
+        jobs = [j for c in allowed for j in self._queues[c] if keep is None or keep(j)]
+        if not jobs:
             return None
-        return min(heads, key=lambda j: (self.effective_class(j, now), self._rank(j, now)))
+        return min(jobs, key=lambda j: (self.effective_class(j, now), self._rank(j, now)))
 
     def best_by_own_class(
         self, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None = None

@@ -140,6 +140,23 @@ def test_a_background_job_that_waited_a_starvation_period_overtakes_a_later_agen
     assert starved_background_then_agent(wait_s=8.5) == ["bg", "agent"]
 
 
+def test_a_job_ages_out_of_its_class_even_behind_a_newer_one_of_higher_priority() -> None:
+    """Every queued job rises a class per aging period, not only its queue's head: an old
+    background job behind a newer background job of priority 100 overtakes a later agent once
+    its wait lifts it above agent (it used to wait until priority aging made it the head)."""
+    sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=8, tick_target_ms=2000)
+    sched.add(make_job(max_tokens=10_000, job_id="busy"))
+    tick(sched, engine)
+    old = make_job(qos=QosClass.BACKGROUND, job_id="old")
+    sched.add(old)
+    clock.advance(40.0)  # two 16 s periods: background -> agent -> completion
+    for job in (make_job(qos=QosClass.BACKGROUND, priority=100, job_id="new"), make_job(job_id="agent")):
+        sched.add(job)
+    now = clock()
+    assert sched.queues.head(QosClass.BACKGROUND, now).job_id == "new"  # type: ignore[union-attr]
+    assert sched.queues.best(set(QosClass), now).job_id == "old"  # type: ignore[union-attr]
+
+
 def test_the_aging_period_is_starvation_ticks_busy_ticks_of_tick_target_ms() -> None:
     # 4 ticks of 250 ms: a 1 s period
     assert starved_background_then_agent(wait_s=0.9, tick_target_ms=250, join_s=0.3) == ["agent", "bg"]
