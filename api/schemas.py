@@ -594,8 +594,12 @@ def _parse_chat_logprobs(body: Mapping[str, Any], req: GenerationRequest) -> Non
 
 
 def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
-    """``tools``/``tool_choice`` (or the legacy ``functions``/``function_call``)."""
+    """``tools``/``tool_choice`` (or the legacy ``functions``/``function_call``). Where both
+    spellings are sent, the current one is used and the legacy one named as ignored."""
     tools_key = "tools" if body.get("tools") is not None else "functions"
+    for current, legacy in (("tools", "functions"), ("tool_choice", "function_call")):
+        if body.get(current) is not None and body.get(legacy) is not None and legacy not in req.ignored:
+            req.ignored.append(legacy)
     raw = body.get(tools_key)
     tools: list[dict[str, Any]] = []
     if raw is not None:

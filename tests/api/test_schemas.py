@@ -323,6 +323,10 @@ def test_legacy_functions_ask_for_a_legacy_reply_of_one_call() -> None:
     tools = chat(tools=[TOOL])
     assert not tools.legacy_functions and tools.parallel_tool_calls
     assert not chat(functions=[]).legacy_functions  # no functions: a plain reply
+    # both spellings: the current one is used, the legacy one named as ignored (it was dropped silently)
+    both = chat(tools=[TOOL], functions=[{"name": "g"}], tool_choice="auto", function_call={"name": "nowhere"})
+    assert [t["name"] for t in both.tools or []] == ["f"] and not both.legacy_functions and both.tool_choice == "auto"
+    assert both.ignored == ["functions", "function_call"]
 
 
 @pytest.mark.parametrize(
