@@ -665,6 +665,9 @@ def test_a_lane_the_engine_fails_ends_its_job_with_an_error_after_the_tokens_it_
 # -- constraints an engine's parser cannot survive -----------------------------------------
 
 NESTED = 30_000  # llama.cpp's GBNF parser recurses per group: ~20,000 crashed the worker (SIGSEGV)
+DEEP: dict[str, Any] = {"type": "string"}
+for _ in range(400):  # deeper than the converter's recursion takes (the limit, not the body, refuses it)
+    DEEP = {"type": "object", "properties": {"x": DEEP}}
 
 
 @pytest.mark.parametrize(
@@ -679,8 +682,11 @@ NESTED = 30_000  # llama.cpp's GBNF parser recurses per group: ~20,000 crashed t
         ({"response_format": {"type": "grammar", "grammar": 'root ::= "' + "a" * (2 << 20) + '"'}}, "response_format"),
         ({"tools": [{"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 20_000}}}}],
           "tool_choice": "required"}, "tool_choice"),
+        # beside tools (tool_choice auto) a schema too deep for the converter was a 500
+        ({"tools": [{"name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
+          "response_format": {"type": "json_schema", "schema": DEEP}}, "response_format"),
     ],
-    ids=["maxLength", "minLength", "pattern", "maxItems", "nested-groups", "huge-repeat", "huge-grammar", "tool-parameters"],
+    ids=["maxLength", "minLength", "pattern", "maxItems", "nested-groups", "huge-repeat", "huge-grammar", "tool-parameters", "deep-beside-tools"],
 )
 def test_a_constraint_that_would_crash_or_swamp_the_engine_is_a_400_and_the_worker_goes_on(constraint: dict[str, Any], param: str) -> None:
     """Tiny bodies that made llama.cpp's parser crash the worker (a maxLength of 20,000 became
