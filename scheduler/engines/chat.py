@@ -52,8 +52,13 @@ def chat_text_chars(messages: Any, tools: Any = None, template_kwargs: Any = Non
     whole (content, names, tool calls' arguments), the tools offered and the template's extra
     variables. Each of them is rendered into the prompt, so each counts against the context
     (counting the content alone let 7 MB of tool descriptions be tokenised before the refusal)."""
-    parts = [messages, tools, template_kwargs]
-    return sum(len(json.dumps(p, ensure_ascii=False, default=str)) for p in parts if p)
+    chars = 0
+    for part in (messages, tools, template_kwargs):
+        try:
+            chars += len(json.dumps(part, ensure_ascii=False, default=str)) if part else 0
+        except (ValueError, RecursionError):  # not JSON the link carries: refused there, by name
+            pass
+    return chars
 
 
 def builtin_chat_template(architecture: str | None) -> str | None:
