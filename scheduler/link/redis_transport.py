@@ -5,9 +5,11 @@ Nothing here is a queue of our own: Redis holds the state and Lua scripts (``lua
 atomically, with Redis ``TIME`` as the one clock.
 
 - A head *enqueues* a job (``enqueue.lua``): a hash ``job:ID`` and a member in the sorted set of
-  its class, ``q:C``, scored so that the set's order is one worker's order inside a class.
-- A worker with a free lane *picks* (``pick.lua``): the best head over the classes its per-class
-  lane caps allow, with starvation aging across classes, in one step, so the order is global
+  its class, ``q:C``, scored so that the set's order is one worker's order inside a class (and in
+  ``qa:C``, by arrival, where the oldest is found).
+- A worker with a free lane *picks* (``pick.lua``): the best job over the classes its per-class
+  lane caps allow (each class's first by score and its oldest), with starvation aging across
+  classes, in one step, so the order is global
   across heads and no two workers take the same job. The job is then *leased* to the worker
   (``leases``, renewed by ``renew.lua``) under a new *epoch*.
 - A worker *emits* a job's messages (``emit.lua``) to one Redis Stream per job, ``s:ID``

@@ -77,6 +77,22 @@ def test_starvation_aging_lifts_a_long_waiting_class(s: Scripts, client: redis.R
     assert pick(s, prefix, 2, starvation_s=3) == ["agent", "bg2"]
 
 
+def test_an_old_job_rises_even_behind_a_newer_one_of_higher_priority(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """Class aging weighs every queued job, as a worker's own queues do: an old background job
+    behind a newer background job of priority 100 overtakes a later agent once its wait lifts it
+    (only each class's first job by score used to be compared)."""
+    enqueue(s, prefix, "old", 3)
+    client.hincrby(prefix + "job:old", "arrival", -10_000)  # waited 10 s: three periods of 3 s
+    enqueue(s, prefix, "new", 3, 100)
+    enqueue(s, prefix, "agent", 2)
+    assert pick(s, prefix, 1, starvation_s=3) == ["old"]
+    assert pick(s, prefix, 2, starvation_s=3) == ["agent", "new"]
+    assert client.zcard(prefix + "qa:3") == 0 and client.zcard(prefix + "qa:2") == 0  # the index follows the queue
+    enqueue(s, prefix, "gone", 2)
+    s.cancel([prefix, "gone"])
+    assert client.zcard(prefix + "qa:2") == 0
+
+
 def test_a_job_given_back_after_a_loss_goes_first_in_its_class(s: Scripts, client: redis.Redis, prefix: str) -> None:
     enqueue(s, prefix, "lost", 2)
     assert pick(s, prefix, 1) == ["lost"]

@@ -13,6 +13,7 @@ if cur[1] == false then
 end
 if cur[1] == "q" then
   redis.call("ZREM", p .. "q:" .. cur[3], cur[4])
+  redis.call("ZREM", p .. "qa:" .. cur[3], cur[4])
 end
 redis.call("DEL", jk)
 redis.call("ZREM", p .. "leases", id)

@@ -50,5 +50,6 @@ redis.call("HSET", jk, "data", data, "qos", qos, "prio", prio, "arrival", arriva
   "worker", "", "epoch", epoch, "head", head, "member", member, "requeued", requeue and 1 or 0)
 redis.call("EXPIRE", jk, 86400)
 redis.call("ZADD", p .. "q:" .. qos, score, member)
+redis.call("ZADD", p .. "qa:" .. qos, arrival, member)  -- arrival order: pick.lua finds the oldest
 redis.call("PUBLISH", p .. "new", qos)
 return epoch

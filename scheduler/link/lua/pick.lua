@@ -3,7 +3,9 @@
 --       cap0..cap3, use0..use3
 -- Class order under per-class lane caps (a class at its cap on this worker is skipped); a job
 -- that has waited starvation_s rises one class per period waited (never above interactive);
--- inside a class the sorted set's order (requeued first, then score, then arrival). With a
+-- inside a class the sorted set's order (requeued first, then score, then arrival). Two jobs of
+-- each class are candidates: the first by score and the oldest (qa:C, by arrival), which has
+-- risen the most, so an old job behind a newer one of higher priority still rises. With a
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
 -- interactive or completion jobs of a class above the floor are taken, and only when no live
 -- worker has a free lane (that worker takes it without preempting anyone).
@@ -35,9 +37,22 @@ for _ = 1, n do
     local allowed = use[c] < caps[c]
     if floor < 4 and (c > 1 or c >= floor) then allowed = false end
     if allowed then
+      local candidates = {}
       local head = redis.call("ZRANGE", p .. "q:" .. c, 0, 0, "WITHSCORES")
       if #head > 0 then
-        local member, score = head[1], tonumber(head[2])
+        table.insert(candidates, {head[1], tonumber(head[2])})
+        local oldest = redis.call("ZRANGE", p .. "qa:" .. c, 0, 0)
+        if #oldest > 0 and oldest[1] ~= head[1] then
+          local score = redis.call("ZSCORE", p .. "q:" .. c, oldest[1])
+          if score then
+            table.insert(candidates, {oldest[1], tonumber(score)})
+          else
+            redis.call("ZREM", p .. "qa:" .. c, oldest[1])  -- left the queue another way
+          end
+        end
+      end
+      for _, cand in ipairs(candidates) do
+        local member, score = cand[1], cand[2]
         local id = string.sub(member, 18)
         local arrival = tonumber(redis.call("HGET", p .. "job:" .. id, "arrival") or now_ms)
         local eff = c
@@ -56,6 +71,7 @@ for _ = 1, n do
   if best == nil then break end
   local jk = p .. "job:" .. best
   redis.call("ZREM", p .. "q:" .. best_c, best_key[3])
+  redis.call("ZREM", p .. "qa:" .. best_c, best_key[3])
   local epoch = redis.call("HINCRBY", jk, "epoch", 1)
   redis.call("HSET", jk, "state", "run", "worker", worker)
   redis.call("ZADD", p .. "leases", now_ms + lease_ms, best)
