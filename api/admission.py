@@ -42,6 +42,7 @@ from keys.limits import parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy
 from scheduler.aio import spawn
 from scheduler.core.qos import (
+    BAND_SPACING,
     PRIORITY_ALIASES,
     QosClass,
     UnknownQosClass,
@@ -108,6 +109,17 @@ class Admission:
     @property
     def band(self) -> str:
         return band_of(self.priority)
+
+    def run_in(self, qos: QosClass) -> None:
+        """Run in ``qos`` whatever was asked (a batch line runs at background), the priority moved
+        into that class's band if it was above it, keeping its place relative to its own band's
+        anchor (a key's tier offset): the router orders and swaps models by priority alone, so a
+        batch line at a normal-band priority would have competed with agents."""
+        self.qos = qos
+        if class_of_priority(self.priority) < qos:
+            anchor = clamp_to_policy(qos)
+            own_anchor = BAND_SPACING * round(self.priority / BAND_SPACING)
+            self.priority = within_band(anchor + self.priority - own_anchor, band_of(anchor))
 
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
@@ -219,6 +231,13 @@ def clamp_priority(priority: int) -> int:
     return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
 
 
+def within_band(priority: int, band: str) -> int:
+    """``priority`` moved to the nearest value inside ``band`` (see ``band_of``)."""
+    low, high = {"interactive": (BAND_SPACING // 2, PRIORITY_LIMIT), "normal": (1 - BAND_SPACING // 2, BAND_SPACING // 2 - 1),
+                 "batch": (-PRIORITY_LIMIT, -(BAND_SPACING // 2))}[band]
+    return max(low, min(high, priority))
+
+
 def clamp_to_policy(max_class: QosClass) -> int:
     """The priority a header in a band above ``max_class`` is clamped to: the anchor of the best
     band whose class the key may have (the header alone never makes a 403)."""
@@ -290,7 +309,9 @@ async def admit(
             "x-superfluid-qos",
         )
     if policy is not None:
-        priority = clamp_priority(priority + policy.priority_offset)
+        # the tier offset orders work inside the band, never across one (request-priority seed):
+        # a header of 49 plus +39 stays normal, -50 plus +39 stays batch
+        priority = within_band(clamp_priority(priority + policy.priority_offset), band_of(priority))
 
     batch_invariant = wants_batch_invariant(headers)
     if batch_invariant and not (serving().http_allow_batch_invariant or (policy is not None and policy.allow_batch_invariant)):

@@ -208,7 +208,7 @@ class GenerationConsumer(StreamingConsumer):
             return
         self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
         if self.scope.get("superfluid.qos") is not None:
-            admission.qos = self.scope["superfluid.qos"]
+            admission.run_in(self.scope["superfluid.qos"])
         qos, priority = admission.qos, admission.priority
         self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
             admission.key_name, qos.label, priority, admission.band

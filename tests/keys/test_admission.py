@@ -168,13 +168,27 @@ async def test_without_a_policy_the_server_defaults_hold() -> None:
     assert admission.qos is QosClass.INTERACTIVE  # the seed's warning: lock the header down with policies
 
 
-@pytest.mark.parametrize(("header", "offset", "priority", "band"), [(None, 2, 2, "normal"), ("batch", 2, -98, "batch"), ("interactive", -39, 61, "interactive"), ("-100", 39, -61, "batch")])
+# off the anchors too: 49 + 39 and -50 + 39 crossed into the next band (the clamp looked at the header alone)
+@pytest.mark.parametrize(("header", "offset", "priority", "band"), [(None, 2, 2, "normal"), ("batch", 2, -98, "batch"), ("interactive", -39, 61, "interactive"), ("-100", 39, -61, "batch"),
+                                                                    ("49", 39, 49, "normal"), ("-50", 39, -50, "batch"), ("50", -39, 50, "interactive"), ("-49", -39, -49, "normal")])
 async def test_the_tier_offset_is_added_to_the_priority_without_crossing_a_band(header: str | None, offset: int, priority: int, band: str) -> None:
     p = Policy(name="tier", default_class=QosClass.AGENT, max_class=QosClass.INTERACTIVE, priority_offset=offset)
     rt = runtime(key("sf-k", "k", p))
     headers = bearer("sf-k", **({"x-llamaswap-priority": header} if header else {}))
     admission = await admit(headers, IP, chat(), runtime=rt)
     assert admission.priority == priority and admission.band == band
+
+
+@pytest.mark.parametrize(("header", "offset", "priority"), [(None, 2, -98), ("interactive", 0, -100), ("49", 0, -51), ("-100", 1, -99)])
+async def test_a_batch_line_runs_at_background_and_in_the_batch_band(header: str | None, offset: int, priority: int) -> None:
+    """A batch line runs at background whatever its key's policy; its priority moves into the
+    batch band too, keeping its tier offset (it stayed in the normal band, where the several-
+    models router, which orders by priority alone, ranked it with agent requests)."""
+    p = Policy(name="tier", default_class=QosClass.AGENT, max_class=QosClass.INTERACTIVE, priority_offset=offset)
+    rt = runtime(key("sf-k", "k", p))
+    admission = await admit(bearer("sf-k", **({"x-llamaswap-priority": header} if header else {})), IP, chat(), runtime=rt)
+    admission.run_in(QosClass.BACKGROUND)
+    assert (admission.qos, admission.priority, admission.band) == (QosClass.BACKGROUND, priority, "batch")
 
 
 async def test_fill_in_the_middle_runs_as_completion_whatever_the_key_asks() -> None:
