@@ -206,14 +206,16 @@ class KeyRuntime:
         """The snapshot, after the first load has finished. When a change was committed in this
         process (the admin) and not yet read, read it first: the next request sees it."""
         self.start()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), timeout_s)
+        if not self.loaded.is_set():  # asyncio.timeout: wait_for can swallow a cancel (transport.py)
+            async with asyncio.timeout(timeout_s):
+                await self.loaded.wait()
         # A poke not yet read, or one the watcher has just taken and is reading now (it clears
         # the poke before its read): either way this request waits for that read.
         if self.watch and (self.poke.is_set() or self._lock.locked()):
             self.poke.clear()
             with contextlib.suppress(Exception):  # the watcher logs failures and tries again
-                await asyncio.wait_for(self.refresh(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.refresh()
         return self.snapshot
 
     async def stop(self) -> None:

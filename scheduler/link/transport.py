@@ -132,8 +132,14 @@ class Transport(ABC):
 
     async def wait_connected(self, timeout_s: float) -> bool:
         self.start()
+        if self._connected.is_set():
+            return True
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that lands as
+        # the wait completes, and a client's disconnect right after its body was then lost (its
+        # job ran to the end, holding its key's concurrency slot)
         try:
-            await asyncio.wait_for(self._connected.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
         except TimeoutError:
             return False
         return True

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from scheduler.engines.base import TickPlan, TickResult
 from scheduler.engines.sim import SimEngine
 from scheduler.link.inprocess import InProcessTransport
@@ -213,3 +215,18 @@ async def test_a_job_cancelled_while_a_restarted_worker_gets_the_resubmissions_i
     sent = [(type(m).__name__, m.id) for m in link.sent]
     assert sent == [("Submit", jobs[0].job_id), ("Cancel", jobs[2].job_id), ("Submit", late.job_id), ("Submit", jobs[1].job_id)]
     assert all(isinstance(m, (Submit, Cancel)) for m in link.sent)
+
+
+async def test_a_cancel_that_lands_as_the_worker_connects_is_not_lost() -> None:
+    """A client that disconnects right after its body cancels its request while the request
+    waits for the worker. Python 3.11's wait_for returned the wait's result when the cancel
+    landed as the wait completed: the request went on, its job ran to the end and held the
+    key's concurrency slot (a 429 for that key's next request)."""
+    link = transport()
+    link.start = lambda: None  # type: ignore[method-assign]  # nothing connects but this test
+    waiting = asyncio.create_task(link.wait_connected(10))
+    await asyncio.sleep(0)  # the task now waits for the connection
+    link._connected.set()
+    waiting.cancel()  # in the same turn of the loop as the connection
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
