@@ -94,6 +94,11 @@ class KeyPolicy(models.Model):
                 f"The offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}, so that with the swap "
                 f"affinity bonus ({SWAP_AFFINITY_BONUS}) it stays below half the band spacing ({BAND_SPACING})."
             )
+        from .policyfile import file_keys
+
+        if self.name in {k.policy.name for k in file_keys().values() if k.policy is not None}:
+            # limits and the prefix-cache scope go by the policy's name: two tenants would share them
+            errors["name"] = f"{self.name} is the name of a policy in the --key-policy file."
         if errors:
             raise ValidationError(errors)
 
@@ -134,6 +139,11 @@ class ApiKey(models.Model):
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
         if self.name in RESERVED_KEY_NAMES:
             raise ValidationError({"name": f"{self.name} is what /metrics calls requests made without a key."})
+        from .policyfile import file_keys
+
+        if self.name in {k.name for k in file_keys().values()}:
+            # limits, slots, metrics, files and batches go by the key's name: two holders would share them
+            raise ValidationError({"name": f"{self.name} is the name of a key in the --key-policy file."})
 
 
 class ClassLaneCap(models.Model):

@@ -111,13 +111,24 @@ def load_snapshot() -> Snapshot:
             if policy is None:
                 policy = policies[row.policy.pk] = policy_of(row.policy)
         keys[row.digest] = Key(id=row.pk, name=row.name, digest=row.digest, policy=policy, expires=row.expires, revoked=row.revoked)
+    from .models import KeyPolicy
     from .policyfile import file_keys
 
     from_file = file_keys()
     static = static_key(from_file)
     if static is not None:  # the database's keys win
         keys.setdefault(static.digest, static)
+    # limits, concurrency slots, the prefix-cache scope, metrics, files and batches go by key and
+    # policy names: a file key that shares either with the database's would share all of them
+    # with another holder. The admin refuses such names; one made before the file named it is
+    # left out here, loudly.
+    taken = {k.name for k in keys.values()}
+    db_policies = set(KeyPolicy.objects.values_list("name", flat=True))
     for digest, key in from_file.items():  # --key-policy FILE: the database's keys win
+        clash = key.name in taken or (key.policy is not None and key.policy.name in db_policies)
+        if clash and digest not in keys:
+            log.error("the --key-policy file's key %r is not loaded: its name or its policy's is an admin key's or policy's", key.name)
+            continue
         keys.setdefault(digest, key)
     caps: dict[str, dict[QosClass, int]] = {}
     for cap in ClassLaneCap.objects.all():

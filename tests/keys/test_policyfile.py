@@ -75,6 +75,38 @@ def test_file_keys_join_the_snapshot_and_a_database_key_with_the_same_digest_win
         assert load_snapshot().lookup(SECRET) is None
 
 
+@pytest.mark.django_db
+def test_a_file_key_never_shares_a_name_with_an_admin_key_or_policy(tmp_path: Path) -> None:
+    """Limits, concurrency slots, the prefix-cache scope, metrics, files and batches go by key
+    and policy names: a file key named as an admin key (or under a policy named as an admin
+    policy) shared them with another holder (one's request made the other's a 429). The admin
+    refuses such names; a clash made before the file named it leaves the file's key out."""
+    from django.core.exceptions import ValidationError
+
+    from keys.models import ApiKey, KeyPolicy
+
+    path = tmp_path / "policies.json"
+    path.write_text(json.dumps(document()))
+    policyfile._loaded.clear()
+    try:
+        with override_settings(SUPERFLUID_KEY_POLICY_FILE=str(path)):
+            for row, field in ((ApiKey(name="ci-bot", digest="b" * 64, prefix="sf-bbbbb"), "name"), (KeyPolicy(name="ci"), "name")):
+                with pytest.raises(ValidationError) as err:
+                    row.full_clean()
+                assert field in err.value.message_dict and "--key-policy" in err.value.message_dict[field][0]
+            ApiKey.objects.create(name="ci-bot", digest="b" * 64, prefix="sf-bbbbb")  # made before the file said it
+            snap = load_snapshot()
+            assert snap.lookup(SECRET) is None and snap.keys_by_digest["b" * 64].name == "ci-bot"
+            assert snap.keys_by_digest["a" * 64].name == "plain"  # the file's other key is unaffected
+            ApiKey.objects.filter(name="ci-bot").delete()
+            KeyPolicy.objects.create(name="ci")
+            assert load_snapshot().lookup(SECRET) is None  # under a policy named as the admin's
+            KeyPolicy.objects.filter(name="ci").delete()
+            assert load_snapshot().lookup(SECRET) is not None
+    finally:
+        policyfile._loaded.clear()
+
+
 def test_serve_stops_on_a_bad_policy_file_before_anything_starts(tmp_path: Path) -> None:
     from django.core.management import call_command
     from django.core.management.base import CommandError
