@@ -358,13 +358,13 @@ class Router:
                 why.chosen, why.won_with = True, self.score(why, now)
             actions.unload.append(model)
         for model, why in plan.load:
+            if why is not None and not why.chosen:  # before the state changes: no swap bonus, its
+                why.chosen, why.won_with = True, self.score(why, now)  # model was not loaded
             m = self.models[model]
             m.state = ModelState.LOADING
             m.load_started_s = now
             m.loads += 1
             self.admin_loads.discard(model)
-            if why is not None and not why.chosen:
-                why.chosen, why.won_with = True, self.score(why, now)
             actions.load.append(model)
         for w in plan.dispatch:
             self.waiting.remove(w)

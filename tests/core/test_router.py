@@ -442,3 +442,14 @@ def test_unloading_the_pinned_fim_model_does_not_hold_back_an_unrelated_swap() -
     box.settle()
     box.ask("b", rid="b1")
     assert "b1" in box.started and box.state("b") is ModelState.LOADED and box.state("a") is ModelState.UNLOADED
+
+
+def test_a_request_that_needed_a_load_is_recorded_with_the_score_it_won_with_no_swap_bonus() -> None:
+    """serial_score is the score a request won with: one whose model was not loaded won without
+    the swap affinity bonus (it was recorded with it: the model was marked loading first)."""
+    box = Box(["A", "B"], max_loaded_models=1, swap_affinity_bonus=10, aging_divisor_s=0)
+    box.ask("A", priority=0, rid="first")
+    assert box.swaps == [("load", "A")] and box.dispatches["first"].score == 0  # type: ignore[attr-defined]
+    box.ask("A", priority=0, rid="second")  # the model is loaded now: it won with the bonus
+    box.finish("first")
+    assert box.dispatches["second"].score == 10  # type: ignore[attr-defined]
