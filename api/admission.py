@@ -291,7 +291,7 @@ async def admit(
         principal = await authenticate(headers, client, rt)
     policy = principal.policy
 
-    if policy is not None and not policy.allows_model(request.model):
+    if policy is not None and not model_allowed(policy, request.model):
         raise forbidden(f"This API key may not use the model `{request.model}`.", "model_forbidden", "model")
 
     qos, priority, asked = resolve_class(headers, request, policy.default_class if policy is not None else None)
@@ -465,6 +465,19 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
 
 def lanes() -> int:
     return max(1, int(serving().max_batch))
+
+
+def model_allowed(policy: Policy, name: str) -> bool:
+    """Whether the policy's model list lets a request name ``name``: as listed, or, with several
+    models, as the same model by another of its names (an alias of a listed id, the id of a
+    listed alias): "a request may name a model by id or alias"."""
+    if policy.allows_model(name):
+        return True
+    from scheduler.link.pool import get_pool
+
+    pool = get_pool()
+    target = pool.resolve(name) if pool is not None else None
+    return target is not None and any(pool.resolve(listed) == target for listed in policy.allowed_models)  # type: ignore[union-attr]
 
 
 def queue_model(name: str, *, fim: bool = False) -> tuple[str, int]:

@@ -14,7 +14,7 @@ from superfluid_site.runtime import get_link
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import key_required
+from .admission import key_required, model_allowed
 from .edge import error_response
 from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found
 
@@ -31,7 +31,7 @@ async def _served_models() -> list[str]:
 
 def _allowed(request: HttpRequest, models: list[str]) -> list[str]:
     policy = request.principal.policy  # type: ignore[attr-defined]
-    return [m for m in models if policy is None or policy.allows_model(m)]
+    return [m for m in models if policy is None or model_allowed(policy, m)]
 
 
 def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, Any]]:

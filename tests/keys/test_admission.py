@@ -208,6 +208,25 @@ async def test_a_model_outside_the_policy_is_403() -> None:
     assert err.status == 403 and err.param == "model"
 
 
+async def test_with_several_models_a_listed_model_may_be_named_by_any_of_its_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request may name a model by id or alias: a policy listing the id allows its aliases and
+    one listing an alias allows the id (the alias g3 of a listed gemma was a 403)."""
+    from types import SimpleNamespace
+
+    from scheduler.link import pool as pool_module
+
+    names = {"gemma": "gemma", "g3": "gemma", "smol": "smol", "small": "smol"}
+    stub = SimpleNamespace(resolve=names.get, route=lambda name, fim: names.get(name), setup=SimpleNamespace(lanes={}))
+    monkeypatch.setattr(pool_module, "get_pool", lambda: stub)
+    for listed, asked, allowed in (("gemma", "g3", True), ("g3", "gemma", True), ("gemma", "small", False), ("gemma", "nowhere", False)):
+        rt = runtime(key("sf-k", "k", Policy(name="p", allowed_models=(listed,))))
+        attempt = admit(bearer("sf-k"), IP, chat(model=asked), runtime=rt)
+        if allowed:
+            assert (await attempt).key_name == "k"
+        else:
+            await expect("model_forbidden", attempt)
+
+
 async def test_batch_invariant_needs_the_policy_or_the_server_flag() -> None:
     granted = Policy(name="bi", allow_batch_invariant=True)
     rt = runtime(key("sf-plain", "plain", Policy(name="p")), key("sf-bi", "bi", granted))
