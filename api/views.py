@@ -166,16 +166,32 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
 
 @key_required()
 async def props(request: HttpRequest) -> JsonResponse:
-    """llama-server's ``/props``: the served model, its context per request, the lanes."""
-    models = await _served_models()
-    hello = get_link().hello
+    """llama-server's ``/props``: the served model, its context per request, the lanes. With
+    several models, one model's, every field of the same one: ``?model=`` (an id or an alias),
+    else the first configured (the fields once came from three different models)."""
+    pool = get_pool()
+    if pool is not None:
+        asked = request.GET.get("model")
+        model_id = pool.resolve(asked) if asked else pool.config.models[0].id
+        if model_id is None:
+            return error_response(model_not_found(asked))
+        served = next(m for m in pool.config.models if m.id == model_id)
+        link = pool.links.get(model_id)
+        hello = link.hello if link is not None else None
+        alias, path = model_id, str(served.path)
+        slots, n_ctx = pool.setup.lanes.get(model_id), pool.setup.ctx_sizes.get(model_id)
+    else:
+        models = await _served_models()
+        hello = get_link().hello
+        alias, path = (models[0] if models else None), (serving().model_path or None)
+        slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
     return JsonResponse(
         {
-            "model_alias": models[0] if models else None,
-            "model_path": serving().model_path or None,
-            "total_slots": hello.n_lanes if hello else None,
+            "model_alias": alias,
+            "model_path": path,
+            "total_slots": slots,
             "default_generation_settings": {
-                "n_ctx": hello.lane_ctx if hello else None,
+                "n_ctx": n_ctx,
                 "params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
                            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
             },

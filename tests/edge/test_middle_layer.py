@@ -402,3 +402,28 @@ async def test_a_request_of_several_choices_logs_the_first_choices_wait_and_firs
     assert await asyncio.to_thread(activity_writer.flush)
     row = await sync_to_async(ActivityEntry.objects.values("queue_wait_ms", "ttft_ms", "total_ms").get)()
     assert row["ttft_ms"] * 3 < row["total_ms"] and row["queue_wait_ms"] * 3 < row["total_ms"], row
+
+
+async def test_props_gives_one_models_figures_in_every_field(sim: SimWorker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server's /props: the served model, its lanes and per-lane context. With several
+    models every field is one model's (?model= an id or an alias, else the first configured);
+    the alias came from the model used last and the path from the first."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from api import views
+    from scheduler.models_config import ServedModel
+
+    async with attached(sim):
+        one = (await request("GET", "/props")).json()
+        assert (one["model_alias"], one["total_slots"], one["default_generation_settings"]["n_ctx"]) == (MODEL, 2, 512)
+        models = [ServedModel("smol", Path("/m/smol.gguf"), ("small",)), ServedModel("gemma", Path("/m/gemma.gguf"), ("g3",))]
+        names = {"smol": "smol", "small": "smol", "gemma": "gemma", "g3": "gemma"}
+        pool = SimpleNamespace(config=SimpleNamespace(models=models), resolve=names.get, links={},
+                               setup=SimpleNamespace(lanes={"smol": 4, "gemma": 1}, ctx_sizes={"smol": 2048, "gemma": 1024}))
+        monkeypatch.setattr(views, "get_pool", lambda: pool)
+        for query, expected in (("", ("smol", "/m/smol.gguf", 4, 2048)), ("?model=g3", ("gemma", "/m/gemma.gguf", 1, 1024))):
+            props = (await request("GET", "/props" + query)).json()
+            assert (props["model_alias"], props["model_path"], props["total_slots"], props["default_generation_settings"]["n_ctx"]) == expected
+        missing = await request("GET", "/props?model=nope")
+        assert missing.status == 404 and missing.json()["error"]["code"] == "model_not_found"
