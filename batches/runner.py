@@ -219,7 +219,14 @@ async def run_next(batch_id: str) -> bool:
     return True
 
 
-async def _principal(owner: str) -> Any:
+def batch_client(batch_id: str) -> str:
+    """The client a batch's lines are counted as where a client's address would be (the per-IP
+    --rate-limit bucket, a keyless client's concurrency slot): the batch itself. Every batch's
+    lines were 127.0.0.1, one bucket for every key's batches and every real loopback client."""
+    return f"batch:{batch_id}"
+
+
+async def _principal(owner: str, batch_id: str) -> Any:
     """The batch's key as it is now (revoked or deleted since: its lines get 401), or no key."""
     from api.admission import Principal, invalid_api_key, keys_required
     from superfluid_site.runtime import key_runtime
@@ -228,11 +235,11 @@ async def _principal(owner: str) -> Any:
     if not owner:
         if keys_required():
             raise invalid_api_key("This batch was created without an API key, and keys are now required.")
-        return Principal(key=None, client_ip="127.0.0.1")
+        return Principal(key=None, client_ip=batch_client(batch_id))
     key = next((k for k in snapshot.keys_by_digest.values() if k.name == owner), None)
     if key is None or key.revoked or key.is_expired(timezone.now()):
         raise invalid_api_key(f"The API key that created this batch ({owner}) is no longer valid.")
-    return Principal(key=key, client_ip="127.0.0.1")
+    return Principal(key=key, client_ip=batch_client(batch_id))
 
 
 def _output(line: Line, status: int, request_id: str | None, body: Any) -> dict[str, Any]:
@@ -247,7 +254,7 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
 
     while True:
         try:  # as the key is now, at each try: one revoked while its line waited is refused
-            principal = await _principal(b.owner)
+            principal = await _principal(b.owner, b.id)
         except ApiError as exc:
             return False, _output(line, exc.status, None, exc.body())
         status, headers, body = await _call(b, line, principal)

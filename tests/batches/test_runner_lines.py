@@ -145,3 +145,12 @@ async def test_a_line_waiting_on_a_429_runs_under_its_key_as_it_is_at_the_next_t
         ok, out = await asyncio.wait_for(runner.run_line(await Batch.objects.aget(pk=b.id), line), 30)
     assert len(tries) == 1 and not ok
     assert out is not None and out["response"]["status_code"] == 401
+
+
+async def test_a_batchs_lines_count_as_a_client_of_their_own() -> None:
+    """Where a client's address would be (the per-IP rate bucket, a keyless client's slot), a
+    line is its batch, not 127.0.0.1: one bucket for every key's batches and every loopback
+    client (tests/keys/test_admission.py shows two batches' lines not sharing one)."""
+    async with attached(SimWorker()):
+        principal = await runner._principal("", "batch_x")
+    assert principal.key is None and principal.client_ip == runner.batch_client("batch_x") == "batch:batch_x"

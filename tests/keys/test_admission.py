@@ -191,6 +191,23 @@ async def test_a_batch_line_runs_at_background_and_in_the_batch_band(header: str
     assert (admission.qos, admission.priority, admission.band) == (QosClass.BACKGROUND, priority, "batch")
 
 
+async def test_each_batchs_lines_count_as_a_client_of_their_own_not_as_127_0_0_1() -> None:
+    """Keys without a rate of their own fall under the per-IP --rate-limit: every batch's lines
+    were 127.0.0.1, so one key's batch line made another key's a 429. Each batch is now a client
+    of its own: another batch is unaffected, and its own bucket still holds."""
+    from api.admission import Principal
+    from batches.runner import batch_client
+
+    p = Policy(name="p")  # no rate of its own
+    pairs = key("sf-a", "alice", p), key("sf-b", "bob", p)
+    rt = runtime(*pairs)
+    alice, bob = (k for _, k in pairs)
+    with override_settings(SUPERFLUID_RATE_LIMIT=1):
+        await admit({}, ("127.0.0.1", 0), chat(), principal=Principal(key=alice, client_ip=batch_client("batch_a")), runtime=rt)
+        await admit({}, ("127.0.0.1", 0), chat(), principal=Principal(key=bob, client_ip=batch_client("batch_b")), runtime=rt)
+        await expect("rate_limit_exceeded", admit({}, ("127.0.0.1", 0), chat(), principal=Principal(key=alice, client_ip=batch_client("batch_a")), runtime=rt))
+
+
 async def test_fill_in_the_middle_runs_as_completion_whatever_the_key_asks() -> None:
     bg = Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND)
     rt = runtime(key("sf-k", "k", bg))
