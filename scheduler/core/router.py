@@ -300,6 +300,8 @@ class Router:
                 coming -= 1  # wait for a slot already on its way
                 return False
             victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed and not self.models[v].spec.pinned]
+            if why is None:  # the admin's Load: "when a slot is free or an idle model can go", never
+                victims = [v for v in victims if inflight[v] == 0]  # a busy one (shown draining, it went on taking work)
             if not victims:
                 return False
             victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].last_used_s or 0.0, v))

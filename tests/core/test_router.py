@@ -453,3 +453,19 @@ def test_a_request_that_needed_a_load_is_recorded_with_the_score_it_won_with_no_
     box.ask("A", priority=0, rid="second")  # the model is loaded now: it won with the bonus
     box.finish("first")
     assert box.dispatches["second"].score == 10  # type: ignore[attr-defined]
+
+
+def test_the_admins_load_waits_for_an_idle_model_and_never_shows_a_busy_one_draining() -> None:
+    """A Load happens "when a slot is free or an idle model can go": a busy model was reserved
+    for it and shown draining while it went on taking new work."""
+    box = Box([ModelSpec("A", lanes=2), ModelSpec("B", lanes=2)], max_loaded_models=1)
+    box.ask("A", rid="a1")
+    box.router.request_load("B")
+    box.settle()
+    assert box.state("A") is ModelState.LOADED and box.swaps == [("load", "A")]
+    box.ask("A", rid="a2")
+    assert box.started == ["a1", "a2"] and box.state("A") is ModelState.LOADED
+    box.finish("a1")
+    assert box.state("A") is ModelState.LOADED  # a2 still runs there
+    box.finish("a2")
+    assert box.swaps == [("load", "A"), ("unload", "A"), ("load", "B")] and box.state("B") is ModelState.LOADED
