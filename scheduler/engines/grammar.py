@@ -287,8 +287,6 @@ def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, respons
         key = json.dumps([tools, parallel, answer], sort_keys=True)
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply") from None
-
-
     try:
         return _cached_tools_or_format(key)
     except RecursionError:
