@@ -173,8 +173,8 @@ async def props(request: HttpRequest) -> JsonResponse:
     if pool is not None:
         asked = request.GET.get("model")
         model_id = pool.resolve(asked) if asked else pool.config.models[0].id
-        if model_id is None:
-            return error_response(model_not_found(asked))
+        if model_id is None or not _allowed(request, [asked or model_id]):  # as /v1/models lists them
+            return error_response(model_not_found(asked or model_id))
         served = next(m for m in pool.config.models if m.id == model_id)
         link = pool.links.get(model_id)
         hello = link.hello if link is not None else None
