@@ -26,6 +26,11 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
 - A ``pinned`` model (serve's ``--fim-model``) is resident beside the others: it takes no one of
   the ``max_loaded_models`` slots, is never chosen for a swap and has no TTL; its requests wait
   only for its own lanes.
+- After :meth:`drain` (serve's shutdown) nothing is loaded, unloaded or reserved any more: the
+  requests waiting for a loaded model are dispatched to it as its lanes free, in the same order,
+  and :meth:`drain` returns the others (their model is not loaded, or is being unloaded) for the
+  caller to refuse. :meth:`idle` tells when a model has nothing waiting or running, so that its
+  worker can be stopped.
 
 ``reorders`` counts dispatches (or swaps started) that would not have happened at this moment
 without swap affinity, or without aging: the seed's ``reorders_total{reason=...}``.
@@ -174,12 +179,15 @@ class Router:
         self.reorders = {"aging": 0, "swap_affinity": 0}
         self.dispatched_by_band = {b: 0 for b in BANDS}
         self.admin_loads: set[str] = set()  # loads asked by the admin, not by a request
+        self.draining = False  # shutting down: no loads, unloads or swaps; see drain()
 
     # -- requests ------------------------------------------------------------------------
 
     def submit(self, request_id: str, model: str, priority: int = 0, *, preempts: bool = False) -> Waiting:
         if model not in self.models:
             raise KeyError(model)
+        if self.draining:
+            raise RuntimeError("the router is draining: no new requests")
         if request_id in self._by_id or request_id in self._dispatched:
             raise ValueError(f"request {request_id!r} is already known")
         w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts)
@@ -203,6 +211,23 @@ class Router:
         m = self.models[model]
         m.inflight = max(0, m.inflight - 1)
         m.last_used_s = self.clock()
+
+    def drain(self) -> list[str]:
+        """Shutting down: from now on the requests waiting for a loaded model are still
+        dispatched to it as its lanes free (they were accepted), but nothing is loaded, unloaded
+        or reserved for a swap. Every request that could not run without one (its model is not
+        loaded, or the admin is unloading it) is dropped; returns their ids, for the caller to
+        refuse. No request may be submitted after this."""
+        self.draining = True
+        self.admin_loads.clear()
+        dropped = [w.request_id for w in self.waiting if self.models[w.model].state not in (ModelState.LOADED, ModelState.DRAINING) or self.models[w.model].unload_requested]
+        for rid in dropped:
+            self.cancel(rid)
+        return dropped
+
+    def idle(self, model: str) -> bool:
+        """Nothing of this model's is waiting here or running at its worker."""
+        return self.models[model].inflight == 0 and not any(w.model == model for w in self.waiting)
 
     # -- models --------------------------------------------------------------------------
 
@@ -273,6 +298,14 @@ class Router:
         plan = _Plan()
         state = {mid: m.state for mid, m in self.models.items()}
         inflight = {mid: m.inflight for mid, m in self.models.items()}
+        if self.draining:  # only dispatches, to the models loaded now (a swap's reservation is void)
+            for w in self.order(now, **terms):
+                m = self.models[w.model]
+                if m.state in (ModelState.LOADED, ModelState.DRAINING) and not m.unload_requested:
+                    if m.spec.lanes <= 0 or inflight[w.model] < m.spec.lanes or w.preempts:
+                        plan.dispatch.append(w)
+                        inflight[w.model] += 1
+            return plan
         for mid, m in self.models.items():
             if m.state is ModelState.DRAINING and not m.unload_requested:
                 state[mid] = ModelState.LOADED  # reservations are recomputed every time

@@ -175,6 +175,7 @@ class ModelPool:
         self.last_used: dict[str, float] = {}  # wall-clock time, for the admin
         self.errors: dict[str, str] = {}  # the last load failure of each model
         self.draining = False
+        self._drained: set[str] = set()  # models whose worker was told to drain (serve's shutdown)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._awaiting: dict[str, asyncio.Task[Any]] = {}  # model -> the wait for its worker's hello
         self._ticker: asyncio.Task[None] | None = None
@@ -202,14 +203,29 @@ class ModelPool:
         spawn(self._tasks, coro)
 
     def drain(self) -> None:
-        """serve's SIGTERM: nothing new; waiting requests end, running ones finish at their workers."""
+        """serve's SIGTERM: nothing new. A request waiting for a lane of a loaded model was
+        accepted: it still gets its turn there. One waiting for a model to load ends now (no
+        worker starts any more). Each model's worker is told to drain once nothing of its own
+        waits here or runs: it is never told while a request is on its way to it (its submit
+        would be refused as the worker drains)."""
         self.draining = True
-        self.router.admin_loads.clear()  # a Load the admin asked for: no new worker now
+        for rid in self.router.drain():
+            fut = self.waiters.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_exception(ModelUnavailable("", "The server is shutting down."))
+        self.kick()
+
+    def _drain_idle_workers(self) -> None:
+        for model, worker in list(self.workers.items()):
+            if model not in self._drained and self.router.idle(model):
+                self._drained.add(model)
+                worker.drain()
+
+    def fail_waiting(self, detail: str) -> None:
+        """serve's drain deadline: every request still waiting here ends with ``detail``."""
         for rid, fut in list(self.waiters.items()):
             if self.router.cancel(rid) and not fut.done():
-                fut.set_exception(ModelUnavailable("", "The server is shutting down."))
-        for worker in list(self.workers.values()):
-            worker.drain()
+                fut.set_exception(ModelUnavailable("", detail))
 
     def exited(self) -> bool:
         return all(w.exited.is_set() for w in self.workers.values())
@@ -268,13 +284,7 @@ class ModelPool:
         actions = self.router.schedule()
         for model in actions.unload:
             self._unload(model)
-        for model in actions.load:
-            if self.draining:  # shutting down: a worker started now would never be drained
-                for rid in self.router.load_failed(model):
-                    fut = self.waiters.get(rid)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(ModelUnavailable(model, "The server is shutting down."))
-                continue
+        for model in actions.load:  # none once draining (Router.drain)
             self._load(model)
         for d in actions.dispatch:
             fut = self.waiters.get(d.request_id)
@@ -282,6 +292,8 @@ class ModelPool:
                 self.router.finished(d.request_id)
             else:
                 fut.set_result(d)
+        if self.draining:
+            self._drain_idle_workers()
 
     def _load(self, model: str) -> None:
         sockets = WorkerSockets()

@@ -469,3 +469,56 @@ def test_the_admins_load_waits_for_an_idle_model_and_never_shows_a_busy_one_drai
     assert box.state("A") is ModelState.LOADED  # a2 still runs there
     box.finish("a2")
     assert box.swaps == [("load", "A"), ("unload", "A"), ("load", "B")] and box.state("B") is ModelState.LOADED
+
+
+# -- serve's shutdown (Router.drain) -----------------------------------------------------------
+
+
+def test_a_drain_keeps_the_requests_waiting_for_a_loaded_models_lanes_and_serves_them_best_first() -> None:
+    """They were accepted: each still gets its turn as a lane frees, in score order, and nothing
+    is unloaded meanwhile, even past the model's TTL. Nothing new may come in."""
+    box = Box([ModelSpec("a", lanes=1, ttl_s=5)], aging_divisor_s=0)
+    running = box.ask("a")
+    low, high = box.ask("a", priority=1), box.ask("a", priority=5)
+    assert box.router.drain() == []
+    box.finish(running)
+    box.finish(high)
+    assert box.started == [running, high, low] and not box.router.idle("a")
+    box.finish(low)
+    box.clock.advance(60)
+    box.settle()
+    assert box.swaps == [("load", "a")] and box.router.idle("a")
+    with pytest.raises(RuntimeError):
+        box.router.submit("late", "a")
+
+
+def test_a_drain_voids_a_swap_reservation_and_drops_the_request_it_was_for() -> None:
+    """No worker starts any more: the request that reserved the busy model for its swap ends,
+    and the reserved model serves its own waiting request again."""
+    box = Box([ModelSpec("a", lanes=1), ModelSpec("b", lanes=1)], max_loaded_models=1)
+    busy = box.ask("a")
+    for_b = box.ask("b", priority=50)  # needs a swap: a is reserved for it
+    after_b = box.ask("a")
+    assert box.state("a") is ModelState.DRAINING
+    assert box.router.drain() == [for_b]
+    box.settle()
+    assert box.state("a") is ModelState.LOADED and box.started == [busy]
+    box.finish(busy)
+    assert box.started == [busy, after_b] and box.swaps == [("load", "a")]
+
+
+def test_a_drain_drops_the_requests_of_a_model_still_loading_or_being_unloaded_by_the_admin() -> None:
+    box = Box([ModelSpec("a", lanes=1), ModelSpec("b", lanes=1), ModelSpec("c", lanes=1)], max_loaded_models=3)
+    box.auto_load = False
+    loading = box.ask("a")
+    box.router.loaded("b")  # not asked for: the admin's Load would do this
+    box.auto_load = True
+    b_busy = box.ask("b")
+    b_next = box.ask("b")
+    box.router.request_unload("b")
+    box.settle()
+    assert box.state("b") is ModelState.DRAINING
+    assert sorted(box.router.drain()) == sorted([loading, b_next])
+    assert not box.router.idle("b")  # its running request still runs
+    box.finish(b_busy)
+    assert box.router.idle("b") and box.started == [b_busy]

@@ -149,3 +149,53 @@ async def test_a_failed_load_leaves_no_task_waiting_for_its_worker() -> None:
             await asyncio.sleep(0)
         pending = [t for t in asyncio.all_tasks() if "_await_loaded" in repr(t)]
         assert pending == [], (attempt, pending)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_drain_serves_the_requests_waiting_for_a_lane_of_a_loaded_model_before_its_worker_drains() -> None:
+    """SIGTERM with a request waiting at the router for the only lane of a loaded model: it was
+    answered 503 "shutting down" at once, and the worker was drained under the running one,
+    although the same request waiting at a single model's worker runs to completion. Now it runs:
+    the worker is told to drain once nothing of its model waits or runs (never while a request
+    is on its way to it). A request for a model that is not loaded still ends at once."""
+    pool, spawned = two_models()
+    first = asyncio.ensure_future(pool.acquire("a", 0))
+    await settle()
+    await loaded(pool, "a")
+    _link, _d, first_ticket = await asyncio.wait_for(first, 10)
+    second = asyncio.ensure_future(pool.acquire("a", 0))
+    for_b = asyncio.ensure_future(pool.acquire("b", 0))  # b cannot load: a's slot is busy
+    await settle()
+    worker_a = spawned["a"][0]
+    pool.drain()
+    await settle()
+    with pytest.raises(ModelUnavailable, match="shutting down"):
+        await asyncio.wait_for(for_b, 10)
+    assert not second.done() and not worker_a.drained
+    with pytest.raises(ModelUnavailable, match="shutting down"):
+        await pool.acquire("a", 0)  # nothing new
+    pool.release(first_ticket)
+    link, _d, second_ticket = await asyncio.wait_for(second, 10)
+    assert link is pool.links["a"] and not worker_a.drained  # its submit is on its way
+    pool.release(second_ticket)
+    assert worker_a.drained and pool.exited() and spawned["b"] == []
+
+
+async def test_at_the_drain_deadline_every_request_still_waiting_at_the_router_ends() -> None:
+    pool, spawned = two_models()
+    first = asyncio.ensure_future(pool.acquire("a", 0))
+    await settle()
+    await loaded(pool, "a")
+    _link, _d, ticket = await asyncio.wait_for(first, 10)
+    second = asyncio.ensure_future(pool.acquire("a", 0))
+    await settle()
+    pool.drain()
+    pool.fail_waiting("The server shut down before this request finished.")
+    with pytest.raises(ModelUnavailable, match="shut down before"):
+        await asyncio.wait_for(second, 10)
+    pool.release(ticket)
+    assert spawned["a"][0].drained and pool.exited()

@@ -38,7 +38,7 @@ from keys.binding import is_loopback
 from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
-from scheduler.link.pool import PoolSetup
+from scheduler.link.pool import PoolSetup, all_pools
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
     add_api_arguments,
@@ -283,21 +283,15 @@ class PoolWorkers:
 
     class _Exited:
         def is_set(self) -> bool:
-            from scheduler.link.pool import all_pools
-
             return all(p.exited() for p in all_pools())
 
     exited = _Exited()
 
     def drain(self) -> None:
-        from scheduler.link.pool import all_pools
-
         for p in all_pools():
             p.drain()
 
     def kill(self) -> None:
-        from scheduler.link.pool import all_pools
-
         for p in all_pools():
             p.kill()
 
@@ -619,7 +613,10 @@ class Command(BaseCommand):
                     reactor.callLater(0.2, reactor.stop)
                 elif time.monotonic() > deadline:
                     # the worker did not answer in time: end every stream with an error frame and
-                    # [DONE] (each gets its access-log line and activity row), then stop
+                    # [DONE] (each gets its access-log line and activity row), then stop; with
+                    # several models, first every request still waiting at the router for a lane
+                    for pool in all_pools():
+                        pool.fail_waiting("The server shut down before this request finished.")
                     for link in all_links():
                         link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
                     cut_off()
