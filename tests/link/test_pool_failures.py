@@ -156,6 +156,15 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def running(pool: ModelPool, model: str) -> str:
+    """The first request for ``model`` (its worker loaded for it), dispatched: its ticket."""
+    first = asyncio.ensure_future(pool.acquire(model, 0))
+    await settle()
+    await loaded(pool, model)
+    _link, _d, ticket = await asyncio.wait_for(first, 10)
+    return ticket
+
+
 async def test_a_drain_serves_the_requests_waiting_for_a_lane_of_a_loaded_model_before_its_worker_drains() -> None:
     """SIGTERM with a request waiting at the router for the only lane of a loaded model: it was
     answered 503 "shutting down" at once, and the worker was drained under the running one,
@@ -163,10 +172,7 @@ async def test_a_drain_serves_the_requests_waiting_for_a_lane_of_a_loaded_model_
     the worker is told to drain once nothing of its model waits or runs (never while a request
     is on its way to it). A request for a model that is not loaded still ends at once."""
     pool, spawned = two_models()
-    first = asyncio.ensure_future(pool.acquire("a", 0))
-    await settle()
-    await loaded(pool, "a")
-    _link, _d, first_ticket = await asyncio.wait_for(first, 10)
+    first_ticket = await running(pool, "a")
     second = asyncio.ensure_future(pool.acquire("a", 0))
     for_b = asyncio.ensure_future(pool.acquire("b", 0))  # b cannot load: a's slot is busy
     await settle()
@@ -187,10 +193,7 @@ async def test_a_drain_serves_the_requests_waiting_for_a_lane_of_a_loaded_model_
 
 async def test_at_the_drain_deadline_every_request_still_waiting_at_the_router_ends() -> None:
     pool, spawned = two_models()
-    first = asyncio.ensure_future(pool.acquire("a", 0))
-    await settle()
-    await loaded(pool, "a")
-    _link, _d, ticket = await asyncio.wait_for(first, 10)
+    ticket = await running(pool, "a")
     second = asyncio.ensure_future(pool.acquire("a", 0))
     await settle()
     pool.drain()
