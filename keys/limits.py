@@ -257,8 +257,16 @@ class RedisLimiter:
         return int(refused), int(wait_ms) / 1000.0
 
     async def release(self, slot: str, member: str) -> None:
+        """Give ``member``'s place in ``slot`` back. The member's marker is set with it, so that a
+        check of the same member still on its way to Redis (its request was cancelled while the
+        check waited there, and this release went out on another connection and overtook it)
+        finds it set and takes nothing: otherwise that late check took the place for the slot's
+        hour."""
         try:
-            await self.client.zrem(f"{self.prefix}cc:{slot}", member)
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.set(f"{self.prefix}lm:{member}", "1", ex=60)
+                pipe.zrem(f"{self.prefix}cc:{slot}", member)
+                await pipe.execute()
         except Exception:  # the slot lapses by itself after SLOT_TTL_S
             pass
 

@@ -77,3 +77,16 @@ async def test_the_same_check_run_again_takes_nothing_twice(redis_server: RedisS
     await limiter.release("k", "one")
     assert await limiter.take([], slot, "four") == (0, 0.0)
     await limiter.client.aclose()
+
+
+async def test_a_release_that_overtakes_its_own_check_leaves_nothing_taken(redis_server: RedisServer, prefix: str) -> None:
+    """A request cancelled while its limits check waited behind a busy Redis: its release is
+    sent on another connection, and Redis may run it before the check. The check then took the
+    client's one place for the slot's hour (the client was refused until then); CI saw it once.
+    Here the two run in that order."""
+    limiter = RedisLimiter(redis_server.url, prefix)
+    await limiter.release("k", "late")
+    assert await limiter.take([], ("k", 1), "late") == (0, 0.0)  # the cancelled request's check
+    assert await limiter.take([], ("k", 1), "next") == (0, 0.0)  # the place is free
+    assert (await limiter.take([], ("k", 1), "third"))[0] == 1
+    await limiter.client.aclose()
