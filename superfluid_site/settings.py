@@ -113,7 +113,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",  # last
+    "superfluid_site.middleware.PrometheusAfterMiddleware",  # last (django-prometheus's, method label bounded)
 ]
 
 ROOT_URLCONF = "superfluid_site.urls"

@@ -202,3 +202,18 @@ async def test_the_metrics_view_filters_per_key_series_by_the_scraping_key(monke
     with override_settings(SUPERFLUID_KEYS_REQUIRED=True):
         assert (await scrape(None))[0] == 401
         assert await scrape("sf-alice") == (200, {"alice"})
+
+
+def test_made_up_http_methods_mint_no_series_of_their_own() -> None:
+    """Any client could send 50 made-up methods to /health and add 50 histograms (~20 lines
+    each) to /metrics, kept for the life of the process: django-prometheus labelled its latency
+    family with the raw method. Every one is ``<invalid method>`` now."""
+    from django.test import Client
+    from prometheus_client import REGISTRY, generate_latest
+
+    client = Client()
+    for i in range(5):
+        assert client.generic(f"XMADE{i}", "/health", HTTP_HOST="localhost").status_code == 405
+    text = generate_latest(REGISTRY).decode()
+    assert "XMADE" not in text
+    assert 'method="<invalid method>"' in text
