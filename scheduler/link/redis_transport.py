@@ -126,6 +126,8 @@ def reconnecting_client(url: str, **options: Any) -> aioredis.Redis:
 class RedisTransport(Transport):
     """A web head's link: jobs go to the Redis queue, their events come back on their streams."""
 
+    _hello_counts_restarts = False  # the fleet's new worker ids are counted instead (_tick)
+
     def __init__(
         self,
         url: str,
@@ -143,6 +145,10 @@ class RedisTransport(Transport):
         self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis_ok = False
         self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
+        # the fleet's worker ids at the last look (None: not looked yet); each id new since then
+        # is a worker process that joined (one restarted by its supervisor has a new id):
+        # superfluid_worker_restarts_total, "times a new engine worker process said hello"
+        self._known_workers: set[str] | None = None
         self.global_queue: dict[str, int] = {}
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
@@ -270,6 +276,9 @@ class RedisTransport(Transport):
         from scheduler.core.qos import QosClass
 
         self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
+        if self._known_workers is not None:  # every worker id not there at the last look: a new process
+            self.worker_restarts += len(workers.keys() - self._known_workers)
+        self._known_workers = set(workers)
         self.workers = workers
         self._publish_fleet()
         loop = asyncio.get_running_loop()
@@ -529,7 +538,6 @@ class RedisTransport(Transport):
             return
         await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
         handle.crashes = crashes
-        self.worker_restarts += 1
         log.warning("job %s lost its worker; resumed it after %d tokens", handle.job_id, handle.delivered_tokens)
 
     def _on_message(self, message: Message) -> None:

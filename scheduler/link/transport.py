@@ -213,9 +213,13 @@ class Transport(ABC):
 
     # -- what the carrier reports ---------------------------------------------------------
 
+    # whether a hello from another pid than the last counts as a restart (a fleet's head counts
+    # new worker processes itself: its hello is the first of several workers)
+    _hello_counts_restarts = True
+
     async def _greet(self, hello: Hello) -> None:
         """Note the worker that answered (a new pid counts a restart) and send it the config."""
-        if self.hello is not None and hello.pid != self.hello.pid:
+        if self._hello_counts_restarts and self.hello is not None and hello.pid != self.hello.pid:
             self.worker_restarts += 1
         self.hello = hello
         self._connection += 1

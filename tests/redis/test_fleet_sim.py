@@ -272,3 +272,35 @@ async def test_a_submit_cancelled_on_its_way_to_redis_leaves_nothing_behind(redi
         await client.aclose()
         await link.stop()
         worker.stop()
+
+
+async def test_worker_restarts_counts_each_new_worker_process_not_each_lost_job(redis_server: RedisServer, prefix: str) -> None:
+    """superfluid_worker_restarts_total is "times a new engine worker process said hello". A
+    head counted each job that lost its worker instead (one crash holding eight of its jobs
+    counted eight), and again when the fleet's first worker changed pid."""
+    first = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    later: list[SimFleetWorker] = []
+    try:
+
+        async def sees(ids: set[str]) -> None:
+            for _ in range(200):
+                if set(link.workers) == ids:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"the head sees {sorted(link.workers)}, not {sorted(ids)}")
+
+        await sees({first.link.worker_id})
+        assert link.worker_restarts == 0  # there when the head started
+        later.append(SimFleetWorker(redis_server.url, prefix).start())
+        await sees({first.link.worker_id, later[0].link.worker_id})
+        assert link.worker_restarts == 1
+        first.stop()  # the first worker goes; its replacement starts
+        later.append(SimFleetWorker(redis_server.url, prefix).start())
+        await sees({later[0].link.worker_id, later[1].link.worker_id})
+        assert link.worker_restarts == 2
+    finally:
+        await link.stop()
+        first.stop()
+        for worker in later:
+            worker.stop()

@@ -299,7 +299,6 @@ async def test_a_lost_job_whose_requeue_fails_once_is_requeued_when_its_marker_i
         assert doomed.error is not None and link._scripts.failed  # type: ignore[attr-defined]
         assert isinstance(done, Done) and done.usage["completion_tokens"] == 60
         assert text == reference  # nothing repeated, nothing lost
-        assert link.worker_restarts == 1  # one loss, counted once
         spare.stop()
     finally:
         await link.stop()
