@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
@@ -227,15 +228,25 @@ def raw_error_reply(exc: ApiError) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
-def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError) -> None:
+def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError, open_s: float = 0.0) -> None:
     """The access-log line, /metrics count and activity row of a generation request refused
-    before it reached the application: the activity log says why it failed."""
+    before it reached the application: the activity log says why it failed, and how long it
+    had been open (``open_s``, from its first byte)."""
     endpoint = GENERATION_PATHS.get(path.split(b"?", 1)[0].decode("latin-1"))
     if endpoint is None:  # the activity log keeps generation requests only
         return
     from .records import RequestRecord, record_now
 
-    record_now(RequestRecord(endpoint=endpoint, client_ip=client_ip, status=exc.status, error_code=exc.code or exc.type))
+    open_s = max(0.0, open_s)
+    record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, client_ip=client_ip, status=exc.status, error_code=exc.code or exc.type)
+    record.timing["total_ms"] = round(open_s * 1000, 1)
+    record_now(record)
+
+
+def _seconds(channel: Any) -> float:
+    """The time on the clock the channel's deadlines run on (the reactor's; a test's clock)."""
+    seconds = getattr(getattr(getattr(channel, "callLater", None), "__self__", None), "seconds", None)
+    return float(seconds()) if callable(seconds) else time.time()
 
 
 LINGER_S = 5.0  # how long a refused request's connection still drains what the client sends
@@ -276,7 +287,9 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     # daphne sets client_addr only in process(), which a refused request never reaches
     client = getattr(request, "client_addr", None) or _peer(transport)
     try:
-        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc)
+        started = getattr(request, "_sf_started", None)
+        open_s = _seconds(channel) - started if started is not None else 0.0
+        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc, open_s)
     except Exception:
         logging.getLogger("superfluid.api").exception("could not record a refused request")
 
@@ -318,6 +331,7 @@ def install_request_bounds() -> None:
     def data_received(self: Any, data: bytes) -> None:
         # the first bytes of a request (none in progress): its line's clock starts
         if not self.requests and getattr(self, "_sf_line_deadline", None) is None:
+            self._sf_line_started = _seconds(self)  # the request's start, for its record if refused
             timeout = float(serving().body_timeout)
             if timeout > 0:
                 self._sf_line_deadline = self.callLater(timeout, lambda: line_timed_out(self))
@@ -340,6 +354,9 @@ def install_request_bounds() -> None:
         timeout = float(serving().body_timeout)
         if self.channel is None:
             return
+        self._sf_started = _seconds(self.channel)
+        if getattr(self.channel, "_sf_line_deadline", None) is not None:  # timed from its line's first byte
+            self._sf_started = getattr(self.channel, "_sf_line_started", self._sf_started)
         # the request line is whole: what is left of its time goes on to headers and body
         line = getattr(self.channel, "_sf_line_deadline", None)
         if timeout > 0 and line is not None and line.active():

@@ -129,6 +129,8 @@ async def test_a_body_that_trickles_in_is_cut_off_with_a_408_and_never_queued(se
     assert let_go(transport, clock)  # the connection (and its worker slot) is let go
     assert server.scopes == [] and server.bodies == []  # the application never saw it
     assert await rows() == [("chat", 408, "request_timeout")]
+    # the row says how long it was open: the whole timeout (it said 0: it was timed at the 408)
+    assert await sync_to_async(list)(ActivityEntry.objects.values_list("total_ms", flat=True)) == [TIMEOUT_S * 1000]
 
 
 @override_settings(SUPERFLUID_BODY_TIMEOUT=TIMEOUT_S)
