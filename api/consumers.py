@@ -297,6 +297,7 @@ class GenerationConsumer(StreamingConsumer):
                     cache_scope=admission.cache_scope,
                 )
                 handle.key = admission.key_name
+                handle.request = handles[0].job_id if handles else handle.job_id  # one request in /metrics
                 handles.append(handle)
             self.record.request_id = handles[0].job_id
             scored: list[Any] = []

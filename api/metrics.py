@@ -394,7 +394,7 @@ def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
         link = get_link()
     except RuntimeError:
         return None
-    return link.snapshot, bool(link.connected), int(link.worker_restarts), len(link.inflight)
+    return link.snapshot, bool(link.connected), int(link.worker_restarts), link.requests_in_flight()
 
 
 class SuperfluidCollector:

@@ -454,7 +454,7 @@ class ModelPool:
             "snapshots": {m: link.snapshot for m, link in sorted(self.links.items()) if link.snapshot},
             # each loaded model's link: connected, worker restarts, requests it holds open
             "links": {
-                m: {"connected": bool(link.connected), "restarts": int(link.worker_restarts), "inflight": len(link.inflight)}
+                m: {"connected": bool(link.connected), "restarts": int(link.worker_restarts), "inflight": link.requests_in_flight()}
                 for m, link in sorted(self.links.items())
             },
         }

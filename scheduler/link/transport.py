@@ -78,6 +78,7 @@ class JobHandle:
     key: str | None = None  # the API key's name, for /slots and the dashboard; never sent
     crashes: int = 0  # worker losses in a row while this job was at the worker
     sent_on: int = -1  # the connection it was last sent on (-1: not sent yet)
+    request: str = ""  # the client request it serves, when several jobs do (n > 1, several prompts); never sent
 
     async def next_event(self) -> JobEvent:
         return await self.events.get()
@@ -181,6 +182,11 @@ class Transport(ABC):
         self.open.discard(handle.job_id)
         if self.inflight.pop(handle.job_id, None) is not None and self.connected:
             await self._send(encode(Cancel(handle.job_id)))
+
+    def requests_in_flight(self) -> int:
+        """Client requests with a job at the worker: the jobs of one request (its choices, its
+        prompts) count once."""
+        return len({handle.request or job_id for job_id, handle in self.inflight.items()})
 
     def finish(self, handle: JobHandle) -> None:
         """The response for this job has been sent (or abandoned)."""

@@ -284,6 +284,26 @@ async def test_clients_dropping_after_their_first_chunk_free_every_lane_and_keep
 
 
 @override_settings(SUPERFLUID_CLIENT_CONCURRENCY=0)
+async def test_requests_inflight_counts_a_request_of_n_choices_once(slow_sim: SimWorker) -> None:
+    """superfluid_requests_inflight is "generation requests the web side holds open": a request
+    with n=2 counted as two (it counted jobs)."""
+    from api.metrics import link_state
+
+    async with attached(slow_sim) as (link, _rt):
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
+        await comm.send_input({"type": "http.request", "body": chat_body("two stories", stream=True, n=2, max_tokens=200), "more_body": False})
+        assert (await comm.receive_output(20))["status"] == 200
+        while b'"content"' not in (await comm.receive_output(20)).get("body", b""):
+            pass
+        state = link_state()
+        assert state is not None and len(link.inflight) == 2 and state[3] == 1
+        await comm.send_input({"type": "http.disconnect"})
+        await comm.wait(5)
+        assert await wait_idle(slow_sim, link) == (0, 0)
+        assert link_state()[3] == 0  # type: ignore[index]
+
+
+@override_settings(SUPERFLUID_CLIENT_CONCURRENCY=0)
 async def test_a_client_leaving_n_choices_mid_stream_keeps_its_first_token_time(slow_sim: SimWorker) -> None:
     """n > 1 goes through its own loop: its row too has the time to the first token that came."""
     async with attached(slow_sim) as (link, _rt):
