@@ -9,8 +9,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 
 from scheduler.link.pool import ModelPool, get_pool
-from scheduler.link.transport import Transport
-from superfluid_site.runtime import get_link
+from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
 
 from . import responses
@@ -217,17 +216,12 @@ async def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "model": link.hello.model, "worker_pid": link.hello.pid, "worker_restarts": link.worker_restarts})
 
 
-def _inflight_key(link: Transport, job_id: str | None) -> str | None:
-    """The API key name of a job this web process submitted (the worker's lanes may not say)."""
-    handle = link.inflight.get(job_id) if job_id else None
-    return handle.key if handle is not None else None
-
-
 @key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
     """The worker's lanes, llama-server's /slots shape plus class, state and progress."""
     link = get_link()
     state = link.snapshot or {}
+    keys = web_runtime().in_flight_keys()  # every model's jobs: a pool's own link submits none
     out = []
     for lane in state.get("lanes", []):
         busy = lane["state"] != "idle"
@@ -243,7 +237,7 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "next_token": {"has_next_token": busy, "n_decoded": generated},
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),
-                "key": lane.get("key") or _inflight_key(link, lane.get("job_id")),
+                "key": lane.get("key") or keys.get(lane.get("job_id") or ""),
                 "class": lane.get("class"),
                 "generated": generated,
             }

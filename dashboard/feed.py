@@ -37,12 +37,40 @@ def lane_keys(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, str | 
     return web.in_flight_keys() if web is not None else {}
 
 
+def source_of(state: Mapping[str, Any], model: str | None = None) -> str:
+    """The worker a snapshot comes from: its Redis worker id, else its pid, after the model's id
+    with several models. A restarted worker (its counters start again at zero) is a new one."""
+    worker = state.get("worker") or f"{state.get('host') or ''}:{state.get('pid') or ''}"
+    return f"{model}/{worker}" if model is not None else str(worker)
+
+
+def worker_totals(state: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
+    """One worker's cumulative counts (tokens, time to first token, the scheduler's counters) and
+    which worker they are from (``source``; ``label``: the model's id with several models). The
+    page's rates and events are differences between two pushes of one source only: counts of
+    two workers are never compared."""
+    stats: Mapping[str, Any] = state.get("metrics") or {}
+    ttft: Mapping[str, Mapping[str, Any]] = stats.get("ttft_s") or {}
+    return {
+        "source": source_of(state, model),
+        "label": model,
+        "tokens": {
+            "prefill": stats.get("prefill_tokens_total", 0),
+            "decode": stats.get("decode_tokens_total", 0),
+        },
+        "ttft": {"sum": sum(h.get("sum", 0.0) for h in ttft.values()), "count": sum(int(h.get("count", 0)) for h in ttft.values())},
+        "counters": dict(state.get("counters") or {}),
+    }
+
+
 def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | None = None) -> dict[str, Any]:
     """What the dashboard draws, from one worker snapshot (plain JSON, no histograms); ``keys``
-    fills in the API key of lanes whose snapshot entry has none."""
+    fills in the API key of lanes whose snapshot entry has none. ``totals`` holds the cumulative
+    counts of every worker the charts and events cover: here that one worker (with several
+    models, :func:`full_state` puts every resident model's there)."""
     stats: Mapping[str, Any] = state.get("metrics") or {}  # a scheduler.worker.metrics.WorkerStats
     last: Mapping[str, Any] = stats.get("last_tick") or {}
-    ttft: Mapping[str, Mapping[str, Any]] = stats.get("ttft_s") or {}
+    totals = worker_totals(state)
     keys = keys or {}
     lanes = []
     for lane in state.get("lanes", []):
@@ -62,7 +90,7 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
         "class_lanes": dict(state.get("class_lanes") or {}),
         "parked": list(state.get("parked") or []),
         "pool": dict(state.get("pool") or {}),
-        "counters": dict(state.get("counters") or {}),
+        "counters": totals["counters"],
         "prefill_tokens_per_s": state.get("prefill_tokens_per_s", 0),
         "last_ttft_ms": (state.get("stats") or {}).get("last_ttft_ms", 0),
         "tick_info": {
@@ -74,11 +102,9 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
             "last_lanes": last.get("lanes", 0),
             "last_seconds": last.get("seconds", 0.0),
         },
-        "tokens": {
-            "prefill": stats.get("prefill_tokens_total", 0),
-            "decode": stats.get("decode_tokens_total", 0),
-        },
-        "ttft": {"sum": sum(h.get("sum", 0.0) for h in ttft.values()), "count": sum(int(h.get("count", 0)) for h in ttft.values())},
+        "tokens": totals["tokens"],
+        "ttft": totals["ttft"],
+        "totals": [totals],
         # Redis mode: every worker (host, lanes) and the global queue by class; absent otherwise
         **({"fleet": list(state["fleet"]), "global_queue": dict(state.get("global_queue") or {})} if state.get("fleet") else {}),
     }
@@ -118,7 +144,9 @@ def models_view(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]
 def full_state(state: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]:
     """What one push carries: the snapshot's view and, with several models, the router's. With
     several models every resident worker sends snapshots; the page's lanes panel draws the model
-    used last (the pool link's), so it does not flip between models at each snapshot."""
+    used last (the pool link's), so it does not flip between models at each snapshot, and
+    ``totals`` holds every resident model's counts (the charts and events: all models, each
+    model's rates from its own counts only)."""
     from scheduler.link.pool import all_pools
 
     try:
@@ -126,9 +154,12 @@ def full_state(state: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None 
     except RuntimeError:
         loop = None
     pool = next((p for p in all_pools() if loop is not None and p.loop is loop), None)
-    if pool is not None and pool.link.snapshot:
+    if pool is None:
+        return {**dashboard_state(state, lane_keys(loop)), **models_view(loop)}
+    if pool.link.snapshot:
         state = pool.link.snapshot
-    return {**dashboard_state(state, lane_keys(loop)), **models_view(loop)}
+    totals = [worker_totals(link.snapshot, model) for model, link in list(pool.links.items()) if link.snapshot]
+    return {**dashboard_state(state, lane_keys(loop)), "totals": totals, **models_view(loop)}
 
 
 class SnapshotFeed:

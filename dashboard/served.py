@@ -47,7 +47,9 @@ def single_view(link: Any) -> dict[str, Any]:
     snapshot = link.snapshot or {}
     hello = link.hello
     lanes = _lanes(snapshot)
-    depth = ((snapshot.get("metrics") or {}).get("queue_depth_by_band")) or {}
+    metrics = snapshot.get("metrics") or {}  # a scheduler.worker.metrics.WorkerStats
+    depth = metrics.get("queue_depth_by_band") or {}
+    oldest = metrics.get("queue_oldest_wait_s_by_band") or {}
     model = (hello.model if hello is not None else None) or snapshot.get("model") or "-"
     connected = hello is not None and not getattr(link, "draining", False)
     row: dict[str, Any] = {
@@ -69,7 +71,7 @@ def single_view(link: Any) -> dict[str, Any]:
         "loads": None,
         "error": None,
     }
-    queue = {b: {"depth": row["waiting_by_band"][b], "oldest_wait_s": 0.0} for b in BANDS}
+    queue = {b: {"depth": row["waiting_by_band"][b], "oldest_wait_s": float(oldest.get(b, 0.0) or 0.0)} for b in BANDS}
     return {"router": False, "scheduler": None, "max_loaded_models": 1, "queue": queue, "models": [row]}
 
 

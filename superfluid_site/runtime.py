@@ -78,10 +78,20 @@ class WebRuntime:
         return own + [link for pool in self.pools() for link in pool.open_links.values()]
 
     def in_flight_keys(self) -> dict[str, str | None]:
-        """job id -> API key name of the jobs in flight on this loop's link (the dashboard's lanes)."""
-        if self.link is None:
-            return {}
-        return {job_id: handle.key for job_id, handle in list(self.link.inflight.items())}
+        """job id -> API key name of the jobs in flight on this loop's links (the dashboard's
+        lanes, /slots). With several models the loop's link is the pool's PoolLink, which never
+        submits a job: each job is on its model's own link, so every model's link is read (job
+        ids are uuids, unique across models, so one map serves every model's lanes)."""
+        from scheduler.link.pool import PoolLink
+
+        links = self.links()
+        if isinstance(self.link, PoolLink):  # every loaded model's link (links() has open ones)
+            links += list(self.link.pool.links.values())
+        keys: dict[str, str | None] = {}
+        for link in {id(link): link for link in links}.values():
+            for job_id, handle in list(link.inflight.items()):
+                keys[job_id] = handle.key
+        return keys
 
     # -- the keys -------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@
   var RATE_WINDOW_S = 1.5;     // tokens/s are averaged over this much history
   var $ = function (id) { return document.getElementById(id); };
   var series = { decode: [], prefill: [], ttft: [] };
-  var history = [];            // [{t, prefill, decode}] for the aggregate rates
+  var sources = {};            // worker (a push's totals[].source) -> {history: [{t, prefill, decode}], ttft, counters}
   var laneHist = {};           // lane -> [{t, job, generated}]
-  var prevCounters = null, prevTtft = null, events = [];
+  var events = [];
   var EVENT_KINDS = [["preemptions", "preemption"], ["parks", "park"], ["resumes", "resume"],
                      ["evictions", "eviction"], ["host_imports", "host import"], ["os_pressure_warning", "OS pressure (warning)"],
                      ["os_pressure_critical", "OS pressure (critical)"]];
@@ -57,12 +57,11 @@
           '<div class="meta cls"></div><div class="bar"><div></div></div><div class="nums"><span class="prog"></span><span class="rate"></span></div>';
         box.appendChild(card);
       }
-      var state = lane.parked === true ? "parked" : lane.state;
+      var state = lane.state;
       if (state !== "idle") { busy++; }
       card.setAttribute("data-lane", String(lane.lane));
       card.setAttribute("data-state", state);
       card.setAttribute("data-job", lane.job_id || "");
-      card.setAttribute("data-parked", lane.parked ? "true" : "false");
       card.querySelector(".id").textContent = "lane " + lane.lane;
       var badge = card.querySelector(".badge");
       badge.textContent = state;
@@ -159,16 +158,41 @@
     ]);
   }
 
-  function noteEvents(s) {
-    var c = s.counters || {};
-    if (prevCounters) {
-      EVENT_KINDS.forEach(function (k) {
-        var d = (c[k[0]] || 0) - (prevCounters[k[0]] || 0);
-        if (d > 0) { events.unshift({ t: s.t, text: k[1] + (d > 1 ? " ×" + d : "") }); }
-      });
-      events = events.slice(0, 40);
-    }
-    prevCounters = c;
+  // The rates, TTFT points and events are differences between two pushes of one worker's
+  // cumulative counts (s.totals: every worker the push covers, by source; with several models one
+  // per resident model). Each worker keeps its own baselines, so two workers' counts (two models,
+  // or a worker and its restarted successor) are never compared; one no longer in a push is forgotten.
+  function advance(s) {
+    var now = s.t, seen = {};
+    var step = { decode: 0, prefill: 0, ttftSum: 0, ttftCount: 0, events: [] };
+    var totals = s.totals || [{ source: "", tokens: s.tokens, ttft: s.ttft, counters: s.counters }];
+    totals.forEach(function (w) {
+      var id = String(w.source || ""), tk = w.tokens || {}, tt = w.ttft || { sum: 0, count: 0 }, c = w.counters || {};
+      var src = sources[id] || (sources[id] = { history: [], ttft: null, counters: null });
+      seen[id] = true;
+      src.history.push({ t: now, prefill: tk.prefill || 0, decode: tk.decode || 0 });
+      trim(src.history, now);
+      step.decode += rateOver(src.history, now, "decode");
+      step.prefill += rateOver(src.history, now, "prefill");
+      if (src.ttft && tt.count > src.ttft.count) {
+        step.ttftSum += tt.sum - src.ttft.sum; step.ttftCount += tt.count - src.ttft.count;
+      }
+      src.ttft = tt;
+      if (src.counters) {
+        EVENT_KINDS.forEach(function (k) {
+          var d = (c[k[0]] || 0) - (src.counters[k[0]] || 0);
+          if (d > 0) { step.events.push(k[1] + (d > 1 ? " ×" + d : "") + (w.label ? " · " + w.label : "")); }
+        });
+      }
+      src.counters = c;
+    });
+    Object.keys(sources).forEach(function (id) { if (!seen[id]) { delete sources[id]; } });
+    return step;
+  }
+
+  function noteEvents(s, step) {
+    step.events.forEach(function (text) { events.unshift({ t: s.t, text: text }); });
+    events = events.slice(0, 40);
     var list = $("events");
     list.innerHTML = "";
     if (!events.length) { list.appendChild(el("li", { "class": "muted" }, "none yet")); return; }
@@ -207,17 +231,12 @@
     return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
   }
 
-  function renderCharts(s) {
-    var now = s.t, tk = s.tokens || {};
-    history.push({ t: now, prefill: tk.prefill || 0, decode: tk.decode || 0 });
-    trim(history, now);
-    var dec = rateOver(history, now, "decode"), pre = rateOver(history, now, "prefill");
+  function renderCharts(s, step) {
+    var now = s.t, dec = step.decode, pre = step.prefill;
     series.decode.push({ t: now, v: dec }); series.prefill.push({ t: now, v: pre });
-    var tt = s.ttft || { sum: 0, count: 0 };
-    if (prevTtft && tt.count > prevTtft.count) {
-      series.ttft.push({ t: now, v: 1000 * (tt.sum - prevTtft.sum) / (tt.count - prevTtft.count) });
+    if (step.ttftCount > 0) {
+      series.ttft.push({ t: now, v: 1000 * step.ttftSum / step.ttftCount });
     }
-    prevTtft = tt;
     trim(series.decode, now); trim(series.prefill, now); trim(series.ttft, now);
     $("decode-now").textContent = fmt(dec);
     $("prefill-now").textContent = fmt(pre);
@@ -292,8 +311,9 @@
     renderModels(s);
     renderPool(s);
     renderTick(s);
-    renderCharts(s);
-    noteEvents(s);
+    var step = advance(s);
+    renderCharts(s, step);
+    noteEvents(s, step);
     window.superfluidLastState = s;
   }
 

@@ -1,0 +1,142 @@
+"""The dashboard page's own script in headless chromium, without a server: the page as the view
+renders it, its websocket replaced by a stand-in through which the test hands it pushes built by
+the feed (dashboard/feed.py), exactly as the consumer relays them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.template.loader import render_to_string
+from django.test import RequestFactory
+
+from dashboard.feed import dashboard_state, full_state
+from scheduler.link import pool as pool_mod
+from scheduler.link.pool import ModelPool, PoolSetup
+from scheduler.models_config import ModelsConfig, ServedModel
+from testkit.harness import CHROMIUM, CHROMIUM_ARGS
+
+from .test_browser import require_chromium
+
+URL = "http://dashboard.test/dashboard/"
+
+# The page's websocket: a stand-in the test pushes through (window.__push(state)).
+FAKE_SOCKET = """
+window.WebSocket = function (url) {
+  var ws = this;
+  window.__push = function (state) { ws.onmessage({ data: JSON.stringify({ type: "state", state: state }) }); };
+  setTimeout(function () { ws.onopen && ws.onopen(); }, 0);
+};
+"""
+
+# Hands the page each push in turn; what it shows after each.
+FEED = """
+(pushes) => pushes.map((s) => {
+  window.__push(s);
+  return {
+    decode: document.getElementById('decode-now').textContent,
+    ttft: document.getElementById('ttft-now').textContent,
+    events: Array.from(document.querySelectorAll('#events li')).map((li) => li.textContent.replace(/^.*?  /, '')),
+  };
+})
+"""
+
+
+def page_html() -> str:
+    request = RequestFactory().get("/dashboard/")
+    request.user = SimpleNamespace(get_username=lambda: "ops")  # type: ignore[assignment]
+    return render_to_string("dashboard/index.html", {"push_interval_ms": 200, "request": request})
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[Any]:
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    html = page_html()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            pg = browser.new_page()
+            pg.add_init_script(FAKE_SOCKET)
+            pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=html))
+            yield pg
+        finally:
+            browser.close()
+
+
+def fresh(page: Any) -> Any:
+    page.goto(URL)
+    page.wait_for_function("() => typeof window.__push === 'function'")
+    return page
+
+
+def worker(pid: int, decode: int, ttft: tuple[float, int], preemptions: int) -> dict[str, Any]:
+    return {
+        "pid": pid, "lanes": [{"lane": 0, "state": "decode", "job_id": f"job-{pid}", "generated": 1}],
+        "metrics": {"decode_tokens_total": decode, "ttft_s": {"agent": {"sum": ttft[0], "count": ttft[1]}}},
+        "counters": {"preemptions": preemptions},
+    }
+
+
+def pool_pushes() -> list[dict[str, Any]]:
+    """Five pushes, 0.2 s apart, of a pool whose model used last goes a, a, b, b, b: the chat
+    model a decodes 50 tok/s; the FIM model b has been busy for hours (large counts) and, by the
+    last push, has given one first token (0.5 s) and preempted once."""
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
+
+    loop = asyncio.new_event_loop()  # the pool's (never run: the feed only reads its state)
+    pool.loop = loop
+    pool_mod._POOLS[-1] = pool
+    try:
+        pushes = []
+        for k, last in enumerate("aabbb"):
+            b_done = k == 4
+            pool.links = {
+                "a": SimpleNamespace(snapshot=worker(101, 1000 + 10 * k, (2.0, 10), 3), inflight={}),  # type: ignore[dict-item]
+                "b": SimpleNamespace(snapshot=worker(202, 400000, (900.5, 4001) if b_done else (900.0, 4000), 1 if b_done else 0), inflight={}),  # type: ignore[dict-item]
+            }
+            pool.last_model = last
+            pushes.append({**full_state({}, loop), "t": 1_800_000_000.0 + 0.2 * k})
+        return pushes
+    finally:
+        pool_mod._POOLS.pop(-1, None)
+        loop.close()
+
+
+def test_with_several_models_no_rate_or_event_compares_two_models_counts(page: Any) -> None:
+    """The page took each push's counts as one worker's: as the model used last changed, it read
+    b's counts against a's: a decode rate of a million tok/s, a TTFT point of 225 ms, and no
+    preemption of b's when it happened."""
+    pushes = pool_pushes()
+    shown = fresh(page).evaluate(FEED, pushes)
+    decode = [float(s["decode"]) for s in shown]
+    assert decode[0] == 0 and all(abs(d - 50) < 0.5 for d in decode[1:]), decode  # a's 50 tok/s throughout
+    assert [s["ttft"] for s in shown] == ["–"] * 4 + ["500"]  # b's one new first token, nothing else
+    assert [s["events"] for s in shown] == [["none yet"]] * 4 + [["preemption · b"]]
+
+
+def test_with_one_model_rates_and_events_are_as_before(page: Any) -> None:
+    states = [worker(7, 100 + 10 * k, (1.0 + 0.3 * (k >= 2), 4 + (k >= 2)), 2 + (k >= 3)) for k in range(4)]
+    pushes = [{**dashboard_state(s), "t": 1_800_000_000.0 + 0.2 * k} for k, s in enumerate(states)]
+    shown = fresh(page).evaluate(FEED, pushes)
+    assert [s["decode"] for s in shown] == ["0.0", "50.0", "50.0", "50.0"]
+    assert [s["ttft"] for s in shown] == ["–", "–", "300", "300"]  # one first token, in 0.3 s
+    assert [s["events"] for s in shown] == [["none yet"]] * 3 + [["preemption"]]
+
+
+def test_a_lane_shows_the_workers_state_for_it(page: Any) -> None:
+    """The page drew a lane whose entry said ``parked: true`` as parked; a worker's lane never
+    says so (a parked job waits in the queue, listed under Parked), so the branch is gone."""
+    state = dashboard_state({"lanes": [{"lane": 0, "state": "decode", "job_id": "j", "parked": True}, {"lane": 1, "state": "idle"}],
+                             "parked": [{"job_id": "parked-job", "class": "background", "tokens": 300}]})
+    pg = fresh(page)
+    pg.evaluate("(s) => window.__push(s)", {**state, "t": 1_800_000_000.0})
+    assert pg.evaluate("() => Array.from(document.querySelectorAll('#lanes [data-lane]')).map((c) => [c.dataset.state, c.dataset.parked === undefined])") == [
+        ["decode", True], ["idle", True]]
+    assert "background · parked-" in pg.locator("#parked").inner_text()

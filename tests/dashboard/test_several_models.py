@@ -1,0 +1,108 @@
+"""What the live dashboard, /slots and the admin's model page read with several models (a pool
+of per-model links behind the loop's PoolLink), and the single model's queue waits: no server,
+a real ModelPool whose model links are stand-ins holding jobs in flight and worker snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+
+from dashboard.feed import full_state
+from dashboard.served import single_view
+from scheduler.link import pool as pool_mod
+from scheduler.link.pool import ModelPool, PoolSetup
+from scheduler.link.transport import JobHandle
+from scheduler.models_config import ModelsConfig, ServedModel
+from superfluid_site.runtime import forget, web_runtime
+
+
+def model_link(pid: int, jobs: dict[str, str | None], lanes: list[dict[str, Any]], **metrics: Any) -> Any:
+    """A model's own link: the jobs this web process submitted to it (with their keys, as
+    api/consumers.py sets them) and its worker's latest snapshot."""
+    inflight = {job: JobHandle(job_id=job, submit=None, key=key) for job, key in jobs.items()}  # type: ignore[arg-type]
+    return SimpleNamespace(inflight=inflight, snapshot={"model": "same.gguf", "pid": pid, "lanes": lanes, "metrics": metrics, "counters": {}})
+
+
+@pytest.fixture
+async def pool(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ModelPool]:
+    """Two loaded models, ``a`` and ``b`` (one GGUF file under two ids: their snapshots name the
+    same model), each running one keyed job; the loop's link is the pool's, as get_link makes it."""
+    cfg = ModelsConfig((ServedModel("a", Path("/m/x.gguf")), ServedModel("b", Path("/m/x.gguf"))))
+    p = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 1, "b": 1}))  # type: ignore[arg-type]
+    p.loop = asyncio.get_running_loop()
+    p.links["a"] = model_link(101, {"ja": "alice"}, [{"lane": 0, "state": "decode", "job_id": "ja", "class": "agent"}])
+    p.links["b"] = model_link(202, {"jb": "bob"}, [{"lane": 0, "state": "prefill", "job_id": "jb", "class": "completion"}])
+    monkeypatch.setitem(pool_mod._POOLS, -1, p)
+    web_runtime().link = p.link  # not started: a PoolLink has nothing to start
+    try:
+        yield p
+    finally:
+        forget(asyncio.get_running_loop())
+
+
+async def test_each_models_lanes_name_the_key_of_their_job(pool: ModelPool) -> None:
+    """The keys were read from the PoolLink only, which never submits a job: every busy lane
+    showed "key anonymous"."""
+    assert web_runtime().in_flight_keys() == {"ja": "alice", "jb": "bob"}
+    for model, key in (("a", "alice"), ("b", "bob")):
+        pool.last_model = model  # the lanes panel draws the model used last
+        (lane,) = full_state({})["lanes"]
+        assert lane["key"] == key, model
+
+
+async def test_slots_names_the_key_of_each_lane_with_several_models(pool: ModelPool) -> None:
+    from api.views import slots
+
+    for model, key in (("a", "alice"), ("b", "bob")):
+        pool.last_model = model
+        response = await slots.__wrapped__(RequestFactory().get("/slots"))  # type: ignore[attr-defined]
+        (lane,) = json.loads(response.content)
+        assert (lane["id_task"], lane["key"]) == (f"j{model}", key)
+
+
+async def test_a_push_carries_each_models_counts_under_its_own_worker(pool: ModelPool) -> None:
+    """The page's rates are differences between pushes; the counts it got were the model used
+    last's, so each switch of model compared two workers' counters (huge tok/s, false TTFT points
+    and preemptions). Each push now carries every resident model's counts, each named by its worker."""
+    pool.links["a"].snapshot.update(metrics={"decode_tokens_total": 1000, "ttft_s": {"agent": {"sum": 2.0, "count": 10}}}, counters={"preemptions": 3})  # type: ignore[attr-defined]
+    pool.links["b"].snapshot.update(metrics={"decode_tokens_total": 400000, "ttft_s": {"completion": {"sum": 900.0, "count": 4000}}})  # type: ignore[attr-defined]
+    pushes = []
+    for model in ("a", "b"):
+        pool.last_model = model
+        pushes.append(full_state({}))
+    for push in pushes:  # the same totals whichever model the lanes panel draws
+        assert [(t["label"], t["tokens"]["decode"], t["ttft"], t["counters"]) for t in push["totals"]] == [
+            ("a", 1000, {"sum": 2.0, "count": 10}, {"preemptions": 3}),
+            ("b", 400000, {"sum": 900.0, "count": 4000}, {}),
+        ]
+    sources = [t["source"] for t in pushes[0]["totals"]]
+    assert len(set(sources)) == 2 and sources == [t["source"] for t in pushes[1]["totals"]]
+    assert pushes[0]["tokens"]["decode"] == 1000 and pushes[1]["tokens"]["decode"] == 400000  # the lanes panel's model's own
+    # a reloaded model's new worker (its counts start again at zero) is a new source
+    pool.links["a"].snapshot["pid"] = 303  # type: ignore[attr-defined]
+    assert full_state({})["totals"][0]["source"] not in sources
+
+
+async def test_with_one_model_a_push_carries_its_one_worker() -> None:
+    push = full_state({"pid": 7, "metrics": {"decode_tokens_total": 5}, "counters": {"parks": 1}})
+    assert [(t["tokens"]["decode"], t["counters"], t["label"]) for t in push["totals"]] == [(5, {"parks": 1}, None)]
+    assert push["totals"][0]["source"] != full_state({"pid": 8})["totals"][0]["source"]  # a restarted worker
+
+
+def test_the_single_models_queue_shows_the_oldest_wait_of_each_band() -> None:
+    """It was 0.0 whatever waited: the worker's snapshot has queue_oldest_wait_s_by_band."""
+    link = SimpleNamespace(
+        hello=SimpleNamespace(model="smol"), draining=False,
+        snapshot={"lanes": [], "n_lanes": 2, "metrics": {"queue_depth_by_band": {"batch": 3, "normal": 1},
+                                                         "queue_oldest_wait_s_by_band": {"interactive": 0.0, "normal": 1.25, "batch": 742.5}}},
+    )
+    queue = single_view(link)["queue"]
+    assert queue == {"interactive": {"depth": 0, "oldest_wait_s": 0.0}, "normal": {"depth": 1, "oldest_wait_s": 1.25}, "batch": {"depth": 3, "oldest_wait_s": 742.5}}
+    assert single_view(SimpleNamespace(hello=None, snapshot=None))["queue"]["batch"] == {"depth": 0, "oldest_wait_s": 0.0}  # no worker yet
