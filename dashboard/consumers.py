@@ -1,4 +1,4 @@
-"""The dashboard's websocket: staff only; joins the group "lanes" that ``feed.py`` pushes to."""
+"""The dashboard's websocket: staff only; joins this web process's group (``feed.GROUP``) that ``feed.py`` pushes to."""
 
 from __future__ import annotations
 

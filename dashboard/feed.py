@@ -1,4 +1,4 @@
-"""Feeds the live dashboard: worker snapshots pushed to the Channels group "lanes".
+"""Feeds the live dashboard: worker snapshots pushed to this process's Channels group (``GROUP``).
 
 The link client (``scheduler/link/client.py``) calls :func:`on_snapshot` for every snapshot the
 worker sends (ten a second, and at once when a lane is taken or freed). This module keeps the
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +22,11 @@ from scheduler.aio import spawn
 
 log = logging.getLogger("superfluid.dashboard")
 
-GROUP = "lanes"
+# This web process's own group: with Redis's shared layer (several heads) a page hears only the
+# head it is connected to. A shared "lanes" group made every open page take every head's pushes
+# (five a second each), alternating between heads whose lanes' keys differ (each knows only the
+# keys of the jobs it submitted).
+GROUP = f"lanes.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 MIN_INTERVAL_S = 0.2  # about five pushes a second
 
 

@@ -246,3 +246,14 @@ async def test_an_open_dashboard_is_closed_once_its_user_logs_out_or_loses_staff
         web = forget(asyncio.get_running_loop())
         if web is not None and web.link is not None:
             await web.link.stop()
+
+
+def test_each_web_process_pushes_to_a_group_of_its_own() -> None:
+    """With Redis's shared Channels layer every head pushed to one group "lanes": an open page
+    took every head's pushes, alternating between heads that know different lanes' keys."""
+    import subprocess
+    import sys
+
+    code = "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'superfluid_site.settings'); django.setup(); from dashboard.feed import GROUP; print(GROUP)"
+    groups = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout.strip() for _ in range(2)}
+    assert len(groups) == 2 and all(g.startswith("lanes.") and len(g) < 100 for g in groups)
