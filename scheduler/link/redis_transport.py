@@ -145,7 +145,7 @@ class RedisTransport(Transport):
         self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis_ok = False
         self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
-        # the fleet's worker ids at the last look (None: not looked yet); each id new since then
+        # the fleet's worker ids at the last look (None: none seen yet); each id new since then
         # is a worker process that joined (one restarted by its supervisor has a new id):
         # superfluid_worker_restarts_total, "times a new engine worker process said hello"
         self._known_workers: set[str] | None = None
@@ -278,7 +278,8 @@ class RedisTransport(Transport):
         self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
         if self._known_workers is not None:  # every worker id not there at the last look: a new process
             self.worker_restarts += len(workers.keys() - self._known_workers)
-        self._known_workers = set(workers)
+        if workers or self._known_workers is not None:  # the first workers seen are no restart
+            self._known_workers = set(workers)
         self.workers = workers
         self._publish_fleet()
         loop = asyncio.get_running_loop()
