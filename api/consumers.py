@@ -260,6 +260,7 @@ class GenerationConsumer(StreamingConsumer):
             batch_invariant=admission.batch_invariant,
             pin_prefix=admission.pin_prefix,
             cache_scope=admission.cache_scope,
+            **self.router_wait(),
         )
         handle.key = admission.key_name
         self.record.request_id = handle.job_id
@@ -295,6 +296,7 @@ class GenerationConsumer(StreamingConsumer):
                     batch_invariant=admission.batch_invariant,
                     pin_prefix=admission.pin_prefix,
                     cache_scope=admission.cache_scope,
+                    **self.router_wait(),
                 )
                 handle.key = admission.key_name
                 handle.request = handles[0].job_id if handles else handle.job_id  # one request in /metrics
@@ -531,6 +533,12 @@ class GenerationConsumer(StreamingConsumer):
                 break
         await self.send_json(200, reply.body(event, self.usage(event)), self.response_headers(handle, qos))
 
+    def router_wait(self) -> dict[str, Any]:
+        """The Submit's ``waited_ms``: with several models, the request's wait at the router (a
+        swap, a load), which its worker counts in its times and histograms from then on."""
+        router = getattr(self, "router_serial", None)
+        return {"waited_ms": router["serial_queue_wait_ms"]} if router else {}
+
     def note_done(self, event: Done) -> None:
         self.record.finish_reason = event.finish_reason
         self.record.usage = dict(event.usage)
@@ -538,25 +546,32 @@ class GenerationConsumer(StreamingConsumer):
         self.record.serial = dict(event.serial)
         router = getattr(self, "router_serial", None)
         if router:  # several models: the router's pick; the wait counts both queues
-            worker_wait = int(event.serial.get("serial_queue_wait_ms") or 0)
-            self.record.serial = {**router, "serial_queue_wait_ms": router["serial_queue_wait_ms"] + worker_wait}
+            # the worker's wait, less the router's that it counted already (its Submit's waited_ms)
+            worker_wait = float(event.serial.get("serial_queue_wait_ms") or 0) - float(event.timing.get("waited_ms") or 0)
+            self.record.serial = {**router, "serial_queue_wait_ms": router["serial_queue_wait_ms"] + round(max(0.0, worker_wait))}
 
     def note_timing(self, timings: list[dict[str, Any]]) -> None:
         """The activity row's timing from the worker's (one per choice), counted from the
-        request's arrival: with several models the wait at the router (a swap, a load) comes
-        before the worker's own clock starts."""
-        timing = merged_timing(timings)
+        request's arrival: with several models the wait at the router (a swap, a load) came
+        before the worker's; the worker counts it (the Submit's ``waited_ms``, given back in its
+        timing), and what it did not count is added here."""
         router = getattr(self, "router_serial", None)
         waited = int((router or {}).get("serial_queue_wait_ms") or 0)
-        for key in ("queue_wait_ms", "ttft_ms", "total_ms"):
-            if timing.get(key) is not None:
-                timing[key] += waited
-        self.record.timing = timing
+        self.record.timing = merged_timing([with_wait_before(t, waited) for t in timings])
 
     @staticmethod
     def usage(event: Done) -> dict[str, Any]:
         u = event.usage
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
+
+
+def with_wait_before(timing: dict[str, Any], waited_ms: float) -> dict[str, Any]:
+    """One choice's worker timing counted from ``waited_ms`` earlier (the wait at the router):
+    the part of it the worker did not count already (``timing["waited_ms"]``) is added."""
+    extra = max(0.0, waited_ms - float((timing or {}).get("waited_ms") or 0))
+    if not timing or not extra:
+        return timing
+    return {k: v + extra if k in ("queue_wait_ms", "ttft_ms", "total_ms") and v is not None else v for k, v in timing.items()}
 
 
 def merged_timing(timings: list[dict[str, Any]]) -> dict[str, Any]:

@@ -184,13 +184,23 @@ class Scheduler:
 
     # -- requests ---------------------------------------------------------------------
 
-    def add(self, job: Job) -> None:
-        """Queue a job. Its prompt must already fit ``lane_ctx`` (checked at admission by the worker)."""
+    def add(self, job: Job, *, arrival_s: float | None = None, enqueued_s: float | None = None) -> None:
+        """Queue a job. Its prompt must already fit ``lane_ctx`` (checked at admission by the worker).
+
+        ``arrival_s`` (this scheduler's clock): when the request arrived, if before now. The
+        worker prepares a prompt (renders and tokenises it, maybe behind others) before it
+        queues the job, and with several models the request waited at the router first: its
+        queue wait, time to first token and score aging count from there. ``enqueued_s``: when
+        it joined this worker's queue, where class aging and the oldest-wait figures start
+        (default: ``arrival_s``). Neither is later than now; both default to now."""
         if job.job_id in self.jobs:
             raise ValueError(f"duplicate job id {job.job_id}")
         if len(job.prompt) == 0:
             raise ValueError("a job needs at least one prompt token")
-        job.arrival_s = job.enqueued_s = self.clock()
+        now = self.clock()
+        job.arrival_s = arrival_s if arrival_s is not None and math.isfinite(arrival_s) and arrival_s < now else now
+        enqueued = job.arrival_s if enqueued_s is None else enqueued_s
+        job.enqueued_s = min(max(enqueued, job.arrival_s), now) if math.isfinite(enqueued) else now
         job.seq = next(self._seq)
         job.enqueued_tick = self.tick
         job.state = JobState.QUEUED

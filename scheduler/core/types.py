@@ -60,7 +60,7 @@ class Job:
     lane: int | None = None
     computed: int = 0  # tokens of prompt + output already in the lane's KV cache
     output: list[int] = field(default_factory=list)
-    arrival_s: float = 0.0
+    arrival_s: float = 0.0  # the request's arrival (before its preparation; with a router, before its wait there)
     enqueued_tick: int = 0
     enqueued_s: float = 0.0  # when it last joined a queue (arrival, or preemption): class aging
     admitted_s: float | None = None

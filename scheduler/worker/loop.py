@@ -82,6 +82,9 @@ class Refusal(Exception):
 # (or more messages than lane_ctx) cannot fit and is refused without tokenising it.
 MAX_CHARS_PER_TOKEN = 128
 MAX_PRIORITY = 2**53  # far beyond the seed's bands; a float holds it exactly
+# Submit.waited_ms above this (a week) is refused like a malformed priority: no request waits so
+# long at the router, and its arrival must stay a finite time on the worker's clock.
+MAX_WAITED_MS = 7 * 86_400_000
 
 
 @dataclass
@@ -96,6 +99,7 @@ class JobContext:
     lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
     prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
+    waited_ms: float = 0.0  # Submit.waited_ms: its wait before this worker (the router), in its times
 
 
 class Prepared(Message):
@@ -136,6 +140,12 @@ class EngineWorker:
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()
         self.interrupt = threading.Event()
         self.contexts: dict[str, JobContext] = {}
+        # When each Submit reached this worker (the scheduler's clock), stamped by the reader
+        # thread before it waits in the inbox for the tick in flight; taken by _submit. A job's
+        # waits, time to first token and aging count from there (plus Submit.waited_ms), not
+        # from when it was queued after its preparation.
+        self._received: dict[str, float] = {}
+        self._arrived: dict[str, float] = {}  # the same stamp, by id, for the Submits in ``preparing``
         # Submits being rendered and tokenised off the tick thread (prepare_in_thread), by id.
         # A cancel removes its entry; a result whose entry is gone is dropped.
         self.preparing: dict[str, Connection] = {}
@@ -190,6 +200,8 @@ class EngineWorker:
         flight (a full prompt chunk, seconds on a CPU) would delay the urgent job by that much.
         The tick thread then waits for its preparation (``_urgent_hold_s``); once prepared it
         interrupts again (``_prepare_loop``), for a tick begun after the wait ran out."""
+        if isinstance(message, Submit):
+            self._received[str(message.id)] = self.clock()
         if isinstance(message, (Cancel, Disconnected)) or (isinstance(message, Submit) and _urgent(message)):
             self._interrupt()
 
@@ -217,6 +229,7 @@ class EngineWorker:
         elif isinstance(message, Prepared):
             self._prepared(message)
         elif isinstance(message, Cancel):
+            self._arrived.pop(message.id, None)
             if self.preparing.pop(message.id, None) is None:
                 self.scheduler.cancel(message.id)
         elif isinstance(message, Disconnected):
@@ -224,6 +237,7 @@ class EngineWorker:
                 self.scheduler.cancel(ctx.job_id)
             for job_id in [j for j, c in self.preparing.items() if c is conn]:
                 del self.preparing[job_id]
+                self._arrived.pop(job_id, None)
             # their ends now, not at the next tick: a web side that reconnects submits each job
             # again under its id (with the text delivered), maybe in this same inbox drain
             self._process(self.scheduler.drain_events())
@@ -238,6 +252,10 @@ class EngineWorker:
 
     def _submit(self, conn: Connection, message: Submit) -> None:
         job_id = str(message.id)
+        # when it arrived: stamped as it was read (see _on_message), else now
+        now = self.clock()
+        received = self._received.pop(job_id, now)
+        received = received if received <= now else now
         try:
             if self.draining:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
@@ -249,6 +267,7 @@ class EngineWorker:
             self._check_size(message)
             if self._prepare_queue is not None:
                 self.preparing[job_id] = conn
+                self._arrived[job_id] = received
                 urgent = _urgent(message)
                 if urgent:
                     self._urgent_preparing[job_id] = time.monotonic() + URGENT_PREPARE_HOLD_S
@@ -258,7 +277,7 @@ class EngineWorker:
         except Refusal as exc:
             self._refuse(conn, job_id, exc)
             return
-        self._admit(conn, job, ctx)
+        self._admit(conn, job, ctx, received)
 
     def _embed(self, conn: Connection, message: Submit) -> None:
         """``/v1/embeddings``: every input embedded at once, here on the tick thread between two
@@ -291,8 +310,16 @@ class EngineWorker:
         conn.queue(Accepted(job_id, total))
         conn.queue(Done(job_id, "stop", usage={"prompt_tokens": total, "completion_tokens": 0}, embeddings=vectors))
 
-    def _admit(self, conn: Connection, job: Job, ctx: JobContext) -> None:
-        self.scheduler.add(job)
+    def _admit(self, conn: Connection, job: Job, ctx: JobContext, received_s: float) -> None:
+        """Queue a prepared job. ``received_s``: when its Submit reached this worker. Its queue
+        wait, time to first token and score aging count from its arrival: that, less the wait
+        the web side reports before it (``waited_ms``: the router's, with several models), so
+        the histograms and its Done timing hold the whole wait. Its class aging and its start
+        deadline count from ``received_s``: only the time this worker held it (the router
+        already ordered the wait before it)."""
+        if job.qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
+            job.deadline_s = received_s + self.completion_deadline_ms / 1000.0
+        self.scheduler.add(job, arrival_s=received_s - ctx.waited_ms / 1000.0, enqueued_s=received_s)
         self.contexts[job.job_id] = ctx
         self.stats["requests_total"] += 1
         conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
@@ -301,13 +328,14 @@ class EngineWorker:
         if self._urgent_preparing.pop(result.id, None) is not None:
             self._urgent_ready = True
         conn = self.preparing.pop(result.id, None)
+        received = self._arrived.pop(result.id, None)
         if conn is None:
             return  # cancelled, or its connection closed, while it was being prepared
         if result.refusal is not None:
             self._refuse(conn, result.id, result.refusal)
             return
         assert result.built is not None
-        self._admit(conn, *result.built)
+        self._admit(conn, *result.built, self.clock() if received is None else received)
 
     def _prepare_loop(self) -> None:
         """The preparation thread: renders and tokenises prompts so the tick thread never does."""
@@ -381,6 +409,7 @@ class EngineWorker:
         priority = message.priority
         if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
             raise Refusal(INVALID_JOB, "The priority is not an integer in range.")
+        _waited_ms(message)
         stop = request.get("stop")
         if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
             raise Refusal(INVALID_JOB, "'stop' must be a list of strings.", "stop")
@@ -503,10 +532,9 @@ class EngineWorker:
             # the text a lost worker had sent already: a grammar goes on from where it was
             resumed=self.engine.tokenize(resume_text, add_special=False, special=False) if resume_text else [],
         )
-        if qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
-            job.deadline_s = self.clock() + self.completion_deadline_ms / 1000.0
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        ctx.waited_ms = _waited_ms(message)
         if request.get("echo") and sampling.logprobs is not None:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:own_len], sampling.logprobs)
         return job, ctx
@@ -755,6 +783,8 @@ class EngineWorker:
             "total_ms": _ms(job.finished_s, job.arrival_s),
             "preemptions": job.preemptions,
         }
+        if ctx.waited_ms:  # the times above count it: the web side does not add it again
+            timing["waited_ms"] = ctx.waited_ms
         if timing["ttft_ms"] is not None:
             self.stats["last_ttft_ms"] = timing["ttft_ms"]
         ctx.conn.queue(
@@ -836,6 +866,7 @@ class EngineWorker:
             self.scheduler.cancel(job_id)
         self.contexts.clear()
         self.preparing.clear()
+        self._arrived.clear()
         for conn, job_id in cut:
             conn.queue(Error(job_id, SHUTDOWN, "The server shut down before this request finished."))
         if self.link is not None:
@@ -899,6 +930,16 @@ def _urgent(message: Submit) -> bool:
         return int(message.qos) <= QosClass.COMPLETION
     except (TypeError, ValueError):
         return False
+
+
+def _waited_ms(message: Submit) -> float:
+    """Submit.waited_ms, checked: the milliseconds the request waited before it was submitted
+    (at the model router). Not a number from 0 to MAX_WAITED_MS (negative, NaN, infinite, a
+    string, a boolean): the job is refused, as for a malformed priority."""
+    value = message.waited_ms
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_WAITED_MS:
+        raise Refusal(INVALID_JOB, "The waited time is not a number of milliseconds in range.")
+    return float(value)
 
 
 def _ms(end: float | None, start: float) -> float | None:
