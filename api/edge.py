@@ -228,19 +228,35 @@ def raw_error_reply(exc: ApiError) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
-def record_edge_refusal(path: bytes, client_ip: str | None, exc: ApiError, open_s: float = 0.0) -> None:
-    """The access-log line, /metrics count and activity row of a generation request refused
-    before it reached the application: the activity log says why it failed, and how long it
-    had been open (``open_s``, from its first byte)."""
+def record_edge_refusal(path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0) -> None:
+    """The access-log line, /metrics count and activity row of a generation request that ended
+    before it reached the application (refused, or its client left while sending it): the
+    activity log says why, and how long it had been open (``open_s``, from its first byte)."""
     endpoint = GENERATION_PATHS.get(path.split(b"?", 1)[0].decode("latin-1"))
     if endpoint is None:  # the activity log keeps generation requests only
         return
     from .records import RequestRecord, record_now
 
     open_s = max(0.0, open_s)
-    record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, client_ip=client_ip, status=exc.status, error_code=exc.code or exc.type)
+    record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, client_ip=client_ip, status=status, error_code=code)
     record.timing["total_ms"] = round(open_s * 1000, 1)
     record_now(record)
+
+
+def _record_unprocessed(request: Any, status: int, code: str) -> None:
+    """``record_edge_refusal`` for a request the protocol layer ends (never logged twice)."""
+    if getattr(request, "_sf_recorded", False):
+        return
+    request._sf_recorded = True
+    channel = request.channel
+    # daphne sets client_addr only in process(), which such a request never reaches
+    client = getattr(request, "client_addr", None) or (_peer(channel.transport) if channel is not None and channel.transport is not None else None)
+    try:
+        started = getattr(request, "_sf_started", None)
+        open_s = _seconds(channel) - started if started is not None else 0.0
+        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, status, code, open_s)
+    except Exception:
+        logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
 
 
 def _seconds(channel: Any) -> float:
@@ -284,14 +300,7 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
         request._sf_linger = channel.callLater(LINGER_S, transport.loseConnection)
     else:
         channel.loseConnection()
-    # daphne sets client_addr only in process(), which a refused request never reaches
-    client = getattr(request, "client_addr", None) or _peer(transport)
-    try:
-        started = getattr(request, "_sf_started", None)
-        open_s = _seconds(channel) - started if started is not None else 0.0
-        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, exc, open_s)
-    except Exception:
-        logging.getLogger("superfluid.api").exception("could not record a refused request")
+    _record_unprocessed(request, exc.status, exc.code or exc.type)
 
 
 def _peer(transport: Any) -> tuple[str, int] | None:
@@ -388,6 +397,9 @@ def install_request_bounds() -> None:
 
     def connection_lost(self: Any, reason: Any) -> None:
         _cancel_deadline(self, linger=True)
+        if not self._sf_refused and not self._sf_processing and self.channel is not None:
+            # the client left while sending it: the application never saw it; its row says so
+            _record_unprocessed(self, 499, "client_disconnected")
         original_lost(self, reason)
 
     HTTPChannel.dataReceived = data_received

@@ -145,6 +145,27 @@ async def test_a_body_that_arrives_in_time_is_served_and_its_deadline_never_fire
     assert await rows() == []
 
 
+@override_settings(SUPERFLUID_BODY_TIMEOUT=TIMEOUT_S)
+async def test_a_client_that_leaves_halfway_through_its_body_leaves_a_row_saying_so() -> None:
+    """The application never sees such a request (daphne hands it over once its body is whole),
+    so it left no trace at all: now its row says the client left, and after how long."""
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(len(BODY)) + BODY[:5])
+    clock.advance(2)
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert server.scopes == []
+    assert await rows() == [("chat", 499, "client_disconnected")]
+    assert await sync_to_async(list)(ActivityEntry.objects.values_list("total_ms", flat=True)) == [2000]
+    # one whose body arrived whole is the application's to record: nothing here
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(len(BODY)) + BODY)
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert len(server.scopes) == 1 and len(await rows()) == 1
+
+
 @override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
 async def test_a_content_length_over_the_bound_is_413_before_any_body_is_read_and_logged() -> None:
     server, protocol, transport, clock = connect()
