@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -75,6 +76,7 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 # A worker renews its jobs' leases and its snapshot every LEASE_MS / 3; a job whose lease lapses
 # is given back to the queue, and a worker whose snapshot key (kept as long) lapses is gone.
 LEASE_MS = 3000
+PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
 STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
@@ -728,10 +730,11 @@ class RedisWorkerLink:
         reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, self.lease_ms, floor, *caps, *use])
         if not reply:
             return False
-        for i in range(0, len(reply), 3):
+        for i in range(0, len(reply), PICKED_FIELDS):
             job_id = reply[i].decode() if isinstance(reply[i], bytes) else str(reply[i])
             epoch = int(reply[i + 1])
             data = reply[i + 2] if isinstance(reply[i + 2], bytes) else str(reply[i + 2]).encode()
+            waited_ms = int(reply[i + 3])  # in the Redis queue, a first pick only (pick.lua)
             conn = self._conn_cls(job_id, epoch)
             try:
                 message = decode(data)
@@ -747,13 +750,16 @@ class RedisWorkerLink:
                 conn.qos = max(0, min(N_CLASSES - 1, int(message.qos)))
             except (TypeError, ValueError):
                 conn.qos = N_CLASSES - 1
+            if waited_ms > 0 and isinstance(message.waited_ms, (int, float)) and not isinstance(message.waited_ms, bool):
+                # its queue wait and time to first token count from when its head queued it
+                message = dataclasses.replace(message, waited_ms=message.waited_ms + waited_ms)
             with self._lock:
                 self.held[job_id] = conn
             self.worker._on_message(message)
             self.worker.inbox.put((conn, message))
             if conn.qos <= 1:
                 self.worker.interrupt.set()
-        return free > 0 and len(reply) // 3 >= n
+        return free > 0 and len(reply) // PICKED_FIELDS >= n
 
     def _renew_loop(self) -> None:
         # the first turn at once: heads see a new worker (its snapshot) without waiting a period

@@ -304,3 +304,28 @@ async def test_worker_restarts_counts_each_new_worker_process_not_each_lost_job(
         first.stop()
         for worker in later:
             worker.stop()
+
+
+async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(redis_server: RedisServer, prefix: str) -> None:
+    """In Redis mode a job's queue wait and time to first token (its Done timing, the activity
+    row, the worker's histograms) counted from when a worker took it from the Redis queue: a
+    job that waited there half a second for the only lane showed ~0 ms. They count from when its
+    head queued it now (Redis's clock at both ends)."""
+    engine = SimEngine(n_lanes=1, lane_ctx=512)
+    engine.on_call = lambda _n: time.sleep(0.01)  # ~0.6 s for the first job's 60 tokens
+    worker = SimFleetWorker(redis_server.url, prefix, engine=engine).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        first = await link.submit(request=completion("first", max_tokens=60))
+        await asyncio.sleep(0.1)  # the first holds the only lane
+        second = await link.submit(request=completion("second", max_tokens=5))
+        _text, done_first = await outcome(first)
+        _text, done_second = await outcome(second)
+        assert isinstance(done_first, Done) and isinstance(done_second, Done)
+        waited = done_second.timing["queue_wait_ms"]
+        assert waited >= 300, done_second.timing  # it waited for the first's lane, in Redis
+        assert done_second.timing["ttft_ms"] >= waited
+        assert done_second.timing.get("waited_ms", 0) > 0  # counted by the worker: the row adds nothing
+    finally:
+        await link.stop()
+        worker.stop()

@@ -8,7 +8,7 @@ import json
 import pytest
 import redis
 
-from scheduler.link.redis_transport import LEASE_MS, NO_FLOOR, Scripts
+from scheduler.link.redis_transport import LEASE_MS, NO_FLOOR, PICKED_FIELDS, Scripts
 
 BIG = 8
 
@@ -22,7 +22,7 @@ def enqueue(
 
 def pick(s: Scripts, p: str, n: int = 1, *, worker: str = "w1", caps: tuple[int, ...] = (BIG,) * 4, use: tuple[int, ...] = (0,) * 4, floor: int = NO_FLOOR, starvation_s: float = 0) -> list[str]:
     reply = s.pick([p, worker, n, starvation_s, LEASE_MS, floor, *caps, *use])
-    return [reply[i].decode() for i in range(0, len(reply), 3)]
+    return [reply[i].decode() for i in range(0, len(reply), PICKED_FIELDS)]
 
 
 @pytest.fixture

@@ -9,7 +9,9 @@
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
 -- interactive or completion jobs of a class above the floor are taken, and only when no live
 -- worker has a free lane (that worker takes it without preempting anyone).
--- Returns {id, epoch, data, ...}.
+-- Returns {id, epoch, data, waited_ms, ...}: waited_ms is how long a job taken for the first time
+-- waited in the queue since its head put it there (Redis's clock at both ends); 0 for a job put
+-- back after its worker was lost (its first worker's wait was counted there).
 local p, worker = ARGV[1], ARGV[2]
 local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local caps, use = {}, {}
@@ -79,5 +81,10 @@ for _ = 1, n do
   table.insert(out, best)
   table.insert(out, epoch)
   table.insert(out, redis.call("HGET", jk, "data"))
+  local waited = 0
+  if epoch == 1 then
+    waited = math.max(0, now_ms - tonumber(redis.call("HGET", jk, "arrival") or now_ms))
+  end
+  table.insert(out, waited)
 end
 return out
