@@ -80,18 +80,9 @@ class WebRuntime:
     def in_flight_keys(self) -> dict[str, str | None]:
         """job id -> API key name of the jobs in flight on this loop's links (the dashboard's
         lanes, /slots). With several models the loop's link is the pool's PoolLink, which never
-        submits a job: each job is on its model's own link, so every model's link is read (job
-        ids are uuids, unique across models, so one map serves every model's lanes)."""
-        from scheduler.link.pool import PoolLink
-
-        links = self.links()
-        if isinstance(self.link, PoolLink):  # every loaded model's link (links() has open ones)
-            links += list(self.link.pool.links.values())
-        keys: dict[str, str | None] = {}
-        for link in {id(link): link for link in links}.values():
-            for job_id, handle in list(link.inflight.items()):
-                keys[job_id] = handle.key
-        return keys
+        submits a job: each job is on its model's own link, and every one is read (job ids are
+        uuids, unique across models, so one map serves every model's lanes)."""
+        return {job_id: handle.key for link in self.links() for job_id, handle in list(link.inflight.items())}
 
     # -- the keys -------------------------------------------------------------------------
 

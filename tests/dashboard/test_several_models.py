@@ -39,6 +39,7 @@ async def pool(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ModelPool]:
     p.loop = asyncio.get_running_loop()
     p.links["a"] = model_link(101, {"ja": "alice"}, [{"lane": 0, "state": "decode", "job_id": "ja", "class": "agent"}])
     p.links["b"] = model_link(202, {"jb": "bob"}, [{"lane": 0, "state": "prefill", "job_id": "jb", "class": "completion"}])
+    p.open_links.update(p.links)  # as a load does: loaded and not yet closed
     monkeypatch.setitem(pool_mod._POOLS, -1, p)
     web_runtime().link = p.link  # not started: a PoolLink has nothing to start
     try:
