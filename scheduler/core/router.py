@@ -298,13 +298,18 @@ class Router:
         plan = _Plan()
         state = {mid: m.state for mid, m in self.models.items()}
         inflight = {mid: m.inflight for mid, m in self.models.items()}
+
+        def may_start(w: Waiting) -> bool:
+            """A lane of its (loaded) model is free for it, or it preempts one at the worker."""
+            lanes = self.models[w.model].spec.lanes
+            return lanes <= 0 or inflight[w.model] < lanes or w.preempts
+
         if self.draining:  # only dispatches, to the models loaded now (a swap's reservation is void)
             for w in self.order(now, **terms):
                 m = self.models[w.model]
-                if m.state in (ModelState.LOADED, ModelState.DRAINING) and not m.unload_requested:
-                    if m.spec.lanes <= 0 or inflight[w.model] < m.spec.lanes or w.preempts:
-                        plan.dispatch.append(w)
-                        inflight[w.model] += 1
+                if m.state in (ModelState.LOADED, ModelState.DRAINING) and not m.unload_requested and may_start(w):
+                    plan.dispatch.append(w)
+                    inflight[w.model] += 1
             return plan
         for mid, m in self.models.items():
             if m.state is ModelState.DRAINING and not m.unload_requested:
@@ -350,8 +355,7 @@ class Router:
         for w in self.order(now, **terms):
             s = state[w.model]
             if s is ModelState.LOADED and w.model not in reserved:
-                lanes = self.models[w.model].spec.lanes
-                if lanes <= 0 or inflight[w.model] < lanes or w.preempts:
+                if may_start(w):
                     plan.dispatch.append(w)
                     inflight[w.model] += 1
                 else:
