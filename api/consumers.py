@@ -546,9 +546,9 @@ class GenerationConsumer(StreamingConsumer):
         self.record.serial = dict(event.serial)
         router = getattr(self, "router_serial", None)
         if router:  # several models: the router's pick; the wait counts both queues
-            # the worker's wait, less the router's that it counted already (its Submit's waited_ms)
-            worker_wait = float(event.serial.get("serial_queue_wait_ms") or 0) - float(event.timing.get("waited_ms") or 0)
-            self.record.serial = {**router, "serial_queue_wait_ms": router["serial_queue_wait_ms"] + round(max(0.0, worker_wait))}
+            worker_wait = float(event.serial.get("serial_queue_wait_ms") or 0)
+            waited = worker_wait + uncounted_wait(event.timing, router["serial_queue_wait_ms"])
+            self.record.serial = {**router, "serial_queue_wait_ms": round(waited)}
 
     def note_timing(self, timings: list[dict[str, Any]]) -> None:
         """The activity row's timing from the worker's (one per choice), counted from the
@@ -565,10 +565,15 @@ class GenerationConsumer(StreamingConsumer):
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
 
 
+def uncounted_wait(timing: dict[str, Any] | None, waited_ms: float) -> float:
+    """The part of ``waited_ms`` (the wait at the router) that a worker's timing does not count
+    already: all of it from a worker that was not told it (no ``timing["waited_ms"]``)."""
+    return max(0.0, waited_ms - float((timing or {}).get("waited_ms") or 0))
+
+
 def with_wait_before(timing: dict[str, Any], waited_ms: float) -> dict[str, Any]:
-    """One choice's worker timing counted from ``waited_ms`` earlier (the wait at the router):
-    the part of it the worker did not count already (``timing["waited_ms"]``) is added."""
-    extra = max(0.0, waited_ms - float((timing or {}).get("waited_ms") or 0))
+    """One choice's worker timing counted from ``waited_ms`` earlier (the wait at the router)."""
+    extra = uncounted_wait(timing, waited_ms)
     if not timing or not extra:
         return timing
     return {k: v + extra if k in ("queue_wait_ms", "ttft_ms", "total_ms") and v is not None else v for k, v in timing.items()}

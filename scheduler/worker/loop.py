@@ -534,7 +534,7 @@ class EngineWorker:
         )
         stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
-        ctx.waited_ms = _waited_ms(message)
+        ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:own_len], sampling.logprobs)
         return job, ctx
