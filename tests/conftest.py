@@ -121,6 +121,20 @@ def mlx_float_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return convert_gguf(default_model_path(), folder, dtype="float32")
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The test database is a SQLite file, as the served one is, not Django's default in-memory
+    database. That one is shared between a process's connections through SQLite's shared cache,
+    where two connections that meet on a table get "database table is locked" at once: the
+    busy timeout (settings.SQLITE_OPTIONS) does not apply there. A test whose thread polls a
+    table while the batch runner's thread writes to it failed on that, never on a real server.
+    On a file, the two wait for each other as they do in production. (pytest-django calls this
+    fixture before it creates the test database; it mutates the dict the connections read.)"""
+    from django.conf import settings
+
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+
+
 _leaks: list[str] = []
 
 # Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the

@@ -104,12 +104,12 @@ def test_the_admin_pages_render(admin_client: Client) -> None:
 
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_version_check_gets_past_a_connection_the_database_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     # The key runtime's check keeps its thread's connection between reads; one the database has
     # closed meanwhile (a restart, an idle timeout) fails its next read, which must cost a new
-    # connection, not a failed check. (Django keeps an in-memory test database's connection
-    # open whatever closes it, so the drop is simulated: the first read fails as it would.)
+    # connection, not a failed check. (The drop is simulated: the first read fails as it would.
+    # Outside a test transaction, so that the connection the check closes is really closed.)
     from django.db import OperationalError
 
     from keys import runtime
