@@ -221,7 +221,9 @@ class GenerationConsumer(StreamingConsumer):
         try:
             # the router's turn; an interactive or completion request may go to a full model, whose
             # worker preempts a lower lane for it
-            link, dispatch, ticket = await pool.acquire(model_id, priority, preempts=qos in (QosClass.INTERACTIVE, QosClass.COMPLETION))
+            link, dispatch, ticket = await pool.acquire(
+                model_id, priority, preempts=qos in (QosClass.INTERACTIVE, QosClass.COMPLETION), jobs=request.jobs
+            )
         except ModelUnavailable as exc:
             raise engine_unavailable(exc.detail) from None
         self.router_serial = dispatch.serial_fields()

@@ -198,6 +198,11 @@ class GenerationRequest:
             out["prompts"] = [list(p) if isinstance(p, list) else p for p in self.prompts]
         return out
 
+    @property
+    def jobs(self) -> int:
+        """How many jobs the worker runs for this request: one per choice (:meth:`choices`)."""
+        return (len(self.prompts) if self.prompts is not None else 1) * self.n
+
     def choices(self) -> list[GenerationRequest]:
         """One single-choice request per choice, in OpenAI's ``index`` order: prompt by prompt,
         ``n`` choices each (index = prompt * n + j). With a ``seed``, choice j samples with

@@ -13,10 +13,11 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
   / ``aging_divisor_s``, unbounded, 0 disables it. Higher scores go first; equal scores keep
   arrival order. The ``fifo`` scheduler scores model priority + request priority instead.
 - Waiting requests are taken best first. A request whose model is loaded goes to that model's
-  worker when one of the model's ``lanes`` is free (an interactive or completion request also
-  when none is: the worker preempts a lower lane for it), unless a better-scoring request has
-  reserved that model for a swap; otherwise it waits here, and its model cannot be chosen for a
-  swap by a worse request. A request whose model is not resident takes a free model slot (up to
+  worker when as many of the model's ``lanes`` are free as it runs jobs (``n`` choices of each
+  prompt; all the lanes at most), unless a better-scoring request has reserved that model for a
+  swap or waits for its lanes; an interactive or completion request also goes when none is free
+  (the worker preempts a lower lane for it). Otherwise it waits here, and its model cannot be
+  chosen for a swap by a worse request. A request whose model is not resident takes a free model slot (up to
   ``max_loaded_models``) and loads it; with none free it reserves a loaded model no better request
   holds (an idle one first, then the least recently used): that model takes no more work, and once
   its admitted work has finished (nothing is cut) it is unloaded and the slot is used.
@@ -68,7 +69,7 @@ class ModelSpec:
     id: str
     priority: int = 0  # the fifo scheduler's per-model priority
     ttl_s: float = 0.0  # idle seconds before unloading; 0 = never
-    lanes: int = 0  # requests its worker runs at once (its --max-batch); 0 = no bound here
+    lanes: int = 0  # jobs its worker runs at once (its --max-batch); 0 = no bound here
     pinned: bool = False  # resident beside the others (serve --fim-model): no swap slot, never a victim, no TTL
 
 
@@ -98,6 +99,7 @@ class Waiting:
     arrival_s: float
     seq: int
     preempts: bool = False  # its class preempts a lower lane (interactive, completion)
+    jobs: int = 1  # the jobs it runs at the worker, one lane each (n choices of each prompt)
     chosen: bool = False  # a swap was started for it (counted as a pick then)
     won_with: float | None = None  # its score when that swap started
 
@@ -139,7 +141,8 @@ class Actions:
 class _Model:
     spec: ModelSpec
     state: ModelState = ModelState.UNLOADED
-    inflight: int = 0  # dispatched and not finished
+    inflight: int = 0  # requests dispatched and not finished
+    lanes_taken: int = 0  # the lanes those requests hold at the worker (see Router.lanes_for)
     last_used_s: float | None = None
     load_started_s: float | None = None
     unload_requested: bool = False  # the admin asked: drain, then unload
@@ -174,7 +177,7 @@ class Router:
             raise ValueError("at least one model is needed")
         self.waiting: list[Waiting] = []
         self._by_id: dict[str, Waiting] = {}
-        self._dispatched: dict[str, str] = {}  # request id -> model, until finished
+        self._dispatched: dict[str, tuple[str, int]] = {}  # request id -> (model, lanes taken), until finished
         self._seq = itertools.count()
         self.reorders = {"aging": 0, "swap_affinity": 0}
         self.dispatched_by_band = {b: 0 for b in BANDS}
@@ -183,14 +186,18 @@ class Router:
 
     # -- requests ------------------------------------------------------------------------
 
-    def submit(self, request_id: str, model: str, priority: int = 0, *, preempts: bool = False) -> Waiting:
+    def submit(self, request_id: str, model: str, priority: int = 0, *, preempts: bool = False, jobs: int = 1) -> Waiting:
+        """A request waits for its turn; ``jobs``: how many jobs it runs at the worker (a
+        completion with ``n`` choices of each of ``k`` prompts runs n × k), one lane each."""
         if model not in self.models:
             raise KeyError(model)
+        if jobs < 1:
+            raise ValueError("a request runs at least one job")
         if self.draining:
             raise RuntimeError("the router is draining: no new requests")
         if request_id in self._by_id or request_id in self._dispatched:
             raise ValueError(f"request {request_id!r} is already known")
-        w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts)
+        w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts, jobs)
         self.waiting.append(w)
         self._by_id[request_id] = w
         return w
@@ -205,11 +212,12 @@ class Router:
 
     def finished(self, request_id: str) -> None:
         """A dispatched request's work ended (done, failed or cancelled at the worker)."""
-        model = self._dispatched.pop(request_id, None)
-        if model is None:
+        taken = self._dispatched.pop(request_id, None)
+        if taken is None:
             return
-        m = self.models[model]
+        m = self.models[taken[0]]
         m.inflight = max(0, m.inflight - 1)
+        m.lanes_taken = max(0, m.lanes_taken - taken[1])
         m.last_used_s = self.clock()
 
     def drain(self) -> list[str]:
@@ -294,22 +302,41 @@ class Router:
         now = self.clock() if now is None else now
         return sorted(self.waiting, key=lambda w: (-self.score(w, now, **terms), w.seq))  # type: ignore[arg-type]
 
+    def lanes_for(self, w: Waiting) -> int:
+        """The lanes a request holds at its model's worker: one per job, all of them at most (a
+        request with more jobs than lanes starts once the model is free; its worker queues the
+        rest)."""
+        lanes = self.models[w.model].spec.lanes
+        return min(w.jobs, lanes) if lanes > 0 else w.jobs
+
     def _plan(self, now: float, **terms: float) -> _Plan:
         plan = _Plan()
         state = {mid: m.state for mid, m in self.models.items()}
         inflight = {mid: m.inflight for mid, m in self.models.items()}
+        taken = {mid: m.lanes_taken for mid, m in self.models.items()}
+        waited_on: set[str] = set()  # models a better request waits on for lanes: no overtaking
 
         def may_start(w: Waiting) -> bool:
-            """A lane of its (loaded) model is free for it, or it preempts one at the worker."""
+            """Its (loaded) model has lanes free for all its jobs and no better request waits
+            for them, or it preempts a lane at the worker."""
+            if w.preempts:
+                return True
             lanes = self.models[w.model].spec.lanes
-            return lanes <= 0 or inflight[w.model] < lanes or w.preempts
+            if lanes > 0 and (w.model in waited_on or taken[w.model] + self.lanes_for(w) > lanes):
+                waited_on.add(w.model)
+                return False
+            return True
+
+        def start(w: Waiting) -> None:
+            plan.dispatch.append(w)
+            inflight[w.model] += 1
+            taken[w.model] += self.lanes_for(w)
 
         if self.draining:  # only dispatches, to the models loaded now (a swap's reservation is void)
             for w in self.order(now, **terms):
                 m = self.models[w.model]
                 if m.state in (ModelState.LOADED, ModelState.DRAINING) and not m.unload_requested and may_start(w):
-                    plan.dispatch.append(w)
-                    inflight[w.model] += 1
+                    start(w)
             return plan
         for mid, m in self.models.items():
             if m.state is ModelState.DRAINING and not m.unload_requested:
@@ -356,8 +383,7 @@ class Router:
             s = state[w.model]
             if s is ModelState.LOADED and w.model not in reserved:
                 if may_start(w):
-                    plan.dispatch.append(w)
-                    inflight[w.model] += 1
+                    start(w)
                 else:
                     claimed.add(w.model)  # it waits for a lane of its model
             elif s is ModelState.UNLOADED and w.model not in pending:
@@ -408,9 +434,10 @@ class Router:
         for w in plan.dispatch:
             self.waiting.remove(w)
             del self._by_id[w.request_id]
-            self._dispatched[w.request_id] = w.model
+            self._dispatched[w.request_id] = (w.model, self.lanes_for(w))
             m = self.models[w.model]
             m.inflight += 1
+            m.lanes_taken += self.lanes_for(w)
             m.dispatched += 1
             m.last_used_s = now
             self.dispatched_by_band[w.band] += 1
@@ -455,6 +482,7 @@ class Router:
                 mid: {
                     "state": m.state.value,
                     "inflight": m.inflight,
+                    "lanes_taken": m.lanes_taken,
                     "waiting": sum(1 for w in self.waiting if w.model == mid),
                     "waiting_by_band": {b: sum(1 for w in self.waiting if w.model == mid and w.band == b) for b in BANDS},
                     "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),

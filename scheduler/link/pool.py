@@ -250,15 +250,16 @@ class ModelPool:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def acquire(self, model: str, priority: int, *, preempts: bool = False) -> tuple[SocketTransport, Dispatch, str]:
-        """Wait until the router dispatches this request; the model's transport to submit it to.
-        ``release(ticket)`` must follow once its work ended (done, failed or cancelled)."""
+    async def acquire(self, model: str, priority: int, *, preempts: bool = False, jobs: int = 1) -> tuple[SocketTransport, Dispatch, str]:
+        """Wait until the router dispatches this request (``jobs``: how many it runs at the
+        worker, a lane each); the model's transport to submit it to. ``release(ticket)`` must
+        follow once its work ended (done, failed or cancelled)."""
         if self.draining:
             raise ModelUnavailable(model, "The server is shutting down.")
         ticket = uuid.uuid4().hex
         fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
         self.waiters[ticket] = fut
-        self.router.submit(ticket, model, priority, preempts=preempts)
+        self.router.submit(ticket, model, priority, preempts=preempts, jobs=jobs)
         self.kick()
         try:
             dispatch = await fut

@@ -900,7 +900,7 @@ def test_any_prompt_n_and_echo_parse_to_bounded_choices_or_a_clean_400(prompt: A
         return
     choices = req.choices()
     prompts = req.prompts if req.prompts is not None else [req.prompt]
-    assert 1 <= req.n <= 16 and len(choices) == req.n * len(prompts) <= 32
+    assert 1 <= req.n <= 16 and len(choices) == req.n * len(prompts) == req.jobs <= 32  # jobs: the lanes the router counts
     assert [c.prompt for c in choices] == [p for p in prompts for _ in range(req.n)]
     for c in choices:
         assert isinstance(c.prompt, str) or (c.prompt and all(isinstance(t, int) and t >= 0 for t in c.prompt))

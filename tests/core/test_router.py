@@ -122,6 +122,39 @@ def test_an_interactive_request_goes_to_a_full_model_whose_worker_preempts_for_i
     assert box.started == ["agent", "chat"]
 
 
+def test_a_request_with_several_choices_takes_a_lane_for_each_and_nothing_worse_overtakes_it() -> None:
+    """n choices run as n jobs at the worker, a lane each: a 3-choice request waits while only
+    two of four lanes are free, and a later one-choice request does not slip past it into them
+    (it would take the lanes the better request waits for); an interactive one still goes."""
+    box = Box([ModelSpec("A", lanes=4)])
+    box.router.submit("two", "A", jobs=2)
+    box.router.submit("three", "A", jobs=3)
+    box.router.submit("one", "A")
+    box.router.submit("chat", "A", 100, preempts=True)
+    box.settle()
+    assert box.started == ["chat", "two"]  # chat by score, then "two": 2 + 2 of 4 lanes
+    assert box.router.snapshot()["models"]["A"]["lanes_taken"] == 3  # type: ignore[index]
+    box.finish("chat")
+    assert box.started == ["chat", "two"]  # one lane free: "three" waits, "one" stays behind it
+    box.finish("two")
+    assert box.started == ["chat", "two", "three", "one"]
+
+
+def test_a_request_with_more_choices_than_lanes_starts_once_its_model_is_free() -> None:
+    box = Box([ModelSpec("A", lanes=2)])
+    box.router.submit("one", "A")
+    box.router.submit("eight", "A", jobs=8)  # its worker queues what does not fit
+    box.router.submit("other", "A")
+    box.settle()
+    assert box.started == ["one"]
+    box.finish("one")
+    assert box.started == ["one", "eight"]
+    box.finish("eight")
+    assert box.started == ["one", "eight", "other"]
+    with pytest.raises(ValueError):
+        box.router.submit("none", "A", jobs=0)
+
+
 def test_a_swap_waits_for_admitted_work_and_cuts_nothing() -> None:
     box = Box(["A", "B"], swap_affinity_bonus=0)
     a1, a2 = box.ask("A"), box.ask("A")
@@ -323,24 +356,24 @@ def running(box: Box) -> list[str]:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from("ABC"), st.integers(-150, 150), st.integers(0, 3)), min_size=1, max_size=25),
+    st.lists(st.tuples(st.sampled_from("ABC"), st.integers(-150, 150), st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=25),
     st.integers(1, 3),
     st.integers(0, 99),
-    st.integers(0, 2),
+    st.integers(0, 3),
 )
 def test_every_request_runs_once_and_resident_models_never_exceed_the_limit(script, max_loaded, bonus, lanes) -> None:  # type: ignore[no-untyped-def]
     box = Box([ModelSpec(m, lanes=lanes) for m in "ABC"], max_loaded_models=max_loaded, swap_affinity_bonus=bonus)
-    for i, (model, priority, finish_n) in enumerate(script):
-        box.router.submit(f"r{i}", model, priority, preempts=priority > 100)
+    for i, (model, priority, finish_n, jobs) in enumerate(script):
+        box.router.submit(f"r{i}", model, priority, preempts=priority > 100, jobs=jobs)
         box.clock.advance(1)
         box.settle()
         for rid in running(box)[:finish_n]:
             box.finish(rid)
         assert sum(box.state(m) is not ModelState.UNLOADED for m in "ABC") <= max_loaded
-        if lanes:  # a request that does not preempt never makes its model run more than its lanes
+        if lanes:  # requests that do not preempt never hold more of their model's lanes than it has
             for m in "ABC":
-                plain = [r for r in running(box) if box.router._dispatched[r] == m and script[int(r[1:])][1] <= 100]
-                assert len(plain) <= lanes
+                plain = [min(script[int(r[1:])][3], lanes) for r in running(box) if box.router._dispatched[r][0] == m and script[int(r[1:])][1] <= 100]
+                assert sum(plain) <= lanes
     for _ in range(100):
         if not running(box) and not box.router.waiting:
             break

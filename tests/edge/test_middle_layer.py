@@ -447,3 +447,41 @@ async def test_props_gives_one_models_figures_in_every_field(sim: SimWorker, mon
             assert (props["model_alias"], props["model_path"], props["total_slots"], props["default_generation_settings"]["n_ctx"]) == expected
         missing = await request("GET", "/props?model=nope")
         assert missing.status == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+# -- several models: the router counts a lane per choice -------------------------------------
+
+
+async def test_a_request_with_several_choices_asks_the_model_router_for_a_lane_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With several models the router hands out a model's lanes: a completion of two prompts
+    with n=3 runs six jobs at the worker, so it asks for six (it asked for one, and the router
+    sent more work than the model had lanes). The stand-in pool answers that the model is
+    unavailable once it has seen the ask: a 503, nothing submitted."""
+    from types import SimpleNamespace
+
+    from api import consumers
+    from scheduler.link.pool import ModelUnavailable
+
+    asked: list[dict[str, object]] = []
+
+    class Pool:
+        draining = False
+        setup = SimpleNamespace(ctx_sizes={MODEL: 512})
+
+        def names(self) -> list[str]:
+            return [MODEL]
+
+        def route(self, name: str, *, fim: bool) -> str:
+            return MODEL
+
+        async def acquire(self, model: str, priority: int, *, preempts: bool = False, jobs: int = 1) -> None:
+            asked.append({"model": model, "jobs": jobs})
+            raise ModelUnavailable(model, "The stand-in pool serves nothing.")
+
+    monkeypatch.setattr(consumers, "get_pool", Pool)
+    async with attached(SimWorker()):
+        body = json.dumps({"model": MODEL, "prompt": ["one", "two"], "n": 3, "max_tokens": 2}).encode()
+        many = await request("POST", "/v1/completions", body, JSON)
+        one = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+    assert (many.status, one.status) == (503, 503), (many.body, one.body)
+    assert asked == [{"model": MODEL, "jobs": 6}, {"model": MODEL, "jobs": 1}]
