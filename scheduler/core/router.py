@@ -272,6 +272,8 @@ class Router:
         """The admin's load action: load it as soon as a slot is free or an idle model can go."""
         if model not in self.models:
             raise KeyError(model)
+        if self.draining:
+            return  # shutting down: nothing is loaded any more
         self.models[model].unload_requested = False
         if self.models[model].state in (ModelState.UNLOADED, ModelState.UNLOADING):
             self.admin_loads.add(model)
@@ -280,6 +282,8 @@ class Router:
         """The admin's unload action: no new work; unloaded once its admitted work is done."""
         m = self.models[model]
         self.admin_loads.discard(model)
+        if self.draining:
+            return  # shutting down: the requests it has accepted still run, it stops after them
         if m.state in (ModelState.LOADING, ModelState.LOADED, ModelState.DRAINING):
             m.unload_requested = True
 
@@ -317,15 +321,13 @@ class Router:
         waited_on: set[str] = set()  # models a better request waits on for lanes: no overtaking
 
         def may_start(w: Waiting) -> bool:
-            """Its (loaded) model has lanes free for all its jobs and no better request waits
-            for them, or it preempts a lane at the worker."""
-            if w.preempts:
-                return True
+            """No better request waits for its (loaded) model's lanes, and they are free for all
+            its jobs or it preempts a lane at the worker."""
             lanes = self.models[w.model].spec.lanes
-            if lanes > 0 and (w.model in waited_on or taken[w.model] + self.lanes_for(w) > lanes):
-                waited_on.add(w.model)
-                return False
-            return True
+            if lanes <= 0 or (w.model not in waited_on and (w.preempts or taken[w.model] + self.lanes_for(w) <= lanes)):
+                return True
+            waited_on.add(w.model)
+            return False
 
         def start(w: Waiting) -> None:
             plan.dispatch.append(w)
@@ -369,7 +371,9 @@ class Router:
                 victims = [v for v in victims if inflight[v] == 0]  # a busy one (shown draining, it went on taking work)
             if not victims:
                 return False
-            victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].last_used_s or 0.0, v))
+            # a busy model already reserved stays the victim: its last use moves as its work ends,
+            # and a reservation that followed it would flip between busy models forever
+            victim = min(victims, key=lambda v: (inflight[v] > 0, self.models[v].state is not ModelState.DRAINING, self.models[v].last_used_s or 0.0, v))
             reserved.add(victim)
             if inflight[victim] == 0:
                 state[victim] = ModelState.UNLOADING

@@ -122,6 +122,20 @@ def test_an_interactive_request_goes_to_a_full_model_whose_worker_preempts_for_i
     assert box.started == ["agent", "chat"]
 
 
+def test_a_worse_interactive_request_does_not_overtake_a_better_one_waiting_for_the_lane() -> None:
+    """Preemption is the worker's way to make room for an urgent class, not a way past the
+    router's order: a normal-class request whose priority header scores it above the chat keeps
+    its turn for the lane, and the chat goes after it."""
+    box = Box([ModelSpec("A", lanes=1)])
+    box.ask("A", rid="agent")
+    box.router.submit("urgent", "A", 150)
+    box.router.submit("chat", "A", 100, preempts=True)
+    box.settle()
+    assert box.started == ["agent"]
+    box.finish("agent")
+    assert box.started == ["agent", "urgent", "chat"]
+
+
 def test_a_request_with_several_choices_takes_a_lane_for_each_and_nothing_worse_overtakes_it() -> None:
     """n choices run as n jobs at the worker, a lane each: a 3-choice request waits while only
     two of four lanes are free, and a later one-choice request does not slip past it into them
@@ -164,6 +178,26 @@ def test_a_swap_waits_for_admitted_work_and_cuts_nothing() -> None:
     assert box.state("A") is ModelState.DRAINING and b not in box.started
     box.finish(a2)
     assert box.started[-1] == b and box.state("A") is ModelState.UNLOADED
+
+
+def test_a_swap_reservation_stays_on_the_busy_model_it_chose_while_their_work_comes_and_goes() -> None:
+    """With two slots and both models busy, the swap reserves one of them. When a request of the
+    reserved model ends, the model's last use moves; were the victim chosen afresh by last use,
+    the reservation would jump to the other busy model, the first would take new work again, and
+    with traffic on both the swapping request would never start."""
+    box = Box([ModelSpec("A", lanes=2), ModelSpec("B", lanes=2), ModelSpec("C", lanes=2)], max_loaded_models=2, swap_affinity_bonus=0)
+    a1, a2 = box.ask("A"), box.ask("A")
+    b1, _b2 = box.ask("B"), box.ask("B")
+    c = box.ask("C")
+    assert box.state("A") is ModelState.DRAINING  # the least recently used busy model
+    a3 = box.ask("A")
+    box.finish(a1)
+    assert box.state("A") is ModelState.DRAINING and a3 not in box.started
+    b3 = box.ask("B")
+    box.finish(b1)
+    assert box.state("A") is ModelState.DRAINING and b3 in box.started
+    box.finish(a2)
+    assert c in box.started and box.state("A") is ModelState.UNLOADED and a3 not in box.started
 
 
 def test_a_reservation_is_given_up_when_the_request_that_made_it_leaves() -> None:
@@ -555,3 +589,18 @@ def test_a_drain_drops_the_requests_of_a_model_still_loading_or_being_unloaded_b
     assert not box.router.idle("b")  # its running request still runs
     box.finish(b_busy)
     assert box.router.idle("b") and box.started == [b_busy]
+
+
+def test_the_admins_load_and_unload_during_a_drain_change_nothing() -> None:
+    """The accepted requests still run: an Unload asked during serve's shutdown would otherwise
+    hold them back from their loaded model forever, and the drain would never end."""
+    box = Box([ModelSpec("a", lanes=1), ModelSpec("b", lanes=1)], max_loaded_models=2)
+    running, queued = box.ask("a"), box.ask("a")
+    assert box.router.drain() == []
+    box.router.request_unload("a")
+    box.router.request_load("b")
+    box.settle()
+    assert box.state("a") is ModelState.LOADED and box.state("b") is ModelState.UNLOADED
+    box.finish(running)
+    box.finish(queued)
+    assert box.started == [running, queued] and box.router.idle("a")
