@@ -39,8 +39,8 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
     # lines end at "\n" only: splitlines() also splits at U+2028, U+0085 and the like, which a
     # JSON string may hold as they are (a file written with ensure_ascii=False)
     for number, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
+        if not raw.strip(" \t\r"):  # JSON's own whitespace: str.strip() also takes \x0b, \x1c, U+0085...
+            continue  # a line of those is not blank, and is refused as not JSON
         if len(out) >= max_lines:
             raise InvalidFile(f"The file has more than {max_lines} requests.")
         try:

@@ -35,10 +35,10 @@ from .models import Batch, File, Line
 log = logging.getLogger("superfluid.batches")
 
 LEASE = timedelta(minutes=15)  # a line claimed by a runner that died is run again after this
+RENEW_S = LEASE.total_seconds() / 3  # a running line's lease is renewed this often: never run twice
 POLL_S = 0.5  # how often a running line looks for a cancel
 FAILED_LINE_PAUSE_S = 1.0  # before a line that failed in the runner is claimed again
 RETRY_CAP_S = 30.0  # the longest wait before retrying a line refused with 429/503
-RETRIED_CODES = (429, 503)
 
 _local: dict[str, asyncio.Task[None]] = {}  # embedded mode: the batches this process runs
 
@@ -177,7 +177,9 @@ def finalize_if_done(batch_id: str) -> bool:
         if b.status == "in_progress":
             if Batch.objects.filter(pk=batch_id, status="in_progress").update(status="finalizing", finalizing_at=now) != 1:
                 return False
-        elif Batch.objects.filter(pk=batch_id, status="cancelling").update(status="finalizing_cancel") != 1:
+        # a cancel has no status of its own while its files are written (the API's statuses are
+        # the batch's interface): the first caller to stamp cancelled_at wins
+        elif Batch.objects.filter(pk=batch_id, status="cancelling", cancelled_at__isnull=True).update(cancelled_at=now) != 1:
             return False
         out, err = [], []
         for ok, result in Line.objects.filter(batch_id=batch_id, done=True).order_by("index").values_list("ok", "result"):
@@ -260,7 +262,7 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
         status, headers, body = await _call(b, line, principal)
         if status is None:
             return False, None
-        if status not in RETRIED_CODES:
+        if not _retried(status, body):
             break
         if await sync_to_async(_status)(b.id) != "in_progress":
             return False, None  # refused for now, and the batch is being cancelled: not a result
@@ -270,11 +272,32 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
             wait = 1.0
         if await _cancelled_within(b.id, min(max(wait, 0.2), RETRY_CAP_S)):
             return False, None
+        await _renew(line)  # refusals can go on longer than a lease
     try:
         parsed = json.loads(body)
     except ValueError:
         parsed = {"error": {"message": body.decode("utf-8", "replace"), "type": "server_error", "param": None, "code": None}}
     return 200 <= status < 300, _output(line, status, headers.get("x-request-id"), parsed)
+
+
+def _retried(status: int, body: bytes) -> bool:
+    """A refusal for now: 429 (a rate limit or the key's concurrency), or 503 with no engine to
+    take it (restarting, swapping, overloaded). Any other 503 is the line's own result: one whose
+    job was in flight through two worker crashes (``engine_crashed``) would crash it again, and
+    one past its deadline would wait as long again."""
+    if status == 429:
+        return True
+    if status != 503:
+        return False
+    try:
+        return bool(json.loads(body)["error"]["code"] == "engine_unavailable")
+    except (ValueError, TypeError, KeyError):
+        return False
+
+
+async def _renew(line: Line) -> None:
+    """The line's lease, from now: it is not claimed again while it runs or waits for a retry."""
+    await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=timezone.now() + LEASE)
 
 
 async def _cancelled_within(batch_id: str, seconds: float) -> bool:
@@ -330,12 +353,17 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
             if not message.get("more_body"):
                 finished.set()
 
+    loop = asyncio.get_running_loop()
+    renew_at = loop.time() + RENEW_S
     app = asyncio.create_task(consumer.as_asgi()(scope, receive, send))
     try:
         while not finished.is_set() and not app.done():
             waiter = asyncio.create_task(finished.wait())
-            await asyncio.wait({app, waiter}, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({app, waiter}, timeout=min(POLL_S, RENEW_S), return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
+            if not finished.is_set() and loop.time() >= renew_at:
+                await _renew(line)
+                renew_at = loop.time() + RENEW_S
             if not finished.is_set() and not app.done() and await sync_to_async(_status)(b.id) != "in_progress":
                 disconnect.set()  # what a client's disconnect does: the consumer cancels the job
                 await asyncio.wait({app}, timeout=10)

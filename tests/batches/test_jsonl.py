@@ -54,12 +54,20 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (line(body={"prompt": "p", "temperature": float("nan")}), "Line 1: not valid JSON"),
         (line(body={"prompt": "p", "temperature": float("inf")}), "Line 1: not valid JSON"),
         (line(body={"prompt": "p"}).replace(b'"p"}', b'"p", "top_p": 1e999}'), "Line 1: not valid JSON"),
+        # lines of characters str.strip() takes but JSON does not: refused, not skipped as blank
+        (line() + b"\x0b\n" + line("b"), "Line 2: not valid JSON"),
+        (b"\x1c\n" + line(), "Line 1: not valid JSON"),
+        ("\u0085\u3000".encode() + b"\n" + line(), "Line 1: not valid JSON"),
     ],
 )
 def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
     with pytest.raises(InvalidFile) as err:
         parse_jsonl(data, 10)
     assert words in str(err.value)
+
+
+def test_lines_of_json_whitespace_are_blank() -> None:
+    assert [x.custom_id for x in parse_jsonl(b" \t\r\n" + line("x") + b"\n\r\n" + line("y") + b"  ", 10)] == ["x", "y"]
 
 
 def test_the_line_bound_holds() -> None:

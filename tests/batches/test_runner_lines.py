@@ -147,6 +147,47 @@ async def test_a_line_waiting_on_a_429_runs_under_its_key_as_it_is_at_the_next_t
     assert out is not None and out["response"]["status_code"] == 401
 
 
+@pytest.mark.parametrize(("code", "tries"), [("engine_crashed", 1), ("deadline_exceeded", 1), ("engine_unavailable", 2)])
+async def test_only_a_503_with_no_engine_for_now_is_tried_again(monkeypatch: pytest.MonkeyPatch, code: str, tries: int) -> None:
+    """Every 503 used to be retried: a line whose job crashed the worker twice (``engine_crashed``)
+    was sent again and again, crashing it each time, and the batch never ended."""
+    b = await sync_to_async(make_batch)(1)
+    calls: list[int] = []
+
+    async def answered(_b: Batch, _line: Line, _principal: object) -> tuple[int, dict[str, str], bytes]:
+        calls.append(1)
+        if code == "engine_unavailable" and len(calls) == 1:
+            return 503, {"retry-after": "0"}, json.dumps({"error": {"message": "no engine", "type": "server_error", "param": None, "code": code}}).encode()
+        if code == "engine_unavailable":
+            return 200, {}, b'{"choices": []}'
+        return 503, {"retry-after": "0"}, json.dumps({"error": {"message": "gone", "type": "server_error", "param": None, "code": code}}).encode()
+
+    async with attached(SimWorker()):
+        monkeypatch.setattr(runner, "_call", answered)
+        line = await Line.objects.aget(batch_id=b.id, index=0)
+        ok, out = await asyncio.wait_for(runner.run_line(await Batch.objects.aget(pk=b.id), line), 30)
+    assert len(calls) == tries and out is not None
+    assert ok is (code == "engine_unavailable")
+    if not ok:
+        assert out["response"]["status_code"] == 503 and out["response"]["body"]["error"]["code"] == code
+
+
+async def test_a_running_line_keeps_its_lease_renewed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease was set once, at the claim: a line still running when it lapsed (a long reply
+    behind interactive traffic) was claimed by the next runner and ran twice."""
+    monkeypatch.setattr(runner, "RENEW_S", 0.02)
+    monkeypatch.setattr("activity.writer.submit", lambda _row: None)
+    b = await sync_to_async(make_batch)(1)
+    await Line.objects.filter(batch_id=b.id).aupdate(body={"model": "sim", "prompt": "once upon a time", "max_tokens": 12})
+    async with attached(SimWorker(step_sleep_s=0.02)):
+        claimed = await sync_to_async(runner.claim)(b.id)
+        assert claimed is not None and claimed.claimed_until is not None
+        ok, out = await asyncio.wait_for(runner.run_line(await Batch.objects.aget(pk=b.id), claimed), 30)
+    assert ok and out is not None
+    line = await Line.objects.aget(pk=claimed.pk)
+    assert line.claimed_until is not None and line.claimed_until > claimed.claimed_until
+
+
 async def test_a_batchs_lines_count_as_a_client_of_their_own() -> None:
     """Where a client's address would be (the per-IP rate bucket, a keyless client's slot), a
     line is its batch, not 127.0.0.1: one bucket for every key's batches and every loopback

@@ -85,3 +85,30 @@ def test_cancel_before_any_line_ran_is_cancelled_at_once() -> None:
     runner.begin(b.id)
     b = runner.request_cancel(b.id)
     assert b.status == "cancelled" and b.output_file is None and b.error_file is None
+
+
+def test_a_batch_shows_only_the_apis_statuses_while_its_files_are_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader between the start and the end of the finalization (its files are written in one
+    transaction) sees a status of the Batch API's; a cancel's used to be ``finalizing_cancel``,
+    which no client knows and which PostgreSQL refuses (the field holds 16 characters)."""
+    seen: list[str] = []
+    create = File.objects.create
+
+    def watching(**kw: object) -> File:
+        seen.append(Batch.objects.get(pk=b.id).status)
+        return create(**kw)
+
+    for cancel in (False, True):
+        b = make_batch(1)
+        runner.begin(b.id)
+        line = runner.claim(b.id)
+        runner.record(line.pk, True, result("c0", 200))
+        if cancel:
+            Batch.objects.filter(pk=b.id).update(status="cancelling")
+        monkeypatch.setattr(File.objects, "create", watching)
+        assert runner.finalize_if_done(b.id) and not runner.finalize_if_done(b.id)
+        monkeypatch.undo()
+        b.refresh_from_db()
+        assert b.status == ("cancelled" if cancel else "completed")
+    assert seen == ["finalizing", "cancelling"]
+    assert all(s in Batch.STATUSES and len(s) <= Batch._meta.get_field("status").max_length for s in seen)
