@@ -57,6 +57,7 @@ class Batch(models.Model):
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)  # set when its window ran out: ends expired
 
     class Meta:
         ordering = ["-created_at"]

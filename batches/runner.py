@@ -132,7 +132,19 @@ def request_cancel(batch_id: str) -> Batch:
 
 
 def _status(batch_id: str) -> str:
-    return Batch.objects.filter(pk=batch_id).values_list("status", flat=True).first() or "failed"
+    """The batch's status as its runners see it. One still running past its ``expires_at`` (the
+    completion window) expires here: it goes on as a cancel does (no new line starts, the lines
+    in flight are cancelled, those that finished are kept) and ends ``expired``."""
+    row = Batch.objects.filter(pk=batch_id).values_list("status", "expires_at").first()
+    if row is None:
+        return "failed"
+    status, expires_at = row
+    now = timezone.now()
+    if status == "in_progress" and expires_at is not None and now >= expires_at:
+        if Batch.objects.filter(pk=batch_id, status="in_progress").update(status="cancelling", expired_at=now, finalizing_at=now):
+            log.info("batch %s: its completion window ran out; it expires", batch_id)
+        return "cancelling"
+    return str(status)
 
 
 def claim(batch_id: str) -> Line | None:
@@ -172,19 +184,26 @@ def finalize_if_done(batch_id: str) -> bool:
         return False
     if b.status == "cancelling" and pending.filter(claimed_until__gte=now).exists():
         return False  # lines still in flight; their runners finalize when they end
-    final = "completed" if b.status == "in_progress" else "cancelled"
-    with transaction.atomic():
+    final = "completed" if b.status == "in_progress" else "expired" if b.expired_at is not None else "cancelled"
+    with transaction.atomic():  # the first caller to move it on wins; readers see the end with its files
         if b.status == "in_progress":
             if Batch.objects.filter(pk=batch_id, status="in_progress").update(status="finalizing", finalizing_at=now) != 1:
                 return False
-        # a cancel has no status of its own while its files are written (the API's statuses are
-        # the batch's interface): the first caller to stamp cancelled_at wins
-        elif Batch.objects.filter(pk=batch_id, status="cancelling", cancelled_at__isnull=True).update(cancelled_at=now) != 1:
+        elif Batch.objects.filter(pk=batch_id, status="cancelling").update(status=final) != 1:
             return False
         out, err = [], []
-        for ok, result in Line.objects.filter(batch_id=batch_id, done=True).order_by("index").values_list("ok", "result"):
+        late = 0  # an expired batch's lines that never ran: in the error file, as OpenAI's are
+        lines = Line.objects.filter(batch_id=batch_id).order_by("index")
+        for done, ok, result, custom_id in (lines if final == "expired" else lines.filter(done=True)).values_list("done", "ok", "result", "custom_id"):
+            if not done:
+                late += 1
+                result = _expired(custom_id)
             (out if ok else err).append(json.dumps(result) + "\n")
-        fields: dict[str, Any] = {"status": final, f"{final}_at": timezone.now()}
+        fields: dict[str, Any] = {"status": final}
+        if final == "expired":
+            fields["failed"] = F("failed") + late
+        else:
+            fields[f"{final}_at"] = timezone.now()
         for rows, purpose, name in ((out, "batch_output", "output"), (err, "batch_output", "errors")):
             if rows:
                 data = "".join(rows).encode()
@@ -242,6 +261,11 @@ async def _principal(owner: str, batch_id: str) -> Any:
     if key is None or key.revoked or key.is_expired(timezone.now()):
         raise invalid_api_key(f"The API key that created this batch ({owner}) is no longer valid.")
     return Principal(key=key, client_ip=batch_client(batch_id))
+
+
+def _expired(custom_id: str) -> dict[str, Any]:
+    return {"id": "batch_req_" + secrets.token_hex(12), "custom_id": custom_id, "response": None,
+            "error": {"code": "batch_expired", "message": "This request could not be executed before the completion window expired."}}
 
 
 def _output(line: Line, status: int, request_id: str | None, body: Any) -> dict[str, Any]:

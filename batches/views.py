@@ -64,10 +64,12 @@ def file_object(f: File) -> dict[str, Any]:
 def batch_object(b: Batch) -> dict[str, Any]:
     return {
         "id": b.id, "object": "batch", "endpoint": b.endpoint, "errors": b.errors, "input_file_id": b.input_file_id,
-        "completion_window": b.completion_window, "status": b.status, "output_file_id": b.output_file_id,
+        # an expiring batch winds down as a cancel does, but nobody cancelled it: it shows finalizing
+        "completion_window": b.completion_window, "status": "finalizing" if b.status == "cancelling" and b.expired_at else b.status,
+        "output_file_id": b.output_file_id,
         "error_file_id": b.error_file_id, "created_at": _ts(b.created_at), "in_progress_at": _ts(b.in_progress_at),
         "expires_at": _ts(b.expires_at), "finalizing_at": _ts(b.finalizing_at), "completed_at": _ts(b.completed_at),
-        "failed_at": _ts(b.failed_at), "expired_at": None, "cancelling_at": _ts(b.cancelling_at),
+        "failed_at": _ts(b.failed_at), "expired_at": _ts(b.expired_at), "cancelling_at": _ts(b.cancelling_at),
         "cancelled_at": _ts(b.cancelled_at),
         "request_counts": {"total": b.total, "completed": b.completed, "failed": b.failed},
         "metadata": b.metadata,

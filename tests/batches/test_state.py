@@ -110,5 +110,35 @@ def test_a_batch_shows_only_the_apis_statuses_while_its_files_are_written(monkey
         monkeypatch.undo()
         b.refresh_from_db()
         assert b.status == ("cancelled" if cancel else "completed")
-    assert seen == ["finalizing", "cancelling"]
+    assert seen == ["finalizing", "cancelled"]
     assert all(s in Batch.STATUSES and len(s) <= Batch._meta.get_field("status").max_length for s in seen)
+
+
+def test_a_batch_past_its_window_expires_keeping_what_finished() -> None:
+    """``expires_at`` was shown and never acted on: a batch stuck behind other work ran for ever.
+    Past it, no new line starts, the line in flight winds down as in a cancel, and the batch
+    ends ``expired``: what finished in the output file, the rest as ``batch_expired`` errors."""
+    from batches.views import batch_object
+
+    b = make_batch(4)
+    runner.begin(b.id)
+    first, second, third = runner.claim(b.id), runner.claim(b.id), runner.claim(b.id)
+    runner.record(first.pk, True, result("c0", 200))
+    runner.record(second.pk, False, result("c1", 400))
+    Batch.objects.filter(pk=b.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert runner.claim(b.id) is None  # nothing new starts
+    b.refresh_from_db()
+    assert b.status == "cancelling" and b.expired_at is not None
+    assert batch_object(b)["status"] == "finalizing"  # nobody cancelled it
+    assert runner.request_cancel(b.id).status == "cancelling" and not runner.finalize_if_done(b.id)  # c2 in flight
+    Line.objects.filter(pk=third.pk).update(claimed_until=None)  # its runner saw the expiry and gave it up
+    assert runner.finalize_if_done(b.id)
+    b = Batch.objects.select_related("output_file", "error_file").get(pk=b.id)
+    shown = batch_object(b)
+    assert (shown["status"], shown["request_counts"]) == ("expired", {"total": 4, "completed": 1, "failed": 3})
+    assert shown["expired_at"] is not None and b.cancelled_at is None
+    assert [json.loads(x)["custom_id"] for x in bytes(b.output_file.content).decode().splitlines()] == ["c0"]
+    errors = [json.loads(x) for x in bytes(b.error_file.content).decode().splitlines()]
+    assert [e["custom_id"] for e in errors] == ["c1", "c2", "c3"]  # input order
+    assert errors[0]["response"]["status_code"] == 400
+    assert [e["error"]["code"] for e in errors[1:]] == ["batch_expired", "batch_expired"] and errors[1]["response"] is None
