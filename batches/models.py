@@ -3,7 +3,9 @@ by one, so a line that ran is never run again: the Celery tasks are idempotent).
 
 from __future__ import annotations
 
+import json
 import secrets
+from typing import Any
 
 from django.db import models
 
@@ -14,6 +16,22 @@ def _file_id() -> str:
 
 def _batch_id() -> str:
     return "batch_" + secrets.token_hex(12)
+
+
+class JSONText(models.TextField):  # type: ignore[type-arg]
+    """A JSON value kept as its text. PostgreSQL's ``jsonb`` (a JSONField) sorts an object's keys
+    (a line's JSON schema would come back with its properties reordered, and structured output
+    follows their order) and refuses U+0000 in a string (a line or a reply holding one could
+    not be stored); the text keeps both exactly, on every database."""
+
+    def from_db_value(self, value: str | None, _expression: Any, _connection: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+    def to_python(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def get_prep_value(self, value: Any) -> str | None:
+        return None if value is None else json.dumps(value)
 
 
 class File(models.Model):
@@ -44,8 +62,8 @@ class Batch(models.Model):
     error_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     owner = models.CharField(max_length=200, blank=True, default="")
     host = models.CharField(max_length=255, blank=True, default="", help_text="The Host the batch was created under; its lines are sent with it.")
-    metadata = models.JSONField(null=True, blank=True)
-    errors = models.JSONField(null=True, blank=True)
+    metadata = JSONText(null=True, blank=True)
+    errors = JSONText(null=True, blank=True)
     total = models.PositiveIntegerField(default=0)
     completed = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
@@ -73,11 +91,11 @@ class Line(models.Model):
     batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
     index = models.PositiveIntegerField()
     custom_id = models.CharField(max_length=512)
-    body = models.JSONField()
+    body = JSONText()
     claimed_until = models.DateTimeField(null=True, blank=True)  # a runner's lease on it
     done = models.BooleanField(default=False)
     ok = models.BooleanField(default=False)
-    result = models.JSONField(null=True, blank=True)  # the output (or error) file's line
+    result = JSONText(null=True, blank=True)  # the output (or error) file's line
 
     class Meta:
         ordering = ["batch", "index"]

@@ -142,3 +142,31 @@ def test_a_batch_past_its_window_expires_keeping_what_finished() -> None:
     assert [e["custom_id"] for e in errors] == ["c1", "c2", "c3"]  # input order
     assert errors[0]["response"]["status_code"] == 400
     assert [e["error"]["code"] for e in errors[1:]] == ["batch_expired", "batch_expired"] and errors[1]["response"] is None
+
+
+def test_a_lines_request_and_result_come_back_from_the_database_exactly() -> None:
+    """On PostgreSQL (tests/site/test_postgresql.py runs this file there) a JSONField is jsonb,
+    which sorted an object's keys (a JSON schema's properties, whose order structured output
+    follows) and refused U+0000 in a string: such a line was a 500 at batch create, and such a
+    reply could not be recorded, so its line ran again and again."""
+    b = make_batch(0)
+    body = {"model": "m", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"zeta": {"type": "string"}, "a": {"type": "string"}, "mid": {"type": "integer"}}}}},
+        "prompt": "nul \u0000 here"}
+    line = Line.objects.create(batch=b, index=0, custom_id="c0", body=body)
+    b.total = 1
+    b.save()
+    runner.begin(b.id)
+    assert runner.claim(b.id).body == body
+    reply = result("c0", 200)
+    reply["response"]["body"] = {"choices": [{"text": "a\u0000b"}], "z": 1, "a": 2}
+    runner.record(line.pk, True, reply)
+    line.refresh_from_db()
+    assert json.dumps(line.body) == json.dumps(body) and json.dumps(line.result) == json.dumps(reply)  # keys in order
+    assert runner.finalize_if_done(b.id)
+    b.refresh_from_db()
+    assert json.loads(bytes(b.output_file.content)) == reply and b.completed == 1
+    b.metadata = {"z": "nul \u0000", "a": "lone \ud800"}  # any string the API's JSON reader takes
+    b.save()
+    b.refresh_from_db()
+    assert json.dumps(b.metadata) == json.dumps({"z": "nul \u0000", "a": "lone \ud800"})
