@@ -132,7 +132,9 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
     fixture before it creates the test database; it mutates the dict the connections read.)"""
     from django.conf import settings
 
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):  # on PostgreSQL (DATABASE_URL: tests/site/test_postgresql.py) Django's test database
+        db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
 
 
 _leaks: list[str] = []
