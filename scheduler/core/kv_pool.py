@@ -155,8 +155,17 @@ class KvPool:
     ) -> CachedPrefix | None:
         """Copy ``tokens`` (the first len(tokens) of sequence ``src_seq``) into a cache slot,
         evicting the least valuable device entry if every slot is taken (a pinned one only to
-        store a pinned prefix: an ordinary store never displaces a pin)."""
-        if len(tokens) < self.config.min_prefix_tokens or self.covered(tokens, scope):
+        store a pinned prefix: an ordinary store never displaces a pin). A pinned prefix that a
+        device entry already holds pins that entry instead. None when nothing was stored or
+        pinned: too short, already covered (unpinned store), or no slot can be freed this tick."""
+        if len(tokens) < self.config.min_prefix_tokens:
+            return None
+        if pinned:
+            cover = next((e for e in self.device_entries() if e.scope == scope and common_prefix(e.tokens, tokens) >= len(tokens)), None)
+            if cover is not None:
+                cover.pinned = True
+                return cover
+        elif self.covered(tokens, scope):
             return None
         slot = self.free_slot()
         if slot is None:

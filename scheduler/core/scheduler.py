@@ -571,8 +571,9 @@ class Scheduler:
             assert job.lane is not None
             if _bound_in(plan, job.lane):  # restored this tick: stores run before restores
                 continue  # stored at the next tick
-            self._stored.add(job.job_id)
-            self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
+            stored = self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
+            if stored is not None or len(job.prompt) < self.pool.config.min_prefix_tokens:
+                self._stored.add(job.job_id)  # else every slot is filled or copied from: next tick
 
     def _decoding_together(self) -> list[int]:
         """Lanes whose jobs run in one decode round: all but batch-invariant ones (each ticks

@@ -205,6 +205,44 @@ def test_an_ordinary_shared_prefix_never_displaces_a_pin_but_a_newer_pin_displac
     assert [e.tokens[0] for e in sched.pool.host_entries()] == [9]
 
 
+def test_a_pinned_prompt_already_cached_unpinned_gets_pinned() -> None:
+    """Two requests shared the prompt, so it is cached unpinned; then a request pins it. The pin
+    holds: an ordinary shared prefix arriving later takes no slot from it. (The store once saw
+    the prompt covered and did nothing, so the next shared prefix pushed it to host memory.)"""
+    sched, engine, clock = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=1)
+    _fill_cache(sched, engine, 1)
+    (cached,) = sched.pool.device_entries()
+    job = make_job(0, job_id="pin", max_tokens=2)
+    job.prompt = list(cached.tokens)
+    job.pin_prefix = True
+    sched.add(job)
+    run_until_idle(sched, engine)
+    clock.advance(1)
+    _fill_cache(sched, engine, 1, start=1)
+    (kept,) = sched.pool.device_entries()
+    assert kept.pinned and kept.tokens[: len(job.prompt)] == job.prompt
+    assert sched.pool.counters["evictions"] == 0
+
+
+def test_a_pin_whose_store_finds_every_slot_busy_is_stored_at_a_later_tick() -> None:
+    """The tick the pinned prompt's prefill ends, another request copies from the only cache
+    slot, so nothing can be evicted to make room. The pin is stored a tick later instead of
+    never (it was marked done before the store was tried)."""
+    sched, engine, clock = make_scheduler(max_batch=3, lane_ctx=256, cache_slots=1, keep_lanes=False)
+    _fill_cache(sched, engine, 1)
+    (shared,) = sched.pool.device_entries()
+    pinned = make_job(40, job_id="pin", max_tokens=30)
+    pinned.pin_prefix = True
+    sched.add(pinned)
+    while pinned.prefilling or pinned.computed == 0:
+        tick(sched, engine)
+    follower = make_job(3, job_id="follower", max_tokens=2)
+    follower.prompt = list(shared.tokens) + follower.prompt
+    sched.add(follower)
+    run_until_idle(sched, engine)
+    assert [e.tokens for e in sched.pool.entries.values() if e.pinned] == [pinned.prompt]
+
+
 def test_a_prefix_evicted_to_host_is_imported_back_by_the_next_request_that_shares_it() -> None:
     sched, engine, _ = make_scheduler(max_batch=2, lane_ctx=256, cache_slots=1)
     _fill_cache(sched, engine, 2)  # one slot: the first prefix goes to host when the second comes
