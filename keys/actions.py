@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -81,8 +82,13 @@ def rotate_key(key: ApiKey) -> str:
     return secret
 
 
+@transaction.atomic
 def save_key(key: ApiKey) -> ApiKey:
-    """Save edits to an existing key (owner, notes, policy, expiry, revoked)."""
+    """Save edits to an existing key (owner, notes, policy, expiry, revoked). Its name stays:
+    files, batches, limits and the activity log go by it."""
+    stored = ApiKey.objects.filter(pk=key.pk).values_list("name", flat=True).first()
+    if stored is not None and stored != key.name:
+        raise ValidationError({"name": f"A key cannot be renamed ({stored!r}): issue a new key instead."})
     return _save(key)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
@@ -20,10 +21,35 @@ from .models import ApiKey, ClassLaneCap, KeyPolicy
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
 
 
+class StaleEditForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A change form carries when its row was last changed (``updated``). Saving it after
+    someone else changed the row is refused: it would post every field as the page showed it
+    and silently undo their change (restore a key revoked meanwhile, say)."""
+
+    seen_updated = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None and self.instance.updated is not None:
+            self.fields["seen_updated"].initial = self.instance.updated.isoformat()
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        seen, row = cleaned.get("seen_updated"), self.instance
+        if seen and row.pk is not None and row.updated is not None and seen != row.updated.isoformat():
+            raise forms.ValidationError(
+                "This row was changed since this page was opened (by another admin, a command or "
+                "the bulk action). Reload the page to see the change, then make your edit again."
+            )
+        return cleaned
+
+
 class ThroughActions(admin.ModelAdmin):
     """Saves and deletes go through ``keys.actions`` (which bump the config version), never a
-    bare ``.save()``: ``save_row`` and ``delete_rows`` name the two actions."""
+    bare ``.save()``: ``save_row`` and ``delete_rows`` name the two actions. Change forms refuse
+    a save over a change made since they were opened (``StaleEditForm``)."""
 
+    form = StaleEditForm
     save_row: Callable[[Any], Any]
     delete_rows: Callable[[list[Any]], int]
 
@@ -85,7 +111,11 @@ class ApiKeyAdmin(ThroughActions):
     def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> list[str]:
         if obj is None:  # add: the secret is made on save and shown once
             return ["name", "policy", "owner", "notes", "expires"]
-        return ["name", "secret_prefix", "policy", "owner", "notes", "expires", "revoked", "created", "last_used"]
+        return ["name", "secret_prefix", "policy", "owner", "notes", "expires", "revoked", "created", "last_used", "seen_updated"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> tuple[str, ...]:
+        # files, batches, limits and the activity log go by the name: it stays what it was created with
+        return (*self.readonly_fields, "name") if obj is not None else tuple(self.readonly_fields)
 
     @admin.display(description="secret", ordering="prefix")
     def secret_prefix(self, obj: ApiKey) -> str:
@@ -228,7 +258,7 @@ class KeyPolicyAdmin(ThroughActions):
     search_fields = ("name", "allowed_models")
     readonly_fields = ("created", "updated")
     fieldsets = (
-        (None, {"fields": ("name",)}),
+        (None, {"fields": ("name", "seen_updated")}),
         ("Class", {"fields": ("default_class", "max_class", "allow_batch_invariant", "priority_offset")}),
         ("Limits", {"fields": ("rate_limit_rpm", "max_concurrent", "allowed_models")}),
         ("Prefix cache", {"fields": ("share_prefix_cache", "allow_pin_prefix")}),

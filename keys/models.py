@@ -7,6 +7,7 @@ second, and pushes the class-lane caps to the engine worker after commit.
 
 from __future__ import annotations
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -144,6 +145,18 @@ class ApiKey(models.Model):
         if self.name in {k.name for k in file_keys().values()}:
             # limits, slots, metrics, files and batches go by the key's name: two holders would share them
             raise ValidationError({"name": f"{self.name} is the name of a key in the --key-policy file."})
+        if self.pk is None and _owns_batch_data(self.name):
+            # they go by the name: a new key of a deleted one's name would be handed them
+            raise ValidationError(
+                {"name": f"A deleted key named {self.name} still owns files or batches: delete them first "
+                 "(admin, Batches) or choose another name."}
+            )
+
+
+def _owns_batch_data(name: str) -> bool:
+    if not apps.is_installed("batches"):
+        return False
+    return any(apps.get_model("batches", m).objects.filter(owner=name).exists() for m in ("File", "Batch"))
 
 
 class ClassLaneCap(models.Model):

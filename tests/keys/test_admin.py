@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
 from keys import actions
@@ -127,3 +128,64 @@ def test_the_version_check_gets_past_a_connection_the_database_dropped(monkeypat
     monkeypatch.setattr(runtime, "read_version", once_dropped)
     assert runtime._read_version_keeping_the_connection() == expected
     assert len(reads) == 2
+
+
+def _change_form(admin_client: Client, key: ApiKey) -> dict[str, str]:
+    """What the key's change page posts back as it was rendered (the editable fields)."""
+    page = admin_client.get(f"/admin/keys/apikey/{key.pk}/change/").content.decode()
+    seen = re.search(r'name="seen_updated" value="([^"]*)"', page)
+    assert seen, "the change form carries the row's last change"
+    return {
+        "name": key.name, "policy": "", "owner": key.owner, "notes": key.notes, "expires_0": "", "expires_1": "",
+        "seen_updated": seen.group(1), **({"revoked": "on"} if key.revoked else {}),
+    }
+
+
+@pytest.mark.django_db
+def test_a_change_form_opened_before_a_revoke_does_not_restore_the_key(admin_client: Client) -> None:
+    """An admin opens bob's page; meanwhile bob is revoked (the bulk action, ``revokekey``). Saving
+    the notes on the page opened before would post "not revoked" and silently restore the key:
+    it is refused instead, and the key stays revoked."""
+    actions.create_key(ApiKey(name="bob"))
+    bob = ApiKey.objects.get(name="bob")
+    form = _change_form(admin_client, bob)
+    actions.revoke_keys([bob])
+    r = admin_client.post(f"/admin/keys/apikey/{bob.pk}/change/", {**form, "notes": "owner moved to team B"})
+    assert r.status_code == 200 and "changed since this page was opened" in r.content.decode()
+    bob.refresh_from_db()
+    assert bob.revoked and bob.notes == ""
+    fresh = _change_form(admin_client, bob)  # reloaded: the edit goes through
+    r = admin_client.post(f"/admin/keys/apikey/{bob.pk}/change/", {**fresh, "notes": "owner moved to team B"})
+    assert r.status_code == 302
+    bob.refresh_from_db()
+    assert bob.revoked and bob.notes == "owner moved to team B"
+
+
+@pytest.mark.django_db
+def test_a_keys_name_stays_what_it_was_created_with(admin_client: Client) -> None:
+    """Files, batches, limits and the activity log go by the key's name: a rename would hand
+    them to whoever is next given the old name. The admin shows the name read-only, and a save
+    with another name is refused."""
+    actions.create_key(ApiKey(name="alice"))
+    alice = ApiKey.objects.get(name="alice")
+    r = admin_client.post(f"/admin/keys/apikey/{alice.pk}/change/", {**_change_form(admin_client, alice), "name": "alice-2023"})
+    assert r.status_code == 302
+    assert ApiKey.objects.get(pk=alice.pk).name == "alice"
+    alice.name = "alice-2023"
+    with pytest.raises(ValidationError, match="cannot be renamed"):
+        actions.save_key(alice)
+    assert ApiKey.objects.get(pk=alice.pk).name == "alice"
+
+
+@pytest.mark.django_db
+def test_a_deleted_keys_name_is_not_given_again_while_its_files_remain(admin_client: Client) -> None:
+    from batches.models import File
+
+    actions.create_key(ApiKey(name="alice"))
+    f = File.objects.create(purpose="batch", filename="in.jsonl", bytes=0, content=b"", owner="alice")
+    actions.delete_keys([ApiKey.objects.get(name="alice")])
+    r = admin_client.post("/admin/keys/apikey/add/", {"name": "alice", "policy": "", "owner": "", "notes": "", "expires_0": "", "expires_1": ""})
+    assert r.status_code == 200 and "still owns files or batches" in r.content.decode()
+    assert not ApiKey.objects.filter(name="alice").exists()
+    f.delete()
+    actions.create_key(ApiKey(name="alice"))  # nothing left behind: the name is free
