@@ -177,6 +177,12 @@ class ClassLaneCap(models.Model):
         max_batch = int(serving().max_batch)
         if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
             raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
+        served = serving().models  # empty where this process does not know them (no serve, no worker yet)
+        if self.model and served and self.model not in served:
+            raise ValidationError(
+                {"model": f"No model is served under the id {self.model!r}: caps go by a model's id "
+                 f"(one of: {', '.join(sorted(served))}); empty = all models."}
+            )
 
 
 class ConfigVersion(models.Model):

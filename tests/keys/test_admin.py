@@ -95,6 +95,22 @@ def test_a_class_lane_cap_above_max_batch_is_refused_in_the_admin(admin_client: 
 
 
 @pytest.mark.django_db
+@override_settings(SUPERFLUID_MODELS=["smol", "big"], SUPERFLUID_MODEL_PATHS=[("smol", "/m/s.gguf"), ("tiny", "/m/s.gguf"), ("big", "/m/b.gguf")])
+@pytest.mark.parametrize("name", ["Smol", "smol-typo", "tiny"], ids=["case", "typo", "alias"])
+def test_a_class_lane_cap_names_a_served_models_id(admin_client: Client, name: str) -> None:
+    """A cap whose model no worker serves under that id (a typo, another case, an alias: caps go
+    by id) would be saved and do nothing; it is refused, naming the ids."""
+    form = {"model": name, "qos_class": str(int(QosClass.BACKGROUND)), "max_lanes": "1"}
+    r = admin_client.post("/admin/keys/classlanecap/add/", form)
+    assert r.status_code == 200 and "big, smol" in r.content.decode()
+    assert not ClassLaneCap.objects.exists()
+    with pytest.raises(ValidationError):
+        actions.set_cap(int(QosClass.BACKGROUND), 1, model=name)
+    assert admin_client.post("/admin/keys/classlanecap/add/", {**form, "model": "smol"}).status_code == 302
+    assert admin_client.post("/admin/keys/classlanecap/add/", {**form, "model": ""}).status_code == 302
+
+
+@pytest.mark.django_db
 def test_the_admin_pages_render(admin_client: Client) -> None:
     actions.create_key(ApiKey(name="k", policy=actions.save_policy(KeyPolicy(name="p"))))
     actions.set_cap(int(QosClass.BACKGROUND), 2)
