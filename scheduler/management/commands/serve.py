@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -38,6 +38,7 @@ from keys.binding import is_loopback
 from keys.limits import parse_rate
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from scheduler.engines.models import model_name_for
+from scheduler.link.messages import SHUTDOWN
 from scheduler.link.pool import PoolSetup, all_pools
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
@@ -63,6 +64,9 @@ from superfluid_site.deploy import with_bound_host
 from superfluid_site.eventloop import loop_name
 from superfluid_site.serving import ServingConfig, override_django_settings, serving
 from superfluid_site.serving import install as install_serving
+
+if TYPE_CHECKING:
+    from scheduler.link.transport import Transport
 
 log = logging.getLogger("superfluid.serve")
 
@@ -294,6 +298,59 @@ class PoolWorkers:
     def kill(self) -> None:
         for p in all_pools():
             p.kill()
+
+
+class Drain:
+    """serve's SIGTERM, as steps the reactor takes every 0.1 s (and a test can take by hand).
+
+    :meth:`begin`: no link admits anything new, and the worker is told to drain (it finishes
+    what it holds, for the same ``--drain-timeout``). :meth:`step` says ``"done"`` once the
+    worker has exited and no response is still being written, ``"deadline"`` once the worker
+    had its time and one more second, else ``"wait"``. At the deadline :meth:`cut` ends every
+    request left (an error frame and ``[DONE]`` each)."""
+
+    def __init__(
+        self,
+        supervisor: WorkerSupervisor | PoolWorkers,
+        links: Callable[[], list[Transport]],
+        drain_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.supervisor = supervisor
+        self.links = links
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self.started = False
+        self.deadline = 0.0
+
+    def begin(self) -> None:
+        self.started = True
+        for link in self.links():
+            link.draining = True
+        self.supervisor.drain()  # the worker drains with the same --drain-timeout
+        # the worker cuts what is left at drain_timeout; past this, the web side does
+        self.deadline = self.clock() + self.drain_timeout_s + 1.0
+
+    def open_responses(self) -> int:
+        return sum(len(link.open) for link in self.links())
+
+    def step(self) -> str:
+        # responses still being written, not jobs still at the worker: a job can be done there
+        # while its last frames are still on their way to the client
+        if self.supervisor.exited.is_set() and self.open_responses() == 0:
+            return "done"
+        if self.clock() > self.deadline:
+            return "deadline"
+        return "wait"
+
+    def cut(self) -> None:
+        """The worker did not answer in time: end every stream with an error frame and [DONE]
+        (each gets its access-log line and activity row); with several models, first every
+        request still waiting at the router for a lane."""
+        for pool in all_pools():
+            pool.fail_waiting("The server shut down before this request finished.")
+        for link in self.links():
+            link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
 
 
 def _check_redis(url: str) -> None:
@@ -545,7 +602,6 @@ class Command(BaseCommand):
         from daphne.server import Server
         from twisted.internet import reactor
 
-        from scheduler.link.messages import SHUTDOWN
         from superfluid_site.runtime import all_links
 
         host, port = options["host"], options["port"]
@@ -593,39 +649,27 @@ class Command(BaseCommand):
         )
         drain_timeout = float(options["drain_timeout"])
 
+        drain = Drain(supervisor, all_links, drain_timeout)
+
         def begin_drain() -> None:
-            if getattr(begin_drain, "started", False):
+            if drain.started:
                 return
-            begin_drain.started = True  # type: ignore[attr-defined]
             sys.stdout.write("draining: no new requests; waiting for in-flight ones\n")
             sys.stdout.flush()
-            for link in all_links():
-                link.draining = True
-            supervisor.drain()  # the worker drains with the same --drain-timeout
-            # the worker cuts what is left at drain_timeout; past this, the web side does
-            deadline = time.monotonic() + drain_timeout + 1.0
+            drain.begin()
 
             def check() -> None:
-                # responses still being written, not jobs still at the worker: a job can be done
-                # there while its last frames are still on their way to the client
-                open_responses = sum(len(link.open) for link in all_links())
-                if supervisor.exited.is_set() and open_responses == 0:
+                state = drain.step()
+                if state == "done":
                     reactor.callLater(0.2, reactor.stop)
-                elif time.monotonic() > deadline:
-                    # the worker did not answer in time: end every stream with an error frame and
-                    # [DONE] (each gets its access-log line and activity row), then stop; with
-                    # several models, first every request still waiting at the router for a lane
-                    for pool in all_pools():
-                        pool.fail_waiting("The server shut down before this request finished.")
-                    for link in all_links():
-                        link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
+                elif state == "deadline":
+                    drain.cut()
                     cut_off()
                 else:
                     reactor.callLater(0.1, check)
 
             def cut_off(waited: float = 0.0) -> None:
-                open_responses = sum(len(link.open) for link in all_links())
-                if open_responses == 0 or waited >= 2.0:
+                if drain.open_responses() == 0 or waited >= 2.0:
                     reactor.callLater(0.2, reactor.stop)
                 else:
                     reactor.callLater(0.1, cut_off, waited + 0.1)
