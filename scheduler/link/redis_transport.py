@@ -129,6 +129,7 @@ class RedisTransport(Transport):
     """A web head's link: jobs go to the Redis queue, their events come back on their streams."""
 
     _hello_counts_restarts = False  # the fleet's new worker ids are counted instead (_tick)
+    queue_at_worker = False  # jobs wait in Redis: serve's drain waits for them before the worker's
 
     def __init__(
         self,

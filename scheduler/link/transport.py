@@ -98,6 +98,11 @@ class JobHandle:
 class Transport(ABC):
     """The web side's link to the engine worker. One per event loop (see ``get_link``)."""
 
+    # the jobs submitted wait for a lane at the worker itself, which finishes all it was given
+    # when it drains; False: they wait in a queue shared by workers (Redis), which a draining
+    # worker stops pulling from, so serve's drain tells it only once they have ended (Drain)
+    queue_at_worker = True
+
     def __init__(self, *, reconnect_timeout_s: float = 120.0) -> None:
         self.reconnect_timeout_s = reconnect_timeout_s
         self.inflight: dict[str, JobHandle] = {}  # submitted and not yet done at the worker

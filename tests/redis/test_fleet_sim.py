@@ -329,3 +329,62 @@ async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(
     finally:
         await link.stop()
         worker.stop()
+
+
+class _ServesSupervisor:
+    """serve's worker supervisor over a sim worker on a thread: ``drain()`` is its SIGTERM."""
+
+    def __init__(self, fleet_worker: SimFleetWorker) -> None:
+        self.fleet_worker = fleet_worker
+        self.exited = threading.Event()
+
+    def drain(self) -> None:
+        self.fleet_worker.worker.drain()
+
+        def wait() -> None:
+            self.fleet_worker.thread.join()
+            self.exited.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+
+
+async def test_serves_drain_runs_the_jobs_its_head_accepted_that_still_wait_in_the_redis_queue(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """SIGTERM on ``serve --redis`` with its own worker (the fleet's only one) running a job and
+    two more this head accepted waiting in the Redis queue: the worker was told to drain at once,
+    stopped pulling, and left the two to end 503 at the drain deadline. The worker is told once
+    every job the head accepted has ended; all three run to their end."""
+    from scheduler.link.redis_transport import N_CLASSES
+    from scheduler.management.commands.serve import Drain
+
+    fleet_worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01, lanes=1)).start()
+    link = await head(redis_server.url, prefix)
+    supervisor = _ServesSupervisor(fleet_worker)
+    client = redis.Redis(port=redis_server.port)
+    try:
+        handles = [await link.submit(request=completion(f"job {i}", max_tokens=20)) for i in range(3)]
+        endings = [asyncio.ensure_future(outcome(h)) for h in handles]
+        deadline = time.monotonic() + 20  # bounds a hang only
+        while not (fleet_worker.link.held and sum(client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)) == 2):
+            assert time.monotonic() < deadline, "the first job never ran with the other two queued"
+            await asyncio.sleep(0.01)
+        drain = Drain(supervisor, lambda: [link], drain_timeout_s=60.0)  # type: ignore[arg-type]
+        drain.begin()
+        assert link.draining
+        while (state := drain.step()) == "wait":
+            assert not (supervisor.exited.is_set() and link.inflight), (
+                "the worker left with accepted jobs still queued in Redis"
+            )
+            assert time.monotonic() < deadline, f"still waiting: {[e.done() for e in endings]}"
+            for handle, ending in zip(handles, endings, strict=True):
+                if ending.done() and handle.job_id in link.open:
+                    link.finish(handle)  # its response was written
+            await asyncio.sleep(0.02)
+        assert state == "done"
+        assert [type(e.result()[1]).__name__ for e in endings] == ["Done"] * 3
+        assert all(len(e.result()[0]) > 0 for e in endings)
+    finally:
+        client.close()
+        await link.stop()
+        fleet_worker.stop()

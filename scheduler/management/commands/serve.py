@@ -7,7 +7,7 @@ end, this process keeps the other, so the link has no path another user could ta
 With ``--redis URL`` it is a fleet head: jobs go through the Redis queue, and the worker it starts
 pulls from that queue like any other (``--no-engine``: no local worker).
 
-SIGTERM (or Ctrl-C) drains: no new requests are admitted, in-flight ones get ``--drain-timeout``
+SIGTERM (or Ctrl-C) drains: no new requests are admitted, accepted ones get ``--drain-timeout``
 seconds to finish (the worker gets the same timeout), then every stream still open ends with an
 error frame and ``[DONE]`` (and its access-log line and activity row), and the process exits 0
 within a few seconds more, whatever the worker is doing.
@@ -303,11 +303,16 @@ class PoolWorkers:
 class Drain:
     """serve's SIGTERM, as steps the reactor takes every 0.1 s (and a test can take by hand).
 
-    :meth:`begin`: no link admits anything new, and the worker is told to drain (it finishes
-    what it holds, for the same ``--drain-timeout``). :meth:`step` says ``"done"`` once the
-    worker has exited and no response is still being written, ``"deadline"`` once the worker
-    had its time and one more second, else ``"wait"``. At the deadline :meth:`cut` ends every
-    request left (an error frame and ``[DONE]`` each)."""
+    :meth:`begin`: no link admits anything new. The worker is told to drain (it finishes what it
+    holds, for the same ``--drain-timeout``, and takes nothing more) once no job a link accepted
+    still waits for it: at once where the accepted jobs wait at the worker itself (the local
+    link), and with ``--redis`` once every job this head accepted has ended, since those wait in
+    the Redis queue, which a draining worker no longer pulls from (another head's queued jobs are
+    left to the rest of the fleet). The same rule as the model router's: a worker is never told
+    while a request is on its way to it. :meth:`step` says ``"done"`` once the worker has exited
+    and no response is still being written, ``"deadline"`` once ``--drain-timeout`` and one more
+    second have passed since the signal, else ``"wait"``. At the deadline :meth:`cut` ends every
+    request left (an error frame and ``[DONE]`` each) and tells the worker if it was not yet."""
 
     def __init__(
         self,
@@ -321,23 +326,33 @@ class Drain:
         self.drain_timeout_s = drain_timeout_s
         self.clock = clock
         self.started = False
+        self.worker_told = False
         self.deadline = 0.0
 
     def begin(self) -> None:
         self.started = True
         for link in self.links():
             link.draining = True
-        self.supervisor.drain()  # the worker drains with the same --drain-timeout
-        # the worker cuts what is left at drain_timeout; past this, the web side does
+        # a worker told at once cuts what is left at drain_timeout; past this, the web side does
         self.deadline = self.clock() + self.drain_timeout_s + 1.0
+        self._tell_worker()
+
+    def _tell_worker(self, *, now: bool = False) -> None:
+        if self.worker_told:
+            return
+        if not now and any(link.inflight and not link.queue_at_worker for link in self.links()):
+            return  # a job this head accepted still waits in a shared queue, or runs
+        self.worker_told = True
+        self.supervisor.drain()
 
     def open_responses(self) -> int:
         return sum(len(link.open) for link in self.links())
 
     def step(self) -> str:
+        self._tell_worker()
         # responses still being written, not jobs still at the worker: a job can be done there
         # while its last frames are still on their way to the client
-        if self.supervisor.exited.is_set() and self.open_responses() == 0:
+        if self.worker_told and self.supervisor.exited.is_set() and self.open_responses() == 0:
             return "done"
         if self.clock() > self.deadline:
             return "deadline"
@@ -351,6 +366,7 @@ class Drain:
             pool.fail_waiting("The server shut down before this request finished.")
         for link in self.links():
             link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
+        self._tell_worker(now=True)
 
 
 def _check_redis(url: str) -> None:
