@@ -166,6 +166,30 @@ def test_a_batch_of_events_sent_again_is_appended_once_and_a_new_epoch_counts_af
     assert texts() == ["a", "b", "c", "d", "", "e"]  # "" is the lost marker
 
 
+def test_a_streams_resume_note_expires_with_the_stream_not_before_it(
+    s: Scripts, client: redis.Redis, prefix: str
+) -> None:
+    """A head notes a stream for resuming (``r:ID``) once, with the stream's time to live; every
+    emit, and a reap's lost marker, gave the stream (``s:ID``) that time again but not the note:
+    a stream longer than STREAM_TTL_S lost its note, and a client reconnecting with
+    Last-Event-ID could not resume it. The note now expires with its stream."""
+    enqueue(s, prefix, "j", 2)
+    epoch = int(s.pick([prefix, "w1", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])[1])
+    line = '{"type":"delta","id":"j","text":"a","tokens":1}'
+    client.set(prefix + "r:j", "{}", ex=5)  # noted long ago: 5 s of its time left
+    assert s.emit([prefix, "j", epoch, "w1", 0, 100, 60, 0, line]) == 1
+    assert 5 < client.ttl(prefix + "r:j") <= 60
+    client.expire(prefix + "r:j", 5)
+    client.zadd(prefix + "leases", {"j": 0})  # its worker died
+    s.reap([prefix, 100, 60])
+    assert 5 < client.ttl(prefix + "r:j") <= 60
+    # a stream nobody noted (not resumable) gets no note
+    enqueue(s, prefix, "k", 2)
+    epoch = int(s.pick([prefix, "w1", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])[1])
+    assert s.emit([prefix, "k", epoch, "w1", 1, 100, 60, 0, line.replace('"j"', '"k"')]) == 1
+    assert not client.exists(prefix + "r:k")
+
+
 def test_a_cancel_that_comes_before_its_submit_refuses_the_submit(s: Scripts, client: redis.Redis, prefix: str) -> None:
     """A head cancelled while sending a submit cancels the job from another connection, which
     can reach Redis first: the submit is then refused, and nothing is queued."""

@@ -4,6 +4,7 @@
 -- in this epoch. The job's hash counts the ones already appended ("n" .. epoch), so a batch
 -- sent again (its reply was lost: a timeout, a dead connection, redis-py's own retry of the
 -- pipeline) appends only what is new: nothing is appended twice.
+-- The stream, and its resume note ``r:ID`` (if a head made one), expire ttl_s after this write.
 -- Returns 1, or 0 when the job is no longer this worker's (lost, cancelled, finished).
 local p, id, epoch, worker = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local jk = p .. "job:" .. id
@@ -20,6 +21,7 @@ for i = 9, #ARGV do
   end
 end
 redis.call("EXPIRE", sk, tonumber(ARGV[7]))
+redis.call("EXPIRE", p .. "r:" .. id, tonumber(ARGV[7]))  -- none: a no-op
 if ARGV[5] == "1" then
   redis.call("DEL", jk)
   redis.call("ZREM", p .. "leases", id)

@@ -15,6 +15,7 @@ for _, id in ipairs(expired) do
     local sk = p .. "s:" .. id
     redis.call("XADD", sk, "MAXLEN", "~", ARGV[2], "*", "m", '{"type":"lost","epoch":' .. epoch .. '}')
     redis.call("EXPIRE", sk, tonumber(ARGV[3]))
+    redis.call("EXPIRE", p .. "r:" .. id, tonumber(ARGV[3]))  -- its resume note lives as long
   end
 end
 -- workers that stopped renewing no longer count as having free lanes
