@@ -157,7 +157,6 @@ class RedisTransport(Transport):
         self._scripts: Scripts | None = None
         self._task: asyncio.Task[None] | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
-        self._epochs: dict[str, int] = {}  # job id -> the epoch its last enqueue had
         self._forgetting: set[asyncio.Task[None]] = set()
         # a cancel, or the config, whose send failed while the link counted as connected (a
         # pooled connection that died with a Redis restart): sent by the next tick that reaches Redis
@@ -400,7 +399,6 @@ class RedisTransport(Transport):
             return
         if epoch < 0:
             return  # fenced: someone else moved the job on
-        self._epochs[message.id] = epoch
         if message.id not in self._readers:
             self._readers[message.id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{message.id}")
 

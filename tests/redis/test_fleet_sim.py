@@ -388,3 +388,27 @@ async def test_serves_drain_runs_the_jobs_its_head_accepted_that_still_wait_in_t
         client.close()
         await link.stop()
         fleet_worker.stop()
+
+
+async def test_a_head_keeps_nothing_of_a_job_once_it_is_answered(redis_server: RedisServer, prefix: str) -> None:
+    """A long-running head kept an entry per job it ever queued (``_epochs``, written at each
+    enqueue and never read or removed): memory that grew with every request. Once its jobs are
+    answered and finished, none of the link's maps or sets names any of them."""
+    worker = SimFleetWorker(redis_server.url, prefix, lanes=2).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        handles = [await link.submit(request=completion(f"job {i}", max_tokens=2)) for i in range(6)]
+        for handle in handles:
+            _text, event = await outcome(handle)
+            assert isinstance(event, Done)
+            link.finish(handle)
+        deadline = time.monotonic() + 20  # bounds a hang only
+        while link._readers or link._forgetting:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        ids = {h.job_id for h in handles}
+        kept = {name: ids & set(value) for name, value in vars(link).items() if isinstance(value, (dict, set))}
+        assert {name: found for name, found in kept.items() if found} == {}
+    finally:
+        await link.stop()
+        worker.stop()
