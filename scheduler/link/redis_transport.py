@@ -80,6 +80,7 @@ PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
 STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
+KNOWN_WORKER_S = 24 * 3600.0  # a head forgets a worker id unseen this long (worker_restarts_total)
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
 N_CLASSES = 4
@@ -148,10 +149,12 @@ class RedisTransport(Transport):
         self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis_ok = False
         self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
-        # the fleet's worker ids at the last look (None: none seen yet); each id new since then
-        # is a worker process that joined (one restarted by its supervisor has a new id):
-        # superfluid_worker_restarts_total, "times a new engine worker process said hello"
-        self._known_workers: set[str] | None = None
+        # every worker id seen, with when it was last seen (None: none seen yet); an id never
+        # seen before is a worker process that joined (one restarted by its supervisor has a new
+        # id): superfluid_worker_restarts_total, "times a new engine worker process said hello".
+        # An id seen again after a gap (a stalled worker, Redis restarted empty) is the same
+        # process; one unseen for KNOWN_WORKER_S is forgotten.
+        self._known_workers: dict[str, float] | None = None
         self.global_queue: dict[str, int] = {}
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
@@ -278,10 +281,12 @@ class RedisTransport(Transport):
         from scheduler.core.qos import QosClass
 
         self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
-        if self._known_workers is not None:  # every worker id not there at the last look: a new process
-            self.worker_restarts += len(workers.keys() - self._known_workers)
+        now = time.monotonic()
+        if self._known_workers is not None:  # every worker id never seen before: a new process
+            self.worker_restarts += len(workers.keys() - self._known_workers.keys())
         if workers or self._known_workers is not None:  # the first workers seen are no restart
-            self._known_workers = set(workers)
+            known = {wid: seen for wid, seen in (self._known_workers or {}).items() if now - seen < KNOWN_WORKER_S}
+            self._known_workers = known | dict.fromkeys(workers, now)
         self.workers = workers
         self._publish_fleet()
         loop = asyncio.get_running_loop()

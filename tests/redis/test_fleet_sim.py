@@ -306,6 +306,40 @@ async def test_worker_restarts_counts_each_new_worker_process_not_each_lost_job(
             worker.stop()
 
 
+async def test_a_worker_that_stalled_and_came_back_is_not_counted_as_a_restart(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A worker whose snapshot key lapsed (a stall longer than its lease, or Redis restarted
+    empty) and that publishes it again under the same id is the same process: the head counted
+    it in superfluid_worker_restarts_total as a new one each time it reappeared."""
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    client = redis.Redis(port=redis_server.port)
+    wid = worker.link.worker_id
+
+    async def until(seen: bool) -> None:
+        for _ in range(500):  # bounds a hang only
+            if (wid in link.workers) == seen:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the head {'never' if seen else 'still'} sees worker {wid}")
+
+    try:
+        await until(True)
+        assert link.worker_restarts == 0
+        for _ in range(2):
+            worker.link._publish_snapshot = lambda: None  # type: ignore[method-assign]  # it stalls
+            client.delete(prefix + "worker:" + wid)  # and its snapshot lapses
+            await until(False)
+            del worker.link._publish_snapshot  # it goes on
+            await until(True)
+        assert link.worker_restarts == 0
+    finally:
+        client.close()
+        await link.stop()
+        worker.stop()
+
+
 async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(redis_server: RedisServer, prefix: str) -> None:
     """In Redis mode a job's queue wait and time to first token (its Done timing, the activity
     row, the worker's histograms) counted from when a worker took it from the Redis queue: a
