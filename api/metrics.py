@@ -195,10 +195,11 @@ def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
 
 def fleet_families(state: Mapping[str, Any]) -> Iterator[Metric]:
     """Redis mode: the fleet (``snapshot["fleet"]``: each worker's id, host and lanes) and the
-    global queue by class (``snapshot["global_queue"]``); nothing when the snapshot has no fleet."""
-    fleet: list[Mapping[str, Any]] = list(state.get("fleet") or [])
-    if not fleet:
+    global queue by class (``snapshot["global_queue"]``); nothing when the snapshot has no fleet
+    (not Redis mode). A fleet with no worker left is 0 workers."""
+    if "fleet" not in state:
         return
+    fleet: list[Mapping[str, Any]] = list(state.get("fleet") or [])
     yield gauge("superfluid_fleet_workers", "Engine workers alive in the Redis fleet.", len(fleet))
 
     def who(w: Mapping[str, Any]) -> list[str]:

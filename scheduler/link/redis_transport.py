@@ -306,8 +306,16 @@ class RedisTransport(Transport):
 
     def _publish_fleet(self) -> None:
         """The snapshot the dashboard and /metrics read: the first worker's (its lanes, queues and
-        metrics, as with one worker), with every worker's lanes and the global queue beside it."""
+        metrics, as with one worker), with every worker's lanes and the global queue beside it.
+        With no worker left (after there was one): no lanes, an empty fleet and the queue, so
+        that the dashboard and /metrics do not go on showing the last worker's busy lanes."""
         if not self.workers:
+            if self.snapshot is not None and self.snapshot.get("fleet"):
+                last = self.snapshot
+                gone = {k: last[k] for k in ("model", "engine", "lane_ctx") if k in last}
+                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue)}
+                for listener in SNAPSHOT_LISTENERS:
+                    listener(self.snapshot)
             return
         fleet = []
         for wid in sorted(self.workers):

@@ -446,3 +446,44 @@ async def test_a_head_keeps_nothing_of_a_job_once_it_is_answered(redis_server: R
     finally:
         await link.stop()
         worker.stop()
+
+
+async def test_with_no_worker_left_the_dashboard_and_metrics_say_so_instead_of_the_last_ones_lanes(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """The head's snapshot is what the dashboard draws and /metrics reads. When the fleet's
+    last worker went, the head stopped publishing, so both went on showing the dead worker's
+    busy lanes and a fleet of one, for as long as no worker came back."""
+    from api.metrics import fleet_families, snapshot_families
+    from scheduler.link.transport import SNAPSHOT_LISTENERS
+
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    pushed: list[dict[str, Any]] = []
+    SNAPSHOT_LISTENERS.append(pushed.append)
+    try:
+        handle = await link.submit(request=completion("busy", max_tokens=400))
+        for _ in range(200):
+            if link.snapshot and any(lane.get("job_id") for lane in link.snapshot.get("lanes", [])):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the job never showed in a lane")
+        redis.Redis.from_url(redis_server.url).delete(prefix + "worker:" + worker.link.worker_id)
+        worker.link._publish_snapshot = lambda: None  # type: ignore[method-assign]  # it is gone
+        for _ in range(200):
+            if link.snapshot is not None and not link.snapshot.get("fleet"):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"the head still shows {link.snapshot and link.snapshot.get('fleet')}")
+        assert link.snapshot["lanes"] == [] and pushed[-1] is link.snapshot  # the open dashboards hear it
+        samples = {s.name: s.value for fam in snapshot_families(link.snapshot) for s in fam.samples if not s.labels}
+        assert samples["superfluid_fleet_workers"] == 0
+        assert not list(fleet_families({}))  # not in Redis mode: no fleet families at all
+        await link.cancel(handle)
+    finally:
+        SNAPSHOT_LISTENERS.remove(pushed.append)
+        del worker.link._publish_snapshot
+        await link.stop()
+        worker.stop()
