@@ -34,6 +34,7 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidFile("The file is not UTF-8 text.") from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark (editors on Windows write one)
     out: list[BatchLine] = []
     seen: set[str] = set()
     # lines end at "\n" only: splitlines() also splits at U+2028, U+0085 and the like, which a
@@ -59,6 +60,8 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
         custom_id = obj.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
             raise InvalidFile(f"'custom_id' must be a non-empty string of at most {MAX_CUSTOM_ID} characters.", number)
+        if "\x00" in custom_id:  # a text column (PostgreSQL's) cannot hold it
+            raise InvalidFile("'custom_id' must not hold U+0000.", number)
         if custom_id in seen:
             raise InvalidFile(f"duplicate custom_id {custom_id!r}; each request needs its own.", number)
         if obj.get("method") != "POST":

@@ -58,12 +58,19 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (line() + b"\x0b\n" + line("b"), "Line 2: not valid JSON"),
         (b"\x1c\n" + line(), "Line 1: not valid JSON"),
         ("\u0085\u3000".encode() + b"\n" + line(), "Line 1: not valid JSON"),
+        # PostgreSQL's text columns refuse NUL: the upload passed and batch create was a 500
+        (line() + line(custom_id="a\u0000b"), "Line 2: 'custom_id' must not hold U+0000"),
     ],
 )
 def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
     with pytest.raises(InvalidFile) as err:
         parse_jsonl(data, 10)
     assert words in str(err.value)
+
+
+def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line() -> None:
+    """Editors on Windows write one; the first line was refused as not JSON."""
+    assert [x.custom_id for x in parse_jsonl("\ufeff".encode() + line("x") + line("y"), 10)] == ["x", "y"]
 
 
 def test_lines_of_json_whitespace_are_blank() -> None:
