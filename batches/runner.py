@@ -152,6 +152,10 @@ def claim(batch_id: str) -> Line | None:
     not running or none is left to claim."""
     now = timezone.now()
     with transaction.atomic():
+        # the batch row locked first: a cancel or an expiry (an UPDATE of it, on another head)
+        # waits until the lease is taken, and then sees the line in flight (PostgreSQL; SQLite
+        # takes its write lock at the transaction's start)
+        _lock(batch_id)
         if _status(batch_id) != "in_progress":
             return None
         line = (Line.objects.select_for_update().filter(batch_id=batch_id, done=False)
@@ -164,28 +168,39 @@ def claim(batch_id: str) -> Line | None:
 
 
 def record(line_id: int, ok: bool, result: dict[str, Any]) -> None:
-    """A line's result, written once: the counts move only for the first write."""
+    """A line's result, written once: the counts move only for the first write, and not at all
+    once the batch has ended (a runner that stalled past its lease: no file holds it)."""
     with transaction.atomic():
+        batch_id = Line.objects.filter(pk=line_id).values_list("batch_id", flat=True).first()
+        if batch_id is None:
+            return
+        _lock(batch_id)
+        if not Batch.objects.filter(pk=batch_id, status__in=("in_progress", "cancelling")).exists():
+            return
         if Line.objects.filter(pk=line_id, done=False).update(done=True, ok=ok, result=result) != 1:
             return
-        batch_id = Line.objects.filter(pk=line_id).values_list("batch_id", flat=True).get()
         Batch.objects.filter(pk=batch_id).update(**({"completed": F("completed") + 1} if ok else {"failed": F("failed") + 1}))
+
+
+def _lock(batch_id: str) -> None:
+    """Hold the batch's row until the caller's transaction ends (a no-op on SQLite)."""
+    list(Batch.objects.select_for_update().filter(pk=batch_id).values_list("pk", flat=True))
 
 
 def finalize_if_done(batch_id: str) -> bool:
     """When no line is pending (or the batch is cancelling and none is in flight), write the
     output and error files and end the batch. Only one caller wins the transition."""
     now = timezone.now()
-    b = Batch.objects.filter(pk=batch_id).first()
-    if b is None or b.status not in ("in_progress", "cancelling"):
-        return False
-    pending = Line.objects.filter(batch_id=batch_id, done=False)
-    if b.status == "in_progress" and pending.exists():
-        return False
-    if b.status == "cancelling" and pending.filter(claimed_until__gte=now).exists():
-        return False  # lines still in flight; their runners finalize when they end
-    final = "completed" if b.status == "in_progress" else "expired" if b.expired_at is not None else "cancelled"
     with transaction.atomic():  # the first caller to move it on wins; readers see the end with its files
+        b = Batch.objects.select_for_update().filter(pk=batch_id).first()  # no claim or record meanwhile
+        if b is None or b.status not in ("in_progress", "cancelling"):
+            return False
+        pending = Line.objects.filter(batch_id=batch_id, done=False)
+        if b.status == "in_progress" and pending.exists():
+            return False
+        if b.status == "cancelling" and pending.filter(claimed_until__gte=now).exists():
+            return False  # lines still in flight; their runners finalize when they end
+        final = "completed" if b.status == "in_progress" else "expired" if b.expired_at is not None else "cancelled"
         if b.status == "in_progress":
             if Batch.objects.filter(pk=batch_id, status="in_progress").update(status="finalizing", finalizing_at=now) != 1:
                 return False

@@ -170,3 +170,61 @@ def test_a_lines_request_and_result_come_back_from_the_database_exactly() -> Non
     b.save()
     b.refresh_from_db()
     assert json.dumps(b.metadata) == json.dumps({"z": "nul \u0000", "a": "lone \ud800"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_racing_a_claim_waits_for_it_and_the_counts_match_the_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another head cancels just after a runner read "in progress" in its claim. On PostgreSQL
+    nothing held the batch row: the cancel ended the batch at once (nothing was in flight), the
+    claim leased the line anyway, and its result was counted on a batch already cancelled, with
+    no output file. The claim now locks the batch row, so the cancel waits for the lease and the
+    batch ends once the line does, its reply in the output file. (On SQLite, whose transactions
+    take the write lock at their start, this always held; the PostgreSQL lane runs it there.)"""
+    import threading
+
+    from django.db import connections
+
+    b = make_batch(1)
+    runner.begin(b.id)
+    real_status, cancels = runner._status, []
+
+    def status_then_a_cancel(batch_id: str) -> str:
+        seen = real_status(batch_id)
+        if not cancels:
+
+            def cancel() -> None:
+                try:
+                    runner.request_cancel(batch_id)
+                finally:
+                    connections.close_all()
+
+            cancels.append(threading.Thread(target=cancel))
+            cancels[0].start()
+            cancels[0].join(1.0)  # on the old code it ends the batch within this second
+        return seen
+
+    monkeypatch.setattr(runner, "_status", status_then_a_cancel)
+    line = runner.claim(b.id)
+    cancels[0].join(20)
+    assert line is not None and Batch.objects.get(pk=b.id).status == "cancelling"  # waits for the line in flight
+    runner.record(line.pk, True, result("c0", 200))
+    assert runner.finalize_if_done(b.id)
+    b.refresh_from_db()
+    assert (b.status, b.completed, b.failed) == ("cancelled", 1, 0)
+    assert b.output_file is not None and json.loads(bytes(b.output_file.content))["custom_id"] == "c0"
+
+
+def test_a_result_after_the_batch_ended_changes_nothing() -> None:
+    """A runner whose lease lapsed (it stalled past it) and whose batch ended meanwhile: its late
+    result was counted on the ended batch, though no file holds it."""
+    b = make_batch(2)
+    runner.begin(b.id)
+    line = runner.claim(b.id)
+    assert line is not None
+    Line.objects.filter(pk=line.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))  # lapsed
+    runner.request_cancel(b.id)
+    b.refresh_from_db()
+    assert b.status == "cancelled"
+    runner.record(line.pk, True, result("c0", 200))
+    b.refresh_from_db()
+    assert (b.completed, b.failed, b.output_file) == (0, 0, None)
