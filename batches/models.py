@@ -57,7 +57,8 @@ class Batch(models.Model):
     endpoint = models.CharField(max_length=64)
     completion_window = models.CharField(max_length=16, default="24h")
     status = models.CharField(max_length=16, default="validating", choices=[(s, s) for s in STATUSES])
-    input_file = models.ForeignKey(File, on_delete=models.PROTECT, related_name="batches")
+    # deleted (DELETE /v1/files/{id}) once the batch has ended: its lines are kept apart from it
+    input_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="batches")
     output_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     error_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     owner = models.CharField(max_length=200, blank=True, default="")

@@ -17,6 +17,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.utils import timezone
@@ -30,6 +31,8 @@ from superfluid_site.serving import serving
 from . import runner
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
 from .models import Batch, File, Line
+
+FINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
 
 
 def batch_view(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
@@ -93,11 +96,8 @@ def max_lines() -> int:
 
 @batch_view
 async def files(request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
-        # not their contents (up to 8 MiB each): the list is their metadata
-        owned = File.objects.filter(owner=_owner(request)).defer("content")[:10_000]
-        rows = await sync_to_async(lambda: [file_object(f) for f in owned])()
-        return JsonResponse({"object": "list", "data": rows, "has_more": False})
+    if request.method in ("GET", "HEAD"):
+        return JsonResponse(await sync_to_async(_file_list)(request))
     limit = max_file_bytes()  # the whole body was bounded before Django read it (batches/asgi.py)
     try:
         purpose = request.POST.get("purpose")
@@ -120,6 +120,35 @@ async def files(request: HttpRequest) -> HttpResponse:
     name = (upload.name or "batch.jsonl")[:255]
     f = await File.objects.acreate(purpose="batch", filename=name, bytes=len(data), content=data, owner=_owner(request))
     return JsonResponse(file_object(f))
+
+
+def _file_list(request: HttpRequest) -> dict[str, Any]:
+    """OpenAI's list: ``purpose``, ``limit`` (1-10,000, default 10,000), ``order`` (by creation,
+    ``desc`` by default) and ``after`` (a file id of the caller's: the page starts after it)."""
+    q = request.GET
+    owned = File.objects.filter(owner=_owner(request)).defer("content")  # not contents: up to 8 MiB each
+    if q.get("purpose"):
+        owned = owned.filter(purpose=q["purpose"])
+    try:
+        limit = int(q.get("limit", "10000"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 10_000:
+        raise invalid_request("Invalid value for 'limit': expected an integer from 1 to 10000.", param="limit", code="invalid_value")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid_request("Invalid value for 'order': expected 'asc' or 'desc'.", param="order", code="invalid_value")
+    sign = "" if order == "asc" else "-"
+    owned = owned.order_by(f"{sign}created_at", f"{sign}id")
+    if q.get("after"):
+        cursor = owned.filter(pk=q["after"]).values_list("created_at", "id").first()
+        if cursor is None:
+            raise invalid_request(f"Invalid value for 'after': no file {q['after']!r}.", param="after", code="invalid_value")
+        later = Q(created_at__gt=cursor[0]) | Q(created_at=cursor[0], id__gt=cursor[1])
+        earlier = Q(created_at__lt=cursor[0]) | Q(created_at=cursor[0], id__lt=cursor[1])
+        owned = owned.filter(later if order == "asc" else earlier)
+    rows = [file_object(f) for f in owned[: limit + 1]]
+    return {"object": "list", "data": rows[:limit], "has_more": len(rows) > limit}
 
 
 _Owned = TypeVar("_Owned", File, Batch)
@@ -145,6 +174,12 @@ def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned],
 
 @owned_view(File)
 async def file_detail(request: HttpRequest, f: File) -> HttpResponse:
+    if request.method == "DELETE":
+        running = await Batch.objects.filter(input_file=f).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True).afirst()
+        if running is not None:
+            raise invalid_request(f"File {f.id} is the input of batch {running}, which has not ended.", param="file_id", code="file_in_use")
+        await File.objects.filter(pk=f.pk).adelete()  # a finished batch keeps its lines; its file ids go null
+        return JsonResponse({"id": f.id, "object": "file", "deleted": True})
     return JsonResponse(file_object(f))
 
 

@@ -28,7 +28,7 @@ urlpatterns = [
     ),
     # the Batch API (batches/): files for its input and output, batches
     path("v1/files", edge.api_route(("GET", "HEAD", "POST"))(batch_views.files)),
-    path("v1/files/<str:pk>", edge.api_route()(batch_views.file_detail)),
+    path("v1/files/<str:pk>", edge.api_route(("GET", "HEAD", "DELETE"))(batch_views.file_detail)),
     path("v1/files/<str:pk>/content", edge.api_route()(batch_views.file_content)),
     path("v1/batches", edge.api_route(("GET", "HEAD", "POST"))(batch_views.batches)),
     path("v1/batches/<str:pk>", edge.api_route()(batch_views.batch_detail)),

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ON_POSTGRESQL = [
     "tests/batches/test_state.py",
     "tests/batches/test_runner_lines.py",
+    "tests/batches/test_files_api.py",
     "tests/observability/test_activity.py",
     "tests/keys/test_admin.py",
     "tests/keys/test_admin_issuing.py",
