@@ -48,6 +48,7 @@ from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
     ENGINE_UNAVAILABLE,
+    SHUTTING_DOWN,
     Cancel,
     Config,
     Done,
@@ -576,10 +577,16 @@ def _connection_class() -> type:
             super().__init__(0, None)
             self.job_id, self.epoch = job_id, epoch
             self.terminal = False
+            self.give_back = False  # refused unrun by this draining worker: see giveback.lua
             self.sent = 0  # messages Redis has appended for this job in this epoch (emit.lua's ``first``)
             self.qos = N_CLASSES - 1
 
         def queue(self, message: Message) -> None:
+            if isinstance(message, Rejected) and message.reason == SHUTTING_DOWN and self.sent == 0 and not self.outbox:
+                # picked as this worker began to drain: not the client's answer, the job goes
+                # back to the queue for another worker (the link's flush gives it back)
+                self.give_back = True
+                return
             self.outbox.append(encode_or_error(message))
             if isinstance(message, (Done, Error, Rejected)):
                 self.terminal = True
@@ -621,6 +628,7 @@ class RedisWorkerLink:
         self._conn_cls = _connection_class()
         self._control = self._conn_cls("", 0)  # the connection config messages arrive on
         self._emit_failing = False
+        self._puller: threading.Thread | None = None
 
     # -- the LinkServer interface the worker loop uses -----------------------------------
 
@@ -630,18 +638,25 @@ class RedisWorkerLink:
             if raw:
                 self._config(raw)
         for target, name in ((self._pull_loop, "redis-pull"), (self._renew_loop, "redis-renew"), (self._control_loop, "redis-control")):
-            threading.Thread(target=target, name=name, daemon=True).start()
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            if target == self._pull_loop:
+                self._puller = thread
 
     def close(self, flush_s: float = 5.0) -> None:
         """Stop pulling; what a job still has to send (a flush that failed last) is sent again
         for up to ``flush_s``, then this worker leaves the fleet."""
         self._stop.set()
         self._wake.set()
+        if self._puller is not None and self._puller is not threading.current_thread():
+            self._puller.join(2.0)  # a pick under way lands in ``held`` first, to be given back
         deadline = time.monotonic() + flush_s
+        self._give_back(unstarted=True)
         while self._unsent() and time.monotonic() < deadline:
             time.sleep(0.05)
             with contextlib.suppress(Exception):
                 self.flush()
+                self._give_back(unstarted=True)
         with contextlib.suppress(Exception):
             self.client.srem(self.prefix + "workers", self.worker_id)
             self.client.delete(self.prefix + "worker:" + self.worker_id)
@@ -657,6 +672,7 @@ class RedisWorkerLink:
         is cancelled here. When the round trip fails, every job keeps its messages and the next
         flush (the next turn of the loop, within 50 ms) sends them again: each batch carries the
         number of its first message, so Redis appends only what it does not have yet."""
+        self._give_back()
         with self._lock:
             pending = [c for c in self.held.values() if c.outbox]
         if not pending:
@@ -692,7 +708,32 @@ class RedisWorkerLink:
 
     def _unsent(self) -> bool:
         with self._lock:
-            return any(c.outbox for c in self.held.values())
+            return any(c.outbox or c.give_back for c in self.held.values())
+
+    def _give_back(self, *, unstarted: bool = False) -> None:
+        """Put back in the Redis queue the jobs this worker refused because it is draining (and
+        with ``unstarted``, as a drained worker leaves, every job it holds that never reached
+        its lanes: picked as it began to drain, they were still in its inbox). On a failed call
+        they are given back at the next flush, or their leases lapse and a head puts them back."""
+        worker = self.worker
+        unstarted = unstarted and worker.draining  # never after a crash: a job that crashes workers is counted (MAX_CRASHES)
+        with self._lock:
+            jobs = [
+                c for c in self.held.values()
+                if c.give_back or (unstarted and c.sent == 0 and not c.outbox and not c.terminal
+                                   and c.job_id not in worker.contexts and c.job_id not in worker.preparing)
+            ]
+        if not jobs:
+            return
+        try:
+            self.scripts.giveback([self.prefix, self.worker_id, *(c.job_id for c in jobs)])
+        except Exception as exc:
+            log.warning("Redis: could not give back jobs (again at the next flush): %s", exc)
+            return
+        with self._lock:
+            for conn in jobs:
+                self.held.pop(conn.job_id, None)
+        log.info("Redis: gave back %d job(s) picked as this worker began to drain", len(jobs))
 
     # -- threads --------------------------------------------------------------------------
 

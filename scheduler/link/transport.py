@@ -37,6 +37,7 @@ from .messages import (
     ENGINE_CRASHED,
     ENGINE_UNAVAILABLE,
     SHUTDOWN,
+    SHUTTING_DOWN,
     UNENCODABLE,
     Accepted,
     Cancel,
@@ -158,6 +159,12 @@ class Transport(ABC):
         only event is ``Rejected(unencodable)``."""
         message = Submit(id=uuid.uuid4().hex, **fields)
         handle = JobHandle(job_id=message.id, submit=message)
+        if self.draining:
+            # checked here, as the job is registered, and not only by the caller before its
+            # awaits: serve's drain tells a Redis fleet's worker once no registered job is left,
+            # and a job registered after that would wait in the queue for its deadline
+            handle.events.put_nowait(Rejected(message.id, SHUTTING_DOWN, "The server is shutting down."))
+            return handle
         try:
             data = encode(message)
         except EncodeError as exc:

@@ -487,3 +487,104 @@ async def test_with_no_worker_left_the_dashboard_and_metrics_say_so_instead_of_t
         del worker.link._publish_snapshot
         await link.stop()
         worker.stop()
+
+
+async def test_a_job_picked_as_its_worker_began_to_drain_goes_back_to_the_queue_for_another_worker(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """A worker's pull loop that passed its draining check just before SIGTERM picked a job and
+    handed it to a worker that then refused it: the client got 503 ``shutting_down`` although
+    the fleet had other workers. The job now goes back to its place in the queue, unrun, and
+    another worker serves it in full."""
+    from scheduler.link.messages import Rejected
+
+    draining = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    link = await head(redis_server.url, prefix)
+    client = redis.Redis(port=redis_server.port)
+    spare: SimFleetWorker | None = None
+    try:
+        long = await link.submit(request=completion("long", max_tokens=300))
+        while not isinstance(await long.next_event(), Delta):
+            pass
+        draining.worker.drain()  # SIGTERM: its pull loop takes nothing more from here on
+        late = await link.submit(request=completion("late", max_tokens=12))
+        deadline = time.monotonic() + 20  # bounds a hang only
+        while client.hget(f"{prefix}job:{late.job_id}", "state") != b"q":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        # ... but one pick had passed that check already: it lands now, on a free lane
+        await asyncio.to_thread(draining.link._pull_once, draining.worker.engine.n_lanes)
+        while client.hget(f"{prefix}job:{late.job_id}", "state") != b"q":  # given back
+            assert time.monotonic() < deadline, client.hgetall(f"{prefix}job:{late.job_id}")
+            await asyncio.sleep(0.01)
+        assert client.hget(f"{prefix}job:{late.job_id}", "epoch") == b"1"  # it was picked once
+        assert late.job_id not in draining.link.held
+        spare = SimFleetWorker(redis_server.url, prefix).start()
+        text, done = await outcome(late)
+        assert isinstance(done, Done) and not isinstance(done, Rejected), done
+        assert done.usage["completion_tokens"] == 12 and len(text) == 12
+        assert spare.worker.stats["requests_total"] == 1
+        _text, long_done = await outcome(long)
+        assert isinstance(long_done, Done)  # the draining worker finished what it had started
+    finally:
+        client.close()
+        await link.stop()
+        draining.stop()
+        if spare is not None:
+            spare.stop()
+
+
+async def test_a_drained_worker_leaving_gives_back_the_jobs_it_picked_but_never_started(redis_server: RedisServer, prefix: str) -> None:
+    """A pick that lands after the drained worker's loop has ended leaves the job in the link's
+    hands only; the worker leaving used to keep it leased until the lease lapsed, and a head
+    then counted the loss against the job (two such and it failed ``engine_crashed``). It goes
+    back to the queue unrun and unmarked."""
+    idle = SimFleetWorker(redis_server.url, prefix)
+    idle.worker.drain()  # its loop never runs: what is picked stays in its inbox
+    idle.link.start()
+    link = await head(redis_server.url, prefix)
+    client = redis.Redis(port=redis_server.port)
+    spare: SimFleetWorker | None = None
+    try:
+        handle = await link.submit(request=completion("unstarted", max_tokens=8))
+        deadline = time.monotonic() + 20  # bounds a hang only
+        while client.hget(f"{prefix}job:{handle.job_id}", "state") != b"q":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(idle.link._pull_once, idle.worker.engine.n_lanes)
+        assert handle.job_id in idle.link.held
+        await asyncio.to_thread(idle.link.close)
+        assert client.hget(f"{prefix}job:{handle.job_id}", "state") == b"q"
+        spare = SimFleetWorker(redis_server.url, prefix).start()
+        text, done = await outcome(handle)
+        assert isinstance(done, Done) and done.usage["completion_tokens"] == 8, done
+        assert handle.crashes == 0
+    finally:
+        client.close()
+        await link.stop()
+        if spare is not None:
+            spare.stop()
+
+
+async def test_a_request_that_reaches_the_link_after_serves_drain_began_is_refused_there(redis_server: RedisServer, prefix: str) -> None:
+    """The consumer checks the drain before its awaits (parsing, admission); a SIGTERM landing
+    in them let the job reach the Redis queue after serve had told its worker to drain, and the
+    client waited for the drain deadline. The link refuses it as the consumer would have."""
+    from scheduler.link.messages import SHUTTING_DOWN, Rejected
+    from scheduler.link.redis_transport import N_CLASSES
+
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    client = redis.Redis(port=redis_server.port)
+    try:
+        link.draining = True
+        handle = await link.submit(request=completion("too late", max_tokens=8))
+        _text, end = await outcome(handle, timeout_s=5)
+        assert isinstance(end, Rejected) and end.reason == SHUTTING_DOWN
+        assert not link.inflight and not link.open
+        assert sum(client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)) == 0
+        assert worker.worker.stats["requests_total"] == 0
+    finally:
+        client.close()
+        await link.stop()
+        worker.stop()

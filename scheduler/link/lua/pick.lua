@@ -9,9 +9,10 @@
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
 -- interactive or completion jobs of a class above the floor are taken, and only when no live
 -- worker has a free lane (that worker takes it without preempting anyone).
--- Returns {id, epoch, data, waited_ms, ...}: waited_ms is how long a job taken for the first time
--- waited in the queue since its head put it there (Redis's clock at both ends); 0 for a job put
--- back after its worker was lost (its first worker's wait was counted there).
+-- Returns {id, epoch, data, waited_ms, ...}: waited_ms is how long a job that has not run yet
+-- waited in the queue since its head put it there (Redis's clock at both ends; a job a draining
+-- worker gave back unrun counts from its first arrival); 0 for a job put back after its worker
+-- was lost (its first worker's wait was counted there).
 local p, worker = ARGV[1], ARGV[2]
 local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local caps, use = {}, {}
@@ -75,14 +76,15 @@ for _ = 1, n do
   redis.call("ZREM", p .. "q:" .. best_c, best_key[3])
   redis.call("ZREM", p .. "qa:" .. best_c, best_key[3])
   local epoch = redis.call("HINCRBY", jk, "epoch", 1)
-  redis.call("HSET", jk, "state", "run", "worker", worker)
+  -- its score kept: a draining worker may give it back to this place (giveback.lua)
+  redis.call("HSET", jk, "state", "run", "worker", worker, "score", string.format("%.17g", best_key[2]))
   redis.call("ZADD", p .. "leases", now_ms + lease_ms, best)
   use[best_c] = use[best_c] + 1
   table.insert(out, best)
   table.insert(out, epoch)
   table.insert(out, redis.call("HGET", jk, "data"))
   local waited = 0
-  if epoch == 1 then
+  if redis.call("HGET", jk, "requeued") ~= "1" then
     waited = math.max(0, now_ms - tonumber(redis.call("HGET", jk, "arrival") or now_ms))
   end
   table.insert(out, waited)
