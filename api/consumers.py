@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -162,6 +163,11 @@ class StreamingConsumer(AsyncHttpConsumer):
             await self.send_body(responses.sse_error(exc) + responses.SSE_DONE)
             return
         extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
+        # refused before any job had an id (a bad body, a limit, no engine): an id of its own,
+        # in the header and in its activity row, so every response names one (a batch's
+        # error lines carry it as their request_id)
+        self.record.request_id = self.record.request_id or uuid.uuid4().hex
+        extra.append((b"x-request-id", self.record.request_id.encode()))
         await self.send_json(exc.status, exc.body(), extra)
 
     def headers(self) -> dict[str, str]:

@@ -26,6 +26,7 @@ class BatchLine:
     custom_id: str
     url: str
     body: dict[str, Any]
+    line: int = 0  # its line in the file (blank lines count), for errors that name it
 
 
 def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
@@ -75,7 +76,7 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
         if body.get("stream") not in (None, False):
             raise InvalidFile("'stream' is not supported in a batch.", number)
         seen.add(custom_id)
-        out.append(BatchLine(custom_id, url, body))
+        out.append(BatchLine(custom_id, url, body, number))
     if not out:
         raise InvalidFile("The file holds no requests.")
     return out

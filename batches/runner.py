@@ -158,13 +158,18 @@ def claim(batch_id: str) -> Line | None:
         _lock(batch_id)
         if _status(batch_id) != "in_progress":
             return None
-        line = (Line.objects.select_for_update().filter(batch_id=batch_id, done=False)
-                .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)).order_by("index").first())
+        line = claimable(batch_id, now).select_for_update().first()
         if line is None:
             return None
         line.claimed_until = now + LEASE
         line.save(update_fields=["claimed_until"])
         return line
+
+
+def claimable(batch_id: str, now: Any) -> Any:
+    """The batch's pending lines whose lease is free, in input order (read through the partial
+    index ``batch_line_pending``: the done lines are never walked)."""
+    return Line.objects.filter(batch_id=batch_id, done=False).filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)).order_by("index")
 
 
 def record(line_id: int, ok: bool, result: dict[str, Any]) -> None:
@@ -296,8 +301,8 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
     while True:
         try:  # as the key is now, at each try: one revoked while its line waited is refused
             principal = await _principal(b.owner, b.id)
-        except ApiError as exc:
-            return False, _output(line, exc.status, None, exc.body())
+        except ApiError as exc:  # no request was made: an id of its own, as the consumer gives one
+            return False, _output(line, exc.status, "req_" + secrets.token_hex(12), exc.body())
         status, headers, body = await _call(b, line, principal)
         if status is None:
             return False, None

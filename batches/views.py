@@ -211,9 +211,9 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
         lines = parse_jsonl(bytes(f.content), max_lines())
     except InvalidFile as exc:  # cannot happen for a file uploaded here; kept for safety
         raise invalid_request(f"The batch input file is not valid: {exc}", param="input_file_id", code="invalid_file") from None
-    wrong = next((i for i, line in enumerate(lines, start=1) if line.url != endpoint), None)
-    if wrong is not None:
-        raise invalid_request(f"Request {wrong} of the input file is for {lines[wrong - 1].url}, not the batch's endpoint {endpoint}.",
+    wrong = next((line for line in lines if line.url != endpoint), None)
+    if wrong is not None:  # named by its line in the file, as an upload's errors are
+        raise invalid_request(f"Line {wrong.line} of the input file (custom_id {wrong.custom_id!r}) is for {wrong.url}, not the batch's endpoint {endpoint}.",
                               param="input_file_id", code="invalid_file")
     now = timezone.now()
     with transaction.atomic():

@@ -55,3 +55,21 @@ def test_a_file_is_deleted_once_no_running_batch_needs_it() -> None:
     assert client.delete(f"/v1/files/{done['output_file_id']}").status_code == 200
     assert Batch.objects.get(pk=batch_id).output_file is None
     assert client.delete("/v1/files/file-nope").status_code == 404
+
+
+def test_a_batch_refused_for_a_line_of_another_endpoint_names_its_line_in_the_file() -> None:
+    """The error counted requests, not lines: with a blank line before it, the third line of
+    the file was called "Request 2", which is no line an editor shows."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client = Client()
+    ok = {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}
+    other = {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}
+    data = (json.dumps(ok) + "\n\n" + json.dumps(other) + "\n").encode()
+    r = client.post("/v1/files", {"purpose": "batch", "file": SimpleUploadedFile("mixed.jsonl", data)})
+    assert r.status_code == 200, r.content
+    r = client.post("/v1/batches", json.dumps({"input_file_id": r.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}),
+                    content_type="application/json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_file"
+    assert r.json()["error"]["message"].startswith("Line 3 of the input file (custom_id 'b')"), r.json()
+    assert Batch.objects.count() == 0

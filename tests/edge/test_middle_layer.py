@@ -123,6 +123,21 @@ async def test_a_lone_surrogate_is_a_400_that_registers_no_job_and_the_next_requ
         assert ok.status == 200, ok.body
 
 
+async def test_a_request_refused_before_it_has_a_job_still_has_a_request_id_in_its_reply_and_row(sim: SimWorker) -> None:
+    """A 400 named no request: no ``x-request-id``, an empty id in its activity row, and an
+    empty ``request_id`` on a batch's error line. It gets one of its own, in both; an answered
+    request's header names its job."""
+    async with attached(sim):
+        bad = await request("POST", "/v1/chat/completions", b'{"model": "sim", "messages": "no"}', JSON)
+        ok = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+        assert bad.status == 400 and ok.status == 200
+        bad_id, ok_id = bad.headers.get("x-request-id", ""), ok.headers.get("x-request-id", "")
+        assert len(bad_id) == 32 and len(ok_id) == 32 and bad_id != ok_id
+        assert await asyncio.to_thread(activity_writer.flush)
+        rows = dict(await sync_to_async(list)(ActivityEntry.objects.values_list("request_id", "status")))
+        assert rows == {bad_id: 400, ok_id: 200}
+
+
 async def test_a_lone_surrogate_in_a_completion_prompt_or_suffix_is_a_400(sim: SimWorker) -> None:
     async with attached(sim):
         for body, param in [(b'{"model": "sim", "prompt": "\\ud800"}', "prompt"), (b'{"model": "sim", "prompt": "a", "suffix": "\\udc00"}', "suffix")]:
