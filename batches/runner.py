@@ -131,7 +131,7 @@ def request_cancel(batch_id: str) -> Batch:
     return Batch.objects.get(pk=batch_id)
 
 
-def _status(batch_id: str) -> str:
+def current_status(batch_id: str) -> str:
     """The batch's status as its runners see it. One still running past its ``expires_at`` (the
     completion window) expires here: it goes on as a cancel does (no new line starts, the lines
     in flight are cancelled, those that finished are kept) and ends ``expired``."""
@@ -156,7 +156,7 @@ def claim(batch_id: str) -> Line | None:
         # waits until the lease is taken, and then sees the line in flight (PostgreSQL; SQLite
         # takes its write lock at the transaction's start)
         _lock(batch_id)
-        if _status(batch_id) != "in_progress":
+        if current_status(batch_id) != "in_progress":
             return None
         line = claimable(batch_id, now).select_for_update().first()
         if line is None:
@@ -308,7 +308,7 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
             return False, None
         if not _retried(status, body):
             break
-        if await sync_to_async(_status)(b.id) != "in_progress":
+        if await sync_to_async(current_status)(b.id) != "in_progress":
             return False, None  # refused for now, and the batch is being cancelled: not a result
         try:
             wait = float(headers.get("retry-after", "1"))
@@ -348,7 +348,7 @@ async def _cancelled_within(batch_id: str, seconds: float) -> bool:
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     while loop.time() < end:
-        if await sync_to_async(_status)(batch_id) != "in_progress":
+        if await sync_to_async(current_status)(batch_id) != "in_progress":
             return True
         await asyncio.sleep(min(POLL_S, max(0.0, end - loop.time())))
     return False
@@ -408,7 +408,7 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
             if not finished.is_set() and loop.time() >= renew_at:
                 await _renew(line)
                 renew_at = loop.time() + RENEW_S
-            if not finished.is_set() and not app.done() and await sync_to_async(_status)(b.id) != "in_progress":
+            if not finished.is_set() and not app.done() and await sync_to_async(current_status)(b.id) != "in_progress":
                 disconnect.set()  # what a client's disconnect does: the consumer cancels the job
                 await asyncio.wait({app}, timeout=10)
                 return None, {}, b""

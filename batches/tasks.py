@@ -6,20 +6,31 @@ elsewhere (running, or their worker died and the lease has not run out) a chain 
 after ``RECHECK_S``; the chain that finds nothing left finalizes the batch.
 
 Every task is short and idempotent: redelivered (acks_late) it claims afresh; a line already
-recorded is never counted again."""
+recorded is never counted again.
+
+A chain ends for good when the broker loses its next task (a publish that failed while Redis was
+away, a Redis restarted without persistence). Every worker process runs a sweep for that: each
+task marks its batch alive in Redis for ``SUPERFLUID_BATCH_STALL_S`` (600 s); a batch still
+running with no mark left and no line leased gets new chains (the sweeper that sets the mark
+again first does it, so two workers never both do), and one past its completion window is
+expired there, since no chain is left to notice it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
+from django.utils import timezone
 
 from . import runner
-from .models import Line
+from .models import Batch, Line
 
 log = logging.getLogger("superfluid.batches")
 
@@ -42,6 +53,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 @shared_task(name=runner.START_BATCH, acks_late=True, ignore_result=True)
 def start_batch(batch_id: str) -> None:
+    _mark_alive(batch_id)
     runner.begin(batch_id)
     if not Line.objects.filter(batch_id=batch_id, claimed_until__isnull=False).exists():  # not started before
         for _ in range(runner.concurrency()):
@@ -49,8 +61,88 @@ def start_batch(batch_id: str) -> None:
     runner.finalize_if_done(batch_id)
 
 
+ALIVE = "superfluid:batch-alive:"  # + batch id: a task of the batch ran within the stall time
+
+
+def stall_s() -> int:
+    return max(1, int(getattr(settings, "SUPERFLUID_BATCH_STALL_S", 600)))
+
+
+_redis: Any = None
+
+
+def _broker() -> Any:
+    """A client to the broker's Redis (the sweep's marks live beside the tasks they watch)."""
+    global _redis
+    if _redis is None:
+        import redis
+
+        from superfluid_site.celery import app
+
+        _redis = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+    return _redis
+
+
+def _mark_alive(batch_id: str) -> bool:
+    """Mark the batch's chains alive; False when the broker could not be reached (the chain
+    goes on: a missing mark only makes the sweep look at the batch)."""
+    try:
+        _broker().set(ALIVE + batch_id, "1", ex=stall_s())
+    except Exception as exc:
+        log.warning("batch %s: could not mark it alive in Redis: %s", batch_id, exc)
+        return False
+    return True
+
+
+def sweep() -> list[str]:
+    """One look at every running batch; returns the ids given new chains. A batch with a line
+    leased (a task runs it, or its worker died and the lease has not run out) or marked alive
+    is left alone; a cancelling one, or one past its window, is finalized when nothing is in
+    flight; any other gets ``SUPERFLUID_BATCH_CONCURRENCY`` new chains, by the one sweeper that
+    sets its mark first."""
+    kicked = []
+    client = _broker()
+    for batch_id in list(Batch.objects.filter(status__in=("in_progress", "cancelling")).values_list("pk", flat=True)):
+        if client.exists(ALIVE + batch_id):
+            continue
+        if Line.objects.filter(batch_id=batch_id, done=False, claimed_until__gte=timezone.now()).exists():
+            continue
+        if runner.current_status(batch_id) != "in_progress":  # one past its window expires here
+            runner.finalize_if_done(batch_id)  # cancelling: the chains that would end it are gone
+            continue
+        if runner.finalize_if_done(batch_id):
+            continue  # every line done: its last chain was lost before it finalized
+        if not client.set(ALIVE + batch_id, "1", ex=stall_s(), nx=True):
+            continue  # another worker's sweep took it
+        log.warning("batch %s: none of its tasks ran for %d s; it gets new chains", batch_id, stall_s())
+        for _ in range(runner.concurrency()):
+            run_line.delay(batch_id)
+        kicked.append(batch_id)
+    return kicked
+
+
+def _sweep_loop() -> None:
+    period = max(0.2, stall_s() / 10)
+    while True:
+        time.sleep(period)
+        try:
+            sweep()
+        except Exception as exc:  # the database or Redis away: the next turn tries again
+            log.warning("batch sweep failed: %s", exc)
+        finally:
+            from django.db import close_old_connections
+
+            close_old_connections()
+
+
+@worker_ready.connect
+def _start_sweep(**_kwargs: Any) -> None:
+    threading.Thread(target=_sweep_loop, name="batch-sweep", daemon=True).start()
+
+
 @shared_task(acks_late=True, ignore_result=True)
 def run_line(batch_id: str) -> None:
+    _mark_alive(batch_id)
     try:
         more = run_async(runner.run_next(batch_id))
     except Exception:  # claiming or finalizing (the database erred): the chain goes on, later
@@ -62,7 +154,5 @@ def run_line(batch_id: str) -> None:
         return
     if runner.finalize_if_done(batch_id):
         return
-    from .models import Batch
-
     if Batch.objects.filter(pk=batch_id, status__in=("in_progress", "cancelling")).exists():
         run_line.apply_async((batch_id,), countdown=RECHECK_S)  # lines leased elsewhere: look again

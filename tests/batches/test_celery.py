@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,18 +27,26 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model]
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
+STALL_S = 3  # SUPERFLUID_BATCH_STALL_S for the Celery workers here: a lost chain is seen in seconds
+
+
+def celery_worker(env: dict[str, str], data_dir: str) -> subprocess.Popen[bytes]:
+    with open(Path(data_dir) / "celery.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "superfluid_site", "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "info"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+
 @pytest.fixture(scope="module")
 def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]:
     redis = RedisServer().start()
     data_dir = tempfile.mkdtemp(prefix="superfluid-celery-")
-    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url}
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S)}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300)
     head = RunningServer("--redis", redis.url, "--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": data_dir})
-    with open(Path(data_dir) / "celery.log", "wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "superfluid_site", "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "info"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
+    worker = celery_worker(env, data_dir)
+    head.celery_env, head.data_dir, head.redis_url = env, data_dir, redis.url  # type: ignore[attr-defined]
     try:
         head.start(300)
         yield head, worker
@@ -74,3 +83,37 @@ def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_
     assert long.status == "cancelled"
     assert long.request_counts.completed < 40
     assert worker.poll() is None
+
+
+def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_and_celery: tuple[RunningServer, subprocess.Popen[bytes]]) -> None:
+    """Each line's task sends the next task of its chain through Redis. When the broker loses
+    them (a publish that failed while Redis was away, a Redis restarted without persistence),
+    the batch stayed ``in_progress`` for good: nothing else sent a task for it, or noticed its
+    expiry. A worker's sweep now gives a running batch none of whose tasks ran for
+    ``SUPERFLUID_BATCH_STALL_S`` new chains. Here the worker stops at once (a warm shutdown:
+    its running tasks end and send their next ones) and the broker loses those."""
+    import redis as redis_py
+
+    head, worker = head_and_celery
+    c = openai_client(head.base)
+    b = c.batches.create(input_file_id=batch_file(c, 60, 24), endpoint="/v1/completions", completion_window="24h")
+    deadline = time.monotonic() + 120  # bounds a hang only
+    while c.batches.retrieve(b.id).request_counts.completed < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0
+    broker = redis_py.Redis.from_url(head.redis_url)  # type: ignore[attr-defined]
+    broker.delete("celery", "unacked", "unacked_index")  # Celery's queue and its unacknowledged tasks
+    broker.close()
+    stalled = c.batches.retrieve(b.id)
+    assert stalled.status == "in_progress" and stalled.request_counts.completed < 60, stalled
+    replacement = celery_worker(head.celery_env, head.data_dir)  # type: ignore[attr-defined]
+    try:
+        done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
+        assert done.status == "completed", done
+        assert (done.request_counts.completed, done.request_counts.failed) == (60, 0)
+        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(60))  # each line once
+    finally:
+        stop_processes(replacement)

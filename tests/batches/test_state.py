@@ -186,7 +186,7 @@ def test_a_cancel_racing_a_claim_waits_for_it_and_the_counts_match_the_files(mon
 
     b = make_batch(1)
     runner.begin(b.id)
-    real_status, cancels = runner._status, []
+    real_status, cancels = runner.current_status, []
 
     def status_then_a_cancel(batch_id: str) -> str:
         seen = real_status(batch_id)
@@ -203,7 +203,7 @@ def test_a_cancel_racing_a_claim_waits_for_it_and_the_counts_match_the_files(mon
             cancels[0].join(1.0)  # on the old code it ends the batch within this second
         return seen
 
-    monkeypatch.setattr(runner, "_status", status_then_a_cancel)
+    monkeypatch.setattr(runner, "current_status", status_then_a_cancel)
     line = runner.claim(b.id)
     cancels[0].join(20)
     assert line is not None and Batch.objects.get(pk=b.id).status == "cancelling"  # waits for the line in flight
