@@ -85,6 +85,7 @@ MAX_PRIORITY = 2**53  # far beyond the seed's bands; a float holds it exactly
 # Submit.waited_ms above this (a week) is refused like a malformed priority: no request waits so
 # long at the router, and its arrival must stay a finite time on the worker's clock.
 MAX_WAITED_MS = 7 * 86_400_000
+COUNTED_IDS = 4096  # recent job ids remembered so that a resubmission is not counted again
 
 
 @dataclass
@@ -145,6 +146,10 @@ class EngineWorker:
         # waits, time to first token and aging count from there (plus Submit.waited_ms), not
         # from when it was queued after its preparation.
         self._received: dict[str, float] = {}
+        # the ids of the jobs counted in requests_total lately (insertion order, the oldest
+        # forgotten past COUNTED_IDS): a job its web side submits again after a link drop
+        # (same id, the text delivered) is one request, counted once
+        self._counted: dict[str, None] = {}
         self._arrived: dict[str, float] = {}  # the same stamp, by id, for the Submits in ``preparing``
         # Submits being rendered and tokenised off the tick thread (prepare_in_thread), by id.
         # A cancel removes its entry; a result whose entry is gone is dropped.
@@ -321,7 +326,11 @@ class EngineWorker:
             job.deadline_s = received_s + self.completion_deadline_ms / 1000.0
         self.scheduler.add(job, arrival_s=received_s - ctx.waited_ms / 1000.0, enqueued_s=received_s)
         self.contexts[job.job_id] = ctx
-        self.stats["requests_total"] += 1
+        if job.job_id not in self._counted:
+            self.stats["requests_total"] += 1
+            self._counted[job.job_id] = None
+            if len(self._counted) > COUNTED_IDS:
+                del self._counted[next(iter(self._counted))]
         conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
 
     def _prepared(self, result: Prepared) -> None:

@@ -597,6 +597,7 @@ def test_a_job_submitted_again_after_its_link_dropped_is_served_on_the_new_conne
     submit(worker, new, "a", request, resume_text=delivered, resume_tokens=len(delivered))
     run(worker)
     assert [type(m) for m in new.sent][:1] == [Accepted] and isinstance(new.sent[-1], Done), new.sent
+    assert worker.stats["requests_total"] == 1  # one request, not two (it was counted again)
     # (2) the old Submit still queued on the preparation thread
     clock = FakeClock()
     worker = EngineWorker(SimEngine(n_lanes=2, lane_ctx=512, clock=clock), SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock, prepare_in_thread=True)
