@@ -94,6 +94,8 @@ class StreamingConsumer(AsyncHttpConsumer):
             await self.send_error(request_too_large(limit))
             client = self.scope.get("client")
             self.record.client_ip = client[0] if client else None
+            with contextlib.suppress(ApiError):  # its row names the key it came with (none when that is refused)
+                self.record.key_name = (await authenticate(self.headers(), client)).key_name
             await record_request(self.record)  # the activity log says why it failed
             raise StopConsumer()
         self.body.append(chunk)

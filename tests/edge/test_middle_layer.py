@@ -160,6 +160,23 @@ async def test_a_body_over_the_bound_is_413_even_when_only_its_length_says_so(si
         assert ok.status == 200
 
 
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+async def test_a_body_over_the_bound_keeps_its_key_in_its_activity_row(sim: SimWorker) -> None:
+    """Refused before the consumer looked at the key, its row named no key: an admin could not
+    tell whose client sent it. A wrong key still names none."""
+    from keys.credentials import digest_of
+    from keys.snapshot import Key
+
+    secret = "sf-test-413-0123456789"
+    async with attached(sim, keys={digest_of(secret): Key(id=1, name="uploader", digest=digest_of(secret))}):
+        for key in (secret, "sf-not-a-key"):
+            big = await request("POST", "/v1/chat/completions", chat_body("x" * 2000), [*JSON, (b"authorization", f"Bearer {key}".encode())])
+            assert big.status == 413
+    assert await asyncio.to_thread(activity_writer.flush)
+    rows = await sync_to_async(list)(ActivityEntry.objects.order_by("id").values_list("status", "key_name"))
+    assert rows == [(413, "uploader"), (413, "")]
+
+
 # -- JSON everywhere, Host and Origin --------------------------------------------------------
 
 
