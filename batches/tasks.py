@@ -13,7 +13,8 @@ away, a Redis restarted without persistence). Every worker process runs a sweep 
 task marks its batch alive in Redis for ``SUPERFLUID_BATCH_STALL_S`` (600 s); a batch still
 running with no mark left and no line leased gets new chains (the sweeper that sets the mark
 again first does it, so two workers never both do), and one past its completion window is
-expired there, since no chain is left to notice it."""
+expired there, since no chain is left to notice it. A batch whose start task was lost (still
+``validating`` a stall time after it was created) is started again."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from celery import shared_task
@@ -95,13 +97,21 @@ def _mark_alive(batch_id: str) -> bool:
 
 
 def sweep() -> list[str]:
-    """One look at every running batch; returns the ids given new chains. A batch with a line
+    """One look at every running batch; returns the ids given new chains (or started again: one
+    still ``validating`` a stall time after it was created lost its start task). A batch with a line
     leased (a task runs it, or its worker died and the lease has not run out) or marked alive
     is left alone; a cancelling one, or one past its window, is finalized when nothing is in
     flight; any other gets ``SUPERFLUID_BATCH_CONCURRENCY`` new chains, by the one sweeper that
     sets its mark first."""
     kicked = []
     client = _broker()
+    # a batch whose start task was lost: still validating a stall time after it was created
+    stale = timezone.now() - timedelta(seconds=stall_s())
+    for batch_id in list(Batch.objects.filter(status="validating", created_at__lt=stale).values_list("pk", flat=True)):
+        if client.set(ALIVE + batch_id, "1", ex=stall_s(), nx=True):
+            log.warning("batch %s: its start was lost; it is started again", batch_id)
+            start_batch.delay(batch_id)
+            kicked.append(batch_id)
     for batch_id in list(Batch.objects.filter(status__in=("in_progress", "cancelling")).values_list("pk", flat=True)):
         if client.exists(ALIVE + batch_id):
             continue

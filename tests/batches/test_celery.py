@@ -91,7 +91,8 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
     the batch stayed ``in_progress`` for good: nothing else sent a task for it, or noticed its
     expiry. A worker's sweep now gives a running batch none of whose tasks ran for
     ``SUPERFLUID_BATCH_STALL_S`` new chains. Here the worker stops at once (a warm shutdown:
-    its running tasks end and send their next ones) and the broker loses those."""
+    its running tasks end and send their next ones) and the broker loses those, and the start
+    task of a batch created meanwhile."""
     import redis as redis_py
 
     head, worker = head_and_celery
@@ -103,11 +104,14 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
         time.sleep(0.1)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(60) == 0
+    # a batch created meanwhile: its start task waits in the queue, and is lost with the rest
+    unstarted = c.batches.create(input_file_id=batch_file(c, 4, 4), endpoint="/v1/completions", completion_window="24h")
     broker = redis_py.Redis.from_url(head.redis_url)  # type: ignore[attr-defined]
     broker.delete("celery", "unacked", "unacked_index")  # Celery's queue and its unacknowledged tasks
     broker.close()
     stalled = c.batches.retrieve(b.id)
     assert stalled.status == "in_progress" and stalled.request_counts.completed < 60, stalled
+    assert c.batches.retrieve(unstarted.id).status == "validating"
     replacement = celery_worker(head.celery_env, head.data_dir)  # type: ignore[attr-defined]
     try:
         done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
@@ -115,5 +119,7 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
         assert (done.request_counts.completed, done.request_counts.failed) == (60, 0)
         out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
         assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(60))  # each line once
+        late = wait_for(c, unstarted.id, ("completed", "failed", "cancelled", "expired"), timeout_s=60)
+        assert late.status == "completed" and late.request_counts.completed == 4, late
     finally:
         stop_processes(replacement)
