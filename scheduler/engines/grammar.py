@@ -121,14 +121,15 @@ def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
 
 def schema_grammar(schema: Any) -> str:
     """GBNF for JSON that fits ``schema`` (a JSON Schema object; ``{}`` is any JSON value).
-    Conversions are cached by the schema's text: agents send the same schema again and again,
+    Conversions are cached by the schema's text as sent (its key order is the reply's: never
+    sorted): agents send the same schema again and again,
     and converting runs on the engine thread."""
     if schema in ({}, True):
         return JSON_OBJECT_GBNF.replace("root   ::= object", "root   ::= value")
     if not isinstance(schema, dict):
         raise GrammarError("the JSON Schema must be an object")
     try:
-        return _cached_schema_grammar(json.dumps(schema, sort_keys=True))
+        return _cached_schema_grammar(json.dumps(schema))
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply") from None
 
@@ -259,7 +260,7 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
     if choice in ("auto", "none") or not tools:
         return None
     try:
-        return _cached_tool_grammar(json.dumps([tools, choice, parallel], sort_keys=True))
+        return _cached_tool_grammar(json.dumps([tools, choice, parallel]))
     except RecursionError:
         raise GrammarError("a tool's parameters are nested too deeply") from None
 
@@ -284,7 +285,7 @@ def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, respons
     else:
         raise GrammarError("a GBNF grammar cannot be combined with tools")
     try:
-        key = json.dumps([tools, parallel, answer], sort_keys=True)
+        key = json.dumps([tools, parallel, answer])
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply") from None
     try:

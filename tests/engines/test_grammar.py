@@ -116,3 +116,33 @@ def test_recursive_schemas_convert_wherever_they_are_used_and_every_rule_is_defi
     recursive = schema_grammar(schema)
     rule = "RootSchema" if schema is UI else "Node"
     assert re.search(rf"^{rule} ::=", recursive, re.M) and re.search(rf"::= .*\b{rule}\b", recursive)  # it refers to itself
+
+
+# -- the schema's key order is the reply's -----------------------------------------------------
+
+ORDERED = {
+    "type": "object",
+    "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+    "required": ["reasoning", "answer"],
+    "additionalProperties": False,
+}
+
+
+def _kv_order(line: str) -> bool:
+    return line.index("reasoning-kv") < line.index("answer-kv")
+
+
+def test_structured_output_and_tool_arguments_keep_the_schemas_property_order() -> None:
+    """The cache key was the schema dumped with sorted keys, and the converter was given that
+    key parsed back: every reply's keys came in alphabetical order ({"answer": 4, "reasoning":
+    ...}), where OpenAI keeps the schema's order, which reasoning-then-answer schemas rely on."""
+    from scheduler.engines.grammar import tools_or_format_grammar
+
+    root = next(x for x in schema_grammar(ORDERED).splitlines() if x.startswith("root ::="))
+    assert _kv_order(root), root
+    forced = tool_grammar([{"name": "answer", "description": "", "parameters": ORDERED}], {"name": "answer"}, True)
+    assert forced is not None
+    assert _kv_order(next(x for x in forced.splitlines() if "reasoning-kv" in x and "answer-kv" in x and "::=" in x))
+    either = tools_or_format_grammar([{"name": "lookup", "description": "", "parameters": {"type": "object", "properties": {}}}], True,
+                                     {"type": "json_schema", "schema": ORDERED})
+    assert _kv_order(next(x for x in either.splitlines() if x.startswith("answer ::=")))
