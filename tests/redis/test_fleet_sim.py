@@ -457,18 +457,17 @@ async def test_with_no_worker_left_the_dashboard_and_metrics_say_so_instead_of_t
     from api.metrics import fleet_families, snapshot_families
     from scheduler.link.transport import SNAPSHOT_LISTENERS
 
-    worker = SimFleetWorker(redis_server.url, prefix).start()
+    # 10 ms a token: the job is still running for several of the worker's snapshot periods
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
     link = await head(redis_server.url, prefix)
     pushed: list[dict[str, Any]] = []
     SNAPSHOT_LISTENERS.append(pushed.append)
     try:
         handle = await link.submit(request=completion("busy", max_tokens=400))
-        for _ in range(200):
-            if link.snapshot and any(lane.get("job_id") for lane in link.snapshot.get("lanes", [])):
-                break
+        deadline = time.monotonic() + 20
+        while not (link.snapshot and any(lane.get("job_id") for lane in link.snapshot.get("lanes", []))):
+            assert time.monotonic() < deadline, "the job never showed in a lane"
             await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("the job never showed in a lane")
         redis.Redis.from_url(redis_server.url).delete(prefix + "worker:" + worker.link.worker_id)
         worker.link._publish_snapshot = lambda: None  # type: ignore[method-assign]  # it is gone
         for _ in range(200):
@@ -484,7 +483,7 @@ async def test_with_no_worker_left_the_dashboard_and_metrics_say_so_instead_of_t
         await link.cancel(handle)
     finally:
         SNAPSHOT_LISTENERS.remove(pushed.append)
-        del worker.link._publish_snapshot
+        vars(worker.link).pop("_publish_snapshot", None)
         await link.stop()
         worker.stop()
 
