@@ -672,7 +672,8 @@ class RedisWorkerLink:
         is cancelled here. When the round trip fails, every job keeps its messages and the next
         flush (the next turn of the loop, within 50 ms) sends them again: each batch carries the
         number of its first message, so Redis appends only what it does not have yet."""
-        self._give_back()
+        if self.worker.draining:  # only a draining worker refuses jobs to give back
+            self._give_back()
         with self._lock:
             pending = [c for c in self.held.values() if c.outbox]
         if not pending:

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -38,18 +39,28 @@ def celery_worker(env: dict[str, str], data_dir: str) -> subprocess.Popen[bytes]
         )
 
 
+@dataclass
+class Deployment:
+    """A ``serve --redis`` head, its Redis, and what a Celery worker of it is started with."""
+
+    head: RunningServer
+    worker: subprocess.Popen[bytes]
+    redis_url: str
+    env: dict[str, str]
+    data_dir: str
+
+
 @pytest.fixture(scope="module")
-def head_and_celery() -> Iterator[tuple[RunningServer, subprocess.Popen[bytes]]]:
+def head_and_celery() -> Iterator[Deployment]:
     redis = RedisServer().start()
     data_dir = tempfile.mkdtemp(prefix="superfluid-celery-")
     env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S)}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300)
     head = RunningServer("--redis", redis.url, "--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": data_dir})
     worker = celery_worker(env, data_dir)
-    head.celery_env, head.data_dir, head.redis_url = env, data_dir, redis.url  # type: ignore[attr-defined]
     try:
         head.start(300)
-        yield head, worker
+        yield Deployment(head, worker, redis.url, env, data_dir)
     finally:
         head.stop()
         stop_processes(worker)
@@ -62,9 +73,9 @@ def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
     return c.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch").id
 
 
-def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_celery: tuple[RunningServer, subprocess.Popen[bytes]]) -> None:
-    head, worker = head_and_celery
-    c = openai_client(head.base)
+def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_celery: Deployment) -> None:
+    worker = head_and_celery.worker
+    c = openai_client(head_and_celery.head.base)
     b = c.batches.create(input_file_id=batch_file(c, 20, 8), endpoint="/v1/completions", completion_window="24h")
     b = wait_for(c, b.id, ("completed", "failed", "cancelled"))
     assert b.status == "completed", b
@@ -85,7 +96,7 @@ def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_
     assert worker.poll() is None
 
 
-def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_and_celery: tuple[RunningServer, subprocess.Popen[bytes]]) -> None:
+def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_and_celery: Deployment) -> None:
     """Each line's task sends the next task of its chain through Redis. When the broker loses
     them (a publish that failed while Redis was away, a Redis restarted without persistence),
     the batch stayed ``in_progress`` for good: nothing else sent a task for it, or noticed its
@@ -95,8 +106,9 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
     task of a batch created meanwhile."""
     import redis as redis_py
 
-    head, worker = head_and_celery
-    c = openai_client(head.base)
+    deployment = head_and_celery
+    worker = deployment.worker
+    c = openai_client(deployment.head.base)
     b = c.batches.create(input_file_id=batch_file(c, 60, 24), endpoint="/v1/completions", completion_window="24h")
     deadline = time.monotonic() + 120  # bounds a hang only
     while c.batches.retrieve(b.id).request_counts.completed < 2:
@@ -106,13 +118,13 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
     assert worker.wait(60) == 0
     # a batch created meanwhile: its start task waits in the queue, and is lost with the rest
     unstarted = c.batches.create(input_file_id=batch_file(c, 4, 4), endpoint="/v1/completions", completion_window="24h")
-    broker = redis_py.Redis.from_url(head.redis_url)  # type: ignore[attr-defined]
+    broker = redis_py.Redis.from_url(deployment.redis_url)
     broker.delete("celery", "unacked", "unacked_index")  # Celery's queue and its unacknowledged tasks
     broker.close()
     stalled = c.batches.retrieve(b.id)
     assert stalled.status == "in_progress" and stalled.request_counts.completed < 60, stalled
     assert c.batches.retrieve(unstarted.id).status == "validating"
-    replacement = celery_worker(head.celery_env, head.data_dir)  # type: ignore[attr-defined]
+    replacement = celery_worker(deployment.env, deployment.data_dir)
     try:
         done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
         assert done.status == "completed", done
