@@ -788,7 +788,7 @@ class RedisWorkerLink:
             job_id = reply[i].decode() if isinstance(reply[i], bytes) else str(reply[i])
             epoch = int(reply[i + 1])
             data = reply[i + 2] if isinstance(reply[i + 2], bytes) else str(reply[i + 2]).encode()
-            waited_ms = int(reply[i + 3])  # in the Redis queue, a first pick only (pick.lua)
+            waited_ms = int(reply[i + 3])  # in the Redis queue; -1: resumed after its worker was lost (pick.lua)
             conn = self._conn_cls(job_id, epoch)
             try:
                 message = decode(data)
@@ -809,6 +809,8 @@ class RedisWorkerLink:
                 message = dataclasses.replace(message, waited_ms=message.waited_ms + waited_ms)
             with self._lock:
                 self.held[job_id] = conn
+            if waited_ms < 0:
+                self.worker.mark_counted(job_id)
             self.worker._on_message(message)
             self.worker.inbox.put((conn, message))
             if conn.qos <= 1:

@@ -328,10 +328,16 @@ class EngineWorker:
         self.contexts[job.job_id] = ctx
         if job.job_id not in self._counted:
             self.stats["requests_total"] += 1
-            self._counted[job.job_id] = None
-            if len(self._counted) > COUNTED_IDS:
-                del self._counted[next(iter(self._counted))]
+            self.mark_counted(job.job_id)
         conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
+
+    def mark_counted(self, job_id: str) -> None:
+        """Remember the job as counted in requests_total, so that it is not counted again when
+        its web side submits it again after a link drop, or, in a Redis fleet, when it resumes
+        here after the worker that ran it (and counted it) was lost."""
+        self._counted[job_id] = None
+        if len(self._counted) > COUNTED_IDS:
+            del self._counted[next(iter(self._counted))]
 
     def _prepared(self, result: Prepared) -> None:
         if self._urgent_preparing.pop(result.id, None) is not None:

@@ -11,8 +11,8 @@
 -- worker has a free lane (that worker takes it without preempting anyone).
 -- Returns {id, epoch, data, waited_ms, ...}: waited_ms is how long a job that has not run yet
 -- waited in the queue since its head put it there (Redis's clock at both ends; a job a draining
--- worker gave back unrun counts from its first arrival); 0 for a job put back after its worker
--- was lost (its first worker's wait was counted there).
+-- worker gave back unrun counts from its first arrival); -1 for a job put back after its worker
+-- was lost (its first worker counted its wait, and the job itself, there).
 local p, worker = ARGV[1], ARGV[2]
 local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local caps, use = {}, {}
@@ -83,7 +83,7 @@ for _ = 1, n do
   table.insert(out, best)
   table.insert(out, epoch)
   table.insert(out, redis.call("HGET", jk, "data"))
-  local waited = 0
+  local waited = -1
   if redis.call("HGET", jk, "requeued") ~= "1" then
     waited = math.max(0, now_ms - tonumber(redis.call("HGET", jk, "arrival") or now_ms))
   end
