@@ -34,8 +34,6 @@ from .models import Batch, File, Line
 
 log = logging.getLogger("superfluid.batches")
 
-LEASE = timedelta(minutes=15)  # a line claimed by a runner that died is run again after this
-RENEW_S = LEASE.total_seconds() / 3  # a running line's lease is renewed this often: never run twice
 POLL_S = 0.5  # how often a running line looks for a cancel
 FAILED_LINE_PAUSE_S = 1.0  # before a line that failed in the runner is claimed again
 RETRY_CAP_S = 30.0  # the longest wait before retrying a line refused with 429/503
@@ -48,6 +46,17 @@ START_BATCH = "batches.tasks.start_batch"  # the Celery task that begins a batch
 
 def concurrency() -> int:
     return max(1, int(getattr(settings, "SUPERFLUID_BATCH_CONCURRENCY", 4)))
+
+
+def lease() -> timedelta:
+    """How long a claimed line is its runner's (``SUPERFLUID_BATCH_LEASE_S``): renewed every
+    third of it while the line runs or waits for a retry, so that only a runner that died (a
+    Celery worker killed mid-line), or stalled that long, leaves the line to be run again."""
+    return timedelta(seconds=max(1, int(getattr(settings, "SUPERFLUID_BATCH_LEASE_S", 120))))
+
+
+def renew_s() -> float:
+    return lease().total_seconds() / 3
 
 
 def celery_mode() -> bool:
@@ -161,7 +170,7 @@ def claim(batch_id: str) -> Line | None:
         line = claimable(batch_id, now).select_for_update().first()
         if line is None:
             return None
-        line.claimed_until = now + LEASE
+        line.claimed_until = now + lease()
         line.save(update_fields=["claimed_until"])
         return line
 
@@ -341,7 +350,7 @@ def _retried(status: int, body: bytes) -> bool:
 
 async def _renew(line: Line) -> None:
     """The line's lease, from now: it is not claimed again while it runs or waits for a retry."""
-    await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=timezone.now() + LEASE)
+    await Line.objects.filter(pk=line.pk, done=False).aupdate(claimed_until=timezone.now() + lease())
 
 
 async def _cancelled_within(batch_id: str, seconds: float) -> bool:
@@ -398,16 +407,17 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
                 finished.set()
 
     loop = asyncio.get_running_loop()
-    renew_at = loop.time() + RENEW_S
+    every = renew_s()
+    renew_at = loop.time() + every
     app = asyncio.create_task(consumer.as_asgi()(scope, receive, send))
     try:
         while not finished.is_set() and not app.done():
             waiter = asyncio.create_task(finished.wait())
-            await asyncio.wait({app, waiter}, timeout=min(POLL_S, RENEW_S), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({app, waiter}, timeout=min(POLL_S, every), return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             if not finished.is_set() and loop.time() >= renew_at:
                 await _renew(line)
-                renew_at = loop.time() + RENEW_S
+                renew_at = loop.time() + every
             if not finished.is_set() and not app.done() and await sync_to_async(current_status)(b.id) != "in_progress":
                 disconnect.set()  # what a client's disconnect does: the consumer cancels the job
                 await asyncio.wait({app}, timeout=10)

@@ -209,6 +209,8 @@ SUPERFLUID_ACTIVITY_RETENTION_DAYS = env_int("SUPERFLUID_ACTIVITY_RETENTION_DAYS
 SUPERFLUID_BATCH_CONCURRENCY = env_int("SUPERFLUID_BATCH_CONCURRENCY", 4)  # lines of one batch in flight at once
 SUPERFLUID_BATCH_MAX_FILE_BYTES = env_int("SUPERFLUID_BATCH_MAX_FILE_BYTES", 0)  # 0 = SUPERFLUID_MAX_BODY_BYTES
 SUPERFLUID_BATCH_MAX_LINES = env_int("SUPERFLUID_BATCH_MAX_LINES", 50_000)
+# a line's lease on its runner (renewed every third of it while it runs): a dead runner's line runs again after this
+SUPERFLUID_BATCH_LEASE_S = env_int("SUPERFLUID_BATCH_LEASE_S", 120)
 # Redis mode: a running batch none of whose Celery tasks has run for this long gets new chains
 SUPERFLUID_BATCH_STALL_S = env_int("SUPERFLUID_BATCH_STALL_S", 600)
 # Redis mode runs batches on Celery (celery -A superfluid_site worker, docs/operations.md)

@@ -29,6 +29,7 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 STALL_S = 3  # SUPERFLUID_BATCH_STALL_S for the Celery workers here: a lost chain is seen in seconds
+LEASE_S = 3  # SUPERFLUID_BATCH_LEASE_S: a killed worker's line is free again in seconds
 
 
 def celery_worker(env: dict[str, str], data_dir: str) -> subprocess.Popen[bytes]:
@@ -54,7 +55,7 @@ class Deployment:
 def head_and_celery() -> Iterator[Deployment]:
     redis = RedisServer().start()
     data_dir = tempfile.mkdtemp(prefix="superfluid-celery-")
-    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S)}
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S), "SUPERFLUID_BATCH_LEASE_S": str(LEASE_S)}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300)
     head = RunningServer("--redis", redis.url, "--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": data_dir})
     worker = celery_worker(env, data_dir)
@@ -133,5 +134,30 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
         assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(60))  # each line once
         late = wait_for(c, unstarted.id, ("completed", "failed", "cancelled", "expired"), timeout_s=60)
         assert late.status == "completed" and late.request_counts.completed == 4, late
+    finally:
+        stop_processes(replacement)
+
+
+def test_a_batch_whose_celery_worker_was_killed_mid_line_completes_on_another_with_each_line_once(head_and_celery: Deployment) -> None:
+    """A worker killed (SIGKILL) with lines in flight leaves them leased to a runner that is
+    gone, and its chains' tasks unacknowledged. Once the leases lapse, the sweep of the worker
+    started in its place gives the batch new chains, and every line runs, once in the output."""
+    deployment = head_and_celery
+    c = openai_client(deployment.head.base)
+    worker = deployment.worker if deployment.worker.poll() is None else celery_worker(deployment.env, deployment.data_dir)
+    b = c.batches.create(input_file_id=batch_file(c, 30, 24), endpoint="/v1/completions", completion_window="24h")
+    deadline = time.monotonic() + 120  # bounds a hang only
+    while c.batches.retrieve(b.id).request_counts.completed < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    worker.kill()
+    worker.wait(30)
+    replacement = celery_worker(deployment.env, deployment.data_dir)
+    try:
+        done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
+        assert done.status == "completed", done
+        assert (done.request_counts.completed, done.request_counts.failed) == (30, 0)
+        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(30))
     finally:
         stop_processes(replacement)

@@ -175,7 +175,7 @@ async def test_only_a_503_with_no_engine_for_now_is_tried_again(monkeypatch: pyt
 async def test_a_running_line_keeps_its_lease_renewed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease was set once, at the claim: a line still running when it lapsed (a long reply
     behind interactive traffic) was claimed by the next runner and ran twice."""
-    monkeypatch.setattr(runner, "RENEW_S", 0.02)
+    monkeypatch.setattr(runner, "renew_s", lambda: 0.02)
     monkeypatch.setattr("activity.writer.submit", lambda _row: None)
     b = await sync_to_async(make_batch)(1)
     await Line.objects.filter(batch_id=b.id).aupdate(body={"model": "sim", "prompt": "once upon a time", "max_tokens": 12})
