@@ -6,11 +6,14 @@ unbounded, so low-priority work cannot starve; with equal priorities the older j
 the higher score, which is plain FIFO. A preempted job goes back to the *head* of its class,
 ahead of every score. Across classes the scheduler picks the job with the best *effective*
 class: a job that has waited ``starvation_ticks`` ticks rises one class per period waited
-(never above interactive). A tick here is the seed's busy tick, ``--tick-target-ms`` (2 s by
-default) of waiting: aging only matters while every lane is busy, and llama.cpp and MLX cut
-their busy ticks shorter (a decode round costs the same however rounds are cut), which must not
-make classes age faster. The effective class only orders admission into free lanes: it never
-makes a job preempt (the scheduler preempts by a job's own class).
+(never above interactive), its wait counted from its receipt, the time it held a lane left out
+(a preemption does not start it again). A tick here is the seed's busy tick,
+``--tick-target-ms`` (2 s by default) of waiting: aging only matters while every lane is busy,
+and llama.cpp and MLX cut their busy ticks shorter (a decode round costs the same however
+rounds are cut), which must not make classes age faster. The effective class only orders
+admission into free lanes: it never makes a job preempt (the scheduler preempts by a job's own
+class), though a job it admitted ahead of better classes is not preempted by those while its
+standing still wins (``order``).
 """
 
 from __future__ import annotations
@@ -85,17 +88,26 @@ class ClassQueues:
         """Seconds of waiting that lift a job one class: ``starvation_ticks`` busy ticks."""
         return self.starvation_ticks * self.tick_s
 
+    def waited(self, job: Job, now: float) -> float:
+        """Seconds ``job`` has waited in this worker's queue: since it joined it, plus what it
+        had waited before a preemption put it back."""
+        return job.waited_s + max(0.0, now - job.enqueued_s)
+
     def effective_class(self, job: Job, now: float) -> int:
         period = self.aging_period_s()
         if period <= 0:
             return int(job.qos)
-        periods = int(max(0.0, now - job.enqueued_s) // period)
+        periods = int(self.waited(job, now) // period)
         return max(int(QosClass.INTERACTIVE), int(job.qos) - periods)
 
     def _rank(self, job: Job, now: float) -> tuple[int, float, int]:
         if job.seq < 0:  # requeued after preemption: ahead of every arrival
             return (0, 0.0, job.seq)
         return (1, -self.score(job, now), job.seq)
+
+    def order(self, job: Job, now: float) -> tuple[int, int, float, int]:
+        """Admission's order (lowest first): effective class, then the rank inside it."""
+        return (self.effective_class(job, now), *self._rank(job, now))
 
     def head(self, qos: QosClass, now: float, keep: Callable[[Job], bool] | None = None) -> Job | None:
         candidates = [j for j in self._queues[qos] if keep is None or keep(j)]
@@ -117,7 +129,7 @@ class ClassQueues:
         jobs = [j for c in allowed for j in self._queues[c] if keep is None or keep(j)]
         if not jobs:
             return None
-        return min(jobs, key=lambda j: (self.effective_class(j, now), self._rank(j, now)))
+        return min(jobs, key=lambda j: self.order(j, now))
 
     def best_by_own_class(
         self, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None = None
@@ -130,15 +142,29 @@ class ClassQueues:
                 return head
         return None
 
-    def note_pick(self, picked: Job, allowed: set[QosClass], now: float, keep: Callable[[Job], bool] | None) -> None:
-        """Count a dispatch where aging changed the pick (the seed's reorder counter)."""
+    def note_pick(
+        self,
+        picked: Job,
+        allowed: set[QosClass],
+        now: float,
+        keep: Callable[[Job], bool] | None,
+        *,
+        by_own_class: bool = False,
+    ) -> None:
+        """Count a dispatch where aging changed the pick (the seed's reorder counter): into a
+        free lane (``best``), or by preemption (``best_by_own_class``, so ``by_own_class``:
+        the jobs it was chosen among are those of its own class)."""
         if picked.seq < 0 or self.score_config.aging_divisor_s <= 0:
             return
+
+        def cls(job: Job) -> int:
+            return int(job.qos) if by_own_class else self.effective_class(job, now)
+
         without_aging = [
             j
             for c in allowed
             for j in self._queues[c]
-            if (keep is None or keep(j)) and j.seq >= 0 and self.effective_class(j, now) == self.effective_class(picked, now)
+            if (keep is None or keep(j)) and j.seq >= 0 and cls(j) == cls(picked)
         ]
         if without_aging:
             static = min(without_aging, key=lambda j: (-(j.priority + self.affinity(j)), j.seq))

@@ -149,6 +149,9 @@ class Scheduler:
         self._release: list[int] = []  # lanes to empty in the next plan
         self._release_keep: list[int] = []  # lanes freed in the next plan with their KV kept
         self._kept: dict[int, KeptLane] = {}  # free lane whose KV is not empty -> the tokens it holds (trimmed when bound)
+        # running job aging admitted ahead of better classes -> (its admission order, the urgent
+        # jobs it was admitted ahead of): they do not preempt it while that order still holds
+        self._aged_ahead: dict[str, tuple[tuple[int, int, float, int], set[str]]] = {}
         self._events: list[Event] = []
         # Prefill starvation counts ticks that prefilled: decode-only ticks (an urgent answer
         # streaming) deprive every prompt alike, so they must not reorder prompts.
@@ -239,7 +242,7 @@ class Scheduler:
         self._tick_decoded = 0
         plan = TickPlan(tick=self.tick, pool=self._pending_pool)
         self._pending_pool = PoolOps()
-        if self._os_pressure is not None or self._kept_over_watermark():
+        if (self._os_pressure is not None and self.config.watermarks) or self._kept_over_watermark():
             self._forget_kept()  # kept lanes are the first thing memory pressure takes
         plan.release, self._release = self._release, []
         plan.keep, self._release_keep = self._release_keep, []
@@ -268,9 +271,11 @@ class Scheduler:
         self.os_level = new
 
     def on_plan_rejected(self) -> None:
-        """The engine could not hold the last plan: release pins, drop the device cache, replan."""
+        """The engine could not hold the last plan: release pins, drop the device cache, empty
+        the kept lanes where they hold memory of their own (``watermarks``), replan."""
         self.counters["plans_rejected"] += 1
-        self._forget_kept()
+        if self.config.watermarks:
+            self._forget_kept()
         self.pool.release_pins()
         self.pool.clear_device(self._pending_pool)
 
@@ -354,6 +359,7 @@ class Scheduler:
 
     def _finish(self, job: Job, reason: str) -> None:
         self._stored.discard(job.job_id)
+        self._aged_ahead.pop(job.job_id, None)
         self._decoded_at.pop(job.job_id, None)
         self._decoded_tick.pop(job.job_id, None)
         job.share_from = None
@@ -440,7 +446,10 @@ class Scheduler:
         return self.pool.used_blocks(self._lane_tokens() + kept) >= self.config.pressure_high * self.pool.total_blocks
 
     def _forget_kept(self) -> None:
-        """Empty every kept lane (the engine refused a plan, memory is short): its KV goes."""
+        """Empty every kept lane (the engine refused a plan, memory is short, or the engine
+        failed): its KV goes. On memory grounds only where a kept lane holds memory of its own
+        (``watermarks``: KV that grows with use, MLX); with memory fixed per lane (llama.cpp)
+        it frees nothing, so an OS pressure rise or a refused plan keeps the prefixes there."""
         self._release_keep = []
         for lane in sorted(self._kept):
             if lane not in self._release:
@@ -466,6 +475,7 @@ class Scheduler:
         return [j.computed for j in self.lanes if j is not None]
 
     def _bind(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
+        job.waited_s = self.queues.waited(job, now)
         self.queues.pop(job)
         kept_n = self._kept_match(job, lane)
         kept = self._kept.pop(lane, None)
@@ -489,6 +499,7 @@ class Scheduler:
         if kept is not None:  # the lane's KV is not empty: keep what the job shares, no more
             plan.trim.append((lane, keep_tokens))
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output, parked))
+        job.last_admitted_s = now
         if job.admitted_s is None:
             job.admitted_s = now
             job.deadline_s = None  # a start deadline: a started job never misses it
@@ -689,7 +700,23 @@ class Scheduler:
             if job is None:
                 return
             self.queues.note_pick(job, allowed, now, keep)
+            beaten = {
+                j.job_id
+                for j in self.queues
+                if j.qos < job.qos and j.qos <= QosClass.COMPLETION and j.qos in allowed and (keep is None or keep(j))
+            }
+            if beaten:
+                self._aged_ahead[job.job_id] = (self.queues.order(job, now), beaten)
             self._bind(plan, job, self._lane_for(job, free), now)
+
+    def _protected_from(self, victim: Job, urgent: Job, now: float) -> bool:
+        """Whether ``victim`` keeps its lane against ``urgent``: aging admitted it ahead of
+        ``urgent`` into a free lane, and the order it was admitted in still puts it first.
+        Preempting it at once would undo aging (the wait its class aging counts survives a
+        preemption, so it would win the next free lane back, then lose it again); ``urgent``'s
+        own wait ends the protection once it would have been admitted first."""
+        aged = self._aged_ahead.get(victim.job_id)
+        return aged is not None and urgent.job_id in aged[1] and aged[0] < self.queues.order(urgent, now)
 
     def _preempt_job(self, plan: TickPlan, victim: Job, *, park: bool) -> int:
         lane = victim.lane
@@ -701,6 +728,7 @@ class Scheduler:
         victim.enqueued_tick = self.tick
         victim.enqueued_s = self.clock()
         victim.share_from, victim.share_tokens = None, 0
+        self._aged_ahead.pop(victim.job_id, None)
         self.queues.push_head(victim)
         self.counters["preemptions"] += 1
         if park and victim.computed > 0:
@@ -714,17 +742,20 @@ class Scheduler:
 
     def _preempt(self, plan: TickPlan) -> None:
         """An interactive or completion job queued with every lane busy takes the lane of the
-        lowest-class running job below it: decoding lanes before prefilling ones.
+        lowest-class running job below it: decoding lanes before prefilling ones, among equals
+        the most recently admitted (a resume counts: the lane that has done the least since).
 
         Urgent jobs go in the order admission would take them (class, then score), each only
         while its class is under its lane cap and none is held back by a waiting batch-invariant
-        job. A job's own class decides, never its aged class: aging orders free lanes only."""
+        job. A job's own class decides, never its aged class: aging orders free lanes only, and
+        a job it admitted ahead of an urgent one keeps its lane against it (``_protected_from``)."""
         if not self.config.preemption:
             return
         now = self.clock()
         while not self.free_lanes():
             urgent_classes = self._admissible_classes() & {QosClass.INTERACTIVE, QosClass.COMPLETION}
-            urgent = self.queues.best_by_own_class(urgent_classes, now, self._invariant_wait_rule())
+            keep = self._invariant_wait_rule()
+            urgent = self.queues.best_by_own_class(urgent_classes, now, keep)
             if urgent is None:
                 return
             # a lane this plan copies a prefix from keeps its KV until the copy has run (the
@@ -733,11 +764,16 @@ class Scheduler:
             victims = [
                 j
                 for j in self.lanes
-                if j is not None and j.qos > urgent.qos and not j.batch_invariant and j.lane not in sources
+                if j is not None
+                and j.qos > urgent.qos
+                and not j.batch_invariant
+                and j.lane not in sources
+                and not self._protected_from(j, urgent, now)
             ]
             if not victims:
-                return  # the best urgent job finds none below it: neither does a worse one
-            victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.admitted_s or 0.0))
+                return  # the best urgent job finds none: a worse one does not go before it
+            victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.last_admitted_s or 0.0))
+            self.queues.note_pick(urgent, urgent_classes, now, keep, by_own_class=True)
             lane = self._preempt_job(plan, victim, park=self.config.park)
             self._bind(plan, urgent, lane, now)
 

@@ -62,8 +62,10 @@ class Job:
     output: list[int] = field(default_factory=list)
     arrival_s: float = 0.0  # the request's arrival (before its preparation; with a router, before its wait there)
     enqueued_tick: int = 0
-    enqueued_s: float = 0.0  # when it last joined a queue (arrival, or preemption): class aging
-    admitted_s: float | None = None
+    enqueued_s: float = 0.0  # when it last joined a queue (arrival, or preemption)
+    waited_s: float = 0.0  # time queued before it last joined a queue: class aging counts it too
+    admitted_s: float | None = None  # its first admission
+    last_admitted_s: float | None = None  # its latest admission (a resume too): preemption's tie-break
     first_token_s: float | None = None
     finished_s: float | None = None
     finish_reason: str | None = None

@@ -172,6 +172,27 @@ def test_a_refused_plan_empties_the_kept_lanes() -> None:
     assert engine.kv[0] == []
 
 
+def test_with_kv_fixed_per_lane_pressure_and_a_refused_plan_leave_the_kept_lanes() -> None:
+    """llama.cpp (watermarks off): a kept lane's cells are the lane's whatever it holds, so
+    emptying it on an OS pressure rise or a refused plan would free nothing and lose the next
+    turn's prefix."""
+    sched, engine, _ = make_scheduler(max_batch=2, watermarks=False)
+    first = make_job(300, job_id="turn1", max_tokens=12)
+    sched.add(first)
+    run_until_idle(sched, engine)
+    lane_kv = list(engine.kv[0])
+    sched.on_os_pressure("critical")
+    tick(sched, engine)
+    assert list(sched._kept) == [0] and engine.kv[0] == lane_kv
+    sched.on_plan_rejected()
+    tick(sched, engine)
+    assert list(sched._kept) == [0] and engine.kv[0] == lane_kv
+    second = next_turn(first, 40, "turn2")
+    sched.add(second)
+    run_until_idle(sched, engine)
+    assert second.cached_tokens == len(lane_kv)
+
+
 def test_kept_lanes_yield_to_the_pool_watermark_on_engines_whose_kv_grows() -> None:
     """MLX's caches grow with use: a kept lane holds memory, and it is the first thing the
     high watermark takes (before any cached prefix)."""

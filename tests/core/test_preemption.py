@@ -131,6 +131,23 @@ def test_among_equal_victims_the_most_recently_admitted_is_preempted() -> None:
     assert arrive(sched).park == [(2, "bg2")]
 
 
+def test_among_equal_victims_a_resumed_job_counts_as_admitted_when_it_resumed() -> None:
+    """bg0 is admitted first, preempted (decoding before the prefilling bg1) and resumed after
+    bg1's admission: it is now the most recently admitted, the one whose lane has done the least
+    work since, so the next chat takes its lane again rather than bg1's."""
+    long = make_job(16, max_tokens=1000, qos=QosClass.BACKGROUND, job_id="bg0")
+    sched, engine = running(2, [long, busy("bg1", QosClass.BACKGROUND, 3000)], ticks=0)
+    plan = arrive(sched, chat("chat1"))
+    assert plan.park == [(0, "bg0")]
+    sched.commit(engine.execute(plan, lambda: False))
+    bg0, bg1 = sched.jobs["bg0"], sched.jobs["bg1"]
+    while bg0.lane is None or bg1.prefilling:
+        tick(sched, engine)
+    assert bg1.admitted_s is not None and bg0.admitted_s is not None and bg0.admitted_s < bg1.admitted_s
+    lane = bg0.lane
+    assert arrive(sched, chat("chat2")).park == [(lane, "bg0")]
+
+
 def test_a_completion_job_also_preempts_but_never_an_interactive_lane() -> None:
     sched, engine = running(2, [busy("chat-running", QosClass.INTERACTIVE), busy("agent", QosClass.AGENT)])
     plan = arrive(sched, chat("fim", qos=QosClass.COMPLETION))

@@ -49,6 +49,20 @@ def test_aging_decides_whether_a_long_waiting_low_priority_job_overtakes(
     assert sched.snapshot()["counters"]["reorders_aging"] == reorders
 
 
+def test_a_preemption_that_aging_decided_counts_as_a_reorder() -> None:
+    """Two chats queued behind a background lane: the older one, at a lower priority, has
+    waited long enough for aging to put it first, and it is the one that preempts."""
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0)
+    sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=50))
+    tick(sched, engine)
+    sched.add(make_job(job_id="old-chat", qos=QosClass.INTERACTIVE, priority=-1, max_tokens=1))
+    clock.advance(120)  # +2: it scores 1 against the new chat's 0
+    sched.add(make_job(job_id="new-chat", qos=QosClass.INTERACTIVE, priority=0, max_tokens=1))
+    plan = sched.step()
+    assert [b.job_id for b in plan.bind] == ["old-chat"] and plan.park == [(0, "bg")]
+    assert sched.snapshot()["counters"]["reorders_aging"] == 1
+
+
 def test_the_dispatch_score_is_priority_plus_affinity_plus_aging_and_bands_are_counted() -> None:
     sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0, swap_affinity_bonus=10)
     sched.add(make_job(job_id="busy", max_tokens=3))

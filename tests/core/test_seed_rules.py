@@ -5,6 +5,8 @@ that never preempts, and pressure that acts on rises only."""
 from __future__ import annotations
 
 from scheduler.core.qos import QosClass
+from scheduler.core.scheduler import Scheduler
+from scheduler.engines.sim import FakeClock, SimEngine
 
 from .builders import finished, make_job, make_scheduler, outputs, run_until_idle, tick
 
@@ -66,6 +68,57 @@ def test_an_aged_job_never_preempts() -> None:
     for _ in range(5):
         tick(sched, engine)
     assert sched.jobs["agent"].lane == 0 and sched.counters["preemptions"] == 0
+
+
+def aged_background_admitted_ahead_of_a_completion(bg_tokens: int) -> tuple[Scheduler, SimEngine, FakeClock]:
+    """One lane held by a chat; a background job waits 6.5 s (3 s aging periods: it counts
+    as completion), then a completion job arrives and the chat ends: aging gives the lane to
+    the background job, ahead of the completion job."""
+    sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=3, tick_target_ms=1000)
+    sched.add(make_job(job_id="chat", qos=QosClass.INTERACTIVE, max_tokens=10_000))
+    sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=bg_tokens))
+    tick(sched, engine)
+    clock.advance(6.5)
+    sched.add(make_job(job_id="fim", qos=QosClass.COMPLETION, max_tokens=4))
+    sched.cancel("chat")
+    plan = sched.step()
+    assert [b.job_id for b in plan.bind] == ["bg"]
+    sched.commit(engine.execute(plan, lambda: False))
+    return sched, engine, clock
+
+
+def test_a_job_aging_admitted_ahead_of_a_completion_is_not_preempted_by_it_at_the_next_tick() -> None:
+    """The completion job it beat does not take the lane back at the next tick: that would
+    undo aging (and the background job, its wait intact, would win the next free lane again)."""
+    sched, engine, _ = aged_background_admitted_ahead_of_a_completion(bg_tokens=4)
+    events = run_until_idle(sched, engine)
+    assert sched.counters["preemptions"] == 0
+    assert [e.job_id for e in events if e.kind == "admitted"] == ["fim"]
+    assert [e.job_id for e in events if e.kind == "finished"] == ["bg", "fim"]
+
+
+def test_the_job_it_beat_preempts_it_once_its_own_wait_would_have_won_and_its_aging_survives() -> None:
+    """The completion job ages too: one period later it counts as interactive, which the
+    background job's admission (as completion) does not beat, and it preempts. The background
+    job's wait (6.5 s) still counts after the preemption, so it counts as completion at once and
+    wins the next free lane from a completion job that arrived after it was preempted; it is
+    preempted once, not at every tick."""
+    sched, engine, clock = aged_background_admitted_ahead_of_a_completion(bg_tokens=10_000)
+    fim_added = sched.jobs["fim"].enqueued_s
+    while sched.counters["preemptions"] == 0:
+        tick(sched, engine)
+        assert clock() - fim_added < 3.5
+    assert clock() - fim_added >= 3.0
+    bg = sched.jobs["bg"]
+    assert sched.queues.effective_class(bg, clock()) == QosClass.COMPLETION
+    sched.add(make_job(job_id="fim2", qos=QosClass.COMPLETION, max_tokens=4))
+    sched.cancel("fim")
+    plan = sched.step()
+    assert [b.job_id for b in plan.bind] == ["bg"]
+    sched.commit(engine.execute(plan, lambda: False))
+    for _ in range(5):
+        tick(sched, engine)
+    assert sched.counters["preemptions"] == 1 and bg.lane == 0
 
 
 # -- 2. completion start deadline -------------------------------------------------------
