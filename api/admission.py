@@ -16,7 +16,9 @@ decided before it is queued.
 5. limits, all checked before any is taken: the key's requests-per-minute bucket (or, without a
    key limit, the per-IP ``--rate-limit``), the fill-in-the-middle bucket per client
    (``--completion-rate``/``--completion-burst``), the key's concurrency slots or, without a key,
-   the client address's (``--client-concurrency``); 429 with ``Retry-After``. Then the model's
+   the client address's (``--client-concurrency``); 429 with ``Retry-After``. A key's requests
+   in flight are counted whether or not its policy sets ``max_concurrent``, so a limit set while
+   some run counts them. Then the model's
    queue bound (``--max-queue`` waiting beyond the lanes): 503 ``queue_full`` with a
    ``Retry-After`` from the measured drain rate. ``Admission.release()`` gives it all back when
    the response ends.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -56,6 +59,8 @@ from superfluid_site.serving import serving
 
 from .errors import ApiError, engine_unavailable, invalid_request
 from .schemas import GenerationRequest
+
+log = logging.getLogger("superfluid.api")
 
 
 @dataclass(frozen=True)
@@ -334,8 +339,11 @@ async def admit(
 async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
     """Redis mode: the same limits as :func:`take_limits`, counted in Redis for every head (one
     Lua script checks all, then takes all): rates, the key's and a keyless client's concurrency.
-    Redis unreachable: 503 with Retry-After, never a count of this process's own, which would
-    multiply the limits by the number of heads. The model's queue bound (``--max-queue``) stays
+    A key's requests in flight are counted there whether or not its policy sets
+    ``max_concurrent`` (a limit set later counts those already running). Redis unreachable: 503
+    with Retry-After, never a count of this process's own, which would multiply the limits by the
+    number of heads; only a request with nothing to enforce (a key without limits) goes on,
+    uncounted. The model's queue bound (``--max-queue``) stays
     this head's own: it bounds what this head holds, with its own drain rate's Retry-After."""
     from keys.limits import LimitsUnavailable, client_slot, key_slot, shared_limiter
 
@@ -355,8 +363,10 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
             checks.append((f"fim:{principal.client_id}", rate, burst, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
     slots: list[tuple[str, int, str]] = []  # Redis slot, limit, message
     limit = policy.max_concurrent if policy is not None else 0
-    if limit > 0 and principal.key_name is not None:
-        slots.append((key_slot(principal.key_name), limit, f"This API key already has {limit} requests in flight; wait for one to finish."))
+    if principal.key_name is not None:
+        # counted with or without a limit (COUNT_ONLY never refuses), so that a limit an admin
+        # sets later counts the requests already running
+        slots.append((key_slot(principal.key_name), limit if limit > 0 else COUNT_ONLY, f"This API key already has {limit} requests in flight; wait for one to finish."))
     client_limit = int(cfg.client_concurrency) if principal.key is None else 0
     if client_limit > 0:
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
@@ -374,8 +384,13 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         refused, wait_s = await limiter.take([(c[0], c[1], c[2]) for c in checks], [(s[0], s[1]) for s in slots], member)
     except BaseException as exc:  # Redis unreachable (a script that timed out may have run), or
         # cancelled (the client went away) while Redis answered: nothing else gives these back
-        _give_back_model_slot(rt, admission)
         _forget_member(limiter, [s[0] for s in slots], member)
+        if isinstance(exc, LimitsUnavailable) and not checks and all(s[1] == COUNT_ONLY for s in slots):
+            # nothing to enforce, only a key's running requests to count: served uncounted
+            # rather than refused (a key with no limits never needed Redis to be admitted)
+            log.warning("shared limits unavailable; key %s admitted without its in-flight count", principal.key_name)
+            return
+        _give_back_model_slot(rt, admission)
         if isinstance(exc, LimitsUnavailable):
             raise engine_unavailable("The shared limits (Redis) cannot be checked right now; retry after the time in the Retry-After header.", retry_after=5) from None
         raise
@@ -389,6 +404,10 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     admission.shared_slots = [s[0] for s in slots]
     admission.shared_member = member
 
+
+# The limit of a key's Redis slot when its policy sets none: never reached, so the slot only
+# counts the key's requests in flight (a max_concurrent set later counts them at once).
+COUNT_ONLY = 1 << 31
 
 _forgetting: set[asyncio.Task[None]] = set()
 
@@ -453,7 +472,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     check_queue(rt, model, model_lanes)
     for bucket, _code, _message in buckets:
         bucket.take()
-    if limit > 0 and slot is not None:
+    if slot is not None:  # counted with or without a limit: one set later counts what already runs
         rt.slots.acquire(slot)
         admission.slot = slot
     if client_limit > 0:

@@ -421,7 +421,10 @@ EXPANDED_BODIES = 2  # at most this many times --max-body-bytes in all
 def check_expanded_size(request: Any, body_bytes: int) -> None:
     """413 ``request_too_large`` when ``n`` times the prompts would send more than
     EXPANDED_BODIES bodies' worth to the engine (32 copies of an 8 MB body: 200 MB over the
-    link, seconds of the event loop encoding it, every copy tokenised)."""
+    link, seconds of the event loop encoding it, every copy tokenised). Embeddings are exempt:
+    all their inputs go to the worker as one job, each input once (no copies to bound)."""
+    if request.endpoint == "embeddings":
+        return
     jobs = request.n * (len(request.prompts) if request.prompts else 1)
     limit = EXPANDED_BODIES * serving().max_body_bytes
     if jobs > 1 and serving().max_body_bytes > 0 and body_bytes * jobs > limit:
@@ -444,9 +447,13 @@ MAX_CHARS_PER_TOKEN = 64
 
 def check_prompt_size(request: Any, lane_ctx: int) -> None:
     """400 ``context_length_exceeded`` for a prompt that cannot fit the lane's context whatever
-    the tokeniser: more characters than ``lane_ctx * MAX_CHARS_PER_TOKEN``, more chat messages
-    than ``lane_ctx`` tokens (each takes at least one), or more token ids than ``lane_ctx``."""
-    param = "messages" if request.messages is not None else "prompt"
+    the tokeniser: more characters than ``lane_ctx * MAX_CHARS_PER_TOKEN``, or as many chat
+    messages or token ids as ``lane_ctx`` tokens (each message takes at least one; a prompt of
+    ``lane_ctx`` tokens leaves no room for one generated token, and the worker refuses it too).
+    An embeddings input (``param`` ``input``) generates nothing: it may fill the context, as the
+    worker allows, and only more than ``lane_ctx`` token ids is refused here."""
+    embeddings = request.endpoint == "embeddings"
+    param = "messages" if request.messages is not None else "input" if embeddings else "prompt"
     if request.messages is not None:
         parts = len(request.messages)
         tools = request.tools if request.tool_choice != "none" else None
@@ -456,12 +463,13 @@ def check_prompt_size(request: Any, lane_ctx: int) -> None:
     else:
         parts, chars = 0, len(request.prompt or "")
     chars += len(request.suffix or "")
-    if parts >= lane_ctx or chars > lane_ctx * MAX_CHARS_PER_TOKEN:
-        what = f"{parts} messages" if request.messages is not None and parts >= lane_ctx else f"{parts} tokens" if parts >= lane_ctx else f"{chars} characters"
+    too_many = parts > lane_ctx if embeddings else parts >= lane_ctx
+    if too_many or chars > lane_ctx * MAX_CHARS_PER_TOKEN:
+        what = f"{parts} messages" if request.messages is not None and too_many else f"{parts} tokens" if too_many else f"{chars} characters"
         raise ApiError(
             400,
             f"This model's maximum context length is {lane_ctx} tokens. However, your {param} holds {what}, "
-            "more than can fit. Please reduce the length of the prompt.",
+            f"more than can fit. Please reduce the length of the {param}.",
             param=param,
             code="context_length_exceeded",
         )

@@ -30,7 +30,7 @@ from scheduler.core.types import SamplingParams
 
 from .errors import ApiError, invalid_request, model_not_found
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 
 INVALID_JSON_MESSAGE = (
     "We could not parse the JSON body of your request. (HINT: This likely means you aren't using "
@@ -101,7 +101,9 @@ _CHAT_KEYS = _COMMON_KEYS | {
     "store",
     "service_tier",
 }
-_COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "suffix", "echo", "best_of", "logprobs"}
+# OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md); and
+# ``metadata``, ``store``, ``service_tier`` are accepted silently on both endpoints.
+_COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens", "metadata", "store", "service_tier"}
 
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
 # accepted and dropped (chat templates here only see role and content).
@@ -200,7 +202,10 @@ class GenerationRequest:
 
     @property
     def jobs(self) -> int:
-        """How many jobs the worker runs for this request: one per choice (:meth:`choices`)."""
+        """How many jobs the worker runs for this request: one per choice (:meth:`choices`);
+        embeddings one in all, whatever their inputs (the worker embeds every input in it)."""
+        if self.endpoint == "embeddings":
+            return 1
         return (len(self.prompts) if self.prompts is not None else 1) * self.n
 
     def choices(self) -> list[GenerationRequest]:
@@ -237,24 +242,12 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)
-    _check_chat_unsupported(body)
-    max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
-    max_completion = _opt_int(
-        body, "max_completion_tokens", 1, None, "an integer greater than or equal to 1"
-    )
-    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
-        raise invalid_request(
-            "Invalid value for 'max_completion_tokens': it must equal 'max_tokens' when both are "
-            f"given (got {max_completion} and {max_tokens}); 'max_tokens' is deprecated, send "
-            "only 'max_completion_tokens'.",
-            param="max_completion_tokens",
-            code="invalid_value",
-        )
+    _check_silently_accepted(body)
     req = GenerationRequest(
         endpoint="chat",
         model=model,
         messages=messages,
-        max_tokens=max_completion if max_completion is not None else max_tokens,
+        max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
     _parse_common(body, req)
@@ -281,6 +274,7 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
     suffix = _optional(body, "suffix", str)
     echo = _optional(body, "echo", bool)
     _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
+    _check_silently_accepted(body)
     req = GenerationRequest(
         endpoint="completions",
         model=model,
@@ -288,7 +282,7 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
         prompts=prompts if len(prompts) > 1 else None,
         echo=bool(echo),
         suffix=suffix,
-        max_tokens=_opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1"),
+        max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
     _parse_common(body, req)
@@ -578,10 +572,30 @@ def _parse_content(content: Any, role: str, where: str) -> str:
     return "".join(texts)
 
 
-def _check_chat_unsupported(body: Mapping[str, Any]) -> None:
+def _check_silently_accepted(body: Mapping[str, Any]) -> None:
+    """OpenAI's ``metadata``, ``store``, ``service_tier`` (both endpoints): accepted and ignored
+    without naming them, but still a 400 when of the wrong type."""
     _optional(body, "metadata", dict)
     _optional(body, "store", bool)
     _optional(body, "service_tier", str)
+
+
+def _parse_max_tokens(body: Mapping[str, Any]) -> int | None:
+    """``max_tokens`` or its current name ``max_completion_tokens`` (both endpoints); both given
+    must agree (400 naming ``max_completion_tokens``)."""
+    max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
+    max_completion = _opt_int(
+        body, "max_completion_tokens", 1, None, "an integer greater than or equal to 1"
+    )
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise invalid_request(
+            "Invalid value for 'max_completion_tokens': it must equal 'max_tokens' when both are "
+            f"given (got {max_completion} and {max_tokens}); 'max_tokens' is deprecated, send "
+            "only 'max_completion_tokens'.",
+            param="max_completion_tokens",
+            code="invalid_value",
+        )
+    return max_completion if max_completion is not None else max_tokens
 
 
 def _parse_chat_logprobs(body: Mapping[str, Any], req: GenerationRequest) -> None:
@@ -1045,7 +1059,7 @@ def parse_embeddings_request(raw: bytes, *, models: Collection[str], strict: boo
         )
     user = _optional(body, "user", str)
     req = GenerationRequest(
-        endpoint="embeddings",  # type: ignore[arg-type]
+        endpoint="embeddings",
         model=model,
         prompt=inputs[0],
         prompts=inputs,

@@ -159,8 +159,8 @@ def test_chat_template_kwargs_are_kept() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
-     "metadata", "store", "service_tier", "parallel_tool_calls", "functions", "function_call"],
+    ["messages", "top_logprobs", "tools", "tool_choice", "chat_template_kwargs",
+     "parallel_tool_calls", "functions", "function_call"],
 )
 def test_chat_only_keys_are_unknown_on_completions(key: str) -> None:
     assert_400(completion_error(_strict=True, **{key: None}), key, "unknown_parameter")
@@ -494,17 +494,29 @@ def test_bad_chat_logprobs_are_rejected(body: dict[str, Any], param: str) -> Non
      ({"max_tokens": 5, "max_completion_tokens": 5}, 5),
      ({"max_tokens": None, "max_completion_tokens": 3}, 3)],
 )
-def test_chat_accepts_max_tokens_or_max_completion_tokens(body: dict[str, Any], expected: int) -> None:
+def test_both_endpoints_accept_max_tokens_or_max_completion_tokens(body: dict[str, Any], expected: int) -> None:
+    """Completions ignored max_completion_tokens (named in the ignored header), though
+    docs/api.md lists it for both endpoints."""
     assert chat(**body).max_tokens == expected
+    for strict in (False, True):
+        req = completion(_strict=strict, **body)
+        assert (req.max_tokens, req.ignored) == (expected, [])
 
 
-def test_chat_max_tokens_and_max_completion_tokens_that_disagree_are_rejected() -> None:
-    assert_400(chat_error(max_tokens=5, max_completion_tokens=6), "max_completion_tokens", "invalid_value")
+def test_max_tokens_and_max_completion_tokens_that_disagree_are_rejected_on_both_endpoints() -> None:
+    for err in both_errors(max_tokens=5, max_completion_tokens=6):
+        assert_400(err, "max_completion_tokens", "invalid_value")
 
 
 @pytest.mark.parametrize("value", [0, -1, 5.0, "5", True])
 def test_invalid_max_completion_tokens_is_rejected_naming_it(value: Any) -> None:
-    assert_400(chat_error(max_completion_tokens=value), "max_completion_tokens")
+    for err in both_errors(max_completion_tokens=value):
+        assert_400(err, "max_completion_tokens")
+
+
+def test_max_completion_tokens_takes_the_place_of_n_predict_as_max_tokens_does() -> None:
+    assert completion(max_completion_tokens=4, n_predict=9).max_tokens == 4
+    assert chat(max_completion_tokens=4, n_predict=9).max_tokens == 4
 
 
 # -- completions prompt ------------------------------------------------------------------------
@@ -600,9 +612,19 @@ def test_harmless_completion_options_are_accepted(key: str, value: Any) -> None:
     completion(**{key: value})
 
 
-@pytest.mark.parametrize("key", ["metadata", "store", "service_tier"])
-def test_chat_only_ignored_keys_are_unknown_on_completions(key: str) -> None:
-    assert_400(completion_error(_strict=True, **{key: "x"}), key, "unknown_parameter")
+@pytest.mark.parametrize(("key", "value"), [("metadata", {"k": "v"}), ("store", False), ("service_tier", "auto"), ("metadata", None)])
+def test_metadata_store_and_service_tier_are_accepted_silently_on_completions_as_on_chat(key: str, value: Any) -> None:
+    """They were named as ignored (x-superfluid-ignored-params) and, under --strict-params,
+    refused as unknown on completions, though OpenAI's completions take them as chat does."""
+    for strict in (False, True):
+        assert completion(_strict=strict, **{key: value}).ignored == []
+        assert chat(_strict=strict, **{key: value}).ignored == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("metadata", "x"), ("store", 1), ("service_tier", 1)])
+def test_metadata_store_and_service_tier_of_the_wrong_type_are_400_on_completions_as_on_chat(key: str, value: Any) -> None:
+    for err in both_errors(**{key: value}):
+        assert_400(err, key, "invalid_type")
 
 
 @pytest.mark.parametrize("value", [21, -1, True, 1.0])

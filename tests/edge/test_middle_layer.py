@@ -515,5 +515,90 @@ async def test_a_request_with_several_choices_asks_the_model_router_for_a_lane_e
         body = json.dumps({"model": MODEL, "prompt": ["one", "two"], "n": 3, "max_tokens": 2}).encode()
         many = await request("POST", "/v1/completions", body, JSON)
         one = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
-    assert (many.status, one.status) == (503, 503), (many.body, one.body)
-    assert asked == [{"model": MODEL, "jobs": 6}, {"model": MODEL, "jobs": 1}]
+        # embeddings of several inputs are one job at the worker (it asked for a lane per input)
+        embeddings = await request("POST", "/v1/embeddings", embeddings_body(["one", "two", "three"]), JSON)
+    assert (many.status, one.status, embeddings.status) == (503, 503, 503), (many.body, one.body, embeddings.body)
+    assert asked == [{"model": MODEL, "jobs": 6}, {"model": MODEL, "jobs": 1}, {"model": MODEL, "jobs": 1}]
+
+
+# -- embeddings: one job, inputs that may fill the context -----------------------------------
+
+
+def embedding_engine(link: object) -> list[int]:
+    """The simulated engine made to embed (it has no embeddings of its own): each vector is
+    (tokens, 1.0); the token counts it was given come back in the list returned."""
+    engine = link.worker.engine  # type: ignore[attr-defined]
+    seen: list[int] = []
+    engine.features = frozenset({"embeddings"})
+    engine.embed = lambda tokens: seen.append(len(tokens)) or [float(len(tokens)), 1.0]
+    return seen
+
+
+def embeddings_body(value: object) -> bytes:
+    return json.dumps({"model": MODEL, "input": value}).encode()
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=16_000)
+async def test_embeddings_of_32_inputs_are_one_job_and_not_bounded_as_n_copies_of_the_body(sim: SimWorker) -> None:
+    """The bound on n times the prompts (each job carries the whole body) was applied to
+    embeddings: 32 inputs in a body over 1/16 of --max-body-bytes were 413 naming `n`, though
+    they go to the worker as one job holding each input once."""
+    async with attached(sim) as (link, _rt):
+        seen = embedding_engine(link)
+        body = embeddings_body([f"{i:03d} " + "x" * 396 for i in range(32)])
+        assert 16_000 * 2 / 32 < len(body) <= 16_000
+        reply = await request("POST", "/v1/embeddings", body, JSON)
+        assert reply.status == 200, reply.body[:300]
+        data = reply.json()["data"]
+        assert [d["index"] for d in data] == list(range(32)) and seen == [400] * 32
+        assert reply.json()["usage"]["prompt_tokens"] == 32 * 400
+        # choices still are bounded: 16 jobs each carrying this body's size
+        many = await request("POST", "/v1/chat/completions", chat_body(n=16, max_tokens=1, user="u" * 2100), JSON)
+        assert many.status == 413 and many.json()["error"]["param"] == "n"
+
+
+async def test_an_embeddings_input_may_fill_the_context_and_one_too_long_is_400_naming_input(sim: SimWorker) -> None:
+    """lane_ctx 512: the worker embeds an input of 512 tokens (an embedding generates nothing),
+    but the web refused it as a prompt leaving no room for a token, naming `prompt`; an input
+    too long must name `input`, as the worker's own refusal does."""
+    async with attached(sim) as (link, _rt):
+        seen = embedding_engine(link)
+        for value in ([7] * 512, "z" * 512, ["a", [7] * 512]):
+            reply = await request("POST", "/v1/embeddings", embeddings_body(value), JSON)
+            assert reply.status == 200, (reply.body[:300], value if isinstance(value, str) else len(value))
+        assert seen == [512, 512, 1, 512]
+        # too long: refused by the web (token ids, or more characters than any tokeniser packs)
+        # or by the worker (tokenised); every one names `input`
+        for value in ([7] * 513, ["a", [7] * 513], "z" * (512 * 64 + 1), "z" * 513, ["a", "z" * 513]):
+            reply = await request("POST", "/v1/embeddings", embeddings_body(value), JSON)
+            assert reply.status == 400 and reply.is_error_object(), reply.body[:300]
+            error = reply.json()["error"]
+            assert (error["code"], error["param"], error["type"]) == ("context_length_exceeded", "input", "invalid_request_error"), error
+        assert seen[:4] == [512, 512, 1, 512] and 513 not in seen
+        # a completion's prompt of 512 tokens leaves no room for one: still refused, naming `prompt`
+        for prompt in ([7] * 512, "z" * 512):
+            reply = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": prompt}).encode(), JSON)
+            assert reply.status == 400 and reply.json()["error"]["code"] == "context_length_exceeded", reply.body[:300]
+            assert reply.json()["error"]["param"] == "prompt"
+        ok = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [7] * 511, "max_tokens": 1}).encode(), JSON)
+        assert ok.status == 200, ok.body[:300]
+
+
+# -- completions take chat's max_completion_tokens, metadata, store, service_tier ------------------
+
+
+async def test_a_completion_honours_max_completion_tokens_and_takes_metadata_store_service_tier_silently(sim: SimWorker) -> None:
+    """docs/api.md lists max_completion_tokens for both endpoints: on completions it was ignored
+    (the reply ran to the end of the context) and named in x-superfluid-ignored-params, and so
+    were metadata, store and service_tier, which chat accepts silently."""
+    extra = {"metadata": {"k": "v"}, "store": False, "service_tier": "auto"}
+    async with attached(sim):
+        for path, body in (("/v1/completions", {"prompt": "once"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+            payload = {"model": MODEL, **body, "max_completion_tokens": 3, **extra}
+            reply = await request("POST", path, json.dumps(payload).encode(), JSON)
+            assert reply.status == 200, (path, reply.body[:300])
+            assert "x-superfluid-ignored-params" not in reply.headers, (path, reply.headers)
+            assert reply.json()["usage"]["completion_tokens"] == 3 and reply.json()["choices"][0]["finish_reason"] == "length"
+            clash = await request("POST", path, json.dumps({**payload, "max_tokens": 4}).encode(), JSON)
+            assert clash.status == 400 and clash.is_error_object(), clash.body[:300]
+            assert (clash.json()["error"]["param"], clash.json()["error"]["code"]) == ("max_completion_tokens", "invalid_value")

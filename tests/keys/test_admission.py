@@ -288,6 +288,30 @@ async def test_concurrency_slots_are_held_until_release() -> None:
     await second.release()
 
 
+def set_policy(rt: KeyRuntime, secret: str, name: str, policy: Policy | None) -> None:
+    """An admin edit reaching the runtime: a new snapshot with the key's new policy."""
+    rt.snapshot = Snapshot(version=rt.snapshot.version + 1, keys_by_digest={digest_of(secret): key(secret, name, policy)[1]})
+
+
+@pytest.mark.parametrize("before", [None, Policy(name="p", max_concurrent=0)], ids=["no-policy", "no-limit"])
+async def test_a_max_concurrent_set_while_requests_run_counts_those_already_running(before: Policy | None) -> None:
+    """The key's requests were counted only while a limit was set: two running when the admin
+    set max_concurrent=2 were not seen, and two more were let in."""
+    rt = runtime(key("sf-k", "k", before))
+    running = [await admit(bearer("sf-k"), IP, chat(), runtime=rt) for _ in range(2)]
+    set_policy(rt, "sf-k", "k", Policy(name="p", max_concurrent=2))
+    err = await expect("concurrency_limit_exceeded", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    assert err.status == 429 and int(err.headers["Retry-After"]) >= 1
+    await running[0].release()
+    third = await admit(bearer("sf-k"), IP, chat(), runtime=rt)  # one ended: one place free
+    await expect("concurrency_limit_exceeded", admit(bearer("sf-k"), IP, chat(), runtime=rt))
+    set_policy(rt, "sf-k", "k", before)  # the limit lifted: none refused, all still counted
+    more = [await admit(bearer("sf-k"), IP, chat(), runtime=rt) for _ in range(3)]
+    for admission in [running[1], third, *more]:
+        await admission.release()
+    assert rt.slots.held == {}
+
+
 async def test_a_refused_request_takes_no_rate_token() -> None:
     rt = runtime(key("sf-k", "k", Policy(name="p", rate_limit_rpm=1, max_concurrent=1)))
     held = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
