@@ -296,7 +296,7 @@ class EngineWorker:
         if not isinstance(inputs, list) or not inputs:
             raise Refusal(INVALID_VALUE, "Invalid value for 'input': expected a non-empty string or array.", "input")
         limit = engine.lane_ctx
-        vectors, total = [], 0
+        tokenized = []  # every input checked before any is embedded: a refusal costs no forward
         for i, item in enumerate(inputs):
             tokens = [int(t) for t in item] if isinstance(item, list) else engine.tokenize(str(item))
             if any(not 0 <= t < engine.vocab_size for t in tokens):
@@ -305,11 +305,14 @@ class EngineWorker:
                 raise Refusal(INVALID_VALUE, f"Invalid value for 'input': input {i} holds no tokens.", "input")
             if len(tokens) > limit:
                 raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens. However, input {i} holds {len(tokens)} tokens.", "input")
+            tokenized.append(tokens)
+        vectors = []
+        for tokens in tokenized:
             try:
                 vectors.append(embed(tokens))
             except EngineError as exc:
                 raise Refusal(INVALID_JOB, f"The input could not be embedded: {exc}", "input") from None
-            total += len(tokens)
+        total = sum(len(tokens) for tokens in tokenized)
         self.stats["requests_total"] += 1
         job_id = str(message.id)
         conn.queue(Accepted(job_id, total))
