@@ -150,6 +150,7 @@ class EngineWorker:
         # forgotten past COUNTED_IDS): a job its web side submits again after a link drop
         # (same id, the text delivered) is one request, counted once
         self._counted: dict[str, None] = {}
+        self._counted_lock = threading.Lock()  # a Redis link's pull thread marks ids too
         self._arrived: dict[str, float] = {}  # the same stamp, by id, for the Submits in ``preparing``
         # Submits being rendered and tokenised off the tick thread (prepare_in_thread), by id.
         # A cancel removes its entry; a result whose entry is gone is dropped.
@@ -338,9 +339,10 @@ class EngineWorker:
         """Remember the job as counted in requests_total, so that it is not counted again when
         its web side submits it again after a link drop, or, in a Redis fleet, when it resumes
         here after the worker that ran it (and counted it) was lost."""
-        self._counted[job_id] = None
-        if len(self._counted) > COUNTED_IDS:
-            del self._counted[next(iter(self._counted))]
+        with self._counted_lock:
+            self._counted[job_id] = None
+            if len(self._counted) > COUNTED_IDS:
+                del self._counted[next(iter(self._counted))]
 
     def _prepared(self, result: Prepared) -> None:
         if self._urgent_preparing.pop(result.id, None) is not None:
