@@ -74,6 +74,16 @@ def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
     return c.files.create(file=("in.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode()), purpose="batch").id
 
 
+def completed_once(c: openai.OpenAI, batch_id: str, n: int) -> None:
+    """The batch of ``batch_file(c, n, ...)`` completes, each of its lines once in the output."""
+    done = wait_for(c, batch_id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+    assert done.output_file_id is not None
+    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(n))
+
+
 def test_a_20_line_batch_completes_on_a_celery_worker_and_cancel_works(head_and_celery: Deployment) -> None:
     worker = head_and_celery.worker
     c = openai_client(head_and_celery.head.base)
@@ -127,11 +137,7 @@ def test_a_batch_whose_tasks_the_broker_lost_gets_new_chains_and_completes(head_
     assert c.batches.retrieve(unstarted.id).status == "validating"
     replacement = celery_worker(deployment.env, deployment.data_dir)
     try:
-        done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
-        assert done.status == "completed", done
-        assert (done.request_counts.completed, done.request_counts.failed) == (60, 0)
-        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
-        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(60))  # each line once
+        completed_once(c, b.id, 60)
         late = wait_for(c, unstarted.id, ("completed", "failed", "cancelled", "expired"), timeout_s=60)
         assert late.status == "completed" and late.request_counts.completed == 4, late
     finally:
@@ -154,10 +160,6 @@ def test_a_batch_whose_celery_worker_was_killed_mid_line_completes_on_another_wi
     worker.wait(30)
     replacement = celery_worker(deployment.env, deployment.data_dir)
     try:
-        done = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"), timeout_s=120)
-        assert done.status == "completed", done
-        assert (done.request_counts.completed, done.request_counts.failed) == (30, 0)
-        out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
-        assert sorted(o["custom_id"] for o in out) == sorted(f"r{i}" for i in range(30))
+        completed_once(c, b.id, 30)
     finally:
         stop_processes(replacement)
