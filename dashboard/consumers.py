@@ -50,11 +50,17 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
         self._refresh = asyncio.get_running_loop().create_task(self._keep_membership())
         self._watch = asyncio.get_running_loop().create_task(self._watch_user())
         await self.accept()
-        from superfluid_site.runtime import get_link
+        # The first state, so the page need not wait for the next push. Nothing here may raise
+        # out of connect: the consumer would end without its disconnect, and its channel would
+        # stay in the group (renewed hourly) with its user re-checked every few seconds, for good.
+        try:
+            from superfluid_site.runtime import get_link
 
-        link = get_link()  # starts the link to the worker if no request has yet
-        if link.snapshot:
-            await self.send_json({"type": "state", "state": full_state(link.snapshot)})
+            link = get_link()  # starts the link to the worker if no request has yet
+            if link.snapshot:
+                await self.send_json({"type": "state", "state": full_state(link.snapshot)})
+        except Exception:  # the next push brings the state
+            log.exception("dashboard: could not send a page its first state")
 
     async def _keep_membership(self) -> None:
         """Group memberships expire (a day in the in-memory layer); a dashboard may stay open longer."""

@@ -317,17 +317,46 @@
     window.superfluidLastState = s;
   }
 
+  // A live worker sends a snapshot ten times a second, idle or not, and each reaches the page
+  // within a push interval; none for this long means the worker is gone (crashed, restarting,
+  // loading) or stuck in one long step, and what the page shows is that old: it says so.
+  var STALE_MS = 3000;
+  var lastState = null;        // when the latest state arrived (ms, this page's clock); null: socket not open
+  function markLive() {
+    var conn = $("conn");
+    conn.textContent = "live"; conn.setAttribute("data-status", "live");
+    document.body.classList.remove("stale");
+  }
+  // With several models and none loaded no worker runs to send snapshots: nothing is old then.
+  function noWorkerRuns(s) {
+    return !!(s && s.models && s.models.length && !s.models.some(function (m) { return m.state === "loaded" || m.state === "draining"; }));
+  }
+  setInterval(function () {
+    if (lastState === null || noWorkerRuns(window.superfluidLastState)) { return; }
+    var age = Date.now() - lastState;
+    if (age < STALE_MS) { return; }
+    var conn = $("conn");
+    conn.textContent = "no update for " + Math.floor(age / 1000) + " s"; conn.setAttribute("data-status", "stale");
+    document.body.classList.add("stale");
+  }, 500);
+
   var retry = 500;
   function connect() {
     var conn = $("conn");
     var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/dashboard/");
     var opened = false;
-    ws.onopen = function () { opened = true; retry = 500; conn.textContent = "live"; conn.setAttribute("data-status", "live"); };
+    ws.onopen = function () { opened = true; retry = 500; lastState = Date.now(); markLive(); };
     ws.onmessage = function (m) {
       var msg = JSON.parse(m.data);
-      if (msg.type === "state") { render(msg.state); }
+      if (msg.type === "state") {
+        if (conn.getAttribute("data-status") === "stale") { markLive(); }
+        lastState = Date.now();
+        render(msg.state);
+      }
     };
     ws.onclose = function (e) {
+      lastState = null;
+      document.body.classList.remove("stale");
       if (e.code === 4403 || (!opened && e.code === 1006 && retry > 8000)) {
         conn.textContent = "not allowed: log in as staff"; conn.setAttribute("data-status", "forbidden");
       } else {

@@ -257,3 +257,39 @@ def test_each_web_process_pushes_to_a_group_of_its_own() -> None:
     code = "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'superfluid_site.settings'); django.setup(); from dashboard.feed import GROUP; print(GROUP)"
     groups = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout.strip() for _ in range(2)}
     assert len(groups) == 2 and all(g.startswith("lanes.") and len(g) < 100 for g in groups)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_page_whose_first_state_fails_still_gets_pushes_and_leaves_nothing_behind(settings, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The state sent on connect (the link's latest snapshot, with several models the router's
+    view) raised out of connect: the consumer ended without its disconnect, the page got no push
+    again, and its channel stayed in the group with its membership renewal and its user check
+    running for the life of the process."""
+    from channels.layers import get_channel_layer
+
+    from dashboard import consumers
+    from dashboard.feed import full_state as real
+    from superfluid_site.runtime import get_link
+
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    get_link().snapshot = {"model": "m", "tick": 1, "lanes": []}
+    calls = {"n": 0}
+
+    def first_fails(state: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a router caught mid-swap")
+        return real(state)
+
+    monkeypatch.setattr(consumers, "full_state", first_fails)
+
+    def lingering() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if any(n in repr(t) for n in ("_keep_membership", "_watch_user"))]
+
+    async with staff_dashboard("vic") as comm:
+        assert calls["n"] == 1
+        dashboard_feed.on_snapshot({"model": "m", "tick": 2, "lanes": []})
+        assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 2
+    await asyncio.sleep(0.05)
+    assert not get_channel_layer().groups.get(dashboard_feed.GROUP)
+    assert not lingering()

@@ -140,3 +140,35 @@ def test_a_lane_shows_the_workers_state_for_it(page: Any) -> None:
     assert pg.evaluate("() => Array.from(document.querySelectorAll('#lanes [data-lane]')).map((c) => [c.dataset.state, c.dataset.parked === undefined])") == [
         ["decode", True], ["idle", True]]
     assert "background · parked-" in pg.locator("#parked").inner_text()
+
+
+def test_a_page_that_stops_getting_pushes_says_its_state_is_old_and_live_again_when_they_return(page: Any) -> None:
+    """Pushes come only with worker snapshots: with the worker gone (crashed, restarting, loading
+    its model) the page kept the last lanes decoding under a green "live" for as long as it
+    stayed open."""
+    pg = page.context.browser.new_page()
+    try:
+        pg.clock.install()
+        pg.add_init_script(FAKE_SOCKET)
+        pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=page_html()))
+        fresh(pg)
+        state = dashboard_state({"lanes": [{"lane": 0, "state": "decode", "job_id": "j", "generated": 5}]})
+
+        def conn() -> tuple[str, str]:
+            return tuple(pg.evaluate("() => { const c = document.getElementById('conn'); return [c.dataset.status, c.textContent]; }"))
+
+        pg.evaluate("(s) => window.__push(s)", {**state, "t": 1_800_000_000.0})
+        pg.clock.run_for(1000)
+        assert conn() == ("live", "live")
+        pg.clock.run_for(9000)  # ten seconds without a push
+        status, text = conn()
+        assert status == "stale" and text.startswith("no update for ") and pg.evaluate("() => document.body.classList.contains('stale')")
+        pg.evaluate("(s) => window.__push(s)", {**state, "t": 1_800_000_010.0})
+        assert conn() == ("live", "live") and not pg.evaluate("() => document.body.classList.contains('stale')")
+        # several models, none loaded: no worker runs to send anything, and nothing is old
+        unloaded = {**state, "models": [{"id": "m", "fim": False, "state": "unloaded", "n_lanes": 1, "lanes_in_use": 0, "waiting": 0, "lanes": []}]}
+        pg.evaluate("(s) => window.__push(s)", {**unloaded, "t": 1_800_000_011.0})
+        pg.clock.run_for(10_000)
+        assert conn() == ("live", "live")
+    finally:
+        pg.close()
