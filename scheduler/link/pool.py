@@ -207,18 +207,31 @@ class ModelPool:
         accepted: it still gets its turn there. One waiting for a model to load ends now (no
         worker starts any more). Each model's worker is told to drain once nothing of its own
         waits here or runs: it is never told while a request is on its way to it (its submit
-        would be refused as the worker drains)."""
+        would be refused as the worker drains). Its link refuses submits from then on, not
+        before: serve's drain leaves the links this pool holds to it (:meth:`holds`), since a
+        link marked draining refuses the submit of a request the router dispatches after the
+        signal."""
         self.draining = True
         for rid in self.router.drain():
             fut = self.waiters.get(rid)
             if fut is not None and not fut.done():
                 fut.set_exception(ModelUnavailable("", "The server is shutting down."))
+        for link in self.open_links.values():
+            if not any(link is held for held in self.links.values()):  # being closed: its model is unloading, nothing goes to it
+                link.draining = True
         self.kick()
+
+    def holds(self, link: Transport) -> bool:
+        """``link`` is one of this pool's models' links, whose drain the pool decides."""
+        return any(link is held for held in self.open_links.values())
 
     def _drain_idle_workers(self) -> None:
         for model, worker in list(self.workers.items()):
             if model not in self._drained and self.router.idle(model):
                 self._drained.add(model)
+                link = self.links.get(model)
+                if link is not None:
+                    link.draining = True  # nothing more is submitted to it
                 worker.drain()
 
     def fail_waiting(self, detail: str) -> None:

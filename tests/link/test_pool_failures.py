@@ -202,3 +202,38 @@ async def test_at_the_drain_deadline_every_request_still_waiting_at_the_router_e
         await asyncio.wait_for(second, 10)
     pool.release(ticket)
     assert spawned["a"][0].drained and pool.exited()
+
+
+async def test_serves_drain_leaves_the_request_waiting_for_a_lane_free_to_be_submitted() -> None:
+    """serve's SIGTERM (its ``Drain``) marked every link draining, the pool's per-model links
+    too, before the pool drained: the request waiting at the router for the lane of a loaded
+    model was dispatched as the lane freed, as documented, and then its submit was refused
+    ("The server is shutting down.", a 503). The pool marks a model's link once it tells that
+    model's worker to drain, when nothing of its own waits or runs."""
+    from scheduler.link import pool as pool_module
+    from scheduler.link.messages import Rejected
+    from scheduler.management.commands.serve import Drain, PoolWorkers
+
+    pool, spawned = two_models()
+    loop_id = id(asyncio.get_running_loop())
+    pool_module._POOLS[loop_id] = pool  # PoolWorkers drains every pool of the process
+    try:
+        first = await running(pool, "a")
+        second = asyncio.ensure_future(pool.acquire("a", 0))
+        await settle()
+        drain = Drain(PoolWorkers(), lambda: [pool.link, *pool.open_links.values()], 60.0)  # type: ignore[arg-type]
+        drain.begin()
+        assert pool.link.draining and pool.draining  # nothing new is taken
+        pool.release(first)
+        link, _d, ticket = await asyncio.wait_for(second, 10)
+        handle = await link.submit(request={"endpoint": "completions", "model": "a", "prompt": "hi", "max_tokens": 1}, qos=2, priority=0)
+        assert handle.events.empty(), handle.events.get_nowait()  # sent, not Rejected(shutting_down)
+        assert not spawned["a"][0].drained and not link.draining
+        await link.cancel(handle)
+        link.finish(handle)
+        pool.release(ticket)
+        assert spawned["a"][0].drained and link.draining  # told once nothing of its own is left
+        late = await link.submit(request={"endpoint": "completions", "model": "a", "prompt": "hi", "max_tokens": 1}, qos=2, priority=0)
+        assert isinstance(late.events.get_nowait(), Rejected)
+    finally:
+        pool_module._POOLS.pop(loop_id, None)

@@ -303,8 +303,11 @@ class PoolWorkers:
 class Drain:
     """serve's SIGTERM, as steps the reactor takes every 0.1 s (and a test can take by hand).
 
-    :meth:`begin`: no link admits anything new. The worker is told to drain (it finishes what it
-    holds, for the same ``--drain-timeout``, and takes nothing more) once no job a link accepted
+    :meth:`begin`: no link admits anything new (with several models, the web side's own link
+    refuses new requests and each model's link is left to its pool, which marks it as it tells
+    that model's worker: the router still dispatches what waited for a lane). The worker is told
+    to drain (it finishes what it holds, for the same ``--drain-timeout``, and takes nothing
+    more) once no job a link accepted
     still waits for it: at once where the accepted jobs wait at the worker itself (the local
     link), and with ``--redis`` once every job this head accepted has ended, since those wait in
     the Redis queue, which a draining worker no longer pulls from (another head's queued jobs are
@@ -331,8 +334,12 @@ class Drain:
 
     def begin(self) -> None:
         self.started = True
+        pools = all_pools()
         for link in self.links():
-            link.draining = True
+            # a model's link in a pool is the pool's to mark (ModelPool.drain): the router still
+            # dispatches the requests waiting for a lane of a loaded model, which it accepted
+            if not any(pool.holds(link) for pool in pools):
+                link.draining = True
         # a worker told at once cuts what is left at drain_timeout; past this, the web side does
         self.deadline = self.clock() + self.drain_timeout_s + 1.0
         self._tell_worker()
