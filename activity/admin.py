@@ -1,13 +1,74 @@
 from __future__ import annotations
 
+import datetime
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
+from scheduler.core.qos import QosClass
+from scheduler.core.router import BANDS
 from superfluid_site.view_only_admin import ViewOnlyAdmin
 
 from .models import ActivityEntry
+
+# Django's filter for a plain column lists its values with SELECT DISTINCT over the whole table,
+# once per filter and page: seconds per page on a month of rows. These list fixed values, or
+# the values of the last RECENT (a range the time index serves), and the one selected.
+RECENT = datetime.timedelta(days=1)
+NONE = "-"  # the filter value of an empty column (no key, no error code)
+
+
+def fixed_filter(field: str, title: str, values: Iterable[str]) -> type[admin.SimpleListFilter]:
+    choices = [(v, v) for v in values]
+
+    class Fixed(admin.SimpleListFilter):
+        parameter_name = field
+
+        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            return choices
+
+        def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+            return queryset if self.value() is None else queryset.filter(**{field: self.value()})
+
+    Fixed.title = title
+    return Fixed
+
+
+def recent_filter(field: str, title: str) -> type[admin.SimpleListFilter]:
+    class Recent(admin.SimpleListFilter):
+        parameter_name = field
+
+        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            rows = ActivityEntry.objects.filter(time__gte=timezone.now() - RECENT).exclude(**{field: ""})
+            values = set(rows.order_by().values_list(field, flat=True).distinct())  # order_by(): not DISTINCT (value, time)
+            if self.value() and self.value() != NONE:
+                values.add(str(self.value()))
+            return [(NONE, "(none)"), *((v, v) for v in sorted(values))]
+
+        def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+            value = self.value()
+            return queryset if value is None else queryset.filter(**{field: "" if value == NONE else value})
+
+    Recent.title = f"{title} (seen in the last day)"
+    return Recent
+
+
+class StatusFilter(admin.SimpleListFilter):
+    title = "HTTP status"
+    parameter_name = "status_class"
+    RANGES = {"2xx": Q(status__gte=200, status__lt=300), "429": Q(status=429), "499 (client left)": Q(status=499),
+              "other 4xx": Q(status__gte=400, status__lt=500) & ~Q(status__in=(429, 499)), "5xx": Q(status__gte=500)}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(k, k) for k in self.RANGES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(self.RANGES[value]) if value in self.RANGES else queryset
 
 
 @admin.register(ActivityEntry)
@@ -33,9 +94,21 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "status",
         "error_code",
     )
-    list_filter = ("endpoint", "qos_class", "band", "status", "finish_reason", "error_code", "stream", "key_name", "model", "time")
+    list_filter = (
+        fixed_filter("endpoint", "endpoint", ("chat", "completions", "embeddings")),
+        fixed_filter("qos_class", "class", (c.label for c in QosClass)),
+        fixed_filter("band", "band", BANDS),
+        StatusFilter,
+        recent_filter("finish_reason", "finish reason"),
+        recent_filter("error_code", "error code"),
+        "stream",
+        recent_filter("key_name", "key"),
+        recent_filter("model", "model"),
+        "time",
+    )
     search_fields = ("request_id", "key_name", "model", "error_code")
-    date_hierarchy = "time"
+    # no date_hierarchy: it lists the years with a DISTINCT over every row's time; the "time"
+    # filter (today, past 7 days, this month, this year) reads ranges of the time index
     ordering = ("-time",)
     list_per_page = 100
     show_full_result_count = False

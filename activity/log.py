@@ -73,6 +73,10 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
             return _int32(value)
         return value if isinstance(value, float) and math.isfinite(value) else None
 
+    def count(d: dict[str, Any], key: str) -> int | None:  # an integer column: a float is rounded into it
+        value = num(d, key)
+        return None if value is None else _int32(round(value))
+
     return {
         "time": datetime.datetime.fromtimestamp(record.started_s, tz=datetime.UTC),
         "request_id": (record.request_id or "")[:64],
@@ -84,17 +88,17 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         "qos_class": record.qos or "",
         "priority": _int32(record.priority),
         "band": record.band or "",
-        "serial_priority": num(serial, "serial_priority"),
+        "serial_priority": count(serial, "serial_priority"),
         "serial_band": str(serial.get("serial_band") or "")[:16],
         "serial_score": num(serial, "serial_score"),
         "serial_queue_wait_ms": num(serial, "serial_queue_wait_ms"),
         "queue_wait_ms": num(timing, "queue_wait_ms"),
         "ttft_ms": num(timing, "ttft_ms"),
         "total_ms": num(timing, "total_ms"),
-        "prompt_tokens": num(usage, "prompt_tokens"),
-        "cached_tokens": num(usage, "cached_tokens"),
-        "completion_tokens": num(usage, "completion_tokens"),
-        "preemptions": _int32(int(timing.get("preemptions") or 0)),
+        "prompt_tokens": count(usage, "prompt_tokens"),
+        "cached_tokens": count(usage, "cached_tokens"),
+        "completion_tokens": count(usage, "completion_tokens"),
+        "preemptions": count(timing, "preemptions") or 0,
         "finish_reason": (record.finish_reason or "")[:32],
         "status": max(0, int(record.status or 0)),
         "error_code": (record.error_code or "")[:64],

@@ -8,7 +8,8 @@ client's disconnect never queues behind them on Django's single sync thread, whe
 and ``sync_to_async(thread_sensitive=True)`` would otherwise put both.
 
 Rows are never dropped while the database answers; if it fails, the batch is retried with
-growing pauses (up to ``RETRIES`` times) before it is logged and given up. At interpreter exit
+growing pauses (up to ``RETRIES`` times) before it is logged and given up. A batch the
+database refuses for a row's data is written row by row: only that row is given up. At interpreter exit
 the writer gets ``EXIT_FLUSH_S`` to write what is queued.
 """
 
@@ -98,12 +99,19 @@ class ActivityWriter:
             self._write(rows, touches)
 
     def _write(self, rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
-        from django.db import connection
+        from django.db import DataError, IntegrityError, connection
 
         for attempt in range(RETRIES + 1):
             try:
                 _store(rows, touches)
                 self.written += len(rows)
+                return
+            except (DataError, IntegrityError):  # a row the database refuses: not the others
+                if len(rows) > 1:
+                    self._write_each(rows, touches)
+                    return
+                self.failed += 1
+                log.exception("could not write an activity log entry; giving it up: %r", rows)
                 return
             except Exception:
                 connection.close()  # a broken connection is opened afresh on the next try
@@ -112,6 +120,13 @@ class ActivityWriter:
                     log.exception("could not write %d activity log entries; giving them up", len(rows))
                     return
                 time.sleep(min(2.0, 0.05 * 2**attempt))
+
+
+    def _write_each(self, rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
+        """A batch the database refused for its data: each row on its own, so that one bad row
+        costs only itself (the keys' times ride with the first)."""
+        for i, row in enumerate(rows):
+            self._write([row], touches if i == 0 else {})
 
 
 def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
