@@ -3,6 +3,12 @@
 A token may end in the middle of a UTF-8 character, and a stop string may span tokens, so text
 is held back until it is known to be complete and not the start of a stop string. Nothing a
 client receives is ever taken back.
+
+Stop strings are matched as the text arrives, one Knuth-Morris-Pratt automaton per string, so a
+token costs the same whatever the client's stop strings and however much text is held. (Scanning
+the held text again at every token cost the square of its length: a long stop string that the
+output followed for thousands of characters held the tick thread, every lane's, for seconds at
+the token that broke the match.)
 """
 
 from __future__ import annotations
@@ -11,11 +17,57 @@ import codecs
 from collections.abc import Callable
 
 
+class _StopMatcher:
+    """One stop string, matched character by character (Knuth-Morris-Pratt). ``state``: the
+    length of the longest suffix of the text fed so far that is a proper prefix of the stop
+    string. Its tables are computed only as far as a match has reached, so a long stop string
+    costs what the text has matched of it, not its length."""
+
+    __slots__ = ("stop", "fail", "skip", "state")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.fail = [0]  # fail[i]: the length of the longest proper border of stop[: i + 1]
+        # skip[q]: where a mismatch in state q goes, past the borders whose next character is
+        # stop[q] too (they would mismatch as well): a character costs O(log len(stop)) steps at
+        # most, where plain failure links walk back a whole run ("xxx...x" then "y")
+        self.skip = [0]
+        self.state = 0
+
+    def feed(self, char: str) -> bool:
+        """Advance by one character; True when the stop string ends with it."""
+        stop, skip, q = self.stop, self.skip, self.state
+        while q and stop[q] != char:
+            q = skip[q]
+        if stop[q] == char:
+            q += 1
+        if q == len(stop):
+            self.state = 0  # the stream stops here
+            return True
+        if q >= len(skip):
+            self._grow(q)
+        self.state = q
+        return False
+
+    def _grow(self, q: int) -> None:
+        """The tables for every state up to ``q`` (< len(stop))."""
+        stop, fail, skip = self.stop, self.fail, self.skip
+        while len(skip) <= q:
+            s = len(skip)
+            while len(fail) < s:
+                i, k = len(fail), fail[-1]
+                while k and stop[i] != stop[k]:
+                    k = skip[k]
+                fail.append(k + 1 if stop[i] == stop[k] else k)
+            f = fail[s - 1]
+            skip.append(skip[f] if f and stop[f] == stop[s] else f)
+
+
 class TextStream:
     def __init__(self, token_bytes: Callable[[int], bytes], stop: list[str] | None = None) -> None:
         self._token_bytes = token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stop = [s for s in (stop or []) if s]
+        self._stop = [_StopMatcher(s) for s in (stop or []) if s]
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
         self.emitted_chars = 0
@@ -24,40 +76,39 @@ class TextStream:
         """Add one generated token; return the text that may be sent now."""
         if self.stopped:
             return ""
-        self._held += self._decoder.decode(self._token_bytes(token))
-        return self._release(final=False)
+        return self._release(self._decoder.decode(self._token_bytes(token)), final=False)
 
     def flush(self) -> str:
         """The generation ended: return whatever is still held (incomplete bytes become U+FFFD)."""
         if self.stopped:
             return ""
-        self._held += self._decoder.decode(b"", final=True)
-        return self._release(final=True)
+        return self._release(self._decoder.decode(b"", final=True), final=True)
 
-    def _release(self, *, final: bool) -> str:
-        text = self._held
+    def _release(self, new: str, *, final: bool) -> str:
+        text = self._held + new
         if self._stop:
-            hits = [i for i in (text.find(s) for s in self._stop) if i >= 0]
-            if hits:
+            # where the first occurrence of a stop string in ``text`` begins: each one ends in
+            # ``new``, since ``_held`` is no longer than the longest match in progress
+            base = len(self._held)
+            start = -1
+            for matcher in self._stop:
+                # no match in progress: nothing can begin before the stop string's first character
+                first = new.find(matcher.stop[0]) if matcher.state == 0 else 0
+                for i in range(first, len(new)) if first >= 0 else ():
+                    if matcher.feed(new[i]):
+                        begins = base + i + 1 - len(matcher.stop)
+                        start = begins if start < 0 else min(start, begins)
+                        break
+            if start >= 0:
                 self.stopped = True
                 self._held = ""
-                return self._emit(text[: min(hits)])
+                return self._emit(text[:start])
             if not final:
-                keep = self._longest_stop_prefix_suffix(text)
+                keep = max(matcher.state for matcher in self._stop)
                 self._held = text[len(text) - keep :] if keep else ""
                 return self._emit(text[: len(text) - keep])
         self._held = ""
         return self._emit(text)
-
-    def _longest_stop_prefix_suffix(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self._stop:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
 
     def _emit(self, text: str) -> str:
         self.emitted_chars += len(text)
