@@ -12,8 +12,11 @@ and keeps the latest snapshot. Three implementations share this interface:
 Everything about jobs that does not depend on the carrier lives here, once: a job is encoded
 before it is registered (a job that cannot be encoded fails alone, with ``unencodable``); jobs in
 flight when the worker goes away are submitted again, continuing after the text already delivered;
-a job that was in flight during two worker losses in a row fails with ``engine_crashed`` instead
-of being tried a third time; when draining, a lost worker fails its jobs with ``shutdown``.
+those that were at the lost worker go back one at a time (the next once the one before has
+delivered text or ended), so a job that was in flight during two worker losses in a row, which
+fails with ``engine_crashed`` instead of being tried a third time, is the one that crashed it and
+not every job that happened to be beside it; when draining, a lost worker fails its jobs with
+``shutdown``.
 
 A subclass provides :meth:`_send` (put one encoded message on the carrier) and calls
 :meth:`_on_hello`, :meth:`_on_message` and :meth:`_on_lost` as the carrier reports them.
@@ -117,6 +120,12 @@ class Transport(ABC):
         self._lost_since: float | None = None
         self._connection = 0  # counts connections, so a job knows which worker it was sent to
         self._abandoning: set[asyncio.Task[None]] = set()
+        # After a loss, the jobs that were at the lost worker ("suspects": crashes > 0) go to the
+        # next one one at a time: ``_trial`` is the one sent, the next goes once it has delivered
+        # text or ended. Sent together, a job beside a prompt that crashes the engine crashed
+        # with it twice and failed with engine_crashed too.
+        self._trial: str | None = None
+        self._trials: set[asyncio.Task[None]] = set()
 
     # -- lifecycle (the carrier) --------------------------------------------------------
 
@@ -192,8 +201,10 @@ class Transport(ABC):
 
     async def cancel(self, handle: JobHandle) -> None:
         self.open.discard(handle.job_id)
-        if self.inflight.pop(handle.job_id, None) is not None and self.connected:
-            await self._send(encode(Cancel(handle.job_id)))
+        if self.inflight.pop(handle.job_id, None) is not None:
+            self._cleared(handle.job_id)
+            if self.connected:
+                await self._send(encode(Cancel(handle.job_id)))
 
     def requests_in_flight(self) -> int:
         """Client requests with a job at the worker: the jobs of one request (its choices, its
@@ -202,7 +213,8 @@ class Transport(ABC):
 
     def finish(self, handle: JobHandle) -> None:
         """The response for this job has been sent (or abandoned)."""
-        self.inflight.pop(handle.job_id, None)
+        if self.inflight.pop(handle.job_id, None) is not None:
+            self._cleared(handle.job_id)
         self.open.discard(handle.job_id)
 
     async def configure_models(self, configs: dict[str, Config]) -> None:
@@ -226,7 +238,8 @@ class Transport(ABC):
             self._fail(handle, reason, detail)
 
     def _fail(self, handle: JobHandle, reason: str, detail: str) -> None:
-        self.inflight.pop(handle.job_id, None)
+        if self.inflight.pop(handle.job_id, None) is not None:
+            self._cleared(handle.job_id)
         handle.events.put_nowait(Error(handle.job_id, reason, detail))
 
     # -- what the carrier reports ---------------------------------------------------------
@@ -247,21 +260,52 @@ class Transport(ABC):
             await self._send(encode(self.worker_config))
 
     async def _on_hello(self, hello: Hello) -> None:
-        """A worker is there: send the config, then every job in flight again."""
+        """A worker is there: send the config, then every job in flight again (those that were
+        at a lost worker one at a time: ``_next_trial``)."""
         await self._greet(hello)
         connection = self._connection
+        self._trial = None
         for handle in list(self.inflight.values()):
             # each send may pause (a full socket): a job cancelled meanwhile is not sent again, and
             # one submitted since the greeting was sent by its submit
-            if self.inflight.get(handle.job_id) is not handle or handle.sent_on == connection:
+            if self.inflight.get(handle.job_id) is not handle or handle.sent_on == connection or handle.crashes:
                 continue
+            await self._resend(handle)
+        await self._next_trial()
+
+    async def _resend(self, handle: JobHandle) -> None:
+        try:
+            data = encode(handle.resubmission())
+        except EncodeError as exc:
+            self._fail(handle, UNENCODABLE, str(exc))
+            return
+        handle.sent_on = self._connection
+        await self._send(data)
+
+    async def _next_trial(self) -> None:
+        """Send the next job that was at a lost worker (the best class first), unless one such
+        job is at this worker and has delivered no text since (``_trial``): then it goes once
+        that one has, or has ended."""
+        while self.connected and self._trial is None:
+            connection = self._connection
+            # the best class first (a chat before the agents beside it), then in submission order
+            suspects = (h for h in self.inflight.values() if h.crashes and h.sent_on != connection)
+            handle = min(suspects, key=lambda h: h.submit.qos, default=None)
+            if handle is None:
+                return
+            self._trial = handle.job_id
+            await self._resend(handle)  # a job that cannot be encoded fails, and clears its trial
+
+    def _cleared(self, job_id: str) -> None:
+        """The job on trial delivered text or left: the next one that was at a lost worker goes."""
+        if job_id == self._trial:
+            self._trial = None
             try:
-                data = encode(handle.resubmission())
-            except EncodeError as exc:
-                self._fail(handle, UNENCODABLE, str(exc))
-                continue
-            handle.sent_on = self._connection
-            await self._send(data)
+                asyncio.get_running_loop()
+            except RuntimeError:  # not on the loop: the next hello sends it
+                return
+            if self.connected:
+                spawn(self._trials, self._next_trial())
 
     def _on_lost(self, now: float) -> None:
         """The worker went away. Jobs it had are submitted again when one comes back, except a
@@ -272,6 +316,7 @@ class Transport(ABC):
         if not was_connected:
             return
         self._lost_since = now
+        self._trial = None
         if self.draining:
             self.fail_all(SHUTDOWN, "The server shut down before this request finished.")
             return
@@ -306,8 +351,10 @@ class Transport(ABC):
             handle.delivered_text += message.text
             handle.delivered_tokens = message.tokens
             handle.crashes = 0  # progress since the last loss: a loss now is not "in a row"
+            self._cleared(handle.job_id)
         elif isinstance(message, (Done, Error, Rejected)):
             self.inflight.pop(handle.job_id, None)
+            self._cleared(handle.job_id)
         else:
             return
         handle.events.put_nowait(message)  # type: ignore[arg-type]

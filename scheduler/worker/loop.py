@@ -146,6 +146,11 @@ class EngineWorker:
         # waits, time to first token and aging count from there (plus Submit.waited_ms), not
         # from when it was queued after its preparation.
         self._received: dict[str, float] = {}
+        # the Submits read before drain() (stamped by the reader with _received): a drain refuses
+        # only what reaches the worker after it began. One read before it is an accepted request
+        # on its way (the link's order), which the drain runs like the jobs already queued, even
+        # if it waits in the inbox behind a long tick when drain() lands.
+        self._read_before_drain: set[str] = set()
         # the ids of the jobs counted in requests_total lately (insertion order, the oldest
         # forgotten past COUNTED_IDS): a job its web side submits again after a link drop
         # (same id, the text delivered) is one request, counted once
@@ -208,6 +213,8 @@ class EngineWorker:
         interrupts again (``_prepare_loop``), for a tick begun after the wait ran out."""
         if isinstance(message, Submit):
             self._received[str(message.id)] = self.clock()
+            if not self.draining:
+                self._read_before_drain.add(str(message.id))
         if isinstance(message, (Cancel, Disconnected)) or (isinstance(message, Submit) and _urgent(message)):
             self._interrupt()
 
@@ -262,8 +269,10 @@ class EngineWorker:
         now = self.clock()
         received = self._received.pop(job_id, now)
         received = received if received <= now else now
+        read_before_drain = job_id in self._read_before_drain
+        self._read_before_drain.discard(job_id)
         try:
-            if self.draining:
+            if self.draining and not read_before_drain:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
             if job_id in self.contexts or job_id in self.preparing:
                 raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
