@@ -86,7 +86,10 @@ _COMMON_KEYS = frozenset(
 # in either mode without a type check and named in ``ignored``; with ``strict`` they are unknown.
 # (Anything not listed anywhere is treated the same way.)
 _HARMLESS_KEYS = frozenset({"user", "metadata", "store", "service_tier", "cache_prompt", "stream_options"})
-_CHAT_KEYS = _COMMON_KEYS | {
+# OpenAI's replacements for chat's deprecated ``user`` (and its cache retention hint): strings,
+# accepted silently as ``user`` is
+_CHAT_SILENT_KEYS = ("prompt_cache_key", "safety_identifier", "prompt_cache_retention")
+_CHAT_KEYS = _COMMON_KEYS | set(_CHAT_SILENT_KEYS) | {
     "messages",
     "max_completion_tokens",
     "logprobs",
@@ -243,6 +246,8 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)
     _check_silently_accepted(body)
+    for key in _CHAT_SILENT_KEYS:
+        _optional(body, key, str)
     req = GenerationRequest(
         endpoint="chat",
         model=model,
@@ -556,6 +561,14 @@ def _parse_content(content: Any, role: str, where: str) -> str:
         kind = part.get("type")
         if not isinstance(kind, str):
             raise _missing(f"{part_where}.type")
+        if kind == "refusal" and role == "assistant":
+            # an assistant turn's refusal part (OpenAI's assistant content is text or refusal
+            # parts): what the assistant said, read as its text
+            refusal = part.get("refusal")
+            if not isinstance(refusal, str):
+                raise _invalid_type(f"{part_where}.refusal", "a string")
+            texts.append(refusal)
+            continue
         if kind != "text":
             # param names the message's content rather than the part: the whole message is
             # what the client must change (the part index is in the message text).
@@ -652,6 +665,8 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     elif isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
             raise _invalid_value(choice_key, "'none', 'auto', 'required' or a named function")
+    elif isinstance(choice, dict) and choice_key == "tool_choice" and choice.get("type") == "allowed_tools":
+        tools, choice = _allowed_tools(choice.get("allowed_tools"), tools)
     elif isinstance(choice, dict):
         fn = choice.get("function") if choice_key == "tool_choice" else choice
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -684,6 +699,46 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     # the legacy API's reply holds one function_call: one call at most, as parallel_tool_calls false
     req.legacy_functions = bool(tools) and tools_key == "functions"
     req.parallel_tool_calls = parallel is not False and not req.legacy_functions
+
+
+def _allowed_tools(spec: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """OpenAI's ``tool_choice`` ``{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}``:
+    (the offered tools the model may call, the ``mode``: ``auto`` or ``required``). Each allowed
+    tool names an offered function (``{"type": "function", "function": {"name"}}``)."""
+    where = "tool_choice.allowed_tools"
+    if spec is None:
+        raise _missing(where)
+    if not isinstance(spec, dict):
+        raise _invalid_type(where, "an object")
+    mode = spec.get("mode")
+    if mode is None:
+        raise _missing(f"{where}.mode")
+    if mode not in ("auto", "required"):
+        raise _invalid_value(f"{where}.mode", "'auto' or 'required'")
+    allowed = spec.get("tools")
+    if allowed is None:
+        raise _missing(f"{where}.tools")
+    if not isinstance(allowed, list):
+        raise _invalid_type(f"{where}.tools", "an array of tools")
+    offered = {t["name"] for t in tools}
+    names: set[str] = set()
+    for _, path, item in _each_object(allowed, f"{where}.tools", "a tool object"):
+        if item.get("type", "function") != "function":
+            raise _invalid_value(f"{path}.type", "'function'")
+        fn = item.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise _missing(f"{path}.function.name")
+        if name not in offered:
+            raise invalid_request(
+                f"Invalid value for '{path}.function.name': no function named '{name}' in 'tools'.",
+                param=f"{path}.function.name",
+                code="invalid_value",
+            )
+        names.add(name)
+    if not names:
+        raise _invalid_value(f"{where}.tools", "a non-empty array of tools")
+    return [t for t in tools if t["name"] in names], mode
 
 
 def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -230,6 +230,19 @@ def test_text_content_parts_are_concatenated() -> None:
     ]
 
 
+def test_an_assistant_turns_refusal_part_is_read_as_its_text_and_refused_elsewhere() -> None:
+    """OpenAI's assistant content is text or refusal parts (the openai package's
+    ChatCompletionContentPartRefusalParam): a client sending a refusal back got a 400."""
+    parts = [{"type": "text", "text": "No: "}, {"type": "refusal", "refusal": "I cannot help with that."}]
+    req = chat(messages=[*USER, {"role": "assistant", "content": parts}, {"role": "user", "content": "ok"}])
+    assert req.messages[1] == {"role": "assistant", "content": "No: I cannot help with that."}
+    assert_400(chat_error(messages=[*USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": 3}]}]),
+               "messages[1].content[0].refusal", "invalid_type")
+    # a refusal is the assistant's: on a user turn it is still an unsupported part
+    assert_400(chat_error(messages=[{"role": "user", "content": [{"type": "refusal", "refusal": "x"}]}]),
+               "messages[0].content", "unsupported_content")
+
+
 @pytest.mark.parametrize(
     "part",
     [{"type": "image_url", "image_url": {"url": "http://x/y.png"}},
@@ -397,6 +410,32 @@ def test_tools_and_tool_choice_are_normalised(body: dict[str, Any], choice: Any)
 )
 def test_malformed_tools_are_rejected_naming_the_param(body: dict[str, Any], param: str) -> None:
     assert_400(chat_error(**body), param)
+
+
+TOOL_G = {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_tool_choice_offers_only_the_allowed_functions_in_its_mode(mode: str) -> None:
+    """OpenAI's ``{"type": "allowed_tools", ...}`` tool_choice (in the openai package's types):
+    it was a 400 naming a missing ``tool_choice.function.name``."""
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": [{"type": "function", "function": {"name": "g"}}]}}
+    req = chat(_strict=True, tools=[TOOL, TOOL_G], tool_choice=choice)
+    assert [t["name"] for t in req.tools or []] == ["g"] and req.tool_choice == mode
+
+
+@pytest.mark.parametrize(
+    ("allowed", "param"),
+    [(None, "tool_choice.allowed_tools"),
+     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice.allowed_tools.mode"),
+     ({"mode": "none", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice.allowed_tools.mode"),
+     ({"mode": "auto"}, "tool_choice.allowed_tools.tools"),
+     ({"mode": "auto", "tools": []}, "tool_choice.allowed_tools.tools"),
+     ({"mode": "auto", "tools": [{"type": "function", "function": {"name": "h"}}]}, "tool_choice.allowed_tools.tools[0].function.name"),
+     ({"mode": "auto", "tools": [{"type": "function"}]}, "tool_choice.allowed_tools.tools[0].function.name")],
+)
+def test_a_malformed_allowed_tools_tool_choice_is_a_400_naming_its_field(allowed: Any, param: str) -> None:
+    assert_400(chat_error(tools=[TOOL, TOOL_G], tool_choice={"type": "allowed_tools", "allowed_tools": allowed}), param)
 
 
 @pytest.mark.parametrize(
@@ -619,6 +658,15 @@ def test_metadata_store_and_service_tier_are_accepted_silently_on_completions_as
     for strict in (False, True):
         assert completion(_strict=strict, **{key: value}).ignored == []
         assert chat(_strict=strict, **{key: value}).ignored == []
+
+
+@pytest.mark.parametrize(("key", "value"), [("prompt_cache_key", "agent-7"), ("safety_identifier", "u-hash"), ("prompt_cache_retention", "24h")])
+def test_the_replacements_of_user_are_accepted_silently_on_chat_and_checked_for_their_type(key: str, value: str) -> None:
+    """OpenAI deprecated chat's ``user`` for ``safety_identifier`` and ``prompt_cache_key``: they
+    were named as ignored and, under --strict-params, refused as unknown, where ``user`` is not."""
+    for strict in (False, True):
+        assert chat(_strict=strict, **{key: value}).ignored == []
+    assert_400(chat_error(**{key: 3}), key, "invalid_type")
 
 
 @pytest.mark.parametrize(("key", "value"), [("metadata", "x"), ("store", 1), ("service_tier", 1)])

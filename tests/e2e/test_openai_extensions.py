@@ -106,6 +106,21 @@ def test_required_tool_call_streams_as_openai_streams_tool_calls(server: Running
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["tool_calls"]
 
 
+def test_allowed_tools_forces_a_call_of_an_allowed_function_only(server: RunningServer) -> None:
+    """OpenAI's ``allowed_tools`` tool_choice, as the openai package types it: of the tools
+    offered, only the allowed one is called (it was a 400)."""
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+    reply = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather like in Paris?"}], tools=[WEATHER, clock],
+        tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}},
+        max_tokens=80,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    assert {call.function.name for call in choice.message.tool_calls} == {"get_time"}
+    assert all(json.loads(call.function.arguments) == {} for call in choice.message.tool_calls)
+
+
 def test_streamed_arguments_come_in_fragments_that_add_up_to_the_non_streamed_call(server: RunningServer) -> None:
     """The openai client's own stream helper: the call's arguments arrive in several deltas as
     they are generated, and what it accumulates is exactly the non-streamed reply's arguments."""
