@@ -1,9 +1,14 @@
-"""Django system checks for a serving configuration that cannot work (``manage.py check``, and
-before ``serve`` or ``runengine`` start). Their ids are stable; docs/configuration.md lists them.
+"""Django system checks for a serving configuration that cannot work (``manage.py check``). Their
+ids are stable; docs/configuration.md lists them. ``serve``, ``runengine`` and ``checkengine``
+leave out the ``superfluid`` ones, which read the variables their flags override, and check
+their flags instead (scheduler/management/options.py: FlagsCommand); the ``superfluid-settings``
+one (E004: numbers no flag sets) runs before they start.
 
 - ``superfluid.E001``: ``--class-lanes`` (``SUPERFLUID_CLASS_LANES``) does not parse, names an
   unknown class or gives a cap outside 1..``--max-batch``.
 - ``superfluid.E002``: ``--model`` (``SUPERFLUID_MODEL``) is missing or unreadable.
+- ``superfluid.E004``: a number only the environment sets (``SUPERFLUID_ENGINE_WAIT_S``, the
+  activity retention, the Batch API's bounds) is outside its range.
 - ``superfluid.W001``: keys are required (``SUPERFLUID_REQUIRE_KEY``, or ``SUPERFLUID_HOST``
   beyond loopback) and no usable API key exists: every API request would get 401.
 
@@ -83,6 +88,30 @@ def binding_warnings(host: str, require_key: bool, has_keys: Callable[[], bool] 
     ]
 
 
+# (setting, least value, what 0 or the least value means): the numbers no flag checks
+SETTING_BOUNDS: tuple[tuple[str, int, str], ...] = (
+    ("SUPERFLUID_ENGINE_WAIT_S", 0, "seconds a request waits for an engine worker"),
+    ("SUPERFLUID_ACTIVITY_RETENTION_DAYS", 0, "days of activity log kept; 0 keeps every row"),
+    ("SUPERFLUID_BATCH_CONCURRENCY", 1, "lines of one batch in flight at once"),
+    ("SUPERFLUID_BATCH_MAX_FILE_BYTES", 0, "the largest batch input file; 0 = SUPERFLUID_MAX_BODY_BYTES"),
+    ("SUPERFLUID_BATCH_MAX_LINES", 1, "the most requests in one batch input file"),
+    ("SUPERFLUID_BATCH_LEASE_S", 1, "seconds a running batch line is its runner's"),
+    ("SUPERFLUID_BATCH_STALL_S", 1, "seconds before a stalled batch gets new chains"),
+)
+
+
+def setting_range_errors(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """A value below its bound was clamped or misread where it is used, without a word: a
+    negative SUPERFLUID_BATCH_MAX_FILE_BYTES refused every batch file with 413, a 0 lease or
+    concurrency became 1, a negative engine wait answered 503 at once while a worker started."""
+    messages: list[checks.CheckMessage] = []
+    for name, low, meaning in SETTING_BOUNDS:
+        value = values.get(name)
+        if value is not None and value < low:
+            messages.append(checks.Error(f"{name}={value}: must be {low} or more ({meaning})", id="superfluid.E004"))
+    return messages
+
+
 @checks.register("superfluid")
 def check_serving_environment(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     try:
@@ -93,3 +122,10 @@ def check_serving_environment(app_configs: Any = None, **kwargs: Any) -> list[ch
     except EnvError as exc:
         return [checks.Error(str(exc), id="superfluid.E003")]
     return messages
+
+
+@checks.register("superfluid-settings")
+def check_setting_ranges(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.conf import settings
+
+    return setting_range_errors({name: getattr(settings, name, None) for name, _low, _meaning in SETTING_BOUNDS})

@@ -195,7 +195,11 @@ def _int(where: _Where, node: yaml.Node, key: str, low: int | None = None, high:
 
 def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float:
     value = _scalar(where, node, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    try:  # an integer too large for a float overflowed here with a traceback
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
         raise where.error(node, key, f"must be a finite number, got {node.value!r}")
     if value < low:
         raise where.error(node, key, f"must be {low:g} or more, got {value}")

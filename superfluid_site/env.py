@@ -7,6 +7,7 @@ a typo in a boolean stops the process instead of silently meaning "off".
 
 from __future__ import annotations
 
+import math
 import os
 
 TRUE = ("1", "true", "yes", "on")
@@ -46,6 +47,20 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise EnvError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(name: str, default: float) -> float:
+    """A finite number (``0.5``, ``30``); NaN and infinity are refused, as is any other text."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EnvError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise EnvError(f"{name}={raw!r} is not a finite number")
+    return value
 
 
 def env_list(name: str, default: str) -> list[str]:

@@ -15,7 +15,7 @@ import dj_database_url
 
 from keys.binding import is_loopback
 from superfluid_site.deploy import csrf_trusted_origins, proxy_ssl_header, static_key_digest
-from superfluid_site.env import EnvError, env_bool, env_int, env_list, env_str
+from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -181,7 +181,7 @@ SUPERFLUID_HTTP_DEFAULT_QOS = env_str("SUPERFLUID_HTTP_DEFAULT_QOS", "agent")
 SUPERFLUID_HTTP_QOS_HEADER = env_bool("SUPERFLUID_HTTP_QOS_HEADER", True)
 SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT = env_bool("SUPERFLUID_HTTP_ALLOW_BATCH_INVARIANT", False)
 SUPERFLUID_MAX_BODY_BYTES = env_int("SUPERFLUID_MAX_BODY_BYTES", 8 * 1024 * 1024)
-SUPERFLUID_BODY_TIMEOUT = env_int("SUPERFLUID_BODY_TIMEOUT", 30)  # seconds a request (line, headers, body) may take to arrive; 0 = no bound
+SUPERFLUID_BODY_TIMEOUT = env_float("SUPERFLUID_BODY_TIMEOUT", 30)  # seconds, as --body-timeout (2.5 too) a request (line, headers, body) may take to arrive; 0 = no bound
 SUPERFLUID_ENGINE_WAIT_S = env_int("SUPERFLUID_ENGINE_WAIT_S", 120)
 SUPERFLUID_MAX_QUEUE = env_int("SUPERFLUID_MAX_QUEUE", 256)  # waiting requests per model beyond the lanes; 0 = no bound
 SUPERFLUID_CLIENT_CONCURRENCY = env_int("SUPERFLUID_CLIENT_CONCURRENCY", 32)  # in flight per keyless client address; 0 = no bound

@@ -10,24 +10,43 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.checks.registry import registry
+from django.core.management.base import BaseCommand, CommandError
 
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
 from scheduler.core.scheduler import SchedulerConfig
-from superfluid_site.env import EnvError, env_bool, env_int, env_str
+from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_str
 
 
-def _env(flag: str, default: Any) -> Any:
-    """The flag's environment variable, read as the type of its default (superfluid_site.env)."""
+def _env(flag: str, default: Any, typ: type | None = None) -> Any:
+    """The flag's environment variable, read as the flag's type (``typ``; else the type of its
+    default) by superfluid_site.env: a float flag's variable takes ``0.5`` as the flag does."""
     name = "SUPERFLUID_" + flag.lstrip("-").upper().replace("-", "_")
+    typ = typ or type(default)
     try:
-        if isinstance(default, bool):
+        if typ is bool:
             return env_bool(name, default)
-        if isinstance(default, int):
+        if typ is float:
+            return env_float(name, default)
+        if typ is int:
             return env_int(name, default)
         return env_str(name, default)
     except EnvError as exc:
         raise CommandError(f"environment value for {flag}: {exc}") from None
+
+
+class FlagsCommand(BaseCommand):
+    """A command whose flags the environment only defaults (serve, runengine, checkengine): the
+    system checks that read the environment (``superfluid.*``, scheduler/checks.py) are left out
+    of its start-up checks, since its own validation checks the same rules against the flags as
+    given. They once stopped ``serve --max-batch 16`` with E001 for SUPERFLUID_CLASS_LANES=
+    background=12 (checked against the variable's 8 lanes), and ``serve --model real.gguf`` with
+    E002 for a stale SUPERFLUID_MODEL: the variable beat the flag."""
+
+    def check(self, app_configs: Any = None, tags: Any = None, **kwargs: Any) -> None:
+        if tags is None:
+            tags = sorted(set(registry.tags_available()) - {"superfluid"})
+        super().check(app_configs=app_configs, tags=tags, **kwargs)
 
 
 # (flag, type, default, help) by --help section -- forwarded from serve to runengine as given
@@ -82,7 +101,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool 
             if typ is bool:
                 groups[title].add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
                 continue
-            groups[title].add_argument(flag, type=typ, default=_env(flag, default), help=_help(f"{help_text} (default: {default!r})"))
+            groups[title].add_argument(flag, type=typ, default=_env(flag, default, typ), help=_help(f"{help_text} (default: {default!r})"))
 
     # llama-server's spelling; the last of --repack/--no-repack on the command line wins
     engine.add_argument("--no-repack", dest="repack", action="store_const", const="off", default=argparse.SUPPRESS, help="same as --repack off (as llama-server's --no-repack)")
@@ -110,6 +129,15 @@ def check_web_options(options: dict[str, Any]) -> None:
     for flag, _typ, _default, _help_text in WEB_FLAGS:
         if options[flag.lstrip("-").replace("-", "_")] < 0:
             raise CommandError(f"{flag} must be 0 (no bound) or positive")
+
+
+def check_bind_options(options: dict[str, Any]) -> None:
+    """Refuse an address or port serve could not bind: daphne found out only after the database
+    was migrated and the engine worker started, with a traceback."""
+    if not str(options["host"]).strip():
+        raise CommandError("--host (SUPERFLUID_HOST) must name an address, e.g. 127.0.0.1 or 0.0.0.0")
+    if not 1 <= options["port"] <= 65535:
+        raise CommandError(f"--port (SUPERFLUID_PORT) must be between 1 and 65535; got {options['port']}")
 
 
 def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
@@ -195,6 +223,18 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError(f"--urgent-decode-share must be between 0 and 100 (%); got {options['urgent_decode_share']}")
     if options["completion_deadline_ms"] < 0:
         raise CommandError("--completion-deadline-ms must be 0 (off) or positive")
+    # 0 has a documented meaning for each; a negative value used to mean the same without a word
+    # (a negative --threads reached llama.cpp as is, and --drain-timeout -1 cut every stream at once)
+    for flag, zero in (
+        ("--threads", "all cores"),
+        ("--starvation-ticks", "no starvation bound nor class aging"),
+        ("--prefix-cache-slots", "no prefix cache"),
+        ("--host-cache-mb", "evicted prefixes are dropped"),
+        ("--drain-timeout", "in-flight requests are cut at once"),
+    ):
+        value = options[flag.lstrip("-").replace("-", "_")]
+        if value < 0:
+            raise CommandError(f"{flag} must be 0 ({zero}) or positive; got {value}")
     try:
         return SchedulerConfig(
             max_batch=max_batch,

@@ -88,6 +88,8 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
             "models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    settings:\n      serial:\n        agingdivisor: 5\n",
             ":8: routing.scheduler.settings.serial.agingdivisor: unknown key (expected one of agingDivisor, swapAffinityBonus)",
         ),
+        # an integer too large for a float: OverflowError and a traceback, no line nor key
+        pytest.param("models:\n  a:\n    model: smol.gguf\n    ttl: 1" + "0" * 400 + "\n", ":4: models.a.ttl: must be a finite number", id="ttl-too-large-for-a-float"),
         ("models:\n  a:\n    model: smol.gguf\nmax_loaded: 2\n", ":4: max_loaded: unknown key"),
         ("models: {}\n", ":1: models: names no model"),
         ("models:\n  a:\n    model: smol.gguf\n  a:\n    model: other.gguf\n", ":4: models.a: is given twice"),

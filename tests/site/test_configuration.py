@@ -195,3 +195,108 @@ def test_a_process_without_serves_flags_reads_keys_required_and_the_policy_file_
     env = {**os.environ, "PYTHONPATH": root, "DJANGO_SETTINGS_MODULE": "superfluid_site.settings", "SUPERFLUID_KEY_POLICY": "policies.json", "SUPERFLUID_HOST": "0.0.0.0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout.splitlines()[-1]) == [True, str(tmp_path / "policies.json")]
+
+
+def serve_defaults(*argv: str) -> dict[str, Any]:
+    """serve's options for ``argv`` as its parser reads them now (flag defaults from the environment)."""
+    import argparse
+
+    from scheduler.management.commands.serve import Command as Serve
+
+    parser = argparse.ArgumentParser()
+    Serve().add_arguments(parser)
+    return vars(parser.parse_args(list(argv)))
+
+
+def test_a_float_flags_variable_takes_a_fraction_as_the_flag_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/configuration.md: --aging-divisor is "a number (0.5 allowed)"; its variable was read
+    as an integer, so SUPERFLUID_AGING_DIVISOR=0.5 stopped serve with "is not an integer"."""
+    monkeypatch.setenv("SUPERFLUID_AGING_DIVISOR", "0.5")
+    assert serve_defaults()["aging_divisor"] == 0.5
+    for bad in ("nan", "inf", "60s"):
+        monkeypatch.setenv("SUPERFLUID_AGING_DIVISOR", bad)
+        with pytest.raises(CommandError, match=f"SUPERFLUID_AGING_DIVISOR='{bad}'"):
+            serve_defaults()
+
+
+def test_env_float_reads_finite_numbers_and_names_the_variable_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from superfluid_site.env import env_float
+
+    monkeypatch.setenv("SF_TEST_NUM", "2.5")
+    assert env_float("SF_TEST_NUM", 30) == 2.5
+    monkeypatch.setenv("SF_TEST_NUM", "")
+    assert env_float("SF_TEST_NUM", 30) == 30
+    for bad in ("nan", "-inf", "10s"):
+        monkeypatch.setenv("SF_TEST_NUM", bad)
+        with pytest.raises(EnvError, match="SF_TEST_NUM"):
+            env_float("SF_TEST_NUM", 30)
+
+
+def test_the_body_timeout_variable_takes_what_the_flag_takes(tmp_path: Path) -> None:
+    """--body-timeout is a number of seconds (2.5 works); SUPERFLUID_BODY_TIMEOUT=2.5 stopped
+    every manage.py command at the settings with "is not an integer"."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import django, json; django.setup(); from django.conf import settings; print(json.dumps(settings.SUPERFLUID_BODY_TIMEOUT))"
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root, "DJANGO_SETTINGS_MODULE": "superfluid_site.settings", "SUPERFLUID_BODY_TIMEOUT": "2.5"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert json.loads(out.stdout.splitlines()[-1]) == 2.5
+
+
+def test_host_and_port_variables_follow_the_rules_of_every_other_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty SUPERFLUID_PORT crashed even `serve --help` with a bare ValueError (empty means
+    the default everywhere else), a typo in it named no variable, and an empty SUPERFLUID_HOST
+    was bound as "", which daphne refused with a traceback after the worker had started."""
+    monkeypatch.setenv("SUPERFLUID_PORT", "")
+    monkeypatch.setenv("SUPERFLUID_HOST", "")
+    options = serve_defaults()
+    assert (options["host"], options["port"]) == ("127.0.0.1", 8000)
+    monkeypatch.setenv("SUPERFLUID_PORT", "80a")
+    with pytest.raises(CommandError, match="SUPERFLUID_PORT='80a' is not an integer"):
+        serve_defaults()
+    monkeypatch.setenv("SUPERFLUID_PORT", "9001")
+    monkeypatch.setenv("SUPERFLUID_HOST", "0.0.0.0")
+    options = serve_defaults()
+    assert (options["host"], options["port"]) == ("0.0.0.0", 9001)
+    assert serve_defaults("--port", "9002")["port"] == 9002  # the flag wins
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--starvation-ticks", "--prefix-cache-slots", "--host-cache-mb", "--drain-timeout"])
+def test_a_negative_count_is_refused_not_read_as_zero(flag: str) -> None:
+    """0 means something documented for each (all cores, no aging, no cache, drop, cut at once);
+    a negative value was accepted and meant the same (or reached llama.cpp as is) without a word."""
+    from scheduler.management.options import scheduler_config
+
+    options = serve_defaults(f"{flag}=-1")
+    with pytest.raises(CommandError, match=f"{flag} must be 0 .* or positive; got -1"):
+        scheduler_config(options)
+    options[flag.lstrip("-").replace("-", "_")] = 0
+    scheduler_config(options)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("SUPERFLUID_ENGINE_WAIT_S", -1), ("SUPERFLUID_ACTIVITY_RETENTION_DAYS", -1), ("SUPERFLUID_BATCH_MAX_FILE_BYTES", -1), ("SUPERFLUID_BATCH_CONCURRENCY", 0), ("SUPERFLUID_BATCH_MAX_LINES", 0), ("SUPERFLUID_BATCH_LEASE_S", 0), ("SUPERFLUID_BATCH_STALL_S", 0)],
+)
+def test_a_number_only_a_variable_sets_is_checked_against_its_bound_e004(settings: Any, name: str, value: int) -> None:
+    """These were clamped or misread where they are used, without a word (a negative
+    SUPERFLUID_BATCH_MAX_FILE_BYTES refused every batch file with 413). serve runs this check."""
+    from scheduler.checks import check_setting_ranges
+
+    assert check_setting_ranges() == []
+    setattr(settings, name, value)
+    messages = check_setting_ranges()
+    assert ids(messages) == ["superfluid.E004"] and f"{name}={value}" in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_serve_still_runs_the_checks_of_numbers_no_flag_sets(settings: Any) -> None:
+    from django.core.management import call_command
+
+    settings.SUPERFLUID_BATCH_MAX_LINES = 0
+    with pytest.raises(SystemCheckError, match="superfluid.E004"):
+        call_command("serve", "--no-engine", skip_checks=False)

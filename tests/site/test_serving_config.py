@@ -4,6 +4,8 @@ without one the settings (and so override_settings) describe it, and it cannot b
 from __future__ import annotations
 
 import dataclasses
+import io
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -63,3 +65,87 @@ def test_a_fleet_head_refuses_class_lanes_as_the_seed_says() -> None:
 
     with pytest.raises(CommandError, match="--class-lanes .* on a fleet head"):
         call_command("serve", "--redis", "redis://127.0.0.1:1/0", "--no-engine", "--class-lanes", "background=1")
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--port", "70000"], "--port .* between 1 and 65535; got 70000"), (["--port", "0"], "--port"), (["--host", " "], "--host .* must name an address")])
+def test_serve_refuses_an_address_it_cannot_bind_before_starting_anything(flags: list[str], message: str) -> None:
+    """daphne found out only after the database was migrated and the worker started, with a
+    traceback. (--no-engine without --redis is refused later: nothing starts on the old code.)"""
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=message):
+        call_command("serve", *flags, "--no-engine")
+
+
+@pytest.mark.django_db
+def test_an_explicit_empty_redis_flag_wins_over_redis_url(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    """docs/configuration.md: a flag on the command line wins. With REDIS_URL set, `serve --redis ""`
+    started its worker on the local socketpair while the web side took the Redis queue (and the
+    Redis channel layer) from REDIS_URL: no worker read what it queued."""
+    from scheduler.management.commands import serve as serve_module
+
+    settings.SUPERFLUID_REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer"}}
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(serve_module, "install_serving", lambda config: seen.setdefault("serving", config))
+    monkeypatch.setattr(serve_module, "override_django_settings", lambda **values: seen.setdefault("django", values))
+    monkeypatch.setattr(serve_module.WorkerSupervisor, "start", lambda self: seen.setdefault("pair", self.pair))
+    monkeypatch.setattr(serve_module.Command, "_run_web", lambda self, *args: None)
+    from django.core.management import call_command
+
+    call_command("serve", "--redis", "", stdout=io.StringIO())
+    assert seen["pair"] is True  # the worker is on the local link ...
+    assert seen["serving"].redis_url == ""  # ... and so is the web side
+    assert seen["django"]["CHANNEL_LAYERS"]["default"]["BACKEND"] == "channels.layers.InMemoryChannelLayer"
+
+
+def test_a_model_on_the_command_line_wins_over_superfluid_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """With SUPERFLUID_CONFIG set (a systemd unit's), `serve --model x.gguf` stopped with
+    "--config names the models; leave out --model": the variable beat the flag. (The command
+    goes on to refuse --no-engine without --redis, before anything starts.)"""
+    from django.core.management import CommandError, call_command
+
+    from scheduler.engines.models import default_model_path
+
+    monkeypatch.setenv("SUPERFLUID_CONFIG", str(tmp_path / "superfluid.yaml"))
+    with pytest.raises(CommandError, match="--no-engine needs --redis"):
+        call_command("serve", "--model", str(default_model_path()), "--no-engine")
+
+
+def test_a_config_on_the_command_line_wins_over_superfluid_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from django.core.management import CommandError, call_command
+
+    from scheduler.engines.models import default_model_path
+
+    config = tmp_path / "superfluid.yaml"
+    config.write_text(f"models:\n  smol:\n    model: {default_model_path()}\n")
+    monkeypatch.setenv("SUPERFLUID_MODEL", str(default_model_path()))
+    with pytest.raises(CommandError, match="--no-engine needs --redis"):
+        call_command("serve", "--config", str(config), "--no-engine")
+    monkeypatch.setenv("SUPERFLUID_CONFIG", str(config))  # both variables, no flag: which one is meant?
+    with pytest.raises(CommandError, match="SUPERFLUID_CONFIG and SUPERFLUID_MODEL are both set"):
+        call_command("serve", "--no-engine")
+    monkeypatch.delenv("SUPERFLUID_MODEL")  # the file alone, from its variable
+    with pytest.raises(CommandError, match="--no-engine needs --redis"):
+        call_command("serve", "--no-engine")
+
+
+@pytest.mark.parametrize(
+    ("variables", "flags"),
+    [
+        ({"SUPERFLUID_CLASS_LANES": "background=12"}, ["--max-batch", "16"]),  # valid with the flag's 16 lanes
+        ({"SUPERFLUID_MODEL": "/nonexistent/stale.gguf"}, ["--model", "{model}"]),  # the flag names a model that exists
+    ],
+)
+def test_serves_start_up_checks_take_the_flags_not_the_variables_they_override(monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], flags: list[str]) -> None:
+    """The registered checks read the environment: serve (and the runengine it starts) stopped with
+    E001/E002 for a variable its command-line flag overrode. serve checks the flags itself."""
+    from django.core.management import CommandError, call_command
+
+    from scheduler.engines.models import default_model_path
+
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    argv = [f.format(model=default_model_path()) for f in flags]
+    with pytest.raises(CommandError, match="--no-engine needs --redis"):  # past the checks and the flags' validation
+        call_command("serve", *argv, "--no-engine", skip_checks=False)

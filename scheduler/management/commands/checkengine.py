@@ -8,12 +8,13 @@ import sys
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
 from scheduler.engines.base import EngineError
 from scheduler.management.commands.runengine import _probe, load_engine
 from scheduler.management.options import (
+    FlagsCommand,
     add_engine_arguments,
     resolve_model,
     scheduler_config,
@@ -51,7 +52,7 @@ def time_generation(engine: Any, lanes: int, rounds: int) -> tuple[float, float]
     return lanes * len(prompt) / (t1 - t0), lanes * rounds / (t2 - t1)
 
 
-class Command(BaseCommand):
+class Command(FlagsCommand):
     help = "Check that the engine loads the model and decodes on this machine, and print its speed."
 
     def add_arguments(self, parser: Any) -> None:

@@ -21,11 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from scheduler.engines.base import TICK_TARGETS_MS, EngineError, busy_tick_target_s
 from scheduler.engines.models import model_name_for
-from scheduler.management.options import add_engine_arguments, choose_engine, resolve_model, scheduler_config
+from scheduler.management.options import (
+    FlagsCommand,
+    add_engine_arguments,
+    choose_engine,
+    resolve_model,
+    scheduler_config,
+)
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.server import LinkServer, check_private_dir
 
@@ -75,7 +81,7 @@ def _probe(engine: Any) -> None:
         probe()
 
 
-class Command(BaseCommand):
+class Command(FlagsCommand):
     help = "Run an engine worker process (manage.py serve starts and supervises one for you)."
 
     def add_arguments(self, parser: Any) -> None:

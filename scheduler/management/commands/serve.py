@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from keys.binding import is_loopback
 from keys.limits import parse_rate
@@ -42,10 +42,13 @@ from scheduler.link.messages import SHUTDOWN
 from scheduler.link.pool import PoolSetup, all_pools
 from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
 from scheduler.management.options import (
+    FlagsCommand,
+    _env,
     add_api_arguments,
     add_engine_arguments,
     add_fim_arguments,
     add_web_arguments,
+    check_bind_options,
     check_web_options,
     choose_engine,
     engine_argv,
@@ -389,15 +392,18 @@ def _check_redis(url: str) -> None:
         raise CommandError(f"--redis: {exc}") from None
 
 
-class Command(BaseCommand):
+class Command(FlagsCommand):
     help = "Serve the OpenAI-compatible API, admin and dashboard with an engine worker (embedded defaults)."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--host", default=os.environ.get("SUPERFLUID_HOST", "127.0.0.1"))
-        parser.add_argument("--port", type=int, default=int(os.environ.get("SUPERFLUID_PORT", "8000")))
+        # read as every other flag's variable (superfluid_site/env.py): empty is the default, a
+        # port that is not a number is refused by the variable's name
+        parser.add_argument("--host", default=_env("--host", "127.0.0.1"), help="address to bind (default: 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=_env("--port", 8000), help="HTTP port, 1-65535 (default: 8000)")
         add_engine_arguments(parser, repeat_model=True)
         add_web_arguments(parser)
-        parser.add_argument("--config", default=os.environ.get("SUPERFLUID_CONFIG", ""), help="several models from a YAML file (see docs/configuration.md); not with --model")
+        parser.add_argument("--config", default="", help="several models from a YAML file (see docs/configuration.md); not with --model")
+        parser.set_defaults(config_env=_env("--config", ""))  # SUPERFLUID_CONFIG: when neither --config nor --model is given
         add_fim_arguments(parser)
         add_api_arguments(parser)
         parser.add_argument("--http-default-qos", default=settings.SUPERFLUID_HTTP_DEFAULT_QOS, help="class for requests that name none (default: agent)")
@@ -416,7 +422,16 @@ class Command(BaseCommand):
 
     def _models(self, options: dict[str, Any]) -> ModelsConfig | None:
         """The models of --config or of several --model; None for the single-worker server."""
-        paths = options["model"] or ([options["model_env"]] if options.get("model_env") else [])
+        # A flag on the command line wins over the other's variable: --model over SUPERFLUID_CONFIG,
+        # --config over SUPERFLUID_MODEL (either variable once refused the other's flag, naming a
+        # --model or --config nobody had given)
+        paths = options["model"] or []
+        if not paths and not options["config"]:
+            env_config, env_model = options.get("config_env", ""), options.get("model_env", "")
+            if env_config and env_model:
+                raise CommandError("SUPERFLUID_CONFIG and SUPERFLUID_MODEL are both set: the file names the models; unset one (or give --config or --model)")
+            options["config"] = env_config
+            paths = [env_model] if env_model else []
         try:
             if options["config"]:
                 if paths:
@@ -495,6 +510,7 @@ class Command(BaseCommand):
         return PoolSetup(cfg, spawn, ctx_sizes=ctx, lanes=lanes)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        check_bind_options(options)  # before the database is migrated and a worker started
         models = self._models(options)
         config = scheduler_config(options)  # validates the flags before anything starts
         pool_setup = None
@@ -546,6 +562,11 @@ class Command(BaseCommand):
             _check_redis(redis_url)
 
         call_command("migrate", interactive=False, verbosity=0)
+        # superfluid.W001 for the flags as given (the registered check reads the environment)
+        from scheduler.checks import binding_warnings
+
+        for warning in binding_warnings(options["host"], options["require_key"]):
+            self.stderr.write(f"WARNING: ({warning.id}) {warning.msg}\n\tHINT: {warning.hint}")
 
         socket_path = options["socket"]
         if socket_path:
@@ -560,7 +581,9 @@ class Command(BaseCommand):
             # /tokenize reads the vocabulary from it (with several models: the first configured one's)
             model_path=str(model if pool_setup is None else pool_setup.config.models[0].path),
             model_paths=() if pool_setup is None else tuple((name, str(m.path)) for m in pool_setup.config.models for name in (m.id, *m.aliases)),
-            redis_url=redis_url or settings.SUPERFLUID_REDIS_URL,
+            # the flag as given: --redis "" is one machine even where REDIS_URL is set (the web
+            # side once took the Redis queue that no worker of this serve reads)
+            redis_url=redis_url,
             socket=socket_path or settings.SUPERFLUID_SOCKET,
             http_default_qos=default_qos.label,
             http_qos_header=not options["no_http_qos_header"],
@@ -581,7 +604,7 @@ class Command(BaseCommand):
         install_serving(serving_config)
         # Django and Channels read these two themselves (docs/architecture.md, "Configuration")
         django_overrides: dict[str, Any] = {"ALLOWED_HOSTS": with_bound_host(list(settings.ALLOWED_HOSTS), options["host"])}  # http://HOST:PORT answers
-        if redis_url:
+        if redis_url or settings.SUPERFLUID_REDIS_URL:  # the settings' layer is REDIS_URL's
             from superfluid_site.settings import channel_layers
 
             django_overrides["CHANNEL_LAYERS"] = channel_layers(redis_url)
