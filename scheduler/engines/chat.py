@@ -72,16 +72,24 @@ def compile_chat_template(source: str | None) -> Any:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # as Hugging Face renders templates (transformers' chat_template_utils), which they are written for
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
 
     def raise_exception(message: str) -> None:
         raise ValueError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+        # Jinja's own tojson is for HTML: it sorts keys and writes <, >, &, ' and every non-ASCII
+        # character as \u escapes, so a tool's schema and earlier calls' arguments reached the
+        # model reordered ("arguments" before "name") and escaped, unlike what it was trained on
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt: str) -> str:
         return time.strftime(fmt)
 
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(source or CHATML)
     except jinja2.TemplateSyntaxError as exc:

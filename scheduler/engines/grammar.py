@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from typing import Any
 
@@ -183,6 +184,10 @@ def _root_ref_to(node: Any, at: str) -> Any:
 MAX_INTEGER_ENUM = 1024
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _bounded_integers(node: Any) -> Any:
     """llama-cpp-python's converter ignores ``minimum``/``maximum``; an integer with both bounds
     and at most MAX_INTEGER_ENUM values becomes the enum of them, which it does enforce."""
@@ -197,7 +202,12 @@ def _bounded_integers(node: Any) -> Any:
             lo = out["exclusiveMinimum"] + 1
         if isinstance(out.get("exclusiveMaximum"), int) and not isinstance(out.get("exclusiveMaximum"), bool):
             hi = out["exclusiveMaximum"] - 1
-        if all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in (lo, hi)):
+        # JSON Schema draft 4's form: a boolean that makes minimum/maximum themselves excluded
+        if out.get("exclusiveMinimum") is True and _is_number(lo):
+            lo = math.floor(lo) + 1
+        if out.get("exclusiveMaximum") is True and _is_number(hi):
+            hi = math.ceil(hi) - 1
+        if _is_number(lo) and _is_number(hi):
             first, last = int(-(-lo // 1)), int(hi // 1)
             if 0 <= last - first < MAX_INTEGER_ENUM:
                 return {"enum": list(range(first, last + 1))}

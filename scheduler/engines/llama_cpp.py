@@ -34,6 +34,12 @@ log = logging.getLogger("superfluid.engine")
 _LOG_WARN = 3
 _LOG_CONT = 5
 _PENALTY_LAST_N = 64
+# A temperature below this samples greedily. llama.cpp's temperature sampler divides the float32
+# logits by it: at 1e-39 a logit of 20 overflows to inf, the draw's softmax turns to NaN and every
+# token is garbage (SmolLM2 answered "ectableectable..."), where the reply should be the greedy
+# one (the NumPy sampler's float64 division gives greedy there too). Logits would have to pass
+# 3.4e8 to overflow above it, and any temperature this small picks the top logit anyway.
+_MIN_TEMPERATURE = 1e-30
 # What a logit bias of -100 (and ignore_eos) becomes: a ban, but finite, so that when a grammar
 # allows only banned tokens the draw still lands on one the grammar allows (an all -inf draw
 # could accept a token the grammar rejects, which llama.cpp answers with an abort).
@@ -243,6 +249,11 @@ class ParkedKV:
     @property
     def nbytes(self) -> int:
         return len(self.data)
+
+
+def _greedy(sp: SamplingParams) -> bool:
+    """Whether the lane samples greedily: temperature 0, or one too small to divide by."""
+    return sp.temperature < _MIN_TEMPERATURE
 
 
 def _skip_draws(chain: Any, n: int) -> None:
@@ -521,7 +532,7 @@ class LlamaCppEngine(LaneEngine):
             self._grammars[bind.lane] = grammar
             if self._candidates is None:
                 self._candidates = _Candidates(self.vocab_size)
-        elif bind.sampling.temperature <= 0.0 and llama_cpp.llama_sampler_chain_n(chain) == 1:
+        elif _greedy(bind.sampling) and llama_cpp.llama_sampler_chain_n(chain) == 1:
             self._argmax_lanes.add(bind.lane)  # the chain is the greedy sampler alone
         if bind.sampling.logprobs is not None:
             self._logprob_lanes[bind.lane] = bind.sampling.logprobs
@@ -898,7 +909,7 @@ class LlamaCppEngine(LaneEngine):
             if not grammar:
                 L.llama_sampler_free(chain)
                 raise _err("could not build the request's grammar", permanent=True)
-        if sp.temperature <= 0.0:
+        if _greedy(sp):
             add(chain, L.llama_sampler_init_greedy())
             return chain, grammar
         if 0 < sp.top_k < self.vocab_size:  # a larger k keeps every token: no limit (and C's int32_t

@@ -507,9 +507,13 @@ class EngineWorker:
             if fim is None:
                 raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
-            # the prefix is the prompt, as text or as token ids (never dropped)
-            prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False)
-            own = [pre, *prefix, suf, *engine.tokenize(suffix, add_special=False), mid]
+            # the prefix is the prompt, as text or as token ids (never dropped). Prefix and suffix
+            # are the client's code, tokenised as text: a source file that mentions
+            # "<|fim_middle|>" must not end the prefix there. BOS first when the vocabulary asks
+            # for one, as llama.cpp's server assembles an infill prompt.
+            prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False, special=False)
+            bos = engine.tokenize("", special=False)  # [BOS] or []
+            own = [*bos, pre, *prefix, suf, *engine.tokenize(suffix, add_special=False, special=False), mid]
             return own + resumed, len(own), "prompt"
         if isinstance(prompt, list):
             own = self._prompt_ids(prompt)

@@ -28,7 +28,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import LaneBind, LaneFeed, LaneRestore, LaneSwap, SamplingParams, TickPlan, TickResult
 from scheduler.engines.base import EngineError, Step, StepAborted
 from scheduler.engines.grammar import schema_grammar, tool_grammar
-from scheduler.link.messages import Delta, Done, Error, Message, Submit
+from scheduler.link.messages import Cancel, Delta, Done, Error, Message, Submit
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.output import TextStream
 from testkit.engine_driver import GREEDY, Run, chat, drive, generate, never, release, text_of
@@ -336,6 +336,16 @@ def test_seeded_sampling_repeats_per_lane_and_the_seed_matters(engine: Any, prom
                                for s, k in ((1, engine.vocab_size), (2, 2**32 + 1))])
     assert [u.output for u in unlimited] == [first, first]
     release(engine, 1, 2)
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-44])
+def test_a_temperature_too_small_to_divide_the_logits_by_gives_the_greedy_reply(
+    engine: Any, prompts: list[list[int]], reference: list[list[int]], temperature: float
+) -> None:
+    """The API takes any temperature in [0, 2]; on llama.cpp the float32 logits divided by 1e-39
+    overflowed and the draw's NaN probabilities gave garbage ("ectableectable...")."""
+    tiny = SamplingParams(temperature=temperature, seed=5)
+    assert generate(engine, 0, prompts[1], tiny, N_TOKENS) == reference[1]
 
 
 def test_top_k_one_is_greedy_and_a_repeat_penalty_breaks_a_loop(
@@ -947,6 +957,35 @@ def test_a_constrained_job_resumed_after_its_worker_was_lost_goes_on_inside_the_
     assert done and done[0].finish_reason == "stop", (done, texts)
     whole = delivered + "".join(texts)
     assert isinstance(json.loads(whole), dict) and json.loads(whole)["name"] == "Ada", whole
+
+
+def test_a_fim_prompt_is_bos_then_the_fim_tokens_around_the_clients_text_read_as_text(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fill-in-the-middle as llama.cpp's server assembles it: [BOS] when the vocabulary asks for
+    one, FIM prefix, the prefix, FIM suffix, the suffix, FIM middle. Prefix and suffix are code
+    and tokenised as text: a file mentioning a control token's text (here SmolLM2's, standing in
+    for its FIM tokens) got that control token in the middle of the prompt, and no BOS came."""
+    pre, suf, mid = engine.tokenize("<|im_start|><|im_end|><|endoftext|>", add_special=False)
+    monkeypatch.setattr(engine, "fim_tokens", lambda: (pre, suf, mid))
+    monkeypatch.setattr(engine, "_add_bos", True)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+    sent: list[Message] = []
+
+    class Conn:
+        def queue(self, message: Message) -> None:
+            sent.append(message)
+
+    prefix, suffix = 'END = "<|im_end|>"\ndef f(', '):\n    return "<|endoftext|>"\n'
+    request = {"endpoint": "completions", "prompt": prefix, "suffix": suffix, "max_tokens": 2, "temperature": 0}
+    worker.handle(Conn(), Submit("fim", request, qos=2))  # type: ignore[arg-type]
+    prompt = worker.scheduler.jobs["fim"].prompt
+    as_text = [engine.tokenize(t, add_special=False, special=False) for t in (prefix, suffix)]
+    assert prompt == [engine.bos_id, pre, *as_text[0], suf, *as_text[1], mid], sent
+    worker.handle(Conn(), Cancel("fim"))  # type: ignore[arg-type]
+    for _ in range(20):
+        if not worker.run_tick() and worker.scheduler.idle:
+            break
 
 
 def test_lanes_fed_in_any_order_run_in_one_pass_over_the_weights(abortable: Any) -> None:

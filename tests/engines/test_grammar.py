@@ -84,6 +84,15 @@ def test_integer_bounds_are_enforced_as_an_enum_when_the_range_is_small() -> Non
     assert schema_grammar({"type": "integer", "minimum": 5, "exclusiveMaximum": 8}).splitlines()[0] == 'root ::= "5" | "6" | "7"'
 
 
+def test_draft_4_boolean_exclusive_bounds_exclude_the_bound_itself() -> None:
+    """``"minimum": 0, "exclusiveMinimum": true`` (JSON Schema draft 4) means above 0: the enum
+    let the model write the 0 the schema forbids (and 10 for an exclusive maximum of 10)."""
+    schema = {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 10, "exclusiveMaximum": True}
+    assert schema_grammar(schema).splitlines()[0] == "root ::= " + " | ".join(f'"{i}"' for i in range(1, 10))
+    inclusive = {"type": "integer", "minimum": 0, "exclusiveMinimum": False, "maximum": 2}
+    assert schema_grammar(inclusive).splitlines()[0] == 'root ::= "0" | "1" | "2"'
+
+
 # OpenAI's own recursive-schema example (root recursion, "#") and what pydantic writes for a
 # self-referencing model (a root $ref into $defs): both were 400s as a response_format
 UI = {"type": "object", "properties": {"type": {"type": "string", "enum": ["div", "button"]}, "label": {"type": "string"},
