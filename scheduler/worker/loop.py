@@ -565,7 +565,11 @@ class EngineWorker:
             # the text a lost worker had sent already: a grammar goes on from where it was
             resumed=self.engine.tokenize(resume_text, add_special=False, special=False) if resume_text else [],
         )
-        stream = TextStream(self.engine.token_bytes, list(request.get("stop") or []))
+        # a forced tool call (tool_choice required or a named function) is tool-call markup from
+        # its first token to its last (the grammar allows nothing else): the client's stop strings
+        # apply to content, and one matched inside the markup cut the call it had required
+        forced_call = bool(request.get("tools")) and request.get("tool_choice", "auto") not in ("auto", "none")
+        stream = TextStream(self.engine.token_bytes, [] if forced_call else list(request.get("stop") or []))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:

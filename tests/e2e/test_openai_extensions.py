@@ -113,12 +113,26 @@ def test_allowed_tools_forces_a_call_of_an_allowed_function_only(server: Running
     reply = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is the weather like in Paris?"}], tools=[WEATHER, clock],
         tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}},
-        max_tokens=80,
+        parallel_tool_calls=False, max_tokens=80, temperature=0,  # one call, not calls until max_tokens
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
     assert {call.function.name for call in choice.message.tool_calls} == {"get_time"}
     assert all(json.loads(call.function.arguments) == {} for call in choice.message.tool_calls)
+
+
+def test_a_forced_tool_call_is_not_cut_by_the_clients_stop_strings(server: RunningServer) -> None:
+    """A forced call's whole reply is tool-call markup (the grammar allows nothing else), and a
+    stop string matched inside it: with stop "\n" the reply was the text "<tool_call>" as
+    content, finish "stop", and no call, though the call was required."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        reply = client(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the weather like in Paris?"}], tools=[WEATHER],
+            tool_choice=choice, parallel_tool_calls=False, stop=["\n", "Paris"], max_tokens=80, temperature=0,  # type: ignore[arg-type]
+        )
+        message = reply.choices[0].message
+        assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls, reply
+        assert not message.content and {call.function.name for call in message.tool_calls} == {"get_weather"}
 
 
 def test_streamed_arguments_come_in_fragments_that_add_up_to_the_non_streamed_call(server: RunningServer) -> None:
