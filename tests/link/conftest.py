@@ -9,8 +9,8 @@ from typing import Any
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import SimEngine
 from scheduler.link.inprocess import InProcessTransport
-from scheduler.link.messages import Delta, Done, Error, JobEvent, Rejected
-from scheduler.link.transport import JobHandle
+from scheduler.link.messages import Delta, Done, Error, Hello, JobEvent, Rejected, decode
+from scheduler.link.transport import JobHandle, Transport
 from scheduler.worker.loop import EngineWorker
 
 
@@ -44,3 +44,30 @@ async def run_one(link: InProcessTransport, **fields: Any) -> tuple[str, JobEven
         return await outcome(handle)
     finally:
         link.finish(handle)
+
+
+class RecordingCarrier(Transport):
+    """A carrier with no worker behind it: records what the link sends (decoded); the send of a
+    message with ``pause_on`` in it waits for ``go`` (a full socket). The test plays the worker
+    through ``_on_hello``, ``_on_message`` and ``_on_lost``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[Any] = []
+        self.pause_on = ""
+        self.go = asyncio.Event()
+
+    def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def _send(self, data: bytes) -> None:
+        self.sent.append(decode(data))
+        if self.pause_on and self.pause_on.encode() in data:
+            await self.go.wait()
+
+
+def hello(pid: int, lanes: int = 2) -> Hello:
+    return Hello(model="m", engine="sim", n_lanes=lanes, lane_ctx=512, pid=pid)

@@ -10,7 +10,7 @@ from scheduler.engines.base import TickPlan, TickResult
 from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Done
 
-from .conftest import completion, outcome, transport
+from .conftest import RecordingCarrier, completion, hello, outcome, transport
 
 
 class GatedSim(SimEngine):
@@ -78,31 +78,15 @@ async def test_after_a_crash_the_jobs_go_back_one_at_a_time_the_best_class_first
     their prompts: the one-at-a-time resend takes the best class first."""
     import time
 
-    from scheduler.link.messages import Delta, Hello, Submit, decode
-    from scheduler.link.transport import Transport
+    from scheduler.link.messages import Delta, Submit
 
-    class Carrier(Transport):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sent: list[Any] = []
-
-        def start(self) -> None:
-            pass
-
-        async def stop(self) -> None:
-            pass
-
-        async def _send(self, data: bytes) -> None:
-            self.sent.append(decode(data))
-
-    hello = Hello(model="m", engine="sim", n_lanes=4, lane_ctx=512, pid=1)
-    link = Carrier()
-    await link._on_hello(hello)
+    link = RecordingCarrier()
+    await link._on_hello(hello(1, lanes=4))
     background = [await link.submit(request=completion(f"bg {i}"), qos=3) for i in range(2)]
     chat = await link.submit(request=completion("chat"), qos=0)
     link._on_lost(time.monotonic())
     link.sent.clear()
-    await link._on_hello(Hello(model="m", engine="sim", n_lanes=4, lane_ctx=512, pid=2))
+    await link._on_hello(hello(2, lanes=4))
     assert [m.id for m in link.sent if isinstance(m, Submit)] == [chat.job_id]
     link._on_message(Delta(chat.job_id, "x", 1))
     while len([m for m in link.sent if isinstance(m, Submit)]) < 2:

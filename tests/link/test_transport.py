@@ -24,7 +24,7 @@ from scheduler.link.messages import (
     Rejected,
 )
 
-from .conftest import completion, outcome, run_one, sim_worker, transport
+from .conftest import RecordingCarrier, completion, hello, outcome, run_one, sim_worker, transport
 
 
 class CrashingSim(SimEngine):
@@ -173,33 +173,9 @@ async def test_a_job_cancelled_while_a_restarted_worker_gets_the_resubmissions_i
     """Resubmitting the jobs in flight to a worker that came back awaits each send (a full
     socket pauses it). A job cancelled during that pause used to be resubmitted after its cancel,
     and the worker ran it for nobody. A job submitted meanwhile goes once, by its submit."""
-    from scheduler.link.messages import Cancel, Hello, Submit, decode
-    from scheduler.link.transport import Transport
+    from scheduler.link.messages import Cancel, Submit
 
-    class Carrier(Transport):
-        """Records what is sent; the send of a message with ``pause_on`` in it waits for ``go``."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.sent: list[Any] = []
-            self.pause_on = ""
-            self.go = asyncio.Event()
-
-        def start(self) -> None:
-            pass
-
-        async def stop(self) -> None:
-            pass
-
-        async def _send(self, data: bytes) -> None:
-            self.sent.append(decode(data))
-            if self.pause_on and self.pause_on.encode() in data:
-                await self.go.wait()
-
-    def hello(pid: int) -> Hello:
-        return Hello(model="m", engine="sim", n_lanes=2, lane_ctx=512, pid=pid)
-
-    link = Carrier()
+    link = RecordingCarrier()
     await link._on_hello(hello(1))
     jobs = [await link.submit(request=completion(f"job {i}")) for i in range(3)]
     link._on_lost(time.monotonic())

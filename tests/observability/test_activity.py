@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import io
 import logging
+import threading
+from collections.abc import Iterator
 from urllib.parse import urlencode
 
 import pytest
@@ -159,27 +162,34 @@ async def test_a_priority_beyond_int64_is_stored_clamped_not_lost() -> None:
     assert (row.priority, row.serial_priority, row.serial_score) == (2**31 - 1, -(2**31), None)
 
 
+@contextlib.contextmanager
+def stuck_database() -> Iterator[threading.Event]:
+    """The activity writer's database write waits until the event yielded is set."""
+    gate = threading.Event()
+    real_store = activity_writer._store
+
+    def held_store(rows, touches):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        real_store(rows, touches)
+
+    activity_writer._store = held_store  # type: ignore[assignment]
+    try:
+        yield gate
+    finally:
+        activity_writer._store = real_store  # type: ignore[assignment]
+        gate.set()
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_recording_a_burst_never_waits_on_the_database_and_loses_no_row() -> None:
     # record_request() only queues: the activity writer's own thread stores the rows in batches
     writer = activity_writer.get_writer()
-    gate = __import__("threading").Event()
-    real_store = activity_writer._store
-
-    def slow_store(rows, touches):  # type: ignore[no-untyped-def]
-        gate.wait(10)  # the database is stuck until the burst has been recorded
-        real_store(rows, touches)
-
-    activity_writer._store = slow_store  # type: ignore[assignment]
-    try:
+    with stuck_database() as gate:  # until the burst has been recorded
         for i in range(300):
             await record_request(RequestRecord(endpoint="chat", request_id=f"r{i}", status=499))
         assert await ActivityEntry.objects.acount() == 0  # nothing was written while the burst was recorded
         gate.set()
         assert await asyncio.to_thread(writer.flush)
-    finally:
-        activity_writer._store = real_store  # type: ignore[assignment]
-        gate.set()
     assert await ActivityEntry.objects.acount() == 300
     assert {r async for r in ActivityEntry.objects.values_list("request_id", flat=True)} == {f"r{i}" for i in range(300)}
 
@@ -211,22 +221,11 @@ async def test_a_row_the_database_refuses_costs_only_itself_not_its_batch() -> N
     """The writer stores up to 500 rows in one INSERT: one row the database refused for its data
     (here a negative status, which the column's CHECK refuses) lost every row of its batch."""
     writer = activity_writer.get_writer()
-    gate = __import__("threading").Event()
-    real_store = activity_writer._store
-
-    def held_store(rows, touches):  # type: ignore[no-untyped-def]
-        gate.wait(10)  # the three rows queue up and go in one batch
-        real_store(rows, touches)
-
-    activity_writer._store = held_store  # type: ignore[assignment]
-    try:
+    with stuck_database() as gate:  # the rows queue up behind the first write: a batch
         for i, status in enumerate((200, -1, 200)):
             writer.submit({**activity_log.entry_fields(RequestRecord(endpoint="chat", request_id=f"b{i}", status=200)), "status": status})
         gate.set()
         assert await asyncio.to_thread(writer.flush)
-    finally:
-        activity_writer._store = real_store  # type: ignore[assignment]
-        gate.set()
     assert sorted([r async for r in ActivityEntry.objects.values_list("request_id", flat=True)]) == ["b0", "b2"]
 
 
