@@ -13,6 +13,11 @@ from api.schemas import check_encodable, json_value
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID = 512
+# Python's parser gives up on nesting near its recursion limit, counted from wherever it is
+# called: a line the upload read could fail at the batch's creation, or where a runner reads it
+# back from the database (deeper in the stack), and never run. A fixed bound, far below that,
+# is the same at every read.
+MAX_DEPTH = 128
 
 
 class InvalidFile(ValueError):
@@ -51,6 +56,8 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
             raise InvalidFile("not valid JSON.", number) from None
         if not isinstance(obj, dict):
             raise InvalidFile("expected a JSON object.", number)
+        if _depth(obj) > MAX_DEPTH:
+            raise InvalidFile(f"nested more than {MAX_DEPTH} levels deep.", number)
         try:
             check_encodable(obj)
         except ApiError as exc:  # a lone surrogate ("\ud800"): the database cannot store it
@@ -80,3 +87,17 @@ def parse_jsonl(data: bytes, max_lines: int) -> list[BatchLine]:
     if not out:
         raise InvalidFile("The file holds no requests.")
     return out
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value``'s arrays and objects nest (an object of scalars: 1), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest

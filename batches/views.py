@@ -113,8 +113,8 @@ async def files(request: HttpRequest) -> HttpResponse:
     data = upload.read(limit + 1)
     if len(data) > limit:
         raise request_too_large(limit)
-    try:
-        parse_jsonl(data, max_lines())
+    try:  # off the event loop: 8 MiB of lines take a good part of a second, every stream on this head stalled meanwhile
+        await asyncio.to_thread(parse_jsonl, data, max_lines())
     except InvalidFile as exc:
         raise invalid_request(f"The batch input file is not valid: {exc}", param="file", code="invalid_file") from None
     name = (upload.name or "batch.jsonl")[:255]
@@ -175,12 +175,21 @@ def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned],
 @owned_view(File)
 async def file_detail(request: HttpRequest, f: File) -> HttpResponse:
     if request.method == "DELETE":
-        running = await Batch.objects.filter(input_file=f).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True).afirst()
-        if running is not None:
-            raise invalid_request(f"File {f.id} is the input of batch {running}, which has not ended.", param="file_id", code="file_in_use")
-        await File.objects.filter(pk=f.pk).adelete()  # a finished batch keeps its lines; its file ids go null
+        await sync_to_async(_delete_file)(f)
         return JsonResponse({"id": f.id, "object": "file", "deleted": True})
     return JsonResponse(file_object(f))
+
+
+def _delete_file(f: File) -> None:
+    """Delete ``f`` unless a batch that has not ended reads it. The check and the delete hold the
+    file's row, as a batch's creation does (``_create``): neither slips between the other's steps."""
+    with transaction.atomic():
+        if not File.objects.select_for_update().filter(pk=f.pk).exists():
+            raise _not_found("file", f.id)
+        running = Batch.objects.filter(input_file=f).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True).first()
+        if running is not None:
+            raise invalid_request(f"File {f.id} is the input of batch {running}, which has not ended.", param="file_id", code="file_in_use")
+        File.objects.filter(pk=f.pk).delete()  # a finished batch keeps its lines; its file ids go null
 
 
 @owned_view(File)
@@ -204,9 +213,12 @@ def _json(request: HttpRequest) -> dict[str, Any]:
 
 
 def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, metadata: Any) -> Batch:
-    f = File.objects.filter(pk=file_id, owner=owner, purpose="batch").first()
+    f = File.objects.filter(pk=file_id, owner=owner).first()
     if f is None:
         raise _not_found("file", file_id)
+    if f.purpose != "batch":  # one of the caller's output files: it exists, so not a 404
+        raise invalid_request(f"File {file_id} has purpose {f.purpose!r}; a batch's input file needs purpose 'batch'.",
+                              param="input_file_id", code="invalid_value")
     try:
         lines = parse_jsonl(bytes(f.content), max_lines())
     except InvalidFile as exc:  # cannot happen for a file uploaded here; kept for safety
@@ -217,6 +229,10 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
                               param="input_file_id", code="invalid_file")
     now = timezone.now()
     with transaction.atomic():
+        # the file's row held from here: one deleted while its lines were read (another head's
+        # DELETE) is not found, not a 500 at commit, and a DELETE from now on sees this batch
+        if not File.objects.select_for_update().filter(pk=f.pk).exists():
+            raise _not_found("file", file_id)
         b = Batch.objects.create(endpoint=endpoint, completion_window=window, input_file=f, owner=owner, host=host,
                                  metadata=metadata, total=len(lines), expires_at=now + timedelta(hours=24))
         Line.objects.bulk_create([Line(batch=b, index=i, custom_id=line.custom_id, body=line.body) for i, line in enumerate(lines)])
@@ -226,7 +242,7 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
 @batch_view
 async def batches(request: HttpRequest) -> HttpResponse:
     owner = _owner(request)
-    if request.method == "GET":
+    if request.method in ("GET", "HEAD"):  # HEAD as GET: it is no create
         try:
             limit = max(1, min(100, int(request.GET.get("limit", "20"))))
         except ValueError:
@@ -234,11 +250,14 @@ async def batches(request: HttpRequest) -> HttpResponse:
         after = request.GET.get("after")
 
         def page() -> dict[str, Any]:
-            qs = Batch.objects.filter(owner=owner)
+            # newest first, ties (batches created in one clock tick) broken by id, so that a page
+            # after one of them neither repeats nor skips the others (the client pages by last_id)
+            qs = Batch.objects.filter(owner=owner).order_by("-created_at", "-id")
             if after:
-                anchor = qs.filter(pk=after).first()
-                if anchor is not None:
-                    qs = qs.filter(created_at__lte=anchor.created_at).exclude(pk=after)
+                anchor = qs.filter(pk=after).values_list("created_at", "id").first()
+                if anchor is None:  # as the files list: not the first page again, silently
+                    raise invalid_request(f"Invalid value for 'after': no batch {after!r}.", param="after", code="invalid_value")
+                qs = qs.filter(Q(created_at__lt=anchor[0]) | Q(created_at=anchor[0], id__lt=anchor[1]))
             rows = list(qs[: limit + 1])
             data = [batch_object(b) for b in rows[:limit]]
             return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

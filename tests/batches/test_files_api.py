@@ -73,3 +73,127 @@ def test_a_batch_refused_for_a_line_of_another_endpoint_names_its_line_in_the_fi
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_file"
     assert r.json()["error"]["message"].startswith("Line 3 of the input file (custom_id 'b')"), r.json()
     assert Batch.objects.count() == 0
+
+
+def make_batches(n: int) -> list[str]:
+    f = File.objects.create(purpose="batch", filename="in.jsonl", bytes=1, content=b"x", owner="")
+    return [Batch.objects.create(endpoint="/v1/completions", input_file=f, owner="", status="completed").id for _ in range(n)]
+
+
+def test_the_batch_list_pages_through_batches_created_in_one_clock_tick_each_once() -> None:
+    """Batches of one creation time (a coarse clock, a burst of creates) were ordered by time
+    only, and the page after one of them started from its whole tick again: the client's
+    auto-paging (after=last_id) went round the same ones for ever."""
+    from django.utils import timezone
+
+    client = Client()
+    ids = make_batches(5)
+    Batch.objects.update(created_at=timezone.now())
+    seen: list[str] = []
+    after = ""
+    for _ in range(10):  # 5 pages of 1, then the end
+        page = client.get("/v1/batches?limit=1" + (f"&after={after}" if after else "")).json()
+        seen += [b["id"] for b in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert sorted(seen) == sorted(ids) and len(seen) == 5
+    assert [b["id"] for b in client.get("/v1/batches?limit=2").json()["data"]] == seen[:2]  # one order, every time
+
+
+def test_the_batch_list_refuses_an_unknown_cursor_and_head_is_the_list() -> None:
+    """An ``after`` naming no batch of the caller's gave the first page again (a loop for a
+    client paging by it), where the files list says 400; HEAD /v1/batches was read as a create
+    (400 missing input_file_id)."""
+    client = Client()
+    make_batches(1)
+    r = client.get("/v1/batches?after=batch_nope")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "after"
+    assert client.head("/v1/batches").status_code == 200
+    assert Batch.objects.count() == 1
+
+
+def test_any_file_the_upload_takes_makes_a_batch_whose_lines_load() -> None:
+    """Nesting was bounded only by Python's parser, whose limit counts the frames it is called
+    under: a line nested as deep as the upload could read was "not valid JSON" when the batch
+    was created from it (or, read back deeper in a runner's stack, could never be claimed)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    client = Client()
+
+    def data(depth: int) -> bytes:  # the line itself is one level, its body two
+        inner = "[" * (depth - 2) + "]" * (depth - 2)
+        return ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p", "x": ' + inner + "}}").encode()
+
+    def accepted(depth: int) -> str | None:
+        r = client.post("/v1/files", {"purpose": "batch", "file": SimpleUploadedFile("deep.jsonl", data(depth))})
+        assert r.status_code in (200, 400), r.content
+        return str(r.json()["id"]) if r.status_code == 200 else None
+
+    low, high = 3, 2000  # the deepest line the upload takes: accepted(low), not accepted(high)
+    assert accepted(low) and not accepted(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if accepted(mid) else (low, mid)
+    fid = accepted(low)
+    r = client.post("/v1/batches", json.dumps({"input_file_id": fid, "endpoint": "/v1/completions", "completion_window": "24h"}),
+                    content_type="application/json")
+    assert r.status_code == 200, r.content
+    assert Line.objects.get(batch_id=r.json()["id"]).body == json.loads(data(low))["body"]
+
+
+def test_a_file_deleted_while_a_batch_is_created_from_it_is_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another head's DELETE while the file's lines were read: the batch's insert failed on its
+    foreign key at commit, a 500."""
+    from batches import views
+
+    client = Client(raise_request_exception=False)
+    fid = upload(client, "in.jsonl")
+    read = views.parse_jsonl
+
+    def deleted_meanwhile(data: bytes, max_lines: int) -> object:
+        File.objects.filter(pk=fid).delete()
+        return read(data, max_lines)
+
+    monkeypatch.setattr(views, "parse_jsonl", deleted_meanwhile)
+    r = client.post("/v1/batches", json.dumps({"input_file_id": fid, "endpoint": "/v1/completions", "completion_window": "24h"}),
+                    content_type="application/json")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.content
+    assert Batch.objects.count() == 0
+
+
+def test_a_batch_of_an_output_file_is_refused_for_its_purpose_not_as_missing() -> None:
+    """The caller's own output file (listed by GET /v1/files) was "No such file", a 404."""
+    client = Client()
+    out = File.objects.create(purpose="batch_output", filename="out.jsonl", bytes=1, content=b"{}\n", owner="")
+    r = client.post("/v1/batches", json.dumps({"input_file_id": out.id, "endpoint": "/v1/completions", "completion_window": "24h"}),
+                    content_type="application/json")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_file_id" and "purpose" in r.json()["error"]["message"], r.content
+    theirs = File.objects.create(purpose="batch_output", filename="out.jsonl", bytes=1, content=b"{}\n", owner="other")
+    r = client.post("/v1/batches", json.dumps({"input_file_id": theirs.id, "endpoint": "/v1/completions", "completion_window": "24h"}),
+                    content_type="application/json")
+    assert r.status_code == 404  # another key's file: not found, purpose or not
+    assert Batch.objects.count() == 0
+
+
+def test_an_upload_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The upload's lines were parsed in the async view itself: a large file (8 MiB takes a good
+    part of a second) held up every stream the head was sending meanwhile."""
+    import asyncio
+
+    from batches import views
+
+    read = views.parse_jsonl
+    on_loop: list[bool] = []
+
+    def parse(data: bytes, max_lines: int) -> object:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return read(data, max_lines)
+
+    monkeypatch.setattr(views, "parse_jsonl", parse)
+    upload(Client(), "in.jsonl")
+    assert on_loop == [False]

@@ -48,6 +48,9 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (line(custom_id=5), "'custom_id'"),
         (line(extra=1), "unknown field 'extra'"),
         (b"[" * 100_000, "not valid JSON"),
+        # deeper than the bound but within what Python's parser reads here: refused by the bound,
+        # which is the same however deep in the stack the line is read again (batch create, a runner)
+        (line(body={"x": json.loads("[" * 300 + "]" * 300)}), "Line 1: nested more than 128 levels deep"),
         (line(custom_id="\ud800"), "lone surrogate"),  # the database cannot store it: was a 500 at batch create
         (line(body={"prompt": "a\udfff"}), "lone surrogate"),
         # not JSON though Python's json reads them: the upload passed and batch create was a 500
@@ -66,6 +69,19 @@ def test_bad_files_name_the_problem(data: bytes, words: str) -> None:
     with pytest.raises(InvalidFile) as err:
         parse_jsonl(data, 10)
     assert words in str(err.value)
+
+
+def test_a_line_nested_to_the_bound_is_taken() -> None:
+    from batches.jsonl import MAX_DEPTH
+
+    def nested(depth: int) -> bytes:  # the line is one level, its body two
+        return line(body={"x": json.loads("[" * (depth - 2) + "]" * (depth - 2))})
+
+    assert [x.custom_id for x in parse_jsonl(nested(MAX_DEPTH), 10)] == ["a"]
+    with pytest.raises(InvalidFile, match="nested"):
+        parse_jsonl(nested(MAX_DEPTH + 1), 10)
+    with pytest.raises(InvalidFile, match="nested"):  # objects count as arrays do
+        parse_jsonl(line(body={"x": json.loads('{"a": ' * MAX_DEPTH + "1" + "}" * MAX_DEPTH)}), 10)
 
 
 def test_a_byte_order_mark_at_the_start_is_not_part_of_the_first_line() -> None:
