@@ -174,7 +174,13 @@ class ClassLaneCap(models.Model):
         return f"{self.model or 'all models'}: {QosClass(self.qos_class).label} <= {self.max_lanes}"
 
     def clean(self) -> None:
-        max_batch = int(serving().max_batch)
+        from scheduler.link.pool import model_lanes
+
+        max_batch = int(serving().max_batch)  # several models: the largest model's lanes
+        own = model_lanes().get(self.model) if self.model else None
+        if self.max_lanes is not None and own and not 1 <= self.max_lanes <= own:
+            # the model's worker checks a cap against its own lanes and ignores one above them
+            raise ValidationError({"max_lanes": f"Must be between 1 and {self.model}'s {own} lanes (its worker's --max-batch)."})
         if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
             raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
         served = serving().models  # empty where this process does not know them (no serve, no worker yet)

@@ -190,6 +190,11 @@ async def _read_version() -> int:
 _load_snapshot = sync_to_async(_guarded(load_snapshot), thread_sensitive=True)
 
 
+def _within(caps: dict[str, int], lanes: int | None) -> dict[str, int]:
+    """``caps`` with each cap at most ``lanes`` (None: unknown, as they are)."""
+    return caps if not lanes else {name: min(n, lanes) for name, n in caps.items()}
+
+
 class KeyRuntime:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, watch: bool = True, link: Callable[[], Transport] | None = None) -> None:
         self.loop = loop
@@ -264,8 +269,14 @@ class KeyRuntime:
         them again by itself after a reconnect, and to a model's worker when it is loaded)."""
         if self.link is None:
             return
+        from scheduler.link.pool import model_lanes
+
         models = serving().models or (self.served_model(),)
-        caps = {model: self.snapshot.caps_for(model) for model in models}
+        lanes = model_lanes()
+        # an all-models cap is checked against the largest model's lanes: above a smaller
+        # model's lanes it means all of them there (its worker would ignore it, and keep its
+        # --class-lanes cap)
+        caps = {model: _within(self.snapshot.caps_for(model), lanes.get(model)) for model in models}
         if caps == self.sent_caps:
             return
         from scheduler.link.messages import Config

@@ -83,6 +83,12 @@ def configure(setup: PoolSetup | None) -> None:
     _POOLS.clear()
 
 
+def model_lanes() -> dict[str, int]:
+    """Each served model's lanes (its worker's --max-batch), by id; empty in the single-worker
+    server. Read without an event loop (the admin's checks run in a thread)."""
+    return dict(_SETUP.lanes) if _SETUP is not None else {}
+
+
 def get_pool() -> ModelPool | None:
     """The running event loop's pool, made on first use; None in the single-worker server."""
     if _SETUP is None:

@@ -205,3 +205,30 @@ def test_a_deleted_keys_name_is_not_given_again_while_its_files_remain(admin_cli
     assert not ApiKey.objects.filter(name="alice").exists()
     f.delete()
     actions.create_key(ApiKey(name="alice"))  # nothing left behind: the name is free
+
+
+@pytest.mark.django_db
+@override_settings(SUPERFLUID_MODELS=["smol", "big"], SUPERFLUID_MAX_BATCH=8)
+def test_a_models_own_cap_is_checked_against_that_models_lanes(admin_client: Client) -> None:
+    """With several models --max-batch is the largest model's lanes: a cap of 5 for a 2-lane
+    model was saved, and its worker ignored it (outside 1..its lanes), so the cap shown was never
+    in force."""
+    from pathlib import Path
+
+    from scheduler.link import pool as pool_module
+    from scheduler.models_config import ModelsConfig, ServedModel
+
+    cfg = ModelsConfig((ServedModel("smol", Path("/m/s.gguf")), ServedModel("big", Path("/m/b.gguf"))))
+    pool_module.configure(pool_module.PoolSetup(cfg, spawn=lambda *_: None, lanes={"smol": 2, "big": 8}))  # type: ignore[arg-type]
+    try:
+        form = {"model": "smol", "qos_class": str(int(QosClass.BACKGROUND)), "max_lanes": "5"}
+        r = admin_client.post("/admin/keys/classlanecap/add/", form)
+        assert r.status_code == 200 and "2 lanes" in r.content.decode()
+        assert not ClassLaneCap.objects.exists()
+        with pytest.raises(ValidationError):
+            actions.set_cap(int(QosClass.BACKGROUND), 5, model="smol")
+        assert admin_client.post("/admin/keys/classlanecap/add/", {**form, "max_lanes": "2"}).status_code == 302
+        assert admin_client.post("/admin/keys/classlanecap/add/", {**form, "model": "big"}).status_code == 302
+        assert admin_client.post("/admin/keys/classlanecap/add/", {**form, "model": ""}).status_code == 302  # all models: up to the largest
+    finally:
+        pool_module.configure(None)

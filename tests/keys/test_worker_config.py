@@ -77,3 +77,44 @@ async def test_with_several_models_each_models_worker_gets_its_own_caps_also_whe
     later = pool.link.config_for("b")  # what _load gives model b's link when b is loaded
     assert later is not None and later.class_lanes == {"agent": 3, "background": 1}
     assert pool.link.config_for("a") == sent["a"]
+
+
+async def test_an_all_models_cap_above_a_smaller_models_lanes_gives_that_model_all_its_lanes() -> None:
+    """An all-models cap is checked against the largest model's lanes; sent as it was to a model
+    with fewer lanes, that model's worker ignored it (outside 1..max_batch) and kept its
+    --class-lanes cap: the admin's "background may hold 4" left background at 1 lane there."""
+    import asyncio
+    from pathlib import Path
+    from typing import Any
+
+    from keys.runtime import KeyRuntime, Snapshot
+    from scheduler.link import pool as pool_module
+    from scheduler.link.pool import ModelPool, PoolSetup
+    from scheduler.models_config import ModelsConfig, ServedModel
+    from superfluid_site.serving import ServingConfig, installed
+
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    setup = PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 8, "b": 2}, ctx_sizes={"a": 512, "b": 512})  # type: ignore[arg-type]
+    pool = ModelPool(setup)
+    small = make_worker({QosClass.BACKGROUND: 1}, max_batch=2)  # model b's worker, serve --class-lanes background=1
+    sent: dict[str, Any] = {}
+
+    class Loaded:
+        def __init__(self, model: str) -> None:
+            self.model = model
+
+        async def configure(self, config: Config) -> None:
+            sent[self.model] = config
+
+    pool.links["a"], pool.links["b"] = Loaded("a"), Loaded("b")  # type: ignore[assignment]
+    rt = KeyRuntime(asyncio.get_running_loop(), watch=False, link=lambda: pool.link)
+    rt.snapshot = Snapshot(version=1, class_lanes={"": {QosClass.BACKGROUND: 4}})
+    pool_module.configure(setup)  # what serve does: the models' lanes
+    try:
+        with installed(ServingConfig(models=("a", "b"), max_batch=8)):
+            await rt.push_caps()
+    finally:
+        pool_module.configure(None)
+    assert sent["a"].class_lanes == {"background": 4}
+    small.handle(None, sent["b"])  # type: ignore[arg-type]
+    assert small.scheduler.config.class_lanes == {QosClass.BACKGROUND: 2}
