@@ -146,14 +146,25 @@ def origin_allowed(origin: str) -> bool:
 def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> None:
     """400 ``invalid_host`` for a Host outside ALLOWED_HOSTS, 403 ``origin_forbidden`` for a
     browser request from a foreign origin; as Django does, a missing Host falls back to the
-    address the server listens on."""
-    host = headers.get("host")
+    address the server listens on, and a header sent more than once is its values joined with
+    commas (so ``Host: evil`` before ``Host: ours`` is refused here as Django's views refuse it,
+    not judged by the last alone)."""
+    host, origin = _joined(scope, b"host", headers), _joined(scope, b"origin", headers)
     if host is None:
         server = scope.get("server")
         host = f"{server[0]}:{server[1]}" if server and server[1] is not None else (str(server[0]) if server else "")
     if not host_allowed(host):
         raise ApiError(400, f"Invalid HTTP_HOST header: {host!r}. You may need to add it to DJANGO_ALLOWED_HOSTS.", code="invalid_host")
-    check_origin(headers.get("origin"))
+    check_origin(origin)
+
+
+def _joined(scope: dict[str, Any], name: bytes, headers: dict[str, str]) -> str | None:
+    """Every value of header ``name`` in the scope, joined with commas (Django's META does the
+    same); ``headers`` when the scope carries none (an in-process caller's)."""
+    values = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name]
+    if not values:
+        return headers.get(name.decode())
+    return ",".join(values)
 
 
 def check_origin(origin: str | None) -> None:
@@ -193,17 +204,43 @@ def install_protocol_errors() -> None:
     from twisted.web.http import HTTPChannel
 
     def bad_request_and_disconnect(self: Any) -> None:
-        # a request line or header Twisted cannot parse: still an error object, then close
-        _start, body = protocol_error_reply(400, b"Bad Request", "The HTTP request could not be parsed.")
-        payload = body["body"]
-        self.transport.write(
-            b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload
-        )
-        self.loseConnection()
+        # a request line, header or chunk Twisted cannot parse: still an error object, then close
+        refuse_unparsable(self, unparsable("The HTTP request could not be parsed."))
+
+    def line_length_exceeded(self: Any, line: bytes) -> None:
+        # a request line or header line over Twisted's limit: LineReceiver's default closes the
+        # connection without a word
+        refuse_unparsable(self, unparsable(f"A request line or header line is longer than {self.MAX_LENGTH} bytes."))
 
     HTTPChannel._respondToBadRequestAndDisconnect = bad_request_and_disconnect
+    HTTPChannel.lineLengthExceeded = line_length_exceeded
     install_request_bounds()
+
+
+def unparsable(detail: str) -> ApiError:
+    """400 ``bad_request``: HTTP the server cannot parse (answered before any route)."""
+    return ApiError(400, f"Bad Request: {detail}", code="bad_request")
+
+
+def refuse_unparsable(channel: Any, exc: ApiError) -> None:
+    """Answer ``exc`` for the request Twisted is parsing on ``channel`` and close the connection.
+    That request's answer is this one: its arrival deadline (and the channel's request-line
+    deadline) is cancelled, so no 408 follows the 400 on a connection whose client is slow to
+    read it, and its activity row says ``bad_request`` rather than ``client_disconnected``. A
+    request already answered (refused) or being answered gets no second reply."""
+    _cancel_deadline(channel, name="_sf_line_deadline")
+    request = channel.requests[-1] if getattr(channel, "requests", None) else None
+    if request is not None and (getattr(request, "_sf_refused", False) or getattr(request, "_sf_processing", False)):
+        channel.loseConnection()
+        return
+    if request is not None:
+        request._sf_refused = True
+        _cancel_deadline(request)
+        _drop_body(request)
+        _record_unprocessed(request, exc.status, exc.code or exc.type)
+    if channel.transport is not None:
+        channel.transport.write(raw_error_reply(exc))
+    channel.loseConnection()
 
 
 # -- bodies that are too large or arrive too slowly, refused where they are read ------------------
@@ -283,10 +320,7 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
         return
     request._sf_refused = True
     _cancel_deadline(request)
-    content = getattr(request, "content", None)
-    if content is not None:  # what was buffered of the body (a temporary file when long) goes now
-        content.close()
-        request.content = io.BytesIO()
+    _drop_body(request)
     channel = request.channel
     if channel is None or channel.transport is None:
         return
@@ -301,6 +335,14 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     else:
         channel.loseConnection()
     _record_unprocessed(request, exc.status, exc.code or exc.type)
+
+
+def _drop_body(request: Any) -> None:
+    """What was buffered of a refused request's body (a temporary file when long) goes now."""
+    content = getattr(request, "content", None)
+    if content is not None:
+        content.close()
+        request.content = io.BytesIO()
 
 
 def _peer(transport: Any) -> tuple[str, int] | None:
@@ -328,6 +370,7 @@ def install_request_bounds() -> None:
         return
     WebRequest._sf_bounded = True
     original_data, original_channel_lost = HTTPChannel.dataReceived, HTTPChannel.connectionLost
+    original_choose = HTTPChannel._maybeChooseTransferDecoder
 
     def line_timed_out(channel: Any) -> None:
         channel._sf_line_deadline = None
@@ -349,6 +392,16 @@ def install_request_bounds() -> None:
     def channel_lost(self: Any, reason: Any) -> None:
         _cancel_deadline(self, name="_sf_line_deadline")
         original_channel_lost(self, reason)
+
+    def choose_transfer_decoder(self: Any, header: bytes, data: bytes) -> bool:
+        # Twisted turns a Content-Length of digits into an int, and Python refuses more than 4300
+        # digits: the ValueError escaped the parser and the connection dropped without an answer.
+        # Any length of 19 digits or more is beyond every bound: it gets its 413 like any other.
+        if header == b"Content-Length" and data.isdigit():
+            digits = data.lstrip(b"0") or b"0"
+            data = digits if len(digits) < 19 else b"9" * 19
+        return bool(original_choose(self, header, data))
+
     original_init, original_got_length = WebRequest.__init__, WebRequest.gotLength
     original_chunk, original_process, original_lost = WebRequest.handleContentChunk, WebRequest.process, WebRequest.connectionLost
 
@@ -375,6 +428,9 @@ def install_request_bounds() -> None:
             self._sf_deadline = self.channel.callLater(timeout, lambda: timed_out(self))
 
     def got_length(self: Any, length: int | None) -> None:
+        if length is not None and self.requestHeaders.hasHeader(b"Content-Length"):
+            # the application reads the length the body was framed by, not 4,000 leading zeros
+            self.requestHeaders.setRawHeaders(b"Content-Length", [b"%d" % length])
         original_got_length(self, 0 if length is not None and length > serving().max_body_bytes else length)
         if length is not None and length > serving().max_body_bytes:
             refuse_unread(self, request_too_large(serving().max_body_bytes))
@@ -404,6 +460,7 @@ def install_request_bounds() -> None:
 
     HTTPChannel.dataReceived = data_received
     HTTPChannel.connectionLost = channel_lost
+    HTTPChannel._maybeChooseTransferDecoder = choose_transfer_decoder
     WebRequest.__init__ = init
     WebRequest.gotLength = got_length
     WebRequest.handleContentChunk = handle_content_chunk

@@ -125,3 +125,23 @@ def test_a_request_line_trickled_a_byte_at_a_time_is_refused_with_408_and_the_co
     assert status == 408 and error["code"] == "request_timeout"
     ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
     assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "code"),
+    [
+        # Python's int() refuses over 4,300 digits: Twisted's parser raised and the reactor
+        # dropped the connection without an answer
+        (lambda port: head(port, 0).replace(b"Content-Length: 0", b"Content-Length: " + b"9" * 5000), 413, "request_too_large"),
+        # LineReceiver's own limit closed the connection without a word
+        (lambda port: head(port, 0).replace(b"\r\n\r\n", b"\r\nX-Long: " + b"a" * 20_000 + b"\r\n\r\n"), 400, "bad_request"),
+    ],
+    ids=["content-length of 5000 digits", "a 20 KiB header line"],
+)
+def test_http_twisted_cannot_parse_gets_a_json_error_not_a_dropped_connection(bounded: RunningServer, request_head, status: int, code: str) -> None:  # type: ignore[no-untyped-def]
+    with socket.create_connection(("127.0.0.1", bounded.port)) as sock:
+        sock.sendall(request_head(bounded.port))
+        got, error = status_and_error(read_all(sock))
+    assert (got, error["code"]) == (status, code)
+    ok = httpx.post(bounded.base + "/v1/chat/completions", content=BODY, headers={"content-type": "application/json"}, timeout=120)
+    assert ok.status_code == 200, ok.text

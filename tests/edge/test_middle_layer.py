@@ -214,6 +214,21 @@ async def test_a_host_outside_allowed_hosts_is_a_json_400(sim: SimWorker, path: 
         assert reply.status == 400 and reply.is_error_object()
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models"])
+async def test_a_second_host_or_origin_header_is_judged_with_the_first_not_instead_of_it(sim: SimWorker, path: str) -> None:
+    """The consumers judged the last of repeated headers alone, so a disallowed Host (or a
+    foreign Origin) followed by an allowed one was served there and refused by the Django views."""
+    async with attached(sim):
+        method = "POST" if "completions" in path else "GET"
+        hosts = [(b"host", b"rebound.attacker.example:8000"), (b"host", b"127.0.0.1:8000")]
+        reply = await request(method, path, chat_body(max_tokens=1), hosts + JSON, host=None)
+        assert reply.status == 400 and reply.is_error_object() and reply.json()["error"]["code"] == "invalid_host", reply.body[:200]
+        origins = [(b"origin", b"http://rebound.attacker.example"), (b"origin", b"http://127.0.0.1:8000")]
+        reply = await request(method, path, chat_body(max_tokens=1), origins + JSON)
+        assert reply.status == 403 and reply.json()["error"]["code"] == "origin_forbidden", reply.body[:200]
+        assert (await request(method, path, chat_body(max_tokens=1), origins[1:] + JSON)).status == 200
+
+
 async def test_a_browser_request_from_a_foreign_origin_is_403_and_our_own_origin_is_served(sim: SimWorker) -> None:
     async with attached(sim) as (link, _rt):
         for origin in (b"http://evil.example", b"null", b"http://127.0.0.1.evil.example:8000"):

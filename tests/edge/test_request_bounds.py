@@ -222,3 +222,77 @@ async def test_choices_times_a_large_body_beyond_two_bodies_worth_is_413_before_
         if status == 413:
             assert reply.json()["error"]["code"] == "request_too_large" and reply.json()["error"]["param"] == "n"
             assert link.worker is not None and link.worker.stats["requests_total"] == 0
+
+
+# -- HTTP the parser chokes on: one JSON answer, nothing handed on, no second reply ----------------
+
+
+@pytest.fixture
+def json_protocol_errors():  # type: ignore[no-untyped-def]
+    """``serve``'s JSON answers for what Twisted and daphne cannot parse, for one test."""
+    from daphne.http_protocol import WebRequest
+    from twisted.web.http import HTTPChannel
+
+    from api.edge import install_protocol_errors
+
+    saved = WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded
+    install_protocol_errors()
+    yield
+    WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded = saved
+    del WebRequest._parsePOSTFormSubmission
+
+
+def only_reply(transport: StringTransport) -> tuple[int, dict[str, Any]]:
+    """The one response on the connection (a second one after it fails the test)."""
+    status, body = reply(transport)
+    assert transport.value().count(b"HTTP/1.1 ") == 1, transport.value()
+    return status, body
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+async def test_a_content_length_of_thousands_of_digits_is_413_not_a_dropped_connection() -> None:
+    """Python's int() refuses a string of more than 4,300 digits: Twisted's parser raised, and
+    the connection was dropped with no answer (a traceback in the log for each)."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(None).replace(b"Transfer-Encoding: chunked", b"Content-Length: " + b"9" * 5000))
+    status, body = reply(transport)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    assert server.scopes == [] and let_go(transport, clock)
+    assert await rows() == [("chat", 413, "request_too_large")]
+    # leading zeros are still the length they spell: the application reads that length, not
+    # 4,000 digits (which Django's middleware turned into a 500)
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(None).replace(b"Transfer-Encoding: chunked", b"Content-Length: " + b"0" * 5000 + b"%d" % len(BODY)) + BODY)
+    assert len(server.scopes) == 1 and b"".join(server.bodies) == BODY
+    assert dict(server.scopes[0]["headers"])[b"content-length"] == b"%d" % len(BODY)
+
+
+@override_settings(SUPERFLUID_BODY_TIMEOUT=TIMEOUT_S)
+@pytest.mark.parametrize("where", ["request line", "header"])
+async def test_a_line_over_twisteds_limit_is_a_json_400_not_a_silent_close(json_protocol_errors: None, where: str) -> None:
+    server, protocol, transport, clock = connect()
+    long = b"a" * 20_000
+    protocol.dataReceived(b"GET /v1/models?q=" + long + b" HTTP/1.1\r\n" if where == "request line" else head(len(BODY)).replace(b"\r\n\r\n", b"\r\nX-Long: " + long + b"\r\n\r\n"))
+    clock.advance(TIMEOUT_S + 1)  # and no 408 after it
+    status, body = only_reply(transport)
+    assert status == 400 and body["error"]["code"] == "bad_request" and transport.disconnecting
+    assert server.scopes == []
+    assert await rows() == ([] if where == "request line" else [("chat", 400, "bad_request")])
+
+
+@override_settings(SUPERFLUID_BODY_TIMEOUT=TIMEOUT_S)
+@pytest.mark.parametrize(
+    "rest",
+    [b"zz\r\nhello\r\n", b"5\r\nhelloXX"],
+    ids=["a chunk size that is not hex", "a chunk without its CRLF"],
+)
+async def test_a_body_whose_framing_is_bad_gets_one_400_and_its_row_says_so(json_protocol_errors: None, rest: bytes) -> None:
+    """The 400 ends that request: its arrival deadline went on, and a client slow to read the
+    400 got a 408 written after it, and a row saying request_timeout."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(None) + rest)
+    clock.advance(TIMEOUT_S + 1)
+    status, body = only_reply(transport)
+    assert status == 400 and body["error"]["code"] == "bad_request"
+    assert server.scopes == []
+    assert await rows() == [("chat", 400, "bad_request")]
