@@ -290,6 +290,9 @@ async def test_a_page_whose_first_state_fails_still_gets_pushes_and_leaves_nothi
         assert calls["n"] == 1
         dashboard_feed.on_snapshot({"model": "m", "tick": 2, "lanes": []})
         assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 2
-    await asyncio.sleep(0.05)
+    for _ in range(200):  # the disconnect's group_discard and the tasks' cancellation land
+        if not get_channel_layer().groups.get(dashboard_feed.GROUP) and not lingering():
+            break
+        await asyncio.sleep(0.01)
     assert not get_channel_layer().groups.get(dashboard_feed.GROUP)
     assert not lingering()
