@@ -76,3 +76,13 @@ def test_revokekey_revokes_by_name() -> None:
     assert ApiKey.objects.get(name="gone").revoked
     with pytest.raises(CommandError):
         call_command("revokekey", "nobody", stdout=io.StringIO())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("days", ["inf", "nan", "1e9", "0", "-1"])
+def test_an_expiry_no_date_can_hold_is_refused_and_nothing_is_made(days: str) -> None:
+    """``--expires-days inf`` (or a billion) overflowed the date with a traceback; NaN, 0 and a
+    negative made a key that could never be used."""
+    with pytest.raises(CommandError, match="--expires-days"):
+        createkey("later", "--rpm", "5", "--expires-days", days)
+    assert not ApiKey.objects.filter(name="later").exists() and not KeyPolicy.objects.filter(name="later").exists()

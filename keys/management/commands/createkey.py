@@ -23,6 +23,7 @@ from keys.models import ApiKey, KeyPolicy
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from superfluid_site.serving import serving
 
+MAX_EXPIRES_DAYS = 36_500  # a hundred years
 POLICY_FLAGS = ("qos_class", "max_class", "rpm", "max_concurrent", "batch_invariant", "admin", "priority_offset", "models")
 
 
@@ -68,8 +69,11 @@ class Command(BaseCommand):
             with transaction.atomic():
                 policy = self._policy(options, options["policy"], policy_given)
                 expires = None
-                if options["expires_days"] is not None:
-                    expires = timezone.now() + timedelta(days=options["expires_days"])
+                days = options["expires_days"]
+                if days is not None:
+                    if not 0 < days <= MAX_EXPIRES_DAYS:  # NaN too; inf and huge overflowed the date with a traceback
+                        raise CommandError(f"--expires-days must be more than 0 and at most {MAX_EXPIRES_DAYS}; got {days}")
+                    expires = timezone.now() + timedelta(days=days)
                 key = ApiKey(name=name, policy=policy, owner=options["owner"], notes=options["notes"], expires=expires)
                 secret = actions.create_key(key)
         except ValidationError as exc:
