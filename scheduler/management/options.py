@@ -207,6 +207,9 @@ def choose_engine(kind: str, model: Path) -> str:
     return kind
 
 
+MAX_CONTEXT_CELLS = 2**32 - 1  # llama_context_params.n_ctx is a uint32_t
+
+
 def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
     max_batch = options["max_batch"]
     if max_batch < 1 or max_batch > 64:
@@ -235,6 +238,14 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         value = options[flag.lstrip("-").replace("-", "_")]
         if value < 0:
             raise CommandError(f"{flag} must be 0 ({zero}) or positive; got {value}")
+    # every lane and cache slot is --ctx-size cells of one llama.cpp context, whose size is a
+    # uint32: beyond it the size wrapped round to a small context that the lanes overran
+    sequences = max_batch + options["prefix_cache_slots"]
+    if options["ctx_size"] * sequences > MAX_CONTEXT_CELLS:
+        raise CommandError(
+            f"--ctx-size {options['ctx_size']} for {sequences} sequences (--max-batch lanes and --prefix-cache-slots) "
+            f"is more than one context holds ({MAX_CONTEXT_CELLS} cells): lower --ctx-size"
+        )
     try:
         return SchedulerConfig(
             max_batch=max_batch,

@@ -278,6 +278,18 @@ def test_a_negative_count_is_refused_not_read_as_zero(flag: str) -> None:
     scheduler_config(options)
 
 
+def test_a_context_larger_than_llama_cpp_can_size_is_refused() -> None:
+    """Every lane and cache slot is --ctx-size cells of one llama.cpp context, whose size is a
+    uint32: --ctx-size 2**28 for 8 lanes and 8 slots wrapped round to 0 cells there."""
+    from scheduler.management.options import scheduler_config
+
+    options = serve_defaults("--ctx-size=268435456", "--max-batch=8", "--prefix-cache-slots=8")
+    with pytest.raises(CommandError, match="more than one context holds"):
+        scheduler_config(options)
+    options["ctx_size"] = 2**28 - 1
+    assert scheduler_config(options).lane_ctx == 2**28 - 1
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [("SUPERFLUID_ENGINE_WAIT_S", -1), ("SUPERFLUID_ACTIVITY_RETENTION_DAYS", -1), ("SUPERFLUID_BATCH_MAX_FILE_BYTES", -1), ("SUPERFLUID_BATCH_CONCURRENCY", 0), ("SUPERFLUID_BATCH_MAX_LINES", 0), ("SUPERFLUID_BATCH_LEASE_S", 0), ("SUPERFLUID_BATCH_STALL_S", 0)],
