@@ -82,14 +82,12 @@ _COMMON_KEYS = frozenset(
         "response_format",
     }
 )
-# Parameters llama-server or vLLM take that change nothing here (or cannot be honoured): accepted
-# in either mode without a type check and named in ``ignored``; with ``strict`` they are unknown.
-# (Anything not listed anywhere is treated the same way.)
-_HARMLESS_KEYS = frozenset({"user", "metadata", "store", "service_tier", "cache_prompt", "stream_options"})
-# OpenAI's replacements for chat's deprecated ``user`` (and its cache retention hint): strings,
-# accepted silently as ``user`` is
-_CHAT_SILENT_KEYS = ("prompt_cache_key", "safety_identifier", "prompt_cache_retention")
-_CHAT_KEYS = _COMMON_KEYS | set(_CHAT_SILENT_KEYS) | {
+# OpenAI parameters that change nothing here, accepted without naming them in ``ignored`` but
+# type-checked (a 400 when of the wrong type): on both endpoints, and on chat only (the
+# replacements for its deprecated ``user``, and their cache retention hint)
+_SILENT_KEYS: dict[str, type] = {"metadata": dict, "store": bool, "service_tier": str}
+_CHAT_SILENT_KEYS: dict[str, type] = {"prompt_cache_key": str, "safety_identifier": str, "prompt_cache_retention": str}
+_CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEYS) | {
     "messages",
     "max_completion_tokens",
     "logprobs",
@@ -100,13 +98,9 @@ _CHAT_KEYS = _COMMON_KEYS | set(_CHAT_SILENT_KEYS) | {
     "function_call",
     "parallel_tool_calls",
     "chat_template_kwargs",
-    "metadata",
-    "store",
-    "service_tier",
 }
-# OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md); and
-# ``metadata``, ``store``, ``service_tier`` are accepted silently on both endpoints.
-_COMPLETION_KEYS = _COMMON_KEYS | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens", "metadata", "store", "service_tier"}
+# OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md)
+_COMPLETION_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens"}
 
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
 # accepted and dropped (chat templates here only see role and content).
@@ -245,9 +239,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)
-    _check_silently_accepted(body)
-    for key in _CHAT_SILENT_KEYS:
-        _optional(body, key, str)
+    _check_silently_accepted(body, {**_SILENT_KEYS, **_CHAT_SILENT_KEYS})
     req = GenerationRequest(
         endpoint="chat",
         model=model,
@@ -279,7 +271,7 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
     suffix = _optional(body, "suffix", str)
     echo = _optional(body, "echo", bool)
     _must_be(body, "best_of", lambda v: _is_int(v) and v == 1, "1 (best_of is not supported)")
-    _check_silently_accepted(body)
+    _check_silently_accepted(body, _SILENT_KEYS)
     req = GenerationRequest(
         endpoint="completions",
         model=model,
@@ -585,12 +577,11 @@ def _parse_content(content: Any, role: str, where: str) -> str:
     return "".join(texts)
 
 
-def _check_silently_accepted(body: Mapping[str, Any]) -> None:
-    """OpenAI's ``metadata``, ``store``, ``service_tier`` (both endpoints): accepted and ignored
-    without naming them, but still a 400 when of the wrong type."""
-    _optional(body, "metadata", dict)
-    _optional(body, "store", bool)
-    _optional(body, "service_tier", str)
+def _check_silently_accepted(body: Mapping[str, Any], kinds: Mapping[str, type]) -> None:
+    """The silently accepted keys (``_SILENT_KEYS``, ``_CHAT_SILENT_KEYS``): ignored without
+    naming them, but still a 400 when of the wrong type."""
+    for key, kind in kinds.items():
+        _optional(body, key, kind)
 
 
 def _parse_max_tokens(body: Mapping[str, Any]) -> int | None:
