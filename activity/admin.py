@@ -22,39 +22,29 @@ RECENT = datetime.timedelta(days=1)
 NONE = "-"  # the filter value of an empty column (no key, no error code)
 
 
-def fixed_filter(field: str, title: str, values: Iterable[str]) -> type[admin.SimpleListFilter]:
-    choices = [(v, v) for v in values]
+def column_filter(field: str, title: str, values: Iterable[str] | None = None) -> type[admin.SimpleListFilter]:
+    """A filter on ``field`` listing ``values``, or (None) the values of the last RECENT, the
+    selected one and ``(none)`` for an empty column."""
+    fixed = None if values is None else [(v, v) for v in values]
 
-    class Fixed(admin.SimpleListFilter):
+    class Column(admin.SimpleListFilter):
         parameter_name = field
 
         def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-            return choices
-
-        def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-            return queryset if self.value() is None else queryset.filter(**{field: self.value()})
-
-    Fixed.title = title
-    return Fixed
-
-
-def recent_filter(field: str, title: str) -> type[admin.SimpleListFilter]:
-    class Recent(admin.SimpleListFilter):
-        parameter_name = field
-
-        def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+            if fixed is not None:
+                return fixed
             rows = ActivityEntry.objects.filter(time__gte=timezone.now() - RECENT).exclude(**{field: ""})
-            values = set(rows.order_by().values_list(field, flat=True).distinct())  # order_by(): not DISTINCT (value, time)
+            seen = set(rows.order_by().values_list(field, flat=True).distinct())  # order_by(): not DISTINCT (value, time)
             if self.value() and self.value() != NONE:
-                values.add(str(self.value()))
-            return [(NONE, "(none)"), *((v, v) for v in sorted(values))]
+                seen.add(str(self.value()))
+            return [(NONE, "(none)"), *((v, v) for v in sorted(seen))]
 
         def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
             value = self.value()
             return queryset if value is None else queryset.filter(**{field: "" if value == NONE else value})
 
-    Recent.title = f"{title} (seen in the last day)"
-    return Recent
+    Column.title = title if fixed is not None else f"{title} (seen in the last day)"
+    return Column
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -95,15 +85,15 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "error_code",
     )
     list_filter = (
-        fixed_filter("endpoint", "endpoint", ("chat", "completions", "embeddings")),
-        fixed_filter("qos_class", "class", (c.label for c in QosClass)),
-        fixed_filter("band", "band", BANDS),
+        column_filter("endpoint", "endpoint", ("chat", "completions", "embeddings")),
+        column_filter("qos_class", "class", (c.label for c in QosClass)),
+        column_filter("band", "band", BANDS),
         StatusFilter,
-        recent_filter("finish_reason", "finish reason"),
-        recent_filter("error_code", "error code"),
+        column_filter("finish_reason", "finish reason"),
+        column_filter("error_code", "error code"),
         "stream",
-        recent_filter("key_name", "key"),
-        recent_filter("model", "model"),
+        column_filter("key_name", "key"),
+        column_filter("model", "model"),
         "time",
     )
     search_fields = ("request_id", "key_name", "model", "error_code")
