@@ -212,9 +212,14 @@ def install_protocol_errors() -> None:
         # connection without a word
         refuse_unparsable(self, unparsable(f"A request line or header line is longer than {self.MAX_LENGTH} bytes."))
 
-    HTTPChannel._respondToBadRequestAndDisconnect = bad_request_and_disconnect
-    HTTPChannel.lineLengthExceeded = line_length_exceeded
+    _replace(HTTPChannel, _respondToBadRequestAndDisconnect=bad_request_and_disconnect, lineLengthExceeded=line_length_exceeded)
     install_request_bounds()
+
+
+def _replace(cls: type, **methods: Any) -> None:
+    """Put ``methods`` on daphne's or Twisted's ``cls`` in place of its own."""
+    for name, method in methods.items():
+        setattr(cls, name, method)
 
 
 def unparsable(detail: str) -> ApiError:
@@ -458,14 +463,20 @@ def install_request_bounds() -> None:
             _record_unprocessed(self, 499, "client_disconnected")
         original_lost(self, reason)
 
-    HTTPChannel.dataReceived = data_received
-    HTTPChannel.connectionLost = channel_lost
-    HTTPChannel._maybeChooseTransferDecoder = choose_transfer_decoder
-    WebRequest.__init__ = init
-    WebRequest.gotLength = got_length
-    WebRequest.handleContentChunk = handle_content_chunk
-    WebRequest.process = process
-    WebRequest.connectionLost = connection_lost
+    _replace(
+        HTTPChannel,
+        dataReceived=data_received,
+        connectionLost=channel_lost,
+        _maybeChooseTransferDecoder=choose_transfer_decoder,
+    )
+    _replace(
+        WebRequest,
+        __init__=init,
+        gotLength=got_length,
+        handleContentChunk=handle_content_chunk,
+        process=process,
+        connectionLost=connection_lost,
+    )
 
 
 # -- choices: every one carries the whole request -------------------------------------------

@@ -83,15 +83,12 @@ def run_bare_loop(
     model = L.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise RuntimeError(f"could not load {model_path}")
+    # one sequence per prompt, each with a context of its own; no timing kept by llama.cpp
+    fields = {"n_ctx": SEQ_CTX * n, "n_seq_max": n, "n_batch": n_batch, "n_ubatch": n_batch}
+    fields |= {"n_threads": threads, "n_threads_batch": threads, "kv_unified": False, "no_perf": True}
     cparams = L.llama_context_default_params()
-    cparams.n_ctx = SEQ_CTX * n
-    cparams.n_seq_max = n
-    cparams.n_batch = n_batch
-    cparams.n_ubatch = n_batch
-    cparams.n_threads = threads
-    cparams.n_threads_batch = threads
-    cparams.kv_unified = False
-    cparams.no_perf = True
+    for name, value in fields.items():
+        setattr(cparams, name, value)
     ctx = L.llama_init_from_model(model, cparams)
     if not ctx:
         L.llama_model_free(model)
