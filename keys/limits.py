@@ -78,12 +78,17 @@ class BucketSet:
     def __init__(self, clock: Clock = time.monotonic) -> None:
         self.clock = clock
         self.buckets: dict[Hashable, TokenBucket] = {}
+        # the size at which the next sweep runs: twice what the last one kept, so that many
+        # clients whose buckets are all in use (addresses one sender owns) cost each new client
+        # a constant share of the sweeps, not a walk over every bucket
+        self.sweep_at = self.MAX_IDLE_BUCKETS
 
     def bucket(self, client: Hashable, rate_per_s: float, capacity: float) -> TokenBucket:
         b = self.buckets.get(client)
         if b is None:
-            if len(self.buckets) >= self.MAX_IDLE_BUCKETS:
+            if len(self.buckets) >= self.sweep_at:
                 self.buckets = {k: v for k, v in self.buckets.items() if not v.full}
+                self.sweep_at = max(self.MAX_IDLE_BUCKETS, 2 * len(self.buckets))
             b = self.buckets[client] = TokenBucket(rate_per_s, capacity, self.clock)
         elif b.rate_per_s != rate_per_s or b.capacity != capacity:
             b.reconfigure(rate_per_s, capacity)

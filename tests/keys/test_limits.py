@@ -66,6 +66,32 @@ def test_bucket_sets_keep_one_bucket_per_client_and_follow_a_new_capacity() -> N
     assert lowered is a and a.capacity == 2 and a.tokens == 2
 
 
+def test_many_clients_whose_buckets_are_all_in_use_cost_each_new_one_little(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every client sent a request within the refill time (one sender with many addresses): no
+    # bucket is full, so none can be dropped; each new client used to walk every bucket again
+    monkeypatch.setattr(BucketSet, "MAX_IDLE_BUCKETS", 100)
+    clock = FakeClock()
+    buckets = BucketSet(clock)
+    looked_at = 0
+    real_full = TokenBucket.full.fget
+    assert real_full is not None
+
+    def counted_full(bucket: TokenBucket) -> bool:
+        nonlocal looked_at
+        looked_at += 1
+        return bool(real_full(bucket))
+
+    monkeypatch.setattr(TokenBucket, "full", property(counted_full))
+    for n in range(3000):
+        buckets.bucket(("ip", n), 1.0, 60).take()
+    assert len(buckets.buckets) == 3000  # all in use: all kept
+    assert looked_at < 3 * 3000  # a constant share per client (it was ~2,900 per client)
+    clock.advance(60)  # all full again: the next sweep drops them
+    for n in range(3000, 3000 + 3200):
+        buckets.bucket(("ip", n), 1.0, 60)
+    assert len(buckets.buckets) < 3200
+
+
 def test_concurrency_slots_count_per_client() -> None:
     slots = ConcurrencySlots()
     assert slots.available("k", 2)
