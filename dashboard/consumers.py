@@ -8,7 +8,7 @@ from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .feed import GROUP, full_state
+from .feed import GROUP, full_state, models_view
 
 log = logging.getLogger("superfluid.dashboard")
 
@@ -57,8 +57,10 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
             from superfluid_site.runtime import get_link
 
             link = get_link()  # starts the link to the worker if no request has yet
-            if link.snapshot:
-                await self.send_json({"type": "state", "state": full_state(link.snapshot)})
+            # with several models and none loaded there is no snapshot (no worker runs): the
+            # router's view still tells the page so, and that nothing it shows is old
+            if link.snapshot or models_view():
+                await self.send_json({"type": "state", "state": full_state(link.snapshot or {})})
         except Exception:  # the next push brings the state
             log.exception("dashboard: could not send a page its first state")
 

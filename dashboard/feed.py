@@ -111,8 +111,9 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
         "tokens": totals["tokens"],
         "ttft": totals["ttft"],
         "totals": [totals],
-        # Redis mode: every worker (host, lanes) and the global queue by class; absent otherwise
-        **({"fleet": list(state["fleet"]), "global_queue": dict(state.get("global_queue") or {})} if state.get("fleet") else {}),
+        # Redis mode: every worker (host, lanes) and the global queue by class, an empty fleet once
+        # no worker is left (the page then says so); absent otherwise
+        **({"fleet": list(state["fleet"]), "global_queue": dict(state.get("global_queue") or {})} if state.get("fleet") is not None else {}),
     }
 
 

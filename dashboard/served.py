@@ -51,7 +51,8 @@ def single_view(link: Any) -> dict[str, Any]:
     depth = metrics.get("queue_depth_by_band") or {}
     oldest = metrics.get("queue_oldest_wait_s_by_band") or {}
     model = (hello.model if hello is not None else None) or snapshot.get("model") or "-"
-    connected = hello is not None and not getattr(link, "draining", False)
+    # the link keeps its last worker's hello: a worker gone (crashed, restarting) is not loaded
+    connected = hello is not None and bool(getattr(link, "connected", True)) and not getattr(link, "draining", False)
     row: dict[str, Any] = {
         "id": model,
         "aliases": [],

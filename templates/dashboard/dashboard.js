@@ -247,13 +247,15 @@
   }
 
   function renderFleet(s) {
-    // Redis mode: every worker's lanes with its host, and the queue in Redis by class
+    // Redis mode: every worker's lanes with its host (none: the fleet's last worker is gone), and
+    // the queue in Redis by class
     if (!s.fleet) { return; }
     $("fleet-panel").hidden = false;
-    kvRows($("fleet"), s.fleet.map(function (w) {
+    var workers = s.fleet.map(function (w) {
       var busy = (w.lanes || []).filter(function (l) { return l.job_id; }).length;
       return [(w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join(""), busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
-    }));
+    });
+    kvRows($("fleet"), workers.length ? workers : [["no worker", "0 lanes"]]);
     var q = s.global_queue || {}, rows = [];
     ["interactive", "completion", "agent", "background"].forEach(function (c) { rows.push([c, q[c] || 0, q[c] || 0]); });
     kvRows($("global-queue"), rows);
@@ -303,7 +305,8 @@
   }
 
   function render(s) {
-    $("model").textContent = (s.model || "?") + " · " + (s.engine || "") + " · " + (s.n_lanes || 0) + " lanes × " + (s.lane_ctx || 0) + " ctx" + (s.draining ? " · draining" : "");
+    $("model").textContent = !s.model && s.models && !s.models.length ? "no model loaded" :
+      (s.model || "?") + " · " + (s.engine || "") + " · " + (s.n_lanes || 0) + " lanes × " + (s.lane_ctx || 0) + " ctx" + (s.draining ? " · draining" : "");
     var now = s.t;
     renderLanes(s, now);
     renderQueue(s);
@@ -328,8 +331,9 @@
     document.body.classList.remove("stale");
   }
   // With several models and none loaded no worker runs to send snapshots: nothing is old then.
+  // s.models lists the resident models only: empty when none is (loading, with no worker yet, too).
   function noWorkerRuns(s) {
-    return !!(s && s.models && s.models.length && !s.models.some(function (m) { return m.state === "loaded" || m.state === "draining"; }));
+    return !!(s && s.models && !s.models.some(function (m) { return m.state === "loaded" || m.state === "draining"; }));
   }
   setInterval(function () {
     if (lastState === null || noWorkerRuns(window.superfluidLastState)) { return; }

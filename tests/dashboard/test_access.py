@@ -296,3 +296,27 @@ async def test_a_page_whose_first_state_fails_still_gets_pushes_and_leaves_nothi
         await asyncio.sleep(0.01)
     assert not get_channel_layer().groups.get(dashboard_feed.GROUP)
     assert not lingering()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_with_several_models_and_none_loaded_a_page_gets_a_first_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no model loaded no worker sends snapshots, so the pool's link has none: the page got
+    no state at all (no Models or Router queue panel) and, with nothing to tell it that no worker
+    runs, said "no update for N s" from three seconds on."""
+    from pathlib import Path
+
+    from scheduler.link import pool as pool_mod
+    from scheduler.link.pool import ModelPool, PoolSetup
+    from scheduler.models_config import ModelsConfig, ServedModel
+    from superfluid_site.runtime import web_runtime
+
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
+    pool.loop = asyncio.get_running_loop()
+    monkeypatch.setitem(pool_mod._POOLS, -1, pool)
+    web_runtime().link = pool.link
+    assert pool.link.snapshot is None
+    async with staff_dashboard("nell") as comm:
+        message = await comm.receive_json_from(timeout=3)
+        assert message["type"] == "state" and message["state"]["models"] == []
+        assert set(message["state"]["router_queue"]) == {"interactive", "normal", "batch"}

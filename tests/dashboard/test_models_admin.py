@@ -91,6 +91,19 @@ def test_the_single_worker_server_shows_its_one_model(admin_client: Client, monk
     assert "One model, no router" in html and band_depth(html, "normal") == 3
 
 
+@pytest.mark.django_db
+def test_the_single_workers_model_is_not_shown_loaded_while_its_worker_is_away(admin_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The link keeps the hello of the worker it last talked to: with that worker gone (crashed,
+    restarting, loading its model again) the page said "loaded", resident, for as long as it was away."""
+    link: Any = SimpleNamespace(hello=SimpleNamespace(model="smol"), draining=False, connected=True, snapshot={"n_lanes": 2, "lanes": [{"state": "idle"}, {"state": "idle"}]})
+    monkeypatch.setattr(runtime_mod, "all_runtimes", lambda: [SimpleNamespace(link=link)])
+    smol = cells(admin_client.get(URL).content.decode(), "smol")
+    assert (smol["state"], smol["resident"]) == ("loaded", "yes")
+    link.connected = False  # the worker went away
+    smol = cells(admin_client.get(URL).content.decode(), "smol")
+    assert (smol["state"], smol["resident"]) == ("unloaded", "no")
+
+
 # -- the live dashboard's push: every resident model's lanes, the router's queue by band ----------
 
 

@@ -172,3 +172,49 @@ def test_a_page_that_stops_getting_pushes_says_its_state_is_old_and_live_again_w
         assert conn() == ("live", "live")
     finally:
         pg.close()
+
+
+def test_with_several_models_and_none_resident_the_page_stays_live(page: Any) -> None:
+    """The feed lists resident models only, so with none loaded a push's ``models`` is empty: the
+    page took that for a worker gone and said "no update for N s" (no worker runs to send any)."""
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    pool.loop = loop
+    pool_mod._POOLS[-1] = pool
+    try:
+        push = {**full_state({}, loop), "t": 1_800_000_000.0}
+    finally:
+        pool_mod._POOLS.pop(-1, None)
+        loop.close()
+    assert push["models"] == []  # what the feed really sends with nothing resident
+    pg = page.context.browser.new_page()
+    try:
+        pg.clock.install()
+        pg.add_init_script(FAKE_SOCKET)
+        pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=page_html()))
+        fresh(pg)
+        pg.evaluate("(s) => window.__push(s)", push)
+        pg.clock.run_for(10_000)
+        assert pg.evaluate("() => document.getElementById('conn').dataset.status") == "live"
+        assert not pg.evaluate("() => document.body.classList.contains('stale')")
+        assert pg.locator("#model").inner_text() == "no model loaded"
+    finally:
+        pg.close()
+
+
+def test_the_fleet_panel_says_so_when_no_worker_is_left(page: Any) -> None:
+    """The head's snapshot with no worker left has an empty fleet; the feed dropped it as if not
+    in Redis mode, so the page's Fleet panel kept the gone worker's busy lanes and the old global
+    queue for as long as no worker came back."""
+    lanes = [{"lane": 0, "state": "decode", "job_id": "j"}]
+    busy = dashboard_state({"n_lanes": 1, "lanes": lanes, "fleet": [{"worker": "h1:42:abc", "host": "h1", "lanes": lanes, "n_lanes": 1}], "global_queue": {"agent": 1}})
+    gone = dashboard_state({"n_lanes": 0, "lanes": [], "fleet": [], "global_queue": {"agent": 3}})
+    assert gone["fleet"] == [] and gone["global_queue"] == {"agent": 3}
+    pg = fresh(page)
+    shown = "() => [document.getElementById('fleet').innerText, document.querySelector('#global-queue [data-key=agent]').textContent]"
+    pg.evaluate("(s) => window.__push(s)", {**busy, "t": 1_800_000_000.0})
+    assert pg.evaluate(shown) == ["h1 · 42\t1/1 lanes busy", "1"]
+    pg.evaluate("(s) => window.__push(s)", {**gone, "t": 1_800_000_001.0})
+    fleet, agent = pg.evaluate(shown)
+    assert "lanes busy" not in fleet and "no worker" in fleet and agent == "3"
