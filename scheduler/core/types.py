@@ -89,11 +89,16 @@ class Job:
 
     @property
     def remaining_prompt(self) -> int:
-        return max(0, len(self.prompt) - self.computed)
+        """Tokens still to feed before the job decodes: its prompt's, and while it recomputes
+        after a preemption without parking, the output it feeds again."""
+        return max(0, len(self.prompt) - self.computed, len(self.sequence) - 1 - self.computed)
 
     @property
     def prefilling(self) -> bool:
-        return self.computed < len(self.prompt)
+        """Its prompt is not all in the KV cache, or (recomputed after a preemption without
+        parking) more than the last sampled token of its output is not: that is prefill work,
+        under the prefill budget, not a decode token. A decoding lane lacks only that token."""
+        return self.remaining_prompt > 0
 
 
 @dataclass

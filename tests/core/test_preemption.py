@@ -333,6 +333,25 @@ def test_a_recomputation_longer_than_the_prefill_budget_still_resumes_exactly() 
     assert outputs(rec.events)["bg"] == expected
 
 
+def test_recomputing_an_output_longer_than_the_prompt_keeps_to_the_prefill_budget() -> None:
+    """A short prompt with a long reply: once the recomputation passes the prompt, the output
+    it feeds again is still prefill work, in budget-sized chunks, not one huge tick."""
+    victim = make_job(40, max_tokens=400, qos=QosClass.BACKGROUND, job_id="bg")
+    expected = undisturbed_output(victim)
+    sched, engine, _ = make_scheduler(max_batch=1, park=False, prefill_budget=64)
+    rec = Recording()
+    sched.add(victim)
+    while len(victim.output) < 300:
+        recorded_tick(sched, engine, rec)
+    sched.add(chat())
+    recorded_run_until_idle(sched, engine, rec)
+    rebind = max(p.tick for p in rec.plans_binding("bg"))
+    refed = [n for t, n in rec.fed["bg"] if t >= rebind]
+    assert refed[:7] == [64] * 5 + [20, 1]  # prompt and output so far (340) again, then decoding
+    assert all(p.prefill_tokens <= 64 for p in rec.plans)
+    assert victim.output == expected
+
+
 def test_the_interactive_job_that_preempted_gets_its_first_token_in_the_same_tick() -> None:
     victim = make_job(40, max_tokens=12, qos=QosClass.BACKGROUND, job_id="bg")
     rec = preempt_after(victim, victim_tokens=5)
