@@ -696,10 +696,10 @@ class RedisWorkerLink:
                 failed = ok
                 continue
             conn.sent += len(batch)
-            if conn.terminal or ok == 0:
-                self._release(conn.job_id)
             if ok == 0 and not conn.terminal:
-                self.worker.inbox.put((conn, Cancel(conn.job_id)))  # fenced: stop working on it
+                self._drop(conn)  # fenced: stop working on it
+            elif conn.terminal:
+                self._release(conn.job_id, conn)
         if (failed is not None) != self._emit_failing:  # said once when it starts and once when it ends
             self._emit_failing = failed is not None
             if failed is not None:
@@ -738,10 +738,24 @@ class RedisWorkerLink:
 
     # -- threads --------------------------------------------------------------------------
 
-    def _release(self, job_id: str) -> None:
+    def _release(self, job_id: str, conn: Any = None) -> None:
+        """``conn``: only if it is still the one held for the job (not a newer pick of it)."""
         with self._lock:
-            self.held.pop(job_id, None)
+            if conn is None or self.held.get(job_id) is conn:
+                self.held.pop(job_id, None)
         self._wake.set()
+
+    def _drop(self, conn: Any) -> None:
+        """Redis says this run of a job is no longer ours (fenced, lost, given to another pick):
+        the worker stops it by its connection, at once, not by the job's id. This worker may
+        have picked the same job again already (it stalled past its lease, a head requeued the
+        job, and it was the one to take it): a cancel by id would stop the new run, and the old
+        run still there would have the new Submit refused as a duplicate."""
+        from scheduler.worker.server import DISCONNECTED
+
+        self._release(conn.job_id, conn)
+        self.worker.inbox.put((conn, DISCONNECTED))
+        self.worker.interrupt.set()
 
     def _usage(self) -> list[int]:
         from scheduler.core.qos import QosClass
@@ -808,7 +822,10 @@ class RedisWorkerLink:
                 # its queue wait and time to first token count from when its head queued it
                 message = dataclasses.replace(message, waited_ms=message.waited_ms + waited_ms)
             with self._lock:
+                stale = self.held.get(job_id)
                 self.held[job_id] = conn
+            if stale is not None:  # our own earlier run of it, lost while we stalled: it stops first
+                self._drop(stale)
             if waited_ms < 0:
                 self.worker.mark_counted(job_id)
             self.worker._on_message(message)
@@ -826,7 +843,8 @@ class RedisWorkerLink:
 
     def _renew_once(self) -> None:
         with self._lock:
-            ids = list(self.held)
+            renewed = dict(self.held)  # the runs asked about: a newer pick of one is not dropped
+            ids = list(renewed)
             free = self.worker.engine.n_lanes - len(ids)
         try:
             gone = self.scripts.renew([self.prefix, self.worker_id, self.lease_ms, free, *ids])
@@ -836,11 +854,9 @@ class RedisWorkerLink:
             return
         for raw in gone or []:
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-            with self._lock:
-                conn = self.held.pop(job_id, None)
+            conn = renewed.get(job_id)
             if conn is not None and not conn.terminal:
-                self.worker.inbox.put((conn, Cancel(job_id)))
-                self.worker.interrupt.set()
+                self._drop(conn)
 
     def _publish_snapshot(self) -> None:
         state = dict(self._snapshot or {})

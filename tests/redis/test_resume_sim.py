@@ -5,10 +5,14 @@ takes the job over, so a worker lost after the first head died still resumes it.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
+import redis
 
+from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 
@@ -327,3 +331,51 @@ async def test_a_job_in_flight_during_two_worker_losses_in_a_row_fails_and_leave
         spare.stop()
     finally:
         await link.stop()
+
+
+async def test_a_job_given_back_to_the_same_worker_after_it_stalled_past_its_lease_is_finished_exactly(redis_server: RedisServer, prefix: str) -> None:
+    """A worker that stalls longer than its lease (a process paused, Redis out of reach) loses
+    its job: a head requeues it, and the one worker of the fleet, back, picks it again while its
+    stale run is still there. The stale run's fenced emit then released the *new* pick (by id),
+    and the new Submit was refused as a duplicate of the stale run, unseen: the lease lapsed
+    again and the client got engine_crashed. Now the stale run is stopped by its connection and
+    the job resumes from the text delivered."""
+    stalled = threading.Event()
+    go_on = threading.Event()
+    engine = SimEngine(n_lanes=2, lane_ctx=512)
+
+    def on_call(_n: int) -> None:
+        time.sleep(0.005)
+        if stalled.is_set():
+            go_on.wait(30)
+
+    engine.on_call = on_call
+    worker = SimFleetWorker(redis_server.url, prefix, engine=engine).start()
+    renew = worker.link._renew_once
+    worker.link._renew_once = lambda: None if stalled.is_set() else renew()  # type: ignore[method-assign]
+    link = await head(redis_server.url, prefix)
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        reference, _ = await outcome(await link.submit(request=completion("story", max_tokens=40)))
+        handle = await link.submit(request=completion("story", max_tokens=40))
+        got = await deltas_until(handle, 3)
+        stalled.set()  # the engine's next step and the lease renewals hang
+        deadline = time.monotonic() + 20
+        while True:  # lapsed (epoch 2), requeued by the head, picked again by this worker (epoch 3)
+            epoch, state = admin.hmget(f"{prefix}job:{handle.job_id}", ["epoch", "state"])
+            if epoch is not None and int(epoch) >= 3 and state == b"run":
+                break
+            assert time.monotonic() < deadline, (epoch, state)
+            await asyncio.sleep(0.02)
+        stalled.clear()
+        go_on.set()
+        rest, done = await outcome(handle)
+        assert isinstance(done, Done), done
+        assert done.usage["completion_tokens"] == 40
+        assert "".join(got) + rest == reference  # nothing repeated, nothing lost
+    finally:
+        stalled.clear()
+        go_on.set()
+        admin.close()
+        await link.stop()
+        worker.stop()
