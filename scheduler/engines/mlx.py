@@ -20,6 +20,7 @@ Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layer
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ from scheduler.engines.sampling import LaneSampler
 
 if TYPE_CHECKING:
     from scheduler.engines.token_mask import TokenMasks
+
+log = logging.getLogger("superfluid.engine")
 
 # Special tokens that end a turn, as llama.cpp recognises them by text (llama-vocab.cpp).
 _EOG_TEXTS = frozenset(
@@ -262,7 +265,15 @@ class MlxEngine(LaneEngine):
             except GrammarCompileError as exc:
                 raise EngineError(f"could not build the request's grammar: {exc}", permanent=True) from None
         draws = bind.parked.draws if isinstance(bind.parked, MlxParkedKV) else None
-        self._samplers[bind.lane] = LaneSampler(bind.sampling, bind.history, grammar=matcher, eog=self._eog, draws=draws)
+        sampler = LaneSampler(bind.sampling, bind.history, eog=self._eog, draws=draws)
+        if matcher is not None:
+            # as llama.cpp's engine: replayed up to the first token the grammar rejects (a resumed
+            # job's delivered text need not be the grammar's), constrained from there on
+            history = list(bind.history)
+            if matcher.accept_prefix(history) < len(history):
+                log.warning("lane %d: the grammar rejects the text it resumes; constrained from the last token it accepted", bind.lane)
+            sampler.grammar = matcher
+        self._samplers[bind.lane] = sampler
 
     def drop_sampler(self, lane: int) -> None:
         self._samplers.pop(lane, None)
@@ -349,6 +360,10 @@ class MlxEngine(LaneEngine):
             self._group_cache = [
                 BatchKVCache.merge([self._seqs[lane][layer] for lane in lanes]) for layer in range(self.n_layers)
             ]
+            for lane in lanes:
+                # the batch cache holds a copy of their KV now: keeping the per-lane caches would
+                # hold it twice while the group decodes (_ungroup gives each lane its own again)
+                self._seqs[lane] = []
             self._group = lanes
         assert self._group_cache is not None
         return self._group_cache

@@ -188,6 +188,15 @@ def _tokenizer(meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return tok, config
 
 
+def _tensor_count(path: Path) -> int:
+    """The number of tensors a GGUF file's header declares."""
+    with path.open("rb") as f:
+        head = f.read(16)  # magic, version (uint32), tensor count (uint64), little-endian
+    if len(head) < 16 or head[:4] != b"GGUF":
+        raise ConversionError(f"{path.name} is not a GGUF file")
+    return int.from_bytes(head[8:16], "little")
+
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -228,7 +237,20 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
         if is_mlx_model_dir(out_dir):
             return out_dir
         raise ConversionError(f"{out_dir} exists and is not an MLX model directory")
-    tensors, meta = mx.load(str(gguf_path), return_metadata=True)
+    declared = _tensor_count(gguf_path)
+    try:
+        tensors, meta = mx.load(str(gguf_path), return_metadata=True)
+    except (RuntimeError, ValueError) as exc:  # a tensor type its reader cannot convert
+        raise ConversionError(f"MLX cannot read {gguf_path.name}: {exc}") from None
+    read = [name for name in tensors if not name.endswith((".scales", ".biases"))]
+    if len(read) != declared:
+        # MLX's GGUF reader stops at a tensor type it does not know (MXFP4, TQ1_0, ...) and
+        # returns the tensors before it: a model missing weights, or one whose missing
+        # output.weight would pass for tied embeddings
+        raise ConversionError(
+            f"MLX cannot read {gguf_path.name}: it read {len(read)} of its {declared} tensors "
+            "(a tensor type MLX's GGUF reader does not know)"
+        )
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise ConversionError(f"only llama-architecture GGUFs convert; this one is {arch!r}")

@@ -90,3 +90,10 @@ class GrammarMatcher:
         error state, where it allows nothing)."""
         if not self._matcher.is_error() and not self._matcher.is_stopped():
             self._matcher.consume_token(int(token))
+
+    def accept_prefix(self, tokens: list[int]) -> int:
+        """Advance past the longest prefix of ``tokens`` the grammar allows (a resumed job's
+        history), staying out of the error state; how many tokens that took."""
+        if self._matcher.is_error() or self._matcher.is_stopped():
+            return 0
+        return int(self._matcher.try_consume_tokens([int(t) for t in tokens]))

@@ -525,6 +525,21 @@ def test_a_history_the_grammar_rejects_is_bound_without_ending_the_process(engin
     assert len(run.output) > len(history)
 
 
+@pytest.mark.parametrize(("delivered", "rest"), [("hello", r"\{[a-z]*\}"), ("{ab!", r"[a-z]*\}")], ids=["at-once", "midway"])
+def test_a_history_the_grammar_rejects_leaves_it_constrained_from_the_last_token_it_accepted(
+    engine: Any, delivered: str, rest: str
+) -> None:
+    """Both engines replay a resumed job's history into its grammar up to the first token the
+    grammar rejects and go on constrained from there. MLX's matcher took the rejected token
+    into its error state, which allows nothing but end-of-generation: the resumed reply ended
+    at once, empty, where llama.cpp's went on inside the grammar."""
+    history = engine.tokenize(delivered, add_special=False, special=False)
+    sampling = SamplingParams(temperature=0.0, grammar='root ::= "{" [a-z]* "}"')
+    prompt = chat(engine, "Say something.")
+    run = drive(engine, [Run(0, prompt, sampling, len(history) + 8, stop_on_eog=True, output=list(history))])[0]
+    assert run.done and re.fullmatch(rest, text_of(engine, run.output[len(history) :])), text_of(engine, run.output)
+
+
 def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
     assert engine.check_grammar('root ::= "x" missing')
 

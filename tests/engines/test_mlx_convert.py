@@ -127,3 +127,29 @@ def test_a_float32_conversion_holds_the_dequantised_weights(mlx_model_dir: Path,
 
     with pytest.raises(ConversionError, match="dtype must be one of"):
         convert_gguf(default_model_path(), mlx_float_dir.parent / "int8", dtype="int8")
+
+
+@pytest.mark.parametrize("kind", ["Q5_0", "MXFP4"])
+def test_a_gguf_with_a_tensor_type_mlx_cannot_read_is_refused(tmp_path: Path, kind: str) -> None:
+    """MLX's GGUF reader fails on some types (Q5_0, Q5_1, IQ4_NL, ...: a RuntimeError, which
+    the mlxconvert command printed as a traceback) and silently stops at others (MXFP4, TQ1_0,
+    ...), returning only the tensors before it: the converter wrote a folder missing weights,
+    or tied the embeddings in place of a missing output.weight."""
+    import gguf
+    import numpy as np
+
+    from scheduler.engines.mlx_convert import ConversionError, convert_gguf
+
+    path = tmp_path / f"{kind}.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    quant = gguf.GGMLQuantizationType[kind]
+    block, size = gguf.GGML_QUANT_SIZES[quant]
+    writer.add_tensor("output.weight", np.zeros((4, size * 32 // block), dtype=np.uint8), raw_dtype=quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConversionError, match=f"MLX cannot read {kind}.gguf"):
+        convert_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,46 @@
+"""What only the MLX engine has: per-lane caches merged into one batch cache for decode rounds.
+The engine contract (both engines) is tests/engines/test_contract.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.engine_driver import Run, drive, release
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def mlx(mlx_float_dir: Path) -> Iterator[Any]:
+    from scheduler.engines.mlx import MlxEngine
+
+    engine = MlxEngine(mlx_float_dir, n_lanes=2, lane_ctx=1024)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def test_lanes_decoding_merged_hold_their_kv_once(mlx: Any) -> None:
+    """Merging the decoding lanes' caches into one batch cache copies their KV; the per-lane
+    copies were kept beside it for as long as the lanes decoded together, so batched decoding
+    held every lane's KV twice (a long context on many lanes ran out of memory at half the
+    size)."""
+    import mlx.core as mx
+
+    prompt = mlx.tokenize("one two three four five six seven " * 100, add_special=False)[:700]
+    runs = [Run(0, prompt, max_tokens=3), Run(1, prompt, max_tokens=3)]
+    drive(mlx, runs, ticks=1)  # each lane prefilled in its own cache
+    assert [len(r.output) for r in runs] == [1, 1]
+    before = mx.get_active_memory()
+    drive(mlx, runs, ticks=1)  # one decode round of both lanes, merged
+    grown = mx.get_active_memory() - before
+    kv = sum(mlx.save(lane).nbytes for lane in (0, 1))  # both lanes' KV, 701 tokens each
+    # the batch cache holds a few spare positions beyond the lanes' own (256-token steps);
+    # another copy of both lanes' KV would be more than ``kv`` again
+    assert grown < kv, (grown, kv)
+    release(mlx, 0, 1)
