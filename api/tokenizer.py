@@ -63,17 +63,21 @@ class GgufVocab:
 
 
 class HfVocab:
-    def __init__(self, folder: Path) -> None:
-        from tokenizers import Tokenizer
+    """A model folder's ``tokenizer.json``, read as the MLX engine reads it
+    (:class:`scheduler.engines.hf_vocab.HfVocabulary`); special tokens print as their text, as
+    llama.cpp's ``/detokenize`` prints them."""
 
-        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.n_vocab = int(self._tok.get_vocab_size(with_added_tokens=True))
+    def __init__(self, folder: Path) -> None:
+        from scheduler.engines.hf_vocab import HfVocabulary
+
+        self._vocab = HfVocabulary(folder)
+        self.n_vocab = self._vocab.vocab_size
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special).ids)
+        return self._vocab.tokenize(text, add_special=add_special, special=parse_special)
 
     def piece(self, token: int) -> bytes:
-        return self._tok.decode([token], skip_special_tokens=False).encode("utf-8")
+        return self._vocab.piece(token, render_special=True)
 
 
 _lock = threading.Lock()

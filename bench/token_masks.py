@@ -107,10 +107,10 @@ def run_outlines(tok_json: str, eos: int, n_vocab: int, tokens: list[int]) -> tu
     import outlines_core
     from outlines_core.json_schema import build_regex_from_schema
 
-    from scheduler.engines.mlx import _byte_decoder
+    from scheduler.engines.hf_vocab import byte_decoder
 
     model = json.loads(tok_json)["model"]["vocab"]
-    bytes_of = _byte_decoder()
+    bytes_of = byte_decoder()
 
     def vocabulary() -> Any:
         table: dict[bytes, list[int]] = {}

@@ -10,6 +10,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol, Self
 
 from scheduler.core.types import LaneBind, LaneFeed, TickPlan, TickResult
+from scheduler.engines.hf_vocab import bos_once
 
 # The scheduling seed's tick-duration targets in ms, per engine: (a lane is free or one is
 # finishing, every lane busy). llama.cpp and MLX declare that a decode round costs the same
@@ -368,10 +369,7 @@ class LaneEngine:
     def _with_bos(self, text: str, tokens: list[int], add_special: bool) -> list[int]:
         """``tokens`` of ``text``, after a BOS when the vocabulary asks for one, ``add_special``
         allows it and the text does not start with it already (BOS once, never EOS)."""
-        has_bos = bool(self.bos_text) and text.startswith(self.bos_text)
-        if add_special and self._add_bos and not has_bos and self.bos_id is not None:
-            return [self.bos_id, *tokens]
-        return tokens
+        return bos_once(tokens, text, add_special=add_special, add_bos=self._add_bos, bos_id=self.bos_id, bos_text=self.bos_text)
 
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)

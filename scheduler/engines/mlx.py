@@ -19,7 +19,6 @@ Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layer
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ import numpy as np
 from scheduler.core.types import LaneBind
 from scheduler.engines.base import EngineError, LaneEngine, Piece, Step, swap_keys
 from scheduler.engines.chat import compile_chat_template, render_chat_template
+from scheduler.engines.hf_vocab import HfVocabulary, read_json
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
 
@@ -50,19 +50,6 @@ _FIM_TEXTS = (
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
     ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
 )
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's printable-character alphabet for the 256 byte values, inverted."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    codes = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            codes.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, codes, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -137,45 +124,23 @@ class MlxEngine(LaneEngine):
     # -- text -------------------------------------------------------------------------
 
     def _setup_text(self) -> None:
-        from tokenizers import Tokenizer
-
         folder = self.model_path
-        tok_file = folder / "tokenizer.json"
-        if not tok_file.is_file():
-            raise EngineError(f"{folder} has no tokenizer.json (the MLX engine reads fast tokenizers only)", permanent=True)
-        self._tok = Tokenizer.from_file(str(tok_file))
-        tok_json = json.loads(tok_file.read_text(encoding="utf-8"))
-        tok_config: dict[str, Any] = {}
-        if (folder / "tokenizer_config.json").is_file():
-            tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-
-        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+        try:
+            self._vocab = vocab = HfVocabulary(folder)
+        except FileNotFoundError:
+            raise EngineError(f"{folder} has no tokenizer.json (the MLX engine reads fast tokenizers only)", permanent=True) from None
+        self._tok = vocab.tok
+        tok_config = vocab.config
+        self.vocab_size: int = vocab.vocab_size
         self.n_ctx_train: int = int(self._config.get("max_position_embeddings") or tok_config.get("model_max_length") or 0)
-        added = self._tok.get_added_tokens_decoder()
-        self._special = {i for i, t in added.items() if t.special}
-        self._user_defined = {i: t.content for i, t in added.items() if not t.special}
-        decoder = json.dumps(tok_json.get("decoder") or {})
-        self._byte_level = '"ByteLevel"' in decoder
-        self._byte_map = _byte_decoder() if self._byte_level else {}
+        added = vocab.added
         self._pieces: dict[int, bytes] = {}
-
-        def token_text(name: str) -> str:
-            value = tok_config.get(name)
-            if isinstance(value, dict):
-                value = value.get("content")
-            return str(value) if value else ""
-
-        self.bos_text = token_text("bos_token")
-        self.eos_text = token_text("eos_token")
-        self.bos_id = self._tok.token_to_id(self.bos_text) if self.bos_text else None
-        self.eos_id = self._tok.token_to_id(self.eos_text) if self.eos_text else None
-        with_special = self._tok.encode("a", add_special_tokens=True).ids
-        self._add_bos = bool(tok_config.get("add_bos_token", False)) or (
-            self.bos_id is not None and with_special[:1] == [self.bos_id]
-        )
+        self.bos_text, self.eos_text = vocab.bos_text, vocab.eos_text
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
+        self._add_bos = vocab.add_bos
 
         eog: set[int] = set()
-        for source in (self._config, _read_json(folder / "generation_config.json")):
+        for source in (self._config, read_json(folder / "generation_config.json")):
             ids = source.get("eos_token_id")
             eog.update(ids if isinstance(ids, list) else [] if ids is None else [ids])
         if self.eos_id is not None:
@@ -207,33 +172,13 @@ class MlxEngine(LaneEngine):
         return self._token_masks().check(grammar)
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+        # Special tokens written in the text are parsed as such unless ``special`` is off; BOS is
+        # added by hand, once, and never EOS (a post-processor may add both), as llama.cpp's.
         self._require_open()
-        if not special and hasattr(self._tok, "encode_special_tokens"):
-            # special-token text is plain text here; one preparation thread tokenises at a time
-            self._tok.encode_special_tokens = True
-            try:
-                ids_plain: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-            finally:
-                self._tok.encode_special_tokens = False
-            return self._with_bos(text, ids_plain, add_special)
-        # Special tokens written in the text are parsed as such; BOS is added by hand, once,
-        # and never EOS (a post-processor may add both), as the llama.cpp engine does.
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-        return self._with_bos(text, ids, add_special)
+        return self._with_bos(text, self._vocab.encode(text, special=special), add_special)
 
     def _token_piece(self, token: int) -> bytes:
-        if token in self._special:
-            return b""  # control tokens print nothing, as llama.cpp's token_to_piece
-        if token in self._user_defined:
-            return self._user_defined[token].encode("utf-8")
-        text = self._tok.id_to_token(token)
-        if text is None:
-            return b""
-        if self._byte_level:
-            return bytes(self._byte_map[c] for c in text if c in self._byte_map)
-        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-            return bytes([int(text[3:5], 16)])  # SentencePiece byte fallback
-        return text.replace("\u2581", " ").encode("utf-8")
+        return self._vocab.piece(token, render_special=False)  # control tokens print nothing, as llama.cpp's
 
     def fim_tokens(self) -> tuple[int, int, int] | None:
         for names in _FIM_TEXTS:
@@ -480,20 +425,13 @@ class MlxEngine(LaneEngine):
         self._model = None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return data if isinstance(data, dict) else {}
-
-
 def _read_chat_template(folder: Path, tok_config: dict[str, Any]) -> str | None:
     """The template from tokenizer_config.json (a string, or named templates: "default"), or
     from chat_template.jinja / chat_template.json as newer Hugging Face exports write it."""
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
         return jinja.read_text(encoding="utf-8")
-    template = tok_config.get("chat_template") or _read_json(folder / "chat_template.json").get("chat_template")
+    template = tok_config.get("chat_template") or read_json(folder / "chat_template.json").get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
