@@ -78,12 +78,33 @@ def _policy(raw: Any, where: str) -> Policy:
     return Policy(name=raw["name"], default_class=default, max_class=QosClass(best), allowed_models=tuple(models), **ints, **flags)
 
 
+def _check_encodable(value: Any, where: str) -> None:
+    """Every string (keys too) must be Unicode text: a lone surrogate (``"\\ud800"``) would
+    break /metrics, the dashboard and the logs that show the names later."""
+    stack = [(where, value)]
+    while stack:
+        path, item = stack.pop()
+        texts = [item] if isinstance(item, str) else list(item) if isinstance(item, dict) else []
+        for text in texts:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise PolicyFileError(f"{path}: a string holds a lone surrogate ({text[:40]!r}); strings must be valid Unicode text") from None
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path != "the file" else k, v) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
+
+
 def parse_policy_file(text: str) -> dict[str, Key]:
     """Keys by digest, from the file's text; PolicyFileError says what is wrong and where."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        raise PolicyFileError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer longer than int() converts
         raise PolicyFileError(f"not valid JSON: {exc}") from None
+    _check_encodable(data, "the file")
     if not isinstance(data, dict) or set(data) - {"policies", "keys"}:
         raise PolicyFileError('the file must be an object with "policies" and "keys"')
     for section in ("policies", "keys"):
@@ -103,8 +124,9 @@ def parse_policy_file(text: str) -> dict[str, Key]:
             raise PolicyFileError(f"{where}: a key needs a non-empty \"name\"")
         if set(raw) - {"name", "sha256", "policy"}:
             raise PolicyFileError(f"{where}: unknown field(s) {', '.join(sorted(set(raw) - {'name', 'sha256', 'policy'}))}")
-        digest = str(raw.get("sha256", "")).lower()
-        if not _DIGEST.match(digest):
+        digest = raw.get("sha256", "")
+        digest = digest.lower() if isinstance(digest, str) else ""
+        if not _DIGEST.fullmatch(digest):
             raise PolicyFileError(f"{where}: sha256 must be the 64 hex digits of the secret's SHA-256")
         policy_name = raw.get("policy")
         if policy_name is not None and (not isinstance(policy_name, str) or policy_name not in policies):
@@ -134,7 +156,9 @@ def file_keys() -> dict[str, Key]:
 
 def load_policy_file(path: str | Path) -> dict[str, Key]:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PolicyFileError(f"cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyFileError(f"not UTF-8 text (at byte {exc.start})") from None
     return parse_policy_file(text)

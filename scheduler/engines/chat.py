@@ -92,7 +92,9 @@ def compile_chat_template(source: str | None) -> Any:
     env.filters["tojson"] = tojson
     try:
         return env.from_string(source or CHATML)
-    except jinja2.TemplateSyntaxError as exc:
+    # not only a TemplateSyntaxError: nesting too deep for Jinja's parser (RecursionError) or
+    # for Python's compiler (SyntaxError, MemoryError) is as much the model's template's fault
+    except (jinja2.TemplateSyntaxError, RecursionError, SyntaxError, MemoryError) as exc:
         raise EngineError(f"the model's chat template does not compile: {exc}", permanent=True) from exc
 
 
@@ -144,7 +146,7 @@ def _call_text(call: dict[str, Any]) -> str:
     fn = call["function"]
     try:
         arguments = json.loads(fn["arguments"])
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse: as sent
         arguments = fn["arguments"]
     return "<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
 
@@ -184,7 +186,7 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
                 fn = dict(call["function"])
                 try:
                     fn["arguments"] = json.loads(fn["arguments"])
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, or nested too deeply: as sent
                     pass
                 calls.append({**call, "function": fn})
             msg["tool_calls"] = calls

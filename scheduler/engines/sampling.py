@@ -24,6 +24,7 @@ PENALTY_LAST_N = 64  # as the llama.cpp engine's _PENALTY_LAST_N
 # A bias of -100 and ignore_eos ban a token, as the llama.cpp engine does: finitely, so that when
 # the grammar allows only banned tokens the draw still lands on one it allows.
 BAN = -1.0e9
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class TokenConstraint(Protocol):
@@ -35,7 +36,8 @@ class TokenConstraint(Protocol):
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
+    with np.errstate(over="ignore"):  # a spread past float64's range: exp(-inf) = 0, as meant
+        e = np.exp(x - x.max())
     return e / e.sum()
 
 
@@ -92,10 +94,14 @@ class LaneSampler:
             ids, counts = np.unique(np.fromiter(self.recent, dtype=np.int64), return_counts=True)
             inside = ids < logits.shape[0]
             ids, counts = ids[inside], counts[inside]
-            vals = logits[ids]
-            vals = np.where(vals <= 0, vals * sp.repeat_penalty, vals / sp.repeat_penalty)
+            vals = logits[ids].astype(np.float64)
+            with np.errstate(over="ignore"):
+                vals = np.where(vals <= 0, vals * sp.repeat_penalty, vals / sp.repeat_penalty)
             vals -= counts * sp.frequency_penalty + sp.presence_penalty
-            logits[ids] = vals
+            # repeat_penalty has no upper bound: a finite logit stays finite (clamped to float32's
+            # range), as +inf would drop the token the penalty favours from the draw and -inf
+            # everywhere would leave nothing to draw from
+            logits[ids] = np.where(np.isfinite(logits[ids]), np.clip(vals, -_F32_MAX, _F32_MAX), vals)
         return logits
 
     def sample(self, logits: np.ndarray) -> int:
@@ -174,6 +180,7 @@ def logprobs_of(logits: np.ndarray, token: int, top: int) -> tuple[float, list[t
     shift = row.max()
     logz = shift + np.log(np.exp(row - shift).sum())
     alts: list[tuple[int, float]] = []
+    top = min(top, row.shape[0])  # top_logprobs (up to 20) may pass a small vocabulary's size
     if top > 0:
         idx = np.argpartition(-row, top - 1)[:top]
         idx = idx[np.argsort(-row[idx], kind="stable")]
