@@ -149,3 +149,31 @@ def test_serves_start_up_checks_take_the_flags_not_the_variables_they_override(m
     argv = [f.format(model=default_model_path()) for f in flags]
     with pytest.raises(CommandError, match="--no-engine needs --redis"):  # past the checks and the flags' validation
         call_command("serve", *argv, "--no-engine", skip_checks=False)
+
+
+@pytest.mark.django_db
+def test_serve_fails_when_it_cannot_listen_on_its_port(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """daphne only logs "Listen failure" and returns: serve then printed "superfluid stopped" and
+    exited 0 with the port taken, so a service manager (Restart=on-failure) saw a clean stop."""
+    import signal
+    import socket
+
+    from django.core.management import CommandError, call_command
+
+    from scheduler.management.commands import serve as serve_module
+
+    monkeypatch.setattr(serve_module, "install_serving", lambda config: None)
+    monkeypatch.setattr(serve_module, "override_django_settings", lambda **values: None)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}  # serve installs its own
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve HTTP: .*127.0.0.1:{port}.*[Aa]ddress already in use"):
+            call_command("serve", "--redis", "redis://127.0.0.1:1/0", "--no-engine", "--port", str(port), stdout=io.StringIO())
+        assert "superfluid stopped" not in capsys.readouterr().out
+    finally:
+        taken.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)

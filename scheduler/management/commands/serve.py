@@ -76,12 +76,30 @@ log = logging.getLogger("superfluid.serve")
 MANAGE_PY = Path(__file__).resolve().parents[3] / "manage.py"
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM if the serve process dies, so no worker is left orphaned."""
+def _libc_prctl() -> Any:
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+        return ctypes.CDLL(None, use_errno=True).prctl  # this process's own C library, glibc or musl
+    except (OSError, AttributeError):  # no prctl: not Linux
+        return None
+
+
+# Looked up here, in serve, not in the forked child: a dlopen there could wait for ever on a lock
+# another of serve's threads held as it forked.
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+_serve_pid = os.getpid()  # the process that starts the workers (set again before each start)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the serve process dies, so no worker is left orphaned.
+
+    A serve that died between the fork and this call never sends it (the child then ran on, a
+    worker nobody stops): the child sees it has another parent now and stops at once."""
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != _serve_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 NO_REPACK_HINT = (
@@ -135,8 +153,10 @@ class WorkerSupervisor:
         self.restarts = 0
         self.fatal: str | None = None  # why serving cannot start at all
         self.on_fatal: Callable[[], None] | None = None
+        self._killing = False  # kill() was called: a worker started after it gets SIGKILL, not SIGTERM
+        self._wake = threading.Event()  # set by drain() and kill(): a backoff wait ends at once
         self._thread = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
-        self.exited = threading.Event()
+        self.exited = threading.Event()  # set once no worker runs and none will be started again
 
     def start(self) -> None:
         if not self.argv:  # serve --redis --no-engine: a web head only, nothing to supervise
@@ -152,8 +172,10 @@ class WorkerSupervisor:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             argv += ["--link-fd", str(theirs.fileno())]
             pass_fds.append(theirs.fileno())
+        global _serve_pid
+        _serve_pid = os.getpid()
         try:
-            self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=tuple(pass_fds))
+            proc = self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=tuple(pass_fds))
         except BaseException:
             os.close(read_fd)
             if ours is not None:
@@ -168,6 +190,17 @@ class WorkerSupervisor:
             from scheduler.link.client import WORKER_SOCKETS
 
             (self.sockets or WORKER_SOCKETS).put(ours)
+        if self.stopping:
+            # drain() or kill() ran while this worker was being started: they saw the dead one
+            # before it, so this one is told here (else it ran on beside the next load of its model)
+            self._stop(proc)
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            if self._killing:
+                proc.kill()
+            else:
+                proc.send_signal(signal.SIGTERM)
 
     def _read_status(self) -> list[str]:
         """The start-up lines the worker (now dead) wrote to its status pipe."""
@@ -225,7 +258,7 @@ class WorkerSupervisor:
             except OSError as exc:
                 backoff = min(10.0, backoff * 2)
                 sys.stderr.write(f"{self._which()} could not be started ({exc}); trying again in {backoff:.1f}s\n")
-                time.sleep(backoff)
+                self._wake.wait(backoff)
         return False
 
     def _supervise(self) -> None:
@@ -263,22 +296,31 @@ class WorkerSupervisor:
             quick = time.monotonic() - started < 10
             backoff = min(10.0, backoff * 2) if quick else 0.2
             sys.stderr.write(f"{self._which()} exited with {rc}; restarting in {backoff:.1f}s\n")
-            time.sleep(backoff)
+            self._wake.wait(backoff)
             if not self._respawn(backoff):
                 break
 
     def drain(self) -> None:
+        """SIGTERM to the worker; :attr:`exited` is set once it has exited. Set here only when no
+        supervising thread runs: one that runs sets it itself once it stops (a worker it is just
+        starting included, which :meth:`_spawn` then tells), not as the worker before it is seen
+        dead (the pool then loaded the model again beside a worker nobody told to stop)."""
         self.stopping = True
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        else:
+        self._wake.set()
+        proc = self.proc
+        if proc is not None:
+            self._stop(proc)
+        if self._thread.ident is None:  # never started: serve --redis --no-engine
             self.exited.set()
 
     def kill(self) -> None:
+        self._killing = True
         self.stopping = True
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self._wake.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         self.exited.set()
 
 
@@ -693,6 +735,17 @@ class Command(FlagsCommand):
             application_close_timeout=10,
             ready_callable=ready,
         )
+        # daphne only logs that it cannot listen (the port taken, an address not this machine's)
+        # and returns: serve then said "superfluid stopped" and exited 0, so a service manager
+        # took the failure for a clean stop and did not restart it
+        listen_failures: list[str] = []
+        daphne_listen_error = server.listen_error
+
+        def listen_error(failure: Any) -> None:
+            listen_failures.append(failure.getErrorMessage())
+            daphne_listen_error(failure)
+
+        server.listen_error = listen_error
         drain_timeout = float(options["drain_timeout"])
 
         drain = Drain(supervisor, all_links, drain_timeout)
@@ -731,3 +784,5 @@ class Command(FlagsCommand):
         if supervisor.fatal:  # the worker gave up before the callback was set
             return
         server.run()
+        if listen_failures:
+            raise CommandError(f"cannot serve HTTP: {'; '.join(listen_failures)}")
