@@ -86,6 +86,24 @@ def test_a_worker_started_as_the_supervisor_is_told_to_stop_is_stopped_too(start
         sup.kill()
 
 
+def test_a_restart_whose_start_fails_otherwise_than_with_an_os_error_is_tried_again(starts: Starts, tmp_path: Path) -> None:
+    """Popen raises SubprocessError when the child's set-up before exec fails: the supervising
+    thread died of it, and serve ran on with no worker and nothing starting one (every request
+    503, and with several models that model's load waited for ever)."""
+
+    def fail() -> None:
+        raise subprocess.SubprocessError("Exception occurred in preexec_fn.")
+
+    sup = WorkerSupervisor([sys.executable, "-c", FAKE_WORKER, str(tmp_path / "crashed")])
+    starts.on_restart.append(fail)
+    sup.start()
+    try:
+        wait_for(lambda: len(starts.procs) == 2 or sup.exited.is_set())
+        assert not sup.exited.is_set() and sup.proc is starts.procs[1] and sup.proc.poll() is None
+    finally:
+        sup.kill()
+
+
 # Stands in for serve: starts a worker with serve's _die_with_parent, made to run only once this
 # process is gone (serve SIGKILLed between the fork and the call). The child notes its pid first.
 SERVE_DYING_AS_IT_STARTS = """

@@ -255,7 +255,7 @@ class WorkerSupervisor:
             try:
                 self._spawn()
                 return True
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:  # the latter: the child's set-up before exec failed
                 backoff = min(10.0, backoff * 2)
                 sys.stderr.write(f"{self._which()} could not be started ({exc}); trying again in {backoff:.1f}s\n")
                 self._wake.wait(backoff)
