@@ -346,6 +346,10 @@ class RedisTransport(Transport):
                 handle.sent_on = self._connection
                 await self._send(encode(handle.submit), resend=True)
         await self._send_unsent_cancels()
+        if self.worker_config is not None and not self._config_unsent:
+            # Redis restarted empty between two polls (never seen away): without this the config
+            # it lost would reach no worker started from then on
+            self._config_unsent = not await self._redis().exists(self.prefix + "config")
         if self._config_unsent and self.worker_config is not None:
             self._config_unsent = False
             await self._send(encode(self.worker_config))

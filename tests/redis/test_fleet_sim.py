@@ -162,6 +162,26 @@ async def test_admin_lane_caps_reach_every_worker(redis_server: RedisServer, pre
         w.stop()
 
 
+async def test_admin_lane_caps_lost_by_redis_reach_a_worker_that_joins_after(redis_server: RedisServer, prefix: str, client: redis.Redis) -> None:
+    # Redis restarted empty between two of the head's polls: the head never saw it away, so it
+    # never sent the caps again, and every worker started from then on ran without them
+    first = SimFleetWorker(redis_server.url, prefix).start()
+    link = await head(redis_server.url, prefix)
+    await link.configure(Config(class_lanes={"background": 1}))
+    deadline = time.monotonic() + 10
+    while client.get(prefix + "config") is None:
+        assert time.monotonic() < deadline, "the head never stored the caps"
+        await asyncio.sleep(0.02)
+    client.delete(prefix + "config")
+    late = SimFleetWorker(redis_server.url, prefix).start()
+    while late.worker.scheduler.config.class_lanes.get(QosClass.BACKGROUND) != 1:
+        assert time.monotonic() < deadline, "a worker that joined after the loss did not get the cap"
+        await asyncio.sleep(0.02)
+    await link.stop()
+    for w in (first, late):
+        w.stop()
+
+
 async def test_an_interactive_arrival_with_the_fleet_busy_preempts_one_background_lane(redis_server: RedisServer, prefix: str) -> None:
     workers = [SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start() for _ in range(2)]
     heads = [await head(redis_server.url, prefix) for _ in range(2)]
