@@ -125,7 +125,7 @@ SCALARS: dict[tuple[str, str], tuple[Callable[[str, str, float], Metric], str, s
     ("counters", "stored"): (counter, "superfluid_prefix_cache_stored_total", "Prefixes stored into the prefix cache."),
     ("counters", "deadline_expired"): (counter, "superfluid_deadline_expired_total", "Queued jobs finished because their start deadline passed."),
     ("counters", "plans_rejected"): (counter, "superfluid_plans_rejected_total", "Tick plans the engine could not hold (replanned with pins released)."),
-    ("pool", "blocks_used"): (gauge, "superfluid_pool_blocks_used", "KV pool blocks in use (live lanes, cached and pinned prefixes)."),
+    ("pool", "blocks_used"): (gauge, "superfluid_pool_blocks_used", "KV pool blocks in use (live lanes, kept lanes where their KV is memory of its own, cached and pinned prefixes)."),
     ("pool", "blocks_total"): (gauge, "superfluid_pool_blocks_total", "KV pool blocks in all."),
     ("pool", "cached_blocks"): (gauge, "superfluid_pool_blocks_cached", "KV pool blocks holding cached prefixes."),
     ("pool", "pinned_blocks"): (gauge, "superfluid_pool_blocks_pinned", "KV pool blocks holding pinned prefixes."),

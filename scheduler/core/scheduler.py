@@ -442,8 +442,12 @@ class Scheduler:
         use; with memory fixed per lane a kept lane costs nothing)."""
         if not self._kept or not self.config.watermarks:
             return False
-        kept = [len(k.tokens) for k in self._kept.values()]
-        return self.pool.used_blocks(self._lane_tokens() + kept) >= self.config.pressure_high * self.pool.total_blocks
+        return self.pool.used_blocks(self._lane_tokens() + self._kept_tokens()) >= self.config.pressure_high * self.pool.total_blocks
+
+    def _kept_tokens(self) -> list[int]:
+        """What each kept lane holds where that is memory of its own (``watermarks``); with
+        memory fixed per lane (llama.cpp) a kept lane uses nothing more than an empty one."""
+        return [len(k.tokens) for k in self._kept.values()] if self.config.watermarks else []
 
     def _forget_kept(self) -> None:
         """Empty every kept lane (the engine refused a plan, memory is short, or the engine
@@ -995,7 +999,7 @@ class Scheduler:
                 if j.parked is not None
             ],
             "pool": {
-                "blocks_used": self.pool.used_blocks(self._lane_tokens()),
+                "blocks_used": self.pool.used_blocks(self._lane_tokens() + self._kept_tokens()),
                 "blocks_total": self.pool.total_blocks,
                 "cached_blocks": self.pool.cached_blocks(),
                 "pinned_blocks": self.pool.pinned_blocks(),

@@ -273,3 +273,20 @@ def test_every_lane_holds_exactly_its_jobs_tokens_and_every_reply_is_what_its_pr
         assert job.output == expected, job.job_id
     reused = sum(j.cached_tokens for j in jobs)
     assert reused == sched.pool.counters["prefix_tokens_reused"]
+
+
+def test_the_pools_blocks_in_use_count_a_kept_lanes_kv_where_it_holds_memory() -> None:
+    """On MLX (watermarks on) a kept lane's KV is memory the lane holds after its job ended: the
+    pool figure (superfluid_pool_blocks_used, the dashboard's KV pool) left it out, and read
+    near empty while kept lanes held most of the memory. On llama.cpp it costs nothing more."""
+    for watermarks in (True, False):
+        sched, engine, _ = make_scheduler(max_batch=2, watermarks=watermarks)
+        job = make_job(300, job_id="done", max_tokens=4)
+        sched.add(job)
+        run_until_idle(sched, engine)
+        assert sched._kept, "the finished job's lane is kept"
+        pool = sched.snapshot()["pool"]
+        assert isinstance(pool, dict)
+        kept = [len(job.sequence) - 1]  # the last sampled token was never fed
+        assert pool["blocks_used"] == sched.pool.used_blocks(kept if watermarks else [])
+        assert pool["blocks_used"] > sched.pool.cached_blocks() or not watermarks
