@@ -335,7 +335,8 @@ async def run_line(b: Batch, line: Line) -> tuple[bool, dict[str, Any] | None]:
 
 def _retried(status: int, body: bytes) -> bool:
     """A refusal for now: 429 (a rate limit or the key's concurrency), or 503 with no engine to
-    take it (restarting, swapping, overloaded). Any other 503 is the line's own result: one whose
+    take it (restarting, swapping) or a full queue (``--max-queue``). Any other 503 is the line's
+    own result: one whose
     job was in flight through two worker crashes (``engine_crashed``) would crash it again, and
     one past its deadline would wait as long again."""
     if status == 429:
@@ -343,7 +344,7 @@ def _retried(status: int, body: bytes) -> bool:
     if status != 503:
         return False
     try:
-        return bool(json.loads(body)["error"]["code"] == "engine_unavailable")
+        return json.loads(body)["error"]["code"] in ("engine_unavailable", "queue_full")
     except (ValueError, TypeError, KeyError):
         return False
 

@@ -147,7 +147,10 @@ async def test_a_line_waiting_on_a_429_runs_under_its_key_as_it_is_at_the_next_t
     assert out is not None and out["response"]["status_code"] == 401
 
 
-@pytest.mark.parametrize(("code", "tries"), [("engine_crashed", 1), ("deadline_exceeded", 1), ("engine_unavailable", 2)])
+RETRIED = ("engine_unavailable", "queue_full")  # no engine for now, or --max-queue reached
+
+
+@pytest.mark.parametrize(("code", "tries"), [("engine_crashed", 1), ("deadline_exceeded", 1), ("engine_unavailable", 2), ("queue_full", 2)])
 async def test_only_a_503_with_no_engine_for_now_is_tried_again(monkeypatch: pytest.MonkeyPatch, code: str, tries: int) -> None:
     """Every 503 used to be retried: a line whose job crashed the worker twice (``engine_crashed``)
     was sent again and again, crashing it each time, and the batch never ended."""
@@ -156,9 +159,9 @@ async def test_only_a_503_with_no_engine_for_now_is_tried_again(monkeypatch: pyt
 
     async def answered(_b: Batch, _line: Line, _principal: object) -> tuple[int, dict[str, str], bytes]:
         calls.append(1)
-        if code == "engine_unavailable" and len(calls) == 1:
+        if code in RETRIED and len(calls) == 1:
             return 503, {"retry-after": "0"}, json.dumps({"error": {"message": "no engine", "type": "server_error", "param": None, "code": code}}).encode()
-        if code == "engine_unavailable":
+        if code in RETRIED:
             return 200, {}, b'{"choices": []}'
         return 503, {"retry-after": "0"}, json.dumps({"error": {"message": "gone", "type": "server_error", "param": None, "code": code}}).encode()
 
@@ -167,7 +170,7 @@ async def test_only_a_503_with_no_engine_for_now_is_tried_again(monkeypatch: pyt
         line = await Line.objects.aget(batch_id=b.id, index=0)
         ok, out = await asyncio.wait_for(runner.run_line(await Batch.objects.aget(pk=b.id), line), 30)
     assert len(calls) == tries and out is not None
-    assert ok is (code == "engine_unavailable")
+    assert ok is (code in RETRIED)
     if not ok:
         assert out["response"]["status_code"] == 503 and out["response"]["body"]["error"]["code"] == code
 
