@@ -101,9 +101,24 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None:
+    """The body's optional ``model`` (an id or an alias) for /tokenize and /detokenize, as the
+    key may use it: None for the first configured; 404 ``model_not_found`` as for a chat."""
+    model = body.get("model")
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise invalid_request("Invalid value for 'model': expected a string.", param="model", code="invalid_type")
+    pool = get_pool()
+    served = pool.names() if pool is not None else await _served_models()
+    if model not in served or not _allowed(request, [model]):
+        raise model_not_found(model)
+    return model
+
+
 async def _vocab(model: str | None = None) -> Any:
     """The vocabulary of ``model`` (an id or alias) where several models are served, else of
-    the one model (/tokenize's: the first configured)."""
+    the one model (without one: the first configured)."""
     from .tokenizer import vocab_for
 
     cfg = serving()
@@ -126,7 +141,8 @@ def _piece(raw: bytes) -> str | list[int]:
 @key_required()
 async def tokenize(request: HttpRequest) -> JsonResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
-    -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers."""
+    -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers;
+    ``"model"`` (an id or an alias) picks the model's vocabulary where several are served."""
     try:
         body = _json_body(request)
         content = body.get("content")
@@ -134,9 +150,10 @@ async def tokenize(request: HttpRequest) -> JsonResponse:
             raise invalid_request("Invalid value for 'content': expected a string.", param="content", code="invalid_type")
         add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
         with_pieces = _flag(body, "with_pieces", False)
+        model = await _asked_model(request, body)
     except ApiError as exc:
         return error_response(exc)
-    vocab = await _vocab()
+    vocab = await _vocab(model)
 
     def work() -> dict[str, Any]:  # a body's worth of text: seconds, off the event loop
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special)
@@ -147,7 +164,7 @@ async def tokenize(request: HttpRequest) -> JsonResponse:
 
 @key_required()
 async def detokenize(request: HttpRequest) -> JsonResponse:
-    """``{"tokens": [ids]}`` -> ``{"content": str}``."""
+    """``{"tokens": [ids]}`` -> ``{"content": str}``; ``"model"`` as for /tokenize."""
     from .tokenizer import detokenize as text_of
 
     try:
@@ -155,7 +172,7 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise invalid_request("Invalid value for 'tokens': expected an array of token ids.", param="tokens", code="invalid_type")
-        vocab = await _vocab()
+        vocab = await _vocab(await _asked_model(request, body))
         if any(not 0 <= t < vocab.n_vocab for t in tokens):
             raise invalid_request(f"Invalid value for 'tokens': token ids must be between 0 and {vocab.n_vocab - 1}.", param="tokens", code="invalid_value")
     except ApiError as exc:

@@ -68,6 +68,25 @@ def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningSer
         client.chat.completions.create(model="gamma", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
 
 
+def test_tokenize_and_detokenize_take_the_model_whose_vocabulary_to_use(srv: RunningServer) -> None:
+    # without "model", the first configured (SmolLM2); a client tokenizing for Gemma got
+    # SmolLM2's ids, which mean other text (or nothing) to Gemma
+    text = "The capital of France is Paris."
+    gemma_ids = vocab_for(gemma_model_path()).tokenize(text, add_special=False, parse_special=True)
+    smol_ids = vocab_for(default_model_path()).tokenize(text, add_special=False, parse_special=True)
+    assert gemma_ids != smol_ids
+    for name, ids in (("g3", gemma_ids), ("gemma", gemma_ids), ("smol", smol_ids), (None, smol_ids)):
+        body = {"content": text} if name is None else {"content": text, "model": name}
+        assert httpx.post(srv.base + "/tokenize", json=body, timeout=60).json()["tokens"] == ids, name
+        body = {"tokens": ids} if name is None else {"tokens": ids, "model": name}
+        assert httpx.post(srv.base + "/detokenize", json=body, timeout=60).json()["content"].strip() == text, name
+    # an id beyond SmolLM2's vocabulary is Gemma's to read
+    assert httpx.post(srv.base + "/detokenize", json={"tokens": [150000], "model": "gemma"}, timeout=60).status_code == 200
+    for bad, status, code in (("gamma", 404, "model_not_found"), (7, 400, "invalid_type")):
+        r = httpx.post(srv.base + "/tokenize", json={"content": text, "model": bad}, timeout=60)
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+
+
 def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
     # a known start: smol resident (one at a time), so Gemma's requests in the burst need a swap
     # whatever order the router serves the burst in (smol's may all go first, with no reload)
