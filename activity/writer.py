@@ -124,9 +124,11 @@ class ActivityWriter:
 
     def _write_each(self, rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
         """A batch the database refused for its data: each row on its own, so that one bad row
-        costs only itself (the keys' times ride with the first)."""
-        for i, row in enumerate(rows):
-            self._write([row], touches if i == 0 else {})
+        costs only itself (the keys' times on their own first: not given up with a bad row)."""
+        if touches:
+            self._write([], touches)
+        for row in rows:
+            self._write([row], {})
 
 
 def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:

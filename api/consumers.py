@@ -92,6 +92,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         # a Content-Length over the bound is refused before any of the body is kept
         if self._size > limit or (not self.body and _declared_length(self.scope) > limit):
             await self.send_error(request_too_large(limit))
+            self.record.timing = self.seen_timing()  # how long it was open, as every refusal's row
             client = self.scope.get("client")
             self.record.client_ip = client[0] if client else None
             with contextlib.suppress(ApiError):  # its row names the key it came with (none when that is refused)
@@ -401,7 +402,10 @@ class GenerationConsumer(StreamingConsumer):
                 task.cancel()
         every = [dones[i] for i in range(len(handles))]
         usage = self.total_usage(every, request.n)
-        self.note_done(last_done)  # the last choice to finish: its serial fields
+        # the serial fields of the choice admitted first, as the row's queue wait (the last to
+        # finish had waited behind its siblings); the finish reason of the last to finish
+        self.note_done(min(every, key=lambda d: _wait_or_inf(d.timing)))
+        self.record.finish_reason = last_done.finish_reason
         self.note_timing([d.timing for d in every])
         self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                              "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
@@ -575,6 +579,11 @@ class GenerationConsumer(StreamingConsumer):
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
 
 
+def _wait_or_inf(timing: dict[str, Any] | None) -> float:
+    wait = (timing or {}).get("queue_wait_ms")
+    return float(wait) if wait is not None else float("inf")
+
+
 def uncounted_wait(timing: dict[str, Any] | None, waited_ms: float) -> float:
     """The part of ``waited_ms`` (the wait at the router) that a worker's timing does not count
     already: all of it from a worker that was not told it (no ``timing["waited_ms"]``)."""
@@ -656,6 +665,8 @@ class EmbeddingsConsumer(GenerationConsumer):
             link.finish(handle)
         self.record.finish_reason = event.finish_reason
         self.record.usage = dict(event.usage)
+        # no queue at the worker (no timing in its Done): with several models its wait was the router's
+        self.record.timing = {**self.seen_timing(), "queue_wait_ms": self.router_wait().get("waited_ms")}
         tokens = int(event.usage.get("prompt_tokens", 0))
         data = [
             {"object": "embedding", "index": i, "embedding": responses.embedding_value(vector, self.encoding_format)}

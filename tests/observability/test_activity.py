@@ -236,3 +236,20 @@ def test_token_counts_that_come_as_floats_are_stored_as_integers_clamped() -> No
     fields = activity_log.entry_fields(record)
     assert (fields["prompt_tokens"], fields["completion_tokens"], fields["cached_tokens"], fields["preemptions"]) == (12, 2**31 - 1, None, 0)
     assert isinstance(fields["prompt_tokens"], int)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_refused_row_does_not_take_its_batchs_key_last_used_times_with_it() -> None:
+    """Written row by row, the keys' last-used times rode with the first row: when that row was
+    the one the database refused, they were given up with it."""
+    from keys.models import ApiKey
+
+    key = await ApiKey.objects.acreate(name="k", prefix="sf-k", digest="k" * 64)
+    when = timezone.now()
+    bad, good = ({**activity_log.entry_fields(RequestRecord(endpoint="chat", request_id=f"t{i}", status=200)), "status": status}
+                 for i, status in enumerate((-1, 200)))
+    writer = activity_writer.ActivityWriter()  # one batch, as the writer's thread takes it
+    await asyncio.to_thread(writer._write, [bad, good], {key.pk: when})
+    assert [r async for r in ActivityEntry.objects.values_list("request_id", flat=True)] == ["t1"]
+    assert (writer.written, writer.failed) == (1, 1)
+    assert (await ApiKey.objects.aget(pk=key.pk)).last_used == when
