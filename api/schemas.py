@@ -84,9 +84,16 @@ _COMMON_KEYS = frozenset(
 )
 # OpenAI parameters that change nothing here, accepted without naming them in ``ignored`` but
 # type-checked (a 400 when of the wrong type): on both endpoints, and on chat only (the
-# replacements for its deprecated ``user``, and their cache retention hint)
+# replacements for its deprecated ``user``, their cache hints, and a predicted output: a speed-up
+# that leaves the reply as it is)
 _SILENT_KEYS: dict[str, type] = {"metadata": dict, "store": bool, "service_tier": str}
-_CHAT_SILENT_KEYS: dict[str, type] = {"prompt_cache_key": str, "safety_identifier": str, "prompt_cache_retention": str}
+_CHAT_SILENT_KEYS: dict[str, type] = {
+    "prompt_cache_key": str,
+    "safety_identifier": str,
+    "prompt_cache_retention": str,
+    "prompt_cache_options": dict,
+    "prediction": dict,
+}
 _CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEYS) | {
     "messages",
     "max_completion_tokens",
@@ -98,14 +105,18 @@ _CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEY
     "function_call",
     "parallel_tool_calls",
     "chat_template_kwargs",
+    "reasoning_effort",
+    "modalities",
+    "audio",
 }
 # OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md)
 _COMPLETION_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens"}
 
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
-# accepted and dropped (chat templates here only see role and content).
+# accepted and dropped (chat templates here only see role and content), and so are the SDK's
+# ``audio`` and ``annotations`` of a reply sent back as it came (``audio`` named when not null).
 _MESSAGE_KEYS = frozenset(
-    {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call"}
+    {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call", "audio", "annotations"}
 )
 _STREAM_OPTIONS_KEYS = frozenset({"include_usage", "include_obfuscation"})
 
@@ -250,7 +261,13 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     _parse_common(body, req)
     _parse_chat_logprobs(body, req)
     _parse_tools(body, req)
+    _parse_modalities(body)
     kwargs = _optional(body, "chat_template_kwargs", dict)
+    # reasoning_effort is a template variable (gpt-oss's template reads it, as vLLM and
+    # llama-server pass it); chat_template_kwargs' own value wins
+    effort = _optional(body, "reasoning_effort", str)
+    if effort is not None:
+        kwargs = {"reasoning_effort": effort, **(kwargs or {})}
     req.chat_template_kwargs = kwargs or None
     return req
 
@@ -454,6 +471,11 @@ def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:
             code="unknown_parameter",
         )
     out = _parse_known_message(msg, where)
+    audio = _optional(msg, "audio", dict, f"{where}.audio")
+    if audio is not None:  # an earlier spoken reply (its id at OpenAI): nothing to read here
+        unknown.append("audio")
+    if msg.get("annotations") is not None and not isinstance(msg["annotations"], list):
+        raise _invalid_type(f"{where}.annotations", "an array")
     if unknown:
         out["unknown_keys"] = unknown
     return out
@@ -508,6 +530,8 @@ def _parse_message_tool_calls(msg: Mapping[str, Any], role: str, where: str) -> 
         raise _invalid_type(f"{where}.tool_calls", "an array of tool calls")
     out = []
     for j, cw, call in _each_object(calls, f"{where}.tool_calls", "a tool call object"):
+        if call.get("type") not in (None, "function"):
+            raise _invalid_value(f"{cw}.type", "'function' (custom tool calls are not supported)")
         fn = call.get("function")
         if not isinstance(fn, dict):
             raise _missing(f"{cw}.function")
@@ -631,7 +655,7 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
         for _, where, tool in _each_object(raw, tools_key, "a tool object"):
             if tools_key == "tools":
                 if tool.get("type", "function") != "function":
-                    raise _invalid_value(f"{where}.type", "'function'")
+                    raise _invalid_value(f"{where}.type", "'function' (custom tools are not supported)")
                 fn = tool.get("function")
                 where = f"{where}.function"
             else:
@@ -658,6 +682,8 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
             raise _invalid_value(choice_key, "'none', 'auto', 'required' or a named function")
     elif isinstance(choice, dict) and choice_key == "tool_choice" and choice.get("type") == "allowed_tools":
         tools, choice = _allowed_tools(choice.get("allowed_tools"), tools)
+    elif isinstance(choice, dict) and choice_key == "tool_choice" and choice.get("type") not in (None, "function"):
+        raise _invalid_value("tool_choice.type", "'function' or 'allowed_tools' (custom tools are not supported)")
     elif isinstance(choice, dict):
         fn = choice.get("function") if choice_key == "tool_choice" else choice
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -690,6 +716,23 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     # the legacy API's reply holds one function_call: one call at most, as parallel_tool_calls false
     req.legacy_functions = bool(tools) and tools_key == "functions"
     req.parallel_tool_calls = parallel is not False and not req.legacy_functions
+
+
+def _parse_modalities(body: Mapping[str, Any]) -> None:
+    """``modalities`` (``["text"]``: what every reply is) and ``audio`` (a spoken reply's voice
+    and format): replies here are text, so asking for audio is a 400 naming what asked."""
+    modalities = body.get("modalities")
+    if modalities is not None:
+        if not isinstance(modalities, list) or not all(m in ("text", "audio") for m in modalities):
+            raise _invalid_type("modalities", "an array of 'text' and 'audio'")
+        if "audio" in modalities:
+            raise invalid_request(
+                "Invalid value for 'modalities': this server generates text only; 'audio' output is not supported.",
+                param="modalities",
+                code="unsupported_value",
+            )
+    if _optional(body, "audio", dict) is not None:
+        raise _unsupported_parameter("audio", "this server generates text only, not spoken replies; omit it")
 
 
 def _allowed_tools(spec: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
