@@ -240,7 +240,7 @@ class EngineWorker:
         if isinstance(message, Submit):
             self._submit(conn, message)
         elif isinstance(message, Prepared):
-            self._prepared(message)
+            self._prepared(conn, message)
         elif isinstance(message, Cancel):
             self._arrived.pop(message.id, None)
             if self.preparing.pop(message.id, None) is None:
@@ -353,13 +353,16 @@ class EngineWorker:
             if len(self._counted) > COUNTED_IDS:
                 del self._counted[next(iter(self._counted))]
 
-    def _prepared(self, result: Prepared) -> None:
+    def _prepared(self, conn: Connection, result: Prepared) -> None:
+        """``conn``: the connection of the Submit that was prepared (the inbox carries it)."""
+        if self.preparing.get(result.id) is not conn:
+            # cancelled, or its connection closed, while it was being prepared; or that, then the
+            # job submitted again on another connection, whose own result is still to come
+            return
+        del self.preparing[result.id]
         if self._urgent_preparing.pop(result.id, None) is not None:
             self._urgent_ready = True
-        conn = self.preparing.pop(result.id, None)
         received = self._arrived.pop(result.id, None)
-        if conn is None:
-            return  # cancelled, or its connection closed, while it was being prepared
         if result.refusal is not None:
             self._refuse(conn, result.id, result.refusal)
             return
@@ -667,18 +670,25 @@ class EngineWorker:
                 # the pool could not hold the plan: keep what ran, release pins, plan again
                 log.warning("engine refused the plan (%s); replanning with pins released", exc)
                 self._replanned = True
+                self._note_busy_lanes()
                 self._commit(partial)  # tokens sampled before the refused step, with their logprobs
+                self.metrics.on_fed(plan, partial)
                 self.scheduler.on_plan_rejected()
                 return True
             self._fail_running(str(exc))
             return True
         self._replanned = False
         self.stats["tick_seconds_total"] += time.perf_counter() - started
+        self._note_busy_lanes()
         self._commit(result)
         self.metrics.on_tick(plan, result)
+        return True
+
+    def _note_busy_lanes(self) -> None:
+        """The lanes the tick ran, counted before its commit frees the lanes of the jobs it
+        finished (a job admitted and finished in one tick held a lane too)."""
         active = sum(1 for j in self.scheduler.lanes if j is not None)
         self.stats["peak_lanes_active"] = max(self.stats["peak_lanes_active"], active)
-        return True
 
     def _commit(self, result: TickResult) -> None:
         """Commit what a tick ran: its tokens' logprobs queued on their jobs, its events sent, then

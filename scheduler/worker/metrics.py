@@ -118,12 +118,18 @@ class WorkerMetrics:
 
     # -- hooks (called by the worker) ---------------------------------------------------
 
-    def on_tick(self, plan: TickPlan, result: TickResult) -> None:
+    def on_fed(self, plan: TickPlan, result: TickResult) -> tuple[int, int]:
+        """Count the tokens a tick fed the engine, (prefill, decode): also for a tick the engine
+        refused part way, whose steps before the refused one are committed like any tick's."""
         decode_lanes = {f.lane for f in plan.feeds if f.is_decode}
         decode = sum(n for lane, n in result.fed.items() if lane in decode_lanes)
         prefill = sum(n for lane, n in result.fed.items() if lane not in decode_lanes)
         self.decode_tokens += decode
         self.prefill_tokens += prefill
+        return prefill, decode
+
+    def on_tick(self, plan: TickPlan, result: TickResult) -> None:
+        prefill, decode = self.on_fed(plan, result)
         if result.stopped_early:
             self.stopped_early += 1
         self.tick_seconds.observe(result.elapsed_s)

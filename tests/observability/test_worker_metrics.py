@@ -215,3 +215,42 @@ def test_a_preempted_jobs_wait_counts_from_when_it_went_back_to_the_queue() -> N
     # half a second, and the chat's tick (the simulated engine's clock): not the 3 s it ran
     assert samples(fams, "llamaswap_scheduler_queue_oldest_wait_seconds")[(("band", "batch"),)] < 1.5
     assert samples(fams, "superfluid_queue_oldest_wait_seconds")[(("class", "background"),)] < 1.5
+
+
+def test_tokens_of_a_tick_the_engine_refused_part_way_are_counted_as_fed() -> None:
+    """A plan the engine refuses after some of its steps ran is committed as far as it ran (its
+    prompt chunks count as computed, its sampled tokens go to their clients); the fed-token
+    totals skipped them, so they fell short of what the engine was fed."""
+    from scheduler.core.types import TickPlan, TickResult
+    from scheduler.engines.base import EngineError
+
+    class RefusesAfterRunning(SimEngine):
+        refusals = 2
+
+        def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+            result = super().execute(plan, should_stop)
+            if plan.feeds and self.refusals and len(self.calls) % 3 == 0:  # as if a later step was refused
+                self.refusals -= 1
+                raise EngineError("llama_decode returned 1", permanent=False, partial=result)
+            return result
+
+    clock = FakeClock()
+    engine = RefusesAfterRunning(n_lanes=2, lane_ctx=512, clock=clock)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
+    conn = FakeConn()
+    submit(worker, conn, "a", max_tokens=6)
+    submit(worker, conn, "b", max_tokens=6)
+    run(worker)
+    assert worker.scheduler.counters["plans_rejected"] == 2 and engine.refusals == 0
+    fed = sum(n for call in engine.calls for _lane, n in call)  # "b" copies the shared prompt from "a"
+    got = stats(worker)
+    assert got["prefill_tokens_total"] + got["decode_tokens_total"] == fed
+
+
+def test_the_peak_of_busy_lanes_counts_a_job_that_finished_in_the_tick_it_ran() -> None:
+    """Busy lanes were counted after the tick's commit had freed the lanes of the jobs it
+    finished: a job admitted and finished in one tick (max_tokens 1) left the peak at 0."""
+    worker, _ = make_worker()
+    submit(worker, FakeConn(), "one", max_tokens=1)
+    run(worker)
+    assert worker.stats["peak_lanes_active"] == 1
