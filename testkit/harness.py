@@ -110,6 +110,16 @@ class ServerProcess:
         return self.proc.returncode
 
 
+DATA_DIRS: list[str] = []  # every RunningServer's data directory, for remove_data_dirs()
+
+
+def remove_data_dirs() -> None:
+    """Delete the data directories (database, logs) of every server started so far; the test
+    run does it when it passed, and keeps them, logs and all, when it did not."""
+    while DATA_DIRS:
+        shutil.rmtree(DATA_DIRS.pop(), ignore_errors=True)
+
+
 class RunningServer(ServerProcess):
     """``manage.py serve`` with ``flags``, a fresh data directory and a free port."""
 
@@ -117,6 +127,7 @@ class RunningServer(ServerProcess):
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
         self.data_dir = tempfile.mkdtemp(prefix="superfluid-test-")
+        DATA_DIRS.append(self.data_dir)
         self.flags = flags
         super().__init__(
             free_port(),

@@ -194,7 +194,15 @@ def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None
         _leaks.append(f"{request.node.nodeid}: " + "; ".join(leaks[:3]))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int) -> None:
+    harness = sys.modules.get("testkit.harness")
+    if harness is not None and harness.DATA_DIRS:
+        if exitstatus == 0:  # every server's database and log: kept only to read a failure by
+            harness.remove_data_dirs()
+        else:
+            terminalreporter.section("data directories of the servers started (serve.log in each)")
+            for path in harness.DATA_DIRS:
+                terminalreporter.write_line(f"  {path}")
     if _serve_starts:
         with_model = sum(1 for _, model, _ in _serve_starts if model)
         refused = sum(1 for *_, proc in _serve_starts if (proc.returncode or 0) > 0)
