@@ -289,8 +289,11 @@ async def admit(
     request: GenerationRequest,
     principal: Principal | None = None,
     runtime: KeyRuntime | None = None,
+    decided: Callable[[QosClass, int], None] | None = None,
 ) -> Admission:
-    """Decide class, priority and lane kind for one request and take its limits, or raise."""
+    """Decide class, priority and lane kind for one request and take its limits, or raise.
+    ``decided`` hears the class and priority as soon as they are known, so that a request
+    refused after that (403 for its class or headers, 429, 503 queue_full) is logged with them."""
     rt = runtime or key_runtime()
     if principal is None:
         principal = await authenticate(headers, client, rt)
@@ -308,6 +311,8 @@ async def admit(
     if policy is not None and asked and qos < policy.max_class and not by_qos_header:
         qos = policy.max_class  # only X-LlamaSwap-Priority asked: the key's best class
     if policy is not None and asked and qos < policy.max_class:
+        if decided is not None:
+            decided(qos, priority)  # the class it asked for
         raise forbidden(
             f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",
             "qos_class_forbidden",
@@ -317,6 +322,8 @@ async def admit(
         # the tier offset orders work inside the band, never across one (request-priority seed):
         # a header of 49 plus +39 stays normal, -50 plus +39 stays batch
         priority = within_band(clamp_priority(priority + policy.priority_offset), band_of(priority))
+    if decided is not None:
+        decided(qos, priority)
 
     batch_invariant = wants_batch_invariant(headers)
     if batch_invariant and not (serving().http_allow_batch_invariant or (policy is not None and policy.allow_batch_invariant)):

@@ -22,7 +22,7 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
-from scheduler.core.qos import QosClass
+from scheduler.core.qos import QosClass, band_of
 from scheduler.link.messages import Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
 from scheduler.link.transport import JobHandle, Transport
@@ -215,13 +215,12 @@ class GenerationConsumer(StreamingConsumer):
         if last_event_id and pool is None and request.stream and getattr(link, "resumable", False):
             await self.resume(link, request, body, last_event_id)  # a stream begun on another head
             return
-        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal)
+        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal, decided=self.note_class)
         if self.scope.get("superfluid.qos") is not None:
             admission.run_in(self.scope["superfluid.qos"])
         qos, priority = admission.qos, admission.priority
-        self.record.key_name, self.record.qos, self.record.priority, self.record.band = (
-            admission.key_name, qos.label, priority, admission.band
-        )
+        self.record.key_name = admission.key_name
+        self.note_class(qos, priority)
         if pool is None:
             await self.run_job(link, request, admission)
             return
@@ -552,6 +551,10 @@ class GenerationConsumer(StreamingConsumer):
         swap, a load), which its worker counts in its times and histograms from then on."""
         router = getattr(self, "router_serial", None)
         return {"waited_ms": router["serial_queue_wait_ms"]} if router else {}
+
+    def note_class(self, qos: QosClass, priority: int) -> None:
+        """The request's class and priority in its activity row (a refused one's too)."""
+        self.record.qos, self.record.priority, self.record.band = qos.label, priority, band_of(priority)
 
     def note_done(self, event: Done) -> None:
         self.record.finish_reason = event.finish_reason

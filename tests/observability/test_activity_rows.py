@@ -96,3 +96,23 @@ async def test_a_body_the_consumer_refuses_as_too_large_has_the_time_it_was_open
     assert (too_large["status"], too_large["error_code"]) == (413, "request_too_large")
     assert invalid["total_ms"] is not None  # any other refusal
     assert too_large["total_ms"] is not None and too_large["total_ms"] >= 0, too_large
+
+
+async def test_a_request_refused_for_its_class_or_its_limits_is_logged_with_the_class_and_priority_decided() -> None:
+    """A 403 for a class above the key's best and a 429 past its rate limit: the rows had no
+    class, priority or band, so the log could not say which class a refused request was."""
+    from keys.credentials import digest_of
+    from keys.snapshot import Key, Policy
+
+    secret = "sf-test-refused-0123456789"
+    policy = Policy(name="agents", rate_limit_rpm=1, priority_offset=5)
+    keyed = [*JSON, (b"authorization", f"Bearer {secret}".encode())]
+    async with attached(SimWorker(), keys={digest_of(secret): Key(id=1, name="agent", digest=digest_of(secret), policy=policy)}):
+        too_high = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), [*keyed, (b"x-superfluid-qos", b"interactive")])
+        served = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), keyed)
+        limited = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), keyed)
+        assert (too_high.status, served.status, limited.status) == (403, 200, 429)
+    found = await rows("status", "error_code", "qos_class", "priority", "band")
+    assert [(r["status"], r["error_code"]) for r in found] == [(403, "qos_class_forbidden"), (200, ""), (429, "rate_limit_exceeded")]
+    assert found[0]["qos_class"] == "interactive"  # the class it asked for
+    assert [(r["qos_class"], r["priority"], r["band"]) for r in found[1:]] == [("agent", 5, "normal")] * 2
