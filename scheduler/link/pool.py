@@ -173,6 +173,7 @@ class ModelPool:
         self.router = Router(specs, self.config.router_config(), clock)
         self.links: dict[str, SocketTransport] = {}
         self.workers: dict[str, Worker] = {}
+        self.stopping: list[Worker] = []  # workers of unloaded models not yet exited (see exited, kill)
         self.waiters: dict[str, asyncio.Future[Dispatch]] = {}
         self.link = PoolLink(self)
         self.last_model: str | None = None
@@ -247,10 +248,11 @@ class ModelPool:
                 fut.set_exception(ModelUnavailable("", detail))
 
     def exited(self) -> bool:
-        return all(w.exited.is_set() for w in self.workers.values())
+        """Every worker has exited, those of models being unloaded included."""
+        return all(w.exited.is_set() for w in [*self.workers.values(), *self.stopping])
 
     def kill(self) -> None:
-        for worker in list(self.workers.values()):
+        for worker in [*self.workers.values(), *self.stopping]:
             worker.kill()
 
     # -- names -------------------------------------------------------------------------
@@ -331,6 +333,7 @@ class ModelPool:
             worker.start()
         except Exception as exc:  # no process or thread could be started (no descriptors, memory, threads)
             worker.fatal = f"its worker process could not be started ({exc})"
+            worker.kill()  # a process it started before failing (its watching thread) runs no more
             loop.call_soon(self._load_failed, model, worker)  # after this kick's dispatches
             return
         link.start()
@@ -380,6 +383,8 @@ class ModelPool:
     def _unload(self, model: str) -> None:
         link = self.links.pop(model, None)
         worker = self.workers.pop(model, None)
+        if worker is not None:
+            self.stopping.append(worker)  # serve's exit still waits for it, or kills it
         self._stop_awaiting(model)
         log.info("unloading model %s", model)
         if self.last_model == model:
@@ -394,6 +399,7 @@ class ModelPool:
             loop = asyncio.get_running_loop()
             if not await loop.run_in_executor(None, worker.exited.wait, UNLOAD_WAIT_S):
                 worker.kill()
+            self.stopping.remove(worker)
         self.router.unloaded(model)
         self.kick()
 
