@@ -83,6 +83,24 @@ def check_private_dir(path: str) -> None:
         raise ValueError(f"the link socket's directory {directory} must belong to this user and be writable by no one else")
 
 
+def check_not_listening(path: str) -> None:
+    """``ValueError`` if a live process listens on the socket ``path`` (another engine worker:
+    binding would take its name from under it, leaving two workers and serve talking to one);
+    a stale socket file, which refuses connections, is left for :meth:`LinkServer.start` to
+    replace."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:  # refused (nobody listens: a stale file), or not a socket
+        return
+    finally:
+        probe.close()
+    raise ValueError(f"another process is already listening on {path}")
+
+
 class LinkServer:
     def __init__(
         self,
@@ -109,6 +127,7 @@ class LinkServer:
             self._greet(self.inherited, last=True)
             return
         check_private_dir(self.path)
+        check_not_listening(self.path)
         if os.path.exists(self.path):
             os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -48,6 +48,26 @@ def test_the_socket_is_the_owners_alone_and_removed_on_close(tmp_path: Path) -> 
     assert not (tmp_path / "engine.sock").exists()
 
 
+def test_a_second_worker_on_a_socket_a_live_worker_listens_on_is_refused_and_a_stale_one_is_replaced(tmp_path: Path) -> None:
+    """The second of two runengines given one --socket unlinked the first's socket and bound its
+    own: two workers with a model each, and serve's link talking to whichever it reached."""
+    path = tmp_path / "engine.sock"
+    first = serve_at(path)
+    try:
+        with pytest.raises(ValueError, match="already listening"):
+            serve_at(path)
+        with socket.socket(socket.AF_UNIX) as s:  # the first still has its name
+            s.connect(str(path))
+            s.settimeout(5)
+            assert isinstance(decode(s.makefile("rb").readline()), Hello)
+    finally:
+        first.close()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))  # a worker that died without removing its socket file
+    stale.close()
+    serve_at(path).close()
+
+
 CONNECT = """
 import os, socket, sys
 if len(sys.argv) > 2:

@@ -33,7 +33,7 @@ from scheduler.management.options import (
     scheduler_config,
 )
 from scheduler.worker.loop import EngineWorker
-from scheduler.worker.server import LinkServer, check_private_dir
+from scheduler.worker.server import LinkServer, check_not_listening, check_private_dir
 
 log = logging.getLogger("superfluid.worker")
 
@@ -106,6 +106,7 @@ class Command(FlagsCommand):
         if options["socket"]:
             try:
                 check_private_dir(options["socket"])
+                check_not_listening(options["socket"])  # before minutes of loading the model
             except (OSError, ValueError) as exc:
                 raise CommandError(f"--socket: {exc}") from None
         started = time.monotonic()
