@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-tokenizers = pytest.importorskip("tokenizers")
-
-from api.tokenizer import HfVocab, detokenize  # noqa: E402
+from api.tokenizer import HfVocab, detokenize
 
 
 def _folder(tmp_path: Path, *, byte_level: bool, post_processor: bool = True, **config: object) -> Path:

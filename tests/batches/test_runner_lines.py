@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from typing import Any
 
 import pytest
@@ -92,28 +91,30 @@ async def test_a_client_that_leaves_while_its_batch_is_created_still_gets_the_ba
     stayed "validating" for good. Now creating and starting go on without the client."""
     from channels.testing import ApplicationCommunicator
 
-    from batches import views
     from tests.edge.inproc import JSON, application, scope
 
     rows: list[dict[str, object]] = []
     monkeypatch.setattr("activity.writer.submit", rows.append)
-    real_create = views._create
+    real_start = runner.start
+    creating, left = asyncio.Event(), asyncio.Event()
 
-    def slow_create(*args: Any) -> Batch:
-        time.sleep(0.3)  # a large file being read
-        return real_create(*args)
+    async def start_once_the_client_has_left(batch_id: str) -> None:
+        creating.set()  # the batch is being created (a large file read) ...
+        await left.wait()  # ... and its client leaves before it is started
+        await real_start(batch_id)
 
-    monkeypatch.setattr(views, "_create", slow_create)
+    monkeypatch.setattr(runner, "start", start_once_the_client_has_left)
     f = await File.objects.acreate(purpose="batch", filename="in.jsonl", bytes=1, owner="",
                                    content=b"".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
                                                                 "body": {"model": "sim", "prompt": "hi", "max_tokens": 3}}).encode() + b"\n" for i in range(2)))
     async with attached(SimWorker()):
         comm = ApplicationCommunicator(application(), scope("POST", "/v1/batches", JSON))
         await comm.send_input({"type": "http.request", "body": json.dumps({"input_file_id": f.id, "endpoint": "/v1/completions", "completion_window": "24h"}).encode()})
-        await asyncio.sleep(0.1)  # the file is being read
+        await asyncio.wait_for(creating.wait(), 30)
         await comm.send_input({"type": "http.disconnect"})
         with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
             await comm.wait(5)
+        left.set()
         for _ in range(1500):  # up to 30 s: a loaded CI machine once needed more than 5
             b = await Batch.objects.filter(input_file_id=f.id).afirst()
             if b is not None and b.status == "completed":

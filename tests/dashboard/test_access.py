@@ -288,6 +288,7 @@ async def test_a_page_whose_first_state_fails_still_gets_pushes_and_leaves_nothi
 
     async with staff_dashboard("vic") as comm:
         assert calls["n"] == 1
+        assert len(lingering()) == 2  # the page's renewal and user check run while it is open
         dashboard_feed.on_snapshot({"model": "m", "tick": 2, "lanes": []})
         assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 2
     for _ in range(200):  # the disconnect's group_discard and the tasks' cancellation land

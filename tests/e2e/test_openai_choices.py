@@ -129,6 +129,7 @@ def test_a_disconnect_cancels_every_choice(server: RunningServer) -> None:
                 # from: leaving the loop drops the line iterator, which closes the response)
                 server.wait_for(lambda: server.state()["lanes_active"] == 3, timeout_s=30)
                 break
+    assert len(seen) == 3, seen  # the stream was left with all three choices generating, not read to its end
     # every lane is freed, long before 1500 tokens each could have been generated
     server.wait_for(lambda: server.state()["lanes_active"] == 0, timeout_s=10)
 
