@@ -61,7 +61,8 @@ def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_
     long.join()
     # without suffix a request runs on the model it names
     client = openai_client(srv.base)
-    assert client.completions.create(model=MAIN, prompt="Hello", max_tokens=2).choices[0].text is not None
+    plain = client.completions.create(model=MAIN, prompt="Hello", max_tokens=2)
+    assert plain.model == MAIN and plain.usage is not None and plain.usage.completion_tokens >= 1
     assert client.chat.completions.create(model=FIM, messages=[{"role": "user", "content": "Hi"}], max_tokens=2).model == FIM
     after = models(srv)
     assert (after[MAIN]["requests"], after[FIM]["requests"]) == (during[MAIN]["requests"] + 1, during[FIM]["requests"] + 1)

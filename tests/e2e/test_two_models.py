@@ -117,7 +117,7 @@ def test_a_swap_under_load_loses_no_request(srv: RunningServer) -> None:
     # every request was dispatched once; Gemma was loaded for its share while smol's waited or
     # ran (smol is loaded again only when the router served Gemma's first)
     assert metric(srv, 'llamaswap_scheduler_dispatched_total{band="normal"}') == dispatched + len(jobs)
-    assert loads(srv, "gemma") >= before["gemma"] + 1 and loads(srv, "smol") >= before["smol"]
+    assert loads(srv, "gemma") >= before["gemma"] + 1
     state = models_state(srv)
     assert all(state[m]["running"] == 0 and state[m]["waiting"] == 0 and state[m]["error"] is None for m in ("smol", "gemma"))
 
