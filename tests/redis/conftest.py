@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import SimEngine
@@ -69,6 +71,53 @@ class RedisServer:
             self.proc.terminate()
             self.proc.wait(timeout=20)
         self.proc = None
+
+
+# a script that keeps Redis busy (every other client waits) for ARGV[1] milliseconds
+SPIN = """
+local t = redis.call('TIME')
+local until_us = t[1] * 1000000 + t[2] + ARGV[1] * 1000
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= until_us
+"""
+
+
+class Busy:
+    """Redis kept busy for ``ms`` milliseconds by SPIN, sent from here before this returns, and
+    running: a PING on another connection goes unanswered. (A command sent meanwhile is run
+    after the script; one held by CLIENT PAUSE is dropped if its connection closes first.)"""
+
+    def __init__(self, port: int, ms: int) -> None:
+        self.conn = redis.Connection(port=port)
+        self.conn.send_command("EVAL", SPIN, 0, ms)  # in Redis's socket buffer when this returns
+        deadline = time.monotonic() + 10
+        while True:
+            probe = redis.Redis(port=port, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return
+            finally:
+                probe.close()
+            assert time.monotonic() < deadline, "Redis never got busy with the script"
+
+    def join(self) -> None:
+        """Wait for the script's end."""
+        self.conn.read_response()
+        self.conn.disconnect()
+
+
+def commands_run(client: redis.Redis, command: str) -> int:
+    """How many times Redis has run ``command`` (INFO commandstats): proof a command reached it."""
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def until_sent(client: Any, timeout_s: float = 10.0) -> None:
+    """Wait until an asyncio Redis client has a command on one of its connections: with Redis
+    paused, a command that waits there for its reply. The timeout only bounds a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not client.connection_pool._in_use_connections:
+        assert time.monotonic() < deadline, "no command was sent to Redis"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture(scope="session")

@@ -79,16 +79,15 @@ async def test_requests_that_end_normally_give_back_every_place_with_shared_limi
 
 async def test_a_request_cancelled_while_redis_checks_its_limits_holds_nothing(redis_server: RedisServer) -> None:
     """The client goes away while the limits script is on its way (here Redis is busy for
-    0.3 s): the head's queue place and the Redis slot the script took are given back. Both used
+    0.5 s): the head's queue place and the Redis slot the script took are given back. Both used
     to be held: the head's for good (the queue filled up), Redis's for the slot's hour."""
     import asyncio
-    import threading
 
     import redis
 
     from keys import limits
 
-    from .test_fleet_sim import SPIN
+    from .conftest import Busy, commands_run, until_sent
 
     limits._limiters.clear()
     admin = redis.Redis(port=redis_server.port)
@@ -96,15 +95,17 @@ async def test_a_request_cancelled_while_redis_checks_its_limits_holds_nothing(r
         head = runtime()
         warm = await admit({}, IP, chat(), runtime=head)  # the limiter's connection is open
         await warm.release()
-        busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
-        busy.start()
-        await asyncio.sleep(0.05)  # the script is running: the limits check waits behind it
+        [limiter] = limits._limiters.values()
+        checks = commands_run(admin, "evalsha")
+        spinning = Busy(redis_server.port, 500)  # the limits check waits behind the script
         task = asyncio.get_running_loop().create_task(admit({}, IP, chat(), runtime=head))
-        await asyncio.sleep(0.05)  # the check is sent
+        await until_sent(limiter.client)
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await asyncio.to_thread(busy.join)
+        [ended] = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(ended, asyncio.CancelledError), ended  # cancelled before Redis answered
         assert head.in_flight.held == {}
+        await asyncio.to_thread(spinning.join)
+        assert await asyncio.to_thread(commands_run, admin, "evalsha") == checks + 1  # the check reached Redis
         for _ in range(100):  # the slot is given back by a task of its own
             if not any(admin.zcard(k) for k in admin.scan_iter("sf:cc:*")):
                 break

@@ -19,14 +19,7 @@ from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Config, Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 
-from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
-
-# a script that keeps Redis busy (every other client waits) for ARGV[1] milliseconds
-SPIN = """
-local t = redis.call('TIME')
-local until_us = t[1] * 1000000 + t[2] + ARGV[1] * 1000
-repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= until_us
-"""
+from .conftest import SPIN, Busy, RedisServer, SimFleetWorker, completion, head, outcome, until_sent
 
 
 def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
@@ -87,13 +80,12 @@ async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_co
         assert time.monotonic() < deadline, "the stream's reader did not leave after Done"
         await asyncio.sleep(0.01)
     # Redis busy for 0.3 s (a script spinning): the DELETE is still waiting when the head stops
-    busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
-    busy.start()
-    await asyncio.sleep(0.05)  # the script is running
+    busy = Busy(redis_server.port, 300)
     link.finish(handle)
-    await asyncio.sleep(0.05)  # the DELETE is sent, and waits behind the script
+    await until_sent(link._redis())  # the DELETE is sent, and waits behind the script
+    assert link._forgetting, "the DELETE ended before the head stopped"
     await link.stop()
-    busy.join()
+    await asyncio.to_thread(busy.join)
     deadline = time.monotonic() + 5
     while admin.exists(f"{prefix}s:{handle.job_id}"):  # the stream is deleted, one way or another
         assert time.monotonic() < deadline, "the finished job's stream was never deleted"
