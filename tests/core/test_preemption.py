@@ -317,18 +317,26 @@ def test_without_parking_the_recomputed_jobs_stream_repeats_nothing() -> None:
     assert outputs(rec.events)["bg"][5:] == expected[5:]  # not a re-sampled first token
 
 
-def test_a_recomputation_longer_than_the_prefill_budget_still_resumes_exactly() -> None:
-    victim = make_job(100, max_tokens=40, qos=QosClass.BACKGROUND, job_id="bg")
-    expected = undisturbed_output(victim)
+def recomputed_after_a_chat(victim: Job, outputs_before: int) -> tuple[Recording, list[int]]:
+    """``victim`` alone on one lane without parking, a 64-token prefill budget, preempted by a
+    chat once it has ``outputs_before`` tokens out, then run to the end: the recording, and the
+    token counts fed for it from its rebinding on."""
     sched, engine, _ = make_scheduler(max_batch=1, park=False, prefill_budget=64)
     rec = Recording()
     sched.add(victim)
-    while len(victim.output) < 30:
+    while len(victim.output) < outputs_before:
         recorded_tick(sched, engine, rec)
     sched.add(chat())
     recorded_run_until_idle(sched, engine, rec)
-    rebind = max(p.tick for p in rec.plans_binding("bg"))
-    assert [n for t, n in rec.fed["bg"] if t >= rebind][:3] == [64, 64, 2]  # 130 tokens again
+    rebind = max(p.tick for p in rec.plans_binding(victim.job_id))
+    return rec, [n for t, n in rec.fed[victim.job_id] if t >= rebind]
+
+
+def test_a_recomputation_longer_than_the_prefill_budget_still_resumes_exactly() -> None:
+    victim = make_job(100, max_tokens=40, qos=QosClass.BACKGROUND, job_id="bg")
+    expected = undisturbed_output(victim)
+    rec, refed = recomputed_after_a_chat(victim, outputs_before=30)
+    assert refed[:3] == [64, 64, 2]  # 130 tokens again
     assert victim.output == expected
     assert outputs(rec.events)["bg"] == expected
 
@@ -338,15 +346,7 @@ def test_recomputing_an_output_longer_than_the_prompt_keeps_to_the_prefill_budge
     it feeds again is still prefill work, in budget-sized chunks, not one huge tick."""
     victim = make_job(40, max_tokens=400, qos=QosClass.BACKGROUND, job_id="bg")
     expected = undisturbed_output(victim)
-    sched, engine, _ = make_scheduler(max_batch=1, park=False, prefill_budget=64)
-    rec = Recording()
-    sched.add(victim)
-    while len(victim.output) < 300:
-        recorded_tick(sched, engine, rec)
-    sched.add(chat())
-    recorded_run_until_idle(sched, engine, rec)
-    rebind = max(p.tick for p in rec.plans_binding("bg"))
-    refed = [n for t, n in rec.fed["bg"] if t >= rebind]
+    rec, refed = recomputed_after_a_chat(victim, outputs_before=300)
     assert refed[:7] == [64] * 5 + [20, 1]  # prompt and output so far (340) again, then decoding
     assert all(p.prefill_tokens <= 64 for p in rec.plans)
     assert victim.output == expected

@@ -75,6 +75,15 @@ def fresh(page: Any) -> Any:
     return page
 
 
+def clocked_page(page: Any) -> Any:
+    """A page of its own on the dashboard, with the fake socket and a clock the test moves."""
+    pg = page.context.browser.new_page()
+    pg.clock.install()
+    pg.add_init_script(FAKE_SOCKET)
+    pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=page_html()))
+    return fresh(pg)
+
+
 def worker(pid: int, decode: int, ttft: tuple[float, int], preemptions: int) -> dict[str, Any]:
     return {
         "pid": pid, "lanes": [{"lane": 0, "state": "decode", "job_id": f"job-{pid}", "generated": 1}],
@@ -146,12 +155,8 @@ def test_a_page_that_stops_getting_pushes_says_its_state_is_old_and_live_again_w
     """Pushes come only with worker snapshots: with the worker gone (crashed, restarting, loading
     its model) the page kept the last lanes decoding under a green "live" for as long as it
     stayed open."""
-    pg = page.context.browser.new_page()
+    pg = clocked_page(page)
     try:
-        pg.clock.install()
-        pg.add_init_script(FAKE_SOCKET)
-        pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=page_html()))
-        fresh(pg)
         state = dashboard_state({"lanes": [{"lane": 0, "state": "decode", "job_id": "j", "generated": 5}]})
 
         def conn() -> tuple[str, str]:
@@ -188,12 +193,8 @@ def test_with_several_models_and_none_resident_the_page_stays_live(page: Any) ->
         pool_mod._POOLS.pop(-1, None)
         loop.close()
     assert push["models"] == []  # what the feed really sends with nothing resident
-    pg = page.context.browser.new_page()
+    pg = clocked_page(page)
     try:
-        pg.clock.install()
-        pg.add_init_script(FAKE_SOCKET)
-        pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=page_html()))
-        fresh(pg)
         pg.evaluate("(s) => window.__push(s)", push)
         pg.clock.run_for(10_000)
         assert pg.evaluate("() => document.getElementById('conn').dataset.status") == "live"

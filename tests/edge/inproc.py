@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from channels.testing import ApplicationCommunicator
@@ -163,3 +165,27 @@ def chat_body(content: str = "hi", **fields: Any) -> bytes:
 
 
 JSON = [(b"content-type", b"application/json")]
+
+
+def stand_in_pool(monkeypatch: Any, acquire: Callable[[str, int, int], Awaitable[Any]]) -> None:
+    """Several models, as the consumers see them: a router of one model (MODEL, 512 tokens a
+    lane) whose dispatch is ``acquire(model, priority, jobs)``, set in place of the pool."""
+    from api import consumers
+
+    class Pool:
+        draining = False
+        setup = SimpleNamespace(ctx_sizes={MODEL: 512})
+
+        def names(self) -> list[str]:
+            return [MODEL]
+
+        def route(self, name: str, *, fim: bool) -> str:
+            return MODEL
+
+        async def acquire(self, model: str, priority: int, *, preempts: bool = False, jobs: int = 1) -> Any:
+            return await acquire(model, priority, jobs)
+
+        def release(self, ticket: object) -> None:
+            pass
+
+    monkeypatch.setattr(consumers, "get_pool", Pool)

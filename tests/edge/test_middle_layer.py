@@ -24,6 +24,7 @@ from .inproc import (
     chat_body,
     request,
     scope,
+    stand_in_pool,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -505,28 +506,15 @@ async def test_a_request_with_several_choices_asks_the_model_router_for_a_lane_e
     with n=3 runs six jobs at the worker, so it asks for six (it asked for one, and the router
     sent more work than the model had lanes). The stand-in pool answers that the model is
     unavailable once it has seen the ask: a 503, nothing submitted."""
-    from types import SimpleNamespace
-
-    from api import consumers
     from scheduler.link.pool import ModelUnavailable
 
     asked: list[dict[str, object]] = []
 
-    class Pool:
-        draining = False
-        setup = SimpleNamespace(ctx_sizes={MODEL: 512})
+    async def acquire(model: str, _priority: int, jobs: int) -> None:
+        asked.append({"model": model, "jobs": jobs})
+        raise ModelUnavailable(model, "The stand-in pool serves nothing.")
 
-        def names(self) -> list[str]:
-            return [MODEL]
-
-        def route(self, name: str, *, fim: bool) -> str:
-            return MODEL
-
-        async def acquire(self, model: str, priority: int, *, preempts: bool = False, jobs: int = 1) -> None:
-            asked.append({"model": model, "jobs": jobs})
-            raise ModelUnavailable(model, "The stand-in pool serves nothing.")
-
-    monkeypatch.setattr(consumers, "get_pool", Pool)
+    stand_in_pool(monkeypatch, acquire)
     async with attached(SimWorker()):
         body = json.dumps({"model": MODEL, "prompt": ["one", "two"], "n": 3, "max_tokens": 2}).encode()
         many = await request("POST", "/v1/completions", body, JSON)

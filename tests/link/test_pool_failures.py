@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,13 @@ class Startable:
         self.exited.set()
 
 
-def two_models(errors: dict[str, BaseException] | None = None) -> tuple[ModelPool, dict[str, list[Startable]]]:
-    spawned: dict[str, list[Startable]] = {"a": [], "b": []}
+def two_models(errors: dict[str, BaseException] | None = None, worker: Callable[[BaseException | None], Any] = Startable) -> tuple[ModelPool, dict[str, list[Any]]]:
+    """A pool of models ``a`` and ``b``, one lane each, whose workers ``worker`` stands in for
+    (``errors``: what each model's worker's start raises); the workers it spawned, by model."""
+    spawned: dict[str, list[Any]] = {"a": [], "b": []}
 
-    def spawn(model: str, _sockets: Any) -> Startable:
-        spawned[model].append(Startable((errors or {}).get(model)))
+    def spawn(model: str, _sockets: Any) -> Any:
+        spawned[model].append(worker((errors or {}).get(model)))
         return spawned[model][-1]
 
     cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))

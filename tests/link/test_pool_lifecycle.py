@@ -4,29 +4,21 @@ when it is unloaded while serve exits, and when its supervisor fails half-way th
 from __future__ import annotations
 
 import asyncio
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scheduler.link.pool import ModelPool, ModelUnavailable, PoolSetup
-from scheduler.models_config import ModelsConfig, ServedModel
+from scheduler.link.pool import ModelUnavailable
+
+from .test_pool_failures import Startable, two_models
 
 
-class Proc:
+class Proc(Startable):
     """A model's worker supervisor with a process that exits only when killed (a worker slow to
     drain), or whose ``start`` launches the process and then fails (``error``): what
     ``WorkerSupervisor.start`` does when its watching thread cannot be started."""
 
-    def __init__(self, error: BaseException | None = None) -> None:
-        self.exited = threading.Event()
-        self.fatal: str | None = None
-        self.on_fatal: Any = None
-        self.restarts = 0
-        self.error = error
-        self.running = False
-        self.drained = False
+    running = False
 
     def start(self) -> None:
         self.running = True  # the process runs
@@ -41,17 +33,6 @@ class Proc:
         self.exited.set()
 
 
-def two_models(errors: dict[str, BaseException] | None = None) -> tuple[ModelPool, dict[str, list[Proc]]]:
-    spawned: dict[str, list[Proc]] = {"a": [], "b": []}
-
-    def spawn(model: str, _sockets: Any) -> Proc:
-        spawned[model].append(Proc((errors or {}).get(model)))
-        return spawned[model][-1]
-
-    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
-    return ModelPool(PoolSetup(cfg, spawn=spawn, lanes={"a": 1, "b": 1}, ctx_sizes={"a": 512, "b": 512})), spawned
-
-
 async def until(condition: Any, what: str) -> None:
     """Let the loop run until ``condition()`` holds; the deadline only bounds a hang."""
     deadline = asyncio.get_running_loop().time() + 10
@@ -64,7 +45,7 @@ async def test_a_worker_being_unloaded_is_waited_for_and_killed_when_serve_exits
     """A swap unloading model a (its worker slow to exit) when serve stopped: the pool said every
     worker had exited, since a's was no longer among its workers, and serve's final kill passed it
     by, leaving a process that holds the model's memory after serve said it stopped."""
-    pool, spawned = two_models()
+    pool, spawned = two_models(worker=Proc)
     waiting = asyncio.ensure_future(pool.acquire("a", 0))
     await until(lambda: "a" in pool.links, "a's load started")
     pool.links["a"]._connected.set()  # its worker says hello
@@ -90,7 +71,7 @@ async def test_a_worker_whose_supervisor_fails_after_starting_its_process_is_kil
     could not be started failed the load, but the process it had started ran on, unknown to the
     pool (never drained or killed, even when serve exited), while the next request for the model
     started a second worker for it beside the first."""
-    pool, spawned = two_models({"b": RuntimeError("can't start new thread")})
+    pool, spawned = two_models({"b": RuntimeError("can't start new thread")}, worker=Proc)
     with pytest.raises(ModelUnavailable, match="can't start new thread"):
         await asyncio.wait_for(pool.acquire("b", 0), 10)
     assert not spawned["b"][0].running and spawned["b"][0].exited.is_set()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from django.test import override_settings
 
 from activity import writer as activity_writer
 from activity.models import ActivityEntry
-from tests.edge.inproc import JSON, MODEL, SimWorker, attached, chat_body, request
+from tests.edge.inproc import JSON, MODEL, SimWorker, attached, chat_body, request, stand_in_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,30 +25,16 @@ async def rows(*fields: str) -> list[dict[str, Any]]:
     return await sync_to_async(list)(ActivityEntry.objects.order_by("id").values(*fields))
 
 
-def stand_in_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+def router_that_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Several models: a router that dispatches every request after it waited ROUTER_WAIT_S (a
     model load), to the in-process worker."""
-    from api import consumers
     from scheduler.core.router import Dispatch
     from superfluid_site.runtime import get_link
 
-    class Pool:
-        draining = False
-        setup = SimpleNamespace(ctx_sizes={MODEL: 512})
+    async def acquire(model: str, priority: int, _jobs: int) -> Any:
+        return get_link(), Dispatch("r", model, priority, "normal", 12.5, ROUTER_WAIT_S), 1
 
-        def names(self) -> list[str]:
-            return [MODEL]
-
-        def route(self, name: str, *, fim: bool) -> str:
-            return MODEL
-
-        async def acquire(self, model: str, priority: int, *, preempts: bool = False, jobs: int = 1) -> Any:
-            return get_link(), Dispatch("r", model, priority, "normal", 12.5, ROUTER_WAIT_S), 1
-
-        def release(self, ticket: int) -> None:
-            pass
-
-    monkeypatch.setattr(consumers, "get_pool", Pool)
+    stand_in_pool(monkeypatch, acquire)
 
 
 async def test_the_serial_wait_of_a_request_of_several_choices_is_its_first_choices_as_its_queue_wait() -> None:
@@ -71,7 +56,7 @@ async def test_an_embeddings_request_that_waited_at_the_model_router_keeps_that_
     request's row counts the router's wait in its queue_wait_ms."""
     from tests.edge.test_middle_layer import embedding_engine, embeddings_body
 
-    stand_in_pool(monkeypatch)
+    router_that_waits(monkeypatch)
     async with attached(SimWorker()) as (link, _rt):
         embedding_engine(link)
         embedded = await request("POST", "/v1/embeddings", embeddings_body(["one", "two"]), JSON)
