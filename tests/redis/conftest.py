@@ -87,6 +87,7 @@ class Busy:
     after the script; one held by CLIENT PAUSE is dropped if its connection closes first.)"""
 
     def __init__(self, port: int, ms: int) -> None:
+        self.joined = False
         self.conn = redis.Connection(port=port)
         self.conn.send_command("EVAL", SPIN, 0, ms)  # in Redis's socket buffer when this returns
         deadline = time.monotonic() + 10
@@ -101,7 +102,10 @@ class Busy:
             assert time.monotonic() < deadline, "Redis never got busy with the script"
 
     def join(self) -> None:
-        """Wait for the script's end."""
+        """Wait for the script's end (once: a second call returns at once)."""
+        if self.joined:
+            return
+        self.joined = True
         self.conn.read_response()
         self.conn.disconnect()
 

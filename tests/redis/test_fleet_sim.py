@@ -19,7 +19,7 @@ from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Config, Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 
-from .conftest import SPIN, Busy, RedisServer, SimFleetWorker, completion, head, outcome, until_sent
+from .conftest import Busy, RedisServer, SimFleetWorker, completion, head, outcome, until_sent
 
 
 def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
@@ -253,19 +253,27 @@ async def test_a_submit_cancelled_on_its_way_to_redis_leaves_nothing_behind(redi
     link = await head(redis_server.url, prefix)
     admin = redis.Redis.from_url(redis_server.url)
     client = aioredis.from_url(redis_server.url)
-    busy = threading.Thread(target=admin.eval, args=(SPIN, 0, 300))
+    busy: Busy | None = None
     try:
         warm = await link.submit(request=completion("warm", max_tokens=2))  # connections open
         _text, done = await outcome(warm)
         assert isinstance(done, Done)
         link.finish(warm)
         served = worker.worker.stats["requests_total"]
-        busy.start()
-        await asyncio.sleep(0.05)  # the script is running: the submit waits behind it
+        enqueue, enqueuing = link.scripts.enqueue, asyncio.Event()
+
+        async def enqueue_noted(*args: Any, **kwargs: Any) -> Any:
+            enqueuing.set()  # the submit's script is on its way: written before this task waits
+            return await enqueue(*args, **kwargs)
+
+        link.scripts.enqueue = enqueue_noted
+        busy = Busy(redis_server.port, 300)  # the submit waits behind the spinning script
         task = asyncio.get_running_loop().create_task(link.submit(request=completion("nobody", max_tokens=200)))
-        await asyncio.sleep(0.05)  # the submit is sent
+        await asyncio.wait_for(enqueuing.wait(), 10)
+        await until_sent(link._redis())
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        [result] = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(result, asyncio.CancelledError), result  # cancelled with its submit in flight
         assert link.open == set() and link.inflight == {}
         await asyncio.to_thread(busy.join)
         deadline = time.monotonic() + 10
@@ -279,7 +287,7 @@ async def test_a_submit_cancelled_on_its_way_to_redis_leaves_nothing_behind(redi
         assert worker.worker.stats["requests_total"] - served <= 1  # at most started, then cancelled
         assert not [k async for k in client.scan_iter(f"{prefix}job:*")]
     finally:
-        if busy.is_alive():
+        if busy is not None:
             await asyncio.to_thread(busy.join)
         admin.close()
         await client.aclose()
@@ -364,7 +372,10 @@ async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(
     link = await head(redis_server.url, prefix)
     try:
         first = await link.submit(request=completion("first", max_tokens=60))
-        await asyncio.sleep(0.1)  # the first holds the only lane
+        deadline = time.monotonic() + 10
+        while first.delivered_tokens == 0:  # the first holds the only lane, 59 calls of 10 ms to go
+            assert time.monotonic() < deadline, "the first job never started"
+            await asyncio.sleep(0.005)
         second = await link.submit(request=completion("second", max_tokens=5))
         _text, done_first = await outcome(first)
         _text, done_second = await outcome(second)
