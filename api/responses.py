@@ -283,6 +283,12 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
+# A reply's tool-call tags that hold no call are text, and parsing goes on after each; past this
+# many the rest is text, so that a reply made of such tags (a prompt that has the model repeat
+# them) costs a bounded number of parses on the web process's event loop, not one per tag.
+MAX_MISSED_BLOCKS = 16
+
+
 def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a reply written in the generic format
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that does not parse or
@@ -291,27 +297,31 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
     rest: list[str] = []
     pos = 0
     decoder = json.JSONDecoder()
+    misses = 0  # blocks that were no call: each costs a parse to the end of the text at worst
     while True:
         start = text.find(TOOL_OPEN, pos)
-        if start < 0:
+        if start < 0 or misses >= MAX_MISSED_BLOCKS:  # then: the rest is text
             rest.append(text[pos:])
             break
         rest.append(text[pos:start])
+        misses += 1  # until it proves a call
         body_at = start + len(TOOL_OPEN)
         stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
         try:
             obj, end = decoder.raw_decode(text, body_at + stripped)
             spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
         except (ValueError, RecursionError):  # not a call (however deeply nested): text
-            rest.append(text[start:])
-            break
+            rest.append(text[start:body_at])  # the tag is text; a later block may be a call
+            pos = body_at
+            continue
         close = text.find(TOOL_CLOSE, end)
         between = text[end:close] if close >= 0 else text[end:]
         name = obj.get("name") if isinstance(obj, dict) else None
         arguments = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
         if close < 0 or between.strip() or name not in names or not isinstance(arguments, dict):
-            rest.append(text[start:])
-            break
+            rest.append(text[start:body_at])  # the tag is text; a later block may be a call
+            pos = body_at
+            continue
         # the arguments as the model wrote them (valid JSON: it parsed), so that a stream, which
         # sends them as they are generated, adds up to exactly the same string
         span = spans.get("arguments", spans.get("parameters"))
@@ -323,6 +333,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
             }
         )
         pos = close + len(TOOL_CLOSE)
+        misses -= 1
     content = "".join(rest).strip()
     return (content or None), calls
 
@@ -546,13 +557,11 @@ class Reply:
             if self.after_args:  # the call's closing: "}" and </tool_call>
                 tail = _CALL_TAIL.match(held)
                 if tail is None:
-                    if len(held) < 64 and _could_be_tail(held):
+                    if _could_be_tail(held):  # whitespace, "}", a prefix of </tool_call>
                         self.held = held
                         break
-                    self.after_args = False  # not the closing after all: text from here
-                    content.append(held)
-                    held = ""
-                    break
+                    self.after_args = False  # not the closing after all: text from here (a
+                    continue  # later call in it still a call)
                 held = held[tail.end() :]
                 self.after_args = False
                 continue

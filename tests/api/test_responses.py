@@ -816,3 +816,54 @@ def test_streamed_completion_offsets_are_the_unstreamed_ones_however_the_text_is
     lp = whole.body(Done("j", "stop"), None)["choices"][0]["logprobs"]  # type: ignore[arg-type]
     assert offsets == lp["text_offset"]
     assert whole.body(Done("j", "stop"), None)["choices"][0]["text"] == text  # type: ignore[arg-type]
+
+
+_F = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['<tool_call>\n{"name": "h", "arguments": {}}\n</tool_call>\n' + _F, "I use the <tool_call> tag: " + _F],
+    ids=["after-an-unoffered-function", "after-the-tag-in-prose"],
+)
+def test_a_call_after_a_block_that_is_no_call_is_still_a_call_streamed_or_not(text: str) -> None:
+    """A block that is no call stays text, but a well-formed call after it was lost as text too."""
+    content, calls = parse_tool_calls(text, ["f"])
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("f", '{"a": 1}')]
+    assert content == text[: text.rindex("<tool_call>")].strip()
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), [text[i : i + 5] for i in range(0, len(text), 5)])
+    assert _assembled(sent + final)[:2] == (content, [("f", '{"a": 1}')]) and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_call_in_the_same_chunk_as_text_after_a_streamed_calls_arguments_is_still_a_call() -> None:
+    """Text after a streamed call's arguments that is no closing went out whole as content: a
+    call later in the same chunk was sent as text, where cut otherwise it was a call."""
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), ['<tool_call>{"name": "f", "arguments": {}', "} oops " + _F])
+    assert _assembled(sent + final)[:2] == ("} oops", [("f", "{}"), ("f", '{"a": 1}')])
+
+
+def test_long_whitespace_before_a_streamed_calls_closing_tag_is_no_content() -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}' + " " * 80 + "\n</tool_call>"
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), [text[i : i + 3] for i in range(0, len(text), 3)])
+    assert _assembled(sent + final)[:2] == ("", [("f", '{"a": 1}')]) and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_reply_of_many_tags_that_hold_no_call_costs_a_bounded_number_of_parses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each tag that holds no call is text and parsing goes on after it; a reply made of
+    thousands (a prompt that has the model repeat them) would parse the rest of the text once a
+    tag, on the event loop. Past MAX_MISSED_BLOCKS the rest is text."""
+    from api import responses
+
+    parses = 0
+    real = json.JSONDecoder.raw_decode
+
+    def counted(self: json.JSONDecoder, s: str, idx: int = 0) -> Any:
+        nonlocal parses
+        parses += 1
+        return real(self, s, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counted)
+    text = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>' * 1000
+    content, calls = responses.parse_tool_calls(text, {"f"})
+    assert calls == [] and content == text
+    assert parses <= 8 * responses.MAX_MISSED_BLOCKS  # a few per block tried (its members), not per tag (5,000)
