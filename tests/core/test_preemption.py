@@ -5,6 +5,7 @@ stream that neither repeats nor changes a token."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import Scheduler
@@ -196,10 +197,10 @@ def test_with_preemption_off_an_interactive_job_waits_for_a_free_lane() -> None:
 # -- what happens to the preempted job --------------------------------------------------------
 
 
-def preempt_after(victim: Job, victim_tokens: int, park: bool = True) -> Recording:
+def preempt_after(victim: Job, victim_tokens: int, park: bool = True, **config: Any) -> Recording:
     """One lane: ``victim`` runs until it has ``victim_tokens`` tokens out, then a chat arrives;
-    run until both finish."""
-    sched, engine, _ = make_scheduler(max_batch=1, park=park)
+    run until both finish (``config``: more of the scheduler's settings)."""
+    sched, engine, _ = make_scheduler(max_batch=1, park=park, **config)
     rec = Recording()
     sched.add(victim)
     while len(victim.output) < victim_tokens:
@@ -321,13 +322,7 @@ def recomputed_after_a_chat(victim: Job, outputs_before: int) -> tuple[Recording
     """``victim`` alone on one lane without parking, a 64-token prefill budget, preempted by a
     chat once it has ``outputs_before`` tokens out, then run to the end: the recording, and the
     token counts fed for it from its rebinding on."""
-    sched, engine, _ = make_scheduler(max_batch=1, park=False, prefill_budget=64)
-    rec = Recording()
-    sched.add(victim)
-    while len(victim.output) < outputs_before:
-        recorded_tick(sched, engine, rec)
-    sched.add(chat())
-    recorded_run_until_idle(sched, engine, rec)
+    rec = preempt_after(victim, outputs_before, park=False, prefill_budget=64)
     rebind = max(p.tick for p in rec.plans_binding(victim.job_id))
     return rec, [n for t, n in rec.fed[victim.job_id] if t >= rebind]
 
