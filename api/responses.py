@@ -304,7 +304,6 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
             rest.append(text[pos:])
             break
         rest.append(text[pos:start])
-        misses += 1  # until it proves a call
         body_at = start + len(TOOL_OPEN)
         stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
         try:
@@ -312,7 +311,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
             spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
         except (ValueError, RecursionError):  # not a call (however deeply nested): text
             rest.append(text[start:body_at])  # the tag is text; a later block may be a call
-            pos = body_at
+            pos, misses = body_at, misses + 1
             continue
         close = text.find(TOOL_CLOSE, end)
         between = text[end:close] if close >= 0 else text[end:]
@@ -320,7 +319,7 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
         arguments = obj.get("arguments", obj.get("parameters", {})) if isinstance(obj, dict) else None
         if close < 0 or between.strip() or name not in names or not isinstance(arguments, dict):
             rest.append(text[start:body_at])  # the tag is text; a later block may be a call
-            pos = body_at
+            pos, misses = body_at, misses + 1
             continue
         # the arguments as the model wrote them (valid JSON: it parsed), so that a stream, which
         # sends them as they are generated, adds up to exactly the same string
@@ -333,7 +332,6 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
             }
         )
         pos = close + len(TOOL_CLOSE)
-        misses -= 1
     content = "".join(rest).strip()
     return (content or None), calls
 
