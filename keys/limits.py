@@ -13,6 +13,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 
+from scheduler.aio import keeping_cancel
+
 Clock = Callable[[], float]
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*$", re.IGNORECASE)
@@ -256,7 +258,7 @@ class RedisLimiter:
             args += [name, limit]
         args += [member, self.SLOT_TTL_S]
         try:
-            refused, wait_ms = await self.script(keys=[], args=[str(a) for a in args])
+            refused, wait_ms = await keeping_cancel(self.script(keys=[], args=[str(a) for a in args]))
         except Exception as exc:  # redis.RedisError, OSError, a timeout
             raise LimitsUnavailable(str(exc)) from exc
         return int(refused), int(wait_ms) / 1000.0

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.aio import spawn
+from scheduler.aio import keeping_cancel, spawn
 
 from .messages import (
     ENGINE_CRASHED,
@@ -185,7 +185,7 @@ class Transport(ABC):
         if self.connected:  # otherwise it is sent when the worker (re)connects
             handle.sent_on = self._connection
             try:
-                await self._send(data)
+                await keeping_cancel(self._send(data))
             except BaseException:
                 # cancelled (the client went away) while sending: no caller will ever hold this
                 # handle to cancel or finish it, and the submit may have gone out
