@@ -12,6 +12,7 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
         ttl: 300              # seconds idle before unloading; 0 = never
         priority: 0           # the fifo scheduler's per-model priority
     max_loaded_models: 1
+    healthCheckTimeout: 120   # seconds a model's worker has to be ready
     routing:
       scheduler:
         use: serial           # or fifo
@@ -40,6 +41,10 @@ from scheduler.core.router import SCHEDULERS, ModelSpec, RouterConfig
 MAX_BATCH_LIMIT = 64
 MIN_CTX = 64
 FIM_MAX_CONTEXT = 8192  # --fim-max-context's bound (scheduling seed: "up to 8192")
+# llama-swap's healthCheckTimeout: seconds a model's worker has to be ready (model loaded, its
+# start-up decode done) before its load counts as failed; its default and its minimum
+LOAD_TIMEOUT_S = 120.0
+MIN_LOAD_TIMEOUT_S = 15.0
 
 
 class ConfigError(ValueError):
@@ -69,6 +74,7 @@ class ModelsConfig:
     aging_divisor_s: float = 60.0
     swap_affinity_bonus: int = 10
     preload: tuple[str, ...] = ()  # loaded at start (one --model: today's behaviour)
+    load_timeout_s: float = LOAD_TIMEOUT_S  # healthCheckTimeout: a load not ready by then fails
     source: str = ""  # the file, for messages
     names: dict[str, str] = field(default_factory=dict)  # id or alias -> id
 
@@ -214,7 +220,7 @@ def _str(where: _Where, node: yaml.Node, key: str) -> str:
 
 
 MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
-TOP_KEYS = ("models", "max_loaded_models", "routing")
+TOP_KEYS = ("models", "max_loaded_models", "healthCheckTimeout", "routing")
 
 
 def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None]) -> ServedModel:
@@ -279,6 +285,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     kw: dict[str, Any] = {}
     if "max_loaded_models" in top:
         kw["max_loaded_models"] = _int(where, top["max_loaded_models"][1], "max_loaded_models", 1)
+    if "healthCheckTimeout" in top:
+        kw["load_timeout_s"] = _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", MIN_LOAD_TIMEOUT_S)
     if "routing" in top:
         routing = _mapping(where, top["routing"][1], "routing")
         _only(where, routing, "routing", ("scheduler",))

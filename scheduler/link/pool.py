@@ -347,9 +347,17 @@ class ModelPool:
             awaiting.cancel()
 
     async def _await_loaded(self, model: str, link: SocketTransport) -> None:
-        await link.wait_connected(float("inf"))
+        timeout_s = self.config.load_timeout_s
+        ready = await link.wait_connected(timeout_s)
         self._awaiting.pop(model, None)
         if self.links.get(model) is not link:
+            return
+        if not ready:  # a worker hung mid-load: its requests waited with no end
+            worker = self.workers.get(model)
+            if worker is not None:
+                worker.fatal = f"its worker was not ready within {timeout_s:g} s (healthCheckTimeout)"
+                worker.kill()
+                self._load_failed(model, worker)
             return
         took = self.router.loaded(model)
         self.loads_total[model] += 1

@@ -22,6 +22,7 @@ models:
   other:
     model: other.gguf
 max_loaded_models: 2
+healthCheckTimeout: 600
 routing:
   scheduler:
     use: fifo
@@ -52,6 +53,7 @@ def test_the_issues_shape_is_read_with_every_setting(folder: Path) -> None:
     assert (smol.max_batch, smol.ctx_size, smol.ttl_s, smol.priority) == (4, 2048, 300.0, 10)
     assert (other.max_batch, other.ctx_size, other.ttl_s, other.priority) == (None, None, 0.0, 0)
     assert (cfg.max_loaded_models, cfg.scheduler, cfg.aging_divisor_s, cfg.swap_affinity_bonus) == (2, "fifo", 30.0, 0)
+    assert cfg.load_timeout_s == 600.0
     assert cfg.resolve("tiny") == "smol" and cfg.resolve("other") == "other" and cfg.resolve("nope") is None
     assert cfg.preload == ()  # loaded on demand
 
@@ -59,6 +61,7 @@ def test_the_issues_shape_is_read_with_every_setting(folder: Path) -> None:
 def test_defaults_are_the_seeds(folder: Path) -> None:
     cfg = load_config(write(folder, "models:\n  a:\n    model: smol.gguf\n"))
     assert (cfg.max_loaded_models, cfg.scheduler, cfg.aging_divisor_s, cfg.swap_affinity_bonus) == (1, "serial", 60.0, 10)
+    assert cfg.load_timeout_s == 120.0  # llama-swap's healthCheckTimeout default
 
 
 @pytest.mark.parametrize(
@@ -79,6 +82,8 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
         ("models:\n  a:\n    model: smol.gguf\n    aliases: x\n", ":4: models.a.aliases: must be a list of names"),
         ("models:\n  a:\n    model: smol.gguf\n    aliases: [b]\n  b:\n    model: other.gguf\n", ":2: models: model name 'b' is used by both 'a' and 'b'"),
         ("models:\n  a:\n    model: smol.gguf\nmax_loaded_models: 0\n", ":4: max_loaded_models: must be at least 1, got 0"),
+        ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: 5\n", ":4: healthCheckTimeout: must be 15 or more, got 5"),
+        ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: .inf\n", ":4: healthCheckTimeout: must be a finite number, got '.inf'"),
         ("models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    use: lifo\n", ":6: routing.scheduler.use: must be serial or fifo, got 'lifo'"),
         (
             "models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    settings:\n      serial:\n        swapAffinityBonus: 100\n",

@@ -4,6 +4,7 @@ started: the requests for it fail with the reason, and the model can be loaded a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -240,3 +241,22 @@ async def test_serves_drain_leaves_the_request_waiting_for_a_lane_free_to_be_sub
         assert isinstance(late.events.get_nowait(), Rejected)
     finally:
         pool_module._POOLS.pop(loop_id, None)
+
+
+async def test_a_worker_not_ready_within_the_health_check_timeout_fails_its_requests_and_is_killed() -> None:
+    """A worker that hangs mid-load (a stuck disk, a deadlocked start-up) never says hello: its
+    requests waited with no end, and so did every request for another model behind it once the
+    router had no room. llama-swap's healthCheckTimeout bounds the load (shortened here)."""
+    pool, spawned = two_models()
+    pool.config = dataclasses.replace(pool.config, load_timeout_s=0.05)
+    with pytest.raises(ModelUnavailable, match=r"not ready within 0.05 s \(healthCheckTimeout\)"):
+        await asyncio.wait_for(pool.acquire("a", 0), 10)
+    [hung] = spawned["a"]
+    assert hung.exited.is_set()  # killed, not left loading beside a later load
+    assert "a" not in pool.links and "a" not in pool.workers and not pool.router.state("a").resident
+    waiting = asyncio.ensure_future(pool.acquire("b", 0))  # the slot it held is free
+    await settle()
+    await loaded(pool, "b")
+    _link, _d, ticket = await asyncio.wait_for(waiting, 10)
+    pool.release(ticket)
+    pool.kill()
