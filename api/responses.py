@@ -374,18 +374,38 @@ def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
 # The head of a call in the generic format up to its arguments' opening brace: once this much has
 # come, with an offered name, the call is streamed (its arguments as they are generated).
 _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
-_CALL_TAIL = re.compile(r"\s*\}\s*</tool_call>")
+# the most text a streamed call's closing may hold besides whitespace: members after its
+# arguments (an "id" some models add) and its "}"; more than this and it is sent as text
+MAX_CALL_TAIL = 4096
+_CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
-def _could_be_tail(text: str) -> bool:
-    """Whether ``text`` may still grow into a call's closing (``}`` then ``</tool_call>``)."""
-    rest = text.lstrip()
-    if not rest:
-        return True
-    if rest[0] != "}":
-        return False
-    rest = rest[1:].lstrip()
-    return TOOL_CLOSE.startswith(rest)
+def _call_tail(text: str) -> int:
+    """A streamed call's closing, which ``text`` starts with: what comes after its arguments.
+    That is any further members (which the unstreamed parse ignores), ``}``, and
+    ``</tool_call>``. Returns the length of a whole closing; 0 while ``text`` may still grow into
+    one; -1 when it cannot (it is text)."""
+    body = text.lstrip()
+    if not body:
+        return 0
+    if body[0] not in ",}" or len(body) > MAX_CALL_TAIL:
+        return -1
+    scanner = _ArgsScanner()
+    scanner.depth = 1  # inside the call's object
+    n = scanner.feed(body)
+    if scanner.depth > 0:
+        return 0  # its members are still coming
+    try:
+        members = json.loads('{"_": 0' + body[:n])
+    except (ValueError, RecursionError):
+        return -1
+    if _CALL_KEYS & members.keys():  # a second name or arguments: not the call that was streamed
+        return -1
+    rest = body[n:]
+    after = rest.lstrip()
+    if after.startswith(TOOL_CLOSE):
+        return len(text) - len(after) + len(TOOL_CLOSE)
+    return 0 if TOOL_CLOSE.startswith(after) else -1
 
 
 def _is_json(text: str) -> bool:
@@ -552,17 +572,15 @@ class Reply:
                     self.calls_whole = self.calls_whole and _is_json(self.args_text)
                 self.args, self.after_args, self.args_text = None, True, ""
                 continue
-            if self.after_args:  # the call's closing: "}" and </tool_call>
-                tail = _CALL_TAIL.match(held)
-                if tail is None:
-                    if _could_be_tail(held):  # whitespace, "}", a prefix of </tool_call>
-                        self.held = held
-                        break
-                    self.after_args = False  # not the closing after all: text from here (a
-                    continue  # later call in it still a call)
-                held = held[tail.end() :]
-                self.after_args = False
-                continue
+            if self.after_args:  # the call's closing: any further members, "}", </tool_call>
+                tail = _call_tail(held)
+                if tail == 0:
+                    self.held = held
+                    break
+                if tail > 0:
+                    held = held[tail:]
+                self.after_args = False  # closed; or not the closing after all: text from here
+                continue  # (a later call in it still a call)
             free = self._release(held)  # text that cannot begin a call
             content.append(free)
             held, self.held = self.held, ""

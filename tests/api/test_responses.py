@@ -537,6 +537,29 @@ def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cu
     assert content.strip() == (message["content"] or "") and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+# members after the arguments (some models add an id): the unstreamed parse ignores them
+EXTRA_MEMBERS_CALL = '<tool_call>\n{"name": "g", "arguments": {"x": 1}, "id": "c1", "meta": {"t": "}</tool_call>"}}\n</tool_call>'
+
+
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(EXTRA_MEMBERS_CALL) * 2 + 20), max_size=30), text_after=st.sampled_from(["", " Done.", "\n" + LONG_CALL]))
+@settings(max_examples=200, deadline=None)
+def test_a_call_with_members_after_its_arguments_streams_as_the_non_streamed_reply_has_it(cuts: list[int], text_after: str) -> None:
+    """Its closing was sent as content (``, "id": "c1", ...}</tool_call>``) where the unstreamed
+    reply has the call and no content."""
+    text = EXTRA_MEMBERS_CALL + text_after
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}]), pieces)
+    content, calls, _ = _assembled(sent + final)
+    whole = Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}])
+    for e in _events(text):
+        whole.add(e)
+    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    assert calls[0] == ("g", '{"x": 1}')
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    assert content.strip() == (message["content"] or "")
+
+
 _PARTS = ["<tool_call>", "</tool_call>", "<tool", "_call>", "{", "}", "[", "]", '"', "\\", ":", ",", " ", "\n",
           '"name"', '"arguments"', '"f"', '"h"', "x", "1", '<tool_call>{"name": "', '", "arguments": {']
 
