@@ -141,6 +141,8 @@ def test_serve_stops_at_start_with_the_files_line_and_key(folder: Path) -> None:
         call_command("serve", "--config", str(path), "--engine", "mlx")
     with pytest.raises(CommandError, match="leave out --model"):
         call_command("serve", "--config", str(path), "--model", str(folder / "smol.gguf"))
+    with pytest.raises(CommandError, match="leave out --model-name"):  # it was ignored
+        call_command("serve", "--config", str(path), "--model-name", "chat")
     (folder / "x").mkdir()
     (folder / "x" / "smol.gguf").write_bytes(b"GGUF")
     with pytest.raises(CommandError, match="both be served as 'smol'"):

@@ -478,6 +478,8 @@ class Command(FlagsCommand):
             if options["config"]:
                 if paths:
                     raise CommandError("--config names the models; leave out --model")
+                if options["model_name"]:  # it was silently ignored: the model kept the file's id
+                    raise CommandError("--config names the models (their keys are the ids); leave out --model-name (SUPERFLUID_MODEL_NAME)")
                 cfg = load_config(Path(options["config"]).expanduser(), check_path=self._check_model_path(options))
             elif len(paths) > 1:
                 resolved = [resolve_model({"model": p}) for p in paths]
