@@ -108,7 +108,7 @@ class InProcessTransport(Transport):
     async def stop(self) -> None:
         self._stopping = True
         worker = self.worker
-        if worker is not None:
+        if worker is not None and self._conn is not None and self._conn.alive:  # not one that died
             worker.drain()
             await asyncio.get_running_loop().run_in_executor(None, worker.stopped.wait, 5.0)
 

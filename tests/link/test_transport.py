@@ -210,3 +210,33 @@ async def test_a_cancel_that_lands_as_the_worker_connects_is_not_lost() -> None:
     waiting.cancel()  # in the same turn of the loop as the connection
     with pytest.raises(asyncio.CancelledError):
         await waiting
+
+
+async def test_serves_drain_ends_at_once_the_jobs_held_for_a_worker_that_will_not_be_restarted() -> None:
+    """SIGTERM while the worker that crashed is in its restart backoff: the supervisor starts no
+    other, and the jobs the link held for its return waited for the whole --drain-timeout (then
+    were cut) although nothing could ever run them. They end at once with ``shutdown``; serve's
+    drain is then done."""
+    from scheduler.management.commands.serve import Drain
+
+    link = transport(lambda: CrashingSim(crash_after=8), restart_delay_s=3600)  # the backoff
+    handle = await link.submit(request=completion(max_tokens=200))
+    await asyncio.wait_for(link.wait_connected(10), 10)
+    while link.connected:  # it crashes running the job
+        await asyncio.sleep(0.01)
+    assert list(link.inflight) == [handle.job_id] and link.restarts == 1  # held for its return
+
+    class Supervisor:  # serve's WorkerSupervisor in its backoff: drain() stops the restart
+        exited = threading.Event()
+
+        def drain(self) -> None:
+            self.exited.set()
+
+    drain = Drain(Supervisor(), lambda: [link], drain_timeout_s=3600.0)  # type: ignore[arg-type]
+    drain.begin()
+    assert drain.step() == "wait"  # its response is still open
+    _text, ended = await outcome(handle, timeout_s=10)
+    assert isinstance(ended, Error) and ended.reason == SHUTDOWN
+    link.finish(handle)
+    assert drain.step() == "done"
+    await link.stop()

@@ -402,13 +402,25 @@ class Drain:
 
     def step(self) -> str:
         self._tell_worker()
-        # responses still being written, not jobs still at the worker: a job can be done there
-        # while its last frames are still on their way to the client
-        if self.worker_told and self.supervisor.exited.is_set() and self.open_responses() == 0:
-            return "done"
+        if self.worker_told and self.supervisor.exited.is_set():
+            self._fail_orphans()
+            # responses still being written, not jobs still at the worker: a job can be done
+            # there while its last frames are still on their way to the client
+            if self.open_responses() == 0:
+                return "done"
         if self.clock() > self.deadline:
             return "deadline"
         return "wait"
+
+    def _fail_orphans(self) -> None:
+        """No worker runs and none will be started (one that crashed just before the signal was
+        in its restart backoff): the jobs a local link held for its return are ended now, where
+        they waited for the drain deadline. Only once the link has read its worker's end of the
+        connection, so no reply still on its way is cut; jobs in a Redis queue are left to the
+        rest of the fleet."""
+        for link in self.links():
+            if link.queue_at_worker and link.inflight and not link.connected:
+                link.fail_all(SHUTDOWN, "The server shut down while its engine worker was restarting; this request was not finished.")
 
     def cut(self) -> None:
         """The worker did not answer in time: end every stream with an error frame and [DONE]
