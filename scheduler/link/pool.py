@@ -33,7 +33,7 @@ from scheduler.worker.metrics import Histogram
 
 from .client import SocketTransport, WorkerSockets
 from .messages import Config, Hello, encode
-from .transport import Transport
+from .transport import SNAPSHOT_LISTENERS, Transport
 
 log = logging.getLogger("superfluid.pool")
 
@@ -188,6 +188,7 @@ class ModelPool:
         self._ticker: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
         self.open_links: dict[str, Transport] = {}  # loaded and not yet closed, by model id
+        self._queue_shown = False  # the last router-only push showed requests waiting
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -203,8 +204,22 @@ class ModelPool:
             await asyncio.sleep(TICK_S)
             try:
                 self.kick()
+                self._push_router_queue()
             except Exception:  # the router must keep running
                 log.exception("router tick failed")
+
+    def _push_router_queue(self) -> None:
+        """The dashboard is pushed when a worker's snapshot arrives. With no worker connected
+        (none loaded, or the first still loading) none comes, and the page's router queue never
+        showed the requests waiting for a load: while some wait, and once more when none does,
+        the router's view is pushed from here."""
+        if any(link.connected for link in self.links.values()):
+            return
+        waiting = any(band["depth"] for band in self.router.snapshot()["queue"].values())  # type: ignore[attr-defined]
+        if waiting or self._queue_shown:
+            self._queue_shown = waiting
+            for listener in SNAPSHOT_LISTENERS:
+                listener(self.link.snapshot or {"router": "waiting for a load" if waiting else "idle"})
 
     def _spawn_task(self, coro: Any) -> None:
         spawn(self._tasks, coro)

@@ -260,3 +260,37 @@ async def test_a_worker_not_ready_within_the_health_check_timeout_fails_its_requ
     _link, _d, ticket = await asyncio.wait_for(waiting, 10)
     pool.release(ticket)
     pool.kill()
+
+
+async def test_requests_waiting_for_a_load_reach_the_dashboard_with_no_worker_connected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard is pushed when a worker's snapshot arrives; with no model loaded none
+    comes, so the page's router queue never showed the requests waiting for a load. The
+    router's tick pushes its view while any wait, and once more when none does."""
+    from dashboard.feed import full_state
+    from scheduler.link import pool as pool_module
+
+    pool, _spawned = two_models()  # a's worker never says hello: it stays loading
+    pushed: list[dict[str, Any]] = []
+    monkeypatch.setattr(pool_module, "SNAPSHOT_LISTENERS", [pushed.append])
+    monkeypatch.setitem(pool_module._POOLS, id(asyncio.get_running_loop()), pool)
+    pool.start()
+
+    async def pushed_more_than(n: int) -> None:
+        while len(pushed) <= n:  # the router's tick, every TICK_S
+            await asyncio.sleep(0.05)
+
+    try:
+        waiting = asyncio.ensure_future(pool.acquire("a", 0))
+        await asyncio.wait_for(pushed_more_than(0), 10)
+        assert full_state(pushed[-1])["router_queue"]["normal"]["depth"] == 1  # what the page draws
+        waiting.cancel()
+        shown = len(pushed)
+        await asyncio.wait_for(pushed_more_than(shown), 10)
+        assert full_state(pushed[-1])["router_queue"]["normal"]["depth"] == 0
+        shown = len(pushed)
+        pool._push_router_queue()  # a tick with nothing waiting, shown so: no push
+        assert len(pushed) == shown
+    finally:
+        pool.kill()
+        if pool._ticker is not None:
+            pool._ticker.cancel()
