@@ -248,8 +248,11 @@ class KeyRuntime:
                 raise
             except Exception:
                 log.exception("could not read keys and policies; keeping the last ones")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.poke.wait(), POLL_S)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands
+            # as the poke arrives, and the watcher went on polling under serve's exit for good
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL_S):
+                    await self.poke.wait()
 
     async def refresh(self) -> None:
         async with self._lock:
