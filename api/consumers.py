@@ -75,6 +75,20 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
         self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
 
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # The application itself ended without handling an http.disconnect (cancelled: daphne
+            # kills one at shutdown, or one that outlived its close timeout; or failed): the
+            # response runs in a task of its own, which ran on for nobody, its job on a lane and
+            # its key's places held until it finished. Stopped here as a disconnect stops it; one
+            # that a disconnect already cancelled is left to finish its clean-up.
+            task = self._task
+            if task is not None and not task.done() and not task.cancelling():
+                task.cancel()
+                await asyncio.wait([task])
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first closes old database connections on Django's single sync
         # thread, before every message: under a burst a disconnect queued there behind database
