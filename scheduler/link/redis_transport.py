@@ -633,6 +633,9 @@ class RedisWorkerLink:
         self._control = self._conn_cls("", 0)  # the connection config messages arrive on
         self._emit_failing = False
         self._puller: threading.Thread | None = None
+        # names each pick (pick.lua's token); kept after a failed call, so that the next call
+        # gets the jobs a pick whose reply was lost took, instead of leaving them leased to nobody
+        self._pick_token = 0
 
     # -- the LinkServer interface the worker loop uses -----------------------------------
 
@@ -799,7 +802,8 @@ class RedisWorkerLink:
             if not self.preemption or not running or max(running) <= 1 or urgent >= n_lanes:
                 return False
             floor, n = max(running), 1  # ask to preempt our lowest running class
-        reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, self.lease_ms, floor, *caps, *use])
+        reply = self.scripts.pick([self.prefix, self.worker_id, n, self.starvation_s, self.lease_ms, floor, *caps, *use, self._pick_token])
+        self._pick_token += 1  # answered: the next call is a new pick
         if not reply:
             return False
         for i in range(0, len(reply), PICKED_FIELDS):

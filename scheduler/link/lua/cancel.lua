@@ -3,9 +3,14 @@
 -- A cancel that finds no job leaves a tombstone for ten minutes, so that a submit still on its
 -- way (its sender was cancelled while sending, and cancelled the job from another connection)
 -- is refused when it arrives.
+-- The job's stream and resume note go too: the head cancelling is done with them, and a
+-- worker may have written the stream again after that head deleted it (the cancel reached
+-- Redis late: sent again at a later tick), which then stayed for its whole TTL. From here the
+-- job is gone and no one can write for it.
 -- ARGV: prefix, id.   Returns the worker that held it, or "".
 local p, id = ARGV[1], ARGV[2]
 local jk = p .. "job:" .. id
+redis.call("DEL", p .. "s:" .. id, p .. "r:" .. id)
 local cur = redis.call("HMGET", jk, "state", "worker", "qos", "member")
 if cur[1] == false then
   redis.call("SET", p .. "x:" .. id, "1", "EX", 600)

@@ -1,6 +1,11 @@
 -- A worker with free lanes takes the next jobs, by one worker's rules, in one atomic step.
 -- ARGV: prefix, worker, n (lanes to fill), starvation_s (0 = off), lease_ms, floor (4 = none),
---       cap0..cap3, use0..use3
+--       cap0..cap3, use0..use3, token
+-- ``token`` names this call: a worker whose call failed (a timeout, a dead connection) sends
+-- the same token again, and a pick that did run (its reply was lost) answers the jobs it took,
+-- those still leased to this worker at that epoch, leased afresh, instead of taking more. They
+-- were otherwise leased to a worker that did not know it: lost when their lease lapsed, as if
+-- the worker had died (two such in a row failed a job with engine_crashed).
 -- Class order under per-class lane caps (a class at its cap on this worker is skipped); a job
 -- that has waited starvation_s rises one class per period waited (never above interactive);
 -- inside a class the sorted set's order (requeued first, then score, then arrival). Two jobs of
@@ -22,6 +27,27 @@ for c = 0, 3 do
 end
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local token, pk = ARGV[15], p .. "pk:" .. worker
+local saved = token and redis.call("GET", pk)
+if saved then
+  local prev = cjson.decode(saved)
+  if prev[1] == token then  -- this same call again: what it took, if still ours
+    local again = {}
+    for i = 2, #prev, 3 do
+      local id, epoch, waited = prev[i], prev[i + 1], prev[i + 2]
+      local jk = p .. "job:" .. id
+      local cur = redis.call("HMGET", jk, "state", "worker", "epoch", "data")
+      if cur[1] == "run" and cur[2] == worker and tonumber(cur[3]) == epoch then
+        redis.call("ZADD", p .. "leases", now_ms + lease_ms, id)
+        table.insert(again, id)
+        table.insert(again, epoch)
+        table.insert(again, cur[4])
+        table.insert(again, waited)
+      end
+    end
+    return again
+  end
+end
 if floor < 4 then
   local free = redis.call("HGETALL", p .. "free")
   for i = 1, #free, 2 do
@@ -88,5 +114,15 @@ for _ = 1, n do
     waited = math.max(0, now_ms - tonumber(redis.call("HGET", jk, "arrival") or now_ms))
   end
   table.insert(out, waited)
+end
+if token then
+  local taken = {token}
+  for i = 1, #out, 4 do
+    table.insert(taken, out[i])
+    table.insert(taken, out[i + 1])
+    table.insert(taken, out[i + 3])
+  end
+  -- kept as long as a lease: a call sent again after that finds its jobs reaped anyway
+  redis.call("SET", pk, cjson.encode(taken), "PX", lease_ms)
 end
 return out
