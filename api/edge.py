@@ -195,6 +195,10 @@ def install_protocol_errors() -> None:
     def basic_error(self: Any, status: int, status_text: bytes, body: str) -> None:
         for message in protocol_error_reply(status, status_text, body):
             self.handle_reply(message)
+        if getattr(self, "application_queue", None) is None:
+            # daphne refused it before the application saw it (a header byte or name, the path or
+            # query string): its row and count say so, as for Twisted's own 400s
+            _record_unprocessed(self, status, "bad_request" if status < 500 else "server_error")
 
     WebRequest.basic_error = basic_error
     # Twisted would parse a multipart or form body itself and, when it is not one, answer an
@@ -290,13 +294,16 @@ def _record_unprocessed(request: Any, status: int, code: str) -> None:
     if getattr(request, "_sf_recorded", False):
         return
     request._sf_recorded = True
-    channel = request.channel
+    channel = getattr(request, "channel", None)
     # daphne sets client_addr only in process(), which such a request never reaches
     client = getattr(request, "client_addr", None) or (_peer(channel.transport) if channel is not None and channel.transport is not None else None)
+    # the channel holds the path until the request is whole; then the request does (daphne's own
+    # refusals come after that)
+    path = getattr(channel, "_path", None) or vars(request).get("uri") or b""
     try:
         started = getattr(request, "_sf_started", None)
         open_s = _seconds(channel) - started if started is not None else 0.0
-        record_edge_refusal(getattr(channel, "_path", b"") or b"", str(client[0]) if client else None, status, code, open_s)
+        record_edge_refusal(path, str(client[0]) if client else None, status, code, open_s)
     except Exception:
         logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
 
@@ -336,10 +343,19 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
         # this answer, were the socket closed on unread bytes: close our side once the answer is
         # out, drop what still arrives (never buffered), and let go after LINGER_S whatever
         transport.loseWriteConnection()
-        request._sf_linger = channel.callLater(LINGER_S, transport.loseConnection)
+        request._sf_linger = channel.callLater(LINGER_S, _let_go, transport)
     else:
         channel.loseConnection()
     _record_unprocessed(request, exc.status, exc.code or exc.type)
+
+
+def _let_go(transport: Any) -> None:
+    """The end of a refused request's linger: the connection goes now. Not ``loseConnection``,
+    which waits until the client has read everything written, so a client that never reads
+    (its window full of earlier replies) held the connection, with the request's idle timeout
+    off once its body had ended, for as long as it liked."""
+    abort = getattr(transport, "abortConnection", None)
+    (abort if abort is not None else transport.loseConnection)()
 
 
 def _drop_body(request: Any) -> None:
@@ -439,6 +455,9 @@ def install_request_bounds() -> None:
         original_got_length(self, 0 if length is not None and length > serving().max_body_bytes else length)
         if length is not None and length > serving().max_body_bytes:
             refuse_unread(self, request_too_large(serving().max_body_bytes))
+            # Twisted answers "Expect: 100-continue" right after this: a 100 Continue written
+            # after the 413 (and its Connection: close) asked the client for a body never read
+            self.requestHeaders.removeHeader(b"Expect")
 
     def handle_content_chunk(self: Any, data: bytes) -> None:
         if self._sf_refused:
