@@ -39,7 +39,7 @@ log = logging.getLogger("superfluid.pool")
 
 TICK_S = 0.5  # how often TTLs are checked
 UNLOAD_WAIT_S = 30.0  # a stopping worker gets this long before it is killed
-LOAD_BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
+LOAD_BUCKETS_S = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # finite: /metrics adds +Inf (the count) itself
 
 
 class Worker(Protocol):
@@ -188,7 +188,9 @@ class ModelPool:
         self._ticker: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the one it runs on, once started
         self.open_links: dict[str, Transport] = {}  # loaded and not yet closed, by model id
-        self._queue_shown = False  # the last router-only push showed requests waiting
+        # what the last router-only push showed (requests waiting, each model's state); None: a
+        # worker's snapshots pushed the page since. At first the page shows nothing loaded.
+        self._shown: tuple[bool, tuple[str, ...]] | None = (False, tuple(ModelState.UNLOADED.value for _ in self.router.models))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -211,13 +213,18 @@ class ModelPool:
     def _push_router_queue(self) -> None:
         """The dashboard is pushed when a worker's snapshot arrives. With no worker connected
         (none loaded, or the first still loading) none comes, and the page's router queue never
-        showed the requests waiting for a load: while some wait, and once more when none does,
-        the router's view is pushed from here."""
+        showed the requests waiting for a load: while some wait, once more when none does, and
+        when a model's state changes (the last loaded one unloaded), the router's view is pushed
+        from here."""
         if any(link.connected for link in self.links.values()):
+            self._shown = None  # the workers' snapshots push the page
             return
         waiting = any(band["depth"] for band in self.router.snapshot()["queue"].values())  # type: ignore[attr-defined]
-        if waiting or self._queue_shown:
-            self._queue_shown = waiting
+        # and once when the models' states change with no worker left to push: the last loaded
+        # model unloaded (its TTL, the admin's Unload) was shown loaded on an open page for good
+        view = (waiting, tuple(self.router.state(m).value for m in self.router.models))
+        if waiting or view != self._shown:
+            self._shown = view
             for listener in SNAPSHOT_LISTENERS:
                 listener(self.link.snapshot or {"router": "waiting for a load" if waiting else "idle"})
 
@@ -375,6 +382,7 @@ class ModelPool:
                 self._load_failed(model, worker)
             return
         took = self.router.loaded(model)
+        self._shown = None  # its worker's snapshots push the page from now on
         self.loads_total[model] += 1
         self.load_seconds[model].observe(took)
         self.last_model = self.last_model or model
