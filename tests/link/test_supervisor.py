@@ -104,6 +104,21 @@ def test_a_restart_whose_start_fails_otherwise_than_with_an_os_error_is_tried_ag
         sup.kill()
 
 
+@pytest.mark.parametrize(("name", "where"), [("c", "in serve's log"), ("", "above")])
+def test_a_model_that_cannot_be_loaded_says_where_its_reason_is(starts: Starts, name: str, where: str) -> None:
+    """With several models a load's failure is the 503 detail its clients get and the admin's
+    error: it said the worker's message was "above", which only serve's console has."""
+    from scheduler.management.commands.runengine import EXIT_MODEL_UNLOADABLE
+
+    sup = WorkerSupervisor([sys.executable, "-c", f"import sys; sys.exit({EXIT_MODEL_UNLOADABLE})"], name=name)
+    sup.start()
+    try:
+        assert sup.exited.wait(30), "the supervisor never stopped"
+        assert sup.fatal is not None and sup.fatal.endswith(f"(its message is {where})"), sup.fatal
+    finally:
+        sup.kill()
+
+
 # Stands in for serve: starts a worker with serve's _die_with_parent, made to run only once this
 # process is gone (serve SIGKILLed between the fork and the call). The child notes its pid first.
 SERVE_DYING_AS_IT_STARTS = """

@@ -225,14 +225,17 @@ class WorkerSupervisor:
         return f"the model {self.name}" if self.name else "the model"
 
     def _startup_failure(self, rc: int, status: list[str]) -> str | None:
-        """Why serving cannot start, or None to start once more with --no-repack."""
+        """Why serving cannot start, or None to start once more with --no-repack. With several
+        models it is a load's failure, which the model's clients and the admin read: the
+        worker's own words are in serve's log, not "above"."""
+        where = "in serve's log" if self.name else "above"
         if rc == EXIT_MODEL_UNLOADABLE:
             # A configuration error, which no restart mends. serve stops, as llama-server does.
-            return f"the engine worker cannot load {self._model_text()} (its message is above)"
+            return f"the engine worker cannot load {self._model_text()} (its message is {where})"
         doing = "decoding its start-up batch" if any(s.startswith("loaded") for s in status) else "loading the model"
         died = f"the {self._which()} died with {_exit_text(rc)} while {doing}"
         if self.repack is None:
-            return f"{died} (its output is above)"
+            return f"{died} (its output is {where})"
         if "--no-repack" in self.argv:
             return f"{died}, also with --no-repack; {_portable_build_hint()}"
         if rc < 0 and self.repack == "auto" and "repack=off" not in status:
