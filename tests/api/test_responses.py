@@ -524,7 +524,14 @@ def test_arguments_stream_as_they_are_generated_and_add_up_to_the_non_streamed_s
 @given(cuts=st.lists(st.integers(min_value=1, max_value=len(LONG_CALL) * 2 + 20), max_size=30), text_before=st.sampled_from(["", "Sure. ", "a < b "]))
 @settings(max_examples=200, deadline=None)
 def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cuts: list[int], text_before: str) -> None:
-    text = text_before + LONG_CALL + "\n" + LONG_CALL.replace('"f"', '"g"')
+    content, calls, message, final = _streamed_and_whole(text_before + LONG_CALL + "\n" + LONG_CALL.replace('"f"', '"g"'), cuts)
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
+    assert content.strip() == (message["content"] or "") and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _streamed_and_whole(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, str]], dict[str, Any], list[dict[str, Any]]]:
+    """``text`` streamed in pieces cut at ``cuts`` (tools f and g): the content and calls the
+    stream adds up to, the unstreamed reply's message, and the stream's final chunks."""
     points = sorted({c % (len(text) + 1) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}]), pieces)
@@ -533,8 +540,7 @@ def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cu
     for e in _events(text):
         whole.add(e)
     message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
-    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
-    assert content.strip() == (message["content"] or "") and final[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    return content, calls, message, final
 
 
 # members after the arguments (some models add an id): the unstreamed parse ignores them
@@ -546,15 +552,7 @@ EXTRA_MEMBERS_CALL = '<tool_call>\n{"name": "g", "arguments": {"x": 1}, "id": "c
 def test_a_call_with_members_after_its_arguments_streams_as_the_non_streamed_reply_has_it(cuts: list[int], text_after: str) -> None:
     """Its closing was sent as content (``, "id": "c1", ...}</tool_call>``) where the unstreamed
     reply has the call and no content."""
-    text = EXTRA_MEMBERS_CALL + text_after
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
-    sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}]), pieces)
-    content, calls, _ = _assembled(sent + final)
-    whole = Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}])
-    for e in _events(text):
-        whole.add(e)
-    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
+    content, calls, message, _final = _streamed_and_whole(EXTRA_MEMBERS_CALL + text_after, cuts)
     assert calls[0] == ("g", '{"x": 1}')
     assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
     assert content.strip() == (message["content"] or "")

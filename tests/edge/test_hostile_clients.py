@@ -49,21 +49,6 @@ def connect(transport: HalfClosingTransport | None = None) -> tuple[FakeServer, 
     return server, protocol, transport, clock
 
 
-@pytest.fixture
-def json_protocol_errors():  # type: ignore[no-untyped-def]
-    """``serve``'s JSON answers for what Twisted and daphne refuse themselves, for one test."""
-    from daphne.http_protocol import WebRequest
-    from twisted.web.http import HTTPChannel
-
-    from api.edge import install_protocol_errors
-
-    saved = WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded
-    install_protocol_errors()
-    yield
-    WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded = saved
-    del WebRequest._parsePOSTFormSubmission
-
-
 def with_header(raw_head: bytes, header: bytes) -> bytes:
     return raw_head.replace(b"\r\n\r\n", b"\r\n" + header + b"\r\n\r\n")
 

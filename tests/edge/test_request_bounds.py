@@ -230,21 +230,6 @@ async def test_choices_times_a_large_body_beyond_two_bodies_worth_is_413_before_
 # -- HTTP the parser chokes on: one JSON answer, nothing handed on, no second reply ----------------
 
 
-@pytest.fixture
-def json_protocol_errors():  # type: ignore[no-untyped-def]
-    """``serve``'s JSON answers for what Twisted and daphne cannot parse, for one test."""
-    from daphne.http_protocol import WebRequest
-    from twisted.web.http import HTTPChannel
-
-    from api.edge import install_protocol_errors
-
-    saved = WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded
-    install_protocol_errors()
-    yield
-    WebRequest.basic_error, HTTPChannel._respondToBadRequestAndDisconnect, HTTPChannel.lineLengthExceeded = saved
-    del WebRequest._parsePOSTFormSubmission
-
-
 def only_reply(transport: StringTransport) -> tuple[int, dict[str, Any]]:
     """The one response on the connection (a second one after it fails the test)."""
     status, body = reply(transport)

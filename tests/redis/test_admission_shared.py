@@ -3,6 +3,10 @@ head (each runtime here stands for one head), and a refused request leaves no pl
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
 import pytest
 from django.test import override_settings
 
@@ -84,18 +88,11 @@ async def test_a_request_cancelled_while_redis_checks_its_limits_holds_nothing(r
     to be held: the head's for good (the queue filled up), Redis's for the slot's hour."""
     import asyncio
 
-    import redis
-
     from keys import limits
 
     from .conftest import Busy, commands_run, under_spin, until_sent
 
-    limits._limiters.clear()
-    admin = redis.Redis(port=redis_server.port)
-    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=1, SUPERFLUID_MAX_QUEUE=0):
-        head = runtime()
-        warm = await admit({}, IP, chat(), runtime=head)  # the limiter's connection is open
-        await warm.release()
+    async with a_head_of_one_place_a_client(redis_server) as (admin, head):
         [limiter] = limits._limiters.values()
         checks = commands_run(admin, "evalsha")
         tries = 0
@@ -119,14 +116,46 @@ async def test_a_request_cancelled_while_redis_checks_its_limits_holds_nothing(r
         assert head.in_flight.held == {}
         await asyncio.to_thread(spinning.join)
         assert await asyncio.to_thread(commands_run, admin, "evalsha") == checks + tries  # the check reached Redis
-        for _ in range(100):  # the slot is given back by a task of its own
-            if not any(admin.zcard(k) for k in admin.scan_iter("sf:cc:*")):
-                break
-            await asyncio.sleep(0.02)
-        assert [(k, admin.zcard(k)) for k in admin.scan_iter("sf:cc:*") if admin.zcard(k)] == []
-        again = await admit({}, IP, chat(), runtime=head)  # the client's one place is free
-        await again.release()
+
+
+@contextlib.asynccontextmanager
+async def a_head_of_one_place_a_client(redis_server: RedisServer) -> AsyncIterator[tuple[Any, Any]]:
+    """(an admin Redis client, a head) whose keyless clients have one place each, counted in
+    Redis, with the limiter's connection open; at the end no Redis slot may be held and the
+    client's place must be free."""
+    import redis
+
+    from keys import limits
+
+    limits._limiters.clear()
+    admin = redis.Redis(port=redis_server.port)
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=1, SUPERFLUID_MAX_QUEUE=0):
+        head = runtime()
+        warm = await admit({}, IP, chat(), runtime=head)
+        await warm.release()
+        yield admin, head
+        await no_slot_held(admin, head)
     admin.close()
+    await close_limiters()
+
+
+async def no_slot_held(admin: Any, head: Any) -> None:
+    """No Redis concurrency slot is held (each is given back by a task of its own) and the
+    client's one place is free: its next request is admitted."""
+    import asyncio
+
+    for _ in range(100):
+        if not any(admin.zcard(k) for k in admin.scan_iter("sf:cc:*")):
+            break
+        await asyncio.sleep(0.02)
+    assert [(k, admin.zcard(k)) for k in admin.scan_iter("sf:cc:*") if admin.zcard(k)] == []
+    again = await admit({}, IP, chat(), runtime=head)
+    await again.release()
+
+
+async def close_limiters() -> None:
+    from keys import limits
+
     for limiter in limits._limiters.values():
         await limiter.client.aclose()
     limits._limiters.clear()

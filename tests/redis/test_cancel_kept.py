@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 
 import redis
-from django.test import override_settings
 
-from tests.keys.test_admission import IP, admit, chat, runtime
+from tests.keys.test_admission import IP, admit, chat
 
 from .conftest import Busy, RedisServer, SimFleetWorker, completion, head
+from .test_admission_shared import a_head_of_one_place_a_client
 
 TURNS = range(8)
 
@@ -28,14 +28,7 @@ async def cancelled_after(turns: int, coro: object) -> BaseException | object:
 
 
 async def test_a_limits_check_cancelled_at_any_turn_is_cancelled_and_holds_nothing(redis_server: RedisServer) -> None:
-    from keys import limits
-
-    limits._limiters.clear()
-    admin = redis.Redis(port=redis_server.port)
-    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=1, SUPERFLUID_MAX_QUEUE=0):
-        head_rt = runtime()
-        warm = await admit({}, IP, chat(), runtime=head_rt)  # the limiter's connection is open
-        await warm.release()
+    async with a_head_of_one_place_a_client(redis_server) as (_admin, head_rt):
         for turns in TURNS:
             busy = Busy(redis_server.port, 300)
             try:
@@ -44,17 +37,6 @@ async def test_a_limits_check_cancelled_at_any_turn_is_cancelled_and_holds_nothi
                 assert head_rt.in_flight.held == {}
             finally:
                 await asyncio.to_thread(busy.join)
-        for _ in range(100):  # the slots are given back by tasks of their own
-            if not any(admin.zcard(k) for k in admin.scan_iter("sf:cc:*")):
-                break
-            await asyncio.sleep(0.02)
-        assert [(k, admin.zcard(k)) for k in admin.scan_iter("sf:cc:*") if admin.zcard(k)] == []
-        again = await admit({}, IP, chat(), runtime=head_rt)  # the client's one place is free
-        await again.release()
-    admin.close()
-    for limiter in limits._limiters.values():
-        await limiter.client.aclose()
-    limits._limiters.clear()
 
 
 async def test_a_submit_cancelled_at_any_turn_is_cancelled_and_leaves_no_job(redis_server: RedisServer, prefix: str) -> None:
