@@ -423,7 +423,7 @@ class Drain:
         rest of the fleet."""
         for link in self.links():
             if link.queue_at_worker and link.inflight and not link.connected:
-                link.fail_all(SHUTDOWN, "The server shut down while its engine worker was restarting; this request was not finished.")
+                link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
 
     def cut(self) -> None:
         """The worker did not answer in time: end every stream with an error frame and [DONE]
