@@ -116,7 +116,9 @@ def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), f"request-{name}")
         conv.visit(resolved, name)
     except Exception as exc:  # the converter trusts its input: any failure is the schema's
-        raise GrammarError(f"the JSON Schema cannot be enforced: {exc}") from None
+        # (its words for a remote $ref name a flag of llama.cpp's command-line tool)
+        why = str(exc).replace(" (use --allow-fetch for force)", "")
+        raise GrammarError(f"the JSON Schema cannot be enforced: {why}") from None
     return conv
 
 

@@ -614,7 +614,7 @@ class EngineWorker:
             need("logprobs", "logprobs")
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
-        param = "tool_choice"
+        param = "tools"  # a forced call's grammar is made of the tools' parameters
         parallel = bool(request.get("parallel_tool_calls", True))
         try:
             grammar = grammars.tool_grammar(tools or [], choice, parallel) if tools else None

@@ -682,7 +682,7 @@ for _ in range(400):  # deeper than the converter's recursion takes (the limit, 
         ({"response_format": {"type": "grammar", "grammar": 'root ::= "a"{0,99999999999999999999}'}}, "response_format"),
         ({"response_format": {"type": "grammar", "grammar": 'root ::= "' + "a" * (2 << 20) + '"'}}, "response_format"),
         ({"tools": [{"name": "f", "parameters": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 20_000}}}}],
-          "tool_choice": "required"}, "tool_choice"),
+          "tool_choice": "required"}, "tools"),  # the tools' parameters, not the choice
         # beside tools (tool_choice auto) a schema too deep for the converter was a 500
         ({"tools": [{"name": "f", "parameters": {"type": "object"}}], "tool_choice": "auto",
           "response_format": {"type": "json_schema", "schema": DEEP}}, "response_format"),

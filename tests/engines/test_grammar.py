@@ -56,6 +56,14 @@ def test_unenforceable_schemas_are_grammar_errors() -> None:
         raise AssertionError(f"{bad!r} converted")
 
 
+def test_a_remote_ref_is_refused_in_the_servers_words_not_llama_cpps_command_line() -> None:
+    """The converter's refusal named a flag of llama.cpp's command-line tool, which a client of
+    this API has no way to pass."""
+    with pytest.raises(GrammarError) as err:
+        schema_grammar({"$ref": "https://example.com/schema.json"})
+    assert "remote" in str(err.value) and "--allow-fetch" not in str(err.value)
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
