@@ -324,7 +324,11 @@ class WorkerSupervisor:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        self.exited.set()
+        # as in drain(): a supervising thread that runs sets it itself once it stops. It may be
+        # starting a worker this call could not see, which _spawn then kills: set here, exited
+        # said no worker ran while that one still did
+        if self._thread.ident is None or not self._thread.is_alive():
+            self.exited.set()
 
 
 class PoolWorkers:
