@@ -168,6 +168,18 @@ subprocess.Popen = _CountingPopen  # type: ignore[misc]
 
 
 @pytest.fixture(autouse=True)
+def _activity_written_within_its_test() -> Iterator[None]:
+    """Write the activity rows a test queued before its database is emptied. pytest-django's
+    database fixture is set up before this one, so it is torn down after: without the wait, a row
+    the writer thread had not yet written (a loaded machine, SQLite busy) landed in the next
+    test's database, and a test counting rows saw another test's 413 (CI, stop 39)."""
+    yield
+    writer = sys.modules.get("activity.writer")
+    if writer is not None:
+        writer.flush()
+
+
+@pytest.fixture(autouse=True)
 def _collect_each_tests_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
     """Collect each test's garbage when it ends. A client, socket or connection a test dropped
     without closing is then finalised here, and listed at the end of the run, instead of
