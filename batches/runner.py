@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import secrets
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -85,6 +86,12 @@ async def start(batch_id: str) -> None:
 
 
 _resumed = False
+_resume_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _resume_lock() -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    return _resume_locks.setdefault(loop, asyncio.Lock())
 
 
 async def resume_local() -> None:
@@ -94,14 +101,22 @@ async def resume_local() -> None:
     global _resumed
     if _resumed or celery_mode():
         return
-    _resumed = True
 
     def unfinished() -> list[str]:
         ids = list(Batch.objects.filter(status__in=("validating", "in_progress", "cancelling")).values_list("pk", flat=True))
         Line.objects.filter(batch_id__in=ids, done=False).update(claimed_until=None)
         return [i for i in ids if not finalize_if_done(i)]
 
-    for batch_id in await sync_to_async(unfinished)():
+    async with _resume_lock():  # one resume at a time: a second would clear the leases of lines the first started
+        if _resumed:
+            return
+        try:
+            pending = await sync_to_async(unfinished)()
+        except Exception:  # the database erred (SQLite busy): not marked done, the next request tries again
+            log.exception("resuming unfinished batches failed; the next Batch API request tries again")
+            return
+        _resumed = True
+    for batch_id in pending:
         if batch_id not in _local:
             log.info("batch %s: resumed", batch_id)
             await start(batch_id)
