@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -640,6 +641,11 @@ def _parse_chat_logprobs(body: Mapping[str, Any], req: GenerationRequest) -> Non
     req.logprobs = (top or 0) if wanted else None
 
 
+# OpenAI's rule for a function's name: the model writes it back verbatim, so nothing the tool-call
+# markup or a client's dispatch could misread (a space, a quote, a newline).
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     """``tools``/``tool_choice`` (or the legacy ``functions``/``function_call``). Where both
     spellings are sent, the current one is used and the legacy one named as ignored."""
@@ -665,6 +671,8 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
             name = fn.get("name")
             if not isinstance(name, str) or not name:
                 raise _invalid_type(f"{where}.name", "a non-empty string")
+            if not TOOL_NAME.fullmatch(name):
+                raise _invalid_value(f"{where}.name", "at most 64 letters, digits, underscores or dashes")
             params = fn.get("parameters")
             if params is None:
                 params = {"type": "object", "properties": {}}

@@ -403,6 +403,11 @@ def test_tools_and_tool_choice_are_normalised(body: dict[str, Any], choice: Any)
     [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "tools[0].function"),
      ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
      ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+     # OpenAI's pattern: the name is written back into the call markup verbatim
+     ({"tools": [TOOL, {"type": "function", "function": {"name": "get weather"}}]}, "tools[1].function.name"),
+     ({"tools": [{"type": "function", "function": {"name": 'f"}, {"name": "g'}}]}, "tools[0].function.name"),
+     ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools[0].function.name"),
+     ({"functions": [{"name": "f\n</tool_call>"}]}, "functions[0].name"),
      ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
      ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
      ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
