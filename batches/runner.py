@@ -25,7 +25,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -149,10 +149,16 @@ def begin(batch_id: str) -> None:
 
 
 def request_cancel(batch_id: str) -> Batch:
+    return cancel(batch_id)[0]
+
+
+def cancel(batch_id: str) -> tuple[Batch, bool]:
+    """Cancel the batch: (it as it is now, whether this call began the cancel). One that had
+    already ended is left as it was (the view answers 409, as OpenAI does)."""
     now = timezone.now()
-    Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(status="cancelling", cancelling_at=now)
+    began = Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(status="cancelling", cancelling_at=now) == 1
     finalize_if_done(batch_id)  # nothing in flight: cancelled at once
-    return Batch.objects.get(pk=batch_id)
+    return Batch.objects.get(pk=batch_id), began
 
 
 def current_status(batch_id: str) -> str:
@@ -264,7 +270,20 @@ async def run_next(batch_id: str) -> bool:
     """Claim one line and run it; False when there was none to claim. A line that fails in here
     (the database or the key runtime erred: not the request, whose errors are its result) is
     given up and claimed again after a pause: the chain goes on, and the batch is not left
-    ``in_progress`` for good."""
+    ``in_progress`` for good.
+
+    Its database connection is checked before and after, as Django does around a request: the
+    calls here share a thread that no request ends (a Celery worker's loop, batches/tasks.py),
+    and a connection the database dropped (a restart, an idle timeout) would fail every later
+    line there, for good."""
+    await sync_to_async(close_old_connections)()
+    try:
+        return await _run_next(batch_id)
+    finally:
+        await sync_to_async(close_old_connections)()
+
+
+async def _run_next(batch_id: str) -> bool:
     line = await sync_to_async(claim)(batch_id)
     if line is None:
         return False
@@ -437,7 +456,8 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
             if not finished.is_set() and not app.done() and await sync_to_async(current_status)(b.id) != "in_progress":
                 disconnect.set()  # what a client's disconnect does: the consumer cancels the job
                 await asyncio.wait({app}, timeout=10)
-                return None, {}, b""
+                if not finished.is_set():  # a reply complete meanwhile (during the look) is kept: its line ended
+                    return None, {}, b""
     finally:
         disconnect.set()  # after the reply, as daphne's disconnect: the consumer ends
         if not app.done():

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -227,6 +227,11 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
     if wrong is not None:  # named by its line in the file, as an upload's errors are
         raise invalid_request(f"Line {wrong.line} of the input file (custom_id {wrong.custom_id!r}) is for {wrong.url}, not the batch's endpoint {endpoint}.",
                               param="input_file_id", code="invalid_file")
+    # each line's row made ready before the transaction, and written in one statement: building
+    # 50,000 model rows and bulk_create's per-field work inside it held SQLite's write lock
+    # about 3 s (every other write of the server waiting), the statement alone about 0.4 s
+    body = Line._meta.get_field("body")
+    rows = [(i, line.custom_id, body.get_prep_value(line.body)) for i, line in enumerate(lines)]
     now = timezone.now()
     with transaction.atomic():
         # the file's row held from here: one deleted while its lines were read (another head's
@@ -235,8 +240,21 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
             raise _not_found("file", file_id)
         b = Batch.objects.create(endpoint=endpoint, completion_window=window, input_file=f, owner=owner, host=host,
                                  metadata=metadata, total=len(lines), expires_at=now + timedelta(hours=24))
-        Line.objects.bulk_create([Line(batch=b, index=i, custom_id=line.custom_id, body=line.body) for i, line in enumerate(lines)])
+        _insert_lines(b.id, rows)
     return b
+
+
+def _insert_lines(batch_id: str, rows: list[tuple[int, str, str | None]]) -> None:
+    """The batch's lines, pending: (index, custom_id, body as its column's text) each; every
+    other column gets its field's default, so a field added to Line is written here too."""
+    qn = connection.ops.quote_name
+    fields = [f for f in Line._meta.concrete_fields if not f.primary_key]
+    given = ("batch", "index", "custom_id", "body")
+    defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields if f.name not in given]
+    columns = [Line._meta.get_field(name).column for name in given] + [f.column for f in fields if f.name not in given]
+    sql = f"INSERT INTO {qn(Line._meta.db_table)} ({', '.join(qn(c) for c in columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [(batch_id, index, custom_id, text, *defaults) for index, custom_id, text in rows])
 
 
 @batch_view
@@ -300,5 +318,7 @@ async def batch_detail(request: HttpRequest, b: Batch) -> HttpResponse:
 
 @owned_view(Batch)
 async def batch_cancel(request: HttpRequest, b: Batch) -> HttpResponse:
-    b = await sync_to_async(runner.request_cancel)(b.id)
+    b, began = await sync_to_async(runner.cancel)(b.id)
+    if not began and b.status in FINAL_STATUSES:  # OpenAI's answer (the SDK's ConflictError)
+        raise ApiError(409, f"Cannot cancel a batch with status '{b.status}'.")
     return JsonResponse(batch_object(b))

@@ -88,8 +88,10 @@ def test_cancel_stops_a_running_batch(server: RunningServer) -> None:
     while any(lane["state"] != "idle" for lane in server.state().get("lanes", [])) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(lane["state"] == "idle" for lane in server.state().get("lanes", []))
-    # a cancelled batch stays cancelled; cancelling again changes nothing
-    assert c.batches.cancel(b.id).status == "cancelled"
+    # a cancelled batch stays cancelled; cancelling again is refused, as OpenAI refuses it (409)
+    with pytest.raises(openai.ConflictError, match="Cannot cancel a batch with status 'cancelled'"):
+        c.batches.cancel(b.id)
+    assert c.batches.retrieve(b.id).status == "cancelled"
 
 
 def test_bad_input_is_refused_and_stores_nothing(server: RunningServer) -> None:
