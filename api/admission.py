@@ -29,6 +29,7 @@ Secrets never leave this module: logs and records carry the key's name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -197,6 +198,25 @@ async def authenticate(headers: dict[str, str], client: tuple[str, int] | list[A
     return Principal(key=key, client_ip=client_ip)
 
 
+async def as_it_is_now(principal: Principal, rt: KeyRuntime) -> Principal:
+    """``principal`` with its key as the snapshot has it now. A request is authenticated before
+    its body is parsed, and may then wait for the engine worker (``--engine-wait-s``) before it
+    is admitted: a key revoked, expired, rotated or deleted meanwhile is refused as
+    ``authenticate`` would refuse it now, and one whose policy changed is admitted under the new
+    policy. The client (a Batch API line's is its batch) stays."""
+    if principal.key is None:
+        return principal
+    snapshot = await rt.ready()
+    key = snapshot.keys_by_digest.get(principal.key.digest)
+    if key is not None and key.revoked:
+        raise invalid_api_key("This API key has been revoked.")
+    if key is not None and key.is_expired(timezone.now()):
+        raise invalid_api_key("This API key has expired.")
+    if key is None and keys_required():
+        raise invalid_api_key("Incorrect API key provided.")
+    return dataclasses.replace(principal, key=key)
+
+
 def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
     """For plain async Django views: authenticate like the generation endpoints (the principal
     goes on ``request.principal``); with ``admin=True`` and keys required, only an admin key."""
@@ -297,6 +317,8 @@ async def admit(
     rt = runtime or key_runtime()
     if principal is None:
         principal = await authenticate(headers, client, rt)
+    else:
+        principal = await as_it_is_now(principal, rt)
     policy = principal.policy
 
     if policy is not None and not model_allowed(policy, request.model):

@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -21,7 +21,22 @@ from .models import ApiKey, ClassLaneCap, KeyPolicy
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
 
 
-class StaleEditForm(forms.ModelForm):  # type: ignore[type-arg]
+class ErrorsOnTheForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A model's ``clean()`` may name a field this form does not show (one read-only here, or
+    left out of the list's editable columns): Django then raised ValueError ("has no field
+    named"), a 500. Such an error is shown above the form's fields instead."""
+
+    def add_error(self, field: str | None, error: Any) -> None:
+        if field is None and isinstance(error, ValidationError) and hasattr(error, "error_dict"):
+            kept: dict[str, list[Any]] = {}
+            for name, errors in error.error_dict.items():
+                target = name if name == NON_FIELD_ERRORS or name in self.fields else NON_FIELD_ERRORS
+                kept.setdefault(target, []).extend(errors)
+            error = ValidationError(kept)
+        super().add_error(field, error)
+
+
+class StaleEditForm(ErrorsOnTheForm):
     """A change form carries when its row was last changed (``updated``). Saving it after
     someone else changed the row is refused: it would post every field as the page showed it
     and silently undo their change (restore a key revoked meanwhile, say)."""
@@ -151,7 +166,8 @@ class ApiKeyAdmin(ThroughActions):
             context["usage_totals"] = usage.totals(obj.name, now)
             context["usage_hours"] = usage.chart(usage.buckets(obj.name, hours=True, now=now), "hour")
             context["usage_days"] = usage.chart(usage.buckets(obj.name, hours=False, now=now), "day")
-            context["rotate_url"] = reverse("admin:keys_apikey_rotate", args=[obj.pk])
+            if self.has_change_permission(request, obj):  # a view-only admin may not rotate it
+                context["rotate_url"] = reverse("admin:keys_apikey_rotate", args=[obj.pk])
         return super().change_view(request, object_id, form_url, context)
 
     # -- rotating a secret ----------------------------------------------------------------
@@ -228,12 +244,12 @@ class ApiKeyAdmin(ThroughActions):
             self.log_change(request, key, note)
         return len(keys)
 
-    @admin.action(description="Revoke the selected keys")
+    @admin.action(description="Revoke the selected keys", permissions=["change"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         n = self._set_revoked(request, queryset, True)
         self.message_user(request, f"Revoked {n} key(s); the server refuses them from now on.", messages.SUCCESS)
 
-    @admin.action(description="Restore the selected keys (undo revoke)")
+    @admin.action(description="Restore the selected keys (undo revoke)", permissions=["change"])
     def restore_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         n = self._set_revoked(request, queryset, False)
         self.message_user(request, f"Restored {n} key(s).", messages.SUCCESS)
@@ -282,6 +298,11 @@ class ClassLaneCapAdmin(ThroughActions):
     list_editable = ("max_lanes",)
     list_filter = ("qos_class", "model")
     search_fields = ("model",)
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        # a cap whose model is no longer served, edited in the list: the error names ``model``
+        kwargs.setdefault("form", ErrorsOnTheForm)
+        return super().get_changelist_form(request, **kwargs)
 
     @admin.display(description="model", ordering="model")
     def model_display(self, obj: ClassLaneCap) -> str:

@@ -97,8 +97,11 @@ class KeyPolicy(models.Model):
             )
         from .policyfile import file_keys
 
-        if self.name in {k.policy.name for k in file_keys().values() if k.policy is not None}:
-            # limits and the prefix-cache scope go by the policy's name: two tenants would share them
+        stored = KeyPolicy.objects.filter(pk=self.pk).values_list("name", flat=True).first() if self.pk is not None else None
+        if self.name != stored and self.name in {k.policy.name for k in file_keys().values() if k.policy is not None}:
+            # limits and the prefix-cache scope go by the policy's name: two tenants would share them.
+            # Checked for a new name only: a policy named so before the file said it is the one in
+            # force (the file's keys under that name are left out) and stays editable.
             errors["name"] = f"{self.name} is the name of a policy in the --key-policy file."
         if errors:
             raise ValidationError(errors)
@@ -135,6 +138,11 @@ class ApiKey(models.Model):
         return self.expires is not None and self.expires <= (now or timezone.now())
 
     def clean(self) -> None:
+        if self.pk is not None:
+            # a key's name never changes (keys.actions.save_key refuses a rename): the checks below
+            # are for new keys; a key made before its name was taken elsewhere (the --key-policy
+            # file names a key as it, which is then left out) must still be editable, revocable
+            return
         if self.name == STATIC_KEY_NAME:
             # the environment's static key goes by this name: its limits and usage would mix
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
@@ -145,7 +153,7 @@ class ApiKey(models.Model):
         if self.name in {k.name for k in file_keys().values()}:
             # limits, slots, metrics, files and batches go by the key's name: two holders would share them
             raise ValidationError({"name": f"{self.name} is the name of a key in the --key-policy file."})
-        if self.pk is None and _owns_batch_data(self.name):
+        if _owns_batch_data(self.name):
             # they go by the name: a new key of a deleted one's name would be handed them
             raise ValidationError(
                 {"name": f"A deleted key named {self.name} still owns files or batches: delete them first "
