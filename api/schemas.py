@@ -927,10 +927,12 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
             body, name, 0.0, None, req.repeat_penalty, "a number greater than 0", lo_open=True
         )
     if req.max_tokens is None:
-        # llama-server's n_predict; -1 (or any negative) means "until the context is full"
+        # llama-server's n_predict; -1 (or any negative) means "until the context is full"; 0 is
+        # one token, as llama-server samples one before it checks the budget (llama.vim sends 0
+        # to warm the prompt cache: it must not generate to the end of the context)
         n_predict = _opt_int(body, "n_predict", None, None, "an integer")
-        if n_predict is not None and n_predict > 0:
-            req.max_tokens = n_predict
+        if n_predict is not None and n_predict >= 0:
+            req.max_tokens = max(1, n_predict)
     else:
         _opt_int(body, "n_predict", None, None, "an integer")
     ignore_eos = _optional(body, "ignore_eos", bool)

@@ -45,10 +45,15 @@ _EOG_TEXTS = frozenset(
         "<|return|>", "<|call|>", "<EOT>", "</s>", "<｜end▁of▁sentence｜>",
     }
 )
+# (prefix, suffix, middle) markers, as llama.cpp's vocabulary finds them by their text
 _FIM_TEXTS = (
-    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen, CodeGemma
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, Granite
     ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+    ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama
+    ("<PRE>", "<SUF>", "<MID>"),
+    ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
 )
 
 

@@ -485,8 +485,10 @@ class EngineWorker:
         own = engine.tokenize(text)
         return (engine.tokenize(text + resume_text) if resume_text else own), len(own)
 
-    def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str]:
-        """(tokens to prefill, tokens of the client's own prompt, the param errors refer to)."""
+    def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str, int]:
+        """(tokens to prefill, tokens of the client's own prompt, the param errors refer to, how
+        many leading tokens are the prompt's own text: what ``echo`` + ``logprobs`` scores; with
+        ``suffix`` only the FIM prompt's head up to the prefix, not the suffix or the markers)."""
         engine = self.engine
         resumed = engine.tokenize(resume_text, add_special=False) if resume_text else []
         if request.get("endpoint") == "chat":
@@ -502,7 +504,7 @@ class EngineWorker:
                 tokens, own_len = self._chat_tokens(messages, resume_text, extra)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
-            return tokens, own_len, "messages"
+            return tokens, own_len, "messages", own_len
         prompt = request.get("prompt")
         suffix = request.get("suffix")
         if suffix is not None:
@@ -517,14 +519,14 @@ class EngineWorker:
             prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False, special=False)
             bos = engine.tokenize("", special=False)  # [BOS] or []
             own = [*bos, pre, *prefix, suf, *engine.tokenize(suffix, add_special=False, special=False), mid]
-            return own + resumed, len(own), "prompt"
+            return own + resumed, len(own), "prompt", len(bos) + 1 + len(prefix)
         if isinstance(prompt, list):
             own = self._prompt_ids(prompt)
-            return own + resumed, len(own), "prompt"
+            return own + resumed, len(own), "prompt", len(own)
         text = str(prompt)
         own = engine.tokenize(text)
         tokens = engine.tokenize(text + resume_text) if resume_text else own
-        return tokens, len(own), "prompt"
+        return tokens, len(own), "prompt", len(own)
 
     def _prompt_ids(self, prompt: list[Any]) -> list[int]:
         """A token-array prompt, checked against the model's vocabulary."""
@@ -537,7 +539,7 @@ class EngineWorker:
         request = message.request
         resume_text = str(message.resume_text or "")
         resume_tokens = int(message.resume_tokens or 0)
-        tokens, own_len, param = self._prompt_tokens(request, resume_text)
+        tokens, own_len, param, echoed = self._prompt_tokens(request, resume_text)
         ctx_limit = self.engine.lane_ctx
         if not tokens:
             raise Refusal(EMPTY_PROMPT, "The prompt is empty.", param)
@@ -576,7 +578,7 @@ class EngineWorker:
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:
-            ctx.prompt_logprobs = self._prompt_logprobs(tokens[:own_len], sampling.logprobs)
+            ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
         return job, ctx
 
     def _sampling(self, request: dict[str, Any]) -> SamplingParams:
