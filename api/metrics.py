@@ -386,6 +386,18 @@ def pool_state() -> Mapping[str, Any] | None:
 # -- the collector --------------------------------------------------------------------------------
 
 
+def live_snapshot(snapshot: Mapping[str, Any] | None, connected: bool) -> Mapping[str, Any] | None:
+    """The snapshot /metrics renders: a worker's latest while its link is connected, none while
+    the worker is away (crashed, restarting, loading its model again). The link keeps the lost
+    worker's last snapshot, whose busy lanes, queues and KV pool are nobody's any more; its
+    families leave, as before the first snapshot, and come back (counters from 0, a reset to
+    Prometheus) with the next worker's. A Redis fleet's snapshot (``fleet``) says itself when no
+    worker is left and is always rendered."""
+    if not snapshot:
+        return None
+    return snapshot if connected or "fleet" in snapshot else None
+
+
 def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
     """(latest snapshot, connected, worker restarts, requests in flight) of this event loop's
     link client; None off an event loop (no link there)."""
@@ -417,8 +429,11 @@ class SuperfluidCollector:
         router = self.router()
         if state is not None:
             snapshot, connected, restarts, inflight = state
+            snapshot = live_snapshot(snapshot, connected)
             if router is not None and "snapshots" in router:
-                yield from models_families(router["snapshots"])
+                links: Mapping[str, Mapping[str, Any]] = router.get("links") or {}
+                snapshots: Mapping[str, Mapping[str, Any]] = router["snapshots"] or {}
+                yield from models_families({m: s for m, s in snapshots.items() if live_snapshot(s, (links.get(m) or {}).get("connected", True))})
                 yield from links_families(router.get("links") or {})
             else:
                 if snapshot:

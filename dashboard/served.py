@@ -46,13 +46,16 @@ def single_view(link: Any) -> dict[str, Any]:
     """The one model of the single-worker server, from its worker's hello and latest snapshot."""
     snapshot = link.snapshot or {}
     hello = link.hello
-    lanes = _lanes(snapshot)
-    metrics = snapshot.get("metrics") or {}  # a scheduler.worker.metrics.WorkerStats
+    # the link keeps its last worker's hello: a worker gone (crashed, restarting) is not loaded
+    connected = hello is not None and bool(getattr(link, "connected", True)) and not getattr(link, "draining", False)
+    # and its last snapshot: a worker away has no lanes in use and nothing waiting at it (the
+    # lost worker's lanes and queue are nobody's); its lane count and context stay as they were
+    present = snapshot if hello is not None and getattr(link, "connected", True) else {}
+    lanes = _lanes(present)
+    metrics = present.get("metrics") or {}  # a scheduler.worker.metrics.WorkerStats
     depth = metrics.get("queue_depth_by_band") or {}
     oldest = metrics.get("queue_oldest_wait_s_by_band") or {}
     model = (hello.model if hello is not None else None) or snapshot.get("model") or "-"
-    # the link keeps its last worker's hello: a worker gone (crashed, restarting) is not loaded
-    connected = hello is not None and bool(getattr(link, "connected", True)) and not getattr(link, "draining", False)
     row: dict[str, Any] = {
         "id": model,
         "aliases": [],

@@ -71,7 +71,8 @@ def test_with_several_models_the_routers_families_replace_the_workers_and_name_e
     snapshot = {"metrics": {"lanes_total": 1}, "counters": {"dispatched_normal": 99, "reorders_swap_affinity": 50, "admitted": 4}}
     other = {"metrics": {"lanes_total": 2}, "counters": {"admitted": 30}}
     router["snapshots"] = {"a": snapshot, "b": other}  # each loaded model's worker
-    router["links"] = {"a": {"connected": True, "restarts": 2, "inflight": 3}, "b": {"connected": False, "restarts": 0, "inflight": 0}}
+    # c's worker is away (crashed, restarting): its link has no snapshot to show (api/metrics.py live_snapshot)
+    router["links"] = {"a": {"connected": True, "restarts": 2, "inflight": 3}, "b": {"connected": True, "restarts": 0, "inflight": 0}, "c": {"connected": False, "restarts": 1, "inflight": 0}}
     monkeypatch.setattr(metrics_module, "web_metrics", WebMetrics())
     registry = CollectorRegistry()
     registry.register(SuperfluidCollector(lambda: (snapshot, True, 0, 0), lambda: router))
@@ -91,9 +92,9 @@ def test_with_several_models_the_routers_families_replace_the_workers_and_name_e
     assert {s.labels["model"]: s.value for s in parsed["superfluid_admitted"].samples} == {"a": 4, "b": 30}
     assert text.count("# TYPE superfluid_admitted_total counter") == 1
     # each model's link, where the pool's own (which submits nothing) said 1, 0 and 0
-    assert {s.labels["model"]: s.value for s in parsed["superfluid_worker_connected"].samples} == {"a": 1, "b": 0}
-    assert {s.labels["model"]: s.value for s in parsed["superfluid_worker_restarts"].samples if s.name.endswith("_total")} == {"a": 2, "b": 0}
-    assert {s.labels["model"]: s.value for s in parsed["superfluid_requests_inflight"].samples} == {"a": 3, "b": 0}
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_worker_connected"].samples} == {"a": 1, "b": 1, "c": 0}
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_worker_restarts"].samples if s.name.endswith("_total")} == {"a": 2, "b": 0, "c": 1}
+    assert {s.labels["model"]: s.value for s in parsed["superfluid_requests_inflight"].samples} == {"a": 3, "b": 0, "c": 0}
 
 
 def test_web_metrics_count_requests_rejections_and_tokens_per_key(monkeypatch: Any) -> None:
