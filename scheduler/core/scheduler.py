@@ -250,8 +250,10 @@ class Scheduler:
         self._apply_os_pressure(plan, now)
         if self.config.watermarks:
             self.pool.enforce_watermarks(plan.pool, self._lane_tokens(), now)
-        self._preempt(plan)
+        # free lanes first, then preemption: an urgent job still queued once admission has
+        # filled the last free lane preempts now, not a tick later
         self._admit(plan, now)
+        self._preempt(plan)
         self._share_prefixes(plan, now)
         self._store_pinned(plan, now)
         self._compact_lanes(plan)
@@ -772,6 +774,7 @@ class Scheduler:
                 and j.qos > urgent.qos
                 and not j.batch_invariant
                 and j.lane not in sources
+                and not any(b.job_id == j.job_id for b in plan.bind)  # admitted this tick
                 and not self._protected_from(j, urgent, now)
             ]
             if not victims:
