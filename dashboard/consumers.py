@@ -60,7 +60,10 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
             # with several models and none loaded there is no snapshot (no worker runs): the
             # router's view still tells the page so, and that nothing it shows is old
             if link.snapshot or models_view():
-                await self.send_json({"type": "state", "state": full_state(link.snapshot or {})})
+                message: dict[str, Any] = {"type": "state", "state": full_state(link.snapshot or {})}
+                if (age_ms := snapshot_age_ms(link)) is not None:
+                    message["age_ms"] = age_ms
+                await self.send_json(message)
         except Exception:  # the next push brings the state
             log.exception("dashboard: could not send a page its first state")
 
@@ -108,3 +111,13 @@ class LanesConsumer(AsyncJsonWebsocketConsumer):
 
     async def lanes_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "state", "state": event["state"]})
+
+
+def snapshot_age_ms(link: Any) -> int | None:
+    """How old the link's snapshot is when its worker is away (crashed, restarting): the page
+    then shows it as that old at once, not as live until no push came for a while. None while
+    the worker is connected, for a Redis fleet's view (always current) or where unknown."""
+    snapshot, at = getattr(link, "snapshot", None), getattr(link, "snapshot_at", None)
+    if not snapshot or at is None or "fleet" in snapshot or getattr(link, "connected", True):
+        return None
+    return max(0, round((asyncio.get_running_loop().time() - at) * 1000))

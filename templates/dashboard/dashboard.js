@@ -335,14 +335,15 @@
   function noWorkerRuns(s) {
     return !!(s && s.models && !s.models.some(function (m) { return m.state === "loaded" || m.state === "draining"; }));
   }
-  setInterval(function () {
+  function markIfStale() {
     if (lastState === null || noWorkerRuns(window.superfluidLastState)) { return; }
     var age = Date.now() - lastState;
     if (age < STALE_MS) { return; }
     var conn = $("conn");
     conn.textContent = "no update for " + Math.floor(age / 1000) + " s"; conn.setAttribute("data-status", "stale");
     document.body.classList.add("stale");
-  }, 500);
+  }
+  setInterval(markIfStale, 500);
 
   var retry = 500;
   function connect() {
@@ -353,9 +354,13 @@
     ws.onmessage = function (m) {
       var msg = JSON.parse(m.data);
       if (msg.type === "state") {
-        if (conn.getAttribute("data-status") === "stale") { markLive(); }
-        lastState = Date.now();
+        // age_ms: the first state of a page opened while the worker is away is its last
+        // snapshot, that old: shown as old at once, never as live
+        var age = msg.age_ms || 0;
+        if (conn.getAttribute("data-status") === "stale" && age < STALE_MS) { markLive(); }
+        lastState = Date.now() - age;
         render(msg.state);
+        markIfStale();
       }
     };
     ws.onclose = function (e) {

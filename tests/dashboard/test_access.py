@@ -321,3 +321,24 @@ async def test_with_several_models_and_none_loaded_a_page_gets_a_first_state(mon
         message = await comm.receive_json_from(timeout=3)
         assert message["type"] == "state" and message["state"]["models"] == []
         assert set(message["state"]["router_queue"]) == {"interactive", "normal", "batch"}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_page_opened_while_the_worker_is_away_gets_its_last_state_with_its_age(settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The first state of a page opened after the worker died was the dead worker's last
+    snapshot, busy lanes and all, and the page called it "live" for three seconds before
+    dimming it. It now comes with its age, and the page shows it that old at once."""
+    from superfluid_site.runtime import get_link
+
+    settings.SUPERFLUID_SOCKET = str(tmp_path / "no-worker.sock")
+    link = get_link()
+    assert not link.connected
+    link.snapshot = {"model": "m", "tick": 7, "lanes": []}
+    link.snapshot_at = asyncio.get_running_loop().time() - 12.0  # the worker died 12 s ago
+    async with staff_dashboard("ada") as comm:
+        first = await comm.receive_json_from(timeout=3)
+        assert first["state"]["tick"] == 7 and first["age_ms"] >= 12_000
+        # pushes from a worker (a connected one's snapshots) carry no age: they are current
+        dashboard_feed.on_snapshot({"model": "m", "tick": 8, "lanes": []})
+        pushed = await comm.receive_json_from(timeout=3)
+        assert pushed["state"]["tick"] == 8 and "age_ms" not in pushed
