@@ -85,7 +85,7 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "error_code",
     )
     list_filter = (
-        column_filter("endpoint", "endpoint", ("chat", "completions", "embeddings")),
+        column_filter("endpoint", "endpoint", ("chat", "completions", "infill", "embeddings")),
         column_filter("qos_class", "class", (c.label for c in QosClass)),
         column_filter("band", "band", BANDS),
         StatusFilter,

@@ -35,7 +35,13 @@ from .edge import check_expanded_size, check_host_and_origin, check_prompt_size
 from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
-from .schemas import GenerationRequest, parse_chat_request, parse_completion_request, parse_embeddings_request
+from .schemas import (
+    GenerationRequest,
+    parse_chat_request,
+    parse_completion_request,
+    parse_embeddings_request,
+    parse_infill_request,
+)
 
 log = logging.getLogger("superfluid.api")
 
@@ -64,6 +70,7 @@ class StreamingConsumer(AsyncHttpConsumer):
     # consumer one by default; on channels_redis (Redis mode) that is a receive blocking on Redis
     # for the request's whole life, whose cancel held a finished consumer open for up to 10 s.
     channel_layer_alias = None
+    stream_end = responses.SSE_DONE  # what ends a stream (after its last frame, or an error frame)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -176,8 +183,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.record.error_code = exc.code or exc.type
         if not self.headers_sent:
             self.record.status = exc.status
-        if self.headers_sent:  # the stream has begun: an error frame, then [DONE]
-            await self.send_body(responses.sse_error(exc) + responses.SSE_DONE)
+        if self.headers_sent:  # the stream has begun: an error frame, then [DONE] (where the route sends one)
+            await self.send_body(responses.sse_error(exc) + self.stream_end)
             return
         extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
         # refused before any job had an id (a bad body, a limit, no engine): an id of its own,
@@ -292,6 +299,7 @@ class GenerationConsumer(StreamingConsumer):
             first = await handle.next_event()
             if isinstance(first, (Rejected, Error)):
                 raise link_error(first)
+            self.accepted = first  # (its prompt_tokens: /infill's tokens_evaluated while streaming)
             if request.stream:
                 await self.stream(request, handle, qos, link=link, body=body_digest(request))
             else:
@@ -518,7 +526,7 @@ class GenerationConsumer(StreamingConsumer):
             tag = f"id: {handle.job_id}:{n}\n".encode() if ids else b""
             return b"".join(tag + responses.sse_event(f) for f in frames)
 
-        opening = reply.first_chunks() if skip is None else []
+        opening = self.opening_frames(reply) if skip is None else []
         if opening:
             await self.send_body(sse(opening), more_body=True)
         while True:
@@ -529,15 +537,15 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
-                    frames = reply.delta_chunks(event)
+                    frames = self.delta_frames(reply, event)
                     sent = bool(frames) and (skip is None or n > skip)  # (a resumed stream: from this server)
                     if sent:
                         out.append(sse(frames))
                     self.saw_delta(event, reached_client=sent)
                 elif isinstance(event, Done):
                     self.note_done(event)
-                    frames = reply.final_chunks(event, self.usage(event) if request.include_usage else None)
-                    await self.send_body(b"".join(out) + b"".join(responses.sse_event(f) for f in frames) + responses.SSE_DONE)
+                    frames = self.final_frames(request, reply, event)
+                    await self.send_body(b"".join(out) + b"".join(responses.sse_event(f) for f in frames) + self.stream_end)
                     return
                 elif isinstance(event, (Error, Rejected)):
                     if out:  # what was generated before the error reaches the client first
@@ -545,6 +553,20 @@ class GenerationConsumer(StreamingConsumer):
                     raise link_error(event)
             if out:
                 await self.send_body(b"".join(out), more_body=True)
+
+    # -- one job's response: what a route (/infill) may shape otherwise -------------------
+
+    def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
+        return reply.first_chunks()
+
+    def delta_frames(self, reply: responses.Reply, event: Delta) -> list[dict[str, Any]]:
+        return reply.delta_chunks(event)
+
+    def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
+        return reply.final_chunks(event, self.usage(event) if request.include_usage else None)
+
+    def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
+        return reply.body(event, self.usage(event))
 
     async def collect(self, request: GenerationRequest, handle: JobHandle, qos: QosClass) -> None:
         reply = self.reply(request)
@@ -558,7 +580,7 @@ class GenerationConsumer(StreamingConsumer):
             elif isinstance(event, Done):
                 self.note_done(event)
                 break
-        await self.send_json(200, reply.body(event, self.usage(event)), self.response_headers(handle, qos))
+        await self.send_json(200, self.final_body(request, reply, event), self.response_headers(handle, qos))
 
     def router_wait(self) -> dict[str, Any]:
         """The Submit's ``waited_ms``: with several models, the request's wait at the router (a
@@ -646,6 +668,46 @@ class CompletionsConsumer(GenerationConsumer):
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_completion_request(body, models=models, strict=serving().strict_params)
+
+
+class InfillConsumer(CompletionsConsumer):
+    """llama-server's ``POST /infill`` (llama.vim, llama.vscode, Continue's llama.cpp provider):
+    a fill-in-the-middle completion through the completions path (admission, keys, the
+    completion class, --fim-model routing, activity rows and metrics under ``infill``), answered
+    in llama-server's native shape: one completion object, or streamed ``data:`` frames of it
+    without a closing ``[DONE]``."""
+
+    endpoint = "infill"
+    stream_end = b""  # llama-server ends a native stream with its last frame
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        request, self.response_fields = parse_infill_request(body, models=models, strict=serving().strict_params)
+        return request
+
+    def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
+        # the text is gathered as a completion's; the frames and the body are llama-server's
+        return responses.Reply("completions", request.model, **extra)
+
+    def prompt_tokens(self) -> int:
+        accepted = getattr(self, "accepted", None)
+        return int(getattr(accepted, "prompt_tokens", 0) or 0)
+
+    def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
+        return []
+
+    def delta_frames(self, reply: responses.Reply, event: Delta) -> list[dict[str, Any]]:
+        if not event.text:
+            return []
+        reply.add(event)  # the whole text: the last frame's has_new_line
+        return [responses.infill_partial(event.text, event.tokens, self.prompt_tokens())]
+
+    def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
+        final = responses.infill_final(request.model, "", event, whole_text="".join(reply.text))
+        return [responses.pick_fields(final, self.response_fields)]
+
+    def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
+        text = "".join(reply.text)
+        return responses.pick_fields(responses.infill_final(request.model, text, event, whole_text=text), self.response_fields)
 
 
 class EmbeddingsConsumer(GenerationConsumer):

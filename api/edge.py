@@ -261,7 +261,7 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
 # that layer, on daphne's request object, and refuse at once: a JSON error, the connection
 # closed, nothing of the request handed to the application (so nothing is queued).
 
-GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings"}
+GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/v1/embeddings": "embeddings"}
 
 
 def raw_error_reply(exc: ApiError) -> bytes:
@@ -550,6 +550,7 @@ def check_prompt_size(request: Any, lane_ctx: int) -> None:
     else:
         parts, chars = 0, len(request.prompt or "")
     chars += len(request.suffix or "")
+    chars += len(getattr(request, "fim_prompt", None) or "") + sum(len(f) + len(t) for f, t in getattr(request, "fim_extra", None) or [])  # /infill
     too_many = parts > lane_ctx if embeddings else parts >= lane_ctx
     if too_many or chars > lane_ctx * MAX_CHARS_PER_TOKEN:
         what = f"{parts} messages" if request.messages is not None and too_many else f"{parts} tokens" if too_many else f"{chars} characters"

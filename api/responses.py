@@ -725,6 +725,100 @@ class Reply:
 
 
 # ---------------------------------------------------------------------------------------------
+# llama-server's /infill (its native completion object)
+# ---------------------------------------------------------------------------------------------
+
+
+def infill_stop_type(event: Done) -> str:
+    """llama-server's ``stop_type``: ``word`` (a stop string), ``eos`` (the model ended it),
+    ``limit`` (n_predict or the context), ``none`` (anything else)."""
+    if event.finish_reason == "length":
+        return "limit"
+    if event.finish_reason == "stop":
+        return "word" if event.stop_word else "eos"
+    return "none"
+
+
+def infill_timings(event: Done) -> dict[str, Any]:
+    """llama-server's ``timings`` from the job's usage and timing: ``prompt_n`` the prompt tokens
+    computed (cached ones not), ``prompt_ms`` from admission to the first token (so it holds the
+    first token's sampling; a preempted job's wait is in it too), ``predicted_ms`` from the first
+    token to the end."""
+    usage, timing = event.usage, event.timing or {}
+    prompt_n = max(0, int(usage.get("prompt_tokens", 0)) - int(usage.get("cached_tokens", 0)))
+    predicted_n = int(usage.get("completion_tokens", 0))
+    queue, ttft, total = timing.get("queue_wait_ms"), timing.get("ttft_ms"), timing.get("total_ms")
+    prompt_ms = max(0.0, float(ttft) - float(queue or 0)) if ttft is not None else 0.0
+    predicted_ms = max(0.0, float(total) - float(ttft)) if total is not None and ttft is not None else 0.0
+
+    def per(n: int, ms: float) -> tuple[float, float]:
+        return (ms / n if n else 0.0), (n * 1000.0 / ms if ms > 0 else 0.0)
+
+    prompt_per_token_ms, prompt_per_second = per(prompt_n, prompt_ms)
+    predicted_per_token_ms, predicted_per_second = per(predicted_n, predicted_ms)
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_per_token_ms, 3),
+        "prompt_per_second": round(prompt_per_second, 3),
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_per_token_ms, 3),
+        "predicted_per_second": round(predicted_per_second, 3),
+    }
+
+
+def infill_partial(text: str, tokens_predicted: int, tokens_evaluated: int) -> dict[str, Any]:
+    """One streamed ``/infill`` frame (llama-server's partial result)."""
+    return {
+        "index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1,
+        "tokens_predicted": tokens_predicted, "tokens_evaluated": tokens_evaluated,
+    }  # fmt: skip
+
+
+def infill_final(model: str, content: str, event: Done, *, whole_text: str) -> dict[str, Any]:
+    """The ``/infill`` result (llama-server's final completion object): ``content`` the whole text
+    (the last streamed frame's: empty, the text came before it); ``whole_text`` decides
+    ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end."""
+    usage = event.usage
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {
+        "index": 0,
+        "content": content,
+        "tokens": [],
+        "id_slot": -1,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": completion,
+        "tokens_evaluated": prompt,
+        "has_new_line": "\n" in whole_text,
+        "truncated": False,
+        "stop_type": infill_stop_type(event),
+        "stopping_word": event.stop_word or "",
+        "tokens_cached": prompt + completion,
+        "timings": infill_timings(event),
+    }
+
+
+def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only the values at these paths (``a/b`` reaches into
+    an object), each keyed by its path as given; a path that leads nowhere is left out. None or
+    an empty list: the whole object."""
+    if not paths:
+        return obj
+    out: dict[str, Any] = {}
+    for path in paths:
+        value: Any = obj
+        for part in path.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[path] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Embeddings
 # ---------------------------------------------------------------------------------------------
 

@@ -174,6 +174,10 @@ class GenerationRequest:
     # completions: every prompt when the request holds several (``prompt`` is then the first)
     prompts: list[str | list[int]] | None = None
     echo: bool = False  # completions: the prompt's text comes back before the completion
+    # POST /infill (llama-server's): the text typed on the current line, after the prefix, and
+    # the context chunks before the FIM prompt as [filename, text] pairs; None on other routes
+    fim_prompt: str | None = None
+    fim_extra: list[list[str]] | None = None
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -207,6 +211,8 @@ class GenerationRequest:
         out["ignored"] = list(self.ignored)
         if self.prompts is not None:
             out["prompts"] = [list(p) if isinstance(p, list) else p for p in self.prompts]
+        if self.fim_extra is not None:
+            out["fim_extra"] = [list(c) for c in self.fim_extra]
         return out
 
     @property
@@ -312,6 +318,75 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
             code="invalid_value",
         )
     return req
+
+
+# llama-server's /infill: its own fields, and llama-server sampling options accepted but not
+# honoured here (named in the ignored-parameters header, as unknown keys are)
+_INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "prompt", "response_fields"})
+_INFILL_UNHONOURED = frozenset(
+    {"samplers", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
+)
+_INFILL_KEYS = (_COMMON_KEYS - {"n"}) | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
+MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
+
+
+def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
+    """Validate a llama-server ``POST /infill`` body: the request (a fill-in-the-middle
+    completion: ``input_prefix`` as the prompt, ``input_suffix`` as the suffix, ``prompt`` the
+    text typed after the prefix, ``input_extra`` the context chunks) and its ``response_fields``
+    (None: every field). ``model`` may be left out: the first model served (a ``--fim-model``
+    takes the request, as for any FIM request). ``n`` is not an /infill parameter (one completion).
+    llama-server's sampler options this server does not have (``samplers``, ``t_max_*_ms``,
+    ``n_indent``, ...) are accepted and named in ``ignored``; other unknown keys as on
+    ``/v1/completions``."""
+    body = load_object(raw)
+    if body.get("model") is None and models:
+        body = {**body, "model": next(iter(models))}
+    model = _parse_model(body, models)
+    ignored = _unknown_keys(body, _INFILL_KEYS, strict)
+    ignored += [key for key in body if key in _INFILL_UNHONOURED]
+    prefix = _optional(body, "input_prefix", str)
+    suffix = _optional(body, "input_suffix", str)
+    typed = _optional(body, "prompt", str)
+    req = GenerationRequest(
+        endpoint="completions",
+        model=model,
+        prompt=prefix or "",
+        suffix=suffix or "",  # never None: always a FIM prompt (its class, its --fim-model)
+        fim_prompt=typed or None,
+        fim_extra=_parse_input_extra(body),
+        max_tokens=_parse_max_tokens(body),
+        ignored=ignored,
+    )
+    _parse_common({k: v for k, v in body.items() if k != "n"}, req)  # one completion: n is not read
+    fields_wanted = body.get("response_fields")
+    if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
+        raise _invalid_type("response_fields", "an array of strings")
+    return req, fields_wanted
+
+
+def _parse_input_extra(body: Mapping[str, Any]) -> list[list[str]]:
+    """``input_extra``: ``[{"filename": str, "text": str}, ...]`` as [filename, text] pairs; a
+    chunk without a file name is llama-server's ``tmp``."""
+    chunks = body.get("input_extra")
+    expected = 'an array of {"filename": string, "text": string} objects'
+    if chunks is None:
+        return []
+    if not isinstance(chunks, list):
+        raise _invalid_type("input_extra", expected)
+    if len(chunks) > MAX_INFILL_CHUNKS:
+        raise _invalid_value("input_extra", f"{expected}, at most {MAX_INFILL_CHUNKS}")
+    out: list[list[str]] = []
+    for i, chunk in enumerate(chunks):
+        where = f"input_extra[{i}]"
+        if not isinstance(chunk, dict):
+            raise _invalid_type(where, 'an object {"filename": string, "text": string}')
+        text = chunk.get("text")
+        if not isinstance(text, str):
+            raise _missing(f"{where}.text") if text is None else _invalid_type(f"{where}.text", "a string")
+        filename = _optional(chunk, "filename", str, f"{where}.filename")
+        out.append([filename if filename is not None else "tmp", text])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

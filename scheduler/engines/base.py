@@ -88,6 +88,12 @@ class Engine(Protocol):
         """(prefix, suffix, middle) token ids for fill-in-the-middle; None if the model has none."""
         ...
 
+    def fim_repo_tokens(self) -> tuple[int | None, int | None]:
+        """(file separator, repository name) token ids of repo-level fill-in-the-middle
+        (``<|file_sep|>``, ``<|repo_name|>``: llama.cpp's FIM_SEP and FIM_REP), each None where
+        the model has none; ``POST /infill`` lays its extra context chunks out with them."""
+        ...
+
     def execute(self, plan: TickPlan, should_stop: Callable[[], bool]) -> TickResult:
         """Run one tick (:func:`run_tick` over the engine's primitives): the pool and lane
         operations, then the feeds in calls of at most ``plan.step_tokens`` tokens, decode

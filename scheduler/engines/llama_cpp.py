@@ -507,6 +507,14 @@ class LlamaCppEngine(LaneEngine):
             return None
         return ids
 
+    def fim_repo_tokens(self) -> tuple[int | None, int | None]:
+        """(FIM_SEP, FIM_REP) token ids, each None where the vocabulary has none."""
+        self._require_open()
+        sep = llama_cpp.llama_vocab_fim_sep(self._vocab)
+        rep = llama_cpp.llama_vocab_fim_rep(self._vocab)
+        null = llama_cpp.LLAMA_TOKEN_NULL
+        return (None if sep == null else int(sep)), (None if rep == null else int(rep))
+
     def is_eog(self, token: int) -> bool:
         self._require_open()
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

@@ -55,6 +55,10 @@ _FIM_TEXTS = (
     ("<PRE>", "<SUF>", "<MID>"),
     ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
 )
+# repo-level FIM's file separator and repository name (llama.cpp's FIM_SEP, FIM_REP), by text
+# (StarCoder's "<file_sep>" is not one: llama.cpp leaves SmolLM2's, id 5, without that role)
+_FIM_SEP_TEXTS = ("<|file_sep|>",)  # Qwen2.5-Coder
+_FIM_REP_TEXTS = ("<|repo_name|>", "<reponame>")  # Qwen2.5-Coder; StarCoder's, as SmolLM2 has
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,14 @@ class MlxEngine(LaneEngine):
             if all(i is not None for i in ids):
                 return ids[0], ids[1], ids[2]  # type: ignore[return-value]
         return None
+
+    def fim_repo_tokens(self) -> tuple[int | None, int | None]:
+        """(file separator, repository name) ids, found by their text as llama.cpp's vocabulary
+        finds FIM_SEP and FIM_REP (Qwen2.5-Coder's markers); None for one the model lacks."""
+        def first(names: tuple[str, ...]) -> int | None:
+            return next((i for i in (self._tok.token_to_id(n) for n in names) if i is not None), None)
+
+        return first(_FIM_SEP_TEXTS), first(_FIM_REP_TEXTS)
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog

@@ -94,6 +94,9 @@ class SimEngine:
     def fim_tokens(self) -> tuple[int, int, int] | None:
         return None
 
+    def fim_repo_tokens(self) -> tuple[int | None, int | None]:
+        return None, None
+
     def is_eog(self, token: int) -> bool:
         return token == EOG_TOKEN
 

@@ -148,6 +148,7 @@ class Done(JobMessage):
     timing: dict[str, Any] = field(default_factory=dict)
     serial: dict[str, Any] = field(default_factory=dict)
     embeddings: list[list[float]] | None = None  # /v1/embeddings: one vector per input
+    stop_word: str | None = None  # the stop string that ended the text, if one did (/infill's stopping_word)
 
 
 # A job refused or failed: ``reason`` is one of the constants above.

@@ -431,6 +431,7 @@ class EngineWorker:
         else:
             prompt, suffix = request.get("prompt"), request.get("suffix")
             chars = (len(prompt) if isinstance(prompt, (str, list)) else 0) + (len(suffix) if isinstance(suffix, str) else 0)
+            chars += fim_extra_chars(request)  # /infill: the typed text and the context chunks
             param = "prompt"
         if chars > limit * MAX_CHARS_PER_TOKEN:
             raise Refusal(
@@ -510,6 +511,8 @@ class EngineWorker:
         if suffix is not None:
             fim = engine.fim_tokens()
             if fim is None:
+                if request.get("fim_extra") is not None:  # POST /infill
+                    raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; /infill is not supported.", "input_suffix")
                 raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
             # the prefix is the prompt, as text or as token ids (never dropped). Prefix and suffix
@@ -518,8 +521,16 @@ class EngineWorker:
             # for one, as llama.cpp's server assembles an infill prompt.
             prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False, special=False)
             bos = engine.tokenize("", special=False)  # [BOS] or []
-            own = [*bos, pre, *prefix, suf, *engine.tokenize(suffix, add_special=False, special=False), mid]
-            return own + resumed, len(own), "prompt", len(bos) + 1 + len(prefix)
+            typed = engine.tokenize(str(request.get("fim_prompt") or ""), add_special=False, special=False)
+            core = [*bos, pre, *prefix, *typed, suf, *engine.tokenize(suffix, add_special=False, special=False), mid]
+            extra = self._fim_extra_tokens(request.get("fim_extra"))
+            # /infill's context chunks fill what the FIM prompt and the completion leave of the
+            # context, their tail kept (llama-server's n_extra_take); the FIM prompt is never cut
+            max_tokens = request.get("max_tokens")
+            room = max(0, engine.lane_ctx - len(core) - (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1))
+            extra = extra[len(extra) - room :] if len(extra) > room else extra
+            own = [*extra, *core]
+            return own + resumed, len(own), "prompt", len(extra) + len(bos) + 1 + len(prefix)
         if isinstance(prompt, list):
             own = self._prompt_ids(prompt)
             return own + resumed, len(own), "prompt", len(own)
@@ -527,6 +538,27 @@ class EngineWorker:
         own = engine.tokenize(text)
         tokens = engine.tokenize(text + resume_text) if resume_text else own
         return tokens, len(own), "prompt", len(own)
+
+    def _fim_extra_tokens(self, chunks: Any) -> list[int]:
+        """``POST /infill``'s context before the FIM prompt, as llama-server's format_infill lays
+        it out (repo-level FIM): ``FIM_REP "myproject\\n"`` where the model has FIM_REP; per chunk
+        ``FIM_SEP filename "\\n"`` (or, without FIM_SEP, a ``--- snippet ---`` line) and its
+        text; then ``FIM_SEP "filename\\n"``. None (``/v1/completions``' ``suffix``): nothing."""
+        if chunks is None:
+            return []
+        engine = self.engine
+
+        def text(t: str) -> list[int]:
+            return engine.tokenize(t, add_special=False, special=False)
+
+        sep, rep = engine.fim_repo_tokens()
+        out: list[int] = [rep, *text("myproject\n")] if rep is not None else []
+        for filename, body in chunks:
+            out += [sep, *text(str(filename) + "\n")] if sep is not None else text("\n\n--- snippet ---\n\n")
+            out += text(str(body))
+        if sep is not None:
+            out += [sep, *text("filename\n")]
+        return out
 
     def _prompt_ids(self, prompt: list[Any]) -> list[int]:
         """A token-array prompt, checked against the model's vocabulary."""
@@ -846,6 +878,7 @@ class EngineWorker:
                     "cached_tokens": min(job.cached_tokens, ctx.prompt_tokens),
                 },
                 timing=timing,
+                stop_word=ctx.stream.stop_word,
                 serial={
                     "serial_priority": job.priority,
                     "serial_band": band_of(job.priority),
@@ -979,6 +1012,17 @@ def _urgent(message: Submit) -> bool:
         return int(message.qos) <= QosClass.COMPLETION
     except (TypeError, ValueError):
         return False
+
+
+def fim_extra_chars(request: dict[str, Any]) -> int:
+    """The characters ``POST /infill`` adds to a FIM prompt: the typed text (``fim_prompt``) and
+    the context chunks' file names and texts (``fim_extra``); 0 for anything else."""
+    typed = request.get("fim_prompt")
+    chars = len(typed) if isinstance(typed, str) else 0
+    chunks = request.get("fim_extra")
+    if isinstance(chunks, list):
+        chars += sum(len(part) for chunk in chunks if isinstance(chunk, (list, tuple)) for part in chunk if isinstance(part, str))
+    return chars
 
 
 def _waited_ms(message: Submit) -> float:

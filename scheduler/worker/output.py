@@ -70,6 +70,7 @@ class TextStream:
         self._stop = [_StopMatcher(s) for s in (stop or []) if s]
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
+        self.stop_word: str | None = None  # ... the one that did (the first in the text)
         self.emitted_chars = 0
 
     def push(self, token: int) -> str:
@@ -91,16 +92,19 @@ class TextStream:
             # ``new``, since ``_held`` is no longer than the longest match in progress
             base = len(self._held)
             start = -1
+            word: str | None = None
             for matcher in self._stop:
                 # no match in progress: nothing can begin before the stop string's first character
                 first = new.find(matcher.stop[0]) if matcher.state == 0 else 0
                 for i in range(first, len(new)) if first >= 0 else ():
                     if matcher.feed(new[i]):
                         begins = base + i + 1 - len(matcher.stop)
-                        start = begins if start < 0 else min(start, begins)
+                        if start < 0 or begins < start:
+                            start, word = begins, matcher.stop
                         break
             if start >= 0:
                 self.stopped = True
+                self.stop_word = word
                 self._held = ""
                 return self._emit(text[:start])
             if not final:

@@ -870,6 +870,7 @@ def test_to_wire_has_every_field_and_shares_no_lists() -> None:
         "min_p", "seed", "presence_penalty", "frequency_penalty", "repeat_penalty", "stop", "stream",
         "include_usage", "user", "logit_bias", "ignore_eos", "typical_p", "logprobs", "response_format",
         "tools", "tool_choice", "parallel_tool_calls", "legacy_functions", "chat_template_kwargs", "ignored", "n", "prompts", "echo",
+        "fim_prompt", "fim_extra",  # POST /infill
     }
     wire["stop"].append("y")
     wire["messages"][0]["content"] = "changed"

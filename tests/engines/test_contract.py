@@ -98,6 +98,9 @@ def test_engine_describes_itself(engine: Any) -> None:
     assert engine.n_ctx_train == 8192
     assert (engine.bos_text, engine.eos_text) == ("<|im_start|>", "<|im_end|>")
     assert engine.fim_tokens() is None  # SmolLM2 has no FIM tokens
+    # POST /infill's repo-level markers: llama.cpp finds StarCoder's <reponame> (id 4) as FIM_REP,
+    # and no FIM_SEP (its <file_sep>, id 5, is not given that role); MLX's lookup by text agrees
+    assert engine.fim_repo_tokens() == (None, 4)
     assert engine.is_eog(2) and not engine.is_eog(engine.tokenize("Paris")[0])
 
 
