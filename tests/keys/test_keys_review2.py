@@ -3,7 +3,6 @@ before its fix."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import re
@@ -18,12 +17,15 @@ from django.utils import timezone
 
 from api.admission import Principal, admit, authenticate
 from api.errors import ApiError
-from api.schemas import GenerationRequest
 from keys import actions, policyfile
-from keys.credentials import digest_of
 from keys.models import ApiKey, ClassLaneCap, KeyPolicy
-from keys.runtime import Key, KeyRuntime, Policy, Snapshot
+from keys.runtime import Policy, Snapshot
 from scheduler.core.qos import QosClass
+
+from .test_admission import IP
+from .test_admission import chat as _chat
+from .test_admission import key as _key
+from .test_admission import runtime as _runtime
 
 
 def _staff_client(django_user_model, *perms: str) -> Client:  # type: ignore[no-untyped-def]
@@ -62,25 +64,6 @@ def test_a_view_only_admin_is_not_offered_rotate_secret(django_user_model) -> No
 # The consumer authenticates before the body is parsed, then may wait for the engine worker
 # (--engine-wait-s, 120 s by default: a worker restarting, a model loading) before admit(). A key
 # revoked, rotated, deleted or given a tighter policy meanwhile was admitted as it had been.
-
-
-def _runtime(*pairs: tuple[str, Key]) -> KeyRuntime:
-    rt = KeyRuntime(asyncio.get_running_loop(), watch=False)
-    rt.snapshot = Snapshot(version=1, keys_by_digest={k.digest: k for _, k in pairs})
-    rt.loaded.set()
-    rt.touch = lambda key: None  # type: ignore[method-assign]
-    return rt
-
-
-def _key(secret: str, name: str, policy: Policy | None = None, **fields: object) -> tuple[str, Key]:
-    return secret, Key(id=7, name=name, digest=digest_of(secret), policy=policy, **fields)  # type: ignore[arg-type]
-
-
-def _chat() -> GenerationRequest:
-    return GenerationRequest(endpoint="chat", model="m", messages=[{"role": "user", "content": "hi"}])
-
-
-IP = ("10.0.0.7", 5555)
 
 
 @pytest.mark.parametrize("change", ["revoked", "expired", "deleted"])
