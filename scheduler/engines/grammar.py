@@ -47,18 +47,27 @@ class GrammarError(ValueError):
 MAX_GRAMMAR_CHARS = 1 << 20
 MAX_GRAMMAR_DEPTH = 1000
 MAX_GRAMMAR_REPEAT = 10_000
+# x{m,n} copies x's elements max(m, n) times (llama.cpp's parser writes each copy out; a group or
+# a rule name is one element, a literal one per character): "<60,000 chars>"{2000} took 6.7 s and
+# 2.1 GB to parse, and the worker parses a grammar twice; one of 1 MiB would need ~16 GB. The
+# repetitions' copies in all, counted before llama.cpp parses, are bounded (a schema's maxLength
+# 10,000 is 10,000: its item is a rule name).
+MAX_GRAMMAR_EXPANSION = 1 << 21
 # a literal, a character class, a comment (each skipped whole), or what this check counts
 _GBNF_SCAN = re.compile(r'"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|#[^\n]*|[()]|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}')
 
 
 def check_bounds(grammar: str) -> None:
     """GrammarError unless ``grammar`` (GBNF) is at most MAX_GRAMMAR_CHARS long, nests groups
-    at most MAX_GRAMMAR_DEPTH deep and repeats (``{m,n}``) at most MAX_GRAMMAR_REPEAT times."""
+    at most MAX_GRAMMAR_DEPTH deep, repeats (``{m,n}``) at most MAX_GRAMMAR_REPEAT times and
+    its repetitions copy at most MAX_GRAMMAR_EXPANSION elements in all."""
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the grammar is {len(grammar):,} characters long; at most {MAX_GRAMMAR_CHARS:,} are allowed")
-    depth = 0
+    depth = expansion = 0
+    previous: re.Match[str] | None = None
     for m in _GBNF_SCAN.finditer(grammar):
         token = m.group()
+        item, previous = previous, m
         if token == "(":
             depth += 1
             if depth > MAX_GRAMMAR_DEPTH:
@@ -69,6 +78,130 @@ def check_bounds(grammar: str) -> None:
             counts = [g for g in m.groups() if g]
             if any(len(g) > 6 or int(g) > MAX_GRAMMAR_REPEAT for g in counts):
                 raise GrammarError(f"the grammar repeats an item more than {MAX_GRAMMAR_REPEAT:,} times (a length, item count or pattern bound)")
+            # the item repeated: the literal or class right before (its length bounds its
+            # elements), else a group or a rule name (one element)
+            adjacent = item is not None and item.group()[:1] in ('"', "[") and not grammar[item.end() : m.start()].strip()
+            size = len(item.group()) if adjacent and item is not None else 1
+            expansion += size * max(int(g) for g in counts)
+            if expansion > MAX_GRAMMAR_EXPANSION:
+                raise GrammarError(
+                    f"the grammar's repetitions ({{m,n}}) expand to more than {MAX_GRAMMAR_EXPANSION:,} elements (a long literal repeated many times)"
+                )
+    _StackCounter(grammar).check()
+
+
+# llama.cpp keeps every way the grammar can go on as a stack, and expands a rule reference at a
+# stack's top into one stack per way the rule can start; an optional or otherwise nullable element
+# lets the expansion reach past it into what follows. A chain of rules that each start with two
+# optional references to the next ("r0 ::= r1? r1?", ...) multiplies the ways by about 2 a rule:
+# 900 such rules (20 KB) hung the worker in llama.cpp's grammar set-up for good, every other
+# request with it. The ways each rule, group and sequence suffix can start are counted before
+# llama.cpp sees the grammar, and bounded (a tool grammar for 600 tools counts ~600).
+MAX_GRAMMAR_STACKS = 100_000
+_GBNF_TOKEN = re.compile(
+    r'\s+|#[^\n]*|"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|::=|[A-Za-z0-9_-]+|\{\s*\d*\s*(?:,\s*\d*\s*)?\}|[()|?*+.]|.'
+)
+_CAP = MAX_GRAMMAR_STACKS + 1  # counts are kept at most this: only "too many" matters
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class _StackCounter:
+    """Counts, for each element, (a, b): the stacks it starts when it is at a stack's top, ``a``
+    of them ending in one of its terminals and ``b`` of them past its end (it is nullable), each
+    of which goes on into what follows it. A sequence folds its elements' counts from the right
+    (every suffix is where a stack may stand); a rule sums its alternatives'. Groups become rules
+    of their own, and rules are counted after the rules they name, without recursion (a chain of
+    thousands of rules is a chain of thousands of steps)."""
+
+    def __init__(self, grammar: str) -> None:
+        tokens = [t for t in _GBNF_TOKEN.findall(grammar) if t.strip() and not t.startswith("#")]
+        self.rules: dict[str, list[str]] = {}
+        starts = [i for i in range(len(tokens) - 1) if tokens[i + 1] == "::=" and _NAME.fullmatch(tokens[i])]
+        for n, i in enumerate(starts):
+            open_groups: list[list[str]] = [[]]
+            for token in tokens[i + 2 : starts[n + 1] if n + 1 < len(starts) else len(tokens)]:
+                if token == "(":
+                    open_groups.append([])
+                elif token == ")" and len(open_groups) > 1:
+                    self._group(open_groups)
+                else:
+                    open_groups[-1].append(token)
+            while len(open_groups) > 1:  # unclosed: llama.cpp's parser refuses it
+                self._group(open_groups)
+            self.rules[tokens[i]] = open_groups[0]
+        self.worst = 0
+
+    def _group(self, open_groups: list[list[str]]) -> None:
+        name = f"({len(self.rules)})"  # no GBNF name has parentheses
+        self.rules[name] = open_groups.pop()
+        open_groups[-1].append(name)
+
+    def check(self) -> None:
+        memo: dict[str, tuple[int, int]] = {}
+        for first in self.rules:
+            stack, on_path = [first], set()
+            while stack:
+                name = stack[-1]
+                if name in memo:
+                    stack.pop()
+                elif name not in on_path:
+                    on_path.add(name)
+                    stack += [t for t in self.rules[name] if t in self.rules and t not in memo and t not in on_path]
+                else:  # what it names is counted, or is on the path (recursion: llama.cpp refuses it at a start)
+                    memo[name] = self._count(self.rules[name], memo)
+                    on_path.discard(name)
+                    stack.pop()
+        if self.worst > MAX_GRAMMAR_STACKS:
+            raise GrammarError(
+                f"the grammar can start in more than {MAX_GRAMMAR_STACKS:,} ways at one point (optional or empty rules chained at the start of others)"
+            )
+
+    def _count(self, tokens: list[str], memo: dict[str, tuple[int, int]]) -> tuple[int, int]:
+        total_a = total_b = 0
+        elements: list[tuple[int, int]] = []
+        for token in [*tokens, "|"]:
+            if token == "|":
+                a, b = 0, 1
+                for ea, eb in reversed(elements):
+                    a, b = min(_CAP, ea + eb * a), min(_CAP, eb * b)
+                    self.worst = max(self.worst, a + b)
+                total_a, total_b, elements = min(_CAP, total_a + a), min(_CAP, total_b + b), []
+            elif token in ("?", "*", "+") or token.startswith("{"):
+                if elements:
+                    elements[-1] = self._repeated(elements[-1], token)
+            elif token.startswith('"'):
+                elements.append((0, 1) if token == '""' else (1, 0))
+            elif token.startswith("[") or token == ".":
+                elements.append((1, 0))
+            elif token in self.rules:
+                elements.append(memo.get(token, (1, 0)))
+            elif _NAME.fullmatch(token):
+                elements.append((1, 0))  # undefined: llama.cpp's parser refuses it
+        self.worst = max(self.worst, total_a, total_b)
+        return total_a, total_b
+
+    @staticmethod
+    def _repeated(value: tuple[int, int], op: str) -> tuple[int, int]:
+        a, b = value
+        if op == "?":
+            return a, min(_CAP, b + 1)
+        star = (a, 1) if b == 0 else (_CAP, _CAP)  # x* ::= x x* | (empty); a nullable x: left recursion
+        if op in ("*", "+"):
+            return star
+        bounds = [int(g) if g.strip() else None for g in op.strip("{}").split(",")]
+        low = min(bounds[0] or 0, MAX_GRAMMAR_REPEAT)
+        high = bounds[-1] if len(bounds) > 1 else low
+        tail = star if high is None else (0, 1)
+        for _ in range(0 if high is None else max(0, min(high, MAX_GRAMMAR_REPEAT) - low)):  # (x (x ...)?)?
+            step = (min(_CAP, a + b * tail[0]), min(_CAP, b * tail[1] + 1))
+            if step == tail:
+                break  # a fixed point: more copies count the same
+            tail = step
+        for _ in range(low):  # x x ... then the tail
+            tail = (min(_CAP, a + b * tail[0]), min(_CAP, b * tail[1]))
+            if b == 0:
+                break  # the first copy ends every stack
+        return tail
 
 
 def _compact_repetition(item: str, min_items: int, max_items: int | None, separator_rule: str | None = None, item_rule_is_literal: bool = False) -> str:
@@ -94,7 +227,66 @@ def _converter() -> Any:
     from llama_cpp import llama_grammar
 
     llama_grammar._build_repetition = _compact_repetition  # looked up at each call
-    return llama_grammar.SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
+    conv = llama_grammar.SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
+    conv._build_object_rule = functools.partial(_build_object_rule, conv)
+    return conv
+
+
+def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: set[str], name: str, additional_properties: Any) -> str:
+    """llama-cpp-python's ``SchemaConverter._build_object_rule`` writing the same rules in
+    linear time: its ``get_recursive_refs`` rebuilt the rule of every suffix of the optional
+    properties from each start, O(n²) calls (three objects of 900 optional properties, an 84 KB
+    schema, held the engine thread 9 s). Here each suffix's rule is made once, on its first use,
+    in the same order, so the grammar is the one the converter writes."""
+    prop_order = conv._prop_order
+    sorted_props = [kv[0] for _, kv in sorted(enumerate(properties), key=lambda ikv: (prop_order.get(ikv[1][0], len(prop_order)), ikv[0]))]
+    prefix = f"{name}{'-' if name else ''}"
+    kv_rules = {}
+    for prop_name, prop_schema in properties:
+        prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}")
+        kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{conv._format_literal(json.dumps(prop_name))} space ":" space {prop_rule_name}')
+    required_props = [k for k in sorted_props if k in required]
+    optional_props = [k for k in sorted_props if k not in required]
+    if additional_properties == True or isinstance(additional_properties, dict):  # noqa: E712 (the converter's test)
+        sub_name = f"{prefix}additional"
+        value_rule = conv.visit({} if additional_properties == True else additional_properties, f"{sub_name}-value")  # noqa: E712
+        kv_rules["*"] = conv._add_rule(f"{sub_name}-kv", conv._add_primitive("string", _primitive_string()) + ' ":" space ' + value_rule)
+        optional_props.append("*")
+
+    rule = '"{" space ' + ' "," space '.join(kv_rules[k] for k in required_props)
+    if optional_props:
+        rule += " ("
+        if required_props:
+            rule += ' "," space ( '
+        rest_rules: dict[int, str] = {}  # suffix start -> its rule (first_is_optional=True)
+
+        def refs(i: int, first_is_optional: bool) -> str:
+            if first_is_optional and i in rest_rules:
+                return rest_rules[i]
+            k = optional_props[i]
+            if k == "*":
+                res = conv._add_rule(f"{prefix}additional-kvs", f'{kv_rules[k]} ( "," space ' + kv_rules[k] + " )*")
+            elif first_is_optional:
+                res = f'( "," space {kv_rules[k]} )?'
+            else:
+                res = kv_rules[k]
+            if i + 1 < len(optional_props):
+                res += " " + conv._add_rule(f"{prefix}{k}-rest", refs(i + 1, True))
+            if first_is_optional:
+                rest_rules[i] = res
+            return res
+
+        rule += " | ".join(refs(i, False) for i in range(len(optional_props)))
+        if required_props:
+            rule += " )"
+        rule += " )?"
+    return rule + ' "}" space'
+
+
+def _primitive_string() -> Any:
+    from llama_cpp import llama_grammar
+
+    return llama_grammar.PRIMITIVE_RULES["string"]
 
 
 # llama-cpp-python's converter lets raw control characters into strings, which JSON forbids (and
