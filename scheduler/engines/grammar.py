@@ -302,10 +302,13 @@ def _format(conv: Any) -> str:
 def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
     """A converter holding ``schema`` as rule ``name`` (beside what ``conv`` holds already);
     GrammarError if it cannot convert."""
+    text = json.dumps(schema)
+    if len(text) > MAX_GRAMMAR_CHARS:  # converting runs on the engine thread, ~1 s per MiB
+        raise GrammarError(f"the JSON Schema is {len(text):,} characters long; at most {MAX_GRAMMAR_CHARS:,} are allowed")
     conv = conv or _converter()
     try:
         # each schema's references under a base of its own: two schemas' "#/$defs/X" differ
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), f"request-{name}")
+        resolved = conv.resolve_refs(json.loads(text), f"request-{name}")
         conv.visit(resolved, name)
     except Exception as exc:  # the converter trusts its input: any failure is the schema's
         # (its words for a remote $ref name a flag of llama.cpp's command-line tool)

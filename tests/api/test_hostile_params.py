@@ -116,3 +116,17 @@ def test_rules_chained_through_optional_starts_are_refused_before_llama_cpp_sees
 def test_wide_and_deep_grammars_agents_send_pass(grammar: str | None) -> None:
     assert grammar is not None
     grammars.check_bounds(grammar)
+
+
+def test_a_schema_longer_than_a_grammar_may_be_is_refused_before_it_is_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Converting runs on the engine thread at about 1 s per MiB of schema, and the body may be
+    8 MiB: a schema whose text is over the grammar's own bound is refused unconverted."""
+    from llama_cpp import llama_grammar
+
+    def never(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("converted")
+
+    monkeypatch.setattr(llama_grammar.SchemaConverter, "visit", never)
+    schema = {"type": "object", "properties": {f"p{i:07d}": {"type": "integer"} for i in range(40_000)}}
+    with pytest.raises(grammars.GrammarError, match="characters long"):
+        grammars.schema_grammar(schema)
