@@ -147,7 +147,7 @@ class ApiKey(models.Model):
             # the environment's static key goes by this name: its limits and usage would mix
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
         if self.name in RESERVED_KEY_NAMES:
-            raise ValidationError({"name": f"{self.name} is what /metrics calls requests made without a key."})
+            raise ValidationError({"name": f"{self.name} is what /metrics or the logs call requests made without a key."})
         from .policyfile import file_keys
 
         if self.name in {k.name for k in file_keys().values()}:

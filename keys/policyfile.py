@@ -132,7 +132,7 @@ def parse_policy_file(text: str) -> dict[str, Key]:
         if policy_name is not None and (not isinstance(policy_name, str) or policy_name not in policies):
             raise PolicyFileError(f"{where}: no policy named {policy_name!r} in the file")
         if raw["name"] in RESERVED_KEY_NAMES:
-            raise PolicyFileError(f"{where}: {raw['name']!r} is a reserved name (the environment's static key, or keyless requests in /metrics)")
+            raise PolicyFileError(f"{where}: {raw['name']!r} is a reserved name (the environment's static key, or keyless requests in /metrics and the logs)")
         if raw["name"] in names or digest in keys:
             raise PolicyFileError(f"{where}: a second key named {raw['name']!r} or with the same digest")
         names.add(raw["name"])

@@ -16,9 +16,10 @@ from .credentials import digest_of, digests_match
 # (an admin key may not take it), and an id no database row has
 STATIC_KEY_NAME = "SUPERFLUID_API_KEY"
 ANONYMOUS_KEY_NAME = "anonymous"  # /metrics' key label for requests made without a key
+NO_KEY_MARK = "-"  # the access log's key= and the activity log's key filter for no key
 # names no key may take: the static key's limits and usage, or every keyless client's series in
-# /metrics, would be shared with it
-RESERVED_KEY_NAMES = (STATIC_KEY_NAME, ANONYMOUS_KEY_NAME)
+# /metrics and rows in the logs, would be shared with it
+RESERVED_KEY_NAMES = (STATIC_KEY_NAME, ANONYMOUS_KEY_NAME, NO_KEY_MARK)
 STATIC_KEY_ID = -(2**31)
 
 

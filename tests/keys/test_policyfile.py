@@ -51,6 +51,7 @@ def test_a_policy_file_gives_keys_by_digest_with_their_policy() -> None:
         # a name shared with the static key or with keyless requests would share their limits or series
         (json.dumps({"keys": [{"name": "anonymous", "sha256": "b" * 64}]}), "reserved name"),
         (json.dumps({"keys": [{"name": "SUPERFLUID_API_KEY", "sha256": "b" * 64}]}), "reserved name"),
+        (json.dumps({"keys": [{"name": "-", "sha256": "b" * 64}]}), "reserved name"),  # the logs' mark for no key
     ],
 )
 def test_a_bad_policy_file_is_refused_with_where_and_why(text: str, message: str) -> None:

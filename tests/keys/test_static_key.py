@@ -75,6 +75,10 @@ def test_an_admin_key_may_not_take_the_static_keys_name() -> None:
         actions.create_key(ApiKey(name=STATIC_KEY_NAME))
     with pytest.raises(ValidationError, match="without a key"):  # /metrics' label for keyless requests
         actions.create_key(ApiKey(name="anonymous"))
+    # the access log's key= and the activity log's key filter for keyless requests: a key named so
+    # could not be told from them (filtering the activity log on it showed the keyless rows)
+    with pytest.raises(ValidationError, match="without a key"):
+        actions.create_key(ApiKey(name="-"))
 
 
 @pytest.mark.django_db
