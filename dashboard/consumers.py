@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -120,4 +121,4 @@ def snapshot_age_ms(link: Any) -> int | None:
     snapshot, at = getattr(link, "snapshot", None), getattr(link, "snapshot_at", None)
     if not snapshot or at is None or "fleet" in snapshot or getattr(link, "connected", True):
         return None
-    return max(0, round((asyncio.get_running_loop().time() - at) * 1000))
+    return max(0, round((time.monotonic() - at) * 1000))

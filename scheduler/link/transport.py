@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -113,7 +114,7 @@ class Transport(ABC):
         self.open: set[str] = set()  # submitted and not yet finished by the web side (response sent)
         self.hello: Hello | None = None
         self.snapshot: dict[str, Any] | None = None
-        self.snapshot_at: float | None = None  # when it came (the event loop's clock)
+        self.snapshot_at: float | None = None  # when it came (time.monotonic())
         self.draining = False
         self.worker_restarts = 0
         self.worker_config: Config | None = None  # the last one, sent again on reconnect
@@ -338,7 +339,7 @@ class Transport(ABC):
     def _on_message(self, message: Message) -> None:
         if isinstance(message, Snapshot):
             self.snapshot = message.state
-            self.snapshot_at = asyncio.get_running_loop().time()
+            self.snapshot_at = time.monotonic()
             for listener in SNAPSHOT_LISTENERS:
                 listener(self.snapshot)
             return
