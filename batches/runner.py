@@ -148,10 +148,6 @@ def begin(batch_id: str) -> None:
     Batch.objects.filter(pk=batch_id, status="validating").update(status="in_progress", in_progress_at=timezone.now())
 
 
-def request_cancel(batch_id: str) -> Batch:
-    return cancel(batch_id)[0]
-
-
 def cancel(batch_id: str) -> tuple[Batch, bool]:
     """Cancel the batch: (it as it is now, whether this call began the cancel). One that had
     already ended is left as it was (the view answers 409, as OpenAI does)."""

@@ -69,7 +69,7 @@ def test_cancel_waits_for_lines_in_flight_then_keeps_what_finished() -> None:
     runner.begin(b.id)
     first, second = runner.claim(b.id), runner.claim(b.id)
     runner.record(first.pk, True, result("c0", 200))
-    assert runner.request_cancel(b.id).status == "cancelling"  # c1 is in flight
+    assert runner.cancel(b.id)[0].status == "cancelling"  # c1 is in flight
     assert runner.claim(b.id) is None  # nothing new starts
     Line.objects.filter(pk=second.pk).update(claimed_until=None)  # its runner gave it up (cancelled)
     assert runner.finalize_if_done(b.id)
@@ -77,13 +77,13 @@ def test_cancel_waits_for_lines_in_flight_then_keeps_what_finished() -> None:
     assert (b.status, b.completed, b.failed) == ("cancelled", 1, 0)
     assert b.cancelled_at is not None and b.error_file is None
     assert [json.loads(x)["custom_id"] for x in bytes(b.output_file.content).decode().splitlines()] == ["c0"]
-    assert runner.request_cancel(b.id).status == "cancelled"  # again: nothing changes
+    assert runner.cancel(b.id)[0].status == "cancelled"  # again: nothing changes
 
 
 def test_cancel_before_any_line_ran_is_cancelled_at_once() -> None:
     b = make_batch(2)
     runner.begin(b.id)
-    b = runner.request_cancel(b.id)
+    b = runner.cancel(b.id)[0]
     assert b.status == "cancelled" and b.output_file is None and b.error_file is None
 
 
@@ -130,7 +130,7 @@ def test_a_batch_past_its_window_expires_keeping_what_finished() -> None:
     b.refresh_from_db()
     assert b.status == "cancelling" and b.expired_at is not None
     assert batch_object(b)["status"] == "finalizing"  # nobody cancelled it
-    assert runner.request_cancel(b.id).status == "cancelling" and not runner.finalize_if_done(b.id)  # c2 in flight
+    assert runner.cancel(b.id)[0].status == "cancelling" and not runner.finalize_if_done(b.id)  # c2 in flight
     Line.objects.filter(pk=third.pk).update(claimed_until=None)  # its runner saw the expiry and gave it up
     assert runner.finalize_if_done(b.id)
     b = Batch.objects.select_related("output_file", "error_file").get(pk=b.id)
@@ -194,7 +194,7 @@ def test_a_cancel_racing_a_claim_waits_for_it_and_the_counts_match_the_files(mon
 
             def cancel() -> None:
                 try:
-                    runner.request_cancel(batch_id)
+                    runner.cancel(batch_id)
                 finally:
                     connections.close_all()
 
@@ -222,7 +222,7 @@ def test_a_result_after_the_batch_ended_changes_nothing() -> None:
     line = runner.claim(b.id)
     assert line is not None
     Line.objects.filter(pk=line.pk).update(claimed_until=timezone.now() - timedelta(seconds=1))  # lapsed
-    runner.request_cancel(b.id)
+    runner.cancel(b.id)[0]
     b.refresh_from_db()
     assert b.status == "cancelled"
     runner.record(line.pk, True, result("c0", 200))

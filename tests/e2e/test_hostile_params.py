@@ -19,31 +19,30 @@ def _restarts(server: RunningServer) -> int:
     return int(server.health()["worker_restarts"])
 
 
+def _refused_and_the_worker_serves_on(server: RunningServer, grammar: str, why: str) -> None:
+    """``grammar`` is a 400 naming response_format (its message says ``why``), and the same worker
+    then answers a plain request."""
+    restarts = _restarts(server)
+    r = httpx.post(server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "grammar": grammar}, timeout=120)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_value" and error["param"] == "response_format" and why in error["message"]
+    ok = httpx.post(server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=120)
+    assert ok.status_code == 200 and _restarts(server) == restarts
+
+
 def test_a_grammar_whose_repetitions_explode_is_400_and_the_worker_serves_on(shared_server: RunningServer) -> None:
     """A 5,000-character literal repeated 2,000 times is 10M grammar elements that llama.cpp's
     parser writes out (twice: the check and the lane's sampler); a 1 MiB one would need ~16 GB."""
-    restarts = _restarts(shared_server)
-    grammar = 'root ::= "' + "a" * 5000 + '"{2000}'
-    r = httpx.post(shared_server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "grammar": grammar}, timeout=120)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["code"] == "invalid_value" and error["param"] == "response_format" and "expand" in error["message"]
-    ok = httpx.post(shared_server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=120)
-    assert ok.status_code == 200 and _restarts(shared_server) == restarts
+    _refused_and_the_worker_serves_on(shared_server, 'root ::= "' + "a" * 5000 + '"{2000}', "expand")
 
 
 def test_a_grammar_whose_rules_start_in_too_many_ways_is_400_and_the_worker_serves_on(shared_server: RunningServer) -> None:
     """900 rules, each two optional references to the next (20 KB): llama.cpp's grammar set-up
     explored every way to start, for good; the worker stopped serving everyone, and /health still
     said ok. The count is made before llama.cpp sees it."""
-    restarts = _restarts(shared_server)
     grammar = "root ::= r0\n" + "\n".join(f"r{i} ::= r{i + 1}? r{i + 1}?" for i in range(900)) + '\nr900 ::= "a"'
-    r = httpx.post(shared_server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "grammar": grammar}, timeout=120)
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["code"] == "invalid_value" and error["param"] == "response_format" and "ways" in error["message"]
-    ok = httpx.post(shared_server.base + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=120)
-    assert ok.status_code == 200 and _restarts(shared_server) == restarts
+    _refused_and_the_worker_serves_on(shared_server, grammar, "ways")
 
 
 def test_a_schema_with_many_optional_properties_is_served(shared_server: RunningServer) -> None:
