@@ -335,7 +335,9 @@ class EngineWorker:
         the histograms and its Done timing hold the whole wait. Its class aging and its start
         deadline count from ``received_s``: only the time this worker held it (the router
         already ordered the wait before it)."""
-        if job.qos is QosClass.COMPLETION and self.completion_deadline_ms > 0:
+        # a start deadline, for a job that has not started: not for one submitted again with the
+        # text it had streamed when its worker was lost (its client's stream is under way)
+        if job.qos is QosClass.COMPLETION and self.completion_deadline_ms > 0 and not (ctx.resume_tokens or job.resumed):
             job.deadline_s = received_s + self.completion_deadline_ms / 1000.0
         self.scheduler.add(job, arrival_s=received_s - ctx.waited_ms / 1000.0, enqueued_s=received_s)
         self.contexts[job.job_id] = ctx
@@ -922,7 +924,9 @@ class EngineWorker:
             if self.draining:
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + drain_timeout_s
-                if (self.scheduler.idle and not self.preparing) or time.monotonic() > drain_deadline:
+                # nothing left, and nothing on its way: a Submit its reader read before the drain
+                # began (one it serves) may reach the inbox just after the drain of it above
+                if (self.scheduler.idle and not self.preparing and self.inbox.empty()) or time.monotonic() > drain_deadline:
                     break
             hold = self._urgent_hold_s()
             if hold > 0:
