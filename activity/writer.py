@@ -169,5 +169,7 @@ def flush(timeout_s: float = 10.0) -> bool:
 
 @atexit.register
 def _flush_at_exit() -> None:
-    if _writer.pending:
-        _writer.flush(EXIT_FLUSH_S)
+    # whatever is queued, and the batch the thread is writing now: the thread is a daemon, so a
+    # batch it had taken (nothing left "pending") was cut off by the exit, its rows lost (a
+    # drain's last requests, ended as serve stopped)
+    _writer.flush(EXIT_FLUSH_S)
