@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.aio import spawn
 
+from .fleet_stats import FleetTotals
 from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
@@ -85,6 +86,7 @@ KNOWN_WORKER_S = 24 * 3600.0  # a head forgets a worker id unseen this long (wor
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
 N_CLASSES = 4
+FLEET_SOURCE = "fleet"  # a head's snapshot's "worker": the whole fleet's counts, not one worker's
 
 
 def load_scripts() -> dict[str, str]:
@@ -150,6 +152,7 @@ class RedisTransport(Transport):
         self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis_ok = False
         self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
+        self._fleet_totals = FleetTotals()
         # every worker id seen, with when it was last seen (None: none seen yet); an id never
         # seen before is a worker process that joined (one restarted by its supervisor has a new
         # id): superfluid_worker_restarts_total, "times a new engine worker process said hello".
@@ -306,15 +309,18 @@ class RedisTransport(Transport):
         await self._send_unsent_cancels()  # Redis answers: with or without a worker alive
 
     def _publish_fleet(self) -> None:
-        """The snapshot the dashboard and /metrics read: the first worker's (its lanes, queues and
-        metrics, as with one worker), with every worker's lanes and the global queue beside it.
-        With no worker left (after there was one): no lanes, an empty fleet and the queue, so
-        that the dashboard and /metrics do not go on showing the last worker's busy lanes."""
+        """The snapshot the dashboard and /metrics read: the first worker's lanes, with every
+        worker's lanes and the global queue beside them, and the whole fleet's statistics,
+        counters and KV pool (scheduler/link/fleet_stats.py: summed, the counts of workers that
+        left carried). With no worker left (after there was one): no lanes, an empty fleet, the
+        queue and the counts so far, so that the dashboard and /metrics do not go on showing the
+        last worker's busy lanes."""
+        metrics, counters, pool = self._fleet_totals.view(self.workers)
         if not self.workers:
             if self.snapshot is not None and self.snapshot.get("fleet"):
                 last = self.snapshot
-                gone = {k: last[k] for k in ("model", "engine", "lane_ctx") if k in last}
-                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue)}
+                gone = {k: last[k] for k in ("model", "engine", "lane_ctx", "worker") if k in last}
+                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "metrics": metrics, "counters": counters}
                 for listener in SNAPSHOT_LISTENERS:
                     listener(self.snapshot)
             return
@@ -323,7 +329,7 @@ class RedisTransport(Transport):
             state = self.workers[wid]
             fleet.append({"worker": wid, "host": state.get("host", ""), "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
         base = dict(self.workers[sorted(self.workers)[0]])
-        base["fleet"] = fleet
+        base.update(worker=FLEET_SOURCE, metrics=metrics, counters=counters, pool=pool, fleet=fleet)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
         for listener in SNAPSHOT_LISTENERS:
