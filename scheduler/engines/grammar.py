@@ -229,7 +229,67 @@ def _converter() -> Any:
     llama_grammar._build_repetition = _compact_repetition  # looked up at each call
     conv = llama_grammar.SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
     conv._build_object_rule = functools.partial(_build_object_rule, conv)
+    conv.visit = functools.partial(_visit, conv, conv.visit)  # its own recursive calls come here too
+    conv._format_literal = _format_literal
     return conv
+
+
+_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
+
+
+def _format_literal(literal: str) -> str:
+    """``literal`` as a GBNF string literal. The converter's left backslashes as they were, and
+    it writes JSON text (an enum's or a const's value, a property's name) as literals: ``"a\\nb"``
+    became a raw line break inside the reply's string (not JSON), ``"a\\\\b"`` a backspace, and a
+    ``"`` a grammar that does not parse."""
+    return '"' + re.sub(r'[\\"\r\n]', lambda m: _LITERAL_ESCAPES[m.group()], literal) + '"'
+
+
+# What llama-cpp-python's converter acts on in a schema; a schema with none of these (``{}``, or
+# only annotations: a pydantic ``Any`` field is ``{"title": ...}``) allows any JSON value.
+_CONSTRAINING = frozenset(
+    ("$ref", "oneOf", "anyOf", "allOf", "type", "const", "enum", "properties", "items", "prefixItems", "pattern", "format")
+)
+_JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
+    """The converter's ``visit`` with what it gets wrong made plain first: ``true`` and a schema
+    that constrains nothing allow any JSON value (the converter made ``{}`` any object, and
+    refused a schema of annotations only); ``items: {}`` is any items (the converter took the
+    empty schema for a missing one and failed), as are an array's ``minItems``/``maxItems``
+    without ``items`` (the converter dropped them); a list of types keeps the schema's other keywords
+    in each of its branches (the converter kept the bare types, so ``["object", "null"]`` allowed
+    any object and ``["string", "null"]`` dropped its ``enum``, ``maxLength``...); and an
+    integer's ``minimum``/``maximum`` (and exclusive bounds) hold, one-sided or wide (the
+    converter ignored them: ``_bounded_integers`` made only small closed ranges an enum)."""
+    if schema is True or (
+        isinstance(schema, dict) and not _CONSTRAINING.intersection(schema) and schema.get("additionalProperties", True) is True
+    ):
+        from llama_cpp import llama_grammar
+
+        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+        return str(conv._add_rule(rule_name, conv._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])))
+    if isinstance(schema, dict):
+        if schema.get("items") == {} or (
+            schema.get("type") == "array" and "items" not in schema and "prefixItems" not in schema and ("minItems" in schema or "maxItems" in schema)
+        ):
+            schema = {**schema, "items": True}
+        kinds = schema.get("type")
+        if isinstance(kinds, list) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
+            if not kinds or not all(k in _JSON_TYPES for k in kinds):
+                raise GrammarError(f"'type' must name JSON types ({', '.join(_JSON_TYPES)}), not {kinds!r}")
+            rest = {k: v for k, v in schema.items() if k not in ("type", "$defs", "definitions")}
+            branches = [_bounded_integer({**rest, "type": kind}) for kind in dict.fromkeys(kinds)]
+            schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+        if schema.get("type") == "integer" and not any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum")):
+            lo, hi = _integer_bounds(schema)
+            if lo is not None or hi is not None:  # the converter ignores an integer's bounds
+                from llama_cpp import llama_grammar
+
+                rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
+                return str(conv._add_rule(rule_name, f"({_integer_range(lo, hi)}) space"))
+    return str(visit(schema, name))
 
 
 def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: set[str], name: str, additional_properties: Any) -> str:
@@ -237,7 +297,10 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
     linear time: its ``get_recursive_refs`` rebuilt the rule of every suffix of the optional
     properties from each start, O(n²) calls (three objects of 900 optional properties, an 84 KB
     schema, held the engine thread 9 s). Here each suffix's rule is made once, on its first use,
-    in the same order, so the grammar is the one the converter writes."""
+    in the same order, so the grammar is the one the converter writes, but for one fix: after
+    optional properties, the additional ones are optional too (the converter's rule required at
+    least one more once any optional property was written, so ``{"a": 1}`` did not fit
+    ``{"properties": {"a": ...}, "additionalProperties": true}``)."""
     prop_order = conv._prop_order
     sorted_props = [kv[0] for _, kv in sorted(enumerate(properties), key=lambda ikv: (prop_order.get(ikv[1][0], len(prop_order)), ikv[0]))]
     prefix = f"{name}{'-' if name else ''}"
@@ -264,7 +327,9 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
             if first_is_optional and i in rest_rules:
                 return rest_rules[i]
             k = optional_props[i]
-            if k == "*":
+            if k == "*" and first_is_optional:  # more properties after the named ones, or none
+                res = f'( "," space {kv_rules[k]} )*'
+            elif k == "*":
                 res = conv._add_rule(f"{prefix}additional-kvs", f'{kv_rules[k]} ( "," space ' + kv_rules[k] + " )*")
             elif first_is_optional:
                 res = f'( "," space {kv_rules[k]} )?'
@@ -392,23 +457,103 @@ def _bounded_integers(node: Any) -> Any:
         return [_bounded_integers(v) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _bounded_integers(v) for k, v in node.items()}
-    lo, hi = out.get("minimum"), out.get("maximum")
+    return _bounded_integer({k: _bounded_integers(v) for k, v in node.items()})
+
+
+def _bounded_integer(out: dict[str, Any]) -> dict[str, Any]:
+    """One schema node as ``_bounded_integers`` makes it, its subschemas as they are."""
     if out.get("type") == "integer" and "enum" not in out and "const" not in out:
-        if isinstance(out.get("exclusiveMinimum"), int) and not isinstance(out.get("exclusiveMinimum"), bool):
-            lo = out["exclusiveMinimum"] + 1
-        if isinstance(out.get("exclusiveMaximum"), int) and not isinstance(out.get("exclusiveMaximum"), bool):
-            hi = out["exclusiveMaximum"] - 1
-        # JSON Schema draft 4's form: a boolean that makes minimum/maximum themselves excluded
-        if out.get("exclusiveMinimum") is True and _is_number(lo):
-            lo = math.floor(lo) + 1
-        if out.get("exclusiveMaximum") is True and _is_number(hi):
-            hi = math.ceil(hi) - 1
-        if _is_number(lo) and _is_number(hi):
-            first, last = int(-(-lo // 1)), int(hi // 1)
-            if 0 <= last - first < MAX_INTEGER_ENUM:
-                return {"enum": list(range(first, last + 1))}
+        lo, hi = _integer_bounds(out)
+        if lo is not None and hi is not None and 0 <= hi - lo < MAX_INTEGER_ENUM:
+            return {"enum": list(range(lo, hi + 1))}
     return out
+
+
+def _integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The least and greatest integer ``node``'s ``minimum``, ``maximum`` and exclusive bounds
+    (JSON Schema's numbers, or draft 4's booleans) allow; None where unbounded."""
+    lo: int | None = None
+    hi: int | None = None
+    bounds: list[Any] = [node.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
+    low, high, ex_low, ex_high = bounds
+    if _is_number(low):
+        lo = math.floor(low) + 1 if ex_low is True else math.ceil(low)
+    if _is_number(high):
+        hi = math.ceil(high) - 1 if ex_high is True else math.floor(high)
+    if _is_number(ex_low):
+        lo = max(math.floor(ex_low) + 1, lo if lo is not None else math.floor(ex_low) + 1)
+    if _is_number(ex_high):
+        hi = min(math.ceil(ex_high) - 1, hi if hi is not None else math.ceil(ex_high) - 1)
+    return lo, hi
+
+
+# the digits llama-cpp-python's ``integral-part`` allows; a bound past them is no bound
+MAX_INTEGER_DIGITS = 16
+MAX_BOUND_DIGITS = 100
+
+
+def _integer_range(lo: int | None, hi: int | None) -> str:
+    """GBNF for the JSON integers from ``lo`` to ``hi`` (None: unbounded, up to
+    MAX_INTEGER_DIGITS digits), without leading zeros."""
+    limit = 10**MAX_INTEGER_DIGITS
+    lo = None if lo is not None and lo <= -limit else lo
+    hi = None if hi is not None and hi >= limit else hi
+    if any(b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS for b in (lo, hi)):
+        raise GrammarError(f"an integer's bounds may have at most {MAX_BOUND_DIGITS} digits")
+    if lo is not None and hi is not None and lo > hi:
+        raise GrammarError(f"no integer is at least {lo} and at most {hi}")
+    alts = []
+    if lo is None or lo < 0:
+        alts.append(f'"-" ({_naturals(1 if hi is None or hi >= 0 else -hi, None if lo is None else -lo)})')
+    if hi is None or hi >= 0:
+        alts.append(_naturals(0 if lo is None else max(lo, 0), hi))
+    return " | ".join(alts)
+
+
+def _naturals(a: int, b: int | None) -> str:
+    """GBNF for the natural numbers ``a`` to ``b`` (None: any of up to MAX_INTEGER_DIGITS
+    digits, or of ``a``'s length), written without leading zeros; ``a`` <= ``b``."""
+    la = len(str(a))
+    lb = len(str(b)) if b is not None else max(la, MAX_INTEGER_DIGITS)
+    alts = []
+    full: list[int] = []  # lengths taken whole, written as one alternative
+    for length in range(la, lb + 1):
+        first = a if length == la else 10 ** (length - 1)
+        last = b if b is not None and length == lb else 10**length - 1
+        if length > 1 and first == 10 ** (length - 1) and last == 10**length - 1:
+            full.append(length)
+        else:
+            alts.append(_same_length(str(first), str(last)))
+    if full:
+        alts.append(f"[1-9] [0-9]{{{full[0] - 1},{full[-1] - 1}}}")
+    return " | ".join(alts)
+
+
+def _same_length(x: str, y: str) -> str:
+    """GBNF for the digit strings from ``x`` to ``y``, both of one length (leading zeros kept)."""
+    i = 0
+    while i < len(x) and x[i] == y[i]:
+        i += 1
+    # a digit a literal (llguidance lexes "100" as one lexeme and, greedy, would not match 10
+    # against "100" | [1-9] [0-9])
+    head = " ".join(f'"{c}"' for c in x[:i])
+    if i == len(x):
+        return head
+    x, y = x[i:], y[i:]
+    n = len(x) - 1
+    if n == 0:
+        body = f"[{x}-{y}]"
+    else:
+        zeros, nines = "0" * n, "9" * n
+        mid_lo = int(x[0]) if x[1:] == zeros else int(x[0]) + 1
+        mid_hi = int(y[0]) if y[1:] == nines else int(y[0]) - 1
+        parts = [] if x[1:] == zeros else [f'"{x[0]}" ({_same_length(x[1:], nines)})']
+        if mid_lo <= mid_hi:
+            parts.append(f"[{mid_lo}-{mid_hi}] [0-9]{{{n}}}")
+        if y[1:] != nines:
+            parts.append(f'"{y[0]}" ({_same_length(zeros, y[1:])})')
+        body = "(" + " | ".join(parts) + ")"
+    return f"{head} {body}".strip()
 
 
 def response_grammar(response_format: dict[str, Any] | None) -> str | None:

@@ -13,6 +13,7 @@ continues exactly where it stopped, as llama.cpp's grammar sampler is replayed.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,40 @@ class GrammarCompileError(ValueError):
     """A GBNF grammar that llguidance cannot convert or compile."""
 
 
+# a literal, a character class, a comment, a repetition's bounds (each kept whole), or a rule name
+_GBNF_PIECE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*|\{[^}]*\}|[A-Za-z0-9_-]+')
+
+
+def _lark_key(name: str) -> str:
+    """The name ``gbnf_to_lark`` gives a rule, but for case (``-`` to ``_``, ``fooBar`` to
+    ``foo_bar``; a terminal's upper case, another's lower); ``root`` becomes ``start``."""
+    return "start" if name == "root" else re.sub(r"([a-z])([A-Z])", r"\1_\2", name.replace("-", "_")).lower()
+
+
+def _distinct_rule_names(gbnf: str) -> str:
+    """``gbnf`` with the rules whose Lark names would be the same renamed apart: ``gbnf_to_lark``
+    refuses two rules it renames alike, and JSON Schema grammars have them (a pydantic model's
+    ``$defs`` ``Address`` beside its property ``address``; a property named ``start``, the name
+    it gives ``root``)."""
+    names = list(dict.fromkeys(m.group() for m in _GBNF_PIECE.finditer(gbnf) if m.group()[0] not in '"[#{'))
+    if "root" in names:
+        names.remove("root")
+        names.insert(0, "root")
+    owners: set[str] = set()
+    renamed: dict[str, str] = {}
+    for name in names:
+        new, k = name, 1
+        while _lark_key(new) in owners:
+            k += 1
+            new = f"{name}-{k}"
+        owners.add(_lark_key(new))
+        if new != name:
+            renamed[name] = new
+    if not renamed:
+        return gbnf
+    return _GBNF_PIECE.sub(lambda m: renamed.get(m.group(), m.group()), gbnf)
+
+
 @functools.lru_cache(maxsize=64)
 def _lark(gbnf: str) -> str:
     """llguidance's grammar text for a GBNF grammar (root rule ``root``), cached: agents send the
@@ -31,7 +66,7 @@ def _lark(gbnf: str) -> str:
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
     try:
-        lark = gbnf_to_lark(gbnf)
+        lark = gbnf_to_lark(_distinct_rule_names(gbnf))
     except Exception as exc:  # the converter's own parse errors, whatever their class
         raise GrammarCompileError(f"the grammar does not parse: {exc}") from None
     return str(llguidance.grammar_from("lark", lark))
