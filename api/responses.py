@@ -497,6 +497,12 @@ class Reply:
         self.lp_offset = 0
         self.lp_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.logprobs: list[dict[str, Any]] = []
+        # entries whose token starts past the text come so far (its text is held back by the
+        # worker: a character's first bytes, or what may be a stop string) wait here; the ones a
+        # stop string ended the reply in are dropped, so the entries spell the text, streamed or not
+        self.lp_waiting: list[dict[str, Any]] = []
+        self.lp_text_bytes = 0  # the UTF-8 length of the text come so far
+        self.lp_token_bytes = 0  # ... and of the tokens whose entries were let through
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
@@ -532,10 +538,27 @@ class Reply:
     def delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
         return self._indexed(self._delta_chunks(event))
 
+    def _entries(self, text: str, logprobs: list[dict[str, Any]] | None, done: Done | None = None) -> list[dict[str, Any]]:
+        """The logprob entries to send with ``text``: those of tokens that start inside the text
+        come so far; at the end (``done``) the rest, but for the tokens of the stop string that
+        ended the reply (the text stops before them)."""
+        self.lp_text_bytes += len(text.encode("utf-8", "replace"))
+        self.lp_waiting.extend(logprobs or [])
+        out: list[dict[str, Any]] = []
+        while self.lp_waiting and (
+            self.lp_token_bytes < self.lp_text_bytes or (done is not None and not done.stop_word)
+        ):
+            e = self.lp_waiting.pop(0)
+            self.lp_token_bytes += len(e["bytes"])
+            out.append(e)
+        if done is not None:
+            self.lp_waiting = []
+        return out
+
     def _delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
         text = event.text
         self.text.append(text)
-        entries = event.logprobs or []
+        entries = self._entries(text, event.logprobs)
         if self.endpoint == "completions":
             chunk = completion_chunk(self.id, self.model, self.created, text)
             if self.want_logprobs:
@@ -639,6 +662,15 @@ class Reply:
     def _final_chunks(self, event: Done, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
         reason = event.finish_reason
         frames: list[dict[str, Any]] = []
+        if self.want_logprobs and (entries := self._entries("", None, event)):
+            if self.endpoint == "completions":
+                chunk = completion_chunk(self.id, self.model, self.created, "")
+                offsets, self.lp_offset = token_offsets(entries, self.lp_offset, self.lp_decoder)
+                chunk["choices"][0]["logprobs"] = completion_logprobs(entries, offsets=offsets)
+            else:
+                chunk = chat_chunk(self.id, self.model, self.created, content="")
+                chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
+            frames.append(chunk)
         if self.endpoint == "chat":
             if self.tool_names and self.held and self.after_args:
                 # a streamed call's closing that never completed: what came is text
@@ -688,7 +720,7 @@ class Reply:
 
     def add(self, event: Delta) -> None:
         self.text.append(event.text)
-        self.logprobs.extend(event.logprobs or [])
+        self.logprobs.extend(self._entries(event.text, event.logprobs))
 
     def body(self, event: Done, usage: dict[str, Any] | None) -> dict[str, Any]:
         obj = self._body(event, usage)
@@ -697,6 +729,7 @@ class Reply:
 
     def _body(self, event: Done, usage: dict[str, Any] | None) -> dict[str, Any]:
         text, reason = "".join(self.text), event.finish_reason
+        self.logprobs.extend(self._entries("", None, event))
         if self.endpoint == "completions":
             obj = text_completion(self.id, self.model, self.created, self.echo + text, reason, usage)
             if self.want_logprobs:

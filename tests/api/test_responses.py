@@ -830,7 +830,9 @@ def test_streamed_completion_offsets_are_the_unstreamed_ones_however_the_text_is
         deltas.append(Delta("j", text[released:upto], i + 1, [entry]))
         released = upto
     streamed = Reply("completions", "m", logprobs=True)
-    offsets = [o for d in deltas for c in streamed.delta_chunks(d) for o in c["choices"][0]["logprobs"]["text_offset"]]
+    # an entry whose text has not come yet waits for it: the last ones come with the final chunk
+    frames = [c for d in deltas for c in streamed.delta_chunks(d)] + streamed.final_chunks(Done("j", "stop"), None)
+    offsets = [o for c in frames if c["choices"] and c["choices"][0].get("logprobs") for o in c["choices"][0]["logprobs"]["text_offset"]]
     whole = Reply("completions", "m", logprobs=True)
     for d in deltas:
         whole.add(d)
