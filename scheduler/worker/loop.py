@@ -77,6 +77,16 @@ class Refusal(Exception):
         self.reason, self.detail, self.param = reason, detail, param
 
 
+class Ended(Refusal):
+    """A job submitted again after its worker was lost with nothing left to generate: the lost
+    worker had delivered its last token (``max_tokens`` of them, or up to the end of the
+    context) but not its Done. It is answered at once, ``length``, never queued."""
+
+    def __init__(self, prompt_tokens: int, completion_tokens: int) -> None:
+        super().__init__("length", "nothing left to generate")
+        self.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
 # The cheap bound checked before a prompt is rendered or tokenised: no token of a vocabulary we
 # serve spans more characters than this, so a prompt with more than lane_ctx * this characters
 # (or more messages than lane_ctx) cannot fit and is refused without tokenising it.
@@ -260,6 +270,10 @@ class EngineWorker:
             log.warning("unexpected link message %r", message.type)
 
     def _refuse(self, conn: Connection, job_id: str, refusal: Refusal) -> None:
+        if isinstance(refusal, Ended):
+            conn.queue(Accepted(job_id, refusal.usage["prompt_tokens"]))
+            conn.queue(Done(job_id, "length", usage=refusal.usage))
+            return
         self.stats["rejected_total"] += 1
         conn.queue(RejectedMsg(job_id, refusal.reason, refusal.detail, refusal.param))
 
@@ -578,6 +592,9 @@ class EngineWorker:
         if not tokens:
             raise Refusal(EMPTY_PROMPT, "The prompt is empty.", param)
         max_tokens = request.get("max_tokens")
+        budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
+        if (resume_text or resume_tokens) and own_len < ctx_limit and (budget <= 0 or len(tokens) >= ctx_limit):
+            raise Ended(own_len, resume_tokens)  # its text had reached max_tokens or the context
         if len(tokens) >= ctx_limit or (max_tokens is not None and own_len + max_tokens > ctx_limit):
             detail = f"{own_len} tokens in the {param}"
             if max_tokens is not None:
@@ -588,7 +605,6 @@ class EngineWorker:
                 "Please reduce the length of the prompt or the completion.",
                 param,
             )
-        budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
         sampling = self._sampling(request)
         qos = QosClass(int(message.qos))
         job = Job(

@@ -479,18 +479,22 @@ class Fuzz:
         submit = Submit(id=job_id, request=request, **extra)  # type: ignore[arg-type]
         # predict
         expect: str | None = None
+        budget = (mt if mt is not None else ctx - own_len) - resume_tokens
+        # a resumed job whose text had reached max_tokens or the context: Done(length) at once
+        ended = bool(resume_tokens) and own_len < ctx and (budget <= 0 or len(tokens) >= ctx)
         if not -(2**53) <= priority <= 2**53:
             expect = "invalid_job"
         elif token_prompt and any(not 0 <= t < 256 for t in own):
             expect = "invalid_prompt"
         elif not tokens:
             expect = "empty_prompt"
+        elif ended:
+            pass
         elif len(tokens) >= ctx or (mt is not None and own_len + mt > ctx):
             expect = "context_length_exceeded"
         elif want_lp and "logprobs" not in eng.features:
             expect = "unsupported_parameter"
-        budget = (mt if mt is not None else ctx - own_len) - resume_tokens
-        n_max = min(max(1, budget), ctx - len(tokens))
+        n_max = 0 if ended else min(max(1, budget), ctx - len(tokens))
         eog_at = None
         if rnd.random() < 0.1 and expect is None:
             n_eog = rnd.randint(1, 10)
@@ -598,9 +602,10 @@ class Fuzz:
                      0, rec.stops, None, rec.logprobs)  # fmt: skip
         mt = rec.submit.request.get("max_tokens")
         budget = (mt if mt is not None else self.engine.lane_ctx - rec.own_len) - len(text)
-        new.n_max = min(max(1, budget), self.engine.lane_ctx - len(new.prompt))
-        if len(new.prompt) >= self.engine.lane_ctx:
-            new.expect_reject = "context_length_exceeded"
+        # every token it may have delivered, or its text at the end of the context: Done(length)
+        # at once, with not one token more
+        ended = bool(text) and (budget <= 0 or len(new.prompt) >= self.engine.lane_ctx)
+        new.n_max = 0 if ended else min(budget, self.engine.lane_ctx - len(new.prompt))
         self.engine.eog_after.pop(rec.job_id, None)
         old_key = f"{rec.job_id}@old{len(self.jobs)}"
         self.jobs[old_key] = rec

@@ -46,3 +46,24 @@ def test_a_completion_resumed_after_its_worker_was_lost_is_not_ended_for_missing
     done = [m for m in conn.sent if isinstance(m, Done) and m.id == "resumed"]
     assert len(done) == 1 and done[0].usage["completion_tokens"] == 8, conn.sent  # the 3 delivered, then 5 more
     assert "".join(m.text for m in conn.sent if isinstance(m, Delta) and m.id == "resumed")  # it went on after "abc"
+
+
+def test_a_job_resumed_with_every_token_delivered_ends_with_length_and_no_token_more() -> None:
+    """The lost worker had streamed all of max_tokens but not its Done. Submitted again, the job
+    was given a budget of at least one token: a client that asked for one token (a classifier's
+    max_tokens=1) got two. And one whose text had reached the end of the context was refused
+    mid-stream with context_length_exceeded instead of ending with length."""
+    engine = SimEngine(n_lanes=1, lane_ctx=64)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=64), model_name="sim")
+    conn = Conn()
+    qos = int(QosClass.INTERACTIVE)
+    worker.handle(conn, Submit(id="all-sent", request=completion("hello", 3), qos=qos, resume_text="abc", resume_tokens=3))  # type: ignore[arg-type]
+    worker.handle(conn, Submit(id="at-the-end", request={**completion("hi", 0), "max_tokens": None}, qos=qos, resume_text="x" * 62, resume_tokens=62))  # type: ignore[arg-type]
+    for _ in range(50):
+        if not worker.run_tick() and worker.scheduler.idle:
+            break
+    for job_id, delivered in (("all-sent", 3), ("at-the-end", 62)):
+        mine = [m for m in conn.sent if getattr(m, "id", None) == job_id]
+        assert not [m for m in mine if isinstance(m, Delta)], mine  # not one token more
+        done = [m for m in mine if isinstance(m, Done)]
+        assert len(done) == 1 and done[0].finish_reason == "length" and done[0].usage["completion_tokens"] == delivered, mine

@@ -106,7 +106,8 @@ def test_a_submit_the_worker_cannot_make_a_job_of_is_refused_and_the_worker_goes
 def test_a_resumed_chat_continues_the_same_tokens_with_the_delivered_text_after_them() -> None:
     worker, _, reply = submit(chat("hi <|im_end|>"))
     fresh = worker.scheduler.jobs["j"].prompt
-    worker2, _, reply2 = submit(chat("hi <|im_end|>"), resume_text="Once", resume_tokens=4)
+    # 4 of its 8 tokens delivered (with all of max_tokens delivered, nothing is left to run)
+    worker2, _, reply2 = submit({**chat("hi <|im_end|>"), "max_tokens": 8}, resume_text="Once", resume_tokens=4)
     resumed = worker2.scheduler.jobs["j"].prompt
     assert isinstance(reply, Accepted) and isinstance(reply2, Accepted) and reply2.prompt_tokens == reply.prompt_tokens
     assert resumed == fresh + list(b"Once")
