@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from scheduler.engines.base import EngineError
@@ -66,6 +68,27 @@ def builtin_chat_template(architecture: str | None) -> str | None:
     return BUILTIN_TEMPLATES.get(architecture or "")
 
 
+def _generation_tag() -> Any:
+    """The ``{% generation %}...{% endgeneration %}`` block of Hugging Face templates (SmolLM3's,
+    LFM2.5's, TRL's training templates): it marks the assistant's text for training masks and
+    renders its body unchanged, as transformers' AssistantTracker and llama.cpp render it."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    return Generation
+
+
 def compile_chat_template(source: str | None) -> Any:
     """A compiled template for ``source`` (ChatML when None). A template that does not compile is
     the model's fault, not the request's: a permanent EngineError, not a ValueError (a 400)."""
@@ -73,7 +96,7 @@ def compile_chat_template(source: str | None) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     # as Hugging Face renders templates (transformers' chat_template_utils), which they are written for
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_tag()])
 
     def raise_exception(message: str) -> None:
         raise ValueError(message)
@@ -116,6 +139,94 @@ def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_t
         )
     except (jinja2.TemplateError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"chat template failed: {exc}") from exc
+
+
+# -- the prompt's tokens --------------------------------------------------------------------
+
+
+def _content_forms(content: str) -> Iterator[str]:
+    """The forms a template may write ``content`` in, longest first: as sent, or trimmed
+    (Llama 3's and Gemma's own templates write ``message['content'] | trim``, Qwen 3's an
+    assistant turn's ``content.lstrip('\\n')``)."""
+    yield content  # the common case: the trimmed copies are made only when it is not written
+    forms: list[str] = []
+    for form in (f(chars) for chars in ("\n", None) for f in (content.rstrip, content.lstrip, content.strip)):
+        if form != content and form not in forms:
+            forms.append(form)
+    yield from sorted(forms, key=len, reverse=True)
+
+
+def split_rendered(
+    render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], text: str
+) -> tuple[list[str], list[str]] | None:
+    """``text`` (``render(messages)``) as (template pieces, contents as written): ``text`` is
+    ``pieces[0] + contents[0] + pieces[1] + ... + pieces[-1]``, each content a message's content
+    as the client sent it or trimmed; None when the template does not write them so.
+
+    The template is rendered again with a marker in place of each non-empty content to find
+    where the contents are. An empty content is left as it is: a template may write nothing for
+    it (Qwen 2.5's writes an assistant turn's content only ``{% if message.content %}``, and
+    an OpenAI client sends a tool-calling turn's content as null), and it has no text to keep
+    plain."""
+    contents = [m.get("content") for m in messages]
+    if not all(c is None or isinstance(c, str) for c in contents):
+        return None
+    marked = [i for i, c in enumerate(contents) if c]
+    if not marked:
+        return [text], []
+    marker = f"\x00{uuid.uuid4().hex}\x00"
+    if marker in text:
+        return None
+    numbers = {i: n for n, i in enumerate(marked)}
+    pieces = render([{**m, "content": f"{marker}{numbers[i]}{marker}"} if i in numbers else m for i, m in enumerate(messages)]).split(marker)
+    # pieces: template, number, template, number, ..., template
+    if len(pieces) != 2 * len(marked) + 1 or any(pieces[2 * n + 1] != str(n) for n in range(len(marked))):
+        return None
+    templates = pieces[0::2]
+    if not text.startswith(templates[0]):
+        return None
+    pos, written = len(templates[0]), []
+    for n, i in enumerate(marked):
+        after, last = templates[n + 1], n == len(marked) - 1
+        for form in _content_forms(str(contents[i])):
+            end = pos + len(form)
+            if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
+                break
+        else:
+            return None
+        written.append(form)
+        pos = end + len(after)
+    return templates, written
+
+
+def chat_prompt_tokens(
+    render: Callable[[list[dict[str, Any]]], str],
+    tokenize: Callable[..., list[int]],
+    messages: list[dict[str, Any]],
+    resume_text: str = "",
+) -> tuple[list[int], int]:
+    """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
+    conversation's). ``tokenize(text, add_special=, special=)`` is the engine's. What the client
+    wrote is tokenised as text: control-token text in a message (``<|im_end|>``) is not parsed
+    as a control token, also where the template trims contents or writes nothing for an empty
+    one (:func:`split_rendered`); only a template that writes contents otherwise has its whole
+    text tokenised at once. Resumed text is tokenised together with the template's last piece,
+    as it was when the whole text was tokenised at once."""
+    text = render(messages)
+    split = split_rendered(render, messages, text)
+    if split is None or not split[1]:
+        own = tokenize(text)
+        return (tokenize(text + resume_text) if resume_text else own), len(own)
+    templates, contents = split
+    tokens = tokenize(templates[0])
+    for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
+        tokens += tokenize(content, add_special=False, special=False)
+        if i < len(contents) - 1:
+            tokens += tokenize(template, add_special=False)
+    own = tokens + tokenize(templates[-1], add_special=False)
+    if not resume_text:
+        return own, len(own)
+    return tokens + tokenize(templates[-1] + resume_text, add_special=False), len(own)
 
 
 # -- tools ----------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -467,12 +466,7 @@ class EngineWorker:
         self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None
     ) -> tuple[list[int], int]:
         """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
-        conversation's). What the client wrote is tokenised as text: control-token text in a
-        message (``<|im_end|>``) is not parsed as a control token. The template is rendered with
-        a marker in place of each content to find where the contents are; if the template
-        transforms contents (the marker render does not give the real text back), the whole
-        text is tokenised as before. Resumed text is tokenised together with the template's
-        last piece, as it was when the whole text was tokenised at once."""
+        conversation's): the client's text tokenised as text (``chat.chat_prompt_tokens``)."""
         engine = self.engine
         template_vars = extra or {}
 
@@ -480,27 +474,7 @@ class EngineWorker:
             # extra template variables (tools, chat_template_kwargs) only where the request has them
             return engine.render_chat(msgs, **template_vars) if template_vars else engine.render_chat(msgs)
 
-        text = render(messages)
-        marker = f"\x00{uuid.uuid4().hex}\x00"
-        contents = [m.get("content") for m in messages]
-        if all(isinstance(c, str) for c in contents) and marker not in text:
-            marked = render([{**m, "content": f"{marker}{i}{marker}"} for i, m in enumerate(messages)])
-            pieces = marked.split(marker)
-            # pieces: template, index, template, index, ..., template
-            if len(pieces) == 2 * len(messages) + 1 and all(pieces[2 * i + 1] == str(i) for i in range(len(messages))):
-                templates = pieces[0::2]
-                if "".join(t + c for t, c in zip(templates, [*contents, ""], strict=False)) == text:
-                    tokens = engine.tokenize(templates[0])
-                    for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
-                        tokens += engine.tokenize(content, add_special=False, special=False)
-                        if i < len(contents) - 1:
-                            tokens += engine.tokenize(template, add_special=False)
-                    own = tokens + engine.tokenize(templates[-1], add_special=False)
-                    if not resume_text:
-                        return own, len(own)
-                    return tokens + engine.tokenize(templates[-1] + resume_text, add_special=False), len(own)
-        own = engine.tokenize(text)
-        return (engine.tokenize(text + resume_text) if resume_text else own), len(own)
+        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, resume_text)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str, int]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to, how
