@@ -481,10 +481,12 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         if rate > 0:
             bucket = rt.completion_buckets.bucket(principal.client_id, rate, burst)
             buckets.append((bucket, "completion_rate_limited", "Too many fill-in-the-middle completions from this client."))
-    for bucket, code, message in buckets:
-        wait_s = bucket.wait_s()
+    # the first bucket that refuses names the error; Retry-After is the longest wait of all that
+    # refuse, since the request passes only once every one of them has a token
+    waits = [bucket.wait_s() for bucket, _code, _message in buckets]
+    for wait_s, (_bucket, code, message) in zip(waits, buckets, strict=True):
         if wait_s > 0:
-            raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
+            raise rate_limited(message + " Retry after the time in the Retry-After header.", code, max(waits))
     model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name

@@ -7,6 +7,8 @@ request takes one token or is told how long until one is there (``Retry-After``)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import re
 import time
@@ -176,17 +178,30 @@ end
 local t = redis.call("TIME")
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local state = {}
+-- the first bucket that refuses is named; the wait is the longest of all that refuse (the
+-- request passes only once every one has a token)
+local refused, wait = 0, 0
 for i = 1, n do
   local key = p .. "rl:" .. ARGV[3 * i]
   local rate, cap = tonumber(ARGV[3 * i + 1]), tonumber(ARGV[3 * i + 2])
   local cur = redis.call("HMGET", key, "tokens", "ts")
   local tokens = tonumber(cur[1]) or cap
   local ts = tonumber(cur[2]) or now
-  tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+  if ts > now then
+    -- Redis's clock (TIME, a wall clock) stepped back since the last write: count from now,
+    -- or the bucket gained nothing until the clock caught up (429s for the whole step)
+    redis.call("HSET", key, "ts", now)
+    ts = now
+  end
+  tokens = math.min(cap, tokens + (now - ts) * rate)
   if tokens < 1 then
-    return {i, math.ceil((1 - tokens) / rate * 1000)}
+    if refused == 0 then refused = i end
+    wait = math.max(wait, math.ceil((1 - tokens) / rate * 1000))
   end
   state[i] = {key, tokens, rate, cap}
+end
+if refused > 0 then
+  return {refused, wait}
 end
 for j = 1, m do
   local skey, limit = p .. "cc:" .. ARGV[base + 2 * j - 1], tonumber(ARGV[base + 2 * j])
@@ -210,6 +225,22 @@ return {0, 0}
 """
 
 
+# A head's renewal of the places its running requests hold, so that a request that runs (or
+# waits) longer than SLOT_TTL_S keeps its place; only a dead head's places lapse. XX: a place
+# given back meanwhile is not brought back. ARGV: prefix, slot_ttl_s, (slot_name, member) x n.
+RENEW_LUA = """
+local p, ttl = ARGV[1], tonumber(ARGV[2])
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+for i = 3, #ARGV, 2 do
+  local skey = p .. "cc:" .. ARGV[i]
+  redis.call("ZADD", skey, "XX", now + ttl, ARGV[i + 1])
+  redis.call("EXPIRE", skey, ttl + 1)
+end
+return 0
+"""
+
+
 def key_slot(key_name: str) -> str:
     """The Redis concurrency slot of an API key (by name)."""
     return key_name
@@ -228,6 +259,11 @@ class RedisLimiter:
     """Per-key rate buckets and concurrency slots counted in Redis, for every head at once."""
 
     SLOT_TTL_S = 3600  # a slot a dead head never released lapses after this long
+    RELEASE_RETRY_S = 0.5  # a failed release is sent again after this, then twice as long each time
+    RELEASE_RETRY_MAX_S = 30.0
+    MAX_UNRELEASED = 100_000  # failed releases kept to send again (Redis away long, many requests)
+    RELEASE_BATCH = 500  # failed releases sent again per transaction
+    RENEW_S = SLOT_TTL_S / 4  # the places this head's requests hold are renewed this often
 
     def __init__(self, url: str, prefix: str = "sf:") -> None:
         from scheduler.link.redis_transport import reconnecting_client
@@ -237,13 +273,20 @@ class RedisLimiter:
         # runs again takes nothing twice (the script marks what its member took)
         self.client = reconnecting_client(url)
         self.script = self.client.register_script(LIMITS_LUA)
+        # releases that failed (place -> when it lapses by itself), sent again by one task
+        self._unreleased: dict[tuple[str, str], float] = {}
+        self._releaser: asyncio.Task[None] | None = None
+        self.renew_script = self.client.register_script(RENEW_LUA)
+        self.held: dict[str, set[str]] = {}  # member -> the slots it holds (this head's requests)
+        self._renewer: asyncio.Task[None] | None = None
 
     async def take(
         self, buckets: list[tuple[str, float, float]], slots: tuple[str, int] | list[tuple[str, int]] | None, member: str
     ) -> tuple[int, float]:
         """Check every bucket (name, rate per second, capacity) and every slot (name, limit; one
         or a list), then take them all: ``(0, 0.0)``; or ``(i, wait_s)`` for the first refused
-        check (1-based; ``len(buckets) + j`` is the j-th slot), taking nothing.
+        check (1-based; ``len(buckets) + j`` is the j-th slot), taking nothing; ``wait_s`` is the
+        longest wait of every bucket that refuses.
         LimitsUnavailable if Redis is away."""
         if slots is None:
             slots = []
@@ -261,21 +304,84 @@ class RedisLimiter:
             refused, wait_ms = await keeping_cancel(self.script(keys=[], args=[str(a) for a in args]))
         except Exception as exc:  # redis.RedisError, OSError, a timeout
             raise LimitsUnavailable(str(exc)) from exc
+        if not int(refused) and slots:
+            self.held[member] = {name for name, _limit in slots}
+            if self._renewer is None or self._renewer.done():
+                self._renewer = asyncio.get_running_loop().create_task(self._renew_held())
         return int(refused), int(wait_ms) / 1000.0
+
+    async def aclose(self) -> None:
+        """Stop renewing and resending (what is left lapses by itself) and close the client."""
+        for task in (self._renewer, self._releaser):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.client.aclose()
+
+    async def _renew_held(self) -> None:
+        """While this head's requests hold places, renew them every RENEW_S."""
+        while self.held:
+            await asyncio.sleep(self.RENEW_S)
+            args: list[str] = [self.prefix, str(self.SLOT_TTL_S)]
+            for member, slots in list(self.held.items()):
+                for slot in slots:
+                    args += [slot, member]
+            if len(args) > 2:
+                with contextlib.suppress(Exception):  # Redis away: renewed at the next turn
+                    await self.renew_script(keys=[], args=args)
 
     async def release(self, slot: str, member: str) -> None:
         """Give ``member``'s place in ``slot`` back. The member's marker is set with it, so that a
         check of the same member still on its way to Redis (its request was cancelled while the
         check waited there, and this release went out on another connection and overtook it)
         finds it set and takes nothing: otherwise that late check took the place for the slot's
-        hour."""
+        hour. A release that fails (Redis unreachable or too slow to answer, while it keeps its
+        data) is sent again, with every other that failed, until it lands: dropped, it held the
+        place for the slot's hour, and a key at its ``max_concurrent`` got 429 all that time."""
+        held = self.held.get(member)
+        if held is not None:
+            held.discard(slot)
+            if not held:
+                del self.held[member]
+        if await self._release_once([(slot, member)]):
+            return
+        if len(self._unreleased) < self.MAX_UNRELEASED:  # beyond: they lapse by themselves
+            loop = asyncio.get_running_loop()
+            self._unreleased.setdefault((slot, member), loop.time() + self.SLOT_TTL_S)
+        if self._releaser is None or self._releaser.done():
+            self._releaser = asyncio.get_running_loop().create_task(self._release_later())
+
+    async def _release_once(self, places: list[tuple[str, str]]) -> bool:
         try:
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.set(f"{self.prefix}lm:{member}", "1", ex=60)
-                pipe.zrem(f"{self.prefix}cc:{slot}", member)
+                for slot, member in places:
+                    pipe.set(f"{self.prefix}lm:{member}", "1", ex=60)
+                    pipe.zrem(f"{self.prefix}cc:{slot}", member)
                 await pipe.execute()
-        except Exception:  # the slot lapses by itself after SLOT_TTL_S
-            pass
+        except Exception:  # redis.RedisError, OSError, a timeout
+            return False
+        return True
+
+    async def _release_later(self) -> None:
+        """Send the releases that failed again, all at once, backing off while Redis stays away;
+        a place whose hour has run out has lapsed by itself and is dropped."""
+        loop = asyncio.get_running_loop()
+        delay = self.RELEASE_RETRY_S
+        while self._unreleased:
+            await asyncio.sleep(delay)
+            now = loop.time()
+            for place in [p for p, lapsed_at in self._unreleased.items() if lapsed_at <= now]:
+                del self._unreleased[place]
+            places = list(self._unreleased)[: self.RELEASE_BATCH]
+            if not places:
+                return
+            if await self._release_once(places):
+                for place in places:
+                    self._unreleased.pop(place, None)
+                delay = 0.0  # Redis answers: the next batch at once
+            else:
+                delay = min(self.RELEASE_RETRY_MAX_S, max(self.RELEASE_RETRY_S, 2 * delay))
 
 
 _limiters: dict[tuple[int, str], RedisLimiter] = {}
@@ -283,8 +389,6 @@ _limiters: dict[tuple[int, str], RedisLimiter] = {}
 
 def shared_limiter(url: str) -> RedisLimiter:
     """The running event loop's limiter for ``url`` (an asyncio Redis client serves one loop)."""
-    import asyncio
-
     key = (id(asyncio.get_running_loop()), url)
     limiter = _limiters.get(key)
     if limiter is None:

@@ -218,4 +218,4 @@ async def _close_this_loops_limiters() -> AsyncIterator[None]:
 
     loop_id = id(asyncio.get_running_loop())
     for key in [k for k in limits._limiters if k[0] == loop_id]:
-        await limits._limiters.pop(key).client.aclose()
+        await limits._limiters.pop(key).aclose()

@@ -34,7 +34,7 @@ async def test_client_concurrency_holds_across_heads_and_a_refusal_holds_nothing
             await admission.release()
         assert all(h.in_flight.held == {} for h in heads)
     for limiter in limits._limiters.values():
-        await limiter.client.aclose()
+        await limiter.aclose()
     limits._limiters.clear()
 
 
@@ -55,7 +55,7 @@ async def test_the_first_limits_check_after_a_redis_restart_is_not_refused_for_a
         assert await limiter.take([("key:k", 1.0, 60)], ("key:k", 2), "after") == (0, 0.0)
         assert await limiter.take([("key:k", 1.0, 60)], ("key:k", 2), "again") == (0, 0.0)
     finally:
-        await limiter.client.aclose()
+        await limiter.aclose()
         server.stop()
 
 
@@ -78,7 +78,7 @@ async def test_requests_that_end_normally_give_back_every_place_with_shared_limi
                 assert reply.status == 200, (i, reply.body)
             assert rt.in_flight.held == {} and rt.client_slots.held == {}
     for limiter in limits._limiters.values():
-        await limiter.client.aclose()
+        await limiter.aclose()
     limits._limiters.clear()
 
 
@@ -157,5 +157,5 @@ async def close_limiters() -> None:
     from keys import limits
 
     for limiter in limits._limiters.values():
-        await limiter.client.aclose()
+        await limiter.aclose()
     limits._limiters.clear()

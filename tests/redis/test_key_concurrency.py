@@ -24,7 +24,7 @@ async def server() -> AsyncIterator[RedisServer]:
         yield server
     finally:
         for limiter in limits._limiters.values():
-            await limiter.client.aclose()
+            await limiter.aclose()
         limits._limiters.clear()
         server.stop()
 

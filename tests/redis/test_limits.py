@@ -15,7 +15,7 @@ async def test_rpm_4_across_two_heads_serves_exactly_4_of_8(redis_server: RedisS
     assert [r[0] for r in results] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(10 <= wait <= 15 for _refused, wait in results[4:])  # a token every 15 s
     for h in heads:
-        await h.client.aclose()
+        await h.aclose()
 
 
 async def test_a_refused_check_takes_nothing(redis_server: RedisServer, prefix: str) -> None:
@@ -24,7 +24,7 @@ async def test_a_refused_check_takes_nothing(redis_server: RedisServer, prefix: 
     # "b" would pass but "a" is empty: "b" keeps its token
     assert (await limiter.take([("b", 1 / 60.0, 1), ("a", 1 / 60.0, 1)], None, "m2"))[0] == 2
     assert (await limiter.take([("b", 1 / 60.0, 1)], None, "m3"))[0] == 0
-    await limiter.client.aclose()
+    await limiter.aclose()
 
 
 async def test_concurrency_slots_are_shared_and_released(redis_server: RedisServer, prefix: str) -> None:
@@ -35,14 +35,14 @@ async def test_concurrency_slots_are_shared_and_released(redis_server: RedisServ
     await heads[1].release("k", "two")
     assert await heads[0].take([], ("k", 2), "three") == (0, 0.0)
     for h in heads:
-        await h.client.aclose()
+        await h.aclose()
 
 
 async def test_redis_unreachable_is_refused_never_counted_locally() -> None:
     limiter = RedisLimiter(f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(LimitsUnavailable):
         await limiter.take([("key:k", 1.0, 4)], None, "m")
-    await limiter.client.aclose()
+    await limiter.aclose()
 
 
 async def test_a_key_slot_and_a_client_slot_are_taken_together_or_not_at_all(redis_server: RedisServer, prefix: str) -> None:
@@ -59,7 +59,7 @@ async def test_a_key_slot_and_a_client_slot_are_taken_together_or_not_at_all(red
     await heads[0].release(client_slot("10.0.0.1"), "one")
     assert (await heads[1].take([], both, "five"))[0] == 1  # the key's 2 are still held
     for h in heads:
-        await h.client.aclose()
+        await h.aclose()
 
 
 async def test_the_same_check_run_again_takes_nothing_twice(redis_server: RedisServer, prefix: str) -> None:
@@ -76,7 +76,7 @@ async def test_the_same_check_run_again_takes_nothing_twice(redis_server: RedisS
     assert (await limiter.take([], slot, "four"))[0] == 1  # "one" holds the one place, once
     await limiter.release("k", "one")
     assert await limiter.take([], slot, "four") == (0, 0.0)
-    await limiter.client.aclose()
+    await limiter.aclose()
 
 
 async def test_a_release_that_overtakes_its_own_check_leaves_nothing_taken(redis_server: RedisServer, prefix: str) -> None:
@@ -89,4 +89,4 @@ async def test_a_release_that_overtakes_its_own_check_leaves_nothing_taken(redis
     assert await limiter.take([], ("k", 1), "late") == (0, 0.0)  # the cancelled request's check
     assert await limiter.take([], ("k", 1), "next") == (0, 0.0)  # the place is free
     assert (await limiter.take([], ("k", 1), "third"))[0] == 1
-    await limiter.client.aclose()
+    await limiter.aclose()
