@@ -409,9 +409,9 @@ class GenerationConsumer(StreamingConsumer):
                     if not request.stream:
                         reply.add(event)
                         continue
-                    frames = reply.delta_chunks(event)
-                    if frames:
-                        await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
+                    sse = reply.delta_events(event)
+                    if sse:
+                        await self.send_body(b"".join(sse), more_body=True)
                 elif isinstance(event, Done):
                     dones[i] = last_done = event
                     finished.add(i)
@@ -522,13 +522,15 @@ class GenerationConsumer(StreamingConsumer):
         self.record.status = 200
         n = 0
 
-        def sse(frames: list[dict[str, Any]]) -> bytes:
-            tag = f"id: {handle.job_id}:{n}\n".encode() if ids else b""
-            return b"".join(tag + responses.sse_event(f) for f in frames)
+        def tagged(events: list[bytes]) -> bytes:
+            if not ids:
+                return b"".join(events)
+            tag = f"id: {handle.job_id}:{n}\n".encode()
+            return b"".join(tag + e for e in events)
 
         opening = self.opening_frames(reply) if skip is None else []
         if opening:
-            await self.send_body(sse(opening), more_body=True)
+            await self.send_body(tagged([responses.sse_event(f) for f in opening]), more_body=True)
         while True:
             # deltas that arrived together (the reader fell a tick or more behind) go out in one
             # write: the same bytes on the wire, one trip through daphne instead of several
@@ -537,10 +539,10 @@ class GenerationConsumer(StreamingConsumer):
             for event in events:
                 if isinstance(event, Delta):
                     n += 1
-                    frames = self.delta_frames(reply, event)
-                    sent = bool(frames) and (skip is None or n > skip)  # (a resumed stream: from this server)
+                    sse = self.delta_events(reply, event)
+                    sent = bool(sse) and (skip is None or n > skip)  # (a resumed stream: from this server)
                     if sent:
-                        out.append(sse(frames))
+                        out.append(tagged(sse))
                     self.saw_delta(event, reached_client=sent)
                 elif isinstance(event, Done):
                     self.note_done(event)
@@ -559,8 +561,9 @@ class GenerationConsumer(StreamingConsumer):
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return reply.first_chunks()
 
-    def delta_frames(self, reply: responses.Reply, event: Delta) -> list[dict[str, Any]]:
-        return reply.delta_chunks(event)
+    def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
+        """A delta's SSE events (one per frame), each ``data: <chunk>\\n\\n``."""
+        return reply.delta_events(event)
 
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         return reply.final_chunks(event, self.usage(event) if request.include_usage else None)
@@ -695,11 +698,11 @@ class InfillConsumer(CompletionsConsumer):
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return []
 
-    def delta_frames(self, reply: responses.Reply, event: Delta) -> list[dict[str, Any]]:
+    def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
         if not event.text:
             return []
         reply.add(event)  # the whole text: the last frame's has_new_line
-        return [responses.infill_partial(event.text, event.tokens, self.prompt_tokens())]
+        return [responses.sse_event(responses.infill_partial(event.text, event.tokens, self.prompt_tokens()))]
 
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         final = responses.infill_final(request.model, "", event, whole_text="".join(reply.text))

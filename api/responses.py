@@ -513,6 +513,7 @@ class Reply:
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
         # around its calls stripped, or, without calls, the whole text
         self.pending_space = ""
+        self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -537,6 +538,37 @@ class Reply:
 
     def delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
         return self._indexed(self._delta_chunks(event))
+
+    def delta_events(self, event: Delta) -> list[bytes]:
+        """:meth:`delta_chunks` as SSE events (:func:`sse_event` of each). A plain text delta (no
+        logprobs, no tools: nearly every token) is the reply's one text chunk with only its text
+        changing, so it is made from a template encoded once: the same bytes, without building
+        and serialising the whole chunk for every token."""
+        if self.want_logprobs or self.tool_names or event.logprobs or self.lp_waiting:
+            return [sse_event(f) for f in self.delta_chunks(event)]
+        template = self._text_template
+        if template is None:
+            template = self._text_template = self._make_text_template()
+        if not template:
+            return [sse_event(f) for f in self.delta_chunks(event)]
+        text = event.text
+        self.text.append(text)
+        self._entries(text, None)  # (none come: its bookkeeping as delta_chunks keeps it)
+        if not text:
+            return []
+        head, tail = template
+        return [head + json_bytes(text) + tail]
+
+    def _make_text_template(self) -> tuple[bytes, bytes] | tuple[()]:
+        """(the SSE event of a text delta up to its text, and after it), or () if the marker
+        standing for the text cannot be found exactly once (then every delta is built whole)."""
+        marker = "\x00superfluid-text\x00"
+        if self.endpoint == "completions":
+            chunk = completion_chunk(self.id, self.model, self.created, marker)
+        else:
+            chunk = chat_chunk(self.id, self.model, self.created, content=marker)
+        parts = sse_event(self._indexed([chunk])[0]).split(json_bytes(marker))
+        return (parts[0], parts[1]) if len(parts) == 2 else ()
 
     def _entries(self, text: str, logprobs: list[dict[str, Any]] | None, done: Done | None = None) -> list[dict[str, Any]]:
         """The logprob entries to send with ``text``: those of tokens that start inside the text

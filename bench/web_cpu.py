@@ -7,7 +7,13 @@ between them, streams the same greedy completion at N concurrent streams and rea
 process's CPU time (user + system, from /proc: Linux) before and after. The worker process is
 not counted. Prints a table, medians over ``--repeat`` rounds.
 
-    python bench/web_cpu.py [--streams 1,8] [--max-tokens 400] [--repeat 3]
+    python bench/web_cpu.py [--streams 1,8] [--max-tokens 400] [--repeat 3] [--loops uvloop,asyncio]
+
+An A/B of two checkouts: ``--tree NAME=PATH`` (twice or more) starts one server per checkout
+(each checkout's own ``manage.py``, on each of ``--loops``) and alternates between them the same
+way; the table has a row per server and its ratio to the first.
+
+    python bench/web_cpu.py --loops uvloop --tree base=/tmp/base --tree new=.
 """
 
 from __future__ import annotations
@@ -25,6 +31,20 @@ from scheduler.engines.models import default_model_path, model_name_for  # noqa:
 from testkit.harness import RunningServer  # noqa: E402
 
 LOOPS = ("uvloop", "asyncio")
+
+
+class TreeServer(RunningServer):
+    """``manage.py serve`` of another checkout (its own code, this one's harness)."""
+
+    def __init__(self, root: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+        super().__init__(*flags, env=env)
+        self.root = root.resolve()
+        self.cwd = self.root
+
+    def start(self, timeout_s: float = 120.0) -> TreeServer:
+        self._launch([sys.executable, str(self.root / "manage.py"), "serve", "--port", str(self.port), *self.flags], timeout_s)
+        self.wait_for(self._has_state, timeout_s=60)
+        return self
 
 
 def cpu_seconds(pid: int) -> float:
@@ -46,24 +66,33 @@ def main() -> None:
     parser.add_argument("--streams", default="1,8")
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--loops", default=",".join(LOOPS), help="event loops to run serve on (uvloop, asyncio)")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="a checkout to serve from (A/B; repeatable)")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
+    loops = [loop for loop in args.loops.split(",") if loop]
+    if any(loop not in LOOPS for loop in loops):
+        parser.error(f"--loops: one of {', '.join(LOOPS)}")
+    trees = [tuple(t.split("=", 1)) for t in args.tree] or [("", "")]
     model = model_name_for(default_model_path())
-    servers = {
-        loop: RunningServer("--max-batch", str(max(counts)), env={"SUPERFLUID_EVENT_LOOP": loop}).start()
-        for loop in LOOPS
-    }
+    flags = ("--max-batch", str(max(counts)))
+    servers: dict[str, RunningServer] = {}
+    for tree, path in trees:
+        for loop in loops:
+            label = f"{tree} {loop}".strip()
+            env = {"SUPERFLUID_EVENT_LOOP": loop}
+            servers[label] = (TreeServer(Path(path), *flags, env=env) if path else RunningServer(*flags, env=env)).start()
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     try:
         for server in servers.values():
             one_stream(server.base, model, prompts(1)[0], 8)  # warm: first request, key runtime loaded
         for round_ in range(args.repeat):
             for n in counts:
-                for loop, server in servers.items():
+                for label, server in servers.items():
                     ms, tps = measure(server, model, n, args.max_tokens)
-                    results.setdefault((loop, n), []).append((ms, tps))
+                    results.setdefault((label, n), []).append((ms, tps))
                     print(
-                        f"round {round_ + 1} {loop:8} {n} streams: {ms:.3f} ms web CPU/token, {tps:.1f} tok/s",
+                        f"round {round_ + 1} {label:12} {n} streams: {ms:.3f} ms web CPU/token, {tps:.1f} tok/s",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -71,14 +100,15 @@ def main() -> None:
         for server in servers.values():
             server.stop()
     print(f"\nweb process CPU per streamed token, median of {args.repeat} ({args.max_tokens} tokens a stream)\n")
-    print("| streams | uvloop ms/token | asyncio ms/token | uvloop / asyncio | uvloop tok/s | asyncio tok/s |")
-    print("|--:|--:|--:|--:|--:|--:|")
+    first = next(iter(servers))
+    print(f"| streams | server | ms/token | / {first} | tok/s |")
+    print("|--:|:--|--:|--:|--:|")
     for n in counts:
-        uv_ms = statistics.median(r[0] for r in results[("uvloop", n)])
-        as_ms = statistics.median(r[0] for r in results[("asyncio", n)])
-        uv_tps = statistics.median(r[1] for r in results[("uvloop", n)])
-        as_tps = statistics.median(r[1] for r in results[("asyncio", n)])
-        print(f"| {n} | {uv_ms:.3f} | {as_ms:.3f} | {uv_ms / as_ms:.2f} | {uv_tps:.1f} | {as_tps:.1f} |")
+        base_ms = statistics.median(r[0] for r in results[(first, n)])
+        for label in servers:
+            ms = statistics.median(r[0] for r in results[(label, n)])
+            tps = statistics.median(r[1] for r in results[(label, n)])
+            print(f"| {n} | {label} | {ms:.3f} | {ms / base_ms:.2f} | {tps:.1f} |")
 
 
 if __name__ == "__main__":

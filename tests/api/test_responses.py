@@ -890,3 +890,37 @@ def test_a_reply_of_many_tags_that_hold_no_call_costs_a_bounded_number_of_parses
     content, calls = responses.parse_tool_calls(text, {"f"})
     assert calls == [] and content == text
     assert parses <= 8 * responses.MAX_MISSED_BLOCKS  # a few per block tried (its members), not per tag (5,000)
+
+
+_PIECES = ["Hello", "", " wor\nld", '"quoted" \\ back', "é中😀", "\ud800 lone", "\x00\x1f", "</tool_call>"]
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("index", [0, 2])
+@pytest.mark.parametrize("model", ['m"odel\\ é', "\x00superfluid-text\x00"], ids=["plain", "marker"])
+def test_a_streamed_text_delta_is_the_same_bytes_as_its_chunk_built_whole(endpoint: Any, include_usage: bool, index: int, model: str) -> None:
+    """delta_events makes a plain text delta from a template encoded once per reply: every
+    token's event is byte for byte the SSE event of the chunk delta_chunks builds, in order,
+    and the reply's text is the same (what its final frames and body are made of); a model name
+    holding the template's marker has every chunk built whole."""
+    fast = Reply(endpoint, model, include_usage=include_usage, index=index, id="cmpl-x", created=7)
+    whole = Reply(endpoint, model, include_usage=include_usage, index=index, id="cmpl-x", created=7)
+    for i, text in enumerate(_PIECES):
+        event = Delta("j", text, i + 1)
+        assert fast.delta_events(event) == [sse_event(f) for f in whole.delta_chunks(event)]
+    assert fast.text == whole.text
+    assert fast.final_chunks(Done("j", "stop"), None) == whole.final_chunks(Done("j", "stop"), None)
+
+
+@given(st.lists(st.text(max_size=12), max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_streamed_text_deltas_carry_every_piece_in_order(pieces: list[str]) -> None:
+    for endpoint in ("chat", "completions"):
+        fast = Reply(endpoint, "m", id="x", created=1)  # type: ignore[arg-type]
+        whole = Reply(endpoint, "m", id="x", created=1)  # type: ignore[arg-type]
+        events = [e for i, p in enumerate(pieces) for e in fast.delta_events(Delta("j", p, i + 1))]
+        assert events == [sse_event(f) for i, p in enumerate(pieces) for f in whole.delta_chunks(Delta("j", p, i + 1))]
+        key = "content" if endpoint == "chat" else "text"
+        got = [json.loads(e[len(b"data: ") :].decode())["choices"][0] for e in events]
+        assert "".join(c["delta"][key] if endpoint == "chat" else c[key] for c in got) == "".join(pieces).encode("utf-8", "replace").decode()

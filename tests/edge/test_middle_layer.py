@@ -449,6 +449,7 @@ async def test_a_response_that_fails_mid_way_stops_its_job_and_frees_the_lane(sl
         return call
 
     monkeypatch.setattr(Reply, "delta_chunks", failing(real_delta))
+    monkeypatch.setattr(Reply, "delta_events", failing(Reply.delta_events))  # a stream's plain text deltas
     monkeypatch.setattr(Reply, "add", failing(real_add))
     async with attached(slow_sim) as (link, _rt):
         reply = await request("POST", "/v1/chat/completions", chat_body(max_tokens=400, stream=stream), JSON)
