@@ -40,6 +40,9 @@ _PENALTY_LAST_N = 64
 # one (the NumPy sampler's float64 division gives greedy there too). Logits would have to pass
 # 3.4e8 to overflow above it, and any temperature this small picks the top logit anyway.
 _MIN_TEMPERATURE = 1e-30
+# jobs whose extra draws are kept after their lane's sampler was dropped (a finished job's stay
+# until pushed out: a few bytes each)
+_DROPPED_DRAWS_KEPT = 1024
 # What a logit bias of -100 (and ignore_eos) becomes: a ban, but finite, so that when a grammar
 # allows only banned tokens the draw still lands on one the grammar allows (an all -inf draw
 # could accept a token the grammar rejects, which llama.cpp answers with an abort).
@@ -319,6 +322,12 @@ class LlamaCppEngine(LaneEngine):
         self._batch: Any = None
         self._samplers: dict[int, Any] = {}  # lane -> its sampler chain (without the grammar)
         self._extra_draws: dict[int, int] = {}  # lane -> draws beyond one per token (ParkedKV)
+        # A job preempted without a park (--no-park, critical OS pressure, a park that failed)
+        # is bound again with its output as history and no artifact: its extra draws are kept
+        # here, by job id, from when its lane's sampler was dropped until it is bound again, so
+        # its random stream still goes on where it was (the most recent _DROPPED_DRAWS_KEPT).
+        self._lane_jobs: dict[int, str] = {}  # lane -> the job its sampler was bound for
+        self._dropped_draws: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._argmax_lanes: set[int] = set()  # lanes whose chain is plain greedy: argmax of the logits row
         self._grammars: dict[int, Any] = {}  # lane -> its grammar sampler, for constrained lanes
         # lane -> (the grammar's credit left in seconds, seconds of full masks in shared steps,
@@ -562,6 +571,10 @@ class LlamaCppEngine(LaneEngine):
         # a seeded draw goes on from where the job's random stream was, not from its seed (an
         # unseeded chain has a fresh random seed: nothing to skip)
         extra = bind.parked.extra_draws if isinstance(bind.parked, ParkedKV) else 0
+        dropped = self._dropped_draws.pop(bind.job_id, 0)
+        if bind.parked is None and bind.history:
+            extra = dropped  # preempted without a park: its KV computed again, its stream resumed
+        self._lane_jobs[bind.lane] = bind.job_id
         if extra:
             self._extra_draws[bind.lane] = extra
         if bind.sampling.seed is not None:
@@ -937,7 +950,12 @@ class LlamaCppEngine(LaneEngine):
         self._logprob_lanes.pop(lane, None)
         self._mask_cost.pop(lane, None)
         self._failed.pop(lane, None)
-        self._extra_draws.pop(lane, None)
+        extra = self._extra_draws.pop(lane, 0)
+        job_id = self._lane_jobs.pop(lane, None)
+        if extra and job_id is not None:
+            self._dropped_draws[job_id] = extra
+            while len(self._dropped_draws) > _DROPPED_DRAWS_KEPT:
+                self._dropped_draws.popitem(last=False)
         self._argmax_lanes.discard(lane)
         chain = self._samplers.pop(lane, None)
         if chain is not None:
@@ -952,6 +970,7 @@ class LlamaCppEngine(LaneEngine):
         swap_keys(self._logprob_lanes, a, b)
         swap_keys(self._mask_cost, a, b)
         swap_keys(self._extra_draws, a, b)
+        swap_keys(self._lane_jobs, a, b)
         # (_failed needs no swap: forward fills it and run_tick takes it in the same step)
         if (a in self._argmax_lanes) != (b in self._argmax_lanes):
             self._argmax_lanes ^= {a, b}

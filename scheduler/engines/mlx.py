@@ -7,7 +7,10 @@ parking, restoring and copying prefixes are plain array copies of one lane. Deco
 batched: the decoding lanes' caches are merged into one ``BatchKVCache`` (left-padded), which
 stays merged while the same lanes keep decoding and is split back into per-lane caches when
 anything else needs one of them. Prompt chunks run one lane at a time. On the CPU backend the
-batched round gives bit-identical logits to running each lane alone.
+batched round gives bit-identical logits to running each lane alone with the BLAS bundled with
+mlx; through the system's OpenBLAS (mlx_runtime) another batch shape rounds the last bits
+otherwise (~4e-5 on SmolLM2's logits); the KV and positions stay each lane's
+own (tests/engines/test_mlx_differential.py).
 
 Sampling is ``scheduler.engines.sampling`` (the llama.cpp engine's chain in NumPy, grammars as
 llguidance token masks: ``scheduler.engines.token_mask``); text comes
