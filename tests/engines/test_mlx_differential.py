@@ -17,9 +17,7 @@ fake one and the engine runs its ticks on it too, so the plans do not depend on 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +28,19 @@ from hypothesis import strategies as st
 
 from scheduler.core.kv_pool import PoolOps
 from scheduler.core.qos import QosClass
-from scheduler.core.scheduler import Scheduler, SchedulerConfig
-from scheduler.core.types import Job, LaneBind, LaneFeed, SamplingParams, TickPlan
-from scheduler.engines.base import Piece, Step, run_tick
-from scheduler.engines.sim import FakeClock
-from testkit.engine_driver import chat, generate, never, release
+from scheduler.core.scheduler import SchedulerConfig
+from scheduler.core.types import LaneBind, LaneFeed, TickPlan
+from scheduler.engines.base import Piece
+from testkit.engine_driver import never, release
+
+from .differential import GREEDY, Arrival, Harness, arrivals, make_family, references
+from .differential import config_of as shared_config
+from .differential import run_schedule as run_schedule_of
 
 pytestmark = pytest.mark.model
 
 N_LANES, SLOTS, LANE_CTX = 4, 2, 512
 MAX_TOKENS = 6  # the longest reply compared
-GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
-SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=11, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -61,89 +60,15 @@ def _empty(engine: Any) -> None:
 
 @pytest.fixture(scope="module")
 def family(engine: Any) -> list[list[int]]:
-    """Prompts that share prefixes in every way the caches meet them."""
-    base = chat(engine, "Tell me a short story about a brave little mouse who lives in a castle.")
-    other = chat(engine, "List three colours of the rainbow and say why the sky is blue.")
-    more = engine.tokenize(" Please keep it short.", add_special=False)
-    return [
-        base,  # 0
-        base[:-1] + [engine.tokenize(" cat", add_special=False)[0]],  # 1: all but the last token
-        base + more[:1],  # 2: one token longer
-        base + more,  # 3: an extension
-        base[: len(base) // 2] + other[len(other) // 2 :],  # 4: the first half shared
-        other,  # 5: only the chat template's opening shared
-    ]
+    return make_family(engine)
 
 
-_reference: dict[tuple[bool, tuple[int, ...]], list[int]] = {}
+class BetweenSteps(Harness):
+    """MLX steps cannot be aborted mid-call: a tick stops between steps only."""
 
-
-def reference(engine: Any, prompt: list[int], n: int, seeded: bool = False) -> list[int]:
-    """The prompt's reply (greedy, or seeded) generated alone in an empty lane 0."""
-    key = (seeded, tuple(prompt))
-    if len(_reference.get(key, [])) < n:
-        _empty(engine)
-        _reference[key] = generate(engine, 0, prompt, SEEDED if seeded else GREEDY, max_tokens=MAX_TOKENS)
-        release(engine, 0)
-    return _reference[key][:n]
-
-
-@dataclass
-class Arrival:
-    tick: int
-    prompt: int  # index into the family
-    max_tokens: int
-    qos: QosClass
-    pin: bool
-    seeded: bool = False
-
-
-arrivals = st.builds(
-    Arrival,
-    tick=st.integers(0, 12),
-    prompt=st.integers(0, 5),
-    max_tokens=st.integers(1, MAX_TOKENS),
-    qos=st.sampled_from([QosClass.INTERACTIVE, QosClass.AGENT, QosClass.BACKGROUND]),
-    pin=st.booleans(),
-    seeded=st.booleans(),
-)
-
-
-class Harness:
     def __init__(self, engine: Any, config: SchedulerConfig, stops: set[int]) -> None:
-        self.engine, self.clock = engine, FakeClock()
-        config.abortable_steps = False  # MLX stops between steps only
-        self.sched = Scheduler(config, clock=self.clock)
-        self.stops = stops  # engine step numbers to stop after (an urgent arrival, a cancel)
-        self.n_steps = 0
-        self.outputs: dict[str, list[int]] = {}
-        self.reasons: dict[str, str] = {}
-
-    def forward(self, step: Step) -> Any:
-        self.n_steps += 1
-        return type(self.engine).forward(self.engine, step)
-
-    def tick(self) -> None:
-        plan = self.sched.step()
-        eng = self.engine
-        eng.forward = self.forward
-        try:
-            result = run_tick(eng, plan, lambda: self.n_steps in self.stops, self.clock)
-        finally:
-            del eng.forward
-        self.take(self.sched.commit(result))
-
-    def take(self, events: list[Any]) -> None:
-        for event in events:
-            if event.kind == "token":
-                assert event.token is not None
-                self.outputs.setdefault(event.job_id, []).append(event.token)
-            elif event.kind == "finished":
-                self.reasons[event.job_id] = str(event.reason)
-
-    def add(self, job_id: str, prompt: list[int], a: Arrival) -> None:
-        sampling = SEEDED if a.seeded else GREEDY
-        self.sched.add(Job(job_id, list(prompt), a.max_tokens, sampling, qos=a.qos, pin_prefix=a.pin))
+        config.abortable_steps = False
+        super().__init__(engine, config, stops)
 
 
 def run_schedule(
@@ -157,36 +82,15 @@ def run_schedule(
     pressure: dict[int, str] | None = None,  # tick -> OS pressure level read then
 ) -> dict[str, int]:
     _empty(engine)
-    h = Harness(engine, config, set(stops))
-    ids = {i: f"j{i}" for i in range(len(plan))}
-    pressure = pressure or {}
-    for tick in itertools.count():
-        for i, a in enumerate(plan):
-            if a.tick == tick:
-                h.add(ids[i], family[a.prompt], a)
-        for i in [i for t, i in (cancels or {}).items() if t == tick]:
-            if i < len(plan):
-                h.sched.cancel(ids[i])
-        if tick in pressure:
-            h.sched.on_os_pressure(pressure[tick])
-        elif tick - 1 in pressure:
-            h.sched.on_os_pressure(None)
-        if tick > max((a.tick for a in plan), default=0) and not h.sched.jobs:
-            break
-        assert tick < 2000, "the schedule did not finish"
-        h.tick()
-        h.clock.advance(0.01)  # the critical hold on background (5 s) ends in finite ticks
-    h.take(h.sched.drain_events())  # a cancel after the last tick
-    for i, a in enumerate(plan):
-        got = h.outputs.get(ids[i], [])
-        want = reference(engine, family[a.prompt], a.max_tokens, a.seeded)
-        if h.reasons.get(ids[i]) == "cancelled":
-            assert got == want[: len(got)], (i, a)
-        else:
-            assert h.reasons.get(ids[i]) == "length", (i, a, h.reasons.get(ids[i]))
-            same_or_a_tie(engine, family[a.prompt], got, want, a.seeded, (i, a))
+
+    def same(prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
+        same_or_a_tie(engine, prompt, got, want, seeded, what)
+
+    # the clock moves on each tick: the critical hold on background (5 s) ends in finite ticks
+    h = BetweenSteps(engine, config, set(stops))
+    counters = run_schedule_of(h, family, plan, reference=references(engine, _empty, MAX_TOKENS), same=same, cancels=cancels, pressure=pressure, tick_s=0.01)
     _empty(engine)
-    return {**h.sched.counters, **h.sched.pool.counters}
+    return counters
 
 
 def same_or_a_tie(engine: Any, prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
@@ -207,23 +111,7 @@ def same_or_a_tie(engine: Any, prompt: list[int], got: list[int], want: list[int
 def config_of(lanes: int, budget: int, rate: float, park: bool, compact: bool, slots: int, tight: bool = False) -> SchedulerConfig:
     """``tight``: watermarks so low (6% and 3% of every lane's and slot's context) that cached
     prefixes are evicted to host memory at most ticks, and imported back for the next share."""
-    return SchedulerConfig(
-        max_batch=lanes,
-        lane_ctx=LANE_CTX,
-        cache_slots=slots,
-        min_prefix_tokens=8,
-        prefill_budget=budget,
-        initial_prefill_tokens_per_s=rate,
-        park=park,
-        # MLX does not ask for lane moves (serve leaves them off), but its engine has every
-        # primitive a move uses (save, load, swap_samplers): a move must still be exact
-        compact_lanes=compact,
-        compact_min_tokens=1,
-        watermarks=True,
-        pressure_high=0.06 if tight else 0.85,
-        pressure_low=0.03 if tight else 0.70,
-        class_lanes={},
-    )
+    return shared_config(lanes, budget, rate, park, compact, slots, lane_ctx=LANE_CTX, watermarks=(0.06, 0.03) if tight else (0.85, 0.70))
 
 
 # -- the engine on its own -------------------------------------------------------------------
@@ -331,7 +219,7 @@ def test_prefixes_evicted_to_host_memory_and_imported_back_reply_as_alone(engine
 
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
-    plan=st.lists(arrivals, min_size=1, max_size=7),
+    plan=st.lists(arrivals(MAX_TOKENS), min_size=1, max_size=7),
     lanes=st.integers(1, N_LANES),
     budget=st.sampled_from([64, 96, 200, 4096]),
     rate=st.sampled_from([40.0, 64.0, 256.0, 2000.0]),
