@@ -253,6 +253,14 @@ _CONSTRAINING = frozenset(
 _JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
+def _named_rule(conv: Any, name: str, body: str) -> str:
+    """Rule ``name`` (as the converter's ``visit`` names it: a reserved name gets a "-", none is
+    ``root``) with ``body``."""
+    from llama_cpp import llama_grammar
+
+    return str(conv._add_rule(name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root", body))
+
+
 def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
     """The converter's ``visit`` with what it gets wrong made plain first: ``true`` and a schema
     that constrains nothing allow any JSON value (the converter made ``{}`` any object, and
@@ -268,8 +276,7 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
     ):
         from llama_cpp import llama_grammar
 
-        rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
-        return str(conv._add_rule(rule_name, conv._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"])))
+        return _named_rule(conv, name, conv._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
     if isinstance(schema, dict):
         if schema.get("items") == {} or (
             schema.get("type") == "array" and "items" not in schema and "prefixItems" not in schema and ("minItems" in schema or "maxItems" in schema)
@@ -285,10 +292,7 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
         if schema.get("type") == "integer" and not any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum")):
             lo, hi = _integer_bounds(schema)
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
-                from llama_cpp import llama_grammar
-
-                rule_name = name + "-" if name in llama_grammar.RESERVED_NAMES else name or "root"
-                return str(conv._add_rule(rule_name, f"({_integer_range(lo, hi)}) space"))
+                return _named_rule(conv, name, f"({_integer_range(lo, hi)}) space")
     return str(visit(schema, name))
 
 
