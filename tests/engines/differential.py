@@ -111,6 +111,28 @@ def config_of(
     )
 
 
+def drawn_configs(lanes: int, slots: int, *, lane_ctx: int, watermarks: list[tuple[float, float] | None]) -> st.SearchStrategy[SchedulerConfig]:
+    """The schedulers both nets draw: up to ``lanes`` lanes and ``slots`` prefix slots, a
+    prefill budget and tick rate from chunked to whole prompts, parking and lane moves on or off."""
+    return st.builds(
+        config_of,
+        lanes=st.integers(1, lanes),
+        budget=st.sampled_from([64, 96, 200, 4096]),
+        rate=st.sampled_from([40.0, 64.0, 256.0, 2000.0]),
+        park=st.booleans(),
+        compact=st.booleans(),
+        slots=st.integers(0, slots),
+        lane_ctx=st.just(lane_ctx),
+        watermarks=st.sampled_from(watermarks),
+    )
+
+
+# Engine step numbers after which a tick stops, and requests whose client leaves (by arrival
+# index) at a tick: drawn by both nets.
+DRAWN_STOPS = st.sets(st.integers(1, 40), max_size=5)
+DRAWN_CANCELS = st.dictionaries(st.integers(0, 15), st.integers(0, 7), max_size=3)
+
+
 class Harness:
     """The scheduler and the engine, tick by tick; ``stops``: engine step numbers after which the
     tick stops (an urgent arrival or a cancel between steps). A subclass's ``call`` runs a step."""

@@ -23,7 +23,7 @@ from scheduler.core.types import TickPlan
 from scheduler.engines.base import Step
 from testkit.engine_driver import never
 
-from .differential import Arrival, Harness, arrivals, make_family, references
+from .differential import DRAWN_CANCELS, DRAWN_STOPS, Arrival, Harness, arrivals, drawn_configs, make_family, references
 from .differential import config_of as shared_config
 from .differential import run_schedule as run_schedule_of
 
@@ -138,31 +138,13 @@ def test_cancelled_lanes_kept_and_reused_reply_as_alone(engine: Any, family: lis
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     plan=st.lists(arrivals(12), min_size=1, max_size=8),
-    lanes=st.integers(1, N_LANES),
-    budget=st.sampled_from([64, 96, 200, 4096]),
-    rate=st.sampled_from([40.0, 64.0, 256.0, 2000.0]),
-    park=st.booleans(),
-    compact=st.booleans(),
-    slots=st.integers(0, SLOTS),
+    config=drawn_configs(N_LANES, SLOTS, lane_ctx=LANE_CTX, watermarks=[None]),
     aborts=st.sets(st.integers(1, 40), max_size=5),
-    stops=st.sets(st.integers(1, 40), max_size=5),
-    cancels=st.dictionaries(st.integers(0, 15), st.integers(0, 7), max_size=3),
+    stops=DRAWN_STOPS,
+    cancels=DRAWN_CANCELS,
     pressure=st.sets(st.integers(0, 15), max_size=2),
 )
 def test_any_schedule_gives_every_request_the_reply_it_gets_alone(
-    engine: Any,
-    family: list[list[int]],
-    plan: list[Arrival],
-    lanes: int,
-    budget: int,
-    rate: float,
-    park: bool,
-    compact: bool,
-    slots: int,
-    aborts: set[int],
-    stops: set[int],
-    cancels: dict[int, int],
-    pressure: set[int],
+    engine: Any, family: list[list[int]], plan: list[Arrival], config: SchedulerConfig, aborts: set[int], stops: set[int], cancels: dict[int, int], pressure: set[int]
 ) -> None:
-    config = config_of(lanes, budget, rate, park, compact, slots)
     run_schedule(engine, family, config, plan, aborts=aborts, stops=stops, cancels=cancels, pressure=pressure)

@@ -33,7 +33,17 @@ from scheduler.core.types import LaneBind, LaneFeed, TickPlan
 from scheduler.engines.base import Piece
 from testkit.engine_driver import never, release
 
-from .differential import GREEDY, Arrival, Harness, arrivals, make_family, references
+from .differential import (
+    DRAWN_CANCELS,
+    DRAWN_STOPS,
+    GREEDY,
+    Arrival,
+    Harness,
+    arrivals,
+    drawn_configs,
+    make_family,
+    references,
+)
 from .differential import config_of as shared_config
 from .differential import run_schedule as run_schedule_of
 
@@ -220,31 +230,13 @@ def test_prefixes_evicted_to_host_memory_and_imported_back_reply_as_alone(engine
 @settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(
     plan=st.lists(arrivals(MAX_TOKENS), min_size=1, max_size=7),
-    lanes=st.integers(1, N_LANES),
-    budget=st.sampled_from([64, 96, 200, 4096]),
-    rate=st.sampled_from([40.0, 64.0, 256.0, 2000.0]),
-    park=st.booleans(),
-    compact=st.booleans(),
-    slots=st.integers(0, SLOTS),
-    stops=st.sets(st.integers(1, 40), max_size=5),
-    cancels=st.dictionaries(st.integers(0, 15), st.integers(0, 7), max_size=3),
+    # Watermarks off, or tight (see config_of): cached prefixes evicted to host memory and back.
+    config=drawn_configs(N_LANES, SLOTS, lane_ctx=LANE_CTX, watermarks=[(0.85, 0.70), (0.06, 0.03)]),
+    stops=DRAWN_STOPS,
+    cancels=DRAWN_CANCELS,
     pressure=st.dictionaries(st.integers(0, 15), st.sampled_from(["warning", "critical"]), max_size=2),
-    tight=st.booleans(),
 )
 def test_any_schedule_gives_every_request_the_reply_it_gets_alone(
-    engine: Any,
-    family: list[list[int]],
-    plan: list[Arrival],
-    lanes: int,
-    budget: int,
-    rate: float,
-    park: bool,
-    compact: bool,
-    slots: int,
-    stops: set[int],
-    cancels: dict[int, int],
-    pressure: dict[int, str],
-    tight: bool,
+    engine: Any, family: list[list[int]], plan: list[Arrival], config: SchedulerConfig, stops: set[int], cancels: dict[int, int], pressure: dict[int, str]
 ) -> None:
-    config = config_of(lanes, budget, rate, park, compact, slots, tight)
     run_schedule(engine, family, config, plan, stops=stops, cancels=cancels, pressure=pressure)

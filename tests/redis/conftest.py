@@ -21,7 +21,9 @@ from redis.retry import Retry
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import SimEngine
+from scheduler.link.messages import Done
 from scheduler.link.redis_transport import RedisTransport, RedisWorkerLink
+from scheduler.link.transport import JobHandle
 from scheduler.worker.loop import EngineWorker
 from tests.link.conftest import completion, outcome
 
@@ -207,6 +209,14 @@ async def head(url: str, prefix: str) -> RedisTransport:
     link = RedisTransport(url, prefix=prefix, poll_s=0.2)
     assert await link.wait_connected(20), "no worker showed up"
     return link
+
+
+async def answer_each(link: RedisTransport, handles: list[JobHandle]) -> None:
+    """Wait for each job's Done (an error fails the test) and finish it, as a head's consumer does."""
+    for handle in handles:
+        _text, done = await outcome(handle)
+        assert isinstance(done, Done), done
+        link.finish(handle)
 
 
 @pytest.fixture(autouse=True)

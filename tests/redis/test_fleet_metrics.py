@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.link.fleet_stats import DEPARTED_KEPT, FleetTotals, merge_stats
-from scheduler.link.messages import Done
 
-from .conftest import RedisServer, SimFleetWorker, completion, head, outcome
+from .conftest import RedisServer, SimFleetWorker, answer_each, completion, head
 from .test_fleet_sim import slow_sim
 
 
@@ -84,10 +83,7 @@ async def test_a_heads_metrics_count_every_workers_tokens_and_never_go_down_when
     link = await head(redis_server.url, prefix)
     try:
         handles = [await link.submit(request=completion(f"prompt {i}", max_tokens=20)) for i in range(8)]
-        for handle in handles:
-            _text, done = await outcome(handle)
-            assert isinstance(done, Done)
-            link.finish(handle)
+        await answer_each(link, handles)
         served = [w.worker.stats["requests_total"] for w in workers]
         assert all(n > 0 for n in served), served  # both workers took jobs
 

@@ -20,7 +20,7 @@ from scheduler.link.messages import Config, Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 from scheduler.link.transport import JobHandle
 
-from .conftest import Busy, RedisServer, SimFleetWorker, completion, head, outcome, under_spin, until_sent
+from .conftest import Busy, RedisServer, SimFleetWorker, answer_each, completion, head, outcome, under_spin, until_sent
 
 
 def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
@@ -481,10 +481,7 @@ async def test_a_head_keeps_nothing_of_a_job_once_it_is_answered(redis_server: R
     link = await head(redis_server.url, prefix)
     try:
         handles = [await link.submit(request=completion(f"job {i}", max_tokens=2)) for i in range(6)]
-        for handle in handles:
-            _text, event = await outcome(handle)
-            assert isinstance(event, Done)
-            link.finish(handle)
+        await answer_each(link, handles)
         deadline = time.monotonic() + 20  # bounds a hang only
         while link._readers or link._forgetting:
             assert time.monotonic() < deadline
