@@ -289,10 +289,11 @@ def new_call_id() -> str:
 MAX_MISSED_BLOCKS = 16
 
 
-def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a reply written in the generic format
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that does not parse or
-    names no offered function stays in the content as text."""
+    names no offered function stays in the content as text. ``strip=False``: the content keeps
+    its whitespace at both ends (the end of a stream, whose earlier text went out already)."""
     calls: list[dict[str, Any]] = []
     rest: list[str] = []
     pos = 0
@@ -332,8 +333,8 @@ def parse_tool_calls(text: str, names: Collection[str]) -> tuple[str | None, lis
             }
         )
         pos = close + len(TOOL_CLOSE)
-    content = "".join(rest).strip()
-    return (content or None), calls
+    content = "".join(rest)
+    return ((content.strip() if strip else content) or None), calls
 
 
 def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
@@ -508,11 +509,15 @@ class Reply:
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
         self.args_text = ""  # ... and those arguments so far
         self.calls_whole = True  # every streamed call's arguments closed and are JSON
+        # streamed calls that are calls unstreamed too (arguments that are JSON, the block closed)
+        self.calls_closed = 0
+        self.args_json = False  # the streamed call whose closing is coming: its arguments parse
         self.after_args = False  # a streamed call's arguments are complete: its tail is in held
         # tool mode: whitespace that may end the content, sent only once more content follows
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
         # around its calls stripped, or, without calls, the whole text
         self.pending_space = ""
+        self.content_sent = False  # tool mode: content other than whitespace went out
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
 
     # -- streaming ------------------------------------------------------------------------
@@ -623,8 +628,9 @@ class Reply:
                 held = held[n:]
                 if self.args.depth > 0:
                     break
+                self.args_json = not self.muted and _is_json(self.args_text)
                 if not self.muted:
-                    self.calls_whole = self.calls_whole and _is_json(self.args_text)
+                    self.calls_whole = self.calls_whole and self.args_json
                 self.args, self.after_args, self.args_text = None, True, ""
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
@@ -634,6 +640,7 @@ class Reply:
                     break
                 if tail > 0:
                     held = held[tail:]
+                    self.calls_closed += self.args_json
                 self.after_args = False  # closed; or not the closing after all: text from here
                 continue  # (a later call in it still a call)
             free = self._release(held)  # text that cannot begin a call
@@ -668,6 +675,7 @@ class Reply:
             self.pending_space += text
             return ""
         out, self.pending_space = self.pending_space + body, text[len(body) :]
+        self.content_sent = True
         return out
 
     def _release(self, text: str) -> str:
@@ -709,13 +717,18 @@ class Reply:
                 if rest := self._stripped(self.held):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             elif self.tool_names and self.held:
-                content, found = parse_tool_calls(self.held, self.tool_names)
+                # unstripped: the content is the text around the calls stripped as a whole, and
+                # this is its end (a space after text that went out is the content's own)
+                content, found = parse_tool_calls(self.held, self.tool_names, strip=False)
+                if content is not None and not self.content_sent:
+                    content = content.lstrip()
                 calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
                 if found:
                     if content and (content := self._stripped(content)):
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
                     for call in calls:
                         i, self.calls_sent = self.calls_sent, self.calls_sent + 1
+                        self.calls_closed += 1
                         head = {"index": i, "id": call["id"], "type": "function",
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
@@ -728,8 +741,8 @@ class Reply:
             self.pending_space = ""
             # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
             # string or the end of generation cut open, or that are no JSON, finishes "stop", as
-            # the same reply unstreamed does
-            if self.calls_sent and reason == "stop" and self.calls_whole and (self.args is None or self.muted):
+            # the same reply unstreamed does; so does one whose block's closing never came
+            if self.calls_closed and reason == "stop" and self.calls_whole and (self.args is None or self.muted):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
@@ -765,7 +778,10 @@ class Reply:
         if self.endpoint == "completions":
             obj = text_completion(self.id, self.model, self.created, self.echo + text, reason, usage)
             if self.want_logprobs:
-                obj["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs + self.logprobs)
+                # the completion's offsets from the echoed text's end, as the stream counts them
+                # (the prompt's token pieces may spell more than its text: a space prefix)
+                offsets = token_offsets(self.prompt_logprobs)[0] + token_offsets(self.logprobs, len(self.echo))[0]
+                obj["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs + self.logprobs, offsets=offsets)
             return obj
         calls: list[dict[str, Any]] = []
         content: str | None = text
