@@ -156,7 +156,9 @@ class _Where:
 
     def error(self, node: yaml.Node | None, key: str, message: str) -> ConfigError:
         line = f":{node.start_mark.line + 1}" if node is not None else ""
-        return ConfigError(f"{self.source}{line}: {key}: {message}")
+        # the file's top level has no key name: say what it should be (it read ": must be a mapping")
+        what = key or f"the file (a mapping of {', '.join(TOP_KEYS)})"
+        return ConfigError(f"{self.source}{line}: {what}: {message}")
 
 
 def _mapping(where: _Where, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:

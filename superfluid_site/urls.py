@@ -23,7 +23,7 @@ urlpatterns = [
     path("v1/internal/state", edge.api_route()(api_views.state)),
     path("v1/internal/models", edge.api_route()(api_views.admin_models)),
     re_path(
-        r"^v1/internal/models/(?P<model_id>[^/]+)/(?P<action>load|unload)$",
+        r"^v1/internal/models/(?P<model_id>.+)/(?P<action>load|unload)$",
         edge.api_route(("POST",))(api_views.admin_models),
     ),
     # the Batch API (batches/): files for its input and output, batches
