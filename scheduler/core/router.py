@@ -349,8 +349,11 @@ class Router:
                 state[mid] = ModelState.UNLOADING  # the admin's unload, once its work is done
                 plan.unload.append((mid, None))
         # slots that will be free without a new reservation: models stopping, or drained by the admin
-        # (a pinned model's, the FIM model's, frees no slot: it does not count)
-        coming = sum(1 for mid, s in state.items() if s in (ModelState.UNLOADING, ModelState.DRAINING) and not self.models[mid].spec.pinned)
+        # (a pinned model's, the FIM model's, frees no slot: it does not count). A model the admin
+        # drains frees its slot only once its work ends (a long job: hours), so a request waits for
+        # it only when no idle model can go now
+        coming = sum(1 for mid, s in state.items() if s is ModelState.UNLOADING and not self.models[mid].spec.pinned)
+        drained = sum(1 for mid, s in state.items() if s is ModelState.DRAINING and not self.models[mid].spec.pinned)
         reserved: set[str] = set()  # kept for a better request's swap: takes no more work
         claimed: set[str] = set()  # a better request waits for one of its lanes: not a victim
 
@@ -358,7 +361,7 @@ class Router:
             return sum(1 for mid, s in state.items() if s is not ModelState.UNLOADED and not self.models[mid].spec.pinned)
 
         def take_slot(model: str, why: Waiting | None) -> bool:
-            nonlocal coming
+            nonlocal coming, drained
             if self.models[model].spec.pinned or occupied() < self.config.max_loaded_models:
                 state[model] = ModelState.LOADING
                 plan.load.append((model, why))
@@ -369,6 +372,9 @@ class Router:
             victims = [v for v, s in state.items() if s is ModelState.LOADED and v not in reserved and v not in claimed and not self.models[v].spec.pinned]
             if why is None:  # the admin's Load: "when a slot is free or an idle model can go", never
                 victims = [v for v in victims if inflight[v] == 0]  # a busy one (shown draining, it went on taking work)
+            if drained > 0 and not any(inflight[v] == 0 for v in victims):
+                drained -= 1  # no idle model can go: wait for the slot the admin frees, reserve no busy one
+                return False
             if not victims:
                 return False
             # a busy model already reserved stays the victim: its last use moves as its work ends,
