@@ -936,10 +936,16 @@ class EngineWorker:
             self._maybe_snapshot()
             if self.link is not None:
                 self.link.flush()
+        # the ends no tick processed: a cancel that emptied a draining worker stopped it at once
+        self._process(self.scheduler.drain_events())
         # the drain ran out of time: every job left ends with an error its client sees
         cut = [(ctx.conn, job_id) for job_id, ctx in self.contexts.items()] + [(conn, job_id) for job_id, conn in self.preparing.items()]
         for job_id in list(self.contexts):
-            self.scheduler.cancel(job_id)
+            # an error its client sees (shutdown), as an engine error: not a cancel, which
+            # superfluid_cancelled_total counts for clients that left
+            job = self.scheduler.jobs.get(job_id)
+            if job is not None and self.scheduler.cancel(job_id, reason="error"):
+                self.metrics.on_finished(job, "error")
         self.contexts.clear()
         self.preparing.clear()
         self._arrived.clear()
