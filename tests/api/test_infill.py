@@ -51,10 +51,7 @@ class FimSim(SimEngine):
 class FimSimWorker(SimWorker):
     """tests/edge/inproc.py's simulated worker, its engine with FIM tokens."""
 
-    def make_worker(self) -> EngineWorker:
-        clock = FakeClock()
-        engine = FimSim(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
-        return EngineWorker(engine, SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx), model_name=MODEL, clock=clock, prepare_in_thread=True)
+    engine_class = FimSim
 
 
 class FakeConn:

@@ -92,16 +92,20 @@ class World:
         self.router.unloaded(model)
         self.step()
 
+    def swaps_end(self) -> None:
+        """Every unload under way ends, then every load under way succeeds."""
+        for model in sorted(self.unloading):
+            self.unload_done(model)
+        for model in sorted(self.loading):
+            self.load_done(model)
+
     def run_out(self) -> None:
         """Every load succeeds, every unload ends, every request finishes: nothing may be left
         waiting."""
         for _ in range(500):
             if not (self.router.waiting or self.running or self.loading or self.unloading):
                 return
-            for model in sorted(self.unloading):
-                self.unload_done(model)
-            for model in sorted(self.loading):
-                self.load_done(model)
+            self.swaps_end()
             for rid in list(self.running):
                 self.finish(rid)
             self.clock.advance(1)
@@ -172,10 +176,7 @@ def test_a_swap_with_several_priorities_waiting_serves_them_in_score_order() -> 
     for _ in range(20):
         for rid in list(world.running):
             world.finish(rid)
-        for m in sorted(world.unloading):
-            world.unload_done(m)
-        for m in sorted(world.loading):
-            world.load_done(m)
+        world.swaps_end()
     assert world.started == [a1, a_chat, c, b, a_batch]
     assert not world.router.waiting
 
@@ -212,10 +213,7 @@ def test_a_batch_request_for_another_model_runs_behind_a_steady_stream_of_normal
         rid = next(r for r in world.running if world.running[r][0] == "A") if world.running else None
         if rid is not None:
             world.finish(rid)
-        for m in sorted(world.unloading):
-            world.unload_done(m)
-        for m in sorted(world.loading):
-            world.load_done(m)
+        world.swaps_end()
         if batch in world.started:
             break
         world.submit("A")

@@ -53,7 +53,10 @@ class Reply:
 
 
 class SimWorker:
-    """How the in-process transport makes its worker: EngineWorker + SimEngine, on a thread."""
+    """How the in-process transport makes its worker: EngineWorker + SimEngine, on a thread.
+    A subclass names another simulated engine as ``engine_class``."""
+
+    engine_class: type[SimEngine] = SimEngine
 
     def __init__(self, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0) -> None:
         self.lanes, self.lane_ctx, self.step_sleep_s = lanes, lane_ctx, step_sleep_s
@@ -61,7 +64,7 @@ class SimWorker:
 
     def make_worker(self) -> EngineWorker:
         clock = FakeClock()
-        engine = SimEngine(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
+        engine = self.engine_class(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
         if self.step_sleep_s > 0:  # a slower engine, for streams that must still be running
             engine.on_call = lambda _n: time.sleep(self.step_sleep_s)
         config = SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx)

@@ -29,11 +29,9 @@ from django.test import override_settings
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import LaneBind
 from scheduler.engines.base import Step
-from scheduler.engines.sim import EOG_TOKEN, FakeClock, SimEngine
-from scheduler.worker.loop import EngineWorker
+from scheduler.engines.sim import EOG_TOKEN, SimEngine
 
 from .inproc import JSON, MODEL, SimWorker, attached, request
 
@@ -126,11 +124,7 @@ class ScriptEngine(SimEngine):
 
 
 class ScriptWorker(SimWorker):
-    def make_worker(self) -> EngineWorker:
-        clock = FakeClock()
-        engine = ScriptEngine(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
-        config = SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx)
-        return EngineWorker(engine, config, model_name=MODEL, clock=clock, prepare_in_thread=True)
+    engine_class = ScriptEngine
 
 
 @pytest.fixture
@@ -478,11 +472,7 @@ class SpacePrefixEngine(ScriptEngine):
 
 
 class SpacePrefixWorker(SimWorker):
-    def make_worker(self) -> EngineWorker:
-        clock = FakeClock()
-        engine = SpacePrefixEngine(n_lanes=self.lanes, lane_ctx=self.lane_ctx, clock=clock)
-        config = SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx)
-        return EngineWorker(engine, config, model_name=MODEL, clock=clock, prepare_in_thread=True)
+    engine_class = SpacePrefixEngine
 
 
 def test_echoed_completion_offsets_index_the_text_streamed_or_not() -> None:
