@@ -674,7 +674,9 @@ def _parse_content(content: Any, role: str, where: str) -> str:
         if not isinstance(text, str):
             raise _invalid_type(f"{part_where}.text", "a string")
         texts.append(text)
-    return "".join(texts)
+    # one part a line, as llama.cpp's server and vLLM join text parts: an editor that sends a
+    # file and a question as two parts must not have the file's last line run into the question
+    return "\n".join(texts)
 
 
 def _check_silently_accepted(body: Mapping[str, Any], kinds: Mapping[str, type]) -> None:

@@ -223,19 +223,23 @@ def test_developer_role_is_mapped_to_system() -> None:
     assert req.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 
 
-def test_text_content_parts_are_concatenated() -> None:
-    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+def test_text_content_parts_are_joined_one_a_line_as_llama_server_and_vllm_join_them() -> None:
+    """Joined with nothing between them, a file sent as one part ran into the question sent as
+    the next ("...return x" + "What does this do?" read "return xWhat does this do?")."""
+    parts = [{"type": "text", "text": "def f(x):\n    return x"}, {"type": "text", "text": "What does this do?"}]
     assert chat(messages=[{"role": "user", "content": parts}]).messages == [
-        {"role": "user", "content": "Hello, world"}
+        {"role": "user", "content": "def f(x):\n    return x\nWhat does this do?"}
     ]
+    # one part is its text as it came
+    assert chat(messages=[{"role": "user", "content": parts[:1]}]).messages[0]["content"] == "def f(x):\n    return x"
 
 
 def test_an_assistant_turns_refusal_part_is_read_as_its_text_and_refused_elsewhere() -> None:
     """OpenAI's assistant content is text or refusal parts (the openai package's
     ChatCompletionContentPartRefusalParam): a client sending a refusal back got a 400."""
-    parts = [{"type": "text", "text": "No: "}, {"type": "refusal", "refusal": "I cannot help with that."}]
+    parts = [{"type": "text", "text": "No:"}, {"type": "refusal", "refusal": "I cannot help with that."}]
     req = chat(messages=[*USER, {"role": "assistant", "content": parts}, {"role": "user", "content": "ok"}])
-    assert req.messages[1] == {"role": "assistant", "content": "No: I cannot help with that."}
+    assert req.messages[1] == {"role": "assistant", "content": "No:\nI cannot help with that."}
     assert_400(chat_error(messages=[*USER, {"role": "assistant", "content": [{"type": "refusal", "refusal": 3}]}]),
                "messages[1].content[0].refusal", "invalid_type")
     # a refusal is the assistant's: on a user turn it is still an unsupported part
