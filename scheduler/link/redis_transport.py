@@ -370,7 +370,7 @@ class RedisTransport(Transport):
         would otherwise run for nobody (ahead of newer work, once aged) when one comes back."""
         self.open.discard(handle.job_id)
         if self.inflight.pop(handle.job_id, None) is not None:
-            await self._send(encode(Cancel(handle.job_id)))
+            await self._send_cancel(handle.job_id)
 
     def _fail(self, handle: JobHandle, reason: str, detail: str) -> None:
         """The client gets the error; the job, wherever it is in Redis, is cancelled at the next

@@ -196,17 +196,24 @@ class Transport(ABC):
                 raise
         return handle
 
-    def _abandon(self, job_id: str) -> None:
+    def _abandon(self, job_id: str) -> asyncio.Task[None]:
         """Cancel at the worker a job whose submit may have been sent, from a task of its own
         (the caller is being cancelled)."""
-        spawn(self._abandoning, self._send(encode(Cancel(job_id))))
+        return spawn(self._abandoning, self._send(encode(Cancel(job_id))))
+
+    async def _send_cancel(self, job_id: str) -> None:
+        """Send a job's Cancel and wait for it, from a task of its own: a consumer sends it from
+        its clean-up, and a second cancel there (daphne cancels an application still running past
+        its close timeout) then ends the wait, not the send. Cut off before it went out, the
+        job ran on to its last token for nobody."""
+        await asyncio.shield(self._abandon(job_id))
 
     async def cancel(self, handle: JobHandle) -> None:
         self.open.discard(handle.job_id)
         if self.inflight.pop(handle.job_id, None) is not None:
             self._cleared(handle.job_id)
             if self.connected:
-                await self._send(encode(Cancel(handle.job_id)))
+                await self._send_cancel(handle.job_id)
 
     def requests_in_flight(self) -> int:
         """Client requests with a job at the worker: the jobs of one request (its choices, its
