@@ -25,7 +25,12 @@ def main():
             "available on your PYTHONPATH environment variable? Did you "
             "forget to activate a virtual environment?"
         ) from exc
-    execute_from_command_line(sys.argv)
+    from superfluid_site.env import EnvError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except EnvError as exc:  # a bad SUPERFLUID_* value: one line naming it, not a traceback
+        sys.exit(f"{sys.argv[1] if len(sys.argv) > 1 else 'manage.py'}: {exc}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ one (E004: numbers no flag sets) runs before they start.
 - ``superfluid.E004``: a number only the environment sets (``SUPERFLUID_ENGINE_WAIT_S``, the
   activity retention, the Batch API's bounds) is outside its range.
 - ``superfluid.W001``: keys are required (``SUPERFLUID_REQUIRE_KEY``, or ``SUPERFLUID_HOST``
-  beyond loopback) and no usable API key exists: every API request would get 401.
+  beyond loopback) and no usable API key exists (in the database, ``SUPERFLUID_API_KEY`` or the
+  ``--key-policy`` file): every API request would get 401.
 
 The registered check reads the environment (what every flag defaults to); each helper takes its
 values as arguments, so the same rules apply to flags given on the command line.
@@ -53,9 +54,10 @@ def model_errors(path_text: str) -> list[checks.CheckMessage]:
     return []
 
 
-def usable_key_exists() -> bool:
+def usable_key_exists(policy_file: str = "") -> bool:
     """Whether the database holds an API key that is neither revoked nor expired (False before
-    the first migration: none exists yet), or SUPERFLUID_API_KEY sets a static one."""
+    the first migration: none exists yet), SUPERFLUID_API_KEY sets a static one, or the
+    ``--key-policy`` file ``policy_file`` lists one."""
     from django.conf import settings
     from django.db import DatabaseError
     from django.utils import timezone
@@ -64,6 +66,14 @@ def usable_key_exists() -> bool:
 
     if getattr(settings, "SUPERFLUID_API_KEY_SHA256", ""):
         return True
+    if policy_file:
+        from keys.policyfile import PolicyFileError, load_policy_file
+
+        try:
+            if load_policy_file(policy_file):
+                return True
+        except PolicyFileError:
+            pass  # serve refuses the file itself; its keys are no keys
     try:
         usable = ApiKey.objects.filter(revoked=False).exclude(expires__lte=timezone.now())
         return usable.exists()
@@ -118,7 +128,8 @@ def check_serving_environment(app_configs: Any = None, **kwargs: Any) -> list[ch
         max_batch = env_int("SUPERFLUID_MAX_BATCH", 8)
         messages = class_lanes_errors(env_str("SUPERFLUID_CLASS_LANES", ""), max_batch)
         messages += model_errors(env_str("SUPERFLUID_MODEL", ""))
-        messages += binding_warnings(env_str("SUPERFLUID_HOST", "127.0.0.1"), env_bool("SUPERFLUID_REQUIRE_KEY", False))
+        policy_file = env_str("SUPERFLUID_KEY_POLICY", "")
+        messages += binding_warnings(env_str("SUPERFLUID_HOST", "127.0.0.1"), env_bool("SUPERFLUID_REQUIRE_KEY", False), lambda: usable_key_exists(policy_file))
     except EnvError as exc:
         return [checks.Error(str(exc), id="superfluid.E003")]
     return messages

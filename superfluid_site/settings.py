@@ -7,6 +7,7 @@ serve builds that from its flags and nothing changes these settings at run time.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -164,13 +165,23 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 
+
+def _log_level(name: str, default: str) -> str:
+    """A logging level's name in any case (``debug``); any other text stops the process naming
+    the variable (logging itself refused it with "Unable to configure logger", naming none)."""
+    level = env_str(name, default).strip().upper()
+    if level not in logging.getLevelNamesMapping():
+        raise EnvError(f"{name}={os.environ.get(name)!r} is not a logging level (use DEBUG, INFO, WARNING, ERROR or CRITICAL)")
+    return level
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "superfluid": {"handlers": ["console"], "level": env_str("SUPERFLUID_LOG_LEVEL", "INFO"), "propagate": False},
+        "superfluid": {"handlers": ["console"], "level": _log_level("SUPERFLUID_LOG_LEVEL", "INFO"), "propagate": False},
     },
 }
 

@@ -87,9 +87,12 @@ def check_not_listening(path: str) -> None:
     """``ValueError`` if a live process listens on the socket ``path`` (another engine worker:
     binding would take its name from under it, leaving two workers and serve talking to one);
     a stale socket file, which refuses connections, is left for :meth:`LinkServer.start` to
-    replace."""
+    replace. ``ValueError`` too if ``path`` is something else than a socket (a regular file: a
+    typo'd path, the database), which binding would have deleted."""
     if not os.path.exists(path):
         return
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise ValueError(f"{path} exists and is not a socket: give the link socket a path of its own")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)

@@ -575,13 +575,15 @@ class Command(FlagsCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         check_bind_options(options)  # before the database is migrated and a worker started
         models = self._models(options)
-        config = scheduler_config(options)  # validates the flags before anything starts
         pool_setup = None
         engine = ""
         if models is None:
+            config = scheduler_config(options)  # validates the flags before anything starts
             model = resolve_model(options)
             engine = choose_engine(options["engine"], model)  # a model no engine can load fails here, not in the worker
         else:
+            # the flags are validated against each model's own lanes and context there (a file's
+            # max_batch 16 takes --class-lanes agent=12, which --max-batch's 8 refused)
             pool_setup = self._pool_setup(models, options)
         try:
             default_qos = parse_qos(options["http_default_qos"])
@@ -626,17 +628,18 @@ class Command(FlagsCommand):
 
         call_command("migrate", interactive=False, verbosity=0)
         # superfluid.W001 for the flags as given (the registered check reads the environment)
-        from scheduler.checks import binding_warnings
+        from scheduler.checks import binding_warnings, usable_key_exists
 
-        for warning in binding_warnings(options["host"], options["require_key"]):
+        for warning in binding_warnings(options["host"], options["require_key"], lambda: usable_key_exists(options["key_policy"])):
             self.stderr.write(f"WARNING: ({warning.id}) {warning.msg}\n\tHINT: {warning.hint}")
 
         socket_path = options["socket"]
         if socket_path:
-            from scheduler.worker.server import check_private_dir
+            from scheduler.worker.server import check_not_listening, check_private_dir
 
             try:
                 check_private_dir(socket_path)
+                check_not_listening(socket_path)  # a file there is not the worker's to delete
             except (OSError, ValueError) as exc:
                 raise CommandError(f"--socket: {exc}") from None
         serving_config = ServingConfig.from_settings(
