@@ -226,12 +226,15 @@ class GenerationRequest:
     def choices(self) -> list[GenerationRequest]:
         """One single-choice request per choice, in OpenAI's ``index`` order: prompt by prompt,
         ``n`` choices each (index = prompt * n + j). With a ``seed``, choice j samples with
-        ``seed + j``: the same request gives the same choices, and they differ from each other."""
+        ``seed + j``: the same request gives the same choices, and they differ from each other.
+        A seed that both engines read as "random" (``-1``: its low 32 bits all ones, llama.cpp's
+        LLAMA_DEFAULT_SEED) leaves every choice random, not only the first."""
         prompts: list[Any] = list(self.prompts) if self.prompts is not None else [self.prompt]
         out: list[GenerationRequest] = []
+        random = self.seed is not None and self.seed & 0xFFFFFFFF == 0xFFFFFFFF
         for prompt in prompts:
             for j in range(self.n):
-                seed = self.seed
+                seed = None if random else self.seed
                 if seed is not None and j:
                     seed = (seed + j - _INT64_MIN) % 2**64 + _INT64_MIN
                 out.append(dataclasses.replace(

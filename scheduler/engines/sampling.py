@@ -25,6 +25,7 @@ PENALTY_LAST_N = 64  # as the llama.cpp engine's _PENALTY_LAST_N
 # the grammar allows only banned tokens the draw still lands on one it allows.
 BAN = -1.0e9
 _F32_MAX = float(np.finfo(np.float32).max)
+_LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "draw a random seed"
 
 
 class TokenConstraint(Protocol):
@@ -65,8 +66,12 @@ class LaneSampler:
         self.penalised = (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         )
-        # seed None: a fresh random stream, as LLAMA_DEFAULT_SEED asks llama.cpp for
-        self.rng = np.random.default_rng(None if params.seed is None else params.seed & 0xFFFFFFFF)
+        # seed None: a fresh random stream, as LLAMA_DEFAULT_SEED asks llama.cpp for; so does a
+        # seed that is LLAMA_DEFAULT_SEED in llama.cpp's 32 bits (llama-server's -1, "random")
+        seed = None if params.seed is None else params.seed & 0xFFFFFFFF
+        if seed == _LLAMA_DEFAULT_SEED:
+            seed = None
+        self.rng = np.random.default_rng(seed)
         # replaying what the lane generated before (a parked lane bound again) rebuilds the
         # penalties' window and the grammar's state
         replayed = 0
@@ -76,7 +81,7 @@ class LaneSampler:
         # and the random stream goes on past the draws made before (``draws``, a parked
         # sampler's count; else one per token), not from the seed
         self.draws = replayed if draws is None else draws
-        if self.draws and params.temperature > 0.0 and params.seed is not None:
+        if self.draws and params.temperature > 0.0 and seed is not None:
             self.rng.random(self.draws)  # Generator.choice(p=...) takes one double per draw
 
     def accept(self, token: int) -> None:

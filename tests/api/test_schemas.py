@@ -606,7 +606,15 @@ def test_choices_are_ordered_prompt_by_prompt_n_each_with_distinct_seeds() -> No
     assert [c.prompt for c in choices] == ["a", "a", "a", "b", "b", "b"]
     assert [c.seed for c in choices] == [7, 8, 9, 7, 8, 9]
     assert [c.seed for c in completion(n=2).choices()] == [None, None]
-    assert completion(n=2, seed=2**63 - 1).choices()[1].seed == -(2**63)  # wraps in int64
+    assert completion(n=3, seed=2**63 - 2).choices()[2].seed == -(2**63)  # wraps in int64
+
+
+def test_seed_minus_one_leaves_every_choice_random_not_only_the_first() -> None:
+    """``seed: -1`` (llama-server's "random"; any seed whose low 32 bits are all ones, which both
+    engines read as llama.cpp's LLAMA_DEFAULT_SEED) gave choice 0 a random draw but choices 1 and
+    2 the fixed seeds 0 and 1: the same two replies on every "regenerate"."""
+    for seed in (-1, 2**32 - 1, 2**63 - 1):
+        assert [c.seed for c in completion(n=3, seed=seed).choices()] == [None, None, None]
 
 
 def test_a_single_prompt_in_a_list_is_just_that_prompt() -> None:
