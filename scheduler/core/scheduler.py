@@ -400,21 +400,24 @@ class Scheduler:
         parked, nothing generated yet) that is not batch-invariant, with the cache on."""
         return self.config.prefix_cache and not job.batch_invariant and job.parked is None and not job.output
 
-    def _kept_match(self, job: Job, lane: int) -> int:
+    def _kept_match(self, job: Job, lane: int, *, taken: bool = False) -> int:
         """Tokens of ``job``'s prompt that ``lane``'s kept KV already holds (0 if another
         scope's, none, or too few to count); at least one prompt token is left to feed.
 
         A match counts from ``min_prefix_tokens`` up, or when the lane holds the whole prompt
         but the token fed to sample from (a short prompt sent again: a retry, a regenerate, a
         fixed prompt), as llama-server's slots reuse theirs. Fewer shared tokens (a chat
-        template's opening, say) do not count: taking the lane for them would empty KV that its
-        own conversation's next turn may still come back for."""
+        template's opening, say) do not count when choosing a lane: taking the lane for them
+        would empty KV that its own conversation's next turn may still come back for. Once the
+        job has the lane anyway (``taken``: no empty lane was left), they count: the lane's KV
+        is cut to what the job shares instead of emptied, as llama-server's slots keep the
+        longest common prefix whatever its length."""
         kept = self._kept.get(lane)
         if kept is None or kept.scope != job.cache_scope or not self._seeds_from_prefix(job):
             return 0
         whole = len(job.prompt) - 1
         n = min(common_prefix(kept.tokens, job.prompt), whole)
-        return n if n >= self.config.min_prefix_tokens or (n and n == whole) else 0
+        return n if taken or n >= self.config.min_prefix_tokens or (n and n == whole) else 0
 
     def _lane_for(self, job: Job, free: list[int]) -> int:
         """The free lane ``job`` takes: the one whose kept KV shares the most of its prompt;
@@ -483,7 +486,7 @@ class Scheduler:
     def _bind(self, plan: TickPlan, job: Job, lane: int, now: float) -> None:
         job.waited_s = self.queues.waited(job, now)
         self.queues.pop(job)
-        kept_n = self._kept_match(job, lane)
+        kept_n = self._kept_match(job, lane, taken=True)
         kept = self._kept.pop(lane, None)
         job.state = JobState.RUNNING
         job.lane = lane

@@ -118,6 +118,31 @@ def test_with_every_lane_kept_the_one_kept_longest_ago_is_emptied_first() -> Non
     assert_kv_matches(sched, engine)
 
 
+@pytest.mark.parametrize("shared_opening", [5, 31], ids=["a chat template's opening", "one below min_prefix_tokens"])
+def test_a_kept_lane_taken_anyway_keeps_what_the_newcomer_shares_however_little(shared_opening: int) -> None:
+    """With every lane kept, a newcomer takes the one kept longest ago whatever it shares. Its KV
+    was emptied even where it began with the newcomer's first tokens (every chat request opens
+    with its template's), and the newcomer prefilled them again; llama-server's slots keep the
+    longest common prefix. Now the lane is cut to what the two share."""
+    sched, engine, clock = make_scheduler(max_batch=2)
+    for job_id in ("old", "new"):
+        sched.add(make_job(100, job_id=job_id, max_tokens=2))
+        run_until_idle(sched, engine)
+        clock.advance(5)
+    old_prompt = list(engine.kv[0][:shared_opening])  # lane 0 kept "old", the lane kept longest ago
+    newcomer = make_job(50, job_id="newcomer", max_tokens=2)
+    newcomer.prompt = old_prompt + newcomer.prompt[shared_opening:]
+    sched.add(newcomer)
+    plan = sched.step()
+    assert newcomer.lane == 0 and plan.trim == [(0, shared_opening)]
+    assert [len(f.tokens) for f in plan.feeds] == [50 - shared_opening]
+    sched.commit(engine.execute(plan, lambda: False))
+    assert_kv_matches(sched, engine)
+    run_until_idle(sched, engine)
+    assert newcomer.cached_tokens == shared_opening and newcomer.output  # it ran on the KV it kept
+    assert sched.pool.counters["prefix_tokens_reused"] == shared_opening
+
+
 def test_another_scope_never_reuses_a_kept_lane() -> None:
     sched, engine, _ = make_scheduler(max_batch=1)
     a = make_job(200, job_id="a", max_tokens=4)

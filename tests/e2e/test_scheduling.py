@@ -115,7 +115,9 @@ def test_requests_sharing_a_long_system_prompt_report_it_as_cached_tokens(server
         t.join(180)
     prompt = results[0]["prompt_tokens"]
     cached = [results[i]["prompt_tokens_details"]["cached_tokens"] for i in range(4)]
-    assert cached[0] == 0 and all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
+    # the first prefilled its prompt (but for a chat template's opening that a kept lane it took
+    # may share: fewer than min_prefix_tokens)
+    assert cached[0] < 32 and all(c > prompt // 2 for c in cached[1:]), (cached, prompt)
 
 
 def test_the_priority_header_alone_picks_the_class_of_its_band(server: RunningServer) -> None:
