@@ -246,6 +246,12 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             f"--ctx-size {options['ctx_size']} for {sequences} sequences (--max-batch lanes and --prefix-cache-slots) "
             f"is more than one context holds ({MAX_CONTEXT_CELLS} cells): lower --ctx-size"
         )
+    if not 0 < options["pressure_low"] < options["pressure_high"] <= 100:
+        # the flags are percentages: SchedulerConfig's own message speaks of fractions
+        raise CommandError(
+            f"--pressure-low and --pressure-high are percentages with 0 < low < high <= 100; "
+            f"got --pressure-low {options['pressure_low']} --pressure-high {options['pressure_high']}"
+        )
     try:
         return SchedulerConfig(
             max_batch=max_batch,

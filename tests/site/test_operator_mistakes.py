@@ -132,3 +132,11 @@ def test_a_bad_variable_stops_any_command_with_one_line_naming_it(tmp_path: Path
     out = subprocess.run([sys.executable, "manage.py", "check"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip() == "check: SUPERFLUID_MAX_QUEUE='abc' is not an integer"
+
+
+@pytest.mark.parametrize(("low", "high"), [("70", "150"), ("90", "85"), ("0", "85")])
+def test_pressure_watermarks_out_of_range_are_refused_in_the_flags_own_percentages(low: str, high: str) -> None:
+    """The flags take percentages (85); `--pressure-high 150` was refused with "pressure
+    watermarks need 0 < low < high <= 1", a rule in fractions no flag takes."""
+    with pytest.raises(CommandError, match=rf"percentages with 0 < low < high <= 100; got --pressure-low {low} --pressure-high {high}"):
+        call_command("serve", "--pressure-low", low, "--pressure-high", high)
