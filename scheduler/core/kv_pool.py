@@ -249,11 +249,15 @@ class KvPool:
             entry.pinned = False
 
     def clear_device(self, ops: PoolOps) -> None:
-        """Drop every device-cached prefix (after the engine refused a plan)."""
+        """Drop every device-cached prefix (after the engine refused a plan), and any store
+        ``ops`` still plans into their slots."""
+        dropped = set()
         for entry in self.device_entries():
             assert entry.slot is not None
             ops.drop.append(entry.slot)
+            dropped.add(entry.slot)
             del self.entries[entry.key]
+        ops.store = [store for store in ops.store if store[1] not in dropped]
 
     # -- internals ---------------------------------------------------------------------
 
@@ -279,6 +283,10 @@ class KvPool:
         entry.pending = True  # not usable until the engine hands over the artifact
 
     def _trim_host(self) -> None:
+        # a prefix bigger than the whole host cache never fits: it goes alone, not with the rest
+        for oversized in [e for e in self.host_entries() if e.host_bytes > self.config.host_cache_bytes]:
+            del self.entries[oversized.key]
+            self.counters["host_drops"] += 1
         hosted = sorted(self.host_entries(), key=lambda e: e.last_used_s)
         while hosted and self.host_bytes() > self.config.host_cache_bytes:
             victim = hosted.pop(0)

@@ -360,6 +360,8 @@ class Scheduler:
     # -- internals --------------------------------------------------------------------
 
     def _finish(self, job: Job, reason: str) -> None:
+        if job.lane is not None and reason in KEEP_REASONS:
+            self._store_pin_at_end(job)
         self._stored.discard(job.job_id)
         self._aged_ahead.pop(job.job_id, None)
         self._decoded_at.pop(job.job_id, None)
@@ -570,16 +572,34 @@ class Scheduler:
         job.share_from, job.share_tokens = None, 0
 
     def _share_prefixes(self, plan: TickPlan, now: float) -> None:
-        """Lanes waiting for a leader's prefix: copy it once ready; stop waiting if it left."""
+        """Lanes waiting for a leader's prefix: copy it once ready; stop waiting if it left (a
+        leader that ended in the tick its prefill completed, at its first token, left the
+        prefix in its kept lane: copied from there)."""
         for job in self.lanes:
             if job is None or job.share_from is None:
                 continue
             leader = self.jobs.get(job.share_from)
             if leader is None or leader.state is not JobState.RUNNING or leader.lane is None:
+                self._copy_from_kept(plan, job, now)
                 job.share_from, job.share_tokens = None, 0
                 continue
             if leader.computed >= job.share_tokens and job.computed == 0:
                 self._copy_from_lane(plan, leader, job, job.share_tokens, now)
+
+    def _copy_from_kept(self, plan: TickPlan, job: Job, now: float) -> None:
+        """Seed ``job``, whose leader left, from a kept lane of its scope holding the prefix it
+        waited for, one this plan does not bind (a bound one is trimmed before copies run)."""
+        n = job.share_tokens
+        if n <= 0 or job.computed != 0 or job.lane is None:
+            return
+        for lane, kept in self._kept.items():
+            if kept.scope == job.cache_scope and len(kept.tokens) >= n and kept.tokens[:n] == job.prompt[:n] and not _bound_in(plan, lane):
+                self.pool.store(plan.pool, lane, job.prompt[:n], now, scope=job.cache_scope)
+                plan.pool.copy.append((lane, job.lane, n))
+                self.pool.counters["prefix_hits"] += 1
+                self.pool.counters["prefix_tokens_reused"] += n
+                job.computed = job.cached_tokens = n
+                return
 
     def _store_pinned(self, plan: TickPlan, now: float) -> None:
         """A request that asked for its prompt to be pinned is cached once its prefill is done."""
@@ -594,6 +614,15 @@ class Scheduler:
             stored = self.pool.store(plan.pool, job.lane, job.prompt, now, pinned=True, scope=job.cache_scope)
             if stored is not None or len(job.prompt) < self.pool.config.min_prefix_tokens:
                 self._stored.add(job.job_id)  # else every slot is filled or copied from: next tick
+
+    def _store_pin_at_end(self, job: Job) -> None:
+        """A pinned prompt whose job ends before a tick stored it (at its first token: max_tokens
+        1, an end of generation) is stored at the next tick from the lane the job leaves: that
+        tick's stores run before its lanes are released, trimmed or refilled."""
+        if not self.config.prefix_cache or not job.pin_prefix or job.batch_invariant or job.job_id in self._stored or job.prefilling:
+            return
+        assert job.lane is not None
+        self.pool.store(self._pending_pool, job.lane, job.prompt, self.clock(), pinned=True, scope=job.cache_scope)
 
     def _decoding_together(self) -> list[int]:
         """Lanes whose jobs run in one decode round: all but batch-invariant ones (each ticks

@@ -148,3 +148,22 @@ def test_any_schedule_gives_every_request_the_reply_it_gets_alone(
     engine: Any, family: list[list[int]], plan: list[Arrival], config: SchedulerConfig, aborts: set[int], stops: set[int], cancels: dict[int, int], pressure: set[int]
 ) -> None:
     run_schedule(engine, family, config, plan, aborts=aborts, stops=stops, cancels=cancels, pressure=pressure)
+
+
+def test_a_follower_whose_leader_ends_at_its_first_token_copies_the_prefix_from_its_kept_lane(engine: Any, family: list[list[int]]) -> None:
+    """The leader prefills in 64-token steps and ends at its first token (max_tokens 1); the
+    follower, which waited for that prefix, copies it from the leader's kept lane and replies
+    as it does alone."""
+    plan = [Arrival(0, 0, 1, QosClass.AGENT, False), Arrival(0, 3, 6, QosClass.AGENT, False)]
+    counters = run_schedule(engine, family, config_of(2, 64, 64.0, True, False, 2), plan)
+    assert counters["prefix_tokens_reused"] >= len(family[0]) - 1
+
+
+def test_a_pinned_warm_up_request_with_max_tokens_1_pins_its_prompt_and_a_later_one_is_seeded_from_it(engine: Any, family: list[list[int]]) -> None:
+    """One lane: a pinned request with max_tokens 1 ends in the tick its prefill completes; its
+    prompt is stored pinned from the lane it left, another request takes that lane, and a later
+    request extending the pinned prompt is seeded from the cache and replies as it does alone."""
+    plan = [Arrival(0, 0, 1, QosClass.AGENT, True), Arrival(3, 5, 4, QosClass.AGENT, False), Arrival(12, 3, 6, QosClass.AGENT, False)]
+    counters = run_schedule(engine, family, config_of(1, 4096, 2000.0, True, False, 2), plan)
+    assert counters["stored"] == 1
+    assert counters["prefix_tokens_reused"] >= len(family[0]) - 1
