@@ -117,6 +117,14 @@ def dashboard_state(state: Mapping[str, Any], keys: Mapping[str, str | None] | N
     }
 
 
+def worker_away(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker's last snapshot once it is gone (crashed, restarting): its lanes idle, nothing
+    queued or parked at it, none of its KV in use; its model, lane count and context as they were."""
+    lanes = [{"lane": lane.get("lane", i), "state": "idle"} for i, lane in enumerate(state.get("lanes") or [])]
+    pool = {"blocks_total": (state.get("pool") or {}).get("blocks_total", 0)}
+    return {**state, "lanes": lanes, "queue_depth": {}, "parked": [], "pool": pool}
+
+
 def models_view(loop: asyncio.AbstractEventLoop | None = None) -> dict[str, Any]:
     """With several models (the router's pool on this event loop): every resident model's lanes
     (``models``) and the router's queue by band (``router_queue``); ``{}`` without a pool."""
@@ -165,6 +173,9 @@ def full_state(state: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None 
         return {**dashboard_state(state, lane_keys(loop)), **models_view(loop)}
     if pool.link.snapshot:
         state = pool.link.snapshot
+        latest = pool.links.get(pool.last_model) if pool.last_model else None
+        if latest is not None and not getattr(latest, "connected", True):
+            state = worker_away(state)  # other models' snapshots keep the page live: not its lost worker's jobs
     totals = [worker_totals(link.snapshot, model) for model, link in list(pool.links.items()) if link.snapshot]
     return {**dashboard_state(state, lane_keys(loop)), "totals": totals, **models_view(loop)}
 

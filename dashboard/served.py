@@ -36,8 +36,9 @@ def pool_view(pool: Any) -> dict[str, Any]:
     rows = []
     for m in pool.models_state():
         link = pool.links.get(m["id"])
-        lanes = _lanes(link.snapshot if link is not None else None)
-        rows.append({**m, "resident": m["state"] in ("loading", "loaded", "draining"), "lane_list": lanes})
+        # a worker gone (crashed, restarting) has no lanes in use: its last snapshot's are nobody's
+        lanes = _lanes(link.snapshot if link is not None and getattr(link, "connected", True) else None)
+        rows.append({**m, "resident": m["state"] in ("loading", "loaded", "draining"), "lanes_in_use": _in_use(lanes), "lane_list": lanes})
     snap = pool.router.snapshot()
     return {"router": True, "scheduler": snap["scheduler"], "max_loaded_models": snap["max_loaded_models"], "queue": snap["queue"], "models": rows}
 

@@ -305,7 +305,7 @@
   }
 
   function render(s) {
-    $("model").textContent = !s.model && s.models && !s.models.length ? "no model loaded" :
+    $("model").textContent = !s.model && noWorkerRuns(s) ? "no model loaded" :
       (s.model || "?") + " · " + (s.engine || "") + " · " + (s.n_lanes || 0) + " lanes × " + (s.lane_ctx || 0) + " ctx" + (s.draining ? " · draining" : "");
     var now = s.t;
     renderLanes(s, now);
@@ -331,7 +331,7 @@
     document.body.classList.remove("stale");
   }
   // With several models and none loaded no worker runs to send snapshots: nothing is old then.
-  // s.models lists the resident models only: empty when none is (loading, with no worker yet, too).
+  // s.models lists the resident models only: empty when none is; one loading has no worker yet.
   function noWorkerRuns(s) {
     return !!(s && s.models && !s.models.some(function (m) { return m.state === "loaded" || m.state === "draining"; }));
   }

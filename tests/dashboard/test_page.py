@@ -219,3 +219,29 @@ def test_the_fleet_panel_says_so_when_no_worker_is_left(page: Any) -> None:
     pg.evaluate("(s) => window.__push(s)", {**gone, "t": 1_800_000_001.0})
     fleet, agent = pg.evaluate(shown)
     assert "lanes busy" not in fleet and "no worker" in fleet and agent == "3"
+
+
+def test_while_the_first_model_loads_the_header_says_no_model_is_loaded(page: Any) -> None:
+    """A model loading is resident, so the push's ``models`` is not empty, but no worker has sent
+    a snapshot yet: the header read "? ·  · 0 lanes × 0 ctx" for the whole load."""
+    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
+    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    pool.loop = loop
+    pool_mod._POOLS[-1] = pool
+    try:
+        pool.router.request_load("a")
+        pool.router.schedule()  # a loads; its worker has not said hello
+        push = {**full_state({"router": "waiting for a load"}, loop), "t": 1_800_000_000.0}
+    finally:
+        pool_mod._POOLS.pop(-1, None)
+        loop.close()
+    assert [m["state"] for m in push["models"]] == ["loading"] and push["model"] is None
+    pg = clocked_page(page)
+    try:
+        pg.evaluate("(s) => window.__push(s)", push)
+        pg.clock.run_for(10_000)
+        assert pg.evaluate("() => document.getElementById('conn').dataset.status") == "live"
+        assert pg.locator("#model").inner_text() == "no model loaded"
+    finally:
+        pg.close()

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.test import RequestFactory
 
-from dashboard.feed import full_state
-from dashboard.served import single_view
+from dashboard.feed import full_state, models_view
+from dashboard.served import pool_view, single_view
 from scheduler.link import pool as pool_mod
 from scheduler.link.pool import ModelPool, PoolSetup
 from scheduler.link.transport import JobHandle
@@ -107,3 +107,23 @@ def test_the_single_models_queue_shows_the_oldest_wait_of_each_band() -> None:
     queue = single_view(link)["queue"]
     assert queue == {"interactive": {"depth": 0, "oldest_wait_s": 0.0}, "normal": {"depth": 1, "oldest_wait_s": 1.25}, "batch": {"depth": 3, "oldest_wait_s": 742.5}}
     assert single_view(SimpleNamespace(hello=None, snapshot=None))["queue"]["batch"] == {"depth": 0, "oldest_wait_s": 0.0}  # no worker yet
+
+
+async def test_a_models_lost_worker_is_not_shown_with_busy_lanes(pool: ModelPool) -> None:
+    """With several models, a model whose worker went away (crashed: its supervisor is starting
+    another, which loads the model again before it says hello): the dashboard's Models panel and the
+    admin's Served models page showed its lost worker's last lanes as busy, as the single model's
+    page and /metrics no longer do."""
+    a: Any = pool.links["a"]
+    a.connected = False  # a's worker crashed; b's is there
+    pool.links["b"].connected = True  # type: ignore[attr-defined]
+    pool.router.request_load("a")
+    pool.router.schedule()
+    pool.router.loaded("a")  # loaded, as the router sees it: its worker's supervisor restarts it
+    rows = {m["id"]: m for m in pool_view(pool)["models"]}
+    assert (rows["a"]["lanes_in_use"], rows["a"]["lane_list"]) == (0, [])
+    assert rows["b"]["lanes_in_use"] == 1
+    shown = {m["id"]: m for m in models_view()["models"]}
+    assert shown["a"]["lanes_in_use"] == 0 and all(lane["state"] in (None, "idle") for lane in shown["a"]["lanes"])
+    pool.last_model = "a"  # the lanes panel draws the model used last: not its lost worker's job
+    assert all(lane.get("state") == "idle" or not lane.get("job_id") for lane in full_state({})["lanes"])
