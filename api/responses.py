@@ -674,7 +674,11 @@ class Reply:
         if not body:
             self.pending_space += text
             return ""
-        out, self.pending_space = self.pending_space + body, text[len(body) :]
+        if self.calls_sent and not self.content_sent:
+            # the content's start, after a call: the reply has calls, so its content is the text
+            # around them stripped, and whitespace before this is none of it
+            body, self.pending_space = body.lstrip(), ""
+        out, self.pending_space = self.pending_space + body, text[len(text.rstrip()) :]
         self.content_sent = True
         return out
 

@@ -227,11 +227,51 @@ def _converter() -> Any:
     from llama_cpp import llama_grammar
 
     llama_grammar._build_repetition = _compact_repetition  # looked up at each call
-    conv = llama_grammar.SchemaConverter(prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False)
+    # no prop_order: every object's properties in its schema's order (a call's schema lists
+    # "name" before "arguments"; an order for those two names reordered every schema's)
+    conv = llama_grammar.SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     conv._build_object_rule = functools.partial(_build_object_rule, conv)
     conv.visit = functools.partial(_visit, conv, conv.visit)  # its own recursive calls come here too
     conv._format_literal = _format_literal
+    conv._resolve_ref = functools.partial(_resolve_ref, conv, {}, set(), set())
     return conv
+
+
+# the rules this module names itself in a root it writes (a tool grammar's): no definition may
+# take their names
+_OWN_RULES = frozenset({"root", "call", "answer"})
+
+
+def _resolve_ref(conv: Any, rules: dict[str, str], names: set[str], recursive: set[str], ref: str) -> str:
+    """The rule for ``ref`` (a resolved reference: ``request-call#/$defs/args1/$defs/Item``), one
+    rule per reference. The converter named a definition's rule by the reference's last segment
+    and took any rule of that name already there for it: two tools' ``#/$defs/Item``, a tool's
+    and the answer format's, a property ``user`` beside ``#/$defs/user`` or a definition named
+    ``call`` got the other's rule. ``rules``: reference -> its rule's name, set before the
+    definition is visited, so a recursive reference (noted in ``recursive``) names the rule
+    being made; ``names``: the names handed out."""
+    from llama_cpp import llama_grammar
+
+    if ref in rules:
+        if rules[ref] not in conv._rules:
+            recursive.add(ref)
+        return rules[ref]
+    base = llama_grammar.INVALID_RULE_CHARS_RE.sub("-", ref.split("/")[-1]) or "ref"
+    i, name = 0, base
+    while True:
+        rule = name + "-" if name in llama_grammar.RESERVED_NAMES else name  # as ``visit`` names it
+        if rule not in conv._rules and rule not in names and rule not in _OWN_RULES:
+            break
+        name, i = f"{base}{i}", i + 1
+    rules[ref] = rule
+    names.add(rule)
+    made = str(conv.visit(conv._refs[ref], name))
+    if made != rule:  # a primitive type's rule is the primitive's own ("integer"): refer to it
+        if ref in recursive and rule not in conv._rules:
+            conv._rules[rule] = made
+        else:
+            rules[ref] = made
+    return rules[ref]
 
 
 _LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
