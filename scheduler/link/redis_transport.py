@@ -462,7 +462,9 @@ class RedisTransport(Transport):
                 submit = decode(data)
         if not isinstance(submit, Submit):
             return None
-        handle = JobHandle(job_id=job_id, submit=submit, sent_on=self._connection)
+        # its key as the first head had it (the dashboard's lanes and /slots name it)
+        key = meta.get("key")
+        handle = JobHandle(job_id=job_id, submit=submit, sent_on=self._connection, key=key if isinstance(key, str) else None)
         self.inflight[job_id] = handle
         self.open.add(job_id)
         self._readers[job_id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{job_id}")

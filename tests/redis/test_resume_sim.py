@@ -379,3 +379,23 @@ async def test_a_job_given_back_to_the_same_worker_after_it_stalled_past_its_lea
         admin.close()
         await link.stop()
         worker.stop()
+
+
+async def test_a_resumed_stream_keeps_its_key_on_the_head_that_took_it_over(redis_server: RedisServer, prefix: str) -> None:
+    """The head a client resumed its stream on showed the keyed request as ``anonymous`` on the
+    dashboard's lanes and ``key: null`` in /slots: the handle it attached had no key."""
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.005)).start()
+    first, second = await head(redis_server.url, prefix), await head(redis_server.url, prefix)
+    handle = await first.submit(request=completion("a tale", max_tokens=60))
+    handle.key = "ci-bot"
+    await first.remember_stream(handle.job_id, {"id": "chatcmpl-x", "key": "ci-bot"})
+    await deltas_until(handle, 2)
+    await first.stop()
+    attached = await second.attach(handle.job_id)
+    assert attached is not None
+    resumed, _meta = attached
+    assert resumed.key == "ci-bot" and second.inflight[handle.job_id].key == "ci-bot"
+    await second.cancel(resumed)
+    second.finish(resumed)
+    await second.stop()
+    worker.stop()
