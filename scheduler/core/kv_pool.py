@@ -163,7 +163,8 @@ class KvPool:
         if pinned:
             cover = next((e for e in self.device_entries() if e.scope == scope and common_prefix(e.tokens, tokens) >= len(tokens)), None)
             if cover is not None:
-                cover.pinned = True
+                if not cover.pinned:  # pins yield oldest first: its age as a pin starts now
+                    cover.pinned, cover.created_s = True, now
                 return cover
         elif self.covered(tokens, scope):
             return None

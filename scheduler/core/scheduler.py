@@ -292,7 +292,7 @@ class Scheduler:
         for _lane, job_id in plan.park if plan is not None else []:
             job = self.jobs.get(job_id)
             if job is not None and job.parked is None:
-                job.computed = 0
+                job.computed = job.cached_tokens = 0
         self._forget_kept()
         for lane, job in enumerate(self.lanes):
             if job is None and lane not in self._release:
@@ -312,7 +312,7 @@ class Scheduler:
             for _lane, job_id in plan.park:
                 job = self.jobs.get(job_id)
                 if job is not None and job_id not in result.parked:
-                    job.computed = 0  # the engine kept nothing: recompute from the start
+                    job.computed = job.cached_tokens = 0  # the engine kept nothing: recompute from the start
         self.pool.settle(result.evicted)
         if plan is not None and plan.prefill_tokens and result.fed:
             self._prefill_ticks += 1
@@ -774,7 +774,7 @@ class Scheduler:
             self.counters["parks"] += 1
         else:
             plan.release.append(lane)
-            victim.computed = 0
+            victim.computed = victim.cached_tokens = 0  # recomputed: none of its prompt is reused
         self._events.append(Event("preempted", victim.job_id, lane=lane))
         return lane
 

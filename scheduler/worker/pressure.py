@@ -88,15 +88,15 @@ class PressureMonitor:
 
     def poll(self, now: float) -> str | None:
         """Read at most once per interval; return the level when it changed since the last
-        reading ("warning", "critical", or "normal"), else None (also between reads and when
-        the source cannot be read)."""
+        reading ("warning", "critical", or "normal"), else None (also between reads). A source
+        that cannot be read reads as normal, as where there is none."""
         if now < self._next:
             return None
         self._next = now + self.interval_s
         try:
             level = self.read()
         except (OSError, ValueError, AttributeError):
-            return None
+            level = None  # an unreadable source is no source: never stuck at its last reading
         if level == self.level:
             return None
         self.level = level
