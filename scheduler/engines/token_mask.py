@@ -63,13 +63,182 @@ def _lark(gbnf: str) -> str:
     """llguidance's grammar text for a GBNF grammar (root rule ``root``), cached: agents send the
     same schema again and again."""
     import llguidance
-    from llguidance.gbnf_to_lark import gbnf_to_lark
+    from llguidance.gbnf_to_lark import GrammarParser, resolve
 
+    gbnf = _distinct_rule_names(gbnf)
     try:
-        lark = gbnf_to_lark(_distinct_rule_names(gbnf))
+        rules = GrammarParser().parse(gbnf)
+        resolve(rules)
+        lark = _lark_text(_char_level(rules) if _lexemes_compete(rules) else rules)  # else gbnf_to_lark's
     except Exception as exc:  # the converter's own parse errors, whatever their class
         raise GrammarCompileError(f"the grammar does not parse: {exc}") from None
     return str(llguidance.grammar_from("lark", lark))
+
+
+def _lexemes_compete(rules: dict[str, Any]) -> bool:
+    """Whether two lexemes of ``gbnf_to_lark``'s parser rules can begin with the same byte (other
+    than two of its terminals, which its lexer reads as one regular expression). llguidance's
+    lexer is greedy and does not backtrack, so it then refuses what the grammar allows: a
+    recursive object (``"{"``) beside a flat one (the terminal ``{"x"...``), a recursive object's
+    declared key (``"\\"kids\\""``) beside its additional ones (a string), ``"ab" | "a" "bc"``."""
+    from llguidance.gbnf_to_lark import LiteralNode, RegexNode, RuleRefNode, SequenceNode
+
+    bytes_ = [chr(i) for i in range(128)] + ["\u00e9"]  # ASCII, and one stand-in for the rest
+
+    firsts: dict[int, tuple[set[str], bool]] = {}
+
+    def first(node: Any) -> tuple[set[str], bool]:  # the first characters, and whether it may be empty
+        if id(node) not in firsts:
+            firsts[id(node)] = _first(node)
+        return firsts[id(node)]
+
+    def _first(node: Any) -> tuple[set[str], bool]:
+        if isinstance(node, LiteralNode):
+            if not node.value:
+                return set(), True
+            head = _LARK_CHAR.match(node.value).group()  # type: ignore[union-attr]
+            if head.startswith("\\"):
+                head = {"n": "\n", "r": "\r", "t": "\t"}.get(head[1], head[1]) if head[1] not in "xuU" else "\u00e9"
+                head = head if len(head) == 1 and head in bytes_ else "\u00e9"
+            return {head if head < "\x80" else "\u00e9"}, False
+        if isinstance(node, RegexNode):
+            try:
+                rx = re.compile(node.rx)
+            except re.error:  # Python's syntax is not quite Rust's (``\\ue9``): any character
+                return set(bytes_), False
+            return {c for c in bytes_ if rx.fullmatch(c)}, False
+        if isinstance(node, RuleRefNode):
+            return first(node.target.alternatives) if node.target is not None else (set(bytes_), False)
+        if hasattr(node, "nodes"):
+            out: set[str] = set()
+            for child in node.nodes:
+                chars, empty = first(child)
+                out |= chars
+                if not empty:
+                    return out, False
+            return out, True
+        if hasattr(node, "alternatives"):
+            firsts = [first(c) for c in node.alternatives]
+            return set().union(*(f for f, _ in firsts)), any(e for _, e in firsts)
+        if hasattr(node, "node"):
+            chars, empty = first(node.node)
+            return chars, empty or node.min_times == 0
+        return set(bytes_), True
+
+    chars_of: dict[int, tuple[str, ...]] = {}
+
+    def chars(literal: Any) -> tuple[str, ...]:
+        if id(literal) not in chars_of:
+            chars_of[id(literal)] = tuple(_LARK_CHAR.findall(literal.value))
+        return chars_of[id(literal)]
+
+    def clash(groups: list[list[Any]]) -> bool:
+        """Whether a lexeme of one group competes with a lexeme of another: a literal a proper
+        prefix of another literal, or (unless both are terminals, or both one character) two
+        lexemes that may begin with the same byte."""
+        literals: dict[tuple[str, ...], set[int]] = {}
+        by_byte: dict[str, list[tuple[int, str, str, bool]]] = {}  # group, lexeme, kind, one character
+        for g, lexemes in enumerate(groups):
+            for x in lexemes:
+                if isinstance(x, LiteralNode):
+                    literals.setdefault(chars(x), set()).add(g)
+                    kind, single = "literal", len(chars(x)) == 1
+                else:
+                    kind, single = ("terminal", False) if isinstance(x, RuleRefNode) else ("regex", True)
+                for c in first(x)[0]:
+                    by_byte.setdefault(c, []).append((g, str(x), kind, single))
+        for text, owners in literals.items():
+            for k in range(1, len(text)):
+                shorter = literals.get(text[:k])
+                if shorter and any(a != b for a in shorter for b in owners):
+                    return True
+        for entries in by_byte.values():
+            for g, key, kind, single in entries:
+                if kind == "literal":
+                    continue  # against another literal: the prefixes above
+                for g2, key2, kind2, single2 in entries:
+                    if g2 != g and key2 != key and not (kind == kind2 == "terminal") and not (single and single2):
+                        return True
+        return False
+
+    memo: dict[str, tuple[list[Any], bool]] = {}
+
+    def starts(node: Any) -> tuple[list[Any], bool]:  # the lexemes it may begin with; whether it may be empty
+        if isinstance(node, (LiteralNode, RegexNode)) or (isinstance(node, RuleRefNode) and node.is_terminal()):
+            return [node], first(node)[1]
+        if isinstance(node, RuleRefNode):
+            if node.name not in memo:
+                memo[node.name] = ([], True)  # a rule within itself: its own starts are counted once
+                memo[node.name] = starts(node.target.alternatives)
+            return memo[node.name]
+        if hasattr(node, "nodes"):
+            out: list[Any] = []
+            for child in node.nodes:
+                lex, empty = starts(child)
+                out += lex
+                if not empty:
+                    return out, False
+            return out, True
+        if hasattr(node, "alternatives"):
+            parts = [starts(c) for c in node.alternatives]
+            return [x for lex, _ in parts for x in lex], any(e for _, e in parts)
+        if hasattr(node, "node"):
+            lex, empty = starts(node.node)
+            return lex, empty or node.min_times == 0
+        return [], True
+
+    def walk(node: Any) -> bool:
+        """Whether two lexemes that may come at one point in ``node`` compete."""
+        if isinstance(node, (LiteralNode, RegexNode, RuleRefNode)):
+            return False
+        if hasattr(node, "alternatives"):
+            if clash([starts(c)[0] for c in node.alternatives]):
+                return True
+        if hasattr(node, "nodes"):
+            for i, child in enumerate(node.nodes[:-1]):
+                lex, empty = starts(child)
+                again = hasattr(child, "node") and child.max_times != 1
+                if (empty or again) and clash([lex, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
+                    return True
+        return any(walk(c) for c in node.children())
+
+    return any(walk(rule.alternatives) for rule in rules.values() if not rule.rule_is_terminal)
+
+
+# one character of a converted literal: an escape, or a \u or \U escape with the rest (its hex
+# digits are not delimited), or a character
+_LARK_CHAR = re.compile(r"\\[uU][0-9a-fA-F]*.*|\\x[0-9a-fA-F]{2}|\\.|.", re.S)
+
+
+def _char_level(rules: dict[str, Any]) -> dict[str, Any]:
+    """The grammar as llama.cpp reads it, one character at a time: every rule a parser rule and
+    every literal split into its characters, so no two lexemes compete beyond one character and
+    llguidance's Earley parser, not its lexer, chooses between alternatives."""
+    from llguidance.gbnf_to_lark import LiteralNode, SequenceNode
+
+    def split(node: Any) -> Any:
+        if isinstance(node, LiteralNode):
+            chars = _LARK_CHAR.findall(node.value)
+            return SequenceNode([LiteralNode(c) for c in chars]) if len(chars) > 1 else node
+        for attr in ("nodes", "alternatives"):
+            children = getattr(node, attr, None)
+            if isinstance(children, list):
+                setattr(node, attr, [split(c) for c in children])
+        if hasattr(node, "node"):
+            node.node = split(node.node)
+        return node
+
+    for rule in rules.values():
+        rule.rule_is_terminal = False
+        rule.name = rule.name.lower()
+        rule.alternatives = split(rule.alternatives)
+    return rules
+
+
+def _lark_text(rules: dict[str, Any]) -> str:
+    """The Lark text of resolved rules, as ``gbnf_to_lark`` writes it (in the GBNF's order)."""
+    ordered = sorted(rules.values(), key=lambda r: r.order)
+    return "%llguidance {}\n\n" + "\n\n".join(str(r) for r in ordered) + "\n"
 
 
 class TokenMasks:
