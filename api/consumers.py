@@ -80,6 +80,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
+        self.sends: dict[str, tuple[JobHandle, int]] = {}  # each job and the connection it was first sent on
         self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -295,10 +296,12 @@ class GenerationConsumer(StreamingConsumer):
         )
         handle.key = admission.key_name
         self.record.request_id = handle.job_id
+        self.note_sent(handle)
         try:
             first = await handle.next_event()
             if isinstance(first, (Rejected, Error)):
                 raise link_error(first)
+            self.note_sent(handle)
             self.accepted = first  # (its prompt_tokens: /infill's tokens_evaluated while streaming)
             if request.stream:
                 await self.stream(request, handle, qos, link=link, body=body_digest(request))
@@ -333,12 +336,14 @@ class GenerationConsumer(StreamingConsumer):
                 handle.key = admission.key_name
                 handle.request = handles[0].job_id if handles else handle.job_id  # one request in /metrics
                 handles.append(handle)
+                self.note_sent(handle)
             self.record.request_id = handles[0].job_id
             scored: list[Any] = []
             for handle in handles:
                 first = await handle.next_event()
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
+                self.note_sent(handle)
                 scored.append(getattr(first, "prompt_logprobs", None))
             echoes = await self.echo_texts(subs, link.hello.model if link.hello else None) if request.echo else [""] * len(subs)
             head = self.reply(request)
@@ -591,6 +596,11 @@ class GenerationConsumer(StreamingConsumer):
         router = getattr(self, "router_serial", None)
         return {"waited_ms": router["serial_queue_wait_ms"]} if router else {}
 
+    def note_sent(self, handle: JobHandle) -> None:
+        """Note the connection a job was first sent on (once it was sent: -1 is not yet)."""
+        if self.sends.get(handle.job_id, (handle, -1))[1] == -1:
+            self.sends[handle.job_id] = (handle, handle.sent_on)
+
     def note_class(self, qos: QosClass, priority: int) -> None:
         """The request's class and priority in its activity row (a refused one's too)."""
         self.record.qos, self.record.priority, self.record.band = qos.label, priority, band_of(priority)
@@ -614,6 +624,13 @@ class GenerationConsumer(StreamingConsumer):
         router = getattr(self, "router_serial", None)
         waited = int((router or {}).get("serial_queue_wait_ms") or 0)
         self.record.timing = merged_timing([with_wait_before(t, waited) for t in timings])
+        if any(sent_on != -1 and handle.sent_on != sent_on for handle, sent_on in self.sends.values()):
+            # submitted again after its worker was lost: the last worker counted from the job's
+            # arrival there; the client's first token and its whole wait are what this side saw
+            seen = self.seen_timing()
+            self.record.timing["total_ms"] = seen["total_ms"]
+            if seen["ttft_ms"] is not None:
+                self.record.timing["ttft_ms"] = seen["ttft_ms"]
 
     @staticmethod
     def usage(event: Done) -> dict[str, Any]:
