@@ -3,6 +3,8 @@ pressure source that stops answering."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from scheduler.core.kv_pool import KvPool, PoolConfig, PoolOps
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import OS_PRESSURE_BACKGROUND_HOLD_S
@@ -11,10 +13,10 @@ from scheduler.worker.pressure import PressureMonitor
 from .builders import make_job, make_scheduler, run_until_idle, tick
 
 
-def _cached_then_preempted(park: bool) -> int:
-    """A job seeded from a cached prefix is preempted after its first tokens by a chat on the
-    only lane; the cached_tokens its finished event reports."""
-    sched, engine, clock = make_scheduler(max_batch=1, lane_ctx=512, cache_slots=2, keep_lanes=False, park=park)
+def _seeded_and_decoding(park: bool = True) -> tuple[Any, Any, Any]:
+    """One lane; a job seeded from a 64-token pinned prefix, three tokens into its reply:
+    (scheduler, engine, job)."""
+    sched, engine, _clock = make_scheduler(max_batch=1, lane_ctx=512, cache_slots=2, keep_lanes=False, park=park)
     warm = make_job(64, job_id="warm", max_tokens=2)
     warm.pin_prefix = True
     sched.add(warm)
@@ -24,6 +26,13 @@ def _cached_then_preempted(park: bool) -> int:
     sched.add(job)
     while len(job.output) < 3:
         tick(sched, engine)
+    return sched, engine, job
+
+
+def _cached_then_preempted(park: bool) -> int:
+    """A job seeded from a cached prefix is preempted after its first tokens by a chat on the
+    only lane; the cached_tokens its finished event reports."""
+    sched, engine, job = _seeded_and_decoding(park)
     assert job.cached_tokens == 64  # seeded from the pinned prefix
     sched.add(make_job(8, job_id="chat", max_tokens=2, qos=QosClass.INTERACTIVE))
     events = run_until_idle(sched, engine)
@@ -46,16 +55,7 @@ def test_a_parked_job_keeps_the_cached_tokens_of_its_first_admission() -> None:
 
 def test_a_failed_park_recomputes_and_reports_no_cached_tokens() -> None:
     """A park the engine did not deliver recomputes the job from the start, like --no-park."""
-    sched, engine, clock = make_scheduler(max_batch=1, lane_ctx=512, cache_slots=2, keep_lanes=False)
-    warm = make_job(64, job_id="warm", max_tokens=2)
-    warm.pin_prefix = True
-    sched.add(warm)
-    run_until_idle(sched, engine)
-    job = make_job(8, job_id="agent", max_tokens=12)
-    job.prompt = list(warm.prompt) + job.prompt
-    sched.add(job)
-    while len(job.output) < 3:
-        tick(sched, engine)
+    sched, engine, job = _seeded_and_decoding()
     sched.add(make_job(8, job_id="chat", max_tokens=2, qos=QosClass.INTERACTIVE))
     plan = sched.step()
     assert plan.park == [(0, "agent")]

@@ -179,19 +179,28 @@ def test_a_page_that_stops_getting_pushes_says_its_state_is_old_and_live_again_w
         pg.close()
 
 
-def test_with_several_models_and_none_resident_the_page_stays_live(page: Any) -> None:
-    """The feed lists resident models only, so with none loaded a push's ``models`` is empty: the
-    page took that for a worker gone and said "no update for N s" (no worker runs to send any)."""
+def several_models_push(state: dict[str, Any], loading: str | None = None) -> dict[str, Any]:
+    """The feed's push with several models (``a`` and ``b``, none loaded; ``loading`` asked to
+    load), as the consumer relays it."""
     cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
     pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     pool.loop = loop
     pool_mod._POOLS[-1] = pool
     try:
-        push = {**full_state({}, loop), "t": 1_800_000_000.0}
+        if loading is not None:
+            pool.router.request_load(loading)
+            pool.router.schedule()
+        return {**full_state(state, loop), "t": 1_800_000_000.0}
     finally:
         pool_mod._POOLS.pop(-1, None)
         loop.close()
+
+
+def test_with_several_models_and_none_resident_the_page_stays_live(page: Any) -> None:
+    """The feed lists resident models only, so with none loaded a push's ``models`` is empty: the
+    page took that for a worker gone and said "no update for N s" (no worker runs to send any)."""
+    push = several_models_push({})
     assert push["models"] == []  # what the feed really sends with nothing resident
     pg = clocked_page(page)
     try:
@@ -224,18 +233,7 @@ def test_the_fleet_panel_says_so_when_no_worker_is_left(page: Any) -> None:
 def test_while_the_first_model_loads_the_header_says_no_model_is_loaded(page: Any) -> None:
     """A model loading is resident, so the push's ``models`` is not empty, but no worker has sent
     a snapshot yet: the header read "? ·  · 0 lanes × 0 ctx" for the whole load."""
-    cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
-    pool = ModelPool(PoolSetup(cfg, spawn=lambda *_: None))  # type: ignore[arg-type]
-    loop = asyncio.new_event_loop()
-    pool.loop = loop
-    pool_mod._POOLS[-1] = pool
-    try:
-        pool.router.request_load("a")
-        pool.router.schedule()  # a loads; its worker has not said hello
-        push = {**full_state({"router": "waiting for a load"}, loop), "t": 1_800_000_000.0}
-    finally:
-        pool_mod._POOLS.pop(-1, None)
-        loop.close()
+    push = several_models_push({"router": "waiting for a load"}, loading="a")  # its worker has not said hello
     assert [m["state"] for m in push["models"]] == ["loading"] and push["model"] is None
     pg = clocked_page(page)
     try:

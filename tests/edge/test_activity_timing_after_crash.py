@@ -45,8 +45,9 @@ async def post(body: dict[str, Any]) -> tuple[int, bytes]:
     return response["status"], response["body"]
 
 
-@pytest.mark.parametrize("stream", [True, False])
-async def test_a_resubmitted_requests_row_counts_from_the_clients_arrival(monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+async def row_after_a_crash(monkeypatch: pytest.MonkeyPatch, crash_after: int, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The activity row's timing of one request whose first worker stalls, then crashes after
+    ``crash_after`` engine calls (a second worker finishes it), and the client's wall time (ms)."""
     import api.consumers as consumers
 
     rows: list[Any] = []
@@ -58,22 +59,28 @@ async def test_a_resubmitted_requests_row_counts_from_the_clients_arrival(monkey
     engines: list[SimEngine] = []
 
     def make() -> SimEngine:
-        engines.append(StallThenCrash(crash_after=20) if not engines else SimEngine(n_lanes=2, lane_ctx=512))
+        engines.append(StallThenCrash(crash_after=crash_after) if not engines else SimEngine(n_lanes=2, lane_ctx=512))
         return engines[-1]
 
     link = install(transport(make))
     try:
         assert await link.wait_connected(5)
         began = time.monotonic()
-        status, body = await post({"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "stream": stream})
+        status, reply = await post(body)
         wall_ms = (time.monotonic() - began) * 1000
-        assert status == 200, body
+        assert status == 200, reply
         assert link.restarts == 1  # the job went to a second worker
     finally:
         await link.stop()
         forget(asyncio.get_running_loop())
     (row,) = rows
-    timing = row.timing
+    return row.timing, wall_ms
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_resubmitted_requests_row_counts_from_the_clients_arrival(monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "stream": stream}
+    timing, wall_ms = await row_after_a_crash(monkeypatch, 20, body)
     # the client waited through the stall and the restart: the row's total says so
     assert timing["total_ms"] >= STALL_S * 1000, timing
     assert timing["total_ms"] <= wall_ms + 50, (timing, wall_ms)
@@ -85,28 +92,6 @@ async def test_a_resubmitted_requests_row_counts_from_the_clients_arrival(monkey
 async def test_a_job_lost_before_its_first_token_has_its_ttft_from_the_clients_arrival(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first worker dies in the job's first tick: the client's first token came only after
     the stall and the restart, and the row's ttft_ms says so."""
-    import api.consumers as consumers
-
-    rows: list[Any] = []
-
-    async def keep(record: Any) -> None:
-        rows.append(record)
-
-    monkeypatch.setattr(consumers, "record_request", keep)
-    engines: list[SimEngine] = []
-
-    def make() -> SimEngine:
-        engines.append(StallThenCrash(crash_after=1) if not engines else SimEngine(n_lanes=2, lane_ctx=512))
-        return engines[-1]
-
-    link = install(transport(make))
-    try:
-        assert await link.wait_connected(5)
-        status, body = await post({"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True})
-        assert status == 200, body
-        assert link.restarts == 1
-    finally:
-        await link.stop()
-        forget(asyncio.get_running_loop())
-    (row,) = rows
-    assert row.timing["ttft_ms"] >= STALL_S * 1000 and row.timing["total_ms"] >= row.timing["ttft_ms"], row.timing
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+    timing, _wall_ms = await row_after_a_crash(monkeypatch, 1, body)
+    assert timing["ttft_ms"] >= STALL_S * 1000 and timing["total_ms"] >= timing["ttft_ms"], timing
