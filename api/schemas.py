@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from scheduler.core.types import SamplingParams
+from scheduler.core.types import SamplingParams, seed32
 
 from .errors import ApiError, invalid_request, model_not_found
 
@@ -231,7 +231,7 @@ class GenerationRequest:
         LLAMA_DEFAULT_SEED) leaves every choice random, not only the first."""
         prompts: list[Any] = list(self.prompts) if self.prompts is not None else [self.prompt]
         out: list[GenerationRequest] = []
-        random = self.seed is not None and self.seed & 0xFFFFFFFF == 0xFFFFFFFF
+        random = self.seed is not None and seed32(self.seed) is None
         for prompt in prompts:
             for j in range(self.n):
                 seed = None if random else self.seed

@@ -18,6 +18,17 @@ from typing import Any, NamedTuple
 from .kv_pool import PoolOps
 from .qos import DEFAULT_CLASS, QosClass
 
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's seed that means "draw a random one"
+
+
+def seed32(seed: int | None) -> int | None:
+    """A request's seed as both engines use it: its low 32 bits (llama.cpp's ``uint32_t``), or
+    None for a fresh random stream: no seed, or one whose low 32 bits are LLAMA_DEFAULT_SEED
+    (llama-server's ``-1``)."""
+    if seed is None or seed & 0xFFFFFFFF == LLAMA_DEFAULT_SEED:
+        return None
+    return seed & 0xFFFFFFFF
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -22,7 +22,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan
+from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, seed32
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, swap_keys
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
 from scheduler.engines.sampling import logprobs_of
@@ -942,8 +942,8 @@ class LlamaCppEngine(LaneEngine):
         if sp.min_p > 0.0:
             add(chain, L.llama_sampler_init_min_p(sp.min_p, 1))
         add(chain, L.llama_sampler_init_temp(sp.temperature))
-        seed = L.LLAMA_DEFAULT_SEED if sp.seed is None else sp.seed & 0xFFFFFFFF
-        add(chain, L.llama_sampler_init_dist(seed))
+        seed = seed32(sp.seed)
+        add(chain, L.llama_sampler_init_dist(L.LLAMA_DEFAULT_SEED if seed is None else seed))
         return chain, grammar
 
     def drop_sampler(self, lane: int) -> None:

@@ -18,14 +18,13 @@ from typing import Protocol
 
 import numpy as np
 
-from scheduler.core.types import SamplingParams
+from scheduler.core.types import SamplingParams, seed32
 
 PENALTY_LAST_N = 64  # as the llama.cpp engine's _PENALTY_LAST_N
 # A bias of -100 and ignore_eos ban a token, as the llama.cpp engine does: finitely, so that when
 # the grammar allows only banned tokens the draw still lands on one it allows.
 BAN = -1.0e9
 _F32_MAX = float(np.finfo(np.float32).max)
-_LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's "draw a random seed"
 
 
 class TokenConstraint(Protocol):
@@ -66,11 +65,8 @@ class LaneSampler:
         self.penalised = (
             params.repeat_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
         )
-        # seed None: a fresh random stream, as LLAMA_DEFAULT_SEED asks llama.cpp for; so does a
-        # seed that is LLAMA_DEFAULT_SEED in llama.cpp's 32 bits (llama-server's -1, "random")
-        seed = None if params.seed is None else params.seed & 0xFFFFFFFF
-        if seed == _LLAMA_DEFAULT_SEED:
-            seed = None
+        # no seed (or llama-server's -1, "random"): a fresh random stream, as llama.cpp draws one
+        seed = seed32(params.seed)
         self.rng = np.random.default_rng(seed)
         # replaying what the lane generated before (a parked lane bound again) rebuilds the
         # penalties' window and the grammar's state
