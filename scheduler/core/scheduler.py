@@ -541,7 +541,7 @@ class Scheduler:
             return 0
         assert leader.lane is not None
         if leader.computed >= shared:
-            self._copy_from_lane(plan, leader, job, shared, now)
+            self._copy_from_lane(plan, leader.lane, job, shared, now)
         else:
             job.share_from, job.share_tokens = leader.job_id, shared
         return 0
@@ -561,11 +561,13 @@ class Scheduler:
             return None, 0
         return best, best_len
 
-    def _copy_from_lane(self, plan: TickPlan, leader: Job, job: Job, n: int, now: float) -> None:
-        assert leader.lane is not None and job.lane is not None
-        if not _bound_in(plan, leader.lane):  # else its KV is not in the lane yet when stores run
-            self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now, scope=leader.cache_scope)
-        plan.pool.copy.append((leader.lane, job.lane, n))
+    def _copy_from_lane(self, plan: TickPlan, src: int, job: Job, n: int, now: float) -> None:
+        """Seed ``job``'s lane with the first ``n`` tokens of lane ``src`` (a leader's, or a kept
+        lane of ``job``'s scope), which are ``job``'s prompt's; they go to a cache slot too."""
+        assert job.lane is not None
+        if not _bound_in(plan, src):  # else its KV is not in the lane yet when stores run
+            self.pool.store(plan.pool, src, job.prompt[:n], now, scope=job.cache_scope)
+        plan.pool.copy.append((src, job.lane, n))
         self.pool.counters["prefix_hits"] += 1
         self.pool.counters["prefix_tokens_reused"] += n
         job.computed = job.cached_tokens = n
@@ -584,7 +586,7 @@ class Scheduler:
                 job.share_from, job.share_tokens = None, 0
                 continue
             if leader.computed >= job.share_tokens and job.computed == 0:
-                self._copy_from_lane(plan, leader, job, job.share_tokens, now)
+                self._copy_from_lane(plan, leader.lane, job, job.share_tokens, now)
 
     def _copy_from_kept(self, plan: TickPlan, job: Job, now: float) -> None:
         """Seed ``job``, whose leader left, from a kept lane of its scope holding the prefix it
@@ -594,11 +596,7 @@ class Scheduler:
             return
         for lane, kept in self._kept.items():
             if kept.scope == job.cache_scope and len(kept.tokens) >= n and kept.tokens[:n] == job.prompt[:n] and not _bound_in(plan, lane):
-                self.pool.store(plan.pool, lane, job.prompt[:n], now, scope=job.cache_scope)
-                plan.pool.copy.append((lane, job.lane, n))
-                self.pool.counters["prefix_hits"] += 1
-                self.pool.counters["prefix_tokens_reused"] += n
-                job.computed = job.cached_tokens = n
+                self._copy_from_lane(plan, lane, job, n, now)
                 return
 
     def _store_pinned(self, plan: TickPlan, now: float) -> None:
