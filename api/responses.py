@@ -670,15 +670,16 @@ class Reply:
     def _stripped(self, text: str) -> str:
         """Tool mode: ``text`` as content, its trailing whitespace held until more content
         follows (at the end: sent if the reply made no call, else dropped)."""
-        body = text.rstrip()
-        if not body:
+        trimmed = text.rstrip()
+        if not trimmed:
             self.pending_space += text
             return ""
+        body = trimmed
         if self.calls_sent and not self.content_sent:
             # the content's start, after a call: the reply has calls, so its content is the text
             # around them stripped, and whitespace before this is none of it
             body, self.pending_space = body.lstrip(), ""
-        out, self.pending_space = self.pending_space + body, text[len(text.rstrip()) :]
+        out, self.pending_space = self.pending_space + body, text[len(trimmed) :]
         self.content_sent = True
         return out
 

@@ -118,8 +118,8 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
                     return out, False
             return out, True
         if hasattr(node, "alternatives"):
-            firsts = [first(c) for c in node.alternatives]
-            return set().union(*(f for f, _ in firsts)), any(e for _, e in firsts)
+            alts = [first(c) for c in node.alternatives]
+            return set().union(*(f for f, _ in alts)), any(e for _, e in alts)
         if hasattr(node, "node"):
             chars, empty = first(node.node)
             return chars, empty or node.min_times == 0
