@@ -16,6 +16,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any, Literal
 
+from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
@@ -486,6 +487,14 @@ class Reply:
         # ({name, arguments}, streamed as such) and the reply finishes with ``function_call``
         self.legacy = legacy_functions
         self.calls_reason = "function_call" if legacy_functions else "tool_calls"
+        # a forced call's grammar (scheduler.engines.grammar.tool_grammar) allows this many calls
+        # and nothing after the last but the end of generation: a reply that closed them all is
+        # whole, also when the max_tokens-th token closed it (the worker then says "length")
+        self.forced_calls: int | None = None
+        if self.tool_names and isinstance(tool_choice, dict):
+            self.forced_calls = 1
+        elif self.tool_names and tool_choice == "required":
+            self.forced_calls = MAX_PARALLEL_CALLS if self.max_calls is None else 1
         self.muted = False  # a streamed call past max_calls: its arguments are not sent
         self.want_logprobs = logprobs
         # stream_options.include_usage: every chunk with a choice says "usage": null (OpenAI's
@@ -518,6 +527,10 @@ class Reply:
         # around its calls stripped, or, without calls, the whole text
         self.pending_space = ""
         self.content_sent = False  # tool mode: content other than whitespace went out
+        # tool mode: the stream's role is still to send, with its first frame, once it is known
+        # whether the reply begins with text or a call (_opened; a stream another head began and
+        # this one resumes replays the frames before, so the role is where that head sent it)
+        self.role_pending = endpoint == "chat" and bool(self.tool_names)
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
 
     # -- streaming ------------------------------------------------------------------------
@@ -531,6 +544,8 @@ class Reply:
         return frames
 
     def first_chunks(self) -> list[dict[str, Any]]:
+        if self.role_pending:  # tool mode: the role goes with the reply's first frame (_opened)
+            return []
         if self.endpoint == "chat":
             return self._indexed([chat_chunk(self.id, self.model, self.created, role="assistant", content="")])
         if self.echo:
@@ -541,8 +556,22 @@ class Reply:
             return self._indexed([chunk])
         return []
 
+    def _opened(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tool mode: ``frames`` with the role the stream has not sent yet, as OpenAI streams it:
+        in the first call's chunk with ``content`` null when the reply begins with a call (a
+        reply of calls only is null content, streamed or not), else its own chunk with ``content``
+        "" first."""
+        if not self.role_pending or not frames:
+            return frames
+        self.role_pending = False
+        delta = frames[0]["choices"][0]["delta"]
+        if "tool_calls" in delta or "function_call" in delta:
+            frames[0]["choices"][0]["delta"] = {"role": "assistant", "content": None, **delta}
+            return frames
+        return [chat_chunk(self.id, self.model, self.created, role="assistant", content=""), *frames]
+
     def delta_chunks(self, event: Delta) -> list[dict[str, Any]]:
-        return self._indexed(self._delta_chunks(event))
+        return self._indexed(self._opened(self._delta_chunks(event)))
 
     def delta_events(self, event: Delta) -> list[bytes]:
         """:meth:`delta_chunks` as SSE events (:func:`sse_event` of each). A plain text delta (no
@@ -698,7 +727,7 @@ class Reply:
         return held[:at]
 
     def final_chunks(self, event: Done, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
-        frames = self._indexed(self._final_chunks(event, None))
+        frames = self._indexed(self._opened(self._final_chunks(event, None)))
         if usage is not None:  # the usage chunk has no choices
             make = chat_usage_chunk if self.endpoint == "chat" else completion_usage_chunk
             frames.append(make(self.id, self.model, self.created, usage))
@@ -747,7 +776,8 @@ class Reply:
             # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
             # string or the end of generation cut open, or that are no JSON, finishes "stop", as
             # the same reply unstreamed does; so does one whose block's closing never came
-            if self.calls_closed and reason == "stop" and self.calls_whole and (self.args is None or self.muted):
+            whole = reason == "stop" or (reason == "length" and self.forced_calls is not None and self.calls_closed >= self.forced_calls)
+            if self.calls_closed and whole and self.calls_whole and (self.args is None or self.muted):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
@@ -793,7 +823,7 @@ class Reply:
         if self.tool_names:
             content, calls = parse_tool_calls(text, self.tool_names)
             calls = calls[: self.max_calls] if self.max_calls is not None else calls
-            if calls and reason == "stop":
+            if calls and (reason == "stop" or (reason == "length" and self.forced_calls is not None and len(calls) >= self.forced_calls)):
                 reason = self.calls_reason
             elif not calls:
                 content = text

@@ -350,14 +350,18 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
     prefix = f"{name}{'-' if name else ''}"
     kv_rules = {}
     for prop_name, prop_schema in properties:
-        prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}")
+        # (a top-level property "" would take the name "", the root's: the root became its value)
+        prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}" or "empty")
         kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{conv._format_literal(json.dumps(prop_name))} space ":" space {prop_rule_name}')
     required_props = [k for k in sorted_props if k in required]
     optional_props = [k for k in sorted_props if k not in required]
     if additional_properties == True or isinstance(additional_properties, dict):  # noqa: E712 (the converter's test)
         sub_name = f"{prefix}additional"
         value_rule = conv.visit({} if additional_properties == True else additional_properties, f"{sub_name}-value")  # noqa: E712
-        kv_rules["*"] = conv._add_rule(f"{sub_name}-kv", conv._add_primitive("string", _primitive_string()) + ' ":" space ' + value_rule)
+        # an additional key is any string but a declared name (as llama.cpp's converter writes
+        # it): else a declared property came through the extra-key rule with another type
+        key_rule = conv._add_rule(f"{sub_name}-k", _not_names(conv, sorted_props, f"{sub_name}-k")) if sorted_props else conv._add_primitive("string", _primitive_string())
+        kv_rules["*"] = conv._add_rule(f"{sub_name}-kv", key_rule + ' ":" space ' + value_rule)
         optional_props.append("*")
 
     rule = '"{" space ' + ' "," space '.join(kv_rules[k] for k in required_props)
@@ -390,6 +394,94 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
             rule += " )"
         rule += " )?"
     return rule + ' "}" space'
+
+
+_HEX = "0123456789abcdefABCDEF"
+_ESCAPES = '"\\/bfnrt'
+
+
+def _json_units(text: str) -> list[str]:
+    """The JSON string contents ``text`` (between the quotes) as the symbols of the trie in
+    ``_not_names``: a character, a one-letter escape (``\\n``), or ``\\u`` then its four hex
+    digits one at a time (each written ``0x``-prefixed, so no symbol is two things)."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] == "\\" and text[i + 1 : i + 2] == "u":
+            out += ["\\u", *("0x" + d for d in text[i + 2 : i + 6])]
+            i += 6
+        elif text[i] == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return out
+
+
+def _class_chars(chars: str) -> str:
+    """``chars`` inside a GBNF character class (after its first character): ``]`` and ``\\``
+    escaped, ``-`` last (where it is no range)."""
+    return "".join("\\" + c if c in "]\\" else c for c in chars if c != "-") + ("-" if "-" in chars else "")
+
+
+def _not_names(conv: Any, names: list[str], rule: str) -> str:
+    """GBNF for a JSON string (an object's key) that is none of ``names``, each as a property's
+    literal writes it (``json.dumps``) or with its other characters raw: llama.cpp's own
+    converter's ``_not_strings``, with escapes taken whole (its classes let a lone backslash
+    through)."""
+    from llama_cpp import llama_grammar
+
+    char = conv._add_primitive("char", llama_grammar.PRIMITIVE_RULES["char"])
+    trie: dict[str, Any] = {}
+    for name in names:
+        for text in dict.fromkeys((json.dumps(name)[1:-1], json.dumps(name, ensure_ascii=False)[1:-1])):
+            node = trie
+            for unit in _json_units(text):
+                node = node.setdefault(unit, {})
+            node[""] = {}  # a name ends here
+
+    # each node's rule text, children first (no recursion: a name may be long), a name's path
+    # cut into a rule every 8 characters (llguidance refuses a Lark rule nesting groups ~25 deep;
+    # llama.cpp's parser recurses once per nested group)
+    order: list[tuple[dict[str, Any], int, int]] = []
+    stack = [(trie, 0, 0)]
+    while stack:
+        node, hex_left, depth = stack.pop()
+        order.append((node, hex_left, depth))
+        stack += [(child, 4 if unit == "\\u" else max(hex_left - 1, 0), depth + 1) for unit, child in node.items() if unit]
+    text: dict[int, str] = {}
+    # each alternative takes the string to its closing quote: no group is optional (llama.cpp
+    # refuses "(...)?" around a group of 2,000 groups or more), and hex digits are written out
+    # (it refuses x{4} in a grammar of as many rules)
+    hex4, escape, tail = " ".join(["[0-9a-fA-F]"] * 4), "", f'{char}* "\\""'
+    for node, hex_left, depth in reversed(order):
+        children = [k for k in node if k]
+        alts = []
+        for unit in children:
+            literal = _format_literal(unit[2:] if unit.startswith("0x") else unit)
+            alts.append(f"{literal} {text[id(node[unit])]}")
+        if hex_left:  # another digit than the names', the escape's others, then any characters
+            other = "".join(d for d in _HEX if "0x" + d not in children)
+            if other:
+                alts.append(" ".join([f"[{other}]", *["[0-9a-fA-F]"] * (hex_left - 1), tail]))
+        else:
+            raw = _class_chars("".join(u for u in children if len(u) == 1))
+            alts.append(f'[^"\\\\\\x7F\\x00-\\x1F{raw}] {tail}')
+            escapes = _class_chars("".join(e for e in _ESCAPES if "\\" + e not in children))
+            if escapes == _class_chars(_ESCAPES) and "\\u" not in children:  # any escape: one rule for all
+                escape = escape or conv._add_rule(f"{rule}-escape", f'"\\\\" ([{escapes}] | "u" {hex4})')
+                alts.append(f"{escape} {tail}")
+            else:
+                if escapes:
+                    alts.append(f'"\\\\" [{escapes}] {tail}')
+                if "\\u" not in children:
+                    alts.append(f'"\\\\u" {hex4} {tail}')
+            if "" not in node:  # no name ends here: the string may
+                alts.append('"\\""')
+        body = "(" + " | ".join(alts) + ")"
+        text[id(node)] = conv._add_rule(f"{rule}-{depth}", body) if depth and depth % 8 == 0 else body
+    return f'"\\"" {text[id(trie)]} space'
 
 
 def _primitive_string() -> Any:

@@ -34,6 +34,9 @@ def _lark_key(name: str) -> str:
     return "start" if name == "root" else re.sub(r"([a-z])([A-Z])", r"\1_\2", name.replace("-", "_")).lower()
 
 
+_LARK_NAME = re.compile(r"_?[a-z][a-z0-9_]*")
+
+
 def _distinct_rule_names(gbnf: str) -> str:
     """``gbnf`` with the rules whose Lark names would be the same renamed apart: ``gbnf_to_lark``
     refuses two rules it renames alike, and JSON Schema grammars have them (a pydantic model's
@@ -46,10 +49,13 @@ def _distinct_rule_names(gbnf: str) -> str:
     owners: set[str] = set()
     renamed: dict[str, str] = {}
     for name in names:
-        new, k = name, 1
+        # a Lark name is a letter after at most one "_": a property's rule named after its
+        # first character, a digit or a non-ASCII one (made "-"), was no name at all
+        base = name if _LARK_NAME.fullmatch(_lark_key(name)) else f"r{name}"
+        new, k = base, 1
         while _lark_key(new) in owners:
             k += 1
-            new = f"{name}-{k}"
+            new = f"{base}-{k}"
         owners.add(_lark_key(new))
         if new != name:
             renamed[name] = new

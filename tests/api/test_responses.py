@@ -472,7 +472,9 @@ def test_non_streamed_tool_reply_has_tool_calls_and_finish_reason_tool_calls() -
 
 def test_streamed_tool_reply_sends_text_until_a_call_may_begin_then_openai_shaped_deltas() -> None:
     reply = Reply("chat", "m", tools=[{"name": "f"}])
+    assert reply.first_chunks() == []  # the role comes with the first frame: text or a call?
     sent = [c for e in _events("Let me check. <tool", '_call>\n{"name": "f", "arguments": {}}\n</tool_call>') for c in reply.delta_chunks(e)]
+    assert sent.pop(0)["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # text
     assert sent[0]["choices"][0]["delta"] == {"content": "Let me check."}  # the space waits: a call may follow
     deltas = [c["choices"][0]["delta"]["tool_calls"] for c in sent[1:]]
     assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
