@@ -210,15 +210,17 @@ class Scheduler:
         self.jobs[job.job_id] = job
         self.queues.push(job)
 
-    def cancel(self, job_id: str, reason: str = "cancelled") -> bool:
-        """Stop a job wherever it is; its lane is released in the next plan."""
+    def cancel(self, job_id: str, reason: str = "cancelled", *, counted: bool = True) -> bool:
+        """Stop a job wherever it is; its lane is released in the next plan. ``counted``: False
+        for a job that is not ending for its client (its link dropped and its web side submits
+        it again): it counts neither as cancelled nor as finished."""
         job = self.jobs.get(job_id)
         if job is None or job.state is JobState.FINISHED:
             return False
         if job.state is JobState.QUEUED:
             self.queues.remove(job)
-        self._finish(job, reason)
-        if reason == "cancelled":
+        self._finish(job, reason, counted=counted)
+        if reason == "cancelled" and counted:
             self.counters["cancelled"] += 1
         return True
 
@@ -313,6 +315,20 @@ class Scheduler:
                 job = self.jobs.get(job_id)
                 if job is not None and job_id not in result.parked:
                     job.computed = job.cached_tokens = 0  # the engine kept nothing: recompute from the start
+        for seq in result.lost:  # a restore, move, store, import or copy the engine could not make: empty
+            if seq >= len(self.lanes):  # a cache slot a prefix was not stored or imported into
+                for key in [k for k, e in self.pool.entries.items() if e.slot == seq]:
+                    del self.pool.entries[key]
+                if plan is not None:
+                    self.pool.counters["stored"] -= sum(1 for _, slot, _ in plan.pool.store if slot == seq)
+                    self.pool.counters["host_imports"] -= sum(1 for slot, _ in plan.pool.imports if slot == seq)
+                continue
+            job = self.lanes[seq]
+            if job is not None:
+                job.computed = job.cached_tokens = 0  # recomputed from the start
+                if plan is not None and any(r.lane == seq for r in plan.restore):
+                    self.counters["resumes"] -= 1  # not restored
+            self._kept.pop(seq, None)  # a kept KV that did not reach it
         self.pool.settle(result.evicted)
         if plan is not None and plan.prefill_tokens and result.fed:
             self._prefill_ticks += 1
@@ -359,7 +375,7 @@ class Scheduler:
 
     # -- internals --------------------------------------------------------------------
 
-    def _finish(self, job: Job, reason: str) -> None:
+    def _finish(self, job: Job, reason: str, *, counted: bool = True) -> None:
         if job.lane is not None and reason in KEEP_REASONS:
             self._store_pin_at_end(job)
         self._stored.discard(job.job_id)
@@ -380,7 +396,8 @@ class Scheduler:
             job.lane = None
         job.parked = None
         self.jobs.pop(job.job_id, None)
-        self.counters["finished"] += 1
+        if counted:
+            self.counters["finished"] += 1
         self._events.append(Event("finished", job.job_id, reason=reason, job=job))
 
     def free_lanes(self) -> list[int]:

@@ -209,6 +209,11 @@ class TickResult:
     # lane -> why its job must end now (its grammar took too long to mask): the worker ends it
     # with an error once the tick is committed (its tokens delivered), unless the tick ended it
     failed: dict[int, str] = field(default_factory=dict)
+    # sequences the tick left empty instead of filling them (a parked job's restore, a lane move,
+    # a prefix's store into a cache slot or import from host memory, or a prefix copy into a
+    # lane, failed): a lane's job is computed again from the start (nothing of it was fed), a
+    # cache slot's entry is dropped
+    lost: set[int] = field(default_factory=set)
 
 
 @dataclass

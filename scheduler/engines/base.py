@@ -5,6 +5,7 @@ Adapters import their heavy library inside their own module, so this package imp
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol, Self
@@ -243,14 +244,20 @@ def run_tick(
     """One tick, the same order for every engine: evict, drop and store cached prefixes; release,
     keep and park lanes; trim kept lanes; swap lanes; restore parked lanes; import and copy prefixes; bind samplers; then forward
     the feeds step by step (:func:`pack_steps`), stopping between steps when ``should_stop()``
-    says so. A step that fails raises its EngineError with ``partial`` set to what ran before."""
+    says so. A step that fails raises its EngineError with ``partial`` set to what ran before. A
+    state copy that fails fails no job: a park leaves its job unparked, an eviction its prefix
+    out of host memory, and a store, move, restore, import or copy leaves its sequence empty
+    (``result.lost``), the commit computing that lane's job again and dropping that slot's entry."""
     started = clock()
     result = TickResult()
     ops = plan.pool
     lanes, seqs = engine.n_lanes, engine.n_seqs
     for slot, key in ops.evict:
         _check(slot, seqs, "sequence")
-        result.evicted[key] = engine.save(slot)
+        try:
+            result.evicted[key] = engine.save(slot)
+        except EngineError:
+            pass  # not moved to host memory: the commit drops that cache entry, no job fails
         engine.clear(slot)
     for slot in ops.drop:
         _check(slot, seqs, "sequence")
@@ -258,7 +265,11 @@ def run_tick(
     for lane, slot, n in ops.store:
         _check(lane, seqs, "sequence")
         _check(slot, seqs, "sequence")
-        engine.copy_prefix(lane, slot, n)
+        try:
+            engine.copy_prefix(lane, slot, n)
+        except EngineError:
+            engine.clear(slot)  # a prefix the engine could not store: the commit drops its entry
+            result.lost.add(slot)
     for lane in plan.release:
         _check(lane, lanes, "lane")
         engine.clear(lane)
@@ -283,27 +294,56 @@ def run_tick(
     for swap in plan.swap:
         _check(swap.a, lanes, "lane")
         _check(swap.b, lanes, "lane")
-        moving = engine.save(swap.a)
-        kept = engine.save(swap.b) if swap.b_kept else None
-        engine.clear(swap.a)
-        engine.clear(swap.b)
-        engine.load(swap.b, moving)
-        if kept is not None:
-            engine.load(swap.a, kept)
+        try:
+            moving = engine.save(swap.a)
+            kept = engine.save(swap.b) if swap.b_kept else None
+            engine.clear(swap.a)
+            engine.clear(swap.b)
+            engine.load(swap.b, moving)
+            if kept is not None:
+                engine.load(swap.a, kept)
+        except EngineError:
+            # a move the engine could not copy: both lanes are emptied, the moved job is
+            # computed again in its new lane and the kept KV is forgotten; no other job fails
+            engine.clear(swap.a)
+            engine.clear(swap.b)
+            result.lost.update((swap.a, swap.b))
         engine.swap_samplers(swap.a, swap.b)
     for restore in plan.restore:
         _check(restore.lane, lanes, "lane")
-        engine.load(restore.lane, restore.artifact)
+        try:
+            engine.load(restore.lane, restore.artifact)
+        except EngineError:
+            # a restore the engine could not make: the lane stays empty and the commit computes
+            # that job again from its prompt and tokens so far, as after a failed park
+            engine.clear(restore.lane)
+            result.lost.add(restore.lane)
     for slot, artifact in ops.imports:
         _check(slot, seqs, "sequence")
-        engine.load(slot, artifact)
+        try:
+            engine.load(slot, artifact)
+        except EngineError:
+            # a prefix the engine could not load back: the commit drops its entry, and the lanes
+            # that were to copy it compute their prompts themselves
+            engine.clear(slot)
+            result.lost.add(slot)
     for src, dst, n in ops.copy:
         _check(src, seqs, "sequence")
         _check(dst, seqs, "sequence")
-        engine.copy_prefix(src, dst, n)
+        if src in result.lost:  # a lane or slot whose load failed holds none of what was to be copied
+            engine.clear(dst)
+            result.lost.add(dst)
+            continue
+        try:
+            engine.copy_prefix(src, dst, n)
+        except EngineError:
+            engine.clear(dst)  # a copy the engine could not make: that lane prefills its prompt itself
+            result.lost.add(dst)
     for bind in plan.bind:
         _check(bind.lane, lanes, "lane")
         engine.bind_sampler(bind)
+    if result.lost:  # their jobs' feeds start where their KV was to be: fed at the next tick
+        plan = dataclasses.replace(plan, feeds=[f for f in plan.feeds if f.lane not in result.lost])
     if plan.feeds:
         cap = min(plan.step_tokens, engine.max_step_tokens)
         for step in pack_steps(plan, cap, lanes, engine.bound_lanes()):
