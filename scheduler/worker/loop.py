@@ -255,8 +255,21 @@ class EngineWorker:
             if self.preparing.pop(message.id, None) is None:
                 self.scheduler.cancel(message.id)
         elif isinstance(message, Disconnected):
+            # A link to a web side dropped (a connection of all its jobs, not a Redis run of one
+            # job, which may end so because its client cancelled it): not a client's cancel. The
+            # web side submits each job again on its next connection, and that one's finish
+            # counts the request (its prompt once); the tokens generated here count now, the
+            # resubmitted job counts only its own.
+            link_dropped = getattr(conn, "job_id", None) is None
             for ctx in [c for c in self.contexts.values() if c.conn is conn]:
-                self.scheduler.cancel(ctx.job_id)
+                if not link_dropped:
+                    self.scheduler.cancel(ctx.job_id)
+                    continue
+                del self.contexts[ctx.job_id]
+                job = self.scheduler.jobs.get(ctx.job_id)
+                if job is not None:
+                    self.stats["completion_tokens_total"] += len(job.output)
+                self.scheduler.cancel(ctx.job_id, counted=False)
             for job_id in [j for j, c in self.preparing.items() if c is conn]:
                 del self.preparing[job_id]
                 self._arrived.pop(job_id, None)
