@@ -26,6 +26,8 @@ def use_event_loop() -> str:
 
     Call before ``django.setup()``: a loop made before this is not replaced."""
     choice = env_str("SUPERFLUID_EVENT_LOOP", "uvloop")
+    if choice.strip().lower() in LOOPS:  # in any case, as SUPERFLUID_LOG_LEVEL
+        choice = choice.strip().lower()
     if choice not in LOOPS:
         raise EnvError(f"SUPERFLUID_EVENT_LOOP={choice!r} is not one of {', '.join(LOOPS)}")
     if choice == "uvloop":

@@ -18,6 +18,12 @@ from scheduler.core.scheduler import SchedulerConfig
 from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_str
 
 
+class FlagEnvError(CommandError, EnvError):
+    """A serving flag's variable of the wrong type: a CommandError for the command, an EnvError
+    for manage.py, which prints it as one line (it was raised while serve's parser was built,
+    outside Django's own handling of CommandError: a traceback ended with it)."""
+
+
 def _env(flag: str, default: Any, typ: type | None = None) -> Any:
     """The flag's environment variable, read as the flag's type (``typ``; else the type of its
     default) by superfluid_site.env: a float flag's variable takes ``0.5`` as the flag does."""
@@ -32,7 +38,7 @@ def _env(flag: str, default: Any, typ: type | None = None) -> Any:
             return env_int(name, default)
         return env_str(name, default)
     except EnvError as exc:
-        raise CommandError(f"environment value for {flag}: {exc}") from None
+        raise FlagEnvError(f"environment value for {flag}: {exc}") from None
 
 
 class FlagsCommand(BaseCommand):
@@ -83,6 +89,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
     ],
 }
 ENGINE_FLAGS = [row for rows in ENGINE_FLAG_GROUPS.values() for row in rows]
+ON_OFF_FLAGS = ("--adapt-threads", "--os-pressure")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool = False) -> None:
@@ -96,8 +103,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool 
         engine.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for title, flags in ENGINE_FLAG_GROUPS.items():
         for flag, typ, default, help_text in flags:
-            if flag == "--repack" and _env("--no-repack", False):
-                default = "off"  # SUPERFLUID_NO_REPACK=1, as --no-repack
+            if flag in ON_OFF_FLAGS:  # their variables are booleans: 1/0, true/false, ... in any case
+                value = "on" if _env(flag, default == "on", bool) else "off"
+                groups[title].add_argument(flag, type=typ, default=value, help=_help(f"{help_text} (default: {default!r})"))
+                continue
+            if flag == "--repack":
+                value = _env(flag, "", str).strip().lower()
+                if _env("--no-repack", False):  # SUPERFLUID_NO_REPACK=1, as --no-repack
+                    if value not in ("", "off"):
+                        raise FlagEnvError(f"SUPERFLUID_NO_REPACK=1 and SUPERFLUID_REPACK={value!r} contradict each other: unset one")
+                    value = "off"
+                groups[title].add_argument(flag, type=typ, default=value or default, help=_help(f"{help_text} (default: {default!r})"))
+                continue
             if typ is bool:
                 groups[title].add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
                 continue

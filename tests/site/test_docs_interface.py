@@ -248,6 +248,8 @@ def test_each_serve_flags_documented_variable_and_default_are_the_codes() -> Non
             env[name], expect["config_env"] = "/sentinel/models.yaml", "/sentinel/models.yaml"
         elif flag == "--no-repack":
             continue  # SUPERFLUID_NO_REPACK=1 is SUPERFLUID_REPACK=off: tried on its own below
+        elif default_cell.startswith("`on`"):  # an on/off flag: its variable is a boolean
+            env[name], expect[key] = "0", "off"
         elif given is not None:  # a boolean flag: VAR=1 sets it, VAR=0 (a negated one) sets it too
             env[name] = given
             expect[key] = True

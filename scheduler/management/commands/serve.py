@@ -595,10 +595,11 @@ class Command(FlagsCommand):
         else:
             model_name = ", ".join(m.id for m in pool_setup.config.models)
         try:
-            parse_rate(options["completion_rate"])
+            completion_rate = parse_rate(options["completion_rate"])
         except ValueError as exc:
             raise CommandError(f"--completion-rate: {exc}") from None
-        if options["completion_burst"] < 1 or options["rate_limit"] < 0:
+        # the burst is the bucket's capacity: with --completion-rate 0 there is no bucket
+        if (completion_rate > 0 and options["completion_burst"] < 1) or options["completion_burst"] < 0 or options["rate_limit"] < 0:
             raise CommandError("--completion-burst must be at least 1 and --rate-limit 0 or more")
         if options["max_body_bytes"] < 1 or not 0 <= options["body_timeout"] < float("inf"):
             # 0 bytes refused every request with 413; a negative or NaN timeout bounded nothing
