@@ -244,6 +244,9 @@ def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Cal
         if not isinstance(anode, yaml.SequenceNode):
             raise where.error(anode, f"{key}.aliases", "must be a list of names")
         aliases = [_str(where, a, f"{key}.aliases") for a in anode.value]
+        for i, alias in enumerate(aliases):  # /v1/models listed a name twice
+            if alias == mid or alias in aliases[:i]:
+                raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} is already a name of {mid!r}")
     kw: dict[str, Any] = {}
     if "max_batch" in fields:
         kw["max_batch"] = _int(where, fields["max_batch"][1], f"{key}.max_batch", 1, MAX_BATCH_LIMIT)
@@ -268,6 +271,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{source}{line}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
     if root is None:
         raise ConfigError(f"{source}: models: is required (the file is empty)")
     top = _mapping(where, root, "")
