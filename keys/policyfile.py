@@ -96,6 +96,15 @@ def _check_encodable(value: Any, where: str) -> None:
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(item))
 
 
+class FileKeys(dict[str, Key]):
+    """The file's keys by digest, and its policies by name (``policies``): a policy that no key
+    of the file follows is still one ``SUPERFLUID_API_KEY_POLICY`` may name."""
+
+    def __init__(self, keys: dict[str, Key], policies: dict[str, Policy]) -> None:
+        super().__init__(keys)
+        self.policies = policies
+
+
 def parse_policy_file(text: str) -> dict[str, Key]:
     """Keys by digest, from the file's text; PolicyFileError says what is wrong and where."""
     try:
@@ -138,7 +147,7 @@ def parse_policy_file(text: str) -> dict[str, Key]:
         names.add(raw["name"])
         # negative ids: never a database row (last-used times are not recorded for them)
         keys[digest] = Key(id=-(i + 1), name=raw["name"], digest=digest, policy=policies.get(policy_name) if policy_name else None)
-    return keys
+    return FileKeys(keys, policies)
 
 
 _loaded: dict[str, dict[str, Key]] = {}

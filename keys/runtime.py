@@ -89,7 +89,8 @@ def static_key(from_file: dict[str, Key] | None = None) -> Key | None:
         if row is not None:
             policy = policy_of(row)
         else:
-            policy = next((k.policy for k in (from_file or {}).values() if k.policy is not None and k.policy.name == name), None)
+            # the file's policies, also one no file key follows (the file a container holds for it)
+            policy = getattr(from_file, "policies", {}).get(name) or next((k.policy for k in (from_file or {}).values() if k.policy is not None and k.policy.name == name), None)
         if policy is None:
             log.error("SUPERFLUID_API_KEY_POLICY names no policy %r: the static key is refused until one exists", name)
             return None
