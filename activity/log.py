@@ -120,7 +120,10 @@ def prune(days: int | None = None) -> int:
     days = retention_days() if days is None else days
     if days <= 0:
         return 0
-    cutoff = timezone.now() - datetime.timedelta(days=days)
+    try:
+        cutoff = timezone.now() - datetime.timedelta(days=days)
+    except OverflowError:  # a cutoff before year 1: no row is that old
+        return 0
     deleted, _ = ActivityEntry.objects.filter(time__lt=cutoff).delete()
     if deleted:
         log.info("activity log: pruned %d entries older than %d days", deleted, days)

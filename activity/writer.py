@@ -107,7 +107,7 @@ class ActivityWriter:
                 self.written += len(rows)
                 return
             except (DataError, IntegrityError):  # a row the database refuses: not the others
-                if len(rows) > 1:
+                if len(rows) > 1 or (rows and touches):  # one refused row: not the keys' times
                     self._write_each(rows, touches)
                     return
                 self.failed += 1
