@@ -119,6 +119,6 @@ def snapshot_age_ms(link: Any) -> int | None:
     then shows it as that old at once, not as live until no push came for a while. None while
     the worker is connected, for a Redis fleet's view (always current) or where unknown."""
     snapshot, at = getattr(link, "snapshot", None), getattr(link, "snapshot_at", None)
-    if not snapshot or at is None or "fleet" in snapshot or getattr(link, "connected", True):
+    if not snapshot or at is None or "fleet" in snapshot or getattr(link, "snapshot_connected", getattr(link, "connected", True)):
         return None
     return max(0, round((time.monotonic() - at) * 1000))

@@ -155,6 +155,24 @@ class PoolLink(Transport):
     def snapshot(self, value: Any) -> None:
         pass
 
+    # when that snapshot came, and whether its worker is still there (a worker away: crashed,
+    # restarting): the dashboard shows a page opened meanwhile the snapshot as that old, not
+    # live. The pool link itself is always "connected" (models load on demand), so its own
+    # snapshot_at (never set) and connected told the page nothing.
+    @property  # type: ignore[override]
+    def snapshot_at(self) -> float | None:
+        link = self._latest()
+        return link.snapshot_at if link is not None else None
+
+    @snapshot_at.setter
+    def snapshot_at(self, value: Any) -> None:
+        pass
+
+    @property
+    def snapshot_connected(self) -> bool:
+        link = self._latest()
+        return link is None or bool(link.connected)
+
     @property  # type: ignore[override]
     def hello(self) -> Hello | None:
         link = self._latest()
