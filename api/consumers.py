@@ -169,7 +169,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         this side (the answer to "why did my request wait" for a client that gave up waiting, or
         one that waited for a model that never loaded)."""
         now = time.time()
-        first = self.first_token_s
+        # a resumed stream whose client had tokens from the first head: when is not known here
+        first = None if getattr(self, "resumed_after_tokens", False) else self.first_token_s
         return {
             "total_ms": round((now - self.record.started_s) * 1000, 1),
             "ttft_ms": round((first - self.record.started_s) * 1000, 1) if first is not None else None,
@@ -490,8 +491,14 @@ class GenerationConsumer(StreamingConsumer):
             raise gone
         handle, meta = attached
         self.record.request_id = job_id
+        self.resumed_after_tokens = int(seen) > 0
+        started = meta.get("started")  # the client's arrival at the first head: the row is the request's
+        if isinstance(started, (int, float)) and not isinstance(started, bool) and 0 < started <= time.time():
+            self.record.started_s = float(started)
         try:
             qos = QosClass(int(meta.get("qos", QosClass.INTERACTIVE)))
+            priority = handle.submit.priority
+            self.note_class(qos, priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)  # as the first head's row had them
             reply = self.reply(request, id=meta.get("id"), created=meta.get("created"))
             await self.pump_stream(request, handle, qos, reply, [], ids=True, skip=int(seen))
         except BaseException:  # the client left, or this response failed: the job stops too
@@ -504,7 +511,7 @@ class GenerationConsumer(StreamingConsumer):
         reply = self.reply(request)
         ids = bool(getattr(link, "resumable", False))
         if ids:  # another head can go on with this stream if this one dies
-            meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos)}
+            meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos), "started": self.record.started_s}
             await link.remember_stream(handle.job_id, meta)
         pending: list[Any] = []
         if qos is QosClass.COMPLETION:
