@@ -25,7 +25,7 @@ import numpy as np
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, seed32
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, swap_keys
 from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
-from scheduler.engines.sampling import logprobs_of
+from scheduler.engines.sampling import logprobs_of, repeat_penalty_of
 from scheduler.engines.threads import OTHERS_BUSY_CORES, OtherCpu, ThreadGovernor, step_kind
 
 log = logging.getLogger("superfluid.engine")
@@ -917,13 +917,22 @@ class LlamaCppEngine(LaneEngine):
         if sp.repeat_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0:
             args: tuple[Any, ...] = (
                 _PENALTY_LAST_N,
-                sp.repeat_penalty,
+                repeat_penalty_of(sp),  # floored: a tinier one overflows float32 to +inf, then NaN
                 sp.frequency_penalty,
                 sp.presence_penalty,
             )
             if _PENALTIES_TAKE_N_VOCAB:
                 args = (self.vocab_size, *args)
             add(chain, L.llama_sampler_init_penalties(*args))
+            # a penalty can lift a banned token in its window (a repeat penalty below 1 shrinks
+            # the ban's negative logit towards 0, a negative one adds to it): ban it again after
+            bans = [t for t, b in biases.items() if b <= -100.0]
+            if bans:
+                again = (L.llama_logit_bias * len(bans))()
+                for i, t in enumerate(bans):
+                    again[i].token = t
+                    again[i].bias = _BAN
+                add(chain, L.llama_sampler_init_logit_bias(self.vocab_size, len(bans), again))
         grammar = None
         if sp.grammar:
             grammar = L.llama_sampler_init_grammar(self._vocab, sp.grammar.encode("utf-8"), b"root")

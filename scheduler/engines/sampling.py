@@ -25,6 +25,19 @@ PENALTY_LAST_N = 64  # as the llama.cpp engine's _PENALTY_LAST_N
 # the grammar allows only banned tokens the draw still lands on one it allows.
 BAN = -1.0e9
 _F32_MAX = float(np.finfo(np.float32).max)
+# The smallest repeat penalty either engine applies, divided by a temperature below 1: a repeated
+# token's positive logit divided by it (and then by the temperature) stays finite in float32 up
+# to a logit of 1e4, where a tinier one made it +inf (llama.cpp's softmax NaN: garbage tokens)
+# or tied every repeated token at float32's max (the NumPy clamp). Either way a repeated token
+# with a positive logit wins, the best of them first.
+MIN_REPEAT_PENALTY = 1e-34
+
+
+def repeat_penalty_of(sp: SamplingParams) -> float:
+    """The repeat penalty both engines apply for ``sp`` (:data:`MIN_REPEAT_PENALTY`); greedy
+    below a temperature of 1e-30, as the llama.cpp engine's ``_MIN_TEMPERATURE``."""
+    scale = 1.0 if sp.temperature < 1e-30 else min(sp.temperature, 1.0)
+    return max(sp.repeat_penalty, MIN_REPEAT_PENALTY / scale)
 
 
 class TokenConstraint(Protocol):
@@ -91,13 +104,14 @@ class LaneSampler:
         count x frequency penalty + presence penalty."""
         sp = self.params
         logits = np.array(logits, dtype=np.float32)
+        repeat_penalty = repeat_penalty_of(sp)
         if self.penalised and self.recent:
             ids, counts = np.unique(np.fromiter(self.recent, dtype=np.int64), return_counts=True)
             inside = ids < logits.shape[0]
             ids, counts = ids[inside], counts[inside]
             vals = logits[ids].astype(np.float64)
             with np.errstate(over="ignore"):
-                vals = np.where(vals <= 0, vals * sp.repeat_penalty, vals / sp.repeat_penalty)
+                vals = np.where(vals <= 0, vals * repeat_penalty, vals / repeat_penalty)
             vals -= counts * sp.frequency_penalty + sp.presence_penalty
             # repeat_penalty has no upper bound: a finite logit stays finite (clamped to float32's
             # range), as +inf would drop the token the penalty favours from the draw and -inf
@@ -115,6 +129,13 @@ class LaneSampler:
             if 0 <= t < n:
                 logits[t] += b
         logits = self.penalise(logits)
+        if self.penalised:
+            # a penalty can lift a banned token in its window (a repeat penalty below 1 shrinks
+            # the ban's negative logit towards 0, a negative one adds to it): ban it again after,
+            # as the llama.cpp engine's chain does
+            for t, b in self.biases.items():
+                if b == BAN and 0 <= t < n:
+                    logits[t] += BAN
         if self.grammar is not None:
             allowed = self.grammar.allowed()[:n]
             if allowed.shape[0] < n:
