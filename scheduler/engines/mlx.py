@@ -62,6 +62,7 @@ _FIM_TEXTS = (
 # (StarCoder's "<file_sep>" is not one: llama.cpp leaves SmolLM2's, id 5, without that role)
 _FIM_SEP_TEXTS = ("<|file_sep|>",)  # Qwen2.5-Coder
 _FIM_REP_TEXTS = ("<|repo_name|>", "<reponame>")  # Qwen2.5-Coder; StarCoder's, as SmolLM2 has
+_FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")  # llama-vocab.cpp's FIM pad texts (Qwen, Granite, Kimi-K2)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,11 @@ class MlxEngine(LaneEngine):
         if self.eos_id is not None:
             eog.add(self.eos_id)
         eog.update(i for i, t in added.items() if t.content in _EOG_TEXTS)
+        # llama.cpp's vocabulary also ends generation on its FIM pad, repository and file
+        # separator tokens (SmolLM2's <reponame>)
+        eog.update(i for i in self.fim_repo_tokens() if i is not None)
+        pad = next((i for i in (self._tok.token_to_id(n) for n in _FIM_PAD_TEXTS) if i is not None), None)  # the first, as llama.cpp
+        eog.update(i for i in (pad,) if i is not None)
         self._eog = frozenset(int(i) for i in eog)
 
         self.chat_template: str | None = _read_chat_template(folder, tok_config)

@@ -104,6 +104,14 @@ def test_engine_describes_itself(engine: Any) -> None:
     assert engine.is_eog(2) and not engine.is_eog(engine.tokenize("Paris")[0])
 
 
+def test_a_reply_ends_on_the_tokens_llama_cpp_ends_it_on(engine: Any) -> None:
+    """llama.cpp's vocabulary ends generation on EOS/EOT and also on its FIM pad, repository and
+    file-separator tokens: SmolLM2's <reponame> (id 4). MLX did not, so a greedy reply that
+    reached it ended on llama.cpp and ran on (printing nothing for it) on MLX, and ignore_eos
+    banned it on one engine only."""
+    assert [t for t in range(engine.vocab_size) if engine.is_eog(t)] == [0, 2, 4]
+
+
 def test_render_chat_applies_the_models_template(engine: Any) -> None:
     assert engine.render_chat([{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -270,9 +278,13 @@ def test_a_seeded_reply_parked_and_resumed_in_another_lane_is_the_reply_it_gives
     assert run.output == alone
 
 
-def test_restoring_something_that_is_not_this_engines_park_artifact_raises(engine: Any) -> None:
+def test_restoring_something_that_is_not_this_engines_park_artifact_loses_that_lane_only(engine: Any) -> None:
+    """The engine's load refuses it; the tick does not fail: it reports the lane lost (its job
+    is computed again: docs/scheduling.md)."""
     with pytest.raises(EngineError):
-        engine.execute(TickPlan(tick=1, restore=[LaneRestore(1, "x", object())]), never)
+        engine.load(1, object())
+    result = engine.execute(TickPlan(tick=1, restore=[LaneRestore(1, "x", object())]), never)
+    assert result.lost == {1}
 
 
 def test_should_stop_ends_the_tick_at_the_next_step_and_resumes_exactly(
@@ -708,12 +720,14 @@ def test_a_plain_greedy_lane_picks_what_llama_cpps_greedy_sampler_picks(llamacpp
     assert not llamacpp._argmax_lanes
 
 
-def test_restoring_garbage_state_bytes_raises(llamacpp: Any) -> None:
+def test_restoring_garbage_state_bytes_loses_that_lane_only(llamacpp: Any) -> None:
     from scheduler.engines.llama_cpp import ParkedKV
 
-    plan = TickPlan(tick=1, restore=[LaneRestore(1, "x", ParkedKV(b"\x00" * 64, 3))])
+    garbage = ParkedKV(b"\x00" * 64, 3)
     with pytest.raises(EngineError):
-        llamacpp.execute(plan, never)
+        llamacpp.load(1, garbage)
+    result = llamacpp.execute(TickPlan(tick=1, restore=[LaneRestore(1, "x", garbage)]), never)
+    assert result.lost == {1}
 
 
 def test_scoring_a_greedy_continuation_finds_each_token_the_likeliest(
