@@ -226,17 +226,20 @@ class GenerationRequest:
     def choices(self) -> list[GenerationRequest]:
         """One single-choice request per choice, in OpenAI's ``index`` order: prompt by prompt,
         ``n`` choices each (index = prompt * n + j). With a ``seed``, choice j samples with
-        ``seed + j``: the same request gives the same choices, and they differ from each other.
+        ``seed + j`` (passing over a seed read as random): the same request gives the same
+        choices, and they differ from each other.
         A seed that both engines read as "random" (``-1``: its low 32 bits all ones, llama.cpp's
         LLAMA_DEFAULT_SEED) leaves every choice random, not only the first."""
         prompts: list[Any] = list(self.prompts) if self.prompts is not None else [self.prompt]
         out: list[GenerationRequest] = []
         random = self.seed is not None and seed32(self.seed) is None
         for prompt in prompts:
+            seed = None if random else self.seed
             for j in range(self.n):
-                seed = None if random else self.seed
-                if seed is not None and j:
-                    seed = (seed + j - _INT64_MIN) % 2**64 + _INT64_MIN
+                # the next seed for each choice after the first, passing over one whose low 32
+                # bits are all ones (seed 4294967294's second choice): that one would be random
+                while seed is not None and j and seed32(seed := (seed + 1 - _INT64_MIN) % 2**64 + _INT64_MIN) is None:
+                    pass
                 out.append(dataclasses.replace(
                     self, n=1, prompts=None, prompt=list(prompt) if isinstance(prompt, list) else prompt, seed=seed,
                     messages=[dict(m) for m in self.messages] if self.messages is not None else None,

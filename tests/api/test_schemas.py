@@ -9,7 +9,7 @@ import pytest
 
 from api.errors import ApiError
 from api.schemas import GenerationRequest, parse_chat_request, parse_completion_request
-from scheduler.core.types import SamplingParams
+from scheduler.core.types import SamplingParams, seed32
 from scheduler.link.messages import Submit, decode, encode
 
 MODELS = ("smollm2", "other-model")
@@ -606,7 +606,17 @@ def test_choices_are_ordered_prompt_by_prompt_n_each_with_distinct_seeds() -> No
     assert [c.prompt for c in choices] == ["a", "a", "a", "b", "b", "b"]
     assert [c.seed for c in choices] == [7, 8, 9, 7, 8, 9]
     assert [c.seed for c in completion(n=2).choices()] == [None, None]
-    assert completion(n=3, seed=2**63 - 2).choices()[2].seed == -(2**63)  # wraps in int64
+    # wraps in int64, passing over 2**63 - 1, whose low 32 bits are all ones (random)
+    assert [c.seed for c in completion(n=3, seed=2**63 - 2).choices()] == [2**63 - 2, -(2**63), -(2**63) + 1]
+
+
+def test_no_choice_after_the_first_gets_a_seed_read_as_random() -> None:
+    """Choice j samples with seed + j: seed 4294967294's second choice got 4294967295, which both
+    engines read as llama.cpp's random seed, so that choice changed on every run of the same
+    request (docs/api.md: the same request gives the same choices)."""
+    seeds = [c.seed for c in completion(n=3, seed=2**32 - 2).choices()]
+    assert seeds == [2**32 - 2, 2**32, 2**32 + 1]
+    assert all(seed32(s) is not None for s in seeds)
 
 
 def test_seed_minus_one_leaves_every_choice_random_not_only_the_first() -> None:
