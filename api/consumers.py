@@ -497,7 +497,8 @@ class GenerationConsumer(StreamingConsumer):
             self.record.started_s = float(started)
         try:
             qos = QosClass(int(meta.get("qos", QosClass.INTERACTIVE)))
-            priority = handle.submit.priority
+            # the first head's note (a job that ended before this head attached has no Submit left)
+            priority = meta.get("priority", handle.submit.priority)
             self.note_class(qos, priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)  # as the first head's row had them
             reply = self.reply(request, id=meta.get("id"), created=meta.get("created"))
             await self.pump_stream(request, handle, qos, reply, [], ids=True, skip=int(seen))
@@ -511,7 +512,7 @@ class GenerationConsumer(StreamingConsumer):
         reply = self.reply(request)
         ids = bool(getattr(link, "resumable", False))
         if ids:  # another head can go on with this stream if this one dies
-            meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos), "started": self.record.started_s}
+            meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos), "priority": self.record.priority, "started": self.record.started_s}
             await link.remember_stream(handle.job_id, meta)
         pending: list[Any] = []
         if qos is QosClass.COMPLETION:

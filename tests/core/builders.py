@@ -79,3 +79,31 @@ def outputs(events: list[Event]) -> dict[str, list[int]]:
 
 def finished(events: list[Event]) -> dict[str, str]:
     return {e.job_id: e.reason or "" for e in events if e.kind == "finished"}
+
+
+class RecordingConn:
+    """A web side's connection to a worker (``EngineWorker.handle``) that keeps what it is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def queue(self, message: Any) -> None:
+        self.sent.append(message)
+
+    def texts(self) -> dict[str, str]:
+        """Each job's streamed text, by job id."""
+        from scheduler.link.messages import Delta
+
+        out: dict[str, str] = {}
+        for m in self.sent:
+            if isinstance(m, Delta):
+                out[m.id] = out.get(m.id, "") + m.text
+        return out
+
+
+def run_worker(worker: Any, ticks: int = 2000) -> None:
+    """Tick ``worker`` until it is idle; fails if it does not get there in ``ticks``."""
+    for _ in range(ticks):
+        if not worker.run_tick() and worker.scheduler.idle:
+            return
+    raise AssertionError("the worker did not go idle")

@@ -14,9 +14,18 @@ from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job
 from scheduler.engines.base import EngineError
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import Delta, Done, Error, Submit
+from scheduler.link.messages import Done, Error, Submit
 from scheduler.worker.loop import EngineWorker
-from tests.core.builders import finished, make_job, make_scheduler, outputs, run_until_idle, tick
+from tests.core.builders import (
+    RecordingConn,
+    finished,
+    make_job,
+    make_scheduler,
+    outputs,
+    run_until_idle,
+    run_worker,
+    tick,
+)
 
 
 class LoadFails(SimEngine):
@@ -37,34 +46,11 @@ class EvictSaveFails(SimEngine):
         return super().save(seq)
 
 
-class Conn:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def queue(self, message: Any) -> None:
-        self.sent.append(message)
-
-
-def _run(worker: EngineWorker, ticks: int = 2000) -> None:
-    for _ in range(ticks):
-        if not worker.run_tick() and worker.scheduler.idle:
-            return
-    raise AssertionError("the worker did not go idle")
-
-
-def _texts(conn: Conn) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for m in conn.sent:
-        if isinstance(m, Delta):
-            out[m.id] = out.get(m.id, "") + m.text
-    return out
-
-
-def _preempt_and_resume(engine_class: type[SimEngine]) -> tuple[Conn, EngineWorker]:
+def _preempt_and_resume(engine_class: type[SimEngine]) -> tuple[RecordingConn, EngineWorker]:
     clock = FakeClock()
     engine = engine_class(n_lanes=2, lane_ctx=512, clock=clock)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
-    conn = Conn()
+    conn = RecordingConn()
     for job_id in ("a", "b"):
         agent = {"endpoint": "completions", "prompt": f"agent {job_id}'s prompt", "max_tokens": 30}
         worker.handle(conn, Submit(job_id, agent, qos=2))  # type: ignore[arg-type]
@@ -72,7 +58,7 @@ def _preempt_and_resume(engine_class: type[SimEngine]) -> tuple[Conn, EngineWork
         worker.run_tick()
     chat = {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}
     worker.handle(conn, Submit("chat", chat, qos=0))  # type: ignore[arg-type]
-    _run(worker)
+    run_worker(worker)
     return conn, worker
 
 
@@ -84,24 +70,24 @@ def test_a_restore_that_fails_recomputes_the_parked_job_and_fails_no_other() -> 
     assert [m for m in conn.sent if isinstance(m, Error)] == []
     assert {m.id for m in conn.sent if isinstance(m, Done)} == {"a", "b", "chat"}
     # recomputed from its prompt and its tokens so far: the same text as with the restore
-    assert _texts(conn) == _texts(reference)
+    assert conn.texts() == reference.texts()
     done = {m.id: m for m in conn.sent if isinstance(m, Done)}
     assert all(d.usage["completion_tokens"] == 30 for k, d in done.items() if k != "chat")
 
 
-def _shared_prefixes(engine_class: type[SimEngine]) -> tuple[Conn, EngineWorker]:
+def _shared_prefixes(engine_class: type[SimEngine]) -> tuple[RecordingConn, EngineWorker]:
     """Two pairs of requests, each pair sharing a long prefix; one cache slot, so the first
     pair's prefix is moved to host memory to make room for the second's."""
     clock = FakeClock()
     engine = engine_class(n_lanes=2, lane_ctx=512, clock=clock, cache_slots=1)
     config = SchedulerConfig(max_batch=2, lane_ctx=512, cache_slots=1)
     worker = EngineWorker(engine, config, model_name="sim", clock=clock)
-    conn = Conn()
+    conn = RecordingConn()
     for k, prefix in enumerate(("The first long shared system prompt, " * 3, "Another long shared system prompt here, " * 3)):
         for i in range(2):
             body = {"endpoint": "completions", "prompt": f"{prefix}question {i}", "max_tokens": 4}
             worker.handle(conn, Submit(f"p{k}-{i}", body, qos=2))  # type: ignore[arg-type]
-        _run(worker)
+        run_worker(worker)
     return conn, worker
 
 
@@ -112,7 +98,7 @@ def test_an_eviction_whose_save_fails_drops_the_cache_entry_and_fails_no_job() -
     conn, worker = _shared_prefixes(EvictSaveFails)
     assert [m for m in conn.sent if isinstance(m, Error)] == []
     assert {m.id for m in conn.sent if isinstance(m, Done)} == {"p0-0", "p0-1", "p1-0", "p1-1"}
-    assert _texts(conn) == _texts(reference)
+    assert conn.texts() == reference.texts()
     assert worker.scheduler.pool.host_entries() == []  # the entry whose save failed is dropped
 
 
@@ -155,14 +141,14 @@ class ImportFails(SimEngine):
         super().load(seq, artifact)
 
 
-def _import_back(engine_class: type[SimEngine]) -> tuple[Conn, EngineWorker]:
+def _import_back(engine_class: type[SimEngine]) -> tuple[RecordingConn, EngineWorker]:
     """The first pair's prefix, moved to host memory for the second's, is imported back by a
     later request that shares it."""
     conn, worker = _shared_prefixes(engine_class)
     assert len(worker.scheduler.pool.host_entries()) == 1
     body = {"endpoint": "completions", "prompt": "The first long shared system prompt, " * 3 + "question 9", "max_tokens": 4}
     worker.handle(conn, Submit("again", body, qos=2))  # type: ignore[arg-type]
-    _run(worker)
+    run_worker(worker)
     return conn, worker
 
 
@@ -172,7 +158,7 @@ def test_an_import_from_host_that_fails_drops_the_entry_and_the_job_prefills_its
     conn, worker = _import_back(ImportFails)
     assert worker.scheduler.pool.counters["host_imports"] == 0  # tried, and failed: none imported
     assert [m for m in conn.sent if isinstance(m, Error)] == []
-    assert _texts(conn) == _texts(reference)
+    assert conn.texts() == reference.texts()
     done = {m.id: m for m in conn.sent if isinstance(m, Done)}
     assert done["again"].usage["cached_tokens"] == 0  # prefilled, not taken from the cache
     first = list(("The first long shared system prompt, " * 3).encode())
@@ -205,7 +191,7 @@ def test_a_prefix_store_that_fails_drops_the_cache_entry_and_fails_no_job() -> N
     conn, worker = _shared_prefixes(StoreFails)
     assert [m for m in conn.sent if isinstance(m, Error)] == []
     assert {m.id for m in conn.sent if isinstance(m, Done)} == {"p0-0", "p0-1", "p1-0", "p1-1"}
-    assert _texts(conn) == _texts(reference)
+    assert conn.texts() == reference.texts()
     assert worker.scheduler.pool.entries == {}  # nothing was stored: no entry claims a slot
     assert worker.scheduler.pool.counters["stored"] == 0
 
@@ -214,7 +200,7 @@ def test_a_prefix_copy_into_a_lane_that_fails_prefills_that_prompt_and_fails_no_
     reference, _ = _shared_prefixes(SimEngine)
     conn, _ = _shared_prefixes(CopyFails)
     assert [m for m in conn.sent if isinstance(m, Error)] == []
-    assert _texts(conn) == _texts(reference)
+    assert conn.texts() == reference.texts()
     done = {m.id: m for m in conn.sent if isinstance(m, Done)}
     ref_done = {m.id: m for m in reference.sent if isinstance(m, Done)}
     assert any(d.usage["cached_tokens"] for d in ref_done.values())  # the reference copied prefixes

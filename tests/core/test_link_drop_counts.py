@@ -13,24 +13,17 @@ from typing import Any
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
-from scheduler.link.messages import Delta, Done, Message, Submit
+from scheduler.link.messages import Delta, Done, Submit
 from scheduler.worker.loop import EngineWorker
 from scheduler.worker.server import Disconnected
-
-
-class FakeConn:
-    def __init__(self) -> None:
-        self.sent: list[Message] = []
-
-    def queue(self, message: Message) -> None:
-        self.sent.append(message)
+from tests.core.builders import RecordingConn
 
 
 def test_jobs_submitted_again_after_a_link_drop_are_counted_once_and_never_as_cancelled() -> None:
     clock = FakeClock()
     engine = SimEngine(n_lanes=2, lane_ctx=512, clock=clock)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
-    old, new = FakeConn(), FakeConn()
+    old, new = RecordingConn(), RecordingConn()
     request: dict[str, Any] = {"endpoint": "completions", "prompt": "hello there", "max_tokens": 20}
     worker.handle(old, Submit(id="a", request=request, qos=2))  # type: ignore[arg-type]
     worker.handle(old, Submit(id="b", request=request, qos=2))  # type: ignore[arg-type]

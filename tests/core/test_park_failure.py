@@ -12,6 +12,7 @@ from scheduler.engines.base import EngineError
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import Done, Error, Submit
 from scheduler.worker.loop import EngineWorker
+from tests.core.builders import RecordingConn, run_worker
 
 
 class SaveFails(SimEngine):
@@ -21,28 +22,18 @@ class SaveFails(SimEngine):
         return super().save(seq)
 
 
-class Conn:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def queue(self, message: Any) -> None:
-        self.sent.append(message)
-
-
 def test_a_park_whose_save_fails_recomputes_the_victim_and_fails_no_other_job() -> None:
     clock = FakeClock()
     engine = SaveFails(n_lanes=2, lane_ctx=512, clock=clock)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
-    conn = Conn()
+    conn = RecordingConn()
     agent = {"endpoint": "completions", "prompt": "an agent's prompt", "max_tokens": 30}
     worker.handle(conn, Submit("a", agent, qos=2))  # type: ignore[arg-type]
     worker.handle(conn, Submit("b", agent, qos=2))  # type: ignore[arg-type]
     for _ in range(6):
         worker.run_tick()
     worker.handle(conn, Submit("chat", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3}, qos=0))  # type: ignore[arg-type]
-    for _ in range(500):
-        if not worker.run_tick() and worker.scheduler.idle:
-            break
+    run_worker(worker, 500)
     errors = [m for m in conn.sent if isinstance(m, Error)]
     done = {m.id for m in conn.sent if isinstance(m, Done)}
     assert errors == []

@@ -20,38 +20,56 @@ from .test_resume_sim import deltas_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+class _Resumed:
+    """A stream whose first head died after 3 deltas, and the head its client comes back to
+    (``Last-Event-ID``), 0.3 s later; the activity rows the heads write are kept in ``rows``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import api.consumers as consumers
+
+        self.rows: list[Any] = []
+
+        async def keep(record: Any) -> None:
+            self.rows.append(record)
+
+        monkeypatch.setattr(consumers, "record_request", keep)
+        monkeypatch.setattr(consumers, "body_digest", lambda _request: "same-body")
+
+    async def start(self, redis_server: RedisServer, prefix: str, step_s: float, max_tokens: int) -> None:
+        self.worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(step_s)).start()
+        first = await head(redis_server.url, prefix)
+        self.began = time.time()
+        self.handle = await first.submit(request=completion("a tale", max_tokens=max_tokens), qos=1, priority=7)
+        meta = {"key": None, "body": "same-body", "id": "chatcmpl-x", "created": int(self.began), "qos": 1, "priority": 7, "started": self.began}
+        await first.remember_stream(self.handle.job_id, meta)
+        await deltas_until(self.handle, 3)
+        await asyncio.sleep(0.3)  # the client reconnects a while after its head died
+        await first.stop()
+        self.second = install(await head(redis_server.url, prefix))
+        from superfluid_site.asgi import application
+
+        body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "a tale"}], "max_tokens": max_tokens, "stream": True}).encode()
+        headers = [(b"content-type", b"application/json"), (b"host", b"127.0.0.1"), (b"last-event-id", f"{self.handle.job_id}:3".encode())]
+        self.body = body
+        self.comm = HttpCommunicator(application, "POST", "/v1/chat/completions", body=body, headers=headers)
+
+    async def stop(self) -> None:
+        await self.second.stop()
+        forget(asyncio.get_running_loop())
+        self.worker.stop()
+
+
 async def test_a_resumed_streams_row_has_its_class_and_the_requests_times(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
-    import api.consumers as consumers
-    from superfluid_site.asgi import application
-
-    rows: list[Any] = []
-
-    async def keep(record: Any) -> None:
-        rows.append(record)
-
-    monkeypatch.setattr(consumers, "record_request", keep)
-    monkeypatch.setattr(consumers, "body_digest", lambda _request: "same-body")
-    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.005)).start()
-    first = await head(redis_server.url, prefix)
-    began = time.time()
-    handle = await first.submit(request=completion("a tale", max_tokens=60), qos=1, priority=7)
-    await first.remember_stream(handle.job_id, {"key": None, "body": "same-body", "id": "chatcmpl-x", "created": int(began), "qos": 1, "started": began})
-    await deltas_until(handle, 3)
-    await asyncio.sleep(0.3)  # the client reconnects a while after its head died
-    await first.stop()
-    second = install(await head(redis_server.url, prefix))
+    resumed = _Resumed(monkeypatch)
     try:
-        body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "a tale"}], "max_tokens": 60, "stream": True}).encode()
-        headers = [(b"content-type", b"application/json"), (b"host", b"127.0.0.1"), (b"last-event-id", f"{handle.job_id}:3".encode())]
-        comm = HttpCommunicator(application, "POST", "/v1/chat/completions", body=body, headers=headers)
-        response = await comm.get_response(timeout=30)
+        await resumed.start(redis_server, prefix, 0.005, 60)
+        response = await resumed.comm.get_response(timeout=30)
         assert response["status"] == 200, response
         assert b"[DONE]" in response["body"]
         ended = time.time()
     finally:
-        await second.stop()
-        forget(asyncio.get_running_loop())
-        worker.stop()
+        await resumed.stop()
+    rows, began = resumed.rows, resumed.began
     (row,) = rows
     # the class it ran in, as the first head's row would have said (the activity log's filters)
     assert row.qos == "completion" and row.priority == 7, row
@@ -88,36 +106,18 @@ async def test_a_streams_resume_note_carries_its_clients_arrival(monkeypatch: py
         worker.stop()
     (meta,) = notes
     assert began - 0.05 <= meta["started"] <= time.time(), meta
+    assert meta["priority"] == 0, meta
 
 
 async def test_a_resumed_stream_its_client_left_has_its_times_from_its_first_arrival(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
     """No Done came (the client left the resumed stream too): the row's times are what the web
     side saw, from the client's first arrival; its first token came from the first head, at a
     time this head does not know, so no time to it is made up from the first token this head sent."""
-    import api.consumers as consumers
-    from superfluid_site.asgi import application
-
-    rows: list[Any] = []
-
-    async def keep(record: Any) -> None:
-        rows.append(record)
-
-    monkeypatch.setattr(consumers, "record_request", keep)
-    monkeypatch.setattr(consumers, "body_digest", lambda _request: "same-body")
-    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.02)).start()
-    first = await head(redis_server.url, prefix)
-    began = time.time()
-    handle = await first.submit(request=completion("a tale", max_tokens=200), qos=1, priority=7)
-    await first.remember_stream(handle.job_id, {"key": None, "body": "same-body", "id": "chatcmpl-x", "created": int(began), "qos": 1, "started": began})
-    await deltas_until(handle, 3)
-    await asyncio.sleep(0.3)
-    await first.stop()
-    second = install(await head(redis_server.url, prefix))
+    resumed = _Resumed(monkeypatch)
     try:
-        body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "a tale"}], "max_tokens": 200, "stream": True}).encode()
-        headers = [(b"content-type", b"application/json"), (b"host", b"127.0.0.1"), (b"last-event-id", f"{handle.job_id}:3".encode())]
-        comm = HttpCommunicator(application, "POST", "/v1/chat/completions", body=body, headers=headers)
-        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+        await resumed.start(redis_server, prefix, 0.02, 200)
+        comm = resumed.comm
+        await comm.send_input({"type": "http.request", "body": resumed.body, "more_body": False})
         start = await comm.receive_output(30)
         assert start["status"] == 200
         got = b""
@@ -125,13 +125,12 @@ async def test_a_resumed_stream_its_client_left_has_its_times_from_its_first_arr
             got += (await comm.receive_output(30)).get("body", b"")
         await comm.send_input({"type": "http.disconnect"})
         for _ in range(200):
-            if rows:
+            if resumed.rows:
                 break
             await asyncio.sleep(0.02)
     finally:
-        await second.stop()
-        forget(asyncio.get_running_loop())
-        worker.stop()
+        await resumed.stop()
+    rows, began = resumed.rows, resumed.began
     (row,) = rows
     assert row.finish_reason is None and row.qos == "completion", row
     assert row.timing["total_ms"] >= 300 and abs(row.started_s - began) < 0.05, row
