@@ -98,8 +98,7 @@ class KeyPolicy(models.Model):
         from .policyfile import file_keys
 
         stored = KeyPolicy.objects.filter(pk=self.pk).values_list("name", flat=True).first() if self.pk is not None else None
-        file_policies = {k.policy.name for k in file_keys().values() if k.policy is not None} | set(getattr(file_keys(), "policies", ()))
-        if self.name != stored and self.name in file_policies:
+        if self.name != stored and self.name in file_keys().policies:  # every file key's policy is one
             # limits and the prefix-cache scope go by the policy's name: two tenants would share them.
             # Checked for a new name only: a policy named so before the file said it is the one in
             # force (the file's keys under that name are left out) and stays editable.

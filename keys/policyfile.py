@@ -105,7 +105,7 @@ class FileKeys(dict[str, Key]):
         self.policies = policies
 
 
-def parse_policy_file(text: str) -> dict[str, Key]:
+def parse_policy_file(text: str) -> FileKeys:
     """Keys by digest, from the file's text; PolicyFileError says what is wrong and where."""
     try:
         data = json.loads(text)
@@ -150,20 +150,20 @@ def parse_policy_file(text: str) -> dict[str, Key]:
     return FileKeys(keys, policies)
 
 
-_loaded: dict[str, dict[str, Key]] = {}
+_loaded: dict[str, FileKeys] = {}
 
 
-def file_keys() -> dict[str, Key]:
+def file_keys() -> FileKeys:
     """The keys of serve's ``--key-policy`` file (``serving().key_policy_file``) (empty without one), read once."""
     path = serving().key_policy_file
     if not path:
-        return {}
+        return FileKeys({}, {})
     if path not in _loaded:
         _loaded[path] = load_policy_file(path)
     return _loaded[path]
 
 
-def load_policy_file(path: str | Path) -> dict[str, Key]:
+def load_policy_file(path: str | Path) -> FileKeys:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -31,6 +31,9 @@ from superfluid_site.serving import serving
 
 from .limits import BucketSet, ConcurrencySlots, DrainMeter
 from .snapshot import STATIC_KEY_ID, STATIC_KEY_NAME, Key, Policy, Snapshot
+
+if TYPE_CHECKING:
+    from .policyfile import FileKeys
 
 __all__ = ["STATIC_KEY_ID", "STATIC_KEY_NAME", "Key", "KeyRuntime", "Policy", "Snapshot", "load_snapshot", "static_key"]
 
@@ -72,7 +75,7 @@ def policy_of(p: Any) -> Policy:
     )
 
 
-def static_key(from_file: dict[str, Key] | None = None) -> Key | None:
+def static_key(from_file: FileKeys | None = None) -> Key | None:
     """The key of ``SUPERFLUID_API_KEY`` (None without one), following the policy named by
     ``SUPERFLUID_API_KEY_POLICY``: an admin policy, else one of the --key-policy file's, else,
     when unnamed, the server's defaults. A named policy that exists nowhere refuses the key (it
@@ -90,7 +93,7 @@ def static_key(from_file: dict[str, Key] | None = None) -> Key | None:
             policy = policy_of(row)
         else:
             # the file's policies, also one no file key follows (the file a container holds for it)
-            policy = getattr(from_file, "policies", {}).get(name) or next((k.policy for k in (from_file or {}).values() if k.policy is not None and k.policy.name == name), None)
+            policy = from_file.policies.get(name) if from_file is not None else None
         if policy is None:
             log.error("SUPERFLUID_API_KEY_POLICY names no policy %r: the static key is refused until one exists", name)
             return None
