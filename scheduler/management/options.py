@@ -103,25 +103,30 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, repeat_model: bool 
         engine.add_argument("--model", default=_env("--model", ""), help="model: a GGUF file or an MLX model folder; default: the bundled SmolLM2-135M-Instruct GGUF")
     for title, flags in ENGINE_FLAG_GROUPS.items():
         for flag, typ, default, help_text in flags:
-            if flag in ON_OFF_FLAGS:  # their variables are booleans: 1/0, true/false, ... in any case
-                value = "on" if _env(flag, default == "on", bool) else "off"
-                groups[title].add_argument(flag, type=typ, default=value, help=_help(f"{help_text} (default: {default!r})"))
-                continue
-            if flag == "--repack":
-                value = _env(flag, "", str).strip().lower()
-                if _env("--no-repack", False):  # SUPERFLUID_NO_REPACK=1, as --no-repack
-                    if value not in ("", "off"):
-                        raise FlagEnvError(f"SUPERFLUID_NO_REPACK=1 and SUPERFLUID_REPACK={value!r} contradict each other: unset one")
-                    value = "off"
-                groups[title].add_argument(flag, type=typ, default=value or default, help=_help(f"{help_text} (default: {default!r})"))
-                continue
             if typ is bool:
                 groups[title].add_argument(flag, action="store_true", default=_env(flag, default), help=_help(help_text))
                 continue
-            groups[title].add_argument(flag, type=typ, default=_env(flag, default, typ), help=_help(f"{help_text} (default: {default!r})"))
+            if flag in ON_OFF_FLAGS:  # their variables are booleans: 1/0, true/false, ... in any case
+                value = "on" if _env(flag, default == "on", bool) else "off"
+            elif flag == "--repack":
+                value = _repack_env(default)
+            else:
+                value = _env(flag, default, typ)
+            groups[title].add_argument(flag, type=typ, default=value, help=_help(f"{help_text} (default: {default!r})"))
 
     # llama-server's spelling; the last of --repack/--no-repack on the command line wins
     engine.add_argument("--no-repack", dest="repack", action="store_const", const="off", default=argparse.SUPPRESS, help="same as --repack off (as llama-server's --no-repack)")
+
+
+def _repack_env(default: str) -> str:
+    """``--repack``'s default from SUPERFLUID_REPACK (any case), or ``off`` from
+    SUPERFLUID_NO_REPACK=1 (as ``--no-repack``); the two contradicting each other is refused."""
+    value = _env("--repack", "", str).strip().lower()
+    if _env("--no-repack", False):
+        if value not in ("", "off"):
+            raise FlagEnvError(f"SUPERFLUID_NO_REPACK=1 and SUPERFLUID_REPACK={value!r} contradict each other: unset one")
+        return "off"
+    return value or default
 
 
 def _help(text: str) -> str:
