@@ -238,6 +238,16 @@ def _check(seq: int, limit: int, what: str) -> None:
         raise EngineError(f"{what} {seq} out of range", permanent=True)
 
 
+def _fill(engine: TickPrimitives, result: TickResult, seq: int, copy: Callable[..., None], *args: Any) -> None:
+    """``copy(*args)``, a state copy into ``seq``; if the engine cannot make it, ``seq`` is left
+    empty and reported lost (``result.lost``): no job fails with it."""
+    try:
+        copy(*args)
+    except EngineError:
+        engine.clear(seq)
+        result.lost.add(seq)
+
+
 def run_tick(
     engine: TickPrimitives, plan: TickPlan, should_stop: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
 ) -> TickResult:
@@ -265,11 +275,7 @@ def run_tick(
     for lane, slot, n in ops.store:
         _check(lane, seqs, "sequence")
         _check(slot, seqs, "sequence")
-        try:
-            engine.copy_prefix(lane, slot, n)
-        except EngineError:
-            engine.clear(slot)  # a prefix the engine could not store: the commit drops its entry
-            result.lost.add(slot)
+        _fill(engine, result, slot, engine.copy_prefix, lane, slot, n)  # not stored: the commit drops its entry
     for lane in plan.release:
         _check(lane, lanes, "lane")
         engine.clear(lane)
@@ -311,22 +317,12 @@ def run_tick(
         engine.swap_samplers(swap.a, swap.b)
     for restore in plan.restore:
         _check(restore.lane, lanes, "lane")
-        try:
-            engine.load(restore.lane, restore.artifact)
-        except EngineError:
-            # a restore the engine could not make: the lane stays empty and the commit computes
-            # that job again from its prompt and tokens so far, as after a failed park
-            engine.clear(restore.lane)
-            result.lost.add(restore.lane)
+        # not restored: the commit computes that job again from its prompt and tokens so far, as after a failed park
+        _fill(engine, result, restore.lane, engine.load, restore.lane, restore.artifact)
     for slot, artifact in ops.imports:
         _check(slot, seqs, "sequence")
-        try:
-            engine.load(slot, artifact)
-        except EngineError:
-            # a prefix the engine could not load back: the commit drops its entry, and the lanes
-            # that were to copy it compute their prompts themselves
-            engine.clear(slot)
-            result.lost.add(slot)
+        # not loaded back: the commit drops its entry, the lanes that were to copy it prefill their prompts
+        _fill(engine, result, slot, engine.load, slot, artifact)
     for src, dst, n in ops.copy:
         _check(src, seqs, "sequence")
         _check(dst, seqs, "sequence")
@@ -334,11 +330,7 @@ def run_tick(
             engine.clear(dst)
             result.lost.add(dst)
             continue
-        try:
-            engine.copy_prefix(src, dst, n)
-        except EngineError:
-            engine.clear(dst)  # a copy the engine could not make: that lane prefills its prompt itself
-            result.lost.add(dst)
+        _fill(engine, result, dst, engine.copy_prefix, src, dst, n)  # not copied: that lane prefills its prompt itself
     for bind in plan.bind:
         _check(bind.lane, lanes, "lane")
         engine.bind_sampler(bind)
