@@ -207,6 +207,14 @@ class KvPool:
         self.counters["prefix_tokens_reused"] += n_tokens
         return True
 
+    def lose(self, seq: int, ops: PoolOps) -> None:
+        """The engine could not store a prefix into cache sequence ``seq`` or import one back
+        into it (``ops``, the tick's): its entry goes, and that store or import is not counted."""
+        for key in [k for k, e in self.entries.items() if e.slot == seq]:
+            del self.entries[key]
+        self.counters["stored"] -= sum(1 for _, slot, _ in ops.store if slot == seq)
+        self.counters["host_imports"] -= sum(1 for slot, _ in ops.imports if slot == seq)
+
     def settle(self, evicted: dict[int, Any]) -> None:
         """After the engine ran a tick's ops: pending stores are usable; evictions got artifacts."""
         for entry in self.entries.values():

@@ -317,11 +317,7 @@ class Scheduler:
                     job.computed = job.cached_tokens = 0  # the engine kept nothing: recompute from the start
         for seq in result.lost:  # a restore, move, store, import or copy the engine could not make: empty
             if seq >= len(self.lanes):  # a cache slot a prefix was not stored or imported into
-                for key in [k for k, e in self.pool.entries.items() if e.slot == seq]:
-                    del self.pool.entries[key]
-                if plan is not None:
-                    self.pool.counters["stored"] -= sum(1 for _, slot, _ in plan.pool.store if slot == seq)
-                    self.pool.counters["host_imports"] -= sum(1 for slot, _ in plan.pool.imports if slot == seq)
+                self.pool.lose(seq, plan.pool if plan is not None else PoolOps())
                 continue
             job = self.lanes[seq]
             if job is not None:
