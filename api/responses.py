@@ -556,6 +556,11 @@ class Reply:
             return self._indexed([chunk])
         return []
 
+    def _calls_end(self, reason: str, calls: int) -> bool:
+        """Whether a reply with ``calls`` calls that finished ``reason`` ended with them: at the
+        end of generation, or at ``max_tokens`` once a forced call's grammar allowed no more."""
+        return reason == "stop" or (reason == "length" and self.forced_calls is not None and calls >= self.forced_calls)
+
     def _opened(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tool mode: ``frames`` with the role the stream has not sent yet, as OpenAI streams it:
         in the first call's chunk with ``content`` null when the reply begins with a call (a
@@ -776,8 +781,7 @@ class Reply:
             # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
             # string or the end of generation cut open, or that are no JSON, finishes "stop", as
             # the same reply unstreamed does; so does one whose block's closing never came
-            whole = reason == "stop" or (reason == "length" and self.forced_calls is not None and self.calls_closed >= self.forced_calls)
-            if self.calls_closed and whole and self.calls_whole and (self.args is None or self.muted):
+            if self.calls_closed and self._calls_end(reason, self.calls_closed) and self.calls_whole and (self.args is None or self.muted):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
@@ -823,7 +827,7 @@ class Reply:
         if self.tool_names:
             content, calls = parse_tool_calls(text, self.tool_names)
             calls = calls[: self.max_calls] if self.max_calls is not None else calls
-            if calls and (reason == "stop" or (reason == "length" and self.forced_calls is not None and len(calls) >= self.forced_calls)):
+            if calls and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason
             elif not calls:
                 content = text
