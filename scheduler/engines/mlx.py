@@ -162,8 +162,7 @@ class MlxEngine(LaneEngine):
         # llama.cpp's vocabulary also ends generation on its FIM pad, repository and file
         # separator tokens (SmolLM2's <reponame>)
         eog.update(i for i in self.fim_repo_tokens() if i is not None)
-        pad = next((i for i in (self._tok.token_to_id(n) for n in _FIM_PAD_TEXTS) if i is not None), None)  # the first, as llama.cpp
-        eog.update(i for i in (pad,) if i is not None)
+        eog.update(i for i in (self._first_token(_FIM_PAD_TEXTS),) if i is not None)
         self._eog = frozenset(int(i) for i in eog)
 
         self.chat_template: str | None = _read_chat_template(folder, tok_config)
@@ -208,10 +207,11 @@ class MlxEngine(LaneEngine):
     def fim_repo_tokens(self) -> tuple[int | None, int | None]:
         """(file separator, repository name) ids, found by their text as llama.cpp's vocabulary
         finds FIM_SEP and FIM_REP (Qwen2.5-Coder's markers); None for one the model lacks."""
-        def first(names: tuple[str, ...]) -> int | None:
-            return next((i for i in (self._tok.token_to_id(n) for n in names) if i is not None), None)
+        return self._first_token(_FIM_SEP_TEXTS), self._first_token(_FIM_REP_TEXTS)
 
-        return first(_FIM_SEP_TEXTS), first(_FIM_REP_TEXTS)
+    def _first_token(self, texts: tuple[str, ...]) -> int | None:
+        """The id of the first of ``texts`` the vocabulary has, as llama.cpp's looks them up."""
+        return next((i for i in (self._tok.token_to_id(n) for n in texts) if i is not None), None)
 
     def is_eog(self, token: int) -> bool:
         return token in self._eog
