@@ -262,9 +262,11 @@ async def batches(request: HttpRequest) -> HttpResponse:
     owner = _owner(request)
     if request.method in ("GET", "HEAD"):  # HEAD as GET: it is no create
         try:
-            limit = max(1, min(100, int(request.GET.get("limit", "20"))))
+            limit = int(request.GET.get("limit", "20"))
         except ValueError:
             raise invalid_request("Invalid value for 'limit': expected an integer.", param="limit", code="invalid_type") from None
+        if not 1 <= limit <= 100:  # OpenAI's range; 0 or 500 was read as 1 or 100, without a word
+            raise invalid_request("Invalid value for 'limit': expected an integer from 1 to 100.", param="limit", code="invalid_value")
         after = request.GET.get("after")
 
         def page() -> dict[str, Any]:

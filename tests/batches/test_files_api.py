@@ -101,6 +101,21 @@ def test_the_batch_list_pages_through_batches_created_in_one_clock_tick_each_onc
     assert [b["id"] for b in client.get("/v1/batches?limit=2").json()["data"]] == seen[:2]  # one order, every time
 
 
+def test_the_batch_list_refuses_a_limit_outside_1_to_100_as_the_files_list_does() -> None:
+    """OpenAI's batch list takes a limit of 1 to 100; 0, a negative or 101 were read as 1 or
+    100 (a page the client did not ask for, with no word of it) where the files list says 400."""
+    client = Client()
+    make_batches(3)
+    for bad in ("0", "-1", "101", "100000", "x", ""):
+        r = client.get(f"/v1/batches?limit={bad}")
+        assert r.status_code == 400, (bad, r.content)
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == "limit", (bad, error)
+    assert len(client.get("/v1/batches?limit=1").json()["data"]) == 1
+    assert len(client.get("/v1/batches?limit=100").json()["data"]) == 3
+    assert len(client.get("/v1/batches").json()["data"]) == 3  # 20 by default
+
+
 def test_the_batch_list_refuses_an_unknown_cursor_and_head_is_the_list() -> None:
     """An ``after`` naming no batch of the caller's gave the first page again (a loop for a
     client paging by it), where the files list says 400; HEAD /v1/batches was read as a create
