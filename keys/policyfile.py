@@ -69,6 +69,10 @@ def _policy(raw: Any, where: str) -> Policy:
     models = raw.get("allowed_models", [])
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         raise PolicyFileError(f"{where}: allowed_models must be a list of model ids")
+    models = [m.strip() for m in models]  # as the admin's list reads them (Policy.model_list)
+    for j, m in enumerate(models):
+        if not m:  # allowed no model at all; the admin reads a blank list as all of them
+            raise PolicyFileError(f"{where}: allowed_models[{j}] is blank; leave the list empty ([]) to allow every model")
     flags = {}
     for name in ("allow_batch_invariant", "share_prefix_cache", "allow_pin_prefix", "is_admin"):
         value = raw.get(name, False)

@@ -52,11 +52,20 @@ def test_a_policy_file_gives_keys_by_digest_with_their_policy() -> None:
         (json.dumps({"keys": [{"name": "anonymous", "sha256": "b" * 64}]}), "reserved name"),
         (json.dumps({"keys": [{"name": "SUPERFLUID_API_KEY", "sha256": "b" * 64}]}), "reserved name"),
         (json.dumps({"keys": [{"name": "-", "sha256": "b" * 64}]}), "reserved name"),  # the logs' mark for no key
+        # a blank model id allowed no model at all (the admin reads a blank list as all of them)
+        (json.dumps(document(allowed_models=[" "])), r"allowed_models\[0\] is blank"),
+        (json.dumps(document(allowed_models=["m", ""])), r"allowed_models\[1\] is blank"),
     ],
 )
 def test_a_bad_policy_file_is_refused_with_where_and_why(text: str, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):
         parse_policy_file(text)
+
+
+def test_allowed_models_are_read_as_the_admin_reads_them() -> None:
+    """Spaces around an id are not part of it, as in the admin's list (``Policy.model_list``)."""
+    policy = parse_policy_file(json.dumps(document(allowed_models=[" m ", "n"])))[digest_of(SECRET)].policy
+    assert policy is not None and policy.allowed_models == ("m", "n") and policy.allows_model("m")
 
 
 @pytest.mark.django_db
