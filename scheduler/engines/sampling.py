@@ -35,9 +35,11 @@ MIN_REPEAT_PENALTY = 1e-34
 
 def repeat_penalty_of(sp: SamplingParams) -> float:
     """The repeat penalty both engines apply for ``sp`` (:data:`MIN_REPEAT_PENALTY`); greedy
-    below a temperature of 1e-30, as the llama.cpp engine's ``_MIN_TEMPERATURE``."""
+    below a temperature of 1e-30, as the llama.cpp engine's ``_MIN_TEMPERATURE``. At most
+    float32's largest (the schema bounds it only below): llama.cpp takes it as a C float, and
+    a larger one was +inf there, which made a repeated logit of exactly 0 NaN (0 x inf)."""
     scale = 1.0 if sp.temperature < 1e-30 else min(sp.temperature, 1.0)
-    return max(sp.repeat_penalty, MIN_REPEAT_PENALTY / scale)
+    return min(max(sp.repeat_penalty, MIN_REPEAT_PENALTY / scale), _F32_MAX)
 
 
 class TokenConstraint(Protocol):
