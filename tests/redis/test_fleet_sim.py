@@ -98,7 +98,7 @@ async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_co
         _text, done = await outcome(handle)
         assert isinstance(done, Done)
         # as for the first job: a finish() while the reader is still there leaves the DELETE to
-        # the reader, which the stop then cancels under a longer spin (seen once on a loaded machine)
+        # the reader, not to the DELETE this test stops the head under
         await readers_gone()
         return False
 
