@@ -130,7 +130,7 @@ class Admission:
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
         cancel (the client gone, a shutdown) cannot cut them short; then the slots held in Redis,
-        whose round trips a cancel does not stop either (they lapse after an hour otherwise)."""
+        whose round trips a cancel does not stop either (they lapse after a minute otherwise)."""
         rt = self.runtime
         if rt is not None:
             if self.slot is not None:

@@ -258,7 +258,11 @@ class LimitsUnavailable(Exception):
 class RedisLimiter:
     """Per-key rate buckets and concurrency slots counted in Redis, for every head at once."""
 
-    SLOT_TTL_S = 3600  # a slot a dead head never released lapses after this long
+    # A slot a dead head never released lapses after this long: a minute, so that a key at its
+    # max_concurrent whose head died mid-stream is refused for that minute at most (an hour
+    # before). A live head renews its requests' places four times as often, so a renewal may be
+    # lost (Redis away for a moment, a stalled loop) with the place kept.
+    SLOT_TTL_S = 60
     RELEASE_RETRY_S = 0.5  # a failed release is sent again after this, then twice as long each time
     RELEASE_RETRY_MAX_S = 30.0
     MAX_UNRELEASED = 100_000  # failed releases kept to send again (Redis away long, many requests)
@@ -335,10 +339,10 @@ class RedisLimiter:
         """Give ``member``'s place in ``slot`` back. The member's marker is set with it, so that a
         check of the same member still on its way to Redis (its request was cancelled while the
         check waited there, and this release went out on another connection and overtook it)
-        finds it set and takes nothing: otherwise that late check took the place for the slot's
-        hour. A release that fails (Redis unreachable or too slow to answer, while it keeps its
+        finds it set and takes nothing: otherwise that late check took the place until it
+        lapsed. A release that fails (Redis unreachable or too slow to answer, while it keeps its
         data) is sent again, with every other that failed, until it lands: dropped, it held the
-        place for the slot's hour, and a key at its ``max_concurrent`` got 429 all that time."""
+        place until it lapsed, and a key at its ``max_concurrent`` got 429 all that time."""
         held = self.held.get(member)
         if held is not None:
             held.discard(slot)
@@ -365,7 +369,7 @@ class RedisLimiter:
 
     async def _release_later(self) -> None:
         """Send the releases that failed again, all at once, backing off while Redis stays away;
-        a place whose hour has run out has lapsed by itself and is dropped."""
+        a place whose time has run out has lapsed by itself and is dropped."""
         loop = asyncio.get_running_loop()
         delay = self.RELEASE_RETRY_S
         while self._unreleased:
