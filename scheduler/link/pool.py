@@ -469,7 +469,8 @@ class ModelPool:
         for m in self.config.models:
             s = snap[m.id]
             link = self.links.get(m.id)
-            lanes = (link.snapshot or {}).get("lanes", []) if link is not None else []
+            # a worker away (crashed, restarting) has no lanes in use: its last snapshot's are nobody's
+            lanes = (link.snapshot or {}).get("lanes", []) if link is not None and getattr(link, "connected", True) else []
             state = s["state"]
             out.append(
                 {
@@ -505,6 +506,8 @@ class ModelPool:
         depth = {b: queue[b][0] for b in BANDS}
         oldest = {b: queue[b][1] for b in BANDS}
         for link in list(self.links.values()):  # and what waits at each resident model's worker
+            if not link.connected:  # its worker is away (crashed, restarting): its last queue is nobody's
+                continue
             stats = (link.snapshot or {}).get("metrics") or {}
             for b, n in (stats.get("queue_depth_by_band") or {}).items():
                 if b in depth:
