@@ -8,7 +8,7 @@ from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 
-from scheduler.link.pool import ModelPool, get_pool
+from scheduler.link.pool import ModelPool, PoolLink, get_pool
 from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
 
@@ -235,9 +235,24 @@ async def health(request: HttpRequest) -> JsonResponse:
 
 @key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
-    """The worker's lanes, llama-server's /slots shape plus class, state and progress."""
+    """The worker's lanes, llama-server's /slots shape plus class, state and progress. With
+    several models, ``?model=`` (an id or an alias) picks the model (404 ``model_not_found`` for
+    another name; none: the model used last); one not loaded has none. A worker away (crashed,
+    restarting) has its lanes idle: its last snapshot's jobs are nobody's there any more."""
     link = get_link()
     state = link.snapshot or {}
+    connected = bool(getattr(link, "snapshot_connected", link.connected))  # a pool's: the shown model's worker
+    pool = link.pool if isinstance(link, PoolLink) else None
+    asked = request.GET.get("model")
+    if pool is not None and asked:
+        model_id = pool.resolve(asked)
+        if model_id is None:
+            return error_response(model_not_found(asked))
+        model_link = pool.links.get(model_id)
+        state = (model_link.snapshot if model_link is not None else None) or {}
+        connected = model_link is not None and bool(model_link.connected)
+    if not connected and "fleet" not in state:  # a Redis fleet's view says itself who is there
+        state = {**state, "lanes": [{"lane": lane.get("lane", i), "state": "idle"} for i, lane in enumerate(state.get("lanes") or [])]}
     keys = web_runtime().in_flight_keys()  # every model's jobs: a pool's own link submits none
     out = []
     for lane in state.get("lanes", []):

@@ -27,14 +27,15 @@ def model_link(pid: int, jobs: dict[str, str | None], lanes: list[dict[str, Any]
     """A model's own link: the jobs this web process submitted to it (with their keys, as
     api/consumers.py sets them) and its worker's latest snapshot."""
     inflight = {job: JobHandle(job_id=job, submit=None, key=key) for job, key in jobs.items()}  # type: ignore[arg-type]
-    return SimpleNamespace(inflight=inflight, snapshot={"model": "same.gguf", "pid": pid, "lanes": lanes, "metrics": metrics, "counters": {}})
+    return SimpleNamespace(inflight=inflight, connected=True, snapshot={"model": "same.gguf", "pid": pid, "lanes": lanes, "metrics": metrics, "counters": {}})
 
 
 @pytest.fixture
 async def pool(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ModelPool]:
-    """Two loaded models, ``a`` and ``b`` (one GGUF file under two ids: their snapshots name the
-    same model), each running one keyed job; the loop's link is the pool's, as get_link makes it."""
-    cfg = ModelsConfig((ServedModel("a", Path("/m/x.gguf")), ServedModel("b", Path("/m/x.gguf"))))
+    """Two loaded models, ``a`` and ``b`` (alias ``bee``; one GGUF file under two ids: their
+    snapshots name the same model), each running one keyed job, and ``c``, not loaded; the loop's
+    link is the pool's, as get_link makes it."""
+    cfg = ModelsConfig((ServedModel("a", Path("/m/x.gguf")), ServedModel("b", Path("/m/x.gguf"), aliases=("bee",)), ServedModel("c", Path("/m/c.gguf"))))
     p = ModelPool(PoolSetup(cfg, spawn=lambda *_: None, lanes={"a": 1, "b": 1}))  # type: ignore[arg-type]
     p.loop = asyncio.get_running_loop()
     p.links["a"] = model_link(101, {"ja": "alice"}, [{"lane": 0, "state": "decode", "job_id": "ja", "class": "agent"}])
@@ -127,3 +128,76 @@ async def test_a_models_lost_worker_is_not_shown_with_busy_lanes(pool: ModelPool
     assert shown["a"]["lanes_in_use"] == 0 and all(lane["state"] in (None, "idle") for lane in shown["a"]["lanes"])
     pool.last_model = "a"  # the lanes panel draws the model used last: not its lost worker's job
     assert all(lane.get("state") == "idle" or not lane.get("job_id") for lane in full_state({})["lanes"])
+
+
+async def slots_of(query: str = "") -> tuple[int, Any]:
+    from api.views import slots
+
+    response = await slots.__wrapped__(RequestFactory().get(f"/slots{query}"))  # type: ignore[attr-defined]
+    return response.status_code, json.loads(response.content)
+
+
+async def test_slots_of_a_model_named_by_its_id_or_an_alias(pool: ModelPool) -> None:
+    """``/slots?model=`` was ignored: asking for b's lanes (by its id or its alias) gave the
+    lanes of the model used last, a's, with nothing to say they were another model's."""
+    pool.last_model = "a"
+    for name in ("b", "bee"):
+        status, lanes = await slots_of(f"?model={name}")
+        assert status == 200 and [(lane["id_task"], lane["key"]) for lane in lanes] == [("jb", "bob")], name
+    status, lanes = await slots_of("?model=a")
+    assert [lane["id_task"] for lane in lanes] == ["ja"]
+    assert (await slots_of("?model=c")) == (200, [])  # configured, not loaded: no lanes
+    assert [lane["id_task"] for lane in (await slots_of())[1]] == ["ja"]  # no model: the model used last
+
+
+async def test_slots_of_an_unknown_model_is_a_404_model_not_found(pool: ModelPool) -> None:
+    status, body = await slots_of("?model=nope")
+    assert status == 404
+    assert body["error"]["code"] == "model_not_found" and body["error"]["param"] == "model"
+
+
+async def test_slots_shows_no_busy_lane_of_a_models_lost_worker(pool: ModelPool) -> None:
+    """A model's worker crashed (its supervisor restarting it): /slots went on showing its last
+    lanes busy with their jobs, where the dashboard and /metrics show them idle."""
+    pool.links["a"].connected = False  # type: ignore[attr-defined]
+    pool.last_model = "a"
+    for query in ("", "?model=a"):
+        status, lanes = await slots_of(query)
+        assert status == 200 and [(lane["id"], lane["state"], lane["is_processing"], lane["id_task"]) for lane in lanes] == [(0, "idle", False, None)], query
+    assert [lane["id_task"] for lane in (await slots_of("?model=b"))[1]] == ["jb"]
+
+
+async def test_slots_of_the_single_models_lost_worker_shows_its_lanes_idle() -> None:
+    from superfluid_site.runtime import web_runtime
+
+    link: Any = SimpleNamespace(
+        connected=True, inflight={},
+        snapshot={"lane_ctx": 512, "lanes": [{"lane": 0, "state": "decode", "job_id": "j1", "generated": 5}, {"lane": 1, "state": "idle"}]},
+    )
+    web_runtime().link = link
+    try:
+        assert [lane["is_processing"] for lane in (await slots_of())[1]] == [True, False]
+        link.connected = False  # the worker crashed; serve's supervisor restarts it
+        status, lanes = await slots_of()
+        assert status == 200 and [(lane["state"], lane["is_processing"], lane["id_task"], lane["n_ctx"]) for lane in lanes] == [("idle", False, None, 512)] * 2
+    finally:
+        forget(asyncio.get_running_loop())
+
+
+@pytest.mark.parametrize("listed", [(), ("b",), ("bee",)])
+async def test_the_model_list_gives_each_alias_as_its_model_for_what_the_key_may_use(pool: ModelPool, monkeypatch: pytest.MonkeyPatch, listed: tuple[str, ...]) -> None:
+    """``/v1/models`` with several models: every id and alias, an alias with ``alias_of`` and its
+    model's state; a key limited to a model by one of its names sees it by all of them."""
+    from api import views
+
+    monkeypatch.setattr(views, "get_pool", lambda: pool)
+    monkeypatch.setattr(pool_mod, "get_pool", lambda: pool)  # model_allowed resolves names through it
+    pool.router.request_load("b")
+    pool.router.schedule()
+    pool.router.loaded("b")
+    request = RequestFactory().get("/v1/models")
+    request.principal = SimpleNamespace(policy=SimpleNamespace(allowed_models=listed, allows_model=lambda m: not listed or m in listed))  # type: ignore[attr-defined]
+    listing = json.loads((await views.models.__wrapped__(request)).content)["data"]  # type: ignore[attr-defined]
+    shown = {m["id"]: (m["state"], m.get("alias_of")) for m in listing}
+    both = {"b": ("loaded", None), "bee": ("loaded", "b")}
+    assert shown == (both if listed else {"a": ("unloaded", None), **both, "c": ("unloaded", None)})
