@@ -324,6 +324,10 @@ class Scheduler:
                 job.computed = job.cached_tokens = 0  # recomputed from the start
                 if plan is not None and any(r.lane == seq for r in plan.restore):
                     self.counters["resumes"] -= 1  # not restored
+            for _src, dst, n in plan.pool.copy if plan is not None else ():
+                if dst == seq:  # a prefix copied into it (or imported for it) that did not arrive: no hit
+                    self.pool.counters["prefix_hits"] -= 1
+                    self.pool.counters["prefix_tokens_reused"] -= n
             self._kept.pop(seq, None)  # a kept KV that did not reach it
         self.pool.settle(result.evicted)
         if plan is not None and plan.prefill_tokens and result.fed:

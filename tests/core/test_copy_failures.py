@@ -252,3 +252,18 @@ def test_a_move_whose_copy_fails_recomputes_the_moved_job_and_fails_no_other() -
         "j0": "length", "j1": "length", "j2": "length", "j3": "length", "turn2": "length"
     }
     assert outputs(events) == outputs(reference)
+
+
+def test_a_prefix_copy_or_import_that_fails_is_not_counted_as_a_prefix_hit() -> None:
+    """The pool's prefix_hits and prefix_tokens_reused count prefixes a lane took from the
+    cache or from another lane: a copy (or the import it needed) that failed took nothing."""
+    _, ref_worker = _shared_prefixes(SimEngine)
+    assert ref_worker.scheduler.pool.counters["prefix_hits"] >= 1  # the reference copied prefixes
+    _, worker = _shared_prefixes(CopyFails)
+    assert worker.scheduler.pool.counters["prefix_hits"] == 0
+    assert worker.scheduler.pool.counters["prefix_tokens_reused"] == 0
+    _, ref_worker = _import_back(SimEngine)
+    _, worker = _import_back(ImportFails)
+    ref_counters, counters = ref_worker.scheduler.pool.counters, worker.scheduler.pool.counters
+    assert counters["prefix_hits"] == ref_counters["prefix_hits"] - 1  # the import's copy did not happen
+    assert counters["prefix_tokens_reused"] < ref_counters["prefix_tokens_reused"]
