@@ -28,6 +28,9 @@ from scheduler.core.types import Job, TickPlan, TickResult
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 QUEUE_WAIT_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 TICK_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+# jobs whose link dropped, remembered (their queue wait and first token observed) for a
+# resubmission under the same id; the oldest forgotten past this many (never submitted again)
+DROPPED_IDS = 4096
 
 CLASSES = tuple(c.label for c in QosClass)
 BANDS = ("interactive", "normal", "batch")
@@ -114,6 +117,7 @@ class WorkerMetrics:
         self.finishes: dict[str, dict[str, int]] = {}
         self._waited_ids: set[str] = set()  # queue wait observed and not finished yet
         self._ttft_ids: set[str] = set()  # first token observed and not finished yet
+        self._dropped: dict[str, None] = {}  # their link dropped and not submitted again yet (insertion order)
         self.last_tick: LastTick = {"tick": 0, "prefill_tokens": 0, "decode_tokens": 0, "lanes": 0, "seconds": 0.0}
 
     # -- hooks (called by the worker) ---------------------------------------------------
@@ -148,6 +152,25 @@ class WorkerMetrics:
         self._ttft_ids.discard(job.job_id)
         by_reason = self.finishes.setdefault(job.qos.label, {})
         by_reason[reason or "unknown"] = by_reason.get(reason or "unknown", 0) + 1
+
+    def on_dropped(self, job: Job) -> None:
+        """A job ended because its link dropped: not a finish (its web side submits it again under
+        its id, and that job's finish counts the request), so its observed wait and first token
+        stay remembered for the resubmission, but only for the DROPPED_IDS latest such jobs: one
+        never submitted again (its web side went away) is forgotten, and never counted finished."""
+        self._note_queue_wait(job)
+        self._note_first_token(job)
+        self._dropped[job.job_id] = None
+        while len(self._dropped) > DROPPED_IDS:
+            oldest = next(iter(self._dropped))
+            del self._dropped[oldest]
+            self._waited_ids.discard(oldest)
+            self._ttft_ids.discard(oldest)
+
+    def on_queued(self, job_id: str) -> None:
+        """A job accepted into the queues: one submitted again after its link dropped is live
+        again, and its ids are released at its finish."""
+        self._dropped.pop(job_id, None)
 
     def _note_queue_wait(self, job: Job) -> None:
         """Observe a job's queue wait once, the first time it is seen admitted (in collect() or at

@@ -50,3 +50,40 @@ def test_jobs_submitted_again_after_a_link_drop_are_counted_once_and_never_as_ca
     prompt = done["a"].usage["prompt_tokens"]
     assert snapshot["metrics"]["prompt_tokens_total"] == 2 * prompt  # each request's prompt once
     assert snapshot["metrics"]["completion_tokens_total"] == 2 * 20  # every token generated, once
+    assert snapshot["metrics"]["queue_wait_s"]["agent"]["count"] == 2  # each request's wait once
+    assert snapshot["metrics"]["ttft_s"]["agent"]["count"] == 2
+    assert worker.metrics._waited_ids == worker.metrics._ttft_ids == set()  # released at their finish
+
+
+def test_jobs_never_submitted_again_after_link_drops_do_not_stay_in_the_worker_metrics() -> None:
+    """A job whose link dropped is kept in the metrics' sets of jobs whose queue wait and first
+    token were observed (so that its resubmission is not observed again); one its web side never
+    submits again (a web process that went away) must not stay there for good: the sets grew by
+    the jobs in flight at every drop. Such a job is not counted finished here (a resubmission's
+    finish would count the same request again); its id is forgotten after DROPPED_IDS others."""
+    from scheduler.worker import metrics as metrics_module
+
+    bound = getattr(metrics_module, "DROPPED_IDS", 4096)
+    clock = FakeClock()
+    engine = SimEngine(n_lanes=2, lane_ctx=512, clock=clock)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", clock=clock)
+    request: dict[str, Any] = {"endpoint": "completions", "prompt": "hello there", "max_tokens": 20}
+    drops = bound // 2 + 50
+    for k in range(drops):
+        conn = RecordingConn()
+        for job_id in (f"a{k}", f"b{k}"):
+            worker.handle(conn, Submit(id=job_id, request=request, qos=2))  # type: ignore[arg-type]
+        for _ in range(4):
+            worker.run_tick()
+        assert any(isinstance(m, Delta) for m in conn.sent)  # first tokens out: both observed
+        worker.snapshot()
+        worker.handle(conn, Disconnected())  # type: ignore[arg-type]
+    worker.run_tick()
+    metrics = worker.metrics
+    assert len(metrics._waited_ids) <= bound
+    assert len(metrics._ttft_ids) <= bound
+    snapshot = worker.snapshot()
+    assert snapshot["metrics"]["requests_total"] == 2 * drops
+    assert snapshot["metrics"]["finished"] == {}  # not counted finished: no finish was seen
+    assert snapshot["metrics"]["queue_wait_s"]["agent"]["count"] == 2 * drops  # each wait observed once
+    assert worker.scheduler.jobs == {} and worker.contexts == {}
