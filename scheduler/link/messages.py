@@ -132,12 +132,15 @@ class Accepted(JobMessage):
 class Delta(JobMessage):
     """Text to send; ``tokens``: completion tokens generated so far (resumed ones included);
     ``logprobs``: one entry per token sampled since the last delta (``token_id``, ``bytes``,
-    ``logprob``, ``top``), only when the request asked for logprobs."""
+    ``logprob``, ``top``), only when the request asked for logprobs; ``preemptions``: how many
+    times this worker has preempted the job so far (the web side adds a lost worker's last count
+    to the Done's ``timing["preemptions"]`` of the worker the job was submitted to again)."""
 
     type: ClassVar[str] = "delta"
     text: str
     tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None
+    preemptions: int = 0
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,8 @@ class JobHandle:
     crashes: int = 0  # worker losses in a row while this job was at the worker
     sent_on: int = -1  # the connection it was last sent on (-1: not sent yet)
     request: str = ""  # the client request it serves, when several jobs do (n > 1, several prompts); never sent
+    preemptions: int = 0  # by the worker it is at, as that worker's last Delta said
+    preemptions_lost: int = 0  # by the workers lost before (a job submitted again): its Done adds them
 
     async def next_event(self) -> JobEvent:
         return await self.events.get()
@@ -97,6 +99,10 @@ class JobHandle:
         return ready
 
     def resubmission(self) -> Submit:
+        """The job again, for the next worker, after the text already delivered; the lost
+        worker's preemptions are kept for the Done (each worker counts only its own)."""
+        self.preemptions_lost += self.preemptions
+        self.preemptions = 0
         return dataclasses.replace(self.submit, resume_text=self.delivered_text, resume_tokens=self.delivered_tokens)
 
 
@@ -360,11 +366,15 @@ class Transport(ABC):
         elif isinstance(message, Delta):
             handle.delivered_text += message.text
             handle.delivered_tokens = message.tokens
+            handle.preemptions = message.preemptions
             handle.crashes = 0  # progress since the last loss: a loss now is not "in a row"
             self._cleared(handle.job_id)
         elif isinstance(message, (Done, Error, Rejected)):
             self.inflight.pop(handle.job_id, None)
             self._cleared(handle.job_id)
+            if isinstance(message, Done) and handle.preemptions_lost and "preemptions" in message.timing:
+                timing = {**message.timing, "preemptions": int(message.timing["preemptions"] or 0) + handle.preemptions_lost}
+                message = dataclasses.replace(message, timing=timing)
         else:
             return
         handle.events.put_nowait(message)  # type: ignore[arg-type]

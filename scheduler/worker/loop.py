@@ -269,6 +269,7 @@ class EngineWorker:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 if job is not None:
                     self.stats["completion_tokens_total"] += len(job.output)
+                    self.metrics.on_dropped(job)
                 self.scheduler.cancel(ctx.job_id, counted=False)
             for job_id in [j for j, c in self.preparing.items() if c is conn]:
                 del self.preparing[job_id]
@@ -367,6 +368,7 @@ class EngineWorker:
             job.deadline_s = received_s + self.completion_deadline_ms / 1000.0
         self.scheduler.add(job, arrival_s=received_s - ctx.waited_ms / 1000.0, enqueued_s=received_s)
         self.contexts[job.job_id] = ctx
+        self.metrics.on_queued(job.job_id)
         if job.job_id not in self._counted:
             self.stats["requests_total"] += 1
             self.mark_counted(job.job_id)
@@ -831,15 +833,15 @@ class EngineWorker:
             if ctx.pending_text or ctx.pending_logprobs:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 generated = len(job.output) if job else 0
-                self._send_delta(ctx, generated + ctx.resume_tokens)
+                self._send_delta(ctx, generated + ctx.resume_tokens, job.preemptions if job else 0)
 
     @staticmethod
-    def _send_delta(ctx: JobContext, tokens: int) -> None:
+    def _send_delta(ctx: JobContext, tokens: int, preemptions: int) -> None:
         logprobs = None
         if ctx.pending_logprobs:
             logprobs = list(ctx.pending_logprobs)  # optional: only when asked for
             ctx.pending_logprobs.clear()
-        ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), tokens, logprobs))
+        ctx.conn.queue(Delta(ctx.job_id, "".join(ctx.pending_text), tokens, logprobs, preemptions))
         ctx.pending_text.clear()
 
     def _finished(self, ctx: JobContext, event: Event) -> None:
@@ -851,7 +853,7 @@ class EngineWorker:
             ctx.pending_text.append(tail)
         completion = len(job.output) + ctx.resume_tokens
         if ctx.pending_text or ctx.pending_logprobs:
-            self._send_delta(ctx, completion)
+            self._send_delta(ctx, completion, job.preemptions)
         reason = event.reason
         if reason == "length" and ctx.stream.stopped:
             reason = "stop"  # a stop string completed by the last token max_tokens allowed
