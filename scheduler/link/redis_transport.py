@@ -766,10 +766,10 @@ class RedisWorkerLink:
         have picked the same job again already (it stalled past its lease, a head requeued the
         job, and it was the one to take it): a cancel by id would stop the new run, and the old
         run still there would have the new Submit refused as a duplicate."""
-        from scheduler.worker.server import DISCONNECTED
+        from scheduler.worker.server import RUN_ENDED
 
         self._release(conn.job_id, conn)
-        self.worker.inbox.put((conn, DISCONNECTED))
+        self.worker.inbox.put((conn, RUN_ENDED))
         self.worker.interrupt.set()
 
     def _usage(self) -> list[int]:

@@ -255,14 +255,13 @@ class EngineWorker:
             if self.preparing.pop(message.id, None) is None:
                 self.scheduler.cancel(message.id)
         elif isinstance(message, Disconnected):
-            # A link to a web side dropped (a connection of all its jobs, not a Redis run of one
-            # job, which may end so because its client cancelled it): not a client's cancel. The
-            # web side submits each job again on its next connection, and that one's finish
-            # counts the request (its prompt once); the tokens generated here count now, the
-            # resubmitted job counts only its own.
-            link_dropped = getattr(conn, "job_id", None) is None
+            # A link to a web side dropped (``link``: a connection of all its jobs, not a Redis run
+            # of one job, which may end so because its client cancelled it): not a client's
+            # cancel. The web side submits each job again on its next connection, and that one's
+            # finish counts the request (its prompt once); the tokens generated here count now,
+            # the resubmitted job counts only its own.
             for ctx in [c for c in self.contexts.values() if c.conn is conn]:
-                if not link_dropped:
+                if not message.link:
                     self.scheduler.cancel(ctx.job_id)
                     continue
                 del self.contexts[ctx.job_id]

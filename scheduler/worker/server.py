@@ -25,6 +25,7 @@ import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from scheduler.link.messages import MAX_LINE_BYTES, UNENCODABLE, EncodeError, Error, Hello, Message, decode, encode
 from scheduler.link.peer import peer_uid
@@ -32,13 +33,19 @@ from scheduler.link.peer import peer_uid
 log = logging.getLogger("superfluid.worker")
 
 
+@dataclass(frozen=True)
 class Disconnected(Message):
-    """Not on the wire: a reader's note to the tick thread that its connection closed."""
+    """Not on the wire: a note to the tick thread that a connection closed. ``link``: a whole
+    link to a web side dropped (a socket, all its jobs: the web side submits each again on its
+    next connection); else one Redis run of one job ended (fenced, lost, given to another pick),
+    which may be its client's cancel."""
 
-    type = "disconnected"
+    type: ClassVar[str] = "disconnected"
+    link: bool = True
 
 
-DISCONNECTED = Disconnected()
+DISCONNECTED = Disconnected(link=True)
+RUN_ENDED = Disconnected(link=False)
 
 
 def encode_or_error(message: Message) -> bytes:
