@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core.qos import QosClass
-from scheduler.core.scheduler import Scheduler
 from scheduler.core.types import Event, JobState
-from scheduler.engines.sim import FakeClock, SimEngine
 
 from .builders import make_job, make_scheduler, run_until_idle, tick
+from .test_seed_rules import aged_background_admitted_ahead_of_a_completion
 
 
 def admitted_order(events: list[Event]) -> list[str]:
@@ -75,35 +74,19 @@ def test_an_aged_job_still_keeps_to_its_own_class_lane_cap() -> None:
     assert [b.job_id for b in plan.bind] == ["bg-old"]
 
 
-def aged_background_running_ahead_of_a_completion() -> tuple[Scheduler, SimEngine, FakeClock]:
-    """One lane; a background job waits 6.5 s (3 s aging periods: it counts as completion), a
-    completion job arrives and the lane frees: aging gives it to the background job."""
-    sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=3, tick_target_ms=1000)
-    sched.add(make_job(job_id="chat", qos=QosClass.INTERACTIVE, max_tokens=10_000))
-    sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=10_000))
-    tick(sched, engine)
-    clock.advance(6.5)
-    sched.add(make_job(job_id="fim", qos=QosClass.COMPLETION, max_tokens=4))
-    sched.cancel("chat")
-    plan = sched.step()
-    assert [b.job_id for b in plan.bind] == ["bg"]
-    sched.commit(engine.execute(plan, lambda: False))
-    return sched, engine, clock
-
-
 def test_when_the_first_urgent_job_may_take_no_lane_no_later_one_preempts_before_it() -> None:
     """docs/scheduling.md, Preemption: "when the first urgent job in that order finds no lane it
     may take, no later one preempts before it". The completion job aging put behind the
     background job may not take its lane back yet; a later completion job of lower priority,
     which aging did not beat, would (control), but waits behind the first."""
-    sched, engine, _ = aged_background_running_ahead_of_a_completion()
+    sched, engine, _ = aged_background_admitted_ahead_of_a_completion(10_000)
     sched.add(make_job(job_id="fim-later", qos=QosClass.COMPLETION, priority=-10, max_tokens=4))
     plan = sched.step()
     assert plan.bind == [] and plan.park == []
     assert sched.jobs["bg"].lane == 0
     sched.commit(engine.execute(plan, lambda: False))
 
-    control, control_engine, _ = aged_background_running_ahead_of_a_completion()
+    control, control_engine, _ = aged_background_admitted_ahead_of_a_completion(10_000)
     control.cancel("fim")
     control.add(make_job(job_id="fim-later", qos=QosClass.COMPLETION, priority=-10, max_tokens=4))
     plan = control.step()

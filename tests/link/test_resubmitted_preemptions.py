@@ -14,6 +14,7 @@ from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.client import SocketTransport
 from scheduler.link.messages import Delta, Done, Submit, decode, encode
 from scheduler.worker.loop import EngineWorker
+from tests.core.builders import RecordingConn
 
 from .conftest import completion, hello
 
@@ -23,14 +24,7 @@ def test_a_delta_carries_the_preemptions_of_its_job_so_far() -> None:
     engine = SimEngine(n_lanes=1, lane_ctx=512, clock=clock)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=512), model_name="sim", clock=clock)
 
-    class Conn:
-        def __init__(self) -> None:
-            self.sent: list[Any] = []
-
-        def queue(self, message: Any) -> None:
-            self.sent.append(message)
-
-    conn = Conn()
+    conn = RecordingConn()
     worker.handle(conn, Submit("agent", {"endpoint": "completions", "prompt": "an agent's prompt", "max_tokens": 30}, qos=2))  # type: ignore[arg-type]
     for _ in range(6):
         worker.run_tick()
