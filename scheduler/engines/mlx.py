@@ -268,7 +268,9 @@ class MlxEngine(LaneEngine):
         sampled: dict[int, int] = {}
         for lane, row in self._step(step.pieces).items():
             sampler = self._samplers[lane]
-            sampled[lane] = sampler.sample(row)
+            # a config.json may pad vocab_size past the tokenizer (the logits are that wide):
+            # the padding's columns are no token, so they are never sampled
+            sampled[lane] = sampler.sample(row[: self.vocab_size])
             if sampler.last_logprobs is not None:
                 self._step_logprobs[lane] = sampler.last_logprobs
         return sampled

@@ -44,3 +44,28 @@ def test_lanes_decoding_merged_hold_their_kv_once(mlx: Any) -> None:
     # another copy of both lanes' KV would be more than ``kv`` again
     assert grown < kv, (grown, kv)
     release(mlx, 0, 1)
+
+
+def test_a_padded_vocabulary_never_samples_an_id_the_tokenizer_lacks(mlx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models whose config.json pads ``vocab_size`` past the tokenizer (for kernels' sake) give
+    logits that wide; the padding's logits are untrained. The sampler picked from the whole row,
+    so a padded column with the largest logit became a token id no tokenizer knows (greedy
+    returned it; detokenising it failed). Sampling is limited to the tokenizer's ids."""
+    import numpy as np
+
+    prompt = mlx.tokenize("one two three", add_special=False)
+    real = mlx._step
+
+    def padded(pieces: Any) -> dict[int, np.ndarray]:
+        rows = real(pieces)
+        wide = {}
+        for lane, row in rows.items():
+            pad = np.full(64, float(row.max()) + 10.0, dtype=row.dtype)  # the padding wins greedy
+            wide[lane] = np.concatenate([row, pad])
+        return wide
+
+    monkeypatch.setattr(mlx, "_step", padded)
+    run = Run(0, prompt, max_tokens=2)
+    drive(mlx, [run])
+    release(mlx, 0)
+    assert run.output and all(0 <= t < mlx.vocab_size for t in run.output), (run.output, mlx.vocab_size)
