@@ -82,6 +82,11 @@ PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
 STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
+# A head says it is alive (``hb:HEAD``, set every poll, expiring after HEAD_TTL_MS). A running
+# job whose head's key has lapsed is read by nobody: its worker stops it and ends its lease, so
+# it is marked lost like a lost worker's job, and a client that resumes it on another head
+# (Last-Event-ID, within the stream's TTL) has it put back in the queue there.
+HEAD_TTL_MS = 30_000
 KNOWN_WORKER_S = 24 * 3600.0  # a head forgets a worker id unseen this long (worker_restarts_total)
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
@@ -143,12 +148,14 @@ class RedisTransport(Transport):
         aging_divisor_s: float = 60.0,
         reconnect_timeout_s: float = 120.0,
         poll_s: float = 0.25,
+        head_ttl_ms: int = HEAD_TTL_MS,
     ) -> None:
         super().__init__(reconnect_timeout_s=reconnect_timeout_s)
         self.url = url
         self.prefix = prefix
         self.aging_divisor_s = aging_divisor_s
         self.poll_s = poll_s
+        self.head_ttl_ms = head_ttl_ms
         self.head_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.redis_ok = False
         self.workers: dict[str, dict[str, Any]] = {}  # worker id -> its last snapshot
@@ -268,6 +275,8 @@ class RedisTransport(Transport):
 
     async def _tick(self) -> None:
         client = self._redis()
+        # first: a job this head enqueues (only once a tick has passed) finds its head alive
+        await client.set(f"{self.prefix}hb:{self.head_id}", "1", px=self.head_ttl_ms)
         await self.scripts.reap([self.prefix, STREAM_MAXLEN, STREAM_TTL_S])
         ids = [m.decode() if isinstance(m, bytes) else m for m in await client.smembers(self.prefix + "workers")]
         raw = await client.mget([self.prefix + "worker:" + i for i in ids]) if ids else []
@@ -462,6 +471,9 @@ class RedisTransport(Transport):
                 submit = decode(data)
         if not isinstance(submit, Submit):
             return None
+        # this head reads the job from now on: its worker keeps running it after the first
+        # head's key lapses (renew.lua)
+        await self.scripts.adopt([self.prefix, job_id, self.head_id])
         # its key as the first head had it (the dashboard's lanes and /slots name it)
         key = meta.get("key")
         handle = JobHandle(job_id=job_id, submit=submit, sent_on=self._connection, key=key if isinstance(key, str) else None)
@@ -863,15 +875,17 @@ class RedisWorkerLink:
             ids = list(renewed)
             free = self.worker.engine.n_lanes - len(ids)
         try:
-            gone = self.scripts.renew([self.prefix, self.worker_id, self.lease_ms, free, *ids])
+            gone, headless = self.scripts.renew([self.prefix, self.worker_id, self.lease_ms, free, *ids])
             self._publish_snapshot()
         except Exception as exc:
             log.warning("Redis: could not renew leases: %s", exc)
             return
-        for raw in gone or []:
+        for raw in [*gone, *headless]:
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
             conn = renewed.get(job_id)
             if conn is not None and not conn.terminal:
+                if raw in headless:
+                    log.warning("job %s: its web head is gone and nobody reads it; stopped (resumable on another head)", job_id)
                 self._drop(conn)
 
     def _publish_snapshot(self) -> None:

@@ -136,8 +136,28 @@ def test_only_the_lease_holder_of_the_current_epoch_emits(s: Scripts, client: re
     enqueue(s, prefix, "j", 2, requeue=1, expect=epoch + 1)
     reply = s.pick([prefix, "w2", 1, 0, LEASE_MS, NO_FLOOR, *(BIG,) * 4, *(0,) * 4])
     assert int(reply[1]) == epoch + 2
-    assert [g.decode() for g in s.renew([prefix, "w1", LEASE_MS, 0, "j"])] == ["j"]
-    assert s.renew([prefix, "w2", LEASE_MS, 0, "j"]) == []
+    client.set(prefix + "hb:head", "1")  # its head is alive
+    assert [g.decode() for g in s.renew([prefix, "w1", LEASE_MS, 0, "j"])[0]] == ["j"]
+    assert s.renew([prefix, "w2", LEASE_MS, 0, "j"]) == [[], []]
+
+
+def test_a_running_job_whose_head_is_gone_has_its_lease_ended_and_is_marked_lost(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """A job whose head died is read by nobody; it ran to its max_tokens, holding a lane. Its
+    worker's renew ends its lease instead (and says so), the reap marks it lost, and a head that
+    adopted it (a client resumed there) keeps it running."""
+    client.set(prefix + "hb:alive", "1")
+    enqueue(s, prefix, "orphan", 2, head="dead")
+    enqueue(s, prefix, "kept", 2, head="alive")
+    enqueue(s, prefix, "adopted", 2, head="dead")
+    assert pick(s, prefix, 3) == ["orphan", "kept", "adopted"]
+    assert int(s.adopt([prefix, "adopted", "alive"])) == 1
+    assert int(s.adopt([prefix, "nothing", "alive"])) == 0 and not client.exists(prefix + "job:nothing")
+    gone, headless = s.renew([prefix, "w1", LEASE_MS, 0, "orphan", "kept", "adopted"])
+    assert (gone, [h.decode() for h in headless]) == ([], ["orphan"])
+    assert int(s.reap([prefix, 100, 60])) == 1
+    assert client.hget(prefix + "job:orphan", "state") == b"lost"
+    assert [json.loads(f[b"m"])["type"] for _id, f in client.xrange(prefix + "s:orphan")] == ["lost"]
+    assert [client.hget(prefix + f"job:{j}", "state") for j in ("kept", "adopted")] == [b"run", b"run"]
 
 
 def test_a_batch_of_events_sent_again_is_appended_once_and_a_new_epoch_counts_afresh(s: Scripts, client: redis.Redis, prefix: str) -> None:

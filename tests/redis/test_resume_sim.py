@@ -399,3 +399,53 @@ async def test_a_resumed_stream_keeps_its_key_on_the_head_that_took_it_over(redi
     second.finish(resumed)
     await second.stop()
     worker.stop()
+
+
+async def test_a_job_whose_head_died_stops_running_and_is_resumed_when_its_client_comes_back(redis_server: RedisServer, prefix: str) -> None:
+    """A head killed mid-stream left its running job to go on to max_tokens with nobody reading
+    it, holding a lane (and its queued jobs after it). Its worker stops it once the head's key
+    lapses; a client that comes back to another head still gets the whole reply, exactly."""
+    reference_worker = SimFleetWorker(redis_server.url, prefix).start()
+    first = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.1, head_ttl_ms=500)
+    assert await first.wait_connected(20)
+    reference, _ = await outcome(await first.submit(request=completion("a tale", max_tokens=400)))
+    reference_worker.stop()
+    reference_worker.link.close()
+
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.04)).start()
+    handle = await first.submit(request=completion("a tale", max_tokens=400))  # 16 s of tokens
+    await first.remember_stream(handle.job_id, {"id": "chatcmpl-x"})
+    got = await deltas_until(handle, 3)
+    await first.stop()  # the head dies: nothing cancels the job
+    stopped_by = time.monotonic() + 6  # the head's key lapses in 0.5 s; renewals every 0.33 s
+    while worker.worker.contexts or worker.link.held:
+        assert time.monotonic() < stopped_by, "the job nobody reads still runs"
+        await asyncio.sleep(0.05)
+
+    second = await head(redis_server.url, prefix)
+    rest, done = await rest_after(second, handle.job_id, len(got))
+    assert "".join(got + rest) == reference
+    assert done.usage["completion_tokens"] == 400
+    await second.stop()
+    worker.stop()
+
+
+async def test_a_job_resumed_on_another_head_is_not_stopped_when_the_first_heads_key_lapses(redis_server: RedisServer, prefix: str) -> None:
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    first = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.1, head_ttl_ms=300)
+    second = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.1, head_ttl_ms=300)
+    for link in (first, second):
+        assert await link.wait_connected(20)
+    dropped: list[str] = []
+    drop = worker.link._drop
+    worker.link._drop = lambda conn: (dropped.append(conn.job_id), drop(conn))  # type: ignore[method-assign]
+
+    handle = await first.submit(request=completion("a tale", max_tokens=300))  # ~3 s of tokens
+    await first.remember_stream(handle.job_id, {"id": "chatcmpl-x"})
+    got = await deltas_until(handle, 3)
+    await first.stop()
+    rest, done = await rest_after(second, handle.job_id, len(got))  # adopted at once
+    assert done.usage["completion_tokens"] == 300
+    assert dropped == []  # ran through on its first lane, never stopped and put back
+    await second.stop()
+    worker.stop()
