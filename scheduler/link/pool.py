@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from scheduler.aio import spawn
 from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
@@ -105,6 +105,24 @@ def all_pools() -> list[ModelPool]:
     return list(_POOLS.values())
 
 
+_T = TypeVar("_T")
+
+
+class _LatestLinks(Generic[_T]):
+    """A pool link's attribute read from the link of the model used last (None before any):
+    Transport's __init__ sets its own value, which a pool link has no use for and drops."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, pool_link: PoolLink, owner: type | None = None) -> _T | None:
+        link = pool_link._latest()
+        return getattr(link, self.name) if link is not None else None
+
+    def __set__(self, pool_link: PoolLink, value: Any) -> None:
+        pass
+
+
 class PoolLink(Transport):
     """The event loop's link in a pool: what serve's drain, health, /slots, the dashboard and the
     key-policy caps see. Jobs are never submitted through it."""
@@ -146,41 +164,18 @@ class PoolLink(Transport):
         model = self.pool.last_model
         return self.pool.links.get(model) if model else None
 
-    @property  # type: ignore[override]
-    def snapshot(self) -> dict[str, Any] | None:
-        link = self._latest()
-        return link.snapshot if link is not None else None
-
-    @snapshot.setter
-    def snapshot(self, value: Any) -> None:
-        pass
-
-    # when that snapshot came, and whether its worker is still there (a worker away: crashed,
-    # restarting): the dashboard shows a page opened meanwhile the snapshot as that old, not
-    # live. The pool link itself is always "connected" (models load on demand), so its own
-    # snapshot_at (never set) and connected told the page nothing.
-    @property  # type: ignore[override]
-    def snapshot_at(self) -> float | None:
-        link = self._latest()
-        return link.snapshot_at if link is not None else None
-
-    @snapshot_at.setter
-    def snapshot_at(self, value: Any) -> None:
-        pass
+    # what the latest model's worker said (a worker away: crashed, restarting, its last words):
+    # the dashboard shows a page opened meanwhile that snapshot as that old, not live. The pool
+    # link itself is always "connected" (models load on demand), so its own snapshot_at (never
+    # set) and connected told the page nothing.
+    snapshot: _LatestLinks[dict[str, Any]] = _LatestLinks()
+    snapshot_at: _LatestLinks[float] = _LatestLinks()
+    hello: _LatestLinks[Hello] = _LatestLinks()
 
     @property
     def snapshot_connected(self) -> bool:
         link = self._latest()
         return link is None or bool(link.connected)
-
-    @property  # type: ignore[override]
-    def hello(self) -> Hello | None:
-        link = self._latest()
-        return link.hello if link is not None else None
-
-    @hello.setter
-    def hello(self, value: Any) -> None:
-        pass
 
 
 class ModelPool:

@@ -16,6 +16,7 @@ And a template with Hugging Face's ``{% generation %}`` block (SmolLM3's) compil
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -116,10 +117,8 @@ def _agent_history(result: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
     eng = LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 def _with_template(engine: LlamaCppEngine, source: str, monkeypatch: pytest.MonkeyPatch) -> None:

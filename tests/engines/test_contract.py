@@ -17,6 +17,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,8 @@ def _mlx(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture(scope="module", params=["llamacpp", "mlx"])
 def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
     eng = {"llamacpp": _llamacpp, "mlx": _mlx}[request.param](request)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 @pytest.fixture(autouse=True)

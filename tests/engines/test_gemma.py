@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 from hypothesis import given, settings
@@ -23,10 +24,8 @@ pytestmark = pytest.mark.model
 @pytest.fixture(scope="module")
 def gemma() -> Iterator[LlamaCppEngine]:
     eng = LlamaCppEngine(gemma_model_path(), n_lanes=1, lane_ctx=512)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 def test_the_package_gives_one_gguf_file_served_as_gemma() -> None:

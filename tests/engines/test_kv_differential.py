@@ -10,6 +10,7 @@ runs its ticks on it too, so the plans do not depend on how fast this machine is
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 import pytest
@@ -38,10 +39,8 @@ def engine() -> Iterator[Any]:
     from scheduler.engines.models import default_model_path
 
     eng = LlamaCppEngine(default_model_path(), n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 def _empty(engine: Any) -> None:

@@ -18,6 +18,7 @@ fake one and the engine runs its ticks on it too, so the plans do not depend on 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,8 @@ def engine(mlx_float_dir: Path) -> Iterator[Any]:
     from scheduler.engines.mlx import MlxEngine
 
     eng = MlxEngine(mlx_float_dir, n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 def _empty(engine: Any) -> None:

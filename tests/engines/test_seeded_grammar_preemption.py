@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,8 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
 
         folder: Path = request.getfixturevalue("mlx_float_dir")
         eng = MlxEngine(folder, n_lanes=N_LANES, lane_ctx=LANE_CTX, cache_slots=SLOTS)
-    try:
+    with closing(eng):
         yield eng
-    finally:
-        eng.close()
 
 
 def serve(engine: Any, *, park: bool, urgent_at: int | None, pressure_at: int | None = None) -> tuple[list[int], dict[str, int]]:
