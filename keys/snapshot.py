@@ -54,6 +54,16 @@ class Key:
         return self.expires is not None and self.expires <= now
 
 
+def _readings(secret: str) -> list[str]:
+    """``secret`` as the server read it, and, where its bytes (Latin-1) are UTF-8 beyond ASCII,
+    as the client most likely wrote it."""
+    try:
+        utf8 = secret.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return [secret]
+    return [secret] if utf8 == secret else [secret, utf8]
+
+
 @dataclass
 class Snapshot:
     version: int = -1
@@ -62,12 +72,15 @@ class Snapshot:
 
     def lookup(self, secret: str) -> Key | None:
         """The key whose digest is sha256(secret). A dict finds it by digest; compare_digest
-        confirms it without an early-exit comparison."""
-        digest = digest_of(secret)
-        key = self.keys_by_digest.get(digest)
-        if key is None or not digests_match(key.digest, digest):
-            return None
-        return key
+        confirms it without an early-exit comparison. A header reaches here read as Latin-1
+        (api/consumers.py, Django): a secret beyond ASCII that the client sent as UTF-8 (curl,
+        most tools) is found by its UTF-8 reading too, as its digest was made."""
+        for candidate in _readings(secret):
+            digest = digest_of(candidate)
+            key = self.keys_by_digest.get(digest)
+            if key is not None and digests_match(key.digest, digest):
+                return key
+        return None
 
     def caps_for(self, model: str) -> dict[str, int]:
         """Caps for ``model``: the all-models rows, overridden by the model's own."""
