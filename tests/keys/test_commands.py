@@ -86,3 +86,19 @@ def test_an_expiry_no_date_can_hold_is_refused_and_nothing_is_made(days: str) ->
     with pytest.raises(CommandError, match="--expires-days"):
         createkey("later", "--rpm", "5", "--expires-days", days)
     assert not ApiKey.objects.filter(name="later").exists() and not KeyPolicy.objects.filter(name="later").exists()
+
+
+@pytest.mark.django_db
+def test_createkey_with_an_unreadable_key_policy_file_is_a_command_error_and_makes_no_key(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new key's name is checked against the --key-policy file's keys (SUPERFLUID_KEY_POLICY):
+    a file that cannot be read printed a traceback instead of saying which file and why."""
+    import dataclasses
+
+    from keys import policyfile
+    from superfluid_site.serving import installed, serving
+
+    monkeypatch.setattr(policyfile, "_loaded", {})
+    with installed(dataclasses.replace(serving(), key_policy_file=f"{tmp_path}/gone.json")):
+        with pytest.raises(CommandError, match="gone.json.*cannot read it"):
+            createkey("ci")
+    assert not ApiKey.objects.filter(name="ci").exists()

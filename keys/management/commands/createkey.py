@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from keys import actions
 from keys.models import ApiKey, KeyPolicy
+from keys.policyfile import PolicyFileError
 from scheduler.core.qos import UnknownQosClass, parse_qos
 from superfluid_site.serving import serving
 
@@ -78,6 +79,8 @@ class Command(BaseCommand):
                 secret = actions.create_key(key)
         except ValidationError as exc:
             raise CommandError(_errors(exc)) from None
+        except PolicyFileError as exc:  # a new key's name is checked against the file's keys
+            raise CommandError(f"the key-policy file {serving().key_policy_file} (SUPERFLUID_KEY_POLICY): {exc}") from None
         self.stdout.write(f"created key {name!r} ({key.prefix}…), policy: {policy.name if policy else 'server defaults'}")
         self.stdout.write("the secret follows; it is not stored and will not be shown again:")
         self.stdout.write(secret)
