@@ -376,6 +376,19 @@ def _peer(transport: Any) -> tuple[str, int] | None:
     return (str(host), int(getattr(peer, "port", 0) or 0)) if host else None
 
 
+def body_limit(path: bytes | None) -> tuple[int, int]:
+    """(the bound on a request's body, the limit its 413 names): ``--max-body-bytes``, but a
+    batch file's upload (``/v1/files``) has its own, SUPERFLUID_BATCH_MAX_FILE_BYTES (by default
+    ``--max-body-bytes``) for the file plus the multipart around it, as batches/asgi.py bounds
+    it: a file of the size allowed, or a larger limit set for batch files, was refused here."""
+    if (path or b"").split(b"?", 1)[0] == b"/v1/files":
+        from batches.asgi import ENVELOPE_BYTES, upload_limit
+
+        limit = upload_limit()
+        return limit, limit - ENVELOPE_BYTES
+    return serving().max_body_bytes, serving().max_body_bytes
+
+
 def install_request_bounds() -> None:
     """``--max-body-bytes`` and ``--body-timeout`` in the protocol layer (``serve`` calls this
     through ``install_protocol_errors``). The clock starts at the request line: request line,
@@ -452,9 +465,10 @@ def install_request_bounds() -> None:
         if length is not None and self.requestHeaders.hasHeader(b"Content-Length"):
             # the application reads the length the body was framed by, not 4,000 leading zeros
             self.requestHeaders.setRawHeaders(b"Content-Length", [b"%d" % length])
-        original_got_length(self, 0 if length is not None and length > serving().max_body_bytes else length)
-        if length is not None and length > serving().max_body_bytes:
-            refuse_unread(self, request_too_large(serving().max_body_bytes))
+        self._sf_bounds = limit, named = body_limit(getattr(self.channel, "_path", None))
+        original_got_length(self, 0 if length is not None and length > limit else length)
+        if length is not None and length > limit:
+            refuse_unread(self, request_too_large(named))
             # Twisted answers "Expect: 100-continue" right after this: a 100 Continue written
             # after the 413 (and its Connection: close) asked the client for a body never read
             self.requestHeaders.removeHeader(b"Expect")
@@ -463,8 +477,9 @@ def install_request_bounds() -> None:
         if self._sf_refused:
             return  # what arrives after the refusal is dropped, never buffered
         self._sf_size += len(data)
-        if self._sf_size > serving().max_body_bytes:
-            refuse_unread(self, request_too_large(serving().max_body_bytes))
+        limit, named = getattr(self, "_sf_bounds", None) or body_limit(None)
+        if self._sf_size > limit:
+            refuse_unread(self, request_too_large(named))
             return
         original_chunk(self, data)
 

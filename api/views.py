@@ -15,7 +15,7 @@ from superfluid_site.serving import serving
 from . import responses
 from .admission import key_required, model_allowed
 from .edge import error_response
-from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found
+from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found, request_too_large
 
 _STARTED = int(time.time())
 
@@ -86,10 +86,16 @@ async def model_detail(request: HttpRequest, model_id: str) -> JsonResponse:
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any]:
-    # the method is checked by edge.api_route(("POST",)) in urls.py
+    # the method is checked by edge.api_route(("POST",)) in urls.py. Read from the stream, not
+    # request.body: Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MiB) refused a body under
+    # --max-body-bytes (a document to count the tokens of) with a 400 "could not be understood"
     from .schemas import load_object
 
-    return load_object(request.body or b"{}")
+    limit = serving().max_body_bytes
+    raw = request.read(limit + 1)
+    if len(raw) > limit:  # (serve's protocol layer refuses it first, on its Content-Length)
+        raise request_too_large(limit)
+    return load_object(raw or b"{}")
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
