@@ -511,8 +511,12 @@ class Reply:
         # worker: a character's first bytes, or what may be a stop string) wait here; the ones a
         # stop string ended the reply in are dropped, so the entries spell the text, streamed or not
         self.lp_waiting: list[dict[str, Any]] = []
-        self.lp_text_bytes = 0  # the UTF-8 length of the text come so far
-        self.lp_token_bytes = 0  # ... and of the tokens whose entries were let through
+        # the characters of the text come so far, and those the tokens whose entries were let
+        # through spell, decoded as the worker decodes them (bytes that are no UTF-8 are one
+        # U+FFFD each: three bytes of text for one of token, so bytes cannot be compared)
+        self.lp_text_chars = 0
+        self.lp_token_chars = 0
+        self.lp_token_decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
@@ -613,14 +617,14 @@ class Reply:
         """The logprob entries to send with ``text``: those of tokens that start inside the text
         come so far; at the end (``done``) the rest, but for the tokens of the stop string that
         ended the reply (the text stops before them)."""
-        self.lp_text_bytes += len(text.encode("utf-8", "replace"))
+        self.lp_text_chars += len(text)
         self.lp_waiting.extend(logprobs or [])
         out: list[dict[str, Any]] = []
         while self.lp_waiting and (
-            self.lp_token_bytes < self.lp_text_bytes or (done is not None and not done.stop_word)
+            self.lp_token_chars < self.lp_text_chars or (done is not None and not done.stop_word)
         ):
             e = self.lp_waiting.pop(0)
-            self.lp_token_bytes += len(e["bytes"])
+            self.lp_token_chars += len(self.lp_token_decoder.decode(bytes(e["bytes"])))
             out.append(e)
         if done is not None:
             self.lp_waiting = []

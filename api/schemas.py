@@ -332,7 +332,8 @@ _INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "pr
 _INFILL_UNHONOURED = frozenset(
     {"samplers", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
 )
-_INFILL_KEYS = (_COMMON_KEYS - {"n"}) | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
+# max_completion_tokens: read as on /v1/completions (_parse_max_tokens), so never "ignored"
+_INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
 MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
 
 
@@ -733,8 +734,10 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
     """``tools``/``tool_choice`` (or the legacy ``functions``/``function_call``). Where both
     spellings are sent, the current one is used and the legacy one named as ignored."""
     tools_key = "tools" if body.get("tools") is not None else "functions"
+    # ``functions`` ignored beside ``tools``: the ``function_call`` that chooses among them goes too
+    legacy_ignored = tools_key == "tools" and body.get("functions") is not None
     for current, legacy in (("tools", "functions"), ("tool_choice", "function_call")):
-        if body.get(current) is not None and body.get(legacy) is not None and legacy not in req.ignored:
+        if (body.get(current) is not None or legacy_ignored) and body.get(legacy) is not None and legacy not in req.ignored:
             req.ignored.append(legacy)
     raw = body.get(tools_key)
     tools: list[dict[str, Any]] = []
@@ -763,7 +766,7 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
                 raise _invalid_type(f"{where}.parameters", "a JSON Schema object")
             description = _optional(fn, "description", str, f"{where}.description")
             tools.append({"name": name, "description": description or "", "parameters": params})
-    choice_key = "tool_choice" if body.get("tool_choice") is not None else "function_call"
+    choice_key = "tool_choice" if body.get("tool_choice") is not None or legacy_ignored else "function_call"
     choice = body.get(choice_key)
     names = {t["name"] for t in tools}
     if choice is None:
@@ -900,7 +903,16 @@ def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return {"type": "json_object"}
+        # llama-server's JSON mode with a schema (llama-cpp-python's and Together's spelling too):
+        # the schema constrains the reply there, so it does here
+        schema = value.get("schema")
+        if schema is None or schema is True or schema == {}:
+            return {"type": "json_object"}
+        if schema is False:
+            raise _invalid_value("response_format.schema", "a JSON Schema some JSON value fits (false allows none)")
+        if not isinstance(schema, dict):
+            raise _invalid_type("response_format.schema", "a JSON Schema object")
+        return {"type": "json_schema", "schema": schema, "strict": True}
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):

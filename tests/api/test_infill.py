@@ -165,6 +165,16 @@ def test_the_body_maps_onto_a_fim_completion() -> None:
     assert bare.suffix == "" and bare.prompt == "" and fields is None  # still a FIM prompt: its class, its --fim-model
 
 
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_a_token_limit_that_is_honoured_is_not_named_ignored_nor_unknown_under_strict(key: str) -> None:
+    """Both names of the limit are read (api.schemas._parse_max_tokens), as on /v1/completions:
+    the ignored-parameters header must not name one that took effect, nor --strict-params refuse it."""
+    req, _ = parse({"input_prefix": "a", key: 5})
+    assert req.max_tokens == 5 and req.ignored == []
+    strict, _ = parse_infill_request(json.dumps({"input_prefix": "a", key: 5}).encode(), models={MODEL}, strict=True)
+    assert strict.max_tokens == 5
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

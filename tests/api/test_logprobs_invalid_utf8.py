@@ -1,0 +1,63 @@
+"""Logprobs of a reply holding bytes that are no UTF-8 (a byte token the model wrote alone, a
+character's first byte followed by no continuation): the worker's text shows each as U+FFFD
+(three bytes of text for one byte of token), and the entries must still follow the text the
+client got, never the tokens of a stop string whose text was held back (api.responses.Reply)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.responses import Reply
+from scheduler.link.messages import Delta, Done
+from scheduler.worker.output import TextStream
+
+
+def _events(pieces: list[bytes], stop: list[str], reason: str = "length") -> tuple[list[Delta], Done]:
+    """What the worker sends for these tokens (scheduler/worker/loop.py's _process and
+    _finished): one delta a token, its entry only while no stop string has matched."""
+    stream = TextStream(pieces.__getitem__, stop)
+    events: list[Delta] = []
+    for token, raw in enumerate(pieces):
+        text = stream.push(token)
+        entry = {"token_id": token, "bytes": list(raw), "logprob": -0.5, "top": []}
+        events.append(Delta("j", text, logprobs=None if stream.stopped else [entry]))
+        if stream.stopped:
+            return events, Done("j", "stop", stop_word=stream.stop_word)
+    events.append(Delta("j", stream.flush(), logprobs=[]))
+    return events, Done("j", reason)
+
+
+def _ids(endpoint: str, logprobs: dict[str, Any]) -> list[str]:
+    return list(logprobs["tokens"]) if endpoint == "completions" else [t["token"] for t in logprobs["content"]]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"\xff", b"X", b"Y"],  # a byte that is no UTF-8, then the stop string
+        [b"a\xc3", b" ", b"X", b"Y"],  # a character's first byte cut off by what follows
+        [b"\xf0\x9f", b"\xff\xfe", b"X", b"Y"],
+    ],
+)
+def test_a_stop_strings_tokens_have_no_logprobs_after_text_that_is_no_utf8(endpoint: Any, pieces: list[bytes]) -> None:
+    events, done = _events(pieces, ["XY"])
+    assert done.stop_word == "XY"
+    whole = Reply(endpoint, "m", logprobs=True)
+    for event in events:
+        whole.add(event)
+    body = whole.body(done, None)["choices"][0]
+    text = body["text"] if endpoint == "completions" else body["message"]["content"]
+    assert "X" not in text
+    # one entry per token of the text: none for the stop string's "X", held back and never sent
+    assert _ids(endpoint, body["logprobs"]) == [bytes(p).decode("utf-8", "replace") for p in pieces[:-2]]
+
+    streamed = Reply(endpoint, "m", logprobs=True)
+    frames = streamed.first_chunks()
+    for event in events:
+        frames += streamed.delta_chunks(event)
+    frames += streamed.final_chunks(done, None)
+    tokens = [t for f in frames for c in f["choices"] if c.get("logprobs") for t in _ids(endpoint, c["logprobs"])]
+    assert tokens == _ids(endpoint, body["logprobs"])
