@@ -47,9 +47,10 @@ def retention_days() -> int:
 
 
 def _ip(value: str | None) -> str | None:
-    """A client address the database's IP type accepts, or None (a Unix socket peer, say)."""
+    """A client address the database's IP type accepts, or None (a Unix socket peer, say). A
+    link-local IPv6 peer's zone (``fe80::1%eth0``) is dropped: PostgreSQL's ``inet`` refuses it."""
     try:
-        return str(ipaddress.ip_address(value)) if value else None
+        return str(ipaddress.ip_address(value.split("%", 1)[0])) if value else None
     except ValueError:
         return None
 

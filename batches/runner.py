@@ -123,12 +123,35 @@ async def resume_local() -> None:
 
 
 async def run_batch(batch_id: str) -> None:
-    """The embedded runner: N claimers until no line is left, then finalize."""
-    await sync_to_async(begin)(batch_id)
+    """The embedded runner: N claimers until no line is left, then finalize. A line still
+    leased once every claimer has ended has no runner (its lease could not be given up: the
+    database erred again): the claimers start again once that lease has run out."""
+    while True:  # the database erred (SQLite busy): tried again, not left "validating" for good
+        try:
+            await sync_to_async(begin)(batch_id)
+            break
+        except Exception:
+            log.exception("batch %s: could not start it; it is tried again after a pause", batch_id)
+            await asyncio.sleep(FAILED_LINE_PAUSE_S)
     try:
-        await asyncio.gather(*(_claimer(batch_id) for _ in range(concurrency())))
+        while True:
+            await asyncio.gather(*(_claimer(batch_id) for _ in range(concurrency())))
+            wait = await sync_to_async(orphaned_lease_s)(batch_id)
+            if wait is None:
+                break
+            await asyncio.sleep(wait)
     finally:
         await sync_to_async(finalize_if_done)(batch_id)
+
+
+def orphaned_lease_s(batch_id: str) -> float | None:
+    """Seconds until the last lease on a pending line of the running (or cancelling) batch runs
+    out, or None when no pending line is leased."""
+    if not Batch.objects.filter(pk=batch_id, status__in=("in_progress", "cancelling")).exists():
+        return None
+    now = timezone.now()
+    until = Line.objects.filter(batch_id=batch_id, done=False, claimed_until__gte=now).order_by("-claimed_until").values_list("claimed_until", flat=True).first()
+    return None if until is None else (until - now).total_seconds() + 0.01
 
 
 async def _claimer(batch_id: str) -> None:

@@ -20,11 +20,13 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.http.request import split_domain_port
 from django.utils import timezone
 
 from api.admission import key_required
 from api.edge import error_response
 from api.errors import ApiError, invalid_request, request_too_large
+from api.schemas import check_encodable
 from scheduler.aio import spawn
 from superfluid_site.serving import serving
 
@@ -83,6 +85,12 @@ def _not_found(kind: str, ident: str) -> ApiError:
     return ApiError(404, f"No such {kind}: '{ident}'.", param="id", code="not_found")
 
 
+def _storable(text: str) -> bool:
+    """Whether ``text`` can be looked up: PostgreSQL refuses U+0000 in a text parameter (a 500),
+    and no id, cursor or purpose stored here holds one."""
+    return "\x00" not in text
+
+
 def max_file_bytes() -> int:
     return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or serving().max_body_bytes)
 
@@ -128,7 +136,7 @@ def _file_list(request: HttpRequest) -> dict[str, Any]:
     q = request.GET
     owned = File.objects.filter(owner=_owner(request)).defer("content")  # not contents: up to 8 MiB each
     if q.get("purpose"):
-        owned = owned.filter(purpose=q["purpose"])
+        owned = owned.filter(purpose=q["purpose"]) if _storable(q["purpose"]) else owned.none()
     try:
         limit = int(q.get("limit", "10000"))
     except ValueError:
@@ -141,7 +149,7 @@ def _file_list(request: HttpRequest) -> dict[str, Any]:
     sign = "" if order == "asc" else "-"
     owned = owned.order_by(f"{sign}created_at", f"{sign}id")
     if q.get("after"):
-        cursor = owned.filter(pk=q["after"]).values_list("created_at", "id").first()
+        cursor = owned.filter(pk=q["after"]).values_list("created_at", "id").first() if _storable(q["after"]) else None
         if cursor is None:
             raise invalid_request(f"Invalid value for 'after': no file {q['after']!r}.", param="after", code="invalid_value")
         later = Q(created_at__gt=cursor[0]) | Q(created_at=cursor[0], id__gt=cursor[1])
@@ -162,7 +170,7 @@ def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned],
         @batch_view
         @functools.wraps(view)
         async def inner(request: HttpRequest, pk: str) -> HttpResponse:
-            row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst()
+            row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst() if _storable(pk) else None
             if row is None:
                 raise _not_found(model.__name__.lower(), pk)
             return await view(request, row)
@@ -209,11 +217,12 @@ def _json(request: HttpRequest) -> dict[str, Any]:
         raise invalid_request("We could not parse the JSON body of your request.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_type")
+    check_encodable(body)  # a lone surrogate ("\ud800"): a 400 naming it, as every body of the API
     return body
 
 
 def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, metadata: Any) -> Batch:
-    f = File.objects.filter(pk=file_id, owner=owner).first()
+    f = File.objects.filter(pk=file_id, owner=owner).first() if _storable(file_id) else None
     if f is None:
         raise _not_found("file", file_id)
     if f.purpose != "batch":  # one of the caller's output files: it exists, so not a 404
@@ -274,7 +283,7 @@ async def batches(request: HttpRequest) -> HttpResponse:
             # after one of them neither repeats nor skips the others (the client pages by last_id)
             qs = Batch.objects.filter(owner=owner).order_by("-created_at", "-id")
             if after:
-                anchor = qs.filter(pk=after).values_list("created_at", "id").first()
+                anchor = qs.filter(pk=after).values_list("created_at", "id").first() if _storable(after) else None
                 if anchor is None:  # as the files list: not the first page again, silently
                     raise invalid_request(f"Invalid value for 'after': no batch {after!r}.", param="after", code="invalid_value")
                 qs = qs.filter(Q(created_at__lt=anchor[0]) | Q(created_at=anchor[0], id__lt=anchor[1]))
@@ -298,6 +307,10 @@ async def batches(request: HttpRequest) -> HttpResponse:
         raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
                               param="metadata", code="invalid_value")
     host = request.get_host()
+    if len(host) > Batch._meta.get_field("host").max_length:  # not a 500 (PostgreSQL): a DNS name has up to 253 characters
+        host = split_domain_port(host)[0]  # and then its port; the lines' Host check ignores the port
+        if len(host) > Batch._meta.get_field("host").max_length:
+            raise invalid_request("The Host header is longer than any DNS name.", code="invalid_host")
 
     async def create_and_start() -> Batch:
         b = await sync_to_async(_create)(owner, host, file_id, endpoint, window, metadata)
