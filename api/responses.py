@@ -574,7 +574,9 @@ class Reply:
             return frames
         self.role_pending = False
         delta = frames[0]["choices"][0]["delta"]
-        if "tool_calls" in delta or "function_call" in delta:
+        entries_only = "content" not in delta and frames[0]["choices"][0].get("logprobs") is not None
+        if "tool_calls" in delta or "function_call" in delta or entries_only:
+            # (entries_only: logprob entries of tokens not yet known to be text or a call)
             frames[0]["choices"][0]["delta"] = {"role": "assistant", "content": None, **delta}
             return frames
         return [chat_chunk(self.id, self.model, self.created, role="assistant", content=""), *frames]
@@ -646,7 +648,16 @@ class Reply:
             text = self._stripped(text)
         if not text and not entries:
             return calls
-        chunk = chat_chunk(self.id, self.model, self.created, content=text)
+        if not text and self.tool_names:
+            # a call's tokens, or text held as maybe one: their entries ride on the call's first
+            # chunk, else on a chunk of no content. A content "" here opened a reply of calls only
+            # with content "", which reassembles to "" where unstreamed it is null.
+            if calls and self.want_logprobs:
+                calls[0]["choices"][0]["logprobs"] = chat_logprobs(entries)
+                return calls
+            chunk = chat_chunk(self.id, self.model, self.created)
+        else:
+            chunk = chat_chunk(self.id, self.model, self.created, content=text)
         if self.want_logprobs:
             chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
         return [chunk, *calls]
@@ -750,8 +761,8 @@ class Reply:
                 chunk = completion_chunk(self.id, self.model, self.created, "")
                 offsets, self.lp_offset = token_offsets(entries, self.lp_offset, self.lp_decoder)
                 chunk["choices"][0]["logprobs"] = completion_logprobs(entries, offsets=offsets)
-            else:
-                chunk = chat_chunk(self.id, self.model, self.created, content="")
+            else:  # no content in tool mode: a reply of calls only stays null (_delta_chunks)
+                chunk = chat_chunk(self.id, self.model, self.created, content=None if self.tool_names else "")
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
         if self.endpoint == "chat":

@@ -69,3 +69,38 @@ def test_the_legacy_function_call_stream_reassembles_to_null_content() -> None:
     frames = _frames(CALL, 3, legacy_functions=True)
     message = _accumulated(frames)
     assert message.content is None and message.function_call is not None and message.function_call.name == "f"
+
+
+def _logprob_frames(text: str, cut: int) -> list[dict[str, Any]]:
+    """As ``_frames``, with logprobs asked for: each piece of text one token's entry."""
+    reply = Reply("chat", "m", tools=TOOLS, logprobs=True)
+    frames = reply.first_chunks()
+    for i in range(0, len(text), cut):
+        piece = text[i : i + cut]
+        entry = {"token_id": i, "bytes": list(piece.encode()), "logprob": -0.5, "top": []}
+        frames += reply.delta_chunks(Delta("j", piece, logprobs=[entry]))
+    return frames + reply.final_chunks(Done("j", "stop"), None)
+
+
+@pytest.mark.parametrize("text", [CALL, "  " + CALL])
+@pytest.mark.parametrize("cut", [1, 4, 1000])
+def test_with_logprobs_a_reply_of_calls_only_still_reassembles_to_null_content(text: str, cut: int) -> None:
+    """The entries of a call's tokens went out in chunks of ``content: ""``, so the role came
+    first with ``content: ""`` and the reply reassembled to "" where unstreamed it is null."""
+    frames = _logprob_frames(text, cut)
+    message = _accumulated(frames)
+    assert message.content is None
+    assert [c.function.name for c in message.tool_calls or []] == ["f"]
+    assert sum("role" in f["choices"][0]["delta"] for f in frames if f["choices"]) == 1
+    assert all(f["choices"][0]["delta"].get("content") is None for f in frames if f["choices"])
+    # every token's entry still goes out, once, in order
+    got = [e["bytes"] for f in frames if f["choices"] and f["choices"][0]["logprobs"] for e in f["choices"][0]["logprobs"]["content"]]
+    assert b"".join(bytes(b) for b in got) == text.encode()
+
+
+@pytest.mark.parametrize("cut", [1, 1000])
+def test_with_logprobs_a_text_reply_still_opens_with_empty_content_and_reassembles(cut: int) -> None:
+    frames = _logprob_frames("Sure. " + CALL, cut)
+    message = _accumulated(frames)
+    assert message.content == _unstreamed("Sure. " + CALL)["content"]
+    assert frames[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
