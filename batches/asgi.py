@@ -17,9 +17,17 @@ Send = Callable[[Message], Awaitable[None]]
 ENVELOPE_BYTES = 64 * 1024  # the multipart parts around the file: its name, the purpose
 
 
-def upload_limit() -> int:
-    from .views import max_file_bytes
+def max_file_bytes() -> int:
+    """The largest batch file: SUPERFLUID_BATCH_MAX_FILE_BYTES, by default --max-body-bytes.
+    (Here, not in views: the protocol layer, api/edge.py, bounds uploads by it too.)"""
+    from django.conf import settings
 
+    from superfluid_site.serving import serving
+
+    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or serving().max_body_bytes)
+
+
+def upload_limit() -> int:
     return max_file_bytes() + ENVELOPE_BYTES
 
 

@@ -28,9 +28,9 @@ from api.edge import error_response
 from api.errors import ApiError, invalid_request, request_too_large
 from api.schemas import check_encodable
 from scheduler.aio import spawn
-from superfluid_site.serving import serving
 
 from . import runner
+from .asgi import max_file_bytes
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
 from .models import Batch, File, Line
 
@@ -89,10 +89,6 @@ def _storable(text: str) -> bool:
     """Whether ``text`` can be looked up: PostgreSQL refuses U+0000 in a text parameter (a 500),
     and no id, cursor or purpose stored here holds one."""
     return "\x00" not in text
-
-
-def max_file_bytes() -> int:
-    return int(getattr(settings, "SUPERFLUID_BATCH_MAX_FILE_BYTES", 0) or serving().max_body_bytes)
 
 
 def max_lines() -> int:
