@@ -233,6 +233,7 @@ def _converter() -> Any:
     conv._build_object_rule = functools.partial(_build_object_rule, conv)
     conv.visit = functools.partial(_visit, conv, conv.visit)  # its own recursive calls come here too
     conv._format_literal = _format_literal
+    conv._generate_constant_rule = _json_literal
     conv._resolve_ref = functools.partial(_resolve_ref, conv, {}, set(), set())
     return conv
 
@@ -285,6 +286,19 @@ def _format_literal(literal: str) -> str:
     return '"' + re.sub(r'[\\"\r\n]', lambda m: _LITERAL_ESCAPES[m.group()], literal) + '"'
 
 
+def _json_literal(value: Any) -> str:
+    """GBNF for ``value``'s JSON text (an enum's or a const's value, a property's name): its
+    non-ASCII characters as they are, as llama.cpp's converter writes them, or all as ``\\u``
+    escapes, as the converter here wrote them (the only form it allowed: a reply showed
+    ``"\\u662f"`` for ``"是"``, and the model chose between non-ASCII values on hex digits). A
+    lone surrogate, which no UTF-8 holds, is only escaped."""
+    escaped = json.dumps(value)
+    raw = json.dumps(value, ensure_ascii=False)
+    if raw == escaped or any("\ud800" <= c <= "\udfff" for c in raw):
+        return _format_literal(escaped)
+    return f"({_format_literal(raw)} | {_format_literal(escaped)})"
+
+
 # What llama-cpp-python's converter acts on in a schema; a schema with none of these (``{}``, or
 # only annotations: a pydantic ``Any`` field is ``{"title": ...}``) allows any JSON value.
 _CONSTRAINING = frozenset(
@@ -333,7 +347,72 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             lo, hi = _integer_bounds(schema)
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
                 return _named_rule(conv, name, f"({_integer_range(lo, hi)}) space")
+        if isinstance(schema.get("pattern"), str):
+            schema = {**schema, "pattern": _gbnf_pattern(schema["pattern"])}
     return str(visit(schema, name))
+
+
+# a regular expression's class escapes as GBNF class contents, in a JSON string's text: a space
+# is the only white space written raw there (the others are escapes)
+_CLASS_ESCAPES = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
+_NOT_IN_STRING = '"\\\\\\x7F\\x00-\\x1F'  # what a JSON string's text never holds raw
+# a regular expression's ``.`` in a JSON string's text: a character written raw, or a one-letter
+# escape but a line break's
+_JSON_STRING_CHAR = f'([^{_NOT_IN_STRING}]|\\\\["\\\\/bft])'
+# escapes that GBNF reads as a regular expression does (or the converter takes), kept as they are
+_KEPT_ESCAPES = frozenset('\\tnrxuU[]"')
+
+
+def _gbnf_pattern(pattern: str) -> str:
+    """``pattern`` as the converter can write it into a JSON string's grammar:
+
+    - the regular-expression escapes GBNF does not know as classes: ``\\d``, ``\\w``, ``\\s``
+      (and ``\\D``, ``\\W``, ``\\S``) and an escaped ``.``, ``-``, ``/``, ``^``, ``$``... The
+      converter copied them as they were, which llama.cpp and llguidance both refuse ("unknown
+      escape"): ``^\\d{5}$`` was a 400;
+    - ``.`` and a negated class without a raw ``"``, backslash or control character (``.`` takes
+      a one-letter escape instead): the converter's ``.`` (``[^\\x0A\\x0D]``) took them, so a
+      reply on llama.cpp could hold ``"a"b"`` (not JSON), and llguidance's greedy lexer read the
+      closing quote and what followed as more of the string: an object holding such a property
+      never closed on the MLX engine."""
+    out: list[str] = []
+    in_class = negated = False
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            e = pattern[i + 1]
+            i += 2
+            if e.lower() in _CLASS_ESCAPES:
+                chars = _CLASS_ESCAPES[e.lower()]
+                if e.islower():
+                    out.append(chars if in_class else f"[{chars}]")
+                elif in_class:
+                    raise GrammarError(f"a pattern's \\{e} inside a character class is not supported")
+                else:
+                    out.append(f"[^{chars}{_NOT_IN_STRING}]")
+            elif e in _KEPT_ESCAPES or (e.isascii() and e.isalnum()) or (not in_class and e in "(){}*+?|"):
+                out.append(c + e)  # GBNF's own, the converter's, or one that neither knows
+            else:  # an escaped punctuation character: itself
+                char = f"\\x{ord(e):02X}" if ord(e) < 0x80 else e
+                out.append(char if in_class else f"[{char}]")
+            continue
+        if c == "." and not in_class:
+            out.append(_JSON_STRING_CHAR)
+        elif c == "[" and not in_class:
+            out.append(c)
+            in_class, negated = True, pattern[i + 1 : i + 2] == "^"
+            for first in ("^", "]"):  # "[^" negates; a "]" first is itself
+                if pattern[i + 1 : i + 2] == first:
+                    out.append("\\]" if first == "]" else first)
+                    i += 1
+        elif c == "]" and in_class:
+            out.append(f"{_NOT_IN_STRING}]" if negated else c)
+            in_class = negated = False
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: set[str], name: str, additional_properties: Any) -> str:
@@ -352,7 +431,7 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
     for prop_name, prop_schema in properties:
         # (a top-level property "" would take the name "", the root's: the root became its value)
         prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}" or "empty")
-        kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{conv._format_literal(json.dumps(prop_name))} space ":" space {prop_rule_name}')
+        kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{_json_literal(prop_name)} space ":" space {prop_rule_name}')
     required_props = [k for k in sorted_props if k in required]
     optional_props = [k for k in sorted_props if k not in required]
     if additional_properties == True or isinstance(additional_properties, dict):  # noqa: E712 (the converter's test)
@@ -586,14 +665,29 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# a schema's keywords whose values are data (never rewritten), and those whose values map names
+# to schemas (a property may be named "enum")
+_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+_SCHEMA_MAPS = frozenset(("properties", "$defs", "definitions", "patternProperties"))
+
+
 def _bounded_integers(node: Any) -> Any:
     """llama-cpp-python's converter ignores ``minimum``/``maximum``; an integer with both bounds
-    and at most MAX_INTEGER_ENUM values becomes the enum of them, which it does enforce."""
+    and at most MAX_INTEGER_ENUM values becomes the enum of them, which it does enforce. An enum's
+    or a const's value is data: one shaped like such a schema is kept as it is."""
     if isinstance(node, list):
         return [_bounded_integers(v) for v in node]
     if not isinstance(node, dict):
         return node
-    return _bounded_integer({k: _bounded_integers(v) for k, v in node.items()})
+    out = {}
+    for k, v in node.items():
+        if k in _DATA_KEYWORDS:
+            out[k] = v
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _bounded_integers(s) for name, s in v.items()}
+        else:
+            out[k] = _bounded_integers(v)
+    return _bounded_integer(out)
 
 
 def _bounded_integer(out: dict[str, Any]) -> dict[str, Any]:

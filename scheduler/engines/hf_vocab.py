@@ -38,8 +38,10 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def bos_once(tokens: list[int], text: str, *, add_special: bool, add_bos: bool, bos_id: int | None, bos_text: str) -> list[int]:
     """``tokens`` of ``text``, after a BOS when the vocabulary asks for one (``add_bos``),
-    ``add_special`` allows it and the text does not start with it already (BOS once, never EOS)."""
-    has_bos = bool(bos_text) and text.startswith(bos_text)
+    ``add_special`` allows it and the text does not start with it already (BOS once, never EOS):
+    with its text read as the BOS token, not as plain text (``special`` false), where ``<s>`` is
+    characters and the BOS still comes first, as llama.cpp adds it."""
+    has_bos = bool(bos_text) and text.startswith(bos_text) and tokens[:1] == [bos_id]
     if add_special and add_bos and not has_bos and bos_id is not None:
         return [bos_id, *tokens]
     return tokens

@@ -193,8 +193,83 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
             return lex, empty or node.min_times == 0
         return [], True
 
+    alphabets: dict[int, set[str]] = {}
+
+    def alphabet(node: Any) -> set[str]:  # every character a text of it may hold
+        if id(node) not in alphabets:
+            alphabets[id(node)] = set()  # a rule within itself
+            if isinstance(node, LiteralNode):
+                alphabets[id(node)] = set().union(*(_first(LiteralNode(c))[0] for c in chars(node)))
+            else:
+                inner = [node.target.alternatives] if isinstance(node, RuleRefNode) and node.target is not None else node.children()
+                alphabets[id(node)] = first(node)[0].union(*(alphabet(c) for c in inner))
+        return alphabets[id(node)]
+
+    conts: dict[int, set[str]] = {}
+
+    def cont(node: Any) -> set[str]:
+        """The characters that may follow a whole text of ``node`` within a longer one of it:
+        what a lexeme of it, read greedily, may take past the end of a text of it."""
+        if id(node) not in conts:
+            conts[id(node)] = set()  # a rule within itself
+            conts[id(node)] = _cont(node)
+        return conts[id(node)]
+
+    def _cont(node: Any) -> set[str]:
+        if isinstance(node, (LiteralNode, RegexNode)):
+            return set()
+        if isinstance(node, RuleRefNode):
+            return cont(node.target.alternatives) if node.target is not None else set(bytes_)
+        if hasattr(node, "nodes"):
+            out: set[str] = set()
+            for child in reversed(node.nodes):
+                out |= cont(child)
+                head, nullable = first(child)
+                if not nullable:
+                    break
+                out |= head  # it may end before this child, then go on into it
+            return out
+        if hasattr(node, "alternatives"):
+            out = set().union(*(cont(c) for c in node.alternatives))
+            # one alternative's text may be the start of another's: an empty one's, or where
+            # two begin alike (then, an over-estimate, any of their characters)
+            heads = [first(c) for c in node.alternatives]
+            if any(empty for _, empty in heads):
+                out |= set().union(*(head for head, _ in heads))
+            if sum(len(head) for head, _ in heads) > len(set().union(*(head for head, _ in heads))):
+                out |= alphabet(node)
+            return out
+        if hasattr(node, "node"):
+            return cont(node.node) | (first(node.node)[0] if node.max_times != 1 else set())
+        return set(bytes_)
+
+    tails: dict[str, set[str]] = {}
+
+    def tail_cont(node: Any) -> set[str]:
+        """``cont`` of the terminals (lexemes) a text of ``node``, a parser-level node, may end with."""
+        if isinstance(node, RuleRefNode) and node.is_terminal():
+            return cont(node)
+        if isinstance(node, RuleRefNode):
+            if node.name not in tails:
+                tails[node.name] = set()  # a rule within itself
+                tails[node.name] = tail_cont(node.target.alternatives) if node.target is not None else set()
+            return tails[node.name]
+        if hasattr(node, "nodes"):
+            out: set[str] = set()
+            for child in reversed(node.nodes):
+                out |= tail_cont(child)
+                if not first(child)[1]:
+                    break
+            return out
+        if hasattr(node, "alternatives"):
+            return set().union(*(tail_cont(c) for c in node.alternatives))
+        if hasattr(node, "node"):
+            return tail_cont(node.node)
+        return set()
+
     def walk(node: Any) -> bool:
-        """Whether two lexemes that may come at one point in ``node`` compete."""
+        """Whether two lexemes that may come at one point in ``node`` compete, or a lexeme may
+        read on into the one after it (``val ::= [^\\n]+`` before ``"}"``)."""
         if isinstance(node, (LiteralNode, RegexNode, RuleRefNode)):
             return False
         if hasattr(node, "alternatives"):
@@ -205,6 +280,17 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
                 lex, empty = starts(child)
                 again = hasattr(child, "node") and child.max_times != 1
                 if (empty or again) and clash([lex, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
+                    return True
+                follows: set[str] = set()  # what the rest may begin with (not memoised: a new node)
+                for after in node.nodes[i + 1 :]:
+                    head, nullable = first(after)
+                    follows |= head
+                    if not nullable:
+                        break
+                try:
+                    if tail_cont(child) & follows:
+                        return True
+                except RecursionError:  # nested past Python's stack (a name of hundreds of characters): as if it did
                     return True
         return any(walk(c) for c in node.children())
 

@@ -1,0 +1,79 @@
+"""A JSON Schema's ``pattern``: the regular-expression escapes everyone writes (``\\d``, ``\\w``,
+``\\s``, an escaped ``.``) are enforced on both engines, not refused as a grammar that does not
+parse. Each grammar goes through llguidance (the MLX engine's matcher) over single bytes and
+through llama.cpp's own grammar sampler (the bundled model's vocabulary)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from scheduler.engines.grammar import GrammarError, check_bounds, schema_grammar
+from tests.engines.test_grammar_extra_keys import llama_fits
+from tests.engines.test_grammar_keywords import fits
+
+CASES: list[tuple[str, list[str], list[str]]] = [
+    (r"^\d{3}-\d{4}$", ["555-1234"], ["555-12345", "abc-defg", "5551234"]),
+    (r"^[\w.+-]+@[\w-]+\.[a-z]{2,}$", ["ann.lee+x@mail-1.com"], ["ann@mail", "ann@mail_com", "a b@c.de"]),
+    (r"^v\d+\.\d+$", ["v1.20"], ["v1x20", "v1"]),
+    (r"^\w+\s\w+$", ["Ann Lee"], ["Ann  Lee", "AnnLee"]),
+    (r"^\D+$", ["abc"], ["a1"]),
+    (r"^\S+$", ["a-b"], ["a b"]),
+    (r"^[\-\/]+$", ["-/-"], ["a"]),
+    (r"^\$\^$", ["$^"], ["x"]),
+]
+
+
+def _schema(pattern: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("pattern", "good", "bad"), CASES)
+def test_pattern_escapes_are_enforced_on_both_engines(pattern: str, good: list[str], bad: list[str]) -> None:
+    grammar = schema_grammar(_schema(pattern))
+    check_bounds(grammar)
+    for value in good:
+        text = json.dumps({"v": value})
+        assert fits(grammar, text), f"{value!r} matches /{pattern}/ but the MLX engine's grammar refuses it"
+        assert llama_fits(grammar, text), f"{value!r} matches /{pattern}/ but llama.cpp's grammar refuses it"
+    for value in bad:
+        text = json.dumps({"v": value})
+        assert not fits(grammar, text), f"{value!r} does not match /{pattern}/ but the grammar allows it"
+        assert not llama_fits(grammar, text), f"{value!r} does not match /{pattern}/ but llama.cpp allows it"
+
+
+def test_a_negated_shorthand_inside_a_class_is_refused_cleanly() -> None:
+    with pytest.raises(GrammarError):
+        schema_grammar({"type": "string", "pattern": r"^[\Da]$"})
+
+
+def _fits_both(grammar: str, text: str) -> bool:
+    return fits(grammar, text) and llama_fits(grammar, text)
+
+
+def _refused_by_both(grammar: str, text: str) -> bool:
+    return not fits(grammar, text) and not llama_fits(grammar, text)
+
+
+@pytest.mark.parametrize("pattern", [r"^.+$", r"^.{1,20}$", r"^[^,]+$", r"^[^@]+@[^@]+$"])
+def test_a_dot_or_a_negated_class_lets_an_object_close_and_keeps_its_string_json(pattern: str) -> None:
+    """``.`` (llama.cpp's ``[^\\x0A\\x0D]``) and a negated class took a raw ``"`` and control
+    characters into the string: on llama.cpp a reply could be ``{"v": "a"b"}`` (not JSON), and on
+    the MLX engine llguidance's greedy lexer read the closing quote and the ``}`` as more of the
+    string, so no object with such a property could ever close (a reply ran to max_tokens)."""
+    grammar = schema_grammar(_schema(pattern))
+    check_bounds(grammar)
+    value = "ann@x.org"
+    assert _fits_both(grammar, json.dumps({"v": value}))
+    assert _refused_by_both(grammar, '{"v": "a"b@c"}')
+    assert _refused_by_both(grammar, '{"v": "a\tb@c"}')
+
+
+def test_a_dot_takes_a_json_escape_as_one_character() -> None:
+    grammar = schema_grammar(_schema(r"^.{3}$"))
+    for value in ('a"b', "a\\b", "a\tb"):
+        assert _fits_both(grammar, json.dumps({"v": value})), value
+    for value in ("abcd", "a\nb"):  # "." is no line break
+        assert _refused_by_both(grammar, json.dumps({"v": value})), value

@@ -1,0 +1,26 @@
+"""A client's GBNF grammar on the MLX engine: a rule made a terminal (one lexeme) whose text may go
+on with the characters that begin what follows it. llguidance's lexer is greedy and does not
+back up, so it read what follows as more of that lexeme and refused every text that ends the
+grammar: ``root ::= "{" val "}"`` with ``val ::= [^\\n]+`` could never close its ``}`` (a reply
+ran to max_tokens), where llama.cpp's sampler takes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engines.test_grammar_extra_keys import llama_fits
+from tests.engines.test_grammar_keywords import fits
+
+CASES = [
+    ('root ::= "{" val "}"\nval ::= [^\\n]+', "{ab}", "{ab"),
+    ('root ::= word "end"\nword ::= [a-z]+', "abcend", "abcen"),
+    ('root ::= word " " word\nword ::= [a-z ]+', "ab cd", "ab"),
+    ('root ::= pair ";" pair\npair ::= ("a" | "ab") "x"?', "abx;a", "ab;"),
+]
+
+
+@pytest.mark.parametrize(("gbnf", "good", "bad"), CASES)
+def test_a_terminal_that_may_go_on_into_what_follows_it_fits_as_on_llama_cpp(gbnf: str, good: str, bad: str) -> None:
+    assert llama_fits(gbnf, good) and not llama_fits(gbnf, bad)
+    assert fits(gbnf, good), f"{good!r} fits {gbnf!r} on llama.cpp but not on the MLX engine"
+    assert not fits(gbnf, bad)
