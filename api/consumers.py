@@ -31,7 +31,15 @@ from superfluid_site.serving import serving
 
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
-from .edge import check_expanded_size, check_host_and_origin, check_prompt_size
+from .edge import (
+    check_expanded_size,
+    check_host_and_origin,
+    check_prompt_size,
+    cors_origin,
+    cors_preflight_headers,
+    is_preflight,
+    with_cors_headers,
+)
 from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
 from .records import RequestRecord, record_request
@@ -77,6 +85,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self._size = 0
         self._task: asyncio.Task[None] | None = None
         self.headers_sent = False
+        self.preflight = False  # a browser's CORS preflight, answered without a key or a row
         self.record = RequestRecord(endpoint=getattr(self, "endpoint", "http"))
         self.admission: Admission | None = None
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
@@ -151,7 +160,8 @@ class StreamingConsumer(AsyncHttpConsumer):
                 self.record.timing = self.seen_timing()
             if not self.record.usage and self.tokens_seen:  # the tokens generated for it count, for its key too
                 self.record.usage = {"completion_tokens": sum(self.tokens_seen.values())}
-            await record_request(self.record)  # first: it never waits, so nothing can cut it off
+            if not self.preflight:  # a preflight is no request of the activity log's
+                await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 await self.admission.release()
 
@@ -200,6 +210,31 @@ class StreamingConsumer(AsyncHttpConsumer):
         """Request headers, names lower-cased (the last of repeated headers wins)."""
         return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
 
+    def origin(self) -> str | None:
+        """The request's ``Origin``, several joined with commas (as check_host_and_origin judges it)."""
+        values = [v.decode("latin-1") for k, v in self.scope.get("headers", []) if k.lower() == b"origin"]
+        return ",".join(values) if values else None
+
+    async def send_headers(self, *, status: int = 200, headers: Any = None) -> None:
+        # every reply to an allowed browser origin (errors and streams too) lets its page read it
+        given = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+        await super().send_headers(status=status, headers=with_cors_headers(given, self.origin()))
+
+    async def answer_preflight(self, methods: tuple[str, ...]) -> bool:
+        """A CORS preflight from an allowed origin: 204 with what the page may send, before any
+        key is looked at and without reaching the engine (api/edge.py). False for any other
+        request (a plain ``OPTIONS`` is a 405 as before)."""
+        headers = self.headers()
+        origin = cors_origin(self.origin())
+        if origin is None or not is_preflight(self.scope.get("method"), origin, headers.get("access-control-request-method")):
+            return False
+        self.preflight = True
+        self.record.status = 204
+        allowed = cors_preflight_headers(origin, methods, headers.get("access-control-request-headers"))
+        await self.send_response(204, b"", headers=[(name.lower().encode(), value.encode("latin-1")) for name, value in allowed])
+        self.headers_sent = True
+        return True
+
 
 class GenerationConsumer(StreamingConsumer):
     endpoint = "chat"
@@ -209,6 +244,8 @@ class GenerationConsumer(StreamingConsumer):
 
     async def handle(self, body: bytes) -> None:
         check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
+        if await self.answer_preflight(("POST",)):
+            return
         # the key next: a missing or wrong one is 401 before the body is looked at
         # an in-process caller (batches/runner.py: a Batch API line) puts its owner's principal and
         # the background class in the scope; no HTTP client can set scope keys

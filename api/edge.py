@@ -14,14 +14,17 @@ import functools
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
+from django.utils.cache import patch_vary_headers
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
 
@@ -47,8 +50,9 @@ def error_response(exc: ApiError) -> JsonResponse:
 def api_route(methods: Iterable[str] = ("GET", "HEAD")) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
     """An API view: no CSRF token (callers authenticate with a bearer key, never a cookie), but
     a browser request from a foreign origin is refused as at the consumers (on loopback without
-    keys, any page the user opens could otherwise upload files or unload models); a JSON 405
-    with ``Allow`` for any other method."""
+    keys, any page the user opens could otherwise upload files or unload models); a preflight
+    from an allowed origin is 204 before any key is looked at (CORS, below); a JSON 405 with
+    ``Allow`` for any other method."""
     allowed = tuple(methods)
 
     def wrap(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
@@ -58,6 +62,9 @@ def api_route(methods: Iterable[str] = ("GET", "HEAD")) -> Callable[[Callable[..
                 check_origin(request.headers.get("origin"))
             except ApiError as exc:
                 return error_response(exc)
+            preflight = preflight_response(request, allowed)
+            if preflight is not None:
+                return preflight
             if request.method not in allowed:
                 return error_response(method_not_allowed(request.method or "", allowed, request.path))
             return await view(request, *args, **kwargs)
@@ -174,6 +181,139 @@ def check_origin(origin: str | None) -> None:
         raise ApiError(403, f"Requests from the origin {origin!r} are not allowed.", type="permission_error", code="origin_forbidden", param="origin")
 
 
+# -- CORS for the origins we accept ------------------------------------------------------------
+# CORS for the browser origins the API accepts (``origin_allowed``: an allowed host's, or
+# one listed in SUPERFLUID_ALLOWED_ORIGINS). Without it a page from such an origin could send a
+# request but never read the answer, and its preflight (``OPTIONS`` with
+# ``Access-Control-Request-Method``, sent before any request carrying a key or a JSON body) got
+# 405, or 401 where keys are required, so the request itself was never sent.
+#
+# A preflight from an accepted origin is 204 with the methods its path takes, the headers asked
+# for and a max age, before any key is looked at; every reply to a request from such an origin
+# (errors and streams included) names that origin in ``Access-Control-Allow-Origin`` and exposes
+# the headers a client reads. Keys travel in headers, never in cookies: no
+# ``Access-Control-Allow-Credentials``. A request without ``Origin`` is answered as before; a
+# foreign origin keeps its 403 ``origin_forbidden`` and gets no CORS header.
+
+CORS_MAX_AGE_S = 600
+# what a client reads from a reply: the request's id, its class, the parameters it ignored, how
+# long to wait after a 429 or 503, the methods a 405 allows
+CORS_EXPOSED = ("x-request-id", "x-superfluid-qos", "x-superfluid-ignored-params", "retry-after", "allow")
+# allowed on a preflight that names none: what the openai SDKs and the API's own headers use
+CORS_REQUEST_HEADERS = (
+    "authorization, content-type, x-api-key, x-superfluid-qos, x-llamaswap-priority, x-superfluid-batch-invariant, "
+    "x-superfluid-pin-prefix, last-event-id, openai-organization, openai-project, openai-beta, x-stainless-arch, "
+    "x-stainless-lang, x-stainless-os, x-stainless-package-version, x-stainless-retry-count, x-stainless-runtime, "
+    "x-stainless-runtime-version, x-stainless-timeout"
+)
+# a serialized origin (RFC 6454): scheme, host, port; no user, path, query or fragment
+_SERIALIZED = re.compile(r"https?://(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{1,5})?", re.IGNORECASE)
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name
+
+
+def cors_origin(origin: str | None) -> str | None:
+    """``origin`` (stripped) when it is a well-formed origin the API accepts, else None: a
+    foreign one, ``null``, or something no browser sends (a path, a user, two origins, a port
+    beyond 65535) never gets an ``Access-Control-Allow-Origin``."""
+    if origin is None:
+        return None
+    origin = origin.strip()
+    if not _SERIALIZED.fullmatch(origin):
+        return None
+    try:
+        urlsplit(origin).port  # noqa: B018 (a port beyond 65535 raises)
+    except ValueError:
+        return None
+    return origin if origin_allowed(origin) else None
+
+
+def is_preflight(method: str | None, origin: str | None, request_method: str | None) -> bool:
+    return method == "OPTIONS" and origin is not None and request_method is not None
+
+
+def cors_request_headers(requested: str | None) -> str:
+    """The header names a preflight asked for (names only, so echoing them allows no more than
+    the page could send anyway); the usual ones when it asked for none."""
+    names = [name.strip().lower() for name in (requested or "").split(",")]
+    names = [name for name in names if _TOKEN.fullmatch(name)]
+    return ", ".join(dict.fromkeys(names)) if names else CORS_REQUEST_HEADERS
+
+
+def cors_preflight_headers(origin: str, methods: Iterable[str], requested: str | None) -> list[tuple[str, str]]:
+    """The headers of a 204 answering a preflight from ``origin`` (an allowed one)."""
+    return [
+        ("Access-Control-Allow-Origin", origin),
+        ("Vary", "Origin"),
+        ("Access-Control-Allow-Methods", ", ".join(methods)),
+        ("Access-Control-Allow-Headers", cors_request_headers(requested)),
+        ("Access-Control-Max-Age", str(CORS_MAX_AGE_S)),
+    ]
+
+
+def cors_headers(origin: str | None) -> list[tuple[str, str]]:
+    """The headers every reply to a request from ``origin`` carries: none unless it is allowed."""
+    allowed = cors_origin(origin)
+    if allowed is None:
+        return []
+    return [("Access-Control-Allow-Origin", allowed), ("Vary", "Origin"), ("Access-Control-Expose-Headers", ", ".join(CORS_EXPOSED))]
+
+
+def with_cors_headers(headers: Iterable[tuple[bytes, bytes]], origin: str | None) -> list[tuple[bytes, bytes]]:
+    """ASGI ``headers`` plus ``cors_headers(origin)`` (those a preflight's reply has already
+    set are not repeated)."""
+    out = list(headers)
+    have = {name.lower() for name, _ in out}
+    for name, value in cors_headers(origin):
+        if name.lower().encode() not in have:
+            out.append((name.lower().encode(), value.encode("latin-1")))
+    return out
+
+
+def preflight_response(request: HttpRequest, methods: Iterable[str]) -> HttpResponse | None:
+    """A Django view's answer to a preflight from an allowed origin; None for any other request."""
+    origin = cors_origin(request.headers.get("origin"))
+    if origin is None or not is_preflight(request.method, origin, request.headers.get("access-control-request-method")):
+        return None
+    response = HttpResponse(status=204)
+    for name, value in cors_preflight_headers(origin, methods, request.headers.get("access-control-request-headers")):
+        response[name] = value
+    return response
+
+
+class CorsMiddleware:
+    """The CORS headers of every reply under the API's paths that Django answers (its views, its
+    404s, 405s and 500s; settings.MIDDLEWARE); the consumers add their own (api/consumers.py)."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        return self.add_headers(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        response: Awaitable[HttpResponse] = self.get_response(request)
+        return self.add_headers(request, await response)
+
+    @staticmethod
+    def add_headers(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if not is_api_path(request.path) or "origin" not in request.headers:
+            return response
+        for name, value in cors_headers(request.headers.get("origin")):
+            if name == "Vary":
+                patch_vary_headers(response, ("Origin",))
+            elif not response.has_header(name):
+                response[name] = value
+        return response
+
+
 # -- daphne's own errors -----------------------------------------------------------------------
 
 
@@ -264,13 +404,15 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
 GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/v1/embeddings": "embeddings"}
 
 
-def raw_error_reply(exc: ApiError) -> bytes:
-    """A whole HTTP/1.1 response for ``exc`` that closes the connection."""
+def raw_error_reply(exc: ApiError, origin: str | None = None) -> bytes:
+    """A whole HTTP/1.1 response for ``exc`` that closes the connection; readable by a page
+    from ``origin`` (the request's ``Origin``) when that is an allowed one (CORS, below)."""
     from http import HTTPStatus
 
     payload = json.dumps(exc.body()).encode()
     head = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}", "Content-Type: application/json", "Connection: close", f"Content-Length: {len(payload)}"]
     head += [f"{k}: {v}" for k, v in (exc.headers or {}).items()]
+    head += [f"{k}: {v}" for k, v in cors_headers(origin)]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
@@ -337,7 +479,9 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     if channel is None or channel.transport is None:
         return
     transport = channel.transport
-    transport.write(raw_error_reply(exc))
+    headers = getattr(request, "requestHeaders", None)
+    origins = headers.getRawHeaders(b"origin") if headers is not None else None
+    transport.write(raw_error_reply(exc, b",".join(origins).decode("latin-1") if origins else None))
     if hasattr(transport, "loseWriteConnection"):
         # a client that sends its whole body before it reads would get a connection reset, not
         # this answer, were the socket closed on unread bytes: close our side once the answer is

@@ -108,6 +108,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first
     "django.middleware.security.SecurityMiddleware",
+    "api.edge.CorsMiddleware",  # the API's replies to an allowed browser origin (its errors too)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
