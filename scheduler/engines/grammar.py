@@ -332,6 +332,12 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
 
         return _named_rule(conv, name, conv._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
     if isinstance(schema, dict):
+        if schema.get("type") == "array" and schema.get("items") is False and not schema.get("prefixItems"):
+            # no item fits: the empty array (the converter read prefixItems, a KeyError, a 400
+            # that said only "'prefixItems'")
+            if _is_number(schema.get("minItems")) and schema["minItems"] > 0:
+                raise GrammarError(f"'items': false allows no item, and 'minItems' asks for {schema['minItems']}")
+            return _named_rule(conv, name, '"[" space "]" space')
         if schema.get("items") == {} or (
             schema.get("type") == "array" and "items" not in schema and "prefixItems" not in schema and ("minItems" in schema or "maxItems" in schema)
         ):

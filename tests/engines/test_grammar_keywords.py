@@ -142,6 +142,15 @@ def test_array_length_bounds_hold_without_items() -> None:
     assert_schema({"type": "array", "maxItems": 1}, good=[[], ["x"]], bad=[[1, 2]])
 
 
+def test_items_false_allows_only_the_empty_array() -> None:
+    """``items: false`` (no item fits) was a 400 reading only ``'prefixItems'`` (the converter's
+    KeyError); with ``minItems`` above 0 no array fits, a 400 that says so."""
+    assert_schema({"type": "array", "items": False}, good=[[]], bad=[[1], [[]], {}])
+    assert_schema({"type": "object", "properties": {"none": {"type": "array", "items": False}}, "required": ["none"]}, good=[{"none": []}], bad=[{"none": [0]}])
+    with pytest.raises(GrammarError, match="minItems"):
+        schema_grammar({"type": "array", "items": False, "minItems": 1})
+
+
 class Address(BaseModel):
     street: str
     city: str
