@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from api.responses import Reply
 from scheduler.link.messages import Delta, Done
 from scheduler.worker.output import TextStream
+
+from .test_logprobs_stop import entry_tokens, replied, streamed_tokens
 
 
 def _events(pieces: list[bytes], stop: list[str], reason: str = "length") -> tuple[list[Delta], Done]:
@@ -29,10 +30,6 @@ def _events(pieces: list[bytes], stop: list[str], reason: str = "length") -> tup
     return events, Done("j", reason)
 
 
-def _ids(endpoint: str, logprobs: dict[str, Any]) -> list[str]:
-    return list(logprobs["tokens"]) if endpoint == "completions" else [t["token"] for t in logprobs["content"]]
-
-
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 @pytest.mark.parametrize(
     "pieces",
@@ -45,19 +42,9 @@ def _ids(endpoint: str, logprobs: dict[str, Any]) -> list[str]:
 def test_a_stop_strings_tokens_have_no_logprobs_after_text_that_is_no_utf8(endpoint: Any, pieces: list[bytes]) -> None:
     events, done = _events(pieces, ["XY"])
     assert done.stop_word == "XY"
-    whole = Reply(endpoint, "m", logprobs=True)
-    for event in events:
-        whole.add(event)
-    body = whole.body(done, None)["choices"][0]
+    body, frames = replied(endpoint, events, done)
     text = body["text"] if endpoint == "completions" else body["message"]["content"]
     assert "X" not in text
     # one entry per token of the text: none for the stop string's "X", held back and never sent
-    assert _ids(endpoint, body["logprobs"]) == [bytes(p).decode("utf-8", "replace") for p in pieces[:-2]]
-
-    streamed = Reply(endpoint, "m", logprobs=True)
-    frames = streamed.first_chunks()
-    for event in events:
-        frames += streamed.delta_chunks(event)
-    frames += streamed.final_chunks(done, None)
-    tokens = [t for f in frames for c in f["choices"] if c.get("logprobs") for t in _ids(endpoint, c["logprobs"])]
-    assert tokens == _ids(endpoint, body["logprobs"])
+    assert entry_tokens(endpoint, body["logprobs"]) == [bytes(p).decode("utf-8", "replace") for p in pieces[:-2]]
+    assert streamed_tokens(endpoint, frames) == entry_tokens(endpoint, body["logprobs"])

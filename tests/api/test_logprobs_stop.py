@@ -29,27 +29,33 @@ EVENTS = [
 DONE = Done("j", "stop", stop_word=" 6")
 
 
-def _tokens(endpoint: str, logprobs: dict[str, Any]) -> list[str]:
+def entry_tokens(endpoint: str, logprobs: dict[str, Any]) -> list[str]:
     return list(logprobs["tokens"]) if endpoint == "completions" else [t["token"] for t in logprobs["content"]]
+
+
+def replied(endpoint: Any, events: list[Delta], done: Done) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The reply to ``events``: its choice unstreamed, and its frames streamed."""
+    whole = Reply(endpoint, "m", logprobs=True)
+    for event in events:
+        whole.add(event)
+    streamed = Reply(endpoint, "m", logprobs=True)
+    frames = streamed.first_chunks()
+    for event in events:
+        frames += streamed.delta_chunks(event)
+    return whole.body(done, None)["choices"][0], frames + streamed.final_chunks(done, None)
+
+
+def streamed_tokens(endpoint: Any, frames: list[dict[str, Any]]) -> list[str]:
+    return [t for f in frames for c in f["choices"] if c.get("logprobs") for t in entry_tokens(endpoint, c["logprobs"])]
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_a_stop_strings_tokens_have_no_logprobs_streamed_or_not(endpoint: Any) -> None:
-    whole = Reply(endpoint, "m", logprobs=True)
-    for event in EVENTS:
-        whole.add(event)
-    body = whole.body(DONE, None)["choices"][0]
+    body, frames = replied(endpoint, EVENTS, DONE)
     text = body["text"] if endpoint == "completions" else body["message"]["content"]
     assert text == " 5,"
-    assert "".join(_tokens(endpoint, body["logprobs"])) == text
-
-    streamed = Reply(endpoint, "m", logprobs=True)
-    frames = streamed.first_chunks()
-    for event in EVENTS:
-        frames += streamed.delta_chunks(event)
-    frames += streamed.final_chunks(DONE, None)
-    tokens = [t for f in frames for c in f["choices"] if c.get("logprobs") for t in _tokens(endpoint, c["logprobs"])]
-    assert tokens == _tokens(endpoint, body["logprobs"])
+    assert "".join(entry_tokens(endpoint, body["logprobs"])) == text
+    assert streamed_tokens(endpoint, frames) == entry_tokens(endpoint, body["logprobs"])
     if endpoint == "completions":
         offsets = [o for f in frames for c in f["choices"] if c.get("logprobs") for o in c["logprobs"]["text_offset"]]
         assert offsets == body["logprobs"]["text_offset"] == [0, 1, 2]
@@ -59,18 +65,7 @@ def test_a_stop_strings_tokens_have_no_logprobs_streamed_or_not(endpoint: Any) -
 def test_without_a_stop_string_every_tokens_entry_comes(endpoint: Any) -> None:
     """A token whose text the worker held (a character's first bytes, a possible stop string's
     start) and that the reply then ended on (max_tokens) still has its entry."""
-    events = [Delta("j", "a", logprobs=[entry("a")]), Delta("j", "", logprobs=[entry(" ")])]
-    whole = Reply(endpoint, "m", logprobs=True)
-    for event in events:
-        whole.add(event)
-    whole.add(Delta("j", " ", logprobs=[]))
-    body = whole.body(Done("j", "length"), None)["choices"][0]
-    assert _tokens(endpoint, body["logprobs"]) == ["a", " "]
-
-    streamed = Reply(endpoint, "m", logprobs=True)
-    frames = streamed.first_chunks()
-    for event in events:
-        frames += streamed.delta_chunks(event)
-    frames += streamed.final_chunks(Done("j", "length"), None)
-    tokens = [t for f in frames for c in f["choices"] if c.get("logprobs") for t in _tokens(endpoint, c["logprobs"])]
-    assert tokens == ["a", " "]
+    events = [Delta("j", "a", logprobs=[entry("a")]), Delta("j", "", logprobs=[entry(" ")]), Delta("j", " ", logprobs=[])]
+    body, frames = replied(endpoint, events, Done("j", "length"))
+    assert entry_tokens(endpoint, body["logprobs"]) == ["a", " "]
+    assert streamed_tokens(endpoint, frames) == ["a", " "]
