@@ -12,10 +12,12 @@ written in the generic format of :mod:`scheduler.engines.chat`::
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
 import re
+import urllib.parse
 from typing import Any
 
 # JSON with at most one space between tokens: llama.cpp's json.gbnf allows runs of newlines and
@@ -585,6 +587,64 @@ def _format(conv: Any) -> str:
     return str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
 
 
+def _local_refs(schema: Any) -> Any:
+    """``schema`` (a copy where it changes) with every ``$ref`` one the converter follows;
+    ValueError (a GrammarError, converted) for a remote one.
+
+    - A ``$ref`` that is not a pointer into the schema itself (``https://...``, a relative URL) is
+      refused here: the converter's own guard against fetching it is an ``assert``, which
+      ``python -O`` (PYTHONOPTIMIZE) removes, and then the worker fetched any URL a client named.
+    - A pointer with escaped segments (RFC 6901's ``~1`` for ``/``, ``~0`` for ``~``; %-encoding,
+      as in a URI fragment) names a definition the converter could not find (it splits on every
+      ``/`` and unescapes nothing): its target is put under ``$defs`` by a plain name and the
+      reference points there."""
+    refs: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                if not ref.startswith("#"):
+                    raise GrammarError(f"the JSON Schema cannot be enforced: a remote $ref ({ref[:200]!r}) is not fetched; put the definition in $defs")
+                refs.append(node)
+            for value in node.values():
+                walk(value)
+
+    walk(schema)
+    if not any(c in node["$ref"] for node in refs for c in "~%") or not isinstance(schema, dict):
+        return schema
+    schema, refs = copy.deepcopy(schema), []
+    walk(schema)
+    escaped = [node for node in refs if any(c in node["$ref"] for c in "~%")]
+    if not isinstance(schema.setdefault("$defs", {}), dict):
+        return schema
+    defs = schema["$defs"]
+    keys: dict[int, str] = {}  # a target's key: every reference to it the same (a recursive one too)
+    for node in escaped:
+        target: Any = schema
+        segments = [urllib.parse.unquote(s).replace("~1", "/").replace("~0", "~") for s in node["$ref"][1:].split("/")[1:]]
+        for segment in segments:
+            if isinstance(target, list) and segment.isdigit() and int(segment) < len(target):
+                target = target[int(segment)]
+            elif isinstance(target, dict) and segment in target:
+                target = target[segment]
+            else:
+                break  # not found: the converter's refusal names it
+        else:
+            if id(target) not in keys:
+                base = re.sub(r"[^A-Za-z0-9]+", "-", segments[-1] if segments else "root").strip("-") or "ref"
+                key, i = base, 0
+                while key in defs:
+                    key, i = f"{base}-{i}", i + 1
+                defs[key] = target
+                keys[id(target)] = key
+            node["$ref"] = f"#/$defs/{keys[id(target)]}"
+    return schema
+
+
 def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
     """A converter holding ``schema`` as rule ``name`` (beside what ``conv`` holds already);
     GrammarError if it cannot convert."""
@@ -628,6 +688,7 @@ def _rooted(schema: Any) -> Any:
     into the schema's own ``$defs`` (what pydantic writes for a self-referencing model) is
     inlined beside them, and ``#`` (root recursion, OpenAI's own example of a recursive schema)
     points at a copy of the root kept in ``$defs``."""
+    schema = _local_refs(schema)
     if not isinstance(schema, dict):
         return schema
     for _ in range(8):  # a root $ref to a def that is itself a $ref, a few deep

@@ -89,3 +89,49 @@ def test_two_tools_that_each_refer_to_their_own_root_each_recurse_into_their_own
     assert fits(grammar, _call("chain", {"s": "a", "next": {"s": "b", "next": None}}))
     assert fits(grammar, _call("tree", {"v": 1, "kids": [{"v": 2, "kids": []}]}))
     assert not fits(grammar, _call("chain", {"s": "a", "next": {"v": 2, "kids": []}}))
+
+
+def test_a_pointer_with_escaped_segments_finds_its_definition() -> None:
+    """RFC 6901 writes "/" in a name as ``~1`` and "~" as ``~0``, and a URI fragment may
+    %-encode: the converter split on every "/" and unescaped nothing, so such a $ref was a 400
+    although the definition is there."""
+    for name, ref in [("a/b", "#/$defs/a~1b"), ("a~b", "#/$defs/a~0b"), ("a b", "#/$defs/a%20b"), ("x/y~z", "#/definitions/x~1y~0z")]:
+        where = "definitions" if "definitions" in ref else "$defs"
+        schema = {where: {name: _obj({"n": {"type": "integer"}})}, **_obj({"v": {"$ref": ref}})}
+        grammar = schema_grammar(schema)
+        assert fits(grammar, json.dumps({"v": {"n": 1}})), ref
+        assert not fits(grammar, json.dumps({"v": {"n": "x"}})), ref
+
+
+def test_a_recursive_definition_with_an_escaped_name_recurses() -> None:
+    node = _obj({"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/linked~1node"}, {"type": "null"}]}})
+    grammar = schema_grammar({"$defs": {"linked/node": node}, "$ref": "#/$defs/linked~1node"})
+    assert fits(grammar, json.dumps({"v": 1, "next": {"v": 2, "next": None}}))
+    assert not fits(grammar, json.dumps({"v": 1, "next": {"v": "2", "next": None}}))
+
+
+def test_no_ref_but_a_pointer_into_the_schema_reaches_the_converter(monkeypatch: Any) -> None:
+    """The converter's guard against fetching a remote $ref is an ``assert``: under ``python -O``
+    it is gone and the worker would fetch whatever URL a client named. Refused before it."""
+    import pytest
+    from llama_cpp import llama_grammar
+
+    from scheduler.engines.grammar import GrammarError
+
+    fetched: list[str] = []
+    monkeypatch.setattr(llama_grammar.SchemaConverter, "__init__", _without_fetch_guard(llama_grammar.SchemaConverter.__init__))
+    monkeypatch.setitem(__import__("sys").modules, "requests", type("R", (), {"get": staticmethod(lambda url: fetched.append(url))}))
+    for ref in ["https://example.com/s.json#/x", "http://10.0.0.1/s.json", "other.json#/x", "//example.com/s.json"]:
+        with pytest.raises(GrammarError, match="remote"):
+            schema_grammar({"type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"]})
+    assert fetched == []
+
+
+def _without_fetch_guard(init: Any) -> Any:
+    """The converter as ``python -O`` runs it: its ``assert self._allow_fetch`` never fails."""
+
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        self._allow_fetch = True
+
+    return patched
