@@ -70,6 +70,10 @@ class SchedulerConfig:
     # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
     # even while lanes decode: an urgent arrival no longer waits for the step in flight.
     abortable_steps: bool = False
+    # An urgent arrival lets a prompt step in flight finish when it is expected to end within
+    # this many seconds (its work kept, the arrival's wait bounded by it); a longer one is
+    # aborted at once. 0: always abort. A cancel aborts at once either way.
+    abort_grace_s: float = 0.3
     # Keep the lanes decoding together in one run (docs/scheduling.md#lane-compaction): for an
     # engine that runs a decode round in one pass over the weights per run of consecutive busy
     # lanes (llama.cpp with a KV stream per sequence; the worker turns it off for others).
@@ -113,6 +117,8 @@ class SchedulerConfig:
             raise ValueError("tick_decode_budget must be 0 (every decoding lane) or positive")
         if self.tick_target_ms < 1:
             raise ValueError("tick_target_ms must be at least 1")
+        if not (math.isfinite(self.abort_grace_s) and 0 <= self.abort_grace_s <= 10):
+            raise ValueError("abort_grace_s must be between 0 and 10 seconds")
 
 
 class Scheduler:

@@ -403,6 +403,13 @@ class LlamaCppEngine(LaneEngine):
         self._abort_flag = ctypes.create_string_buffer(2)
         self._no_abort = ctypes.create_string_buffer(2)
         self._abort_watching = False
+        # The prompt step in flight, for an abort that may wait for its end (step_eta): its
+        # serial, when it is expected to end (perf_counter), and the measured seconds a token.
+        self._step_lock = threading.Lock()
+        self._step_serial = 0
+        self._step_in_flight: int | None = None
+        self._step_ends: float | None = None
+        self._prefill_s_per_token: float | None = None
         reader = _flag_reader() if hasattr(L, "llama_set_abort_callback") else None
         self.abortable = reader is not None
         if reader is not None:
@@ -620,9 +627,22 @@ class LlamaCppEngine(LaneEngine):
             if threads != self._threads_set:
                 llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
                 self._threads_set = threads
+        watched = step.prefill and self.abortable
         started = time.perf_counter()
+        if watched:
+            rate = self._prefill_s_per_token
+            with self._step_lock:
+                self._step_serial += 1
+                self._step_in_flight = self._step_serial
+                self._step_ends = None if rate is None else started + n * rate
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         self._decode_s = time.perf_counter() - started
+        if watched:
+            with self._step_lock:
+                self._step_in_flight = self._step_ends = None
+            if ret == 0:  # the rate of the last prompt steps (any size: it estimates, a timer bounds)
+                per_token = self._decode_s / max(1, n)
+                self._prefill_s_per_token = per_token if rate is None else (rate + per_token) / 2
         if governor is not None and ret == 0:
             before, was_kept = governor.current, kind in governor.kept
             others = self._others.cores() if self._others is not None else None
@@ -708,10 +728,25 @@ class LlamaCppEngine(LaneEngine):
         taken, self._failed = self._failed, {}
         return taken
 
-    def abort_step(self) -> None:
+    def abort_step(self, serial: int | None = None) -> None:
         """Stop the step in flight if it carries prompt tokens, and any such step until
-        :meth:`clear_abort` (thread-safe: one byte store)."""
-        self._abort_flag[0] = b"\x01"
+        :meth:`clear_abort` (thread-safe: one byte store). With ``serial`` (from
+        :meth:`step_eta`): only that prompt step, if it still runs, none begun after it."""
+        if serial is None:
+            self._abort_flag[0] = b"\x01"
+            return
+        with self._step_lock:
+            if self._step_in_flight == serial:
+                self._abort_flag[0] = b"\x01"
+
+    def step_eta(self) -> tuple[int, float] | None:
+        """The prompt step in flight: its serial and the seconds it is expected still to take
+        (from the measured rate of the last prompt steps); None when none runs or no rate is
+        measured yet."""
+        with self._step_lock:
+            if self._step_in_flight is None or self._step_ends is None:
+                return None
+            return self._step_in_flight, self._step_ends - time.perf_counter()
 
     def clear_abort(self) -> None:
         self._abort_flag[0] = b"\x00"

@@ -72,6 +72,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--prefill-budget", int, 4096, "prompt tokens per tick across lanes, 64-4096; 0 = adaptive (256-4096)"),
         ("--tick-decode-budget", int, 0, "decode tokens per tick across lanes; 0 = every decoding lane"),
         ("--urgent-decode-share", int, 20, "an interactive or completion answer beside prefilling lanes decodes alone for this % of each prefill step's time, 0-100"),
+        ("--abort-grace-ms", int, 300, "llama.cpp: an interactive or completion arrival lets a prompt step in flight finish when it is expected to within this time, instead of aborting it; 0 = abort at once, 0-10000"),
         ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
         ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
         ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
@@ -246,6 +247,8 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         raise CommandError(f"--repack must be auto, on or off; got {options['repack']!r}")
     if not 0 <= options["urgent_decode_share"] <= 100:
         raise CommandError(f"--urgent-decode-share must be between 0 and 100 (%); got {options['urgent_decode_share']}")
+    if not 0 <= options["abort_grace_ms"] <= 10_000:
+        raise CommandError(f"--abort-grace-ms must be between 0 and 10000; got {options['abort_grace_ms']}")
     if options["completion_deadline_ms"] < 0:
         raise CommandError("--completion-deadline-ms must be 0 (off) or positive")
     # 0 has a documented meaning for each; a negative value used to mean the same without a word
@@ -282,6 +285,7 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             prefill_budget=options["prefill_budget"],
             tick_decode_budget=options["tick_decode_budget"],
             urgent_decode_share=options["urgent_decode_share"] / 100,
+            abort_grace_s=options["abort_grace_ms"] / 1000,
             tick_target_ms=options["tick_target_ms"],
             starvation_ticks=options["starvation_ticks"],
             prefix_cache=options["prefix_cache_slots"] > 0,

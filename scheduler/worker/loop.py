@@ -149,6 +149,7 @@ class EngineWorker:
         self.clock = clock
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()
         self.interrupt = threading.Event()
+        self._abort_armed: int | None = None  # the prompt step an urgent arrival let run on (_interrupt)
         self.contexts: dict[str, JobContext] = {}
         # When each Submit reached this worker (the scheduler's clock), stamped by the reader
         # thread before it waits in the inbox for the tick in flight; taken by _submit. A job's
@@ -224,16 +225,35 @@ class EngineWorker:
             self._received[str(message.id)] = self.clock()
             if not self.draining:
                 self._read_before_drain.add(str(message.id))
-        if isinstance(message, (Cancel, Disconnected)) or (isinstance(message, Submit) and _urgent(message)):
+        if isinstance(message, (Cancel, Disconnected)):
             self._interrupt()
+        elif isinstance(message, Submit) and _urgent(message):
+            self._interrupt(urgent=True)
 
-    def _interrupt(self) -> None:
+    def _interrupt(self, urgent: bool = False) -> None:
         """Stop the tick in flight: between its engine steps, and inside a step that carries
-        prompt tokens where the engine can abort one (llama.cpp rolls it back)."""
+        prompt tokens where the engine can abort one (llama.cpp rolls it back).
+
+        For an urgent arrival, a prompt step expected to end within the grace
+        (``abort_grace_s``) runs on: aborting it would throw its work away to save the urgent
+        job less than that. A timer aborts it still if it runs past the grace, so the wait is
+        bounded whatever the estimate."""
         self.interrupt.set()
         abort = getattr(self.engine, "abort_step", None)
-        if abort is not None:
+        if abort is None:
+            return
+        grace = self.scheduler.config.abort_grace_s if urgent else 0.0
+        eta = getattr(self.engine, "step_eta", None)
+        in_flight = eta() if grace > 0 and eta is not None else None
+        if in_flight is None or in_flight[1] > grace:
             abort()
+            return
+        serial = in_flight[0]
+        if serial != self._abort_armed:  # one timer a step, however many arrive in its tail
+            self._abort_armed = serial
+            timer = threading.Timer(grace, abort, kwargs={"serial": serial})
+            timer.daemon = True
+            timer.start()
 
     def serve(self, link: LinkServer, drain_timeout_s: float = 30.0) -> None:
         self.link = link
@@ -409,7 +429,7 @@ class EngineWorker:
             if _urgent(message):
                 # before the result is in the inbox: the tick that takes it from there is never
                 # the one this stops (the tick thread clears the flag, then drains the inbox)
-                self._interrupt()
+                self._interrupt(urgent=True)
             self.inbox.put((conn, result))
 
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.core.management.base import CommandError
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.core.types import TickPlan, TickResult
@@ -216,6 +217,81 @@ def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_
     worker.drain()
     worker.run(drain_timeout_s=0.0)  # each turn of the loop clears the flag before its tick
     assert engine.calls[2] == "clear" and not worker.interrupt.is_set()
+
+
+class EstimatingAbortable(Abortable):
+    """llama.cpp's hooks with the prompt step in flight: serial 7, expected to end in ``eta`` s
+    (None: no step runs, or no rate is measured yet)."""
+
+    def __init__(self, eta: float | None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.eta = eta
+
+    def step_eta(self) -> tuple[int, float] | None:
+        return None if self.eta is None else (7, self.eta)
+
+    def abort_step(self, serial: int | None = None) -> None:  # type: ignore[override]
+        self.calls.append("abort" if serial is None else f"abort step {serial}")
+
+
+class HeldTimer:
+    """threading.Timer that runs only when the test says so."""
+
+    made: list[HeldTimer] = []
+
+    def __init__(self, interval: float, function: Callable[..., None], kwargs: dict[str, Any]) -> None:
+        self.interval, self.function, self.kwargs, self.daemon = interval, function, kwargs, False
+        HeldTimer.made.append(self)
+
+    def start(self) -> None:
+        pass
+
+    def fire(self) -> None:
+        self.function(**self.kwargs)
+
+
+@pytest.mark.parametrize(
+    ("eta", "grace_s", "message", "at_once"),
+    [
+        (0.1, 0.3, "chat", False),  # ends within the grace: runs on
+        (-0.05, 0.3, "chat", False),  # late on its estimate: the timer still bounds the wait
+        (0.5, 0.3, "chat", True),  # too long to wait for
+        (None, 0.3, "chat", True),  # no estimate
+        (0.1, 0.0, "chat", True),  # --abort-grace-ms 0
+        (0.1, 0.3, "cancel", True),  # a cancel never waits
+    ],
+)
+def test_an_urgent_arrival_lets_a_prompt_step_about_to_end_run_on_and_aborts_it_past_the_grace(
+    monkeypatch: pytest.MonkeyPatch, eta: float | None, grace_s: float, message: str, at_once: bool
+) -> None:
+    """A chat arriving 0.1 s before the end of a 1.7 s prompt step would save 0.1 s by aborting it
+    and throw 1.6 s of the agents' work away: the step runs on (a timer aborts it still if it runs
+    past the grace). A longer remainder, no estimate, no grace, or a cancel: aborted at once."""
+    HeldTimer.made = []
+    monkeypatch.setattr(loop_module.threading, "Timer", HeldTimer)
+    engine = EstimatingAbortable(eta, n_lanes=2, lane_ctx=512)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512, abort_grace_s=grace_s), model_name="sim")
+    chat = Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=0)
+    worker._on_message(chat if message == "chat" else Cancel("bg"))
+    assert worker.interrupt.is_set()  # the tick stops after this step either way
+    if at_once:
+        assert engine.calls == ["abort"] and HeldTimer.made == []
+        return
+    assert engine.calls == []
+    worker._on_message(Submit("chat2", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=1))
+    assert [t.interval for t in HeldTimer.made] == [grace_s]  # one timer for the step, whoever arrives
+    HeldTimer.made[0].fire()
+    assert engine.calls == ["abort step 7"]  # that step only, if it still runs
+
+
+def test_abort_grace_ms_reaches_the_worker_and_bad_values_are_refused() -> None:
+    assert scheduler_config(parse([])).abort_grace_s == 0.3
+    options = parse(["--abort-grace-ms", "0"])
+    assert scheduler_config(options).abort_grace_s == 0.0
+    assert parse(engine_argv(options, model=__import__("pathlib").Path("/m.gguf"))[2:])["abort_grace_ms"] == 0
+    for bad in ("-1", "10001"):
+        with pytest.raises(CommandError, match="--abort-grace-ms"):
+            scheduler_config(parse(["--abort-grace-ms", bad]))
 
 
 class AbortingSim(SimEngine):

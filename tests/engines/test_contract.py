@@ -16,7 +16,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -823,6 +823,48 @@ def test_a_decode_only_step_is_never_aborted(abortable: Any) -> None:
     plan.feeds.append(LaneFeed(lane=0, job_id="run0", start_pos=len(prompt), tokens=first, sample=True, decode=True))
     result = abortable.execute(plan, never)
     assert not result.stopped_early and result.fed == {0: 1} and 0 in result.sampled
+
+
+def test_an_abort_naming_a_prompt_step_stops_that_step_alone_whose_end_the_engine_estimates(abortable: Any) -> None:
+    """What an urgent arrival's grace stands on (docs/scheduling.md): during a prompt step the
+    engine says which step runs and when it should end (at the measured rate); an abort naming
+    that step stops it, one naming another step (ended, or not begun) stops nothing."""
+    story = chat(abortable, "Tell me a long story about a dragon who learns to bake bread. " * 3)
+
+    def step(abort: Callable[[tuple[int, float]], int | None]) -> tuple[TickResult, tuple[int, float]]:
+        seen: list[tuple[int, float]] = []
+
+        def watch() -> None:  # as the worker does from the link's reader thread
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not seen:
+                eta = abortable.step_eta()
+                if eta is not None:
+                    seen.append(eta)
+                    abortable.abort_step(serial=abort(eta))
+                time.sleep(0.001)
+
+        plan = TickPlan(tick=0, step_tokens=512)
+        plan.bind.append(LaneBind(lane=1, job_id="story", sampling=GREEDY))
+        plan.feeds.append(LaneFeed(lane=1, job_id="story", start_pos=0, tokens=story, sample=True))
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        result = abortable.execute(plan, never)
+        watcher.join()
+        release(abortable, 1)
+        abortable.clear_abort()
+        return result, seen[0] if seen else (0, 0.0)
+
+    generate(abortable, 1, story, max_tokens=1)  # a prompt step: the rate is measured
+    release(abortable, 1)
+    assert abortable.step_eta() is None  # no step runs
+    result, (serial, eta) = step(lambda eta: eta[0] - 1)  # an earlier step's serial
+    assert not result.stopped_early and 1 in result.sampled
+    assert 0 < eta < 30  # seconds still to go, from the measured rate
+    result, (later, _) = step(lambda eta: eta[0])
+    assert later > serial and result.stopped_early and result.fed == {} and cells(abortable, 1) == 0
+    abortable.abort_step(serial=later)  # that step has ended: the next one runs whole
+    result, _ = step(lambda eta: eta[0] + 1)  # a later step's serial
+    assert not result.stopped_early and 1 in result.sampled
 
 
 class CountingAbort:
