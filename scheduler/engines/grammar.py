@@ -12,11 +12,13 @@ written in the generic format of :mod:`scheduler.engines.chat`::
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 import json
 import math
 import re
+import secrets
 import urllib.parse
 from typing import Any
 
@@ -584,7 +586,44 @@ _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
 def _format(conv: Any) -> str:
-    return str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
+    text = str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
+    return _HIDDEN_LITERAL.sub(lambda m: conv._format_literal(base64.urlsafe_b64decode(m.group(1)).decode()), text)
+
+
+# A const's or enum's value that holds a "$ref" key is data, but the converter resolves every
+# "$ref" it meets (a 400 for a pointer that names nothing, a rewritten value for one that does):
+# it goes through as a string that carries the value (_hide_data), and the string's literal in the
+# grammar is put back as the value's own (_format). The nonce keeps a client's own string out.
+_HIDDEN_MARK = f"sf-data-{secrets.token_hex(8)}:"
+_HIDDEN_LITERAL = re.compile(r'"\\"' + _HIDDEN_MARK + r'([A-Za-z0-9_=-]*)\\""')
+
+
+def _hidden(value: Any) -> str:
+    return _HIDDEN_MARK + base64.urlsafe_b64encode(json.dumps(value).encode()).decode()
+
+
+def _has_ref(node: Any) -> bool:
+    if isinstance(node, list):
+        return any(_has_ref(v) for v in node)
+    return isinstance(node, dict) and ("$ref" in node or any(_has_ref(v) for v in node.values()))
+
+
+def _hide_data(node: Any) -> Any:
+    """``node`` with each const, enum value, default and example that holds a ``$ref`` key
+    carried in a string the converter leaves alone (see _HIDDEN_MARK)."""
+    if isinstance(node, list):
+        return [_hide_data(v) for v in node]
+    if not isinstance(node, dict) or not _has_ref(node):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k in _DATA_KEYWORDS and _has_ref(v):
+            out[k] = [_hidden(x) if _has_ref(x) else x for x in v] if k in ("enum", "examples") and isinstance(v, list) else _hidden(v)
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _hide_data(sub) for name, sub in v.items()}
+        else:
+            out[k] = _hide_data(v)
+    return out
 
 
 def _local_refs(schema: Any) -> Any:
@@ -687,8 +726,9 @@ def _rooted(schema: Any) -> Any:
     """``schema`` with the two root forms the converter cannot take made plain: a root ``$ref``
     into the schema's own ``$defs`` (what pydantic writes for a self-referencing model) is
     inlined beside them, and ``#`` (root recursion, OpenAI's own example of a recursive schema)
-    points at a copy of the root kept in ``$defs``."""
-    schema = _local_refs(schema)
+    points at a copy of the root kept in ``$defs``. Data that holds a ``$ref`` key is carried
+    apart (_hide_data)."""
+    schema = _local_refs(_hide_data(schema))
     if not isinstance(schema, dict):
         return schema
     for _ in range(8):  # a root $ref to a def that is itself a $ref, a few deep

@@ -135,3 +135,25 @@ def _without_fetch_guard(init: Any) -> Any:
         self._allow_fetch = True
 
     return patched
+
+
+def test_a_ref_inside_enum_or_const_data_is_data_written_exactly_and_never_resolved() -> None:
+    """An enum's or a const's value is data, even one with a "$ref" key: the converter resolved it
+    as a reference, so the model was forced to write a rewritten value ({"$ref": "request-#/..."}
+    for "#"), or the request was a 400 for a pointer that names nothing, or refused as a remote
+    reference although nothing is fetched."""
+    for value in ({"$ref": "#"}, {"$ref": "#/definitions/x"}, {"$ref": "https://example.com/s.json"}, {"a": [{"$ref": "#/$defs/A"}]}):
+        grammar = schema_grammar({"enum": [value, "plain"]})
+        check_bounds(grammar)
+        assert fits(grammar, json.dumps(value)) and fits(grammar, '"plain"')
+        assert not fits(grammar, json.dumps({"$ref": "other"}))
+        answer = _obj({"kind": {"const": value}, "n": {"type": "integer", "default": value}})
+        grammar = schema_grammar(answer)
+        assert fits(grammar, json.dumps({"kind": value, "n": 3}))
+        assert not fits(grammar, json.dumps({"kind": "plain", "n": 3}))
+    tool = _tool("tag", {}, {"tag": {"enum": [{"$ref": "#"}]}})
+    grammar = tool_grammar([tool], "required", True)
+    assert fits(grammar, _call("tag", {"tag": {"$ref": "#"}}))
+    # a client's own string that looks like the carrier stays a string
+    grammar = schema_grammar({"enum": ["sf-data-0123456789abcdef:e30=", {"$ref": "#"}]})
+    assert fits(grammar, '"sf-data-0123456789abcdef:e30="') and not fits(grammar, "{}")
