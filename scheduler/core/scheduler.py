@@ -951,7 +951,11 @@ class Scheduler:
             newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
         )
         if prefilling and any(j.qos <= QosClass.COMPLETION for j in granted) and self.clock() < self._decode_only_until:
-            budget = 0  # an urgent answer streams: decode rounds alone for a share of the last step
+            # an urgent answer streams: decode rounds alone for a share of the last step, of the
+            # urgent lanes alone (the others get their token in each prefill step, as without it:
+            # theirs here cost a round more and bring the last agent's end no nearer)
+            budget = 0
+            granted = [j for j in granted if j.qos <= QosClass.COMPLETION]
         self.prefill_cap = (budget, plan.step_tokens)
 
         for job in granted:

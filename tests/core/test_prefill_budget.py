@@ -427,3 +427,33 @@ def test_decode_only_ticks_neither_starve_nor_reorder_the_agents_prompts() -> No
     chat_without, agents_without = agents_and_a_chat(0.0)
     assert chat_with < chat_without / 2  # the answer streams instead of a token per chunk
     assert agents_with <= agents_without * 1.06
+
+
+def test_the_answers_decode_only_ticks_feed_the_urgent_lanes_alone_and_agents_decode_in_the_prefill_steps() -> None:
+    """The decode-only ticks exist to stream the urgent answer. An agent decoding beside it gets
+    its tokens in the prefill steps, one each, as without the answer: in the answer's own rounds
+    its token cost ~8 ms more a round (two lanes against one, llama.cpp on two cores) and
+    brought the agents' end no nearer, since the last agent still needs every round after its
+    prompt."""
+    sched, engine, clock = make_scheduler(
+        max_batch=3, abortable_steps=True, initial_prefill_tokens_per_s=300.0, prefill_s_per_token=1.0 / 300.0, decode_round_s=0.02
+    )
+    sched.add(make_job(8, max_tokens=200, qos=QosClass.BACKGROUND, job_id="talker"))
+    tick(sched, engine)  # the talker decodes from here on
+    sched.add(make_job(3000, max_tokens=4, qos=QosClass.BACKGROUND, job_id="long"))
+    tick(sched, engine)
+    sched.add(make_job(8, max_tokens=30, qos=QosClass.INTERACTIVE, job_id="chat"))
+    decode_only: list[set[str]] = []
+    prefill_steps: list[set[str]] = []
+    while "chat" in sched.jobs:
+        tick(sched, engine)
+        plan = sched.last_plan
+        assert plan is not None
+        decoded = {f.job_id for f in plan.feeds if f.is_decode}
+        if any(not f.is_decode for f in plan.feeds):
+            prefill_steps.append(decoded)
+        elif decoded:
+            decode_only.append(decoded)
+    assert len(decode_only) >= 10  # the answer streamed in its own rounds
+    assert all(d == {"chat"} for d in decode_only), decode_only
+    assert all("talker" in d for d in prefill_steps)  # a token in every prefill step, as before
