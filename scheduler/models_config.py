@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,8 +202,15 @@ def _int(where: _Where, node: yaml.Node, key: str, low: int | None = None, high:
     return value
 
 
+# a number in exponent form as YAML 1.2 (llama-swap's parser) reads it (3e2, 1.5e3): PyYAML's YAML 1.1
+# resolver wants a dot and a signed exponent (3.0e+2) and made the others strings
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")
+
+
 def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float:
     value = _scalar(where, node, key)
+    if isinstance(value, str) and isinstance(node, yaml.ScalarNode) and node.style is None and _EXPONENT_FLOAT.fullmatch(value):
+        value = float(value)  # unquoted only: a quoted "3e2" stays a string
     try:  # an integer too large for a float overflowed here with a traceback
         finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     except OverflowError:
