@@ -327,9 +327,14 @@ class ModelPool:
             raise
         finally:
             self.waiters.pop(ticket, None)
+        link = self.links.get(model)
+        if link is None:  # its worker died for good between the dispatch and now (_load_failed)
+            self.router.finished(ticket)
+            self.kick()
+            raise ModelUnavailable(model, self.errors.get(model) or f"The model {model!r} is not loaded.")
         self.last_model = model
         self.last_used[model] = time.time()
-        return self.links[model], dispatch, ticket
+        return link, dispatch, ticket
 
     def release(self, ticket: str) -> None:
         self.router.finished(ticket)
