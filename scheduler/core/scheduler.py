@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from .kv_pool import KvPool, PoolConfig, PoolOps, common_prefix
+from .kv_pool import CachedPrefix, KvPool, PoolConfig, PoolOps, common_prefix
 from .qos import QosClass, band_of
 from .queues import ClassQueues, ScoreConfig
 from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, LaneSwap, TickPlan, TickResult
@@ -150,6 +150,8 @@ class Scheduler:
         self._background_hold_until = 0.0
         self._bi_turn = 0
         self._stored: set[str] = set()
+        # leader preempted in the plan being made -> the cache entry its waiters' prefix was stored into
+        self._handed_over: dict[str, CachedPrefix] = {}
         self.jobs: dict[str, Job] = {}
         self._seq = itertools.count()
         self._release: list[int] = []  # lanes to empty in the next plan
@@ -312,14 +314,18 @@ class Scheduler:
         now = self.clock()
         self.counters["ticks"] += 1
         plan = self.last_plan
+        # counted as the engine made them (a counter never goes down between two reads of it)
+        self.counters["parks"] += len(result.parked)
         for job_id, artifact in result.parked.items():
             job = self.jobs.get(job_id)
             if job is not None and job.state is JobState.QUEUED:
                 job.parked = artifact
         if plan is not None:
             for _lane, job_id in plan.park:
+                if job_id in result.parked:
+                    continue
                 job = self.jobs.get(job_id)
-                if job is not None and job_id not in result.parked:
+                if job is not None:
                     job.computed = job.cached_tokens = 0  # the engine kept nothing: recompute from the start
         for seq in result.lost:  # a restore, move, store, import or copy the engine could not make: empty
             if seq >= len(self.lanes):  # a cache slot a prefix was not stored or imported into
@@ -584,11 +590,12 @@ class Scheduler:
             return None, 0
         return best, best_len
 
-    def _copy_from_lane(self, plan: TickPlan, src: int, job: Job, n: int, now: float) -> None:
+    def _copy_from_lane(self, plan: TickPlan, src: int, job: Job, n: int, now: float, *, store: bool = True) -> None:
         """Seed ``job``'s lane with the first ``n`` tokens of lane ``src`` (a leader's, or a kept
-        lane of ``job``'s scope), which are ``job``'s prompt's; they go to a cache slot too."""
+        lane of ``job``'s scope), which are ``job``'s prompt's; they go to a cache slot too
+        (unless not ``store``)."""
         assert job.lane is not None
-        if not _bound_in(plan, src):  # else its KV is not in the lane yet when stores run
+        if store and not _bound_in(plan, src):  # else its KV is not in the lane yet when stores run
             self.pool.store(plan.pool, src, job.prompt[:n], now, scope=job.cache_scope)
         plan.pool.copy.append((src, job.lane, n))
         self.pool.counters["prefix_hits"] += 1
@@ -599,17 +606,76 @@ class Scheduler:
     def _share_prefixes(self, plan: TickPlan, now: float) -> None:
         """Lanes waiting for a leader's prefix: copy it once ready; stop waiting if it left (a
         leader that ended in the tick its prefill completed, at its first token, left the
-        prefix in its kept lane: copied from there)."""
+        prefix in its kept lane: copied from there). The waiters of a leader that left before
+        its prefix was done (cancelled, preempted) are seeded again (``_rejoin``), the one
+        sharing the most with it first: it becomes their leader, the others wait for it."""
+        orphans: list[Job] = []
         for job in self.lanes:
             if job is None or job.share_from is None:
                 continue
             leader = self.jobs.get(job.share_from)
             if leader is None or leader.state is not JobState.RUNNING or leader.lane is None:
                 self._copy_from_kept(plan, job, now)
-                job.share_from, job.share_tokens = None, 0
+                if job.share_from is not None:  # no kept lane holds all it waited for
+                    orphans.append(job)
                 continue
             if leader.computed >= job.share_tokens and job.computed == 0:
                 self._copy_from_lane(plan, leader.lane, job, job.share_tokens, now)
+        for job in sorted(orphans, key=lambda j: -j.share_tokens):  # stable: lane order among equals
+            assert job.share_from is not None
+            self._rejoin(plan, job, now, self._handed_over.get(job.share_from))
+        self._handed_over.clear()
+
+    def _hand_over(self, plan: TickPlan, leader: Job, now: float) -> None:
+        """``leader`` is preempted while lanes wait for its prompt's prefix: what it has of that
+        prefix is stored in a cache slot first (a tick's stores run before its parks and
+        releases), and the waiting lanes are seeded from there in this plan (``_rejoin``)
+        instead of prefilling it again."""
+        if not self.config.prefix_cache or leader.lane is None:
+            return
+        wanted = max((j.share_tokens for j in self.lanes if j is not None and j.share_from == leader.job_id), default=0)
+        n = min(leader.computed, wanted)
+        if n < self.config.min_prefix_tokens:
+            return
+        entry = self.pool.store(plan.pool, leader.lane, leader.prompt[:n], now, scope=leader.cache_scope)
+        if entry is not None:
+            self._handed_over[leader.job_id] = entry
+
+    def _rejoin(self, plan: TickPlan, job: Job, now: float, handed_over: CachedPrefix | None = None) -> None:
+        """Seed ``job``, whose leader left before its prefix was done, as a new lane is seeded
+        (``_seed_from_prefix``): from the longest of what a kept lane of its scope holds (the
+        leader's own lane keeps what it prefilled), a cached prefix, or a running lane's prompt,
+        waiting for that lane if it has not prefilled it yet. Another waiter of the same leader
+        already seeded again is such a lane: one of them prefills the rest, the others copy it."""
+        job.share_from, job.share_tokens = None, 0
+        if job.computed != 0 or job.lane is None or not self.config.prefix_cache:
+            return
+        whole = len(job.prompt) - 1
+        kept_lane, kept_n = None, 0
+        for lane, kept in self._kept.items():
+            n = min(common_prefix(kept.tokens, job.prompt), whole)
+            if kept.scope == job.cache_scope and n > kept_n and not _bound_in(plan, lane):
+                kept_lane, kept_n = lane, n
+        if kept_n < self.config.min_prefix_tokens:
+            kept_lane, kept_n = None, 0
+        entry, n = self.pool.best_match(job.prompt, job.cache_scope)
+        if handed_over is not None and handed_over.slot is not None and handed_over.scope == job.cache_scope:
+            # stored from its preempted leader's lane in this plan: pending, so no best match yet
+            handed = min(common_prefix(handed_over.tokens, job.prompt), whole)
+            if handed >= self.config.min_prefix_tokens and handed > n:
+                entry, n = handed_over, handed
+        leader, shared = self._best_leader(job)
+        if kept_lane is not None and kept_n >= n and kept_n >= shared:
+            self._copy_from_lane(plan, kept_lane, job, kept_n, now, store=False)  # the kept lane holds it
+        elif entry is not None and n >= shared and self.pool.use(plan.pool, entry, job.lane, n, now):
+            job.computed = job.cached_tokens = n
+        elif leader is not None:
+            assert leader.lane is not None
+            copied_into = {dst for _, dst, _ in plan.pool.copy}  # its KV arrives after this tick's stores
+            if leader.computed >= shared and leader.lane not in copied_into:
+                self._copy_from_lane(plan, leader.lane, job, shared, now)
+            else:
+                job.share_from, job.share_tokens = leader.job_id, shared
 
     def _copy_from_kept(self, plan: TickPlan, job: Job, now: float) -> None:
         """Seed ``job``, whose leader left, from a kept lane of its scope holding the prefix it
@@ -792,7 +858,6 @@ class Scheduler:
         self.counters["preemptions"] += 1
         if park and victim.computed > 0:
             plan.park.append((lane, victim.job_id))
-            self.counters["parks"] += 1
         else:
             plan.release.append(lane)
             victim.computed = victim.cached_tokens = 0  # recomputed: none of its prompt is reused
@@ -834,6 +899,7 @@ class Scheduler:
                 return  # the best urgent job finds none: a worse one does not go before it
             victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.last_admitted_s or 0.0))
             self.queues.note_pick(urgent, urgent_classes, now, keep, by_own_class=True)
+            self._hand_over(plan, victim, now)
             lane = self._preempt_job(plan, victim, park=self.config.park)
             self._bind(plan, urgent, lane, now)
 

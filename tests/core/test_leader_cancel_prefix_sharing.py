@@ -3,23 +3,21 @@ prefill is done: the prefix should still be prefilled once for them, not once pe
 
 Concurrent requests with one prompt (``n`` > 1 choices are such jobs) are documented to prefill
 it once (docs/scheduling.md, ``cached_tokens``). When the first of them is cancelled (its client
-left) part way through its prefill, every job that waited for it currently prefills the whole
-prompt on its own: 3 x the prompt's tokens here, each reporting ``cached_tokens`` 0.
-The remedy belongs in ``Scheduler._share_prefixes`` (scheduler/core/scheduler.py), outside the
-files this test's author could change: strict xfail until it is made."""
+left) part way through its prefill, one of the jobs that waited for it takes over as leader,
+starting from what the cancelled leader's kept lane holds, and the others copy the prefix from
+it (``Scheduler._share_prefixes``): not each the whole prompt on its own (3 x its tokens here)."""
 
 from __future__ import annotations
 
-import pytest
-
-from scheduler.core.scheduler import SchedulerConfig
+from scheduler.core.qos import QosClass
+from scheduler.core.scheduler import Scheduler, SchedulerConfig
+from scheduler.core.types import Job, TickPlan
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import Cancel, Done, Submit
 from scheduler.worker.loop import EngineWorker
-from tests.core.builders import RecordingConn, run_worker
+from tests.core.builders import RecordingConn, make_job, make_scheduler, outputs, run_until_idle, run_worker, tick
 
 
-@pytest.mark.xfail(strict=True, reason="waiters of a cancelled leader each prefill the prompt (Scheduler._share_prefixes)")
 def test_waiters_of_a_leader_cancelled_mid_prefill_prefill_the_shared_prompt_once() -> None:
     clock = FakeClock()
     engine = SimEngine(n_lanes=3, lane_ctx=4096, clock=clock)
@@ -40,3 +38,132 @@ def test_waiters_of_a_leader_cancelled_mid_prefill_prefill_the_shared_prompt_onc
     # j0's partial prefill, then the prompt once more for both waiters (plus their decodes)
     assert fed < 2 * prompt + 20
     assert max(done["j1"].usage["cached_tokens"], done["j2"].usage["cached_tokens"]) >= prompt - 1
+
+
+# -- the same in the pure core: who leads next, what it starts from, scopes ----------------
+
+SYSTEM = [7 + (i * 13) % 200 for i in range(600)]
+
+
+def _shared(job_id: str, *, scope: str = "", qos: QosClass = QosClass.AGENT) -> Job:
+    job = make_job(10, job_id=job_id, max_tokens=4, qos=qos)
+    job.prompt = SYSTEM + job.prompt
+    job.cache_scope = scope
+    return job
+
+
+def _prefilled(engine: SimEngine) -> int:
+    return sum(n for call in engine.calls for _, n in call if n > 1)
+
+
+def _greedy(prompt: list[int], n: int) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append(SimEngine.next_token(seq))
+        seq.append(out[-1])
+    return out
+
+
+def test_one_waiter_takes_over_from_the_cancelled_leaders_kept_lane_and_the_others_wait_for_it() -> None:
+    sched, engine, _ = make_scheduler(max_batch=3, prefill_budget=64)  # 64 prompt tokens a tick
+    jobs = [_shared(f"s{i}") for i in range(3)]
+    for job in jobs:
+        sched.add(job)
+    tick(sched, engine)
+    tick(sched, engine)
+    lead, a, b = jobs
+    assert a.share_from == b.share_from == "s0" and 0 < lead.computed < len(SYSTEM)
+    partial = lead.computed
+    sched.cancel("s0")
+    plan = sched.step()
+    # the first waiter starts from what the leader's kept lane holds, the other waits for it
+    assert plan.pool.copy == [(0, 1, partial)] and not plan.pool.store
+    assert a.share_from is None and a.cached_tokens == partial
+    assert b.share_from == "s1" and b.computed == 0
+    events = sched.commit(engine.execute(plan, lambda: False)) + run_until_idle(sched, engine)
+    got = outputs(events)
+    assert got["s1"] == _greedy(a.prompt, 4) and got["s2"] == _greedy(b.prompt, 4)
+    assert b.cached_tokens == len(SYSTEM)
+    # the leader's part, then the rest of the shared prompt once, then each waiter's own tokens
+    assert _prefilled(engine) <= len(SYSTEM) + 2 * 10 + 2
+
+
+def _preempted_leader(prefix_done: bool, **config: object) -> tuple[Scheduler, SimEngine, Job, list[Job], TickPlan]:
+    """A background job leads the shared prompt for two agent jobs; an interactive chat takes
+    its lane part way through its prefill (or in the tick it completed the prefix, before the
+    waiters copied it). The plan of that preemption."""
+    sched, engine, _ = make_scheduler(max_batch=3, prefill_budget=64, **config)
+    lead = _shared("bg", qos=QosClass.BACKGROUND)
+    waiters = [_shared(f"w{i}") for i in range(2)]
+    sched.add(lead)
+    tick(sched, engine)
+    for job in waiters:
+        sched.add(job)
+    tick(sched, engine)
+    while prefix_done and lead.computed < len(SYSTEM):
+        tick(sched, engine)
+    assert all(w.share_from == "bg" and w.computed == 0 for w in waiters)
+    sched.add(make_job(40, job_id="chat", max_tokens=2, qos=QosClass.INTERACTIVE))
+    plan = sched.step()
+    assert plan.park == [(0, "bg")] and lead.lane is None  # the leader gives its lane to the chat
+    return sched, engine, lead, waiters, plan
+
+
+def _finish_and_check(sched: Scheduler, engine: SimEngine, plan: TickPlan, jobs: list[Job]) -> None:
+    events = sched.commit(engine.execute(plan, lambda: False)) + run_until_idle(sched, engine)
+    got = outputs(events)
+    for job in jobs:
+        assert got[job.job_id] == _greedy(job.prompt, 4)
+
+
+def test_waiters_of_a_leader_preempted_mid_prefill_start_from_what_it_prefilled() -> None:
+    sched, engine, lead, waiters, plan = _preempted_leader(False)
+    done = 128
+    # what the leader prefilled goes to a cache slot before its park; one waiter takes it over
+    assert plan.pool.store == [(0, 3, done)] and plan.pool.copy == [(3, 1, done)]
+    assert [w.share_from for w in waiters] == [None, "w0"] and waiters[0].cached_tokens == done
+    _finish_and_check(sched, engine, plan, [lead, *waiters])
+    assert waiters[1].cached_tokens == len(SYSTEM)
+    # the chat's prompt; the shared prompt by the leader (after its resume too: from its parked
+    # KV) and the rest of it by the waiter that took over, once; then each job's own tokens
+    assert _prefilled(engine) <= 40 + len(SYSTEM) + (len(SYSTEM) - done) + 3 * 10 + 3
+
+
+def test_waiters_of_a_leader_preempted_in_the_tick_its_prefix_completed_copy_it() -> None:
+    sched, engine, lead, waiters, plan = _preempted_leader(True)
+    assert plan.pool.store == [(0, 3, len(SYSTEM))]
+    assert plan.pool.copy == [(3, 1, len(SYSTEM)), (3, 2, len(SYSTEM))]
+    _finish_and_check(sched, engine, plan, [lead, *waiters])
+    assert [w.cached_tokens for w in waiters] == [len(SYSTEM)] * 2
+    assert _prefilled(engine) <= 40 + len(SYSTEM) + 3 * 10 + 3  # the shared prompt once
+
+
+def test_without_a_cache_slot_one_waiter_of_a_preempted_leader_prefills_for_the_others() -> None:
+    sched, engine, lead, waiters, plan = _preempted_leader(True, cache_slots=0)
+    assert not plan.pool.store and not plan.pool.copy
+    assert [w.share_from for w in waiters] == [None, "w0"]
+    _finish_and_check(sched, engine, plan, [lead, *waiters])
+    assert waiters[1].cached_tokens == len(SYSTEM)
+    assert _prefilled(engine) <= 40 + 2 * len(SYSTEM) + 3 * 10 + 3
+
+
+def test_a_waiter_taking_over_never_starts_from_another_scopes_kept_lane() -> None:
+    sched, engine, _ = make_scheduler(max_batch=4, prefill_budget=64, cache_slots=0)
+    sched.add(_shared("other", scope="policy:b"))
+    run_until_idle(sched, engine)  # its lane keeps the whole shared prompt, in b's scope
+    assert sched._kept
+    jobs = [_shared(f"a{i}", scope="policy:a") for i in range(3)]
+    for job in jobs:
+        sched.add(job)
+    tick(sched, engine)
+    tick(sched, engine)
+    lead, first, second = jobs
+    assert first.share_from == "a0" and first.cached_tokens == 0
+    sched.cancel("a0")
+    plan = sched.step()
+    sources = {src for src, _, _ in plan.pool.copy}
+    assert sources == {lead_lane for lead_lane in sched._kept if sched._kept[lead_lane].scope == "policy:a"}
+    assert first.cached_tokens < len(SYSTEM)  # only what a0 prefilled, not b's whole prompt
+    sched.commit(engine.execute(plan, lambda: False))
+    run_until_idle(sched, engine)
+    assert second.cached_tokens == len(SYSTEM)  # copied from the waiter that took over, in a's scope

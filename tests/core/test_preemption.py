@@ -10,6 +10,7 @@ from typing import Any
 from scheduler.core.qos import QosClass
 from scheduler.core.scheduler import Scheduler
 from scheduler.core.types import Event, Job, TickPlan
+from scheduler.engines.base import EngineError
 from scheduler.engines.sim import SimEngine, SimParked
 
 from .builders import make_job, make_scheduler, outputs, run_until_idle, tick
@@ -353,3 +354,36 @@ def test_the_interactive_job_that_preempted_gets_its_first_token_in_the_same_tic
     (preempting,) = [p for p in rec.plans if p.park]
     assert [t for t, _ in rec.fed["chat"]][0] == preempting.tick
     assert [f.sample for f in preempting.feeds if f.job_id == "chat"] == [True]
+
+
+class SaveFails(SimEngine):
+    """An engine that cannot save a lane's KV (llama.cpp's ``llama_state_seq_get_data`` writing nothing)."""
+
+    def save(self, seq: int) -> Any:
+        if seq < self.n_lanes:
+            raise EngineError(f"could not copy lane {seq}'s KV cache", permanent=False)
+        return super().save(seq)
+
+
+def test_a_park_the_engine_could_not_make_is_not_counted_as_a_park() -> None:
+    """``parks`` (``superfluid_parks_total``: lanes whose KV was parked to host memory) counts
+    the parks made: one whose save failed recomputes its job, as a preemption without parking
+    (a failed restore likewise takes back its resume). It counted every park planned."""
+    sched, _, clock = make_scheduler(max_batch=2)
+    engine = SaveFails(n_lanes=2, lane_ctx=sched.config.lane_ctx, clock=clock, cache_slots=sched.config.cache_slots)
+    start(sched, engine, [busy("agent", QosClass.AGENT), busy("bg", QosClass.BACKGROUND)])
+    plan = arrive(sched)
+    assert plan.park == [(1, "bg")]
+    sched.commit(engine.execute(plan, lambda: False))
+    assert sched.jobs["bg"].computed == 0 and sched.jobs["bg"].parked is None  # recomputed
+    assert sched.counters["preemptions"] == 1 and sched.counters["parks"] == 0
+    run_until_idle(sched, engine)
+    assert sched.counters["resumes"] == 0
+
+
+def test_a_park_in_a_plan_the_engine_failed_is_not_counted_as_a_park() -> None:
+    sched, engine = running(2, [busy("agent", QosClass.AGENT), busy("bg", QosClass.BACKGROUND)])
+    assert arrive(sched).park == [(1, "bg")]
+    sched.on_engine_failed()  # the plan failed: its park never reached the scheduler
+    assert sched.jobs["bg"].computed == 0
+    assert sched.counters["parks"] == 0
