@@ -98,6 +98,19 @@ class SocketTransport(Transport):
             return None
         return reader, writer
 
+    async def _hello_line(self, reader: asyncio.StreamReader) -> bytes:
+        """The worker's first line. serve hands over a new worker's socket as it starts the
+        process, so this waits out the model's load: no worker is back meanwhile, and the jobs
+        kept for one still end once ``reconnect_timeout_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        read = asyncio.ensure_future(reader.readline())
+        try:
+            while not (await asyncio.wait({read}, timeout=0.1))[0]:
+                self._check_lost_deadline(loop.time())
+            return read.result()
+        finally:
+            read.cancel()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -108,7 +121,7 @@ class SocketTransport(Transport):
                 continue
             reader, writer = opened
             try:
-                line = await reader.readline()
+                line = await self._hello_line(reader)
                 hello = decode(line) if line else None
                 if not isinstance(hello, Hello):
                     raise ConnectionError("worker did not say hello")
