@@ -372,6 +372,10 @@ class Transport(ABC):
         elif isinstance(message, (Done, Error, Rejected)):
             self.inflight.pop(handle.job_id, None)
             self._cleared(handle.job_id)
+            if isinstance(message, Error) and message.reason == UNENCODABLE and self.connected:
+                # the worker could not put this job's output on the link (a NaN logprob) and says
+                # so in its place, but runs the job on: stop it, or it holds its lane to the end
+                self._abandon(handle.job_id)
             if isinstance(message, Done) and handle.preemptions_lost and "preemptions" in message.timing:
                 timing = {**message.timing, "preemptions": int(message.timing["preemptions"] or 0) + handle.preemptions_lost}
                 message = dataclasses.replace(message, timing=timing)
