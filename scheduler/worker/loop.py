@@ -632,7 +632,8 @@ class EngineWorker:
         # its first token to its last (the grammar allows nothing else): the client's stop strings
         # apply to content, and one matched inside the markup cut the call it had required
         forced_call = bool(request.get("tools")) and request.get("tool_choice", "auto") not in ("auto", "none")
-        stream = TextStream(self.engine.token_bytes, [] if forced_call else list(request.get("stop") or []))
+        # a stop string begun in the text a lost worker had sent already ends in this one's
+        stream = TextStream(self.engine.token_bytes, [] if forced_call else list(request.get("stop") or []), resume_text or "")
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:

@@ -64,10 +64,16 @@ class _StopMatcher:
 
 
 class TextStream:
-    def __init__(self, token_bytes: Callable[[int], bytes], stop: list[str] | None = None) -> None:
+    def __init__(self, token_bytes: Callable[[int], bytes], stop: list[str] | None = None, resumed: str = "") -> None:
+        """``resumed``: the text a lost worker had sent already (a job submitted again goes on
+        after it): a stop string that began in it and ends in the new text stops the stream."""
         self._token_bytes = token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = [_StopMatcher(s) for s in (stop or []) if s]
+        longest = max((len(matcher.stop) for matcher in self._stop), default=0)
+        for char in resumed[1 - longest :] if longest > 1 else "":
+            for matcher in self._stop:
+                matcher.feed(char)  # (a whole one in it cannot be: the lost worker stopped there)
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
         self.stop_word: str | None = None  # ... the one that did (the first in the text)
@@ -98,7 +104,7 @@ class TextStream:
                 first = new.find(matcher.stop[0]) if matcher.state == 0 else 0
                 for i in range(first, len(new)) if first >= 0 else ():
                     if matcher.feed(new[i]):
-                        begins = base + i + 1 - len(matcher.stop)
+                        begins = max(0, base + i + 1 - len(matcher.stop))  # < 0: it began in ``resumed``
                         if start < 0 or begins < start:
                             start, word = begins, matcher.stop
                         break
@@ -108,7 +114,7 @@ class TextStream:
                 self._held = ""
                 return self._emit(text[:start])
             if not final:
-                keep = max(matcher.state for matcher in self._stop)
+                keep = min(max(matcher.state for matcher in self._stop), len(text))
                 self._held = text[len(text) - keep :] if keep else ""
                 return self._emit(text[: len(text) - keep])
         self._held = ""
