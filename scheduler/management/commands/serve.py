@@ -122,6 +122,12 @@ def _portable_build_hint() -> str:
     )
 
 
+# A starting worker dead of one of these waits this long for serve's own drain before its death
+# counts as a start-up failure (a stop, not a crash, when serve was signalled with it)
+_STOP_SIGNALS = (int(signal.SIGTERM), int(signal.SIGINT))
+STOP_SIGNAL_GRACE_S = 2.0
+
+
 def _exit_text(rc: int) -> str:
     if rc < 0:
         try:
@@ -276,6 +282,13 @@ class WorkerSupervisor:
             if "ready" in status:
                 self.ever_ready = True
             elif not self.ever_ready:
+                if -rc in _STOP_SIGNALS:
+                    # Ctrl-C signals the terminal's process group, a service manager's stop every
+                    # process of the service: the worker, still starting (its stop signals not
+                    # yet blocked), died of serve's own stop a moment before serve's handler ran
+                    self._wake.wait(STOP_SIGNAL_GRACE_S)
+                    if self.stopping:
+                        break
                 # No worker ever started. A model that stops loading later (a file replaced
                 # under a running server) is retried below like a crash.
                 fatal = self._startup_failure(rc, status)
@@ -515,8 +528,11 @@ class Command(FlagsCommand):
                 options["model"] = paths[0] if paths else ""
                 return None
             if options["fim_model"]:
-                fim_path = resolve_model({"model": options["fim_model"]})
-                choose_engine(options["engine"], fim_path)
+                try:
+                    fim_path = resolve_model({"model": options["fim_model"]})
+                    choose_engine(options["engine"], fim_path)
+                except CommandError as exc:  # their messages name --model, which nobody gave
+                    raise CommandError(str(exc).replace("--model ", "--fim-model ")) from None
                 cfg = with_fim_model(
                     cfg, fim_path, model_name_for, max_batch=options["fim_max_batch"], max_context=options["fim_max_context"] or min(options["ctx_size"], FIM_MAX_CONTEXT)
                 )
