@@ -61,6 +61,8 @@ class Command(FlagsCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = scheduler_config(options)
+        if options["rounds"] < 1:  # 0 rounds printed "decode 0.0 tok/s", a negative count a negative speed
+            raise CommandError(f"--rounds must be at least 1; got {options['rounds']}")
         model = resolve_model(options)
         out = self.stdout.write
         try:
@@ -73,7 +75,7 @@ class Command(FlagsCommand):
         started = time.monotonic()
         engine = load_engine(
             options["engine"], model, n_lanes=config.max_batch, lane_ctx=min(config.lane_ctx, 1024),
-            threads=options["threads"], cache_slots=0, repack=options["repack"],
+            threads=options["threads"], cache_slots=0, repack=options["repack"], adapt_threads=options["adapt_threads"] == "on",
         )
         try:
             repack = getattr(engine, "repack", None)
