@@ -207,6 +207,22 @@ def test_serve_wires_the_fim_model_with_its_own_lanes_and_context(folder: Path) 
         call_command("serve", "--model", smol, "--fim-model", str(folder / "missing.gguf"))
 
 
+@pytest.mark.parametrize(("engine", "fim", "message"), [
+    ("auto", "missing.gguf", "--fim-model .*missing.gguf: no such file or directory"),
+    ("auto", ".", "--fim-model .*: not a GGUF file nor an MLX model folder"),
+    ("llamacpp", ".", "--engine llamacpp needs a GGUF file; --fim-model .* is neither"),
+])
+def test_a_fim_model_that_cannot_be_served_is_named_by_its_own_flag(folder: Path, engine: str, fim: str, message: str) -> None:
+    """A wrong --fim-model (or SUPERFLUID_FIM_MODEL) was reported as "--model PATH: no such file or
+    directory": the operator looked for a --model nobody had given."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=message) as err:
+        call_command("serve", "--model", str(folder / "smol.gguf"), "--engine", engine, "--fim-model", str(folder / fim) if fim != "." else str(folder), "--no-engine")
+    assert "--model " not in str(err.value)
+
+
 def test_a_fractional_aging_divisor_reaches_every_worker_as_the_router_has_it(folder: Path) -> None:
     """agingDivisor 0.5 is half a second of waiting per priority point at the router and in each
     model's worker alike (the worker flag once rounded it to 1 s)."""
