@@ -19,14 +19,36 @@ STATIC_KEY_MIN_CHARS = 16  # a static key shorter than this is refused at start
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9]+(?:-+[A-Za-z0-9]+)*$")  # letters and digits, hyphens between
 
 
+def _origin(name: str, value: str, schemes: tuple[str, ...] = ()) -> str:
+    """``value`` as a browser sends it in ``Origin`` (lower case, no default port, no path), which
+    Django and api/edge.py compare as text: ``https://LLM.example.com`` or ``https://llm.example.com:443``
+    matched no browser, and every login (every request from that page) got 403. ``schemes``: the
+    only ones allowed (none: any, e.g. a browser extension's ``chrome-extension://ID``)."""
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # an unclosed [ of an IPv6 address
+        parts = urlsplit("")
+    if not parts.scheme or (schemes and parts.scheme not in schemes) or not parts.netloc or parts.path not in ("", "/"):
+        raise EnvError(f"{name}: {value!r} is not an origin (write it as https://host or https://host:port)")
+    default_port = {"https": ":443", "http": ":80"}.get(parts.scheme)
+    if default_port is None:  # a host of another scheme is opaque to a browser: kept as written
+        return f"{parts.scheme}://{parts.netloc}"
+    return f"{parts.scheme}://{parts.netloc.lower().removesuffix(default_port)}"
+
+
 def csrf_trusted_origins(name: str, values: list[str]) -> list[str]:
     """``DJANGO_CSRF_TRUSTED_ORIGINS``: each a scheme and a host (``https://llm.example.com``,
     ``https://*.example.com``), as Django requires since 4.0."""
+    return [_origin(name, value, ("http", "https")) for value in values]
+
+
+def browser_origins(name: str, values: list[str]) -> list[str]:
+    """``SUPERFLUID_ALLOWED_ORIGINS``: each an origin as a browser sends it; no wildcards (the API
+    compares each whole origin, so ``https://*.example.com`` matched nothing)."""
     for value in values:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
-            raise EnvError(f"{name}: {value!r} is not an origin (write it as https://host or https://host:port)")
-    return [v.rstrip("/") for v in values]
+        if "*" in value:
+            raise EnvError(f"{name}: {value!r}: list each origin, e.g. https://app.example.com (no wildcards)")
+    return [_origin(name, value) for value in values]
 
 
 def proxy_ssl_header(name: str, raw: str) -> tuple[str, str] | None:

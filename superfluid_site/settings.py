@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 
 from keys.binding import is_loopback
-from superfluid_site.deploy import csrf_trusted_origins, proxy_ssl_header, static_key_digest
+from superfluid_site.deploy import browser_origins, csrf_trusted_origins, proxy_ssl_header, static_key_digest
 from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 # Browser origins allowed to call the generation endpoints besides those on an allowed host
 # (api/edge.py), e.g. https://app.example.com
-SUPERFLUID_ALLOWED_ORIGINS = env_list("SUPERFLUID_ALLOWED_ORIGINS", "")
+SUPERFLUID_ALLOWED_ORIGINS = browser_origins("SUPERFLUID_ALLOWED_ORIGINS", env_list("SUPERFLUID_ALLOWED_ORIGINS", ""))
 CSRF_FAILURE_VIEW = "api.edge.csrf_failure"  # JSON under the API's paths
 # -- behind a reverse proxy (docs/deployment.md) -------------------------------------------
 # Origins whose forms (the admin's login) may POST here besides this host's own, e.g. the

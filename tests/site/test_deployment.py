@@ -75,6 +75,24 @@ def test_a_bad_deployment_value_stops_the_start_naming_the_variable(tmp_path: Pa
     assert "too-short" not in done.stderr  # the key is never echoed
 
 
+@pytest.mark.parametrize("listed", ["https://App.Example.com", "https://app.example.com/", "HTTPS://app.example.com:443"])
+def test_an_allowed_browser_origin_is_matched_however_its_case_and_default_port_are_written(tmp_path: Path, listed: str) -> None:
+    """SUPERFLUID_ALLOWED_ORIGINS is compared with the browser's Origin (lower case, no default
+    port, no path) as text: one written otherwise started the server and every request from
+    that page got 403."""
+    code = "import django; django.setup(); from api.edge import origin_allowed; print(origin_allowed('https://app.example.com'))"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SUPERFLUID_"))}
+    env = {**base, "DJANGO_SETTINGS_MODULE": "superfluid_site.settings", "SUPERFLUID_DATA_DIR": str(tmp_path), "SUPERFLUID_ALLOWED_ORIGINS": listed}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr
+
+
+@pytest.mark.parametrize("listed", ["app.example.com", "https://*.example.com", "https://app.example.com/app"])
+def test_an_allowed_browser_origin_that_no_browser_sends_stops_the_start(tmp_path: Path, listed: str) -> None:
+    done = settings_in_subprocess({"SUPERFLUID_ALLOWED_ORIGINS": listed}, tmp_path)
+    assert done.returncode != 0 and "EnvError" in done.stderr and "SUPERFLUID_ALLOWED_ORIGINS" in done.stderr
+
+
 @pytest.mark.parametrize(
     "raw, expected",
     [
@@ -102,7 +120,7 @@ def test_any_proxy_header_value_is_a_header_or_refused(raw: str) -> None:
 
 def test_origins_need_a_scheme_and_a_host() -> None:
     assert csrf_trusted_origins("V", ["https://a.example/", "http://b.example:8080"]) == ["https://a.example", "http://b.example:8080"]
-    for bad in ("a.example", "ftp://a.example", "https://", "https://a.example/path"):
+    for bad in ("a.example", "ftp://a.example", "https://", "https://a.example/path", "https://[::1"):
         with pytest.raises(EnvError, match="V"):
             csrf_trusted_origins("V", [bad])
 
@@ -149,6 +167,17 @@ def test_behind_a_tls_proxy_the_login_fails_until_the_origin_is_trusted(root: ob
     # the browser says https://HOST, the proxy forwards plain http: Django sees a foreign origin
     assert login(Client(enforce_csrf_checks=True)) == 403
     with override_settings(CSRF_TRUSTED_ORIGINS=[f"https://{HOST}"]):
+        assert login(Client(enforce_csrf_checks=True)) == 302
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("written", ["https://LLM.Example.com", "HTTPS://llm.example.com", "https://llm.example.com:443", "https://llm.example.com:443/"])
+@override_settings(ALLOWED_HOSTS=[HOST], SECURE_PROXY_SSL_HEADER=None)
+def test_a_trusted_origin_is_matched_however_its_case_and_default_port_are_written(root: object, written: str) -> None:
+    """The browser sends its origin lower-case and without the scheme's default port; Django
+    compares the setting's text as it is: DJANGO_CSRF_TRUSTED_ORIGINS=https://LLM.Example.com (or
+    https://llm.example.com:443) started the server and refused every admin login with 403."""
+    with override_settings(CSRF_TRUSTED_ORIGINS=csrf_trusted_origins("V", [written])):
         assert login(Client(enforce_csrf_checks=True)) == 302
 
 
