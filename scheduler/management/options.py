@@ -299,7 +299,24 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
             compact_lanes=not options.get("no_compact_lanes", False),
         )
     except ValueError as exc:
-        raise CommandError(str(exc)) from None
+        # SchedulerConfig names its fields; the operator wrote flags
+        message = str(exc)
+        for field_name, flag in _CONFIG_FLAGS:
+            if message.startswith(field_name + " "):
+                given = options[flag.lstrip("-").replace("-", "_")]
+                message = f"{flag} {message[len(field_name) + 1 :]}; got {given}"
+                break
+        raise CommandError(message) from None
+
+
+# SchedulerConfig's fields whose checks a flag reaches (scheduler_config)
+_CONFIG_FLAGS = (
+    ("aging_divisor_s", "--aging-divisor"),
+    ("swap_affinity_bonus", "--swap-affinity-bonus"),
+    ("tick_target_ms", "--tick-target-ms"),
+    ("prefill_budget", "--prefill-budget"),
+    ("tick_decode_budget", "--tick-decode-budget"),
+)
 
 
 def engine_argv(options: dict[str, Any], model: Path) -> list[str]:

@@ -245,5 +245,5 @@ def test_a_fractional_aging_divisor_reaches_every_worker_as_the_router_has_it(fo
         worker = vars(RunEngine().create_parser("manage.py", "runengine").parse_args([*argv[argv.index("runengine") + 1 :], "--link-fd", "3"]))
         assert scheduler_config(worker).aging_divisor_s == 0.5
     for bad in ("nan", "inf", "-1"):
-        with pytest.raises(CommandError, match="aging_divisor_s must be 0"):
+        with pytest.raises(CommandError, match="--aging-divisor must be 0"):
             call_command("serve", "--model", str(folder / "smol.gguf"), "--aging-divisor", bad)

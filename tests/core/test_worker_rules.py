@@ -294,6 +294,24 @@ def test_abort_grace_ms_reaches_the_worker_and_bad_values_are_refused() -> None:
             scheduler_config(parse(["--abort-grace-ms", bad]))
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--aging-divisor", "nan"], "--aging-divisor must be 0 (off) or a positive number; got nan"),
+        (["--swap-affinity-bonus", "100"], "--swap-affinity-bonus must be between 0 and 99; got 100"),
+        (["--tick-target-ms", "0"], "--tick-target-ms must be at least 1; got 0"),
+        (["--prefill-budget", "5"], "--prefill-budget must be 0 (adaptive) or between 64 and 4096; got 5"),
+        (["--tick-decode-budget", "-1"], "--tick-decode-budget must be 0 (every decoding lane) or positive; got -1"),
+    ],
+)
+def test_a_bad_scheduling_flag_is_refused_in_the_flags_own_words(argv: list[str], message: str) -> None:
+    """The scheduler's own checks named its fields ("aging_divisor_s must be ..."): an operator
+    who wrote --aging-divisor looked for a setting of another name."""
+    with pytest.raises(CommandError) as err:
+        scheduler_config(parse(argv))
+    assert str(err.value) == message
+
+
 class AbortingSim(SimEngine):
     """The simulator with llama.cpp's abortable steps: a step that carries prompt tokens stops
     (a few ms in, charged to the clock) and is rolled back while the abort flag is set.
