@@ -764,6 +764,10 @@ def _parse_tools(body: Mapping[str, Any], req: GenerationRequest) -> None:
                 params = {"type": "object", "properties": {}}
             if not isinstance(params, dict):
                 raise _invalid_type(f"{where}.parameters", "a JSON Schema object")
+            if params.get("type", "object") != "object":
+                # a call's arguments are an object (OpenAI refuses any other schema): a forced
+                # call of a "string" schema was no call, its markup the reply's content
+                raise _invalid_value(f"{where}.parameters", "a JSON Schema of 'type: \"object\"'")
             description = _optional(fn, "description", str, f"{where}.description")
             tools.append({"name": name, "description": description or "", "parameters": params})
     choice_key = "tool_choice" if body.get("tool_choice") is not None or legacy_ignored else "function_call"
