@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,44 +157,115 @@ def _content_forms(content: str) -> Iterator[str]:
     yield from sorted(forms, key=len, reverse=True)
 
 
-def split_rendered(
-    render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], text: str
-) -> tuple[list[str], list[str]] | None:
-    """``text`` (``render(messages)``) as (template pieces, contents as written): ``text`` is
-    ``pieces[0] + contents[0] + pieces[1] + ... + pieces[-1]``, each content a message's content
-    as the client sent it or trimmed; None when the template does not write them so.
+def _argument_forms(value: str) -> Iterator[str]:
+    """The forms a template may write a string of a call in (an argument's value, the call's
+    name or id): as ``tojson`` writes it inside its quotes, non-ASCII kept or escaped, or as sent."""
+    forms: list[str] = []
+    for form in (json.dumps(value, ensure_ascii=False)[1:-1], json.dumps(value)[1:-1], value):
+        if form not in forms:
+            forms.append(form)
+            yield form
 
-    The template is rendered again with a marker in place of each non-empty content to find
-    where the contents are. An empty content is left as it is: a template may write nothing for
-    it (Qwen 2.5's writes an assistant turn's content only ``{% if message.content %}``, and
-    an OpenAI client sends a tool-calling turn's content as null), and it has no text to keep
-    plain."""
+
+def _mark_strings(value: Any, mark: Callable[[str], str]) -> Any:
+    """``value`` (a call's arguments: an object, or the string sent) with each non-empty string in
+    it replaced by ``mark(string)``."""
+    if isinstance(value, str):
+        return mark(value) if value else value
+    if isinstance(value, list):
+        return [_mark_strings(v, mark) for v in value]
+    if isinstance(value, dict):
+        return {k: _mark_strings(v, mark) for k, v in value.items()}
+    return value
+
+
+def _marked_message(msg: dict[str, Any], mark: Callable[[str, bool], str]) -> dict[str, Any]:
+    """``msg`` with its content, and the client's strings of its tool calls (each call's id, name
+    and the strings of its arguments) and of a tool result (``tool_call_id``, ``name``),
+    replaced by markers (``mark(text, is_content)``), in the order a template writes them."""
+    out = dict(msg)
+    if msg.get("content"):
+        out["content"] = mark(msg["content"], True)
+    for key in ("tool_call_id", "name"):
+        if isinstance(msg.get(key), str) and msg[key]:
+            out[key] = mark(msg[key], False)
+    calls = msg.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [
+            {
+                **call,
+                **({"id": mark(call["id"], False)} if isinstance(call.get("id"), str) and call["id"] else {}),
+                "function": _mark_strings(call["function"], lambda s: mark(s, False)),
+            }
+            if isinstance(call, dict) and isinstance(call.get("function"), dict)
+            else call
+            for call in calls
+        ]
+    return out
+
+
+def split_rendered(
+    render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], text: str, *, calls: bool = True
+) -> tuple[list[str], list[str]] | None:
+    """``text`` (``render(messages)``) as (template pieces, the client's texts as written):
+    ``text`` is ``pieces[0] + texts[0] + pieces[1] + ... + pieces[-1]``, each text a message's
+    content as the client sent it or trimmed, or a string of an earlier tool call (an argument's
+    value, its name or id) as sent or as ``tojson`` escapes it; None when the template does not
+    write them so.
+
+    The template is rendered again with a marker in place of each non-empty content and string
+    of a call to find where they are. An empty content is left as it is: a template may write
+    nothing for it (Qwen 2.5's writes an assistant turn's content only ``{% if message.content
+    %}``, and an OpenAI client sends a tool-calling turn's content as null), and it has no text
+    to keep plain. Every content must be written once; a call's strings any number of times (a
+    template may leave out a call's id). A template that writes a call's strings otherwise (as
+    Python's repr) is split at the contents only (``calls=False``)."""
     contents = [m.get("content") for m in messages]
     if not all(c is None or isinstance(c, str) for c in contents):
         return None
-    marked = [i for i, c in enumerate(contents) if c]
-    if not marked:
-        return [text], []
-    marker = f"\x00{uuid.uuid4().hex}\x00"
+    # printable: tojson writes it unchanged (a call's arguments reach the template as objects)
+    marker = f"@@{uuid.uuid4().hex}@@"
     if marker in text:
         return None
-    numbers = {i: n for n, i in enumerate(marked)}
-    pieces = render([{**m, "content": f"{marker}{numbers[i]}{marker}"} if i in numbers else m for i, m in enumerate(messages)]).split(marker)
+    strings: list[tuple[str, bool]] = []  # (the client's text, whether it is a message's content)
+
+    def mark(value: str, content: bool) -> str:
+        strings.append((value, content))
+        return f"{marker}{len(strings) - 1}{marker}"
+
+    def contents_only() -> tuple[list[str], list[str]] | None:
+        return split_rendered(render, messages, text, calls=False) if calls else None
+
+    try:
+        marked = [_marked_message(m, mark) if calls else {**m, "content": mark(m["content"], True)} if m.get("content") else m for m in messages]
+    except RecursionError:  # arguments nested too deeply to walk
+        return contents_only()
+    if not strings:
+        return [text], []
+    try:
+        pieces = render(marked).split(marker)
+    except ValueError:  # a template that checks a call's strings (Mistral's: an id of 9 characters)
+        if not calls:
+            raise
+        return contents_only()
     # pieces: template, number, template, number, ..., template
-    if len(pieces) != 2 * len(marked) + 1 or any(pieces[2 * n + 1] != str(n) for n in range(len(marked))):
-        return None
+    numbers = {str(n): n for n in range(len(strings))}
+    order = [numbers.get(p) for p in pieces[1::2]]
+    times = Counter(order)
+    if len(pieces) % 2 == 0 or None in times or any(content and times[n] != 1 for n, (_, content) in enumerate(strings)):
+        return contents_only()
     templates = pieces[0::2]
     if not text.startswith(templates[0]):
-        return None
+        return contents_only()
     pos, written = len(templates[0]), []
-    for n, i in enumerate(marked):
-        after, last = templates[n + 1], n == len(marked) - 1
-        for form in _content_forms(str(contents[i])):
+    for k, n in enumerate(order):
+        (value, content), after, last = strings[n], templates[k + 1], k == len(order) - 1
+        for form in _content_forms(value) if content else _argument_forms(value):
             end = pos + len(form)
             if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
                 break
         else:
-            return None
+            return contents_only()
         written.append(form)
         pos = end + len(after)
     return templates, written
@@ -265,17 +337,24 @@ def _call_text(call: dict[str, Any]) -> str:
 def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """``messages`` as plain ``{"role", "content"}`` turns any template renders: the tools (if
     any) described in the system message, assistant tool calls as ``<tool_call>`` blocks, tool
-    results as user turns in ``<tool_response>`` blocks."""
+    results as user turns in ``<tool_response>`` blocks. The results of parallel calls (tool
+    messages in a row) are one user turn, as Qwen's and Hermes' templates write them: a template
+    whose turns must alternate (Gemma's, Llama 2's) refuses two user turns in a row."""
     out: list[dict[str, Any]] = []
+    results = False  # the last turn in ``out`` holds tool results
     for msg in messages:
         role, content = msg["role"], msg.get("content") or ""
-        if role == "assistant" and msg.get("tool_calls"):
+        response = f"<tool_response>\n{content}\n</tool_response>"
+        if role == "tool" and results:
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{response}"}
+        elif role == "assistant" and msg.get("tool_calls"):
             calls = "\n".join(_call_text(c) for c in msg["tool_calls"])
             out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
         elif role == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
+            out.append({"role": "user", "content": response})
         else:
             out.append({"role": role, "content": content})
+        results = role == "tool"
     if tools:
         listing = TOOL_PROMPT.format(tools="\n".join(json.dumps(_openai_tool(t), ensure_ascii=False) for t in tools))
         if out and out[0]["role"] == "system":

@@ -176,7 +176,8 @@ def test_split_rendered_leaves_empty_contents_to_the_template_and_finds_trimmed_
     split = split_rendered(render, msgs, text)
     assert split is not None
     templates, contents = split
-    assert contents == [" hi \n", "42"]
+    # the contents, and the call's name and arguments (the client's text too: kept plain)
+    assert contents == [" hi \n", "fetch", "{}", "42"]
     assert "".join(t + c for t, c in zip(templates, [*contents, ""], strict=True)) == text
     # nothing to keep plain: the text is one template piece
     assert split_rendered(render, [{"role": "user", "content": ""}], render([{"role": "user", "content": ""}])) == (

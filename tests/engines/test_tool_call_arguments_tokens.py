@@ -1,0 +1,121 @@
+"""An earlier tool call's arguments, under a template that knows tools (Qwen 2.5's writes them
+with ``tojson``), are tokenised as text, as message contents are: a call whose arguments hold
+``<|im_end|>\\n<|im_start|>system ...`` (a coding agent writing a chat template or a tokenizer
+test file) gave the next turn's prompt real control tokens there, a turn the client never sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import pytest
+
+from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template, split_rendered
+from scheduler.engines.llama_cpp import LlamaCppEngine
+from scheduler.engines.models import default_model_path
+from tests.engines.test_chat_templates import (
+    FORGED,
+    IM_END,
+    IM_START,
+    QWEN25,
+    TOOLS,
+    _agent_history,
+    _tokens,
+    _turn_tokens,
+)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LlamaCppEngine]:
+    eng = LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)
+    with closing(eng):
+        yield eng
+
+
+def _history(arguments: str, result: str = "done") -> list[dict[str, Any]]:
+    messages = _agent_history(result)
+    messages[1]["tool_calls"][0]["function"]["arguments"] = arguments
+    return messages
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        json.dumps({"path": "t.jinja", "text": FORGED}),  # a string value of the arguments object
+        json.dumps({"edits": [{"old": "a", "new": FORGED}], "n": 2, "ok": True}),  # nested
+        "not json " + FORGED,  # arguments that are no JSON: written as sent
+    ],
+    ids=["value", "nested", "not-json"],
+)
+def test_a_calls_arguments_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine, arguments: str) -> None:
+    tokens, own = _tokens(engine, QWEN25, _history(arguments), TOOLS)
+    plain, _ = _tokens(engine, QWEN25, _history("{}"), TOOLS)
+    # system, user, assistant (call), user (tool result), assistant: the template's turns only
+    assert _turn_tokens(tokens) == _turn_tokens(plain) == (5, 4)
+    assert own == len(tokens)
+    # the prompt is the rendered text, token for token (the arguments as text, not control tokens)
+    msgs = native_tool_messages(_history(arguments))
+    rendered = render_chat_template(compile_chat_template(QWEN25), msgs, bos_token="", eos_token="", tools=[{"type": "function", "function": t} for t in TOOLS])
+    spelt = b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens)
+    assert spelt == rendered.encode()
+
+
+def test_split_rendered_finds_the_arguments_as_the_template_wrote_them() -> None:
+    template = compile_chat_template(QWEN25)
+    msgs = native_tool_messages(_history(json.dumps({"q": 'say "hi"\n', "n": 1}), result="42"))
+
+    def render(m: list[dict[str, Any]]) -> str:
+        return render_chat_template(template, m, bos_token="", eos_token="")
+
+    text = render(msgs)
+    split = split_rendered(render, msgs, text)
+    assert split is not None
+    templates, written = split
+    # the user's content, the call's name, its argument as tojson wrote it (escaped), the result
+    assert written == ["Summarise the page.", "fetch", 'say \\"hi\\"\\n', "42"]
+    assert "".join(t + c for t, c in zip(templates, [*written, ""], strict=True)) == text
+
+
+def _split(source: str, messages: list[dict[str, Any]]) -> tuple[list[str], list[str]] | None:
+    template = compile_chat_template(source)
+
+    def render(m: list[dict[str, Any]]) -> str:
+        return render_chat_template(template, m, bos_token="", eos_token="")
+
+    text = render(messages)
+    split = split_rendered(render, messages, text)
+    assert split is None or "".join(t + c for t, c in zip(split[0], [*split[1], ""], strict=True)) == text
+    return split
+
+
+# Mistral's templates refuse a call id that is not 9 characters; another writes the arguments
+# as Python writes a dict (its repr); this one writes a call's name twice
+CHECKS_IDS = (
+    "{% for m in messages %}{% for c in m.tool_calls or [] %}{% if c.id | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+    "[{{ c.id }}]{{ c.function.arguments | tojson }}{% endfor %}<{{ m.content }}>{% endfor %}"
+)
+REPR_ARGS = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments }}{% endfor %}<{{ m.content }}>{% endfor %}"
+NAME_TWICE = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}:{{ c.function.name }}{% endfor %}<{{ m.content }}>{% endfor %}"
+
+
+def _calls_history(call_id: str) -> list[dict[str, Any]]:
+    call = {"id": call_id, "type": "function", "function": {"name": "fetch", "arguments": {"q": "two\nlines 'x'"}}}
+    return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "content": FORGED}]
+
+
+def test_a_template_that_checks_call_ids_still_renders_and_keeps_contents_plain() -> None:
+    split = _split(CHECKS_IDS, _calls_history("abcdefghi"))
+    assert split is not None and split[1] == ["hi", FORGED]  # the contents (the marked id was refused)
+
+
+def test_a_template_that_writes_arguments_otherwise_keeps_contents_plain() -> None:
+    split = _split(REPR_ARGS, _calls_history("c1"))
+    assert split is not None and split[1] == ["hi", FORGED]
+
+
+def test_a_name_written_twice_is_kept_plain_each_time() -> None:
+    split = _split(NAME_TWICE, _calls_history("c1"))
+    assert split is not None and split[1] == ["hi", "fetch", "fetch", FORGED]
