@@ -36,6 +36,12 @@ class ErrorsOnTheForm(forms.ModelForm):  # type: ignore[type-arg]
         super().add_error(field, error)
 
 
+STALE_ROW = (
+    "This row was changed since this page was opened (by another admin, a command or "
+    "the bulk action). Reload the page to see the change, then make your edit again."
+)
+
+
 class StaleEditForm(ErrorsOnTheForm):
     """A change form carries when its row was last changed (``updated``). Saving it after
     someone else changed the row is refused: it would post every field as the page showed it
@@ -52,10 +58,33 @@ class StaleEditForm(ErrorsOnTheForm):
         cleaned: dict[str, Any] = super().clean() or {}
         seen, row = cleaned.get("seen_updated"), self.instance
         if seen and row.pk is not None and row.updated is not None and seen != row.updated.isoformat():
-            raise forms.ValidationError(
-                "This row was changed since this page was opened (by another admin, a command or "
-                "the bulk action). Reload the page to see the change, then make your edit again."
-            )
+            raise forms.ValidationError(STALE_ROW)
+        return cleaned
+
+
+class CapsListForm(ErrorsOnTheForm):
+    """A row of the caps list, whose Save posts every row's ``max_lanes`` as the page showed it.
+    Compared with the database only, a cap changed elsewhere since the page was opened counted
+    as edited here and was put back to the old value by a save meant for another row. Each row
+    carries the value it showed (``show_hidden_initial``): a row left alone is not saved, and
+    one edited here after it changed elsewhere is refused, as on a change page."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "max_lanes" in self.fields:
+            self.fields["max_lanes"].show_hidden_initial = True
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        if "max_lanes" not in self.fields or self.instance.pk is None:
+            return cleaned
+        field = self.fields["max_lanes"]
+        try:  # absent (a page without it): nothing to compare with
+            shown = field.to_python(self.data.get(self["max_lanes"].html_initial_name))
+        except ValidationError:
+            shown = None
+        if shown is not None and "max_lanes" in self.changed_data and shown != self.initial.get("max_lanes"):
+            raise forms.ValidationError(STALE_ROW)
         return cleaned
 
 
@@ -300,8 +329,9 @@ class ClassLaneCapAdmin(ThroughActions):
     search_fields = ("model",)
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
-        # a cap whose model is no longer served, edited in the list: the error names ``model``
-        kwargs.setdefault("form", ErrorsOnTheForm)
+        # a cap whose model is no longer served, edited in the list: the error names ``model``;
+        # a row changed elsewhere since the list was opened is not put back (CapsListForm)
+        kwargs.setdefault("form", CapsListForm)
         return super().get_changelist_form(request, **kwargs)
 
     @admin.display(description="model", ordering="model")
