@@ -79,7 +79,7 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 # is given back to the queue, and a worker whose snapshot key (kept as long) lapses is gone.
 LEASE_MS = 3000
 PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
-STREAM_MAXLEN = 20000  # entries kept per job stream (a delta per token at most: lane_ctx is far below)
+STREAM_MAXLEN = 20000  # entries a job stream keeps beyond its lane's context (stream_maxlen)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
 # A head says it is alive (``hb:HEAD``, set every poll, expiring after HEAD_TTL_MS). A running
@@ -92,6 +92,14 @@ DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
 N_CLASSES = 4
 FLEET_SOURCE = "fleet"  # a head's snapshot's "worker": the whole fleet's counts, not one worker's
+
+
+def stream_maxlen(lane_ctx: int) -> int:
+    """Entries a job's stream keeps: all of its reply's (a delta a token at most, a lane's context
+    of tokens at most, and its other messages), with room to spare. A head resuming a stream
+    (Last-Event-ID) reads it from its start and skips the deltas its client has: a stream trimmed
+    at its start (a reply longer than a fixed bound) sent that client the wrong text."""
+    return STREAM_MAXLEN + max(0, int(lane_ctx))
 
 
 def load_scripts() -> dict[str, str]:
@@ -167,10 +175,12 @@ class RedisTransport(Transport):
         # process; one unseen for KNOWN_WORKER_S is forgotten.
         self._known_workers: dict[str, float] | None = None
         self.global_queue: dict[str, int] = {}
+        self._lane_ctx = 0  # the largest lane context of the workers seen (stream_maxlen)
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
         self._task: asyncio.Task[None] | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
+        self._loss_counted: dict[str, int] = {}  # job id -> the epoch of its last loss counted (_on_job_lost)
         self._forgetting: set[asyncio.Task[None]] = set()
         # a cancel, or the config, whose send failed while the link counted as connected (a
         # pooled connection that died with a Redis restart): sent by the next tick that reaches Redis
@@ -277,7 +287,6 @@ class RedisTransport(Transport):
         client = self._redis()
         # first: a job this head enqueues (only once a tick has passed) finds its head alive
         await client.set(f"{self.prefix}hb:{self.head_id}", "1", px=self.head_ttl_ms)
-        await self.scripts.reap([self.prefix, STREAM_MAXLEN, STREAM_TTL_S])
         ids = [m.decode() if isinstance(m, bytes) else m for m in await client.smembers(self.prefix + "workers")]
         raw = await client.mget([self.prefix + "worker:" + i for i in ids]) if ids else []
         workers: dict[str, dict[str, Any]] = {}
@@ -287,6 +296,10 @@ class RedisTransport(Transport):
                 continue
             with contextlib.suppress(ValueError):
                 workers[wid] = json.loads(blob)
+        for state in workers.values():  # the longest stream a worker writes: a lost marker trims none of it
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                self._lane_ctx = max(self._lane_ctx, int(state.get("lane_ctx", 0)))
+        await self.scripts.reap([self.prefix, stream_maxlen(self._lane_ctx), STREAM_TTL_S])
         pipe = client.pipeline()
         for c in range(N_CLASSES):
             pipe.zcard(f"{self.prefix}q:{c}")
@@ -518,6 +531,7 @@ class RedisTransport(Transport):
                     await asyncio.sleep(self.poll_s)
         finally:
             self._readers.pop(job_id, None)
+            self._loss_counted.pop(job_id, None)
             if job_id not in self.open:  # answered or cancelled; else finish() deletes it
                 await self._forget(job_id)
 
@@ -561,12 +575,14 @@ class RedisTransport(Transport):
         state, now = await self._redis().hmget(f"{self.prefix}job:{handle.job_id}", ["state", "epoch"])
         if state != b"lost" or now is None or int(now) != epoch:
             return  # a marker already acted on (a stream read again after a head took the job over)
-        # counted once the Redis calls went through: a call that fails is made again when the
-        # stream's reader reads the marker again (the state check above keeps that to once)
-        crashes = handle.crashes + 1
-        if crashes >= MAX_CRASHES:
-            log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, crashes)
-            handle.crashes = crashes
+        # counted once per loss (its marker's epoch), before the requeue: one that fails is made
+        # again when the stream's reader reads the marker again, and one whose reply was lost
+        # (it ran) finds the job queued then, not lost, and is not back here to count it
+        if self._loss_counted.get(handle.job_id) != epoch:
+            self._loss_counted[handle.job_id] = epoch
+            handle.crashes += 1
+        if handle.crashes >= MAX_CRASHES:
+            log.error("job %s was in flight during %d worker losses in a row; failing it", handle.job_id, handle.crashes)
             # the client's error first; the job's cancel goes at the next tick (again until sent)
             self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
             return
@@ -577,7 +593,6 @@ class RedisTransport(Transport):
             self._fail(handle, "unencodable", str(exc))
             return
         await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
-        handle.crashes = crashes
         log.warning("job %s lost its worker; resumed it after %d tokens", handle.job_id, handle.delivered_tokens)
 
     def _on_message(self, message: Message) -> None:
@@ -706,12 +721,13 @@ class RedisWorkerLink:
         if not pending:
             return
         pipe = self.client.pipeline(transaction=False)
+        maxlen = stream_maxlen(self.worker.engine.lane_ctx)
         batches = []
         for conn in pending:
             batch, conn.outbox = conn.outbox, []
             batches.append(batch)
             lines = [line.decode().rstrip("\n") for line in batch]
-            self.scripts.emit([self.prefix, conn.job_id, conn.epoch, self.worker_id, 1 if conn.terminal else 0, STREAM_MAXLEN, STREAM_TTL_S, conn.sent, *lines], client=pipe)
+            self.scripts.emit([self.prefix, conn.job_id, conn.epoch, self.worker_id, 1 if conn.terminal else 0, maxlen, STREAM_TTL_S, conn.sent, *lines], client=pipe)
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception as exc:

@@ -451,3 +451,27 @@ async def test_a_job_resumed_on_another_head_is_not_stopped_when_the_first_heads
     assert dropped == []  # ran through on its first lane, never stopped and put back
     await second.stop()
     worker.stop()
+
+
+async def test_a_loss_whose_requeue_reply_was_lost_still_counts_toward_engine_crashed(redis_server: RedisServer, prefix: str) -> None:
+    """The head's requeue of a lost job ran in Redis but its reply was lost (a timeout, a dead
+    connection): the marker, read again, finds the job queued, not lost. That loss went
+    uncounted, so a request that kills every worker it reaches crashed a third one."""
+    link = RedisTransport(redis_server.url, prefix=prefix, poll_s=0.05)
+    first = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=1)).start()
+    assert await link.wait_connected(20)
+    second = None
+    try:
+        handle = await link.submit(request=completion("poison", max_tokens=20))
+        link._scripts = _FailsOnce(link.scripts, "enqueue", when="after")  # type: ignore[assignment]
+        while first.error is None:
+            await asyncio.sleep(0.01)
+        second = SimFleetWorker(redis_server.url, prefix, engine=CrashingSim(crash_after=1)).start()
+        _text, event = await asyncio.wait_for(outcome(handle), 20)
+        assert link._scripts.failed and second.error is not None  # type: ignore[attr-defined]
+        assert isinstance(event, Error) and event.reason == "engine_crashed", event
+        await _nothing_queued_or_running(redis_server.url, prefix)
+    finally:
+        await link.stop()
+        if second is not None and second.error is None:
+            second.stop()
