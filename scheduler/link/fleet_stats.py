@@ -5,7 +5,8 @@ Each worker of a fleet publishes its own snapshot (``metrics``: a
 pool's figures). A head shows the fleet as one server, under the same metric names as a single
 worker's, so the figures are merged field by field:
 
-- counts, lanes, queue depths, pool blocks and rates add up (a histogram adds bucket by bucket);
+- counts, lanes, queue depths, pool blocks and rates add up (a histogram adds bucket by bucket;
+  with another version's bounds, at the bounds both have);
 - the longest waits and the largest step are the largest of any worker's; the tick number too;
 - ``last_tick`` is the first worker's (by id), as one worker's last tick.
 
@@ -41,11 +42,13 @@ def _combine(a: Any, b: Any, largest: bool = False) -> Any:
     histograms bucket by bucket. Anything else (a string, a list of lanes) is ``a``."""
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         if _is_histogram(a) and _is_histogram(b):
-            if list(a["le"]) != list(b["le"]):
-                return a  # bounds of another version: not addable
+            # bounds of another version (a fleet mid-upgrade): the bounds both have, where each
+            # cumulative count is exact; sum and count hold every observation either way
+            theirs = dict(zip(b["le"], b["buckets"], strict=True))
+            both = [(le, n + theirs[le]) for le, n in zip(a["le"], a["buckets"], strict=True) if le in theirs]
             return {
-                "le": list(a["le"]),
-                "buckets": [x + y for x, y in zip(a["buckets"], b["buckets"], strict=True)],
+                "le": [le for le, _ in both],
+                "buckets": [n for _, n in both],
                 "sum": round(a["sum"] + b["sum"], 6),
                 "count": a["count"] + b["count"],
             }

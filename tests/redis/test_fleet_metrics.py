@@ -107,3 +107,22 @@ async def test_a_heads_metrics_count_every_workers_tokens_and_never_go_down_when
         await link.stop()
         for w in workers:
             w.stop()
+
+
+def test_histograms_of_workers_with_other_bucket_bounds_count_every_observation_and_never_go_down() -> None:
+    """A fleet mid-upgrade: a worker of a version whose bucket bounds differ. Its observations
+    count in the fleet's sum and count (bound-free), and its buckets at the bounds both versions
+    have; before, the first worker's histogram (by id) stood for the fleet's, so the other's
+    observations were dropped, and when the first one left, the count went down (a reset)."""
+    old = {"le": [0.1, 0.5, 1.0], "buckets": [1, 2, 3], "sum": 1.5, "count": 4}
+    new = {"le": [0.1, 0.25, 1.0, 5.0], "buckets": [10, 20, 30, 40], "sum": 20.0, "count": 50}
+
+    def with_ttft(h: dict[str, Any]) -> dict[str, Any]:
+        return {"metrics": {"ttft_s": {"interactive": h}}}
+
+    totals = FleetTotals()
+    metrics, _, _ = totals.view({"a": with_ttft(old), "b": with_ttft(new)})
+    merged = metrics["ttft_s"]["interactive"]
+    assert merged == {"le": [0.1, 1.0], "buckets": [11, 33], "sum": 21.5, "count": 54}
+    metrics, _, _ = totals.view({"b": with_ttft(new)})  # the old worker left: carried
+    assert metrics["ttft_s"]["interactive"]["count"] == 54 and metrics["ttft_s"]["interactive"]["buckets"] == [11, 33]
