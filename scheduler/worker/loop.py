@@ -66,6 +66,9 @@ SNAPSHOT_INTERVAL_S = 0.1
 # The longest the tick thread waits, ticking nothing, for an interactive or completion job's
 # preparation (usually a millisecond or two) instead of starting a step that it would abort.
 URGENT_PREPARE_HOLD_S = 0.1
+# A prompt step an urgent arrival let run on (abort_grace_s) is aborted still if it has not ended
+# this long after its estimated end.
+ABORT_OVERRUN_S = 0.05
 
 
 class Refusal(Exception):
@@ -236,8 +239,8 @@ class EngineWorker:
 
         For an urgent arrival, a prompt step expected to end within the grace
         (``abort_grace_s``) runs on: aborting it would throw its work away to save the urgent
-        job less than that. A timer aborts it still if it runs past the grace, so the wait is
-        bounded whatever the estimate."""
+        job less than that. A timer aborts it still if it runs past its estimated end (by
+        ABORT_OVERRUN_S) or the grace, so the wait is bounded whatever the estimate."""
         self.interrupt.set()
         abort = getattr(self.engine, "abort_step", None)
         if abort is None:
@@ -251,7 +254,9 @@ class EngineWorker:
         serial = in_flight[0]
         if serial != self._abort_armed:  # one timer a step, however many arrive in its tail
             self._abort_armed = serial
-            timer = threading.Timer(grace, abort, kwargs={"serial": serial})
+            # a step that runs past its estimate (busy cores) is aborted then, not at the grace
+            delay = min(grace, max(0.0, in_flight[1]) + ABORT_OVERRUN_S)
+            timer = threading.Timer(delay, abort, kwargs={"serial": serial})
             timer.daemon = True
             timer.start()
 

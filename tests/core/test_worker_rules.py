@@ -254,7 +254,8 @@ class HeldTimer:
     ("eta", "grace_s", "message", "at_once"),
     [
         (0.1, 0.3, "chat", False),  # ends within the grace: runs on
-        (-0.05, 0.3, "chat", False),  # late on its estimate: the timer still bounds the wait
+        (-0.05, 0.3, "chat", False),  # late on its estimate: the timer aborts it soon
+        (0.28, 0.3, "chat", False),  # the grace bounds the wait
         (0.5, 0.3, "chat", True),  # too long to wait for
         (None, 0.3, "chat", True),  # no estimate
         (0.1, 0.0, "chat", True),  # --abort-grace-ms 0
@@ -279,7 +280,8 @@ def test_an_urgent_arrival_lets_a_prompt_step_about_to_end_run_on_and_aborts_it_
         return
     assert engine.calls == []
     worker._on_message(Submit("chat2", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=1))
-    assert [t.interval for t in HeldTimer.made] == [grace_s]  # one timer for the step, whoever arrives
+    # one timer for the step, whoever arrives: at its estimated end and a little, at most the grace
+    assert [t.interval for t in HeldTimer.made] == [pytest.approx(min(grace_s, max(0.0, eta or 0.0) + loop_module.ABORT_OVERRUN_S))]
     HeldTimer.made[0].fire()
     assert engine.calls == ["abort step 7"]  # that step only, if it still runs
 
