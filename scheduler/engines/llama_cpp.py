@@ -404,10 +404,10 @@ class LlamaCppEngine(LaneEngine):
         self._no_abort = ctypes.create_string_buffer(2)
         self._abort_watching = False
         # The prompt step in flight, for an abort that may wait for its end (step_eta): its
-        # serial, when it is expected to end (perf_counter), and the measured seconds a token.
+        # serial, when it is expected to end (perf_counter; None: none runs, or no rate is
+        # measured yet), and the measured seconds a token.
         self._step_lock = threading.Lock()
         self._step_serial = 0
-        self._step_in_flight: int | None = None
         self._step_ends: float | None = None
         self._prefill_s_per_token: float | None = None
         reader = _flag_reader() if hasattr(L, "llama_set_abort_callback") else None
@@ -633,13 +633,12 @@ class LlamaCppEngine(LaneEngine):
             rate = self._prefill_s_per_token
             with self._step_lock:
                 self._step_serial += 1
-                self._step_in_flight = self._step_serial
                 self._step_ends = None if rate is None else started + n * rate
         ret = llama_cpp.llama_decode(self._ctx, self._batch)
         self._decode_s = time.perf_counter() - started
         if watched:
             with self._step_lock:
-                self._step_in_flight = self._step_ends = None
+                self._step_ends = None
             if ret == 0:  # the rate of the last prompt steps (any size: it estimates, a timer bounds)
                 per_token = self._decode_s / max(1, n)
                 self._prefill_s_per_token = per_token if rate is None else (rate + per_token) / 2
@@ -736,7 +735,7 @@ class LlamaCppEngine(LaneEngine):
             self._abort_flag[0] = b"\x01"
             return
         with self._step_lock:
-            if self._step_in_flight == serial:
+            if self._step_ends is not None and self._step_serial == serial:
                 self._abort_flag[0] = b"\x01"
 
     def step_eta(self) -> tuple[int, float] | None:
@@ -744,9 +743,9 @@ class LlamaCppEngine(LaneEngine):
         (from the measured rate of the last prompt steps); None when none runs or no rate is
         measured yet."""
         with self._step_lock:
-            if self._step_in_flight is None or self._step_ends is None:
+            if self._step_ends is None:
                 return None
-            return self._step_in_flight, self._step_ends - time.perf_counter()
+            return self._step_serial, self._step_ends - time.perf_counter()
 
     def clear_abort(self) -> None:
         self._abort_flag[0] = b"\x00"
