@@ -300,23 +300,15 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
         )
     except ValueError as exc:
         # SchedulerConfig names its fields; the operator wrote flags
+        # (a field is its flag's option name, or that in seconds: aging_divisor_s)
         message = str(exc)
-        for field_name, flag in _CONFIG_FLAGS:
-            if message.startswith(field_name + " "):
-                given = options[flag.lstrip("-").replace("-", "_")]
-                message = f"{flag} {message[len(field_name) + 1 :]}; got {given}"
+        for flag, *_ in ENGINE_FLAGS:
+            name = flag.lstrip("-").replace("-", "_")
+            field_name = next((f for f in (name, name + "_s") if message.startswith(f + " ")), None)
+            if field_name is not None:
+                message = f"{flag} {message[len(field_name) + 1 :]}; got {options[name]}"
                 break
         raise CommandError(message) from None
-
-
-# SchedulerConfig's fields whose checks a flag reaches (scheduler_config)
-_CONFIG_FLAGS = (
-    ("aging_divisor_s", "--aging-divisor"),
-    ("swap_affinity_bonus", "--swap-affinity-bonus"),
-    ("tick_target_ms", "--tick-target-ms"),
-    ("prefill_budget", "--prefill-budget"),
-    ("tick_decode_budget", "--tick-decode-budget"),
-)
 
 
 def engine_argv(options: dict[str, Any], model: Path) -> list[str]:
