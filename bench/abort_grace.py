@@ -7,8 +7,8 @@ again; with the grace a step that has at most the grace left runs on and the cha
 waits for it. Each row is one run of the same work with the grace off, then on: the work thrown
 away (seconds of aborted engine calls), the chat's time to first token, and the agents' total.
 
-In process (no HTTP, no web process): the worker loop of ``manage.py serve`` as
-tests/engines/test_contract.py drives it, prompts prepared on their own thread.
+In process (no HTTP, no web process): the worker's own serving loop (``EngineWorker.run``) on
+the real engine, prompts prepared on their own thread.
 
     python bench/abort_grace.py                  # R = 1.0, 0.5, 0.25, 0.1 s; grace 300 ms
     python bench/abort_grace.py --left 0.2 --agents 8 --grace-ms 300
@@ -96,15 +96,12 @@ def one_run(engine: Any, agents: int, left_s: float, grace_s: float, seed: int) 
             text = f"Agent {i}: " + " ".join(rng.choice(WORDS) for _ in range(950))
             deliver(Submit(f"a{i}", {"endpoint": "completions", "prompt": text, "max_tokens": 16, "temperature": 0, "ignore_eos": True}, qos=3))
         want = {f"a{i}" for i in range(agents)} | {"chat"}
+        loop = threading.Thread(target=worker.run, daemon=True)  # the serving loop itself
+        loop.start()
         while not want <= set(done) and time.perf_counter() - t0 < 900:
-            worker.interrupt.clear()
-            engine.clear_abort()
-            worker._drain_inbox(0.01 if worker.preparing or not worker.scheduler.jobs else 0.0)
-            hold = worker._urgent_hold_s()
-            if hold > 0:
-                worker._drain_inbox(hold)
-                continue
-            worker.run_tick()
+            time.sleep(0.01)
+        worker.drain()
+        loop.join(60)
     finally:
         del engine.forward
         engine.execute(TickPlan(tick=0, release=list(range(engine.n_lanes))), lambda: False)
