@@ -14,7 +14,13 @@ task marks its batch alive in Redis for ``SUPERFLUID_BATCH_STALL_S`` (600 s); a 
 running with no mark left and no line leased gets new chains (the sweeper that sets the mark
 again first does it, so two workers never both do), and one past its completion window is
 expired there, since no chain is left to notice it. A batch whose start task was lost (still
-``validating`` a stall time after it was created) is started again."""
+``validating`` a stall time after it was created) is started again.
+
+Chains that were not lost but only waited in the broker past the stall time (a backlog) look
+lost too. So that they do not add up with the new ones, each sweep that acts starts a new
+generation of the batch's chains (``GEN``, beside the alive mark) and its tasks carry it: a task
+of an older generation ends at once, and the batch keeps ``SUPERFLUID_BATCH_CONCURRENCY``
+chains however many stalls it went through."""
 
 from __future__ import annotations
 
@@ -54,16 +60,31 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @shared_task(name=runner.START_BATCH, acks_late=True, ignore_result=True)
-def start_batch(batch_id: str) -> None:
-    _mark_alive(batch_id)
+def start_batch(batch_id: str, gen: int = 0) -> None:
+    if not _current(batch_id, gen):
+        return  # a sweep started the batch again meanwhile: that start's task goes on
     runner.begin(batch_id)
     if not Line.objects.filter(batch_id=batch_id, claimed_until__isnull=False).exists():  # not started before
         for _ in range(runner.concurrency()):
-            run_line.delay(batch_id)
+            run_line.delay(batch_id, gen)
     runner.finalize_if_done(batch_id)
 
 
 ALIVE = "superfluid:batch-alive:"  # + batch id: a task of the batch ran within the stall time
+GEN = "superfluid:batch-gen:"  # + batch id: the generation of its chains, raised by each sweep that acts
+GEN_TTL_S = 3 * 24 * 3600  # past a batch's 24 h window (which ends it) with room to spare
+
+# a task of generation ARGV[1]: 0 (it ends at once) when a sweep has started a newer one; else
+# the batch is marked alive, and a generation Redis lost (a restart) is set to the task's again
+CURRENT = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mine = tonumber(ARGV[1])
+if mine < current then return 0 end
+if mine > current then redis.call('SET', KEYS[1], mine, 'EX', ARGV[3])
+elseif mine > 0 then redis.call('EXPIRE', KEYS[1], ARGV[3]) end
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[2])
+return 1
+"""
 
 
 def stall_s() -> int:
@@ -85,15 +106,23 @@ def _broker() -> Any:
     return _redis
 
 
-def _mark_alive(batch_id: str) -> bool:
-    """Mark the batch's chains alive; False when the broker could not be reached (the chain
-    goes on: a missing mark only makes the sweep look at the batch)."""
+def _current(batch_id: str, gen: int) -> bool:
+    """Whether a task of the batch's chains of generation ``gen`` goes on (False: a sweep has
+    started newer ones); one that goes on marks the batch alive. When the broker cannot be
+    reached the task goes on (a missing mark only makes the sweep look at the batch)."""
     try:
-        _broker().set(ALIVE + batch_id, "1", ex=stall_s())
+        return bool(_broker().eval(CURRENT, 2, GEN + batch_id, ALIVE + batch_id, int(gen), stall_s(), GEN_TTL_S))
     except Exception as exc:
         log.warning("batch %s: could not mark it alive in Redis: %s", batch_id, exc)
-        return False
-    return True
+        return True
+
+
+def _next_gen(client: Any, batch_id: str) -> int:
+    """A new generation of the batch's chains: the older ones' tasks end when they run."""
+    pipe = client.pipeline()
+    pipe.incr(GEN + batch_id)
+    pipe.expire(GEN + batch_id, GEN_TTL_S)
+    return int(pipe.execute()[0])
 
 
 def sweep() -> list[str]:
@@ -110,7 +139,7 @@ def sweep() -> list[str]:
     for batch_id in list(Batch.objects.filter(status="validating", created_at__lt=stale).values_list("pk", flat=True)):
         if client.set(ALIVE + batch_id, "1", ex=stall_s(), nx=True):
             log.warning("batch %s: its start was lost; it is started again", batch_id)
-            start_batch.delay(batch_id)
+            start_batch.delay(batch_id, _next_gen(client, batch_id))
             kicked.append(batch_id)
     for batch_id in list(Batch.objects.filter(status__in=("in_progress", "cancelling")).values_list("pk", flat=True)):
         if client.exists(ALIVE + batch_id):
@@ -125,8 +154,9 @@ def sweep() -> list[str]:
         if not client.set(ALIVE + batch_id, "1", ex=stall_s(), nx=True):
             continue  # another worker's sweep took it
         log.warning("batch %s: none of its tasks ran for %d s; it gets new chains", batch_id, stall_s())
+        gen = _next_gen(client, batch_id)  # its chains still queued (a backlog), if any, end when they run
         for _ in range(runner.concurrency()):
-            run_line.delay(batch_id)
+            run_line.delay(batch_id, gen)
         kicked.append(batch_id)
     return kicked
 
@@ -151,18 +181,19 @@ def _start_sweep(**_kwargs: Any) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
-def run_line(batch_id: str) -> None:
-    _mark_alive(batch_id)
+def run_line(batch_id: str, gen: int = 0) -> None:
+    if not _current(batch_id, gen):
+        return  # a chain a sweep took for lost (it waited in a backlog): newer ones run the batch
     try:
         more = run_async(runner.run_next(batch_id))
     except Exception:  # claiming or finalizing (the database erred): the chain goes on, later
         log.exception("batch %s: the runner failed; its chain goes on in %d s", batch_id, RECHECK_S)
-        run_line.apply_async((batch_id,), countdown=RECHECK_S)
+        run_line.apply_async((batch_id, gen), countdown=RECHECK_S)
         return
     if more:
-        run_line.delay(batch_id)
+        run_line.delay(batch_id, gen)
         return
     if runner.finalize_if_done(batch_id):
         return
     if Batch.objects.filter(pk=batch_id, status__in=("in_progress", "cancelling")).exists():
-        run_line.apply_async((batch_id,), countdown=RECHECK_S)  # lines leased elsewhere: look again
+        run_line.apply_async((batch_id, gen), countdown=RECHECK_S)  # lines leased elsewhere: look again
