@@ -425,7 +425,9 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
 
     url = "/v1/chat/completions" if b.endpoint == "/v1/chat/completions" else "/v1/completions"
     consumer = ChatCompletionsConsumer if url == "/v1/chat/completions" else CompletionsConsumer
-    payload = json.dumps(line.body).encode()
+    # UTF-8, as a client sends it: escaped (json.dumps's default) a line of kanji or emoji took
+    # two or three times its bytes, and one the body bound takes over HTTP was refused 413
+    payload = json.dumps(line.body, ensure_ascii=False).encode("utf-8", "surrogatepass")
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": url, "raw_path": url.encode(), "query_string": b"", "root_path": "",

@@ -199,3 +199,26 @@ async def test_a_batchs_lines_count_as_a_client_of_their_own() -> None:
     async with attached(SimWorker()):
         principal = await runner._principal("", "batch_x")
     assert principal.key is None and principal.client_ip == runner.batch_client("batch_x") == "batch:batch_x"
+
+
+async def test_a_line_of_non_ascii_text_within_the_body_bound_is_not_refused_as_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line's request was sent to its consumer as ``json.dumps`` writes it by default, every
+    character past ASCII escaped (``\\u65e5``: six bytes for a kanji's three, twelve for an
+    emoji's four): a line the same size as an HTTP request the server takes, the upload having
+    taken it under the same bound, came back 413 ``request_too_large`` once its text was not
+    ASCII. It is sent as UTF-8, as a client sends it."""
+    from django.test import override_settings
+
+    monkeypatch.setattr("activity.writer.submit", lambda _row: None)
+    body = {"model": "sim", "prompt": "日本語😀" * 12, "max_tokens": 2}
+    utf8 = len(json.dumps(body, ensure_ascii=False).encode())
+    limit = utf8 + 50
+    assert len(json.dumps(body).encode()) > limit  # escaped, it would not fit
+    b = await sync_to_async(make_batch)(1)
+    await Line.objects.filter(batch=b).aupdate(body=body)
+    with override_settings(SUPERFLUID_MAX_BODY_BYTES=limit):
+        async with attached(SimWorker()):
+            assert await asyncio.wait_for(runner.run_next(b.id), 30)
+    b = await Batch.objects.select_related("output_file", "error_file").aget(pk=b.id)
+    assert b.error_file is None, bytes(b.error_file.content)
+    assert (b.status, b.completed, b.failed) == ("completed", 1, 0)
