@@ -191,6 +191,8 @@ class SnapshotFeed:
         self._handle: asyncio.TimerHandle | None = None
         self._last_sent = float("-inf")
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sending = False  # a push is on its way to the layer
+        self._due = False  # a push fell due meanwhile: it goes (the latest) once that one is sent
 
     def on_snapshot(self, state: Mapping[str, Any] | None) -> None:
         if not state:
@@ -201,7 +203,11 @@ class SnapshotFeed:
             return
         if loop is not self._loop:  # a new loop (tests): forget the old one's timer
             self._loop, self._handle, self._last_sent = loop, None, float("-inf")
+            self._sending = self._due = False
         self.latest = state
+        self._schedule(loop)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._handle is not None:
             return  # a push is already due; it takes the latest snapshot
         delay = max(0.0, self._last_sent + self.min_interval_s - loop.time())
@@ -211,6 +217,12 @@ class SnapshotFeed:
         loop = self._loop
         self._handle = None
         if loop is None or self.latest is None:
+            return
+        if self._sending:
+            # the last push is not sent yet (a shared layer slow to answer): one push at a time,
+            # the latest once it is. Each push was a task of its own: behind a hung Redis they
+            # piled up, each holding its state, and arrived in any order, an older state last.
+            self._due = True
             return
         self._last_sent = loop.time()
         try:
@@ -223,14 +235,21 @@ class SnapshotFeed:
         except Exception:
             log.exception("dashboard feed: could not prepare a push")
             return
-        spawn(self._tasks, self._send(layer, message))  # on self._loop: _push runs there
+        self._sending = True
+        spawn(self._tasks, self._send(layer, message, loop))  # on self._loop: _push runs there
 
-    async def _send(self, layer: Any, message: dict[str, Any]) -> None:
+    async def _send(self, layer: Any, message: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
         try:
             await layer.group_send(GROUP, message)
             self.sent += 1
         except Exception:
             log.exception("dashboard feed: group_send failed")
+        finally:
+            if loop is self._loop:
+                self._sending = False
+                if self._due:
+                    self._due = False
+                    self._schedule(loop)
 
 
 def _nobody_watching(layer: Any) -> bool:
