@@ -8,7 +8,9 @@ neither the event loop nor Django's sync thread ever waits on the database for i
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -64,8 +66,19 @@ def access_line(record: RequestRecord) -> str:
         ("total_ms", timing.get("total_ms")),
         ("preemptions", timing.get("preemptions")),
     ]
-    rendered = " ".join(f"{k}={'-' if v is None or v == '' else v}" for k, v in fields)
-    return f"{record.endpoint} {record.request_id or '-'} {rendered}"
+    rendered = " ".join(f"{k}={'-' if v is None or v == '' else _value(v)}" for k, v in fields)
+    return f"{record.endpoint} {_value(record.request_id or '-')} {rendered}"
+
+
+_PLAIN = re.compile(r'[^\s"=\\\x00-\x1f\x7f-\x9f\u2028\u2029]+')
+
+
+def _value(value: object) -> str:
+    """A field's value as it is, or quoted (JSON) where it has a space, a quote, an ``=`` or a
+    control character: a key or model name with a newline wrote a second, made-up line, and one
+    with a space a line no parser split right."""
+    text = str(value)
+    return text if _PLAIN.fullmatch(text) else json.dumps(text)
 
 
 async def record_request(record: RequestRecord) -> None:
