@@ -392,7 +392,7 @@ def live_snapshot(snapshot: Mapping[str, Any] | None, connected: bool) -> Mappin
     worker's last snapshot, whose busy lanes, queues and KV pool are nobody's any more; its
     families leave, as before the first snapshot, and come back (counters from 0, a reset to
     Prometheus) with the next worker's. A Redis fleet's snapshot (``fleet``) says itself when no
-    worker is left and is always rendered."""
+    worker is left and is rendered while Redis answers (:func:`link_state`)."""
     if not snapshot:
         return None
     return snapshot if connected or "fleet" in snapshot else None
@@ -407,7 +407,11 @@ def link_state() -> tuple[Mapping[str, Any] | None, bool, int, int] | None:
         link = get_link()
     except RuntimeError:
         return None
-    return link.snapshot, bool(link.connected), int(link.worker_restarts), link.requests_in_flight()
+    # a fleet head that cannot reach Redis knows nothing of the fleet: the workers, busy lanes and
+    # global queue it last read are not the present state (they were reported, frozen, for as
+    # long as Redis stayed away), as a lost worker's are not
+    snapshot = link.snapshot if getattr(link, "redis_ok", True) else None
+    return snapshot, bool(link.connected), int(link.worker_restarts), link.requests_in_flight()
 
 
 class SuperfluidCollector:
