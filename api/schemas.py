@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -49,6 +50,7 @@ MAX_PROMPTS = 32  # prompts in one completions request
 MAX_CHOICES = 32  # ``n`` times the number of prompts: the jobs one request may submit
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+_FLOAT_MAX = sys.float_info.max
 # What an absent sampling parameter means is the scheduler's default (one place says it).
 _SAMPLING = SamplingParams()
 
@@ -120,6 +122,8 @@ _MESSAGE_KEYS = frozenset(
     {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call", "audio", "annotations"}
 )
 _STREAM_OPTIONS_KEYS = frozenset({"include_usage", "include_obfuscation"})
+# vLLM's (usage on every chunk): taken, as vLLM's parameters are, but not honoured
+_VLLM_STREAM_OPTIONS_KEYS = frozenset({"continuous_usage_stats"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +275,7 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
-    _parse_common(body, req)
+    _parse_common(body, req, strict)
     _parse_chat_logprobs(body, req)
     _parse_tools(body, req)
     _parse_modalities(body)
@@ -312,7 +316,7 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
-    _parse_common(body, req)
+    _parse_common(body, req, strict)
     req.logprobs = _opt_int(
         body, "logprobs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}"
     )
@@ -365,7 +369,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
-    _parse_common({k: v for k, v in body.items() if k != "n"}, req)  # one completion: n is not read
+    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion: n is not read
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
         raise _invalid_type("response_fields", "an array of strings")
@@ -998,7 +1002,7 @@ def _token_ids(tokens: list[Any]) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
+def _parse_common(body: Mapping[str, Any], req: GenerationRequest, strict: bool = False) -> None:
     """Fill ``req``'s sampling/streaming fields from ``body`` (defaults already in ``req``)."""
     req.temperature = _opt_number(
         body, "temperature", 0.0, 2.0, req.temperature, "a number between 0 and 2"
@@ -1041,7 +1045,7 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest) -> None:
     req.n = n if n is not None else 1
     stream = _optional(body, "stream", bool)
     req.stream = bool(stream)
-    req.include_usage = _parse_stream_options(body, req.stream)
+    req.include_usage = _parse_stream_options(body, req.stream, req.ignored, strict)
     user = _optional(body, "user", str)
     req.user = user
     req.logit_bias = _parse_logit_bias(body)
@@ -1095,7 +1099,9 @@ def _parse_stop(body: Mapping[str, Any]) -> list[str]:
     return list(stop)
 
 
-def _parse_stream_options(body: Mapping[str, Any], stream: bool) -> bool:
+def _parse_stream_options(body: Mapping[str, Any], stream: bool, ignored: list[str], strict: bool = False) -> bool:
+    """``stream_options.include_usage``. vLLM's ``continuous_usage_stats`` is accepted and named in
+    ``ignored`` (unknown under ``strict``); any other key is a 400 ``unknown_parameter``."""
     options = body.get("stream_options")
     if options is None:
         return False
@@ -1108,7 +1114,7 @@ def _parse_stream_options(body: Mapping[str, Any], stream: bool) -> bool:
     if not isinstance(options, dict):
         raise _invalid_type("stream_options", "an object")
     for key, value in options.items():
-        if key not in _STREAM_OPTIONS_KEYS:
+        if key not in _STREAM_OPTIONS_KEYS and (strict or key not in _VLLM_STREAM_OPTIONS_KEYS):
             raise invalid_request(
                 f"Unrecognized request argument supplied: stream_options.{key}",
                 param=f"stream_options.{key}",
@@ -1117,6 +1123,8 @@ def _parse_stream_options(body: Mapping[str, Any], stream: bool) -> bool:
         # include_obfuscation is accepted and ignored: padding only matters over untrusted hops.
         if value is not None and not isinstance(value, bool):
             raise _invalid_type(f"stream_options.{key}", "a boolean")
+        if key in _VLLM_STREAM_OPTIONS_KEYS and value is not None and f"stream_options.{key}" not in ignored:
+            ignored.append(f"stream_options.{key}")
     return bool(options.get("include_usage"))
 
 
@@ -1152,7 +1160,9 @@ def _opt_number(
     too_low = value <= lo if lo_open else value < lo
     if too_low or (hi is not None and value > hi):
         raise _invalid_value(name, expected)
-    return float(value)
+    # one without a bound above may be a JSON integer no float holds (10**400): float() raised,
+    # a 500; it is the largest float, as 1.7e308 is taken (the engines hold it to float32's)
+    return float(min(value, _FLOAT_MAX))
 
 
 def _opt_int(

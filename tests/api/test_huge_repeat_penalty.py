@@ -8,6 +8,7 @@ already sends every other repeated logit to 0 or float32's bottom, as before."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -46,3 +47,11 @@ def test_the_llama_cpp_chain_draws_no_nan_under_a_huge_repeat_penalty() -> None:
 def test_an_ordinary_repeat_penalty_is_as_it_was() -> None:
     assert repeat_penalty_of(SamplingParams(repeat_penalty=1.3)) == 1.3
     assert repeat_penalty_of(SamplingParams(repeat_penalty=3e38)) == 3e38
+
+
+@pytest.mark.parametrize("name", ["repeat_penalty", "repetition_penalty"])
+def test_a_repeat_penalty_integer_beyond_any_float_is_the_largest_float_not_a_500(name: str) -> None:
+    # 10**400 is a JSON integer (the parser keeps it exact); float() of it raised OverflowError,
+    # which the consumer answered with a 500
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "' + name.encode() + b'": 1' + b"0" * 400 + b"}"
+    assert parse_chat_request(raw, models=["m"]).repeat_penalty == sys.float_info.max

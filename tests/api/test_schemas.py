@@ -863,6 +863,21 @@ def test_malformed_stream_options_are_rejected(options: Any, param: str, code: s
         assert_400(err, param, code)
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_vllms_continuous_usage_stats_is_ignored_and_named_not_refused(value: bool) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (usage on every chunk): a parameter vLLM
+    takes is accepted (docs/api.md, Tolerance) and, not honoured, named; it was a 400
+    ``unknown_parameter``, so a client set up for vLLM could not stream here at all. Under
+    ``--strict-params`` it is unknown, as any parameter that is not honoured."""
+    options = {"include_usage": True, "continuous_usage_stats": value}
+    for req in (chat(stream=True, stream_options=options), completion(stream=True, stream_options=options)):
+        assert req.include_usage is True and "stream_options.continuous_usage_stats" in req.ignored
+    assert_400(chat_error(stream=True, stream_options={"continuous_usage_stats": "yes"}), "stream_options.continuous_usage_stats", "invalid_type")
+    with pytest.raises(ApiError) as strict:
+        chat(True, stream=True, stream_options=options)
+    assert_400(strict.value, "stream_options.continuous_usage_stats", "unknown_parameter")
+
+
 # -- GenerationRequest wire format -------------------------------------------------------------
 
 
