@@ -29,12 +29,18 @@ _STATUS: dict[str, tuple[int, str, str]] = {
 }
 
 _DEFAULT_DETAIL = {
-    m.UNENCODABLE: "The request contains text that cannot be encoded as UTF-8 (a lone surrogate).",
+    # a lone surrogate never gets here (api/schemas.py refuses it): what the link could not carry
+    # is a request nested too deeply for the encoder, or more than a link line holds
+    m.UNENCODABLE: "The request could not be passed to the engine: it is nested too deeply or too large.",
 }
 
 
 def link_error(event: m.Rejected | m.Error) -> ApiError:
     """The ApiError for a job the worker refused or failed (an unknown reason is a 500)."""
+    if isinstance(event, m.Error) and event.reason == m.UNENCODABLE:
+        # the worker could not put the job's output on the link (a NaN logprob from the model):
+        # the server's failure, not the request's (it was a 400 blaming a lone surrogate)
+        return ApiError(500, event.detail or "The response could not be encoded.", type=SERVER_ERROR, code=m.ENGINE_ERROR)
     status, type_, code = _STATUS.get(event.reason, (500, SERVER_ERROR, event.reason or "server_error"))
     detail = _DEFAULT_DETAIL.get(event.reason) or event.detail or "The server had an error while processing your request."
     param = event.param if isinstance(event, m.Rejected) else None
