@@ -149,13 +149,23 @@ def completion_usage_chunk(id: str, model: str, created: int | None, usage: dict
 # ---------------------------------------------------------------------------------------------
 
 
+# Characters Python's str.splitlines() ends a line at that JSON leaves unescaped: httpx's
+# iter_lines() (and requests' with decode_unicode) splits an event's data line at them
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def json_bytes(obj: Any) -> bytes:
     """Compact UTF-8 JSON, for response bodies and SSE payloads.
 
-    Non-ASCII is kept literal (smaller than ``\\uXXXX``); a lone surrogate (text cut inside a
-    character by a careless detokeniser) is replaced rather than crashing the stream.
+    Non-ASCII is kept literal (smaller than ``\\uXXXX``), but for U+2028, U+2029 and U+0085,
+    which some clients' line splitters end an SSE line at (escaped, an event stays one line); a
+    lone surrogate (text cut inside a character by a careless detokeniser) is replaced rather
+    than crashing the stream.
     """
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace")
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        text = text.translate(_LINE_BREAKS)
+    return text.encode("utf-8", "replace")
 
 
 def sse_event(obj: dict[str, Any]) -> bytes:
