@@ -32,13 +32,19 @@ def digests_match(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("ascii"), b.encode("ascii"))
 
 
+# What HTTP trims around a header's value and between the scheme and the token (RFC 9110 OWS):
+# spaces and tabs only. str.strip() also drops what Latin-1 calls whitespace (0x85, 0xA0), the
+# last byte of a UTF-8 secret ending in "à", "Р" or "х" as the server reads a header (Latin-1).
+_OWS = " \t"
+
+
 def secret_from_headers(headers: dict[str, str]) -> str | None:
     """The key a client presented: ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (names
     lower-cased). An empty value counts as none."""
-    auth = headers.get("authorization", "").strip()
+    auth = headers.get("authorization", "").strip(_OWS)
     if auth:
         scheme, _, value = auth.partition(" ")
-        if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    value = headers.get("x-api-key", "").strip()
+        if scheme.lower() == "bearer" and value.strip(_OWS):
+            return value.strip(_OWS)
+    value = headers.get("x-api-key", "").strip(_OWS)
     return value or None
