@@ -217,6 +217,17 @@ async def as_it_is_now(principal: Principal, rt: KeyRuntime) -> Principal:
     return dataclasses.replace(principal, key=key)
 
 
+def _request_headers(request: HttpRequest) -> dict[str, str]:
+    """A Django request's headers as the generation endpoints read them (api/consumers.py):
+    names lower-cased, the last of repeated headers wins. Django joins repeated headers with a
+    comma, so a key header given twice ("Bearer a" and "Bearer b") was no key at all here while
+    the generation endpoints took the last."""
+    scope = getattr(request, "scope", None)  # ASGI; the test client's WSGI request has none
+    if isinstance(scope, dict) and isinstance(scope.get("headers"), list):
+        return {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
 def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
     """For plain async Django views: authenticate like the generation endpoints (the principal
     goes on ``request.principal``); with ``admin=True`` and keys required, only an admin key."""
@@ -224,7 +235,7 @@ def key_required(admin: bool = False) -> Callable[[Callable[..., Awaitable[HttpR
     def wrap(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
         @functools.wraps(view)
         async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            headers = {k.lower(): v for k, v in request.headers.items()}
+            headers = _request_headers(request)
             try:
                 principal = await authenticate(headers, (request.META.get("REMOTE_ADDR") or "", 0))
                 if admin and keys_required() and not principal.is_admin:
@@ -429,7 +440,8 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
             _name, _rate, _cap, code, message = checks[refused - 1]
             raise rate_limited(message + " Retry after the time in the Retry-After header.", code, wait_s)
         _slot, held, message = slots[refused - len(checks) - 1]
-        raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, request.model, held))))
+        # the model it runs on (an alias's id, the --fim-model), whose requests it waits behind
+        raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, model, held))))
     admission.shared_slots = [s[0] for s in slots]
     admission.shared_member = member
 
