@@ -32,6 +32,9 @@ from superfluid_site.serving import serving
 from .snapshot import RESERVED_KEY_NAMES, Key, Policy
 
 MAX_PRIORITY_OFFSET = 39  # keys.models.MAX_PRIORITY_OFFSET, without importing the models
+# the admin's longest key and policy name (ApiKey.name, KeyPolicy.name): what goes by a key's name
+# holds no more (the activity log cuts it at 200, a batch file's owner column refuses more)
+MAX_NAME_CHARS = 100
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _POLICY_FIELDS = {
     "name", "default_class", "max_class", "rate_limit_rpm", "max_concurrent", "priority_offset",
@@ -46,6 +49,7 @@ class PolicyFileError(ValueError):
 def _policy(raw: Any, where: str) -> Policy:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
         raise PolicyFileError(f"{where}: a policy needs a non-empty \"name\"")
+    _check_name_length(raw["name"], where)
     unknown = set(raw) - _POLICY_FIELDS
     if unknown:
         raise PolicyFileError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -82,6 +86,22 @@ def _policy(raw: Any, where: str) -> Policy:
     return Policy(name=raw["name"], default_class=default, max_class=QosClass(best), allowed_models=tuple(models), **ints, **flags)
 
 
+def _check_name_length(name: str, where: str) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise PolicyFileError(f"{where}: a name may have at most {MAX_NAME_CHARS} characters (as in the admin), not {len(name)}")
+
+
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a name given twice in it (json.loads keeps the last silently: a
+    second "keys" list dropped the first's keys, a field given twice had its first value ignored)."""
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise PolicyFileError(f"{name!r} is given twice in one object")
+        out[name] = value
+    return out
+
+
 def _check_encodable(value: Any, where: str) -> None:
     """Every string (keys too) must be Unicode text: a lone surrogate (``"\\ud800"``) would
     break /metrics, the dashboard and the logs that show the names later."""
@@ -112,7 +132,9 @@ class FileKeys(dict[str, Key]):
 def parse_policy_file(text: str) -> FileKeys:
     """Keys by digest, from the file's text; PolicyFileError says what is wrong and where."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_fields)
+    except PolicyFileError:
+        raise
     except RecursionError:
         raise PolicyFileError("not valid JSON: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, or an integer longer than int() converts
@@ -135,6 +157,7 @@ def parse_policy_file(text: str) -> FileKeys:
         where = f"keys[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
             raise PolicyFileError(f"{where}: a key needs a non-empty \"name\"")
+        _check_name_length(raw["name"], where)
         if set(raw) - {"name", "sha256", "policy"}:
             raise PolicyFileError(f"{where}: unknown field(s) {', '.join(sorted(set(raw) - {'name', 'sha256', 'policy'}))}")
         digest = raw.get("sha256", "")
@@ -169,7 +192,7 @@ def file_keys() -> FileKeys:
 
 def load_policy_file(path: str | Path) -> FileKeys:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Notepad, PowerShell) is no part of the JSON
     except OSError as exc:
         raise PolicyFileError(f"cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

@@ -127,3 +127,49 @@ def test_serve_stops_on_a_bad_policy_file_before_anything_starts(tmp_path: Path)
         call_command("serve", "--key-policy", str(bad))
     with pytest.raises(CommandError, match="cannot read it"):
         call_command("serve", "--key-policy", str(tmp_path / "missing.json"))
+
+
+def test_a_policy_file_saved_with_a_byte_order_mark_is_read() -> None:
+    """Notepad and PowerShell's ``Set-Content -Encoding UTF8`` begin a UTF-8 file with a BOM:
+    ``serve`` refused such a file as "not valid JSON: Unexpected UTF-8 BOM"."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policies.json"
+        path.write_text(json.dumps(document()), encoding="utf-8-sig")
+        assert policyfile.load_policy_file(path)[digest_of(SECRET)].name == "ci-bot"
+
+
+@pytest.mark.parametrize("where", ["keys", "policies"])
+def test_a_name_longer_than_the_admin_allows_is_refused(where: str) -> None:
+    """The admin's names hold at most 100 characters; the file's took any length, and what goes
+    by the name did not: the activity log cut it at 200 (the key's usage was nowhere to be found
+    under its name, and two such keys shared it) and a batch file's owner column (200) refused
+    it on PostgreSQL, a 500 for every upload."""
+    long = "team-platform/" + "x" * 200
+    doc = document()
+    if where == "keys":
+        doc["keys"][0]["name"] = long
+    else:
+        doc["policies"][0]["name"] = long
+        doc["keys"][0]["policy"] = long
+    with pytest.raises(PolicyFileError, match=rf"{where}\[0\]: .*at most 100 characters"):
+        parse_policy_file(json.dumps(doc))
+    ok = document()
+    ok["keys"][0]["name"] = "k" * 100  # the admin's longest is fine
+    assert parse_policy_file(json.dumps(ok))[digest_of(SECRET)].name == "k" * 100
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a second "keys" list (two files pasted together): the first list's keys were dropped, all 401
+        '{"keys": [{"name": "a", "sha256": "' + "a" * 64 + '"}], "keys": []}',
+        # a field given twice: the last silently won
+        '{"policies": [{"name": "p", "max_concurrent": 2, "max_concurrent": 0}]}',
+        '{"keys": [{"name": "a", "sha256": "' + "a" * 64 + '", "name": "b"}]}',
+    ],
+)
+def test_a_name_given_twice_in_one_object_is_refused(text: str) -> None:
+    with pytest.raises(PolicyFileError, match="given twice"):
+        parse_policy_file(text)
