@@ -37,14 +37,17 @@ class Crash(SimEngine):
 
 
 class Watching(SimEngine):
-    """The second worker: notes the key's slots held on the web side at each of its ticks."""
+    """The second worker: notes the key's slots held on the web side at each of its ticks that
+    run the job (feed it tokens); a tick after its end that only keeps the freed lane's KV may
+    come once the response has ended and the slot is back."""
 
     def __init__(self, rt: KeyRuntime, seen: list[int]) -> None:
         super().__init__(n_lanes=2, lane_ctx=512)
         self.rt, self.seen = rt, seen
 
     def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
-        self.seen.append(self.rt.slots.held.get(NAME, 0))
+        if plan.feeds:
+            self.seen.append(self.rt.slots.held.get(NAME, 0))
         return super().execute(plan, should_stop)
 
 
