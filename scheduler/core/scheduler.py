@@ -535,7 +535,7 @@ class Scheduler:
             if job.output:
                 self._events.append(Event("resumed", job.job_id, lane=lane))
             else:
-                keep_tokens = self._seed_from_prefix(plan, job, lane, now, kept_n)
+                keep_tokens = self._seed_from_prefix(plan, job, now, lane, kept_n)
         if kept is not None:  # the lane's KV is not empty: keep what the job shares, no more
             plan.trim.append((lane, keep_tokens))
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output, parked))
@@ -548,22 +548,44 @@ class Scheduler:
             self.counters[f"dispatched_{band_of(job.priority)}"] += 1
             self._events.append(Event("admitted", job.job_id, lane=lane, job=job))
 
-    def _seed_from_prefix(self, plan: TickPlan, job: Job, lane: int, now: float, kept_n: int) -> int:
-        """Start a new lane from the longest shared prompt prefix: what the lane itself kept
-        from its last job (``kept_n`` tokens: nothing to copy), a cached one (imported from
-        host memory if it was evicted there), or one a running lane has prefilled or is
-        prefilling (then this lane waits for it rather than prefilling the same tokens).
-        Returns how many of the lane's own kept tokens stay."""
+    def _seed_from_prefix(
+        self,
+        plan: TickPlan,
+        job: Job,
+        now: float,
+        kept_lane: int | None,
+        kept_n: int,
+        *,
+        handed_over: CachedPrefix | None = None,
+    ) -> int:
+        """Start ``job``'s lane from the longest shared prompt prefix: what a kept lane holds
+        (``kept_n`` tokens of ``kept_lane``: the job's own lane, which keeps them where they are,
+        or another one of its scope, copied from), a cached one (imported from host memory if it
+        was evicted there; ``handed_over``, a preempted leader's prefix stored in this plan, is
+        one too), or one a running lane has prefilled or is prefilling (then this lane waits for
+        it rather than prefilling the same tokens; one whose prefix a copy brings in this plan is
+        copied from in it too, after that copy: ``_filled_in``). Returns how many of the lane's
+        own kept tokens stay."""
         if not self.config.prefix_cache or job.batch_invariant:
             return 0
+        assert job.lane is not None
         entry, n = self.pool.best_match(job.prompt, job.cache_scope)
+        if handed_over is not None and handed_over.slot is not None and handed_over.scope == job.cache_scope:
+            # stored from its preempted leader's lane in this plan: pending, so no best match yet
+            handed = min(common_prefix(handed_over.tokens, job.prompt), len(job.prompt) - 1)
+            if handed >= self.config.min_prefix_tokens and handed > n:
+                entry, n = handed_over, handed
         leader, shared = self._best_leader(job)
         if kept_n and kept_n >= n and kept_n >= shared:
+            assert kept_lane is not None
+            if kept_lane != job.lane:
+                self._copy_from_lane(plan, kept_lane, job, kept_n, now, store=False)  # the kept lane holds it
+                return 0
             job.computed = job.cached_tokens = kept_n
             self.pool.counters["prefix_hits"] += 1
             self.pool.counters["prefix_tokens_reused"] += kept_n
             return kept_n
-        if entry is not None and n >= shared and self.pool.use(plan.pool, entry, lane, n, now):
+        if entry is not None and n >= shared and self.pool.use(plan.pool, entry, job.lane, n, now):
             job.computed = job.cached_tokens = n
             return 0
         if leader is None:
@@ -595,7 +617,7 @@ class Scheduler:
         lane of ``job``'s scope), which are ``job``'s prompt's; they go to a cache slot too
         (unless not ``store``)."""
         assert job.lane is not None
-        if store and not _bound_in(plan, src):  # else its KV is not in the lane yet when stores run
+        if store and not _filled_in(plan, src):  # else its KV is not in the lane yet when stores run
             self.pool.store(plan.pool, src, job.prompt[:n], now, scope=job.cache_scope)
         plan.pool.copy.append((src, job.lane, n))
         self.pool.counters["prefix_hits"] += 1
@@ -658,24 +680,7 @@ class Scheduler:
                 kept_lane, kept_n = lane, n
         if kept_n < self.config.min_prefix_tokens:
             kept_lane, kept_n = None, 0
-        entry, n = self.pool.best_match(job.prompt, job.cache_scope)
-        if handed_over is not None and handed_over.slot is not None and handed_over.scope == job.cache_scope:
-            # stored from its preempted leader's lane in this plan: pending, so no best match yet
-            handed = min(common_prefix(handed_over.tokens, job.prompt), whole)
-            if handed >= self.config.min_prefix_tokens and handed > n:
-                entry, n = handed_over, handed
-        leader, shared = self._best_leader(job)
-        if kept_lane is not None and kept_n >= n and kept_n >= shared:
-            self._copy_from_lane(plan, kept_lane, job, kept_n, now, store=False)  # the kept lane holds it
-        elif entry is not None and n >= shared and self.pool.use(plan.pool, entry, job.lane, n, now):
-            job.computed = job.cached_tokens = n
-        elif leader is not None:
-            assert leader.lane is not None
-            copied_into = {dst for _, dst, _ in plan.pool.copy}  # its KV arrives after this tick's stores
-            if leader.computed >= shared and leader.lane not in copied_into:
-                self._copy_from_lane(plan, leader.lane, job, shared, now)
-            else:
-                job.share_from, job.share_tokens = leader.job_id, shared
+        self._seed_from_prefix(plan, job, now, kept_lane, kept_n, handed_over=handed_over)
 
     def _copy_from_kept(self, plan: TickPlan, job: Job, now: float) -> None:
         """Seed ``job``, whose leader left, from a kept lane of its scope holding the prefix it
@@ -1155,3 +1160,11 @@ def _bound_in(plan: TickPlan, lane: int) -> bool:
     during the tick, after the pool's stores have run (engines/base.py: run_tick's order), so a
     store from it would copy what the lane held before."""
     return any(b.lane == lane for b in plan.bind)
+
+
+def _filled_in(plan: TickPlan, lane: int) -> bool:
+    """Whether ``lane``'s KV arrives during this tick, after the pool's stores have run: the lane
+    is bound in this plan (``_bound_in``), or a prefix is copied into it (a lane seeded again
+    after its leader left); a store from it would copy what the lane held before. A copy from
+    it runs after the copy into it (copies run in plan order)."""
+    return _bound_in(plan, lane) or any(dst == lane for _, dst, _ in plan.pool.copy)

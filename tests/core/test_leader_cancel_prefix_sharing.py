@@ -167,3 +167,42 @@ def test_a_waiter_taking_over_never_starts_from_another_scopes_kept_lane() -> No
     sched.commit(engine.execute(plan, lambda: False))
     run_until_idle(sched, engine)
     assert second.cached_tokens == len(SYSTEM)  # copied from the waiter that took over, in a's scope
+
+
+def test_a_waiter_copies_at_once_from_a_lane_another_waiter_took_a_handed_over_prefix_into() -> None:
+    """Two leaders leave in one tick: ``bg``, preempted by a chat, hands over what it prefilled of
+    the system prompt (stored to the one cache slot, evicting the older entry); ``l2``, cancelled,
+    leaves nothing (no kept lanes). ``o1`` takes the handed-over prefix; ``o2``, an interactive
+    job that shares the first 100 tokens with ``o1``, copies them from ``o1``'s lane in the same
+    plan (the copy into that lane runs first, and no store reads it before the copy lands) and
+    prefills in that tick, not one tick later."""
+    sched, engine, _ = make_scheduler(max_batch=4, prefill_budget=64, keep_lanes=False, cache_slots=1, urgent_decode_share=0)
+    other = [3 + (i * 7) % 190 for i in range(400)]
+    lead = _shared("bg", qos=QosClass.BACKGROUND)
+    sched.add(lead)
+    tick(sched, engine)
+    tick(sched, engine)
+    second = make_job(10, job_id="l2", max_tokens=4)
+    second.prompt = SYSTEM[:100] + other + second.prompt  # copies bg's first 100 tokens
+    sched.add(second)
+    tick(sched, engine)
+    o1 = _shared("o1")
+    o2 = make_job(10, job_id="o2", max_tokens=4, qos=QosClass.INTERACTIVE)
+    o2.prompt = SYSTEM[:100] + other + o2.prompt
+    sched.add(o1)
+    sched.add(o2)
+    tick(sched, engine)
+    assert (o1.share_from, o2.share_from) == ("bg", "l2") and o1.computed == o2.computed == 0
+    done = lead.computed
+    assert 100 < done < len(SYSTEM) and second.computed < len(SYSTEM[:100] + other)
+    sched.cancel("l2")
+    for i in range(2):
+        sched.add(make_job(4, job_id=f"chat{i}", max_tokens=2, qos=QosClass.INTERACTIVE))
+    plan = sched.step()
+    assert [job_id for _, job_id in plan.park] == ["bg"]
+    slot = sched.pool.cache_seq(0)
+    assert plan.pool.store == [(plan.park[0][0], slot, done)]  # the hand-over; nothing stored from o1's lane
+    assert plan.pool.copy == [(slot, o1.lane, done), (o1.lane, o2.lane, 100)]
+    assert o2.share_from is None and o2.cached_tokens == 100
+    assert "o2" in {f.job_id for f in plan.feeds}  # its first prefill step, in this tick
+    _finish_and_check(sched, engine, plan, [lead, o1, o2])
