@@ -843,7 +843,9 @@ class EngineWorker:
                 text = ctx.stream.push(event.token)
                 if text:
                     ctx.pending_text.append(text)
-                if ctx.logprobs and not ctx.stream.stopped:
+                # the token that completed a stop string has its entry where text of its own
+                # went out before the stop ("x;" with stop ";")
+                if ctx.logprobs and (not ctx.stream.stopped or ctx.stream.stop_token_has_text):
                     lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
                     ctx.pending_logprobs.append(self._logprob_entry(event.token, lp))
                 if ctx.stream.stopped:

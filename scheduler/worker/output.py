@@ -77,11 +77,15 @@ class TextStream:
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
         self.stop_word: str | None = None  # ... the one that did (the first in the text)
+        # ... and the token just pushed completed it after text of its own ("x;" with stop ";"):
+        # the client gets that text, so the token's logprobs entry goes out too
+        self.stop_token_has_text = False
         self.emitted_chars = 0
 
     def push(self, token: int) -> str:
         """Add one generated token; return the text that may be sent now."""
         if self.stopped:
+            self.stop_token_has_text = False  # (a token after the stop has no text, nor entry)
             return ""
         return self._release(self._decoder.decode(self._token_bytes(token)), final=False)
 
@@ -111,6 +115,7 @@ class TextStream:
             if start >= 0:
                 self.stopped = True
                 self.stop_word = word
+                self.stop_token_has_text = start > base  # (a character ends in ``new``: its last byte is this token's)
                 self._held = ""
                 return self._emit(text[:start])
             if not final:

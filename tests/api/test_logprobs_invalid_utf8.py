@@ -17,13 +17,14 @@ from .test_logprobs_stop import entry_tokens, replied, streamed_tokens
 
 def _events(pieces: list[bytes], stop: list[str], reason: str = "length") -> tuple[list[Delta], Done]:
     """What the worker sends for these tokens (scheduler/worker/loop.py's _process and
-    _finished): one delta a token, its entry only while no stop string has matched."""
+    _finished): one delta a token, its entry only while no stop string has matched, or where
+    the token that matched one had text of its own before the stop."""
     stream = TextStream(pieces.__getitem__, stop)
     events: list[Delta] = []
     for token, raw in enumerate(pieces):
         text = stream.push(token)
         entry = {"token_id": token, "bytes": list(raw), "logprob": -0.5, "top": []}
-        events.append(Delta("j", text, logprobs=None if stream.stopped else [entry]))
+        events.append(Delta("j", text, logprobs=None if stream.stopped and not stream.stop_token_has_text else [entry]))
         if stream.stopped:
             return events, Done("j", "stop", stop_word=stream.stop_word)
     events.append(Delta("j", stream.flush(), logprobs=[]))

@@ -79,3 +79,30 @@ def test_output_that_follows_a_long_stop_string_and_breaks_off_is_released_whole
         assert stream.push(0) == ""
     assert stream.push(1) == "x" * 32_000 + "y" and not stream.stopped
     assert stream.push(0) == "" and stream.flush() == "xxxx"  # held again: a stop string may begin there
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=6), min_size=1, max_size=4),
+    text=st.text(ALPHABET, max_size=40),
+    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=60),
+)
+def test_the_stopping_token_has_text_of_its_own_when_the_cut_falls_past_its_first_character(stops: list[str], text: str, cuts: list[int]) -> None:
+    """``stop_token_has_text`` (its logprobs entry goes out): the text before the stop reaches
+    a character whose last byte is that token's."""
+    data = text.encode()
+    pieces: list[bytes] = []
+    i = 0
+    while i < len(data):
+        n = cuts[len(pieces) % len(cuts)]
+        pieces.append(data[i : i + n])
+        i += n
+    ours, plain = TextStream(pieces.__getitem__, stops), NaiveStream(pieces.__getitem__, stops)
+    for token in range(len(pieces)):
+        before = len(plain.text)  # the characters complete before this token
+        ours.push(token)
+        plain.push(token)
+        if ours.stopped:
+            cut = min(i for i in (plain.text.find(s) for s in stops) if i >= 0)
+            assert ours.stop_token_has_text is (cut > before), (stops, pieces, token)
+            break
