@@ -130,8 +130,10 @@ class Accepted(JobMessage):
 
 @dataclass(frozen=True)
 class Delta(JobMessage):
-    """Text to send; ``tokens``: completion tokens generated so far (resumed ones included);
-    ``logprobs``: one entry per token sampled since the last delta (``token_id``, ``bytes``,
+    """Text to send; ``tokens``: the completion tokens whose text went out so far (resumed ones
+    included; a token whose text the worker still holds, a possible stop string's start or a
+    character's first bytes, counts once it goes: a job submitted again goes on after them);
+    ``logprobs``: one entry per token of the text in this delta (``token_id``, ``bytes``,
     ``logprob``, ``top``), only when the request asked for logprobs; ``preemptions``: how many
     times this worker has preempted the job so far (the web side adds a lost worker's last count
     to the Done's ``timing["preemptions"]`` of the worker the job was submitted to again)."""

@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,8 @@ class JobContext:
     logprobs: bool = False  # the request asked for logprobs
     lp_queue: list[dict[str, Any]] = field(default_factory=list)  # per sampled token, not yet matched
     pending_logprobs: list[dict[str, Any]] = field(default_factory=list)  # to send with the next delta
+    held_logprobs: deque[dict[str, Any]] = field(default_factory=deque)  # of tokens whose text is not out yet
+    entries_sent: int = 0  # the stream's tokens_out when entries last went to pending_logprobs
     prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
     waited_ms: float = 0.0  # Submit.waited_ms: its wait before this worker (the router), in its times
 
@@ -840,14 +843,14 @@ class EngineWorker:
                 continue
             if event.kind == "token":
                 assert event.token is not None
+                stopped = ctx.stream.stopped
                 text = ctx.stream.push(event.token)
                 if text:
                     ctx.pending_text.append(text)
-                # the token that completed a stop string has its entry where text of its own
-                # went out before the stop ("x;" with stop ";")
-                if ctx.logprobs and (not ctx.stream.stopped or ctx.stream.stop_token_has_text):
+                if ctx.logprobs and not stopped:
                     lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
-                    ctx.pending_logprobs.append(self._logprob_entry(event.token, lp))
+                    ctx.held_logprobs.append(self._logprob_entry(event.token, lp))
+                    self._entries_out(ctx)
                 if ctx.stream.stopped:
                     self.scheduler.finish(event.job_id, "stop")
             elif event.kind == "finished":
@@ -859,8 +862,17 @@ class EngineWorker:
         for ctx in self.contexts.values():
             if ctx.pending_text or ctx.pending_logprobs:
                 job = self.scheduler.jobs.get(ctx.job_id)
-                generated = len(job.output) if job else 0
-                self._send_delta(ctx, generated + ctx.resume_tokens, job.preemptions if job else 0)
+                # the tokens whose text went out: a job submitted again goes on after them
+                self._send_delta(ctx, ctx.stream.tokens_out + ctx.resume_tokens, job.preemptions if job else 0)
+
+    @staticmethod
+    def _entries_out(ctx: JobContext) -> None:
+        """Move the logprobs entries of the tokens whose text went out (``tokens_out``) to the
+        next delta: an entry goes with its token's text, never before it."""
+        out = ctx.stream.tokens_out - ctx.entries_sent
+        for _ in range(min(out, len(ctx.held_logprobs))):
+            ctx.pending_logprobs.append(ctx.held_logprobs.popleft())
+        ctx.entries_sent += out
 
     @staticmethod
     def _send_delta(ctx: JobContext, tokens: int, preemptions: int) -> None:
@@ -878,6 +890,8 @@ class EngineWorker:
         tail = ctx.stream.flush()
         if tail:
             ctx.pending_text.append(tail)
+        if ctx.logprobs:
+            self._entries_out(ctx)  # (those of tokens cut off by a stop string stay out)
         completion = len(job.output) + ctx.resume_tokens
         if ctx.pending_text or ctx.pending_logprobs:
             self._send_delta(ctx, completion, job.preemptions)

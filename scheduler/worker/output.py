@@ -14,6 +14,7 @@ the token that broke the match.)
 from __future__ import annotations
 
 import codecs
+from collections import deque
 from collections.abc import Callable
 
 
@@ -77,23 +78,57 @@ class TextStream:
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
         self.stop_word: str | None = None  # ... the one that did (the first in the text)
-        # ... and the token just pushed completed it after text of its own ("x;" with stop ";"):
-        # the client gets that text, so the token's logprobs entry goes out too
-        self.stop_token_has_text = False
         self.emitted_chars = 0
+        # The tokens whose text went out: whole, or, once a stop string matched, in part ("x;"
+        # with stop ";"). Their logprobs entries go with it, and their count is what a job
+        # submitted again after its worker was lost goes on after (Delta.tokens): a token whose
+        # text was held (a possible stop string's start, a character's first bytes) is generated
+        # again by the next worker, after the text that did go out.
+        self.tokens_out = 0
+        self._decoded_chars = 0
+        # each pushed token not yet out: (its first character's index, the characters decoded
+        # once it was pushed, whether its bytes ended a character)
+        self._not_out: deque[tuple[int, int, bool]] = deque()
 
     def push(self, token: int) -> str:
         """Add one generated token; return the text that may be sent now."""
         if self.stopped:
-            self.stop_token_has_text = False  # (a token after the stop has no text, nor entry)
-            return ""
-        return self._release(self._decoder.decode(self._token_bytes(token)), final=False)
+            return ""  # (no text, nor entry: it is not out)
+        new = self._decoder.decode(self._token_bytes(token))
+        first = self._decoded_chars
+        self._decoded_chars += len(new)
+        self._not_out.append((first, self._decoded_chars, not self._decoder.getstate()[0]))
+        text = self._release(new, final=False)
+        self._count_out()
+        return text
 
     def flush(self) -> str:
         """The generation ended: return whatever is still held (incomplete bytes become U+FFFD)."""
         if self.stopped:
             return ""
-        return self._release(self._decoder.decode(b"", final=True), final=True)
+        text = self._release(self._decoder.decode(b"", final=True), final=True)
+        self.tokens_out += len(self._not_out)
+        self._not_out.clear()
+        return text
+
+    def _count_out(self) -> None:
+        emitted, not_out = self.emitted_chars, self._not_out
+        if self.stopped:  # the text before the stop went out: every token with a character in it
+            while not_out and not_out[0][0] < emitted:
+                not_out.popleft()
+                self.tokens_out += 1
+            not_out.clear()
+            return
+        whole = seen = 0  # out whole: up to the last token ending a character whose text went out
+        for _first, decoded, ends_character in not_out:
+            if decoded > emitted:
+                break
+            seen += 1
+            if ends_character:
+                whole = seen
+        for _ in range(whole):
+            not_out.popleft()
+        self.tokens_out += whole
 
     def _release(self, new: str, *, final: bool) -> str:
         text = self._held + new
@@ -115,7 +150,6 @@ class TextStream:
             if start >= 0:
                 self.stopped = True
                 self.stop_word = word
-                self.stop_token_has_text = start > base  # (a character ends in ``new``: its last byte is this token's)
                 self._held = ""
                 return self._emit(text[:start])
             if not final:

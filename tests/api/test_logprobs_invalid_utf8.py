@@ -17,17 +17,20 @@ from .test_logprobs_stop import entry_tokens, replied, streamed_tokens
 
 def _events(pieces: list[bytes], stop: list[str], reason: str = "length") -> tuple[list[Delta], Done]:
     """What the worker sends for these tokens (scheduler/worker/loop.py's _process and
-    _finished): one delta a token, its entry only while no stop string has matched, or where
-    the token that matched one had text of its own before the stop."""
+    _finished): a delta a token, with the entries of the tokens whose text went out with it
+    (``TextStream.tokens_out``)."""
     stream = TextStream(pieces.__getitem__, stop)
     events: list[Delta] = []
-    for token, raw in enumerate(pieces):
+    entries = [{"token_id": token, "bytes": list(raw), "logprob": -0.5, "top": []} for token, raw in enumerate(pieces)]
+    out = 0
+    for token in range(len(pieces)):
         text = stream.push(token)
-        entry = {"token_id": token, "bytes": list(raw), "logprob": -0.5, "top": []}
-        events.append(Delta("j", text, logprobs=None if stream.stopped and not stream.stop_token_has_text else [entry]))
+        events.append(Delta("j", text, logprobs=entries[out : stream.tokens_out]))
+        out = stream.tokens_out
         if stream.stopped:
             return events, Done("j", "stop", stop_word=stream.stop_word)
-    events.append(Delta("j", stream.flush(), logprobs=[]))
+    text = stream.flush()
+    events.append(Delta("j", text, logprobs=entries[out : stream.tokens_out]))
     return events, Done("j", reason)
 
 

@@ -1,7 +1,7 @@
 """Logprobs of the token that completes a stop string while carrying text of its own before it
 (``"};\\n"`` with stop ``"\\n"``, ``" Paris."`` with stop ``"."``): the client gets that text, so it
 gets the token's entry too, one entry per token of the text (scheduler/worker/output.py's
-``TextStream.stop_token_has_text``, read by scheduler/worker/loop.py's ``_process``)."""
+``TextStream.tokens_out``, read by scheduler/worker/loop.py's ``_process``)."""
 
 from __future__ import annotations
 
@@ -72,30 +72,39 @@ def test_without_a_stop_every_token_keeps_its_entry() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pieces", "stop", "has_text"),
+    ("pieces", "stop", "out"),
     [
-        ([b"a;"], [";"], True),  # text of its own before the stop
-        ([b";"], [";"], False),  # the stop string at the very first token
-        ([b"a", b";"], [";"], False),
-        ([b"a;", b"b"], ["b"], False),  # the stop string is the whole token
-        ([b"x", b"a;"], ["x"], False),
-        ([b"ab", b"cd"], ["bc"], False),  # "b" held from the first token, the second begins with "c"
-        ([b"ab", b"xcd"], ["bxc"], False),
-        ([b"a", b"bcd"], ["cd"], True),  # "b" is the second token's, before the stop
-        ([b"a", b"b", b"c"], ["abcd", "b"], False),  # "a" held, released as the "b" stop completes
-        ([b"\xe4\xb8", b"\xad;"], [";"], True),  # the character's last byte is the token's
-        ([b"\xe4", b"\xb8\xad", b"x;"], ["\u4e2dx;"], False),
+        ([b"a;"], [";"], 1),  # text of its own before the stop
+        ([b";"], [";"], 0),  # the stop string at the very first token
+        ([b"a", b";"], [";"], 1),
+        ([b"a;", b"b"], ["b"], 1),  # the stop string is the whole token
+        ([b"x", b"a;"], ["x"], 0),  # (a token after the stop is not out)
+        ([b"ab", b"cd"], ["bc"], 1),  # "b" held from the first token, the second begins with "c"
+        ([b"ab", b"xcd"], ["bxc"], 1),
+        ([b"a", b"bcd"], ["cd"], 2),  # "b" is the second token's, before the stop
+        ([b"a", b"b", b"c"], ["abcd", "b"], 1),  # "a" held, released as the "b" stop completes
+        ([b"\xe4\xb8", b"\xad;"], [";"], 2),  # the character's last byte is the second token's
+        ([b"\xe4", b"\xb8\xad", b"x;"], ["\u4e2dx;"], 0),
     ],
 )
-def test_the_stream_says_whether_the_stopping_token_had_text_before_the_stop(pieces: list[bytes], stop: list[str], has_text: bool) -> None:
+def test_at_a_stop_the_tokens_out_are_those_with_text_before_it(pieces: list[bytes], stop: list[str], out: int) -> None:
     stream = TextStream(pieces.__getitem__, stop)
     for token in range(len(pieces)):
         stream.push(token)
     assert stream.stopped
-    assert stream.stop_token_has_text is has_text
+    assert stream.tokens_out == out
 
 
-def test_a_token_pushed_after_the_stop_has_no_text_of_its_own() -> None:
+def test_a_token_pushed_after_the_stop_is_not_out() -> None:
     stream = TextStream([b"a;", b"b"].__getitem__, [";"])
-    assert stream.push(0) == "a" and stream.stop_token_has_text
-    assert stream.push(1) == "" and not stream.stop_token_has_text
+    assert stream.push(0) == "a" and stream.tokens_out == 1
+    assert stream.push(1) == "" and stream.tokens_out == 1
+
+
+def test_a_token_whose_text_is_held_is_not_out_until_its_text_goes() -> None:
+    stream = TextStream([b"a", b"b#", b"c", b"\xe4\xb8", b"\xad"].__getitem__, ["b#x"])
+    assert stream.push(0) == "a" and stream.tokens_out == 1
+    assert stream.push(1) == "" and stream.tokens_out == 1  # "b#" may begin the stop string
+    assert stream.push(2) == "b#c" and stream.tokens_out == 3
+    assert stream.push(3) == "" and stream.tokens_out == 3  # a character's first bytes
+    assert stream.push(4) == "\u4e2d" and stream.tokens_out == 5

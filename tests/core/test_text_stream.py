@@ -87,9 +87,10 @@ def test_output_that_follows_a_long_stop_string_and_breaks_off_is_released_whole
     text=st.text(ALPHABET, max_size=40),
     cuts=st.lists(st.integers(1, 6), min_size=1, max_size=60),
 )
-def test_the_stopping_token_has_text_of_its_own_when_the_cut_falls_past_its_first_character(stops: list[str], text: str, cuts: list[int]) -> None:
-    """``stop_token_has_text`` (its logprobs entry goes out): the text before the stop reaches
-    a character whose last byte is that token's."""
+def test_the_tokens_out_are_those_whose_text_went_out(stops: list[str], text: str, cuts: list[int]) -> None:
+    """``tokens_out`` (their logprobs entries go out; a job submitted again goes on after them):
+    while no stop string matched, the longest run of tokens whose bytes are whole characters of
+    the text sent; at the stop, every token with a character before it."""
     data = text.encode()
     pieces: list[bytes] = []
     i = 0
@@ -97,12 +98,23 @@ def test_the_stopping_token_has_text_of_its_own_when_the_cut_falls_past_its_firs
         n = cuts[len(pieces) % len(cuts)]
         pieces.append(data[i : i + n])
         i += n
-    ours, plain = TextStream(pieces.__getitem__, stops), NaiveStream(pieces.__getitem__, stops)
+    stream = TextStream(pieces.__getitem__, stops)
+    sent = ""
     for token in range(len(pieces)):
-        before = len(plain.text)  # the characters complete before this token
-        ours.push(token)
-        plain.push(token)
-        if ours.stopped:
-            cut = min(i for i in (plain.text.find(s) for s in stops) if i >= 0)
-            assert ours.stop_token_has_text is (cut > before), (stops, pieces, token)
+        sent += stream.push(token)
+        sent_bytes = sent.encode()
+        if stream.stopped:
+            # token k's first character: the whole characters in the tokens before it
+            firsts = [len(b"".join(pieces[:k]).decode("utf-8", "ignore")) for k in range(token + 1)]
+            assert stream.tokens_out == sum(1 for f in firsts if f < len(sent)), (stops, pieces, token)
             break
+        whole = [k for k in range(token + 2) if sent_bytes.startswith(b"".join(pieces[:k])) and _whole_characters(b"".join(pieces[:k]))]
+        assert stream.tokens_out == max(whole), (stops, pieces, token)
+
+
+def _whole_characters(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

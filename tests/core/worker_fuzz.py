@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import queue
 import random
 import sys
@@ -752,9 +753,9 @@ class Fuzz:
             self.fail(f"{rec.job_id}: usage.completion_tokens {msg.usage.get('completion_tokens')} != generated {gen} + resumed {resume}")
         if rec.last_tokens > gen + resume:
             self.fail(f"{rec.job_id}: Delta.tokens {rec.last_tokens} above the final count {gen + resume}")
-        self.check_lp(rec, (toks, gen, "eog" if eog or flushstop else reason))
+        self.check_lp(rec, (toks, gen, "eog" if eog or flushstop else reason), len(ref_text))
 
-    def check_lp(self, rec: JobRec, final: tuple[list[int], int, str] | None) -> None:
+    def check_lp(self, rec: JobRec, final: tuple[list[int], int, str] | None, text_chars: int = 0) -> None:
         if not rec.logprobs:
             return
         for i, e in enumerate(rec.lp_entries):
@@ -765,8 +766,11 @@ class Fuzz:
         if final is None:
             return
         toks, gen, reason = final
-        stop_string = reason == "stop"  # a stop string ended it (its token gets no entry); "eog": EOG did
-        want = toks[: gen - 1] if stop_string else toks[:gen]
+        want = toks[:gen]
+        if reason == "stop":  # a stop string ended it: the tokens with a character before it have entries
+            dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            firsts = list(itertools.accumulate((len(dec.decode(MODEL["bytes"](t))) for t in toks[:gen]), initial=0))
+            want = [t for t, first in zip(toks[:gen], firsts[:-1], strict=True) if first < text_chars]
         got = [e["token_id"] for e in rec.lp_entries]
         if got != want:
             self.fail(f"{rec.job_id}: logprob tokens {got} != {want}")
