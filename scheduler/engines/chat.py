@@ -4,6 +4,7 @@ server and Hugging Face tokenizers render them."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections import Counter
@@ -167,15 +168,26 @@ def _argument_forms(value: str) -> Iterator[str]:
             yield form
 
 
-def _mark_strings(value: Any, mark: Callable[[str], str]) -> Any:
-    """``value`` (a call's arguments: an object, or the string sent) with each non-empty string in
-    it replaced by ``mark(string)``."""
+# A string of letters, digits, "_", "-" and spaces holds no control token's text (theirs are
+# bracketed: <|im_end|>, <start_of_turn>, [INST], </s>): a key a template looks up by name
+# (``tool.function.parameters.properties``) or a value it compares (``p.type == "string"``) of
+# this kind is left unmarked, so the template renders as it does for the request.
+_PLAIN = re.compile(r"[A-Za-z0-9_\- ]*")
+
+
+def _mark_strings(value: Any, mark: Callable[[str], str], *, plain_too: bool = True) -> Any:
+    """``value`` (a call's arguments: an object, or the string sent; a tool) with each non-empty
+    string in it replaced by ``mark(string)``, and each key but plain words (:data:`_PLAIN`);
+    string values that are plain words too unless ``plain_too``."""
     if isinstance(value, str):
-        return mark(value) if value else value
+        return mark(value) if value and (plain_too or not _PLAIN.fullmatch(value)) else value
     if isinstance(value, list):
-        return [_mark_strings(v, mark) for v in value]
+        return [_mark_strings(v, mark, plain_too=plain_too) for v in value]
     if isinstance(value, dict):
-        return {k: _mark_strings(v, mark) for k, v in value.items()}
+        return {
+            (k if not isinstance(k, str) or _PLAIN.fullmatch(k) else mark(k)): _mark_strings(v, mark, plain_too=plain_too)
+            for k, v in value.items()
+        }
     return value
 
 
@@ -204,22 +216,51 @@ def _marked_message(msg: dict[str, Any], mark: Callable[[str, bool], str]) -> di
     return out
 
 
+# The end of a reasoning block, at which a reasoning model's template cuts an earlier turn's content
+_REASONING_END = "</think>"
+
+
+class ToolMessages(list[dict[str, Any]]):
+    """A request's messages for a template that renders ``tools`` (:func:`template_inputs`),
+    holding the very list the template reads as ``tools`` (its ``tools``): :func:`split_rendered`
+    marks the tools' strings in that list for its second render, and puts them back after it
+    (the worker's render passes the template that list; the request's own tools are not touched)."""
+
+    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
+        super().__init__(messages)
+        self.tools = tools
+
+
 def split_rendered(
-    render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], text: str, *, calls: bool = True
+    render: Callable[[list[dict[str, Any]]], str],
+    messages: list[dict[str, Any]],
+    text: str,
+    *,
+    calls: bool = True,
+    tools: bool = True,
+    reasoning: bool = True,
 ) -> tuple[list[str], list[str]] | None:
     """``text`` (``render(messages)``) as (template pieces, the client's texts as written):
     ``text`` is ``pieces[0] + texts[0] + pieces[1] + ... + pieces[-1]``, each text a message's
     content as the client sent it or trimmed, or a string of an earlier tool call (an argument's
-    value, its name or id) as sent or as ``tojson`` escapes it; None when the template does not
-    write them so.
+    value or key, its name or id) or of a tool offered (its description, its schema's keys and
+    values; :class:`ToolMessages`) as sent or as ``tojson`` escapes it; None when the template
+    does not write them so.
 
     The template is rendered again with a marker in place of each non-empty content and string
-    of a call to find where they are. An empty content is left as it is: a template may write
-    nothing for it (Qwen 2.5's writes an assistant turn's content only ``{% if message.content
-    %}``, and an OpenAI client sends a tool-calling turn's content as null), and it has no text
-    to keep plain. Every content must be written once; a call's strings any number of times (a
-    template may leave out a call's id). A template that writes a call's strings otherwise (as
-    Python's repr) is split at the contents only (``calls=False``)."""
+    of a call or tool to find where they are. An empty content is left as it is: a template may
+    write nothing for it (Qwen 2.5's writes an assistant turn's content only ``{% if
+    message.content %}``, and an OpenAI client sends a tool-calling turn's content as null), and
+    it has no text to keep plain. Every content must be written once; a call's or tool's strings
+    any number of times (a template may leave out a call's id). A tool's strings and the keys of
+    a call's arguments are marked only where they are not plain words (:data:`_PLAIN`), which a
+    template may look up or compare. A template that writes the tools' strings otherwise is split
+    at the messages' strings only (``tools=False``); one that writes a call's strings otherwise
+    (as Python's repr) at the contents only (``calls=False``). A template that cuts an earlier
+    turn's reasoning out of its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``,
+    and replies here carry the reasoning in their content, which clients send back) is split
+    again with such contents left to it, tokenised with the template's text (``reasoning=False``),
+    rather than giving up on every other content too."""
     contents = [m.get("content") for m in messages]
     if not all(c is None or isinstance(c, str) for c in contents):
         return None
@@ -228,35 +269,74 @@ def split_rendered(
     if marker in text:
         return None
     strings: list[tuple[str, bool]] = []  # (the client's text, whether it is a message's content)
+    offered = getattr(messages, "tools", None) if tools and calls else None  # the list the template reads
+
+    marks: dict[str, str] = {}  # a call's or tool's string: its marker (one string, one marker)
 
     def mark(value: str, content: bool) -> str:
+        # a string met twice (a parameter's name in its schema's "required") is marked alike, so
+        # a template's test of one against the other (``name in required``) holds as it did
+        if not content and value in marks:
+            return marks[value]
         strings.append((value, content))
-        return f"{marker}{len(strings) - 1}{marker}"
+        made = f"{marker}{len(strings) - 1}{marker}"
+        if not content:
+            marks[value] = made
+        return made
 
-    def contents_only() -> tuple[list[str], list[str]] | None:
-        return split_rendered(render, messages, text, calls=False) if calls else None
+    def fewer() -> tuple[list[str], list[str]] | None:
+        """The split with fewer strings marked: the messages' alone, then the contents alone;
+        then all of them again but for the contents that hold a reasoning block."""
+        if offered:
+            return split_rendered(render, messages, text, calls=True, tools=False, reasoning=reasoning)
+        if calls:
+            return split_rendered(render, messages, text, calls=False, tools=False, reasoning=reasoning)
+        if cut:
+            return split_rendered(render, messages, text, reasoning=False)
+        return None
+
+    # an assistant turn whose reasoning block a template may cut out (left to it on a last try)
+    cut = reasoning and any(m.get("role") == "assistant" and _REASONING_END in (m.get("content") or "") for m in messages)
+
+    def unmarked(m: dict[str, Any]) -> bool:
+        """Whether ``m``'s content is left to the template: an assistant turn's reasoning block,
+        which it may cut out (only the assistant's: a tool result holding one stays text)."""
+        return not reasoning and m.get("role") == "assistant" and _REASONING_END in (m.get("content") or "")
 
     try:
-        marked = [_marked_message(m, mark) if calls else {**m, "content": mark(m["content"], True)} if m.get("content") else m for m in messages]
-    except RecursionError:  # arguments nested too deeply to walk
-        return contents_only()
+        marked = [
+            {**_marked_message({**m, "content": None}, mark), "content": m["content"]} if calls and unmarked(m)
+            else _marked_message(m, mark) if calls
+            else {**m, "content": mark(m["content"], True)} if m.get("content") and not unmarked(m)
+            else m
+            for m in messages
+        ]  # fmt: skip
+        marked_tools = [_mark_strings(t, lambda s: mark(s, False), plain_too=False) for t in offered] if offered else None
+    except RecursionError:  # arguments or a schema nested too deeply to walk
+        return fewer()
     if not strings:
         return [text], []
+    sent = list(offered) if offered is not None else []
     try:
+        if offered is not None and marked_tools is not None:
+            offered[:] = marked_tools  # what the template reads as ``tools`` for this render only
         pieces = render(marked).split(marker)
     except ValueError:  # a template that checks a call's strings (Mistral's: an id of 9 characters)
-        if not calls:
+        if not calls and not cut:
             raise
-        return contents_only()
+        return fewer()
+    finally:
+        if offered is not None:
+            offered[:] = sent
     # pieces: template, number, template, number, ..., template
     numbers = {str(n): n for n in range(len(strings))}
     order = [numbers.get(p) for p in pieces[1::2]]
     times = Counter(order)
     if len(pieces) % 2 == 0 or None in times or any(content and times[n] != 1 for n, (_, content) in enumerate(strings)):
-        return contents_only()
+        return fewer()
     templates = pieces[0::2]
     if not text.startswith(templates[0]):
-        return contents_only()
+        return fewer()
     pos, written = len(templates[0]), []
     for k, n in enumerate(order):
         (value, content), after, last = strings[n], templates[k + 1], k == len(order) - 1
@@ -265,7 +345,7 @@ def split_rendered(
             if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
                 break
         else:
-            return contents_only()
+            return fewer()
         written.append(form)
         pos = end + len(after)
     return templates, written
@@ -339,7 +419,8 @@ def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, 
     any) described in the system message, assistant tool calls as ``<tool_call>`` blocks, tool
     results as user turns in ``<tool_response>`` blocks. The results of parallel calls (tool
     messages in a row) are one user turn, as Qwen's and Hermes' templates write them: a template
-    whose turns must alternate (Gemma's, Llama 2's) refuses two user turns in a row."""
+    whose turns must alternate (Gemma's, Llama 2's) refuses two user turns in a row; for that
+    a user message right after results (OpenAI takes ``tool`` then ``user``) joins their turn."""
     out: list[dict[str, Any]] = []
     results = False  # the last turn in ``out`` holds tool results
     for msg in messages:
@@ -347,6 +428,8 @@ def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, 
         response = f"<tool_response>\n{content}\n</tool_response>"
         if role == "tool" and results:
             out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{response}"}
+        elif role == "user" and results:
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{content}"}
         elif role == "assistant" and msg.get("tool_calls"):
             calls = "\n".join(_call_text(c) for c in msg["tool_calls"])
             out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
@@ -397,7 +480,8 @@ def template_inputs(
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS} if native_ok else {}
     if tools and native_ok and template_knows_tools(template_source):
         extra["tools"] = [_openai_tool(t) for t in tools]
-        return native_tool_messages(messages), extra
+        # the split marks the tools' strings in this very list, as it marks the messages'
+        return ToolMessages(native_tool_messages(messages), extra["tools"]), extra
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if tools or has_calls:
         return generic_tool_messages(messages, tools), extra

@@ -89,3 +89,19 @@ def test_one_result_and_results_apart_are_each_their_own_turn() -> None:
     assert [m["role"] for m in out] == ["user", "assistant", "user", "assistant", "user"]
     assert out[2]["content"] == "<tool_response>\nsunny in Paris\n</tool_response>"
     assert "sunny in Oslo" in _render(messages)
+
+
+def test_a_user_turn_right_after_the_results_renders_under_a_template_whose_turns_must_alternate() -> None:
+    """The client writes more after the results before the model answers them (an agent that
+    adds a reminder, a person who interjects): OpenAI takes ``tool`` then ``user``, but the
+    results' user turn and the client's were two user turns in a row, and Gemma 3's template
+    refused the request with a 400."""
+    messages = [*_history(["Paris", "Oslo"]), {"role": "user", "content": "Thanks. And tomorrow?"}]
+    text = _render(messages)
+    # the results, then the client's text, in the one user turn after the call
+    after_call = text[text.index("</tool_call>") :]
+    assert after_call.count("<start_of_turn>user") == 1
+    assert after_call.index("sunny in Oslo") < after_call.index("Thanks. And tomorrow?")
+    assert text[text.index("Thanks. And tomorrow?") :].count("<start_of_turn>") == 1  # then the model's turn
+    out = generic_tool_messages(messages, None)
+    assert [m["role"] for m in out] == ["user", "assistant", "user"]

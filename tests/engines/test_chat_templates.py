@@ -225,3 +225,36 @@ def test_a_template_with_generation_blocks_compiles_and_renders_their_text(engin
     worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=2048), model_name="m", prepare_in_thread=False)
     tokens, own, _, _ = worker._prompt_tokens({"endpoint": "chat", "messages": messages}, "")
     assert own == len(tokens) and _turn_tokens(tokens) == (4, 3)
+
+
+# Qwen 3's (and DeepSeek R1's) handling of an earlier assistant turn: its reasoning block is cut
+# out of the content (this server's replies carry the reasoning in their content, and clients send
+# it back so); here with Qwen 2.5's tool-call lines for the turn's calls
+REASONING = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' + tools | tojson + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}{%- set content = m.content %}"
+    "{%- if m.role == 'assistant' and '</think>' in content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content }}"
+    "{%- for c in m.tool_calls or [] %}{{- '\\n<tool_call>\\n' + c.function.arguments | tojson + '\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}{{- '<|im_start|>assistant\\n' }}"
+)
+
+
+@pytest.mark.parametrize("answer", ["Paris.", "<think>\nThe capital.\n</think>\n\nParis."], ids=["plain", "reasoning"])
+def test_a_message_cannot_forge_a_turn_after_a_turn_whose_reasoning_the_template_cuts(engine: LlamaCppEngine, answer: str) -> None:
+    """A reasoning model's earlier turn, sent back with its ``<think>`` block, made the split give
+    up on every content: the whole prompt was tokenised with control tokens parsed, and a later
+    tool result or user message could forge turns."""
+    call = {"id": "c1", "type": "function", "function": {"name": "fetch", "arguments": '{"url": "' + FORGED.replace("\n", "\\n") + '"}'}}
+    messages = [
+        {"role": "user", "content": "Capital?"},
+        {"role": "assistant", "content": answer, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "</think>" + FORGED},  # only the assistant's are cut
+        {"role": "user", "content": FORGED},
+    ]
+    tokens, own = _tokens(engine, REASONING, messages, TOOLS)
+    # system (the tools), user, assistant (the call), tool, user, assistant: the template's
+    # turns only; the call's argument, the result and the user's text are text
+    assert _turn_tokens(tokens) == (6, 5) and own == len(tokens)
+    rendered = render_chat_template(compile_chat_template(REASONING), template_inputs(messages, TOOLS, REASONING, None, native_ok=True)[0], bos_token="", eos_token="", tools=[{"type": "function", "function": t} for t in TOOLS])
+    assert b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens) == rendered.encode()

@@ -46,8 +46,9 @@ def _history(arguments: str, result: str = "done") -> list[dict[str, Any]]:
         json.dumps({"path": "t.jinja", "text": FORGED}),  # a string value of the arguments object
         json.dumps({"edits": [{"old": "a", "new": FORGED}], "n": 2, "ok": True}),  # nested
         "not json " + FORGED,  # arguments that are no JSON: written as sent
+        json.dumps({FORGED: "x", "n": {FORGED + "2": 1}}),  # the arguments' keys
     ],
-    ids=["value", "nested", "not-json"],
+    ids=["value", "nested", "not-json", "key"],
 )
 def test_a_calls_arguments_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine, arguments: str) -> None:
     tokens, own = _tokens(engine, QWEN25, _history(arguments), TOOLS)
