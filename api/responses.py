@@ -300,6 +300,15 @@ def new_call_id() -> str:
 MAX_MISSED_BLOCKS = 16
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# JSON as RFC 8259 has it: Python's reader takes NaN, Infinity and -Infinity, which a call's
+# arguments must not hold (a client's parser refuses them: "tool_calls" means arguments that parse)
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
 def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a reply written in the generic format
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that does not parse or
@@ -308,7 +317,7 @@ def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -
     calls: list[dict[str, Any]] = []
     rest: list[str] = []
     pos = 0
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     misses = 0  # blocks that were no call: each costs a parse to the end of the text at worst
     while True:
         start = text.find(TOOL_OPEN, pos)
@@ -351,7 +360,7 @@ def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -
 def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
     """Where each member's value of the JSON object starting at ``text[at]`` lies in ``text``
     (the last one of a repeated key, as ``json`` keeps); ValueError if it is no object."""
-    decoder = json.JSONDecoder()
+    decoder = _DECODER
     ws = tuple(" \t\n\r")
     spans: dict[str, tuple[int, int]] = {}
     if text[at : at + 1] != "{":
@@ -408,7 +417,7 @@ def _call_tail(text: str) -> int:
     if scanner.depth > 0:
         return 0  # its members are still coming
     try:
-        members = json.loads('{"_": 0' + body[:n])
+        members = _DECODER.decode('{"_": 0' + body[:n])
     except (ValueError, RecursionError):
         return -1
     if _CALL_KEYS & members.keys():  # a second name or arguments: not the call that was streamed
@@ -422,7 +431,7 @@ def _call_tail(text: str) -> int:
 
 def _is_json(text: str) -> bool:
     try:
-        json.loads(text)
+        _DECODER.decode(text)
     except ValueError:
         return False
     return True

@@ -658,8 +658,10 @@ def test_a_streamed_call_cut_by_max_tokens_ends_with_finish_reason_length() -> N
 @pytest.mark.parametrize(
     "pieces",
     [['<tool_call>\n{"name": "f", "arguments": {"city": "Paris", "'],  # a stop string cut it open
-     ['<tool_call>\n{"name": "f", "arguments": {x}}\n</tool_call>']],  # closed, but no JSON
-    ids=["cut-open", "not-json"],
+     ['<tool_call>\n{"name": "f", "arguments": {x}}\n</tool_call>'],  # closed, but no JSON
+     ['<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>'],  # Python's JSON, not JSON
+     ['<tool_call>\n{"name": "f", "arguments": {"x": -Infinity}}\n</tool_call>']],
+    ids=["cut-open", "not-json", "nan", "infinity"],
 )
 def test_a_streamed_call_that_is_not_whole_finishes_stop_not_tool_calls(pieces: list[str]) -> None:
     """tool_calls tells the client to parse the arguments: the openai package's stream helper
