@@ -82,6 +82,10 @@ def check_bounds(grammar: str) -> None:
             counts = [g for g in m.groups() if g]
             if any(len(g) > 6 or int(g) > MAX_GRAMMAR_REPEAT for g in counts):
                 raise GrammarError(f"the grammar repeats an item more than {MAX_GRAMMAR_REPEAT:,} times (a length, item count or pattern bound)")
+            if m.group(2) and int(m.group(2)) < int(m.group(1)):
+                # llama.cpp's parser takes max - min copies as a count: below 0 it allocated
+                # until the worker was killed
+                raise GrammarError(f"the grammar repeats an item at least {int(m.group(1))} and at most {int(m.group(2))} times")
             # the item repeated: the literal or class right before (its length bounds its
             # elements), else a group or a rule name (one element)
             adjacent = item is not None and item.group()[:1] in ('"', "[") and not grammar[item.end() : m.start()].strip()
@@ -212,6 +216,11 @@ def _compact_repetition(item: str, min_items: int, max_items: int | None, separa
     """``item`` min_items to max_items times (None: unbounded) as GBNF's ``{m,n}``, as llama.cpp's
     own converter writes it: llama-cpp-python's writes max_items nested optional groups
     (maxLength 20,000 nests 20,000 deep) and min_items copies of the item."""
+    if max_items is not None and max_items < min_items:
+        # (a length's, an item count's or a pattern's bounds) no length fits: the converter's
+        # repetition allowed another, and llama.cpp's parser allocated until the worker was
+        # killed on the x{3,1} it wrote for a string
+        raise GrammarError(f"a minimum of {min_items} is above the maximum of {max_items} (minLength/maxLength, minItems/maxItems or a pattern's {{m,n}})")
     if max_items == 0:
         return ""
     if min_items == 0 and max_items == 1:
@@ -335,6 +344,27 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
         from llama_cpp import llama_grammar
 
         return _named_rule(conv, name, conv._add_primitive("value", llama_grammar.PRIMITIVE_RULES["value"]))
+    if isinstance(schema, dict) and isinstance(schema.get("allOf"), list) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
+        merged = _merged_all_of(schema)
+        merged = _merged_objects(conv, schema) if merged is None else merged
+        if merged is not None:
+            return _visit(conv, visit, merged, name)
+        raise GrammarError("an 'allOf' is enforced where its parts merge into one schema (each keyword with one value, or objects' properties), and these do not")
+    unions = [k for k in ("anyOf", "oneOf") if isinstance(schema, dict) and isinstance(schema.get(k), list)]
+    if len(unions) == 1 and "$ref" not in schema and set(schema) - _ANNOTATIONS - {unions[0]}:
+        # the converter wrote only the branches, without the keywords beside them: ``{"type":
+        # "object", "properties": ..., "anyOf": [{"required": ["a"]}, ...]}`` allowed any JSON
+        # value; each branch holds them too, where they merge
+        rest = {k: v for k, v in schema.items() if k != unions[0]}
+        # each branch converts its copy: bounded as a schema's own text is (a wide object beside
+        # many branches, converted once per branch, held the engine thread)
+        copied = len(json.dumps({k: v for k, v in rest.items() if k not in _ANNOTATIONS})) * len(schema[unions[0]])
+        conv._sf_copied = getattr(conv, "_sf_copied", 0) + copied
+        if conv._sf_copied > MAX_GRAMMAR_CHARS:
+            raise GrammarError(f"the keywords beside an '{unions[0]}' are copied into each of its branches, more than {MAX_GRAMMAR_CHARS:,} characters in all")
+        branches = [_merged_all_of({"allOf": [rest, branch]}) for branch in schema[unions[0]]]
+        if branches and all(b is not None for b in branches):
+            schema = {unions[0]: branches}
     if isinstance(schema, dict):
         if schema.get("type") == "array" and schema.get("items") is False and not schema.get("prefixItems"):
             # no item fits: the empty array (the converter read prefixItems, a KeyError, a 400
@@ -346,7 +376,23 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             schema.get("type") == "array" and "items" not in schema and "prefixItems" not in schema and ("minItems" in schema or "maxItems" in schema)
         ):
             schema = {**schema, "items": True}
+        if schema.get("type") == "object" and "properties" not in schema and isinstance(schema.get("required"), list) and schema["required"]:
+            # any object but with the required keys (the converter's any object dropped them)
+            schema = {**schema, "properties": {}, "additionalProperties": schema.get("additionalProperties", True)}
         kinds = schema.get("type")
+        if isinstance(kinds, (str, list)) and ("enum" in schema or "const" in schema) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
+            # the converter wrote an enum's (a const's) values whatever the type beside them:
+            # ``{"type": "string", "enum": ["a", 1]}`` let 1 through
+            # (a type that is no JSON type is refused below, or left to the converter as before)
+            of_type = [kinds] if isinstance(kinds, str) else kinds
+            known = bool(of_type) and all(k in _JSON_TYPES for k in of_type)
+            if known and "const" in schema and not any(_is_of_type(schema["const"], k) for k in of_type):
+                raise GrammarError(f"the 'const' value {json.dumps(schema['const'])[:100]} is not of the 'type' {kinds!r}")
+            if known and "const" not in schema and isinstance(schema["enum"], list):
+                values = [v for v in schema["enum"] if any(_is_of_type(v, k) for k in of_type)]
+                if not values:
+                    raise GrammarError(f"no 'enum' value is of the 'type' {kinds!r}")
+                schema = {**schema, "enum": values}
         if isinstance(kinds, list) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
             if not kinds or not all(k in _JSON_TYPES for k in kinds):
                 raise GrammarError(f"'type' must name JSON types ({', '.join(_JSON_TYPES)}), not {kinds!r}")
@@ -360,6 +406,99 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
         if isinstance(schema.get("pattern"), str):
             schema = {**schema, "pattern": _gbnf_pattern(schema["pattern"])}
     return str(visit(schema, name))
+
+
+def _is_of_type(value: Any, kind: str) -> bool:
+    """Whether ``value`` (JSON data) is of the JSON Schema type ``kind`` (``1.0`` is an integer)."""
+    if kind == "integer":
+        return _is_number(value) and float(value).is_integer()
+    if kind == "number":
+        return _is_number(value)
+    types: dict[str, Any] = {"string": str, "boolean": bool, "null": type(None), "array": list, "object": dict}
+    return kind in types and isinstance(value, types[kind])
+
+
+# keywords that constrain nothing (an allOf's part of only these adds nothing to the others)
+_ANNOTATIONS = frozenset(
+    ("title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly", "$schema", "$id", "$defs", "definitions")
+)
+# keywords that act together (additionalProperties means the properties beside it): parts that
+# hold keywords of one such group apart are not merged
+_KEYWORD_GROUPS = (
+    frozenset(("properties", "additionalProperties", "patternProperties", "unevaluatedProperties")),
+    frozenset(("items", "prefixItems", "additionalItems", "unevaluatedItems", "contains", "minContains", "maxContains")),
+    frozenset(("if", "then", "else")),
+    frozenset(("const", "enum")),  # (the converter writes a const's value and drops an enum beside it)
+)
+
+
+def _merged_all_of(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema``'s ``allOf`` as one schema, where that is exact: the one part that constrains
+    anything (pydantic's ``{"allOf": [{"$ref": ...}], "default": ...}``, a part beside
+    annotations only), or parts whose keywords are all different (``{"type": "string", "allOf":
+    [{"maxLength": 3}]}``; a keyword in several parts with one value), which hold together as
+    one. None otherwise (objects: _merged_objects). The converter read an allOf only as objects
+    to merge: a part without properties (a ``$ref`` to an enum, a string's bounds) was dropped,
+    and only ``{}`` was allowed, which fits none of them."""
+    rest = {k: v for k, v in schema.items() if k != "allOf"}
+    parts = [p for p in [rest, *schema["allOf"]] if p is not True]
+    if not all(isinstance(p, dict) for p in parts):
+        return None
+    constraining = [p for p in parts if set(p) - _ANNOTATIONS]
+    if len(constraining) <= 1:
+        return constraining[0] if constraining else {}
+    if any("$ref" in p or "anyOf" in p or "oneOf" in p for p in constraining):
+        return None  # (objects of a union's branches: _merged_objects)
+    merged: dict[str, Any] = {}
+    for p in constraining:
+        for k, v in p.items():
+            if k in merged and json.dumps(merged[k], sort_keys=True) != json.dumps(v, sort_keys=True):
+                return None  # a keyword in two parts with two values (two "type"s, two "properties")
+            if k not in _ANNOTATIONS:
+                merged[k] = v
+    for group in _KEYWORD_GROUPS:  # one part's keywords of a group, or the same in each part
+        if len({json.dumps({k: v for k, v in p.items() if k in group}, sort_keys=True) for p in constraining if group & set(p)}) > 1:
+            return None
+    return merged
+
+
+_OBJECT_KEYWORDS = frozenset(("type", "properties", "required", "additionalProperties"))
+
+
+def _merged_objects(conv: Any, schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema``'s ``allOf`` of objects (each part, or what its ``$ref`` names, only
+    ``properties``, ``required`` and ``additionalProperties``) as one object: the properties of
+    all parts, one named in several parts the allOf of its schemas, required what any part
+    requires, and no other property (as the converter wrote it). None if a part is more. The
+    converter wrote a property named in two parts twice (``{"a": 1, "a": 1}``, the only
+    object that fitted) and made every part's properties required."""
+    def resolved(part: Any) -> Any:
+        return conv._refs.get(part["$ref"]) if isinstance(part, dict) and set(part) - _ANNOTATIONS == {"$ref"} else part
+
+    properties: dict[str, list[Any]] = {}
+    required: list[Any] = []
+    parts = [(resolved(p), True) for p in [{k: v for k, v in schema.items() if k != "allOf"}, *schema["allOf"]]]
+    while parts:
+        part, whole = parts.pop(0)
+        if part is True:
+            continue
+        if isinstance(part, dict) and whole and isinstance(part.get("anyOf"), list) and not set(part) - _ANNOTATIONS - {"anyOf"}:
+            # a union of objects: their properties, none required (as the converter wrote it)
+            parts += [(resolved(p), False) for p in part["anyOf"]]
+            continue
+        if not isinstance(part, dict) or set(part) - _ANNOTATIONS - _OBJECT_KEYWORDS:
+            return None
+        if part.get("type", "object") != "object" or not isinstance(part.get("properties", {}), dict) or not isinstance(part.get("required", []), list):
+            return None
+        for key, sub in part.get("properties", {}).items():
+            properties.setdefault(key, []).append(sub)
+        required += part.get("required", []) if whole else []
+    return {
+        "type": "object",
+        "properties": {key: subs[0] if len(subs) == 1 else {"allOf": subs} for key, subs in properties.items()},
+        "required": list(dict.fromkeys(r for r in required if isinstance(r, str))),
+        "additionalProperties": False,
+    }
 
 
 # a regular expression's class escapes as GBNF class contents, in a JSON string's text: a space
@@ -387,6 +526,8 @@ def _gbnf_pattern(pattern: str) -> str:
       never closed on the MLX engine."""
     out: list[str] = []
     in_class = negated = False
+    depth = 0
+    bars: list[int] = []  # where in ``out`` each "|" outside every group stands
     i = 0
     while i < len(pattern):
         c = pattern[i]
@@ -420,8 +561,20 @@ def _gbnf_pattern(pattern: str) -> str:
             out.append(f"{_NOT_IN_STRING}]" if negated else c)
             in_class = negated = False
         else:
+            if not in_class:
+                depth += {"(": 1, ")": -1}.get(c, 0)
+                if c == "|" and depth == 0:
+                    bars.append(len(out))
             out.append(c)
         i += 1
+    if bars and out[:1] == ["^"] and out[-1:] == ["$"]:
+        # ``^a$|^b$``: the converter strips the first "^" and the last "$" and writes the rest
+        # between the string's quotes, so its "|" split the quotes apart (``"\"" "a" "$" |
+        # "^b" "\""``: a reply ``"a$`` never closed its string); each alternative goes in one
+        # group, its own anchors dropped (an alternative anchored at one end only is then
+        # anchored at both: fewer strings, all of which fit)
+        alts = ["".join(out[a + 1 : b]) for a, b in zip([-1, *bars], [*bars, len(out)], strict=True)]
+        return "^(" + "|".join(alt.removeprefix("^").removesuffix("$") for alt in alts) + ")$"
     return "".join(out)
 
 
@@ -434,6 +587,17 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
     optional properties, the additional ones are optional too (the converter's rule required at
     least one more once any optional property was written, so ``{"a": 1}`` did not fit
     ``{"properties": {"a": ...}, "additionalProperties": true}``)."""
+    declared = {k for k, _ in properties}
+    missing = [k for k in dict.fromkeys(required) if isinstance(k, str) and k not in declared]
+    if missing:
+        # a required name the properties do not declare: the grammar never wrote it, so every
+        # reply lacked it ({"a": 1} for "required": ["a", "z"]); it is one more property, of
+        # the additional properties' schema (any value where they are not given), or a 400
+        # where no additional property is allowed (as OpenAI refuses "Extra required key")
+        if additional_properties is False:
+            raise GrammarError(f"'required' names {missing[0]!r}, which is not in 'properties' and 'additionalProperties': false forbids")
+        extra = additional_properties if isinstance(additional_properties, dict) else {}
+        properties = [*properties, *((k, extra) for k in missing)]
     prop_order = conv._prop_order
     sorted_props = [kv[0] for _, kv in sorted(enumerate(properties), key=lambda ikv: (prop_order.get(ikv[1][0], len(prop_order)), ikv[0]))]
     prefix = f"{name}{'-' if name else ''}"
@@ -610,20 +774,39 @@ def _has_ref(node: Any) -> bool:
 
 def _hide_data(node: Any) -> Any:
     """``node`` with each const, enum value, default and example that holds a ``$ref`` key
-    carried in a string the converter leaves alone (see _HIDDEN_MARK)."""
+    carried in a string the converter leaves alone (see _HIDDEN_MARK). One walk: each data value
+    is searched for a ``$ref`` once, and a subtree where nothing is hidden is kept as it is (a
+    search of each node's whole subtree, level by level, was quadratic in the nesting depth)."""
+    return _hiding_data(node)[0]
+
+
+def _hiding_data(node: Any) -> tuple[Any, bool]:
+    """``_hide_data``'s ``node`` and whether anything in it was hidden."""
     if isinstance(node, list):
-        return [_hide_data(v) for v in node]
-    if not isinstance(node, dict) or not _has_ref(node):
-        return node
-    out = {}
+        done = [_hiding_data(v) for v in node]
+        return ([v for v, _ in done], True) if any(hid for _, hid in done) else (node, False)
+    if not isinstance(node, dict):
+        return node, False
+    out: dict[str, Any] = {}
+    hid = False
     for k, v in node.items():
-        if k in _DATA_KEYWORDS and _has_ref(v):
-            out[k] = [_hidden(x) if _has_ref(x) else x for x in v] if k in ("enum", "examples") and isinstance(v, list) else _hidden(v)
+        if k in _DATA_KEYWORDS:
+            if k in ("enum", "examples") and isinstance(v, list):
+                flags = [_has_ref(x) for x in v]
+                out[k] = [_hidden(x) if f else x for x, f in zip(v, flags, strict=True)] if any(flags) else v
+                hid = hid or any(flags)
+            elif _has_ref(v):
+                out[k], hid = _hidden(v), True
+            else:
+                out[k] = v
         elif k in _SCHEMA_MAPS and isinstance(v, dict):
-            out[k] = {name: _hide_data(sub) for name, sub in v.items()}
+            subs = {name: _hiding_data(sub) for name, sub in v.items()}
+            out[k] = {name: sub for name, (sub, _) in subs.items()}
+            hid = hid or any(h for _, h in subs.values())
         else:
-            out[k] = _hide_data(v)
-    return out
+            out[k], sub_hid = _hiding_data(v)
+            hid = hid or sub_hid
+    return (out, True) if hid else (node, False)
 
 
 def _local_refs(schema: Any) -> Any:

@@ -4,6 +4,9 @@ into the enum of the integers in range, so the value the schema fixes no longer 
 
 from __future__ import annotations
 
+import pytest
+
+from scheduler.engines.grammar import GrammarError, schema_grammar
 from tests.engines.test_grammar_keywords import assert_schema
 
 FIELD = {"type": "integer", "minimum": 1, "maximum": 3}
@@ -25,3 +28,15 @@ def test_properties_named_like_the_data_keywords_keep_their_bounds() -> None:
         good=[{"enum": 1, "const": 3}],
         bad=[{"enum": 0, "const": 1}, {"enum": 1, "const": 4}],
     )
+
+
+def test_enum_and_const_values_hold_to_the_type_beside_them() -> None:
+    """The converter wrote every enum value whatever the ``type`` beside it: ``1`` fitted
+    ``{"type": "string", "enum": ["a", 1]}``."""
+    assert_schema({"type": "string", "enum": ["a", 1]}, good=["a"], bad=[1])
+    assert_schema({"type": ["string", "null"], "enum": ["a", 1, None, True]}, good=["a", None], bad=[1, True])
+    assert_schema({"type": "integer", "enum": [1, 1.5, "2", True]}, good=[1], bad=[1.5, "2", True])
+    with pytest.raises(GrammarError, match="enum"):
+        schema_grammar({"type": "integer", "enum": ["a"]})
+    with pytest.raises(GrammarError, match="const"):
+        schema_grammar({"type": "integer", "const": "a"})

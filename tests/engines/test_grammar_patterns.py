@@ -23,6 +23,12 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     (r"^\S+$", ["a-b"], ["a b"]),
     (r"^[\-\/]+$", ["-/-"], ["a"]),
     (r"^\$\^$", ["$^"], ["x"]),
+    # alternatives outside any group, each anchored: the converter's "|" split the string's
+    # quotes apart, and a reply "a$ (no closing quote) fitted
+    (r"^a$|^b$", ["a", "b"], ["a$", "^b", "ab"]),
+    (r"^[a-z]+$|^$", ["abc", ""], ["abc$", "^", "A"]),
+    (r"^(x)|(y)\d$", ["x", "y1"], ["z", "y"]),
+    (r"^a\|b$", ["a|b"], ["a", "b"]),
 ]
 
 

@@ -1,0 +1,97 @@
+"""Fuzz: a JSON Schema built from the keywords the grammar enforces (types and their lists,
+string and array bounds, integer bounds, enum/const of mixed types, objects with required and
+additional properties, anyOf, allOf) converts to a grammar or is a
+GrammarError, and every value the grammar lets through validates against the schema
+(``jsonschema``), over values drawn from the schema itself and from any JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.engines.grammar import GrammarError, check_bounds, schema_grammar
+from tests.engines.test_grammar_keywords import fits
+
+jsonschema = pytest.importorskip("jsonschema")
+
+FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+names = st.sampled_from(["a", "b", "é", "a b", '"q', "\\", "\n"])
+data = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([2.5, 1.0, 1e3]) | st.sampled_from(["", "a", "ab", "abc", "é", 'a"b', "\n", "😀"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
+    max_leaves=6,
+)
+types = st.sampled_from(["string", "integer", "number", "boolean", "null", "object", "array"])
+
+
+def _bounds(lo: str, hi: str, top: int) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({}, optional={lo: st.integers(0, top), hi: st.integers(0, top)})
+
+
+leaves = st.one_of(
+    types.map(lambda t: {"type": t}),
+    st.lists(types, min_size=1, max_size=3, unique=True).map(lambda ts: {"type": ts}),
+    st.lists(data, min_size=1, max_size=4).map(lambda vs: {"enum": vs}),
+    st.tuples(types, st.lists(data, min_size=1, max_size=4)).map(lambda p: {"type": p[0], "enum": p[1]}),
+    data.map(lambda v: {"const": v}),
+    _bounds("minLength", "maxLength", 3).map(lambda b: {"type": "string", **b}),
+    st.fixed_dictionaries({}, optional={"minimum": st.integers(-5, 5), "maximum": st.integers(-5, 2000)}).map(lambda b: {"type": "integer", **b}),
+    st.sampled_from(["^[a-c]+$", "^a$|^bc$", "^\\d{1,2}$", "^(ab)*$", "^.?$", "^[^a]$", "^\\w\\s\\w$"]).map(lambda p: {"type": "string", "pattern": p}),
+)
+
+
+def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    obj = st.tuples(st.dictionaries(names, inner, max_size=3), st.lists(names, max_size=3, unique=True), st.sampled_from([None, True, False]) | inner).map(
+        lambda p: {"type": "object", "properties": p[0], "required": p[1], **({} if p[2] is None else {"additionalProperties": p[2]})}
+    )
+    arr = st.tuples(inner, _bounds("minItems", "maxItems", 3)).map(lambda p: {"type": "array", "items": p[0], **p[1]})
+    any_of = st.lists(inner, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs})
+    # (one part: an enum merged beside another part's keywords is written whatever they say)
+    all_of = inner.map(lambda p: {"allOf": [p], "description": "d"})
+    return obj | arr | any_of | all_of
+
+
+schemas = st.recursive(leaves, _extend, max_leaves=6)
+
+
+def _instances(schema: Any, draw: Any, depth: int = 0) -> Any:
+    """A value shaped by ``schema`` (often, not always, one that fits it)."""
+    if not isinstance(schema, dict) or depth > 6:
+        return draw(data)
+    if "enum" in schema and isinstance(schema["enum"], list):
+        return draw(st.sampled_from(schema["enum"]))
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "allOf"):
+        if key in schema and draw(st.booleans()):
+            return _instances(draw(st.sampled_from(schema[key])), draw, depth + 1)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = draw(st.sampled_from(kind))
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: _instances(v, draw, depth + 1) for k, v in props.items() if k in schema.get("required", []) or draw(st.booleans())}
+    if kind == "array":
+        return [_instances(schema.get("items"), draw, depth + 1) for _ in range(draw(st.integers(0, 4)))]
+    return draw(data)
+
+
+@FAST
+@given(schema=schemas, draw=st.data())
+def test_every_value_the_grammar_allows_fits_the_schema(schema: Any, draw: Any) -> None:
+    try:
+        grammar = schema_grammar(schema)
+        check_bounds(grammar)
+    except GrammarError:
+        return
+    validator = jsonschema.Draft202012Validator(schema)
+    for _ in range(8):
+        value = _instances(schema, draw.draw)
+        text = json.dumps(value, ensure_ascii=draw.draw(st.booleans()))
+        if fits(grammar, text):
+            assert validator.is_valid(value), f"{text} fits the grammar of {json.dumps(schema)} but not the schema"
