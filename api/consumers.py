@@ -390,9 +390,7 @@ class GenerationConsumer(StreamingConsumer):
                 reply.prompt_logprobs = list(entries or [])
             await self.merged(request, handles, replies, admission.qos, finished)
         except BaseException:
-            for i, handle in enumerate(handles):
-                if i not in finished:
-                    await link.cancel(handle)
+            await cancel_all(link, [handle for i, handle in enumerate(handles) if i not in finished])
             raise
         finally:
             for handle in handles:
@@ -681,6 +679,21 @@ class GenerationConsumer(StreamingConsumer):
     def usage(event: Done) -> dict[str, Any]:
         u = event.usage
         return responses.usage_dict(u["prompt_tokens"], u["completion_tokens"], u.get("cached_tokens", 0))
+
+
+async def cancel_all(link: Transport, handles: list[JobHandle]) -> None:
+    """Cancel each of a request's jobs at the worker, one after another. A cancel of the caller
+    meanwhile (daphne cancels an application still running past its close timeout, and again
+    each second) ends the wait for one Cancel, whose send goes on, not the rest: it left every
+    later choice running to its last token for nobody, on a lane. The cancel is raised after."""
+    cut: asyncio.CancelledError | None = None
+    for handle in handles:
+        try:
+            await link.cancel(handle)
+        except asyncio.CancelledError as exc:
+            cut = exc
+    if cut is not None:
+        raise cut
 
 
 def _wait_or_inf(timing: dict[str, Any] | None) -> float:
