@@ -41,11 +41,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("superfluid.engine")
 
-# Special tokens that end a turn, as llama.cpp recognises them by text (llama-vocab.cpp).
+# Special tokens that end a turn, as llama.cpp recognises them by text (llama-vocab.cpp: its
+# end-of-generation list, and its EOT candidates: DeepSeek's, Kimi-K2's [EOT])
 _EOG_TEXTS = frozenset(
     {
         "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
-        "<|return|>", "<|call|>", "<EOT>", "</s>", "<｜end▁of▁sentence｜>",
+        "<|return|>", "<|call|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+        "</s>", "<｜end▁of▁sentence｜>", "[EOT]",
     }
 )
 # (prefix, suffix, middle) markers, as llama.cpp's vocabulary finds them by their text
@@ -57,11 +59,12 @@ _FIM_TEXTS = (
     ("▁<PRE>", "▁<SUF>", "▁<MID>"),  # CodeLlama
     ("<PRE>", "<SUF>", "<MID>"),
     ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),  # GLM-4.5
+    ("<|prefix|>", "<|suffix|>", "<|middle|>"),
 )
 # repo-level FIM's file separator and repository name (llama.cpp's FIM_SEP, FIM_REP), by text
 # (StarCoder's "<file_sep>" is not one: llama.cpp leaves SmolLM2's, id 5, without that role)
 _FIM_SEP_TEXTS = ("<|file_sep|>",)  # Qwen2.5-Coder
-_FIM_REP_TEXTS = ("<|repo_name|>", "<reponame>")  # Qwen2.5-Coder; StarCoder's, as SmolLM2 has
+_FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")  # Qwen2.5-Coder; StarCoder's, as SmolLM2 has
 _FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")  # llama-vocab.cpp's FIM pad texts (Qwen, Granite, Kimi-K2)
 
 
@@ -265,8 +268,15 @@ class MlxEngine(LaneEngine):
         return self._samplers
 
     def forward(self, step: Step) -> dict[int, int]:
+        try:
+            rows = self._step(step.pieces)
+        except (RuntimeError, ValueError, MemoryError) as exc:
+            # MLX's own failures (an allocation Metal refuses, one that fails): the protocol's
+            # error, so the worker fails the running jobs and goes on, as after a failed
+            # llama_decode; permanent, since the step's caches may be half updated
+            raise EngineError(f"MLX failed a step: {exc}", permanent=True) from exc
         sampled: dict[int, int] = {}
-        for lane, row in self._step(step.pieces).items():
+        for lane, row in rows.items():
             sampler = self._samplers[lane]
             # a config.json may pad vocab_size past the tokenizer (the logits are that wide):
             # the padding's columns are no token, so they are never sampled

@@ -57,6 +57,9 @@ _PRE_TOKENIZERS: dict[str, list[str]] = {
     "llama3": [_LLAMA3_REGEX],
 }
 
+# the pre-tokenizers for which llama.cpp adds a BOS when the GGUF has no add_bos_token (llama-vocab.cpp)
+_BOS_FIRST = frozenset({"llama-bpe", "llama3"})
+
 
 class ConversionError(Exception):
     """The GGUF file is not one this converter can turn into an MLX model directory."""
@@ -127,13 +130,25 @@ def _config(meta: dict[str, Any], weights: dict[str, Any], vocab_size: int) -> d
         "vocab_size": vocab_size,
         "tie_word_embeddings": "lm_head.weight" not in weights,
         "bos_token_id": _scalar(meta.get("tokenizer.ggml.bos_token_id", 1)),
-        "eos_token_id": _scalar(meta.get("tokenizer.ggml.eos_token_id", 2)),
+        "eos_token_id": _end_tokens(meta, vocab_size),
     }
     quant = _quantization(weights)
     if quant is not None:
         config["quantization"] = quant
         config["quantization_config"] = quant
     return config
+
+
+def _end_tokens(meta: dict[str, Any], vocab_size: int) -> int | list[int]:
+    """config.json's ``eos_token_id``: the GGUF's EOS, and with it the end-of-turn and
+    end-of-message tokens its metadata names (llama.cpp ends generation on them too; an id
+    outside the vocabulary, as it, not)."""
+    ids = [int(_scalar(meta.get("tokenizer.ggml.eos_token_id", 2)))]
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        token = int(_scalar(meta[key])) if key in meta else -1
+        if 0 <= token < vocab_size and token not in ids:
+            ids.append(token)
+    return ids[0] if len(ids) == 1 else ids
 
 
 def _tokenizer(meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -175,7 +190,8 @@ def _tokenizer(meta: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": int(_scalar(meta.get("llama.context_length", 2048))),
         "clean_up_tokenization_spaces": False,
-        "add_bos_token": bool(_scalar(meta.get("tokenizer.ggml.add_bos_token", False))),
+        # llama.cpp's default where the GGUF does not say: a BOS first for Llama 3's pre-tokenizer
+        "add_bos_token": bool(_scalar(meta.get("tokenizer.ggml.add_bos_token", pre in _BOS_FIRST))),
         "add_eos_token": False,
     }
     for gguf_name, hf_name in (("bos", "bos"), ("eos", "eos"), ("unknown", "unk"), ("padding", "pad")):

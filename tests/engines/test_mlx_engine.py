@@ -69,3 +69,42 @@ def test_a_padded_vocabulary_never_samples_an_id_the_tokenizer_lacks(mlx: Any, m
     drive(mlx, [run])
     release(mlx, 0)
     assert run.output and all(0 <= t < mlx.vocab_size for t in run.output), (run.output, mlx.vocab_size)
+
+
+def test_an_mlx_failure_in_a_step_is_an_engine_error_with_the_ticks_partial_result(mlx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX reports a failed computation (Metal's "[metal::malloc] Attempting to allocate ...
+    greater than the maximum allowed buffer size" for a long prompt chunk, an allocation that
+    fails) as a RuntimeError. It left execute() as that, not as the protocol's EngineError, so
+    the worker's loop, which catches EngineError, ended: every job of the worker lost and the
+    worker gone, where llama.cpp's failed decode fails the running jobs and the worker goes on.
+    Now it is an EngineError carrying what the tick ran before the step, and once the lanes are
+    emptied the engine replies as before."""
+    from scheduler.core.types import LaneBind, LaneFeed, TickPlan
+    from scheduler.engines.base import EngineError
+    from testkit.engine_driver import GREEDY, chat, generate, never
+
+    prompt = chat(mlx, "What is the capital of France?")
+    want = generate(mlx, 0, prompt, max_tokens=3)
+    release(mlx, 0)
+    model = mlx._model
+
+    calls = []
+
+    def failing(inputs: Any, cache: Any = None) -> Any:
+        calls.append(inputs.shape)
+        if len(calls) == 3:  # the second step's prompt chunk
+            raise RuntimeError("[metal::malloc] Attempting to allocate 12884901888 bytes which is greater than the maximum allowed buffer size")
+        return model(inputs, cache=cache)
+
+    monkeypatch.setattr(mlx, "_model", failing)
+    plan = TickPlan(tick=1, step_tokens=4, bind=[LaneBind(0, "a", GREEDY), LaneBind(1, "b", GREEDY)])
+    plan.feeds = [LaneFeed(0, "a", 0, prompt[:1], False), LaneFeed(1, "b", 0, prompt, True)]
+    with pytest.raises(EngineError) as failed:
+        mlx.execute(plan, never)
+    assert failed.value.permanent and failed.value.partial is not None
+    assert failed.value.partial.fed == {0: 1, 1: 3}  # the first step's, in the KV cache
+    assert "allocate" in str(failed.value)
+    monkeypatch.setattr(mlx, "_model", model)
+    release(mlx, 0, 1)
+    assert generate(mlx, 1, prompt, max_tokens=3) == want
+    release(mlx, 1)
