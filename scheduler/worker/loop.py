@@ -231,10 +231,18 @@ class EngineWorker:
             self._received[str(message.id)] = self.clock()
             if not self.draining:
                 self._read_before_drain.add(str(message.id))
-        if isinstance(message, (Cancel, Disconnected)):
+        if isinstance(message, Disconnected) or (isinstance(message, Cancel) and self._holds_lane(message.id)):
             self._interrupt()
         elif isinstance(message, Submit) and _urgent(message):
             self._interrupt(urgent=True)
+
+    def _holds_lane(self, job_id: str) -> bool:
+        """Whether the job is in a lane (read on a reader thread: a moment's view). A cancel of a
+        job that holds none (queued, parked, being prepared, unknown) frees nothing the step in
+        flight holds up: aborting that step for it threw its prompt work away, and clients giving
+        up in the queue of a loaded worker then kept a long prompt from ever being prefilled."""
+        job = self.scheduler.jobs.get(str(job_id))
+        return job is not None and job.lane is not None
 
     def _interrupt(self, urgent: bool = False) -> None:
         """Stop the tick in flight: between its engine steps, and inside a step that carries
@@ -293,6 +301,10 @@ class EngineWorker:
                     self.scheduler.cancel(ctx.job_id)
                     continue
                 del self.contexts[ctx.job_id]
+                # counted at its admission: remembered as the newest, so that the ids of the jobs
+                # admitted since it (a long job outlives thousands of short ones) do not push it
+                # out before its resubmission arrives
+                self.mark_counted(ctx.job_id)
                 job = self.scheduler.jobs.get(ctx.job_id)
                 if job is not None:
                     self.stats["completion_tokens_total"] += len(job.output)
@@ -406,6 +418,7 @@ class EngineWorker:
         its web side submits it again after a link drop, or, in a Redis fleet, when it resumes
         here after the worker that ran it (and counted it) was lost."""
         with self._counted_lock:
+            self._counted.pop(job_id, None)  # the newest again: forgotten last
             self._counted[job_id] = None
             if len(self._counted) > COUNTED_IDS:
                 del self._counted[next(iter(self._counted))]
@@ -436,8 +449,13 @@ class EngineWorker:
                 continue
             if _urgent(message):
                 # before the result is in the inbox: the tick that takes it from there is never
-                # the one this stops (the tick thread clears the flag, then drains the inbox)
-                self._interrupt(urgent=True)
+                # the one this stops (the tick thread clears the flag, then drains the inbox).
+                # A refused job starts nothing: its refusal waits for the step in flight, whose
+                # prompt work an abort would throw away for no one.
+                if result.built is not None:
+                    self._interrupt(urgent=True)
+                else:
+                    self.interrupt.set()
             self.inbox.put((conn, result))
 
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
@@ -744,6 +762,7 @@ class EngineWorker:
                 self.metrics.on_fed(plan, partial)
                 self.scheduler.on_plan_rejected()
                 return True
+            self._replanned = False  # the next plan is a new one, not this one's replan
             self._fail_running(str(exc))
             return True
         self._replanned = False

@@ -159,6 +159,44 @@ def test_a_refused_plan_is_replanned_with_pins_released_and_the_requests_still_f
     assert [m.id for m in done] == ["a"] and done[0].usage["completion_tokens"] == 3
 
 
+class RefusesWhileCounting(SimEngine):
+    """Refuses the next ``refuse`` plans that feed (after their lane and cache work), each with
+    nothing fed, as llama_decode returning 1 does."""
+
+    refuse = 0
+
+    def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
+        if plan.feeds and self.refuse:
+            self.refuse -= 1
+            feeds, plan.feeds = plan.feeds, []
+            partial = super().execute(plan, should_stop)
+            plan.feeds = feeds
+            error = EngineError("llama_decode returned 1", permanent=False)
+            error.partial = partial  # type: ignore[attr-defined]
+            raise error
+        return super().execute(plan, should_stop)
+
+
+def test_after_a_replan_that_failed_the_next_plan_refused_is_replanned_not_failed() -> None:
+    """A plan refused, replanned and refused again fails its running job (engine_error). The
+    replan mark stayed set after that failure, so the next plan, the queued job's first, was
+    failed at its first refusal instead of being replanned: a second engine error, and a job
+    that was only queued when the engine failed ended with it."""
+    clock = FakeClock()
+    engine = RefusesWhileCounting(n_lanes=1, lane_ctx=512, clock=clock)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=512), model_name="sim", clock=clock)
+    conn = FakeConn()
+    submit(worker, conn, "running", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})
+    submit(worker, conn, "queued", {"endpoint": "completions", "prompt": "world", "max_tokens": 3})
+    engine.refuse = 3  # "running": refused, replanned, refused again; then "queued": refused once
+    run(worker)
+    assert {m.id: m.reason for m in conn.sent if isinstance(m, Error)} == {"running": "engine_error"}
+    done = [m for m in conn.sent if isinstance(m, Done)]
+    assert [m.id for m in done] == ["queued"] and done[0].usage["completion_tokens"] == 3
+    assert worker.stats["engine_errors_total"] == 1
+    assert worker.scheduler.counters["plans_rejected"] == 2
+
+
 # -- --no-park ---------------------------------------------------------------------------
 
 
@@ -210,6 +248,9 @@ def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_
     background = Submit("bg", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=3)
     worker._on_message(background)
     assert engine.calls == [] and not worker.interrupt.is_set()  # a batch job waits for the step
+    worker.handle(FakeConn(), background)  # type: ignore[arg-type]
+    worker.run_tick()  # it takes a lane
+    engine.calls.clear()  # (the simulator notes its steps there too)
     worker._on_message(Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=0))
     assert engine.calls == ["abort"] and worker.interrupt.is_set()
     worker._on_message(Cancel("bg"))
@@ -272,6 +313,10 @@ def test_an_urgent_arrival_lets_a_prompt_step_about_to_end_run_on_and_aborts_it_
     monkeypatch.setattr(loop_module.threading, "Timer", HeldTimer)
     engine = EstimatingAbortable(eta, n_lanes=2, lane_ctx=512)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512, abort_grace_s=grace_s), model_name="sim")
+    if message == "cancel":  # of a job in a lane
+        worker.handle(FakeConn(), Submit("bg", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=3))  # type: ignore[arg-type]
+        worker.run_tick()
+        engine.calls.clear()  # (the simulator notes its steps there too)
     chat = Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=0)
     worker._on_message(chat if message == "chat" else Cancel("bg"))
     assert worker.interrupt.is_set()  # the tick stops after this step either way
@@ -284,6 +329,41 @@ def test_an_urgent_arrival_lets_a_prompt_step_about_to_end_run_on_and_aborts_it_
     assert [t.interval for t in HeldTimer.made] == [pytest.approx(min(grace_s, max(0.0, eta or 0.0) + loop_module.ABORT_OVERRUN_S))]
     HeldTimer.made[0].fire()
     assert engine.calls == ["abort step 7"]  # that step only, if it still runs
+
+
+def test_a_cancel_of_a_job_without_a_lane_lets_the_prompt_step_in_flight_run_on() -> None:
+    """A cancel aborts the prompt step in flight so that the cancelled job's lane is released
+    at once. One of a job that holds no lane (queued, being prepared, unknown) aborted it too,
+    freeing nothing: on a loaded worker whose queued clients give up now and then, a long prompt
+    was thrown away step after step and never got prefilled. A cancel of a running job still
+    aborts the step."""
+    clock = FakeClock()
+    engine = AbortingSim(n_lanes=1, lane_ctx=4096, clock=clock, prefill_s_per_token=1 / 300, decode_round_s=0.02)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=4096), model_name="sim", clock=clock)
+    conn = FakeConn()
+
+    def deliver(message: Message) -> None:
+        worker._on_message(message)
+        worker.inbox.put((conn, message))  # type: ignore[arg-type]
+
+    deliver(Submit("long", {"endpoint": "completions", "prompt": "x" * 3000, "max_tokens": 4}, qos=3))
+    gave_up = iter(range(1000))
+
+    def a_queued_client_gives_up(step: Step) -> None:
+        if step.prefill:  # during each of the long prompt's 512-token steps (1.7 s)
+            job_id = f"queued{next(gave_up)}"
+            deliver(Submit(job_id, {"endpoint": "completions", "prompt": "hi", "max_tokens": 4}, qos=3))
+            deliver(Cancel(job_id))
+
+    engine.during_step = a_queued_client_gives_up
+    serve_turns(worker, lambda: any(isinstance(m, Done) and m.id == "long" for m in conn.sent), turns=200)
+    assert engine.aborted == []
+    assert {m.id for m in conn.sent if isinstance(m, Done) and m.finish_reason == "cancelled"} >= {"queued0", "queued1"}
+    # a running job's cancel: aborted at once
+    deliver(Submit("next", {"endpoint": "completions", "prompt": "y" * 3000, "max_tokens": 4}, qos=3))
+    engine.during_step = lambda step: deliver(Cancel("next")) if step.prefill and not engine.aborted else None
+    serve_turns(worker, lambda: any(isinstance(m, Done) and m.id == "next" for m in conn.sent), turns=200)
+    assert engine.aborted == [512]
 
 
 def test_abort_grace_ms_reaches_the_worker_and_bad_values_are_refused() -> None:
@@ -460,6 +540,25 @@ def test_an_urgent_job_is_prepared_before_the_agents_prompts_handed_over_with_it
     prepared = [worker.inbox.get(timeout=10)[1] for _ in range(6)]
     assert order == ["agent0", "chat", "agent1", "agent2", "agent3", "agent4"]
     assert [m.id for m in prepared] == order  # type: ignore[attr-defined]
+
+
+def test_an_urgent_job_refused_once_prepared_stops_the_tick_after_its_step_without_aborting_it() -> None:
+    """Once an interactive or completion job is prepared, the prepare thread stops the tick in
+    flight and aborts its prompt step, so that the job starts at once. A job refused there (a
+    prompt over the context, found by tokenising it) starts nothing: aborting the step threw its
+    prompt work away for no one. Its refusal still goes out after the step in flight."""
+    engine = Abortable(n_lanes=2, lane_ctx=64)
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=64), model_name="sim", prepare_in_thread=True)
+    conn = FakeConn()
+    worker.handle(conn, Submit("long", {"endpoint": "completions", "prompt": "x" * 100, "max_tokens": 3}, qos=0))  # type: ignore[arg-type]
+    _, refused = worker.inbox.get(timeout=10)
+    assert refused.refusal is not None and refused.refusal.reason == "context_length_exceeded"  # type: ignore[attr-defined]
+    assert engine.calls == [] and worker.interrupt.is_set()
+    worker.interrupt.clear()
+    worker.handle(conn, Submit("fits", {"endpoint": "completions", "prompt": "x" * 10, "max_tokens": 3}, qos=0))  # type: ignore[arg-type]
+    _, prepared = worker.inbox.get(timeout=10)
+    assert prepared.built is not None  # type: ignore[attr-defined]
+    assert engine.calls == ["abort"] and worker.interrupt.is_set()
 
 
 def test_no_step_begins_while_an_urgent_job_is_being_prepared_so_none_is_begun_only_to_be_aborted(
@@ -717,6 +816,32 @@ def test_a_job_submitted_again_after_its_link_dropped_is_served_on_the_new_conne
         worker._drain_inbox(0.05)
         worker.run_tick()
     assert not any(isinstance(m, (Delta, Done)) and m.id == "b" for m in old.sent)
+
+
+def test_a_long_job_submitted_again_after_a_link_drop_counts_once_however_many_jobs_came_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ids counted in requests_total are remembered for the latest COUNTED_IDS jobs. A job
+    that ran while more jobs than that were admitted after it (a long agent beside many short
+    chats) was forgotten while it still ran: its resubmission after a link drop counted it again."""
+    from scheduler.worker.server import Disconnected
+
+    monkeypatch.setattr(loop_module, "COUNTED_IDS", 4)
+    worker, old = make_worker()
+    request = {"endpoint": "completions", "prompt": "hello there", "max_tokens": 200}
+    submit(worker, old, "long", request)
+    for i in range(6):  # more short jobs than COUNTED_IDS, admitted and finished while it runs
+        submit(worker, old, f"short{i}", {"endpoint": "completions", "prompt": "hi", "max_tokens": 1})
+        for _ in range(5):
+            worker.run_tick()
+    assert "long" in worker.contexts and worker.stats["requests_total"] == 7
+    delivered = "".join(m.text for m in old.sent if isinstance(m, Delta) and m.id == "long")
+    worker.handle(old, Disconnected())  # type: ignore[arg-type]
+    new = FakeConn()
+    submit(worker, new, "long", request, resume_text=delivered, resume_tokens=len(delivered))
+    run(worker)
+    assert isinstance(new.sent[-1], Done) and new.sent[-1].id == "long"
+    assert worker.stats["requests_total"] == 7  # one request, counted once
 
 
 class FailsLane(SimEngine):

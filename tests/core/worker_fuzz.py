@@ -266,6 +266,7 @@ class JobRec:
     lp_entries: list[dict[str, Any]] = field(default_factory=list)
     cancelled: bool = False  # the client cancelled or disconnected: a terminal is optional
     dup_pending: int = 0  # duplicate submits whose Rejected(duplicate_id) is expected
+    ended: bool = False  # resumed with nothing left to generate: Accepted, Done(length), never queued
     messages: list[str] = field(default_factory=list)
 
 
@@ -352,6 +353,9 @@ class Fuzz:
         self.prefixes = ["".join(rnd.choice(WORDS) for _ in range(rnd.randint(2, 8))) for _ in range(4)]
         self.trace: list[str] = []
         self.expected_fault = False
+        # what the worker's own counters must add up to (I8)
+        self.seen = {"rejected": 0, "prompt_tokens": 0, "finishes": 0}
+        self.admitted_ids: set[str] = set()
 
     # -- logging --
     def log(self, s: str) -> None:
@@ -504,6 +508,7 @@ class Fuzz:
             eog_at = i if i >= 0 else None
         conn = rnd.choice(self.conns)
         rec = JobRec(job_id, conn, submit, expect, tokens, own_len, n_max, stops, eog_at, want_lp)
+        rec.ended = ended and expect is None
         self.jobs[job_id] = rec
         self.log(
             f"submit {job_id} conn={conn.name} qos={qos} prio={priority} own={own_len} toks={len(tokens)} mt={mt} "
@@ -607,6 +612,7 @@ class Fuzz:
         # at once, with not one token more
         ended = bool(text) and (budget <= 0 or len(new.prompt) >= self.engine.lane_ctx)
         new.n_max = 0 if ended else min(budget, self.engine.lane_ctx - len(new.prompt))
+        new.ended = ended
         self.engine.eog_after.pop(rec.job_id, None)
         old_key = f"{rec.job_id}@old{len(self.jobs)}"
         self.jobs[old_key] = rec
@@ -662,6 +668,7 @@ class Fuzz:
         if rec is None:
             self.fail(f"message for an unknown job: {msg!r}")
         rec.messages.append(type(msg).__name__)
+        self.count(rec, msg)
         if isinstance(msg, Rejected) and msg.reason == "duplicate_id" and rec.dup_pending:
             rec.dup_pending -= 1
             return
@@ -706,6 +713,36 @@ class Fuzz:
             self.check_terminal(rec, msg)
         else:
             self.fail(f"{job_id}: unexpected message {msg!r}")
+
+    def count(self, rec: JobRec, msg: Message) -> None:
+        """What a message adds to the worker's counters: a Rejected to rejected_total, an
+        admission (Accepted, but an ended resumption's) to requests_total once per id, a finish
+        (Done, but an ended resumption's, or Error) to the finishes, a Done's prompt to
+        prompt_tokens_total."""
+        if isinstance(msg, Rejected):
+            self.seen["rejected"] += 1
+        elif isinstance(msg, Accepted) and not rec.ended:
+            self.admitted_ids.add(rec.job_id)
+        elif isinstance(msg, Done) and not rec.ended:
+            self.seen["prompt_tokens"] += int(msg.usage.get("prompt_tokens", 0))
+            self.seen["finishes"] += 1
+        elif isinstance(msg, Error):
+            self.seen["finishes"] += 1
+
+    def check_counts(self) -> None:
+        """I8: the worker's counters (its snapshot's stats and metrics) against its messages."""
+        stats = self.worker.stats
+        want = {
+            "requests_total": len(self.admitted_ids),
+            "rejected_total": self.seen["rejected"],
+            "prompt_tokens_total": self.seen["prompt_tokens"],
+        }
+        got = {k: int(stats[k]) for k in want}
+        if got != want:
+            self.fail(f"worker stats {got} != what its messages add up to {want}")
+        finishes = sum(n for by_reason in self.worker.metrics.finishes.values() for n in by_reason.values())
+        if finishes != self.seen["finishes"]:
+            self.fail(f"metrics count {finishes} finishes {self.worker.metrics.finishes}, the messages {self.seen['finishes']}")
 
     def check_terminal(self, rec: JobRec, msg: Message) -> None:
         ref_text, gen, reason, toks = reference(rec.prompt, rec.n_max, rec.stops, rec.eog_at)
@@ -892,6 +929,7 @@ class Fuzz:
                 self.fail(f"{rec.job_id}: duplicate submit never answered")
             if rec.terminal is None and not rec.cancelled:
                 self.fail(f"{rec.job_id}: no terminal message (got {rec.messages})")
+        self.check_counts()
 
 
 def _prefix(full: str, got: str) -> bool:
