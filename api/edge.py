@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
@@ -37,6 +37,9 @@ API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokeniz
 
 
 def is_api_path(path: str) -> bool:
+    # leading slashes as one, as Channels' router takes them (it serves //v1/chat/completions):
+    # Django's 404 for //v1/models was its HTML page
+    path = "/" + path.lstrip("/")
     return any(path == p or path.startswith(p + "/") for p in API_PREFIXES)
 
 
@@ -333,6 +336,14 @@ def install_protocol_errors() -> None:
     from daphne.http_protocol import WebRequest
 
     def basic_error(self: Any, status: int, status_text: bytes, body: str) -> None:
+        if getattr(self, "_response_started", False) and not self.finished:
+            # the application failed after its reply began (daphne's checker calls this): no
+            # error can replace that reply, and starting one raised out of the checker, which
+            # then never ran again (no crash answered, no application reaped). The reply is cut
+            # short instead, its last chunk never sent, so the client sees it incomplete.
+            if self.channel is not None:
+                self.channel.loseConnection()
+            return
         for message in protocol_error_reply(status, status_text, body):
             self.handle_reply(message)
         if getattr(self, "application_queue", None) is None:
@@ -416,11 +427,18 @@ def raw_error_reply(exc: ApiError, origin: str | None = None) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
 
+def routed_path(path: bytes) -> str:
+    """The path a request line's target is routed by, as daphne and Channels' router take it:
+    without its query, %-escapes decoded, leading slashes as one (``//v1/chat/completions`` and
+    ``/v1/chat/complet%69ons`` are served as ``/v1/chat/completions``)."""
+    return "/" + unquote(path.split(b"?", 1)[0].decode("latin-1")).lstrip("/")
+
+
 def record_edge_refusal(path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0) -> None:
     """The access-log line, /metrics count and activity row of a generation request that ended
     before it reached the application (refused, or its client left while sending it): the
     activity log says why, and how long it had been open (``open_s``, from its first byte)."""
-    endpoint = GENERATION_PATHS.get(path.split(b"?", 1)[0].decode("latin-1"))
+    endpoint = GENERATION_PATHS.get(routed_path(path))
     if endpoint is None:  # the activity log keeps generation requests only
         return
     from .records import RequestRecord, record_now
@@ -525,7 +543,7 @@ def body_limit(path: bytes | None) -> tuple[int, int]:
     batch file's upload (``/v1/files``) has its own, SUPERFLUID_BATCH_MAX_FILE_BYTES (by default
     ``--max-body-bytes``) for the file plus the multipart around it, as batches/asgi.py bounds
     it: a file of the size allowed, or a larger limit set for batch files, was refused here."""
-    if (path or b"").split(b"?", 1)[0] == b"/v1/files":
+    if routed_path(path or b"") == "/v1/files":
         from batches.asgi import ENVELOPE_BYTES, upload_limit
 
         limit = upload_limit()
@@ -632,6 +650,10 @@ def install_request_bounds() -> None:
         if self._sf_refused:
             return None
         self._sf_processing = True
+        # daphne makes a client's Daphne-Root-Path the scope's root_path: one the path is not
+        # under made Channels' router raise (a 500 and a traceback, at any client's will), one not
+        # ASCII made daphne's own processing raise. The API is served at / (serve sets no root).
+        self.requestHeaders.removeHeader(b"Daphne-Root-Path")
         return original_process(self)
 
     def connection_lost(self: Any, reason: Any) -> None:

@@ -4,6 +4,8 @@ the dashboard's websocket is a Channels consumer behind the session auth and an 
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -25,6 +27,13 @@ from api.consumers import ChatCompletionsConsumer, CompletionsConsumer, Embeddin
 from batches.asgi import BoundedBody  # noqa: E402
 from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
 
+
+async def refuse_websocket(scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]], send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    """A websocket to a path that takes none: closed before it opens (daphne answers 403)."""
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.close"})
+
+
 application = ProtocolTypeRouter(
     {
         "http": URLRouter(
@@ -37,7 +46,8 @@ application = ProtocolTypeRouter(
                 re_path(r"", django_asgi_app),
             ]
         ),
-        # the live dashboard: staff sessions only (the consumer refuses anyone else)
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(dashboard_websockets))),
+        # the live dashboard: staff sessions only (the consumer refuses anyone else); a websocket
+        # to any other path is refused (the router raised for it: a traceback in the log each time)
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter([*dashboard_websockets, re_path(r"", refuse_websocket)]))),
     }
 )

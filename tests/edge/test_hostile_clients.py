@@ -101,3 +101,46 @@ async def test_a_refused_connection_whose_client_reads_nothing_is_let_go_after_t
     clock.advance(LINGER_S)
     assert transport.closed
     assert server.scopes == []
+
+
+@pytest.mark.parametrize("root", [b"/elsewhere", b"/\xff"], ids=["a path the request is not under", "a byte that is not ASCII"])
+async def test_a_daphne_root_path_header_from_a_client_does_not_turn_its_request_into_a_500(json_protocol_errors: None, root: bytes) -> None:
+    """daphne takes ``Daphne-Root-Path`` from the request as the scope's ``root_path``: any client
+    sending one that its path is not under had Channels' router raise (a 500 and an ERROR with a
+    traceback in the log, at will); one not ASCII made daphne's own processing raise (a 500, its
+    row ``server_error``). serve mounts the API at ``/`` and no proxy is told to send it: the
+    request is the application's as if the header were not there."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(with_header(head(len(BODY)), b"Daphne-Root-Path: " + root) + BODY)
+    assert transport.value() == b""  # no 500 from daphne
+    assert [(s["root_path"], s["path"]) for s in server.scopes] == [("", "/v1/chat/completions")]
+    assert b"daphne-root-path" not in dict(server.scopes[0]["headers"]) and b"".join(server.bodies) == BODY
+    assert await rows() == []
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/nowhere"])
+async def test_a_websocket_to_a_path_with_no_websocket_is_refused_not_a_crash_of_the_application(path: str) -> None:
+    """Only the dashboard takes websockets: an upgrade anywhere else (from an allowed origin,
+    which any client can name) had Channels' router raise ValueError, an ERROR with a traceback
+    in the log for each, at any client's will. It is refused as a connection is refused: closed
+    before it opens (daphne answers 403)."""
+    from channels.testing import ApplicationCommunicator
+
+    from .inproc import HOST, application
+
+    scope = {
+        "type": "websocket",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", HOST), (b"origin", b"http://" + HOST)],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+        "subprotocols": [],
+    }
+    comm = ApplicationCommunicator(application(), scope)
+    await comm.send_input({"type": "websocket.connect"})
+    assert (await comm.receive_output(5))["type"] == "websocket.close"
+    await comm.send_input({"type": "websocket.disconnect", "code": 1006})
+    await comm.wait(5)  # and the application ends without an exception

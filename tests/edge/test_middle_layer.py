@@ -195,6 +195,11 @@ async def test_a_body_over_the_bound_keeps_its_key_in_its_activity_row(sim: SimW
         ("GET", "/health/x", 404, "not_found"),
         ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
         ("PUT", "/v1/completions", 405, "method_not_allowed"),
+        # a doubled slash (a base URL ending in "/" joined to "/v1"): the consumers serve
+        # //v1/chat/completions, and Django's pages for the other routes were HTML
+        ("GET", "//v1/models", 404, "not_found"),
+        ("POST", "//v1/audio/speech", 404, "not_found"),
+        ("GET", "///health", 404, "not_found"),
     ],
 )
 async def test_every_error_under_the_api_paths_is_an_openai_error_object(sim: SimWorker, method: str, path: str, status: int, code: str) -> None:

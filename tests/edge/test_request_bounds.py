@@ -284,3 +284,14 @@ async def test_a_body_whose_framing_is_bad_gets_one_400_and_its_row_says_so(json
     assert status == 400 and body["error"]["code"] == "bad_request"
     assert server.scopes == []
     assert await rows() == [("chat", 400, "bad_request")]
+
+
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+@pytest.mark.parametrize("path", [b"//v1/chat/completions", b"/v1/chat/complet%69ons", b"/v1/chat/completions?x=1"])
+async def test_a_refusal_of_a_generation_path_spelled_otherwise_is_logged_as_that_endpoint(path: bytes) -> None:
+    """The consumers serve the path as routed (leading slashes as one, %-escapes decoded): a
+    request the edge refused on such a spelling left no activity row and no count in /metrics."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(head(10**6, path))
+    assert reply(transport)[0] == 413 and server.scopes == []
+    assert await rows() == [("chat", 413, "request_too_large")]
