@@ -535,16 +535,18 @@ class RedisTransport(Transport):
             if job_id not in self.open:  # answered or cancelled; else finish() deletes it
                 await self._forget(job_id)
 
-    async def _forget(self, job_id: str) -> None:
+    async def _forget(self, job_id: str, client: aioredis.Redis | None = None) -> None:
         """The web side is done with this job: its stream and resume note go. (Not as soon as
         its last event is read: until the client has it all, another head may have to resume it.)"""
         with contextlib.suppress(Exception):
-            await self._redis().delete(f"{self.prefix}s:{job_id}", f"{self.prefix}r:{job_id}")
+            await (client if client is not None else self._redis()).delete(f"{self.prefix}s:{job_id}", f"{self.prefix}r:{job_id}")
 
     def finish(self, handle: JobHandle) -> None:
         super().finish(handle)
         if handle.job_id not in self._readers and not self._stopped:
-            spawn(self._forgetting, self._forget(handle.job_id))
+            # the client taken now: a stop() that comes before the task first runs waits for it,
+            # and the task asking for the client then found the link stopped and sent nothing
+            spawn(self._forgetting, self._forget(handle.job_id, self._redis()))
 
     async def _check_vanished(self, handle: JobHandle, key: str) -> None:
         """Redis restarted empty (or the job expired): fail the job instead of waiting forever."""
@@ -825,6 +827,8 @@ class RedisWorkerLink:
                 self._stop.wait(0.5)
 
     def _pull_once(self, n_lanes: int) -> bool:
+        from scheduler.worker.server import RUN_ENDED
+
         usage = self._usage()
         use, caps = usage[:N_CLASSES], usage[N_CLASSES:]
         with self._lock:
@@ -865,15 +869,21 @@ class RedisWorkerLink:
             if waited_ms > 0 and isinstance(message.waited_ms, (int, float)) and not isinstance(message.waited_ms, bool):
                 # its queue wait and time to first token count from when its head queued it
                 message = dataclasses.replace(message, waited_ms=message.waited_ms + waited_ms)
-            with self._lock:
-                stale = self.held.get(job_id)
-                self.held[job_id] = conn
-            if stale is not None:  # our own earlier run of it, lost while we stalled: it stops first
-                self._drop(stale)
             if waited_ms < 0:
                 self.worker.mark_counted(job_id)
             self.worker._on_message(message)
-            self.worker.inbox.put((conn, message))
+            with self._lock:
+                stale = self.held.get(job_id)
+                self.held[job_id] = conn
+                # in the inbox as it is held: a cancel that takes it out of ``held`` (the control
+                # thread) queues its Cancel after it. One that came between the two went in first,
+                # found no such job, and the job then ran to its last token for nobody.
+                if stale is not None:  # our own earlier run of it, lost while we stalled: it stops first
+                    self.worker.inbox.put((stale, RUN_ENDED))
+                self.worker.inbox.put((conn, message))
+            if stale is not None:
+                self.worker.interrupt.set()
+                self._wake.set()
             if conn.qos <= 1:
                 self.worker.interrupt.set()
         return free > 0 and len(reply) // PICKED_FIELDS >= n

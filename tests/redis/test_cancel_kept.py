@@ -7,11 +7,15 @@ the event loop after the call starts, with Redis kept busy so that no reply can 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
+from typing import Any
 
 import redis
 
 from scheduler.engines.sim import SimEngine
+from scheduler.link.messages import Submit
 from scheduler.link.transport import JobHandle
 from tests.keys.test_admission import IP, admit, chat
 
@@ -87,7 +91,12 @@ async def test_a_cancel_cut_short_by_a_second_cancel_at_any_turn_still_ends_the_
     try:
         for turns in TURNS:
             handle = await link.submit(request=completion("nobody", max_tokens=400))
-            while handle.job_id not in worker.link.held:  # at the worker, running
+            # admitted at the worker, so running: not only picked (``held``) and maybe still being
+            # prepared, where a cancel drops it unadmitted, counted neither as a request nor as a
+            # finish (a loaded machine prepares late), and the wait below never saw it end
+            deadline = asyncio.get_running_loop().time() + 30
+            while handle.job_id not in worker.worker.contexts:
+                assert asyncio.get_running_loop().time() < deadline, (turns, "the job was never admitted")
                 await asyncio.sleep(0.01)
 
             async def streaming(handle: JobHandle = handle) -> None:
@@ -121,5 +130,68 @@ async def test_a_cancel_cut_short_by_a_second_cancel_at_any_turn_still_ends_the_
             await asyncio.sleep(0.02)
         assert finishes() == {"cancelled": len(TURNS)}  # none ran to its length
     finally:
+        await link.stop()
+        worker.stop()
+
+
+class RecordingInbox(queue.SimpleQueue):  # type: ignore[type-arg]
+    """A worker's inbox that keeps the order of what went in: (message type, job id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, str]] = []
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        conn, message = item
+        self.log.append((type(message).__name__, str(getattr(message, "id", getattr(conn, "job_id", "")))))
+        super().put(item, block, timeout)
+
+
+async def test_a_cancel_that_reaches_the_worker_as_it_takes_the_job_in_still_ends_the_job(redis_server: RedisServer, prefix: str) -> None:
+    """A worker that has just picked a job holds it (``held``), then hands its Submit to the
+    worker loop's inbox. A cancel for it that came in between took it out of ``held`` and put
+    its Cancel in the inbox ahead of the Submit: the loop found no such job, then ran the Submit
+    to its last token for nobody, holding a lane (its messages were no longer emitted, so
+    nothing fenced it). Here the pulling thread is held as it takes the job in (in the worker's
+    ``_on_message``, just before that hand-over) until the cancel has been dealt with."""
+    engine = SimEngine(n_lanes=2, lane_ctx=512)
+    engine.on_call = lambda _n: time.sleep(0.005)  # 400 tokens: about two seconds
+    worker = SimFleetWorker(redis_server.url, prefix, engine=engine)
+    inbox = worker.worker.inbox = RecordingInbox()
+    picked, go_on = threading.Event(), threading.Event()
+    on_message = worker.worker._on_message
+
+    def taking_in(message: Any) -> None:  # on the pulling thread, before the Submit goes in
+        on_message(message)
+        if isinstance(message, Submit):
+            picked.set()
+            go_on.wait(10)
+
+    worker.worker._on_message = taking_in  # type: ignore[method-assign]
+    worker.start()
+    link = await head(redis_server.url, prefix)
+    try:
+        handle = await link.submit(request=completion("nobody", max_tokens=400))
+        assert await asyncio.to_thread(picked.wait, 10), "the worker never picked the job"
+        await link.cancel(handle)  # as api/consumers.py does when the client has left
+        link.finish(handle)
+        deadline = asyncio.get_running_loop().time() + 10
+        while handle.job_id in worker.link.held:  # the cancel has reached the worker (if it held the job)
+            assert asyncio.get_running_loop().time() < deadline, "the cancel never reached the worker"
+            await asyncio.sleep(0.01)
+        go_on.set()
+
+        def idle() -> bool:
+            w = worker.worker
+            return ("Submit", handle.job_id) in inbox.log and inbox.empty() and not w.contexts and not w.preparing and not w.scheduler.jobs and not worker.link.held
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not idle():  # the job ended at the worker, one way or the other
+            assert asyncio.get_running_loop().time() < deadline, (inbox.log, dict(worker.worker.metrics.finishes))
+            await asyncio.sleep(0.02)
+        finishes = {reason for by_reason in worker.worker.metrics.finishes.values() for reason in by_reason}
+        assert finishes <= {"cancelled"}, (finishes, inbox.log)  # it did not run to its length
+    finally:
+        go_on.set()
         await link.stop()
         worker.stop()

@@ -7,6 +7,7 @@ leaves no connection to Redis behind."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from typing import Any
@@ -89,7 +90,11 @@ async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_co
     async def stop_while_deleting(busy: Busy) -> bool:
         nonlocal handle
         link.finish(handle)
-        await until_sent(link._redis())  # the DELETE is sent, and waits behind the script
+        # the DELETE is sent, and waits behind the script: its task has run into the call (a
+        # connection in use alone may be a tick's command, and the DELETE's task not begun yet)
+        while any(inspect.getcoroutinestate(t.get_coro()) == inspect.CORO_CREATED for t in link._forgetting):
+            await asyncio.sleep(0)
+        await until_sent(link._redis())
         if not busy.over():
             assert link._forgetting, "the DELETE ended before the head stopped"
             return True
@@ -113,6 +118,37 @@ async def test_a_head_stopped_while_deleting_a_finished_jobs_stream_leaves_no_co
     assert [c for c in admin.client_list() if c["name"] == named] == []
     admin.close()
     worker.stop()
+
+
+async def test_a_head_stopped_right_after_finishing_a_job_still_deletes_its_stream(redis_server: RedisServer, prefix: str) -> None:
+    """finish() leaves a finished job's DELETE to a task, and stop() waits for that task: but a
+    stop() that came before the task first ran (no await between them: a consumer's finish, then
+    the server's shutdown) found the link stopped when the task asked for its client, and the
+    DELETE was never sent (the stream and its resume note stayed for their whole TTL). Under a
+    loaded machine this was the fleet test's "stream was never deleted": its DELETE task had not
+    run yet when the head stopped."""
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    admin = redis.Redis.from_url(redis_server.url)
+    link = await head(redis_server.url, prefix)
+    named = f"head:{link.head_id}"
+    try:
+        handle = await link.submit(request=completion(max_tokens=5))
+        _text, done = await outcome(handle)
+        assert isinstance(done, Done)
+        await link.remember_stream(handle.job_id, {"id": "chatcmpl-x"})
+        deadline = time.monotonic() + 10
+        while link._readers:  # the reader has left: finish() deletes the stream itself
+            assert time.monotonic() < deadline, "the stream's reader did not leave after Done"
+            await asyncio.sleep(0.01)
+        assert admin.exists(f"{prefix}s:{handle.job_id}", f"{prefix}r:{handle.job_id}") == 2
+        link.finish(handle)
+        await link.stop()  # before the DELETE's task has run at all
+        assert admin.exists(f"{prefix}s:{handle.job_id}", f"{prefix}r:{handle.job_id}") == 0
+        assert [c for c in admin.client_list() if c["name"] == named] == []
+    finally:
+        await link.stop()
+        admin.close()
+        worker.stop()
 
 
 async def test_a_worker_crash_resumes_its_jobs_on_another_worker_from_the_text_delivered(redis_server: RedisServer, prefix: str) -> None:
