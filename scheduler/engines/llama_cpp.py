@@ -224,11 +224,22 @@ class _Candidates:
         return int(self.array.data[self.array.selected].id)
 
     def pick_masked(self, logits: Any, grammar: Any, chain: Any) -> int:
-        """The chain's pick among the tokens ``grammar`` allows (the whole vocabulary masked)."""
+        """The chain's pick among the tokens ``grammar`` allows (the whole vocabulary masked).
+
+        A token the grammar rejects is -inf through the whole chain, and a sound draw never picks
+        -inf. When every allowed token is a ban the chain pushed to -inf too (a temperature of
+        1e-30 divides -1e9 past float32's range, a huge repeat penalty multiplies a generated
+        one), the draw's softmax is NaN and lands anywhere; accepting a rejected token throws in
+        llama.cpp's C++ and ends the process. Then the likeliest allowed token by the raw logits."""
         self.fill(logits)
         llama_cpp.llama_sampler_apply(grammar, self.ref)
         llama_cpp.llama_sampler_apply(chain, self.ref)
-        return self.chosen()
+        selected = self.array.selected
+        if 0 <= selected < self.array.size and self.array.data[selected].logit > -math.inf:
+            return self.chosen()
+        self.fill(logits)
+        llama_cpp.llama_sampler_apply(grammar, self.ref)
+        return int(self._rows["id"][int(np.argmax(self._rows["logit"]))])
 
     def allows(self, grammar: Any, token: int) -> bool:
         """Whether ``grammar`` in its present state accepts ``token`` next: the grammar applied to
