@@ -3,6 +3,7 @@ running server hears about them within a second."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db.models import Count, Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -61,6 +62,21 @@ class StaleEditForm(ErrorsOnTheForm):
             raise forms.ValidationError(STALE_ROW)
         return cleaned
 
+    def claim(self) -> bool:
+        """In the save's transaction, just before the write: whether the row is still the one
+        the page showed, moving it on in the same conditional UPDATE. ``clean()`` alone let two
+        saves opened on one version both pass (it reads, the write comes later), and the second
+        silently overwrote the first; of two such saves the second now finds no row here."""
+        seen, row = self.cleaned_data.get("seen_updated"), self.instance
+        if not seen or row.pk is None:
+            return True
+        at = datetime.datetime.fromisoformat(seen)
+        return type(row)._default_manager.filter(pk=row.pk, updated=at).update(updated=timezone.now()) == 1
+
+
+class StaleRowError(Exception):
+    """A save that lost to another one made since its page was checked (``claim``)."""
+
 
 class CapsListForm(ErrorsOnTheForm):
     """A row of the caps list, whose Save posts every row's ``max_lanes`` as the page showed it.
@@ -87,6 +103,24 @@ class CapsListForm(ErrorsOnTheForm):
             raise forms.ValidationError(STALE_ROW)
         return cleaned
 
+    def claim(self) -> bool:
+        """As ``StaleEditForm.claim``: the list is checked outside the save's transaction, so a
+        cap saved elsewhere in between was put back; the row must still hold the value shown."""
+        try:
+            shown = self.fields["max_lanes"].to_python(self.data.get(self["max_lanes"].html_initial_name))
+        except (KeyError, ValidationError):
+            return True
+        if shown is None or self.instance.pk is None:
+            return True
+        return ClassLaneCap.objects.filter(pk=self.instance.pk, max_lanes=shown).update(updated=timezone.now()) == 1
+
+
+def _claim(form: Any, change: bool) -> None:
+    """Refuse the save (the whole transaction rolls back, and nothing is pushed to the running
+    server) when another one got to the row since the form was checked."""
+    if change and hasattr(form, "claim") and not form.claim():
+        raise StaleRowError(STALE_ROW)
+
 
 class ThroughActions(admin.ModelAdmin):
     """Saves and deletes go through ``keys.actions`` (which bump the config version), never a
@@ -98,7 +132,22 @@ class ThroughActions(admin.ModelAdmin):
     delete_rows: Callable[[list[Any]], int]
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        _claim(form, change)
         self.save_row(obj)
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except StaleRowError as exc:  # rolled back: the page again, as the row is now
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        try:
+            return super().changelist_view(request, extra_context)
+        except StaleRowError as exc:  # every row of this save rolled back
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         self.delete_rows([obj])
@@ -236,6 +285,7 @@ class ApiKeyAdmin(ThroughActions):
     # -- saving ---------------------------------------------------------------------------
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        _claim(form, change)
         if change:
             actions.save_key(obj)
         else:

@@ -37,6 +37,7 @@ ON_POSTGRESQL = [
     "tests/keys/test_commands.py",
     "tests/keys/test_credentials.py",
     "tests/keys/test_policyfile.py",
+    "tests/keys/test_saves_racing_on_one_version.py",
     "tests/keys/test_static_key.py",
     "tests/edge/test_middle_layer.py",
     "tests/edge/test_deep_and_odd_json.py",
