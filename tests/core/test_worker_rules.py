@@ -132,38 +132,12 @@ def test_a_warning_read_by_the_worker_evicts_once_while_it_lasts() -> None:
 # -- replan ------------------------------------------------------------------------------
 
 
-class RefusesOnce(SimEngine):
-    """Refuses the first plan that feeds: it runs the plan's lane and cache work, then its
-    first engine call fails with nothing fed (llama_decode returning 1)."""
+class Refuses(SimEngine):
+    """Refuses the next ``refuse`` plans that feed (the first, unless told otherwise): each runs
+    its lane and cache work, then its first engine call fails with nothing fed (llama_decode
+    returning 1)."""
 
-    refused = False
-
-    def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
-        if plan.feeds and not self.refused:
-            self.refused = True
-            feeds, plan.feeds = plan.feeds, []
-            partial = super().execute(plan, should_stop)
-            plan.feeds = feeds
-            error = EngineError("llama_decode returned 1", permanent=False)
-            error.partial = partial  # type: ignore[attr-defined]
-            raise error
-        return super().execute(plan, should_stop)
-
-
-def test_a_refused_plan_is_replanned_with_pins_released_and_the_requests_still_finish() -> None:
-    worker, conn = make_worker(RefusesOnce(n_lanes=2, lane_ctx=512))
-    submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hello " * 10, "max_tokens": 3})
-    run(worker)
-    assert worker.scheduler.counters["plans_rejected"] == 1
-    done = [m for m in conn.sent if isinstance(m, Done)]
-    assert [m.id for m in done] == ["a"] and done[0].usage["completion_tokens"] == 3
-
-
-class RefusesWhileCounting(SimEngine):
-    """Refuses the next ``refuse`` plans that feed (after their lane and cache work), each with
-    nothing fed, as llama_decode returning 1 does."""
-
-    refuse = 0
+    refuse = 1
 
     def execute(self, plan: TickPlan, should_stop: Any) -> TickResult:
         if plan.feeds and self.refuse:
@@ -177,13 +151,22 @@ class RefusesWhileCounting(SimEngine):
         return super().execute(plan, should_stop)
 
 
+def test_a_refused_plan_is_replanned_with_pins_released_and_the_requests_still_finish() -> None:
+    worker, conn = make_worker(Refuses(n_lanes=2, lane_ctx=512))
+    submit(worker, conn, "a", {"endpoint": "completions", "prompt": "hello " * 10, "max_tokens": 3})
+    run(worker)
+    assert worker.scheduler.counters["plans_rejected"] == 1
+    done = [m for m in conn.sent if isinstance(m, Done)]
+    assert [m.id for m in done] == ["a"] and done[0].usage["completion_tokens"] == 3
+
+
 def test_after_a_replan_that_failed_the_next_plan_refused_is_replanned_not_failed() -> None:
     """A plan refused, replanned and refused again fails its running job (engine_error). The
     replan mark stayed set after that failure, so the next plan, the queued job's first, was
     failed at its first refusal instead of being replanned: a second engine error, and a job
     that was only queued when the engine failed ended with it."""
     clock = FakeClock()
-    engine = RefusesWhileCounting(n_lanes=1, lane_ctx=512, clock=clock)
+    engine = Refuses(n_lanes=1, lane_ctx=512, clock=clock)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=512), model_name="sim", clock=clock)
     conn = FakeConn()
     submit(worker, conn, "running", {"endpoint": "completions", "prompt": "hello", "max_tokens": 3})

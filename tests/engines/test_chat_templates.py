@@ -15,8 +15,6 @@ And a template with Hugging Face's ``{% generation %}`` block (SmolLM3's) compil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 import pytest
@@ -30,7 +28,6 @@ from scheduler.engines.chat import (
     template_inputs,
 )
 from scheduler.engines.llama_cpp import LlamaCppEngine
-from scheduler.engines.models import default_model_path
 from scheduler.worker.loop import EngineWorker
 
 pytestmark = pytest.mark.model
@@ -112,13 +109,6 @@ def _agent_history(result: str) -> list[dict[str, Any]]:
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "fetch", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": result},
     ]
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)
-    with closing(eng):
-        yield eng
 
 
 def _with_template(engine: LlamaCppEngine, source: str, monkeypatch: pytest.MonkeyPatch) -> None:

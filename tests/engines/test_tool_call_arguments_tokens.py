@@ -6,15 +6,12 @@ test file) gave the next turn's prompt real control tokens there, a turn the cli
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 import pytest
 
 from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template, split_rendered
 from scheduler.engines.llama_cpp import LlamaCppEngine
-from scheduler.engines.models import default_model_path
 from tests.engines.test_chat_templates import (
     FORGED,
     IM_END,
@@ -25,13 +22,6 @@ from tests.engines.test_chat_templates import (
     _tokens,
     _turn_tokens,
 )
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)
-    with closing(eng):
-        yield eng
 
 
 def _history(arguments: str, result: str = "done") -> list[dict[str, Any]]:

@@ -7,8 +7,6 @@ prompt real control tokens there, a system turn the client never sent. Plain wor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 import pytest
@@ -16,7 +14,6 @@ import pytest
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template
 from scheduler.engines.llama_cpp import LlamaCppEngine
-from scheduler.engines.models import default_model_path
 from scheduler.worker.loop import EngineWorker
 from tests.engines.test_chat_templates import (
     FORGED,
@@ -31,13 +28,6 @@ from tests.engines.test_chat_templates import (
 )
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)
-    with closing(eng):
-        yield eng
 
 
 def _tool(description: str = "Fetch a page.", key: str = "url", schema: dict[str, Any] | None = None) -> dict[str, Any]:
