@@ -53,17 +53,20 @@ class Bucket:
 
 def buckets(key_name: str, hours: bool, now: datetime.datetime | None = None) -> list[Bucket]:
     """The last 24 hours by hour (``hours``), or the last 30 days by day (UTC), oldest first,
-    one bucket for every hour or day, empty ones included."""
+    one bucket for every hour or day, empty ones included: the same rows as :func:`totals`'
+    window, so the first bucket (the hour or day the window starts in) counts only those after
+    its start, and the bars add up to the totals beside them."""
     now = now or timezone.now()
     if hours:
-        step, n, trunc = datetime.timedelta(hours=1), 24, TruncHour("time")
+        span, step, trunc = WINDOWS["24h"], datetime.timedelta(hours=1), TruncHour("time")
         last = now.replace(minute=0, second=0, microsecond=0)
     else:
-        step, n, trunc = datetime.timedelta(days=1), 30, TruncDay("time")
+        span, step, trunc = WINDOWS["30d"], datetime.timedelta(days=1), TruncDay("time")
         last = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    n = span // step + 1  # the window's first, partial, bucket and the current one
     first = last - step * (n - 1)
     rows = (
-        ActivityEntry.objects.filter(key_name=key_name, time__gte=first)
+        ActivityEntry.objects.filter(key_name=key_name, time__gt=now - span)
         .order_by()
         .annotate(start=trunc)
         .values("start")
