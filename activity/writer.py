@@ -10,7 +10,8 @@ and ``sync_to_async(thread_sensitive=True)`` would otherwise put both.
 Rows are never dropped while the database answers; if it fails, the batch is retried with
 growing pauses (up to ``RETRIES`` times) before it is logged and given up. A batch the
 database refuses for a row's data is written row by row: only that row is given up. At interpreter exit
-the writer gets ``EXIT_FLUSH_S`` to write what is queued.
+the writer gets ``EXIT_FLUSH_S`` to write what is queued; the rows it could not are counted in
+the log.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class ActivityWriter:
         self._touches: dict[int, datetime.datetime] = {}
         self._cond = threading.Condition()
         self._busy = False
+        self._writing = 0  # the rows of the batch the thread has taken and not yet written
         self._thread: threading.Thread | None = None
         self.written = 0
         self.failed = 0
@@ -68,6 +70,12 @@ class ActivityWriter:
         return True
 
     @property
+    def unwritten(self) -> int:
+        """The rows queued and those of the batch being written."""
+        with self._cond:
+            return len(self._rows) + self._writing
+
+    @property
     def pending(self) -> int:
         with self._cond:
             return len(self._rows)
@@ -84,6 +92,7 @@ class ActivityWriter:
 
         while True:
             with self._cond:
+                self._writing = 0  # the last batch is written or given up
                 idle = not self._rows and not self._touches
                 if idle:
                     self._busy = False
@@ -96,6 +105,7 @@ class ActivityWriter:
                 self._busy = True
                 rows = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
                 touches, self._touches = self._touches, {}
+                self._writing = len(rows)
             self._write(rows, touches)
 
     def _write(self, rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
@@ -171,5 +181,7 @@ def flush(timeout_s: float = 10.0) -> bool:
 def _flush_at_exit() -> None:
     # whatever is queued, and the batch the thread is writing now: the thread is a daemon, so a
     # batch it had taken (nothing left "pending") was cut off by the exit, its rows lost (a
-    # drain's last requests, ended as serve stopped)
-    _writer.flush(EXIT_FLUSH_S)
+    # drain's last requests, ended as serve stopped); what the database did not take in time is
+    # lost with the process: said in the log, not silently
+    if not _writer.flush(EXIT_FLUSH_S):
+        log.error("activity log: %d entries not written at exit: the database did not take them within %g s", _writer.unwritten, EXIT_FLUSH_S)
