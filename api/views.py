@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from scheduler.link.pool import ModelPool, PoolLink, get_pool
 from superfluid_site.runtime import get_link, web_runtime
@@ -136,6 +137,9 @@ async def _vocab(model: str | None = None) -> Any:
     return await asyncio.to_thread(vocab_for, path)
 
 
+_JSON_SLICE = 4096  # tokens /tokenize encodes at a time
+
+
 def _piece(raw: bytes) -> str | list[int]:
     """A token's text as llama-server gives it: a string, or its bytes when not valid UTF-8."""
     try:
@@ -145,12 +149,12 @@ def _piece(raw: bytes) -> str | list[int]:
 
 
 @key_required()
-async def tokenize(request: HttpRequest) -> JsonResponse:
+async def tokenize(request: HttpRequest) -> HttpResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
     -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers;
     ``"model"`` (an id or an alias) picks the model's vocabulary where several are served."""
     try:
-        body = _json_body(request)
+        body = await asyncio.to_thread(_json_body, request)  # up to --max-body-bytes: off the event loop
         content = body.get("content")
         if not isinstance(content, str):
             raise invalid_request("Invalid value for 'content': expected a string.", param="content", code="invalid_type")
@@ -161,11 +165,15 @@ async def tokenize(request: HttpRequest) -> JsonResponse:
         return error_response(exc)
     vocab = await _vocab(model)
 
-    def work() -> dict[str, Any]:  # a body's worth of text: seconds, off the event loop
+    def work() -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special)
-        return {"tokens": [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens] if with_pieces else tokens}
+        items = [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens] if with_pieces else tokens
+        # a slice at a time: one json.dumps of a million tokens holds the GIL, and so the event
+        # loop and every stream on it, for most of a second
+        parts = (json.dumps(items[i : i + _JSON_SLICE])[1:-1] for i in range(0, len(items), _JSON_SLICE))
+        return HttpResponse('{"tokens": [' + ", ".join(parts) + "]}", content_type="application/json")
 
-    return JsonResponse(await asyncio.to_thread(work))
+    return await asyncio.to_thread(work)
 
 
 @key_required()
@@ -173,17 +181,24 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
     """``{"tokens": [ids]}`` -> ``{"content": str}``; ``"model"`` as for /tokenize."""
     from .tokenizer import detokenize as text_of
 
-    try:
+    def read() -> tuple[dict[str, Any], list[int]]:  # a million ids: half a second, off the event loop
         body = _json_body(request)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise invalid_request("Invalid value for 'tokens': expected an array of token ids.", param="tokens", code="invalid_type")
-        vocab = await _vocab(await _asked_model(request, body))
+        return body, tokens
+
+    def work(vocab: Any, tokens: list[int]) -> JsonResponse:
         if any(not 0 <= t < vocab.n_vocab for t in tokens):
             raise invalid_request(f"Invalid value for 'tokens': token ids must be between 0 and {vocab.n_vocab - 1}.", param="tokens", code="invalid_value")
+        return JsonResponse({"content": text_of(vocab, tokens)})
+
+    try:
+        body, tokens = await asyncio.to_thread(read)
+        vocab = await _vocab(await _asked_model(request, body))
+        return await asyncio.to_thread(work, vocab, tokens)
     except ApiError as exc:
         return error_response(exc)
-    return JsonResponse({"content": await asyncio.to_thread(text_of, vocab, tokens)})
 
 
 @key_required()
@@ -204,6 +219,8 @@ async def props(request: HttpRequest) -> JsonResponse:
         slots, n_ctx = pool.setup.lanes.get(model_id), pool.setup.ctx_sizes.get(model_id)
     else:
         models = await _served_models()
+        if models and not _allowed(request, models[:1]):  # as /v1/models lists it, as with several
+            return error_response(model_not_found(models[0]))
         hello = get_link().hello
         alias, path = (models[0] if models else None), (serving().model_path or None)
         slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
