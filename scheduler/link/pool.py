@@ -153,6 +153,8 @@ class PoolLink(Transport):
         self.worker_configs = dict(configs)
         self.worker_config = configs.get("") or next(iter(configs.values()), None)
         for model, link in list(self.pool.links.items()):
+            if self.pool.links.get(model) is not link:
+                continue  # unloaded while a send paused: its link is closed, configure would restart it
             config = self.config_for(model)
             if config is not None:
                 await link.configure(config)
