@@ -152,7 +152,9 @@ def _file_list(request: HttpRequest) -> dict[str, Any]:
         earlier = Q(created_at__lt=cursor[0]) | Q(created_at=cursor[0], id__lt=cursor[1])
         owned = owned.filter(later if order == "asc" else earlier)
     rows = [file_object(f) for f in owned[: limit + 1]]
-    return {"object": "list", "data": rows[:limit], "has_more": len(rows) > limit}
+    data = rows[:limit]  # first_id and last_id as OpenAI's list (and the batch list) has them
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
 
 _Owned = TypeVar("_Owned", File, Batch)

@@ -212,3 +212,17 @@ def test_an_upload_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(views, "parse_jsonl", parse)
     upload(Client(), "in.jsonl")
     assert on_loop == [False]
+
+
+def test_the_file_list_names_its_first_and_last_id_as_openais_list_does() -> None:
+    """OpenAI's list of files carries ``first_id`` and ``last_id`` beside ``has_more`` (required in
+    its spec's ListFilesResponse; a client generated from it, or one paging by ``last_id`` as on
+    the batch list here, failed on a list without them)."""
+    client = Client()
+    ids = [upload(client, f"f{i}.jsonl") for i in range(3)]  # newest last
+    page = client.get("/v1/files?limit=2").json()
+    assert (page["first_id"], page["last_id"], page["has_more"]) == (ids[2], ids[1], True)
+    rest = client.get(f"/v1/files?limit=2&after={page['last_id']}").json()
+    assert (rest["first_id"], rest["last_id"], rest["has_more"]) == (ids[0], ids[0], False)
+    empty = client.get("/v1/files?purpose=batch_output").json()
+    assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
