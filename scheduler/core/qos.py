@@ -73,8 +73,9 @@ def parse_priority(value: str | None) -> int:
         return PRIORITY_ALIASES[text]
     if _SIGNED_INTEGER.fullmatch(text) is None:
         return 0
-    try:
-        return int(text, 10)
+    sign, digits = ("-" if text[0] == "-" else ""), text.lstrip("+-").lstrip("0") or "0"
+    try:  # leading zeros are no part of the value: int() would count them against its digit limit
+        return int(sign + digits, 10)
     except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
         return 0
 

@@ -85,6 +85,18 @@ def test_priority_is_never_clamped(header: str) -> None:
     assert qos.parse_priority(header) == int(header)
 
 
+# Leading zeros are no part of a value: "-000…0100" is -100 however many zeros pad it. int()
+# counts them against its 4,300-digit limit, which read a padded batch priority as 0 (normal band).
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("-" + "0" * 5000 + "100", -100), ("+" + "0" * 4300 + "7", 7), ("0" * 4301, 0), ("0" * 4299 + "1" + "0" * 4, 10000)],
+    ids=["padded-batch", "padded-plus", "all-zeros", "padded-ten-thousand"],
+)
+def test_leading_zeros_do_not_make_a_priority_unparseable(header: str, expected: int) -> None:
+    assert qos.parse_priority(header) == expected
+    assert qos.band_of(qos.parse_priority(header)) == qos.band_of(expected)
+
+
 @pytest.mark.parametrize(
     ("priority", "band", "qos_class"),
     [
