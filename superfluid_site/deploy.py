@@ -76,6 +76,29 @@ def static_key_digest(name: str, raw: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+def allowed_hosts(name: str, values: list[str]) -> list[str]:
+    """``DJANGO_ALLOWED_HOSTS``: host names as Django matches them, the Host header's name without
+    its port. A bare IPv6 address (``fd00::1``) is written in brackets, as a Host header spells
+    it; an entry with a port, a scheme or a path matched no request, and every one got 400."""
+    hosts: list[str] = []
+    for value in values:
+        try:
+            address = ipaddress.ip_address(value)
+        except ValueError:
+            pass
+        else:
+            value = f"[{address.compressed}]" if address.version == 6 else address.compressed
+        if value.startswith("[") and value.endswith("]"):
+            try:
+                value = f"[{ipaddress.IPv6Address(value[1:-1]).compressed}]"
+            except ValueError:
+                raise EnvError(f"{name}: {value!r} is not an IPv6 address") from None
+        elif ":" in value or "/" in value:
+            raise EnvError(f"{name}: {value!r}: list host names without a scheme, port or path (llm.example.com, [fd00::1]); Django matches the name alone")
+        hosts.append(value)
+    return hosts
+
+
 def with_bound_host(allowed: list[str], host: str) -> list[str]:
     """``ALLOWED_HOSTS`` plus the address ``serve --host`` binds, so ``http://HOST:PORT/`` (what
     serve prints) answers. A wildcard bind (``0.0.0.0``, ``::``) names no host: the names people

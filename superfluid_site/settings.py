@@ -15,7 +15,13 @@ from pathlib import Path
 import dj_database_url
 
 from keys.binding import is_loopback
-from superfluid_site.deploy import browser_origins, csrf_trusted_origins, proxy_ssl_header, static_key_digest
+from superfluid_site.deploy import (
+    allowed_hosts,
+    browser_origins,
+    csrf_trusted_origins,
+    proxy_ssl_header,
+    static_key_digest,
+)
 from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -72,7 +78,7 @@ def _database(url: str) -> dict[str, object]:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+ALLOWED_HOSTS = allowed_hosts("DJANGO_ALLOWED_HOSTS", env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]"))
 # Browser origins allowed to call the generation endpoints besides those on an allowed host
 # (api/edge.py), e.g. https://app.example.com
 SUPERFLUID_ALLOWED_ORIGINS = browser_origins("SUPERFLUID_ALLOWED_ORIGINS", env_list("SUPERFLUID_ALLOWED_ORIGINS", ""))
