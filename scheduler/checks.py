@@ -10,8 +10,8 @@ one (E004: numbers no flag sets) runs before they start.
 - ``superfluid.E004``: a number only the environment sets (``SUPERFLUID_ENGINE_WAIT_S``, the
   activity retention, the Batch API's bounds) is outside its range.
 - ``superfluid.W001``: keys are required (``SUPERFLUID_REQUIRE_KEY``, or ``SUPERFLUID_HOST``
-  beyond loopback) and no usable API key exists (in the database, ``SUPERFLUID_API_KEY`` or the
-  ``--key-policy`` file): every API request would get 401.
+  beyond loopback) and no usable API key exists (in the database, ``SUPERFLUID_API_KEY`` with a
+  policy that exists, or the ``--key-policy`` file): every API request would get 401.
 
 The registered check reads the environment (what every flag defaults to); each helper takes its
 values as arguments, so the same rules apply to flags given on the command line.
@@ -56,25 +56,32 @@ def model_errors(path_text: str) -> list[checks.CheckMessage]:
 
 def usable_key_exists(policy_file: str = "") -> bool:
     """Whether the database holds an API key that is neither revoked nor expired (False before
-    the first migration: none exists yet), SUPERFLUID_API_KEY sets a static one, or the
-    ``--key-policy`` file ``policy_file`` lists one."""
+    the first migration: none exists yet), SUPERFLUID_API_KEY sets a static one whose policy
+    (``SUPERFLUID_API_KEY_POLICY``) exists, or the ``--key-policy`` file ``policy_file`` lists one."""
     from django.conf import settings
     from django.db import DatabaseError
     from django.utils import timezone
 
-    from keys.models import ApiKey
+    from keys.models import ApiKey, KeyPolicy
 
-    if getattr(settings, "SUPERFLUID_API_KEY_SHA256", ""):
-        return True
+    file_policies: set[str] = set()
     if policy_file:
         from keys.policyfile import PolicyFileError, load_policy_file
 
         try:
-            if load_policy_file(policy_file):
-                return True
+            from_file = load_policy_file(policy_file)
         except PolicyFileError:
             pass  # serve refuses the file itself; its keys are no keys
+        else:
+            if from_file:
+                return True
+            file_policies = set(from_file.policies)
+    static_policy = str(getattr(settings, "SUPERFLUID_API_KEY_POLICY", "") or "")
+    if getattr(settings, "SUPERFLUID_API_KEY_SHA256", "") and (not static_policy or static_policy in file_policies):
+        return True
     try:
+        if getattr(settings, "SUPERFLUID_API_KEY_SHA256", "") and KeyPolicy.objects.filter(name=static_policy).exists():
+            return True  # a policy that exists nowhere refuses the static key (keys/runtime.py: static_key)
         usable = ApiKey.objects.filter(revoked=False).exclude(expires__lte=timezone.now())
         return usable.exists()
     except DatabaseError:
