@@ -174,13 +174,15 @@ class WorkerSupervisor:
         read_fd, write_fd = os.pipe()
         argv, pass_fds = [*self.argv, "--status-fd", str(write_fd)], [write_fd]
         ours = theirs = None
-        if self.pair:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            argv += ["--link-fd", str(theirs.fileno())]
-            pass_fds.append(theirs.fileno())
         global _serve_pid
         _serve_pid = os.getpid()
         try:
+            # in here: with no descriptor left for the pair, the pipe is closed too (each retry
+            # of _respawn kept two more, and the server never got its descriptors back)
+            if self.pair:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                argv += ["--link-fd", str(theirs.fileno())]
+                pass_fds.append(theirs.fileno())
             proc = self.proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, pass_fds=tuple(pass_fds))
         except BaseException:
             os.close(read_fd)
@@ -422,24 +424,27 @@ class Drain:
 
     def step(self) -> str:
         self._tell_worker()
-        if self.worker_told and self.supervisor.exited.is_set():
-            self._fail_orphans()
+        if self.worker_told:
+            exited = self.supervisor.exited.is_set()
+            self._fail_orphans(exited=exited)
             # responses still being written, not jobs still at the worker: a job can be done
             # there while its last frames are still on their way to the client
-            if self.open_responses() == 0:
+            if exited and self.open_responses() == 0:
                 return "done"
         if self.clock() > self.deadline:
             return "deadline"
         return "wait"
 
-    def _fail_orphans(self) -> None:
-        """No worker runs and none will be started (one that crashed just before the signal was
-        in its restart backoff): the jobs a local link held for its return are ended now, where
-        they waited for the drain deadline. Only once the link has read its worker's end of the
-        connection, so no reply still on its way is cut; jobs in a Redis queue are left to the
-        rest of the fleet."""
+    def _fail_orphans(self, *, exited: bool) -> None:
+        """The jobs a local link holds while no worker is connected can never run: no worker
+        runs and none will be started (``exited``: one that crashed just before the signal was in
+        its restart backoff), or the one still loading the model (the first, or a crashed one's
+        replacement) was told to drain before it reads them (its link is ``draining``), and
+        refuses them. They are ended now, where they waited for the load or the drain deadline.
+        Only once the link has read its worker's end of the connection, so no reply still on its
+        way is cut; jobs in a Redis queue are left to the rest of the fleet."""
         for link in self.links():
-            if link.queue_at_worker and link.inflight and not link.connected:
+            if link.queue_at_worker and link.inflight and not link.connected and (exited or link.draining):
                 link.fail_all(SHUTDOWN, "The server shut down before this request finished.")
 
     def cut(self) -> None:
