@@ -85,7 +85,6 @@ class TextStream:
         # text was held (a possible stop string's start, a character's first bytes) is generated
         # again by the next worker, after the text that did go out.
         self.tokens_out = 0
-        self._decoded_chars = 0
         # each pushed token not yet out: (its first character's index, the characters decoded
         # once it was pushed, whether its bytes ended a character)
         self._not_out: deque[tuple[int, int, bool]] = deque()
@@ -95,9 +94,8 @@ class TextStream:
         if self.stopped:
             return ""  # (no text, nor entry: it is not out)
         new = self._decoder.decode(self._token_bytes(token))
-        first = self._decoded_chars
-        self._decoded_chars += len(new)
-        self._not_out.append((first, self._decoded_chars, not self._decoder.getstate()[0]))
+        first = self.emitted_chars + len(self._held)  # the characters decoded before it
+        self._not_out.append((first, first + len(new), not self._decoder.getstate()[0]))
         text = self._release(new, final=False)
         self._count_out()
         return text
