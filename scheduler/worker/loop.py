@@ -192,6 +192,9 @@ class EngineWorker:
         self.link: LinkServer | None = None
         self.metrics = WorkerMetrics()
         self._replanned = False
+        # what the handling of the inbox answered since ``_take_messages`` began it: refusals
+        # (or ends), and acceptances
+        self._answered = self._accepted = False
         self._last_snapshot = 0.0
         self._last_occupancy: tuple[str | None, ...] = ()
         self.stats: dict[str, float] = {
@@ -322,6 +325,7 @@ class EngineWorker:
             log.warning("unexpected link message %r", message.type)
 
     def _refuse(self, conn: Connection, job_id: str, refusal: Refusal) -> None:
+        self._answered = True
         if isinstance(refusal, Ended):
             conn.queue(Accepted(job_id, refusal.usage["prompt_tokens"]))
             conn.queue(Done(job_id, "length", usage=refusal.usage))
@@ -411,6 +415,7 @@ class EngineWorker:
         if job.job_id not in self._counted:
             self.stats["requests_total"] += 1
             self.mark_counted(job.job_id)
+        self._accepted = True
         conn.queue(Accepted(job.job_id, ctx.prompt_tokens, ctx.prompt_logprobs))
 
     def mark_counted(self, job_id: str) -> None:
@@ -725,18 +730,33 @@ class EngineWorker:
 
     # -- ticks -------------------------------------------------------------------------
 
-    def _drain_inbox(self, block_s: float) -> None:
+    def _drain_inbox(self, block_s: float) -> bool:
+        """Handle what the link brought; whether there was anything."""
         try:
             conn, message = self.inbox.get(timeout=block_s) if block_s > 0 else self.inbox.get_nowait()
         except queue.Empty:
-            return
+            return False
         self.handle(conn, message)
         while True:
             try:
                 conn, message = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return True
             self.handle(conn, message)
+
+    def _take_messages(self, block_s: float) -> None:
+        """Drain the inbox, and send the answers it gave (a refusal, the end of a cancelled job)
+        at once, not after the tick that follows (a prompt step may take seconds). Not when it
+        accepted a job as well: an acceptance begins its client's response, and it leaves after
+        the job's first tick, so that a worker lost in that tick is a 503 for a stream, not an
+        error inside a 200 (the acceptance and the refusals would leave in one flush)."""
+        self._answered = self._accepted = False
+        if not self._drain_inbox(block_s):
+            return
+        ends = self.scheduler.drain_events()
+        self._process(ends)
+        if (ends or self._answered) and not self._accepted and self.link is not None:
+            self.link.flush()
 
     def run_tick(self) -> bool:
         """Plan, execute and commit one tick. Returns False when there was nothing to do.
@@ -985,7 +1005,7 @@ class EngineWorker:
             clear_abort = getattr(self.engine, "clear_abort", None)
             if clear_abort is not None:
                 clear_abort()
-            self._drain_inbox(0.05 if idle else 0.0)
+            self._take_messages(0.05 if idle else 0.0)
             if self.draining:
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + drain_timeout_s
@@ -995,7 +1015,7 @@ class EngineWorker:
                     break
             hold = self._urgent_hold_s()
             if hold > 0:
-                self._drain_inbox(hold)  # returns with the first message: its Prepared, likely
+                self._take_messages(hold)  # returns with the first message: its Prepared, likely
                 continue  # from the top: the flag cleared, the inbox drained, then the tick
             if self._urgent_ready:
                 # its interrupt was raised before its Prepared was queued, so possibly after this
