@@ -36,10 +36,15 @@ from .errors import ApiError, method_not_allowed, not_found, request_timeout, re
 API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props")
 
 
+def one_leading_slash(path: str) -> str:
+    """``path`` with its leading slashes as one, as Channels' router takes them (it serves
+    ``//v1/chat/completions``)."""
+    return "/" + path.lstrip("/")
+
+
 def is_api_path(path: str) -> bool:
-    # leading slashes as one, as Channels' router takes them (it serves //v1/chat/completions):
-    # Django's 404 for //v1/models was its HTML page
-    path = "/" + path.lstrip("/")
+    # leading slashes as one, as the router takes them: Django's 404 for //v1/models was its HTML page
+    path = one_leading_slash(path)
     return any(path == p or path.startswith(p + "/") for p in API_PREFIXES)
 
 
@@ -431,7 +436,7 @@ def routed_path(path: bytes) -> str:
     """The path a request line's target is routed by, as daphne and Channels' router take it:
     without its query, %-escapes decoded, leading slashes as one (``//v1/chat/completions`` and
     ``/v1/chat/complet%69ons`` are served as ``/v1/chat/completions``)."""
-    return "/" + unquote(path.split(b"?", 1)[0].decode("latin-1")).lstrip("/")
+    return one_leading_slash(unquote(path.split(b"?", 1)[0].decode("latin-1")))
 
 
 def record_edge_refusal(path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0) -> None:

@@ -136,16 +136,18 @@ class ThroughActions(admin.ModelAdmin):
         self.save_row(obj)
 
     def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except StaleRowError as exc:  # rolled back: the page again, as the row is now
-            self.message_user(request, str(exc), messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
+        return self._page_again_if_stale(request, super().changeform_view, object_id, form_url, extra_context)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        return self._page_again_if_stale(request, super().changelist_view, extra_context)
+
+    def _page_again_if_stale(self, request: HttpRequest, view: Callable[..., HttpResponse], *args: Any) -> HttpResponse:
+        """``view(request, *args)``; when its save lost to another one (``StaleRowError``: the
+        whole save rolled back, every row of a list's save with it), the page again as the rows
+        are now, with the refusal."""
         try:
-            return super().changelist_view(request, extra_context)
-        except StaleRowError as exc:  # every row of this save rolled back
+            return view(request, *args)
+        except StaleRowError as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return HttpResponseRedirect(request.get_full_path())
 

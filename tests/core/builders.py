@@ -107,3 +107,12 @@ def run_worker(worker: Any, ticks: int = 2000) -> None:
         if not worker.run_tick() and worker.scheduler.idle:
             return
     raise AssertionError("the worker did not go idle")
+
+
+def greedy_reply(prompt: list[int], n: int) -> list[int]:
+    """What the simulated engine's greedy decode gives after ``prompt``, ``n`` tokens."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        out.append(SimEngine.next_token(seq))
+        seq.append(out[-1])
+    return out

@@ -15,7 +15,8 @@ from scheduler.core.types import Job, TickPlan
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import Cancel, Done, Submit
 from scheduler.worker.loop import EngineWorker
-from tests.core.builders import RecordingConn, make_job, make_scheduler, outputs, run_until_idle, run_worker, tick
+
+from .builders import RecordingConn, greedy_reply, make_job, make_scheduler, outputs, run_until_idle, run_worker, tick
 
 
 def test_waiters_of_a_leader_cancelled_mid_prefill_prefill_the_shared_prompt_once() -> None:
@@ -56,14 +57,6 @@ def _prefilled(engine: SimEngine) -> int:
     return sum(n for call in engine.calls for _, n in call if n > 1)
 
 
-def _greedy(prompt: list[int], n: int) -> list[int]:
-    seq, out = list(prompt), []
-    for _ in range(n):
-        out.append(SimEngine.next_token(seq))
-        seq.append(out[-1])
-    return out
-
-
 def test_one_waiter_takes_over_from_the_cancelled_leaders_kept_lane_and_the_others_wait_for_it() -> None:
     sched, engine, _ = make_scheduler(max_batch=3, prefill_budget=64)  # 64 prompt tokens a tick
     jobs = [_shared(f"s{i}") for i in range(3)]
@@ -82,7 +75,7 @@ def test_one_waiter_takes_over_from_the_cancelled_leaders_kept_lane_and_the_othe
     assert b.share_from == "s1" and b.computed == 0
     events = sched.commit(engine.execute(plan, lambda: False)) + run_until_idle(sched, engine)
     got = outputs(events)
-    assert got["s1"] == _greedy(a.prompt, 4) and got["s2"] == _greedy(b.prompt, 4)
+    assert got["s1"] == greedy_reply(a.prompt, 4) and got["s2"] == greedy_reply(b.prompt, 4)
     assert b.cached_tokens == len(SYSTEM)
     # the leader's part, then the rest of the shared prompt once, then each waiter's own tokens
     assert _prefilled(engine) <= len(SYSTEM) + 2 * 10 + 2
@@ -113,7 +106,7 @@ def _finish_and_check(sched: Scheduler, engine: SimEngine, plan: TickPlan, jobs:
     events = sched.commit(engine.execute(plan, lambda: False)) + run_until_idle(sched, engine)
     got = outputs(events)
     for job in jobs:
-        assert got[job.job_id] == _greedy(job.prompt, 4)
+        assert got[job.job_id] == greedy_reply(job.prompt, 4)
 
 
 def test_waiters_of_a_leader_preempted_mid_prefill_start_from_what_it_prefilled() -> None:

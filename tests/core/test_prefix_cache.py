@@ -12,7 +12,7 @@ from scheduler.core.scheduler import Scheduler
 from scheduler.core.types import Job, SamplingParams
 from scheduler.engines.sim import SimEngine
 
-from .builders import make_job, make_scheduler, outputs, run_until_idle, tick
+from .builders import greedy_reply, make_job, make_scheduler, outputs, run_until_idle, tick
 
 SYSTEM = [7 + (i * 13) % 200 for i in range(300)]  # a long shared "system prompt"
 
@@ -296,16 +296,6 @@ def test_with_fixed_per_sequence_kv_the_watermarks_evict_nothing() -> None:
     assert sched.pool.counters["evictions"] == 0 and len(sched.pool.device_entries()) == 4
     _fill_cache(sched, engine, 1, start=4)
     assert sched.pool.counters["evictions"] == 1 and len(sched.pool.device_entries()) == 4
-
-
-
-def greedy_reply(prompt: list[int], n: int) -> list[int]:
-    """What the simulated engine's greedy decode gives after ``prompt``, ``n`` tokens."""
-    seq, out = list(prompt), []
-    for _ in range(n):
-        out.append(SimEngine.next_token(seq))
-        seq.append(out[-1])
-    return out
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -37,6 +37,14 @@ def application() -> Any:
     return app
 
 
+async def close_dashboard(comm: WebsocketCommunicator) -> None:
+    """Close a dashboard websocket and stop the link to the worker that opening it started."""
+    await comm.disconnect()
+    web = forget(asyncio.get_running_loop())
+    if web is not None and web.link is not None:
+        await web.link.stop()
+
+
 @contextlib.asynccontextmanager
 async def staff_dashboard(username: str) -> AsyncIterator[WebsocketCommunicator]:
     """A staff user's open dashboard websocket; at the end it is closed and the link to the
@@ -49,10 +57,7 @@ async def staff_dashboard(username: str) -> AsyncIterator[WebsocketCommunicator]
         assert connected
         yield comm
     finally:
-        await comm.disconnect()
-        web = forget(asyncio.get_running_loop())
-        if web is not None and web.link is not None:
-            await web.link.stop()
+        await close_dashboard(comm)
 
 
 @pytest.mark.django_db
@@ -243,10 +248,7 @@ async def test_an_open_dashboard_is_closed_once_its_user_logs_out_or_loses_staff
         closed = await comm.receive_output(timeout=3)
         assert closed == {"type": "websocket.close", "code": consumers.CLOSE_FORBIDDEN}
     finally:
-        await comm.disconnect()
-        web = forget(asyncio.get_running_loop())
-        if web is not None and web.link is not None:
-            await web.link.stop()
+        await close_dashboard(comm)
 
 
 def test_each_web_process_pushes_to_a_group_of_its_own() -> None:

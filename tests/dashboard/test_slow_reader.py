@@ -3,7 +3,6 @@ never pings it) must not make the server hold an ever-growing backlog of pushes 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from typing import Any
 
@@ -16,9 +15,8 @@ from twisted.internet.testing import MemoryReactor
 
 from dashboard import consumers
 from dashboard.feed import GROUP
-from superfluid_site.runtime import forget
 
-from .test_access import ORIGIN, application, make_user, session_cookie
+from .test_access import ORIGIN, application, close_dashboard, make_user, session_cookie
 
 
 class Protocol:
@@ -75,10 +73,7 @@ async def test_a_page_that_never_reads_gets_no_more_pushes_once_its_backlog_is_f
         await layer.group_send(GROUP, {"type": "lanes.update", "state": {**state, "tick": 99}})
         assert (await comm.receive_json_from(timeout=3))["state"]["tick"] == 99
     finally:
-        await comm.disconnect()
-        web = forget(asyncio.get_running_loop())
-        if web is not None and web.link is not None:
-            await web.link.stop()
+        await close_dashboard(comm)
 
 
 def test_without_daphne_nothing_is_known_and_nothing_is_skipped() -> None:

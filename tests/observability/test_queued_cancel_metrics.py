@@ -4,18 +4,13 @@ dashboard's queue figures drop them at once."""
 from __future__ import annotations
 
 from dashboard.feed import dashboard_state
-from scheduler.core.qos import QosClass
 from scheduler.link.messages import Cancel
 
-from .test_worker_metrics import FakeConn, families, make_worker, run, samples, submit
+from .test_worker_metrics import agent_ahead_of_two_background, families, run, samples
 
 
 def test_a_job_cancelled_while_queued_leaves_the_queue_depth_and_counts_as_cancelled() -> None:
-    worker, clock = make_worker(max_batch=1)
-    conn = FakeConn()
-    submit(worker, conn, "a", max_tokens=30)
-    submit(worker, conn, "b", qos=QosClass.BACKGROUND, priority=-100)
-    submit(worker, conn, "c", qos=QosClass.BACKGROUND, priority=-100)
+    worker, clock, conn = agent_ahead_of_two_background(agent_tokens=30)
     worker.run_tick()
     clock.advance(2.0)
     worker.handle(conn, Cancel(id="b"))

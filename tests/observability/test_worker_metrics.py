@@ -35,6 +35,17 @@ def submit(worker: EngineWorker, conn: FakeConn, job_id: str, *, qos: QosClass =
     worker.handle(conn, Submit(id=job_id, request=request, qos=int(qos), priority=priority))  # type: ignore[arg-type]
 
 
+def agent_ahead_of_two_background(*, agent_tokens: int = 4) -> tuple[EngineWorker, FakeClock, FakeConn]:
+    """A worker of one lane with agent job "a" queued ahead of background jobs "b" and "c"
+    (priority -100, band batch)."""
+    worker, clock = make_worker(max_batch=1)
+    conn = FakeConn()
+    submit(worker, conn, "a", max_tokens=agent_tokens)
+    submit(worker, conn, "b", qos=QosClass.BACKGROUND, priority=-100)
+    submit(worker, conn, "c", qos=QosClass.BACKGROUND, priority=-100)
+    return worker, clock, conn
+
+
 def run(worker: EngineWorker, ticks: int = 200) -> None:
     for _ in range(ticks):
         if not worker.run_tick() and worker.scheduler.idle:
@@ -84,11 +95,7 @@ def test_every_worker_family_is_named_with_labels_for_each_class_and_band() -> N
 
 
 def test_queues_by_class_and_band_then_dispatch_ttft_and_queue_wait_move() -> None:
-    worker, clock = make_worker(max_batch=1)
-    conn = FakeConn()
-    submit(worker, conn, "a", priority=0)
-    submit(worker, conn, "b", qos=QosClass.BACKGROUND, priority=-100)
-    submit(worker, conn, "c", qos=QosClass.BACKGROUND, priority=-100)
+    worker, clock, _ = agent_ahead_of_two_background()
     clock.advance(3.0)
     fams = families(worker)
     assert samples(fams, "superfluid_queue_depth")[(("class", "background"),)] == 2
