@@ -110,9 +110,16 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None:
     """The body's optional ``model`` (an id or an alias) for /tokenize and /detokenize, as the
-    key may use it: None for the first configured; 404 ``model_not_found`` as for a chat."""
+    key may use it: None for the first configured; 404 ``model_not_found`` as for a chat, and
+    as /props for a key that may not use the first configured."""
     model = body.get("model")
     if model is None:
+        policy = request.principal.policy  # type: ignore[attr-defined]
+        if policy is not None and policy.allowed_models:  # (no wait for a worker away otherwise)
+            pool = get_pool()
+            first = [pool.config.models[0].id] if pool is not None else (await _served_models())[:1]
+            if first and not _allowed(request, first):
+                raise model_not_found(first[0])
         return None
     if not isinstance(model, str):
         raise invalid_request("Invalid value for 'model': expected a string.", param="model", code="invalid_type")
@@ -152,10 +159,11 @@ def _piece(raw: bytes) -> str | list[int]:
 async def tokenize(request: HttpRequest) -> HttpResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
     -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers;
-    ``"model"`` (an id or an alias) picks the model's vocabulary where several are served."""
+    ``"model"`` (an id or an alias) picks the model's vocabulary where several are served. A
+    body without ``content`` answers ``{"tokens": []}``, add_special or not, as llama-server's."""
     try:
         body = await asyncio.to_thread(_json_body, request)  # up to --max-body-bytes: off the event loop
-        content = body.get("content")
+        content = body.get("content", "")
         if not isinstance(content, str):
             raise invalid_request("Invalid value for 'content': expected a string.", param="content", code="invalid_type")
         add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
@@ -166,7 +174,7 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
     vocab = await _vocab(model)
 
     def work() -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
-        tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special)
+        tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special) if "content" in body else []
         items = [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens] if with_pieces else tokens
         # a slice at a time: one json.dumps of a million tokens holds the GIL, and so the event
         # loop and every stream on it, for most of a second
@@ -178,12 +186,13 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
 
 @key_required()
 async def detokenize(request: HttpRequest) -> JsonResponse:
-    """``{"tokens": [ids]}`` -> ``{"content": str}``; ``"model"`` as for /tokenize."""
+    """``{"tokens": [ids]}`` -> ``{"content": str}``; ``"model"`` as for /tokenize. A body
+    without ``tokens`` answers ``{"content": ""}``, as llama-server's."""
     from .tokenizer import detokenize as text_of
 
     def read() -> tuple[dict[str, Any], list[int]]:  # a million ids: half a second, off the event loop
         body = _json_body(request)
-        tokens = body.get("tokens")
+        tokens = body.get("tokens", [])
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise invalid_request("Invalid value for 'tokens': expected an array of token ids.", param="tokens", code="invalid_type")
         return body, tokens

@@ -33,3 +33,42 @@ async def test_a_key_that_may_not_use_the_served_model_does_not_see_it_in_props(
         assert props.json()["error"]["code"] == "model_not_found"
         allowed = await request("GET", "/props", headers=keyed(OPEN))
         assert allowed.status == 200 and allowed.json()["model_alias"] == MODEL
+
+
+@override_settings(SUPERFLUID_KEYS_REQUIRED=True)
+@pytest.mark.parametrize(("path", "body"), [("/tokenize", b'{"content": "hi"}'), ("/detokenize", b'{"tokens": [1]}')])
+async def test_a_key_that_may_not_use_the_served_model_does_not_tokenize_with_it(path: str, body: bytes) -> None:
+    """Without ``model``, /tokenize and /detokenize use the first configured model's vocabulary:
+    a key allowed only another model got that model's token ids (with several models: wrong ids
+    for its own model, without a word), where /props and /v1/models/<id> are 404 for it."""
+    restricted = Key(id=1, name="restricted", digest=digest_of(RESTRICTED), policy=Policy(name="p", allowed_models=("other",)))
+    everything = Key(id=2, name="open", digest=digest_of(OPEN), policy=Policy(name="q"))
+    json_type = [(b"content-type", b"application/json")]
+    async with attached(SimWorker(), keys={restricted.digest: restricted, everything.digest: everything}):
+        refused = await request("POST", path, body, [*keyed(RESTRICTED), *json_type])
+        assert refused.status == 404 and refused.is_error_object(), refused.body
+        assert refused.json()["error"]["code"] == "model_not_found"
+        named = await request("POST", path, body.replace(b"{", b'{"model": "sim", ', 1), [*keyed(RESTRICTED), *json_type])
+        assert named.status == 404 and named.json()["error"]["code"] == "model_not_found"  # as it already was
+        allowed = await request("POST", path, body, [*keyed(OPEN), *json_type])
+        assert allowed.status == 200, allowed.body
+
+
+@override_settings(SUPERFLUID_KEYS_REQUIRED=True)
+async def test_with_several_models_tokenize_without_a_model_is_404_for_a_key_not_allowed_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's own model's token ids, or a 404 naming the model it would have got: never the
+    first configured model's ids for a key allowed only the second (as /props without ?model=)."""
+    from types import SimpleNamespace
+
+    from api import views
+
+    pool = SimpleNamespace(config=SimpleNamespace(models=[SimpleNamespace(id="first"), SimpleNamespace(id=MODEL)]), names=lambda: ["first", MODEL])
+    monkeypatch.setattr(views, "get_pool", lambda: pool)
+    restricted = Key(id=1, name="restricted", digest=digest_of(RESTRICTED), policy=Policy(name="p", allowed_models=(MODEL,)))
+    json_type = [(b"content-type", b"application/json")]
+    async with attached(SimWorker(), keys={restricted.digest: restricted}):
+        refused = await request("POST", "/tokenize", b'{"content": "hi"}', [*keyed(RESTRICTED), *json_type])
+        assert refused.status == 404 and refused.json()["error"]["code"] == "model_not_found", refused.body
+        assert "first" in refused.json()["error"]["message"]
+        named = await request("POST", "/tokenize", b'{"content": "hi", "model": "sim"}', [*keyed(RESTRICTED), *json_type])
+        assert named.status == 200 and named.json()["tokens"], named.body

@@ -64,3 +64,40 @@ async def test_detokenize_refuses_ids_outside_the_vocabulary_and_non_integers(to
         reply = await request("POST", "/detokenize", json.dumps({"tokens": tokens}).encode(), JSON)
         assert reply.status == 400 and reply.is_error_object() and reply.json()["error"]["code"] == code, reply.body
         assert reply.json()["error"]["param"] == "tokens"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "answer"),
+    [
+        ("/tokenize", b"{}", {"tokens": []}),
+        ("/tokenize", b'{"add_special": true, "with_pieces": true}', {"tokens": []}),
+        ("/tokenize", b"", {"tokens": []}),
+        ("/detokenize", b"{}", {"content": ""}),
+        ("/detokenize", b'{"model": "sim"}', {"content": ""}),
+    ],
+)
+async def test_a_body_without_content_or_tokens_answers_empty_as_llama_server(path: str, body: bytes, answer: dict[str, object]) -> None:
+    """llama-server tokenizes ``content`` only where the body has it (``body.count("content")``),
+    else answers ``{"tokens": []}``; /detokenize without ``tokens`` answers ``{"content": ""}``.
+    They were 400 ``invalid_type``."""
+    async with attached(SimWorker()):
+        reply = await request("POST", path, body, JSON)
+        assert reply.status == 200, reply.body
+        assert reply.json() == answer
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/tokenize", b'{"content": null}', "content"),
+        ("/tokenize", b'{"content": 5}', "content"),
+        ("/tokenize", b'{"with_pieces": "yes"}', "with_pieces"),
+        ("/detokenize", b'{"tokens": null}', "tokens"),
+        ("/detokenize", b'{"tokens": {"a": 1}}', "tokens"),
+    ],
+)
+async def test_a_field_of_the_wrong_type_is_still_400(path: str, body: bytes, param: str) -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", path, body, JSON)
+        assert reply.status == 400 and reply.is_error_object(), reply.body
+        assert reply.json()["error"]["param"] == param and reply.json()["error"]["code"] == "invalid_type"

@@ -48,3 +48,26 @@ async def test_a_body_over_the_bound_is_413_as_at_the_generation_endpoints(sim: 
         assert reply.json()["error"]["code"] == "request_too_large"
         small = json.dumps({"content": "x", "tokens": [1]}).encode()
         assert (await request("POST", path, small, sized(small))).status == 200
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+async def test_a_large_body_is_parsed_off_the_event_loop(sim: SimWorker, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JSON of a body of megabytes holds the GIL for its parse: not on the loop thread,
+    where every stream would stand still meanwhile (which thread parses, not how long)."""
+    import threading
+
+    from api import schemas
+
+    threads: list[int] = []
+    real = schemas.load_object
+
+    def recording(raw: bytes) -> dict[str, object]:
+        threads.append(threading.get_ident())
+        return real(raw)
+
+    monkeypatch.setattr(schemas, "load_object", recording)
+    async with attached(sim):
+        body = json.dumps({"content": "hello " * WORDS, "tokens": [1] * WORDS}).encode()
+        reply = await request("POST", path, body, sized(body), timeout_s=60)
+        assert reply.status == 200, reply.body[:300]
+        assert threads and threading.get_ident() not in threads
