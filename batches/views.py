@@ -32,7 +32,7 @@ from scheduler.aio import spawn
 from . import runner
 from .asgi import max_file_bytes
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
-from .models import Batch, File, Line
+from .models import Batch, File, Line, file_time
 
 FINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
 
@@ -128,7 +128,8 @@ async def files(request: HttpRequest) -> HttpResponse:
 
 def _file_list(request: HttpRequest) -> dict[str, Any]:
     """OpenAI's list: ``purpose``, ``limit`` (1-10,000, default 10,000), ``order`` (by creation,
-    ``desc`` by default) and ``after`` (a file id of the caller's: the page starts after it)."""
+    ``desc`` by default) and ``after`` (a file id of the caller's: the page starts after it; one
+    deleted since, or of another key, starts after the time it names)."""
     q = request.GET
     owned = File.objects.filter(owner=_owner(request)).defer("content")  # not contents: up to 8 MiB each
     if q.get("purpose"):
@@ -146,6 +147,8 @@ def _file_list(request: HttpRequest) -> dict[str, Any]:
     owned = owned.order_by(f"{sign}created_at", f"{sign}id")
     if q.get("after"):
         cursor = owned.filter(pk=q["after"]).values_list("created_at", "id").first() if _storable(q["after"]) else None
+        if cursor is None and (named := file_time(q["after"])) is not None:
+            cursor = (named, q["after"])  # a file deleted since the page was read: its place is in its id
         if cursor is None:
             raise invalid_request(f"Invalid value for 'after': no file {q['after']!r}.", param="after", code="invalid_value")
         later = Q(created_at__gt=cursor[0]) | Q(created_at=cursor[0], id__gt=cursor[1])
@@ -160,15 +163,15 @@ def _file_list(request: HttpRequest) -> dict[str, Any]:
 _Owned = TypeVar("_Owned", File, Batch)
 
 
-def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned], Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
+def owned_view(model: type[_Owned], *deferred: str) -> Callable[[Callable[[HttpRequest, _Owned], Awaitable[HttpResponse]]], Callable[..., Awaitable[HttpResponse]]]:
     """A batch_view of one of the caller's files or batches, the route's ``pk``: the view is
-    handed the row; another owner's is not found, as a missing one."""
+    handed the row (less its ``deferred`` fields); another owner's is not found, as a missing one."""
 
     def wrap(view: Callable[[HttpRequest, _Owned], Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
         @batch_view
         @functools.wraps(view)
         async def inner(request: HttpRequest, pk: str) -> HttpResponse:
-            row = await model.objects.filter(pk=pk, owner=_owner(request)).afirst() if _storable(pk) else None
+            row = await model.objects.filter(pk=pk, owner=_owner(request)).defer(*deferred).afirst() if _storable(pk) else None
             if row is None:
                 raise _not_found(model.__name__.lower(), pk)
             return await view(request, row)
@@ -178,7 +181,7 @@ def owned_view(model: type[_Owned]) -> Callable[[Callable[[HttpRequest, _Owned],
     return wrap
 
 
-@owned_view(File)
+@owned_view(File, "content")  # not read for its size and name: an output file may be hundreds of MiB
 async def file_detail(request: HttpRequest, f: File) -> HttpResponse:
     if request.method == "DELETE":
         await sync_to_async(_delete_file)(f)
@@ -195,7 +198,7 @@ def _delete_file(f: File) -> None:
         running = Batch.objects.filter(input_file=f).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True).first()
         if running is not None:
             raise invalid_request(f"File {f.id} is the input of batch {running}, which has not ended.", param="file_id", code="file_in_use")
-        File.objects.filter(pk=f.pk).delete()  # a finished batch keeps its lines; its file ids go null
+        File.objects.filter(pk=f.pk).only("pk").delete()  # a finished batch keeps its lines; its file ids go null
 
 
 @owned_view(File)
@@ -291,7 +294,7 @@ async def batches(request: HttpRequest) -> HttpResponse:
                     "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
         return JsonResponse(await sync_to_async(page)())
-    body = _json(request)
+    body = await asyncio.to_thread(_json, request)  # up to 2.5 MiB of JSON: off the event loop
     file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window", "24h")
     metadata = body.get("metadata")
     if not isinstance(file_id, str) or not file_id:

@@ -226,3 +226,92 @@ def test_the_file_list_names_its_first_and_last_id_as_openais_list_does() -> Non
     assert (rest["first_id"], rest["last_id"], rest["has_more"]) == (ids[0], ids[0], False)
     empty = client.get("/v1/files?purpose=batch_output").json()
     assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
+
+
+def test_the_file_list_pages_on_after_a_file_deleted_meanwhile() -> None:
+    """A client paging by ``after=<last id of its page>`` while another client deleted that
+    file got a 400 (no such file) instead of the next page: the cursor named a row that was
+    gone. OpenAI's cursor stays usable; here a file's id names its creation time, so the page
+    after it is found without its row, in either order."""
+    client = Client()
+    ids = [upload(client, f"f{i}.jsonl") for i in range(5)]  # newest last
+    for order, expected in (("desc", ids[::-1]), ("asc", ids)):
+        seen: list[str] = []
+        page = client.get(f"/v1/files?limit=2&order={order}").json()
+        seen += [f["id"] for f in page["data"]]
+        deleted = page["last_id"]
+        assert client.delete(f"/v1/files/{deleted}").status_code == 200  # another client, meanwhile
+        while page["has_more"]:
+            r = client.get(f"/v1/files?limit=2&order={order}&after={page['last_id']}")
+            assert r.status_code == 200, r.content
+            page = r.json()
+            seen += [f["id"] for f in page["data"]]
+        assert seen == [i for i in expected if i in ids], (order, seen)  # each file once, none skipped
+        ids.remove(deleted)
+    assert client.get("/v1/files?after=file-nope").status_code == 400  # no file's id: still refused
+
+
+def test_files_made_before_timed_ids_still_page_and_a_new_files_time_is_its_ids() -> None:
+    """Ids of 24 random hex digits (files made before ids named their time) stay cursors while
+    their file exists; a new file's created_at is the time its id names, to the microsecond."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from batches.models import file_time
+
+    client = Client()
+    old = File.objects.create(id="file-" + "f" * 24, purpose="batch", filename="old.jsonl", bytes=1, content=b"x", owner="")
+    File.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=1))
+    new = upload(client, "new.jsonl")
+    assert file_time(old.id) is None and File.objects.get(pk=new).created_at == file_time(new)
+    assert [f["id"] for f in client.get(f"/v1/files?order=asc&after={old.id}").json()["data"]] == [new]
+    assert [f["id"] for f in client.get(f"/v1/files?after={new}").json()["data"]] == [old.id]
+    assert client.get(f"/v1/files/{old.id}").json()["id"] == old.id
+    File.objects.filter(pk=old.pk).delete()
+    assert client.get(f"/v1/files?after={old.id}").status_code == 400  # its place is known nowhere
+
+
+def test_a_files_metadata_and_its_delete_do_not_read_its_content() -> None:
+    """GET /v1/files/{id} (and HEAD, DELETE) read the file's whole content from the database to
+    answer with its size and name: an output file of a large batch (hundreds of MiB) was read
+    and held whole for each look at it, as the list avoids (it defers the content)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    fid = upload(client, "in.jsonl")
+    content = f"{connection.ops.quote_name(File._meta.db_table)}.{connection.ops.quote_name('content')}"
+    for method in ("get", "head", "delete"):
+        with CaptureQueriesContext(connection) as queries:
+            r = getattr(client, method)(f"/v1/files/{fid}")
+        assert r.status_code == 200, (method, r.content)
+        read = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT") and content in q["sql"]]
+        assert read == [], (method, read)
+    assert not File.objects.filter(pk=fid).exists()
+
+
+def test_a_batch_creations_body_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST /v1/batches parsed its JSON (up to Django's 2.5 MiB) in the async view itself, on
+    the event loop that every stream of the head runs on."""
+    import asyncio
+
+    from batches import views
+
+    parse = views._json
+    on_loop: list[bool] = []
+
+    def recording(request: object) -> dict[str, object]:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:
+            on_loop.append(False)
+        return parse(request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(views, "_json", recording)
+    client = Client()
+    file_id = upload(client, "in.jsonl")
+    r = client.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}, content_type="application/json")
+    assert r.status_code == 200, r.content
+    assert on_loop == [False]
