@@ -15,6 +15,8 @@ from django.utils import timezone
 log = logging.getLogger("superfluid.activity")
 
 PRUNE_INTERVAL_S = 3600.0
+PRUNE_BATCH = 5000  # rows per DELETE statement
+PRUNE_BATCHES_PER_WRITE = 4  # the server's prune: statements per batch the writer writes
 
 
 class RequestRecord(Protocol):
@@ -40,6 +42,7 @@ class RequestRecord(Protocol):
 
 
 _last_prune: float | None = None
+_pruning = False  # the server's prune has more to delete: it goes on at the next write
 
 
 def retention_days() -> int:
@@ -114,8 +117,18 @@ def write(record: RequestRecord) -> None:
     maybe_prune()
 
 
-def prune(days: int | None = None) -> int:
-    """Delete rows older than ``days`` (default: the retention setting; 0 keeps everything)."""
+def prune(days: int | None = None, max_batches: int | None = None) -> int:
+    """Delete rows older than ``days`` (default: the retention setting; 0 keeps everything), at
+    most ``PRUNE_BATCH`` rows a statement, each on its own: a lowered retention on a large log
+    never holds the table (on SQLite the whole database) locked for all of its old rows, and
+    other writers get in between. ``max_batches`` stops it after that many (the rest: later)."""
+    deleted = _prune(days, max_batches)
+    if deleted:
+        log.info("activity log: pruned %d entries older than %d days", deleted, retention_days() if days is None else days)
+    return deleted
+
+
+def _prune(days: int | None, max_batches: int | None) -> int:
     from .models import ActivityEntry
 
     days = retention_days() if days is None else days
@@ -125,16 +138,28 @@ def prune(days: int | None = None) -> int:
         cutoff = timezone.now() - datetime.timedelta(days=days)
     except OverflowError:  # a cutoff before year 1: no row is that old
         return 0
-    deleted, _ = ActivityEntry.objects.filter(time__lt=cutoff).delete()
-    if deleted:
-        log.info("activity log: pruned %d entries older than %d days", deleted, days)
+    deleted, batches = 0, 0
+    while max_batches is None or batches < max_batches:
+        # the oldest PRUNE_BATCH rows (the time index), by primary key: a bounded statement
+        oldest = ActivityEntry.objects.filter(time__lt=cutoff).order_by("time").values("pk")[:PRUNE_BATCH]
+        count, _ = ActivityEntry.objects.filter(pk__in=oldest).delete()
+        deleted, batches = deleted + count, batches + 1
+        if count < PRUNE_BATCH:
+            break
     return deleted
 
 
 def maybe_prune(now: float | None = None) -> int:
-    global _last_prune
+    """The server's prune, at most hourly as it writes; one that has more to delete than
+    ``PRUNE_BATCHES_PER_WRITE`` batches goes on at the writer's next batch, so the writer
+    never spends minutes deleting while no request's row is written."""
+    global _last_prune, _pruning
     now = time.monotonic() if now is None else now
-    if _last_prune is not None and now - _last_prune < PRUNE_INTERVAL_S:
+    if not _pruning and _last_prune is not None and now - _last_prune < PRUNE_INTERVAL_S:
         return 0
-    _last_prune = now
-    return prune()
+    if not _pruning:
+        _last_prune = now
+    _pruning = False  # a prune that fails is tried again at the next interval, not at each write
+    deleted = prune(max_batches=PRUNE_BATCHES_PER_WRITE)
+    _pruning = deleted >= PRUNE_BATCHES_PER_WRITE * PRUNE_BATCH
+    return deleted

@@ -7,11 +7,13 @@ UPDATE per batch). A burst of a thousand finished requests is a handful of INSER
 client's disconnect never queues behind them on Django's single sync thread, where Channels
 and ``sync_to_async(thread_sensitive=True)`` would otherwise put both.
 
-Rows are never dropped while the database answers; if it fails, the batch is retried with
+Rows are never dropped while the database keeps up; if it fails, the batch is retried with
 growing pauses (up to ``RETRIES`` times) before it is logged and given up. A batch the
 database refuses for a row's data is written row by row: only that row is given up. At interpreter exit
 the writer gets ``EXIT_FLUSH_S`` to write what is queued; the rows it could not are counted in
-the log.
+the log. While the database takes no row (an outage) or far fewer than come, the queue keeps at
+most ``MAX_QUEUED`` rows, the newest: the oldest are dropped, said in the log when dropping
+starts, and counted in it when the database takes rows again (or at exit).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ log = logging.getLogger("superfluid.activity")
 BATCH = 500
 RETRIES = 5
 EXIT_FLUSH_S = 5.0
+MAX_QUEUED = 100_000  # rows queued at most (about 1 KB each) while the database takes none
 
 
 class ActivityWriter:
@@ -41,15 +44,25 @@ class ActivityWriter:
         self._thread: threading.Thread | None = None
         self.written = 0
         self.failed = 0
+        self.dropped = 0  # rows dropped from a full queue (MAX_QUEUED), in all
+        self._dropping = 0  # of those, the ones the log has not counted yet
 
     # -- from any thread (the event loop) ------------------------------------------------
 
     def submit(self, fields: dict[str, Any]) -> None:
         """Queue one activity row (the kwargs of an ActivityEntry)."""
         with self._cond:
+            full = len(self._rows) >= MAX_QUEUED
+            if full:  # the database takes none: the oldest row goes, counted
+                self._rows.popleft()
+                self.dropped += 1
+                self._dropping += 1
+            first_dropped = full and self._dropping == 1
             self._rows.append(fields)
             self._start()
             self._cond.notify()
+        if first_dropped:
+            log.error("activity log: %d entries queued and the database takes none: dropping the oldest (counted when it takes them again)", MAX_QUEUED)
 
     def touch(self, key_id: int, when: datetime.datetime) -> None:
         """Queue a key's last-used time (the latest per key wins)."""
@@ -68,6 +81,13 @@ class ActivityWriter:
                     return False
                 self._cond.wait(min(left, 0.05))
         return True
+
+    def report_dropped(self) -> None:
+        """Count in the log the rows dropped from a full queue since it last did."""
+        with self._cond:
+            dropped, self._dropping = self._dropping, 0
+        if dropped:
+            log.error("activity log: %d entries dropped: %d were queued while the database took none", dropped, MAX_QUEUED)
 
     @property
     def unwritten(self) -> int:
@@ -114,7 +134,11 @@ class ActivityWriter:
         for attempt in range(RETRIES + 1):
             try:
                 _store(rows, touches)
-                self.written += len(rows)
+                with self._cond:  # in the database: not "unwritten" at exit while the prune runs
+                    self.written += len(rows)
+                    self._writing = max(0, self._writing - len(rows))
+                self.report_dropped()
+                _prune_if_due()
                 return
             except (DataError, IntegrityError):  # a row the database refuses: not the others
                 if len(rows) > 1 or (rows and touches):  # one refused row: not the keys' times
@@ -143,12 +167,11 @@ class ActivityWriter:
 
 def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) -> None:
     """One transaction for the rows and the keys' times, so a batch that fails part way and is
-    written again is never written twice; the hourly prune after it, on its own."""
+    written again is never written twice."""
     from django.db import transaction
 
     from keys.models import ApiKey
 
-    from .log import maybe_prune
     from .models import ActivityEntry
 
     with transaction.atomic():
@@ -156,6 +179,12 @@ def _store(rows: list[dict[str, Any]], touches: dict[int, datetime.datetime]) ->
             ActivityEntry.objects.bulk_create([ActivityEntry(**fields) for fields in rows])
         for key_id, when in touches.items():
             ApiKey.objects.filter(pk=key_id).update(last_used=when)
+
+
+def _prune_if_due() -> None:
+    """The hourly prune, after a batch is written, on its own: never a reason to write it again."""
+    from .log import maybe_prune
+
     try:
         maybe_prune()
     except Exception:  # tried again at the next interval; the rows are written
@@ -183,5 +212,8 @@ def _flush_at_exit() -> None:
     # batch it had taken (nothing left "pending") was cut off by the exit, its rows lost (a
     # drain's last requests, ended as serve stopped); what the database did not take in time is
     # lost with the process: said in the log, not silently
-    if not _writer.flush(EXIT_FLUSH_S):
-        log.error("activity log: %d entries not written at exit: the database did not take them within %g s", _writer.unwritten, EXIT_FLUSH_S)
+    written = _writer.flush(EXIT_FLUSH_S)
+    _writer.report_dropped()
+    unwritten = _writer.unwritten  # none where only the prune after the last batch was cut off
+    if not written and unwritten:
+        log.error("activity log: %d entries not written at exit: the database did not take them within %g s", unwritten, EXIT_FLUSH_S)

@@ -104,8 +104,9 @@ def test_prune_keeps_the_retention_window_and_the_command_reports_it(settings) -
 @pytest.mark.django_db
 def test_writes_prune_at_most_once_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(activity_log, "prune", lambda days=None: calls.append(1) or 0)
+    monkeypatch.setattr(activity_log, "prune", lambda days=None, max_batches=None: calls.append(1) or 0)
     monkeypatch.setattr(activity_log, "_last_prune", None)
+    monkeypatch.setattr(activity_log, "_pruning", False)
     activity_log.maybe_prune(now=1000.0)
     activity_log.maybe_prune(now=1000.0 + 1800)
     activity_log.maybe_prune(now=1000.0 + 3601)
@@ -205,12 +206,13 @@ async def test_a_write_that_fails_after_its_rows_is_written_again_without_doubli
     the whole batch again: every row twice, and the failed prune said nothing."""
     calls = {"n": 0}
 
-    def prune(days=None):  # type: ignore[no-untyped-def]
+    def prune(days=None, max_batches=None):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         raise RuntimeError("canceling statement due to statement timeout")
 
     monkeypatch.setattr(activity_log, "prune", prune)
     monkeypatch.setattr(activity_log, "_last_prune", None)
+    monkeypatch.setattr(activity_log, "_pruning", False)
     logger = logging.getLogger("superfluid.activity")  # it does not propagate to the root
     monkeypatch.setattr(logger, "handlers", [*logger.handlers, caplog.handler])
     for i in range(3):
