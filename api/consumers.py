@@ -393,6 +393,9 @@ class GenerationConsumer(StreamingConsumer):
                 reply.prompt_logprobs = list(entries or [])
             await self.merged(request, handles, replies, admission.qos, finished)
         except BaseException:
+            for handle in handles:  # generated for it but not read here (a completion stream waits for every choice's start)
+                if handle.delivered_tokens > self.tokens_seen.get(handle.job_id, 0):
+                    self.tokens_seen[handle.job_id] = handle.delivered_tokens
             await cancel_all(link, [handle for i, handle in enumerate(handles) if i not in finished])
             raise
         finally:
@@ -422,7 +425,7 @@ class GenerationConsumer(StreamingConsumer):
             # as for one choice: a missed start deadline is an HTTP error, not a frame in a 200
             for i, handle in enumerate(handles):
                 first = await handle.next_event()
-                if isinstance(first, Error):
+                if isinstance(first, (Error, Rejected)):  # (Rejected: a new worker refused it, submitted again)
                     raise link_error(first)
                 pending[i].append(first)
 
@@ -557,7 +560,7 @@ class GenerationConsumer(StreamingConsumer):
             # a completion may miss its start deadline while queued: wait for its first event so
             # that a miss is a real HTTP error rather than an error frame in a 200 stream
             first = await handle.next_event()
-            if isinstance(first, Error):
+            if isinstance(first, (Error, Rejected)):  # (Rejected: after a worker loss, by the next worker)
                 raise link_error(first)
             pending.append(first)
         await self.pump_stream(request, handle, qos, reply, pending, ids=ids, skip=None)
