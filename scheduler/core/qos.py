@@ -62,6 +62,8 @@ BAND_SPACING = 100
 # A signed integer in ASCII digits: Python's int() also takes "1_00", full-width and other
 # scripts' digits, which the seed's "signed integer" does not mean (and which would then pick a class).
 _SIGNED_INTEGER = re.compile(r"[+-]?[0-9]+")
+# What a value of more significant digits than int() reads stands for: it is larger than this.
+LONGEST = 10**4300
 
 
 def parse_priority(value: str | None) -> int:
@@ -76,8 +78,8 @@ def parse_priority(value: str | None) -> int:
     sign, digits = ("-" if text[0] == "-" else ""), text.lstrip("+-").lstrip("0") or "0"
     try:  # leading zeros are no part of the value: int() would count them against its digit limit
         return int(sign + digits, 10)
-    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
-        return 0
+    except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits): a value
+        return -LONGEST if sign else LONGEST  # beyond every clamp and band, its sign kept
 
 
 def band_of(priority: int) -> str:
