@@ -220,32 +220,27 @@ def _marked_message(msg: dict[str, Any], mark: Callable[[str, bool], str]) -> di
 _REASONING_END = "</think>"
 
 
-class ToolMessages(list[dict[str, Any]]):
-    """A request's messages for a template that renders ``tools`` (:func:`template_inputs`),
-    holding the very list the template reads as ``tools`` (its ``tools``): :func:`split_rendered`
-    marks the tools' strings in that list for its second render, and puts them back after it
-    (the worker's render passes the template that list; the request's own tools are not touched)."""
-
-    def __init__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
-        super().__init__(messages)
-        self.tools = tools
+# ``render(messages, tools)``: the text of the template for those messages and the tools it reads
+# as ``tools`` (None: the request offers none the template renders; :func:`template_inputs`)
+Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
 
 
 def split_rendered(
-    render: Callable[[list[dict[str, Any]]], str],
+    render: Render,
     messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
     text: str,
     *,
     calls: bool = True,
-    tools: bool = True,
+    tool_strings: bool = True,
     reasoning: bool = True,
 ) -> tuple[list[str], list[str]] | None:
-    """``text`` (``render(messages)``) as (template pieces, the client's texts as written):
+    """``text`` (``render(messages, tools)``) as (template pieces, the client's texts as written):
     ``text`` is ``pieces[0] + texts[0] + pieces[1] + ... + pieces[-1]``, each text a message's
     content as the client sent it or trimmed, or a string of an earlier tool call (an argument's
     value or key, its name or id) or of a tool offered (its description, its schema's keys and
-    values; :class:`ToolMessages`) as sent or as ``tojson`` escapes it; None when the template
-    does not write them so.
+    values; ``tools``, the list the template reads as ``tools``) as sent or as ``tojson`` escapes
+    it; None when the template does not write them so.
 
     The template is rendered again with a marker in place of each non-empty content and string
     of a call or tool to find where they are. An empty content is left as it is: a template may
@@ -254,13 +249,14 @@ def split_rendered(
     it has no text to keep plain. Every content must be written once; a call's or tool's strings
     any number of times (a template may leave out a call's id). A tool's strings and the keys of
     a call's arguments are marked only where they are not plain words (:data:`_PLAIN`), which a
-    template may look up or compare. A template that writes the tools' strings otherwise is split
-    at the messages' strings only (``tools=False``); one that writes a call's strings otherwise
-    (as Python's repr) at the contents only (``calls=False``). A template that cuts an earlier
-    turn's reasoning out of its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``,
-    and replies here carry the reasoning in their content, which clients send back) is split
-    again with such contents left to it, tokenised with the template's text (``reasoning=False``),
-    rather than giving up on every other content too."""
+    template may look up or compare; they are marked in a copy of ``tools`` rendered in their
+    place. A template that writes the tools' strings otherwise is split at the messages' strings
+    only (``tool_strings=False``); one that writes a call's strings otherwise (as Python's repr) at
+    the contents only (``calls=False``). A template that cuts an earlier turn's reasoning out of
+    its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``, and replies here carry
+    the reasoning in their content, which clients send back) is split again with such contents
+    left to it, tokenised with the template's text (``reasoning=False``), rather than giving up
+    on every other content too."""
     contents = [m.get("content") for m in messages]
     if not all(c is None or isinstance(c, str) for c in contents):
         return None
@@ -269,7 +265,7 @@ def split_rendered(
     if marker in text:
         return None
     strings: list[tuple[str, bool]] = []  # (the client's text, whether it is a message's content)
-    offered = getattr(messages, "tools", None) if tools and calls else None  # the list the template reads
+    offered = tools if tool_strings and calls else None  # the tools whose strings are marked
 
     marks: dict[str, str] = {}  # a call's or tool's string: its marker (one string, one marker)
 
@@ -288,11 +284,11 @@ def split_rendered(
         """The split with fewer strings marked: the messages' alone, then the contents alone;
         then all of them again but for the contents that hold a reasoning block."""
         if offered:
-            return split_rendered(render, messages, text, calls=True, tools=False, reasoning=reasoning)
+            return split_rendered(render, messages, tools, text, calls=True, tool_strings=False, reasoning=reasoning)
         if calls:
-            return split_rendered(render, messages, text, calls=False, tools=False, reasoning=reasoning)
+            return split_rendered(render, messages, tools, text, calls=False, tool_strings=False, reasoning=reasoning)
         if cut:
-            return split_rendered(render, messages, text, reasoning=False)
+            return split_rendered(render, messages, tools, text, reasoning=False)
         return None
 
     # an assistant turn whose reasoning block a template may cut out (left to it on a last try)
@@ -316,18 +312,12 @@ def split_rendered(
         return fewer()
     if not strings:
         return [text], []
-    sent = list(offered) if offered is not None else []
     try:
-        if offered is not None and marked_tools is not None:
-            offered[:] = marked_tools  # what the template reads as ``tools`` for this render only
-        pieces = render(marked).split(marker)
+        pieces = render(marked, tools if marked_tools is None else marked_tools).split(marker)
     except ValueError:  # a template that checks a call's strings (Mistral's: an id of 9 characters)
         if not calls and not cut:
             raise
         return fewer()
-    finally:
-        if offered is not None:
-            offered[:] = sent
     # pieces: template, number, template, number, ..., template
     numbers = {str(n): n for n in range(len(strings))}
     order = [numbers.get(p) for p in pieces[1::2]]
@@ -352,20 +342,23 @@ def split_rendered(
 
 
 def chat_prompt_tokens(
-    render: Callable[[list[dict[str, Any]]], str],
+    render: Render,
     tokenize: Callable[..., list[int]],
     messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
     resume_text: str = "",
 ) -> tuple[list[int], int]:
     """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
-    conversation's). ``tokenize(text, add_special=, special=)`` is the engine's. What the client
-    wrote is tokenised as text: control-token text in a message (``<|im_end|>``) is not parsed
-    as a control token, also where the template trims contents or writes nothing for an empty
-    one (:func:`split_rendered`); only a template that writes contents otherwise has its whole
-    text tokenised at once. Resumed text is tokenised together with the template's last piece,
-    as it was when the whole text was tokenised at once."""
-    text = render(messages)
-    split = split_rendered(render, messages, text)
+    conversation's). ``render(messages, tools)`` is the template's text (``tools``: the list the
+    template reads as ``tools``, None where it reads none); ``tokenize(text, add_special=,
+    special=)`` is the engine's. What the client wrote is tokenised as text: control-token text
+    in a message (``<|im_end|>``) or a tool offered is not parsed as a control token, also where
+    the template trims contents or writes nothing for an empty one (:func:`split_rendered`); only
+    a template that writes contents otherwise has its whole text tokenised at once. Resumed text
+    is tokenised together with the template's last piece, as it was when the whole text was
+    tokenised at once."""
+    text = render(messages, tools)
+    split = split_rendered(render, messages, tools, text)
     if split is None or not split[1]:
         own = tokenize(text)
         return (tokenize(text + resume_text) if resume_text else own), len(own)
@@ -480,8 +473,7 @@ def template_inputs(
     extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS} if native_ok else {}
     if tools and native_ok and template_knows_tools(template_source):
         extra["tools"] = [_openai_tool(t) for t in tools]
-        # the split marks the tools' strings in this very list, as it marks the messages'
-        return ToolMessages(native_tool_messages(messages), extra["tools"]), extra
+        return native_tool_messages(messages), extra
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if tools or has_calls:
         return generic_tool_messages(messages, tools), extra

@@ -533,13 +533,15 @@ class EngineWorker:
         """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
         conversation's): the client's text tokenised as text (``chat.chat_prompt_tokens``)."""
         engine = self.engine
-        template_vars = extra or {}
+        template_vars = dict(extra or {})
+        offered = template_vars.pop("tools", None)  # the tools the template renders, passed with the messages
 
-        def render(msgs: list[dict[str, Any]]) -> str:
+        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
             # extra template variables (tools, chat_template_kwargs) only where the request has them
-            return engine.render_chat(msgs, **template_vars) if template_vars else engine.render_chat(msgs)
+            variables = template_vars if tools is None else {**template_vars, "tools": tools}
+            return engine.render_chat(msgs, **variables) if variables else engine.render_chat(msgs)
 
-        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, resume_text)
+        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str, int]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to, how

@@ -21,6 +21,7 @@ import pytest
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.chat import (
+    Render,
     chat_prompt_tokens,
     compile_chat_template,
     render_chat_template,
@@ -116,18 +117,55 @@ def _with_template(engine: LlamaCppEngine, source: str, monkeypatch: pytest.Monk
     monkeypatch.setattr(engine, "_template", compile_chat_template(source))
 
 
-def _tokens(engine: LlamaCppEngine, source: str, messages: list[dict[str, Any]], tools: Any = None, resume: str = "") -> tuple[list[int], int]:
+def _renderer(source: str, bos_token: str = "", eos_token: str = "", **extra: Any) -> Render:
+    """``render(messages, tools)`` under ``source``, as the worker's: ``tools`` only where there are any."""
     template = compile_chat_template(source)
+
+    def render(m: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        offered = {} if tools is None else {"tools": tools}
+        return render_chat_template(template, m, bos_token=bos_token, eos_token=eos_token, **extra, **offered)
+
+    return render
+
+
+def _tokens(engine: LlamaCppEngine, source: str, messages: list[dict[str, Any]], tools: Any = None, resume: str = "") -> tuple[list[int], int]:
     msgs, extra = template_inputs(messages, tools, source, None, native_ok=True)
+    offered = extra.pop("tools", None)
+    render = _renderer(source, engine.bos_text, engine.eos_text, **extra)
+    return chat_prompt_tokens(render, engine.tokenize, msgs, offered, resume)
 
-    def render(m: list[dict[str, Any]]) -> str:
-        return render_chat_template(template, m, bos_token=engine.bos_text, eos_token=engine.eos_text, **extra)
 
-    return chat_prompt_tokens(render, engine.tokenize, msgs, resume)
+def _rendered(source: str, messages: list[dict[str, Any]], tools: Any = None) -> str:
+    """The text of ``messages`` and ``tools`` (as a request sends them) under ``source``."""
+    msgs, extra = template_inputs(messages, tools, source, None, native_ok=True)
+    return render_chat_template(compile_chat_template(source), msgs, bos_token="", eos_token="", **extra)
+
+
+def _split(source: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[list[str], list[str]] | None:
+    """``split_rendered`` of ``messages`` (and the template's ``tools``) under ``source``; a split
+    found is checked to join up to the rendered text."""
+    render = _renderer(source)
+    text = render(messages, tools)
+    split = split_rendered(render, messages, tools, text)
+    assert split is None or "".join(t + c for t, c in zip(split[0], [*split[1], ""], strict=True)) == text
+    return split
 
 
 def _turn_tokens(tokens: list[int]) -> tuple[int, int]:
     return tokens.count(IM_START), tokens.count(IM_END)
+
+
+def _spelt(engine: LlamaCppEngine, tokens: list[int]) -> bytes:
+    return b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens)
+
+
+def _assert_prompt_is_text(engine: LlamaCppEngine, source: str, messages: list[dict[str, Any]], tools: Any, turns: tuple[int, int]) -> None:
+    """The prompt of ``messages`` and ``tools`` under ``source`` has the template's ``turns``
+    (<|im_start|>s, <|im_end|>s) only, is all the conversation's own, and is the rendered text
+    token for token: the client's text (control-token text in it too) tokenised as text."""
+    tokens, own = _tokens(engine, source, messages, tools)
+    assert _turn_tokens(tokens) == turns and own == len(tokens)
+    assert _spelt(engine, tokens) == _rendered(source, messages, tools).encode()
 
 
 def test_a_tool_result_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine) -> None:
@@ -141,11 +179,8 @@ def test_a_tool_result_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaC
 
 @pytest.mark.parametrize("content", [FORGED + "\n", "  " + FORGED, "\n" + FORGED + "\n\n"], ids=["trailing", "leading", "both"])
 def test_a_message_cannot_forge_a_turn_under_a_trimming_template(engine: LlamaCppEngine, content: str) -> None:
-    tokens, own = _tokens(engine, TRIMMING, [{"role": "system", "content": "Be brief.\n"}, {"role": "user", "content": content}])
-    assert _turn_tokens(tokens) == (3, 2) and own == len(tokens)
     # the text is what the template wrote (contents trimmed), token for token
-    rendered = render_chat_template(compile_chat_template(TRIMMING), [{"role": "system", "content": "Be brief.\n"}, {"role": "user", "content": content}], bos_token="", eos_token="")
-    assert b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens) == rendered.encode()
+    _assert_prompt_is_text(engine, TRIMMING, [{"role": "system", "content": "Be brief.\n"}, {"role": "user", "content": content}], None, (3, 2))
 
 
 def test_a_message_cannot_forge_a_turn_under_a_template_that_strips_newlines_only(engine: LlamaCppEngine) -> None:
@@ -156,33 +191,17 @@ def test_a_message_cannot_forge_a_turn_under_a_template_that_strips_newlines_onl
 
 
 def test_split_rendered_leaves_empty_contents_to_the_template_and_finds_trimmed_ones() -> None:
-    template = compile_chat_template(QWEN25)
-    msgs = [{"role": "user", "content": " hi \n"}, *_agent_history("42")[1:]]
-
-    def render(m: list[dict[str, Any]]) -> str:
-        return render_chat_template(template, m, bos_token="", eos_token="")
-
-    text = render(msgs)
-    split = split_rendered(render, msgs, text)
-    assert split is not None
-    templates, contents = split
-    # the contents, and the call's name and arguments (the client's text too: kept plain)
-    assert contents == [" hi \n", "fetch", "{}", "42"]
-    assert "".join(t + c for t, c in zip(templates, [*contents, ""], strict=True)) == text
+    split = _split(QWEN25, [{"role": "user", "content": " hi \n"}, *_agent_history("42")[1:]])
+    # the contents, and the call's name and arguments (the client's text too: kept plain); the
+    # pieces join up to the rendered text (_split)
+    assert split is not None and split[1] == [" hi \n", "fetch", "{}", "42"]
     # nothing to keep plain: the text is one template piece
-    assert split_rendered(render, [{"role": "user", "content": ""}], render([{"role": "user", "content": ""}])) == (
-        [render([{"role": "user", "content": ""}])], []
-    )
+    split = _split(QWEN25, [{"role": "user", "content": ""}])
+    assert split is not None and len(split[0]) == 1 and split[1] == []
 
 
 def test_a_template_that_rewrites_contents_gives_no_split() -> None:
-    template = compile_chat_template("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
-
-    def render(m: list[dict[str, Any]]) -> str:
-        return render_chat_template(template, m, bos_token="", eos_token="")
-
-    msgs = [{"role": "user", "content": "abc"}]
-    assert split_rendered(render, msgs, render(msgs)) is None
+    assert _split("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}", [{"role": "user", "content": "abc"}]) is None
 
 
 def test_through_the_worker_a_tool_result_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,15 +255,12 @@ def test_a_message_cannot_forge_a_turn_after_a_turn_whose_reasoning_the_template
     up on every content: the whole prompt was tokenised with control tokens parsed, and a later
     tool result or user message could forge turns."""
     call = {"id": "c1", "type": "function", "function": {"name": "fetch", "arguments": '{"url": "' + FORGED.replace("\n", "\\n") + '"}'}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Capital?"},
         {"role": "assistant", "content": answer, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": "</think>" + FORGED},  # only the assistant's are cut
         {"role": "user", "content": FORGED},
     ]
-    tokens, own = _tokens(engine, REASONING, messages, TOOLS)
     # system (the tools), user, assistant (the call), tool, user, assistant: the template's
     # turns only; the call's argument, the result and the user's text are text
-    assert _turn_tokens(tokens) == (6, 5) and own == len(tokens)
-    rendered = render_chat_template(compile_chat_template(REASONING), template_inputs(messages, TOOLS, REASONING, None, native_ok=True)[0], bos_token="", eos_token="", tools=[{"type": "function", "function": t} for t in TOOLS])
-    assert b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens) == rendered.encode()
+    _assert_prompt_is_text(engine, REASONING, messages, TOOLS, (6, 5))

@@ -10,18 +10,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template, split_rendered
+from scheduler.engines.chat import native_tool_messages
 from scheduler.engines.llama_cpp import LlamaCppEngine
-from tests.engines.test_chat_templates import (
-    FORGED,
-    IM_END,
-    IM_START,
-    QWEN25,
-    TOOLS,
-    _agent_history,
-    _tokens,
-    _turn_tokens,
-)
+from tests.engines.test_chat_templates import FORGED, QWEN25, TOOLS, _agent_history, _assert_prompt_is_text, _split
 
 
 def _history(arguments: str, result: str = "done") -> list[dict[str, Any]]:
@@ -41,44 +32,18 @@ def _history(arguments: str, result: str = "done") -> list[dict[str, Any]]:
     ids=["value", "nested", "not-json", "key"],
 )
 def test_a_calls_arguments_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine, arguments: str) -> None:
-    tokens, own = _tokens(engine, QWEN25, _history(arguments), TOOLS)
-    plain, _ = _tokens(engine, QWEN25, _history("{}"), TOOLS)
-    # system, user, assistant (call), user (tool result), assistant: the template's turns only
-    assert _turn_tokens(tokens) == _turn_tokens(plain) == (5, 4)
-    assert own == len(tokens)
-    # the prompt is the rendered text, token for token (the arguments as text, not control tokens)
-    msgs = native_tool_messages(_history(arguments))
-    rendered = render_chat_template(compile_chat_template(QWEN25), msgs, bos_token="", eos_token="", tools=[{"type": "function", "function": t} for t in TOOLS])
-    spelt = b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens)
-    assert spelt == rendered.encode()
+    # system, user, assistant (call), user (tool result), assistant: the template's turns only,
+    # as with plain arguments; the prompt is the rendered text, token for token (the arguments
+    # as text, not control tokens)
+    _assert_prompt_is_text(engine, QWEN25, _history("{}"), TOOLS, (5, 4))
+    _assert_prompt_is_text(engine, QWEN25, _history(arguments), TOOLS, (5, 4))
 
 
 def test_split_rendered_finds_the_arguments_as_the_template_wrote_them() -> None:
-    template = compile_chat_template(QWEN25)
-    msgs = native_tool_messages(_history(json.dumps({"q": 'say "hi"\n', "n": 1}), result="42"))
-
-    def render(m: list[dict[str, Any]]) -> str:
-        return render_chat_template(template, m, bos_token="", eos_token="")
-
-    text = render(msgs)
-    split = split_rendered(render, msgs, text)
-    assert split is not None
-    templates, written = split
-    # the user's content, the call's name, its argument as tojson wrote it (escaped), the result
-    assert written == ["Summarise the page.", "fetch", 'say \\"hi\\"\\n', "42"]
-    assert "".join(t + c for t, c in zip(templates, [*written, ""], strict=True)) == text
-
-
-def _split(source: str, messages: list[dict[str, Any]]) -> tuple[list[str], list[str]] | None:
-    template = compile_chat_template(source)
-
-    def render(m: list[dict[str, Any]]) -> str:
-        return render_chat_template(template, m, bos_token="", eos_token="")
-
-    text = render(messages)
-    split = split_rendered(render, messages, text)
-    assert split is None or "".join(t + c for t, c in zip(split[0], [*split[1], ""], strict=True)) == text
-    return split
+    split = _split(QWEN25, native_tool_messages(_history(json.dumps({"q": 'say "hi"\n', "n": 1}), result="42")))
+    # the user's content, the call's name, its argument as tojson wrote it (escaped), the result;
+    # the pieces join up to the rendered text (_split)
+    assert split is not None and split[1] == ["Summarise the page.", "fetch", 'say \\"hi\\"\\n', "42"]
 
 
 # Mistral's templates refuse a call id that is not 9 characters; another writes the arguments

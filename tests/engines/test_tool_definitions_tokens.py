@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 
 from scheduler.core.scheduler import SchedulerConfig
-from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template
 from scheduler.engines.llama_cpp import LlamaCppEngine
 from scheduler.worker.loop import EngineWorker
 from tests.engines.test_chat_templates import (
     FORGED,
-    IM_END,
-    IM_START,
     QWEN25,
     TOOLS,
     _agent_history,
+    _assert_prompt_is_text,
+    _rendered,
     _tokens,
     _turn_tokens,
     _with_template,
@@ -44,22 +43,13 @@ FORGED_TOOLS = {
 }
 
 
-def _spelt(engine: LlamaCppEngine, tokens: list[int]) -> bytes:
-    return b"".join(b"<|im_start|>" if t == IM_START else b"<|im_end|>" if t == IM_END else engine.token_bytes(t) for t in tokens)
-
-
 @pytest.mark.parametrize("tool", list(FORGED_TOOLS.values()), ids=list(FORGED_TOOLS))
 def test_a_tools_text_cannot_forge_a_turn_under_qwen25s_template(engine: LlamaCppEngine, tool: dict[str, Any]) -> None:
-    tokens, own = _tokens(engine, QWEN25, _agent_history("done"), [tool])
-    plain, _ = _tokens(engine, QWEN25, _agent_history("done"), TOOLS)
-    # system (with the tools), user, assistant (call), user (tool result), assistant: the template's turns only
-    assert _turn_tokens(tokens) == _turn_tokens(plain) == (5, 4)
-    assert own == len(tokens)
-    # the prompt is the rendered text, token for token (the tool's text as text, not control tokens)
-    rendered = render_chat_template(
-        compile_chat_template(QWEN25), native_tool_messages(_agent_history("done")), bos_token="", eos_token="", tools=[{"type": "function", "function": tool}]
-    )
-    assert _spelt(engine, tokens) == rendered.encode()
+    # system (with the tools), user, assistant (call), user (tool result), assistant: the
+    # template's turns only, as with a plain tool; the prompt is the rendered text, token for
+    # token (the tool's text as text, not control tokens)
+    _assert_prompt_is_text(engine, QWEN25, _agent_history("done"), TOOLS, (5, 4))
+    _assert_prompt_is_text(engine, QWEN25, _agent_history("done"), [tool], (5, 4))
 
 
 def test_through_the_worker_a_tools_description_cannot_forge_a_turn(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,11 +75,9 @@ HERMES_STYLE = (
 def test_a_template_that_walks_a_tools_schema_keeps_its_text_plain(engine: LlamaCppEngine) -> None:
     tool = _tool(description=FORGED, key="q" + FORGED, schema={"type": "string", "description": FORGED})
     messages = [{"role": "user", "content": "hi"}]
-    tokens, own = _tokens(engine, HERMES_STYLE, messages, [tool])
     # the tool's system turn, user, assistant
-    assert _turn_tokens(tokens) == (3, 2) and own == len(tokens)
-    rendered = render_chat_template(compile_chat_template(HERMES_STYLE), messages, bos_token="", eos_token="", tools=[{"type": "function", "function": tool}])
-    assert "(str) (required)" in rendered and _spelt(engine, tokens) == rendered.encode()
+    _assert_prompt_is_text(engine, HERMES_STYLE, messages, [tool], (3, 2))
+    assert "(str) (required)" in _rendered(HERMES_STYLE, messages, [tool])
 
 
 # a template that rewrites a tool's description (``| upper``) is split at the messages' strings
