@@ -48,6 +48,7 @@ from .fleet_stats import FleetTotals
 from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
+    ENGINE_ERROR,
     ENGINE_UNAVAILABLE,
     SHUTTING_DOWN,
     Cancel,
@@ -100,6 +101,23 @@ def stream_maxlen(lane_ctx: int) -> int:
     (Last-Event-ID) reads it from its start and skips the deltas its client has: a stream trimmed
     at its start (a reply longer than a fixed bound) sent that client the wrong text."""
     return STREAM_MAXLEN + max(0, int(lane_ctx))
+
+
+def readable_snapshot(state: Any) -> bool:
+    """Whether a worker's snapshot (``worker:ID``) is one a head can read: an object whose
+    figures a fleet's view merges (tried with itself, and as it leaves) and whose hello fields
+    are numbers. One that is not is left out of the fleet, as if that worker were away."""
+    if not isinstance(state, dict):
+        return False
+    try:
+        for field in ("n_lanes", "lane_ctx", "pid"):
+            int(state.get(field, 0))
+        totals = FleetTotals()
+        totals.view({"a": state, "b": state})
+        totals.view({})  # as it leaves: its counts are carried
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return False
+    return True
 
 
 def load_scripts() -> dict[str, str]:
@@ -287,15 +305,19 @@ class RedisTransport(Transport):
         client = self._redis()
         # first: a job this head enqueues (only once a tick has passed) finds its head alive
         await client.set(f"{self.prefix}hb:{self.head_id}", "1", px=self.head_ttl_ms)
-        ids = [m.decode() if isinstance(m, bytes) else m for m in await client.smembers(self.prefix + "workers")]
-        raw = await client.mget([self.prefix + "worker:" + i for i in ids]) if ids else []
+        # as bytes: a member that is not UTF-8 (a broken peer's) failed every tick ("Redis unreachable")
+        ids = [m if isinstance(m, bytes) else str(m).encode() for m in await client.smembers(self.prefix + "workers")]
+        raw = await client.mget([self.prefix.encode() + b"worker:" + i for i in ids]) if ids else []
         workers: dict[str, dict[str, Any]] = {}
-        for wid, blob in zip(ids, raw, strict=False):
+        for member, blob in zip(ids, raw, strict=False):
             if blob is None:
-                await client.srem(self.prefix + "workers", wid)
+                await client.srem(self.prefix + "workers", member)
                 continue
+            wid = member.decode(errors="replace")
             with contextlib.suppress(ValueError):
-                workers[wid] = json.loads(blob)
+                state = json.loads(blob)
+                if readable_snapshot(state):  # another (a broken peer's) failed every tick: "Redis unreachable"
+                    workers[wid] = state
         for state in workers.values():  # the longest stream a worker writes: a lost marker trims none of it
             with contextlib.suppress(TypeError, ValueError, AttributeError):
                 self._lane_ctx = max(self._lane_ctx, int(state.get("lane_ctx", 0)))
@@ -533,7 +555,9 @@ class RedisTransport(Transport):
             self._readers.pop(job_id, None)
             self._loss_counted.pop(job_id, None)
             if job_id not in self.open:  # answered or cancelled; else finish() deletes it
-                await self._forget(job_id)
+                # the client as it is: a reader that left because the head stopped finds the
+                # link stopped (``_redis`` refuses), and stop() closes the client only after it
+                await self._forget(job_id, self._client)
 
     async def _forget(self, job_id: str, client: aioredis.Redis | None = None) -> None:
         """The web side is done with this job: its stream and resume note go. (Not as soon as
@@ -561,11 +585,25 @@ class RedisTransport(Transport):
         except ValueError:
             return
         if isinstance(body, dict) and body.get("type") == "lost":
-            await self._on_job_lost(handle, int(body.get("epoch", -1)))
+            try:
+                epoch = int(body.get("epoch", -1))
+            except (TypeError, ValueError):  # not reap.lua's: acted on again, it stalled the reader for good
+                log.warning("dropping a malformed lost marker on job %s's stream", handle.job_id)
+                return
+            await self._on_job_lost(handle, epoch)
             return
         message = decode_or_drop(raw, "a worker")
-        if message is not None:
+        if message is None:
+            return
+        try:
             self._on_message(message)
+        except (TypeError, ValueError, AttributeError) as exc:
+            # a field of the wrong type: dropped, not taken for Redis away (the reader would act
+            # on the same entry again, forever); a terminal message it cut short ends the job
+            log.warning("dropping a malformed %s message from a worker: %r", message.type, exc)
+            ended = isinstance(message, (Done, Error, Rejected)) and message.id == handle.job_id
+            if ended and handle.job_id not in self.inflight:
+                self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
 
     async def _on_job_lost(self, handle: JobHandle, epoch: int) -> None:
         """The worker holding this job stopped renewing its lease (it died): put the job back at
@@ -593,6 +631,10 @@ class RedisTransport(Transport):
             encode(resubmit)
         except EncodeError as exc:
             self._fail(handle, "unencodable", str(exc))
+            return
+        except (TypeError, ValueError) as exc:  # what a malformed delta left (not Redis away: retried forever)
+            log.warning("job %s cannot be put back after a malformed message from its worker: %r", handle.job_id, exc)
+            self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
             return
         await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
         log.warning("job %s lost its worker; resumed it after %d tokens", handle.job_id, handle.delivered_tokens)
