@@ -19,7 +19,9 @@ import json
 import math
 import re
 import secrets
+import time
 import urllib.parse
+from fractions import Fraction
 from typing import Any
 
 # JSON with at most one space between tokens: llama.cpp's json.gbnf allows runs of newlines and
@@ -362,9 +364,26 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
         conv._sf_copied = getattr(conv, "_sf_copied", 0) + copied
         if conv._sf_copied > MAX_GRAMMAR_CHARS:
             raise GrammarError(f"the keywords beside an '{unions[0]}' are copied into each of its branches, more than {MAX_GRAMMAR_CHARS:,} characters in all")
-        branches = [_merged_all_of({"allOf": [rest, branch]}) for branch in schema[unions[0]]]
-        if branches and all(b is not None for b in branches):
-            schema = {unions[0]: branches}
+        # (a branch no value of which fits them is dropped; one that does not merge is written
+        # bare, without them, as the converter wrote every branch)
+        branches = [b for b in (_union_branch(conv, rest, branch) for branch in schema[unions[0]]) if b is not None]
+        if unions[0] == "oneOf" and ("const" in rest or isinstance(rest.get("enum"), list)):
+            # an enum's values: oneOf's exclusivity holds (a value that fits two branches fits
+            # no oneOf), where the branches are known to hold it
+            check = _value_check(conv)
+            shared = {_json_key(v) for v in ([rest["const"]] if "const" in rest else rest["enum"]) if [check.allows(b, v) for b in schema["oneOf"]].count(True) > 1}
+            branches = [{**b, "enum": [v for v in b["enum"] if _json_key(v) not in shared]} if isinstance(b, dict) and isinstance(b.get("enum"), list) else b for b in branches]
+            branches = [b for b in branches if not (isinstance(b, dict) and b.get("enum") == [])]
+        if not branches:
+            raise GrammarError(f"no branch of the '{unions[0]}' allows a value that the keywords beside it allow")
+        schema = {unions[0]: branches}
+    elif len(unions) == 1 and "$ref" not in schema and any(_allows_no_value(conv, b) for b in schema[unions[0]]):
+        # a branch that allows nothing (an enum none of whose values fits its type) refused the
+        # whole schema, though the others allow values
+        branches = [b for b in schema[unions[0]] if not _allows_no_value(conv, b)]
+        if not branches:
+            raise GrammarError(f"no branch of the '{unions[0]}' allows a value")
+        schema = {**schema, unions[0]: branches}
     if isinstance(schema, dict):
         if schema.get("type") == "array" and schema.get("items") is False and not schema.get("prefixItems"):
             # no item fits: the empty array (the converter read prefixItems, a KeyError, a 400
@@ -380,25 +399,21 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             # any object but with the required keys (the converter's any object dropped them)
             schema = {**schema, "properties": {}, "additionalProperties": schema.get("additionalProperties", True)}
         kinds = schema.get("type")
-        if isinstance(kinds, (str, list)) and ("enum" in schema or "const" in schema) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
-            # the converter wrote an enum's (a const's) values whatever the type beside them:
-            # ``{"type": "string", "enum": ["a", 1]}`` let 1 through
-            # (a type that is no JSON type is refused below, or left to the converter as before)
-            of_type = [kinds] if isinstance(kinds, str) else kinds
-            known = bool(of_type) and all(k in _JSON_TYPES for k in of_type)
-            if known and "const" in schema and not any(_is_of_type(schema["const"], k) for k in of_type):
-                raise GrammarError(f"the 'const' value {json.dumps(schema['const'])[:100]} is not of the 'type' {kinds!r}")
-            if known and "const" not in schema and isinstance(schema["enum"], list):
-                values = [v for v in schema["enum"] if any(_is_of_type(v, k) for k in of_type)]
-                if not values:
-                    raise GrammarError(f"no 'enum' value is of the 'type' {kinds!r}")
-                schema = {**schema, "enum": values}
+        if ("enum" in schema or "const" in schema) and not any(k in schema for k in ("oneOf", "anyOf")):
+            # the converter wrote an enum's (a const's) values whatever the keywords beside
+            # them: ``{"type": "string", "enum": ["a", 1, "bb"], "maxLength": 1}`` let 1 and
+            # "bb" through; only the values that fit them are written (a ``$ref`` beside, which
+            # the converter wrote instead of the values, too)
+            schema = _fitting_values(conv, schema)
+            kinds = schema.get("type")
         if isinstance(kinds, list) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
             if not kinds or not all(k in _JSON_TYPES for k in kinds):
                 raise GrammarError(f"'type' must name JSON types ({', '.join(_JSON_TYPES)}), not {kinds!r}")
             rest = {k: v for k, v in schema.items() if k not in ("type", "$defs", "definitions")}
             branches = [_bounded_integer({**rest, "type": kind}) for kind in dict.fromkeys(kinds)]
-            schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+            if len(branches) == 1:  # one type: its schema, made plain as any (``required`` without properties...)
+                return _visit(conv, visit, branches[0], name)
+            schema = {"anyOf": branches}
         if schema.get("type") == "integer" and not any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum")):
             lo, hi = _integer_bounds(schema)
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
@@ -408,14 +423,408 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
     return str(visit(schema, name))
 
 
+def _value_check(conv: Any) -> _ValueCheck:
+    """The conversion's value check (one time budget for its patterns)."""
+    if not hasattr(conv, "_sf_check"):
+        conv._sf_check = _ValueCheck(conv._refs)
+    return conv._sf_check  # type: ignore[no-any-return]
+
+
+def _fitting_values(conv: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, an enum or a const beside other keywords, with only the enum's values that
+    fit them; GrammarError if none (or not the const) does."""
+    what = "const" if "const" in schema else "enum"
+    if what == "enum" and not isinstance(schema["enum"], list):
+        return schema
+    values = [schema["const"]] if what == "const" else schema["enum"]
+    rest = {k: v for k, v in schema.items() if k != what and k not in _ANNOTATIONS}
+    if not rest:
+        return schema
+    check = _value_check(conv)
+    kept = [v for v in values if check.allows(rest, v) is not False]
+    beside = ", ".join(f"'{k}'" for k in rest)
+    if not kept and what == "const":
+        raise GrammarError(f"the 'const' value {json.dumps(schema['const'])[:100]} does not fit the keywords beside it ({beside})")
+    if not kept:
+        raise GrammarError(f"no 'enum' value fits the keywords beside it ({beside})")
+    if "$ref" in schema:
+        schema = {k: v for k, v in schema.items() if k != "$ref"}
+    kinds = schema.get("type")
+    if isinstance(kinds, list) and kinds and all(k in _JSON_TYPES for k in kinds):
+        # (the values fit: a list of types split into one branch per type, and the value
+        # refused a branch of a type it was not of)
+        schema = {k: v for k, v in schema.items() if k != "type"}
+    return schema if what == "const" else {**schema, "enum": kept}
+
+
+# the keywords that act on values of one type only
+_TYPE_KEYWORDS = {
+    "string": frozenset(("minLength", "maxLength", "pattern", "format", "contentEncoding", "contentMediaType")),
+    "number": frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")),
+    "array": frozenset(("items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems", "contains", "minContains", "maxContains", "unevaluatedItems")),
+    "object": frozenset(
+        ("properties", "required", "additionalProperties", "patternProperties", "minProperties", "maxProperties", "propertyNames", "dependentRequired",
+         "dependentSchemas", "dependencies", "unevaluatedProperties")
+    ),
+}
+
+
+def _common_types(a: Any, b: Any) -> list[str] | None:
+    """The JSON types both ``type`` values ``a`` and ``b`` allow (``integer`` of ``number``);
+    None where either is missing or names no JSON type."""
+    kinds = [[t] if isinstance(t, str) else t for t in (a, b)]
+    if not all(isinstance(k, list) and k and all(t in _JSON_TYPES for t in k) for k in kinds):
+        return None
+    common = []
+    for x in kinds[0]:
+        for y in kinds[1]:
+            if x == y or {x, y} == {"integer", "number"}:
+                common.append("integer" if {x, y} == {"integer", "number"} else x)
+    return list(dict.fromkeys(common))
+
+
+def _allows_nothing(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` (one type) certainly allows no value: bounds that cross."""
+    kind = schema.get("type")
+    if kind == "integer":
+        try:
+            lo, hi = _integer_bounds(schema)
+        except (OverflowError, ValueError):
+            return False
+        return lo is not None and hi is not None and lo > hi
+    low, high = {"string": ("minLength", "maxLength"), "array": ("minItems", "maxItems"), "object": ("minProperties", "maxProperties")}.get(str(kind), ("", ""))
+    return _is_json_number(schema.get(low)) and _is_json_number(schema.get(high)) and schema[low] > schema[high]
+
+
+_LOWER_BOUNDS = frozenset(("minLength", "minItems", "minProperties", "minimum", "exclusiveMinimum"))
+_UPPER_BOUNDS = frozenset(("maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum"))
+
+
+def _joined_keywords(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``a`` and ``b`` with the keywords both hold with two values that join into one moved
+    into ``b``: the tighter of two bounds, the names of two ``required``, the allOf of two
+    ``items`` schemas (no ``prefixItems`` beside)."""
+    a, b = dict(a), dict(b)
+    for key in [k for k in a if k in b and a[k] != b[k]]:
+        x, y = a[key], b[key]
+        if key in _LOWER_BOUNDS | _UPPER_BOUNDS and _is_json_number(x) and _is_json_number(y):
+            b[key] = max(x, y) if key in _LOWER_BOUNDS else min(x, y)
+        elif key == "required" and isinstance(x, list) and isinstance(y, list):
+            b[key] = list(dict.fromkeys([*x, *y]))
+        elif key == "items" and isinstance(x, (dict, bool)) and isinstance(y, (dict, bool)) and "prefixItems" not in a and "prefixItems" not in b:
+            b[key] = {"allOf": [x, y]}
+        else:
+            continue
+        del a[key]
+    return a, b
+
+
+def _allows_no_value(conv: Any, schema: Any) -> bool:
+    """Whether ``schema`` certainly allows no value: ``false``, an enum (a const) none of whose
+    values fits the keywords beside it, bounds that cross."""
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        return False
+    if isinstance(schema.get("allOf"), list) and not any(k in schema for k in ("$ref", "oneOf", "anyOf")):
+        merged = _merged_all_of(schema)
+        return merged is not None and "allOf" not in merged and _allows_no_value(conv, merged)
+    unions = [k for k in ("anyOf", "oneOf") if isinstance(schema.get(k), list)]
+    if len(unions) == 1 and "$ref" not in schema:
+        rest = {k: v for k, v in schema.items() if k != unions[0]}
+        if not set(rest) - _ANNOTATIONS:
+            return all(_allows_no_value(conv, b) for b in schema[unions[0]])
+        return all(_union_branch(conv, rest, b) is None for b in schema[unions[0]])
+    if "const" in schema or isinstance(schema.get("enum"), list):
+        check = _value_check(conv)
+        return all(check.allows(schema, v) is False for v in ([schema["const"]] if "const" in schema else schema["enum"]))
+    return _allows_nothing(schema)
+
+
+def _union_branch(conv: Any, rest: dict[str, Any], branch: Any) -> Any:
+    """A union's ``branch`` with the keywords beside the union (``rest``) merged in: an enum's
+    (a const's) values that fit both, the one schema of both where they merge, else the bare
+    branch (the keywords are not enforced on it); None where no value fits both (types that
+    do not meet, no enum value that fits, bounds that cross)."""
+    if branch is False:
+        return None
+    check = _value_check(conv)
+    target = conv._refs.get(branch["$ref"]) if isinstance(branch, dict) and set(branch) - _ANNOTATIONS == {"$ref"} else None
+    if isinstance(target, dict) and "$ref" not in target:
+        # a reference's schema, copied here to hold the keywords too (counted as they are;
+        # past the bound the branch is the bare reference)
+        copied = getattr(conv, "_sf_copied", 0) + len(json.dumps(target))
+        if copied > MAX_GRAMMAR_CHARS:
+            return branch
+        conv._sf_copied = copied
+        merged_target = _union_branch(conv, rest, target)
+        return branch if merged_target is target else merged_target
+    for part in (rest, branch):
+        if isinstance(part, dict) and ("const" in part or isinstance(part.get("enum"), list)):
+            values = [part["const"]] if "const" in part else part["enum"]
+            kept = [v for v in values if check.allows(rest, v) is not False and check.allows(branch, v) is not False]
+            return {"enum": kept} if kept else None
+    merged = _merged_all_of({"allOf": [rest, branch]})
+    if merged is None and isinstance(branch, dict):
+        rest, branch = _joined_keywords(rest, branch)
+        merged = _merged_all_of({"allOf": [rest, branch]})
+    if merged is None and isinstance(branch, dict):
+        common = _common_types(rest.get("type", branch.get("type")), branch.get("type", rest.get("type")))
+        if common == []:
+            return None
+        if common is not None:
+            # the types both allow, and only the keywords that act on them (a string's
+            # ``minLength`` says nothing of an object)
+            kind: Any = common[0] if len(common) == 1 else common
+            idle = set().union(*(v for k, v in _TYPE_KEYWORDS.items() if k not in common and not (k == "number" and "integer" in common)))
+            rest, branch = ({**{k: v for k, v in part.items() if k not in idle}, "type": kind} for part in (rest, branch))
+            merged = _merged_all_of({"allOf": [rest, branch]})
+    unions = [k for k in ("anyOf", "oneOf") if isinstance(branch, dict) and k in branch]
+    if merged is None and len(unions) == 1 and all(rest[k] == branch[k] for k in (set(rest) & set(branch)) - _ANNOTATIONS):
+        merged = {**rest, **branch}  # a union in the branch: they hold in each of its branches
+    if merged is None and isinstance(branch, dict) and not unions:
+        try:  # objects: their properties merged (as an allOf's are)
+            merged = _merged_objects(conv, {**rest, "allOf": [*(rest["allOf"] if isinstance(rest.get("allOf"), list) else []), branch]})
+        except GrammarError:  # a required property that the other forbids
+            return None
+    if merged is None:
+        return branch
+    return None if _allows_no_value(conv, merged) else merged
+
+
 def _is_of_type(value: Any, kind: str) -> bool:
     """Whether ``value`` (JSON data) is of the JSON Schema type ``kind`` (``1.0`` is an integer)."""
     if kind == "integer":
-        return _is_number(value) and float(value).is_integer()
+        return _is_json_number(value) and (isinstance(value, int) or float(value).is_integer())
     if kind == "number":
-        return _is_number(value)
+        return _is_json_number(value)
     types: dict[str, Any] = {"string": str, "boolean": bool, "null": type(None), "array": list, "object": dict}
     return kind in types and isinstance(value, types[kind])
+
+
+def _is_json_number(value: Any) -> bool:
+    """Whether ``value`` is a JSON number (an int of any size, or a finite float)."""
+    return isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON Schema's equality: ``1`` is ``1.0``, ``true`` is not ``1``."""
+    if _is_json_number(a) and _is_json_number(b):
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _json_key(value: Any) -> str:
+    """A text equal for values ``_json_equal`` holds equal (``1`` and ``1.0``), else different."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(plain(value), sort_keys=True)
+
+
+# assertions the check below does not evaluate: a value under one of them may or may not fit
+_UNCHECKED = frozenset(
+    ("contains", "minContains", "maxContains", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
+     "unevaluatedProperties", "unevaluatedItems", "additionalItems", "$dynamicRef", "$recursiveRef")
+)
+# how long checking a pattern against data (an enum's values) may take, all of a schema's together
+MAX_PATTERN_CHECK_SECONDS = 0.25
+
+
+class _ValueCheck:
+    """Whether a JSON value fits a schema, for the keywords the grammar enforces (and a few
+    more): True, False, or None where it cannot tell (a keyword it does not evaluate, a
+    reference it cannot resolve). ``refs``: the converter's resolved references."""
+
+    def __init__(self, refs: dict[str, Any] | None = None) -> None:
+        self.refs = refs or {}
+        self.spent = 0.0  # seconds spent matching patterns
+        self.enums: dict[int, tuple[list[Any], set[str]]] = {}  # an enum's values as keys (the list kept: its id stays its own)
+
+    def allows(self, schema: Any, value: Any, depth: int = 0) -> bool | None:
+        if schema is True or schema == {}:
+            return True
+        if schema is False:
+            return False
+        if not isinstance(schema, dict) or depth > 64:
+            return None
+        unknown = False
+        for key in schema:
+            verdict = self._keyword(schema, key, value, depth)
+            if verdict is False:
+                return False
+            unknown = unknown or verdict is None
+        return None if unknown else True
+
+    def _all(self, verdicts: Any) -> bool | None:
+        unknown = False
+        for verdict in verdicts:
+            if verdict is False:
+                return False
+            unknown = unknown or verdict is None
+        return None if unknown else True
+
+    def _keyword(self, schema: dict[str, Any], key: str, value: Any, depth: int) -> bool | None:
+        v = schema[key]
+        if key in _UNCHECKED:
+            return None
+        if key == "$ref":
+            return self.allows(self.refs[v], value, depth + 1) if isinstance(v, str) and v in self.refs else None
+        if key == "type":
+            kinds = [v] if isinstance(v, str) else v
+            if not isinstance(kinds, list) or not kinds or not all(k in _JSON_TYPES for k in kinds):
+                return None
+            return any(_is_of_type(value, k) for k in kinds)
+        if key == "const":
+            return _json_equal(value, v)
+        if key == "enum":
+            if not isinstance(v, list):
+                return None
+            if id(v) not in self.enums:
+                self.enums[id(v)] = (v, {_json_key(e) for e in v})
+            return _json_key(value) in self.enums[id(v)][1]
+        if key in ("allOf", "anyOf", "oneOf"):
+            if not isinstance(v, list) or not v:
+                return None
+            verdicts = [self.allows(branch, value, depth + 1) for branch in v]
+            if key == "allOf":
+                return self._all(verdicts)
+            yes = verdicts.count(True)
+            if key == "anyOf":
+                return True if yes else (False if None not in verdicts else None)
+            if yes > 1:
+                return False
+            return None if None in verdicts else yes == 1
+        if key == "not":
+            verdict = self.allows(v, value, depth + 1)
+            return None if verdict is None else not verdict
+        if isinstance(value, str):
+            return self._string(key, v, value)
+        if _is_json_number(value):
+            return self._number(schema, key, v, value)
+        if isinstance(value, list):
+            return self._array(schema, key, v, value, depth)
+        if isinstance(value, dict):
+            return self._object(schema, key, v, value, depth)
+        return True
+
+    def _string(self, key: str, v: Any, value: str) -> bool | None:
+        if key in ("minLength", "maxLength"):
+            if not _is_json_number(v):
+                return None
+            return len(value) >= v if key == "minLength" else len(value) <= v
+        if key == "pattern":
+            return self._search(v, value)
+        return True
+
+    def _search(self, pattern: Any, text: str) -> bool | None:
+        """Whether ``pattern`` matches in ``text`` (as jsonschema reads a pattern, a Python
+        regular expression), within MAX_PATTERN_CHECK_SECONDS in all: a pattern that
+        backtracks for ever against a value is refused, not run on the engine thread."""
+        try:
+            import regex  # (a time limit: the standard library's re has none)
+        except ImportError:
+            return None
+        if not isinstance(pattern, str):
+            return None
+        start = time.monotonic()
+        try:
+            return regex.search(pattern, text, timeout=max(MAX_PATTERN_CHECK_SECONDS - self.spent, 0.001)) is not None
+        except TimeoutError:
+            raise GrammarError(f"checking the pattern {pattern[:100]!r} against the schema's values takes too long") from None
+        except (regex.error, ValueError, OverflowError):
+            return None
+        finally:
+            self.spent += time.monotonic() - start
+
+    @staticmethod
+    def _number(schema: dict[str, Any], key: str, v: Any, value: Any) -> bool | None:
+        if key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(v, bool):  # draft 4: minimum/maximum exclusive (checked there)
+                return True
+            if not _is_json_number(v):
+                return None
+            exclusive = schema.get("exclusiveMinimum" if key == "minimum" else "exclusiveMaximum") is True
+            if key == "minimum":
+                return bool(value > v if exclusive else value >= v)
+            if key == "maximum":
+                return bool(value < v if exclusive else value <= v)
+            return bool(value > v) if key == "exclusiveMinimum" else bool(value < v)
+        if key == "multipleOf":
+            if not _is_json_number(v) or v <= 0:
+                return None
+            try:  # exact, as the JSON texts are written
+                return (Fraction(repr(value)) / Fraction(repr(v))).denominator == 1
+            except (ValueError, OverflowError):
+                return None
+        return True
+
+    def _array(self, schema: dict[str, Any], key: str, v: Any, value: list[Any], depth: int) -> bool | None:
+        if key in ("minItems", "maxItems"):
+            if not _is_json_number(v):
+                return None
+            return len(value) >= v if key == "minItems" else len(value) <= v
+        if key == "uniqueItems":
+            return not v or len({_json_key(item) for item in value}) == len(value)
+        if key == "prefixItems":
+            if not isinstance(v, list):
+                return None
+            return self._all(self.allows(s, item, depth + 1) for s, item in zip(v, value, strict=False))
+        if key == "items":
+            if isinstance(v, list):  # draft 4's tuple
+                return None
+            prefix = schema.get("prefixItems")
+            skip = len(prefix) if isinstance(prefix, list) else 0
+            return self._all(self.allows(v, item, depth + 1) for item in value[skip:])
+        return True
+
+    def _object(self, schema: dict[str, Any], key: str, v: Any, value: dict[str, Any], depth: int) -> bool | None:
+        if key in ("minProperties", "maxProperties"):
+            if not _is_json_number(v):
+                return None
+            return len(value) >= v if key == "minProperties" else len(value) <= v
+        if key == "required":
+            return all(name in value for name in v) if isinstance(v, list) else None
+        if key == "properties":
+            if not isinstance(v, dict):
+                return None
+            return self._all(self.allows(v[name], item, depth + 1) for name, item in value.items() if name in v)
+        if key == "patternProperties":
+            if not isinstance(v, dict):
+                return None
+            verdicts = []
+            for p, sub in v.items():
+                for name, item in value.items():
+                    matched = self._search(p, name)
+                    if matched is not False:
+                        verdict = self.allows(sub, item, depth + 1)
+                        verdicts.append(None if matched is None and verdict is False else verdict)
+            return self._all(verdicts)
+        if key == "additionalProperties":
+            declared = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+            patterns = schema.get("patternProperties") if isinstance(schema.get("patternProperties"), dict) else {}
+            verdicts = []
+            for name, item in value.items():
+                if name in declared:
+                    continue
+                matched = [self._search(p, name) for p in patterns]
+                if True in matched:
+                    continue
+                verdict = self.allows(v, item, depth + 1)
+                verdicts.append(None if verdict is False and None in matched else verdict)
+            return self._all(verdicts)
+        return True
 
 
 # keywords that constrain nothing (an allOf's part of only these adds nothing to the others)
@@ -477,6 +886,7 @@ def _merged_objects(conv: Any, schema: dict[str, Any]) -> dict[str, Any] | None:
 
     properties: dict[str, list[Any]] = {}
     required: list[Any] = []
+    closed: list[tuple[set[str], Any]] = []  # a whole part's own names and the additional properties' schema
     parts = [(resolved(p), True) for p in [{k: v for k, v in schema.items() if k != "allOf"}, *schema["allOf"]]]
     while parts:
         part, whole = parts.pop(0)
@@ -493,6 +903,22 @@ def _merged_objects(conv: Any, schema: dict[str, Any]) -> dict[str, Any] | None:
         for key, sub in part.get("properties", {}).items():
             properties.setdefault(key, []).append(sub)
         required += part.get("required", []) if whole else []
+        if whole and part.get("additionalProperties", True) is not True:
+            closed.append((set(part.get("properties", {})), part["additionalProperties"]))
+    # a property another part names is an additional one of a part that does not: its
+    # ``additionalProperties`` holds for it (they were dropped: a property that a part's
+    # ``false`` forbids was written)
+    for name in required:
+        if isinstance(name, str) and name not in properties:
+            raise GrammarError(f"an 'allOf' requires {name!r}, which its parts do not name in 'properties' (and no other property is written)")
+    for own, extra in closed:
+        for key in [k for k in properties if k not in own]:
+            if extra is False and key in required:
+                raise GrammarError(f"an 'allOf' requires {key!r}, which a part's 'additionalProperties': false forbids")
+            if extra is False:
+                del properties[key]
+            else:
+                properties[key].append(extra)
     return {
         "type": "object",
         "properties": {key: subs[0] if len(subs) == 1 else {"allOf": subs} for key, subs in properties.items()},

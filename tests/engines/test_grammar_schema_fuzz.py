@@ -1,8 +1,9 @@
 """Fuzz: a JSON Schema built from the keywords the grammar enforces (types and their lists,
-string and array bounds, integer bounds, enum/const of mixed types, objects with required and
-additional properties, anyOf, allOf) converts to a grammar or is a
-GrammarError, and every value the grammar lets through validates against the schema
-(``jsonschema``), over values drawn from the schema itself and from any JSON."""
+string and array bounds, integer bounds, enum/const of mixed types and beside other keywords,
+objects with required and additional properties, anyOf beside other keywords, oneOf beside an
+enum, allOf) converts to a grammar or is a GrammarError, and every value the grammar lets
+through validates against the schema (``jsonschema``), over values drawn from the schema itself
+and from any JSON."""
 
 from __future__ import annotations
 
@@ -33,12 +34,42 @@ def _bounds(lo: str, hi: str, top: int) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries({}, optional={lo: st.integers(0, top), hi: st.integers(0, top)})
 
 
+# keywords beside a union, which each branch must fit too, and beside an enum or a const,
+# which the values written must fit (there string lengths beside a pattern, number bounds and
+# multipleOf too: a string's pattern is written without its lengths, a number's bounds are not
+# enforced, but an enum value's are)
+_sibling_keywords = {
+    "type": types | st.lists(types, min_size=1, max_size=2, unique=True),
+    "minItems": st.integers(0, 2),
+    "maxItems": st.integers(0, 2),
+    "items": st.sampled_from([{"type": "integer"}, {"type": "string"}, {"enum": [1, "a"]}]),
+    "required": st.lists(names, min_size=1, max_size=2, unique=True),
+    "additionalProperties": st.sampled_from([False, {"type": "integer"}]),
+}
+siblings = st.fixed_dictionaries({}, optional=_sibling_keywords)
+data_siblings = st.fixed_dictionaries(
+    {},
+    optional={
+        **_sibling_keywords,
+        "minLength": st.integers(0, 2),
+        "maxLength": st.integers(0, 2),
+        "pattern": st.sampled_from(["^a", "b", "^\\w*$"]),
+        "minimum": st.integers(-3, 3),
+        "exclusiveMaximum": st.integers(-3, 3),
+        "multipleOf": st.sampled_from([2, 0.5]),
+        "uniqueItems": st.booleans(),
+        "not": st.sampled_from([{"type": "null"}, {"const": "a"}]),
+    },
+)
+
 leaves = st.one_of(
     types.map(lambda t: {"type": t}),
     st.lists(types, min_size=1, max_size=3, unique=True).map(lambda ts: {"type": ts}),
     st.lists(data, min_size=1, max_size=4).map(lambda vs: {"enum": vs}),
     st.tuples(types, st.lists(data, min_size=1, max_size=4)).map(lambda p: {"type": p[0], "enum": p[1]}),
     data.map(lambda v: {"const": v}),
+    st.tuples(data_siblings, st.lists(data, min_size=1, max_size=4)).map(lambda p: {**p[0], "enum": p[1]}),
+    st.tuples(data_siblings, data).map(lambda p: {**p[0], "const": p[1]}),
     _bounds("minLength", "maxLength", 3).map(lambda b: {"type": "string", **b}),
     st.fixed_dictionaries({}, optional={"minimum": st.integers(-5, 5), "maximum": st.integers(-5, 2000)}).map(lambda b: {"type": "integer", **b}),
     st.sampled_from(["^[a-c]+$", "^a$|^bc$", "^\\d{1,2}$", "^(ab)*$", "^.?$", "^[^a]$", "^\\w\\s\\w$"]).map(lambda p: {"type": "string", "pattern": p}),
@@ -51,9 +82,11 @@ def _extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     )
     arr = st.tuples(inner, _bounds("minItems", "maxItems", 3)).map(lambda p: {"type": "array", "items": p[0], **p[1]})
     any_of = st.lists(inner, min_size=1, max_size=3).map(lambda bs: {"anyOf": bs})
-    # (one part: an enum merged beside another part's keywords is written whatever they say)
-    all_of = inner.map(lambda p: {"allOf": [p], "description": "d"})
-    return obj | arr | any_of | all_of
+    beside_any_of = st.tuples(siblings, st.lists(inner, min_size=1, max_size=3)).map(lambda p: {**p[0], "anyOf": p[1]})
+    # (beside an enum: oneOf's exclusivity holds for its values; elsewhere it is anyOf)
+    enum_one_of = st.tuples(st.lists(data, min_size=1, max_size=4), st.lists(inner, min_size=1, max_size=3)).map(lambda p: {"enum": p[0], "oneOf": p[1]})
+    all_of = st.lists(inner, min_size=1, max_size=2).map(lambda ps: {"allOf": ps, "description": "d"})
+    return obj | arr | any_of | beside_any_of | enum_one_of | all_of
 
 
 schemas = st.recursive(leaves, _extend, max_leaves=6)
@@ -67,7 +100,7 @@ def _instances(schema: Any, draw: Any, depth: int = 0) -> Any:
         return draw(st.sampled_from(schema["enum"]))
     if "const" in schema:
         return schema["const"]
-    for key in ("anyOf", "allOf"):
+    for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and draw(st.booleans()):
             return _instances(draw(st.sampled_from(schema[key])), draw, depth + 1)
     kind = schema.get("type")
