@@ -3,6 +3,7 @@ server and Hugging Face tokenizers render them."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
@@ -341,6 +342,48 @@ def split_rendered(
     return templates, written
 
 
+# Raw text tokenised before a piece that continues earlier text, then dropped with the space a
+# SentencePiece vocabulary prefixes to a text's start (:func:`continued_tokens`): a byte that
+# merges with little, the second where the first merges with the piece's start. Not one the
+# vocabulary splits out as a token of its own (Gemma's "\n" is user-defined: llama.cpp prefixes
+# the text after it).
+_ANCHORS = ("\x1f", "\n")
+
+
+def prefixes_space(tokenize: Callable[[str], list[int]], token_bytes: Callable[[int], bytes]) -> bool:
+    """Whether the vocabulary prefixes a space to the start of each text ``tokenize`` (the
+    engine's, nothing added) is given (SentencePiece's ``add_space_prefix``: Llama 2's)."""
+    return any(b"".join(map(token_bytes, tokenize(anchor))) == b" " + anchor.encode() for anchor in _ANCHORS)
+
+
+def continued_tokens(tokenize: Callable[[str], list[int]], token_bytes: Callable[[int], bytes], text: str) -> list[int] | None:
+    """``text``'s tokens as the continuation of earlier raw text under a vocabulary that prefixes
+    a space to the start of each text it is given (:func:`prefixes_space`; llama.cpp does so for
+    each call and after each special token): ``tokenize`` (the engine's, nothing added) run on an
+    anchor followed by ``text``, and the anchor's tokens (which spell the space and the anchor,
+    ending at a token boundary) dropped. None where no anchor gets the space or ends at a token
+    boundary (the caller tokenises ``text`` on its own)."""
+    for anchor in _ANCHORS:
+        alone = b"".join(map(token_bytes, tokenize(anchor)))
+        if alone != b" " + anchor.encode():
+            continue
+        tokens = tokenize(anchor + text)
+        spelt, n = b"", 0
+        while len(spelt) < len(alone) and n < len(tokens):
+            spelt, n = spelt + token_bytes(tokens[n]), n + 1
+        if spelt == alone:
+            return tokens[n:]
+    return None
+
+
+def _takes_after(tokenize: Callable[..., list[int]]) -> bool:
+    """Whether ``tokenize`` takes ``after`` (the engines' do; a test's stand-in may not)."""
+    try:
+        return "after" in inspect.signature(tokenize).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def chat_prompt_tokens(
     render: Render,
     tokenize: Callable[..., list[int]],
@@ -356,22 +399,31 @@ def chat_prompt_tokens(
     the template trims contents or writes nothing for an empty one (:func:`split_rendered`); only
     a template that writes contents otherwise has its whole text tokenised at once. Resumed text
     is tokenised together with the template's last piece, as it was when the whole text was
-    tokenised at once."""
+    tokenised at once. Each piece after the first is tokenised as the continuation of the tokens
+    before it (``tokenize``'s ``after``, where it takes one): no space prefix a vocabulary gives a
+    text's start (Llama 2's, Mistral's) where the whole text has none."""
     text = render(messages, tools)
     split = split_rendered(render, messages, tools, text)
     if split is None or not split[1]:
         own = tokenize(text)
         return (tokenize(text + resume_text) if resume_text else own), len(own)
     templates, contents = split
+    takes_after = _takes_after(tokenize)
+
+    def more(before: list[int], piece: str, special: bool = True) -> list[int]:
+        if takes_after:
+            return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
+        return tokenize(piece, add_special=False, special=special)
+
     tokens = tokenize(templates[0])
     for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
-        tokens += tokenize(content, add_special=False, special=False)
+        tokens += more(tokens, content, special=False)
         if i < len(contents) - 1:
-            tokens += tokenize(template, add_special=False)
-    own = tokens + tokenize(templates[-1], add_special=False)
+            tokens += more(tokens, template)
+    own = tokens + more(tokens, templates[-1])
     if not resume_text:
         return own, len(own)
-    return tokens + tokenize(templates[-1] + resume_text, add_special=False), len(own)
+    return tokens + more(tokens, templates[-1] + resume_text), len(own)
 
 
 # -- tools ----------------------------------------------------------------------------------

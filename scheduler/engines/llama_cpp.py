@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import logging
 import math
 import os
@@ -24,7 +25,13 @@ import numpy as np
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, seed32
 from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, swap_keys
-from scheduler.engines.chat import builtin_chat_template, compile_chat_template, render_chat_template
+from scheduler.engines.chat import (
+    builtin_chat_template,
+    compile_chat_template,
+    continued_tokens,
+    prefixes_space,
+    render_chat_template,
+)
 from scheduler.engines.sampling import logprobs_of, repeat_penalty_of
 from scheduler.engines.threads import OTHERS_BUSY_CORES, OtherCpu, ThreadGovernor, step_kind
 
@@ -497,8 +504,15 @@ class LlamaCppEngine(LaneEngine):
             self._compiled_template(), messages, bos_token=self.bos_text, eos_token=self.eos_text, **extra
         )
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         self._require_open()
+        # A text that continues earlier text (``after``: its last token) gets no space prefix
+        # (SentencePiece's add_space_prefix), which llama.cpp gives each raw fragment first in
+        # its call or right after a special one (llama-vocab.cpp: is_prev_special)
+        if after is not None and text and self._space_prefix and not self._special_fragment(after):
+            continued = continued_tokens(lambda t: self.tokenize(t, add_special=False, special=special), self.token_bytes, text)
+            if continued is not None:
+                return continued
         data = text.encode("utf-8")
         # BOS is added by hand rather than through llama_tokenize(add_special=True), which
         # would also append EOS/SEP for vocabularies that ask for them: wrong for a prompt.
@@ -510,6 +524,17 @@ class LlamaCppEngine(LaneEngine):
                 break
             size = -n
         return self._with_bos(text, buf[:n], add_special)
+
+    @functools.cached_property
+    def _space_prefix(self) -> bool:
+        """Whether the vocabulary prefixes a space to each text it tokenises (Llama 2's)."""
+        return prefixes_space(lambda t: self.tokenize(t, add_special=False, special=False), self.token_bytes)
+
+    def _special_fragment(self, token: int) -> bool:
+        """Whether llama.cpp splits ``token`` out of a text before tokenising the rest (a control,
+        user-defined or unknown token): raw text right after it gets the space prefix."""
+        attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+        return bool(attr & (llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN))
 
     def _token_piece(self, token: int) -> bytes:
         self._require_open()

@@ -22,6 +22,7 @@ Models whose caches are not plain ``KVCache`` (sliding-window or recurrent layer
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 
 from scheduler.core.types import LaneBind
 from scheduler.engines.base import EngineError, LaneEngine, Piece, Step, swap_keys
-from scheduler.engines.chat import compile_chat_template, render_chat_template
+from scheduler.engines.chat import compile_chat_template, continued_tokens, prefixes_space, render_chat_template
 from scheduler.engines.hf_vocab import HfVocabulary, read_json
 from scheduler.engines.models import is_mlx_model_dir
 from scheduler.engines.sampling import LaneSampler
@@ -191,11 +192,34 @@ class MlxEngine(LaneEngine):
         self._require_open()
         return self._token_masks().check(grammar)
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         # Special tokens written in the text are parsed as such unless ``special`` is off; BOS is
         # added by hand, once, and never EOS (a post-processor may add both), as llama.cpp's.
+        # A text that continues earlier text (``after``: its last token) gets no space prefix
+        # (a Metaspace pre-tokenizer's, a Prepend normalizer's: Llama 2's, Mistral's), which
+        # the tokenizer gives each text it is given, and where it says so the text after an
+        # added token (prepend_scheme "always", Prepend; not "first").
         self._require_open()
+        if after is not None and text and self._space_prefix and not self._prefixed_after(after):
+            continued = continued_tokens(lambda t: self._vocab.encode(t, special=special), self.token_bytes, text)
+            if continued is not None:
+                return continued
         return self._with_bos(text, self._vocab.encode(text, special=special), add_special)
+
+    @functools.cached_property
+    def _space_prefix(self) -> bool:
+        """Whether the tokenizer prefixes a space to each text it tokenises."""
+        return prefixes_space(lambda t: self._vocab.encode(t, special=False), self.token_bytes)
+
+    def _prefixed_after(self, token: int) -> bool:
+        """Whether the tokenizer prefixes a space to the text right after ``token`` in a text:
+        an added token split out before the rest is tokenised, where the text after it counts
+        as a text's start (tested on the token's text followed by a space-prefixed text)."""
+        added = self._vocab.added.get(token)
+        if added is None:
+            return False
+        ids = self._vocab.encode(added.content + "\x1f", special=True)
+        return ids[:1] == [token] and b"".join(map(self.token_bytes, ids[1:])) == b" \x1f"
 
     def _token_piece(self, token: int) -> bytes:
         return self._vocab.piece(token, render_special=False)  # control tokens print nothing, as llama.cpp's
