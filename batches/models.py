@@ -15,6 +15,18 @@ from django.utils import timezone
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _TIMED_FILE_ID = re.compile(r"file-([0-9a-f]{13})[0-9a-f]{12}")
+_TIMED_BATCH_ID = re.compile(r"batch_([0-9a-f]{13})[0-9a-f]{12}")
+
+
+def _timed_digits() -> str:
+    """25 hex digits: now (microseconds since 1970, 13 digits) and 12 random ones."""
+    micros = (timezone.now() - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros:013x}{secrets.token_hex(6)}"
+
+
+def _named_time(pattern: re.Pattern[str], ident: str) -> datetime | None:
+    m = pattern.fullmatch(ident)
+    return _EPOCH + timedelta(microseconds=int(m.group(1), 16)) if m else None
 
 
 def _file_id() -> str:
@@ -22,18 +34,37 @@ def _file_id() -> str:
     12 random ones. The file's ``created_at`` is that time (File.save), so a list's cursor
     naming a file deleted since is still a place in the list (file_time). Files made before
     had 24 random digits: their ids name no time."""
-    micros = (timezone.now() - _EPOCH) // timedelta(microseconds=1)
-    return f"file-{micros:013x}{secrets.token_hex(6)}"
+    return "file-" + _timed_digits()
 
 
 def file_time(file_id: str) -> datetime | None:
     """The creation time a file id names (``_file_id``), or None for an id of another form."""
-    m = _TIMED_FILE_ID.fullmatch(file_id)
-    return _EPOCH + timedelta(microseconds=int(m.group(1), 16)) if m else None
+    return _named_time(_TIMED_FILE_ID, file_id)
 
 
 def _batch_id() -> str:
-    return "batch_" + secrets.token_hex(12)
+    """``batch_`` and 25 hex digits, as a file's id (``_file_id``): the batch list's cursor naming
+    a batch deleted since (the admin deletes batches) is still a place in the list (batch_time).
+    Batches made before had 24 random digits: their ids name no time."""
+    return "batch_" + _timed_digits()
+
+
+def batch_time(batch_id: str) -> datetime | None:
+    """The creation time a batch id names (``_batch_id``), or None for an id of another form."""
+    return _named_time(_TIMED_BATCH_ID, batch_id)
+
+
+def _save_at_named_time(row: models.Model, named: datetime | None, save: Any, *args: Any, **kwargs: Any) -> None:
+    """``save(*args, **kwargs)`` (the model's Model.save); a new row whose id names a time gets
+    that time as its ``created_at``, exactly (``auto_now_add`` sets its own clock's reading at the
+    insert, a little later)."""
+    if named is None or not row._state.adding:
+        save(*args, **kwargs)
+        return
+    with transaction.atomic(using=kwargs.get("using")):  # no reader sees the other time
+        save(*args, **kwargs)
+        type(row)._default_manager.using(row._state.db).filter(pk=row.pk).update(created_at=named)
+    row.created_at = named  # type: ignore[attr-defined]
 
 
 class JSONText(models.TextField):  # type: ignore[type-arg]
@@ -68,16 +99,8 @@ class File(models.Model):
         return f"{self.id} ({self.filename})"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """As Model.save; a new file's ``created_at`` is then the time its id names, exactly
-        (``auto_now_add`` sets its own clock's reading at the insert, a little later)."""
-        named = file_time(self.id) if self._state.adding else None
-        if named is None:
-            super().save(*args, **kwargs)
-            return
-        with transaction.atomic(using=kwargs.get("using")):  # no reader sees the other time
-            super().save(*args, **kwargs)
-            File.objects.using(self._state.db).filter(pk=self.pk).update(created_at=named)
-        self.created_at = named
+        """As Model.save; a new file's ``created_at`` is then the time its id names."""
+        _save_at_named_time(self, file_time(self.id), super().save, *args, **kwargs)
 
 
 class Batch(models.Model):
@@ -114,6 +137,10 @@ class Batch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.status} {self.completed + self.failed}/{self.total}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """As Model.save; a new batch's ``created_at`` is then the time its id names."""
+        _save_at_named_time(self, batch_time(self.id), super().save, *args, **kwargs)
 
 
 class Line(models.Model):

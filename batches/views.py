@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -17,8 +17,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
 from django.db import connection, transaction
-from django.db.models import Q
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.db.models import BinaryField, Q
+from django.db.models.functions import Length, Substr
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import split_domain_port
 from django.utils import timezone
@@ -32,7 +33,7 @@ from scheduler.aio import spawn
 from . import runner
 from .asgi import max_file_bytes
 from .jsonl import ENDPOINTS, InvalidFile, parse_jsonl
-from .models import Batch, File, Line, file_time
+from .models import Batch, File, Line, batch_time, file_time
 
 FINAL_STATUSES = ("completed", "failed", "expired", "cancelled")
 
@@ -201,9 +202,28 @@ def _delete_file(f: File) -> None:
         File.objects.filter(pk=f.pk).only("pk").delete()  # a finished batch keeps its lines; its file ids go null
 
 
-@owned_view(File)
+CONTENT_SLICE = 1 << 20  # bytes of a file's content read (and held) at a time by a download
+
+
+@owned_view(File, "content")  # read in slices below, never whole: an output file may be hundreds of MiB
 async def file_content(request: HttpRequest, f: File) -> HttpResponse:
-    return HttpResponse(bytes(f.content), content_type="application/jsonl")
+    size = await File.objects.filter(pk=f.pk).values_list(Length("content"), flat=True).afirst()
+    if size is None:  # deleted since it was looked up
+        raise _not_found("file", f.id)
+    response = StreamingHttpResponse(_content_slices(f.pk, size if request.method != "HEAD" else 0), content_type="application/jsonl")
+    response["Content-Length"] = str(size)
+    return response
+
+
+async def _content_slices(pk: str, size: int) -> AsyncIterator[bytes]:
+    """A file's first ``size`` bytes, CONTENT_SLICE at a time, each read with the database's
+    substring (SQLite's and PostgreSQL's work on the BLOB and bytea), never the whole column."""
+    for start in range(0, size, CONTENT_SLICE):
+        part = await File.objects.filter(pk=pk).values_list(
+            Substr("content", start + 1, CONTENT_SLICE, output_field=BinaryField()), flat=True).afirst()
+        if part is None:  # deleted meanwhile: the reply ends short of its Content-Length, an error to the client
+            return
+        yield bytes(part)
 
 
 # -- batches -------------------------------------------------------------------------------
@@ -285,6 +305,8 @@ async def batches(request: HttpRequest) -> HttpResponse:
             qs = Batch.objects.filter(owner=owner).order_by("-created_at", "-id")
             if after:
                 anchor = qs.filter(pk=after).values_list("created_at", "id").first() if _storable(after) else None
+                if anchor is None and (named := batch_time(after)) is not None:
+                    anchor = (named, after)  # a batch deleted since the page was read: its place is in its id
                 if anchor is None:  # as the files list: not the first page again, silently
                     raise invalid_request(f"Invalid value for 'after': no batch {after!r}.", param="after", code="invalid_value")
                 qs = qs.filter(Q(created_at__lt=anchor[0]) | Q(created_at=anchor[0], id__lt=anchor[1]))

@@ -128,6 +128,29 @@ def test_the_batch_list_refuses_an_unknown_cursor_and_head_is_the_list() -> None
     assert Batch.objects.count() == 1
 
 
+def test_the_batch_list_pages_on_after_a_batch_deleted_meanwhile() -> None:
+    """A client paging by ``after=<last id of its page>`` while an operator deleted that batch in
+    the admin got a 400 (no such batch) instead of the next page. As a file's (the file list's
+    test above), a batch's id names its creation time: the page after it is found without its
+    row; an old id of 24 random digits names none and still needs its row."""
+    from batches.models import batch_time
+
+    client = Client()
+    ids = make_batches(5)  # newest last
+    assert all(Batch.objects.get(pk=i).created_at == batch_time(i) for i in ids)
+    page = client.get("/v1/batches?limit=2").json()
+    seen = [b["id"] for b in page["data"]]
+    Batch.objects.filter(pk=page["last_id"]).delete()  # the admin's delete, meanwhile
+    while page["has_more"]:
+        r = client.get(f"/v1/batches?limit=2&after={page['last_id']}")
+        assert r.status_code == 200, r.content
+        page = r.json()
+        seen += [b["id"] for b in page["data"]]
+    assert seen == ids[::-1], seen  # each batch once, none skipped
+    assert batch_time("batch_" + "f" * 24) is None
+    assert client.get("/v1/batches?after=batch_" + "f" * 24).status_code == 400
+
+
 def test_any_file_the_upload_takes_makes_a_batch_whose_lines_load() -> None:
     """Nesting was bounded only by Python's parser, whose limit counts the frames it is called
     under: a line nested as deep as the upload could read was "not valid JSON" when the batch

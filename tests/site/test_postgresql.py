@@ -29,6 +29,7 @@ ON_POSTGRESQL = [
     "tests/batches/test_state.py",
     "tests/batches/test_runner_lines.py",
     "tests/batches/test_files_api.py",
+    "tests/batches/test_file_content_slices.py",
     "tests/batches/test_odd_ids_and_hosts.py",
     "tests/activity/test_client_address.py",
     "tests/observability/test_activity.py",
