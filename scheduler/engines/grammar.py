@@ -419,8 +419,62 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
                 return _named_rule(conv, name, f"({_integer_range(lo, hi)}) space")
         if isinstance(schema.get("pattern"), str):
+            schema = _pattern_with_lengths(schema)
             schema = {**schema, "pattern": _gbnf_pattern(schema["pattern"])}
     return str(visit(schema, name))
+
+
+# a pattern that is one character's unit repeated: ``^[a-z]*$``, ``^\d{2,5}$``, ``^.+$``
+_ONE_UNIT_REPEATED = re.compile(r"\^(?P<unit>\[\^?\]?(?:\\.|[^\]\\])*\]|\\.|[^\\()|^$*+?{}\[\]])(?P<q>[*+?]|\{\d+(?:,\d*)?\})?\$")
+
+
+def _width(pattern: str) -> tuple[int, int] | None:
+    """The fewest and most characters a string that ``pattern`` matches whole can hold (as Python
+    reads the pattern), or None where Python does not read it."""
+    try:
+        lo, hi = re._parser.parse(pattern).getwidth()  # type: ignore[attr-defined]
+    except (re.error, RecursionError, OverflowError):
+        return None
+    return int(lo), int(hi)
+
+
+def _pattern_with_lengths(schema: dict[str, Any]) -> dict[str, Any]:
+    """A string's ``minLength``/``maxLength`` beside its ``pattern`` (which the converter dropped:
+    ``{"pattern": "^a*$", "maxLength": 2}`` let ``"aaaa"`` through): kept in the pattern where it
+    is one character's unit repeated (the repetition's bounds meet the lengths'), dropped where
+    every string the pattern matches already fits them, and refused otherwise (a general
+    pattern's language and a length's do not intersect in the converter's grammar)."""
+    if schema.get("type", "string") != "string" or not ({"minLength", "maxLength"} & set(schema)):
+        return schema
+    if any(k in schema for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
+        return schema  # the converter writes these, not the pattern (an enum's values are checked)
+    low, high = schema.get("minLength", 0), schema.get("maxLength")
+    if not _is_number(low) or not (high is None or _is_number(high)):
+        return schema
+    low, high = math.ceil(low), None if high is None else math.floor(high)
+    rest = {k: v for k, v in schema.items() if k not in ("minLength", "maxLength")}
+    pattern = schema["pattern"]
+    width = _width(pattern)
+    if width is not None and width[0] >= low and (high is None or width[1] <= high):
+        return rest
+    m = _ONE_UNIT_REPEATED.fullmatch(pattern)
+    if m and _width(m["unit"]) == (1, 1):
+        q = m["q"] or "{1}"
+        if q in "*+?":
+            q_low, q_high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[q]
+        else:
+            bounds = q[1:-1].split(",")
+            q_low = int(bounds[0])
+            q_high = q_low if len(bounds) == 1 else (int(bounds[1]) if bounds[1] else None)
+        lo = max(low, q_low)
+        hi = q_high if high is None else high if q_high is None else min(high, q_high)
+        if hi is not None and lo > hi:
+            raise GrammarError(f"no string of {low} to {high} characters matches the pattern {pattern[:100]!r}")
+        return {**rest, "pattern": f"^{m['unit']}{{{lo},{'' if hi is None else hi}}}$"}
+    raise GrammarError(
+        f"'minLength'/'maxLength' beside a 'pattern' is enforced where the pattern is one character repeated (such as ^[a-z]*$) "
+        f"or matches only strings of those lengths, and {pattern[:100]!r} is neither"
+    )
 
 
 def _value_check(conv: Any) -> _ValueCheck:
@@ -1173,10 +1227,21 @@ def _primitive_string() -> Any:
 # strict parsers reject); llama.cpp's own converter excludes them, as here.
 _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+# and its ``\\uXXXX`` escape is one character, as JSON reads it (and ``minLength``/``maxLength``
+# count): a surrogate pair (``"\\ud83d\\ude00"``, one character) is one escape of the rule, not
+# two, which counted 😀 written so as 2 characters (written raw, it was 1); a lone surrogate,
+# which is no character and whose pairs counted twice, is not written
+_LOOSE_ESCAPE = '"u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+_HEX_DIGIT = "[0-9a-fA-F]"
+_JSON_ESCAPE = (
+    f'"u" ([0-9a-cA-Ce-fE-F] {_HEX_DIGIT} {_HEX_DIGIT} {_HEX_DIGIT} | [dD] [0-7] {_HEX_DIGIT} {_HEX_DIGIT}'
+    f' | [dD] [89abAB] {_HEX_DIGIT} {_HEX_DIGIT} "\\\\u" [dD] [c-fC-F] {_HEX_DIGIT} {_HEX_DIGIT}))'
+)
 
 
 def _format(conv: Any) -> str:
-    text = str(conv.format_grammar()).replace(_LOOSE_CHAR, _JSON_CHAR)
+    text = str(conv.format_grammar()).replace(_LOOSE_CHAR + ' "\\\\" (["\\\\/bfnrt] | ' + _LOOSE_ESCAPE, _JSON_CHAR + ' "\\\\" (["\\\\/bfnrt] | ' + _JSON_ESCAPE)
+    text = text.replace(_LOOSE_CHAR, _JSON_CHAR)  # (a converter that writes its escapes otherwise)
     return _HIDDEN_LITERAL.sub(lambda m: conv._format_literal(base64.urlsafe_b64decode(m.group(1)).decode()), text)
 
 

@@ -83,3 +83,46 @@ def test_a_dot_takes_a_json_escape_as_one_character() -> None:
         assert _fits_both(grammar, json.dumps({"v": value})), value
     for value in ("abcd", "a\nb"):  # "." is no line break
         assert _refused_by_both(grammar, json.dumps({"v": value})), value
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        ({"pattern": "^a*$", "maxLength": 2}, ["", "a", "aa"], ["aaa", "aaaa"]),
+        ({"pattern": "^a*$", "minLength": 2, "maxLength": 3}, ["aa", "aaa"], ["a", "aaaa"]),
+        ({"pattern": r"^\d+$", "minLength": 3}, ["123", "12345"], ["12", "1a3"]),
+        ({"pattern": "^[a-z]{1,10}$", "maxLength": 3}, ["a", "abc"], ["abcd", ""]),
+        ({"pattern": "^.{2,}$", "maxLength": 2}, ["ab", 'a"'], ["abc", "a"]),
+        # the pattern's strings all fit the lengths already: enforced as the pattern is
+        ({"pattern": r"^[A-Z]{2}\d{4}$", "minLength": 6, "maxLength": 6}, ["AB1234"], ["AB123", "A1234"]),
+        ({"pattern": "^(yes|no)$", "maxLength": 3}, ["yes", "no"], ["nope"]),
+    ],
+)
+def test_a_strings_lengths_beside_its_pattern_are_enforced(schema: dict[str, Any], good: list[str], bad: list[str]) -> None:
+    """The converter wrote a pattern's grammar and dropped ``minLength``/``maxLength`` beside it:
+    ``{"pattern": "^a*$", "maxLength": 2}`` let ``"aaaa"`` through."""
+    grammar = schema_grammar({"type": "object", "properties": {"v": {"type": "string", **schema}}, "required": ["v"], "additionalProperties": False})
+    check_bounds(grammar)
+    for value in good:
+        assert _fits_both(grammar, json.dumps({"v": value})), value
+    for value in bad:
+        assert _refused_by_both(grammar, json.dumps({"v": value})), value
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": "^a+b*$", "maxLength": 3},  # no exact grammar: refused, not ignored
+        {"type": "string", "pattern": "^a{5,}$", "maxLength": 3},  # no string fits both
+    ],
+)
+def test_lengths_a_pattern_cannot_hold_are_refused_not_ignored(schema: dict[str, Any]) -> None:
+    with pytest.raises(GrammarError):
+        schema_grammar(schema)
+
+
+def test_an_enum_beside_a_pattern_and_lengths_is_its_fitting_values() -> None:
+    """(the values are checked against the pattern and the lengths: no 400 for the pattern's form)"""
+    grammar = schema_grammar({"type": "string", "enum": ["a", "aaa", "b"], "pattern": "^a+b*$", "maxLength": 2})
+    assert _fits_both(grammar, '"a"')
+    assert _refused_by_both(grammar, '"aaa"') and _refused_by_both(grammar, '"b"')

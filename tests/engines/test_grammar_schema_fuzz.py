@@ -23,7 +23,7 @@ FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCh
 
 names = st.sampled_from(["a", "b", "é", "a b", '"q', "\\", "\n"])
 data = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([2.5, 1.0, 1e3]) | st.sampled_from(["", "a", "ab", "abc", "é", 'a"b', "\n", "😀"]),
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([2.5, 1.0, 1e3]) | st.sampled_from(["", "a", "ab", "abc", "é", 'a"b', "\n", "😀", "😀a", "aaaa"]),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
     max_leaves=6,
 )
@@ -73,6 +73,10 @@ leaves = st.one_of(
     _bounds("minLength", "maxLength", 3).map(lambda b: {"type": "string", **b}),
     st.fixed_dictionaries({}, optional={"minimum": st.integers(-5, 5), "maximum": st.integers(-5, 2000)}).map(lambda b: {"type": "integer", **b}),
     st.sampled_from(["^[a-c]+$", "^a$|^bc$", "^\\d{1,2}$", "^(ab)*$", "^.?$", "^[^a]$", "^\\w\\s\\w$"]).map(lambda p: {"type": "string", "pattern": p}),
+    # lengths beside a pattern: held where the pattern is one character repeated, else 400
+    st.tuples(st.sampled_from(["^.*$", "^[a-c]{1,3}$", "^a*$", "^(ab)*$", "^a$|^bc$"]), _bounds("minLength", "maxLength", 3)).map(
+        lambda p: {"type": "string", "pattern": p[0], **p[1]}
+    ),
 )
 
 

@@ -48,3 +48,18 @@ def test_a_lone_surrogate_stays_escaped() -> None:
     grammar = schema_grammar({"enum": ["\ud800x"]})
     grammar.encode("utf-8")
     assert fits(grammar, '"\\ud800x"')
+
+
+def test_a_character_beyond_the_bmp_counts_once_however_it_is_written() -> None:
+    """JSON writes 😀 (U+1F600, one character) raw or as the surrogate pair ``"\\ud83d\\ude00"``;
+    the grammar counted the escaped form as 2 characters for ``minLength``/``maxLength``, the raw
+    one as 1: a string at ``maxLength`` was refused, and one 1 under ``minLength`` allowed."""
+    at_most_one = schema_grammar({"type": "string", "maxLength": 1})
+    at_least_two = schema_grammar({"type": "string", "minLength": 2})
+    for text in ('"😀"', '"\\ud83d\\ude00"'):
+        assert _both(at_most_one, text), text
+        assert not fits(at_least_two, text) and not llama_fits(at_least_two, text), text
+    assert _both(at_least_two, '"\\ud83d\\ude00x"')
+    assert _both(at_most_one, '"\\u00e9"')
+    # a lone surrogate is no character (its pair's halves, one by one, counted 2)
+    assert not fits(at_least_two, '"\\ud83d\\ude00"') and not fits(at_least_two, '"\\ude00\\ud83d"')
