@@ -4,13 +4,15 @@ llama.cpp.
 Built on mlx-lm's model classes and cache objects, with our own loop rather than its batch
 generator: a lane is a list of per-layer ``KVCache`` objects (``make_prompt_cache``), so
 parking, restoring and copying prefixes are plain array copies of one lane. Decode rounds are
-batched: the decoding lanes' caches are merged into one ``BatchKVCache`` (left-padded), which
-stays merged while the same lanes keep decoding and is split back into per-lane caches when
-anything else needs one of them. Prompt chunks run one lane at a time. On the CPU backend the
-batched round gives bit-identical logits to running each lane alone with the BLAS bundled with
-mlx; through the system's OpenBLAS (mlx_runtime) another batch shape rounds the last bits
-otherwise (~4e-5 on SmolLM2's logits); the KV and positions stay each lane's
-own (tests/engines/test_mlx_differential.py).
+batched: the decoding lanes' caches are merged into ``BatchKVCache`` objects (left-padded), which
+stay merged while the same lanes keep decoding and are split back into per-lane caches when
+anything else needs one of them. Left padding holds every lane of a batch at the longest one's
+length, so lanes of far different lengths decode in separate batches of the same step
+(``_decode_batches``): the memory held stays near the tokens the KV pool counts. Prompt chunks
+run one lane at a time. On the CPU backend the batched round gives bit-identical logits to
+running each lane alone with the BLAS bundled with mlx; through the system's OpenBLAS
+(mlx_runtime) another batch shape rounds the last bits otherwise (~4e-5 on SmolLM2's logits);
+the KV and positions stay each lane's own (tests/engines/test_mlx_differential.py).
 
 Sampling is ``scheduler.engines.sampling`` (the llama.cpp engine's chain in NumPy, grammars as
 llguidance token masks: ``scheduler.engines.token_mask``); text comes
@@ -51,6 +53,10 @@ _EOG_TEXTS = frozenset(
         "</s>", "<｜end▁of▁sentence｜>", "[EOT]",
     }
 )
+# A decoding lane joins a batch whose longest lane holds at most this many times its tokens,
+# plus one step of mlx-lm's cache allocation (a lane's own KVCache grows by 256 positions too)
+_PAD_FACTOR = 1.5
+_PAD_SLACK = 256
 # (prefix, suffix, middle) markers, as llama.cpp's vocabulary finds them by their text
 _FIM_TEXTS = (
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen, CodeGemma
@@ -130,8 +136,8 @@ class MlxEngine(LaneEngine):
         n_seqs = n_lanes + cache_slots
         self._seqs: list[list[Any]] = [self._make_cache(self._model) for _ in range(n_seqs)]
         self._lens = [0] * n_seqs  # tokens in each sequence's cache
-        self._group: tuple[int, ...] = ()  # lanes whose caches are merged for decode rounds
-        self._group_cache: list[Any] | None = None
+        # lanes whose caches are merged for decode rounds → their per-layer batch caches
+        self._groups: dict[tuple[int, ...], list[Any]] = {}
         self._samplers: dict[int, LaneSampler] = {}
         self._step_logprobs: dict[int, tuple[float, list[tuple[int, float]]]] = {}  # the last forward's, until taken
         self._masks: TokenMasks | None = None  # llguidance's view of the vocabulary, built on first use
@@ -322,11 +328,10 @@ class MlxEngine(LaneEngine):
                 )
             if start + len(tokens) > self.lane_ctx:
                 raise EngineError(f"lane {lane} is full ({self.lane_ctx} tokens)", permanent=True)
-        singles = [p for p in pieces if len(p[2]) == 1]
-        if not (self.batch_decode and len(singles) > 1):
-            singles = []
+        batches = self._decode_batches(pieces) if self.batch_decode else []
+        batched = {p[0] for singles in batches for p in singles}
         out: dict[int, np.ndarray] = {}
-        if singles:
+        for singles in batches:
             lanes = tuple(p[0] for p in singles)
             caches = self._merged(lanes)
             y = self._model(mx.array([p[2] for p in singles]), cache=caches)
@@ -338,7 +343,7 @@ class MlxEngine(LaneEngine):
                 if sample:
                     out[lane] = host[j]
         for lane, _start, tokens, sample in pieces:
-            if singles and len(tokens) == 1:
+            if lane in batched:
                 continue
             cache = self._cache(lane)
             # Like mlx-lm's generate: everything but the last token fills the cache without
@@ -358,40 +363,56 @@ class MlxEngine(LaneEngine):
 
     # -- caches -----------------------------------------------------------------------
 
+    def _decode_batches(self, pieces: list[Piece]) -> list[list[Piece]]:
+        """The one-token pieces that decode batched, in batches of similar length: a batch cache
+        is left-padded to its longest lane, so a lane far shorter than that one would hold (and
+        the KV pool not count) many times its own tokens. From the longest down, a lane joins the
+        current batch while the batch's longest is within ``_PAD_FACTOR`` times its length (plus
+        ``_PAD_SLACK``); a batch of one lane runs in that lane's own cache."""
+        singles = sorted((p for p in pieces if len(p[2]) == 1), key=lambda p: -self._lens[p[0]])
+        batches: list[list[Piece]] = []
+        for piece in singles:
+            n = self._lens[piece[0]]
+            if batches and self._lens[batches[-1][0][0]] <= _PAD_FACTOR * n + _PAD_SLACK:
+                batches[-1].append(piece)
+            else:
+                batches.append([piece])
+        # lane order within a batch, as before: the step's order
+        order = {p[0]: i for i, p in enumerate(pieces)}
+        return [sorted(b, key=lambda p: order[p[0]]) for b in batches if len(b) > 1]
+
     def _merged(self, lanes: tuple[int, ...]) -> list[Any]:
         """The per-layer batch caches of ``lanes``, merging them unless they already are."""
-        if self._group != lanes:
-            self._ungroup()
+        if lanes not in self._groups:
+            for lane in lanes:
+                self._ungroup(lane)
             from mlx_lm.models.cache import BatchKVCache
 
-            self._group_cache = [
+            self._groups[lanes] = [
                 BatchKVCache.merge([self._seqs[lane][layer] for lane in lanes]) for layer in range(self.n_layers)
             ]
             for lane in lanes:
                 # the batch cache holds a copy of their KV now: keeping the per-lane caches would
                 # hold it twice while the group decodes (_ungroup gives each lane its own again)
                 self._seqs[lane] = []
-            self._group = lanes
-        assert self._group_cache is not None
-        return self._group_cache
+        return self._groups[lanes]
 
-    def _ungroup(self) -> None:
-        if not self._group:
+    def _ungroup(self, seq: int) -> None:
+        """Split the decode group holding ``seq`` (if any) back into per-lane caches."""
+        group = next((g for g in self._groups if seq in g), None)
+        if group is None:
             return
-        assert self._group_cache is not None
-        for row, lane in enumerate(self._group):
-            self._seqs[lane] = [layer.extract(row) for layer in self._group_cache]
-        self._group, self._group_cache = (), None
+        caches = self._groups.pop(group)
+        for row, lane in enumerate(group):
+            self._seqs[lane] = [layer.extract(row) for layer in caches]
 
     def _cache(self, seq: int) -> list[Any]:
         """One sequence's own per-layer caches (split out of the decode group if merged)."""
-        if seq in self._group:
-            self._ungroup()
+        self._ungroup(seq)
         return self._seqs[seq]
 
     def clear(self, seq: int) -> None:
-        if seq in self._group:
-            self._ungroup()
+        self._ungroup(seq)
         self._seqs[seq] = self._make_cache(self._model)
         self._lens[seq] = 0
 
@@ -481,7 +502,7 @@ class MlxEngine(LaneEngine):
         if self._closed:
             return
         self._closed = True
-        self._group, self._group_cache = (), None
+        self._groups = {}
         self._seqs = []
         self._samplers.clear()
         self._model = None
