@@ -12,7 +12,7 @@ from api.metrics import link_state
 from scheduler.link.redis_transport import RedisTransport
 from superfluid_site import runtime as runtime_mod
 
-from .test_observability_review import scrape, values
+from .test_lost_worker_metrics import scrape, values
 
 WORKER = {
     "model": "smol",
