@@ -579,12 +579,22 @@ class EngineWorker:
             prefix = self._prompt_ids(prompt) if isinstance(prompt, list) else engine.tokenize(str(prompt or ""), add_special=False, special=False)
             bos = engine.tokenize("", special=False)  # [BOS] or []
             typed = engine.tokenize(str(request.get("fim_prompt") or ""), add_special=False, special=False)
-            core = [*bos, pre, *prefix, *typed, suf, *engine.tokenize(suffix, add_special=False, special=False), mid]
+            suffix_ids = engine.tokenize(suffix, add_special=False, special=False)
+            max_tokens = request.get("max_tokens")
+            # the completion's room: n_predict, or (none given) a quarter of the context, as
+            # llama-server's n_batch caps the FIM prompt below n_ctx
+            reserve = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else engine.lane_ctx // 4
+            fit = engine.lane_ctx - reserve - len(bos) - 3 - len(typed)
+            if request.get("fim_extra") is not None and len(prefix) + len(suffix_ids) > fit > 0:
+                # /infill cuts what does not fit, as llama-server's format_infill: the suffix's
+                # head (a quarter of the room, or what the prefix leaves) and the prefix's tail
+                n_suffix = min(len(suffix_ids), max(fit // 4, fit - len(prefix)))
+                prefix, suffix_ids = prefix[len(prefix) - (fit - n_suffix) :], suffix_ids[:n_suffix]
+            core = [*bos, pre, *prefix, *typed, suf, *suffix_ids, mid]
             extra = self._fim_extra_tokens(request.get("fim_extra"))
             # /infill's context chunks fill what the FIM prompt and the completion leave of the
-            # context, their tail kept (llama-server's n_extra_take); the FIM prompt is never cut
-            max_tokens = request.get("max_tokens")
-            room = max(0, engine.lane_ctx - len(core) - (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 1))
+            # context, their tail kept (llama-server's n_extra_take)
+            room = max(0, engine.lane_ctx - len(core) - reserve)
             extra = extra[len(extra) - room :] if len(extra) > room else extra
             own = [*extra, *core]
             return own + resumed, len(own), "prompt", len(extra) + len(bos) + 1 + len(prefix)
