@@ -525,6 +525,20 @@ class LlamaCppEngine(LaneEngine):
             size = -n
         return self._with_bos(text, buf[:n], add_special)
 
+    def embedding_tokens(self, text: str) -> list[int]:
+        """``text`` as an /v1/embeddings input, tokenised as llama-server tokenises one: with the
+        vocabulary's own special tokens, an EOS/SEP after it too where the GGUF asks for one
+        (``add_eos_token``: embedding models that pool the last token, BERT's family)."""
+        self._require_open()
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        while True:
+            buf = (llama_cpp.llama_token * size)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, True, True)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+
     @functools.cached_property
     def _space_prefix(self) -> bool:
         """Whether the vocabulary prefixes a space to each text it tokenises (Llama 2's)."""

@@ -123,8 +123,11 @@ class Prepared(Message):
 
     type = "prepared"
 
-    def __init__(self, job_id: str, built: tuple[Job, JobContext] | None, refusal: Refusal | None) -> None:
-        self.id, self.built, self.refusal = job_id, built, refusal
+    def __init__(
+        self, job_id: str, built: tuple[Job, JobContext] | None, refusal: Refusal | None, embedded: tuple[list[list[float]], int] | None = None
+    ) -> None:
+        # ``embedded``: /v1/embeddings' vectors and the tokens they took (no job is built)
+        self.id, self.built, self.refusal, self.embedded = job_id, built, refusal, embedded
 
 
 class EngineWorker:
@@ -184,6 +187,7 @@ class EngineWorker:
         # otherwise hold it behind their rendering and tokenising (a 1,000-token prompt each)
         self._prepare_queue: queue.PriorityQueue[tuple[int, int, Connection, Submit]] | None = None
         self._prepare_order = itertools.count()
+        self._embed_jobs: queue.SimpleQueue[tuple[Connection, Submit]] | None = None  # (_embeddings_queue)
         if prepare_in_thread:
             self._prepare_queue = queue.PriorityQueue()
             threading.Thread(target=self._prepare_loop, name="prepare", daemon=True).start()
@@ -346,8 +350,15 @@ class EngineWorker:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
             if job_id in self.contexts or job_id in self.preparing:
                 raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
-            if isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings":
-                self._embed(conn, message)
+            embeddings = isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings"
+            if embeddings and self._prepare_queue is None:
+                self._answer_embeddings(conn, job_id, self._embed(message, lambda: True))
+                return
+            if embeddings:
+                # on a thread of their own: seconds of forwards would hold the prepare thread,
+                # and every chat waiting there to be tokenised, as they held the tick thread
+                self.preparing[job_id] = conn
+                self._embeddings_queue().put((conn, message))
                 return
             self._check_size(message)
             if self._prepare_queue is not None:
@@ -364,10 +375,12 @@ class EngineWorker:
             return
         self._admit(conn, job, ctx, received)
 
-    def _embed(self, conn: Connection, message: Submit) -> None:
-        """``/v1/embeddings``: every input embedded at once, here on the tick thread between two
-        steps (an embedding is one prefill-sized forward in the engine's embeddings context; it
-        takes no lane and never queues), then answered with Accepted and Done."""
+    def _embed(self, message: Submit, wanted: Callable[[], bool]) -> tuple[list[list[float]], int] | None:
+        """``/v1/embeddings``: (every input's vector, the tokens they took), on the prepare thread
+        (an embedding is a prefill-sized forward in the engine's embeddings context, seconds for
+        a request of long inputs: on the tick thread it held every stream meanwhile); it takes
+        no lane and never queues. None once ``wanted()`` says no one waits for it (cancelled,
+        its connection gone), checked before each input."""
         engine, request = self.engine, message.request
         embed = getattr(engine, "embed", None)
         if embed is None or "embeddings" not in engine.features:
@@ -376,9 +389,11 @@ class EngineWorker:
         if not isinstance(inputs, list) or not inputs:
             raise Refusal(INVALID_VALUE, "Invalid value for 'input': expected a non-empty string or array.", "input")
         limit = engine.lane_ctx
+        # a text as llama-server embeds it (its EOS too where the model asks for one)
+        tokenize = getattr(engine, "embedding_tokens", engine.tokenize)
         tokenized = []  # every input checked before any is embedded: a refusal costs no forward
         for i, item in enumerate(inputs):
-            tokens = [int(t) for t in item] if isinstance(item, list) else engine.tokenize(str(item))
+            tokens = [int(t) for t in item] if isinstance(item, list) else tokenize(str(item))
             if any(not 0 <= t < engine.vocab_size for t in tokens):
                 raise Refusal(INVALID_VALUE, f"Token ids in 'input' must be between 0 and {engine.vocab_size - 1}.", "input")
             if not tokens:
@@ -388,13 +403,21 @@ class EngineWorker:
             tokenized.append(tokens)
         vectors = []
         for tokens in tokenized:
+            if not wanted():
+                return None
             try:
                 vectors.append(embed(tokens))
             except EngineError as exc:
                 raise Refusal(INVALID_JOB, f"The input could not be embedded: {exc}", "input") from None
-        total = sum(len(tokens) for tokens in tokenized)
+        return vectors, sum(len(tokens) for tokens in tokenized)
+
+    def _answer_embeddings(self, conn: Connection, job_id: str, embedded: tuple[list[list[float]], int] | None) -> None:
+        """On the tick thread: an embeddings request's Accepted and Done, counted."""
+        if embedded is None:
+            return
+        vectors, total = embedded
         self.stats["requests_total"] += 1
-        job_id = str(message.id)
+        self.stats["prompt_tokens_total"] += total  # a finished request's prompt, as _finished counts one
         conn.queue(Accepted(job_id, total))
         conn.queue(Done(job_id, "stop", usage={"prompt_tokens": total, "completion_tokens": 0}, embeddings=vectors))
 
@@ -441,6 +464,9 @@ class EngineWorker:
         if result.refusal is not None:
             self._refuse(conn, result.id, result.refusal)
             return
+        if result.embedded is not None:
+            self._answer_embeddings(conn, result.id, result.embedded)
+            return
         assert result.built is not None
         self._admit(conn, *result.built, self.clock() if received is None else received)
 
@@ -463,6 +489,22 @@ class EngineWorker:
                     self.interrupt.set()
             self.inbox.put((conn, result))
 
+    def _embeddings_queue(self) -> queue.SimpleQueue[tuple[Connection, Submit]]:
+        """The embeddings thread's queue (the thread started with the first request)."""
+        if self._embed_jobs is None:
+            self._embed_jobs = queue.SimpleQueue()
+            threading.Thread(target=self._embed_loop, args=(self._embed_jobs,), name="embeddings", daemon=True).start()
+        return self._embed_jobs
+
+    def _embed_loop(self, jobs: queue.SimpleQueue[tuple[Connection, Submit]]) -> None:
+        """The embeddings thread: each request's inputs embedded, the result back to the tick
+        thread (as the prepare thread's)."""
+        while True:
+            conn, message = jobs.get()
+            result = self._prepare_one(conn, message)
+            if result is not None:
+                self.inbox.put((conn, result))
+
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
         """One queued Submit prepared (its job, or its refusal); None when it is no longer
         wanted: cancelled before its turn, or its connection closed (a job submitted again on
@@ -470,6 +512,9 @@ class EngineWorker:
         if self.preparing.get(message.id) is not conn:
             return None
         try:
+            if isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings":
+                embedded = self._embed(message, lambda: self.preparing.get(message.id) is conn)
+                return None if embedded is None else Prepared(message.id, None, None, embedded)
             return Prepared(message.id, self._build(conn, message), None)
         except Refusal as exc:
             return Prepared(message.id, None, exc)

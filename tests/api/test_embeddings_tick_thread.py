@@ -1,0 +1,67 @@
+"""/v1/embeddings beside the worker's other work, in-process (the real ASGI application and
+worker code around the simulated engine, tests/edge/inproc.py), the engine made to embed slowly.
+The worker embedded every input of a request on the tick thread, between two steps: with the
+bundled model on this machine's CPU one input of 512 tokens took ~7 s and one of 2,048 ~36 s, so
+one request of 32 inputs held every other stream of the worker for minutes, and a client that
+left did not shorten that by one input. They run on a thread of their own now."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from channels.testing import ApplicationCommunicator
+
+from tests.edge.inproc import JSON, MODEL, SimWorker, application, attached, chat_body, request, scope
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EMBED_S = 0.4  # one input's forward, simulated
+INPUTS = 8
+
+
+def slow_embedder(link: object) -> list[float]:
+    """The simulated engine made to embed, each input taking EMBED_S; the start time of each call."""
+    engine = link.worker.engine  # type: ignore[attr-defined]
+    engine.features = frozenset({"embeddings"})
+    calls: list[float] = []
+
+    def embed(tokens: list[int]) -> list[float]:
+        calls.append(time.monotonic())
+        time.sleep(EMBED_S)
+        return [1.0, 0.0]
+
+    engine.embed = embed
+    return calls
+
+
+def embeddings_body(n: int = INPUTS) -> bytes:
+    return json.dumps({"model": MODEL, "input": [f"text {i}" for i in range(n)], "encoding_format": "float"}).encode()
+
+
+async def test_a_chat_request_is_not_held_behind_a_whole_embeddings_request() -> None:
+    async with attached(SimWorker()) as (link, _rt):
+        calls = slow_embedder(link)
+        embedding = asyncio.create_task(request("POST", "/v1/embeddings", embeddings_body(), JSON, timeout_s=30))
+        while not calls:
+            await asyncio.sleep(0.01)
+        chat = await request("POST", "/v1/chat/completions", chat_body("hi", max_tokens=4), JSON, timeout_s=30)
+        embedded_meanwhile = len(calls)
+        assert chat.status == 200 and (await embedding).status == 200
+        # the chat's reply came while the embeddings were still being computed, not after all
+        assert embedded_meanwhile < INPUTS, "the chat reply waited for the whole embeddings request"
+
+
+async def test_a_client_that_leaves_stops_its_embeddings_request() -> None:
+    async with attached(SimWorker()) as (link, _rt):
+        calls = slow_embedder(link)
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/embeddings", JSON))
+        await comm.send_input({"type": "http.request", "body": embeddings_body(), "more_body": False})
+        while not calls:
+            await asyncio.sleep(0.01)
+        await comm.send_input({"type": "http.disconnect"})  # the client leaves during the first input
+        await asyncio.sleep(INPUTS * EMBED_S + 0.5)
+        assert len(calls) <= 2, f"{len(calls)} of {INPUTS} inputs embedded for a client that left during the first"
+
