@@ -395,6 +395,10 @@ def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
 # The head of a call in the generic format up to its arguments' opening brace: once this much has
 # come, with an offered name, the call is streamed (its arguments as they are generated).
 _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+# the most text a call's head may take to be streamed as it comes: an offered name is at most 64
+# characters (each at most a 6-character escape), so held text past this that is still no head
+# never becomes one (it is decided at the end); without the bound every delta rescanned it all
+MAX_CALL_HEAD = 1024
 # the most text a streamed call's closing may hold besides whitespace: members after its
 # arguments (an "id" some models add) and its "}"; more than this and it is sent as text
 MAX_CALL_TAIL = 4096
@@ -432,7 +436,7 @@ def _call_tail(text: str) -> int:
 def _is_json(text: str) -> bool:
     try:
         _DECODER.decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the reader's depth: no call unstreamed either
         return False
     return True
 
@@ -714,7 +718,7 @@ class Reply:
             free = self._release(held)  # text that cannot begin a call
             content.append(free)
             held, self.held = self.held, ""
-            head = _CALL_HEAD.match(held)
+            head = _CALL_HEAD.match(held, 0, MAX_CALL_HEAD)
             if head is None:
                 self.held = held  # maybe a call's head, still coming
                 break
