@@ -60,6 +60,7 @@ def run_bare_loop(
     n_threads: int | None = None,
     n_batch: int = 512,
     prompt_limit: int | None = None,
+    seqs: int | None = None,
 ) -> dict[str, Any]:
     """Prefill every prompt (one batch per sequence), then decode all sequences together.
 
@@ -67,7 +68,8 @@ def run_bare_loop(
     tokens_per_s (completion tokens over that whole time), decode_tokens_per_s (completion
     tokens over decode time alone), prefill_tokens_per_s and exact_length (every stream
     produced exactly max_tokens, EOG ignored). ``prompt_limit`` cuts every tokenized prompt to
-    that many tokens (for a prompt of an exact length)."""
+    that many tokens (for a prompt of an exact length). ``seqs``: sequences the context holds
+    (default: one per prompt; a server's lane count, for its context's shape)."""
     if not prompts:
         raise ValueError("need at least one prompt")
     if max_tokens < 1:
@@ -84,7 +86,8 @@ def run_bare_loop(
     if not model:
         raise RuntimeError(f"could not load {model_path}")
     # one sequence per prompt, each with a context of its own; no timing kept by llama.cpp
-    fields = {"n_ctx": SEQ_CTX * n, "n_seq_max": n, "n_batch": n_batch, "n_ubatch": n_batch}
+    n_seq = max(n, seqs or n)
+    fields = {"n_ctx": SEQ_CTX * n_seq, "n_seq_max": n_seq, "n_batch": n_batch, "n_ubatch": n_batch}
     fields |= {"n_threads": threads, "n_threads_batch": threads, "kv_unified": False, "no_perf": True}
     cparams = L.llama_context_default_params()
     for name, value in fields.items():
