@@ -513,31 +513,26 @@ class LlamaCppEngine(LaneEngine):
             continued = continued_tokens(lambda t: self.tokenize(t, add_special=False, special=special), self.token_bytes, text)
             if continued is not None:
                 return continued
-        data = text.encode("utf-8")
         # BOS is added by hand rather than through llama_tokenize(add_special=True), which
         # would also append EOS/SEP for vocabularies that ask for them: wrong for a prompt.
+        return self._with_bos(text, self._llama_tokenize(text, False, special), add_special)
+
+    def _llama_tokenize(self, text: str, add_special: bool, special: bool) -> list[int]:
+        data = text.encode("utf-8")
         size = len(data) + 8
         while True:
             buf = (llama_cpp.llama_token * size)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, False, special)
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, special)
             if n >= 0:
-                break
+                return list(buf[:n])
             size = -n
-        return self._with_bos(text, buf[:n], add_special)
 
     def embedding_tokens(self, text: str) -> list[int]:
         """``text`` as an /v1/embeddings input, tokenised as llama-server tokenises one: with the
         vocabulary's own special tokens, an EOS/SEP after it too where the GGUF asks for one
         (``add_eos_token``: embedding models that pool the last token, BERT's family)."""
         self._require_open()
-        data = text.encode("utf-8")
-        size = len(data) + 8
-        while True:
-            buf = (llama_cpp.llama_token * size)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, size, True, True)
-            if n >= 0:
-                return list(buf[:n])
-            size = -n
+        return self._llama_tokenize(text, True, True)
 
     @functools.cached_property
     def _space_prefix(self) -> bool:

@@ -19,26 +19,6 @@ pytestmark = pytest.mark.model
 TEXT = "The cat sat on the mat."
 
 
-def _with_eos(src: Path, out: Path) -> None:
-    """A copy of the GGUF ``src`` whose vocabulary asks for an EOS after each text (gguf-py)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(src)
-    writer = GGUFWriter(str(out), arch=reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.ggml.add_eos_token"):
-            continue
-        sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
-    writer.add_key_value("tokenizer.ggml.add_eos_token", True, GGUFValueType.BOOL)
-    for t in reader.tensors:
-        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 class _Conn:
     def __init__(self) -> None:
         self.sent: list[Any] = []
@@ -55,9 +35,10 @@ def test_a_text_is_embedded_with_the_special_tokens_llama_server_embeds_it_with(
     from scheduler.engines.models import default_model_path
     from scheduler.link.messages import Done, Submit
     from scheduler.worker.loop import EngineWorker
+    from tests.engines.test_mlx_vocab_roles import gguf_with_keys
 
     gguf = tmp_path / "eos.gguf"
-    _with_eos(default_model_path(), gguf)
+    gguf_with_keys(default_model_path(), gguf, {"tokenizer.ggml.add_eos_token": True})
     engine = LlamaCppEngine(gguf, n_lanes=1, lane_ctx=128, adapt_threads=False)
     try:
         data = TEXT.encode()

@@ -5,6 +5,7 @@ the memory held must stay near the lanes' own lengths."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,8 @@ pytestmark = pytest.mark.model
 def mlx(mlx_float_dir: Path) -> Iterator[Any]:
     from scheduler.engines.mlx import MlxEngine
 
-    engine = MlxEngine(mlx_float_dir, n_lanes=4, lane_ctx=1024)
-    try:
+    with closing(MlxEngine(mlx_float_dir, n_lanes=4, lane_ctx=1024)) as engine:
         yield engine
-    finally:
-        engine.close()
 
 
 def test_a_long_lane_decoding_beside_short_ones_does_not_pad_them_to_its_length(

@@ -4,6 +4,7 @@ The engine contract (both engines) is tests/engines/test_contract.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,8 @@ pytestmark = pytest.mark.model
 def mlx(mlx_float_dir: Path) -> Iterator[Any]:
     from scheduler.engines.mlx import MlxEngine
 
-    engine = MlxEngine(mlx_float_dir, n_lanes=2, lane_ctx=1024)
-    try:
+    with closing(MlxEngine(mlx_float_dir, n_lanes=2, lane_ctx=1024)) as engine:
         yield engine
-    finally:
-        engine.close()
 
 
 def test_lanes_decoding_merged_hold_their_kv_once(mlx: Any) -> None:

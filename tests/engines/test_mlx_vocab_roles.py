@@ -92,9 +92,9 @@ def test_fim_markers_llama_cpp_finds_by_their_text_mlx_finds_too(tmp_path: Path,
     assert got == want
 
 
-def _with_keys(src: Path, out: Path, keys: dict[str, int | str | None]) -> None:
-    """A copy of the GGUF ``src`` with its metadata ``keys`` set (an int as uint32, a str as a
-    string) or, for None, left out (gguf-py, as bench/extra_bufts.py)."""
+def gguf_with_keys(src: Path, out: Path, keys: dict[str, bool | int | str | None]) -> None:
+    """A copy of the GGUF ``src`` with its metadata ``keys`` set (a bool as bool, an int as
+    uint32, a str as a string) or, for None, left out (gguf-py, as bench/extra_bufts.py)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     reader = GGUFReader(src)
@@ -107,7 +107,8 @@ def _with_keys(src: Path, out: Path, keys: dict[str, int | str | None]) -> None:
         writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
     for name, value in keys.items():
         if value is not None:
-            writer.add_key_value(name, value, GGUFValueType.STRING if isinstance(value, str) else GGUFValueType.UINT32)
+            kind = GGUFValueType.BOOL if isinstance(value, bool) else GGUFValueType.STRING if isinstance(value, str) else GGUFValueType.UINT32
+            writer.add_key_value(name, value, kind)
     for t in reader.tensors:
         writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
@@ -127,7 +128,7 @@ def test_end_of_turn_tokens_a_gguf_names_in_its_metadata_end_the_converted_model
     from scheduler.engines.models import default_model_path
 
     gguf = tmp_path / "eot.gguf"
-    _with_keys(default_model_path(), gguf, {"tokenizer.ggml.eot_token_id": 9, "tokenizer.ggml.eom_token_id": 10})
+    gguf_with_keys(default_model_path(), gguf, {"tokenizer.ggml.eot_token_id": 9, "tokenizer.ggml.eom_token_id": 10})
     llama = LlamaCppEngine(gguf, n_lanes=1, lane_ctx=64, adapt_threads=False)
     try:
         want = [t for t in range(llama.vocab_size) if llama.is_eog(t)]
@@ -153,7 +154,7 @@ def test_a_prompt_starts_with_the_bos_llama_cpp_adds_for_the_ggufs_pre_tokenizer
     from scheduler.engines.models import default_model_path
 
     gguf = tmp_path / "bos.gguf"
-    _with_keys(default_model_path(), gguf, {"tokenizer.ggml.add_bos_token": None, "tokenizer.ggml.pre": pre})
+    gguf_with_keys(default_model_path(), gguf, {"tokenizer.ggml.add_bos_token": None, "tokenizer.ggml.pre": pre})
     text = "Hello world, 12345!"
     llama = LlamaCppEngine(gguf, n_lanes=1, lane_ctx=64, adapt_threads=False)
     try:
