@@ -37,6 +37,11 @@ class EngineError(Exception):
         self.partial = partial
 
 
+class Unsupported(EngineError):
+    """What the request asks of the engine its model cannot do (embeddings of a reranker):
+    the client's request, not a failure, answered 400 ``unsupported_parameter``."""
+
+
 class StepAborted(EngineError):
     """An engine step stopped by :meth:`abort_step` before it finished; the engine rolled the
     step back (nothing of it is in the KV cache and nothing was sampled)."""

@@ -24,7 +24,7 @@ import llama_cpp
 import numpy as np
 
 from scheduler.core.types import LaneBind, LaneFeed, SamplingParams, TickPlan, seed32
-from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, swap_keys
+from scheduler.engines.base import EngineError, LaneEngine, Step, StepAborted, Unsupported, swap_keys
 from scheduler.engines.chat import (
     builtin_chat_template,
     compile_chat_template,
@@ -918,6 +918,10 @@ class LlamaCppEngine(LaneEngine):
                 if L.llama_pooling_type(self._embed_ctx) in (L.LLAMA_POOLING_TYPE_NONE, L.LLAMA_POOLING_TYPE_UNSPECIFIED):
                     L.llama_free(self._embed_ctx)
                     self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_MEAN)
+            if L.llama_pooling_type(self._embed_ctx) == L.LLAMA_POOLING_TYPE_RANK:
+                # a reranker's: its pooled output is a score per class, not n_embd floats (read
+                # as a vector, memory past it), as llama-server refuses /v1/embeddings for it
+                raise Unsupported("The model's pooling type is 'rank' (a reranker): it gives scores, not embeddings.", permanent=True)
                 names = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last"}
                 self.pooling = names.get(L.llama_pooling_type(self._embed_ctx), "model")
             ctx = self._embed_ctx

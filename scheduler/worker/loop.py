@@ -27,7 +27,7 @@ from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, JobState, SamplingParams, TickResult
 from scheduler.engines import chat as chat_format
-from scheduler.engines.base import Engine, EngineError
+from scheduler.engines.base import Engine, EngineError, Unsupported
 from scheduler.link.messages import (
     CONTEXT_LENGTH_EXCEEDED,
     DEADLINE_EXCEEDED,
@@ -407,6 +407,8 @@ class EngineWorker:
                 return None
             try:
                 vectors.append(embed(tokens))
+            except Unsupported as exc:
+                raise Refusal(UNSUPPORTED_PARAMETER, str(exc), "input") from None
             except EngineError as exc:
                 raise Refusal(INVALID_JOB, f"The input could not be embedded: {exc}", "input") from None
         return vectors, sum(len(tokens) for tokens in tokenized)
