@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,9 @@ class RedisServer:
         self.binary = binary
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="superfluid-redis-")
+        # removed with this object (or at exit): stop() may be followed by start() in it again;
+        # every run of the suite left ~30 of them in /tmp
+        weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
