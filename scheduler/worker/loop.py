@@ -376,10 +376,10 @@ class EngineWorker:
         self._admit(conn, job, ctx, received)
 
     def _embed(self, message: Submit, wanted: Callable[[], bool]) -> tuple[list[list[float]], int] | None:
-        """``/v1/embeddings``: (every input's vector, the tokens they took), on the prepare thread
-        (an embedding is a prefill-sized forward in the engine's embeddings context, seconds for
-        a request of long inputs: on the tick thread it held every stream meanwhile); it takes
-        no lane and never queues. None once ``wanted()`` says no one waits for it (cancelled,
+        """``/v1/embeddings``: (every input's vector, the tokens they took), on the embeddings
+        thread (an embedding is a prefill-sized forward in the engine's embeddings context,
+        seconds for a request of long inputs: on the tick thread it held every stream meanwhile);
+        it takes no lane and never queues. None once ``wanted()`` says no one waits for it (cancelled,
         its connection gone), checked before each input."""
         engine, request = self.engine, message.request
         embed = getattr(engine, "embed", None)
@@ -418,6 +418,7 @@ class EngineWorker:
         if embedded is None:
             return
         vectors, total = embedded
+        self._answered = True  # a whole answer: it leaves at once (_take_messages)
         self.stats["requests_total"] += 1
         self.stats["prompt_tokens_total"] += total  # a finished request's prompt, as _finished counts one
         conn.queue(Accepted(job_id, total))
