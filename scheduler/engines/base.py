@@ -79,16 +79,16 @@ class Engine(Protocol):
         """Why the GBNF grammar does not compile for this engine; None if it does."""
         ...
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         """Token ids for ``text``; special tokens written in the text are parsed as such, unless
         ``special`` is False (what a client wrote: ``<|im_end|>`` there is plain text).
 
-        The llama.cpp and MLX engines also take ``after=`` (an int, or None: the text starts
-        there): the last token of the text ``text`` continues, when a text is tokenised piece by
-        piece (``chat.chat_prompt_tokens``, which passes it where ``tokenize`` takes it). A
-        vocabulary that prefixes a space to a text's start (SentencePiece's add_space_prefix:
-        Llama 2's, Mistral's) then gives ``text`` one only where the whole text has one: right
-        after a special token, as the tokenizer does there."""
+        ``after``: the last token of the text ``text`` continues (None: the text starts here),
+        when a text is tokenised piece by piece (``chat.chat_prompt_tokens``). A vocabulary that
+        prefixes a space to a text's start (SentencePiece's add_space_prefix: Llama 2's,
+        Mistral's) then gives ``text`` one only where the whole text has one: right after a
+        special token, as the tokenizer does there. An engine whose vocabulary prefixes nothing
+        ignores it."""
         ...
 
     vocab_size: int  # token ids are 0..vocab_size-1

@@ -3,7 +3,6 @@ server and Hugging Face tokenizers render them."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import time
@@ -376,14 +375,6 @@ def continued_tokens(tokenize: Callable[[str], list[int]], token_bytes: Callable
     return None
 
 
-def _takes_after(tokenize: Callable[..., list[int]]) -> bool:
-    """Whether ``tokenize`` takes ``after`` (the engines' do; a test's stand-in may not)."""
-    try:
-        return "after" in inspect.signature(tokenize).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def chat_prompt_tokens(
     render: Render,
     tokenize: Callable[..., list[int]],
@@ -400,7 +391,7 @@ def chat_prompt_tokens(
     a template that writes contents otherwise has its whole text tokenised at once. Resumed text
     is tokenised together with the template's last piece, as it was when the whole text was
     tokenised at once. Each piece after the first is tokenised as the continuation of the tokens
-    before it (``tokenize``'s ``after``, where it takes one): no space prefix a vocabulary gives a
+    before it (``tokenize``'s ``after``): no space prefix a vocabulary gives a
     text's start (Llama 2's, Mistral's) where the whole text has none."""
     text = render(messages, tools)
     split = split_rendered(render, messages, tools, text)
@@ -408,12 +399,9 @@ def chat_prompt_tokens(
         own = tokenize(text)
         return (tokenize(text + resume_text) if resume_text else own), len(own)
     templates, contents = split
-    takes_after = _takes_after(tokenize)
 
     def more(before: list[int], piece: str, special: bool = True) -> list[int]:
-        if takes_after:
-            return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
-        return tokenize(piece, add_special=False, special=special)
+        return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
 
     tokens = tokenize(templates[0])
     for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):

@@ -80,7 +80,7 @@ class SimEngine:
     def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         return list(text.encode("utf-8"))
 
     def token_bytes(self, token: int) -> bytes:

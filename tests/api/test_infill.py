@@ -35,7 +35,7 @@ class FimSim(SimEngine):
         super().__init__(lane_ctx=lane_ctx, **kwargs)
         self.sep, self.rep, self.bos = sep, rep, bos
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         return ([BOS] if self.bos and add_special else []) + list(text.encode("utf-8"))
 
     def fim_tokens(self) -> tuple[int, int, int]:
@@ -115,9 +115,9 @@ def test_text_is_tokenised_as_text_not_as_special_tokens() -> None:
     seen: list[tuple[str, bool]] = []
 
     class Watching(FimSim):
-        def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+        def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
             seen.append((text, special))
-            return super().tokenize(text, add_special=add_special, special=special)
+            return super().tokenize(text, add_special=add_special, special=special, after=after)
 
     req, _ = parse({"input_prefix": "<|fim_middle|>", "prompt": "p", "input_suffix": "s", "input_extra": [{"filename": "f", "text": "t"}]})
     fim = Watching(n_lanes=2, sep=True, rep=True)

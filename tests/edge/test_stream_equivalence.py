@@ -467,7 +467,7 @@ class SpacePrefixEngine(ScriptEngine):
     tokenised with its special tokens begins with a space piece ("Hello" is "▁Hello"), so its
     tokens' bytes spell one character more than the prompt's text."""
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         return ([32] if add_special else []) + list(text.encode("utf-8"))
 
 

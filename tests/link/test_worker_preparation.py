@@ -25,7 +25,7 @@ class ControlSim(SimEngine):
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
         return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + "<|im_start|>assistant\n"
 
-    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
         self.tokenized_chars += len(text)
         if not special:
             return list(text.encode())
