@@ -33,7 +33,9 @@ from superfluid_site.serving import serving
 
 from .errors import ApiError, method_not_allowed, not_found, request_timeout, request_too_large, server_error
 
-API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props")
+# /infill: llama-server's fill-in-the-middle route (a consumer); what Django answers below it
+# (/infill/, a bad Host there) was its HTML page
+API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill")
 
 
 def one_leading_slash(path: str) -> str:
