@@ -172,6 +172,7 @@ class Scheduler:
         self._decode_only_until = 0.0  # urgent answers decode alone until then (urgent_decode_share)
         self._tick_decoded = 0  # decode tokens granted in the tick in flight
         self._grants = itertools.count()
+        self._admissions = itertools.count(1)  # admission order: a tick admits several at one clock time
         self._decoded_at: dict[str, int] = {}  # job id -> number of its last decode grant
         self._decoded_tick: dict[str, int] = {}  # job id -> tick it last got a decode token
         self.last_plan: TickPlan | None = None
@@ -540,6 +541,7 @@ class Scheduler:
             plan.trim.append((lane, keep_tokens))
         plan.bind.append(LaneBind(lane, job.job_id, job.sampling, job.resumed + job.output, parked))
         job.last_admitted_s = now
+        job.last_admitted_n = next(self._admissions)
         if job.admitted_s is None:
             job.admitted_s = now
             job.deadline_s = None  # a start deadline: a started job never misses it
@@ -902,7 +904,7 @@ class Scheduler:
             ]
             if not victims:
                 return  # the best urgent job finds none: a worse one does not go before it
-            victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.last_admitted_s or 0.0))
+            victim = max(victims, key=lambda j: (j.qos, not j.prefilling, j.last_admitted_s or 0.0, j.last_admitted_n))
             self.queues.note_pick(urgent, urgent_classes, now, keep, by_own_class=True)
             self._hand_over(plan, victim, now)
             lane = self._preempt_job(plan, victim, park=self.config.park)

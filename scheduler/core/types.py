@@ -77,6 +77,7 @@ class Job:
     waited_s: float = 0.0  # time queued before it last joined a queue: class aging counts it too
     admitted_s: float | None = None  # its first admission
     last_admitted_s: float | None = None  # its latest admission (a resume too): preemption's tie-break
+    last_admitted_n: int = 0  # the order of that admission among all (one clock time admits several)
     first_token_s: float | None = None
     finished_s: float | None = None
     finish_reason: str | None = None

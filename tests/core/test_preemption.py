@@ -387,3 +387,20 @@ def test_a_park_in_a_plan_the_engine_failed_is_not_counted_as_a_park() -> None:
     sched.on_engine_failed()  # the plan failed: its park never reached the scheduler
     assert sched.jobs["bg"].computed == 0
     assert sched.counters["parks"] == 0
+
+
+def test_among_victims_admitted_in_the_same_tick_the_one_admitted_last_is_preempted() -> None:
+    """Two agents admitted in one tick (so at one clock time): the batch-priority one was
+    admitted after the normal one, so it is the most recently admitted and loses its lane to a
+    chat, not the normal job that its priority put first (lane order decided it before)."""
+    sched, engine, clock = make_scheduler(max_batch=2)
+    sched.add(make_job(16, max_tokens=100, job_id="normal", priority=0))
+    sched.add(make_job(16, max_tokens=100, job_id="batch", priority=-100))
+    tick(sched, engine)
+    tick(sched, engine)
+    normal, batch = sched.jobs["normal"], sched.jobs["batch"]
+    assert normal.last_admitted_s == batch.last_admitted_s and not normal.prefilling and not batch.prefilling
+    assert (normal.lane, batch.lane) == (0, 1)
+    plan = arrive(sched)
+    assert plan.park == [(1, "batch")]
+    assert sched.jobs["normal"].lane == 0
