@@ -575,7 +575,8 @@ class Reply:
             return []
         if self.endpoint == "chat":
             return self._indexed([chat_chunk(self.id, self.model, self.created, role="assistant", content="")])
-        if self.echo:
+        # (a prompt that spells no text, "" with BOS, still has its scored tokens to send)
+        if self.echo or (self.want_logprobs and self.prompt_logprobs):
             chunk = completion_chunk(self.id, self.model, self.created, self.echo)
             if self.want_logprobs:
                 chunk["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs, 0)
