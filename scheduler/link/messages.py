@@ -211,7 +211,10 @@ def encode(message: Message) -> bytes:
 
 def decode(line: bytes) -> Message:
     """The message on one line; ``ValueError`` if it is not one (the caller drops the line)."""
-    body = json.loads(line)
+    try:
+        body = json.loads(line)
+    except RecursionError:  # nested too deep for the parser: as malformed as any other line
+        raise ValueError("link message is nested too deeply") from None
     if not isinstance(body, dict):
         raise ValueError("link message is not an object")
     cls = MESSAGES.get(str(body.get("type")))

@@ -86,3 +86,55 @@ async def test_a_line_longer_than_the_bound_ends_the_connection(monkeypatch: pyt
         await transport.stop()
         theirs.close()
         worker.join(5)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"[" * 100_000 + b"]" * 100_000 + b"\n", b'{"type": "delta", "id": ["JOB"], "text": "x"}\n', b'{"type": "delta", "id": "JOB", "text": 5}\n'],
+    ids=["deeply-nested", "id-not-a-string", "text-not-a-string"],
+)
+async def test_a_malformed_line_from_a_broken_worker_is_dropped_and_the_link_lives_on(bad: bytes) -> None:
+    """A line that is JSON of the wrong shape (or too deep to parse) is dropped like any other
+    malformed line: the reader goes on and the job still ends."""
+    ours, theirs = socket.socketpair()
+    sockets = WorkerSockets()
+    sockets.put(ours)
+    transport = SocketTransport(sockets=sockets)
+    lines = [m.encode(m.Accepted("JOB", prompt_tokens=3)), bad, m.encode(m.Delta("JOB", "ok", 1)), m.encode(m.Done("JOB", "length"))]
+    worker = threading.Thread(target=_fake_worker, args=(theirs, [], lines, []), daemon=True)
+    worker.start()
+    try:
+        assert await transport.wait_connected(10)
+        handle = await transport.submit(request={"endpoint": "completions"})
+        events: list[m.JobEvent] = []
+        async with asyncio.timeout(10):
+            while not events or not isinstance(events[-1], m.Done):
+                events.extend(await handle.next_events())
+        assert handle.delivered_text == "ok" and transport.connected
+    finally:
+        await transport.stop()
+        theirs.close()
+        worker.join(5)
+
+
+async def test_a_done_that_cannot_be_applied_ends_its_job_with_an_error() -> None:
+    """A Done whose timing is not an object, for a job resumed after a lost worker (its
+    preemptions are added to the timing), fails that job: it had already left ``inflight``."""
+    ours, theirs = socket.socketpair()
+    sockets = WorkerSockets()
+    sockets.put(ours)
+    transport = SocketTransport(sockets=sockets)
+    lines = [b'{"type": "done", "id": "JOB", "finish_reason": "stop", "timing": 5}\n']
+    worker = threading.Thread(target=_fake_worker, args=(theirs, [], lines, []), daemon=True)
+    worker.start()
+    try:
+        assert await transport.wait_connected(10)
+        handle = await transport.submit(request={"endpoint": "completions"})
+        handle.preemptions_lost = 1
+        async with asyncio.timeout(10):
+            event = await handle.next_event()
+        assert isinstance(event, m.Error) and event.reason == m.ENGINE_ERROR and handle.job_id not in transport.inflight
+    finally:
+        await transport.stop()
+        theirs.close()
+        worker.join(5)
