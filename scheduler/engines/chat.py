@@ -389,19 +389,20 @@ def chat_prompt_tokens(
     in a message (``<|im_end|>``) or a tool offered is not parsed as a control token, also where
     the template trims contents or writes nothing for an empty one (:func:`split_rendered`); only
     a template that writes contents otherwise has its whole text tokenised at once. Resumed text
-    is tokenised together with the template's last piece, as it was when the whole text was
-    tokenised at once. Each piece after the first is tokenised as the continuation of the tokens
+    (the reply so far) is tokenised as text after the conversation's tokens, as the model wrote
+    it after them. Each piece after the first is tokenised as the continuation of the tokens
     before it (``tokenize``'s ``after``): no space prefix a vocabulary gives a
     text's start (Llama 2's, Mistral's) where the whole text has none."""
     text = render(messages, tools)
     split = split_rendered(render, messages, tools, text)
-    if split is None or not split[1]:
-        own = tokenize(text)
-        return (tokenize(text + resume_text) if resume_text else own), len(own)
-    templates, contents = split
 
     def more(before: list[int], piece: str, special: bool = True) -> list[int]:
         return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
+
+    if split is None or not split[1]:
+        own = tokenize(text)
+        return (own + more(own, resume_text, special=False) if resume_text else own), len(own)
+    templates, contents = split
 
     tokens = tokenize(templates[0])
     for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
@@ -411,7 +412,9 @@ def chat_prompt_tokens(
     own = tokens + more(tokens, templates[-1])
     if not resume_text:
         return own, len(own)
-    return tokens + more(tokens, templates[-1] + resume_text), len(own)
+    # the reply so far is text too: a control token the model sampled has no text, so control-
+    # token text in it is what it wrote as plain text (quoting "<|im_end|>"), not a turn's end
+    return own + more(own, resume_text, special=False), len(own)
 
 
 # -- tools ----------------------------------------------------------------------------------

@@ -596,7 +596,12 @@ class EngineWorker:
         many leading tokens are the prompt's own text: what ``echo`` + ``logprobs`` scores; with
         ``suffix`` only the FIM prompt's head up to the prefix, not the suffix or the markers)."""
         engine = self.engine
-        resumed = engine.tokenize(resume_text, add_special=False) if resume_text else []
+
+        def resumed(own: list[int]) -> list[int]:
+            # the reply so far is text the model wrote after the prompt (a control token it
+            # sampled has no text: "<|im_end|>" in it was written as text), tokenised after it
+            return engine.tokenize(resume_text, add_special=False, special=False, after=own[-1] if own else None) if resume_text else []
+
         if request.get("endpoint") == "chat":
             try:
                 features = engine.features
@@ -645,14 +650,12 @@ class EngineWorker:
             room = max(0, engine.lane_ctx - len(core) - reserve)
             extra = extra[len(extra) - room :] if len(extra) > room else extra
             own = [*extra, *core]
-            return own + resumed, len(own), "prompt", len(extra) + len(bos) + 1 + len(prefix)
+            return own + resumed(own), len(own), "prompt", len(extra) + len(bos) + 1 + len(prefix)
         if isinstance(prompt, list):
             own = self._prompt_ids(prompt)
-            return own + resumed, len(own), "prompt", len(own)
-        text = str(prompt)
-        own = engine.tokenize(text)
-        tokens = engine.tokenize(text + resume_text) if resume_text else own
-        return tokens, len(own), "prompt", len(own)
+            return own + resumed(own), len(own), "prompt", len(own)
+        own = engine.tokenize(str(prompt))
+        return own + resumed(own), len(own), "prompt", len(own)
 
     def _fim_extra_tokens(self, chunks: Any) -> list[int]:
         """``POST /infill``'s context before the FIM prompt, as llama-server's format_infill lays
@@ -716,8 +719,9 @@ class EngineWorker:
             batch_invariant=bool(message.batch_invariant),
             pin_prefix=bool(message.pin_prefix),
             cache_scope=message.cache_scope,
-            # the text a lost worker had sent already: a grammar goes on from where it was
-            resumed=self.engine.tokenize(resume_text, add_special=False, special=False) if resume_text else [],
+            # the text a lost worker had sent already, as the prompt ends with it: a grammar
+            # goes on from where it was
+            resumed=tokens[own_len:],
         )
         # a forced tool call (tool_choice required or a named function) is tool-call markup from
         # its first token to its last (the grammar allows nothing else): the client's stop strings

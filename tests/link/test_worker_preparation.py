@@ -111,3 +111,17 @@ def test_a_resumed_chat_continues_the_same_tokens_with_the_delivered_text_after_
     resumed = worker2.scheduler.jobs["j"].prompt
     assert isinstance(reply, Accepted) and isinstance(reply2, Accepted) and reply2.prompt_tokens == reply.prompt_tokens
     assert resumed == fresh + list(b"Once")
+
+
+@pytest.mark.parametrize("prompt", ["Once upon", [79, 110, 99, 101]], ids=["text", "token-ids"])
+def test_a_resumed_completion_reads_the_delivered_text_as_text(prompt: Any) -> None:
+    """The reply so far is what the model wrote: a control token it sampled has no text, so
+    ``<|im_end|>`` in it is text it wrote (quoting), tokenised as text after the prompt, not
+    read as a control token (the chat path's rule, scheduler/engines/chat.py)."""
+    request = {"endpoint": "completions", "prompt": prompt, "max_tokens": 40}
+    worker, _, reply = submit(request)
+    fresh = worker.scheduler.jobs["j"].prompt
+    delivered = " said <|im_end|> then"
+    worker2, _, reply2 = submit(request, resume_text=delivered, resume_tokens=len(delivered))
+    assert isinstance(reply, Accepted) and isinstance(reply2, Accepted)
+    assert worker2.scheduler.jobs["j"].prompt == fresh + list(delivered.encode())
