@@ -433,6 +433,8 @@ def load_object(raw: bytes) -> dict[str, Any]:
     # The body is decoded as UTF-8 here, not by json.loads, which would also take UTF-16/32.
     # "surrogatepass" lets surrogates encoded as bytes (CESU-8, ``\xed\xa0\x80``) through so
     # that check_encodable() names the parameter holding them, as it does for ``"\ud800"``.
+    # a byte-order mark first (editors on Windows write one) is skipped, as llama-server does
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         text = raw.decode("utf-8", errors="surrogatepass")
     except UnicodeDecodeError as exc:

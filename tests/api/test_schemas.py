@@ -79,6 +79,14 @@ def test_body_that_is_json_but_not_an_object_is_rejected(raw: bytes) -> None:
     assert_400(raw_chat_error(raw), None, "invalid_type")
 
 
+def test_a_body_that_starts_with_a_utf8_byte_order_mark_is_read_as_without_it() -> None:
+    """Editors and PowerShell on Windows write one (``curl -d @body.json``); llama-server's parser
+    skips it, as the batch JSONL reader here does. Only at the start: one later is JSON's error."""
+    body = b'{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}'
+    assert parse_chat_request(b"\xef\xbb\xbf" + body, models=MODELS) == parse_chat_request(body, models=MODELS)
+    assert_400(raw_chat_error(b" \xef\xbb\xbf" + body), None, "invalid_json")
+
+
 def test_completion_body_that_is_not_json_is_rejected() -> None:
     with pytest.raises(ApiError) as info:
         parse_completion_request(b"{", models=MODELS)
