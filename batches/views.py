@@ -27,7 +27,7 @@ from django.utils import timezone
 from api.admission import key_required
 from api.edge import error_response
 from api.errors import ApiError, invalid_request, request_too_large
-from api.schemas import check_encodable
+from api.schemas import load_object
 from scheduler.aio import spawn
 
 from . import runner
@@ -230,16 +230,8 @@ async def _content_slices(pk: str, size: int) -> AsyncIterator[bytes]:
 
 
 def _json(request: HttpRequest) -> dict[str, Any]:
-    import json
-
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise invalid_request("We could not parse the JSON body of your request.", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise invalid_request("The request body must be a JSON object.", code="invalid_type")
-    check_encodable(body)  # a lone surrogate ("\ud800"): a 400 naming it, as every body of the API
-    return body
+    """The body as every route of the API reads it (UTF-8, finite numbers, encodable strings)."""
+    return load_object(request.body or b"{}")
 
 
 def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, metadata: Any) -> Batch:

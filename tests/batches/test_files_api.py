@@ -338,3 +338,18 @@ def test_a_batch_creations_body_is_parsed_off_the_event_loop(monkeypatch: pytest
     r = client.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}, content_type="application/json")
     assert r.status_code == 200, r.content
     assert on_loop == [False]
+
+
+def test_a_batch_body_is_read_as_every_api_body_is() -> None:
+    """POST /v1/batches parsed its body with json.loads of its own: a UTF-16 body (which no
+    other route takes) made a batch, and NaN or 1e999 in it passed as numbers. One parser
+    for every body: those are 400 invalid_json; a UTF-8 byte-order mark is skipped."""
+    client = Client()
+    fid = upload(client, "a.jsonl")
+    body = {"input_file_id": fid, "endpoint": "/v1/completions", "completion_window": "24h"}
+    for raw in (json.dumps(body).encode("utf-16"), json.dumps({**body, "metadata": {"x": "y"}, "n": float("nan")}).encode()):
+        r = client.post("/v1/batches", raw, content_type="application/json")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.content
+    assert not Batch.objects.exists()
+    r = client.post("/v1/batches", b"\xef\xbb\xbf" + json.dumps(body).encode(), content_type="application/json")
+    assert r.status_code == 200, r.content
