@@ -996,7 +996,10 @@ class Scheduler:
         """The decoding lanes that get a token this round. ``--tick-decode-budget 0``: all of
         them (the grant scales with the rounds of the tick). N > 0: at most N tokens in the
         tick, given in rotation: a lane that got none for --starvation-ticks ticks first, then
-        by class, then the lane that decoded least recently, so equal lanes share equally."""
+        by class, then the lane that decoded least recently, so equal lanes share equally.
+        Starving lanes go among themselves by the least recent grant, not by class: better
+        lanes that starve in turn (more of them than the budget covers in --starvation-ticks
+        ticks) would otherwise keep a starving lane of a worse class from its token for good."""
         budget = self.config.tick_decode_budget
         if not budget:
             return decoding
@@ -1010,7 +1013,9 @@ class Scheduler:
             assert job.lane is not None
             idle = self.tick - self._decoded_tick[job.job_id]
             starving = idle >= self.config.starvation_ticks > 0
-            return (0 if starving else 1, int(job.qos), self._decoded_at.get(job.job_id, -1), job.lane)
+            if starving:
+                return (0, 0, self._decoded_at.get(job.job_id, -1), job.lane)
+            return (1, int(job.qos), self._decoded_at.get(job.job_id, -1), job.lane)
 
         return sorted(decoding, key=order)[:left]
 
@@ -1023,12 +1028,15 @@ class Scheduler:
         budget, plan.step_tokens = self._prefill_cap_tokens(
             newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
         )
-        if prefilling and any(j.qos <= QosClass.COMPLETION for j in granted) and self.clock() < self._decode_only_until:
+        urgent = [j for j in decoding if j.qos <= QosClass.COMPLETION]
+        if prefilling and urgent and self.clock() < self._decode_only_until:
             # an urgent answer streams: decode rounds alone for a share of the last step, of the
             # urgent lanes alone (the others get their token in each prefill step, as without it:
-            # theirs here cost a round more and bring the last agent's end no nearer)
+            # theirs here cost a round more and bring the last agent's end no nearer). The grant
+            # is made among them: a lane left out here that starves for it comes first in the
+            # next prefill step, not here, where it ended the answer's rounds early
             budget = 0
-            granted = [j for j in granted if j.qos <= QosClass.COMPLETION]
+            granted = self._decode_grant(urgent)
         self.prefill_cap = (budget, plan.step_tokens)
 
         for job in granted:
