@@ -113,13 +113,14 @@ class SocketTransport(Transport):
 
     def _apply(self, message: Message) -> None:
         """A field of the wrong type from a broken worker (an id that is a list, a text that is a
-        number) drops its message, not the reader: every job on the link would wait forever; a
-        terminal message it cut short ends its job (as the Redis link's reader does)."""
+        number, a count of 1e999) drops its message, not the reader: every job on the link would
+        wait forever; a terminal message it cut short ends its job (as the Redis link's reader
+        does)."""
         job_id = getattr(message, "id", None)
         handle = self.inflight.get(job_id) if isinstance(job_id, str) else None
         try:
             self._on_message(message)
-        except (TypeError, ValueError, AttributeError) as exc:
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             log.warning("dropping a malformed %s message from the worker: %r", message.type, exc)
             if isinstance(message, (Done, Error, Rejected)) and handle is not None and handle.job_id not in self.inflight:
                 self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")

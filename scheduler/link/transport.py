@@ -39,6 +39,7 @@ from scheduler.aio import keeping_cancel, spawn
 
 from .messages import (
     ENGINE_CRASHED,
+    ENGINE_ERROR,
     ENGINE_UNAVAILABLE,
     SHUTDOWN,
     SHUTTING_DOWN,
@@ -293,6 +294,13 @@ class Transport(ABC):
             data = encode(handle.resubmission())
         except EncodeError as exc:
             self._fail(handle, UNENCODABLE, str(exc))
+            return
+        except (TypeError, ValueError) as exc:
+            # what a broken worker's Delta left (a preemption count that is no number): raised
+            # here, it ended the link's reader as the next worker said hello, and every job waited
+            # for ever (the Redis link fails such a job the same way)
+            log.warning("job %s cannot be submitted again after a malformed message from its worker: %r", handle.job_id, exc)
+            self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
             return
         handle.sent_on = self._connection
         await self._send(data)

@@ -218,7 +218,16 @@ class LinkServer:
                 except ValueError as exc:
                     log.warning("dropping a malformed link message from connection %s: %s", conn.conn_id, exc)
                     continue
-                self.on_message(message)
+                if not isinstance(getattr(message, "id", ""), str):
+                    # a job id no web side sends (a list, an object): the tick thread's look-up of
+                    # it raised and ended the worker, every job on it with it
+                    log.warning("dropping a %s link message with a job id that is not a string from connection %s", message.type, conn.conn_id)
+                    continue
+                try:
+                    self.on_message(message)
+                except (TypeError, ValueError, OverflowError) as exc:  # a qos of 1e999: ended this reader, and the worker with it
+                    log.warning("dropping a malformed %s link message from connection %s: %r", message.type, conn.conn_id, exc)
+                    continue
                 self.inbox.put((conn, message))
         except OSError:
             pass
