@@ -597,8 +597,8 @@ class RedisTransport(Transport):
             return
         try:
             self._on_message(message)
-        except (TypeError, ValueError, AttributeError) as exc:
-            # a field of the wrong type: dropped, not taken for Redis away (the reader would act
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            # a field of the wrong type (or a count of 1e999): dropped, not taken for Redis away (the reader would act
             # on the same entry again, forever); a terminal message it cut short ends the job
             log.warning("dropping a malformed %s message from a worker: %r", message.type, exc)
             ended = isinstance(message, (Done, Error, Rejected)) and message.id == handle.job_id

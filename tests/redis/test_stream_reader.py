@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 
+import pytest
 import redis
 
 from scheduler.link.messages import ENGINE_ERROR, Accepted, Delta, Done, Error, encode
@@ -98,16 +99,18 @@ async def test_an_entry_with_a_field_of_the_wrong_type_is_dropped_and_the_stream
         admin.close()
 
 
-async def test_a_done_that_cannot_be_applied_ends_the_job_with_an_error_instead_of_nothing(redis_server: RedisServer, prefix: str) -> None:
+@pytest.mark.parametrize("timing", ["5", '{"preemptions": 1e999}'], ids=["not-an-object", "infinite-count"])
+async def test_a_done_that_cannot_be_applied_ends_the_job_with_an_error_instead_of_nothing(redis_server: RedisServer, prefix: str, timing: str) -> None:
     """A Done whose timing is not an object, after a worker loss (the head adds the lost
     worker's preemptions to it), raised after the job had left ``inflight``: read again, it
-    found no job, and the client waited for an answer that never came."""
+    found no job, and the client waited for an answer that never came. A count of 1e999 (JSON's
+    infinity) raised OverflowError, which ended the reader itself."""
     admin = redis.Redis.from_url(redis_server.url)
     link = await a_head_with_a_pretend_worker(redis_server.url, prefix, admin)
     try:
         handle = await link.submit(request=completion(max_tokens=5))
         handle.preemptions_lost = 1  # as after a lost worker had preempted it once
-        emit(admin, prefix, handle.job_id, json.dumps({"type": "done", "id": handle.job_id, "finish_reason": "stop", "timing": 5}))
+        emit(admin, prefix, handle.job_id, json.dumps({"type": "done", "id": handle.job_id, "finish_reason": "stop", "timing": "TIMING"}).replace('"TIMING"', timing))
         event = await next_event(handle)
         assert isinstance(event, Error) and event.reason == ENGINE_ERROR, event
         assert handle.job_id not in link.inflight
