@@ -186,8 +186,8 @@ def _only(where: _Where, found: dict[str, tuple[yaml.Node, yaml.Node]], key: str
 def _scalar(where: _Where, node: yaml.Node, key: str) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise where.error(node, key, "must be a single value")
-    try:
-        return yaml.safe_load(yaml.serialize(node))
+    try:  # constructed as it is: written out and read again, an empty value (``ttl:``) was no YAML
+        return yaml.constructor.SafeConstructor().construct_object(node)
     except (yaml.YAMLError, ValueError) as exc:
         raise where.error(node, key, f"cannot be read: {str(exc).splitlines()[0]}") from None
 
@@ -229,6 +229,16 @@ def _str(where: _Where, node: yaml.Node, key: str) -> str:
     return value.strip()
 
 
+def _is_text(name: str) -> bool:
+    """Whether ``name`` is Unicode text: a lone surrogate (``"\\ud800"``) in a model's id or alias
+    made /metrics, which labels each model with them, fail with UnicodeEncodeError."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
 TOP_KEYS = ("models", "max_loaded_models", "healthCheckTimeout", "routing")
 
@@ -253,6 +263,8 @@ def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Cal
             raise where.error(anode, f"{key}.aliases", "must be a list of names")
         aliases = [_str(where, a, f"{key}.aliases") for a in anode.value]
         for i, alias in enumerate(aliases):  # /v1/models listed a name twice
+            if not _is_text(alias):
+                raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} holds a lone surrogate; names must be valid Unicode text")
             if alias == mid or alias in aliases[:i]:
                 raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} is already a name of {mid!r}")
     kw: dict[str, Any] = {}
@@ -292,6 +304,9 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     if not entries:
         raise where.error(models_node, "models", "names no model")
     base = base or Path.cwd()
+    for mid, (k, _v) in entries.items():
+        if not _is_text(mid):
+            raise where.error(k, "models", f"model id {mid!r} holds a lone surrogate; names must be valid Unicode text")
     models = [_model(where, mid, v, base, check_path) for mid, (_k, v) in entries.items()]
     try:
         names = _names(models)

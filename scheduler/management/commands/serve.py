@@ -557,8 +557,8 @@ class Command(FlagsCommand):
                 return f"no such file or directory: {path}"
             try:
                 choose_engine(options["engine"], path)
-            except CommandError as exc:
-                return str(exc)
+            except CommandError as exc:  # its message named a --model nobody gave: the file's key is named
+                return str(exc).replace("--model ", "")
             return None
 
         return check
@@ -582,7 +582,13 @@ class Command(FlagsCommand):
             try:
                 scheduler_config(opts)  # --class-lanes against this model's lanes, and so on
             except CommandError as exc:
-                raise CommandError(f"model {m.id}: {exc}") from None
+                # lanes and context the file (or --fim-max-*) set, named so: "lower --ctx-size"
+                # sent the operator to a flag that does not change this model's
+                message = str(exc)
+                for flag, value, fim_flag, key in (("--ctx-size", m.ctx_size, "--fim-max-context", "ctx_size"), ("--max-batch lanes", m.max_batch, "--fim-max-batch lanes", "max_batch lanes")):
+                    if value is not None and (m.fim or cfg.source):
+                        message = message.replace(flag, fim_flag if m.fim else f"models.{m.id}.{key}")
+                raise CommandError(f"model {m.id}: {message}") from None
             argvs[m.id] = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(opts, m.path)]
             lanes[m.id], ctx[m.id] = opts["max_batch"], opts["ctx_size"]
             # --repack (and the start-up retry with --no-repack) applies to llama.cpp's workers
