@@ -171,8 +171,8 @@ class KeyStatusFilter(admin.SimpleListFilter):
             return queryset.filter(revoked=False).filter(Q(expires__isnull=True) | Q(expires__gt=now))
         if self.value() == "revoked":
             return queryset.filter(revoked=True)
-        if self.value() == "expired":
-            return queryset.filter(expires__lte=now)
+        if self.value() == "expired":  # a revoked key is listed as revoked, as its status column says
+            return queryset.filter(revoked=False, expires__lte=now)
         return queryset
 
 
@@ -229,7 +229,8 @@ class ApiKeyAdmin(ThroughActions):
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
         qs = super().get_queryset(request)
         match = getattr(request, "resolver_match", None)
-        if match is not None and match.url_name == "keys_apikey_changelist":
+        # the list shown, not its bulk actions (a POST): they would sum every selected key's usage
+        if match is not None and match.url_name == "keys_apikey_changelist" and request.method != "POST":
             qs = qs.annotate(**usage.annotations())
         return qs
 

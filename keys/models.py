@@ -143,6 +143,9 @@ class ApiKey(models.Model):
             # are for new keys; a key made before its name was taken elsewhere (the --key-policy
             # file names a key as it, which is then left out) must still be editable, revocable
             return
+        if self.expires is not None and self.expires <= timezone.now():
+            # the server would refuse it from its first request (createkey: --expires-days more than 0)
+            raise ValidationError({"expires": "A new key's expiry must be in the future (empty = never)."})
         if self.name == STATIC_KEY_NAME:
             # the environment's static key goes by this name: its limits and usage would mix
             raise ValidationError({"name": f"{STATIC_KEY_NAME} is the name of the static key from the environment."})
