@@ -39,6 +39,15 @@ async def _ending(handle: JobHandle) -> m.JobEvent:
                 return event
 
 
+async def _failed_alone(transport: SocketTransport, handle: JobHandle) -> None:
+    """``handle`` ended with engine_error and left the link's jobs; the next job is served."""
+    event = await _ending(handle)
+    assert isinstance(event, m.Error) and event.reason == m.ENGINE_ERROR
+    assert handle.job_id not in transport.inflight
+    other = await transport.submit(request={"endpoint": "completions"})
+    assert isinstance(await _ending(other), m.Done)
+
+
 async def test_a_done_with_an_infinite_preemption_count_fails_its_job_and_the_link_lives_on() -> None:
     """A resumed job's Done adds the lost worker's preemptions to its timing: ``1e999`` (JSON
     for infinity) made that sum raise OverflowError, which ended the reader. The link still said
@@ -55,11 +64,7 @@ async def test_a_done_with_an_infinite_preemption_count_fails_its_job_and_the_li
         assert await transport.wait_connected(10)
         first = await transport.submit(request={"endpoint": "completions"})
         first.preemptions_lost = 1  # it ran on a worker lost before
-        event = await _ending(first)
-        assert isinstance(event, m.Error) and event.reason == m.ENGINE_ERROR
-        assert first.job_id not in transport.inflight
-        second = await transport.submit(request={"endpoint": "completions"})
-        assert isinstance(await _ending(second), m.Done)
+        await _failed_alone(transport, first)
     finally:
         await transport.stop()
         theirs.close()
@@ -94,11 +99,7 @@ async def test_a_delta_with_a_preemption_count_that_is_no_number_ends_its_job_no
         second = threading.Thread(target=_worker, args=(second_theirs, [done]), daemon=True)
         second.start()
         sockets.put(ours2)
-        event = await _ending(handle)
-        assert isinstance(event, m.Error) and event.reason == m.ENGINE_ERROR
-        assert handle.job_id not in transport.inflight
-        other = await transport.submit(request={"endpoint": "completions"})
-        assert isinstance(await _ending(other), m.Done)
+        await _failed_alone(transport, handle)
     finally:
         await transport.stop()
         theirs.close()

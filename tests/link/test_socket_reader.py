@@ -4,9 +4,11 @@ reads, reaches each job as the same messages in the same order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -39,6 +41,25 @@ def _job_lines(n: int) -> list[bytes]:
     return out
 
 
+@contextlib.asynccontextmanager
+async def _linked(lines_after: list[bytes], cuts: list[int] | None = None) -> AsyncIterator[SocketTransport]:
+    """A socket transport to a fake worker that answers one Submit with ``lines_after`` (cut into
+    reads at ``cuts``); yields the transport, connected."""
+    ours, theirs = socket.socketpair()
+    sockets = WorkerSockets()
+    sockets.put(ours)
+    transport = SocketTransport(sockets=sockets)
+    worker = threading.Thread(target=_fake_worker, args=(theirs, cuts or [], lines_after, []), daemon=True)
+    worker.start()
+    try:
+        assert await transport.wait_connected(10)
+        yield transport
+    finally:
+        await transport.stop()
+        theirs.close()
+        worker.join(5)
+
+
 @pytest.mark.parametrize("cuts", [[], [1] * 40, [7, 3, 200, 1, 1, 50], [10_000]], ids=["whole", "bytes", "mixed", "one"])
 async def test_every_message_arrives_in_order_however_the_reads_cut_the_lines(cuts: list[int]) -> None:
     ours, theirs = socket.socketpair()
@@ -68,24 +89,12 @@ async def test_every_message_arrives_in_order_however_the_reads_cut_the_lines(cu
 async def test_a_line_longer_than_the_bound_ends_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """As a reader bounded by MAX_LINE_BYTES: the jobs on it are kept for the next worker."""
     monkeypatch.setattr(client, "MAX_LINE_BYTES", 300)
-    ours, theirs = socket.socketpair()
-    sockets = WorkerSockets()
-    sockets.put(ours)
-    transport = SocketTransport(sockets=sockets)
-    long_line = m.encode(m.Delta("JOB", "x" * 400, 1))
-    worker = threading.Thread(target=_fake_worker, args=(theirs, [100, 100], [long_line], []), daemon=True)
-    worker.start()
-    try:
-        assert await transport.wait_connected(10)
+    async with _linked([m.encode(m.Delta("JOB", "x" * 400, 1))], cuts=[100, 100]) as transport:
         handle = await transport.submit(request={"endpoint": "completions"})
         async with asyncio.timeout(10):
             while transport.connected:
                 await asyncio.sleep(0.01)
         assert handle.events.empty() and handle.job_id in transport.inflight  # to be submitted again
-    finally:
-        await transport.stop()
-        theirs.close()
-        worker.join(5)
 
 
 @pytest.mark.parametrize(
@@ -96,45 +105,22 @@ async def test_a_line_longer_than_the_bound_ends_the_connection(monkeypatch: pyt
 async def test_a_malformed_line_from_a_broken_worker_is_dropped_and_the_link_lives_on(bad: bytes) -> None:
     """A line that is JSON of the wrong shape (or too deep to parse) is dropped like any other
     malformed line: the reader goes on and the job still ends."""
-    ours, theirs = socket.socketpair()
-    sockets = WorkerSockets()
-    sockets.put(ours)
-    transport = SocketTransport(sockets=sockets)
     lines = [m.encode(m.Accepted("JOB", prompt_tokens=3)), bad, m.encode(m.Delta("JOB", "ok", 1)), m.encode(m.Done("JOB", "length"))]
-    worker = threading.Thread(target=_fake_worker, args=(theirs, [], lines, []), daemon=True)
-    worker.start()
-    try:
-        assert await transport.wait_connected(10)
+    async with _linked(lines) as transport:
         handle = await transport.submit(request={"endpoint": "completions"})
         events: list[m.JobEvent] = []
         async with asyncio.timeout(10):
             while not events or not isinstance(events[-1], m.Done):
                 events.extend(await handle.next_events())
         assert handle.delivered_text == "ok" and transport.connected
-    finally:
-        await transport.stop()
-        theirs.close()
-        worker.join(5)
 
 
 async def test_a_done_that_cannot_be_applied_ends_its_job_with_an_error() -> None:
     """A Done whose timing is not an object, for a job resumed after a lost worker (its
     preemptions are added to the timing), fails that job: it had already left ``inflight``."""
-    ours, theirs = socket.socketpair()
-    sockets = WorkerSockets()
-    sockets.put(ours)
-    transport = SocketTransport(sockets=sockets)
-    lines = [b'{"type": "done", "id": "JOB", "finish_reason": "stop", "timing": 5}\n']
-    worker = threading.Thread(target=_fake_worker, args=(theirs, [], lines, []), daemon=True)
-    worker.start()
-    try:
-        assert await transport.wait_connected(10)
+    async with _linked([b'{"type": "done", "id": "JOB", "finish_reason": "stop", "timing": 5}\n']) as transport:
         handle = await transport.submit(request={"endpoint": "completions"})
         handle.preemptions_lost = 1
         async with asyncio.timeout(10):
             event = await handle.next_event()
         assert isinstance(event, m.Error) and event.reason == m.ENGINE_ERROR and handle.job_id not in transport.inflight
-    finally:
-        await transport.stop()
-        theirs.close()
-        worker.join(5)
