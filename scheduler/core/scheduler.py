@@ -479,7 +479,7 @@ class Scheduler:
         use; with memory fixed per lane a kept lane costs nothing)."""
         if not self._kept or not self.config.watermarks:
             return False
-        return self.pool.used_blocks(self._lane_tokens() + self._kept_tokens()) >= self.config.pressure_high * self.pool.total_blocks
+        return self.pool.used_blocks(self._lane_tokens() + self._kept_tokens()) >= self.pool.share_of_blocks(self.config.pressure_high)
 
     def _kept_tokens(self) -> list[int]:
         """What each kept lane holds where that is memory of its own (``watermarks``); with
