@@ -184,6 +184,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         return {
             "total_ms": round((now - self.record.started_s) * 1000, 1),
             "ttft_ms": round((first - self.record.started_s) * 1000, 1) if first is not None else None,
+            # as its jobs' deltas said (and the workers lost before): why a client that left waited
+            "preemptions": sum(h.preemptions + h.preemptions_lost for h, _ in self.sends.values()),
         }
 
     async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -431,13 +433,15 @@ class GenerationConsumer(StreamingConsumer):
 
         async def pump(i: int, handle: JobHandle) -> None:
             while True:
-                event = pending[i].pop(0) if pending[i] else await handle.next_event()
-                await events.put((i, event))
-                if isinstance(event, (Done, Error, Rejected)):
-                    return
+                ready, pending[i] = (pending[i], []) if pending[i] else (await handle.next_events(), [])
+                for event in ready:
+                    events.put_nowait((i, event))
+                    if isinstance(event, (Done, Error, Rejected)):
+                        return
 
         tasks = [asyncio.get_running_loop().create_task(pump(i, h)) for i, h in enumerate(handles)]
         dones: dict[int, Done] = {}
+        out: list[bytes] = []  # a stream's frames not yet sent
         try:
             if request.stream:
                 await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handles[0], qos))
@@ -447,24 +451,31 @@ class GenerationConsumer(StreamingConsumer):
                 if opening:
                     await self.send_body(opening, more_body=True)
             while len(dones) < len(handles):
-                i, event = await events.get()
-                reply = replies[i]
-                if isinstance(event, (Error, Rejected)):
-                    raise link_error(event)
-                if isinstance(event, Delta):
-                    self.saw_delta(event)
-                    if not request.stream:
-                        reply.add(event)
-                        continue
-                    sse = reply.delta_events(event)
-                    if sse:
-                        await self.send_body(b"".join(sse), more_body=True)
-                elif isinstance(event, Done):
-                    dones[i] = last_done = event
-                    finished.add(i)
-                    if request.stream:
-                        frames = reply.final_chunks(event, None)
-                        await self.send_body(b"".join(responses.sse_event(f) for f in frames), more_body=True)
+                # events that arrived together (the reader fell behind) go out in one write, as
+                # for one choice: every choice's, in the order they came
+                ready = [await events.get()]
+                while not events.empty():
+                    ready.append(events.get_nowait())
+                for i, event in ready:
+                    reply = replies[i]
+                    if isinstance(event, (Error, Rejected)):
+                        if out:  # what was generated before the error reaches the client first
+                            await self.send_body(b"".join(out), more_body=True)
+                        raise link_error(event)
+                    if isinstance(event, Delta):
+                        self.saw_delta(event)
+                        if not request.stream:
+                            reply.add(event)
+                            continue
+                        out += reply.delta_events(event)
+                    elif isinstance(event, Done):
+                        dones[i] = last_done = event
+                        finished.add(i)
+                        if request.stream:
+                            out += [responses.sse_event(f) for f in reply.final_chunks(event, None)]
+                if out and len(dones) < len(handles):  # (the last write also ends the stream)
+                    await self.send_body(b"".join(out), more_body=True)
+                    out = []
         finally:
             for task in tasks:
                 task.cancel()
@@ -478,10 +489,10 @@ class GenerationConsumer(StreamingConsumer):
         self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                              "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
         if request.stream:
-            tail = b""
+            tail = b"".join(out)
             if request.include_usage:
                 make = responses.chat_usage_chunk if self.endpoint == "chat" else responses.completion_usage_chunk
-                tail = responses.sse_event(make(replies[0].id, replies[0].model, replies[0].created, usage))
+                tail += responses.sse_event(make(replies[0].id, replies[0].model, replies[0].created, usage))
             await self.send_body(tail + responses.SSE_DONE)
             return
         bodies = [reply.body(dones[i], None) for i, reply in enumerate(replies)]

@@ -1,0 +1,47 @@
+"""The preemptions on the row of a request whose client left before its job's Done: the web
+side had them (each Delta says how often the job was preempted so far), and its row said 0."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import ApplicationCommunicator
+
+from activity import writer as activity_writer
+from activity.models import ActivityEntry
+from tests.edge.inproc import JSON, SimWorker, application, attached, chat_body, request, scope
+from tests.edge.test_cancel_sweep import until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def rows() -> list[dict[str, Any]]:
+    assert await asyncio.to_thread(activity_writer.flush)
+    return await sync_to_async(list)(ActivityEntry.objects.order_by("id").values("qos_class", "error_code", "preemptions", "completion_tokens"))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_client_that_leaves_after_its_job_was_preempted_and_resumed_has_the_preemption_on_its_row(stream: bool) -> None:
+    """One lane: a background chat streams, an interactive chat parks it and ends, the
+    background job resumes and sends more tokens (its Delta says preemptions=1), then its client
+    leaves. Its row said preemptions=0: the one reason it waited, gone from the log."""
+    async with attached(SimWorker(lanes=1, step_sleep_s=0.002)) as (link, _rt):
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", [*JSON, (b"x-superfluid-qos", b"background")]))
+        await comm.send_input({"type": "http.request", "body": chat_body("x", max_tokens=400, stream=stream), "more_body": False})
+        await until(lambda: len(link.inflight) == 1, lambda: "the background job was never submitted")
+        [handle] = list(link.inflight.values())
+        await until(lambda: handle.delivered_tokens > 0, lambda: "the background job never ran")
+        urgent = await request("POST", "/v1/chat/completions", chat_body("y", max_tokens=10), [*JSON, (b"x-superfluid-qos", b"interactive")], timeout_s=30)
+        assert urgent.status == 200
+        await until(lambda: handle.preemptions >= 1, lambda: "no delta said the job was preempted")
+        assert link.worker.scheduler.counters["parks"] == 1
+        await comm.send_input({"type": "http.disconnect"})
+        await until(lambda: not link.inflight, lambda: "the background job was not cancelled")
+    interactive, background = await rows()
+    assert interactive["qos_class"] == "interactive" and interactive["preemptions"] == 0
+    assert background["qos_class"] == "background" and background["error_code"] == "client_disconnected", background
+    assert background["completion_tokens"] and background["completion_tokens"] > 0, background
+    assert background["preemptions"] == 1, background
