@@ -7,9 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from channels.testing import ApplicationCommunicator
 
-from tests.edge.inproc import JSON, SimWorker, application, attached, chat_body, request, scope
+from tests.edge.inproc import JSON, SimWorker, attached, chat_body, request, writes_of_a_reader_behind
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,21 +31,7 @@ async def test_deltas_of_several_choices_that_arrive_together_go_out_in_one_writ
     async with attached(sim):
         body = chat_body(max_tokens=24, stream=True, temperature=0, n=2, stream_options={"include_usage": True})
         whole = (await request("POST", "/v1/chat/completions", body, JSON)).sse_data()
-        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
-        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
-        assert (await comm.receive_output(10))["type"] == "http.response.start"
-        # the event loop is blocked while the worker's thread finishes both choices
-        deadline = time.monotonic() + 10
-        while sim.busy() != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.01)  # noqa: ASYNC251 (blocking the loop is the point)
-        assert sim.busy() == (0, 0)
-        writes: list[bytes] = []
-        while True:
-            message = await comm.receive_output(10)
-            writes.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        await comm.send_input({"type": "http.disconnect"})
+        writes = await writes_of_a_reader_behind(sim, body)
     data = [line[6:] for line in b"".join(writes).decode().split("\n") if line.startswith("data: ")]
     assert len(data) == len(whole) >= 50 and data[-1] == "[DONE]"  # nothing lost or repeated ...
     assert by_choice(data) == by_choice(whole) and set(by_choice(data)) == {0, 1}

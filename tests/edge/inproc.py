@@ -170,6 +170,27 @@ def chat_body(content: str = "hi", **fields: Any) -> bytes:
 JSON = [(b"content-type", b"application/json")]
 
 
+async def writes_of_a_reader_behind(sim: SimWorker, body: bytes) -> list[bytes]:
+    """The writes of a chat stream whose reader fell behind: the event loop is blocked (as by
+    a busy web process) while the worker's thread finishes every job, so all the remaining
+    events are queued for the stream when it runs again."""
+    comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
+    await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+    assert (await comm.receive_output(10))["type"] == "http.response.start"
+    deadline = time.monotonic() + 10
+    while sim.busy() != (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)  # noqa: ASYNC251 (blocking the loop is the point)
+    assert sim.busy() == (0, 0)
+    writes: list[bytes] = []
+    while True:
+        message = await comm.receive_output(10)
+        writes.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await comm.send_input({"type": "http.disconnect"})
+    return writes
+
+
 def stand_in_pool(monkeypatch: Any, acquire: Callable[[str, int, int], Awaitable[Any]]) -> None:
     """Several models, as the consumers see them: a router of one model (MODEL, 512 tokens a
     lane) whose dispatch is ``acquire(model, priority, jobs)``, set in place of the pool."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -25,6 +24,7 @@ from .inproc import (
     request,
     scope,
     stand_in_pool,
+    writes_of_a_reader_behind,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,22 +79,7 @@ async def test_deltas_that_arrive_together_go_out_in_one_write_with_the_same_str
     async with attached(sim):
         body = chat_body(max_tokens=24, stream=True, temperature=0)
         whole = (await request("POST", "/v1/chat/completions", body, JSON)).sse_data()
-        comm = ApplicationCommunicator(application(), scope("POST", "/v1/chat/completions", JSON))
-        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
-        assert (await comm.receive_output(10))["type"] == "http.response.start"
-        # the reader falls behind: the event loop is blocked while the worker's thread finishes
-        # the job, so every remaining delta is queued for the stream when it runs again
-        deadline = time.monotonic() + 10
-        while sim.busy() != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.01)  # noqa: ASYNC251 (blocking the loop is the point)
-        assert sim.busy() == (0, 0)
-        writes: list[bytes] = []
-        while True:
-            message = await comm.receive_output(10)
-            writes.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        await comm.send_input({"type": "http.disconnect"})
+        writes = await writes_of_a_reader_behind(sim, body)
         data = [line[6:] for line in b"".join(writes).decode().split("\n") if line.startswith("data: ")]
         assert len(data) == len(whole) >= 24  # nothing lost or repeated ...
         assert [json.loads(d)["choices"] for d in data[:-1]] == [json.loads(d)["choices"] for d in whole[:-1]]
