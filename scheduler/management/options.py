@@ -233,12 +233,15 @@ def choose_engine(kind: str, model: Path) -> str:
 MAX_CONTEXT_CELLS = 2**32 - 1  # llama_context_params.n_ctx is a uint32_t
 
 
-def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
+def scheduler_config(options: dict[str, Any], names: dict[str, str] | None = None) -> SchedulerConfig:
+    """``names``: what the errors call ``ctx_size`` and ``max_batch`` where they did not come
+    from the flags (a --config file's key, a FIM model's own flag)."""
+    name = {"ctx_size": "--ctx-size", "max_batch": "--max-batch", **(names or {})}
     max_batch = options["max_batch"]
     if max_batch < 1 or max_batch > 64:
         raise CommandError("--max-batch must be between 1 and 64")
     if options["ctx_size"] < 64:
-        raise CommandError("--ctx-size must be at least 64")
+        raise CommandError(f"{name['ctx_size']} must be at least 64")
     if options["os_pressure"] not in ("on", "off"):
         raise CommandError("--os-pressure must be on or off")
     if options["adapt_threads"] not in ("on", "off"):
@@ -268,8 +271,8 @@ def scheduler_config(options: dict[str, Any]) -> SchedulerConfig:
     sequences = max_batch + options["prefix_cache_slots"]
     if options["ctx_size"] * sequences > MAX_CONTEXT_CELLS:
         raise CommandError(
-            f"--ctx-size {options['ctx_size']} for {sequences} sequences (--max-batch lanes and --prefix-cache-slots) "
-            f"is more than one context holds ({MAX_CONTEXT_CELLS} cells): lower --ctx-size"
+            f"{name['ctx_size']} {options['ctx_size']} for {sequences} sequences ({name['max_batch']} lanes and --prefix-cache-slots) "
+            f"is more than one context holds ({MAX_CONTEXT_CELLS} cells): lower {name['ctx_size']}"
         )
     if not 0 < options["pressure_low"] < options["pressure_high"] <= 100:
         # the flags are percentages: SchedulerConfig's own message speaks of fractions

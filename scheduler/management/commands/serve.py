@@ -579,16 +579,17 @@ class Command(FlagsCommand):
                 opts["class_lanes"] = ""  # its lanes are its own; --class-lanes caps the main model's
             opts["aging_divisor"] = cfg.aging_divisor_s  # the workers age as the router does
             opts["swap_affinity_bonus"] = cfg.swap_affinity_bonus
+            # lanes and context the file (or --fim-max-*) set are named so in errors: "lower
+            # --ctx-size" sent the operator to a flag that does not change this model's
+            names: dict[str, str] = {}
+            if m.fim or cfg.source:
+                for key, value, fim_flag in (("ctx_size", m.ctx_size, "--fim-max-context"), ("max_batch", m.max_batch, "--fim-max-batch")):
+                    if value is not None:
+                        names[key] = fim_flag if m.fim else f"models.{m.id}.{key}"
             try:
-                scheduler_config(opts)  # --class-lanes against this model's lanes, and so on
+                scheduler_config(opts, names)  # --class-lanes against this model's lanes, and so on
             except CommandError as exc:
-                # lanes and context the file (or --fim-max-*) set, named so: "lower --ctx-size"
-                # sent the operator to a flag that does not change this model's
-                message = str(exc)
-                for flag, value, fim_flag, key in (("--ctx-size", m.ctx_size, "--fim-max-context", "ctx_size"), ("--max-batch lanes", m.max_batch, "--fim-max-batch lanes", "max_batch lanes")):
-                    if value is not None and (m.fim or cfg.source):
-                        message = message.replace(flag, fim_flag if m.fim else f"models.{m.id}.{key}")
-                raise CommandError(f"model {m.id}: {message}") from None
+                raise CommandError(f"model {m.id}: {exc}") from None
             argvs[m.id] = [sys.executable, str(MANAGE_PY), "runengine", *engine_argv(opts, m.path)]
             lanes[m.id], ctx[m.id] = opts["max_batch"], opts["ctx_size"]
             # --repack (and the start-up retry with --no-repack) applies to llama.cpp's workers
