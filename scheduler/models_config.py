@@ -226,12 +226,15 @@ def _str(where: _Where, node: yaml.Node, key: str) -> str:
     value = _scalar(where, node, key)
     if not isinstance(value, str) or not value.strip():
         raise where.error(node, key, f"must be a non-empty string, got {node.value!r}")
+    if not _is_text(value):
+        raise where.error(node, key, f"{value!r} holds a lone surrogate; strings must be valid Unicode text")
     return value.strip()
 
 
 def _is_text(name: str) -> bool:
     """Whether ``name`` is Unicode text: a lone surrogate (``"\\ud800"``) in a model's id or alias
-    made /metrics, which labels each model with them, fail with UnicodeEncodeError."""
+    made /metrics, which labels each model with them, fail with UnicodeEncodeError (every string
+    of the file is held to it, as the --key-policy file's are)."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -263,8 +266,6 @@ def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Cal
             raise where.error(anode, f"{key}.aliases", "must be a list of names")
         aliases = [_str(where, a, f"{key}.aliases") for a in anode.value]
         for i, alias in enumerate(aliases):  # /v1/models listed a name twice
-            if not _is_text(alias):
-                raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} holds a lone surrogate; names must be valid Unicode text")
             if alias == mid or alias in aliases[:i]:
                 raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} is already a name of {mid!r}")
     kw: dict[str, Any] = {}
