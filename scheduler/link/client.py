@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 
-from .messages import ENGINE_ERROR, MAX_LINE_BYTES, Done, Error, Hello, Message, Rejected, decode, decode_or_drop
+from .messages import MAX_LINE_BYTES, Hello, decode, decode_or_drop
 from .peer import peer_uid
 from .transport import SNAPSHOT_LISTENERS, JobHandle, Transport, cancel_task
 
@@ -111,20 +111,6 @@ class SocketTransport(Transport):
         finally:
             read.cancel()
 
-    def _apply(self, message: Message) -> None:
-        """A field of the wrong type from a broken worker (an id that is a list, a text that is a
-        number, a count of 1e999) drops its message, not the reader: every job on the link would
-        wait forever; a terminal message it cut short ends its job (as the Redis link's reader
-        does)."""
-        job_id = getattr(message, "id", None)
-        handle = self.inflight.get(job_id) if isinstance(job_id, str) else None
-        try:
-            self._on_message(message)
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            log.warning("dropping a malformed %s message from the worker: %r", message.type, exc)
-            if isinstance(message, (Done, Error, Rejected)) and handle is not None and handle.job_id not in self.inflight:
-                self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -147,7 +133,8 @@ class SocketTransport(Transport):
                         break
                     message = decode_or_drop(line, "the worker")
                     if message is not None:
-                        self._apply(message)
+                        job_id = getattr(message, "id", None)
+                        self._apply_from_worker(message, self.inflight.get(job_id) if isinstance(job_id, str) else None)
             except (ConnectionError, OSError, ValueError) as exc:
                 log.warning("link to the engine worker lost: %s", exc)
             finally:

@@ -595,15 +595,9 @@ class RedisTransport(Transport):
         message = decode_or_drop(raw, "a worker")
         if message is None:
             return
-        try:
-            self._on_message(message)
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            # a field of the wrong type (or a count of 1e999): dropped, not taken for Redis away (the reader would act
-            # on the same entry again, forever); a terminal message it cut short ends the job
-            log.warning("dropping a malformed %s message from a worker: %r", message.type, exc)
-            ended = isinstance(message, (Done, Error, Rejected)) and message.id == handle.job_id
-            if ended and handle.job_id not in self.inflight:
-                self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
+        # a field of the wrong type: dropped, not taken for Redis away (the reader would act on
+        # the same entry again, forever)
+        self._apply_from_worker(message, handle)
 
     async def _on_job_lost(self, handle: JobHandle, epoch: int) -> None:
         """The worker holding this job stopped renewing its lease (it died): put the job back at

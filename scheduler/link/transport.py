@@ -357,6 +357,19 @@ class Transport(ABC):
             return
         self.fail_all(ENGINE_UNAVAILABLE, "The engine worker is unavailable.")
 
+    def _apply_from_worker(self, message: Message, handle: JobHandle | None) -> None:
+        """``_on_message`` for a message a worker sent. A field of the wrong type (an id that is
+        a list, a text that is a number, a count of 1e999: a broken worker's) drops that message,
+        never the reader every job on the link depends on; a terminal message for ``handle`` that
+        it cut short (the job had left ``inflight``) ends that job."""
+        try:
+            self._on_message(message)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            log.warning("dropping a malformed %s message from a worker: %r", message.type, exc)
+            ended = isinstance(message, (Done, Error, Rejected)) and handle is not None and message.id == handle.job_id
+            if ended and handle.job_id not in self.inflight:
+                self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
+
     def _on_message(self, message: Message) -> None:
         if isinstance(message, Snapshot):
             self.snapshot = message.state
