@@ -48,13 +48,11 @@ from .fleet_stats import FleetTotals
 from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
-    ENGINE_ERROR,
     ENGINE_UNAVAILABLE,
     SHUTTING_DOWN,
     Cancel,
     Config,
     Done,
-    EncodeError,
     Error,
     Hello,
     Message,
@@ -620,17 +618,10 @@ class RedisTransport(Transport):
             # the client's error first; the job's cancel goes at the next tick (again until sent)
             self._fail(handle, ENGINE_CRASHED, "The engine worker crashed twice while running this request; it is not retried.")
             return
-        try:
-            resubmit = handle.resubmission()
-            encode(resubmit)
-        except EncodeError as exc:
-            self._fail(handle, "unencodable", str(exc))
+        again = self._resubmission(handle)
+        if again is None:
             return
-        except (TypeError, ValueError) as exc:  # what a malformed delta left (not Redis away: retried forever)
-            log.warning("job %s cannot be put back after a malformed message from its worker: %r", handle.job_id, exc)
-            self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
-            return
-        await self._enqueue(resubmit, requeue=True, expect_epoch=epoch)
+        await self._enqueue(again[0], requeue=True, expect_epoch=epoch)
         log.warning("job %s lost its worker; resumed it after %d tokens", handle.job_id, handle.delivered_tokens)
 
     def _on_message(self, message: Message) -> None:

@@ -289,21 +289,27 @@ class Transport(ABC):
             await self._resend(handle)
         await self._next_trial()
 
-    async def _resend(self, handle: JobHandle) -> None:
+    def _resubmission(self, handle: JobHandle) -> tuple[Submit, bytes] | None:
+        """The job's Submit for the next worker, and its encoding; None where it cannot be sent
+        again, the job failed. What a broken worker's Delta left (a preemption count that is no
+        number) raised here: on the socket link it ended the reader as the next worker said
+        hello (every job waited for ever), on the Redis link it was retried for ever."""
         try:
-            data = encode(handle.resubmission())
+            message = handle.resubmission()
+            return message, encode(message)
         except EncodeError as exc:
             self._fail(handle, UNENCODABLE, str(exc))
-            return
         except (TypeError, ValueError) as exc:
-            # what a broken worker's Delta left (a preemption count that is no number): raised
-            # here, it ended the link's reader as the next worker said hello, and every job waited
-            # for ever (the Redis link fails such a job the same way)
             log.warning("job %s cannot be submitted again after a malformed message from its worker: %r", handle.job_id, exc)
             self._fail(handle, ENGINE_ERROR, "The engine worker's reply could not be read.")
+        return None
+
+    async def _resend(self, handle: JobHandle) -> None:
+        again = self._resubmission(handle)
+        if again is None:
             return
         handle.sent_on = self._connection
-        await self._send(data)
+        await self._send(again[1])
 
     async def _next_trial(self) -> None:
         """Send the next job that was at a lost worker (the best class first), unless one such
