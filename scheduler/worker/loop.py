@@ -1169,7 +1169,7 @@ def _numbers(request: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 def _urgent(message: Submit) -> bool:
     try:
         return int(message.qos) <= QosClass.COMPLETION
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a broken web side's (1e999: OverflowError)
         return False
 
 

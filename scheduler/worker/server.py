@@ -223,11 +223,7 @@ class LinkServer:
                     # it raised and ended the worker, every job on it with it
                     log.warning("dropping a %s link message with a job id that is not a string from connection %s", message.type, conn.conn_id)
                     continue
-                try:
-                    self.on_message(message)
-                except (TypeError, ValueError, OverflowError) as exc:  # a qos of 1e999: ended this reader, and the worker with it
-                    log.warning("dropping a malformed %s link message from connection %s: %r", message.type, conn.conn_id, exc)
-                    continue
+                self.on_message(message)
                 self.inbox.put((conn, message))
         except OSError:
             pass

@@ -1,8 +1,9 @@
 """The worker's end of the local link (scheduler/worker/server.py) against a broken peer: a line
-whose job id is no string, or whose qos is a number too big for an int (a web side with a bug or
-of another version), is dropped by the reader, as the web side's reader drops such a line from a
-worker. The first reached the tick thread, whose look-up of the id raised; the second raised in
-the reader itself: either ended the worker, every job on it with it."""
+whose job id is no string (a web side with a bug or of another version) is dropped by the reader,
+as the web side's reader drops such a line from a worker; a Submit whose qos is a number too big
+for an int is refused like any job it cannot read. The first reached the tick thread, whose
+look-up of the id raised; the second raised in the reader itself (deciding whether it is urgent):
+either ended the worker, every job on it with it."""
 
 from __future__ import annotations
 
