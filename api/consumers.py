@@ -433,7 +433,8 @@ class GenerationConsumer(StreamingConsumer):
 
         async def pump(i: int, handle: JobHandle) -> None:
             while True:
-                ready, pending[i] = (pending[i], []) if pending[i] else (await handle.next_events(), [])
+                ready = pending[i] or await handle.next_events()
+                pending[i] = []
                 for event in ready:
                     events.put_nowait((i, event))
                     if isinstance(event, (Done, Error, Rejected)):
