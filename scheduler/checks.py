@@ -9,6 +9,9 @@ one (E004: numbers no flag sets) runs before they start.
 - ``superfluid.E002``: ``--model`` (``SUPERFLUID_MODEL``) is missing or unreadable.
 - ``superfluid.E004``: a number only the environment sets (``SUPERFLUID_ENGINE_WAIT_S``, the
   activity retention, the Batch API's bounds) is outside its range.
+- ``superfluid.E005`` (a ``database`` check: ``migrate`` and ``serve`` run it): the database
+  applied some, not all, of the migrations a squashed migration replaces. Their files are gone,
+  so Django would skip the rest of that app's history silently and leave its tables short.
 - ``superfluid.W001``: keys are required (``SUPERFLUID_REQUIRE_KEY``, or ``SUPERFLUID_HOST``
   beyond loopback) and no usable API key exists (in the database, ``SUPERFLUID_API_KEY`` with a
   policy that exists, or the ``--key-policy`` file): every API request would get 401.
@@ -147,3 +150,35 @@ def check_setting_ranges(app_configs: Any = None, **kwargs: Any) -> list[checks.
     from django.conf import settings
 
     return setting_range_errors({name: getattr(settings, name, None) for name, _low, _meaning in SETTING_BOUNDS})
+
+
+def part_squashed_errors(connection: Any) -> list[checks.CheckMessage]:
+    """superfluid.E005 for one database connection: each squashed migration whose replaced
+    migrations the database applied only in part."""
+    from django.db.migrations.loader import MigrationLoader
+    from django.db.migrations.recorder import MigrationRecorder
+
+    recorder = MigrationRecorder(connection)
+    if not recorder.has_table():
+        return []
+    applied = set(recorder.applied_migrations())
+    messages: list[checks.CheckMessage] = []
+    for (app, name), migration in sorted(MigrationLoader(None, ignore_no_migrations=True).disk_migrations.items()):
+        replaced = [tuple(key) for key in migration.replaces]
+        missing = [key[1] for key in replaced if key not in applied]
+        if missing and len(missing) < len(replaced):
+            messages.append(
+                checks.Error(
+                    f"the database applied part of {app}.{name}: not {', '.join(missing)}",
+                    hint="migrate it with superfluid at commit 59ff922, the last that has those migrations, then with this one",
+                    id="superfluid.E005",
+                )
+            )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_squashed_history(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.db import connections
+
+    return [message for alias in databases or () for message in part_squashed_errors(connections[alias])]

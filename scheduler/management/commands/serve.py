@@ -655,6 +655,12 @@ class Command(FlagsCommand):
         if redis_url:
             _check_redis(redis_url)
 
+        from django.db import connection
+
+        from scheduler.checks import part_squashed_errors
+
+        for error in part_squashed_errors(connection):  # superfluid.E005: call_command skips migrate's checks
+            raise CommandError(f"({error.id}) {error.msg}; {error.hint}")
         call_command("migrate", interactive=False, verbosity=0)
         # superfluid.W001 for the flags as given (the registered check reads the environment)
         from scheduler.checks import binding_warnings, usable_key_exists
