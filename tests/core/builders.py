@@ -1,4 +1,5 @@
-"""Builders for core tests: a scheduler on a fake clock, a simulated engine, jobs."""
+"""Builders for core tests: a scheduler on a fake clock, a simulated engine, jobs, a KV pool
+under a Hypothesis state machine, a model router and the loop that carries out its actions."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine
+
+from scheduler.core.kv_pool import KvPool, PoolConfig, PoolOps
 from scheduler.core.qos import QosClass
+from scheduler.core.router import Dispatch, ModelSpec, Router, RouterConfig
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
 from scheduler.core.types import Event, Job, SamplingParams
 from scheduler.engines.sim import FakeClock, SimEngine
@@ -116,3 +122,61 @@ def greedy_reply(prompt: list[int], n: int) -> list[int]:
         out.append(SimEngine.next_token(seq))
         seq.append(out[-1])
     return out
+
+
+# Prompts of 32 shared tokens and up to four 8-token blocks of 1, 2 or 3: they share prefixes in
+# every way (the same again, one extending another, one diverging after a block).
+KV_PROMPTS = st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=4).map(lambda xs: [7] * 32 + xs * 8)
+
+
+class KvPoolMachine(RuleBasedStateMachine):
+    """A Hypothesis state machine over a KvPool of two 128-token lanes, ``cache_slots`` prefix
+    slots and ``host_cache_bytes`` of host memory (prefixes of 32 tokens or more), at time 0 with
+    this tick's operations (``ops``) empty. A subclass adds the rules and invariants."""
+
+    def __init__(self, *, cache_slots: int, host_cache_bytes: int) -> None:
+        super().__init__()
+        self.pool = KvPool(PoolConfig(n_lanes=2, lane_ctx=128, cache_slots=cache_slots, min_prefix_tokens=32, host_cache_bytes=host_cache_bytes))
+        self.ops = PoolOps()
+        self.now = 0.0
+
+
+class RouterLoop:
+    """A model router on a fake clock and the loop serve runs it in: ``settle()`` carries out
+    its actions (``unload``, ``load``: a subclass's to do; ``dispatch``) until it has none, 50
+    rounds at the most, and calls ``round_done()`` after each round and once it has none left.
+    ``started``: the request ids dispatched, in order; ``dispatches``: each one's dispatch."""
+
+    def __init__(self, specs: list[ModelSpec], **config: object) -> None:
+        self.clock = FakeClock()
+        self.router = Router(specs, RouterConfig(**config), clock=self.clock)  # type: ignore[arg-type]
+        self.started: list[str] = []
+        self.dispatches: dict[str, object] = {}
+
+    def settle(self) -> None:
+        for _ in range(50):
+            actions = self.router.schedule()
+            if not actions:
+                self.round_done()
+                return
+            for model in actions.unload:
+                self.unload(model)
+            for model in actions.load:
+                self.load(model)
+            for d in actions.dispatch:
+                self.dispatch(d)
+            self.round_done()
+        raise AssertionError("the router did not settle")
+
+    def unload(self, model: str) -> None:
+        raise NotImplementedError
+
+    def load(self, model: str) -> None:
+        raise NotImplementedError
+
+    def dispatch(self, d: Dispatch) -> None:
+        self.started.append(d.request_id)
+        self.dispatches[d.request_id] = d
+
+    def round_done(self) -> None:
+        pass

@@ -10,22 +10,19 @@ from types import SimpleNamespace
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
-from scheduler.core.kv_pool import KvPool, PoolConfig, PoolOps, blocks
+from scheduler.core.kv_pool import PoolOps, blocks
 
-PROMPTS = st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=4).map(lambda xs: [7] * 32 + xs * 8)
+from .builders import KV_PROMPTS, KvPoolMachine
 
 
-class Pool(RuleBasedStateMachine):
+class Pool(KvPoolMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.pool = KvPool(PoolConfig(n_lanes=2, lane_ctx=128, cache_slots=3, min_prefix_tokens=32, host_cache_bytes=300))
-        self.ops = PoolOps()
-        self.now = 0.0
+        super().__init__(cache_slots=3, host_cache_bytes=300)
         self.lanes = [0, 0]
 
-    @rule(tokens=PROMPTS, pinned=st.booleans(), scope=st.sampled_from(["", "a"]), lane=st.integers(0, 1))
+    @rule(tokens=KV_PROMPTS, pinned=st.booleans(), scope=st.sampled_from(["", "a"]), lane=st.integers(0, 1))
     def store(self, tokens: list[int], pinned: bool, scope: str, lane: int) -> None:
         self.lanes[lane] = len(tokens)
         pins = {e.key for e in self.pool.device_entries() if e.pinned}
@@ -33,7 +30,7 @@ class Pool(RuleBasedStateMachine):
         if not pinned:  # an ordinary store never displaces a pin
             assert pins <= {e.key for e in self.pool.device_entries() if e.pinned}
 
-    @rule(prompt=PROMPTS, scope=st.sampled_from(["", "a"]))
+    @rule(prompt=KV_PROMPTS, scope=st.sampled_from(["", "a"]))
     def use(self, prompt: list[int], scope: str) -> None:
         entry, n = self.pool.best_match(prompt + [9], scope)
         if entry is not None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
-from scheduler.core.kv_pool import KvPool, PoolConfig, PoolOps
+from scheduler.core.kv_pool import PoolOps
 
-PROMPTS = st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=4).map(lambda xs: [7] * 32 + xs * 8)
+from .builders import KV_PROMPTS, KvPoolMachine
 
 
 @dataclass
@@ -23,24 +23,21 @@ class Artifact:
     nbytes: int
 
 
-class PoolOnEngine(RuleBasedStateMachine):
+class PoolOnEngine(KvPoolMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.pool = KvPool(PoolConfig(n_lanes=2, lane_ctx=128, cache_slots=2, min_prefix_tokens=32, host_cache_bytes=500))
-        self.ops = PoolOps()
-        self.now = 0.0
+        super().__init__(cache_slots=2, host_cache_bytes=500)
         self.slots: dict[int, list[int]] = {}
         self.tick_lanes: dict[int, list[int]] = {}  # what each lane holds when this tick's stores run
         self.copies: list[tuple[int, list[int]]] = []  # (dst lane, the tokens it was planned to get)
         self.bytes_per_token = 5
 
-    @rule(tokens=PROMPTS, pinned=st.booleans(), lane=st.integers(0, 1))
+    @rule(tokens=KV_PROMPTS, pinned=st.booleans(), lane=st.integers(0, 1))
     def store(self, tokens: list[int], pinned: bool, lane: int) -> None:
         if self.tick_lanes.setdefault(lane, tokens) != tokens:
             return
         self.pool.store(self.ops, lane, tokens, self.now, pinned=pinned)
 
-    @rule(prompt=PROMPTS, dst=st.integers(0, 1))
+    @rule(prompt=KV_PROMPTS, dst=st.integers(0, 1))
     def use(self, prompt: list[int], dst: int) -> None:
         entry, n = self.pool.best_match(prompt + [9])
         if entry is not None and self.pool.use(self.ops, entry, dst, n, self.now):

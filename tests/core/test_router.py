@@ -11,17 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.router import ModelSpec, ModelState, Router, RouterConfig
-from scheduler.engines.sim import FakeClock
+
+from .builders import RouterLoop
 
 
-class Box:
+class Box(RouterLoop):
     def __init__(self, models: list[ModelSpec] | list[str], **config: object) -> None:
-        self.clock = FakeClock()
-        specs = [m if isinstance(m, ModelSpec) else ModelSpec(m) for m in models]
-        self.router = Router(specs, RouterConfig(**config), clock=self.clock)  # type: ignore[arg-type]
-        self.started: list[str] = []  # request ids, in dispatch order
+        super().__init__([m if isinstance(m, ModelSpec) else ModelSpec(m) for m in models], **config)
         self.swaps: list[tuple[str, str]] = []  # ("load"|"unload", model)
-        self.dispatches: dict[str, object] = {}
         self.auto_load = True
         self._n = 0
 
@@ -33,22 +30,14 @@ class Box:
         self.settle()
         return rid
 
-    def settle(self) -> None:
-        for _ in range(50):
-            actions = self.router.schedule()
-            if not actions:
-                return
-            for model in actions.unload:
-                self.swaps.append(("unload", model))
-                self.router.unloaded(model)
-            for model in actions.load:
-                self.swaps.append(("load", model))
-                if self.auto_load:
-                    self.router.loaded(model)
-            for d in actions.dispatch:
-                self.started.append(d.request_id)
-                self.dispatches[d.request_id] = d
-        raise AssertionError("the router did not settle")
+    def unload(self, model: str) -> None:
+        self.swaps.append(("unload", model))
+        self.router.unloaded(model)
+
+    def load(self, model: str) -> None:
+        self.swaps.append(("load", model))
+        if self.auto_load:
+            self.router.loaded(model)
 
     def finish(self, rid: str) -> None:
         self.clock.advance(0.001)

@@ -9,26 +9,24 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.router import ModelSpec, ModelState, Router, RouterConfig
-from scheduler.engines.sim import FakeClock
+from scheduler.core.router import Dispatch, ModelSpec, ModelState
+
+from .builders import RouterLoop
 
 
-class World:
+class World(RouterLoop):
     """Carries out the router's actions the way the pool does: a load or an unload ends later,
     when the test says so."""
 
     def __init__(self, specs: list[ModelSpec], **config: object) -> None:
-        self.clock = FakeClock()
+        super().__init__(specs, **config)
         self.specs = {s.id: s for s in specs}
-        self.router = Router(specs, RouterConfig(**config), clock=self.clock)  # type: ignore[arg-type]
         self.max_loaded = self.router.config.max_loaded_models
         self.loading: set[str] = set()
         self.unloading: set[str] = set()
         self.running: dict[str, tuple[str, int, bool]] = {}  # rid -> (model, lanes, preempts)
-        self.started: list[str] = []
         self.ended: set[str] = set()  # dropped by a failed load, or cancelled
         self.submitted: dict[str, tuple[str, int, bool]] = {}
-        self.dispatches: dict[str, object] = {}
         self.n = 0
 
     def submit(self, model: str, priority: int = 0, *, jobs: int = 1, preempts: bool = False) -> str:
@@ -36,46 +34,39 @@ class World:
         rid = f"r{self.n}"
         w = self.router.submit(rid, model, priority, preempts=preempts, jobs=jobs)
         self.submitted[rid] = (model, self.router.lanes_for(w), preempts)
-        self.step()
+        self.settle()
         return rid
 
-    def step(self) -> None:
-        for _ in range(50):
-            actions = self.router.schedule()
-            if not actions:
-                self.check()
-                return
-            for model in actions.unload:
-                m = self.router.models[model]
-                assert m.inflight == 0, f"{model} unloaded with work running: nothing may be cut"
-                assert model not in self.loading and model not in self.unloading
-                self.unloading.add(model)
-            for model in actions.load:
-                assert model not in self.loading and model not in self.unloading
-                self.loading.add(model)
-            for d in actions.dispatch:
-                assert self.router.state(d.model) in (ModelState.LOADED, ModelState.DRAINING), (d, self.router.state(d.model))
-                assert d.request_id not in self.started and d.request_id not in self.ended
-                self.started.append(d.request_id)
-                self.dispatches[d.request_id] = d
-                model, lanes, preempts = self.submitted[d.request_id]
-                self.running[d.request_id] = (model, lanes, preempts)
-            self.check()
-        raise AssertionError("the router did not settle")
+    def unload(self, model: str) -> None:
+        m = self.router.models[model]
+        assert m.inflight == 0, f"{model} unloaded with work running: nothing may be cut"
+        assert model not in self.loading and model not in self.unloading
+        self.unloading.add(model)
 
-    def check(self) -> None:
+    def load(self, model: str) -> None:
+        assert model not in self.loading and model not in self.unloading
+        self.loading.add(model)
+
+    def dispatch(self, d: Dispatch) -> None:
+        assert self.router.state(d.model) in (ModelState.LOADED, ModelState.DRAINING), (d, self.router.state(d.model))
+        assert d.request_id not in self.started and d.request_id not in self.ended
+        super().dispatch(d)
+        model, lanes, preempts = self.submitted[d.request_id]
+        self.running[d.request_id] = (model, lanes, preempts)
+
+    def round_done(self) -> None:
         resident = [m for m, s in self.specs.items() if not s.pinned and self.router.state(m) is not ModelState.UNLOADED]
         assert len(resident) <= self.max_loaded, resident
 
     def finish(self, rid: str) -> None:
         del self.running[rid]
         self.router.finished(rid)
-        self.step()
+        self.settle()
 
     def cancel(self, rid: str) -> None:
         assert self.router.cancel(rid)
         self.ended.add(rid)
-        self.step()
+        self.settle()
 
     def load_done(self, model: str, ok: bool = True) -> None:
         self.loading.discard(model)
@@ -85,12 +76,12 @@ class World:
             for rid in self.router.load_failed(model):
                 assert self.submitted[rid][0] == model
                 self.ended.add(rid)
-        self.step()
+        self.settle()
 
     def unload_done(self, model: str) -> None:
         self.unloading.discard(model)
         self.router.unloaded(model)
-        self.step()
+        self.settle()
 
     def swaps_end(self) -> None:
         """Every unload under way ends, then every load under way succeeds."""
@@ -109,7 +100,7 @@ class World:
             for rid in list(self.running):
                 self.finish(rid)
             self.clock.advance(1)
-            self.step()
+            self.settle()
         raise AssertionError(f"stuck: waiting {[(w.request_id, w.model) for w in self.router.waiting]}, states {[(m, self.router.state(m).value) for m in self.specs]}")
 
 
@@ -145,13 +136,13 @@ def test_through_slow_loads_failures_cancels_ttl_and_the_admin_every_request_end
             world.unload_done(rnd.choice(sorted(world.unloading)))
         elif op == "tick":
             world.clock.advance(rnd.choice([0.5, 3, 10, 120]))
-            world.step()
+            world.settle()
         elif op == "admin_load":
             world.router.request_load(rnd.choice(models))
-            world.step()
+            world.settle()
         elif op == "admin_unload":
             world.router.request_unload(rnd.choice(models))
-            world.step()
+            world.settle()
     world.run_out()
     # every request either ran exactly once or ended (cancelled, or its model's load failed)
     assert set(world.started) | world.ended == set(world.submitted)

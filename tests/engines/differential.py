@@ -216,3 +216,41 @@ def run_schedule(
             assert h.reasons.get(ids[i]) == "length", (i, a, h.reasons.get(ids[i]))
             same(family[a.prompt], got, want, a.seeded, (i, a))
     return {**h.sched.counters, **h.sched.pool.counters}
+
+
+@dataclass(frozen=True)
+class Net:
+    """One engine's differential net: ``run`` runs a plan (:func:`run_schedule`) from an empty
+    engine and leaves it empty. ``empty(engine)`` empties every lane and cache slot; the
+    references are made up to ``max_tokens``; ``harness(engine, config, stops, aborts)`` is the
+    engine's :class:`Harness`; ``same(engine, prompt, got, want, seeded, what)`` judges a reply;
+    the fake clock moves on ``tick_s`` after each tick."""
+
+    empty: Callable[[Any], None]
+    max_tokens: int
+    harness: Callable[[Any, SchedulerConfig, set[int], set[int]], Harness]
+    same: Callable[[Any, list[int], list[int], list[int], bool, Any], None]
+    tick_s: float = 0.0
+
+    def run(
+        self,
+        engine: Any,
+        family: list[list[int]],
+        config: SchedulerConfig,
+        plan: list[Arrival],
+        *,
+        stops: set[int] = frozenset(),  # type: ignore[assignment]
+        aborts: set[int] = frozenset(),  # type: ignore[assignment]
+        cancels: dict[int, int] | None = None,  # tick -> index of the arrival to cancel
+        pressure: Mapping[int, str] | None = None,  # tick -> OS pressure level read then
+    ) -> dict[str, int]:
+        self.empty(engine)
+        h = self.harness(engine, config, set(stops), set(aborts))
+
+        def same(prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
+            self.same(engine, prompt, got, want, seeded, what)
+
+        reference = references(engine, self.empty, self.max_tokens)
+        counters = run_schedule(h, family, plan, reference=reference, same=same, cancels=cancels, pressure=pressure, tick_s=self.tick_s)
+        self.empty(engine)
+        return counters

@@ -24,9 +24,8 @@ from scheduler.core.types import TickPlan
 from scheduler.engines.base import Step
 from testkit.engine_driver import never
 
-from .differential import DRAWN_CANCELS, DRAWN_STOPS, Arrival, Harness, arrivals, drawn_configs, make_family, references
+from .differential import DRAWN_CANCELS, DRAWN_STOPS, Arrival, Harness, Net, arrivals, drawn_configs, make_family
 from .differential import config_of as shared_config
-from .differential import run_schedule as run_schedule_of
 
 pytestmark = pytest.mark.model
 
@@ -57,7 +56,7 @@ class Aborting(Harness):
     """Steps abortable as llama.cpp's are: ``aborts`` are engine step numbers whose prompt step
     is aborted for real (``abort_step``), as a cancel or an urgent arrival during it does."""
 
-    def __init__(self, engine: Any, config: SchedulerConfig, aborts: set[int], stops: set[int]) -> None:
+    def __init__(self, engine: Any, config: SchedulerConfig, stops: set[int], aborts: set[int]) -> None:
         config.abortable_steps = True
         config.compact_lanes = config.compact_lanes and engine.compact_lanes
         super().__init__(engine, config, stops)
@@ -72,27 +71,11 @@ class Aborting(Harness):
             self.engine.clear_abort()
 
 
-def _exactly(prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
+def _exactly(engine: Any, prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
     assert got == want, (what, got, want)
 
 
-def run_schedule(
-    engine: Any,
-    family: list[list[int]],
-    config: SchedulerConfig,
-    plan: list[Arrival],
-    *,
-    aborts: set[int] = frozenset(),  # type: ignore[assignment]
-    stops: set[int] = frozenset(),  # type: ignore[assignment]
-    cancels: dict[int, int] | None = None,  # tick -> index of the arrival to cancel
-    pressure: set[int] = frozenset(),  # type: ignore[assignment]
-) -> dict[str, int]:
-    _empty(engine)
-    h = Aborting(engine, config, set(aborts), set(stops))
-
-    counters = run_schedule_of(h, family, plan, reference=references(engine, _empty, 12), same=_exactly, cancels=cancels, pressure=dict.fromkeys(pressure, "warning"))
-    _empty(engine)
-    return counters
+run_schedule = Net(empty=_empty, max_tokens=12, harness=Aborting, same=_exactly).run
 
 
 def config_of(lanes: int, budget: int, rate: float, park: bool, compact: bool, slots: int) -> SchedulerConfig:
@@ -146,7 +129,7 @@ def test_cancelled_lanes_kept_and_reused_reply_as_alone(engine: Any, family: lis
 def test_any_schedule_gives_every_request_the_reply_it_gets_alone(
     engine: Any, family: list[list[int]], plan: list[Arrival], config: SchedulerConfig, aborts: set[int], stops: set[int], cancels: dict[int, int], pressure: set[int]
 ) -> None:
-    run_schedule(engine, family, config, plan, aborts=aborts, stops=stops, cancels=cancels, pressure=pressure)
+    run_schedule(engine, family, config, plan, aborts=aborts, stops=stops, cancels=cancels, pressure=dict.fromkeys(pressure, "warning"))
 
 
 def test_a_follower_whose_leader_ends_at_its_first_token_copies_the_prefix_from_its_kept_lane(engine: Any, family: list[list[int]]) -> None:

@@ -40,13 +40,12 @@ from .differential import (
     GREEDY,
     Arrival,
     Harness,
+    Net,
     arrivals,
     drawn_configs,
     make_family,
-    references,
 )
 from .differential import config_of as shared_config
-from .differential import run_schedule as run_schedule_of
 
 pytestmark = pytest.mark.model
 
@@ -75,31 +74,10 @@ def family(engine: Any) -> list[list[int]]:
 class BetweenSteps(Harness):
     """MLX steps cannot be aborted mid-call: a tick stops between steps only."""
 
-    def __init__(self, engine: Any, config: SchedulerConfig, stops: set[int]) -> None:
+    def __init__(self, engine: Any, config: SchedulerConfig, stops: set[int], aborts: set[int]) -> None:
+        assert not aborts, "an MLX step cannot be aborted"
         config.abortable_steps = False
         super().__init__(engine, config, stops)
-
-
-def run_schedule(
-    engine: Any,
-    family: list[list[int]],
-    config: SchedulerConfig,
-    plan: list[Arrival],
-    *,
-    stops: set[int] = frozenset(),  # type: ignore[assignment]
-    cancels: dict[int, int] | None = None,  # tick -> index of the arrival to cancel
-    pressure: dict[int, str] | None = None,  # tick -> OS pressure level read then
-) -> dict[str, int]:
-    _empty(engine)
-
-    def same(prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
-        same_or_a_tie(engine, prompt, got, want, seeded, what)
-
-    # the clock moves on each tick: the critical hold on background (5 s) ends in finite ticks
-    h = BetweenSteps(engine, config, set(stops))
-    counters = run_schedule_of(h, family, plan, reference=references(engine, _empty, MAX_TOKENS), same=same, cancels=cancels, pressure=pressure, tick_s=0.01)
-    _empty(engine)
-    return counters
 
 
 def same_or_a_tie(engine: Any, prompt: list[int], got: list[int], want: list[int], seeded: bool, what: Any) -> None:
@@ -115,6 +93,10 @@ def same_or_a_tie(engine: Any, prompt: list[int], got: list[int], want: list[int
     _empty(engine)
     margin = abs(float(row[want[i]]) - float(row[got[i]]))
     assert margin < 1e-3, (what, i, margin, got, want)
+
+
+# the clock moves on each tick: the critical hold on background (5 s) ends in finite ticks
+run_schedule = Net(empty=_empty, max_tokens=MAX_TOKENS, harness=BetweenSteps, same=same_or_a_tie, tick_s=0.01).run
 
 
 def config_of(lanes: int, budget: int, rate: float, park: bool, compact: bool, slots: int, tight: bool = False) -> SchedulerConfig:

@@ -17,21 +17,19 @@ from scheduler.link.client import SocketTransport
 from scheduler.link.messages import Snapshot
 from superfluid_site import runtime as runtime_mod
 
+from .snapshots import busy_worker
+
 # a worker with both lanes decoding, three agents queued and most of its KV pool in use
-BUSY = {
-    "model": "smol",
-    "n_lanes": 2,
-    "lanes": [{"lane": 0, "state": "decode", "job_id": "j1"}, {"lane": 1, "state": "decode", "job_id": "j2"}],
-    "metrics": {
-        "lanes_total": 2,
-        "lanes_by_state": {"idle": 0, "prefill": 0, "decode": 2},
+BUSY = busy_worker(
+    "smol",
+    2,
+    queues={
         "queue_depth_by_class": {"agent": 3},
         "queue_oldest_wait_s_by_class": {"agent": 12.0},
         "queue_depth_by_band": {"normal": 3},
     },
-    "counters": {"admitted": 40},
-    "pool": {"blocks_used": 900, "blocks_total": 1000},
-}
+    admitted=40,
+)
 
 
 def parse(text: str) -> dict[str, Any]:

@@ -22,21 +22,16 @@ from scheduler.models_config import ModelsConfig, ServedModel
 from tests.link.test_pool_failures import Startable
 from tests.link.test_pool_lifecycle import Proc, until, used_once
 
+from .snapshots import busy_worker
+
 # a worker with its lane decoding, three requests queued at it and most of its KV pool in use
-BUSY = {
-    "model": "m",
-    "pid": 11,
-    "n_lanes": 1,
-    "lanes": [{"lane": 0, "state": "decode", "job_id": "j1"}],
-    "metrics": {
-        "lanes_total": 1,
-        "lanes_by_state": {"idle": 0, "prefill": 0, "decode": 1},
-        "queue_depth_by_band": {"normal": 3},
-        "queue_oldest_wait_s_by_band": {"normal": 42.0},
-    },
-    "counters": {"admitted": 7},
-    "pool": {"blocks_used": 900, "blocks_total": 1000},
-}
+BUSY = busy_worker(
+    "m",
+    1,
+    queues={"queue_depth_by_band": {"normal": 3}, "queue_oldest_wait_s_by_band": {"normal": 42.0}},
+    admitted=7,
+    pid=11,
+)
 
 
 def pool_of(worker: Any = Startable, max_loaded: int = 2) -> ModelPool:

@@ -13,6 +13,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -213,6 +214,24 @@ async def head(url: str, prefix: str) -> RedisTransport:
     link = RedisTransport(url, prefix=prefix, poll_s=0.2)
     assert await link.wait_connected(20), "no worker showed up"
     return link
+
+
+@asynccontextmanager
+async def fleet(url: str, prefix: str, worker: SimFleetWorker | None = None) -> AsyncIterator[tuple[SimFleetWorker, RedisTransport]]:
+    """``worker`` (not started yet; a two-lane sim worker if none) started on its thread, and a
+    head on the test's loop that has seen it: ``(worker, head)``. On the way out the head stops,
+    then the worker (it drains)."""
+    worker = (worker or SimFleetWorker(url, prefix)).start()
+    try:
+        link = await head(url, prefix)
+    except BaseException:
+        worker.stop()
+        raise
+    try:
+        yield worker, link
+    finally:
+        await link.stop()
+        worker.stop()
 
 
 async def answer_each(link: RedisTransport, handles: list[JobHandle]) -> None:

@@ -15,7 +15,7 @@ import redis
 from scheduler.link.messages import Delta, Done
 from scheduler.link.redis_transport import Scripts
 
-from .conftest import Busy, RedisServer, SimFleetWorker, completion, head, outcome, under_spin
+from .conftest import Busy, RedisServer, SimFleetWorker, completion, fleet, head, outcome, under_spin
 from .test_fleet_sim import slow_sim
 
 
@@ -176,9 +176,7 @@ async def test_a_job_whose_picks_lose_their_reply_twice_is_not_failed_as_crashed
     engine_crashed though no worker died. Now each pick sent again answers what it took."""
     worker = SimFleetWorker(redis_server.url, prefix)
     worker.link.lease_ms = 10_000  # the pick sent again (half a second later) finds its job leased
-    worker.start()
-    link = await head(redis_server.url, prefix)
-    try:
+    async with fleet(redis_server.url, prefix, worker) as (worker, link):
         reference, _ = await outcome(await link.submit(request=completion("story", max_tokens=30)))
         worker.link.scripts = lossy = _PickReplyLost(worker.link.scripts, times=2)
         # the worker's puller may be inside a pick made through the scripts before: once one pick
@@ -191,9 +189,6 @@ async def test_a_job_whose_picks_lose_their_reply_twice_is_not_failed_as_crashed
         assert isinstance(event, Done), event
         assert text == reference
         link.finish(handle)
-    finally:
-        await link.stop()
-        worker.stop()
 
 
 class _CancelHeld:

@@ -21,7 +21,18 @@ from scheduler.link.messages import Config, Delta, Done, Error
 from scheduler.link.redis_transport import RedisTransport
 from scheduler.link.transport import JobHandle
 
-from .conftest import Busy, RedisServer, SimFleetWorker, answer_each, completion, head, outcome, under_spin, until_sent
+from .conftest import (
+    Busy,
+    RedisServer,
+    SimFleetWorker,
+    answer_each,
+    completion,
+    fleet,
+    head,
+    outcome,
+    under_spin,
+    until_sent,
+)
 
 
 def slow_sim(seconds_per_call: float = 0.01, lanes: int = 2) -> SimEngine:
@@ -434,11 +445,8 @@ async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(
     row, the worker's histograms) counted from when a worker took it from the Redis queue: a
     job that waited there half a second for the only lane showed ~0 ms. They count from when its
     head queued it now (Redis's clock at both ends)."""
-    engine = SimEngine(n_lanes=1, lane_ctx=512)
-    engine.on_call = lambda _n: time.sleep(0.01)  # ~0.6 s for the first job's 60 tokens
-    worker = SimFleetWorker(redis_server.url, prefix, engine=engine).start()
-    link = await head(redis_server.url, prefix)
-    try:
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01, lanes=1))  # ~0.6 s for the first job's 60 tokens
+    async with fleet(redis_server.url, prefix, worker) as (worker, link):
         first = await link.submit(request=completion("first", max_tokens=60))
         deadline = time.monotonic() + 10
         while first.delivered_tokens == 0:  # the first holds the only lane, 59 calls of 10 ms to go
@@ -452,9 +460,6 @@ async def test_the_wait_in_the_redis_queue_counts_in_a_jobs_queue_wait_and_ttft(
         assert waited >= 300, done_second.timing  # it waited for the first's lane, in Redis
         assert done_second.timing["ttft_ms"] >= waited
         assert done_second.timing.get("waited_ms", 0) > 0  # counted by the worker: the row adds nothing
-    finally:
-        await link.stop()
-        worker.stop()
 
 
 class _ServesSupervisor:
@@ -520,9 +525,7 @@ async def test_a_head_keeps_nothing_of_a_job_once_it_is_answered(redis_server: R
     """A long-running head kept an entry per job it ever queued (``_epochs``, written at each
     enqueue and never read or removed): memory that grew with every request. Once its jobs are
     answered and finished, none of the link's maps or sets names any of them."""
-    worker = SimFleetWorker(redis_server.url, prefix, lanes=2).start()
-    link = await head(redis_server.url, prefix)
-    try:
+    async with fleet(redis_server.url, prefix) as (_worker, link):  # a worker of two lanes
         handles = [await link.submit(request=completion(f"job {i}", max_tokens=2)) for i in range(6)]
         await answer_each(link, handles)
         deadline = time.monotonic() + 20  # bounds a hang only
@@ -532,9 +535,6 @@ async def test_a_head_keeps_nothing_of_a_job_once_it_is_answered(redis_server: R
         ids = {h.job_id for h in handles}
         kept = {name: ids & set(value) for name, value in vars(link).items() if isinstance(value, (dict, set))}
         assert {name: found for name, found in kept.items() if found} == {}
-    finally:
-        await link.stop()
-        worker.stop()
 
 
 async def test_with_no_worker_left_the_dashboard_and_metrics_say_so_instead_of_the_last_ones_lanes(
