@@ -391,6 +391,9 @@ class Transport(ABC):
                 return  # a resubmission after a worker restart
             handle.accepted = True
         elif isinstance(message, Delta):
+            if not message.text and not message.logprobs:  # a job parked (a preemption): nothing to relay
+                handle.preemptions = message.preemptions
+                return
             handle.delivered_text += message.text
             handle.delivered_tokens = message.tokens
             handle.preemptions = message.preemptions

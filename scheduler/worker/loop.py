@@ -116,6 +116,7 @@ class JobContext:
     entries_sent: int = 0  # the stream's tokens_out when entries last went to pending_logprobs
     prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
     waited_ms: float = 0.0  # Submit.waited_ms: its wait before this worker (the router), in its times
+    preempted: bool = False  # preempted in this tick: the next Delta says so, with or without text
 
 
 class Prepared(Message):
@@ -958,12 +959,17 @@ class EngineWorker:
                     self.scheduler.finish(event.job_id, "stop")
             elif event.kind == "finished":
                 self._finished(ctx, event)
+            elif event.kind == "preempted":
+                ctx.preempted = True
         # stop strings finish jobs after commit: their events are pending now
         followups = self.scheduler.drain_events()
         if followups:
             self._process(followups)
         for ctx in self.contexts.values():
-            if ctx.pending_text or ctx.pending_logprobs:
+            # a preemption is said at once, in an empty Delta where no text goes: a client that
+            # leaves while its job is parked has it on its row (no Delta came until it ran again)
+            if ctx.pending_text or ctx.pending_logprobs or ctx.preempted:
+                ctx.preempted = False
                 job = self.scheduler.jobs.get(ctx.job_id)
                 # the tokens whose text went out: a job submitted again goes on after them
                 self._send_delta(ctx, ctx.stream.tokens_out + ctx.resume_tokens, job.preemptions if job else 0)
