@@ -183,11 +183,55 @@ def _only(where: _Where, found: dict[str, tuple[yaml.Node, yaml.Node]], key: str
             raise where.error(k, full, f"unknown key (expected one of {', '.join(allowed)})")
 
 
+# The file is read as llama-swap (Go, gopkg.in/yaml.v3) reads it: YAML 1.2, where PyYAML reads YAML
+# 1.1 (``no`` false, ``1:08:16`` 4096 in base 60, ``0o10`` and ``3e2`` strings). A plain value is a
+# boolean only as true or false, null as ~, null or nothing, an integer in decimal, 0x, 0o or 0b
+# (``_`` grouping its digits), a float in decimal (``1.5``, ``3e2``), .inf or .nan; anything else is a
+# string. A decimal integer with a leading zero (``010``) is refused: octal 8 to llama-swap, 10 to YAML 1.2.
+_INT = r"[-+]?(?:[0-9][0-9_]*|0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+)"
+_FLOAT = r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+_YAML12 = {
+    "bool": r"true|True|TRUE|false|False|FALSE",
+    "null": r"~|null|Null|NULL|",
+    "int": _INT,  # before float, whose pattern takes decimal integers too
+    "float": _FLOAT,
+}
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9]+")
+# a name or path is the text written, whatever it would read as elsewhere (a model ``8``, an alias
+# ``1:30`` or ``true``, a file ``1.50``), as llama-swap reads a string
+_AS_WRITTEN = {f"tag:yaml.org,2002:{kind}" for kind in ("bool", "int", "float")}
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    yaml_implicit_resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}  # YAML 1.1's left out
+
+
+for _kind, _pattern in _YAML12.items():
+    _Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_kind}", re.compile(rf"(?:{_pattern})\Z"), None)
+
+
+class _Yaml12Constructor(yaml.constructor.SafeConstructor):
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = str(self.construct_scalar(node)).replace("_", "")
+        if _LEADING_ZERO.fullmatch(digits):
+            raise ValueError(f"{node.value} has a leading zero, octal to llama-swap and decimal to YAML 1.2: write it without the zero for decimal, or with 0o for octal (0o10 is 8)")
+        return int(digits, 0)  # decimal, 0x, 0o or 0b; base 60 (1:30) is no integer
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        if ":" in str(self.construct_scalar(node)):
+            raise ValueError(f"{node.value} is no number to YAML 1.2 (base 60 was YAML 1.1's)")
+        return float(super().construct_yaml_float(node))
+
+
+_Yaml12Constructor.add_constructor("tag:yaml.org,2002:int", _Yaml12Constructor.construct_yaml_int)
+_Yaml12Constructor.add_constructor("tag:yaml.org,2002:float", _Yaml12Constructor.construct_yaml_float)
+
+
 def _scalar(where: _Where, node: yaml.Node, key: str) -> Any:
     if not isinstance(node, yaml.ScalarNode):
         raise where.error(node, key, "must be a single value")
     try:  # constructed as it is: written out and read again, an empty value (``ttl:``) was no YAML
-        return yaml.constructor.SafeConstructor().construct_object(node)
+        return _Yaml12Constructor().construct_object(node)
     except (yaml.YAMLError, ValueError) as exc:
         raise where.error(node, key, f"cannot be read: {str(exc).splitlines()[0]}") from None
 
@@ -202,15 +246,8 @@ def _int(where: _Where, node: yaml.Node, key: str, low: int | None = None, high:
     return value
 
 
-# a number in exponent form as YAML 1.2 (llama-swap's parser) reads it (3e2, 1.5e3): PyYAML's YAML 1.1
-# resolver wants a dot and a signed exponent (3.0e+2) and made the others strings
-_EXPONENT_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")
-
-
 def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float:
-    value = _scalar(where, node, key)
-    if isinstance(value, str) and isinstance(node, yaml.ScalarNode) and node.style is None and _EXPONENT_FLOAT.fullmatch(value):
-        value = float(value)  # unquoted only: a quoted "3e2" stays a string
+    value = _scalar(where, node, key)  # 3e2 too, as YAML 1.2 reads it; a quoted "3e2" is a string
     try:  # an integer too large for a float overflowed here with a traceback
         finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     except OverflowError:
@@ -223,7 +260,7 @@ def _number(where: _Where, node: yaml.Node, key: str, low: float = 0.0) -> float
 
 
 def _str(where: _Where, node: yaml.Node, key: str) -> str:
-    value = _scalar(where, node, key)
+    value = node.value if isinstance(node, yaml.ScalarNode) and node.tag in _AS_WRITTEN else _scalar(where, node, key)
     if not isinstance(value, str) or not value.strip():
         raise where.error(node, key, f"must be a non-empty string, got {node.value!r}")
     if not _is_text(value):
@@ -287,7 +324,7 @@ def _default_check(path: Path) -> str | None:
 def parse_config(text: str, source: str = "<config>", base: Path | None = None, check_path: Callable[[Path], str | None] = _default_check) -> ModelsConfig:
     where = _Where(source)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Yaml12Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
