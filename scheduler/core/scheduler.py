@@ -962,6 +962,7 @@ class Scheduler:
             return None
         free_s, busy_s = targets
         busy_s = min(busy_s, self.config.tick_target_ms / 1000.0)
+        free_s = min(free_s, busy_s)  # the short target is never the longer one (--tick-target-ms 20)
         if self.free_lanes():
             return free_s
         rounds = busy_s / max(self.round_s, 1e-6)
