@@ -233,15 +233,20 @@ def choose_engine(kind: str, model: Path) -> str:
 MAX_CONTEXT_CELLS = 2**32 - 1  # llama_context_params.n_ctx is a uint32_t
 
 
+def check_lanes_and_context(options: dict[str, Any], name: dict[str, str]) -> None:
+    """``max_batch`` and ``ctx_size`` in their ranges; ``name``: what the errors call them."""
+    if not 1 <= options["max_batch"] <= 64:
+        raise CommandError(f"{name['max_batch']} must be between 1 and 64")
+    if options["ctx_size"] < 64:
+        raise CommandError(f"{name['ctx_size']} must be at least 64")
+
+
 def scheduler_config(options: dict[str, Any], names: dict[str, str] | None = None) -> SchedulerConfig:
     """``names``: what the errors call ``ctx_size`` and ``max_batch`` where they did not come
     from the flags (a --config file's key, a FIM model's own flag)."""
     name = {"ctx_size": "--ctx-size", "max_batch": "--max-batch", **(names or {})}
+    check_lanes_and_context(options, name)
     max_batch = options["max_batch"]
-    if max_batch < 1 or max_batch > 64:
-        raise CommandError("--max-batch must be between 1 and 64")
-    if options["ctx_size"] < 64:
-        raise CommandError(f"{name['ctx_size']} must be at least 64")
     if options["os_pressure"] not in ("on", "off"):
         raise CommandError("--os-pressure must be on or off")
     if options["adapt_threads"] not in ("on", "off"):

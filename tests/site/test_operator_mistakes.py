@@ -140,3 +140,14 @@ def test_pressure_watermarks_out_of_range_are_refused_in_the_flags_own_percentag
     watermarks need 0 < low < high <= 1", a rule in fractions no flag takes."""
     with pytest.raises(CommandError, match=rf"percentages with 0 < low < high <= 100; got --pressure-low {low} --pressure-high {high}"):
         call_command("serve", "--pressure-low", low, "--pressure-high", high)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--max-batch", "0", "--max-batch must be between 1 and 64"), ("--ctx-size", "10", "--ctx-size must be at least 64")])
+def test_a_lane_flag_out_of_range_is_refused_though_every_configured_model_sets_its_own(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    """With --config, a model's own max_batch and ctx_size replace the flags: `--max-batch 0`
+    (no lanes at all) was accepted without a word when every model set max_batch, as a
+    `--ctx-size 10` when every model set ctx_size."""
+    config = tmp_path / "superfluid.yaml"
+    config.write_text(f"models:\n  smol:\n    model: {default_model_path()}\n    max_batch: 4\n    ctx_size: 1024\n")
+    with pytest.raises(CommandError, match=message):
+        call_command("serve", "--config", str(config), flag, value, "--no-engine")

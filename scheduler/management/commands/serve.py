@@ -49,6 +49,7 @@ from scheduler.management.options import (
     add_fim_arguments,
     add_web_arguments,
     check_bind_options,
+    check_lanes_and_context,
     check_web_options,
     choose_engine,
     engine_argv,
@@ -568,6 +569,9 @@ class Command(FlagsCommand):
         lanes: dict[str, int] = {}
         ctx: dict[str, int] = {}
         repack: dict[str, str | None] = {}
+        # the flags as given, though every model of the file may set its own: --max-batch 0 is a
+        # mistake whether or not a model takes it
+        check_lanes_and_context(options, {"ctx_size": "--ctx-size", "max_batch": "--max-batch"})
         for m in cfg.models:
             opts = dict(options)
             opts["model_name"] = m.id
