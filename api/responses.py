@@ -721,6 +721,11 @@ class Reply:
             held, self.held = self.held, ""
             head = _CALL_HEAD.match(held, 0, MAX_CALL_HEAD)
             if head is None:
+                body = held[len(TOOL_OPEN) :].lstrip()
+                if body and body[0] != "{":  # no JSON object follows the tag: no call, unstreamed
+                    content.append(TOOL_OPEN)  # either, so the tag is text, sent now, not at the end
+                    held = held[len(TOOL_OPEN) :]
+                    continue
                 self.held = held  # maybe a call's head, still coming
                 break
             try:
