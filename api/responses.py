@@ -895,7 +895,9 @@ class Reply:
 
 def infill_stop_type(event: Done) -> str:
     """llama-server's ``stop_type``: ``word`` (a stop string), ``eos`` (the model ended it),
-    ``limit`` (n_predict or the context), ``none`` (anything else)."""
+    ``limit`` (n_predict, the context, or /infill's ``n_indent`` and ``t_max_predict_ms``: the
+    worker finishes those ``length``, as llama-server's STOP_TYPE_LIMIT, with no stop word),
+    ``none`` (anything else)."""
     if event.finish_reason == "length":
         return "limit"
     if event.finish_reason == "stop":

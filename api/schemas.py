@@ -182,6 +182,11 @@ class GenerationRequest:
     # the context chunks before the FIM prompt as [filename, text] pairs; None on other routes
     fim_prompt: str | None = None
     fim_extra: list[list[str]] | None = None
+    # POST /infill (llama-server's; 0: off): a generated line after a new line indented by fewer
+    # spaces and tabs ends the text at its first other character; the text ends at a new line
+    # once this many milliseconds have passed since the first generated token
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -217,6 +222,11 @@ class GenerationRequest:
             out["prompts"] = [list(p) if isinstance(p, list) else p for p in self.prompts]
         if self.fim_extra is not None:
             out["fim_extra"] = [list(c) for c in self.fim_extra]
+        # /infill's limits go only where they are set: every other request's wire form (and
+        # its resume digest) stays as it was
+        for key in _INFILL_LIMITS:
+            if not out[key]:
+                del out[key]
         return out
 
     @property
@@ -332,9 +342,10 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
 
 # llama-server's /infill: its own fields, and llama-server sampling options accepted but not
 # honoured here (named in the ignored-parameters header, as unknown keys are)
-_INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "prompt", "response_fields"})
+_INFILL_LIMITS = ("n_indent", "t_max_predict_ms")  # honoured: integers >= 0, 0 is off
+_INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "prompt", "response_fields", *_INFILL_LIMITS})
 _INFILL_UNHONOURED = frozenset(
-    {"samplers", "t_max_prompt_ms", "t_max_predict_ms", "n_indent", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
+    {"samplers", "t_max_prompt_ms", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
 )
 # max_completion_tokens: read as on /v1/completions (_parse_max_tokens), so never "ignored"
 _INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
@@ -347,9 +358,10 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     text typed after the prefix, ``input_extra`` the context chunks) and its ``response_fields``
     (None: every field). ``model`` may be left out: the first model served (a ``--fim-model``
     takes the request, as for any FIM request). ``n`` is not an /infill parameter (one completion).
-    llama-server's sampler options this server does not have (``samplers``, ``t_max_*_ms``,
-    ``n_indent``, ...) are accepted and named in ``ignored``; other unknown keys as on
-    ``/v1/completions``."""
+    ``n_indent`` and ``t_max_predict_ms`` (integers >= 0; 0 or absent: off) are honoured as
+    llama-server honours them (``GenerationRequest``). llama-server's sampler options this server
+    does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
+    ``ignored``; other unknown keys as on ``/v1/completions``."""
     body = load_object(raw)
     if body.get("model") is None and models:
         body = {**body, "model": next(iter(models))}
@@ -369,6 +381,9 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
     )
+    at_least_0 = "an integer greater than or equal to 0"
+    req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
+    req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion: n is not read
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):

@@ -116,6 +116,9 @@ class JobContext:
     entries_sent: int = 0  # the stream's tokens_out when entries last went to pending_logprobs
     prompt_logprobs: list[dict[str, Any]] | None = None  # echo + logprobs: the scored prompt
     waited_ms: float = 0.0  # Submit.waited_ms: its wait before this worker (the router), in its times
+    # /infill's t_max_predict_ms (llama-server's; 0: off): the text ends at a token whose text
+    # holds a new line once this long has passed since the first generated token
+    t_max_predict_ms: int = 0
     preempted: bool = False  # preempted in this tick: the next Delta says so, with or without text
 
 
@@ -729,8 +732,10 @@ class EngineWorker:
         # apply to content, and one matched inside the markup cut the call it had required
         forced_call = bool(request.get("tools")) and request.get("tool_choice", "auto") not in ("auto", "none")
         # a stop string begun in the text a lost worker had sent already ends in this one's
-        stream = TextStream(self.engine.token_bytes, [] if forced_call else list(request.get("stop") or []), resume_text or "")
+        stop = [] if forced_call else list(request.get("stop") or [])
+        stream = TextStream(self.engine.token_bytes, stop, resume_text or "", n_indent=int(request.get("n_indent") or 0))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
+        ctx.t_max_predict_ms = int(request.get("t_max_predict_ms") or 0)
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
@@ -949,14 +954,16 @@ class EngineWorker:
                 assert event.token is not None
                 stopped = ctx.stream.stopped
                 text = ctx.stream.push(event.token)
+                if ctx.t_max_predict_ms > 0 and "\n" in text and not ctx.stream.stopped and self._predicting_ms(event.job_id) > ctx.t_max_predict_ms:
+                    text += ctx.stream.limit()  # llama-server's t_max_predict_ms: at a new line past it
                 if text:
                     ctx.pending_text.append(text)
                 if ctx.logprobs and not stopped:
                     lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
                     ctx.held_logprobs.append(self._logprob_entry(event.token, lp))
                     self._entries_out(ctx)
-                if ctx.stream.stopped:
-                    self.scheduler.finish(event.job_id, "stop")
+                if ctx.stream.stopped:  # a limit (n_indent, t_max_predict_ms) is llama-server's stop_type "limit"
+                    self.scheduler.finish(event.job_id, "length" if ctx.stream.limited else "stop")
             elif event.kind == "finished":
                 self._finished(ctx, event)
             elif event.kind == "preempted":
@@ -973,6 +980,13 @@ class EngineWorker:
                 job = self.scheduler.jobs.get(ctx.job_id)
                 # the tokens whose text went out: a job submitted again goes on after them
                 self._send_delta(ctx, ctx.stream.tokens_out + ctx.resume_tokens, job.preemptions if job else 0)
+
+    def _predicting_ms(self, job_id: str) -> float:
+        """Milliseconds on the worker's clock since the job's first generated token (on this
+        worker: llama-server's t_gen_ms)."""
+        job = self.scheduler.jobs.get(job_id)
+        first = job.first_token_s if job is not None else None
+        return 0.0 if first is None else (self.clock() - first) * 1000.0
 
     @staticmethod
     def _entries_out(ctx: JobContext) -> None:
@@ -1005,7 +1019,7 @@ class EngineWorker:
         if ctx.pending_text or ctx.pending_logprobs:
             self._send_delta(ctx, completion, job.preemptions)
         reason = event.reason
-        if reason == "length" and ctx.stream.stopped:
+        if reason == "length" and ctx.stream.stopped and not ctx.stream.limited:
             reason = "stop"  # a stop string completed by the last token max_tokens allowed
         self.metrics.on_finished(job, reason)
         if reason == "error":

@@ -9,6 +9,13 @@ token costs the same whatever the client's stop strings and however much text is
 the held text again at every token cost the square of its length: a long stop string that the
 output followed for thousands of characters held the tick thread, every lane's, for seconds at
 the token that broke the match.)
+
+``n_indent`` (llama-server's, on ``POST /infill``): a line after a new line whose first character
+that is not a space or a tab comes after fewer than ``n_indent`` spaces and tabs ends the text
+at that character, as llama-server's ``process_token`` erases ``generated_text`` from it (the new
+line and the indentation stay; an empty line is under-indented too: its new line is such a
+character). The first line, the rest of the cursor's, is never checked. Since the indentation
+stays whatever follows it, nothing is held for this rule: it is decided at that one character.
 """
 
 from __future__ import annotations
@@ -65,9 +72,13 @@ class _StopMatcher:
 
 
 class TextStream:
-    def __init__(self, token_bytes: Callable[[int], bytes], stop: list[str] | None = None, resumed: str = "") -> None:
+    def __init__(
+        self, token_bytes: Callable[[int], bytes], stop: list[str] | None = None, resumed: str = "", *, n_indent: int = 0
+    ) -> None:
         """``resumed``: the text a lost worker had sent already (a job submitted again goes on
-        after it): a stop string that began in it and ends in the new text stops the stream."""
+        after it): a stop string that began in it and ends in the new text stops the stream, and
+        a line whose indentation began in it is checked as a whole. ``n_indent`` > 0: the text
+        ends at a line indented less (the module's docstring)."""
         self._token_bytes = token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stop = [_StopMatcher(s) for s in (stop or []) if s]
@@ -78,6 +89,17 @@ class TextStream:
         self._held = ""  # decoded text not yet emitted because it may begin a stop string
         self.stopped = False  # a stop string matched; the stream emits nothing more
         self.stop_word: str | None = None  # ... the one that did (the first in the text)
+        # ... or a limit ended it (llama-server's stop_type "limit"): an under-indented line, or
+        # the worker's time limit (``limit()``)
+        self.limited = False
+        self._n_indent = n_indent
+        # the spaces and tabs so far of a line whose indentation is not decided yet (the text
+        # ends in them, after a new line); None on the first line and once the line's first other
+        # character came
+        self._indent: int | None = None
+        line = resumed[resumed.rfind("\n") + 1 :] if "\n" in resumed else None
+        if n_indent > 0 and line is not None and not line.strip(" \t"):
+            self._indent = len(line)  # the sent text ends in a line's indentation: it goes on
         self.emitted_chars = 0
         # The tokens whose text went out: whole, or, once a stop string matched, in part ("x;"
         # with stop ";"). Their logprobs entries go with it, and their count is what a job
@@ -109,6 +131,38 @@ class TextStream:
         self._not_out.clear()
         return text
 
+    def limit(self) -> str:
+        """A limit ends the text here (llama-server's ``t_max_predict_ms``, which the worker
+        checks): what is still held goes out, as at the end (a stop string it may begin can no
+        longer complete), and nothing after it."""
+        text = self.flush()
+        if not self.stopped:
+            self.stopped = self.limited = True
+        return text
+
+    def _indent_cut(self, new: str) -> int:
+        """Feed ``new`` to the ``n_indent`` rule: the index in ``new`` of the character where an
+        under-indented line is cut (the stream's state stops there), or -1."""
+        count, i, end = self._indent, 0, len(new)
+        while i < end:
+            if count is None:  # up to the next new line, nothing to check
+                i = new.find("\n", i)
+                if i < 0:
+                    break
+                count, i = 0, i + 1
+                continue
+            char = new[i]
+            if char == " " or char == "\t":
+                count += 1
+                i += 1
+                continue
+            if count < self._n_indent:
+                self._indent = None
+                return i
+            count = None  # indented enough; a new line here begins the next one (not passed over)
+        self._indent = count
+        return -1
+
     def _count_out(self) -> None:
         emitted, not_out = self.emitted_chars, self._not_out
         if self.stopped:  # the text before the stop went out: every token with a character in it
@@ -130,10 +184,14 @@ class TextStream:
 
     def _release(self, new: str, *, final: bool) -> str:
         text = self._held + new
+        base = len(self._held)
+        # where an under-indented line is cut, in ``text``: the held text was checked already
+        cut = self._indent_cut(new) if self._n_indent > 0 else -1
+        if cut >= 0:
+            cut += base
         if self._stop:
             # where the first occurrence of a stop string in ``text`` begins: each one ends in
             # ``new``, since ``_held`` is no longer than the longest match in progress
-            base = len(self._held)
             start = -1
             word: str | None = None
             for matcher in self._stop:
@@ -145,16 +203,20 @@ class TextStream:
                         if start < 0 or begins < start:
                             start, word = begins, matcher.stop
                         break
-            if start >= 0:
+            # the earlier ends the text; a stop string that begins at the cut is what ended it
+            if start >= 0 and (cut < 0 or start <= cut):
                 self.stopped = True
                 self.stop_word = word
                 self._held = ""
                 return self._emit(text[:start])
-            if not final:
+            if not final and cut < 0:
                 keep = min(max(matcher.state for matcher in self._stop), len(text))
                 self._held = text[len(text) - keep :] if keep else ""
                 return self._emit(text[: len(text) - keep])
         self._held = ""
+        if cut >= 0:
+            self.stopped = self.limited = True
+            return self._emit(text[:cut])
         return self._emit(text)
 
     def _emit(self, text: str) -> str:
