@@ -44,6 +44,18 @@ class NaiveStream:
         return out
 
 
+def byte_pieces(text: str, cuts: list[int]) -> list[bytes]:
+    """The text cut into tokens of the given byte sizes, in turn (UTF-8 characters split too)."""
+    data = text.encode()
+    pieces: list[bytes] = []
+    i = 0
+    while i < len(data):
+        n = cuts[len(pieces) % len(cuts)]
+        pieces.append(data[i : i + n])
+        i += n
+    return pieces
+
+
 ALPHABET = "ab\u00e9\u4e2d"  # repeats, and characters of two and three UTF-8 bytes
 
 
@@ -91,13 +103,7 @@ def test_the_tokens_out_are_those_whose_text_went_out(stops: list[str], text: st
     """``tokens_out`` (their logprobs entries go out; a job submitted again goes on after them):
     while no stop string matched, the longest run of tokens whose bytes are whole characters of
     the text sent; at the stop, every token with a character before it."""
-    data = text.encode()
-    pieces: list[bytes] = []
-    i = 0
-    while i < len(data):
-        n = cuts[len(pieces) % len(cuts)]
-        pieces.append(data[i : i + n])
-        i += n
+    pieces = byte_pieces(text, cuts)
     stream = TextStream(pieces.__getitem__, stops)
     sent = ""
     for token in range(len(pieces)):

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from scheduler.worker.output import TextStream
 
+from .test_text_stream import byte_pieces
+
 
 def reference_cut(text: str, n_indent: int) -> tuple[str, bool]:
     """The rule on the whole text: (the text it leaves, whether it cut). Every line after a new
@@ -139,28 +141,18 @@ def test_a_resumed_stream_goes_on_from_the_line_the_lost_worker_left() -> None:
 ALPHABET = "ab \t\n\r\u00e9\u4e2d;"
 
 
-def _pieces(text: str, cuts: list[int]) -> list[bytes]:
-    """The text cut into tokens of the given byte sizes (UTF-8 characters split too)."""
-    data = text.encode()
-    pieces: list[bytes] = []
-    i = 0
-    while i < len(data):
-        n = cuts[len(pieces) % len(cuts)]
-        pieces.append(data[i : i + n])
-        i += n
-    return pieces
+# text, its tokens' byte sizes in turn, n_indent
+TEXTS = st.text(ALPHABET, max_size=60)
+CUTS = st.lists(st.integers(1, 6), min_size=1, max_size=40)
+INDENTS = st.integers(0, 5)
 
 
 @settings(max_examples=500, deadline=None)
-@given(
-    text=st.text(ALPHABET, max_size=60),
-    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=40),
-    n_indent=st.integers(0, 5),
-)
+@given(text=TEXTS, cuts=CUTS, n_indent=INDENTS)
 def test_any_text_in_any_tokens_comes_out_as_the_rule_cuts_the_whole_text(text: str, cuts: list[int], n_indent: int) -> None:
     """What goes out in all equals the rule on the whole text, and after every token what went
     out is the rule on the text decoded so far: nothing is held but a character's first bytes."""
-    pieces = _pieces(text, cuts)
+    pieces = byte_pieces(text, cuts)
     stream = stream_of(pieces, n_indent)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     decoded = sent = ""
@@ -208,14 +200,9 @@ class NaiveStream:
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    text=st.text(ALPHABET, max_size=50),
-    cuts=st.lists(st.integers(1, 5), min_size=1, max_size=40),
-    n_indent=st.integers(0, 4),
-    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=3),
-)
+@given(text=TEXTS, cuts=CUTS, n_indent=INDENTS, stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=3))
 def test_with_stop_strings_the_stream_releases_what_the_plain_rule_says(text: str, cuts: list[int], n_indent: int, stops: list[str]) -> None:
-    pieces = _pieces(text, cuts)
+    pieces = byte_pieces(text, cuts)
     ours, plain = stream_of(pieces, n_indent, stops), NaiveStream(stops, n_indent)
     for token, piece in enumerate(pieces):
         assert ours.push(token) == plain.push(piece), (stops, pieces, n_indent, token)
