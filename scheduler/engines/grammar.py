@@ -217,7 +217,10 @@ class _StackCounter:
 def _compact_repetition(item: str, min_items: int, max_items: int | None, separator_rule: str | None = None, item_rule_is_literal: bool = False) -> str:
     """``item`` min_items to max_items times (None: unbounded) as GBNF's ``{m,n}``, as llama.cpp's
     own converter writes it: llama-cpp-python's writes max_items nested optional groups
-    (maxLength 20,000 nests 20,000 deep) and min_items copies of the item."""
+    (maxLength 20,000 nests 20,000 deep) and min_items copies of the item. The converter hands
+    a schema's ``minLength``... over as they are: each is made a whole count first
+    (_repetition_count)."""
+    min_items, max_items = _repetition_count(min_items, low=True) or 0, _repetition_count(max_items, low=False)
     if max_items is not None and max_items < min_items:
         # (a length's, an item count's or a pattern's bounds) no length fits: the converter's
         # repetition allowed another, and llama.cpp's parser allocated until the worker was
@@ -236,6 +239,19 @@ def _compact_repetition(item: str, min_items: int, max_items: int | None, separa
     rest = _compact_repetition(f"({separator_rule} {item})", max(0, min_items - 1), None if max_items is None else max_items - 1)
     result = f"{item} {rest}".rstrip()
     return f"({result})?" if min_items == 0 else result
+
+
+def _repetition_count(value: Any, *, low: bool) -> int | None:
+    """A length's or an item count's bound (``minLength``/``maxLength``, ``minItems``/``maxItems``)
+    as the whole count it allows: a lower bound rounded up and at least 0 (2.5 characters or more
+    is 3 or more), an upper one rounded down; a missing (None) lower bound is 0, a missing upper
+    one None (unbounded). The converter wrote a float into the grammar as it was (``char{2.5,}``,
+    ``{0,1e+20}``), which no engine's parser reads. GrammarError for what is no number."""
+    if value is None:
+        return 0 if low else None
+    if not _is_json_number(value):
+        raise GrammarError(f"'minLength'/'maxLength' and 'minItems'/'maxItems' must be non-negative integers, not {json.dumps(value)[:100]}")
+    return int(max(0, math.ceil(value)) if low else math.floor(value))
 
 
 def _converter() -> Any:
@@ -388,7 +404,7 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
         if schema.get("type") == "array" and schema.get("items") is False and not schema.get("prefixItems"):
             # no item fits: the empty array (the converter read prefixItems, a KeyError, a 400
             # that said only "'prefixItems'")
-            if _is_number(schema.get("minItems")) and schema["minItems"] > 0:
+            if _is_json_number(schema.get("minItems")) and schema["minItems"] > 0:
                 raise GrammarError(f"'items': false allows no item, and 'minItems' asks for {schema['minItems']}")
             return _named_rule(conv, name, '"[" space "]" space')
         if schema.get("items") == {} or (
@@ -448,10 +464,7 @@ def _pattern_with_lengths(schema: dict[str, Any]) -> dict[str, Any]:
         return schema
     if any(k in schema for k in ("enum", "const", "$ref", "anyOf", "oneOf", "allOf")):
         return schema  # the converter writes these, not the pattern (an enum's values are checked)
-    low, high = schema.get("minLength", 0), schema.get("maxLength")
-    if not _is_number(low) or not (high is None or _is_number(high)):
-        return schema
-    low, high = math.ceil(low), None if high is None else math.floor(high)
+    low, high = _repetition_count(schema.get("minLength"), low=True) or 0, _repetition_count(schema.get("maxLength"), low=False)
     rest = {k: v for k, v in schema.items() if k not in ("minLength", "maxLength")}
     pattern = schema["pattern"]
     width = _width(pattern)
@@ -541,10 +554,7 @@ def _allows_nothing(schema: dict[str, Any]) -> bool:
     """Whether ``schema`` (one type) certainly allows no value: bounds that cross."""
     kind = schema.get("type")
     if kind == "integer":
-        try:
-            lo, hi = _integer_bounds(schema)
-        except (OverflowError, ValueError):
-            return False
+        lo, hi = _integer_bounds(schema)
         return lo is not None and hi is not None and lo > hi
     low, high = {"string": ("minLength", "maxLength"), "array": ("minItems", "maxItems"), "object": ("minProperties", "maxProperties")}.get(str(kind), ("", ""))
     return _is_json_number(schema.get(low)) and _is_json_number(schema.get(high)) and schema[low] > schema[high]
@@ -657,7 +667,10 @@ def _is_of_type(value: Any, kind: str) -> bool:
 
 
 def _is_json_number(value: Any) -> bool:
-    """Whether ``value`` is a JSON number (an int of any size, or a finite float)."""
+    """Whether ``value`` is a JSON number (an int of any size, or a finite float): this module's
+    one test of a number. An int is never given to ``math.isfinite`` (or ``float``), which raises
+    OverflowError for one past a float's range: a client's 401-digit literal reads as 10**400.
+    Such an int compares with a float exactly, and ``math.floor``/``ceil`` keep it whole."""
     return isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and math.isfinite(value))
 
 
@@ -1368,11 +1381,16 @@ def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
     try:
         # each schema's references under a base of its own: two schemas' "#/$defs/X" differ
         resolved = conv.resolve_refs(json.loads(text), f"request-{name}")
-        conv.visit(resolved, name)
+        made = str(conv.visit(resolved, name))
     except Exception as exc:  # the converter trusts its input: any failure is the schema's
         # (its words for a remote $ref name a flag of llama.cpp's command-line tool)
         why = str(exc).replace(" (use --allow-fetch for force)", "")
         raise GrammarError(f"the JSON Schema cannot be enforced: {why}") from None
+    if name and made != name:
+        # a primitive type's rule is the primitive's own ("integer"): rule ``name`` refers to it
+        # (a root's "... | answer" beside tools named no rule for a format of {"type": "integer"},
+        # and no engine's parser read the grammar)
+        conv._add_rule(name, made)
     return conv
 
 
@@ -1442,10 +1460,6 @@ def _root_ref_to(node: Any, at: str) -> Any:
 MAX_INTEGER_ENUM = 1024
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 # a schema's keywords whose values are data (never rewritten), and those whose values map names
 # to schemas (a property may be named "enum")
 _DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
@@ -1487,13 +1501,13 @@ def _integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
     hi: int | None = None
     bounds: list[Any] = [node.get(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")]
     low, high, ex_low, ex_high = bounds
-    if _is_number(low):
+    if _is_json_number(low):
         lo = math.floor(low) + 1 if ex_low is True else math.ceil(low)
-    if _is_number(high):
+    if _is_json_number(high):
         hi = math.ceil(high) - 1 if ex_high is True else math.floor(high)
-    if _is_number(ex_low):
+    if _is_json_number(ex_low):
         lo = max(math.floor(ex_low) + 1, lo if lo is not None else math.floor(ex_low) + 1)
-    if _is_number(ex_high):
+    if _is_json_number(ex_high):
         hi = min(math.ceil(ex_high) - 1, hi if hi is not None else math.ceil(ex_high) - 1)
     return lo, hi
 
@@ -1509,7 +1523,7 @@ def _integer_range(lo: int | None, hi: int | None) -> str:
     limit = 10**MAX_INTEGER_DIGITS
     lo = None if lo is not None and lo <= -limit else lo
     hi = None if hi is not None and hi >= limit else hi
-    if any(b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS for b in (lo, hi)):
+    if any(b is not None and abs(b) >= 10**MAX_BOUND_DIGITS for b in (lo, hi)):  # (no str(): past 4,300 digits it raises)
         raise GrammarError(f"an integer's bounds may have at most {MAX_BOUND_DIGITS} digits")
     if lo is not None and hi is not None and lo > hi:
         raise GrammarError(f"no integer is at least {lo} and at most {hi}")
