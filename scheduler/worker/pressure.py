@@ -11,6 +11,11 @@ to two levels:
 macOS (the MLX engine's platform) states the level itself: the sysctl is 1 (normal), 2 (warning)
 or 4 (critical).
 
+A level eases only once its figures fall a fifth below the thresholds that raised it (warning
+holds while ``some avg10 >= 8``; critical while ``full avg10 >= 8`` or ``some avg10 >= 40``): at
+a threshold the average wobbles across it (9.9, 10.1, 9.9...), and each rise runs an eviction
+round, so without the margin one steady load evicted a round every other second.
+
 The monitor reads once a second and reports *changes* only (``warning``, ``critical``, or
 ``normal`` when it eases): the scheduler acts on a rise, not on every reading of a level that
 stays high. Where neither source exists the monitor stays silent.
@@ -44,10 +49,16 @@ def parse_psi(text: str) -> tuple[float, float]:
     return values["some"], values["full"]
 
 
-def pressure_level(some_avg10: float, full_avg10: float) -> str | None:
-    if full_avg10 >= CRITICAL_FULL or some_avg10 >= CRITICAL_SOME:
+EASE = 0.8  # a level holds until its figures fall below this share of the thresholds that raised it
+
+
+def pressure_level(some_avg10: float, full_avg10: float, current: str | None = None) -> str | None:
+    """The level for the averages; ``current``: the level read before, which holds until the
+    averages fall a fifth below the thresholds that raised it."""
+    hold = EASE if current == "critical" else 1.0
+    if full_avg10 >= CRITICAL_FULL * hold or some_avg10 >= CRITICAL_SOME * hold:
         return "critical"
-    if some_avg10 >= WARNING_SOME:
+    if some_avg10 >= WARNING_SOME * (EASE if current is not None else 1.0):
         return "warning"
     return None
 
@@ -67,14 +78,27 @@ def read_macos_sysctl() -> int:
     return value.value
 
 
-def read_psi(path: Path = PSI_PATH) -> str | None:
-    return pressure_level(*parse_psi(path.read_text()))
+def read_psi(path: Path = PSI_PATH, current: str | None = None) -> str | None:
+    return pressure_level(*parse_psi(path.read_text()), current)
+
+
+def psi_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
+    """PSI's level, each reading given the one before (the margin before a level eases); a
+    reading that fails leaves no level to hold."""
+    last: list[str | None] = [None]
+
+    def read() -> str | None:
+        current, last[0] = last[0], None
+        last[0] = read_psi(path, current)
+        return last[0]
+
+    return read
 
 
 def default_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
     if sys.platform == "darwin":
         return lambda: macos_level(read_macos_sysctl())
-    return lambda: read_psi(path)
+    return psi_reader(path)
 
 
 class PressureMonitor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from scheduler.core.qos import QosClass
-from scheduler.worker.pressure import parse_psi, pressure_level
+from scheduler.worker.pressure import PressureMonitor, parse_psi, pressure_level, psi_reader
 
 from .builders import finished, make_job, make_scheduler, run_until_idle, tick
 
@@ -80,6 +82,28 @@ def test_psi_levels() -> None:
     assert pressure_level(60.0, 0.0) == "critical"
     assert pressure_level(5.0, 11.0) == "critical"
     assert pressure_level(1.0, 0.0) is None
+
+
+def test_a_psi_level_eases_only_a_fifth_below_the_threshold_that_raised_it(tmp_path: Path) -> None:
+    """`some avg10` wobbling across 10 (9.9, 10.1, ...) read warning, normal, warning...: each
+    rise ran an eviction round, one every other second under one steady load. A level now holds
+    until its averages fall a fifth below its thresholds."""
+    psi = tmp_path / "memory"
+    read = psi_reader(psi)
+
+    def reading(some: float, full: float = 0.0) -> str | None:
+        psi.write_text(f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=0\nfull avg10={full:.2f} avg60=0.00 avg300=0.00 total=0\n")
+        return read()
+
+    monitor = PressureMonitor(read=lambda: reading(next(wobble)), interval_s=1.0)
+    wobble = iter([9.9, 10.1, 9.9, 10.1, 9.9, 8.5, 7.9, 10.1])
+    changes = [monitor.poll(float(t)) for t in range(8)]
+    assert changes == [None, "warning", None, None, None, None, "normal", "warning"]
+    assert [reading(55.0), reading(45.0), reading(39.0), reading(20.0, full=9.0), reading(20.0, full=7.0)] == [
+        "critical", "critical", "warning", "warning", "warning",
+    ]  # fmt: skip
+    assert reading(7.0) is None  # a warning eases under 8
+    assert [reading(9.0), reading(1.0, full=10.0), reading(1.0, full=8.0), reading(1.0, full=7.9)] == [None, "critical", "critical", None]
 
 
 def test_a_completion_not_started_by_its_deadline_is_dropped_with_deadline() -> None:
