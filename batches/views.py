@@ -254,14 +254,16 @@ def _create(owner: str, host: str, file_id: str, endpoint: str, window: str, met
     # about 3 s (every other write of the server waiting), the statement alone about 0.4 s
     body = Line._meta.get_field("body")
     rows = [(i, line.custom_id, body.get_prep_value(line.body)) for i, line in enumerate(lines)]
-    now = timezone.now()
     with transaction.atomic():
         # the file's row held from here: one deleted while its lines were read (another head's
         # DELETE) is not found, not a 500 at commit, and a DELETE from now on sees this batch
         if not File.objects.select_for_update().filter(pk=f.pk).exists():
             raise _not_found("file", file_id)
-        b = Batch.objects.create(endpoint=endpoint, completion_window=window, input_file=f, owner=owner, host=host,
-                                 metadata=metadata, total=len(lines), expires_at=now + timedelta(hours=24))
+        b = Batch(endpoint=endpoint, completion_window=window, input_file=f, owner=owner, host=host, metadata=metadata, total=len(lines))
+        # the window runs from its created_at (the time its id names), as OpenAI's: a clock read
+        # before the parse and the lock above made it short of 24 h, 86399 s at a second's turn
+        b.expires_at = (batch_time(b.id) or timezone.now()) + timedelta(hours=24)
+        b.save(force_insert=True)
         _insert_lines(b.id, rows)
     return b
 
