@@ -124,7 +124,7 @@ class Admission:
         self.qos = qos
         if class_of_priority(self.priority) < qos:
             anchor = clamp_to_policy(qos)
-            own_anchor = BAND_SPACING * round(self.priority / BAND_SPACING)
+            own_anchor = BAND_ANCHORS[band_of(self.priority)]
             self.priority = within_band(anchor + self.priority - own_anchor, band_of(anchor))
 
     async def release(self) -> None:
@@ -265,6 +265,11 @@ PRIORITY_LIMIT = 1_000_000
 
 def clamp_priority(priority: int) -> int:
     return max(-PRIORITY_LIMIT, min(PRIORITY_LIMIT, priority))
+
+
+# each band's anchor, the priority its offsets count from (round(priority / 100) took 50 for
+# normal's and 150 for interactive's twice: ties to even)
+BAND_ANCHORS = {"interactive": BAND_SPACING, "normal": 0, "batch": -BAND_SPACING}
 
 
 def within_band(priority: int, band: str) -> int:

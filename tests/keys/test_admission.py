@@ -191,6 +191,25 @@ async def test_a_batch_line_runs_at_background_and_in_the_batch_band(header: str
     assert (admission.qos, admission.priority, admission.band) == (QosClass.BACKGROUND, priority, "batch")
 
 
+async def test_a_higher_priority_in_a_band_never_makes_a_batch_line_a_lower_one() -> None:
+    """The offset a batch line keeps was counted from round(priority / 100) * 100, which rounds
+    halves to even: a key at 50 (interactive's band) kept +50 from normal's anchor and ran at -50,
+    before one at 100 (-100); one at 150 ran at -150, one at 250 at -50, one at 350 at -150.
+    (Across bands the order is not kept: each band's offsets count from its own anchor.)"""
+    p = Policy(name="tier", default_class=QosClass.AGENT, max_class=QosClass.INTERACTIVE)
+    rt = runtime(key("sf-k", "k", p))
+    for band in (range(-49, 50), range(50, 400)):
+        got = []
+        for header in band:
+            admission = await admit(bearer("sf-k", **{"x-llamaswap-priority": str(header)}), IP, chat(), runtime=rt)
+            admission.run_in(QosClass.BACKGROUND)
+            assert admission.band == "batch"
+            got.append((header, admission.priority))
+            await admission.release()
+        assert all(a[1] <= b[1] for a, b in zip(got, got[1:], strict=False)), got
+    assert dict(got)[50] == -150 and dict(got)[100] == -100 and dict(got)[149] == -51
+
+
 async def test_each_batchs_lines_count_as_a_client_of_their_own_not_as_127_0_0_1() -> None:
     """Keys without a rate of their own fall under the per-IP --rate-limit: every batch's lines
     were 127.0.0.1, so one key's batch line made another key's a 429. Each batch is now a client
