@@ -239,13 +239,15 @@ def test_the_swap_affinity_bonus_never_crosses_a_band(bonus: int) -> None:
     assert box.started == ["busy", "normal-B"]
 
 
-@pytest.mark.parametrize(("waited_min", "batch_first"), [(99, False), (101, True)])
-def test_a_batch_request_overtakes_normal_traffic_only_after_about_100_minutes(waited_min: int, batch_first: bool) -> None:
+@pytest.mark.parametrize(("rival", "waited_min", "batch_first"), [(0, 99, False), (0, 101, True), (100, 199, False), (100, 201, True)])
+def test_a_batch_request_overtakes_normal_traffic_only_after_about_100_minutes(rival: int, waited_min: int, batch_first: bool) -> None:
+    """Aging is unbounded: it crosses bands on purpose, two of them too (-100 + 201 minutes at a
+    minute a point beats a fresh +100)."""
     box = Box(["A", "B"], swap_affinity_bonus=0, aging_divisor_s=60)
     box.ask("A", rid="busy")
     box.router.submit("batch", "B", -100)
     box.clock.advance(waited_min * 60)
-    box.router.submit("normal", "B", 0)
+    box.router.submit("normal", "B", rival)
     box.settle()
     box.finish("busy")
     assert box.started[1] == ("batch" if batch_first else "normal")

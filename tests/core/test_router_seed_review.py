@@ -66,20 +66,6 @@ def test_equal_scores_keep_arrival_order_when_aging_evens_out_two_priorities() -
     assert box.started == ["busy", "older"]
 
 
-@pytest.mark.parametrize(("waited_min", "batch_first"), [(199, False), (201, True)])
-def test_aging_is_unbounded_so_a_batch_request_eventually_goes_before_fresh_interactive_work(waited_min: int, batch_first: bool) -> None:
-    """Aging crosses bands on purpose, two of them too: -100 + 201 minutes / 1 minute beats a
-    fresh +100 (no bonus)."""
-    box = Box(["A", "B"], swap_affinity_bonus=0, aging_divisor_s=60)
-    box.ask("A", rid="busy")
-    box.router.submit("batch", "B", -100)
-    box.clock.advance(waited_min * 60)
-    box.router.submit("interactive", "B", 100)
-    box.settle()
-    box.finish("busy")
-    assert box.started[1] == ("batch" if batch_first else "interactive")
-
-
 def test_any_integer_is_a_priority_beyond_the_anchors_too() -> None:
     """The number is the interface: 150 before 100 before 0 before -100 before -150."""
     box = Box([ModelSpec("A", lanes=1)], aging_divisor_s=0)
