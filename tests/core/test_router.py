@@ -22,6 +22,11 @@ class Box(RouterLoop):
         self.auto_load = True
         self._n = 0
 
+    def later(self, seconds: float) -> None:
+        """``seconds`` pass; the router acts on them (its TTLs, its aging)."""
+        self.clock.advance(seconds)
+        self.settle()
+
     def ask(self, model: str, priority: int = 0, rid: str | None = None) -> str:
         self._n += 1
         rid = rid or f"{model}{self._n}"
@@ -322,15 +327,12 @@ def test_ttl_unloads_an_idle_model_and_never_a_busy_one() -> None:
     box = Box([ModelSpec("A", ttl_s=300), ModelSpec("B")], max_loaded_models=2)
     box.ask("A", rid="a")
     box.ask("B", rid="b")
-    box.clock.advance(1000)
-    box.settle()
+    box.later(1000)
     assert box.state("A") is ModelState.LOADED  # still running a
     box.finish("a")
-    box.clock.advance(299)
-    box.settle()
+    box.later(299)
     assert box.state("A") is ModelState.LOADED
-    box.clock.advance(2)
-    box.settle()
+    box.later(2)
     assert box.state("A") is ModelState.UNLOADED
     assert box.state("B") is ModelState.LOADED  # ttl 0: never
 
@@ -355,8 +357,7 @@ def test_dispatch_records_the_serial_fields() -> None:
     box = Box(["A", "B"])
     box.ask("A", rid="busy")
     box.router.submit("b", "B", -98)
-    box.clock.advance(30)
-    box.settle()
+    box.later(30)
     box.finish("busy")
     fields = box.dispatches["b"].serial_fields()  # type: ignore[attr-defined]
     assert fields == {"serial_priority": -98, "serial_band": "batch", "serial_score": pytest.approx(-97.5, abs=0.01), "serial_queue_wait_ms": 30001}
@@ -390,8 +391,7 @@ def test_every_request_runs_once_and_resident_models_never_exceed_the_limit(scri
     box = Box([ModelSpec(m, lanes=lanes) for m in "ABC"], max_loaded_models=max_loaded, swap_affinity_bonus=bonus)
     for i, (model, priority, finish_n, jobs) in enumerate(script):
         box.router.submit(f"r{i}", model, priority, preempts=priority > 100, jobs=jobs)
-        box.clock.advance(1)
-        box.settle()
+        box.later(1)
         for rid in running(box)[:finish_n]:
             box.finish(rid)
         assert sum(box.state(m) is not ModelState.UNLOADED for m in "ABC") <= max_loaded
@@ -415,8 +415,7 @@ def test_bonus_zero_and_equal_priorities_is_exact_fifo(models) -> None:  # type:
     box.ask("A", rid="busy")
     for i, model in enumerate(models):
         box.router.submit(f"r{i}", model, 0)
-        box.clock.advance(1)
-    box.settle()
+        box.later(1)
     for _ in range(100):
         if not running(box) and not box.router.waiting:
             break
@@ -442,8 +441,7 @@ def test_a_pinned_model_stays_resident_beside_the_swapped_one_and_takes_no_swap_
     assert box.started == [a, f, b]
     assert box.swaps == [("load", "F"), ("load", "A"), ("unload", "A"), ("load", "B")]  # F never a victim
     box.finish(f)
-    box.clock.advance(60)
-    box.settle()
+    box.later(60)
     assert box.state("F") is ModelState.LOADED  # no TTL for it
 
 
@@ -543,8 +541,7 @@ def test_a_drain_keeps_the_requests_waiting_for_a_loaded_models_lanes_and_serves
     box.finish(high)
     assert box.started == [running, high, low] and not box.router.idle("a")
     box.finish(low)
-    box.clock.advance(60)
-    box.settle()
+    box.later(60)
     assert box.swaps == [("load", "a")] and box.router.idle("a")
     with pytest.raises(RuntimeError):
         box.router.submit("late", "a")

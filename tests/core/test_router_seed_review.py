@@ -108,20 +108,16 @@ def test_the_ttl_never_unloads_a_model_with_work_waiting_or_running_and_counts_f
     box = Box([ModelSpec("A", lanes=1, ttl_s=5)])
     box.ask("A", rid="a1")
     box.ask("A", rid="a2")  # waits at the router for A's one lane
-    box.clock.advance(100)
-    box.settle()
+    box.later(100)
     assert box.state("A") is ModelState.LOADED and box.started == ["a1"]
     box.finish("a1")
     assert box.started == ["a1", "a2"]
-    box.clock.advance(100)
-    box.settle()
+    box.later(100)
     assert box.state("A") is ModelState.LOADED
     box.finish("a2")
-    box.clock.advance(4.9)
-    box.settle()
+    box.later(4.9)
     assert box.state("A") is ModelState.LOADED
-    box.clock.advance(0.2)
-    box.settle()
+    box.later(0.2)
     assert box.state("A") is ModelState.UNLOADED and box.swaps == [("load", "A"), ("unload", "A")]
 
 
