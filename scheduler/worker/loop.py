@@ -244,7 +244,9 @@ class EngineWorker:
                 self._read_before_drain.add(str(message.id))
         if isinstance(message, Disconnected) or (isinstance(message, Cancel) and self._holds_lane(message.id)):
             self._interrupt()
-        elif isinstance(message, Submit) and _urgent(message):
+        elif isinstance(message, Submit) and _urgent(message) and not _embeddings(message):
+            # (an embeddings request takes no lane: aborting the step for it threw other
+            # requests' prompt work away; its answer stops the tick once ready, _embed_loop)
             self._interrupt(urgent=True)
 
     def _holds_lane(self, job_id: str) -> bool:
@@ -384,7 +386,17 @@ class EngineWorker:
         thread (an embedding is a prefill-sized forward in the engine's embeddings context,
         seconds for a request of long inputs: on the tick thread it held every stream meanwhile);
         it takes no lane and never queues. None once ``wanted()`` says no one waits for it (cancelled,
-        its connection gone), checked before each input."""
+        its connection gone), checked before each input. Any failure refuses this request alone:
+        one raised out of the embeddings thread ended it, and every later request hung."""
+        try:
+            return self._embed_inputs(message, wanted)
+        except Refusal:
+            raise
+        except Exception as exc:
+            log.exception("cannot embed submit %s", message.id)
+            raise Refusal(INVALID_JOB, f"The engine worker could not embed this request: {exc}") from None
+
+    def _embed_inputs(self, message: Submit, wanted: Callable[[], bool]) -> tuple[list[list[float]], int] | None:
         engine, request = self.engine, message.request
         embed = getattr(engine, "embed", None)
         if embed is None or "embeddings" not in engine.features:
@@ -510,6 +522,8 @@ class EngineWorker:
             conn, message = jobs.get()
             result = self._prepare_one(conn, message)
             if result is not None:
+                if _urgent(message):  # its answer leaves after the step in flight, none aborted
+                    self.interrupt.set()  # (before the inbox: see _prepare_loop)
                 self.inbox.put((conn, result))
 
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
@@ -1184,6 +1198,10 @@ def _numbers(request: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
             value = int(value)
         values[name] = value
     return values
+
+
+def _embeddings(message: Submit) -> bool:
+    return isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings"
 
 
 def _urgent(message: Submit) -> bool:
