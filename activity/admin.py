@@ -74,8 +74,10 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "priority",
         "band",
         "serial_score",
+        "serial_queue_wait_ms",  # the router's wait: alone on the row of one that left before its worker took it
         "queue_wait_ms",
         "ttft_ms",
+        "total_ms",  # the one time of a request without its worker's answer (left while queued, a deadline, a refusal)
         "prompt_tokens",
         "cached_tokens",
         "completion_tokens",

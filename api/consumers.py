@@ -663,7 +663,15 @@ class GenerationConsumer(StreamingConsumer):
             self.sends[handle.job_id] = (handle, handle.sent_on)
 
     def note_class(self, qos: QosClass, priority: int) -> None:
-        """The request's class and priority in its activity row (a refused one's too)."""
+        """The request's class and priority in its activity row (a refused one's too). A batch
+        line (``superfluid.qos`` in its scope) has those it runs in, as ``Admission.run_in``
+        moves them: its row said the class it would have asked for over HTTP when admission
+        refused it (a 429 it is tried again after)."""
+        run_in = self.scope.get("superfluid.qos")
+        if run_in is not None:
+            ran = Admission(qos=qos, priority=priority)
+            ran.run_in(run_in)
+            qos, priority = ran.qos, ran.priority
         self.record.qos, self.record.priority, self.record.band = qos.label, priority, band_of(priority)
 
     def note_done(self, event: Done) -> None:
