@@ -260,8 +260,12 @@ class GenerationConsumer(StreamingConsumer):
         if link.draining or (pool is not None and pool.draining):
             raise engine_unavailable("The server is shutting down.")
         if pool is None:
+            began = time.monotonic()
             if not await link.wait_connected(serving().engine_wait_s):
                 raise engine_unavailable(getattr(link, "unavailable_detail", "The engine worker is not running."), retry_after=getattr(link, "retry_after_s", None))
+            # a wait for the worker to come back (a restart, a start): its times count it, as
+            # they count a wait at the router, or the row said it hardly waited
+            self.engine_wait_ms = round((time.monotonic() - began) * 1000, 1)
             assert link.hello is not None
             request = await self.parse_off_loop(body, [link.hello.model], lambda _r: link.hello.lane_ctx if link.hello else 0)
         else:
@@ -652,10 +656,14 @@ class GenerationConsumer(StreamingConsumer):
         await self.send_json(200, self.final_body(request, reply, event), self.response_headers(handle, qos))
 
     def router_wait(self) -> dict[str, Any]:
-        """The Submit's ``waited_ms``: with several models, the request's wait at the router (a
-        swap, a load), which its worker counts in its times and histograms from then on."""
+        """The Submit's ``waited_ms``, which its worker counts in its times and histograms from
+        then on: with several models, the request's wait at the router (a swap, a load); with
+        one, its wait for the worker to connect (a restart), from a millisecond on."""
         router = getattr(self, "router_serial", None)
-        return {"waited_ms": router["serial_queue_wait_ms"]} if router else {}
+        if router:
+            return {"waited_ms": router["serial_queue_wait_ms"]}
+        waited = getattr(self, "engine_wait_ms", 0.0)
+        return {"waited_ms": waited} if waited >= 1 else {}
 
     def note_sent(self, handle: JobHandle) -> None:
         """Note the connection a job was first sent on (once it was sent: -1 is not yet)."""
@@ -690,8 +698,7 @@ class GenerationConsumer(StreamingConsumer):
         request's arrival: with several models the wait at the router (a swap, a load) came
         before the worker's; the worker counts it (the Submit's ``waited_ms``, given back in its
         timing), and what it did not count is added here."""
-        router = getattr(self, "router_serial", None)
-        waited = int((router or {}).get("serial_queue_wait_ms") or 0)
+        waited = int(self.router_wait().get("waited_ms") or 0)
         self.record.timing = merged_timing([with_wait_before(t, waited) for t in timings])
         if any(sent_on != -1 and handle.sent_on != sent_on for handle, sent_on in self.sends.values()):
             # submitted again after its worker was lost: the last worker counted from the job's

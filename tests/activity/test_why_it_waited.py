@@ -312,6 +312,28 @@ async def test_a_job_submitted_again_after_a_crash_has_the_preemptions_of_both_w
     assert bg["preemptions"] == 2, bg
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_request_that_waited_for_its_worker_to_come_back_has_that_wait_in_its_times(stream: bool) -> None:
+    """The worker restarts (it left; the next one starts a second later). A request that arrived
+    meanwhile waited for it at the web side: its row counted from when the new worker got it, a
+    queue wait and time to first token of about nothing, though the client waited a second.
+    The wait now reaches the worker as a wait at the router does (the Submit's waited_ms)."""
+    async with attached(SimWorker(lanes=1, step_sleep_s=0.02)) as (link, _rt):  # (its job lives long enough to be seen)
+        link.restart_delay_s = 1.0
+        worker = link.worker
+        worker.drain()  # it stops once idle; the transport starts the next one after the delay
+        await until(lambda: not link.connected, lambda: "the worker never left")
+        began = time.monotonic()
+        known: set[str] = set(link.inflight)
+        comm = await opened(chat_body("x", max_tokens=5, stream=stream), qos("agent"))
+        job = await one_job(link, known)
+        waited_ms = (time.monotonic() - began) * 1000
+        assert link.worker is not worker and waited_ms >= 500, waited_ms
+        assert await answered(comm) == 200
+    [row] = await rows_of(job)
+    assert row["queue_wait_ms"] >= 500 and row["ttft_ms"] >= row["queue_wait_ms"] and row["total_ms"] >= row["ttft_ms"], row
+
+
 # -- waited for its start deadline, or left while queued ---------------------------------------
 
 
