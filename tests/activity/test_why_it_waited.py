@@ -107,6 +107,14 @@ async def queued_at_the_worker(link: Any, handle: Any) -> None:
     await until(lambda: handle.job_id in link.worker.scheduler.jobs, lambda: "the job never reached the worker's queue")
 
 
+async def generating(link: Any, known: set[str], text: str, max_tokens: int, label: str) -> tuple[ApplicationCommunicator, Any]:
+    """A streamed chat of class ``label`` opened, and its job (one since ``known``) generating."""
+    comm = await opened(chat_body(text, max_tokens=max_tokens, stream=True), qos(label))
+    job = await one_job(link, known)
+    await until(lambda: job.delivered_tokens > 0, lambda: f"the {label} job never ran")
+    return comm, job
+
+
 def generated(link: Any, handle: Any) -> int:
     """The tokens the engine has generated for a job so far (ahead of what reached the web side)."""
     return int(link.worker.engine.generated.get(handle.job_id, 0))
@@ -193,9 +201,7 @@ async def test_a_request_queued_behind_a_busier_class_has_that_wait_as_its_queue
     later agent request was at the worker, and its first token came after it."""
     async with attached(SimWorker(lanes=1, step_sleep_s=0.004)) as (link, _rt):
         known: set[str] = set()
-        first = await opened(chat_body("a", max_tokens=80, stream=True), qos("agent"))
-        first_job = await one_job(link, known)
-        await until(lambda: first_job.delivered_tokens > 0, lambda: "the first agent job never ran")
+        first, first_job = await generating(link, known, "a", 80, "agent")
         background = await opened(chat_body("b", max_tokens=10), qos("background"))
         await queued_at_the_worker(link, bg_job := await one_job(link, known))
         second = await opened(chat_body("c", max_tokens=10), qos("agent"))
@@ -218,9 +224,7 @@ async def test_a_request_held_back_by_its_class_lane_cap_has_that_wait_as_its_qu
     sim = ConfiguredSim(lanes=2, class_lanes={QosClass.BACKGROUND: 1}, step_sleep_s=0.004)
     async with attached(sim) as (link, _rt):
         known: set[str] = set()
-        first = await opened(chat_body("a", max_tokens=80, stream=True), qos("background"))
-        first_job = await one_job(link, known)
-        await until(lambda: first_job.delivered_tokens > 0, lambda: "the first background job never ran")
+        first, first_job = await generating(link, known, "a", 80, "background")
         capped = await opened(chat_body("b", max_tokens=10), qos("background"))
         capped_job = await one_job(link, known)
         await queued_at_the_worker(link, capped_job)
@@ -345,9 +349,7 @@ async def test_a_completion_whose_start_deadline_passed_while_queued_is_a_503_wi
     the time it was open, and no queue wait or first token (it was never admitted)."""
     async with attached(ConfiguredSim(lanes=1, completion_deadline_ms=300, step_sleep_s=0.004)) as (link, _rt):
         known: set[str] = set()
-        first = await opened(chat_body("a", max_tokens=60, stream=True), qos("interactive"))
-        first_job = await one_job(link, known)
-        await until(lambda: first_job.delivered_tokens > 0, lambda: "the interactive job never ran")
+        first, first_job = await generating(link, known, "a", 60, "interactive")
         late = await opened(json.dumps({"model": MODEL, "prompt": "def f(", "max_tokens": 8, "stream": stream}).encode(), qos("completion"),
                             path="/v1/completions")
         late_job = await one_job(link, known)
@@ -369,9 +371,7 @@ async def test_a_client_that_leaves_while_queued_has_the_time_it_waited_and_no_t
     had sent (a stream's headers go before its job is admitted); one not streamed: 499."""
     async with attached(SimWorker(lanes=1, step_sleep_s=0.004)) as (link, _rt):
         known: set[str] = set()
-        first = await opened(chat_body("a", max_tokens=60, stream=True), qos("agent"))
-        first_job = await one_job(link, known)
-        await until(lambda: first_job.delivered_tokens > 0, lambda: "the first job never ran")
+        first, first_job = await generating(link, known, "a", 60, "agent")
         waiting = await opened(chat_body("b", max_tokens=8, stream=stream), qos("agent"))
         waiting_job = await one_job(link, known)
         await queued_at_the_worker(link, waiting_job)
@@ -465,9 +465,7 @@ async def test_a_request_that_waited_at_the_router_and_then_at_its_worker_has_bo
     router_that_waits(monkeypatch)
     async with attached(SimWorker(lanes=1, step_sleep_s=0.004)) as (link, _rt):
         known: set[str] = set()
-        first = await opened(chat_body("a", max_tokens=40, stream=True), qos("agent"))
-        first_job = await one_job(link, known)
-        await until(lambda: first_job.delivered_tokens > 0, lambda: "the first job never ran")
+        first, first_job = await generating(link, known, "a", 40, "agent")
         second = await opened(chat_body("b", max_tokens=4), qos("agent"))
         await queued_at_the_worker(link, second_job := await one_job(link, known))
         left_of_first = 40 - generated(link, first_job)  # at most the tokens still to come when the second arrived
