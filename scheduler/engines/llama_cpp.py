@@ -360,7 +360,6 @@ class LlamaCppEngine(LaneEngine):
         self._score_ctx: Any = None  # a one-sequence context for scoring prompts, made on first use
         self._score_lock = threading.Lock()
         self._embed_ctx: Any = None  # a one-sequence embeddings context (pooled), made on first use
-        self.pooling = "mean"
 
         _init_backend()
         # use_extra_bufts as llama-server's --no-repack sets it; see choose_repack
@@ -922,8 +921,6 @@ class LlamaCppEngine(LaneEngine):
                 # a reranker's: its pooled output is a score per class, not n_embd floats (read
                 # as a vector, memory past it), as llama-server refuses /v1/embeddings for it
                 raise Unsupported("The model's pooling type is 'rank' (a reranker): it gives scores, not embeddings.", permanent=True)
-                names = {L.LLAMA_POOLING_TYPE_MEAN: "mean", L.LLAMA_POOLING_TYPE_CLS: "cls", L.LLAMA_POOLING_TYPE_LAST: "last"}
-                self.pooling = names.get(L.llama_pooling_type(self._embed_ctx), "model")
             ctx = self._embed_ctx
             batch = L.llama_batch_init(len(tokens), 0, 1)
             try:
