@@ -547,6 +547,9 @@ class GenerationConsumer(StreamingConsumer):
         if attached is None:
             raise gone
         handle, meta = attached
+        # this head's wait for a worker came after the job was submitted (its Submit told its
+        # worker the first head's wait): none of the job's, so none of its times (router_wait)
+        self.engine_wait_ms = 0.0
         self.record.request_id = job_id
         self.resumed_after_tokens = int(seen) > 0
         started = meta.get("started")  # the client's arrival at the first head: the row is the request's
@@ -855,7 +858,7 @@ class EmbeddingsConsumer(GenerationConsumer):
             link.finish(handle)
         self.record.finish_reason = event.finish_reason
         self.record.usage = dict(event.usage)
-        # no queue at the worker (no timing in its Done): with several models its wait was the router's
+        # no queue at the worker (no timing in its Done): its wait was the router's, or for the worker to connect
         self.record.timing = {**self.seen_timing(), "queue_wait_ms": self.router_wait().get("waited_ms")}
         tokens = int(event.usage.get("prompt_tokens", 0))
         data = [

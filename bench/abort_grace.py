@@ -54,7 +54,7 @@ def one_run(engine: Any, agents: int, left_s: float, grace_s: float, seed: int) 
 
     class Conn:
         def queue(self, message: Message) -> None:
-            if isinstance(message, Delta):
+            if isinstance(message, Delta) and message.text:  # (an empty one says a preemption)
                 first.setdefault(message.id, time.perf_counter())
             elif isinstance(message, Done):
                 done[message.id] = time.perf_counter()

@@ -75,7 +75,7 @@ class Submit(JobMessage):
     """A job. ``request`` is ``GenerationRequest.to_wire()``; ``resume_*`` are set when a job is
     submitted again after a worker loss (continue after the text already delivered).
     ``waited_ms``: how long the request already waited before it was submitted (at the model
-    router, with several models); the worker counts its queue wait and time to first token from
+    router, with several models; for the worker to connect, with one); the worker counts its queue wait and time to first token from
     then, and says so in its Done's ``timing["waited_ms"]``. A worker refuses a value that is not
     a number from 0 to a week (``invalid_job``); one that does not know the field ignores it."""
 
