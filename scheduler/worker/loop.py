@@ -495,18 +495,21 @@ class EngineWorker:
         while True:
             _rank, _order, conn, message = self._prepare_queue.get()
             result = self._prepare_one(conn, message)
-            if result is None:
-                continue
-            if _urgent(message):
-                # before the result is in the inbox: the tick that takes it from there is never
-                # the one this stops (the tick thread clears the flag, then drains the inbox).
-                # A refused job starts nothing: its refusal waits for the step in flight, whose
-                # prompt work an abort would throw away for no one.
-                if result.built is not None:
-                    self._interrupt(urgent=True)
-                else:
-                    self.interrupt.set()
-            self.inbox.put((conn, result))
+            if result is not None:
+                self._hand_over(conn, message, result)
+
+    def _hand_over(self, conn: Connection, message: Submit, result: Prepared) -> None:
+        """A prepared Submit to the tick thread. An urgent one's stops the tick in flight first:
+        before the result is in the inbox, so the tick that takes it from there is never the one
+        this stops (the tick thread clears the flag, then drains the inbox). Only a job to start
+        aborts the step in flight: a refusal or an embeddings answer takes no lane, and waits for
+        the step, whose prompt work an abort would throw away for no one."""
+        if _urgent(message):
+            if result.built is not None:
+                self._interrupt(urgent=True)
+            else:
+                self.interrupt.set()
+        self.inbox.put((conn, result))
 
     def _embeddings_queue(self) -> queue.SimpleQueue[tuple[Connection, Submit]]:
         """The embeddings thread's queue (the thread started with the first request)."""
@@ -522,9 +525,7 @@ class EngineWorker:
             conn, message = jobs.get()
             result = self._prepare_one(conn, message)
             if result is not None:
-                if _urgent(message):  # its answer leaves after the step in flight, none aborted
-                    self.interrupt.set()  # (before the inbox: see _prepare_loop)
-                self.inbox.put((conn, result))
+                self._hand_over(conn, message, result)
 
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
         """One queued Submit prepared (its job, or its refusal); None when it is no longer
