@@ -116,17 +116,6 @@ class Admission:
     def band(self) -> str:
         return band_of(self.priority)
 
-    def run_in(self, qos: QosClass) -> None:
-        """Run in ``qos`` whatever was asked (a batch line runs at background), the priority moved
-        into that class's band if it was above it, keeping its place relative to its own band's
-        anchor (a key's tier offset): the router orders and swaps models by priority alone, so a
-        batch line at a normal-band priority would have competed with agents."""
-        self.qos = qos
-        if class_of_priority(self.priority) < qos:
-            anchor = clamp_to_policy(qos)
-            own_anchor = BAND_ANCHORS[band_of(self.priority)]
-            self.priority = within_band(anchor + self.priority - own_anchor, band_of(anchor))
-
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
         cancel (the client gone, a shutdown) cannot cut them short; then the slots held in Redis,
@@ -272,6 +261,17 @@ def clamp_priority(priority: int) -> int:
 BAND_ANCHORS = {"interactive": BAND_SPACING, "normal": 0, "batch": -BAND_SPACING}
 
 
+def moved_into(qos: QosClass, priority: int) -> int:
+    """``priority`` for a request that runs in ``qos`` whatever it asked (a batch line runs at
+    background): moved into that class's band if it was above it, keeping its place relative to
+    its own band's anchor (a key's tier offset). The router orders and swaps models by priority
+    alone, so a batch line at a normal-band priority would have competed with agents."""
+    if class_of_priority(priority) >= qos:
+        return priority
+    anchor = clamp_to_policy(qos)
+    return within_band(anchor + priority - BAND_ANCHORS[band_of(priority)], band_of(anchor))
+
+
 def within_band(priority: int, band: str) -> int:
     """``priority`` moved to the nearest value inside ``band`` (see ``band_of``)."""
     low, high = {"interactive": (BAND_SPACING // 2, PRIORITY_LIMIT), "normal": (1 - BAND_SPACING // 2, BAND_SPACING // 2 - 1),
@@ -326,10 +326,21 @@ async def admit(
     principal: Principal | None = None,
     runtime: KeyRuntime | None = None,
     decided: Callable[[QosClass, int], None] | None = None,
+    run_in: QosClass | None = None,
 ) -> Admission:
     """Decide class, priority and lane kind for one request and take its limits, or raise.
     ``decided`` hears the class and priority as soon as they are known, so that a request
-    refused after that (403 for its class or headers, 429, 503 queue_full) is logged with them."""
+    refused after that (403 for its class or headers, 429, 503 queue_full) is logged with them.
+    ``run_in``: the class it runs in whatever it asks (a batch line's, background), its priority
+    moved with it (:func:`moved_into`); ``decided`` hears those, for a refused line too."""
+
+    def decide(qos: QosClass, priority: int) -> tuple[QosClass, int]:
+        if run_in is not None:
+            qos, priority = run_in, moved_into(run_in, priority)
+        if decided is not None:
+            decided(qos, priority)
+        return qos, priority
+
     rt = runtime or key_runtime()
     if principal is None:
         principal = await authenticate(headers, client, rt)
@@ -349,8 +360,7 @@ async def admit(
     if policy is not None and asked and qos < policy.max_class and not by_qos_header:
         qos = policy.max_class  # only X-LlamaSwap-Priority asked: the key's best class
     if policy is not None and asked and qos < policy.max_class:
-        if decided is not None:
-            decided(qos, priority)  # the class it asked for
+        decide(qos, priority)  # the class it asked for
         raise forbidden(
             f"This API key may ask for classes up to {policy.max_class.label}, not {qos.label}.",
             "qos_class_forbidden",
@@ -360,8 +370,7 @@ async def admit(
         # the tier offset orders work inside the band, never across one (request-priority seed):
         # a header of 49 plus +39 stays normal, -50 plus +39 stays batch
         priority = within_band(clamp_priority(priority + policy.priority_offset), band_of(priority))
-    if decided is not None:
-        decided(qos, priority)
+    qos, priority = decide(qos, priority)
 
     batch_invariant = wants_batch_invariant(headers)
     if batch_invariant and not (serving().http_allow_batch_invariant or (policy is not None and policy.allow_batch_invariant)):

@@ -281,9 +281,9 @@ class GenerationConsumer(StreamingConsumer):
         if last_event_id and pool is None and request.stream and getattr(link, "resumable", False):
             await self.resume(link, request, body, last_event_id)  # a stream begun on another head
             return
-        self.admission = admission = await admit(self.headers(), self.scope.get("client"), request, self.principal, decided=self.note_class)
-        if self.scope.get("superfluid.qos") is not None:
-            admission.run_in(self.scope["superfluid.qos"])
+        self.admission = admission = await admit(
+            self.headers(), self.scope.get("client"), request, self.principal, decided=self.note_class, run_in=self.scope.get("superfluid.qos")
+        )
         qos, priority = admission.qos, admission.priority
         self.record.key_name = admission.key_name
         self.note_class(qos, priority)
@@ -674,15 +674,8 @@ class GenerationConsumer(StreamingConsumer):
             self.sends[handle.job_id] = (handle, handle.sent_on)
 
     def note_class(self, qos: QosClass, priority: int) -> None:
-        """The request's class and priority in its activity row (a refused one's too). A batch
-        line (``superfluid.qos`` in its scope) has those it runs in, as ``Admission.run_in``
-        moves them: its row said the class it would have asked for over HTTP when admission
-        refused it (a 429 it is tried again after)."""
-        run_in = self.scope.get("superfluid.qos")
-        if run_in is not None:
-            ran = Admission(qos=qos, priority=priority)
-            ran.run_in(run_in)
-            qos, priority = ran.qos, ran.priority
+        """The request's class and priority in its activity row (a refused one's too; a batch
+        line's, those it runs in: admit's ``run_in``)."""
         self.record.qos, self.record.priority, self.record.band = qos.label, priority, band_of(priority)
 
     def note_done(self, event: Done) -> None:

@@ -186,8 +186,7 @@ async def test_a_batch_line_runs_at_background_and_in_the_batch_band(header: str
     models router, which orders by priority alone, ranked it with agent requests)."""
     p = Policy(name="tier", default_class=QosClass.AGENT, max_class=QosClass.INTERACTIVE, priority_offset=offset)
     rt = runtime(key("sf-k", "k", p))
-    admission = await admit(bearer("sf-k", **({"x-llamaswap-priority": header} if header else {})), IP, chat(), runtime=rt)
-    admission.run_in(QosClass.BACKGROUND)
+    admission = await admit(bearer("sf-k", **({"x-llamaswap-priority": header} if header else {})), IP, chat(), runtime=rt, run_in=QosClass.BACKGROUND)
     assert (admission.qos, admission.priority, admission.band) == (QosClass.BACKGROUND, priority, "batch")
 
 
@@ -201,8 +200,7 @@ async def test_a_higher_priority_in_a_band_never_makes_a_batch_line_a_lower_one(
     for band in (range(-49, 50), range(50, 400)):
         got = []
         for header in band:
-            admission = await admit(bearer("sf-k", **{"x-llamaswap-priority": str(header)}), IP, chat(), runtime=rt)
-            admission.run_in(QosClass.BACKGROUND)
+            admission = await admit(bearer("sf-k", **{"x-llamaswap-priority": str(header)}), IP, chat(), runtime=rt, run_in=QosClass.BACKGROUND)
             assert admission.band == "batch"
             got.append((header, admission.priority))
             await admission.release()
