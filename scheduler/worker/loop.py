@@ -191,7 +191,9 @@ class EngineWorker:
         # otherwise hold it behind their rendering and tokenising (a 1,000-token prompt each)
         self._prepare_queue: queue.PriorityQueue[tuple[int, int, Connection, Submit]] | None = None
         self._prepare_order = itertools.count()
-        self._embed_jobs: queue.SimpleQueue[tuple[Connection, Submit]] | None = None  # (_embeddings_queue)
+        # the embeddings thread's, in the same order: a search box's query (interactive) is not
+        # held behind documents a background job queued before it (_embeddings_queue)
+        self._embed_jobs: queue.PriorityQueue[tuple[int, int, Connection, Submit]] | None = None
         if prepare_in_thread:
             self._prepare_queue = queue.PriorityQueue()
             threading.Thread(target=self._prepare_loop, name="prepare", daemon=True).start()
@@ -364,7 +366,7 @@ class EngineWorker:
                 # on a thread of their own: seconds of forwards would hold the prepare thread,
                 # and every chat waiting there to be tokenised, as they held the tick thread
                 self.preparing[job_id] = conn
-                self._embeddings_queue().put((conn, message))
+                self._embeddings_queue().put((0 if _urgent(message) else 1, next(self._prepare_order), conn, message))
                 return
             self._check_size(message)
             if self._prepare_queue is not None:
@@ -511,18 +513,18 @@ class EngineWorker:
                 self.interrupt.set()
         self.inbox.put((conn, result))
 
-    def _embeddings_queue(self) -> queue.SimpleQueue[tuple[Connection, Submit]]:
+    def _embeddings_queue(self) -> queue.PriorityQueue[tuple[int, int, Connection, Submit]]:
         """The embeddings thread's queue (the thread started with the first request)."""
         if self._embed_jobs is None:
-            self._embed_jobs = queue.SimpleQueue()
+            self._embed_jobs = queue.PriorityQueue()
             threading.Thread(target=self._embed_loop, args=(self._embed_jobs,), name="embeddings", daemon=True).start()
         return self._embed_jobs
 
-    def _embed_loop(self, jobs: queue.SimpleQueue[tuple[Connection, Submit]]) -> None:
+    def _embed_loop(self, jobs: queue.PriorityQueue[tuple[int, int, Connection, Submit]]) -> None:
         """The embeddings thread: each request's inputs embedded, the result back to the tick
         thread (as the prepare thread's)."""
         while True:
-            conn, message = jobs.get()
+            _rank, _order, conn, message = jobs.get()
             result = self._prepare_one(conn, message)
             if result is not None:
                 self._hand_over(conn, message, result)

@@ -65,3 +65,35 @@ async def test_a_client_that_leaves_stops_its_embeddings_request() -> None:
         await asyncio.sleep(INPUTS * EMBED_S + 0.5)
         assert len(calls) <= 2, f"{len(calls)} of {INPUTS} inputs embedded for a client that left during the first"
 
+
+
+async def test_an_interactive_embeddings_request_goes_before_background_ones_queued_before_it() -> None:
+    """The embeddings thread took requests in arrival order: a search box's query (interactive)
+    waited behind every background batch of documents queued before it. It takes the urgent
+    classes first, as the prepare thread does, each class in arrival order."""
+    async with attached(SimWorker()) as (link, _rt):
+        calls = slow_embedder(link)
+        texts: list[bytes] = []
+        engine = link.worker.engine  # type: ignore[attr-defined]
+        embed = engine.embed
+
+        def noting(tokens: list[int]) -> list[float]:
+            texts.append(b"".join(engine.token_bytes(t) for t in tokens))
+            return embed(tokens)
+
+        engine.embed = noting
+
+        def body(name: str, n: int) -> bytes:
+            return json.dumps({"model": MODEL, "input": [f"{name} {i}" for i in range(n)], "encoding_format": "float"}).encode()
+
+        background = [(b"x-superfluid-qos", b"background"), *JSON]
+        first = asyncio.create_task(request("POST", "/v1/embeddings", body("first", 2), background, timeout_s=30))
+        while not calls:
+            await asyncio.sleep(0.01)
+        later = asyncio.create_task(request("POST", "/v1/embeddings", body("later", 2), background, timeout_s=30))
+        while len(link.worker.preparing) < 2:  # type: ignore[attr-defined]  # both queued at the worker
+            await asyncio.sleep(0.01)
+        query = await request("POST", "/v1/embeddings", body("query", 1), [(b"x-superfluid-qos", b"interactive"), *JSON], timeout_s=30)
+        assert query.status == 200 and (await first).status == 200 and (await later).status == 200
+        order = [next(w for w in (b"first", b"later", b"query") if w in t) for t in texts]
+        assert order.index(b"query") < order.index(b"later"), order
