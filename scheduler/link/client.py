@@ -133,8 +133,8 @@ class SocketTransport(Transport):
                         break
                     message = decode_or_drop(line, "the worker")
                     if message is not None:
-                        job_id = getattr(message, "id", None)
-                        self._apply_from_worker(message, self.inflight.get(job_id) if isinstance(job_id, str) else None)
+                        job_id = getattr(message, "id", None)  # a string where there is one (messages.decode)
+                        self._apply_from_worker(message, self.inflight.get(job_id) if job_id is not None else None)
             except (ConnectionError, OSError, ValueError) as exc:
                 log.warning("link to the engine worker lost: %s", exc)
             finally:

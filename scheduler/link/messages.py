@@ -220,6 +220,10 @@ def decode(line: bytes) -> Message:
     cls = MESSAGES.get(str(body.get("type")))
     if cls is None:
         raise ValueError(f"unknown link message type {body.get('type')!r}")
+    if issubclass(cls, JobMessage) and not isinstance(body.get("id", ""), str):
+        # a job id no web side or worker sends (a list, an object): a reader's look-up of it
+        # raised, which ended the worker (every job on it) or the web side's link
+        raise ValueError(f"{cls.type} message with a job id that is not a string")
     try:
         return cls(**{k: body[k] for k in _FIELDS[cls] if k in body})
     except TypeError as exc:  # a required field missing

@@ -218,11 +218,6 @@ class LinkServer:
                 except ValueError as exc:
                     log.warning("dropping a malformed link message from connection %s: %s", conn.conn_id, exc)
                     continue
-                if not isinstance(getattr(message, "id", ""), str):
-                    # a job id no web side sends (a list, an object): the tick thread's look-up of
-                    # it raised and ended the worker, every job on it with it
-                    log.warning("dropping a %s link message with a job id that is not a string from connection %s", message.type, conn.conn_id)
-                    continue
                 self.on_message(message)
                 self.inbox.put((conn, message))
         except OSError:

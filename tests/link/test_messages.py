@@ -45,7 +45,8 @@ def test_a_decoder_ignores_fields_it_does_not_know_and_fills_defaults() -> None:
     assert got == m.Submit(id="j", request={})
 
 
-@pytest.mark.parametrize("line", [b"[]", b"{}", b'{"type": "nope"}', b'{"type": "delta"}', b"not json", b'"\xff"', pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-too-deep")])
+@pytest.mark.parametrize("line", [b"[]", b"{}", b'{"type": "nope"}', b'{"type": "delta"}', b"not json",
+     b'{"type": "cancel", "id": ["x"]}', b'{"type": "delta", "id": {"a": 1}, "text": "x"}', b'{"type": "done", "id": 7, "finish_reason": "stop"}', b'"\xff"', pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-too-deep")])
 def test_what_is_not_a_message_is_a_value_error(line: bytes) -> None:
     with pytest.raises(ValueError):
         m.decode(line)
