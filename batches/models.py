@@ -110,10 +110,13 @@ class Batch(models.Model):
     endpoint = models.CharField(max_length=64)
     completion_window = models.CharField(max_length=16, default="24h")
     status = models.CharField(max_length=16, default="validating", choices=[(s, s) for s in STATUSES])
-    # deleted (DELETE /v1/files/{id}) once the batch has ended: its lines are kept apart from it
-    input_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="batches")
-    output_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    error_file = models.ForeignKey(File, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # A file may be deleted (DELETE /v1/files/{id}) once the batch has ended (its lines are kept
+    # apart from it); the batch still names it, as OpenAI's does: ``input_file_id`` is a required
+    # string in its Batch object, and a strictly typed client failed to read a null there. So
+    # these references hold no database constraint and a file's delete leaves them as they are.
+    input_file = models.ForeignKey(File, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True, related_name="batches")
+    output_file = models.ForeignKey(File, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True, related_name="+")
+    error_file = models.ForeignKey(File, on_delete=models.DO_NOTHING, db_constraint=False, null=True, blank=True, related_name="+")
     owner = models.CharField(max_length=200, blank=True, default="")
     host = models.CharField(max_length=255, blank=True, default="", help_text="The Host the batch was created under; its lines are sent with it.")
     metadata = JSONText(null=True, blank=True)
