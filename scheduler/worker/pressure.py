@@ -85,12 +85,13 @@ def read_psi(path: Path = PSI_PATH, current: str | None = None) -> str | None:
 def psi_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
     """PSI's level, each reading given the one before (the margin before a level eases); a
     reading that fails leaves no level to hold."""
-    last: list[str | None] = [None]
+    last: str | None = None
 
     def read() -> str | None:
-        current, last[0] = last[0], None
-        last[0] = read_psi(path, current)
-        return last[0]
+        nonlocal last
+        current, last = last, None  # (a reading that raises leaves none)
+        last = read_psi(path, current)
+        return last
 
     return read
 
