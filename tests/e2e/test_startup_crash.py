@@ -5,7 +5,8 @@ segfaults at its first decode with extra buffer types on) is started once more w
 The crash is made for real: SUPERFLUID_TEST_CRASH_PROBE makes the worker SIGSEGV itself in its
 start-up decode (here when it happens with --no-repack too; a serve that comes up after the
 retry is tests/e2e/test_worker_faults.py's server). The supervisor's rules are also driven with
-small fake workers, which are fast enough to cover each case."""
+small fake workers, which are fast enough to cover each case, and with the real worker on a model
+that cannot load."""
 
 from __future__ import annotations
 
@@ -97,6 +98,27 @@ def test_a_model_that_does_not_load_still_stops_serving_at_once() -> None:
     sup = supervise("unloadable")
     assert sup.exited.wait(30)
     assert sup.restarts == 0 and sup.fatal is not None and "cannot load the model" in sup.fatal
+
+
+@pytest.mark.model
+def test_a_real_worker_whose_model_cannot_be_loaded_stops_serving_with_its_reason_and_no_restart(tmp_path, capfd) -> None:  # type: ignore[no-untyped-def]
+    """A model that does not load is a configuration error: the real engine worker says why
+    and exits as unloadable, and the supervisor gives serve the reason (serve raises it and exits
+    non-zero: the start-up crash test below runs that path with a real serve) instead of
+    restarting the worker forever behind a server that can never answer."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # the magic, then nothing a loader can use
+    argv = [sys.executable, str(ROOT / "manage.py"), "runengine", "--model", str(broken), "--max-batch", "1", "--ctx-size", "256"]
+    sup = WorkerSupervisor(argv, repack="auto")  # as serve starts a llama.cpp worker
+    sup.start()
+    try:
+        assert sup.exited.wait(300)
+    finally:
+        sup.kill()
+    assert sup.restarts == 0 and sup.fatal == "the engine worker cannot load the model (its message is above)"
+    err = capfd.readouterr().err  # the worker's own output: serve's, as it inherits it
+    assert "cannot load" in err and str(broken) in err, err[-2000:]
+    assert "restarting" not in err and RETRY_LINE not in err
 
 
 def test_a_worker_that_crashes_after_it_was_ready_is_still_restarted() -> None:
