@@ -23,6 +23,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.base import TICK_TARGETS_MS, EngineError, busy_tick_target_s
 from scheduler.engines.models import model_name_for
 from scheduler.management.options import (
@@ -62,6 +63,43 @@ def load_engine(
         return MlxEngine(model, n_lanes=n_lanes, lane_ctx=lane_ctx, cache_slots=cache_slots)
     except EngineError as exc:
         raise CommandError(f"--engine {kind} cannot load {model}: {exc}") from None
+
+
+def load_configured_engine(options: dict[str, Any], config: SchedulerConfig, model: Path) -> Any:
+    """The engine runengine's flags (``options``) ask for, with ``config``'s lanes and cache slots."""
+    return load_engine(
+        options["engine"],
+        model,
+        n_lanes=config.max_batch,
+        lane_ctx=config.lane_ctx,
+        threads=options["threads"],
+        cache_slots=config.cache_slots if config.prefix_cache else 0,
+        repack=options["repack"],
+        adapt_threads=options["adapt_threads"] == "on",
+    )
+
+
+def engine_worker(engine: Any, config: SchedulerConfig, options: dict[str, Any], model: Path) -> EngineWorker:
+    """The worker around a loaded ``engine``, ``config`` tuned to it, as runengine serves it (the
+    in-process MLX tests build theirs here too: tests/edge/test_mlx_in_process.py)."""
+    # the seed's busy-tick target for this engine bounds a tick's prefill while lanes decode
+    busy_s = busy_tick_target_s(engine.name)
+    if busy_s is not None:
+        config.decoding_prefill_cap_s = busy_s
+    # llama.cpp's per-sequence KV streams are allocated at start-up: evicting a cached prefix
+    # frees nothing a lane can use, so the watermarks do not run there (docs/scheduling.md)
+    config.watermarks = engine.name != "llamacpp"
+    targets_ms = TICK_TARGETS_MS.get(engine.name)
+    if targets_ms is not None:  # ticks of several decode rounds, sized to these targets
+        config.tick_targets_s = (targets_ms[0] / 1000.0, targets_ms[1] / 1000.0)
+    return EngineWorker(
+        engine,
+        config,
+        model_name=options["model_name"] or model_name_for(model),
+        completion_deadline_ms=options["completion_deadline_ms"],
+        os_pressure=options["os_pressure"] == "on",
+        prepare_in_thread=True,
+    )
 
 
 def _status(fd: int, line: str) -> None:
@@ -111,16 +149,7 @@ class Command(FlagsCommand):
                 raise CommandError(f"--socket: {exc}") from None
         started = time.monotonic()
         try:
-            engine = load_engine(
-                options["engine"],
-                model,
-                n_lanes=config.max_batch,
-                lane_ctx=config.lane_ctx,
-                threads=options["threads"],
-                cache_slots=config.cache_slots if config.prefix_cache else 0,
-                repack=options["repack"],
-                adapt_threads=options["adapt_threads"] == "on",
-            )
+            engine = load_configured_engine(options, config, model)
         except CommandError as exc:
             # a distinct status, so the supervisor can tell "this model does not load" from a crash
             sys.stderr.write(f"engine worker: {exc}\n")
@@ -139,25 +168,8 @@ class Command(FlagsCommand):
         _status(status_fd, "ready")
         if status_fd >= 0:
             os.close(status_fd)
-        # the seed's busy-tick target for this engine bounds a tick's prefill while lanes decode
-        busy_s = busy_tick_target_s(engine.name)
-        if busy_s is not None:
-            config.decoding_prefill_cap_s = busy_s
-        # llama.cpp's per-sequence KV streams are allocated at start-up: evicting a cached prefix
-        # frees nothing a lane can use, so the watermarks do not run there (docs/scheduling.md)
-        config.watermarks = engine.name != "llamacpp"
-        targets_ms = TICK_TARGETS_MS.get(engine.name)
-        if targets_ms is not None:  # ticks of several decode rounds, sized to these targets
-            config.tick_targets_s = (targets_ms[0] / 1000.0, targets_ms[1] / 1000.0)
-        name = options["model_name"] or model_name_for(model)
-        worker = EngineWorker(
-            engine,
-            config,
-            model_name=name,
-            completion_deadline_ms=options["completion_deadline_ms"],
-            os_pressure=options["os_pressure"] == "on",
-            prepare_in_thread=True,
-        )
+        worker = engine_worker(engine, config, options, model)
+        name = worker.model_name
 
         def wait_for_stop() -> None:
             while True:
