@@ -25,7 +25,7 @@ import pytest
 
 from testkit.harness import ROOT, stop_processes
 
-from .test_fleet_processes import MODEL, wait_until
+from .fleet.conftest import MODEL, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 

@@ -1,6 +1,8 @@
-"""Redis mode: the Batch API on Celery, with a real redis-server, a real ``serve --redis`` head
-(with its engine) and a real ``celery -A superfluid_site worker`` process, through the
-unmodified ``openai`` client."""
+"""Redis mode: the Batch API on Celery, through the unmodified ``openai`` client, with real
+``celery -A superfluid_site worker`` processes of this module's own on the package's fleet
+(conftest.py: its redis-server is the broker, its database theirs, its two ``runengine``
+workers run the lines, and its head 2 takes the API calls). Its tests run before
+test_processes.py's, which stop Redis and kill processes of the fleet."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,11 +22,10 @@ import pytest
 from testkit.harness import ROOT, RunningServer, stop_processes
 from tests.e2e.server import openai_client
 from tests.e2e.test_batches import wait_for
-from tests.redis.conftest import RedisServer
+
+from .conftest import MODEL, Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
-
-MODEL = "SmolLM2-135M-Instruct.Q4_1"
 
 
 STALL_S = 3  # SUPERFLUID_BATCH_STALL_S for the Celery workers here: a lost chain is seen in seconds
@@ -42,7 +42,7 @@ def celery_worker(env: dict[str, str], data_dir: str) -> subprocess.Popen[bytes]
 
 @dataclass
 class Deployment:
-    """A ``serve --redis`` head, its Redis, and what a Celery worker of it is started with."""
+    """A ``serve --redis`` head of the fleet, its Redis, and what a Celery worker of it is started with."""
 
     head: RunningServer
     worker: subprocess.Popen[bytes]
@@ -52,20 +52,18 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def head_and_celery() -> Iterator[Deployment]:
-    redis = RedisServer().start()
-    data_dir = tempfile.mkdtemp(prefix="superfluid-celery-")
-    env = {**os.environ, "SUPERFLUID_DATA_DIR": data_dir, "REDIS_URL": redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S), "SUPERFLUID_BATCH_LEASE_S": str(LEASE_S)}
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=300)
-    head = RunningServer("--redis", redis.url, "--max-batch", "4", "--ctx-size", "1024", env={"SUPERFLUID_DATA_DIR": data_dir})
-    worker = celery_worker(env, data_dir)
+def head_and_celery(fleet: Fleet) -> Iterator[Deployment]:
+    """Head 2 of the fleet (head 1 dies in test_processes.py's last test) and a Celery worker.
+    The heads read neither setting below: in Redis mode a head only sends a batch's start task,
+    and the lines, their leases and the sweep are the Celery workers'."""
+    head = fleet.heads[1]
+    assert head.proc is not None and head.proc.poll() is None, head.log()
+    env = {**os.environ, "SUPERFLUID_DATA_DIR": fleet.data_dir, "REDIS_URL": fleet.redis.url, "SUPERFLUID_BATCH_STALL_S": str(STALL_S), "SUPERFLUID_BATCH_LEASE_S": str(LEASE_S)}
+    worker = celery_worker(env, fleet.data_dir)
     try:
-        head.start(300)
-        yield Deployment(head, worker, redis.url, env, data_dir)
+        yield Deployment(head, worker, fleet.redis.url, env, fleet.data_dir)
     finally:
-        head.stop()
-        stop_processes(worker)
-        redis.stop()
+        stop_processes(worker)  # none of this module's workers is left to the fleet's next tests
 
 
 def batch_file(c: openai.OpenAI, n: int, max_tokens: int) -> str:
