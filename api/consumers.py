@@ -32,12 +32,14 @@ from superfluid_site.serving import serving
 from . import responses
 from .admission import Admission, Principal, admit, authenticate
 from .edge import (
+    check_content_encoding,
     check_expanded_size,
     check_host_and_origin,
     check_prompt_size,
     cors_origin,
     cors_preflight_headers,
     is_preflight,
+    joined_header,
     with_cors_headers,
 )
 from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
@@ -255,6 +257,7 @@ class GenerationConsumer(StreamingConsumer):
         self.record.key_name = self.principal.key_name
         if self.scope.get("method") != "POST":
             raise method_not_allowed(self.scope.get("method", ""))
+        check_content_encoding(joined_header(self.scope, b"content-encoding", {}))
         pool = get_pool()
         link = get_link()
         if link.draining or (pool is not None and pool.draining):

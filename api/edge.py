@@ -31,7 +31,15 @@ from django.views.decorators.csrf import csrf_exempt
 from scheduler.engines.chat import chat_text_chars
 from superfluid_site.serving import serving
 
-from .errors import ApiError, method_not_allowed, not_found, request_timeout, request_too_large, server_error
+from .errors import (
+    ApiError,
+    method_not_allowed,
+    not_found,
+    request_timeout,
+    request_too_large,
+    server_error,
+    unsupported_content_encoding,
+)
 
 # /infill: llama-server's fill-in-the-middle route (a consumer); what Django answers below it
 # (/infill/, a bad Host there) was its HTML page
@@ -77,6 +85,10 @@ def api_route(methods: Iterable[str] = ("GET", "HEAD")) -> Callable[[Callable[..
                 return preflight
             if request.method not in allowed:
                 return error_response(method_not_allowed(request.method or "", allowed, request.path))
+            try:
+                check_content_encoding(request.headers.get("content-encoding"))
+            except ApiError as exc:
+                return error_response(exc)
             return await view(request, *args, **kwargs)
 
         return csrf_exempt(inner)
@@ -166,7 +178,7 @@ def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> Non
     address the server listens on, and a header sent more than once is its values joined with
     commas (so ``Host: evil`` before ``Host: ours`` is refused here as Django's views refuse it,
     not judged by the last alone)."""
-    host, origin = _joined(scope, b"host", headers), _joined(scope, b"origin", headers)
+    host, origin = joined_header(scope, b"host", headers), joined_header(scope, b"origin", headers)
     if host is None:
         server = scope.get("server")
         host = f"{server[0]}:{server[1]}" if server and server[1] is not None else (str(server[0]) if server else "")
@@ -175,13 +187,20 @@ def check_host_and_origin(headers: dict[str, str], scope: dict[str, Any]) -> Non
     check_origin(origin)
 
 
-def _joined(scope: dict[str, Any], name: bytes, headers: dict[str, str]) -> str | None:
+def joined_header(scope: dict[str, Any], name: bytes, headers: dict[str, str]) -> str | None:
     """Every value of header ``name`` in the scope, joined with commas (Django's META does the
     same); ``headers`` when the scope carries none (an in-process caller's)."""
     values = [v.decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name]
     if not values:
         return headers.get(name.decode())
     return ",".join(values)
+
+
+def check_content_encoding(coding: str | None) -> None:
+    """415 for a body sent compressed (``Content-Encoding: gzip``, several joined with commas):
+    bodies are read as sent, and a gzipped one was reported as JSON that does not parse."""
+    if coding is not None and any(c.strip().lower() not in ("", "identity") for c in coding.split(",")):
+        raise unsupported_content_encoding(coding.strip())
 
 
 def check_origin(origin: str | None) -> None:

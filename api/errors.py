@@ -10,7 +10,7 @@ The ``code`` values used across the API are deliberately few:
 ``invalid_json``, ``missing_required_parameter``, ``invalid_type``, ``invalid_value``,
 ``unsupported_value``, ``unsupported_parameter``, ``unsupported_content``, ``unknown_parameter``,
 ``model_not_found``, ``context_length_exceeded``, ``request_too_large``, ``request_timeout``, ``engine_unavailable``,
-``method_not_allowed``, ``not_found``.
+``method_not_allowed``, ``not_found``, ``unsupported_content_encoding``.
 """
 
 from __future__ import annotations
@@ -101,6 +101,15 @@ def request_too_large(limit_bytes: int) -> ApiError:
         413,
         f"Request body too large: the limit is {limit_bytes} bytes.",
         code="request_too_large",
+    )
+
+
+def unsupported_content_encoding(coding: str) -> ApiError:
+    """415 ``unsupported_content_encoding``: the body came compressed (``Content-Encoding``)."""
+    return ApiError(
+        415,
+        f"Request bodies sent with Content-Encoding '{coding}' are not supported: send the body uncompressed.",
+        code="unsupported_content_encoding",
     )
 
 
