@@ -59,37 +59,28 @@ def keyed_server() -> Iterator[Any]:
         srv.stop()
 
 
-@pytest.fixture(scope="session")
-def fim_server() -> Iterator[Any]:
-    """The real server with two resident models (serve --fim-model: the bundled GGUF as a
-    one-lane main model and again as a two-lane FIM model), shared by the FIM tests, the
-    dashboard's models test and the one-lane preemption test."""
-    from testkit.harness import RunningServer
-    from tests.e2e.test_fim_model import two_model_flags
-
-    srv = RunningServer(*two_model_flags(2048)).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-# The one several-models real server (serve --config): the bundled SmolLM2 as ``smol`` and Gemma 3
-# 270M as ``gemma``, one lane each, one loaded at a time, Gemma unloaded once idle for this long,
-# and the request-priority seed's serial router with a swap affinity bonus of 10.
+# The one several-models real server (serve --config, and --fim-model): the bundled SmolLM2 as
+# ``smol`` and Gemma 3 270M as ``gemma``, one lane of 1024 tokens each, one loaded at a time, Gemma
+# unloaded once idle for this long, and the request-priority seed's serial router with a swap
+# affinity bonus of 10; beside them the bundled GGUF again as the FIM model, under its file name
+# (with_fim_model), two lanes of 2048 tokens, pinned: resident from the start, in no swap slot,
+# never a victim. Which of smol and gemma is loaded when a test starts depends on the tests before
+# it (or neither: gemma's TTL): a test that needs one asks for it.
 MODELS_SERVER_GEMMA_TTL_S = 3
 
 
 @pytest.fixture(scope="session")
 def models_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real server the router tests share (tests/e2e/test_models.py, test_two_models.py)."""
+    """The real server the router tests (tests/e2e/test_models.py, test_two_models.py), the FIM
+    tests (tests/e2e/test_fim_model.py), the dashboard's models test and the one-lane preemption
+    test share."""
     from scheduler.engines.models import default_model_path, gemma_model_path
     from testkit.configs import two_models_config
     from testkit.harness import RunningServer
 
     path = tmp_path_factory.mktemp("models") / "superfluid.yaml"
     path.write_text(two_models_config(default_model_path(), gemma_model_path(), max_batch=1, gemma_ttl_s=MODELS_SERVER_GEMMA_TTL_S, swap_affinity_bonus=10))
-    srv = RunningServer("--config", str(path)).start()
+    srv = RunningServer("--config", str(path), "--fim-model", str(default_model_path()), "--fim-max-context", "2048").start()
     try:
         yield srv
     finally:

