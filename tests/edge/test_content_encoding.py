@@ -33,3 +33,9 @@ async def test_an_identity_encoding_is_a_body_as_sent(sim: SimWorker, coding: by
     async with attached(sim):
         reply = await request("POST", "/v1/chat/completions", chat_body("hi", max_tokens=2), [*JSON, (b"content-encoding", coding)])
         assert reply.status == 200, reply.body
+
+
+async def test_a_get_that_names_an_encoding_reads_no_body_and_is_answered(sim: SimWorker) -> None:
+    async with attached(sim):
+        reply = await request("GET", "/v1/models", b"", [(b"content-encoding", b"gzip")])
+        assert reply.status == 200 and reply.json()["object"] == "list", reply.body
