@@ -26,6 +26,7 @@ __all__ = [
     "openai_client",
     "peak_lanes",
     "serving",
+    "stream_line",
     "stream_text",
 ]
 
@@ -138,16 +139,21 @@ def stream_text(base: str, body: dict, headers: dict | None = None, on_chunk=Non
     with httpx.stream("POST", base + body.pop("_path"), json=body, headers=headers or {}, timeout=timeout_s) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices", []):
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    parts.append(piece)
-                    if on_chunk is not None:
-                        on_chunk(len(parts))
+            pieces, usage = stream_line(line, usage)
+            for piece in pieces:
+                parts.append(piece)
+                if on_chunk is not None:
+                    on_chunk(len(parts))
     return "".join(parts), usage
+
+
+def stream_line(line: str | bytes, usage: dict) -> tuple[list[str], dict]:
+    """The text pieces one line of a completion or chat stream carries, and the usage so far
+    (``usage``, or the line's own); none from a line that is not a ``data:`` event. No error
+    frame may arrive."""
+    if not (line.startswith("data: {") if isinstance(line, str) else line.startswith(b"data: {")):
+        return [], usage
+    event = json.loads(line[6:])
+    assert "error" not in event, event
+    pieces = [choice.get("text") or (choice.get("delta") or {}).get("content") or "" for choice in event.get("choices", [])]
+    return [p for p in pieces if p], event.get("usage") or usage

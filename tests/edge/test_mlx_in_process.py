@@ -23,6 +23,7 @@ import pytest
 from channels.testing import ApplicationCommunicator
 
 from scheduler.worker.loop import EngineWorker
+from tests.e2e.server import stream_line
 
 from .inproc import CLIENT, HOST, JSON, SimWorker, application, attached, request, scope
 
@@ -139,18 +140,11 @@ async def stream_text(path: str, body: dict[str, Any], qos: str, on_chunk: Calla
         pending += message.get("body", b"")
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            if not line.startswith(b"data: {"):
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices", []):
-                piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-                if piece:
-                    parts.append(piece)
-                    if on_chunk is not None:
-                        await on_chunk(len(parts))
+            pieces, usage = stream_line(line, usage)
+            for piece in pieces:
+                parts.append(piece)
+                if on_chunk is not None:
+                    await on_chunk(len(parts))
         if not message.get("more_body", False):
             break
     await comm.send_input({"type": "http.disconnect"})
