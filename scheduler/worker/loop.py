@@ -358,7 +358,7 @@ class EngineWorker:
                 raise Refusal(SHUTTING_DOWN, "The server is shutting down.")
             if job_id in self.contexts or job_id in self.preparing:
                 raise Refusal(DUPLICATE_ID, f"duplicate job id {job_id}")
-            embeddings = isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings"
+            embeddings = _embeddings(message)
             if embeddings and self._prepare_queue is None:
                 self._answer_embeddings(conn, job_id, self._embed(message, lambda: True))
                 return
@@ -536,7 +536,7 @@ class EngineWorker:
         if self.preparing.get(message.id) is not conn:
             return None
         try:
-            if isinstance(message.request, dict) and message.request.get("endpoint") == "embeddings":
+            if _embeddings(message):
                 embedded = self._embed(message, lambda: self.preparing.get(message.id) is conn)
                 return None if embedded is None else Prepared(message.id, None, None, embedded)
             return Prepared(message.id, self._build(conn, message), None)
