@@ -185,7 +185,10 @@ SIM_LEASE_MS = 1000
 
 
 class SimFleetWorker:
-    def __init__(self, url: str, prefix: str, *, lanes: int = 2, engine: SimEngine | None = None, class_lanes: dict[Any, int] | None = None) -> None:
+    def __init__(
+        self, url: str, prefix: str, *, lanes: int = 2, engine: SimEngine | None = None, class_lanes: dict[Any, int] | None = None, drain_timeout_s: float = 5.0
+    ) -> None:
+        self.drain_timeout_s = drain_timeout_s  # how long a drain lets the jobs it has run on
         self.engine = engine or SimEngine(n_lanes=lanes, lane_ctx=512)
         config = SchedulerConfig(max_batch=self.engine.n_lanes, lane_ctx=self.engine.lane_ctx, class_lanes=dict(class_lanes or {}))
         self.worker = EngineWorker(self.engine, config, model_name="sim", prepare_in_thread=True)
@@ -196,7 +199,7 @@ class SimFleetWorker:
 
     def _run(self) -> None:
         try:
-            self.worker.serve(self.link, drain_timeout_s=5.0)  # type: ignore[arg-type]
+            self.worker.serve(self.link, drain_timeout_s=self.drain_timeout_s)  # type: ignore[arg-type]
         except BaseException as exc:  # a simulated crash: the process would be gone
             self.error = exc
             self.link.close()

@@ -593,7 +593,9 @@ async def test_a_job_picked_as_its_worker_began_to_drain_goes_back_to_the_queue_
     the fleet had other workers. The job now goes back to its place in the queue, unrun, and
     another worker serves it in full."""
 
-    draining = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    # the long job takes ~3 s of steps, more on a loaded machine: the drain's bound is a failsafe
+    # here, not the 5 s that cut it short under CI's load (Error "shutdown" instead of its Done)
+    draining = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01), drain_timeout_s=120.0).start()
     link = await head(redis_server.url, prefix)
     client = redis.Redis(port=redis_server.port)
     spare: SimFleetWorker | None = None
