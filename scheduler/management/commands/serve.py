@@ -785,8 +785,10 @@ class Command(FlagsCommand):
                 reactor.callLater(0, get_pool)  # the router starts (TTLs, preloads)
 
         from api.edge import install_protocol_errors
+        from superfluid_site.socket_writes import install_immediate_writes
 
         install_protocol_errors()  # daphne's own 400s (a bad header byte, a non-ASCII path): JSON too
+        install_immediate_writes()  # a streamed token goes out when it is written, not a loop turn later
         server = Server(
             application=get_default_application(),
             endpoints=build_endpoint_description_strings(host=host, port=port),
