@@ -19,18 +19,23 @@ from typing import Any
 
 def _idle(conn: Any) -> bool:
     """Whether ``conn`` has nothing buffered and may take an immediate send: connected, not
-    closing or aborted, not half-closed, and no TLS layer between it and the socket."""
-    return bool(
-        conn.connected
-        and not conn.disconnecting
-        and not conn.disconnected
-        and not conn._writeDisconnected
-        and not conn._writeDisconnecting
-        and not conn._aborting
-        and not conn.TLS
-        and not conn._tempDataBuffer
-        and conn.offset == len(conn.dataBuffer)
-    )
+    closing or aborted, not half-closed, and no TLS layer between it and the socket. Some of
+    these are Twisted's private attributes: where one is missing (a Twisted that renamed it),
+    every write takes Twisted's own buffered path."""
+    try:
+        return bool(
+            conn.connected
+            and not conn.disconnecting
+            and not conn.disconnected
+            and not conn._writeDisconnected
+            and not conn._writeDisconnecting
+            and not conn._aborting
+            and not conn.TLS
+            and not conn._tempDataBuffer
+            and conn.offset == len(conn.dataBuffer)
+        )
+    except AttributeError:
+        return False
 
 
 def _send_now(conn: Any, data: bytes) -> bytes:

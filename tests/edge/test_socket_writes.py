@@ -190,3 +190,13 @@ def test_nothing_is_sent_on_an_aborted_connection(immediate: None) -> None:
     conn.write(b"data: late\n\n")
     conn.writeSequence([b"late", b"r"])
     assert drain(peer) == b""
+
+
+def test_a_twisted_without_the_private_state_it_reads_keeps_its_own_buffered_writes(immediate: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from twisted.internet import tcp
+
+    monkeypatch.delattr(tcp._AbortingMixin, "_aborting")  # as if a later Twisted named it otherwise
+    conn, peer, reactor = connection()
+    conn.write(b"data: x\n\n")
+    assert drain(peer) == b""  # not sent at once: left to the reactor, as Twisted does
+    assert run_reactor(conn, peer, reactor) == b"data: x\n\n"
