@@ -11,9 +11,15 @@ not counted. Prints a table, medians over ``--repeat`` rounds.
 
 An A/B of two checkouts: ``--tree NAME=PATH`` (twice or more) starts one server per checkout
 (each checkout's own ``manage.py``, on each of ``--loops``) and alternates between them the same
-way; the table has a row per server and its ratio to the first.
+way (the order reversed every other round); the table has a row per server and its ratio to the
+first. The CPU time comes in ticks of 10 ms: give each round enough tokens that a tick is a small
+part of it (``--max-tokens 400`` at one stream is ~20 ticks).
 
     python bench/web_cpu.py --loops uvloop --tree base=/tmp/base --tree new=.
+
+``--bare`` also runs the bare loop (``bench/bare_loop.py``, in this process, with the
+llama-cpp-python it imports) on the same prompts in every round, before the servers, and adds
+each server's throughput over the bare loop's, the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.throughput import one_stream, prompts, run_server  # noqa: E402
+from bench.throughput import bare_tps, one_stream, prompts, run_server  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
 
@@ -68,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loops", default=",".join(LOOPS), help="event loops to run serve on (uvloop, asyncio)")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="a checkout to serve from (A/B; repeatable)")
+    parser.add_argument("--bare", action="store_true", help="also run the bare loop each round; report each server's tok/s over it")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     loops = [loop for loop in args.loops.split(",") if loop]
@@ -83,12 +90,19 @@ def main() -> None:
             env = {"SUPERFLUID_EVENT_LOOP": loop}
             servers[label] = (TreeServer(Path(path), *flags, env=env) if path else RunningServer(*flags, env=env)).start()
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    bare: dict[int, list[float]] = {}
     try:
         for server in servers.values():
             one_stream(server.base, model, prompts(1)[0], 8)  # warm: first request, key runtime loaded
         for round_ in range(args.repeat):
             for n in counts:
-                for label, server in servers.items():
+                if args.bare:
+                    bare.setdefault(n, []).append(bare_tps(default_model_path(), prompts(n), args.max_tokens))
+                    print(f"round {round_ + 1} bare loop     {n} streams: {bare[n][-1]:.1f} tok/s", file=sys.stderr, flush=True)
+                # the servers in turn, the order reversed every other round: a machine whose speed
+                # drifts within a round favours neither
+                order = list(servers.items())
+                for label, server in order if round_ % 2 == 0 else order[::-1]:
                     ms, tps = measure(server, model, n, args.max_tokens)
                     results.setdefault((label, n), []).append((ms, tps))
                     print(
@@ -101,14 +115,18 @@ def main() -> None:
             server.stop()
     print(f"\nweb process CPU per streamed token, median of {args.repeat} ({args.max_tokens} tokens a stream)\n")
     first = next(iter(servers))
-    print(f"| streams | server | ms/token | / {first} | tok/s |")
-    print("|--:|:--|--:|--:|--:|")
+    print(f"| streams | server | ms/token | / {first} | tok/s |" + (" bare loop tok/s | / bare loop |" if args.bare else ""))
+    print("|--:|:--|--:|--:|--:|" + ("--:|--:|" if args.bare else ""))
     for n in counts:
         base_ms = statistics.median(r[0] for r in results[(first, n)])
         for label in servers:
             ms = statistics.median(r[0] for r in results[(label, n)])
             tps = statistics.median(r[1] for r in results[(label, n)])
-            print(f"| {n} | {label} | {ms:.3f} | {ms / base_ms:.2f} | {tps:.1f} |")
+            row = f"| {n} | {label} | {ms:.3f} | {ms / base_ms:.2f} | {tps:.1f} |"
+            if args.bare:
+                ratio = statistics.median(r[1] / b for r, b in zip(results[(label, n)], bare[n], strict=True))
+                row += f" {statistics.median(bare[n]):.1f} | {ratio:.3f} |"
+            print(row)
 
 
 if __name__ == "__main__":
