@@ -363,7 +363,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
     ``ignored``; other unknown keys as on ``/v1/completions``."""
     body = load_object(raw)
-    if body.get("model") is None and models:
+    if body.get("model") in (None, "") and models:  # (as /tokenize: an empty name is none)
         body = {**body, "model": next(iter(models))}
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _INFILL_KEYS, strict)
@@ -501,7 +501,7 @@ def _encodable(text: str, path: str | None, *, is_key: bool = False) -> None:
 
 def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:
     model = body.get("model")
-    if model is None:
+    if model is None or model == "":  # an empty name is no name: as OpenAI answers both
         raise invalid_request(
             "You must provide a model parameter.", param="model", code="missing_required_parameter"
         )

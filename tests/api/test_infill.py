@@ -165,6 +165,13 @@ def test_the_body_maps_onto_a_fim_completion() -> None:
     assert bare.suffix == "" and bare.prompt == "" and fields is None  # still a FIM prompt: its class, its --fim-model
 
 
+def test_an_empty_model_name_is_none_given_the_served_model_answers() -> None:
+    """/infill's model is optional (llama-server's route): an empty name is no name, not a model
+    called "" that does not exist."""
+    req, _ = parse({"input_prefix": "a", "model": ""})
+    assert req.model == MODEL
+
+
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
 def test_a_token_limit_that_is_honoured_is_not_named_ignored_nor_unknown_under_strict(key: str) -> None:
     """Both names of the limit are read (api.schemas._parse_max_tokens), as on /v1/completions:

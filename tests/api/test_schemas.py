@@ -97,10 +97,12 @@ def test_completion_body_that_is_not_json_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("parse", [parse_chat_request, parse_completion_request])
-def test_missing_model_is_rejected_naming_model(parse: Any) -> None:
+@pytest.mark.parametrize("model", [b"", b', "model": null', b', "model": ""'], ids=["absent", "null", "empty"])
+def test_missing_model_is_rejected_naming_model(parse: Any, model: bytes) -> None:
     with pytest.raises(ApiError) as info:
-        parse(b'{"messages": [], "prompt": "x"}', models=MODELS)
+        parse(b'{"messages": [], "prompt": "x"' + model + b"}", models=MODELS)
     assert_400(info.value, "model", "missing_required_parameter")
+    assert info.value.message == "You must provide a model parameter."
 
 
 @pytest.mark.parametrize("model", [3, ["smollm2"], True])

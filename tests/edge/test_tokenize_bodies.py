@@ -71,3 +71,13 @@ async def test_a_large_body_is_parsed_off_the_event_loop(sim: SimWorker, path: s
         reply = await request("POST", path, body, sized(body), timeout_s=60)
         assert reply.status == 200, reply.body[:300]
         assert threads and threading.get_ident() not in threads
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+async def test_an_empty_model_name_is_none_given(sim: SimWorker, path: str) -> None:
+    """The body's ``model`` is optional here: an empty name is no name (the served model
+    answers), not a 404 for a model called ""."""
+    async with attached(sim):
+        body = json.dumps({"content": "hello", "tokens": [1, 2], "model": ""}).encode()
+        reply = await request("POST", path, body, sized(body))
+        assert reply.status == 200, reply.body[:300]
