@@ -42,9 +42,7 @@ def _send_now(conn: Any, data: bytes) -> bytes:
     """Send what the socket takes of ``data`` now; the rest (all of it after an error)."""
     try:
         sent = conn.socket.send(data)
-    except (BlockingIOError, InterruptedError):
-        return data
-    except OSError:  # the reactor's doWrite meets it again and loses the connection
+    except OSError:  # a full socket (EAGAIN) or a lost one: the reactor's doWrite tries again
         return data
     return data[sent:]
 
