@@ -15,11 +15,15 @@ import pytest
 from scheduler.management.commands.serve import WorkerSupervisor
 
 # Dies of the signal at start-up, as a worker does before runengine blocks its stop signals (the
-# Python and Django start-up before its handle()); notes that it has first.
+# Python and Django start-up before its handle()); notes that it has first. The signal's default
+# action is set first: a process started in the background by a shell without job control
+# inherits SIGINT ignored, and the stand-in then lived on and exited 0 (a start-up failure).
 DIES_OF_SIGNAL = """
 import os, signal, sys
 open(sys.argv[1], "w").close()
-os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+sig = getattr(signal, sys.argv[2])
+signal.signal(sig, signal.SIG_DFL)
+os.kill(os.getpid(), sig)
 """
 
 
