@@ -363,7 +363,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
     ``ignored``; other unknown keys as on ``/v1/completions``."""
     body = load_object(raw)
-    if body.get("model") in (None, "") and models:  # (as /tokenize: an empty name is none)
+    if named_model(body) is None and models:
         body = {**body, "model": next(iter(models))}
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _INFILL_KEYS, strict)
@@ -499,9 +499,17 @@ def _encodable(text: str, path: str | None, *, is_key: bool = False) -> None:
         ) from None
 
 
-def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:
+def named_model(body: Mapping[str, Any]) -> Any:
+    """The body's ``model`` as sent, None where it names none: absent, null or "" (an empty name
+    is no name, as OpenAI answers both). Where the model is optional (/infill, /tokenize) none
+    means the default; where it is required, 400 ``missing_required_parameter``."""
     model = body.get("model")
-    if model is None or model == "":  # an empty name is no name: as OpenAI answers both
+    return None if model == "" else model
+
+
+def _parse_model(body: Mapping[str, Any], models: Collection[str]) -> str:
+    model = named_model(body)
+    if model is None:
         raise invalid_request(
             "You must provide a model parameter.", param="model", code="missing_required_parameter"
         )

@@ -112,8 +112,10 @@ async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None
     """The body's optional ``model`` (an id or an alias) for /tokenize and /detokenize, as the
     key may use it: None for the first configured; 404 ``model_not_found`` as for a chat, and
     as /props for a key that may not use the first configured."""
-    model = body.get("model")
-    if model is None or model == "":  # an empty name is no name
+    from .schemas import named_model
+
+    model = named_model(body)
+    if model is None:
         policy = request.principal.policy  # type: ignore[attr-defined]
         if policy is not None and policy.allowed_models:  # (no wait for a worker away otherwise)
             pool = get_pool()
