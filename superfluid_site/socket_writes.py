@@ -66,12 +66,10 @@ def install_immediate_writes() -> None:
 
     def write_sequence(self: Any, iovec: Any) -> None:
         chunks = list(iovec)
-        if chunks and _idle(self) and all(type(chunk) is bytes for chunk in chunks):
-            rest = _send_now(self, b"".join(chunks))
-            if rest:
-                buffered_write(self, rest)
-            return
-        buffered_write_sequence(self, chunks)
+        if all(type(chunk) is bytes for chunk in chunks):
+            write(self, b"".join(chunks))  # one send, or Twisted's buffer: the same bytes in order
+        else:
+            buffered_write_sequence(self, chunks)  # Twisted's own TypeError
 
     write.immediate = write_sequence.immediate = True  # type: ignore[attr-defined]
     tcp.Connection.write = write  # type: ignore[method-assign]

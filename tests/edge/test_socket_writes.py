@@ -50,9 +50,9 @@ class Protocol:
         self.lost.append(reason)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module", autouse=True)
 def immediate() -> Iterator[None]:
-    """install_immediate_writes for one test, Twisted's own methods back after it."""
+    """install_immediate_writes for this module's tests, Twisted's own methods back after them."""
     from twisted.internet import tcp
 
     saved = tcp.Connection.write, tcp.Connection.writeSequence
@@ -112,7 +112,7 @@ def run_reactor(conn: Any, peer: socket.socket, reactor: RecordingReactor) -> by
     return received + drain(peer)
 
 
-def test_a_write_on_an_idle_connection_reaches_the_peer_before_the_reactor_turns(immediate: None) -> None:
+def test_a_write_on_an_idle_connection_reaches_the_peer_before_the_reactor_turns() -> None:
     conn, peer, reactor = connection()
     conn.write(b'data: {"text": " the"}\n\n')
     assert drain(peer) == b'data: {"text": " the"}\n\n'
@@ -122,7 +122,7 @@ def test_a_write_on_an_idle_connection_reaches_the_peer_before_the_reactor_turns
     assert not reactor.writers
 
 
-def test_what_the_socket_does_not_take_is_buffered_and_goes_out_in_order(immediate: None) -> None:
+def test_what_the_socket_does_not_take_is_buffered_and_goes_out_in_order() -> None:
     conn, peer, reactor = connection(sndbuf=4096)
     big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket buffers hold
     conn.write(big)
@@ -145,10 +145,6 @@ def test_what_the_socket_does_not_take_is_buffered_and_goes_out_in_order(immedia
     )
 )
 def test_any_mix_of_writes_and_slow_reads_delivers_every_byte_in_order(steps: list[tuple[str, int]]) -> None:
-    from twisted.internet import tcp
-
-    saved = tcp.Connection.write, tcp.Connection.writeSequence
-    install_immediate_writes()
     conn, peer, reactor = connection(sndbuf=8192)
     try:
         sent = b""
@@ -167,13 +163,12 @@ def test_any_mix_of_writes_and_slow_reads_delivers_every_byte_in_order(steps: li
                     conn.doWrite()
         received += run_reactor(conn, peer, reactor)
         assert received == sent
-    finally:
-        tcp.Connection.write, tcp.Connection.writeSequence = saved  # type: ignore[method-assign]
+    finally:  # (one test function, many examples: their sockets closed as they end)
         while _open:
             _open.pop().close()
 
 
-def test_a_write_after_the_client_left_is_left_to_the_reactor_which_loses_the_connection(immediate: None) -> None:
+def test_a_write_after_the_client_left_is_left_to_the_reactor_which_loses_the_connection() -> None:
     from twisted.internet import main
 
     conn, peer, reactor = connection()
@@ -184,7 +179,7 @@ def test_a_write_after_the_client_left_is_left_to_the_reactor_which_loses_the_co
     assert conn.doWrite() is main.CONNECTION_LOST  # the reactor's own path to connectionLost
 
 
-def test_nothing_is_sent_on_an_aborted_connection(immediate: None) -> None:
+def test_nothing_is_sent_on_an_aborted_connection() -> None:
     conn, peer, reactor = connection()
     conn.abortConnection()
     conn.write(b"data: late\n\n")
@@ -192,7 +187,7 @@ def test_nothing_is_sent_on_an_aborted_connection(immediate: None) -> None:
     assert drain(peer) == b""
 
 
-def test_a_twisted_without_the_private_state_it_reads_keeps_its_own_buffered_writes(immediate: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_twisted_without_the_private_state_it_reads_keeps_its_own_buffered_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     from twisted.internet import tcp
 
     monkeypatch.delattr(tcp._AbortingMixin, "_aborting")  # as if a later Twisted named it otherwise
