@@ -22,7 +22,9 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
   holds (an idle one first, then the least recently used): that model takes no more work, and once
   its admitted work has finished (nothing is cut) it is unloaded and the slot is used.
   Reservations are recomputed every time, so a better request that arrives meanwhile for the
-  reserved model still goes first.
+  reserved model still goes first. A swap, once started (the unload, or the load into a free
+  slot), is the pick of the request it was started for and is not taken back: the freed slot
+  loads its model, and that model serves it before a request that came meanwhile may reserve it.
 - A loaded model whose ``ttl_s`` has passed with nothing running or waiting is unloaded.
 - A ``pinned`` model (serve's ``--fim-model``) is resident beside the others: it takes no one of
   the ``max_loaded_models`` slots, is never chosen for a swap and has no TTL; its requests wait
@@ -389,7 +391,14 @@ class Router:
             return False
 
         pending: set[str] = set()  # models already waited on in this plan
-        for w in self.order(now, **terms):
+        # A swap, once started (its victim's unload, or its load), belongs to the request it was
+        # started for: the slot freed for it loads its model, and that model serves it first. The
+        # swap was its pick, and a pick is not taken back (dispatch is non-preemptive): a better
+        # request that came meanwhile reserves the model only once that request runs there (or
+        # claims it, below, while it waits for one of its lanes).
+        ordered = self.order(now, **terms)
+        ordered.sort(key=lambda w: not (w.chosen and state[w.model] in (ModelState.LOADED, ModelState.UNLOADED)))
+        for w in ordered:
             s = state[w.model]
             if s is ModelState.LOADED and w.model not in reserved:
                 if may_start(w):

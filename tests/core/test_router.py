@@ -301,6 +301,43 @@ def test_requests_for_a_loading_model_wait_until_it_is_loaded() -> None:
     assert box.started == ["a1", "a2"]
 
 
+def test_a_model_loaded_for_a_request_serves_it_before_a_better_request_can_swap_it_out() -> None:
+    """Dispatch is non-preemptive and a swap starts at the pick of the request it is for: a
+    better request for another model that arrives while that load runs waits for the request
+    the model was loaded for, instead of having the fresh model unloaded again unused."""
+    box = Box(["A", "B"], swap_affinity_bonus=10)
+    box.finish(box.ask("A", rid="a0"))  # A loaded and idle
+    box.auto_load = False
+    box.ask("B", rid="b")  # A goes, B loads for b
+    assert box.state("B") is ModelState.LOADING
+    box.ask("A", rid="a", priority=100)  # better than b, for the model just unloaded
+    box.router.loaded("B")
+    box.settle()
+    assert box.started == ["a0", "b"]  # b runs on the model loaded for it
+    assert box.state("B") is ModelState.DRAINING  # reserved for a's swap once b is done
+    box.auto_load = True
+    box.finish("b")
+    assert box.started == ["a0", "b", "a"]
+    assert box.swaps == [("load", "A"), ("unload", "A"), ("load", "B"), ("unload", "B"), ("load", "A")]
+
+
+def test_the_slot_a_swap_freed_loads_the_model_of_the_request_it_was_started_for() -> None:
+    """A better request for a third model that arrives while the victim unloads waits: the
+    slot goes to the model of the request whose pick started the swap."""
+    box = Box(["A", "B", "C"], swap_affinity_bonus=10)
+    box.finish(box.ask("A", rid="a0"))  # A loaded and idle
+    box.router.submit("b", "B", 0)
+    actions = box.router.schedule()  # b's pick: A unloads
+    assert actions.unload == ["A"] and not actions.load
+    box.router.submit("c", "C", 100)  # better, while A stops
+    box.unload("A")
+    box.settle()
+    assert box.started == ["a0", "b"]
+    box.finish("b")
+    assert box.started == ["a0", "b", "c"]
+    assert box.swaps == [("load", "A"), ("unload", "A"), ("load", "B"), ("unload", "B"), ("load", "C")]
+
+
 def test_two_slots_hold_two_models_and_a_third_evicts_the_idle_one() -> None:
     box = Box(["A", "B", "C"], max_loaded_models=2)
     box.ask("A", rid="a")
