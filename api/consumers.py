@@ -302,6 +302,8 @@ class GenerationConsumer(StreamingConsumer):
                 model_id, priority, preempts=qos in (QosClass.INTERACTIVE, QosClass.COMPLETION), jobs=request.jobs
             )
         except ModelUnavailable as exc:
+            if exc.dispatch is not None:  # dispatched, then its worker was gone: the pick is still recorded
+                self.record.serial = exc.dispatch.serial_fields()
             raise engine_unavailable(exc.detail) from None
         self.router_serial = dispatch.serial_fields()
         self.record.serial = dict(self.router_serial)  # kept if the request later fails or is cancelled

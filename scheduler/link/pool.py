@@ -58,10 +58,11 @@ class Worker(Protocol):
 class ModelUnavailable(Exception):
     """A request's model could not be loaded, or the server is shutting down."""
 
-    def __init__(self, model: str, detail: str) -> None:
+    def __init__(self, model: str, detail: str, dispatch: Dispatch | None = None) -> None:
         super().__init__(detail)
         self.model = model
         self.detail = detail
+        self.dispatch = dispatch  # the router's pick, where it had dispatched the request
 
 
 @dataclass
@@ -333,7 +334,7 @@ class ModelPool:
         if link is None:  # its worker died for good between the dispatch and now (_load_failed)
             self.router.finished(ticket)
             self.kick()
-            raise ModelUnavailable(model, self.errors.get(model) or f"The model {model!r} is not loaded.")
+            raise ModelUnavailable(model, self.errors.get(model) or f"The model {model!r} is not loaded.", dispatch)
         self.last_model = model
         self.last_used[model] = time.time()
         return link, dispatch, ticket

@@ -31,8 +31,11 @@ async def test_a_worker_dying_as_its_request_is_dispatched_fails_the_request_and
     worker = spawned["a"][0]
     worker.fatal = "its worker exited"
     pool._load_failed("a", worker)  # on_fatal's callback, queued before that task's wake-up
-    with pytest.raises(ModelUnavailable, match="could not be loaded"):
+    with pytest.raises(ModelUnavailable, match="could not be loaded") as failed:
         await asyncio.wait_for(second, 10)
+    # the router's pick goes with the error, for the request's activity row
+    assert failed.value.dispatch is not None
+    assert failed.value.dispatch.serial_fields().keys() == {"serial_priority", "serial_band", "serial_score", "serial_queue_wait_ms"}
     model = pool.router.snapshot()["models"]["a"]  # type: ignore[index]
     assert model["inflight"] == 0 and model["lanes_taken"] == 0
     assert pool.router.idle("a") and pool.router._dispatched == {}
