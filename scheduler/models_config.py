@@ -185,11 +185,18 @@ def _only(where: _Where, found: dict[str, tuple[yaml.Node, yaml.Node]], key: str
 
 # The file is read as llama-swap (Go, gopkg.in/yaml.v3) reads it: YAML 1.2, where PyYAML reads YAML
 # 1.1 (``no`` false, ``1:08:16`` 4096 in base 60, ``0o10`` and ``3e2`` strings). A plain value is a
-# boolean only as true or false, null as ~, null or nothing, an integer in decimal, 0x, 0o or 0b
-# (``_`` grouping its digits), a float in decimal (``1.5``, ``3e2``), .inf or .nan; anything else is a
-# string. A decimal integer with a leading zero (``010``) is refused: octal 8 to llama-swap, 10 to YAML 1.2.
-_INT = r"[-+]?(?:[0-9][0-9_]*|0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+)"
-_FLOAT = r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+# boolean only as true or false, null as ~, null or nothing, an integer in decimal, 0x, 0o or 0b, a
+# float in decimal (``1.5``, ``3e2``), .inf or .nan; anything else is a string. In a number that
+# starts with a digit or a sign, yaml.v3 drops every ``_`` before reading it (``32_768``,
+# ``1_000.5``, ``-_1``); one that starts with ``.`` has none. A decimal integer with a leading zero
+# (``010``) is refused: octal 8 to llama-swap, 10 to YAML 1.2.
+_SIGN = r"(?:[-+]_*)?"
+_EXP = r"(?:[eE]_*[-+]?_*[0-9][0-9_]*)"
+_INT = rf"{_SIGN}(?:[0-9][0-9_]*|0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+)"
+_FLOAT = (
+    rf"{_SIGN}[0-9][0-9_]*(?:\.[0-9_]*)?{_EXP}?|[-+]_*\._*[0-9][0-9_]*{_EXP}?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
 _YAML12 = {
     "bool": r"true|True|TRUE|false|False|FALSE",
     "null": r"~|null|Null|NULL|",

@@ -23,7 +23,7 @@ def test_seconds_in_exponent_form_are_numbers(written: str, seconds: float) -> N
     assert cfg.load_timeout_s == seconds and cfg.aging_divisor_s == seconds
 
 
-@pytest.mark.parametrize("written", ['"300"', "'3e2'", "1e400", "3e", "e3", "1_0e2"])
+@pytest.mark.parametrize("written", ['"300"', "'3e2'", "1e400", "3e", "e3", "1_e"])
 def test_a_quoted_string_or_something_else_is_still_no_number(written: str) -> None:
     with pytest.raises(ConfigError, match=r"f.yaml:4: models.a.ttl: must be a finite number"):
         parsed(f"models:\n  a:\n    model: a.gguf\n    ttl: {written}\n")
