@@ -183,3 +183,19 @@ def test_an_integer_written_in_decimal_reads_back_the_same(ttl: int, max_batch: 
     )
     model = parsed(text).models[0]
     assert (model.ttl_s, model.max_batch, model.ctx_size, model.priority) == (ttl, max_batch, ctx_size, priority)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seconds=st.floats(0, 1e12, allow_nan=False, allow_infinity=False),
+    exponent=st.booleans(),
+    cuts=st.lists(st.integers(1, 40), max_size=4),
+)
+def test_a_decimal_float_with_underscores_inserted_reads_as_without_them(seconds: float, exponent: bool, cuts: list[int]) -> None:
+    """yaml.v3's rule, held against any decimal float: a value that starts with a digit, with
+    ``_`` put anywhere after its first character, reads as the value without them."""
+    written = f"{seconds:e}" if exponent else repr(seconds)
+    for cut in sorted(cuts, reverse=True):
+        at = min(cut, len(written))
+        written = written[:at] + "_" + written[at:]
+    assert parsed(one_model("ttl", written)).models[0].ttl_s == float(written.replace("_", ""))
