@@ -1,5 +1,10 @@
-"""OS memory pressure: Linux PSI (``/proc/pressure/memory``) or macOS's
-``kern.memorystatus_vm_pressure_level``.
+"""OS memory pressure: Linux PSI (the worker's cgroup's ``memory.pressure`` under cgroup v2,
+else ``/proc/pressure/memory``) or macOS's ``kern.memorystatus_vm_pressure_level``.
+
+In a container, or a systemd unit with a ``MemoryMax``, ``/proc/pressure/memory`` is the whole
+host's: a container near its own limit, stalling on reclaim, read as no pressure there while the
+host had memory to spare (and a host under pressure elsewhere read as the container's). The
+cgroup's own file counts the stalls of the worker's cgroup, whichever limit causes them.
 
 PSI reports the share of time tasks stalled on memory over the last 10 s: ``some`` (at least one
 task stalled) and ``full`` (all non-idle tasks stalled). superfluid maps the 10-second averages
@@ -30,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 PSI_PATH = Path("/proc/pressure/memory")
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 WARNING_SOME = 10.0
 CRITICAL_SOME = 50.0
 CRITICAL_FULL = 10.0
@@ -78,6 +85,23 @@ def read_macos_sysctl() -> int:
     return value.value
 
 
+def memory_psi_path(proc_cgroup: Path | None = None, cgroup_root: Path | None = None) -> Path:
+    """This process's cgroup v2 ``memory.pressure`` (the ``0::`` line of ``/proc/self/cgroup``
+    under the v2 mount; in a container with its own cgroup namespace that line is ``0::/`` and the
+    file is at the mount's top), where it exists; else the host's ``/proc/pressure/memory`` (the
+    root cgroup, which has no such file, and cgroup v1)."""
+    try:
+        lines = (proc_cgroup or PROC_CGROUP).read_text().splitlines()
+    except OSError:
+        return PSI_PATH
+    for line in lines:
+        if line.startswith("0::"):
+            candidate = (cgroup_root or CGROUP_ROOT) / line[3:].strip().lstrip("/") / "memory.pressure"
+            if candidate.is_file():
+                return candidate
+    return PSI_PATH
+
+
 def read_psi(path: Path = PSI_PATH, current: str | None = None) -> str | None:
     return pressure_level(*parse_psi(path.read_text()), current)
 
@@ -96,15 +120,15 @@ def psi_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
     return read
 
 
-def default_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
+def default_reader(path: Path | None = None) -> Callable[[], str | None]:
     if sys.platform == "darwin":
         return lambda: macos_level(read_macos_sysctl())
-    return psi_reader(path)
+    return psi_reader(path or memory_psi_path())
 
 
 class PressureMonitor:
     def __init__(
-        self, path: Path = PSI_PATH, interval_s: float = 1.0, read: Callable[[], str | None] | None = None
+        self, path: Path | None = None, interval_s: float = 1.0, read: Callable[[], str | None] | None = None
     ) -> None:
         self.read = read or default_reader(path)
         self.interval_s = interval_s

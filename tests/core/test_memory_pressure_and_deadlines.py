@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import pytest
+
 from scheduler.core.qos import QosClass
-from scheduler.worker.pressure import PressureMonitor, parse_psi, pressure_level, psi_reader
+from scheduler.worker import pressure
+from scheduler.worker.pressure import PSI_PATH, PressureMonitor, memory_psi_path, parse_psi, pressure_level, psi_reader
 
 from .builders import finished, make_job, make_scheduler, run_until_idle, tick
 
@@ -84,6 +88,55 @@ def test_psi_levels() -> None:
     assert pressure_level(1.0, 0.0) is None
 
 
+def _psi_text(some: float, full: float = 0.0) -> str:
+    return f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=0\nfull avg10={full:.2f} avg60=0.00 avg300=0.00 total=0\n"
+
+
+@pytest.mark.parametrize(
+    ("cgroup_line", "where"),
+    [
+        ("0::/", ""),  # a container with its own cgroup namespace: its cgroup is the mount's top
+        ("0::/system.slice/superfluid.service", "system.slice/superfluid.service"),  # a systemd unit
+        ("0::/docker/4f2a\n", "docker/4f2a"),
+    ],
+)
+def test_the_pressure_read_is_the_workers_cgroups_where_cgroup_v2_has_one(tmp_path: Path, cgroup_line: str, where: str) -> None:
+    """A container near its own memory limit stalls on reclaim while the host has memory to
+    spare: /proc/pressure/memory (the host's) read normal, the cgroup's own file critical."""
+    proc = tmp_path / "cgroup"
+    proc.write_text(f"1:name=systemd:/\n{cgroup_line}\n")
+    own = tmp_path / "fs" / where / "memory.pressure"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    own.write_text(_psi_text(20.0, 15.0))
+    assert memory_psi_path(proc, tmp_path / "fs") == own
+    assert psi_reader(memory_psi_path(proc, tmp_path / "fs"))() == "critical"
+
+
+@pytest.mark.parametrize("cgroup_text", ["0::/\n", "4:memory:/process_api/05f6\n0::/\n", "12:memory:/x\n", None])
+def test_the_pressure_read_is_the_hosts_without_a_cgroup_file(tmp_path: Path, cgroup_text: str | None) -> None:
+    """The root cgroup has no memory.pressure, cgroup v1 has no 0:: line, and /proc/self/cgroup may
+    be unreadable: the host's /proc/pressure/memory, as before."""
+    proc = tmp_path / "cgroup"
+    if cgroup_text is not None:
+        proc.write_text(cgroup_text)
+    (tmp_path / "fs").mkdir()
+    assert memory_psi_path(proc, tmp_path / "fs") == PSI_PATH
+
+
+def test_the_workers_monitor_reads_its_cgroups_pressure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monitor a worker makes (no path given) finds the cgroup's file itself."""
+    if sys.platform == "darwin":
+        pytest.skip("macOS reads its sysctl, not PSI")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/box\n")
+    own = tmp_path / "box" / "memory.pressure"
+    own.parent.mkdir()
+    own.write_text(_psi_text(12.0))
+    monkeypatch.setattr(pressure, "PROC_CGROUP", proc)
+    monkeypatch.setattr(pressure, "CGROUP_ROOT", tmp_path)
+    assert PressureMonitor().poll(0.0) == "warning"
+
+
 def test_a_psi_level_eases_only_a_fifth_below_the_threshold_that_raised_it(tmp_path: Path) -> None:
     """`some avg10` wobbling across 10 (9.9, 10.1, ...) read warning, normal, warning...: each
     rise ran an eviction round, one every other second under one steady load. A level now holds
@@ -92,7 +145,7 @@ def test_a_psi_level_eases_only_a_fifth_below_the_threshold_that_raised_it(tmp_p
     read = psi_reader(psi)
 
     def reading(some: float, full: float = 0.0) -> str | None:
-        psi.write_text(f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=0\nfull avg10={full:.2f} avg60=0.00 avg300=0.00 total=0\n")
+        psi.write_text(_psi_text(some, full))
         return read()
 
     monitor = PressureMonitor(read=lambda: reading(next(wobble)), interval_s=1.0)
