@@ -81,6 +81,7 @@ PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
 STREAM_MAXLEN = 20000  # entries a job stream keeps beyond its lane's context (stream_maxlen)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
+CANCELS_WAIT_S = 2.0  # a stopping head waits this long for the cancels it still has to send
 # A head says it is alive (``hb:HEAD``, set every poll, expiring after HEAD_TTL_MS). A running
 # job whose head's key has lapsed is read by nobody: its worker stops it and ends its lease, so
 # it is marked lost like a lost worker's job, and a client that resumes it on another head
@@ -229,9 +230,11 @@ class RedisTransport(Transport):
             self._task = asyncio.get_running_loop().create_task(self._run(), name="superfluid-redis-link")
 
     async def stop(self) -> None:
+        if self._abandoning:  # the cancels of clients that just left, on their way: the process exits
+            await asyncio.wait(list(self._abandoning), timeout=CANCELS_WAIT_S)  # next, and they with it
         if self._unsent_cancels and self._client is not None:  # the jobs of clients a drain failed
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._send_unsent_cancels(), 2.0)
+                await asyncio.wait_for(self._send_unsent_cancels(), CANCELS_WAIT_S)
         self._stopped = True
         # readers leave by themselves once their XREAD returns (at most its block time): one
         # cancelled inside a command can leave redis-py's pool waiting forever on its release.

@@ -306,6 +306,48 @@ async def test_a_job_cancelled_or_failed_while_no_worker_is_alive_leaves_the_que
         await link.stop()
 
 
+async def test_a_head_that_stops_waits_for_the_cancels_on_their_way(redis_server: RedisServer, prefix: str) -> None:
+    """A client leaves as its head shuts down: the job's cancel was on its way to Redis when
+    ``stop()`` began, and ``stop()`` returned without it (the process then exits and the cancel
+    never goes): the job, queued behind the fleet's work, ran later for nobody. Now ``stop()``
+    waits for those cancels (a bounded while) before it lets go of Redis."""
+    import redis.asyncio as aioredis
+
+    from scheduler.link.redis_transport import N_CLASSES
+
+    worker = SimFleetWorker(redis_server.url, prefix, lanes=1, engine=slow_sim(0.01, lanes=1)).start()
+    link = await head(redis_server.url, prefix)
+    client = aioredis.from_url(redis_server.url)
+
+    async def queued() -> int:
+        return sum([await client.zcard(f"{prefix}q:{c}") for c in range(N_CLASSES)])
+
+    send_cancel = link.scripts.cancel
+
+    async def slow_cancel(args: list[object]) -> object:
+        await asyncio.sleep(1.5)  # longer than the readers' last XREAD, which stop() waits for
+        return await send_cancel(args)
+
+    link.scripts.cancel = slow_cancel
+    try:
+        running = await link.submit(request=completion("long", max_tokens=300))
+        while not isinstance(await running.next_event(), Delta):
+            pass
+        waiting = await link.submit(request=completion("left", max_tokens=5))
+        deadline = time.monotonic() + 10
+        while await queued() < 1:  # behind the one lane
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        leaving = asyncio.ensure_future(link.cancel(waiting))  # the client went away
+        await asyncio.sleep(0.05)  # its cancel is on its way
+        await link.stop()
+        assert leaving.done(), "stop() returned before the cancel of a departed client went out"
+        assert await queued() == 0  # the job left the queue: no worker will run it
+    finally:
+        await client.aclose()
+        worker.stop()
+
+
 async def test_a_submit_cancelled_on_its_way_to_redis_leaves_nothing_behind(redis_server: RedisServer, prefix: str) -> None:
     """The client goes away while its job's submit waits on Redis (busy here with a spinning script). The
     handle used to stay open for good (a drain waited its whole timeout for it) and the job,
