@@ -307,6 +307,10 @@ def _fill_one_sequence(batch: Any, tokens: list[int], start: int) -> None:
     batch.n_tokens = len(tokens)
 
 
+# the tokens the embeddings context kept between requests takes (llama-server's default ubatch)
+EMBED_KEPT_TOKENS = 512
+
+
 class LlamaCppEngine(LaneEngine):
     name = "llamacpp"
     # request features beyond the basic sampler chain that this engine honours
@@ -905,23 +909,32 @@ class LlamaCppEngine(LaneEngine):
     def embed(self, tokens: list[int]) -> list[float]:
         """The pooled, L2-normalised embedding of ``tokens`` (at most ``lane_ctx``), from a
         context of its own created with embeddings on: the model's own pooling type when its
-        GGUF names one, else mean pooling."""
+        GGUF names one, else mean pooling.
+
+        llama.cpp outputs every token of a pooled input and keeps a logits row for each (its
+        vocabulary's width: 786 MB for 4,000 tokens of SmolLM2, 2 GB for a 128k vocabulary) for
+        the context's life. The context kept between requests therefore holds
+        ``EMBED_KEPT_TOKENS``; a longer input gets a context of its own, freed once it is embedded
+        (its creation is milliseconds beside the input's prefill)."""
         L = llama_cpp
         self._require_open()
         if not 0 < len(tokens) <= self.lane_ctx:
             raise EngineError(f"an input must hold 1 to {self.lane_ctx} tokens", permanent=False)
+        kept = min(EMBED_KEPT_TOKENS, self.lane_ctx)
         with self._score_lock:
             self._require_open()  # again: close() may have run while this waited for the lock
             if self._embed_ctx is None:
-                self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_UNSPECIFIED)
+                self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_UNSPECIFIED, kept)
                 if L.llama_pooling_type(self._embed_ctx) in (L.LLAMA_POOLING_TYPE_NONE, L.LLAMA_POOLING_TYPE_UNSPECIFIED):
                     L.llama_free(self._embed_ctx)
-                    self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_MEAN)
-            if L.llama_pooling_type(self._embed_ctx) == L.LLAMA_POOLING_TYPE_RANK:
+                    self._embed_ctx = self._embeddings_context(L.LLAMA_POOLING_TYPE_MEAN, kept)
+            pooling = L.llama_pooling_type(self._embed_ctx)
+            if pooling == L.LLAMA_POOLING_TYPE_RANK:
                 # a reranker's: its pooled output is a score per class, not n_embd floats (read
                 # as a vector, memory past it), as llama-server refuses /v1/embeddings for it
                 raise Unsupported("The model's pooling type is 'rank' (a reranker): it gives scores, not embeddings.", permanent=True)
-            ctx = self._embed_ctx
+            own = len(tokens) > kept
+            ctx = self._embeddings_context(pooling, len(tokens)) if own else self._embed_ctx
             batch = L.llama_batch_init(len(tokens), 0, 1)
             try:
                 L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
@@ -935,14 +948,19 @@ class LlamaCppEngine(LaneEngine):
                 vec = np.ctypeslib.as_array(ptr, shape=(L.llama_model_n_embd(self._model),)).astype(np.float64)
             finally:
                 L.llama_batch_free(batch)
-                L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
+                if own:
+                    L.llama_free(ctx)
+                else:
+                    L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, -1, -1)
         norm = float(np.linalg.norm(vec))
         return [float(v) for v in (vec / norm if norm > 0 else vec)]
 
-    def _embeddings_context(self, pooling: int) -> Any:
+    def _embeddings_context(self, pooling: int, n_tokens: int) -> Any:
+        """A one-sequence context with embeddings on that takes ``n_tokens`` in one ubatch (a
+        pooled input must fit one)."""
         L = llama_cpp
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = self.lane_ctx
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = n_tokens
         cparams.n_seq_max = 1
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.embeddings = True
