@@ -1,10 +1,11 @@
-"""OS memory pressure: Linux PSI (the worker's cgroup's ``memory.pressure`` under cgroup v2,
-else ``/proc/pressure/memory``) or macOS's ``kern.memorystatus_vm_pressure_level``.
+"""OS memory pressure: Linux PSI (``/proc/pressure/memory``, and the worker's cgroup's
+``memory.pressure`` under cgroup v2) or macOS's ``kern.memorystatus_vm_pressure_level``.
 
 In a container, or a systemd unit with a ``MemoryMax``, ``/proc/pressure/memory`` is the whole
 host's: a container near its own limit, stalling on reclaim, read as no pressure there while the
-host had memory to spare (and a host under pressure elsewhere read as the container's). The
-cgroup's own file counts the stalls of the worker's cgroup, whichever limit causes them.
+host had memory to spare. The cgroup's own file counts the stalls of the worker's cgroup. Both
+are read and the higher figures count: the container's limit, and the host's pressure, which
+what the worker frees helps too.
 
 PSI reports the share of time tasks stalled on memory over the last 10 s: ``some`` (at least one
 task stalled) and ``full`` (all non-idle tasks stalled). superfluid maps the 10-second averages
@@ -28,6 +29,7 @@ stays high. Where neither source exists the monitor stays silent.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
@@ -102,11 +104,20 @@ def memory_psi_path(proc_cgroup: Path | None = None, cgroup_root: Path | None = 
     return PSI_PATH
 
 
-def read_psi(path: Path = PSI_PATH, current: str | None = None) -> str | None:
-    return pressure_level(*parse_psi(path.read_text()), current)
+def read_psi(path: Path | tuple[Path, ...] = PSI_PATH, current: str | None = None) -> str | None:
+    """The level of one PSI file, or of several (the higher ``some`` and ``full`` of those that
+    can be read; OSError when none can)."""
+    paths = (path,) if isinstance(path, Path) else path
+    readings = []
+    for each in paths:
+        with contextlib.suppress(OSError):
+            readings.append(parse_psi(each.read_text()))
+    if not readings:
+        raise OSError(f"no PSI file could be read: {', '.join(map(str, paths))}")
+    return pressure_level(max(r[0] for r in readings), max(r[1] for r in readings), current)
 
 
-def psi_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
+def psi_reader(path: Path | tuple[Path, ...] = PSI_PATH) -> Callable[[], str | None]:
     """PSI's level, each reading given the one before (the margin before a level eases); a
     reading that fails leaves no level to hold."""
     last: str | None = None
@@ -123,7 +134,10 @@ def psi_reader(path: Path = PSI_PATH) -> Callable[[], str | None]:
 def default_reader(path: Path | None = None) -> Callable[[], str | None]:
     if sys.platform == "darwin":
         return lambda: macos_level(read_macos_sysctl())
-    return psi_reader(path or memory_psi_path())
+    if path is not None:
+        return psi_reader(path)
+    own = memory_psi_path()
+    return psi_reader(PSI_PATH if own == PSI_PATH else (own, PSI_PATH))
 
 
 class PressureMonitor:

@@ -123,18 +123,31 @@ def test_the_pressure_read_is_the_hosts_without_a_cgroup_file(tmp_path: Path, cg
     assert memory_psi_path(proc, tmp_path / "fs") == PSI_PATH
 
 
-def test_the_workers_monitor_reads_its_cgroups_pressure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The monitor a worker makes (no path given) finds the cgroup's file itself."""
+def test_the_workers_monitor_reads_its_cgroups_pressure_and_the_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monitor a worker makes (no path given) finds the cgroup's file itself and reads it
+    beside the host's: the higher figures count (a container at its own limit; a host short of
+    memory, which what the worker frees helps too). Either file alone still reads; neither is
+    no source, read as normal."""
     if sys.platform == "darwin":
         pytest.skip("macOS reads its sysctl, not PSI")
-    proc = tmp_path / "cgroup"
+    proc, host = tmp_path / "cgroup", tmp_path / "host"
     proc.write_text("0::/box\n")
     own = tmp_path / "box" / "memory.pressure"
     own.parent.mkdir()
-    own.write_text(_psi_text(12.0))
     monkeypatch.setattr(pressure, "PROC_CGROUP", proc)
     monkeypatch.setattr(pressure, "CGROUP_ROOT", tmp_path)
-    assert PressureMonitor().poll(0.0) == "warning"
+    monkeypatch.setattr(pressure, "PSI_PATH", host)
+    own.write_text(_psi_text(12.0))  # the container stalls at its limit
+    host.write_text(_psi_text(0.5))  # the host has memory to spare
+    monitor = PressureMonitor(interval_s=1.0)
+    assert monitor.poll(0.0) == "warning"
+    own.write_text(_psi_text(1.0))
+    host.write_text(_psi_text(60.0))  # the host runs short
+    assert monitor.poll(1.0) == "critical"
+    host.unlink()
+    assert monitor.poll(2.0) == "normal"  # the cgroup's file alone
+    own.unlink()
+    assert monitor.poll(3.0) is None  # neither: no source, normal (no change)
 
 
 def test_a_psi_level_eases_only_a_fifth_below_the_threshold_that_raised_it(tmp_path: Path) -> None:
