@@ -192,7 +192,7 @@ def _only(where: _Where, found: dict[str, tuple[yaml.Node, yaml.Node]], key: str
 # (``010``) is refused: octal 8 to llama-swap, 10 to YAML 1.2.
 _SIGN = r"(?:[-+]_*)?"
 _EXP = r"(?:[eE]_*[-+]?_*[0-9][0-9_]*)"
-_INT = rf"{_SIGN}(?:[0-9][0-9_]*|0[xX][0-9a-fA-F_]+|0[oO][0-7_]+|0[bB][01_]+)"
+_INT = rf"{_SIGN}(?:[0-9][0-9_]*|0_*[xX][0-9a-fA-F_]+|0_*[oO][0-7_]+|0_*[bB][01_]+)"
 _FLOAT = (
     rf"{_SIGN}[0-9][0-9_]*(?:\.[0-9_]*)?{_EXP}?|[-+]_*\._*[0-9][0-9_]*{_EXP}?|\.[0-9]+(?:[eE][-+]?[0-9]+)?"
     r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
