@@ -420,7 +420,9 @@ class EngineWorker:
                 raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens. However, input {i} holds {len(tokens)} tokens.", "input")
             tokenized.append(tokens)
         vectors = []
-        for tokens in tokenized:
+        for i, tokens in enumerate(tokenized):
+            if i and not _urgent(message):
+                self._embed_urgent_waiting()
             if not wanted():
                 return None
             try:
@@ -525,6 +527,22 @@ class EngineWorker:
         thread (as the prepare thread's)."""
         while True:
             _rank, _order, conn, message = jobs.get()
+            result = self._prepare_one(conn, message)
+            if result is not None:
+                self._hand_over(conn, message, result)
+
+    def _embed_urgent_waiting(self) -> None:
+        """On the embeddings thread, between two inputs of a request of the other classes: the
+        interactive and completion requests queued meanwhile are embedded and answered first. A
+        search box's query waited for every input of a background batch of documents in flight
+        (seconds each for long inputs); it waits for one input now. Only this thread takes from
+        the queue, so what the peek saw is what ``get_nowait`` returns."""
+        jobs = self._embed_jobs
+        while jobs is not None:
+            with jobs.mutex:
+                if not jobs.queue or jobs.queue[0][0] != 0:
+                    return
+            _rank, _order, conn, message = jobs.get_nowait()
             result = self._prepare_one(conn, message)
             if result is not None:
                 self._hand_over(conn, message, result)

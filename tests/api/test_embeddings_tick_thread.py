@@ -97,3 +97,28 @@ async def test_an_interactive_embeddings_request_goes_before_background_ones_que
         assert query.status == 200 and (await first).status == 200 and (await later).status == 200
         order = [next(w for w in (b"first", b"later", b"query") if w in t) for t in texts]
         assert order.index(b"query") < order.index(b"later"), order
+
+
+async def test_an_interactive_embeddings_request_waits_for_one_input_of_a_background_request_in_flight() -> None:
+    """The embeddings thread embedded a request's every input before it looked at its queue
+    again: a search box's query that arrived during a background request of documents waited for
+    all of them (seconds each for long inputs). Between two inputs of a request of the other
+    classes it now embeds and answers the interactive and completion requests queued meanwhile."""
+    async with attached(SimWorker()) as (link, _rt):
+        calls = slow_embedder(link)
+        finished: list[str] = []
+
+        async def embeddings(name: str, n: int, qos: bytes) -> int:
+            body = json.dumps({"model": MODEL, "input": [f"{name} {i}" for i in range(n)], "encoding_format": "float"}).encode()
+            reply = await request("POST", "/v1/embeddings", body, [(b"x-superfluid-qos", qos), *JSON], timeout_s=30)
+            finished.append(name)
+            return reply.status
+
+        documents = asyncio.create_task(embeddings("documents", INPUTS, b"background"))
+        while not calls:
+            await asyncio.sleep(0.01)
+        assert await embeddings("query", 1, b"interactive") == 200
+        embedded_meanwhile = len(calls) - 1  # the query's own input among them
+        assert await documents == 200
+        assert finished == ["query", "documents"]
+        assert embedded_meanwhile <= 2, f"the query waited for {embedded_meanwhile} of the documents' {INPUTS} inputs"
