@@ -43,7 +43,7 @@ from .errors import (
 
 # /infill: llama-server's fill-in-the-middle route (a consumer); what Django answers below it
 # (/infill/, a bad Host there) was its HTML page
-API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill")
+API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/running", "/unload", "/api/models")
 
 
 def one_leading_slash(path: str) -> str:

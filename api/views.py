@@ -338,3 +338,84 @@ async def admin_models(request: HttpRequest, model_id: str = "", action: str = "
             return error_response(model_not_found(model_id))
         (pool.load if action == "load" else pool.unload)(resolved)
     return JsonResponse({"object": "list", "data": pool.models_state(), "router": pool.router.snapshot()})
+
+
+# -- llama-swap's routes for its loaded models ---------------------------------------------
+# A llama-swap user's scripts and tools list and free models with GET /running, GET /unload and
+# the UI's POST /api/models/unload[/<model>]. They answer here as llama-swap answers them (its
+# internal/server/api.go and apigroup.go), over the same pool and router as /v1/internal/models,
+# with the same access (an admin key where keys are required). An unload here is superfluid's:
+# the model takes no new work and is unloaded once its admitted requests are done (llama-swap
+# stops its process at once). The single-model server has no pool: 404, as /v1/internal/models.
+
+# our router's states as llama-swap names a process's (internal/process/process.go); an
+# unloaded model is not running, so not listed
+LLAMA_SWAP_STATES = {"loading": "starting", "loaded": "ready", "draining": "stopping", "unloading": "stopping"}
+
+
+@key_required(admin=True)
+async def llama_swap_running(request: HttpRequest) -> HttpResponse:
+    """``GET /running``: ``{"running": [{"model", "state", "cmd", "proxy", "ttl", "name",
+    "description"}]}`` for each model not unloaded, by id (``cmd`` and ``proxy`` empty: no
+    process of its own serves a model here; ``ttl`` in whole seconds, 0 for none)."""
+    pool = get_pool()
+    if pool is None:
+        return error_response(not_found(request.path, request.method))
+    states = pool.router.snapshot()["models"]  # type: ignore[index]
+    running = []
+    for m in sorted(pool.config.models, key=lambda m: m.id):
+        state = LLAMA_SWAP_STATES.get(states[m.id]["state"])
+        if state is not None:
+            ttl = int(m.ttl_s) if m.ttl_s else 0
+            running.append({"model": m.id, "state": state, "cmd": "", "proxy": "", "ttl": ttl, "name": m.id, "description": ""})
+    return JsonResponse({"running": running})
+
+
+def _cross_site(request: HttpRequest) -> HttpResponse | None:
+    """403 for a state-changing GET that a browser sent on behalf of another site's page (an
+    image or a link there: no ``Origin`` for api_route to refuse, but ``Sec-Fetch-Site`` says
+    so). curl and scripts send no such header; a URL typed into the address bar sends ``none``."""
+    site = request.headers.get("sec-fetch-site")
+    if site is None or site.strip().lower() in ("none", "same-origin"):
+        return None
+    return error_response(
+        ApiError(403, "GET /unload is refused from another site's page; use POST /api/models/unload.", type="permission_error", code="origin_forbidden", param="origin")
+    )
+
+
+def _unload_all(pool: ModelPool) -> None:
+    states = pool.router.snapshot()["models"]  # type: ignore[index]
+    for m in pool.config.models:
+        if states[m.id]["state"] in ("loading", "loaded", "draining"):
+            pool.unload(m.id)
+
+
+@key_required(admin=True)
+async def llama_swap_unload(request: HttpRequest) -> HttpResponse:
+    """``GET /unload``: every model unloaded (once its admitted work is done); ``OK``."""
+    pool = get_pool()
+    if pool is None:
+        return error_response(not_found(request.path, request.method))
+    refused = _cross_site(request)
+    if refused is not None:
+        return refused
+    _unload_all(pool)
+    return HttpResponse(b"OK", content_type="text/plain; charset=utf-8")
+
+
+@key_required(admin=True)
+async def llama_swap_api_unload(request: HttpRequest, model_id: str = "") -> HttpResponse:
+    """``POST /api/models/unload``: every model, ``{"msg": "ok"}``; ``POST
+    /api/models/unload/<model>``: that model (an id or an alias), ``OK``; an unknown one is 404
+    ``model_not_found``."""
+    pool = get_pool()
+    if pool is None:
+        return error_response(not_found(request.path, request.method))
+    if not model_id:
+        _unload_all(pool)
+        return JsonResponse({"msg": "ok"})
+    resolved = pool.resolve(model_id.lstrip("/"))
+    if resolved is None:
+        return error_response(model_not_found(model_id))
+    pool.unload(resolved)
+    return HttpResponse(b"OK", content_type="text/plain; charset=utf-8")

@@ -26,6 +26,11 @@ urlpatterns = [
         r"^v1/internal/models/(?P<model_id>.+)/(?P<action>load|unload)$",
         edge.api_route(("POST",))(api_views.admin_models),
     ),
+    # llama-swap's routes for its loaded models (api/views.py)
+    path("running", edge.api_route()(api_views.llama_swap_running)),
+    path("unload", edge.api_route()(api_views.llama_swap_unload)),
+    path("api/models/unload", edge.api_route(("POST",))(api_views.llama_swap_api_unload)),
+    path("api/models/unload/<path:model_id>", edge.api_route(("POST",))(api_views.llama_swap_api_unload)),
     # the Batch API (batches/): files for its input and output, batches
     path("v1/files", edge.api_route(("GET", "HEAD", "POST"))(batch_views.files)),
     path("v1/files/<str:pk>", edge.api_route(("GET", "HEAD", "DELETE"))(batch_views.file_detail)),
