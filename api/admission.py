@@ -289,27 +289,43 @@ def clamp_to_policy(max_class: QosClass) -> int:
 
 
 def resolve_class(headers: dict[str, str], request: GenerationRequest, default: QosClass | None = None) -> tuple[QosClass, int, bool]:
-    """(class, header priority, whether the client asked for the class).
+    """(class, priority, whether the client asked for the class).
 
     Class from x-superfluid-qos, else from the priority header's band, else ``default`` (the
     server's --http-default-qos when None). Fill-in-the-middle always runs as completion.
+    Priority from X-LlamaSwap-Priority; without that header, the anchor of the band the class
+    runs in (:func:`class_anchor`).
     """
     raw_priority = headers.get("x-llamaswap-priority")
     priority = clamp_priority(parse_priority(raw_priority))
+
+    def resolved(qos: QosClass, asked: bool) -> tuple[QosClass, int, bool]:
+        return qos, priority if raw_priority is not None else class_anchor(qos), asked
+
     if request.suffix is not None:
-        return QosClass.COMPLETION, priority, False  # fill-in-the-middle always runs as completion
+        return resolved(QosClass.COMPLETION, False)  # fill-in-the-middle always runs as completion
     cfg = serving()
     raw_qos = headers.get("x-superfluid-qos") if cfg.http_qos_header else None
     if raw_qos is not None:
         try:
-            return parse_qos(raw_qos), priority, True
+            return resolved(parse_qos(raw_qos), True)
         except UnknownQosClass as exc:
             raise invalid_request(str(exc), param="x-superfluid-qos", code="invalid_qos_class") from None
     if raw_priority is not None and cfg.http_qos_header:
         return class_of_priority(priority), priority, True
     if default is None:
         default = parse_qos(cfg.http_default_qos)
-    return default, priority, False
+    return resolved(default, False)
+
+
+def class_anchor(qos: QosClass) -> int:
+    """The priority of a request of class ``qos`` that sent no X-LlamaSwap-Priority: the anchor
+    of the band that class runs in (interactive 100; completion and agent 0, normal's; background
+    -100). The request-priority seed reads an absent header as 0, but with several models the
+    router orders and swaps by priority alone: a chat sent as interactive for a model not loaded
+    waited behind agent traffic for the loaded one until its aging beat their swap affinity (10
+    points at 60 s each: ten minutes), and background work competed for swaps with agents."""
+    return clamp_to_policy(qos)
 
 
 def wants_batch_invariant(headers: dict[str, str]) -> bool:

@@ -480,3 +480,26 @@ async def test_pinning_a_prefix_is_a_policy_permission() -> None:
     assert (await admit(bearer("sf-pin", **headers), IP, chat(), runtime=rt)).pin_prefix
     assert not (await admit(bearer("sf-plain"), IP, chat(), runtime=rt)).pin_prefix
     assert (await admit(headers, IP, chat(), runtime=rt)).pin_prefix  # no key: the server's defaults
+
+
+@pytest.mark.parametrize(("qos", "priority", "band"), [("interactive", 100, "interactive"), ("completion", 0, "normal"), ("agent", 0, "normal"), ("background", -100, "batch")])
+async def test_without_the_priority_header_the_priority_is_the_anchor_of_the_class_band(qos: str, priority: int, band: str) -> None:
+    """The several-models router orders and swaps by priority alone: a chat sent with
+    x-superfluid-qos: interactive (no X-LlamaSwap-Priority) had priority 0, as agent traffic,
+    and waited behind the loaded model's agents until its aging beat their swap affinity (ten
+    minutes at the defaults); a background job competed with agents for swaps."""
+    admission = await admit({"x-superfluid-qos": qos}, IP, chat(), runtime=runtime())
+    assert (admission.qos, admission.priority, admission.band) == (QosClass[qos.upper()], priority, band)
+    # the header, where sent, is the priority, whatever the class
+    admission = await admit({"x-superfluid-qos": qos, "x-llamaswap-priority": "7"}, IP, chat(), runtime=runtime())
+    assert admission.priority == 7
+
+
+async def test_a_key_policys_default_class_sets_its_band_and_the_tier_offset_counts_inside_it() -> None:
+    p = Policy(name="jobs", default_class=QosClass.BACKGROUND, max_class=QosClass.AGENT, priority_offset=2)
+    rt = runtime(key("sf-k", "k", p))
+    admission = await admit(bearer("sf-k"), IP, chat(), runtime=rt)
+    assert (admission.qos, admission.priority, admission.band) == (QosClass.BACKGROUND, -98, "batch")
+    admission = await admit(bearer("sf-k", **{"x-superfluid-qos": "agent"}), IP, chat(), runtime=rt)  # demoted no further
+    assert (admission.qos, admission.priority, admission.band) == (QosClass.AGENT, 2, "normal")
+    assert (await admit({}, IP, fim(), runtime=runtime())).priority == 0  # fill-in-the-middle: completion's band
