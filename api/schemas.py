@@ -1032,9 +1032,9 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest, strict: bool 
     req.temperature = _opt_number(
         body, "temperature", 0.0, 2.0, req.temperature, "a number between 0 and 2"
     )
-    req.top_p = _opt_number(
-        body, "top_p", 0.0, 1.0, req.top_p, "a number greater than 0 and at most 1", lo_open=True
-    )
+    # 0 to 1 as OpenAI's spec has it: 0 keeps only the most probable token (clients send it for
+    # a deterministic reply, as OpenAI takes it; llama.cpp's top-p keeps one token at 0)
+    req.top_p = _opt_number(body, "top_p", 0.0, 1.0, req.top_p, "a number between 0 and 1")
     # vLLM spells "no top-k" -1; llama-server 0
     top_k = _opt_int(body, "top_k", -1, None, "an integer greater than or equal to -1")
     if top_k is not None:

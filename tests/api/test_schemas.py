@@ -724,8 +724,8 @@ def test_bad_completion_logprobs_are_rejected(value: Any) -> None:
 NUMERIC_PARAMS: list[tuple[str, list[tuple[Any, Any]], list[Any], str]] = [
     ("temperature", [(0, 0.0), (0.7, 0.7), (2, 2.0)], [-0.1, 2.01, 3, "1", True, [1]],
      "expected a number between 0 and 2"),
-    ("top_p", [(1, 1.0), (0.01, 0.01)], [0, -0.5, 1.5, "0.9", False],
-     "expected a number greater than 0 and at most 1"),
+    ("top_p", [(1, 1.0), (0.01, 0.01), (0, 0.0)], [-0.5, -0.01, 1.5, "0.9", False],
+     "expected a number between 0 and 1"),
     ("top_k", [(0, 0), (40, 40)], [-2, 4.0, 1.5, "40", True],
      "expected an integer greater than or equal to -1"),
     ("min_p", [(0, 0.0), (0.05, 0.05), (1, 1.0)], [-0.01, 1.01, "0.1", True],
