@@ -323,7 +323,9 @@ def parse_completion_request(raw: bytes, *, models: Collection[str], strict: boo
         prompts=prompts if len(prompts) > 1 else None,
         echo=bool(echo),
         suffix=suffix,
-        max_tokens=_parse_max_tokens(body),
+        # 0 as OpenAI's legacy endpoint takes it: nothing generated (echo + logprobs scores the
+        # prompt alone); a fill-in-the-middle completion has nothing to give without its middle
+        max_tokens=_parse_max_tokens(body, least=1 if suffix is not None else 0),
         ignored=ignored,
     )
     _parse_common(body, req, strict)
@@ -722,13 +724,13 @@ def _check_silently_accepted(body: Mapping[str, Any], kinds: Mapping[str, type])
         _optional(body, key, kind)
 
 
-def _parse_max_tokens(body: Mapping[str, Any]) -> int | None:
+def _parse_max_tokens(body: Mapping[str, Any], least: int = 1) -> int | None:
     """``max_tokens`` or its current name ``max_completion_tokens`` (both endpoints); both given
-    must agree (400 naming ``max_completion_tokens``)."""
-    max_tokens = _opt_int(body, "max_tokens", 1, None, "an integer greater than or equal to 1")
-    max_completion = _opt_int(
-        body, "max_completion_tokens", 1, None, "an integer greater than or equal to 1"
-    )
+    must agree (400 naming ``max_completion_tokens``). ``least``: the smallest allowed (0 on
+    ``/v1/completions``, as OpenAI's spec has it: the prompt alone, echoed and scored)."""
+    expected = f"an integer greater than or equal to {least}"
+    max_tokens = _opt_int(body, "max_tokens", least, None, expected)
+    max_completion = _opt_int(body, "max_completion_tokens", least, None, expected)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_request(
             "Invalid value for 'max_completion_tokens': it must equal 'max_tokens' when both are "
@@ -1032,9 +1034,9 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest, strict: bool 
     req.temperature = _opt_number(
         body, "temperature", 0.0, 2.0, req.temperature, "a number between 0 and 2"
     )
-    req.top_p = _opt_number(
-        body, "top_p", 0.0, 1.0, req.top_p, "a number greater than 0 and at most 1", lo_open=True
-    )
+    # 0 to 1 as OpenAI's spec has it: 0 keeps only the most probable token (clients send it for
+    # a deterministic reply, as OpenAI takes it; llama.cpp's top-p keeps one token at 0)
+    req.top_p = _opt_number(body, "top_p", 0.0, 1.0, req.top_p, "a number between 0 and 1")
     # vLLM spells "no top-k" -1; llama-server 0
     top_k = _opt_int(body, "top_k", -1, None, "an integer greater than or equal to -1")
     if top_k is not None:

@@ -81,13 +81,15 @@ class Refusal(Exception):
 
 
 class Ended(Refusal):
-    """A job submitted again after its worker was lost with nothing left to generate: the lost
-    worker had delivered its last token (``max_tokens`` of them, or up to the end of the
-    context) but not its Done. It is answered at once, ``length``, never queued."""
+    """A job with nothing to generate: submitted again after its worker was lost, which had
+    delivered its last token (``max_tokens`` of them, or up to the end of the context) but not
+    its Done; or one of ``max_tokens`` 0 (completions: the prompt alone, with echo + logprobs
+    its scores). It is answered at once, ``length``, never queued."""
 
-    def __init__(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, completion_tokens: int, prompt_logprobs: list[dict[str, Any]] | None = None) -> None:
         super().__init__("length", "nothing left to generate")
         self.usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        self.prompt_logprobs = prompt_logprobs
 
 
 # The cheap bound checked before a prompt is rendered or tokenised: no token of a vocabulary we
@@ -339,7 +341,7 @@ class EngineWorker:
     def _refuse(self, conn: Connection, job_id: str, refusal: Refusal) -> None:
         self._answered = True
         if isinstance(refusal, Ended):
-            conn.queue(Accepted(job_id, refusal.usage["prompt_tokens"]))
+            conn.queue(Accepted(job_id, refusal.usage["prompt_tokens"], refusal.prompt_logprobs))
             conn.queue(Done(job_id, "length", usage=refusal.usage))
             return
         self.stats["rejected_total"] += 1
@@ -747,6 +749,11 @@ class EngineWorker:
                 param,
             )
         sampling = self._sampling(request)
+        if max_tokens == 0 and not (resume_text or resume_tokens):
+            # nothing to generate (completions max_tokens 0): the prompt's own answer, its scores
+            # with echo + logprobs, and no lane
+            scored = self._prompt_logprobs(tokens[:echoed], sampling.logprobs) if request.get("echo") and sampling.logprobs is not None else None
+            raise Ended(own_len, 0, scored)
         qos = QosClass(int(message.qos))
         job = Job(
             job_id=job_id,

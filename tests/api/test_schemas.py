@@ -567,10 +567,24 @@ def test_max_tokens_and_max_completion_tokens_that_disagree_are_rejected_on_both
         assert_400(err, "max_completion_tokens", "invalid_value")
 
 
-@pytest.mark.parametrize("value", [0, -1, 5.0, "5", True])
+@pytest.mark.parametrize("value", [-1, 5.0, "5", True])
 def test_invalid_max_completion_tokens_is_rejected_naming_it(value: Any) -> None:
     for err in both_errors(max_completion_tokens=value):
         assert_400(err, "max_completion_tokens")
+
+
+@pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
+def test_a_limit_of_zero_is_the_prompt_alone_on_completions_and_refused_on_chat(param: str) -> None:
+    # OpenAI's legacy endpoint takes 0 (echo + logprobs: the prompt scored, nothing generated)
+    assert completion(**{param: 0}).max_tokens == 0
+    err = chat_error(**{param: 0})
+    assert_400(err, param, "invalid_value")
+    assert err.message == f"Invalid value for '{param}': expected an integer greater than or equal to 1."
+    err = completion_error(**{param: -1})
+    assert_400(err, param, "invalid_value")
+    assert err.message == f"Invalid value for '{param}': expected an integer greater than or equal to 0."
+    # fill-in-the-middle has nothing to give without its middle
+    assert_400(completion_error(suffix="x", **{param: 0}), param, "invalid_value")
 
 
 def test_max_completion_tokens_takes_the_place_of_n_predict_as_max_tokens_does() -> None:
@@ -724,8 +738,8 @@ def test_bad_completion_logprobs_are_rejected(value: Any) -> None:
 NUMERIC_PARAMS: list[tuple[str, list[tuple[Any, Any]], list[Any], str]] = [
     ("temperature", [(0, 0.0), (0.7, 0.7), (2, 2.0)], [-0.1, 2.01, 3, "1", True, [1]],
      "expected a number between 0 and 2"),
-    ("top_p", [(1, 1.0), (0.01, 0.01)], [0, -0.5, 1.5, "0.9", False],
-     "expected a number greater than 0 and at most 1"),
+    ("top_p", [(1, 1.0), (0.01, 0.01), (0, 0.0)], [-0.5, -0.01, 1.5, "0.9", False],
+     "expected a number between 0 and 1"),
     ("top_k", [(0, 0), (40, 40)], [-2, 4.0, 1.5, "40", True],
      "expected an integer greater than or equal to -1"),
     ("min_p", [(0, 0.0), (0.05, 0.05), (1, 1.0)], [-0.01, 1.01, "0.1", True],
@@ -738,8 +752,8 @@ NUMERIC_PARAMS: list[tuple[str, list[tuple[Any, Any]], list[Any], str]] = [
      "expected a number between -2 and 2"),
     ("repeat_penalty", [(1.1, 1.1), (0.5, 0.5), (3, 3.0)], [0, -1, "1.1", True],
      "expected a number greater than 0"),
-    ("max_tokens", [(1, 1), (256, 256)], [0, -3, 5.0, "5", True],
-     "expected an integer greater than or equal to 1"),
+    # (0 is refused on chat alone: test_a_limit_of_zero_is_the_prompt_alone_on_completions_and_refused_on_chat)
+    ("max_tokens", [(1, 1), (256, 256)], [], "expected an integer greater than or equal to 1"),
 ]
 
 VALID_NUMERIC = [(p, v, out) for p, valids, _, _ in NUMERIC_PARAMS for v, out in valids]

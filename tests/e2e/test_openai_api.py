@@ -115,7 +115,7 @@ def test_max_tokens_beyond_the_window_is_refused_up_front(server: RunningServer)
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"temperature": 5}, "temperature"), ({"top_p": 0}, "top_p"), ({"n": 17}, "n"), ({"logit_bias": {"9999999": 1}}, "logit_bias"),
+    [({"temperature": 5}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"n": 17}, "n"), ({"logit_bias": {"9999999": 1}}, "logit_bias"),
      ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}}}, "response_format")],
 )
 def test_bad_parameters_are_400_naming_the_param(server: RunningServer, extra: dict, param: str) -> None:
