@@ -20,6 +20,8 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
           serial:
             agingDivisor: 60
             swapAffinityBonus: 10
+          fifo:
+            priority: {smol: 0}   # llama-swap's form of models.<id>.priority
 
 A relative ``model`` path is taken from the file's folder.
 """
@@ -375,7 +377,9 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                 kw["scheduler"] = use
             if "settings" in sched:
                 settings = _mapping(where, sched["settings"][1], "routing.scheduler.settings")
-                _only(where, settings, "routing.scheduler.settings", ("serial",))
+                _only(where, settings, "routing.scheduler.settings", ("serial", "fifo"))
+                if "fifo" in settings:
+                    models = _fifo_priorities(where, settings["fifo"][1], models, names)
                 if "serial" in settings:
                     key = "routing.scheduler.settings.serial"
                     serial = _mapping(where, settings["serial"][1], key)
@@ -385,6 +389,32 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                     if "swapAffinityBonus" in serial:
                         kw["swap_affinity_bonus"] = _int(where, serial["swapAffinityBonus"][1], f"{key}.swapAffinityBonus", 0, 99)
     return ModelsConfig(tuple(models), source=source, names=names, **kw)
+
+
+def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], names: dict[str, str]) -> list[ServedModel]:
+    """llama-swap's ``routing.scheduler.settings.fifo.priority``: a mapping of model (id or alias)
+    to the fifo scheduler's per-model priority, the same number as ``models.<id>.priority``."""
+    key = "routing.scheduler.settings.fifo"
+    fifo = _mapping(where, node, key)
+    _only(where, fifo, key, ("priority",))
+    if "priority" not in fifo:
+        return models
+    given: dict[str, str] = {}  # model id -> the name its priority was given under
+    priority: dict[str, int] = {}
+    for name, (k, v) in _mapping(where, fifo["priority"][1], f"{key}.priority").items():
+        mid = names.get(name)
+        if mid is None:
+            raise where.error(k, f"{key}.priority", f"names no configured model: {name!r}")
+        if mid in given:
+            raise where.error(k, f"{key}.priority", f"{name!r} and {given[mid]!r} both name model {mid!r}")
+        given[mid] = name
+        priority[mid] = _int(where, v, f"{key}.priority.{name}")
+    out = []
+    for m in models:
+        if m.id in priority and m.priority != 0 and m.priority != priority[m.id]:
+            raise where.error(fifo["priority"][1], f"{key}.priority.{given[m.id]}", f"model {m.id!r} has priority {m.priority} in models.{m.id}.priority already")
+        out.append(dataclasses.replace(m, priority=priority[m.id]) if m.id in priority else m)
+    return out
 
 
 def load_config(path: Path, check_path: Callable[[Path], str | None] = _default_check) -> ModelsConfig:

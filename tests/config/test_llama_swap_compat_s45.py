@@ -1,0 +1,71 @@
+"""serve --config read as llama-swap reads the same keys: a llama-swap file's fifo priorities
+(``routing.scheduler.settings.fifo.priority``) and its ``healthCheckTimeout`` below 15."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.core.router import Router
+from scheduler.models_config import ConfigError, parse_config
+
+TWO = "models:\n  a:\n    model: a.gguf\n    aliases: [alpha]\n  b:\n    model: b.gguf\n"
+
+
+def parsed(text: str):
+    return parse_config(text, "f.yaml", Path("/"), check_path=lambda p: None)
+
+
+FIFO = TWO + "routing:\n  scheduler:\n    use: fifo\n    settings:\n      fifo:\n        priority:\n          b: 10\n          alpha: -5\n"
+
+
+def test_llama_swaps_fifo_priorities_are_the_models_priorities() -> None:
+    """llama-swap configures the fifo scheduler's per-model priority as
+    ``routing.scheduler.settings.fifo.priority: {model: N}``; that file was refused ("unknown key
+    (expected one of serial)"), so a llama-swap user's fifo order could not be carried over."""
+    cfg = parsed(FIFO)
+    assert {m.id: m.priority for m in cfg.models} == {"a": -5, "b": 10}  # an alias names its model
+    assert cfg.scheduler == "fifo"
+
+
+def test_the_fifo_priorities_order_the_router_as_the_seed_says() -> None:
+    """A model at 10 with a ``batch`` header queues at -90: ahead of a normal request (-5 + 0)
+    for a model at -5 only when the header does not pull it below."""
+    cfg = parsed(FIFO)
+    router = Router([m.spec() for m in cfg.models], cfg.router_config(), clock=lambda: 0.0)
+    router.submit("a-normal", "a", 0)
+    router.submit("b-normal", "b", 0)
+    router.submit("b-batch", "b", -100)
+    assert [w.request_id for w in router.order()] == ["b-normal", "a-normal", "b-batch"]
+    assert [router.score(w, 0.0) for w in router.order()] == [10, -5, -90]
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        ("          c: 1\n", ":12: routing.scheduler.settings.fifo.priority: names no configured model: 'c'"),
+        ("          a: 1\n          alpha: 2\n", ":13: routing.scheduler.settings.fifo.priority: 'alpha' and 'a' both name model 'a'"),
+        ("          a: high\n", ":12: routing.scheduler.settings.fifo.priority.a: must be an integer, got 'high'"),
+    ],
+)
+def test_a_bad_fifo_priority_is_named_by_line_and_key(tail: str, expected: str) -> None:
+    text = TWO + "routing:\n  scheduler:\n    settings:\n      fifo:\n        priority:\n" + tail
+    with pytest.raises(ConfigError) as err:
+        parsed(text)
+    assert expected in str(err.value)
+
+
+def test_a_model_given_two_different_priorities_is_refused() -> None:
+    text = TWO.replace("    aliases: [alpha]\n", "    aliases: [alpha]\n    priority: 3\n")
+    text += "routing:\n  scheduler:\n    settings:\n      fifo:\n        priority:\n          a: 4\n"
+    with pytest.raises(ConfigError, match="model 'a' has priority 3 in models.a.priority already"):
+        parsed(text)
+    same = text.replace("a: 4", "a: 3")
+    assert parsed(same).get("a").priority == 3
+
+
+def test_an_unknown_fifo_setting_is_still_an_error() -> None:
+    text = TWO + "routing:\n  scheduler:\n    settings:\n      fifo:\n        priorty:\n          a: 1\n"
+    with pytest.raises(ConfigError, match="fifo.priorty: unknown key"):
+        parsed(text)
