@@ -363,7 +363,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     if "max_loaded_models" in top:
         kw["max_loaded_models"] = _int(where, top["max_loaded_models"][1], "max_loaded_models", 1)
     if "healthCheckTimeout" in top:
-        kw["load_timeout_s"] = _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", MIN_LOAD_TIMEOUT_S)
+        # below 15 (0 and negatives too) is 15, as llama-swap raises it: its files start here too
+        kw["load_timeout_s"] = max(MIN_LOAD_TIMEOUT_S, _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", -math.inf))
     if "routing" in top:
         routing = _mapping(where, top["routing"][1], "routing")
         _only(where, routing, "routing", ("scheduler",))

@@ -69,3 +69,10 @@ def test_an_unknown_fifo_setting_is_still_an_error() -> None:
     text = TWO + "routing:\n  scheduler:\n    settings:\n      fifo:\n        priorty:\n          a: 1\n"
     with pytest.raises(ConfigError, match="fifo.priorty: unknown key"):
         parsed(text)
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("5", 15.0), ("0", 15.0), ("-1", 15.0), ("15", 15.0), ("16", 16.0)])
+def test_a_health_check_timeout_below_15_is_15_as_llama_swap_reads_it(written: str, seconds: float) -> None:
+    """llama-swap raises a ``healthCheckTimeout`` below 15 to 15; its file with
+    ``healthCheckTimeout: 5`` stopped serve here ("must be 15 or more")."""
+    assert parsed(TWO + f"healthCheckTimeout: {written}\n").load_timeout_s == seconds

@@ -82,7 +82,6 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
         ("models:\n  a:\n    model: smol.gguf\n    aliases: x\n", ":4: models.a.aliases: must be a list of names"),
         ("models:\n  a:\n    model: smol.gguf\n    aliases: [b]\n  b:\n    model: other.gguf\n", ":2: models: model name 'b' is used by both 'a' and 'b'"),
         ("models:\n  a:\n    model: smol.gguf\nmax_loaded_models: 0\n", ":4: max_loaded_models: must be at least 1, got 0"),
-        ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: 5\n", ":4: healthCheckTimeout: must be 15 or more, got 5"),
         ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: .inf\n", ":4: healthCheckTimeout: must be a finite number, got '.inf'"),
         ("models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    use: lifo\n", ":6: routing.scheduler.use: must be serial or fifo, got 'lifo'"),
         (
