@@ -9,9 +9,10 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
         aliases: [small]
         max_batch: 8          # lanes, as --max-batch
         ctx_size: 4096        # per lane, as --ctx-size
-        ttl: 300              # seconds idle before unloading; 0 = never
+        ttl: 300              # seconds idle before unloading; 0 = never, -1 = globalTTL
         priority: 0           # the fifo scheduler's per-model priority
     max_loaded_models: 1
+    globalTTL: 0              # a model's ttl when it gives none (or -1)
     healthCheckTimeout: 120   # seconds a model's worker has to be ready
     routing:
       scheduler:
@@ -289,10 +290,10 @@ def _is_text(name: str) -> bool:
 
 
 MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
-TOP_KEYS = ("models", "max_loaded_models", "healthCheckTimeout", "routing")
+TOP_KEYS = ("models", "max_loaded_models", "globalTTL", "healthCheckTimeout", "routing")
 
 
-def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None]) -> ServedModel:
+def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None], global_ttl: float = 0.0) -> ServedModel:
     key = f"models.{mid}"
     fields = _mapping(where, node, key)
     _only(where, fields, key, MODEL_KEYS)
@@ -314,13 +315,17 @@ def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Cal
         for i, alias in enumerate(aliases):  # /v1/models listed a name twice
             if alias == mid or alias in aliases[:i]:
                 raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} is already a name of {mid!r}")
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"ttl_s": global_ttl}
     if "max_batch" in fields:
         kw["max_batch"] = _int(where, fields["max_batch"][1], f"{key}.max_batch", 1, MAX_BATCH_LIMIT)
     if "ctx_size" in fields:
         kw["ctx_size"] = _int(where, fields["ctx_size"][1], f"{key}.ctx_size", MIN_CTX)
     if "ttl" in fields:
-        kw["ttl_s"] = _number(where, fields["ttl"][1], f"{key}.ttl")
+        # llama-swap's -1 (its default) is the file's globalTTL
+        ttl = _number(where, fields["ttl"][1], f"{key}.ttl", -math.inf)
+        if ttl < 0 and ttl != -1:
+            raise where.error(fields["ttl"][1], f"{key}.ttl", f"must be 0 or more (or -1: globalTTL), got {_scalar(where, fields['ttl'][1], key)}")
+        kw["ttl_s"] = global_ttl if ttl == -1 else ttl
     if "priority" in fields:
         kw["priority"] = _int(where, fields["priority"][1], f"{key}.priority")
     return ServedModel(mid, path.resolve(), tuple(aliases), **kw)
@@ -354,7 +359,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     for mid, (k, _v) in entries.items():
         if not _is_text(mid):
             raise where.error(k, "models", f"model id {mid!r} holds a lone surrogate; names must be valid Unicode text")
-    models = [_model(where, mid, v, base, check_path) for mid, (_k, v) in entries.items()]
+    global_ttl = _number(where, top["globalTTL"][1], "globalTTL") if "globalTTL" in top else 0.0
+    models = [_model(where, mid, v, base, check_path, global_ttl) for mid, (_k, v) in entries.items()]
     try:
         names = _names(models)
     except ConfigError as exc:

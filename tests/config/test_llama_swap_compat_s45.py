@@ -76,3 +76,18 @@ def test_a_health_check_timeout_below_15_is_15_as_llama_swap_reads_it(written: s
     """llama-swap raises a ``healthCheckTimeout`` below 15 to 15; its file with
     ``healthCheckTimeout: 5`` stopped serve here ("must be 15 or more")."""
     assert parsed(TWO + f"healthCheckTimeout: {written}\n").load_timeout_s == seconds
+
+
+def test_global_ttl_is_the_ttl_of_a_model_that_gives_none_or_minus_1() -> None:
+    """llama-swap's ``globalTTL`` is the ``ttl`` of every model that gives none, and ``ttl: -1``
+    (its default) means "the global one"; both stopped serve here (``globalTTL: unknown key``,
+    ``ttl: must be 0 or more, got -1``), so a llama-swap file's idle unloads could not be kept."""
+    text = "globalTTL: 300\nmodels:\n  a:\n    model: a.gguf\n  b:\n    model: b.gguf\n    ttl: -1\n  c:\n    model: c.gguf\n    ttl: 0\n  d:\n    model: d.gguf\n    ttl: 60\n"
+    cfg = parsed(text)
+    assert {m.id: m.ttl_s for m in cfg.models} == {"a": 300.0, "b": 300.0, "c": 0.0, "d": 60.0}
+    router = Router([m.spec() for m in cfg.models], cfg.router_config(), clock=lambda: 0.0)
+    assert router.models["a"].spec.ttl_s == 300.0
+    # without globalTTL, -1 is llama-swap's default of 0: never unloaded
+    assert parsed("models:\n  a:\n    model: a.gguf\n    ttl: -1\n").models[0].ttl_s == 0.0
+    with pytest.raises(ConfigError, match=r":1: globalTTL: must be 0 or more, got -5"):
+        parsed("globalTTL: -5\n" + TWO)

@@ -69,7 +69,7 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
     [
         ("models:\n  a:\n    model: smol.gguf\n    max_batch: 0\n", ":4: models.a.max_batch: must be between 1 and 64, got 0"),
         ("models:\n  a:\n    model: smol.gguf\n    ctx_size: big\n", ":4: models.a.ctx_size: must be an integer, got 'big'"),
-        ("models:\n  a:\n    model: smol.gguf\n    ttl: -1\n", ":4: models.a.ttl: must be 0 or more, got -1"),
+        ("models:\n  a:\n    model: smol.gguf\n    ttl: -2\n", ":4: models.a.ttl: must be 0 or more (or -1: globalTTL), got -2"),
         # NaN passed every bound (a model never unloaded); infinity crashed serve with a traceback
         ("models:\n  a:\n    model: smol.gguf\n    ttl: .nan\n", ":4: models.a.ttl: must be a finite number, got '.nan'"),
         (
