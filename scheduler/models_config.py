@@ -165,17 +165,34 @@ class _Where:
         return ConfigError(f"{self.source}{line}: {what}: {message}")
 
 
-def _mapping(where: _Where, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _mapping(where: _Where, node: yaml.Node, key: str, _merging: frozenset[int] = frozenset()) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """A mapping's keys and values. A merge key (``<<: *base``, or ``<<: [*a, *b]``) brings in the
+    keys of the mappings it names, as yaml.v3 (llama-swap) reads it: a key the mapping gives
+    itself wins, and among the merged mappings the first that has a key."""
     if not isinstance(node, yaml.MappingNode):
         raise where.error(node, key, "must be a mapping")
     out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    merged: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag == _MERGE:
+            sources = v.value if isinstance(v, yaml.SequenceNode) else [v]
+            for src in sources:
+                if not isinstance(src, yaml.MappingNode) or id(src) in _merging or src is node:
+                    raise where.error(src, f"{key}.<<" if key else "<<", "must be a mapping (or a list of mappings) other than the one it is in")
+                for name, pair in _mapping(where, src, key, _merging | {id(node)}).items():
+                    merged.setdefault(name, pair)
+            continue
         if not isinstance(k, yaml.ScalarNode) or not k.value:
             raise where.error(k, key, "keys must be plain names")
         name = f"{key}.{k.value}" if key else k.value
         if k.value in out:
             raise where.error(k, name, "is given twice")
         out[k.value] = (k, v)
+    for name, pair in merged.items():
+        out.setdefault(name, pair)
     return out
 
 
@@ -218,6 +235,7 @@ class _Yaml12Loader(yaml.SafeLoader):
 
 for _kind, _pattern in _YAML12.items():
     _Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_kind}", re.compile(rf"(?:{_pattern})\Z"), None)
+_Yaml12Loader.add_implicit_resolver(_MERGE, re.compile(r"<<\Z"), ["<"])  # yaml.v3 merges as YAML 1.1 did
 
 
 class _Yaml12Constructor(yaml.constructor.SafeConstructor):

@@ -91,3 +91,40 @@ def test_global_ttl_is_the_ttl_of_a_model_that_gives_none_or_minus_1() -> None:
     assert parsed("models:\n  a:\n    model: a.gguf\n    ttl: -1\n").models[0].ttl_s == 0.0
     with pytest.raises(ConfigError, match=r":1: globalTTL: must be 0 or more, got -5"):
         parsed("globalTTL: -5\n" + TWO)
+
+
+def test_a_merge_key_shares_settings_between_models_as_llama_swap_reads_it() -> None:
+    """llama-swap's files share settings with YAML anchors and merge keys (``<<: *base``, which
+    yaml.v3 honours); serve stopped at ``models.b.<<: unknown key``."""
+    text = (
+        "models:\n"
+        "  a: &base\n    model: a.gguf\n    ttl: 300\n    max_batch: 2\n    ctx_size: 1024\n"
+        "  b:\n    <<: *base\n    model: b.gguf\n    max_batch: 4\n"
+        "  c:\n    model: c.gguf\n    <<: [{ttl: 60, ctx_size: 512}, *base]\n"
+    )
+    a, b, c = parsed(text).models
+    assert (a.path.name, a.ttl_s, a.max_batch, a.ctx_size) == ("a.gguf", 300.0, 2, 1024)
+    # the model's own keys win, wherever the merge key stands
+    assert (b.path.name, b.ttl_s, b.max_batch, b.ctx_size) == ("b.gguf", 300.0, 4, 1024)
+    # among merged mappings, the first that has a key
+    assert (c.path.name, c.ttl_s, c.max_batch, c.ctx_size) == ("c.gguf", 60.0, 2, 512)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "models:\n  a: &x\n    <<: *x\n    model: a.gguf\n",  # a mapping merged into itself
+        "models:\n  a:\n    model: a.gguf\n    <<: 5\n",
+        "models:\n  a:\n    model: a.gguf\n    <<: [5]\n",
+    ],
+)
+def test_a_merge_key_naming_no_other_mapping_is_an_error(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"models\.a\.<<: must be a mapping"):
+        parsed(text)
+
+
+def test_a_merged_key_is_checked_as_a_written_one() -> None:
+    with pytest.raises(ConfigError, match=r"models\.b\.max_batch: must be between 1 and 64, got 0"):
+        parsed("models:\n  a: &base\n    model: a.gguf\n  b:\n    <<: {max_batch: 0}\n    model: b.gguf\n")
+    with pytest.raises(ConfigError, match=r"models\.b\.batch: unknown key"):
+        parsed("models:\n  a:\n    model: a.gguf\n  b:\n    <<: {batch: 2}\n    model: b.gguf\n")
