@@ -12,6 +12,9 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
         ttl: 300              # seconds idle before unloading; 0 = never, -1 = globalTTL
         priority: 0           # the fifo scheduler's per-model priority
     max_loaded_models: 1
+    hooks:
+      on_startup:
+        preload: [smol]       # loaded as serve starts
     globalTTL: 0              # a model's ttl when it gives none (or -1)
     healthCheckTimeout: 120   # seconds a model's worker has to be ready
     routing:
@@ -308,7 +311,7 @@ def _is_text(name: str) -> bool:
 
 
 MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
-TOP_KEYS = ("models", "max_loaded_models", "globalTTL", "healthCheckTimeout", "routing")
+TOP_KEYS = ("models", "max_loaded_models", "globalTTL", "healthCheckTimeout", "routing", "hooks")
 
 
 def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None], global_ttl: float = 0.0) -> ServedModel:
@@ -389,6 +392,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     if "healthCheckTimeout" in top:
         # below 15 (0 and negatives too) is 15, as llama-swap raises it: its files start here too
         kw["load_timeout_s"] = max(MIN_LOAD_TIMEOUT_S, _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", -math.inf))
+    if "hooks" in top:
+        kw["preload"] = _preload(where, top["hooks"][1], names)
     if "routing" in top:
         routing = _mapping(where, top["routing"][1], "routing")
         _only(where, routing, "routing", ("scheduler",))
@@ -414,6 +419,32 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                     if "swapAffinityBonus" in serial:
                         kw["swap_affinity_bonus"] = _int(where, serial["swapAffinityBonus"][1], f"{key}.swapAffinityBonus", 0, 99)
     return ModelsConfig(tuple(models), source=source, names=names, **kw)
+
+
+def _preload(where: _Where, node: yaml.Node, names: dict[str, str]) -> tuple[str, ...]:
+    """llama-swap's ``hooks.on_startup.preload``: models (ids or aliases) loaded as serve starts,
+    as the admin's Load loads them (into a free slot, or in place of an idle model)."""
+    hooks = _mapping(where, node, "hooks")
+    _only(where, hooks, "hooks", ("on_startup",))
+    if "on_startup" not in hooks:
+        return ()
+    key = "hooks.on_startup"
+    startup = _mapping(where, hooks["on_startup"][1], key)
+    _only(where, startup, key, ("preload",))
+    if "preload" not in startup:
+        return ()
+    pnode = startup["preload"][1]
+    if not isinstance(pnode, yaml.SequenceNode):
+        raise where.error(pnode, f"{key}.preload", "must be a list of model names")
+    out: list[str] = []
+    for item in pnode.value:
+        name = _str(where, item, f"{key}.preload")
+        mid = names.get(name)
+        if mid is None:
+            raise where.error(item, f"{key}.preload", f"names no configured model: {name!r}")
+        if mid not in out:
+            out.append(mid)
+    return tuple(out)
 
 
 def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], names: dict[str, str]) -> list[ServedModel]:

@@ -128,3 +128,31 @@ def test_a_merged_key_is_checked_as_a_written_one() -> None:
         parsed("models:\n  a: &base\n    model: a.gguf\n  b:\n    <<: {max_batch: 0}\n    model: b.gguf\n")
     with pytest.raises(ConfigError, match=r"models\.b\.batch: unknown key"):
         parsed("models:\n  a:\n    model: a.gguf\n  b:\n    <<: {batch: 2}\n    model: b.gguf\n")
+
+
+def test_hooks_on_startup_preload_loads_the_models_as_serve_starts() -> None:
+    """llama-swap's ``hooks.on_startup.preload`` loads models as it starts; serve stopped at
+    ``hooks: unknown key``, so the first request after a start paid the load again."""
+    text = TWO + "hooks:\n  on_startup:\n    preload: [alpha, b, a]\n"
+    cfg = parsed(text)
+    assert cfg.preload == ("a", "b")  # an alias names its model; once each
+    assert parsed(TWO + "hooks:\n  on_startup:\n    preload: []\n").preload == ()
+    # the pool asks the router for each as the admin's Load does: into the free slot
+    router = Router([m.spec() for m in cfg.models], cfg.router_config(), clock=lambda: 0.0)
+    for model in cfg.preload:
+        router.request_load(model)
+    assert router.schedule().load == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        ("hooks:\n  on_startup:\n    preload: [c]\n", ":9: hooks.on_startup.preload: names no configured model: 'c'"),
+        ("hooks:\n  on_startup:\n    preload: a\n", ":9: hooks.on_startup.preload: must be a list of model names"),
+        ("hooks:\n  on_start:\n    preload: [a]\n", ":8: hooks.on_start: unknown key"),
+    ],
+)
+def test_a_bad_preload_is_named_by_line_and_key(tail: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parsed(TWO + tail)
+    assert expected in str(err.value)
