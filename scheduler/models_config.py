@@ -409,7 +409,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                 settings = _mapping(where, sched["settings"][1], "routing.scheduler.settings")
                 _only(where, settings, "routing.scheduler.settings", ("serial", "fifo"))
                 if "fifo" in settings:
-                    models = _fifo_priorities(where, settings["fifo"][1], models, names)
+                    given = {mid for mid, (_k, v) in entries.items() if "priority" in _mapping(where, v, f"models.{mid}")}
+                    models = _fifo_priorities(where, settings["fifo"][1], models, names, given)
                 if "serial" in settings:
                     key = "routing.scheduler.settings.serial"
                     serial = _mapping(where, settings["serial"][1], key)
@@ -447,7 +448,7 @@ def _preload(where: _Where, node: yaml.Node, names: dict[str, str]) -> tuple[str
     return tuple(out)
 
 
-def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], names: dict[str, str]) -> list[ServedModel]:
+def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], names: dict[str, str], written: set[str]) -> list[ServedModel]:
     """llama-swap's ``routing.scheduler.settings.fifo.priority``: a mapping of model (id or alias)
     to the fifo scheduler's per-model priority, the same number as ``models.<id>.priority``."""
     key = "routing.scheduler.settings.fifo"
@@ -467,7 +468,7 @@ def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], 
         priority[mid] = _int(where, v, f"{key}.priority.{name}")
     out = []
     for m in models:
-        if m.id in priority and m.priority != 0 and m.priority != priority[m.id]:
+        if m.id in priority and m.id in written and m.priority != priority[m.id]:
             raise where.error(fifo["priority"][1], f"{key}.priority.{given[m.id]}", f"model {m.id!r} has priority {m.priority} in models.{m.id}.priority already")
         out.append(dataclasses.replace(m, priority=priority[m.id]) if m.id in priority else m)
     return out

@@ -63,6 +63,8 @@ def test_a_model_given_two_different_priorities_is_refused() -> None:
         parsed(text)
     same = text.replace("a: 4", "a: 3")
     assert parsed(same).get("a").priority == 3
+    with pytest.raises(ConfigError, match="model 'a' has priority 0 in models.a.priority already"):
+        parsed(text.replace("priority: 3", "priority: 0"))
 
 
 def test_an_unknown_fifo_setting_is_still_an_error() -> None:
