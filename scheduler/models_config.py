@@ -9,9 +9,13 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
         aliases: [small]
         max_batch: 8          # lanes, as --max-batch
         ctx_size: 4096        # per lane, as --ctx-size
-        ttl: 300              # seconds idle before unloading; 0 = never
+        ttl: 300              # seconds idle before unloading; 0 = never, -1 = globalTTL
         priority: 0           # the fifo scheduler's per-model priority
     max_loaded_models: 1
+    hooks:
+      on_startup:
+        preload: [smol]       # loaded as serve starts
+    globalTTL: 0              # a model's ttl when it gives none (or -1)
     healthCheckTimeout: 120   # seconds a model's worker has to be ready
     routing:
       scheduler:
@@ -20,6 +24,8 @@ The file's shape (llama-swap's, plus superfluid's per-model lanes)::
           serial:
             agingDivisor: 60
             swapAffinityBonus: 10
+          fifo:
+            priority: {smol: 0}   # llama-swap's form of models.<id>.priority
 
 A relative ``model`` path is taken from the file's folder.
 """
@@ -162,17 +168,34 @@ class _Where:
         return ConfigError(f"{self.source}{line}: {what}: {message}")
 
 
-def _mapping(where: _Where, node: yaml.Node, key: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _mapping(where: _Where, node: yaml.Node, key: str, _merging: frozenset[int] = frozenset()) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """A mapping's keys and values. A merge key (``<<: *base``, or ``<<: [*a, *b]``) brings in the
+    keys of the mappings it names, as yaml.v3 (llama-swap) reads it: a key the mapping gives
+    itself wins, and among the merged mappings the first that has a key."""
     if not isinstance(node, yaml.MappingNode):
         raise where.error(node, key, "must be a mapping")
     out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    merged: dict[str, tuple[yaml.Node, yaml.Node]] = {}
     for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag == _MERGE:
+            sources = v.value if isinstance(v, yaml.SequenceNode) else [v]
+            for src in sources:
+                if not isinstance(src, yaml.MappingNode) or id(src) in _merging or src is node:
+                    raise where.error(src, f"{key}.<<" if key else "<<", "must be a mapping (or a list of mappings) other than the one it is in")
+                for name, pair in _mapping(where, src, key, _merging | {id(node)}).items():
+                    merged.setdefault(name, pair)
+            continue
         if not isinstance(k, yaml.ScalarNode) or not k.value:
             raise where.error(k, key, "keys must be plain names")
         name = f"{key}.{k.value}" if key else k.value
         if k.value in out:
             raise where.error(k, name, "is given twice")
         out[k.value] = (k, v)
+    for name, pair in merged.items():
+        out.setdefault(name, pair)
     return out
 
 
@@ -215,6 +238,7 @@ class _Yaml12Loader(yaml.SafeLoader):
 
 for _kind, _pattern in _YAML12.items():
     _Yaml12Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_kind}", re.compile(rf"(?:{_pattern})\Z"), None)
+_Yaml12Loader.add_implicit_resolver(_MERGE, re.compile(r"<<\Z"), ["<"])  # yaml.v3 merges as YAML 1.1 did
 
 
 class _Yaml12Constructor(yaml.constructor.SafeConstructor):
@@ -287,10 +311,10 @@ def _is_text(name: str) -> bool:
 
 
 MODEL_KEYS = ("model", "aliases", "max_batch", "ctx_size", "ttl", "priority")
-TOP_KEYS = ("models", "max_loaded_models", "healthCheckTimeout", "routing")
+TOP_KEYS = ("models", "max_loaded_models", "globalTTL", "healthCheckTimeout", "routing", "hooks")
 
 
-def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None]) -> ServedModel:
+def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Callable[[Path], str | None], global_ttl: float = 0.0) -> ServedModel:
     key = f"models.{mid}"
     fields = _mapping(where, node, key)
     _only(where, fields, key, MODEL_KEYS)
@@ -312,13 +336,17 @@ def _model(where: _Where, mid: str, node: yaml.Node, base: Path, check_path: Cal
         for i, alias in enumerate(aliases):  # /v1/models listed a name twice
             if alias == mid or alias in aliases[:i]:
                 raise where.error(anode.value[i], f"{key}.aliases", f"{alias!r} is already a name of {mid!r}")
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"ttl_s": global_ttl}
     if "max_batch" in fields:
         kw["max_batch"] = _int(where, fields["max_batch"][1], f"{key}.max_batch", 1, MAX_BATCH_LIMIT)
     if "ctx_size" in fields:
         kw["ctx_size"] = _int(where, fields["ctx_size"][1], f"{key}.ctx_size", MIN_CTX)
     if "ttl" in fields:
-        kw["ttl_s"] = _number(where, fields["ttl"][1], f"{key}.ttl")
+        # llama-swap's -1 (its default) is the file's globalTTL
+        ttl = _number(where, fields["ttl"][1], f"{key}.ttl", -math.inf)
+        if ttl < 0 and ttl != -1:
+            raise where.error(fields["ttl"][1], f"{key}.ttl", f"must be 0 or more (or -1: globalTTL), got {_scalar(where, fields['ttl'][1], key)}")
+        kw["ttl_s"] = global_ttl if ttl == -1 else ttl
     if "priority" in fields:
         kw["priority"] = _int(where, fields["priority"][1], f"{key}.priority")
     return ServedModel(mid, path.resolve(), tuple(aliases), **kw)
@@ -352,7 +380,8 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     for mid, (k, _v) in entries.items():
         if not _is_text(mid):
             raise where.error(k, "models", f"model id {mid!r} holds a lone surrogate; names must be valid Unicode text")
-    models = [_model(where, mid, v, base, check_path) for mid, (_k, v) in entries.items()]
+    global_ttl = _number(where, top["globalTTL"][1], "globalTTL") if "globalTTL" in top else 0.0
+    models = [_model(where, mid, v, base, check_path, global_ttl) for mid, (_k, v) in entries.items()]
     try:
         names = _names(models)
     except ConfigError as exc:
@@ -361,7 +390,10 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
     if "max_loaded_models" in top:
         kw["max_loaded_models"] = _int(where, top["max_loaded_models"][1], "max_loaded_models", 1)
     if "healthCheckTimeout" in top:
-        kw["load_timeout_s"] = _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", MIN_LOAD_TIMEOUT_S)
+        # below 15 (0 and negatives too) is 15, as llama-swap raises it: its files start here too
+        kw["load_timeout_s"] = max(MIN_LOAD_TIMEOUT_S, _number(where, top["healthCheckTimeout"][1], "healthCheckTimeout", -math.inf))
+    if "hooks" in top:
+        kw["preload"] = _preload(where, top["hooks"][1], names)
     if "routing" in top:
         routing = _mapping(where, top["routing"][1], "routing")
         _only(where, routing, "routing", ("scheduler",))
@@ -375,7 +407,10 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                 kw["scheduler"] = use
             if "settings" in sched:
                 settings = _mapping(where, sched["settings"][1], "routing.scheduler.settings")
-                _only(where, settings, "routing.scheduler.settings", ("serial",))
+                _only(where, settings, "routing.scheduler.settings", ("serial", "fifo"))
+                if "fifo" in settings:
+                    given = {mid for mid, (_k, v) in entries.items() if "priority" in _mapping(where, v, f"models.{mid}")}
+                    models = _fifo_priorities(where, settings["fifo"][1], models, names, given)
                 if "serial" in settings:
                     key = "routing.scheduler.settings.serial"
                     serial = _mapping(where, settings["serial"][1], key)
@@ -385,6 +420,58 @@ def parse_config(text: str, source: str = "<config>", base: Path | None = None, 
                     if "swapAffinityBonus" in serial:
                         kw["swap_affinity_bonus"] = _int(where, serial["swapAffinityBonus"][1], f"{key}.swapAffinityBonus", 0, 99)
     return ModelsConfig(tuple(models), source=source, names=names, **kw)
+
+
+def _preload(where: _Where, node: yaml.Node, names: dict[str, str]) -> tuple[str, ...]:
+    """llama-swap's ``hooks.on_startup.preload``: models (ids or aliases) loaded as serve starts,
+    as the admin's Load loads them (into a free slot, or in place of an idle model)."""
+    hooks = _mapping(where, node, "hooks")
+    _only(where, hooks, "hooks", ("on_startup",))
+    if "on_startup" not in hooks:
+        return ()
+    key = "hooks.on_startup"
+    startup = _mapping(where, hooks["on_startup"][1], key)
+    _only(where, startup, key, ("preload",))
+    if "preload" not in startup:
+        return ()
+    pnode = startup["preload"][1]
+    if not isinstance(pnode, yaml.SequenceNode):
+        raise where.error(pnode, f"{key}.preload", "must be a list of model names")
+    out: list[str] = []
+    for item in pnode.value:
+        name = _str(where, item, f"{key}.preload")
+        mid = names.get(name)
+        if mid is None:
+            raise where.error(item, f"{key}.preload", f"names no configured model: {name!r}")
+        if mid not in out:
+            out.append(mid)
+    return tuple(out)
+
+
+def _fifo_priorities(where: _Where, node: yaml.Node, models: list[ServedModel], names: dict[str, str], written: set[str]) -> list[ServedModel]:
+    """llama-swap's ``routing.scheduler.settings.fifo.priority``: a mapping of model (id or alias)
+    to the fifo scheduler's per-model priority, the same number as ``models.<id>.priority``."""
+    key = "routing.scheduler.settings.fifo"
+    fifo = _mapping(where, node, key)
+    _only(where, fifo, key, ("priority",))
+    if "priority" not in fifo:
+        return models
+    given: dict[str, str] = {}  # model id -> the name its priority was given under
+    priority: dict[str, int] = {}
+    for name, (k, v) in _mapping(where, fifo["priority"][1], f"{key}.priority").items():
+        mid = names.get(name)
+        if mid is None:
+            raise where.error(k, f"{key}.priority", f"names no configured model: {name!r}")
+        if mid in given:
+            raise where.error(k, f"{key}.priority", f"{name!r} and {given[mid]!r} both name model {mid!r}")
+        given[mid] = name
+        priority[mid] = _int(where, v, f"{key}.priority.{name}")
+    out = []
+    for m in models:
+        if m.id in priority and m.id in written and m.priority != priority[m.id]:
+            raise where.error(fifo["priority"][1], f"{key}.priority.{given[m.id]}", f"model {m.id!r} has priority {m.priority} in models.{m.id}.priority already")
+        out.append(dataclasses.replace(m, priority=priority[m.id]) if m.id in priority else m)
+    return out
 
 
 def load_config(path: Path, check_path: Callable[[Path], str | None] = _default_check) -> ModelsConfig:

@@ -69,7 +69,7 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
     [
         ("models:\n  a:\n    model: smol.gguf\n    max_batch: 0\n", ":4: models.a.max_batch: must be between 1 and 64, got 0"),
         ("models:\n  a:\n    model: smol.gguf\n    ctx_size: big\n", ":4: models.a.ctx_size: must be an integer, got 'big'"),
-        ("models:\n  a:\n    model: smol.gguf\n    ttl: -1\n", ":4: models.a.ttl: must be 0 or more, got -1"),
+        ("models:\n  a:\n    model: smol.gguf\n    ttl: -2\n", ":4: models.a.ttl: must be 0 or more (or -1: globalTTL), got -2"),
         # NaN passed every bound (a model never unloaded); infinity crashed serve with a traceback
         ("models:\n  a:\n    model: smol.gguf\n    ttl: .nan\n", ":4: models.a.ttl: must be a finite number, got '.nan'"),
         (
@@ -82,7 +82,6 @@ def test_defaults_are_the_seeds(folder: Path) -> None:
         ("models:\n  a:\n    model: smol.gguf\n    aliases: x\n", ":4: models.a.aliases: must be a list of names"),
         ("models:\n  a:\n    model: smol.gguf\n    aliases: [b]\n  b:\n    model: other.gguf\n", ":2: models: model name 'b' is used by both 'a' and 'b'"),
         ("models:\n  a:\n    model: smol.gguf\nmax_loaded_models: 0\n", ":4: max_loaded_models: must be at least 1, got 0"),
-        ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: 5\n", ":4: healthCheckTimeout: must be 15 or more, got 5"),
         ("models:\n  a:\n    model: smol.gguf\nhealthCheckTimeout: .inf\n", ":4: healthCheckTimeout: must be a finite number, got '.inf'"),
         ("models:\n  a:\n    model: smol.gguf\nrouting:\n  scheduler:\n    use: lifo\n", ":6: routing.scheduler.use: must be serial or fifo, got 'lifo'"),
         (

@@ -89,7 +89,7 @@ def test_underscores_in_a_number_starting_with_a_digit_or_sign_read_as_llama_swa
     """yaml.v3 drops every ``_`` of a plain value that starts with a digit or a sign before it
     reads the number: ``ttl: 1_000.5`` is 1000.5 seconds to llama-swap (serve refused it)."""
     if seconds is None:  # a number, below 0
-        with pytest.raises(ConfigError, match=r"^f.yaml:4: models.a.ttl: must be 0 or more, got -8"):
+        with pytest.raises(ConfigError, match=r"^f.yaml:4: models.a.ttl: must be 0 or more \(or -1: globalTTL\), got -8"):
             parsed(one_model("ttl", written))
         return
     assert parsed(one_model("ttl", written)).models[0].ttl_s == seconds
@@ -156,7 +156,7 @@ def test_infinity_and_nan_are_refused(key: str, written: str) -> None:
 def test_decimal_floats_read_as_llama_swap_reads_them(written: str, seconds: float | None) -> None:
     """``-.5`` was a string to YAML 1.1 and is -0.5 to YAML 1.2: refused as below 0 either way."""
     if seconds is None:
-        with pytest.raises(ConfigError, match=r"^f.yaml:4: models.a.ttl: must be 0 or more, got -0.5$"):
+        with pytest.raises(ConfigError, match=r"^f.yaml:4: models.a.ttl: must be 0 or more \(or -1: globalTTL\), got -0.5$"):
             parsed(one_model("ttl", written))
         return
     assert parsed(one_model("ttl", written)).models[0].ttl_s == seconds
