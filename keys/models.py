@@ -95,6 +95,13 @@ class KeyPolicy(models.Model):
                 f"The offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}, so that with the swap "
                 f"affinity bonus ({SWAP_AFFINITY_BONUS}) it stays below half the band spacing ({BAND_SPACING})."
             )
+        unknown = self._unknown_models()
+        if unknown:
+            errors["allowed_models"] = (
+                f"No model is served under {', '.join(repr(m) for m in unknown)}: a request must name a served "
+                f"model by its id or an alias (one of: {', '.join(sorted(served_names()))}), so this policy's keys "
+                "could never use it. Empty = all models."
+            )
         from .policyfile import file_keys
 
         stored = KeyPolicy.objects.filter(pk=self.pk).values_list("name", flat=True).first() if self.pk is not None else None
@@ -105,6 +112,27 @@ class KeyPolicy(models.Model):
             errors["name"] = f"{self.name} is the name of a policy in the --key-policy file."
         if errors:
             raise ValidationError(errors)
+
+    def _unknown_models(self) -> list[str]:
+        """The listed models no request can name (a typo, another case): a request naming
+        anything but a served id or alias is 404 before its key's list is read, so such an entry
+        allows nothing, and a list of only such entries locks the policy's keys out of every
+        model (403 ``model_forbidden``). Entries the saved row already lists stay (a model no
+        longer served must not make the rest of the policy uneditable); a process that does not
+        know the served models (no serve, no worker yet) accepts any."""
+        served = served_names()
+        if not served:
+            return []
+        before = KeyPolicy.objects.filter(pk=self.pk).values_list("allowed_models", flat=True).first() if self.pk is not None else None
+        kept = set(KeyPolicy(allowed_models=before).model_list) if before else set()
+        return [m for m in dict.fromkeys(self.model_list) if m not in served and m not in kept]
+
+
+def served_names() -> set[str]:
+    """Every name a request may give its model here: each served id and, with several models,
+    each alias; empty where this process does not know them."""
+    cfg = serving()
+    return set(cfg.models) | {name for name, _path in cfg.model_paths}
 
 
 class ApiKey(models.Model):
