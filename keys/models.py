@@ -105,6 +105,12 @@ class KeyPolicy(models.Model):
         from .policyfile import file_keys
 
         stored = KeyPolicy.objects.filter(pk=self.pk).values_list("name", flat=True).first() if self.pk is not None else None
+        if stored is not None and self.name != stored and stored == static_key_policy():
+            # the static key finds its policy by this name: renamed, every request with it is 401
+            errors["name"] = (
+                f"The static key ({STATIC_KEY_NAME}) follows this policy by its name (SUPERFLUID_API_KEY_POLICY="
+                f"{stored}): renamed, the key would be refused. Change the variable first."
+            )
         if self.name != stored and self.name in file_keys().policies:  # every file key's policy is one
             # limits and the prefix-cache scope go by the policy's name: two tenants would share them.
             # Checked for a new name only: a policy named so before the file said it is the one in
@@ -126,6 +132,17 @@ class KeyPolicy(models.Model):
         before = KeyPolicy.objects.filter(pk=self.pk).values_list("allowed_models", flat=True).first() if self.pk is not None else None
         kept = set(KeyPolicy(allowed_models=before).model_list) if before else set()
         return [m for m in dict.fromkeys(self.model_list) if m not in served and m not in kept]
+
+
+def static_key_policy() -> str | None:
+    """The name of the policy the static key (``SUPERFLUID_API_KEY``) follows, where there is
+    such a key and it names one (``SUPERFLUID_API_KEY_POLICY``); else None. It follows it by name,
+    not as a row: deleted or renamed, the key is refused."""
+    from django.conf import settings
+
+    if not getattr(settings, "SUPERFLUID_API_KEY_SHA256", ""):
+        return None
+    return str(getattr(settings, "SUPERFLUID_API_KEY_POLICY", "") or "") or None
 
 
 def served_names() -> set[str]:
