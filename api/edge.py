@@ -10,6 +10,7 @@ Ollama's CVE-2024-28224).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 import json
@@ -24,6 +25,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views import defaults
 from django.views.decorators.csrf import csrf_exempt
@@ -461,10 +463,13 @@ def routed_path(path: bytes) -> str:
     return one_leading_slash(unquote(path.split(b"?", 1)[0].decode("latin-1")))
 
 
-def record_edge_refusal(path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0) -> None:
+def record_edge_refusal(
+    path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0, headers: dict[str, str] | None = None
+) -> None:
     """The access-log line, /metrics count and activity row of a generation request that ended
     before it reached the application (refused, or its client left while sending it): the
-    activity log says why, and how long it had been open (``open_s``, from its first byte)."""
+    activity log says why, and how long it had been open (``open_s``, from its first byte);
+    ``headers`` (names lower-cased), those it had sent: its row and count name its key."""
     endpoint = GENERATION_PATHS.get(routed_path(path))
     if endpoint is None:  # the activity log keeps generation requests only
         return
@@ -472,8 +477,42 @@ def record_edge_refusal(path: bytes, client_ip: str | None, status: int, code: s
 
     open_s = max(0.0, open_s)
     record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, client_ip=client_ip, status=status, error_code=code)
+    record.key_name = key_name_of(headers or {})
     record.timing["total_ms"] = round(open_s * 1000, 1)
     record_now(record)
+
+
+def key_name_of(headers: dict[str, str]) -> str | None:
+    """The name of the key a request the edge refused came with (``headers``: names
+    lower-cased), as the application's row of a refused request names it: None without one, or
+    with one the keys this event loop has read do not know, or refuse (revoked, expired). The
+    keys as read already: an edge refusal never waits for them."""
+    from keys.credentials import secret_from_headers
+    from superfluid_site.runtime import runtime_of
+
+    secret = secret_from_headers(headers)
+    if secret is None:
+        return None
+    try:
+        web = runtime_of(asyncio.get_running_loop())
+    except RuntimeError:  # off the event loop: no keys read here
+        return None
+    keys = web.keys_if_made() if web is not None else None
+    if keys is None or not keys.loaded.is_set():
+        return None
+    key = keys.snapshot.lookup(secret)
+    if key is None or key.revoked or key.is_expired(timezone.now()):
+        return None
+    return key.name
+
+
+def _sent_headers(request: Any) -> dict[str, str]:
+    """The headers a daphne request has received so far, names lower-cased (the last of
+    repeated ones wins, as the consumers read them)."""
+    raw = getattr(request, "requestHeaders", None)
+    if raw is None:
+        return {}
+    return {bytes(name).decode("latin-1").lower(): bytes(values[-1]).decode("latin-1") for name, values in raw.getAllRawHeaders() if values}
 
 
 def _record_unprocessed(request: Any, status: int, code: str) -> None:
@@ -490,7 +529,7 @@ def _record_unprocessed(request: Any, status: int, code: str) -> None:
     try:
         started = getattr(request, "_sf_started", None)
         open_s = _seconds(channel) - started if started is not None else 0.0
-        record_edge_refusal(path, str(client[0]) if client else None, status, code, open_s)
+        record_edge_refusal(path, str(client[0]) if client else None, status, code, open_s, _sent_headers(request))
     except Exception:
         logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
 

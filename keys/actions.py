@@ -13,11 +13,12 @@ from typing import TypeVar
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import F
+from django.db.models import F, ProtectedError
 from django.utils import timezone
 
 from .credentials import digest_of, display_prefix, new_secret
-from .models import ApiKey, ClassLaneCap, ConfigVersion, KeyPolicy
+from .models import ApiKey, ClassLaneCap, ConfigVersion, KeyPolicy, static_key_policy
+from .snapshot import STATIC_KEY_NAME
 
 
 def _changed() -> None:
@@ -112,7 +113,16 @@ def save_policy(policy: KeyPolicy) -> KeyPolicy:
 
 
 def delete_policies(policies: Iterable[KeyPolicy]) -> int:
-    """Raises ``ProtectedError`` while a key follows one of them."""
+    """Raises ``ProtectedError`` while a key follows one of them: an admin key, or the static
+    key (``SUPERFLUID_API_KEY``) through ``SUPERFLUID_API_KEY_POLICY``."""
+    policies = list(policies)
+    followed = static_key_policy()
+    named = [p for p in policies if followed is not None and p.name == followed]
+    if named:
+        raise ProtectedError(
+            f"Cannot delete key policy {followed!r}: the static key ({STATIC_KEY_NAME}) follows it (SUPERFLUID_API_KEY_POLICY).",
+            set(named),
+        )
     return _delete(KeyPolicy, policies)
 
 

@@ -17,7 +17,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from . import actions, usage
-from .models import ApiKey, ClassLaneCap, KeyPolicy
+from .models import ApiKey, ClassLaneCap, KeyPolicy, static_key_policy
+from .snapshot import STATIC_KEY_NAME
 
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
 
@@ -367,9 +368,20 @@ class KeyPolicyAdmin(ThroughActions):
     def get_queryset(self, request: HttpRequest) -> QuerySet[KeyPolicy]:
         return super().get_queryset(request).annotate(n_keys=Count("keys"))
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
+        """The static key follows its policy by name, not as a row Django's collector finds: the
+        delete page (and the bulk delete) lists it as protecting that policy, as an admin key
+        protects its own, instead of deleting the policy and leaving the key refused."""
+        to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        followed = static_key_policy()
+        if followed is not None and any(getattr(obj, "name", None) == followed for obj in objs):
+            protected = [*protected, f"the static key {STATIC_KEY_NAME} (SUPERFLUID_API_KEY_POLICY={followed})"]
+        return to_delete, model_count, perms_needed, protected
+
     @admin.display(description="keys", ordering="n_keys")
     def key_count(self, obj: KeyPolicy) -> int:
-        return getattr(obj, "n_keys", 0)
+        n: int = getattr(obj, "n_keys", 0)
+        return n + 1 if obj.name == static_key_policy() else n  # the static key follows it too
 
 
 @admin.register(ClassLaneCap)

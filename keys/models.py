@@ -95,9 +95,22 @@ class KeyPolicy(models.Model):
                 f"The offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}, so that with the swap "
                 f"affinity bonus ({SWAP_AFFINITY_BONUS}) it stays below half the band spacing ({BAND_SPACING})."
             )
+        unknown = self._unknown_models()
+        if unknown:
+            errors["allowed_models"] = (
+                f"No model is served under {', '.join(repr(m) for m in unknown)}: a request must name a served "
+                f"model by its id or an alias (one of: {', '.join(sorted(served_names()))}), so this policy's keys "
+                "could never use it. Empty = all models."
+            )
         from .policyfile import file_keys
 
         stored = KeyPolicy.objects.filter(pk=self.pk).values_list("name", flat=True).first() if self.pk is not None else None
+        if stored is not None and self.name != stored and stored == static_key_policy():
+            # the static key finds its policy by this name: renamed, every request with it is 401
+            errors["name"] = (
+                f"The static key ({STATIC_KEY_NAME}) follows this policy by its name (SUPERFLUID_API_KEY_POLICY="
+                f"{stored}): renamed, the key would be refused. Change the variable first."
+            )
         if self.name != stored and self.name in file_keys().policies:  # every file key's policy is one
             # limits and the prefix-cache scope go by the policy's name: two tenants would share them.
             # Checked for a new name only: a policy named so before the file said it is the one in
@@ -105,6 +118,38 @@ class KeyPolicy(models.Model):
             errors["name"] = f"{self.name} is the name of a policy in the --key-policy file."
         if errors:
             raise ValidationError(errors)
+
+    def _unknown_models(self) -> list[str]:
+        """The listed models no request can name (a typo, another case): a request naming
+        anything but a served id or alias is 404 before its key's list is read, so such an entry
+        allows nothing, and a list of only such entries locks the policy's keys out of every
+        model (403 ``model_forbidden``). Entries the saved row already lists stay (a model no
+        longer served must not make the rest of the policy uneditable); a process that does not
+        know the served models (no serve, no worker yet) accepts any."""
+        served = served_names()
+        if not served:
+            return []
+        before = KeyPolicy.objects.filter(pk=self.pk).values_list("allowed_models", flat=True).first() if self.pk is not None else None
+        kept = set(KeyPolicy(allowed_models=before).model_list) if before else set()
+        return [m for m in dict.fromkeys(self.model_list) if m not in served and m not in kept]
+
+
+def static_key_policy() -> str | None:
+    """The name of the policy the static key (``SUPERFLUID_API_KEY``) follows, where there is
+    such a key and it names one (``SUPERFLUID_API_KEY_POLICY``); else None. It follows it by name,
+    not as a row: deleted or renamed, the key is refused."""
+    from django.conf import settings
+
+    if not getattr(settings, "SUPERFLUID_API_KEY_SHA256", ""):
+        return None
+    return str(getattr(settings, "SUPERFLUID_API_KEY_POLICY", "") or "") or None
+
+
+def served_names() -> set[str]:
+    """Every name a request may give its model here: each served id and, with several models,
+    each alias; empty where this process does not know them."""
+    cfg = serving()
+    return set(cfg.models) | {name for name, _path in cfg.model_paths}
 
 
 class ApiKey(models.Model):
