@@ -11,15 +11,9 @@ from django.test import Client, override_settings
 from keys import actions
 from keys.models import KeyPolicy
 from scheduler.core.qos import QosClass
+from tests.keys.test_admin import POLICY_FORM
 
-FORM = {
-    "name": "team",
-    "default_class": str(int(QosClass.AGENT)),
-    "max_class": str(int(QosClass.AGENT)),
-    "rate_limit_rpm": "0",
-    "max_concurrent": "0",
-    "priority_offset": "0",
-}
+FORM = {**POLICY_FORM, "max_class": str(int(QosClass.AGENT))}  # the admin's form, as tests/keys/test_admin.py fills it
 SEVERAL = {"SUPERFLUID_MODELS": ["smol", "big"], "SUPERFLUID_MODEL_PATHS": [("smol", "/m/s.gguf"), ("tiny", "/m/s.gguf"), ("big", "/m/b.gguf")]}
 
 
