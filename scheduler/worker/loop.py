@@ -1125,8 +1125,12 @@ class EngineWorker:
 
     def run(self, drain_timeout_s: float = 30.0) -> None:
         drain_deadline: float | None = None
+        worked = True
         while True:
-            idle = self.scheduler.idle
+            # nothing to do: no job, or none the last tick could run (background jobs held under
+            # critical memory pressure and for 5 s after it): wait for a message, up to 50 ms,
+            # rather than plan empty ticks back to back (a core spun at 100% all that time)
+            idle = self.scheduler.idle or not worked
             self.interrupt.clear()
             clear_abort = getattr(self.engine, "clear_abort", None)
             if clear_abort is not None:
@@ -1153,7 +1157,7 @@ class EngineWorker:
                 if level is not None:  # a change: warning, critical, or back to normal
                     log.warning("OS memory pressure: %s", level)
                     self.scheduler.on_os_pressure(level)
-            self.run_tick()
+            worked = self.run_tick()
             self._maybe_snapshot()
             if self.link is not None:
                 self.link.flush()

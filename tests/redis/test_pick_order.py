@@ -274,3 +274,17 @@ def test_cancel_takes_a_queued_job_out_and_tells_a_running_jobs_worker(s: Script
     assert message is not None and message["data"] == b"cancel running"
     assert pick(s, prefix, 2) == []
     pubsub.close()
+
+
+def test_the_floor_takes_urgent_work_by_its_own_class_never_its_aged_class(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    """A worker with every lane busy asks for work to preempt with: the urgent jobs go by their
+    own class, interactive before completion, as a worker's own preemption does
+    (docs/scheduling.md: "A job's own class decides, never its aged class"). A completion job
+    that had waited a period aged to interactive's rank and, older, went before the chat, which
+    waited behind it for the next lane. Into a free lane (no floor) aging still orders them."""
+    enqueue(s, prefix, "fim", 1)
+    client.hincrby(prefix + "job:fim", "arrival", -10_000)  # waited 10 s: past a 3 s period
+    enqueue(s, prefix, "chat", 0)
+    assert pick(s, prefix, 1, floor=3, starvation_s=3) == ["chat"]
+    enqueue(s, prefix, "chat2", 0)
+    assert pick(s, prefix, 1, starvation_s=3) == ["fim"]

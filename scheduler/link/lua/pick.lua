@@ -12,8 +12,9 @@
 -- each class are candidates: the first by score and the oldest (qa:C, by arrival), which has
 -- risen the most, so an old job behind a newer one of higher priority still rises. With a
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
--- interactive or completion jobs of a class above the floor are taken, and only when no live
--- worker has a free lane (that worker takes it without preempting anyone).
+-- interactive or completion jobs of a class above the floor are taken, by their own class (aging
+-- ignored), and only when no live worker has a free lane (that worker takes it without
+-- preempting anyone).
 -- Returns {id, epoch, data, waited_ms, ...}: waited_ms is how long a job that has not run yet
 -- waited in the queue since its head put it there (Redis's clock at both ends; a job a draining
 -- worker gave back unrun counts from its first arrival); -1 for a job put back after its worker
@@ -85,7 +86,9 @@ for _ = 1, n do
         local id = string.sub(member, 18)
         local arrival = tonumber(redis.call("HGET", p .. "job:" .. id, "arrival") or now_ms)
         local eff = c
-        if starv > 0 then
+        -- to preempt with (a floor), a job's own class decides, never its aged class: aging
+        -- orders free lanes only, as in a worker's own queues (docs/scheduling.md)
+        if starv > 0 and floor >= 4 then
           eff = math.max(0, c - math.floor((now_ms - arrival) / 1000.0 / starv))
         end
         -- (effective class, requeued first / score, arrival order)
