@@ -313,8 +313,12 @@ async def batches(request: HttpRequest) -> HttpResponse:
     body = await asyncio.to_thread(_json, request)  # up to 2.5 MiB of JSON: off the event loop
     file_id, endpoint, window = body.get("input_file_id"), body.get("endpoint"), body.get("completion_window", "24h")
     metadata = body.get("metadata")
-    if not isinstance(file_id, str) or not file_id:
+    if file_id is None or file_id == "":
         raise invalid_request("Missing required parameter: 'input_file_id'.", param="input_file_id", code="missing_required_parameter")
+    if not isinstance(file_id, str):  # given, as a number or an object: not "missing", as it was told
+        raise invalid_request("Invalid type for 'input_file_id': expected a string (a file id).", param="input_file_id", code="invalid_type")
+    if endpoint is None:
+        raise invalid_request("Missing required parameter: 'endpoint'.", param="endpoint", code="missing_required_parameter")
     if endpoint not in ENDPOINTS:
         raise invalid_request(f"Invalid value for 'endpoint': expected one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")
     if window != "24h":
