@@ -500,9 +500,7 @@ class EngineWorker:
         assert self._prepare_queue is not None
         while True:
             _rank, _order, conn, message = self._prepare_queue.get()
-            result = self._prepare_one(conn, message)
-            if result is not None:
-                self._hand_over(conn, message, result)
+            self._prepare_and_hand_over(conn, message)
 
     def _hand_over(self, conn: Connection, message: Submit, result: Prepared) -> None:
         """A prepared Submit to the tick thread. An urgent one's stops the tick in flight first:
@@ -529,9 +527,7 @@ class EngineWorker:
         thread (as the prepare thread's)."""
         while True:
             _rank, _order, conn, message = jobs.get()
-            result = self._prepare_one(conn, message)
-            if result is not None:
-                self._hand_over(conn, message, result)
+            self._prepare_and_hand_over(conn, message)
 
     def _embed_urgent_waiting(self) -> None:
         """On the embeddings thread, between two inputs of a request of the other classes: the
@@ -545,9 +541,14 @@ class EngineWorker:
                 if not jobs.queue or jobs.queue[0][0] != 0:
                     return
             _rank, _order, conn, message = jobs.get_nowait()
-            result = self._prepare_one(conn, message)
-            if result is not None:
-                self._hand_over(conn, message, result)
+            self._prepare_and_hand_over(conn, message)
+
+    def _prepare_and_hand_over(self, conn: Connection, message: Submit) -> None:
+        """A queued Submit prepared on this thread (prepare or embeddings) and handed to the tick
+        thread, unless it is no longer wanted."""
+        result = self._prepare_one(conn, message)
+        if result is not None:
+            self._hand_over(conn, message, result)
 
     def _prepare_one(self, conn: Connection, message: Submit) -> Prepared | None:
         """One queued Submit prepared (its job, or its refusal); None when it is no longer
