@@ -9,6 +9,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from scheduler.core.router import ModelState
 from scheduler.link.pool import ModelPool, PoolLink, get_pool
 from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
@@ -350,7 +351,7 @@ async def admin_models(request: HttpRequest, model_id: str = "", action: str = "
 
 # our router's states as llama-swap names a process's (internal/process/process.go); an
 # unloaded model is not running, so not listed
-LLAMA_SWAP_STATES = {"loading": "starting", "loaded": "ready", "draining": "stopping", "unloading": "stopping"}
+LLAMA_SWAP_STATES = {ModelState.LOADING: "starting", ModelState.LOADED: "ready", ModelState.DRAINING: "stopping", ModelState.UNLOADING: "stopping"}
 
 
 @key_required(admin=True)
@@ -361,10 +362,9 @@ async def llama_swap_running(request: HttpRequest) -> HttpResponse:
     pool = get_pool()
     if pool is None:
         return error_response(not_found(request.path, request.method))
-    states = pool.router.snapshot()["models"]  # type: ignore[index]
     running = []
     for m in sorted(pool.config.models, key=lambda m: m.id):
-        state = LLAMA_SWAP_STATES.get(states[m.id]["state"])
+        state = LLAMA_SWAP_STATES.get(pool.router.state(m.id))
         if state is not None:
             ttl = int(m.ttl_s) if m.ttl_s else 0
             running.append({"model": m.id, "state": state, "cmd": "", "proxy": "", "ttl": ttl, "name": m.id, "description": ""})
@@ -384,9 +384,8 @@ def _cross_site(request: HttpRequest) -> HttpResponse | None:
 
 
 def _unload_all(pool: ModelPool) -> None:
-    states = pool.router.snapshot()["models"]  # type: ignore[index]
     for m in pool.config.models:
-        if states[m.id]["state"] in ("loading", "loaded", "draining"):
+        if pool.router.state(m.id).resident:
             pool.unload(m.id)
 
 
