@@ -23,7 +23,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from scheduler.core.qos import QosClass, band_of
-from scheduler.link.messages import Delta, Done, Error, Rejected
+from scheduler.link.messages import FIM_UNSUPPORTED, Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
 from scheduler.link.transport import JobHandle, Transport
 from superfluid_site.runtime import get_link
@@ -799,6 +799,13 @@ class InfillConsumer(CompletionsConsumer):
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         # the text is gathered as a completion's; the frames and the body are llama-server's
         return responses.Reply("completions", request.model, **extra)
+
+    async def send_error(self, exc: ApiError) -> None:
+        if exc.code == FIM_UNSUPPORTED and not self.headers_sent:
+            # llama-server answers /infill on a model without FIM tokens 501 not_supported_error
+            # (a route this model cannot serve, not a bad request); editors' plugins read it so
+            exc = ApiError(501, exc.message, type="not_supported_error", param=exc.param, code=exc.code)
+        await super().send_error(exc)
 
     def prompt_tokens(self) -> int:
         accepted = getattr(self, "accepted", None)

@@ -326,11 +326,19 @@ async def test_bad_bodies_are_400s_in_the_error_shape_and_the_route_keeps_servin
 
 
 @pytestmark_db
-async def test_infill_on_a_model_without_fim_tokens_is_fim_unsupported() -> None:
+async def test_infill_on_a_model_without_fim_tokens_is_501_not_supported_as_llama_server_answers() -> None:
+    """llama-server answers /infill on a model without FIM tokens 501 ``not_supported_error``
+    (this was a 400 ``invalid_request_error``, a bad request to a client of llama-server);
+    ``suffix`` on /v1/completions stays OpenAI's 400."""
     async with attached(SimWorker()):
-        reply = await request("POST", "/infill", body(), JSON)
-    assert reply.status == 400 and reply.is_error_object() and reply.json()["error"]["code"] == "fim_unsupported"
-    assert reply.json()["error"]["param"] == "input_suffix"
+        replies = [await request("POST", "/infill", body(**extra), JSON) for extra in ({}, {"stream": True})]
+        suffix = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "a", "suffix": "b"}).encode(), JSON)
+    for reply in replies:
+        assert reply.status == 501 and reply.is_error_object(), reply.body
+        error = reply.json()["error"]
+        assert (error["type"], error["code"], error["param"]) == ("not_supported_error", "fim_unsupported", "input_suffix")
+    assert suffix.status == 400 and suffix.json()["error"]["type"] == "invalid_request_error"
+    assert suffix.json()["error"]["code"] == "fim_unsupported"
 
 
 # -- the real server ----------------------------------------------------------------------------
@@ -340,6 +348,6 @@ async def test_infill_on_a_model_without_fim_tokens_is_fim_unsupported() -> None
 @pytest.mark.model
 def test_the_real_server_answers_infill_with_fim_unsupported_not_404(shared_server: Any) -> None:
     reply = httpx.post(shared_server.base + "/infill", json={"input_prefix": "def f(", "input_suffix": ")", "n_predict": 4}, timeout=60)
-    assert reply.status_code == 400, reply.text
+    assert reply.status_code == 501, reply.text
     error = reply.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == "fim_unsupported"
