@@ -253,17 +253,24 @@ async def props(request: HttpRequest) -> JsonResponse:
     )
 
 
+def _unavailable(status: str, message: str) -> JsonResponse:
+    """A 503 from /health: this API's ``status`` and llama-server's error object (its ``code``
+    the number 503, its type ``unavailable_error``, as llama-server writes it while it loads)."""
+    error = {"message": message, "type": "unavailable_error", "param": None, "code": 503}
+    return JsonResponse({"status": status, "error": error}, status=503)
+
+
 async def health(request: HttpRequest) -> JsonResponse:
     pool = get_pool()
     if pool is not None:  # the router is up; models load on demand
         if pool.draining or pool.link.draining:
-            return JsonResponse({"status": "draining"}, status=503)
+            return _unavailable("draining", "Server is shutting down")
         return JsonResponse({"status": "ok", "models": {m["id"]: m["state"] for m in pool.models_state()}})
     link = get_link()
     if link.draining:
-        return JsonResponse({"status": "draining"}, status=503)
+        return _unavailable("draining", "Server is shutting down")
     if not link.connected:
-        return JsonResponse({"status": "loading"}, status=503)
+        return _unavailable("loading", "Loading model")
     assert link.hello is not None
     return JsonResponse({"status": "ok", "model": link.hello.model, "worker_pid": link.hello.pid, "worker_restarts": link.worker_restarts})
 
