@@ -247,6 +247,9 @@ async def props(request: HttpRequest) -> JsonResponse:
                            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
             },
             "engine": hello.engine if hello else None,
+            # the template chats are rendered with (llama-server's: the model's, else ChatML);
+            # null where the worker has not said it (a model not loaded)
+            "chat_template": hello.chat_template if hello else None,
             "modalities": {"vision": False, "audio": False},
             "build_info": "superfluid",
         }

@@ -118,6 +118,7 @@ class Hello(Message):
     # optional, for /v1/models' meta and /props: where the engine knows them
     n_ctx_train: int | None = None
     n_vocab: int | None = None
+    chat_template: str | None = None  # the template chats are rendered with (/props)
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,8 @@ class EngineWorker:
             # optional, for /v1/models' meta and /props
             n_ctx_train=self.engine.n_ctx_train or None,
             n_vocab=self.engine.vocab_size,
+            # the model's own, else ChatML, which compile_chat_template renders it with
+            chat_template=self.engine.chat_template or chat_format.CHATML,
         )
 
     def _on_message(self, message: Message) -> None:

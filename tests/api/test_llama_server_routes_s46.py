@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from tests.edge.inproc import request
+from scheduler.engines.sim import FakeClock, SimEngine
+from tests.edge.inproc import SimWorker, attached, request
 
 
 @pytest.mark.parametrize(
@@ -34,3 +36,32 @@ async def test_health_while_not_ready_is_a_503_with_llama_servers_error_object(
     assert body["status"] == status
     assert body["error"]["type"] == "unavailable_error" and body["error"]["code"] == 503
     assert body["error"]["message"] == message
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_props_gives_the_chat_template_chats_are_rendered_with() -> None:
+    """llama-server's /props has ``chat_template`` (SillyTavern derives its instruct template
+    from it, llama.cpp's web UI shows it); this /props had none. The simulated engine has no
+    template of its own: it is ChatML, as chats on such a model are rendered."""
+    from scheduler.engines.chat import CHATML
+
+    async with attached(SimWorker()):
+        props = (await request("GET", "/props")).json()
+    assert props["chat_template"] == CHATML
+
+
+class TemplatedSim(SimEngine):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
+
+class TemplatedWorker(SimWorker):
+    engine_class = TemplatedSim
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_props_gives_the_models_own_chat_template() -> None:
+    async with attached(TemplatedWorker()):
+        props = (await request("GET", "/props")).json()
+    assert props["chat_template"] == TemplatedSim(n_lanes=1, lane_ctx=64, clock=FakeClock()).chat_template
