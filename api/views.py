@@ -319,6 +319,11 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "generated": generated,
             }
         )
+    if "fail_on_no_slot" in request.GET and not any(not slot["is_processing"] for slot in out):
+        # llama-server's ?fail_on_no_slot (any value): 503 when no lane is idle, for a proxy
+        # or load balancer that sends a request elsewhere rather than queue it here
+        error = {"message": "no slot available", "type": "unavailable_error", "param": None, "code": 503}
+        return JsonResponse({"error": error}, status=503)
     return JsonResponse(out, safe=False)
 
 

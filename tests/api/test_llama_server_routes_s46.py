@@ -65,3 +65,23 @@ async def test_props_gives_the_models_own_chat_template() -> None:
     async with attached(TemplatedWorker()):
         props = (await request("GET", "/props")).json()
     assert props["chat_template"] == TemplatedSim(n_lanes=1, lane_ctx=64, clock=FakeClock()).chat_template
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("states", "status"), [(["decode", "prefill"], 503), (["decode", "idle"], 200), ([], 503)])
+async def test_slots_fail_on_no_slot_is_503_when_no_lane_is_idle(monkeypatch: pytest.MonkeyPatch, states: list[str], status: int) -> None:
+    """llama-server's ``/slots?fail_on_no_slot=1`` answers 503 ``no slot available`` when no slot
+    is idle (proxies and load balancers poll it to send a request elsewhere); it was ignored here:
+    200 with every lane busy. Without the parameter the lanes come back as before."""
+    from api import views
+
+    lanes = [{"lane": i, "state": s, "job_id": None if s == "idle" else f"j{i}"} for i, s in enumerate(states)]
+    link = SimpleNamespace(snapshot={"lanes": lanes, "lane_ctx": 512}, connected=True)
+    monkeypatch.setattr(views, "get_link", lambda: link)
+    reply = await request("GET", "/slots?fail_on_no_slot=1")
+    assert reply.status == status, reply.body
+    if status == 503:
+        assert reply.is_error_object() and reply.json()["error"]["type"] == "unavailable_error"
+        assert reply.json()["error"]["message"] == "no slot available"
+    plain = await request("GET", "/slots")
+    assert plain.status == 200 and [s["is_processing"] for s in plain.json()] == [s != "idle" for s in states]
