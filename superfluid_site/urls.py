@@ -14,6 +14,7 @@ urlpatterns = [
     path("v1/models", edge.api_route()(api_views.models)),
     path("v1/models/<path:model_id>", edge.api_route()(api_views.model_detail)),
     path("health", edge.api_route()(api_views.health)),
+    path("v1/health", edge.api_route()(api_views.health)),  # llama-server answers both
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
     path("props", edge.api_route()(api_views.props)),

@@ -85,3 +85,14 @@ async def test_slots_fail_on_no_slot_is_503_when_no_lane_is_idle(monkeypatch: py
         assert reply.json()["error"]["message"] == "no slot available"
     plain = await request("GET", "/slots")
     assert plain.status == 200 and [s["is_processing"] for s in plain.json()] == [s != "idle" for s in states]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_v1_health_is_health_as_on_llama_server() -> None:
+    """llama-server answers ``/v1/health`` as ``/health`` (a client given the ``/v1`` base URL
+    checks ``{base}/health``); it was a 404 here."""
+    async with attached(SimWorker()):
+        plain, under_v1 = await request("GET", "/health"), await request("GET", "/v1/health")
+        wrong = await request("POST", "/v1/health")
+    assert under_v1.status == plain.status == 200 and under_v1.json()["status"] == "ok"
+    assert wrong.status == 405 and wrong.is_error_object()
