@@ -666,7 +666,8 @@ class EngineWorker:
             fim = engine.fim_tokens()
             if fim is None:
                 if request.get("fim_extra") is not None:  # POST /infill
-                    raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; /infill is not supported.", "input_suffix")
+                    # llama-server's words, which its clients match on
+                    raise Refusal(FIM_UNSUPPORTED, "Infill is not supported by this model: it has no fill-in-the-middle tokens.", "input_suffix")
                 raise Refusal(FIM_UNSUPPORTED, "This model has no fill-in-the-middle tokens; 'suffix' is not supported.", "suffix")
             pre, suf, mid = fim
             # the prefix is the prompt, as text or as token ids (never dropped). Prefix and suffix

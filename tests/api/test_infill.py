@@ -337,6 +337,7 @@ async def test_infill_on_a_model_without_fim_tokens_is_501_not_supported_as_llam
         assert reply.status == 501 and reply.is_error_object(), reply.body
         error = reply.json()["error"]
         assert (error["type"], error["code"], error["param"]) == ("not_supported_error", "fim_unsupported", "input_suffix")
+        assert error["message"].startswith("Infill is not supported by this model")  # llama-server's words
     assert suffix.status == 400 and suffix.json()["error"]["type"] == "invalid_request_error"
     assert suffix.json()["error"]["code"] == "fim_unsupported"
 
