@@ -1107,7 +1107,8 @@ class EngineWorker:
 
     def snapshot(self) -> dict[str, Any]:
         state = self.scheduler.snapshot()
-        state.update(dataclasses.asdict(self.hello()))
+        # not the chat template: kilobytes in every snapshot (one a lane taken or freed), said once in the hello
+        state.update({k: v for k, v in dataclasses.asdict(self.hello()).items() if k != "chat_template"})
         state["stats"] = dict(self.stats)
         state["draining"] = self.draining
         state["metrics"] = self.metrics.collect(self.scheduler, self.stats)

@@ -96,3 +96,15 @@ async def test_v1_health_is_health_as_on_llama_server() -> None:
         wrong = await request("POST", "/v1/health")
     assert under_v1.status == plain.status == 200 and under_v1.json()["status"] == "ok"
     assert wrong.status == 405 and wrong.is_error_object()
+
+
+def test_the_chat_template_is_in_the_hello_not_in_every_snapshot() -> None:
+    """The template is said once, in the hello (/props reads it there); the snapshots, sent each
+    time a lane is taken or freed, stay as small as before."""
+    from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.worker.loop import EngineWorker
+
+    engine = TemplatedSim(n_lanes=1, lane_ctx=64, clock=FakeClock())
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=64), model_name="m", clock=engine.clock)
+    assert worker.hello().chat_template == engine.chat_template
+    assert "chat_template" not in worker.snapshot()
