@@ -173,7 +173,10 @@ def begin(batch_id: str) -> None:
 
 def cancel(batch_id: str) -> tuple[Batch, bool]:
     """Cancel the batch: (it as it is now, whether this call began the cancel). One that had
-    already ended is left as it was (the view answers 409, as OpenAI does)."""
+    already ended, or is expiring, is left as it was (the view answers 409, as OpenAI does).
+    One past its window that no runner has looked at since expires here first, as a claim
+    would expire it: it ends ``expired``, not ``cancelled``."""
+    current_status(batch_id)
     now = timezone.now()
     began = Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(status="cancelling", cancelling_at=now) == 1
     finalize_if_done(batch_id)  # nothing in flight: cancelled at once

@@ -355,6 +355,10 @@ async def batch_detail(request: HttpRequest, b: Batch) -> HttpResponse:
 @owned_view(Batch)
 async def batch_cancel(request: HttpRequest, b: Batch) -> HttpResponse:
     b, began = await sync_to_async(runner.cancel)(b.id)
-    if not began and b.status in FINAL_STATUSES:  # OpenAI's answer (the SDK's ConflictError)
-        raise ApiError(409, f"Cannot cancel a batch with status '{b.status}'.")
-    return JsonResponse(batch_object(b))
+    shown = batch_object(b)
+    # ended, or winding down as its window ran out (shown "finalizing": nobody can cancel an
+    # expiry): OpenAI's answer (the SDK's ConflictError). A second cancel of a batch being
+    # cancelled is that batch, as the first cancel's was.
+    if not began and (b.status in FINAL_STATUSES or b.expired_at is not None):
+        raise ApiError(409, f"Cannot cancel a batch with status '{shown['status']}'.")
+    return JsonResponse(shown)
