@@ -11,7 +11,7 @@ from typing import Any
 from api.errors import ApiError
 from api.schemas import check_encodable, json_value
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MAX_CUSTOM_ID = 512
 # Python's parser gives up on nesting near its recursion limit, counted from wherever it is
 # called: a line the upload read could fail at the batch's creation, or where a runner reads it

@@ -173,7 +173,10 @@ def begin(batch_id: str) -> None:
 
 def cancel(batch_id: str) -> tuple[Batch, bool]:
     """Cancel the batch: (it as it is now, whether this call began the cancel). One that had
-    already ended is left as it was (the view answers 409, as OpenAI does)."""
+    already ended, or is expiring, is left as it was (the view answers 409, as OpenAI does).
+    One past its window that no runner has looked at since expires here first, as a claim
+    would expire it: it ends ``expired``, not ``cancelled``."""
+    current_status(batch_id)
     now = timezone.now()
     began = Batch.objects.filter(pk=batch_id, status__in=("validating", "in_progress")).update(status="cancelling", cancelling_at=now) == 1
     finalize_if_done(batch_id)  # nothing in flight: cancelled at once
@@ -420,11 +423,14 @@ async def _cancelled_within(batch_id: str, seconds: float) -> bool:
 async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[str, str], bytes]:
     """The line through its endpoint's consumer: (status, headers, body), or status None when
     the batch was cancelled first (the consumer got a disconnect and cancelled the job)."""
-    from api.consumers import ChatCompletionsConsumer, CompletionsConsumer
+    from api.consumers import ChatCompletionsConsumer, CompletionsConsumer, EmbeddingsConsumer
     from scheduler.core.qos import QosClass
 
-    url = "/v1/chat/completions" if b.endpoint == "/v1/chat/completions" else "/v1/completions"
-    consumer = ChatCompletionsConsumer if url == "/v1/chat/completions" else CompletionsConsumer
+    # the route's own consumer (its parsing, validation and reply), as for an HTTP request to it
+    consumers = {"/v1/chat/completions": ChatCompletionsConsumer, "/v1/completions": CompletionsConsumer,
+                 "/v1/embeddings": EmbeddingsConsumer}
+    url = b.endpoint
+    consumer = consumers[url]
     # UTF-8, as a client sends it: escaped (json.dumps's default) a line of kanji or emoji took
     # two or three times its bytes, and one the body bound takes over HTTP was refused 413
     payload = json.dumps(line.body, ensure_ascii=False).encode("utf-8", "surrogatepass")

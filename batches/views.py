@@ -323,8 +323,10 @@ async def batches(request: HttpRequest) -> HttpResponse:
         raise invalid_request(f"Invalid value for 'endpoint': expected one of {', '.join(ENDPOINTS)}.", param="endpoint", code="invalid_value")
     if window != "24h":
         raise invalid_request("Invalid value for 'completion_window': only '24h' is supported.", param="completion_window", code="invalid_value")
-    if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16
-                                 or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
+    if metadata is not None and (not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values())):
+        # given, as a string, an array or with a number for a value: its type is wrong, as for input_file_id
+        raise invalid_request("Invalid type for 'metadata': expected an object of string values.", param="metadata", code="invalid_type")
+    if metadata is not None and (len(metadata) > 16 or not all(len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
         raise invalid_request("Invalid value for 'metadata': at most 16 string pairs (keys up to 64, values up to 512 characters).",
                               param="metadata", code="invalid_value")
     host = request.get_host()
@@ -355,6 +357,10 @@ async def batch_detail(request: HttpRequest, b: Batch) -> HttpResponse:
 @owned_view(Batch)
 async def batch_cancel(request: HttpRequest, b: Batch) -> HttpResponse:
     b, began = await sync_to_async(runner.cancel)(b.id)
-    if not began and b.status in FINAL_STATUSES:  # OpenAI's answer (the SDK's ConflictError)
-        raise ApiError(409, f"Cannot cancel a batch with status '{b.status}'.")
-    return JsonResponse(batch_object(b))
+    shown = batch_object(b)
+    # ended, or winding down as its window ran out (shown "finalizing": nobody can cancel an
+    # expiry): OpenAI's answer (the SDK's ConflictError). A second cancel of a batch being
+    # cancelled is that batch, as the first cancel's was.
+    if not began and (b.status in FINAL_STATUSES or b.expired_at is not None):
+        raise ApiError(409, f"Cannot cancel a batch with status '{shown['status']}'.")
+    return JsonResponse(shown)

@@ -37,5 +37,5 @@ def test_a_missing_input_file_id_or_endpoint_is_missing_required_parameter() -> 
     assert (r.status_code, r.json()["error"]["code"]) == (400, "missing_required_parameter")
     r = create({"input_file_id": "file-abc", "completion_window": "24h"})
     assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["param"]) == (400, "missing_required_parameter", "endpoint")
-    r = create({"input_file_id": "file-abc", "endpoint": "/v1/embeddings"})
+    r = create({"input_file_id": "file-abc", "endpoint": "/v1/moderations"})
     assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["param"]) == (400, "invalid_value", "endpoint")

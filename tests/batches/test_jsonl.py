@@ -41,7 +41,7 @@ def test_separators_other_than_newline_inside_a_line_are_text_and_crlf_files_rea
         (b"[]", "Line 1: expected a JSON object"),
         (line() + line(), "Line 2: duplicate custom_id"),
         (line(method="GET"), "'method'"),
-        (line(url="/v1/embeddings"), "'url'"),
+        (line(url="/v1/moderations"), "'url'"),
         (line(body=[1]), "'body'"),
         (line(body={"stream": True}), "'stream'"),
         (line(custom_id=""), "'custom_id'"),

@@ -64,6 +64,32 @@ def test_a_20_line_batch_completes_with_20_outputs(server: RunningServer) -> Non
     assert b.id in [x.id for x in c.batches.list()]
 
 
+def test_an_embeddings_batch_gives_the_vectors_the_online_route_gives(server: RunningServer) -> None:
+    """``endpoint="/v1/embeddings"``, as the ``openai`` client's embedding jobs send it: each
+    output line's ``response.body`` is the embeddings response object, the same vectors as
+    ``client.embeddings.create`` gives; a line the route refuses is in the error file."""
+    c = client(server)
+    texts = ["The cat sat on the mat.", "Quarterly revenue grew by ten percent."]
+    lines = [{"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": t, "encoding_format": "float"}}
+             for i, t in enumerate(texts)]
+    lines.append({"custom_id": "emb-bad", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL}})
+    f = c.files.create(file=("emb.jsonl", jsonl(lines)), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+    b = wait_for(c, b.id, ("completed", "failed", "cancelled", "expired"))
+    assert b.status == "completed", b
+    assert (b.request_counts.total, b.request_counts.completed, b.request_counts.failed) == (3, 2, 1)
+    out = [json.loads(x) for x in c.files.content(b.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == ["emb-0", "emb-1"]
+    online = c.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    for o, want in zip(out, online.data, strict=True):
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and (body["object"], body["model"]) == ("list", MODEL)
+        assert body["data"][0]["embedding"] == pytest.approx(want.embedding, abs=1e-6)
+    errors = [json.loads(x) for x in c.files.content(b.error_file_id).text.splitlines()]
+    assert [e["custom_id"] for e in errors] == ["emb-bad"]
+    assert (errors[0]["response"]["status_code"], errors[0]["response"]["body"]["error"]["param"]) == (400, "input")
+
+
 def test_cancel_stops_a_running_batch(server: RunningServer) -> None:
     c = client(server)
     lines = [chat_line(i, max_tokens=200) for i in range(40)]
@@ -100,7 +126,7 @@ def test_bad_input_is_refused_and_stores_nothing(server: RunningServer) -> None:
     bad = [
         b"not json\n",
         jsonl([{"custom_id": "a", "method": "GET", "url": "/v1/chat/completions", "body": {}}]),
-        jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {}}]),
+        jsonl([{"custom_id": "a", "method": "POST", "url": "/v1/moderations", "body": {}}]),
         jsonl([chat_line(1), chat_line(1)]),
         jsonl([{**chat_line(1), "body": {"model": MODEL, "messages": [], "stream": True}}]),
         b"",
