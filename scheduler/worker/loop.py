@@ -595,8 +595,7 @@ class EngineWorker:
         if isinstance(messages, list):
             if len(messages) > limit:
                 raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens; {len(messages)} messages cannot fit in it.", "messages")
-            tools = request.get("tools") if request.get("tool_choice") != "none" else None
-            chars = chat_format.chat_text_chars(messages, tools, request.get("chat_template_kwargs"))
+            chars = chat_format.chat_text_chars(messages, request.get("tools"), request.get("chat_template_kwargs"))
             param = "messages"
         else:
             prompt, suffix = request.get("prompt"), request.get("suffix")
@@ -649,7 +648,9 @@ class EngineWorker:
                 features = engine.features
                 messages, extra = chat_format.template_inputs(
                     request["messages"],
-                    request.get("tools") if request.get("tool_choice") != "none" else None,
+                    # tool_choice "none" too: the model sees the tools, as llama-server's
+                    # template is given them (and OpenAI's model), and may not call them
+                    request.get("tools"),
                     engine.chat_template,
                     request.get("chat_template_kwargs"),
                     native_ok="template_vars" in features,
