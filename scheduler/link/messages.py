@@ -118,6 +118,8 @@ class Hello(Message):
     # optional, for /v1/models' meta and /props: where the engine knows them
     n_ctx_train: int | None = None
     n_vocab: int | None = None
+    # how the model writes tool calls in tool_choice auto (scheduler.engines.chat.TOOL_FORMATS)
+    tool_format: str = "hermes"
 
 
 @dataclass(frozen=True)
