@@ -391,11 +391,25 @@ def _native_call(text: str, at: int, names: Collection[str], args_keys: tuple[st
     if not isinstance(obj, dict) or obj.get("name") not in names or not obj.keys() <= {"name", *args_keys, *extra}:
         return None
     key = next((k for k in args_keys if k in obj), None)
-    if key is None or not isinstance(obj[key], dict) or ("type" in obj and obj["type"] != "function"):
+    if key is None or ("type" in obj and obj["type"] != "function"):
         return None
-    span = _member_spans(text, at)[key]
-    call = {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": text[span[0] : span[1]]}}
+    value = obj[key]
+    if isinstance(value, dict):
+        span = _member_spans(text, at)[key]
+        arguments = text[span[0] : span[1]]
+    elif isinstance(value, str) and isinstance(_loads_or_none(value), dict):
+        arguments = value  # the arguments as a JSON string (as OpenAI's own messages hold them)
+    else:
+        return None
+    call = {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
     return call, end
+
+
+def _loads_or_none(text: str) -> Any:
+    try:
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _skip_ws(text: str, i: int) -> int:

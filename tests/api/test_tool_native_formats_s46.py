@@ -120,6 +120,9 @@ REPLIES = {
          "Checking.", [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]),
         ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', None,
          [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]),
+        # arguments written as a JSON string (llama.cpp's parser takes them so too)
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]', None, [("get_weather", '{"city": "Paris"}')]),
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": "Paris"}]', '[TOOL_CALLS][{"name": "get_weather", "arguments": "Paris"}]', []),
         ('[TOOL_CALLS][{"name": "search", "arguments": {}}]', '[TOOL_CALLS][{"name": "search", "arguments": {}}]', []),
         ("Paris is sunny.", "Paris is sunny.", []),
         # a forced call (the generic format): its id too is one Mistral's template takes back
