@@ -419,26 +419,21 @@ def _skip_ws(text: str, i: int) -> int:
 
 
 def _parse_llama3(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
-    """Llama 3.1/3.2/3.3: calls at the very start of the reply, each a bare JSON object
+    """Llama 3.1/3.2/3.3: one call at the very start of the reply, a bare JSON object
     ``{"name": ..., "parameters": {...}}`` (``"type": "function"`` may come first), maybe after
-    ``<|python_tag|>``, several separated by ``;`` or whitespace (as llama.cpp's
-    common_chat_parse_llama_3_1 reads them; it reads one). The rest of the text is content."""
-    calls: list[dict[str, Any]] = []
-    i = 0
-    while True:
-        i = _skip_ws(text, i)
-        if text.startswith(PYTHON_TAG, i):
-            i = _skip_ws(text, i + len(PYTHON_TAG))
-        if text[i : i + 1] != "{" or len(calls) >= MAX_PARSED_CALLS:
-            break
-        found = _native_call(text, i, names, ("parameters", "arguments"), frozenset({"type"}))
-        if found is None:
-            break
-        calls.append(found[0])
-        i = _skip_ws(text, found[1])
-        if text[i : i + 1] == ";":
-            i += 1
-    return (text[i:] if calls else text), calls
+    ``<|python_tag|>``, as llama.cpp's common_chat_parse_llama_3_1 reads it. One: these models'
+    templates refuse an assistant turn with more ("This model only supports single tool-calls at
+    once!"), so a second call given to the client would make its next request a 400. The rest of
+    the text (a second call the model wrote included) is content."""
+    i = _skip_ws(text, 0)
+    if text.startswith(PYTHON_TAG, i):
+        i = _skip_ws(text, i + len(PYTHON_TAG))
+    if text[i : i + 1] != "{":
+        return text, []
+    found = _native_call(text, i, names, ("parameters", "arguments"), frozenset({"type"}))
+    if found is None:
+        return text, []
+    return text[found[1] :], [found[0]]
 
 
 def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
