@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal
 
+from scheduler.engines.chat import SINGLE_CALL_FORMATS
 from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
@@ -645,6 +646,8 @@ class Reply:
         self.native_held = False
         # parallel_tool_calls false: at most one call; a further one the model writes is dropped
         self.max_calls = None if parallel_tool_calls and not legacy_functions else 1
+        if tool_format in SINGLE_CALL_FORMATS:  # its template refuses a turn of two calls
+            self.max_calls = 1
         # the tools came as the legacy ``functions``: the call is the message's ``function_call``
         # ({name, arguments}, streamed as such) and the reply finishes with ``function_call``
         self.legacy = legacy_functions

@@ -446,6 +446,9 @@ def template_knows_tools(source: str | None) -> bool:
 # Nemo/Small/Devstral). Forced calls (``required``, a named function) are written in the hermes
 # format whatever the model: their grammar writes it, and it is parsed for every model.
 TOOL_FORMATS = ("hermes", "llama3", "mistral")
+# formats whose templates refuse an assistant turn of more than one call ("This model only
+# supports single tool-calls at once!"): a reply carries one call, forced or not
+SINGLE_CALL_FORMATS = frozenset({"llama3"})
 # the control tokens of each format, which the reply's text must keep (they hold no text when
 # decoded as plain text): the worker writes them out in a reply that offers tools
 TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]")}

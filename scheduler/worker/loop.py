@@ -853,7 +853,9 @@ class EngineWorker:
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
         param = "tools"  # a forced call's grammar is made of the tools' parameters
-        parallel = bool(request.get("parallel_tool_calls", True))
+        # a template that refuses a turn of several calls (Llama 3.x's) gets one at a time, as
+        # llama.cpp turns parallel_tool_calls off for it: several would be refused next turn
+        parallel = bool(request.get("parallel_tool_calls", True)) and self.tool_format not in chat_format.SINGLE_CALL_FORMATS
         try:
             grammar = grammars.tool_grammar(tools or [], choice, parallel) if tools else None
             if grammar is None and tools and choice == "auto" and request.get("response_format"):

@@ -227,3 +227,27 @@ def test_the_worker_says_its_format_and_writes_the_formats_control_tokens_as_tex
     assert _worker(LLAMA31, {"<|python_tag|>": 1000}).hello().tool_format == "llama3"
     sim = EngineWorker(SimEngine(n_lanes=1, lane_ctx=512), SchedulerConfig(max_batch=1, lane_ctx=512), model_name="m", prepare_in_thread=False)
     assert sim.hello().tool_format == "hermes"  # no template variables: the generic prompt
+
+
+def test_a_llama3_model_is_forced_and_answered_one_call_at_a_time() -> None:
+    """``required`` allowed up to 4 calls: a Llama 3.x model's reply of two went to the client,
+    and its template refused the conversation on the next turn (a 400). As llama.cpp turns
+    ``parallel_tool_calls`` off for a template that cannot take them, the grammar allows one."""
+    from scheduler.engines import grammar as grammars
+
+    worker = _worker(LLAMA31, {})
+    engine = worker.engine
+    engine.features = frozenset({"template_vars", "grammar"})
+    engine.check_grammar = lambda _g: None  # type: ignore[method-assign]
+    request = {"endpoint": "chat", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "required"}
+    assert worker._sampling(request).grammar == grammars.tool_grammar(TOOLS, "required", False)
+    mistral = _worker(MISTRAL_NEMO, {})
+    mistral.engine.features = frozenset({"template_vars", "grammar"})
+    mistral.engine.check_grammar = lambda _g: None  # type: ignore[method-assign]
+    assert mistral._sampling(request).grammar == grammars.tool_grammar(TOOLS, "required", True)
+    # the reply reads one call, and a reply of one whole forced call finishes tool_calls
+    two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' * 2
+    reply = Reply("chat", "m", tools=TOOLS, tool_choice="required", tool_format="llama3")
+    reply.add(Delta("j", two))
+    choice = reply.body(Done("j", "length"), None)["choices"][0]
+    assert _calls(choice) == [("get_weather", '{"city": "Paris"}')] and choice["finish_reason"] == "tool_calls"
