@@ -329,7 +329,13 @@ class GenerationConsumer(StreamingConsumer):
 
         return await asyncio.to_thread(work)
 
+    def note_tool_format(self, link: Any) -> None:
+        """How the model behind ``link`` writes tool calls (its worker's Hello), for the reply."""
+        fmt = getattr(getattr(link, "hello", None), "tool_format", None)
+        self.tool_format = fmt if isinstance(fmt, str) else "hermes"
+
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        self.note_tool_format(link)
         if request.n > 1 or request.prompts or request.echo:
             await self.run_jobs(link, request, admission)
             return
@@ -532,6 +538,7 @@ class GenerationConsumer(StreamingConsumer):
         return responses.Reply(
             self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
+            tool_format=getattr(self, "tool_format", "hermes"),
             logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage, **extra,
         )  # fmt: skip
 
@@ -541,6 +548,7 @@ class GenerationConsumer(StreamingConsumer):
         stream, from the job's Redis Stream, after the n-th text delta (the reply's state is
         rebuilt from the deltas it already has, so the frames are those the first head would have
         sent). Not admitted again: it is the same request."""
+        self.note_tool_format(link)
         job_id, _, seen = last_event_id.rpartition(":")
         if not job_id or not (seen.isascii() and seen.isdigit()) or len(seen) > 9 or len(job_id) > 64:
             raise invalid_request("Last-Event-ID is not an id this server sent.", param="Last-Event-ID", code="invalid_value")

@@ -790,8 +790,7 @@ def check_prompt_size(request: Any, lane_ctx: int) -> None:
     param = "messages" if request.messages is not None else "input" if embeddings else "prompt"
     if request.messages is not None:
         parts = len(request.messages)
-        tools = request.tools if request.tool_choice != "none" else None
-        chars = chat_text_chars(request.messages, tools, request.chat_template_kwargs)
+        chars = chat_text_chars(request.messages, request.tools, request.chat_template_kwargs)
     elif isinstance(request.prompt, list):
         parts, chars = len(request.prompt), 0
     else:

@@ -13,9 +13,10 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, Literal
 
+from scheduler.engines.chat import SINGLE_CALL_FORMATS
 from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
@@ -309,11 +310,23 @@ def _no_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
-def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(
+    text: str, names: Collection[str], *, strip: bool = True, fmt: str = "hermes"
+) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool calls) of a reply written in the generic format
-    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that does not parse or
-    names no offered function stays in the content as text. ``strip=False``: the content keeps
-    its whitespace at both ends (the end of a stream, whose earlier text went out already)."""
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, or (``fmt``, the model's own
+    format: ``scheduler.engines.chat.tool_call_format``) in Llama 3.x's or Mistral's. A block that
+    does not parse or names no offered function stays in the content as text. ``strip=False``:
+    the content keeps its whitespace at both ends (the end of a stream, whose earlier text went
+    out already). The generic format is read for every model: a forced call's grammar writes it."""
+    native = _NATIVE_PARSERS.get(fmt)
+    if native is not None:
+        try:
+            content, found = native(text, names)
+        except (ValueError, RecursionError):  # not calls after all: the text as it is
+            found = []
+        if found:
+            return ((content.strip() if strip else content) or None), found
     calls: list[dict[str, Any]] = []
     rest: list[str] = []
     pos = 0
@@ -347,7 +360,7 @@ def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -
         span = spans.get("arguments", spans.get("parameters"))
         calls.append(
             {
-                "id": new_call_id(),
+                "id": mistral_call_id() if fmt == "mistral" else new_call_id(),
                 "type": "function",
                 "function": {"name": name, "arguments": text[span[0] : span[1]] if span else "{}"},
             }
@@ -355,6 +368,126 @@ def parse_tool_calls(text: str, names: Collection[str], *, strip: bool = True) -
         pos = close + len(TOOL_CLOSE)
     content = "".join(rest)
     return ((content.strip() if strip else content) or None), calls
+
+
+_WS = " \t\n\r"
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
+_MISTRAL_NAME = re.compile(r"\s*([A-Za-z0-9_-]{1,64})\s*" + re.escape(MISTRAL_ARGS) + r"\s*(?=\{)")
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def mistral_call_id() -> str:
+    """A call id as Mistral's templates take it back: 9 letters and digits (they raise
+    "Tool call IDs should be alphanumeric strings with length 9!" on any other)."""
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    return "".join(secrets.choice(alphabet) for _ in range(9))
+
+
+def _native_call(text: str, at: int, names: Collection[str], args_keys: tuple[str, ...], extra: frozenset[str]) -> tuple[dict[str, Any], int] | None:
+    """The call written as the JSON object at ``text[at]`` (``{"name", <one of args_keys>}``,
+    besides which only the keys in ``extra`` may be), and where the object ends; None if it is no
+    such call of an offered function. Its arguments are kept as the model wrote them."""
+    obj, end = _DECODER.raw_decode(text, at)
+    if not isinstance(obj, dict) or obj.get("name") not in names or not obj.keys() <= {"name", *args_keys, *extra}:
+        return None
+    key = next((k for k in args_keys if k in obj), None)
+    if key is None or ("type" in obj and obj["type"] != "function"):
+        return None
+    value = obj[key]
+    if isinstance(value, dict):
+        span = _member_spans(text, at)[key]
+        arguments = text[span[0] : span[1]]
+    elif isinstance(value, str) and isinstance(_loads_or_none(value), dict):
+        arguments = value  # the arguments as a JSON string (as OpenAI's own messages hold them)
+    else:
+        return None
+    call = {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
+    return call, end
+
+
+def _loads_or_none(text: str) -> Any:
+    try:
+        return _DECODER.decode(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while text[i : i + 1] and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _parse_llama3(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+    """Llama 3.1/3.2/3.3: one call at the very start of the reply, a bare JSON object
+    ``{"name": ..., "parameters": {...}}`` (``"type": "function"`` may come first), maybe after
+    ``<|python_tag|>``, as llama.cpp's common_chat_parse_llama_3_1 reads it. One: these models'
+    templates refuse an assistant turn with more ("This model only supports single tool-calls at
+    once!"), so a second call given to the client would make its next request a 400. The rest of
+    the text (a second call the model wrote included) is content."""
+    i = _skip_ws(text, 0)
+    if text.startswith(PYTHON_TAG, i):
+        i = _skip_ws(text, i + len(PYTHON_TAG))
+    if text[i : i + 1] != "{":
+        return text, []
+    found = _native_call(text, i, names, ("parameters", "arguments"), frozenset({"type"}))
+    if found is None:
+        return text, []
+    return text[found[1] :], [found[0]]
+
+
+def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+    """Mistral: ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments", "id"?}`` (Nemo,
+    Small 3.x), or ``[TOOL_CALLS]name[ARGS]{...}`` once per call (the newer templates), as
+    llama.cpp's common_chat_parse_mistral_nemo / magistral read them. Text before the first
+    ``[TOOL_CALLS]`` and after the calls is content; the ids are Mistral's 9-character ones."""
+    at = text.find(MISTRAL_CALLS)
+    if at < 0:
+        return text, []
+    calls: list[dict[str, Any]] = []
+    i = at
+    while text.startswith(MISTRAL_CALLS, i) and len(calls) < MAX_PARSED_CALLS:
+        j = _skip_ws(text, i + len(MISTRAL_CALLS))
+        batch: list[dict[str, Any]] = []
+        if text[j : j + 1] == "[":
+            _array, end = _DECODER.raw_decode(text, j)  # the whole array is JSON, or no call
+            k = _skip_ws(text, j + 1)
+            while text[k : k + 1] == "{":
+                found = _native_call(text, k, names, ("arguments",), frozenset({"id"}))
+                if found is None:
+                    return text, []
+                obj = _DECODER.raw_decode(text, k)[0]
+                model_id = obj.get("id")
+                found[0]["id"] = model_id if isinstance(model_id, str) and _MISTRAL_ID.fullmatch(model_id) else mistral_call_id()
+                batch.append(found[0])
+                k = _skip_ws(text, found[1])
+                k = _skip_ws(text, k + 1) if text[k : k + 1] == "," else k
+            if not batch:
+                break
+            i = end
+        else:
+            head = _MISTRAL_NAME.match(text, j)
+            if head is None or head.group(1) not in names:
+                break
+            obj, end = _DECODER.raw_decode(text, head.end())
+            if not isinstance(obj, dict):
+                break
+            batch.append({"id": mistral_call_id(), "type": "function", "function": {"name": head.group(1), "arguments": text[head.end() : end]}})
+            i = end
+        calls.extend(batch)
+        i = _skip_ws(text, i)
+    if not calls:
+        return text, []
+    return text[:at] + text[i:], calls
+
+
+# the most calls one reply's text is read for (a reply repeating calls costs bounded parses)
+MAX_PARSED_CALLS = 64
+_NATIVE_PARSERS: dict[str, Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]]] = {
+    "llama3": _parse_llama3,
+    "mistral": _parse_mistral,
+}
 
 
 def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
@@ -491,6 +624,7 @@ class Reply:
         tool_choice: Any = "auto",
         parallel_tool_calls: bool = True,
         legacy_functions: bool = False,
+        tool_format: str = "hermes",
         logprobs: bool = False,
         include_usage: bool = False,
         index: int = 0,
@@ -504,8 +638,16 @@ class Reply:
         self.index = index
         self.echo = echo  # completions ``echo``: the prompt's text, sent before the completion
         self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
+        # the model's own call format (its worker's Hello.tool_format): a call written in it is
+        # held from its opening to the end of the reply and parsed then (``native_held``);
+        # Llama 3.x writes calls only at the reply's start (``native_open``: it may still begin)
+        self.tool_format = tool_format if tool_format in _NATIVE_PARSERS else "hermes"
+        self.native_open = self.tool_format == "llama3"
+        self.native_held = False
         # parallel_tool_calls false: at most one call; a further one the model writes is dropped
         self.max_calls = None if parallel_tool_calls and not legacy_functions else 1
+        if tool_format in SINGLE_CALL_FORMATS:  # its template refuses a turn of two calls
+            self.max_calls = 1
         # the tools came as the legacy ``functions``: the call is the message's ``function_call``
         # ({name, arguments}, streamed as such) and the reply finishes with ``function_call``
         self.legacy = legacy_functions
@@ -692,6 +834,9 @@ class Reply:
         frames: list[dict[str, Any]] = []
         held = self.held + text
         self.held = ""
+        if self.native_held:  # a call in the model's own format: parsed at the end
+            self.held = held
+            return "", frames
         while held:
             if self.args is not None:  # a streamed call's arguments
                 n = self.args.feed(held)
@@ -716,6 +861,11 @@ class Reply:
                     self.calls_closed += self.args_json
                 self.after_args = False  # closed; or not the closing after all: text from here
                 continue  # (a later call in it still a call)
+            native = self._native_start(held, content)
+            if native is not None:  # a call in the model's own format (may) begin(s) there
+                content.append(held[:native])
+                self.held = held[native:]
+                break
             free = self._release(held)  # text that cannot begin a call
             content.append(free)
             held, self.held = self.held, ""
@@ -737,13 +887,52 @@ class Reply:
                 break
             self.muted = self.max_calls is not None and self.calls_sent >= self.max_calls
             if not self.muted:
-                call = {"index": self.calls_sent, "id": new_call_id(), "type": "function",
+                # (a Mistral model's template takes back only its own 9-character ids)
+                call_id = mistral_call_id() if self.tool_format == "mistral" else new_call_id()
+                call = {"index": self.calls_sent, "id": call_id, "type": "function",
                         "function": {"name": name, "arguments": ""}}
                 frames.append(self._tool_chunk(call))
                 self.calls_sent += 1
             self.args = _ArgsScanner()
             held = held[head.end() :]
         return "".join(content), frames
+
+    def _native_start(self, held: str, before: list[str]) -> int | None:
+        """Where in ``held`` (text not yet sent; ``before``: text of this delta sent already) a
+        call in the model's own format begins, or may still begin once more text comes: the
+        text from there is held (to the end, once it surely began: ``native_held``). None:
+        no such call starts in it (before a ``<tool_call>`` tag, which the usual path reads)."""
+        fmt = self.tool_format
+        if fmt == "llama3":
+            if not self.native_open:
+                return None
+            if self.content_sent or self.calls_sent or any(p.strip() for p in before):
+                self.native_open = False  # text came first: no call in this format any more
+                return None
+            at = len(held) - len(held.lstrip())
+            body = held[at:]
+            if not body:
+                return None  # whitespace: it waits for what follows (_stripped)
+            if body.startswith("{") or body.startswith(PYTHON_TAG):
+                self.native_held = True
+                return at
+            if PYTHON_TAG.startswith(body):
+                return at  # maybe the tag, still coming
+            self.native_open = False
+            return None
+        if fmt == "mistral":
+            tag = held.find(TOOL_OPEN)
+            at = held.find(MISTRAL_CALLS)
+            if at >= 0 and (tag < 0 or at < tag):
+                self.native_held = True
+                return at
+            if tag >= 0:
+                return None
+            for n in range(min(len(MISTRAL_CALLS) - 1, len(held)), 0, -1):
+                if held.endswith(MISTRAL_CALLS[:n]):
+                    return len(held) - n  # maybe the tag, still coming
+            return None
+        return None
 
     def _stripped(self, text: str) -> str:
         """Tool mode: ``text`` as content, its trailing whitespace held until more content
@@ -802,7 +991,7 @@ class Reply:
             elif self.tool_names and self.held:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
-                content, found = parse_tool_calls(self.held, self.tool_names, strip=False)
+                content, found = parse_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
                 if content is not None and not self.content_sent:
                     content = content.lstrip()
                 calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
@@ -869,7 +1058,7 @@ class Reply:
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if self.tool_names:
-            content, calls = parse_tool_calls(text, self.tool_names)
+            content, calls = parse_tool_calls(text, self.tool_names, fmt=self.tool_format)
             calls = calls[: self.max_calls] if self.max_calls is not None else calls
             if calls and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason

@@ -437,6 +437,36 @@ def template_knows_tools(source: str | None) -> bool:
     return bool(source) and "tools" in str(source)
 
 
+# How a model answers with tool calls, from its chat template (as llama.cpp's common/chat.cpp
+# tells them apart): "hermes" ``<tool_call>{"name", "arguments"}</tool_call>`` (Qwen 2.5/3,
+# Hermes, and the generic format this server teaches any template that does not render tools);
+# "llama3" a bare ``{"name", "parameters"}`` object at the start of the reply, maybe after
+# ``<|python_tag|>`` (Llama 3.1/3.2/3.3: their templates have an ``ipython`` turn); "mistral"
+# ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``, or ``name[ARGS]{...}`` (Mistral
+# Nemo/Small/Devstral). Forced calls (``required``, a named function) are written in the hermes
+# format whatever the model: their grammar writes it, and it is parsed for every model.
+TOOL_FORMATS = ("hermes", "llama3", "mistral")
+# formats whose templates refuse an assistant turn of more than one call ("This model only
+# supports single tool-calls at once!"): a reply carries one call, forced or not
+SINGLE_CALL_FORMATS = frozenset({"llama3"})
+# the control tokens of each format, which the reply's text must keep (they hold no text when
+# decoded as plain text): the worker writes them out in a reply that offers tools
+TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]")}
+
+
+def tool_call_format(source: str | None, *, native: bool = True) -> str:
+    """The format a model writes its tool calls in, from its chat template's source; ``native``
+    False: the template is not given the tools (the generic prompt), so "hermes"."""
+    src = str(source or "")
+    if not native or not template_knows_tools(src) or "<tool_call>" in src:
+        return "hermes"
+    if "<|start_header_id|>ipython<|end_header_id|>" in src and "<function=" not in src:
+        return "llama3"
+    if "[TOOL_CALLS]" in src:
+        return "mistral"
+    return "hermes"
+
+
 def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": dict(tool)}
 

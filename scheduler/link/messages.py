@@ -119,6 +119,8 @@ class Hello(Message):
     n_ctx_train: int | None = None
     n_vocab: int | None = None
     chat_template: str | None = None  # the template chats are rendered with (/props)
+    # how the model writes tool calls in tool_choice auto (scheduler.engines.chat.TOOL_FORMATS)
+    tool_format: str = "hermes"
 
 
 @dataclass(frozen=True)

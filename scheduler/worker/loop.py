@@ -222,6 +222,35 @@ class EngineWorker:
 
     # -- link --------------------------------------------------------------------------
 
+    @property
+    def tool_format(self) -> str:
+        """How the model writes tool calls in ``auto`` mode (``chat.tool_call_format``): its
+        template's own format where the template is given the tools, else the generic one."""
+        engine = self.engine
+        return chat_format.tool_call_format(getattr(engine, "chat_template", None), native="template_vars" in engine.features)
+
+    def _tool_token_bytes(self) -> Callable[[int], bytes]:
+        """``engine.token_bytes`` that spells the control tokens of the model's tool-call format
+        (Mistral's ``[TOOL_CALLS]``, Llama 3.1's ``<|python_tag|>``) as their text, for a reply
+        that offers tools: decoded as plain text they hold none, and the call's opening would be
+        lost (llama-server keeps them too: its chat format's ``preserved_tokens``)."""
+        engine = self.engine
+        kept = getattr(self, "_kept_tool_tokens", None)
+        if kept is None:
+            kept = {}
+            for marker in chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()):
+                try:
+                    ids = engine.tokenize(marker, add_special=False, special=True)
+                except Exception:  # noqa: BLE001 - a vocabulary without it: nothing to keep
+                    continue
+                if len(ids) == 1 and not engine.token_bytes(ids[0]):
+                    kept[ids[0]] = marker.encode()
+            self._kept_tool_tokens = kept
+        if not kept:
+            return engine.token_bytes
+        plain = engine.token_bytes
+        return lambda token: kept.get(token) or plain(token)
+
     def hello(self) -> Hello:
         return Hello(
             model=self.model_name,
@@ -234,6 +263,7 @@ class EngineWorker:
             n_vocab=self.engine.vocab_size,
             # the model's own, else ChatML, which compile_chat_template renders it with
             chat_template=self.engine.chat_template or chat_format.CHATML,
+            tool_format=self.tool_format,
         )
 
     def _on_message(self, message: Message) -> None:
@@ -597,8 +627,7 @@ class EngineWorker:
         if isinstance(messages, list):
             if len(messages) > limit:
                 raise Refusal(CONTEXT_LENGTH_EXCEEDED, f"This model's maximum context length is {limit} tokens; {len(messages)} messages cannot fit in it.", "messages")
-            tools = request.get("tools") if request.get("tool_choice") != "none" else None
-            chars = chat_format.chat_text_chars(messages, tools, request.get("chat_template_kwargs"))
+            chars = chat_format.chat_text_chars(messages, request.get("tools"), request.get("chat_template_kwargs"))
             param = "messages"
         else:
             prompt, suffix = request.get("prompt"), request.get("suffix")
@@ -651,7 +680,9 @@ class EngineWorker:
                 features = engine.features
                 messages, extra = chat_format.template_inputs(
                     request["messages"],
-                    request.get("tools") if request.get("tool_choice") != "none" else None,
+                    # tool_choice "none" too: the model sees the tools, as llama-server's
+                    # template is given them (and OpenAI's model), and may not call them
+                    request.get("tools"),
                     engine.chat_template,
                     request.get("chat_template_kwargs"),
                     native_ok="template_vars" in features,
@@ -779,7 +810,9 @@ class EngineWorker:
         forced_call = bool(request.get("tools")) and request.get("tool_choice", "auto") not in ("auto", "none")
         # a stop string begun in the text a lost worker had sent already ends in this one's
         stop = [] if forced_call else list(request.get("stop") or [])
-        stream = TextStream(self.engine.token_bytes, stop, resume_text or "", n_indent=int(request.get("n_indent") or 0))
+        offers_tools = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
+        token_bytes = self._tool_token_bytes() if offers_tools else self.engine.token_bytes
+        stream = TextStream(token_bytes, stop, resume_text or "", n_indent=int(request.get("n_indent") or 0))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.t_max_predict_ms = int(request.get("t_max_predict_ms") or 0)
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
@@ -823,7 +856,9 @@ class EngineWorker:
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
         param = "tools"  # a forced call's grammar is made of the tools' parameters
-        parallel = bool(request.get("parallel_tool_calls", True))
+        # a template that refuses a turn of several calls (Llama 3.x's) gets one at a time, as
+        # llama.cpp turns parallel_tool_calls off for it: several would be refused next turn
+        parallel = bool(request.get("parallel_tool_calls", True)) and self.tool_format not in chat_format.SINGLE_CALL_FORMATS
         try:
             grammar = grammars.tool_grammar(tools or [], choice, parallel) if tools else None
             if grammar is None and tools and choice == "auto" and request.get("response_format"):

@@ -1,0 +1,121 @@
+"""Through the whole middle layer (tests/edge/inproc.py): a model whose chat template teaches
+Mistral's or Llama 3.1's own tool-call format gets its calls back as ``tool_calls``, streamed and
+not. The worker tells the format from the template and says it in its Hello; the web side reads
+it from there; the control token ``[TOOL_CALLS]`` (no text when decoded as plain text) is written
+into the reply's text by the worker. Before, both replies came back as content."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from scheduler.engines.base import Step
+
+from .inproc import JSON, MODEL, SimWorker, attached, request
+from .test_stream_equivalence import ScriptEngine, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
+TOOL_CALLS = 300  # Mistral's control token, as the scripted model samples it (byte 1 in a script)
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+class NativeEngine(ScriptEngine):
+    template = ""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.features = self.features | {"template_vars"}
+        self.chat_template = self.template
+        self.vocab_size = TOOL_CALLS + 1
+
+    def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
+        if special and text == "[TOOL_CALLS]":
+            return [TOOL_CALLS]
+        return super().tokenize(text, add_special=add_special, special=special, after=after)
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == TOOL_CALLS else super().token_bytes(token)
+
+    def forward(self, step: Step) -> dict[int, int]:
+        return {lane: TOOL_CALLS if token == 1 else token for lane, token in super().forward(step).items()}
+
+
+class MistralEngine(NativeEngine):
+    template = (TEMPLATES / "mistral-nemo-instruct-2407.jinja").read_text()
+
+
+class LlamaEngine(NativeEngine):
+    template = (TEMPLATES / "llama-3.1-instruct.jinja").read_text()
+
+
+def _edge(engine: type[NativeEngine]) -> Iterator[asyncio.AbstractEventLoop]:
+    class Worker(SimWorker):
+        engine_class = engine
+
+    loop = asyncio.new_event_loop()
+    context = attached(Worker(lanes=2, lane_ctx=2048))
+    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
+        loop.run_until_complete(context.__aenter__())
+        yield loop
+        loop.run_until_complete(context.__aexit__(None, None, None))
+    loop.close()
+
+
+@pytest.fixture
+def mistral() -> Iterator[asyncio.AbstractEventLoop]:
+    yield from _edge(MistralEngine)
+
+
+@pytest.fixture
+def llama() -> Iterator[asyncio.AbstractEventLoop]:
+    yield from _edge(LlamaEngine)
+
+
+def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool) -> dict[str, Any]:
+    """The reply to a chat offering TOOLS whose model writes ``written``, as the client has it
+    (a stream's deltas put together)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris? " + script(written)}], "tools": TOOLS, "stream": stream}
+    reply = loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON))
+    assert reply.status == 200, reply.body
+    if not stream:
+        choice = reply.json()["choices"][0]
+        calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
+        return {"content": choice["message"]["content"], "calls": calls, "finish_reason": choice["finish_reason"]}
+    content, calls, finish = None, {}, None
+    for data in reply.sse_data():
+        if data == "[DONE]":
+            break
+        for choice in json.loads(data)["choices"]:
+            delta = choice["delta"]
+            if delta.get("content") is not None:
+                content = (content or "") + delta["content"]
+            for c in delta.get("tool_calls") or []:
+                entry = calls.setdefault(c["index"], [c.get("id"), "", ""])
+                entry[1] += c.get("function", {}).get("name") or ""
+                entry[2] += c.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return {"content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_mistral_models_calls_are_tool_calls(mistral: asyncio.AbstractEventLoop, stream: bool) -> None:
+    got = _ask(mistral, 'Let me look.\x01[{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}]', stream=stream)
+    assert got == {"content": "Let me look.", "calls": [("abcDEF123", "get_weather", '{"city": "Paris"}')], "finish_reason": "tool_calls"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_llama31_models_calls_are_tool_calls(llama: asyncio.AbstractEventLoop, stream: bool) -> None:
+    got = _ask(llama, '{"name": "get_weather", "parameters": {"city": "Paris"}}', stream=stream)
+    assert got["content"] is None and got["finish_reason"] == "tool_calls"
+    assert [(name, args) for _id, name, args in got["calls"]] == [("get_weather", '{"city": "Paris"}')]
+    # a reply in text stays text
+    text = _ask(llama, "It is sunny.", stream=stream)
+    assert text == {"content": "It is sunny.", "calls": [], "finish_reason": "stop"}
