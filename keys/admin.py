@@ -274,6 +274,9 @@ class ApiKeyAdmin(ThroughActions):
             "change_url": reverse("admin:keys_apikey_change", args=[key.pk]),
             "add_url": reverse("admin:keys_apikey_add"),
             "list_url": reverse("admin:keys_apikey_changelist"),
+            # a revoked or expired key refuses its new secret too: said before and after, so the
+            # secret is not handed out as one that works
+            "refused": "revoked" if key.revoked else "expired" if key.is_expired() else None,
         }
         if request.method != "POST":
             context["title"] = f"Rotate the secret of “{key.name}”"
@@ -334,8 +337,15 @@ class ApiKeyAdmin(ThroughActions):
 
     @admin.action(description="Restore the selected keys (undo revoke)", permissions=["change"])
     def restore_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        expired = [k.name for k in queryset.filter(revoked=True) if k.is_expired()]
         n = self._set_revoked(request, queryset, False)
         self.message_user(request, f"Restored {n} key(s).", messages.SUCCESS)
+        if expired:  # no longer revoked, but refused all the same
+            self.message_user(
+                request,
+                f"These keys have expired and are still refused: {', '.join(expired)}. Give each a later expiry on its page.",
+                messages.WARNING,
+            )
 
 
 @admin.register(KeyPolicy)
