@@ -356,8 +356,8 @@ class KeyPolicyAdmin(ThroughActions):
         "name",
         "default_class",
         "max_class",
-        "rate_limit_rpm",
-        "max_concurrent",
+        "rpm_limit",
+        "concurrency_limit",
         "priority_offset",
         "allow_batch_invariant",
         "is_admin",
@@ -387,6 +387,15 @@ class KeyPolicyAdmin(ThroughActions):
         if followed is not None and any(getattr(obj, "name", None) == followed for obj in objs):
             protected = [*protected, f"the static key {STATIC_KEY_NAME} (SUPERFLUID_API_KEY_POLICY={followed})"]
         return to_delete, model_count, perms_needed, protected
+
+    # 0 is no limit: a column of "0" read as a policy whose keys may make no request at all
+    @admin.display(description="requests per minute", ordering="rate_limit_rpm")
+    def rpm_limit(self, obj: KeyPolicy) -> str:
+        return f"{obj.rate_limit_rpm:,}" if obj.rate_limit_rpm else "unlimited"
+
+    @admin.display(description="max concurrent", ordering="max_concurrent")
+    def concurrency_limit(self, obj: KeyPolicy) -> str:
+        return f"{obj.max_concurrent:,}" if obj.max_concurrent else "unlimited"
 
     @admin.display(description="keys", ordering="n_keys")
     def key_count(self, obj: KeyPolicy) -> int:
