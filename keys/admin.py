@@ -274,6 +274,9 @@ class ApiKeyAdmin(ThroughActions):
             "change_url": reverse("admin:keys_apikey_change", args=[key.pk]),
             "add_url": reverse("admin:keys_apikey_add"),
             "list_url": reverse("admin:keys_apikey_changelist"),
+            # a revoked or expired key refuses its new secret too: said before and after, so the
+            # secret is not handed out as one that works
+            "refused": "revoked" if key.revoked else "expired" if key.is_expired() else None,
         }
         if request.method != "POST":
             context["title"] = f"Rotate the secret of “{key.name}”"
@@ -334,8 +337,15 @@ class ApiKeyAdmin(ThroughActions):
 
     @admin.action(description="Restore the selected keys (undo revoke)", permissions=["change"])
     def restore_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        expired = [k.name for k in queryset.filter(revoked=True) if k.is_expired()]
         n = self._set_revoked(request, queryset, False)
         self.message_user(request, f"Restored {n} key(s).", messages.SUCCESS)
+        if expired:  # no longer revoked, but refused all the same
+            self.message_user(
+                request,
+                f"These keys have expired and are still refused: {', '.join(expired)}. Give each a later expiry on its page.",
+                messages.WARNING,
+            )
 
 
 @admin.register(KeyPolicy)
@@ -346,8 +356,8 @@ class KeyPolicyAdmin(ThroughActions):
         "name",
         "default_class",
         "max_class",
-        "rate_limit_rpm",
-        "max_concurrent",
+        "rpm_limit",
+        "concurrency_limit",
         "priority_offset",
         "allow_batch_invariant",
         "is_admin",
@@ -377,6 +387,15 @@ class KeyPolicyAdmin(ThroughActions):
         if followed is not None and any(getattr(obj, "name", None) == followed for obj in objs):
             protected = [*protected, f"the static key {STATIC_KEY_NAME} (SUPERFLUID_API_KEY_POLICY={followed})"]
         return to_delete, model_count, perms_needed, protected
+
+    # 0 is no limit: a column of "0" read as a policy whose keys may make no request at all
+    @admin.display(description="requests per minute", ordering="rate_limit_rpm")
+    def rpm_limit(self, obj: KeyPolicy) -> str:
+        return f"{obj.rate_limit_rpm:,}" if obj.rate_limit_rpm else "unlimited"
+
+    @admin.display(description="max concurrent", ordering="max_concurrent")
+    def concurrency_limit(self, obj: KeyPolicy) -> str:
+        return f"{obj.max_concurrent:,}" if obj.max_concurrent else "unlimited"
 
     @admin.display(description="keys", ordering="n_keys")
     def key_count(self, obj: KeyPolicy) -> int:

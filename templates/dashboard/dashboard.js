@@ -345,10 +345,30 @@
   }
   setInterval(markIfStale, 500);
 
-  var retry = 500;
+  function forbidden() {
+    var conn = $("conn");
+    conn.textContent = "not allowed: log in as staff"; conn.setAttribute("data-status", "forbidden");
+  }
+  // A handshake the server refused (the session ended, no longer staff) and a server that is
+  // not there (restarting, loading its model) both close with 1006 before opening: the page's
+  // own URL tells them apart (a redirect to the login page, or no answer at all).
+  function whyClosed(ws) {
+    fetch(location.pathname, { redirect: "manual", cache: "no-store", credentials: "same-origin" }).then(function (r) {
+      if (ws !== socket) { return; }
+      if (r.type === "opaqueredirect" || r.status === 401 || r.status === 403) { forbidden(); return; }
+      var conn = $("conn");
+      conn.textContent = "reconnecting"; conn.setAttribute("data-status", "closed");
+    }, function () {
+      if (ws !== socket) { return; }
+      var conn = $("conn");
+      conn.textContent = "server unreachable · reconnecting"; conn.setAttribute("data-status", "closed");
+    });
+  }
+
+  var retry = 500, socket = null;
   function connect() {
     var conn = $("conn");
-    var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/dashboard/");
+    var ws = socket = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/dashboard/");
     var opened = false;
     ws.onopen = function () { opened = true; retry = 500; lastState = Date.now(); markLive(); };
     ws.onmessage = function (m) {
@@ -366,10 +386,16 @@
     ws.onclose = function (e) {
       lastState = null;
       document.body.classList.remove("stale");
-      if (e.code === 4403 || (!opened && e.code === 1006 && retry > 8000)) {
-        conn.textContent = "not allowed: log in as staff"; conn.setAttribute("data-status", "forbidden");
-      } else {
+      if (e.code === 4403) {
+        forbidden();
+      } else if (opened) {
         conn.textContent = "reconnecting"; conn.setAttribute("data-status", "closed");
+      } else {
+        // what the last try found out stays up until this one's answer replaces it
+        if (conn.getAttribute("data-status") !== "forbidden" && conn.getAttribute("data-status") !== "closed") {
+          conn.textContent = "reconnecting"; conn.setAttribute("data-status", "closed");
+        }
+        whyClosed(ws);
       }
       setTimeout(connect, retry);
       retry = Math.min(10000, retry * 2);
