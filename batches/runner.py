@@ -424,13 +424,17 @@ async def _call(b: Batch, line: Line, principal: Any) -> tuple[int | None, dict[
     """The line through its endpoint's consumer: (status, headers, body), or status None when
     the batch was cancelled first (the consumer got a disconnect and cancelled the job)."""
     from api.consumers import ChatCompletionsConsumer, CompletionsConsumer, EmbeddingsConsumer
+    from api.errors import ApiError
     from scheduler.core.qos import QosClass
 
     # the route's own consumer (its parsing, validation and reply), as for an HTTP request to it
     consumers = {"/v1/chat/completions": ChatCompletionsConsumer, "/v1/completions": CompletionsConsumer,
                  "/v1/embeddings": EmbeddingsConsumer}
     url = b.endpoint
-    consumer = consumers[url]
+    consumer = consumers.get(url)
+    if consumer is None:  # stored by a later version (a downgrade): the line fails, never retried
+        error = ApiError(400, f"This server cannot run batch lines for '{url}'.", param="endpoint", code="invalid_value")
+        return error.status, {"content-type": "application/json"}, json.dumps(error.body()).encode()
     # UTF-8, as a client sends it: escaped (json.dumps's default) a line of kanji or emoji took
     # two or three times its bytes, and one the body bound takes over HTTP was refused 413
     payload = json.dumps(line.body, ensure_ascii=False).encode("utf-8", "surrogatepass")
