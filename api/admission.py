@@ -42,7 +42,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
 from keys.credentials import secret_from_headers
-from keys.limits import parse_rate, retry_after_s
+from keys.limits import TokenBucket, parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy
 from scheduler.aio import spawn
 from scheduler.core.qos import (
@@ -111,10 +111,28 @@ class Admission:
     # Redis mode: the concurrency slots held in Redis (key's, keyless client's) and this admission's member
     shared_slots: list[str] = field(default_factory=list)
     shared_member: str = ""
+    # the rate tokens taken (this head's buckets; in Redis mode the buckets' name, rate, capacity),
+    # given back by refund() when the server refuses the request before its engine sees it
+    buckets: list[TokenBucket] = field(default_factory=list)
+    shared_buckets: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
+
+    async def refund(self) -> None:
+        """Give back the rate tokens this request took (the key's or client's requests per
+        minute, the fill-in-the-middle bucket): for a request the server refused for its own
+        reasons before its engine saw it (503 ``engine_unavailable``: no worker, the model did
+        not load, shutting down), which should not cost its caller quota. Once only."""
+        buckets, self.buckets = self.buckets, []
+        for bucket in buckets:
+            bucket.give_back()
+        if self.shared_buckets:
+            from keys.limits import shared_limiter
+
+            shared, self.shared_buckets = self.shared_buckets, []
+            await asyncio.shield(shared_limiter(serving().redis_url).refund(shared))
 
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
@@ -474,6 +492,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, model, held))))
     admission.shared_slots = [s[0] for s in slots]
     admission.shared_member = member
+    admission.shared_buckets = [(c[0], c[1], c[2]) for c in checks]
 
 
 # The limit of a key's Redis slot when its policy sets none: never reached, so the slot only
@@ -545,6 +564,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     check_queue(rt, model, model_lanes)
     for bucket, _code, _message in buckets:
         bucket.take()
+        admission.buckets.append(bucket)
     if slot is not None:  # counted with or without a limit: one set later counts what already runs
         rt.slots.acquire(slot)
         admission.slot = slot

@@ -165,7 +165,16 @@ class StreamingConsumer(AsyncHttpConsumer):
             if not self.preflight:  # a preflight is no request of the activity log's
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
+                if self.refused_before_the_engine():  # the server's reason, not the caller's: no quota spent
+                    await self.admission.refund()
                 await self.admission.release()
+
+    def refused_before_the_engine(self) -> bool:
+        """Whether this admitted request was answered 503 ``engine_unavailable`` with nothing
+        generated for it: no worker took it (the model did not load, its worker was gone, the
+        server is shutting down). Its rate token goes back (docs/keys.md); a 400 from the
+        engine's checks, a crash, a deadline or a client that left keep theirs spent."""
+        return self.record.status == 503 and self.record.error_code == "engine_unavailable" and not any(self.tokens_seen.values())
 
     def saw_delta(self, event: Delta, *, reached_client: bool = True) -> None:
         """Note a delta as this side saw it: its job's tokens so far and, when it is the first
