@@ -424,7 +424,7 @@ async def admit(
     return admission
 
 
-async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest | None, admission: Admission) -> None:
     """Redis mode: the same limits as :func:`take_limits`, counted in Redis for every head (one
     Lua script checks all, then takes all): rates, the key's and a keyless client's concurrency.
     A key's requests in flight are counted there whether or not its policy sets
@@ -444,7 +444,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     elif cfg.rate_limit > 0:
         rpm = int(cfg.rate_limit)
         checks.append((f"ip:{principal.client_ip}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
-    if request.suffix is not None:
+    if request is not None and request.suffix is not None:
         rate = parse_rate(str(cfg.completion_rate))
         if rate > 0:
             burst = max(1, int(cfg.completion_burst))
@@ -460,10 +460,12 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
     # The head's own queue bound first, and its place taken before the await, so no other
     # request on this loop can slip in between; given back if Redis refuses.
-    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
-    check_queue(rt, model, model_lanes)
-    rt.in_flight.acquire(model)
-    admission.model_slot = model
+    model = ""
+    if request is not None:
+        model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
+        check_queue(rt, model, model_lanes)
+        rt.in_flight.acquire(model)
+        admission.model_slot = model
     if not checks and not slots:
         return
     member = uuid.uuid4().hex
@@ -522,9 +524,10 @@ def _give_back_model_slot(rt: KeyRuntime, admission: Admission) -> None:
         admission.model_slot = None
 
 
-def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest | None, admission: Admission) -> None:
     """Check every limit, then take them all: a refused request takes nothing. No await in
-    here, so no other request on this event loop can slip between the check and the take."""
+    here, so no other request on this event loop can slip between the check and the take.
+    ``request`` None: a tokenizer route's (:func:`admit_tool`), with no model queue bound."""
     cfg = serving()
     policy = principal.policy
     buckets = []
@@ -536,7 +539,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         rpm = int(cfg.rate_limit)
         bucket = rt.buckets.bucket(("ip", principal.client_ip), rpm / 60.0, rpm)
         buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
-    if request.suffix is not None:
+    if request is not None and request.suffix is not None:
         rate = parse_rate(str(cfg.completion_rate))
         burst = max(1, int(cfg.completion_burst))
         if rate > 0:
@@ -548,7 +551,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     for wait_s, (_bucket, code, message) in zip(waits, buckets, strict=True):
         if wait_s > 0:
             raise rate_limited(message + " Retry after the time in the Retry-After header.", code, max(waits))
-    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
+    model, model_lanes = queue_model(request.model, fim=request.suffix is not None) if request is not None else ("", 0)
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
@@ -561,7 +564,8 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         raise rate_limited(
             f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
         )
-    check_queue(rt, model, model_lanes)
+    if request is not None:
+        check_queue(rt, model, model_lanes)
     for bucket, _code, _message in buckets:
         bucket.take()
         admission.buckets.append(bucket)
@@ -571,8 +575,28 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     if client_limit > 0:
         rt.client_slots.acquire(client_slot)
         admission.client_slot = client_slot
-    rt.in_flight.acquire(model)
-    admission.model_slot = model
+    if request is not None:
+        rt.in_flight.acquire(model)
+        admission.model_slot = model
+
+
+async def admit_tool(principal: Principal, runtime: KeyRuntime | None = None) -> Admission:
+    """The limits of a route that does work for a client without the engine (``/tokenize`` and
+    ``/detokenize``: a body's worth of text tokenised on this process's threads): the key's
+    requests per minute (else the per-IP ``--rate-limit``) and its ``max_concurrent`` slot (else
+    a keyless client's ``--client-concurrency``), as a generation request takes them, or 429;
+    no model queue bound. ``release()`` when the response ends. Without these a key at one
+    request a minute could keep every tokenizer thread busy."""
+    rt = runtime or key_runtime()
+    principal = await as_it_is_now(principal, rt)
+    policy = principal.policy
+    qos = policy.default_class if policy is not None else parse_qos(serving().http_default_qos)
+    admission = Admission(qos=qos, priority=class_anchor(qos), key_name=principal.key_name, runtime=rt)
+    if serving().redis_url:
+        await take_shared_limits(rt, principal, None, admission)
+    else:
+        take_limits(rt, principal, None, admission)
+    return admission
 
 
 def lanes() -> int:

@@ -45,3 +45,27 @@ async def test_an_admission_refunded_gives_the_keys_token_back_across_heads(redi
     for limiter in limits._limiters.values():
         await limiter.aclose()
     limits._limiters.clear()
+
+
+async def test_the_tokenizer_routes_limits_are_the_fleets_in_redis_mode(redis_server: RedisServer) -> None:
+    """/tokenize and /detokenize (api.admission.admit_tool) take the key's rate token and
+    concurrency place in Redis, across heads, with no model queue bound."""
+    from api.admission import admit_tool, authenticate
+    from keys import limits
+
+    limits._limiters.clear()
+    policy = Policy(name="tok", max_class=QosClass.INTERACTIVE, rate_limit_rpm=2, max_concurrent=1)
+    secret, k = key("sk-tokenizer-redis-0123456789", "tokenizer-redis", policy)
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url):
+        heads = [runtime((secret, k)), runtime((secret, k))]
+        who = await authenticate(bearer(secret), IP, heads[0])
+        first = await admit_tool(who, heads[0])
+        assert first.model_slot is None and heads[0].in_flight.held == {}
+        await expect("concurrency_limit_exceeded", admit_tool(who, heads[1]))
+        await first.release()
+        second = await admit_tool(who, heads[1])
+        await second.release()
+        await expect("rate_limit_exceeded", admit_tool(who, heads[0]))
+    for limiter in limits._limiters.values():
+        await limiter.aclose()
+    limits._limiters.clear()
