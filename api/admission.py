@@ -120,19 +120,22 @@ class Admission:
     def band(self) -> str:
         return band_of(self.priority)
 
-    async def refund(self) -> None:
+    def refund(self) -> asyncio.Task[None] | None:
         """Give back the rate tokens this request took (the key's or client's requests per
         minute, the fill-in-the-middle bucket): for a request the server refused for its own
         reasons before its engine saw it (503 ``engine_unavailable``: no worker, the model did
-        not load, shutting down), which should not cost its caller quota. Once only."""
+        not load, shutting down), which should not cost its caller quota. Once only. No await:
+        a cancel (the client gone) cannot come between it and ``release()``; Redis's buckets
+        get theirs back from a task of its own (returned)."""
         buckets, self.buckets = self.buckets, []
         for bucket in buckets:
             bucket.give_back()
-        if self.shared_buckets:
-            from keys.limits import shared_limiter
+        if not self.shared_buckets:
+            return None
+        from keys.limits import shared_limiter
 
-            shared, self.shared_buckets = self.shared_buckets, []
-            await asyncio.shield(shared_limiter(serving().redis_url).refund(shared))
+        shared, self.shared_buckets = self.shared_buckets, []
+        return spawn(_refunding, shared_limiter(serving().redis_url).refund(shared))
 
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
@@ -502,6 +505,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
 COUNT_ONLY = 1 << 31
 
 _forgetting: set[asyncio.Task[None]] = set()
+_refunding: set[asyncio.Task[None]] = set()  # Redis refunds under way (Admission.refund)
 
 
 def _forget_member(limiter: Any, slots: list[str], member: str) -> None:

@@ -172,7 +172,7 @@ class StreamingConsumer(AsyncHttpConsumer):
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 if self.refused_before_the_engine():  # the server's reason, not the caller's: no quota spent
-                    await self.admission.refund()
+                    self.admission.refund()
                 await self.admission.release()
 
     def refused_before_the_engine(self) -> bool:

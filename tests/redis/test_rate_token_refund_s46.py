@@ -4,6 +4,9 @@ back to a head's own bucket without Redis (tests/keys/test_rate_token_refund_s46
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from django.test import override_settings
 
 from api.admission import admit
@@ -37,7 +40,9 @@ async def test_an_admission_refunded_gives_the_keys_token_back_across_heads(redi
         heads = [runtime((secret, k)), runtime((secret, k))]
         first = await admit(bearer(secret), IP, chat(), runtime=heads[0])
         await expect("rate_limit_exceeded", admit(bearer(secret), IP, chat(), runtime=heads[1]))
-        await first.refund()
+        refunding = first.refund()
+        assert refunding is not None
+        await refunding
         await first.release()
         second = await admit(bearer(secret), IP, chat(), runtime=heads[1])
         await second.release()
@@ -69,3 +74,35 @@ async def test_the_tokenizer_routes_limits_are_the_fleets_in_redis_mode(redis_se
     for limiter in limits._limiters.values():
         await limiter.aclose()
     limits._limiters.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_through_the_application_a_refused_request_gives_its_token_back_in_redis(redis_server: RedisServer) -> None:
+    """A keyless client under --rate-limit 1 whose first request the worker refused (no engine)
+    is served next, with shared limits; the one after that is 429. Nothing stays held."""
+    from keys import limits
+    from scheduler.link import messages as m
+    from tests.edge.inproc import JSON, SimWorker, attached, chat_body, request
+    from tests.keys.test_release_admission_paths import scripted
+
+    limits._limiters.clear()
+    with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_RATE_LIMIT=1, SUPERFLUID_CLIENT_CONCURRENCY=1):
+        async with attached(SimWorker()) as (link, rt):
+            real = link.submit
+            scripted(link, [[lambda job_id: m.Rejected(job_id, m.ENGINE_UNAVAILABLE, "gone")]])
+            refused = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+            link.submit = real
+            await asyncio.gather(*limits_refunds())
+            served = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+            limited = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+            assert rt.in_flight.held == {} and rt.client_slots.held == {}
+    for limiter in limits._limiters.values():
+        await limiter.aclose()
+    limits._limiters.clear()
+    assert (refused.status, served.status, limited.status) == (503, 200, 429), (refused.body, served.body, limited.body)
+
+
+def limits_refunds() -> list[asyncio.Task[None]]:
+    from api.admission import _refunding
+
+    return list(_refunding)
