@@ -21,7 +21,10 @@ decided before it is queued.
    some run counts them. Then the model's
    queue bound (``--max-queue`` waiting beyond the lanes): 503 ``queue_full`` with a
    ``Retry-After`` from the measured drain rate. ``Admission.release()`` gives it all back when
-   the response ends.
+   the response ends; ``Admission.refund()`` gives the rate tokens back too, for a request
+   refused 503 ``engine_unavailable`` before any engine saw it.
+
+``admit_tool()`` takes the same rate and concurrency limits for /tokenize and /detokenize.
 
 Secrets never leave this module: logs and records carry the key's name.
 """
