@@ -21,7 +21,10 @@ decided before it is queued.
    some run counts them. Then the model's
    queue bound (``--max-queue`` waiting beyond the lanes): 503 ``queue_full`` with a
    ``Retry-After`` from the measured drain rate. ``Admission.release()`` gives it all back when
-   the response ends.
+   the response ends; ``Admission.refund()`` gives the rate tokens back too, for a request
+   refused 503 ``engine_unavailable`` before any engine saw it.
+
+``admit_tool()`` takes the same rate and concurrency limits for /tokenize and /detokenize.
 
 Secrets never leave this module: logs and records carry the key's name.
 """
@@ -42,7 +45,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
 from keys.credentials import secret_from_headers
-from keys.limits import parse_rate, retry_after_s
+from keys.limits import TokenBucket, parse_rate, retry_after_s
 from keys.runtime import Key, KeyRuntime, Policy
 from scheduler.aio import spawn
 from scheduler.core.qos import (
@@ -111,10 +114,31 @@ class Admission:
     # Redis mode: the concurrency slots held in Redis (key's, keyless client's) and this admission's member
     shared_slots: list[str] = field(default_factory=list)
     shared_member: str = ""
+    # the rate tokens taken (this head's buckets; in Redis mode the buckets' name, rate, capacity),
+    # given back by refund() when the server refuses the request before its engine sees it
+    buckets: list[TokenBucket] = field(default_factory=list)
+    shared_buckets: list[tuple[str, float, float]] = field(default_factory=list)
 
     @property
     def band(self) -> str:
         return band_of(self.priority)
+
+    def refund(self) -> asyncio.Task[None] | None:
+        """Give back the rate tokens this request took (the key's or client's requests per
+        minute, the fill-in-the-middle bucket): for a request the server refused for its own
+        reasons before its engine saw it (503 ``engine_unavailable``: no worker, the model did
+        not load, shutting down), which should not cost its caller quota. Once only. No await:
+        a cancel (the client gone) cannot come between it and ``release()``; Redis's buckets
+        get theirs back from a task of its own (returned)."""
+        buckets, self.buckets = self.buckets, []
+        for bucket in buckets:
+            bucket.give_back()
+        if not self.shared_buckets:
+            return None
+        from keys.limits import shared_limiter
+
+        shared, self.shared_buckets = self.shared_buckets, []
+        return spawn(_refunding, shared_limiter(serving().redis_url).refund(shared))
 
     async def release(self) -> None:
         """Give back every place held: this head's own first, with no await between them, so a
@@ -406,7 +430,7 @@ async def admit(
     return admission
 
 
-async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest | None, admission: Admission) -> None:
     """Redis mode: the same limits as :func:`take_limits`, counted in Redis for every head (one
     Lua script checks all, then takes all): rates, the key's and a keyless client's concurrency.
     A key's requests in flight are counted there whether or not its policy sets
@@ -426,7 +450,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
     elif cfg.rate_limit > 0:
         rpm = int(cfg.rate_limit)
         checks.append((f"ip:{principal.client_ip}", rpm / 60.0, rpm, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
-    if request.suffix is not None:
+    if request is not None and request.suffix is not None:
         rate = parse_rate(str(cfg.completion_rate))
         if rate > 0:
             burst = max(1, int(cfg.completion_burst))
@@ -442,10 +466,12 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         slots.append((client_slot(principal.client_id), client_limit, f"This client already has {client_limit} requests in flight; wait for one to finish."))
     # The head's own queue bound first, and its place taken before the await, so no other
     # request on this loop can slip in between; given back if Redis refuses.
-    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
-    check_queue(rt, model, model_lanes)
-    rt.in_flight.acquire(model)
-    admission.model_slot = model
+    model = ""
+    if request is not None:
+        model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
+        check_queue(rt, model, model_lanes)
+        rt.in_flight.acquire(model)
+        admission.model_slot = model
     if not checks and not slots:
         return
     member = uuid.uuid4().hex
@@ -474,6 +500,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
         raise rate_limited(message, "concurrency_limit_exceeded", float(max(wait_s, _own_turn_s(rt, model, held))))
     admission.shared_slots = [s[0] for s in slots]
     admission.shared_member = member
+    admission.shared_buckets = [(c[0], c[1], c[2]) for c in checks]
 
 
 # The limit of a key's Redis slot when its policy sets none: never reached, so the slot only
@@ -481,6 +508,7 @@ async def take_shared_limits(rt: KeyRuntime, principal: Principal, request: Gene
 COUNT_ONLY = 1 << 31
 
 _forgetting: set[asyncio.Task[None]] = set()
+_refunding: set[asyncio.Task[None]] = set()  # Redis refunds under way (Admission.refund)
 
 
 def _forget_member(limiter: Any, slots: list[str], member: str) -> None:
@@ -503,9 +531,10 @@ def _give_back_model_slot(rt: KeyRuntime, admission: Admission) -> None:
         admission.model_slot = None
 
 
-def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest, admission: Admission) -> None:
+def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest | None, admission: Admission) -> None:
     """Check every limit, then take them all: a refused request takes nothing. No await in
-    here, so no other request on this event loop can slip between the check and the take."""
+    here, so no other request on this event loop can slip between the check and the take.
+    ``request`` None: a tokenizer route's (:func:`admit_tool`), with no model queue bound."""
     cfg = serving()
     policy = principal.policy
     buckets = []
@@ -517,7 +546,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         rpm = int(cfg.rate_limit)
         bucket = rt.buckets.bucket(("ip", principal.client_ip), rpm / 60.0, rpm)
         buckets.append((bucket, "rate_limit_exceeded", f"Rate limit reached for this client: {rpm} requests per minute."))
-    if request.suffix is not None:
+    if request is not None and request.suffix is not None:
         rate = parse_rate(str(cfg.completion_rate))
         burst = max(1, int(cfg.completion_burst))
         if rate > 0:
@@ -529,7 +558,7 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
     for wait_s, (_bucket, code, message) in zip(waits, buckets, strict=True):
         if wait_s > 0:
             raise rate_limited(message + " Retry after the time in the Retry-After header.", code, max(waits))
-    model, model_lanes = queue_model(request.model, fim=request.suffix is not None)
+    model, model_lanes = queue_model(request.model, fim=request.suffix is not None) if request is not None else ("", 0)
     limit = policy.max_concurrent if policy is not None else 0
     slot = principal.key_name
     if limit > 0 and slot is not None and not rt.slots.available(slot, limit):
@@ -542,17 +571,39 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
         raise rate_limited(
             f"This client already has {client_limit} requests in flight; wait for one to finish.", "concurrency_limit_exceeded", wait
         )
-    check_queue(rt, model, model_lanes)
+    if request is not None:
+        check_queue(rt, model, model_lanes)
     for bucket, _code, _message in buckets:
         bucket.take()
+        admission.buckets.append(bucket)
     if slot is not None:  # counted with or without a limit: one set later counts what already runs
         rt.slots.acquire(slot)
         admission.slot = slot
     if client_limit > 0:
         rt.client_slots.acquire(client_slot)
         admission.client_slot = client_slot
-    rt.in_flight.acquire(model)
-    admission.model_slot = model
+    if request is not None:
+        rt.in_flight.acquire(model)
+        admission.model_slot = model
+
+
+async def admit_tool(principal: Principal, runtime: KeyRuntime | None = None) -> Admission:
+    """The limits of a route that does work for a client without the engine (``/tokenize`` and
+    ``/detokenize``: a body's worth of text tokenised on this process's threads): the key's
+    requests per minute (else the per-IP ``--rate-limit``) and its ``max_concurrent`` slot (else
+    a keyless client's ``--client-concurrency``), as a generation request takes them, or 429;
+    no model queue bound. ``release()`` when the response ends. Without these a key at one
+    request a minute could keep every tokenizer thread busy."""
+    rt = runtime or key_runtime()
+    principal = await as_it_is_now(principal, rt)
+    policy = principal.policy
+    qos = policy.default_class if policy is not None else parse_qos(serving().http_default_qos)
+    admission = Admission(qos=qos, priority=class_anchor(qos), key_name=principal.key_name, runtime=rt)
+    if serving().redis_url:
+        await take_shared_limits(rt, principal, None, admission)
+    else:
+        take_limits(rt, principal, None, admission)
+    return admission
 
 
 def lanes() -> int:

@@ -62,6 +62,12 @@ SSE_HEADERS = [
 ]
 JSON_HEADERS = [(b"content-type", b"application/json")]
 
+# Headers of which a request sent twice is read by its first value: the request-priority seed's
+# X-LlamaSwap-Priority as llama-swap reads it (Go's Header.Get: the first), and x-superfluid-qos
+# with it, so that the two headers that pick a request's class agree on which line counts. (The
+# key headers keep the last, on every route: docs/api.md, "Headers".)
+FIRST_WINS = frozenset({"x-llamaswap-priority", "x-superfluid-qos"})
+
 
 def _declared_length(scope: dict[str, Any]) -> int:
     for name, value in scope.get("headers", []):
@@ -165,7 +171,16 @@ class StreamingConsumer(AsyncHttpConsumer):
             if not self.preflight:  # a preflight is no request of the activity log's
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
+                if self.refused_before_the_engine():  # the server's reason, not the caller's: no quota spent
+                    self.admission.refund()
                 await self.admission.release()
+
+    def refused_before_the_engine(self) -> bool:
+        """Whether this admitted request was answered 503 ``engine_unavailable`` with nothing
+        generated for it: no worker took it (the model did not load, its worker was gone, the
+        server is shutting down). Its rate token goes back (docs/keys.md); a 400 from the
+        engine's checks, a crash, a deadline or a client that left keep theirs spent."""
+        return self.record.status == 503 and self.record.error_code == "engine_unavailable" and not any(self.tokens_seen.values())
 
     def saw_delta(self, event: Delta, *, reached_client: bool = True) -> None:
         """Note a delta as this side saw it: its job's tokens so far and, when it is the first
@@ -211,8 +226,15 @@ class StreamingConsumer(AsyncHttpConsumer):
         await self.send_json(exc.status, exc.body(), extra)
 
     def headers(self) -> dict[str, str]:
-        """Request headers, names lower-cased (the last of repeated headers wins)."""
-        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
+        """Request headers, names lower-cased. Of a repeated header the last wins, but for the
+        scheduling headers (FIRST_WINS) the first, as llama-swap reads its priority header (Go's
+        ``Header.Get``)."""
+        out: dict[str, str] = {}
+        for k, v in self.scope.get("headers", []):
+            name = k.decode("latin-1").lower()
+            if name not in FIRST_WINS or name not in out:
+                out[name] = v.decode("latin-1")
+        return out
 
     def origin(self) -> str | None:
         """The request's ``Origin``, several joined with commas (as check_host_and_origin judges it)."""

@@ -15,7 +15,7 @@ from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import key_required, model_allowed
+from .admission import admit_tool, key_required, model_allowed
 from .edge import error_response
 from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found, request_too_large
 
@@ -172,9 +172,9 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
         with_pieces = _flag(body, "with_pieces", False)
         model = await _asked_model(request, body)
+        admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
     except ApiError as exc:
         return error_response(exc)
-    vocab = await _vocab(model)
 
     def work() -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special) if "content" in body else []
@@ -184,7 +184,11 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         parts = (json.dumps(items[i : i + _JSON_SLICE])[1:-1] for i in range(0, len(items), _JSON_SLICE))
         return HttpResponse('{"tokens": [' + ", ".join(parts) + "]}", content_type="application/json")
 
-    return await asyncio.to_thread(work)
+    try:
+        vocab = await _vocab(model)
+        return await asyncio.to_thread(work)
+    finally:
+        await admission.release()
 
 
 @key_required()
@@ -207,10 +211,17 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
 
     try:
         body, tokens = await asyncio.to_thread(read)
-        vocab = await _vocab(await _asked_model(request, body))
+        model = await _asked_model(request, body)
+        admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
+    except ApiError as exc:
+        return error_response(exc)
+    try:
+        vocab = await _vocab(model)
         return await asyncio.to_thread(work, vocab, tokens)
     except ApiError as exc:
         return error_response(exc)
+    finally:
+        await admission.release()
 
 
 @key_required()

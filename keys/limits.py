@@ -68,6 +68,12 @@ class TokenBucket:
         self._refill()
         self.tokens -= 1.0
 
+    def give_back(self) -> None:
+        """The token a request took, returned (the server refused it before its engine saw it);
+        never beyond the capacity."""
+        self._refill()
+        self.tokens = min(self.capacity, self.tokens + 1.0)
+
     @property
     def full(self) -> bool:
         self._refill()
@@ -241,6 +247,27 @@ return 0
 """
 
 
+# A token given back (a request the server refused before its engine saw it): added to the bucket
+# as it stands now, within its capacity; a bucket that is gone (expired: full again) is left so.
+# ARGV: prefix, (name, rate_per_s, capacity) x n.
+REFUND_LUA = """
+local p = ARGV[1]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+for i = 2, #ARGV, 3 do
+  local key = p .. "rl:" .. ARGV[i]
+  local rate, cap = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local cur = redis.call("HMGET", key, "tokens", "ts")
+  if cur[1] then
+    local ts = math.min(tonumber(cur[2]) or now, now)
+    local tokens = math.min(cap, tonumber(cur[1]) + (now - ts) * rate + 1)
+    redis.call("HSET", key, "tokens", tokens, "ts", now)
+  end
+end
+return 0
+"""
+
+
 def key_slot(key_name: str) -> str:
     """The Redis concurrency slot of an API key (by name)."""
     return key_name
@@ -281,6 +308,7 @@ class RedisLimiter:
         self._unreleased: dict[tuple[str, str], float] = {}
         self._releaser: asyncio.Task[None] | None = None
         self.renew_script = self.client.register_script(RENEW_LUA)
+        self.refund_script = self.client.register_script(REFUND_LUA)
         self.held: dict[str, set[str]] = {}  # member -> the slots it holds (this head's requests)
         self._renewer: asyncio.Task[None] | None = None
 
@@ -313,6 +341,17 @@ class RedisLimiter:
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.get_running_loop().create_task(self._renew_held())
         return int(refused), int(wait_ms) / 1000.0
+
+    async def refund(self, buckets: list[tuple[str, float, float]]) -> None:
+        """Give back one token to each bucket (name, rate per second, capacity) that ``take``
+        took it from. Best effort: Redis away, the token stays spent."""
+        if not buckets:
+            return
+        args: list[object] = [self.prefix]
+        for name, rate, capacity in buckets:
+            args += [name, rate, capacity]
+        with contextlib.suppress(Exception):  # redis.RedisError, OSError, a timeout
+            await self.refund_script(keys=[], args=[str(a) for a in args])
 
     async def aclose(self) -> None:
         """Stop renewing and resending (what is left lapses by itself) and close the client."""
