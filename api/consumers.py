@@ -401,6 +401,7 @@ class GenerationConsumer(StreamingConsumer):
                     batch_invariant=admission.batch_invariant,
                     pin_prefix=admission.pin_prefix,
                     cache_scope=admission.cache_scope,
+                    request_of=handles[0].job_id if handles else "",  # one request in llamaswap_scheduler_*
                     **self.router_wait(),
                 )
                 handle.key = admission.key_name

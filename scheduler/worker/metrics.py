@@ -220,7 +220,8 @@ class WorkerMetrics:
             "jobs_parked": sum(1 for j in queued if j.parked is not None),
             "queue_depth_by_class": {c: len(js) for c, js in by_class.items()},
             "queue_oldest_wait_s_by_class": {c: oldest(js) for c, js in by_class.items()},
-            "queue_depth_by_band": {b: len(js) for b, js in by_band.items()},
+            # requests (the seed's), the choices of one counted once
+            "queue_depth_by_band": {b: len({j.request_of or j.job_id for j in js}) for b, js in by_band.items()},
             "queue_oldest_wait_s_by_band": {b: oldest(js) for b, js in by_band.items()},
             "prefill_budget_tokens": int(budget),
             "prefill_step_tokens": int(step),
