@@ -166,8 +166,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         finally:
             if not self.record.timing:  # no Done came (the client left, an error, a refusal): what this side saw
                 self.record.timing = self.seen_timing()
-            if not self.record.usage and self.tokens_seen:  # the tokens generated for it count, for its key too
-                self.record.usage = {"completion_tokens": sum(self.tokens_seen.values())}
+            if not self.record.usage:  # no Done: what was accepted and generated for it counts, for its key too
+                self.record.usage = self.seen_usage()
             if not self.preflight:  # a preflight is no request of the activity log's
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
@@ -181,6 +181,23 @@ class StreamingConsumer(AsyncHttpConsumer):
         server is shutting down). Its rate token goes back (docs/keys.md); a 400 from the
         engine's checks, a crash, a deadline or a client that left keep theirs spent."""
         return self.record.status == 503 and self.record.error_code == "engine_unavailable" and not any(self.tokens_seen.values())
+
+    def seen_usage(self) -> dict[str, Any]:
+        """The usage of a request that ended without the worker's Done (its client left, an
+        error): each prompt's tokens as its worker accepted it (a row had no prompt size for
+        a client that gave up during its prefill), and the completion tokens its last streamed
+        pieces counted."""
+        usage: dict[str, Any] = {}
+        n = max(1, int(getattr(self, "choices_per_prompt", 1)))
+        prompts: dict[int, int] = {}
+        for i, (handle, _) in enumerate(self.sends.values()):  # in choice order: prompt by prompt, n each
+            if handle.prompt_tokens is not None:
+                prompts.setdefault(i // n, handle.prompt_tokens)
+        if prompts:
+            usage["prompt_tokens"] = sum(prompts.values())
+        if self.tokens_seen:
+            usage["completion_tokens"] = sum(self.tokens_seen.values())
+        return usage
 
     def saw_delta(self, event: Delta, *, reached_client: bool = True) -> None:
         """Note a delta as this side saw it: its job's tokens so far and, when it is the first
@@ -400,6 +417,7 @@ class GenerationConsumer(StreamingConsumer):
         events are merged into one response with ``index`` 0..k-1 in OpenAI's order. A
         disconnect, or any choice failing, cancels every job still running."""
         subs = request.choices()
+        self.choices_per_prompt = request.n
         handles: list[JobHandle] = []
         finished: set[int] = set()
         try:
@@ -411,6 +429,7 @@ class GenerationConsumer(StreamingConsumer):
                     batch_invariant=admission.batch_invariant,
                     pin_prefix=admission.pin_prefix,
                     cache_scope=admission.cache_scope,
+                    request_of=handles[0].job_id if handles else "",  # one request in llamaswap_scheduler_*
                     **self.router_wait(),
                 )
                 handle.key = admission.key_name

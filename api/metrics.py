@@ -20,7 +20,8 @@ prometheus_client renders everything from its default registry:
      ``superfluid_model_state``.
 
 A non-admin key sees only its own per-key series: :class:`KeyView` wraps the registry and filters
-the families labelled ``key``. The metric names, labels and help texts are the interface (the
+the families labelled ``key`` (and, for a policy that lists its models, those labelled by a model
+it may not use). The metric names, labels and help texts are the interface (the
 seeds and docs/operations.md list them); the worker ships plain numbers and never names a metric.
 """
 
@@ -459,17 +460,27 @@ REGISTRY.register(collector)
 
 class KeyView:
     """A registry as one key sees it: its own series of the per-key families (those labelled
-    ``key``), and every other family whole."""
+    ``key``), and every other family whole, less (``allows_model``: a policy that lists its
+    models) the series labelled by a model it may not use, which is not there for it (404
+    ``model_not_found`` on /v1/models, /props and a chat)."""
 
-    def __init__(self, registry: Collector, key_name: str) -> None:
+    def __init__(self, registry: Collector, key_name: str, allows_model: Callable[[str], bool] | None = None) -> None:
         self.registry = registry
         self.key_name = key_name
+        self.allows_model = allows_model
 
     def collect(self) -> Iterator[Metric]:
+        allows = self.allows_model
         for fam in self.registry.collect():
-            if fam.name.startswith("superfluid_key_") or any("key" in s.labels for s in fam.samples):
+            per_key = fam.name.startswith("superfluid_key_") or any("key" in s.labels for s in fam.samples)
+            hidden = allows is not None and any("model" in s.labels and not allows(s.labels["model"]) for s in fam.samples)
+            if per_key or hidden:
                 own = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-                own.samples = [s for s in fam.samples if s.labels.get("key") == self.key_name]
+                own.samples = [
+                    s
+                    for s in fam.samples
+                    if (not per_key or s.labels.get("key") == self.key_name) and (allows is None or "model" not in s.labels or allows(s.labels["model"]))
+                ]
                 fam = own
             yield fam
 
@@ -484,16 +495,28 @@ def metrics_viewer(request: HttpRequest) -> tuple[str | None, bool]:
     return key_name, bool(getattr(principal, "is_admin", False))
 
 
-def exposition(key_name: str | None = None, is_admin: bool = True, registry: Collector = REGISTRY) -> str:
+def models_viewer(request: HttpRequest) -> Callable[[str], bool] | None:
+    """Which models the scraping key may see: None (every one) without a key or with a policy
+    that lists none; else those its policy allows, by id or alias (``model_allowed``)."""
+    from .admission import model_allowed
+
+    policy = getattr(getattr(request, "principal", None), "policy", None)
+    if policy is None or not policy.allowed_models:
+        return None
+    return lambda model: model_allowed(policy, model)
+
+
+def exposition(key_name: str | None = None, is_admin: bool = True, registry: Collector = REGISTRY, allows_model: Callable[[str], bool] | None = None) -> str:
     """The text format of ``registry`` as one viewer sees it: ``key_name=None`` (no key: an
-    anonymous loopback scrape) or an admin key sees everything."""
-    view: Collector = registry if key_name is None or is_admin else KeyView(registry, key_name)
+    anonymous loopback scrape) or an admin key sees everything; another key, its own per-key
+    series, and only the models ``allows_model`` allows (None: every one)."""
+    view: Collector = registry if key_name is None or is_admin else KeyView(registry, key_name, allows_model)
     return generate_latest(view).decode("utf-8")
 
 
 @key_required()
 async def metrics(request: HttpRequest) -> HttpResponse:
     """Any valid key may scrape (none needed while keys are optional); a non-admin key sees
-    only its own per-key series."""
+    only its own per-key series, and no series of a model its policy does not allow."""
     key_name, is_admin = metrics_viewer(request)
-    return HttpResponse(exposition(key_name, is_admin), content_type=CONTENT_TYPE)
+    return HttpResponse(exposition(key_name, is_admin, allows_model=models_viewer(request)), content_type=CONTENT_TYPE)

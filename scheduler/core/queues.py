@@ -154,8 +154,8 @@ class ClassQueues:
         """Count a dispatch where aging changed the pick (the seed's reorder counter): into a
         free lane (``best``), or by preemption (``best_by_own_class``, so ``by_own_class``:
         the jobs it was chosen among are those of its own class)."""
-        if picked.seq < 0 or self.score_config.aging_divisor_s <= 0:
-            return
+        if picked.seq < 0 or picked.request_of or self.score_config.aging_divisor_s <= 0:
+            return  # (a later choice of a request: not a dispatch of its own, as dispatched_<band> counts)
 
         def cls(job: Job) -> int:
             return int(job.qos) if by_own_class else self.effective_class(job, now)

@@ -547,7 +547,8 @@ class Scheduler:
             job.deadline_s = None  # a start deadline: a started job never misses it
             job.serial_score = round(self.queues.score(job, now), 3)
             self.counters["admitted"] += 1
-            self.counters[f"dispatched_{band_of(job.priority)}"] += 1
+            if not job.request_of:  # a request is dispatched once (the seed's requests), not per choice
+                self.counters[f"dispatched_{band_of(job.priority)}"] += 1
             self._events.append(Event("admitted", job.job_id, lane=lane, job=job))
 
     def _seed_from_prefix(

@@ -91,6 +91,7 @@ class Job:
     share_tokens: int = 0
     serial_score: float | None = None  # the dispatch score it won its lane with
     cache_scope: str = ""  # prefix-cache partition: only jobs of the same scope share prefixes
+    request_of: str = ""  # a later job of one client request (n > 1): its first job's id; "" for a first or only one
     # a job resumed after its worker was lost: the text its client already got (at the end of the
     # prompt here), as tokens the sampler (grammar, penalties) replays as generated before output
     resumed: list[int] = field(default_factory=list)

@@ -89,6 +89,9 @@ class Submit(JobMessage):
     resume_text: str = ""
     resume_tokens: int = 0
     waited_ms: float = 0
+    # a later job of one client request (n > 1, several prompts): its first job's id, so the
+    # request is dispatched and waits once in llamaswap_scheduler_*; "" for a first or only job
+    request_of: str = ""
 
 
 @dataclass(frozen=True)

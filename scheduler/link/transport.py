@@ -79,6 +79,7 @@ class JobHandle:
     submit: Submit
     events: asyncio.Queue[JobEvent] = field(default_factory=asyncio.Queue)
     accepted: bool = False
+    prompt_tokens: int | None = None  # as its worker accepted it (the first Accepted's)
     delivered_text: str = ""
     delivered_tokens: int = 0
     key: str | None = None  # the API key's name, for /slots and the dashboard; never sent
@@ -390,6 +391,7 @@ class Transport(ABC):
             if handle.accepted:
                 return  # a resubmission after a worker restart
             handle.accepted = True
+            handle.prompt_tokens = message.prompt_tokens
         elif isinstance(message, Delta):
             if not message.text and not message.logprobs:  # a job parked (a preemption): nothing to relay
                 handle.preemptions = message.preemptions

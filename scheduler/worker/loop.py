@@ -800,6 +800,7 @@ class EngineWorker:
             batch_invariant=bool(message.batch_invariant),
             pin_prefix=bool(message.pin_prefix),
             cache_scope=message.cache_scope,
+            request_of=str(message.request_of or ""),
             # the text a lost worker had sent already, as the prompt ends with it: a grammar
             # goes on from where it was
             resumed=tokens[own_len:],

@@ -208,8 +208,11 @@ class WorkerMetrics:
             by_class[job.qos.label].append(job)
             by_band[band_of(job.priority)].append(job)
 
-        def oldest(jobs: list[Job]) -> float:  # since each joined the queue (a preempted job: again)
-            return round(max((now - j.enqueued_s for j in jobs), default=0.0), 3)
+        def oldest(jobs: list[Job]) -> float:
+            # a job never admitted: since its arrival, its wait before this worker (the router's,
+            # the Redis queue's, for the worker to connect) included, as its queue wait counts it;
+            # a preempted job: since it joined the queue again (not the time it ran)
+            return round(max((now - (j.arrival_s if j.admitted_s is None else j.enqueued_s) for j in jobs), default=0.0), 3)
 
         budget, step = sched.prefill_cap
         decoding = states["decode"]
@@ -220,7 +223,8 @@ class WorkerMetrics:
             "jobs_parked": sum(1 for j in queued if j.parked is not None),
             "queue_depth_by_class": {c: len(js) for c, js in by_class.items()},
             "queue_oldest_wait_s_by_class": {c: oldest(js) for c, js in by_class.items()},
-            "queue_depth_by_band": {b: len(js) for b, js in by_band.items()},
+            # requests (the seed's), the choices of one counted once
+            "queue_depth_by_band": {b: len({j.request_of or j.job_id for j in js}) for b, js in by_band.items()},
             "queue_oldest_wait_s_by_band": {b: oldest(js) for b, js in by_band.items()},
             "prefill_budget_tokens": int(budget),
             "prefill_step_tokens": int(step),

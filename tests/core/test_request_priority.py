@@ -82,3 +82,22 @@ def test_swap_affinity_is_validated_below_one_band() -> None:
 
     with pytest.raises(ValueError):
         SchedulerConfig(swap_affinity_bonus=100)
+
+
+def test_the_choices_of_one_request_are_one_dispatch_and_at_most_one_reorder() -> None:
+    """A request of two choices (the second's ``request_of`` names the first) waited long enough
+    for aging to put it before a newer, higher-priority one: one dispatch and one reorder for it,
+    as the seed counts requests (llamaswap_scheduler_dispatched_total, _reorders_total), not two."""
+    sched, engine, clock = make_scheduler(max_batch=1, aging_divisor_s=60.0, starvation_ticks=0)
+    sched.add(make_job(job_id="busy", max_tokens=5))
+    tick(sched, engine)
+    sched.add(make_job(job_id="old", priority=-100, max_tokens=1))
+    follower = make_job(job_id="old-2", priority=-100, max_tokens=1)
+    follower.request_of = "old"
+    sched.add(follower)
+    clock.advance(101 * 60)
+    sched.add(make_job(job_id="new", priority=0, max_tokens=1))
+    assert [e.job_id for e in run_until_idle(sched, engine) if e.kind == "admitted"] == ["old", "old-2", "new"]
+    counters = sched.snapshot()["counters"]
+    assert (counters["dispatched_batch"], counters["dispatched_normal"]) == (1, 2)  # old's request; busy and new
+    assert counters["reorders_aging"] == 1
