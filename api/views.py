@@ -280,7 +280,9 @@ async def health(request: HttpRequest) -> JsonResponse:
 
 @key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
-    """The worker's lanes, llama-server's /slots shape plus class, state and progress. With
+    """The worker's lanes, llama-server's /slots shape plus class, state and progress (a Redis
+    fleet's: every worker's lanes, numbered across the fleet, each with its ``worker`` and
+    ``host``; ``?fail_on_no_slot`` looks at them all). With
     several models, ``?model=`` (an id or an alias) picks the model (404 ``model_not_found`` for
     another name; none: the model used last); one not loaded has none. A worker away (crashed,
     restarting) has its lanes idle: its last snapshot's jobs are nobody's there any more."""
@@ -310,7 +312,7 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "id": lane["lane"],
                 "id_task": lane.get("job_id"),
                 "is_processing": busy,
-                "n_ctx": state.get("lane_ctx"),
+                "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
                 "next_token": {"has_next_token": busy, "n_decoded": generated},
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),

@@ -354,27 +354,53 @@ class RedisTransport(Transport):
         await self._send_unsent_cancels()  # Redis answers: with or without a worker alive
 
     def _publish_fleet(self) -> None:
-        """The snapshot the dashboard and /metrics read: the first worker's lanes, with every
-        worker's lanes and the global queue beside them, and the whole fleet's statistics,
-        counters and KV pool (scheduler/link/fleet_stats.py: summed, the counts of workers that
-        left carried). With no worker left (after there was one): no lanes, an empty fleet, the
-        queue and the counts so far, so that the dashboard and /metrics do not go on showing the
-        last worker's busy lanes."""
+        """The snapshot the dashboard, /slots, /v1/internal/state and /metrics read: the whole
+        fleet as one server. Its lanes are every worker's, numbered across the fleet (``lane``),
+        each with its ``worker``, ``host``, the worker's own index (``worker_lane``) and context
+        (``lane_ctx``); ``n_lanes`` counts them all; ``queue_depth`` (and the metrics'
+        ``queue_depth_by_class``) is every job waiting for a lane: those in Redis
+        (``global_queue``, beside it) plus each worker's own queue; ``parked`` is every worker's.
+        Statistics, counters and KV pool are the fleet's (scheduler/link/fleet_stats.py: summed,
+        the counts of workers that left carried); ``fleet`` lists each worker. Before, all but
+        the statistics were the first worker's (by id): the dashboard's Queue panel read "total
+        0" while jobs waited in Redis, and /slots listed one worker's lanes. With no worker left
+        (after there was one): no lanes, an empty fleet, the queue in Redis and the counts so
+        far, so that the dashboard and /metrics do not go on showing the last worker's busy lanes."""
         metrics, counters, pool = self._fleet_totals.view(self.workers)
+        queue = {label: int(n) for label, n in self.global_queue.items()}
         if not self.workers:
             if self.snapshot is not None and self.snapshot.get("fleet"):
                 last = self.snapshot
                 gone = {k: last[k] for k in ("model", "engine", "lane_ctx", "worker") if k in last}
-                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "metrics": metrics, "counters": counters}
+                metrics = {**metrics, "queue_depth_by_class": dict(queue)}
+                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "queue_depth": queue, "parked": [], "metrics": metrics, "counters": counters}
                 for listener in SNAPSHOT_LISTENERS:
                     listener(self.snapshot)
             return
-        fleet = []
+        fleet: list[dict[str, Any]] = []
+        lanes: list[dict[str, Any]] = []
+        parked: list[dict[str, Any]] = []
+        prefill_rate = 0.0
         for wid in sorted(self.workers):
             state = self.workers[wid]
-            fleet.append({"worker": wid, "host": state.get("host", ""), "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
+            host = state.get("host", "")
+            fleet.append({"worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
+            for lane in state.get("lanes") or []:
+                if isinstance(lane, dict):
+                    lanes.append({**lane, "lane": len(lanes), "worker": wid, "host": host, "worker_lane": lane.get("lane"), "lane_ctx": state.get("lane_ctx")})
+            parked += [{**p, "worker": wid, "host": host} for p in state.get("parked") or [] if isinstance(p, dict)]
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                for label, n in (state.get("queue_depth") or {}).items():
+                    queue[label] = queue.get(label, 0) + int(n)
+            with contextlib.suppress(TypeError, ValueError):
+                prefill_rate += float(state.get("prefill_tokens_per_s") or 0)
+        waiting = dict(metrics.get("queue_depth_by_class") or {})  # the workers' own queues, summed
+        for label, n in self.global_queue.items():
+            waiting[label] = waiting.get(label, 0) + int(n)
+        metrics = {**metrics, "queue_depth_by_class": waiting}
         base = dict(self.workers[sorted(self.workers)[0]])
         base.update(worker=FLEET_SOURCE, metrics=metrics, counters=counters, pool=pool, fleet=fleet)
+        base.update(lanes=lanes, n_lanes=len(lanes), lanes_active=sum(1 for lane in lanes if lane.get("job_id")), queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
         for listener in SNAPSHOT_LISTENERS:

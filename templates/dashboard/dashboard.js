@@ -62,7 +62,7 @@
       card.setAttribute("data-lane", String(lane.lane));
       card.setAttribute("data-state", state);
       card.setAttribute("data-job", lane.job_id || "");
-      card.querySelector(".id").textContent = "lane " + lane.lane;
+      card.querySelector(".id").textContent = "lane " + lane.lane + (lane.host !== undefined ? " · " + (lane.host || "?") : "");  // a fleet's: its worker's host
       var badge = card.querySelector(".badge");
       badge.textContent = state;
       badge.className = "badge " + state;
@@ -122,6 +122,8 @@
     });
     rows.push(["total", total]);
     kvRows($("queue"), rows);
+    // Redis mode: every job waiting for a lane, in Redis (the Fleet panel's global queue) and at the workers
+    $("queue-scope").textContent = s.fleet ? "(fleet: in Redis and at the workers)" : "";
     var parked = s.parked || [];
     $("parked").textContent = parked.length ? parked.map(function (p) {
       return (p["class"] || "?") + " · " + String(p.job_id || "").slice(0, 8) + " · " + (p.tokens || 0) + " tokens";

@@ -1,0 +1,161 @@
+"""A fleet head's view of the whole fleet: the dashboard's Queue and Lanes panels, /slots,
+/v1/internal/state and the queue-depth metrics. They were the first worker's (by id) shown as
+the fleet's: the Queue panel read "total 0" while jobs waited in Redis, and /slots listed one
+worker's lanes (``?fail_on_no_slot`` answered 503 while another worker had idle lanes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dashboard.feed import dashboard_state
+from scheduler.link.redis_transport import RedisTransport
+from tests.edge.inproc import request
+
+from .conftest import RedisServer, SimFleetWorker, answer_each, completion, head
+from .test_fleet_sim import slow_sim
+
+
+def worker_state(host: str, lanes: list[str | None], queued: dict[str, int], parked: int = 0, lane_ctx: int = 512) -> dict[str, Any]:
+    """One worker's snapshot as it publishes it: ``lanes`` the job id of each lane (None: idle)."""
+    return {
+        "model": "sim",
+        "engine": "sim",
+        "host": host,
+        "pid": 1,
+        "n_lanes": len(lanes),
+        "lane_ctx": lane_ctx,
+        "lanes": [{"lane": i, "state": "idle"} if j is None else {"lane": i, "state": "decode", "job_id": j, "class": "agent"} for i, j in enumerate(lanes)],
+        "queue_depth": {"interactive": 0, "completion": 0, "agent": 0, "background": 0, **queued},
+        "parked": [{"job_id": f"{host}-p{i}", "class": "agent", "tokens": 10} for i in range(parked)],
+        "prefill_tokens_per_s": 100.0,
+        "metrics": {"lanes_total": len(lanes), "queue_depth_by_class": {"interactive": 0, "completion": 0, "agent": 0, "background": 0, **queued}},
+    }
+
+
+def fleet_head(workers: dict[str, dict[str, Any]], in_redis: dict[str, int]) -> RedisTransport:
+    link = RedisTransport("redis://127.0.0.1:1/0", prefix="view:")  # never connects: the view alone
+    link.workers = workers
+    link.global_queue = {"interactive": 0, "completion": 0, "agent": 0, "background": 0, **in_redis}
+    link._publish_fleet()
+    return link
+
+
+def queue_depth_metric(state: dict[str, Any]) -> dict[str, float]:
+    from api.metrics import snapshot_families
+
+    return {s.labels["class"]: s.value for fam in snapshot_families(state) for s in fam.samples if s.name == "superfluid_queue_depth"}
+
+
+def test_the_fleets_queue_is_what_waits_in_redis_and_at_every_worker() -> None:
+    # the first worker (by id) has nothing queued; the second has 1 agent job; Redis holds 4
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", ["j3", None], {"agent": 1})}, {"agent": 3, "interactive": 1})
+    state = link.snapshot
+    assert state is not None
+    assert state["queue_depth"] == {"interactive": 1, "completion": 0, "agent": 4, "background": 0}  # was the first worker's: all 0
+    assert state["global_queue"]["agent"] == 3  # the part in Redis, as before
+    page = dashboard_state(state)
+    assert sum(page["queue_depth"].values()) == 5  # the Queue panel's total (was 0)
+    assert queue_depth_metric(state) == {"interactive": 1.0, "completion": 0.0, "agent": 4.0, "background": 0.0}  # was the workers' 0 and 1
+
+
+def test_with_no_worker_left_the_queue_still_counts_the_jobs_in_redis() -> None:
+    link = fleet_head({"a": worker_state("h1", ["j1"], {})}, {})
+    link.workers = {}
+    link.global_queue = {"interactive": 0, "completion": 0, "agent": 2, "background": 0}
+    link._publish_fleet()
+    state = link.snapshot
+    assert state is not None and state["fleet"] == []
+    assert dashboard_state(state)["queue_depth"]["agent"] == 2  # was absent: "total 0"
+    assert queue_depth_metric(state)["agent"] == 2.0
+
+
+def test_the_fleets_lanes_are_every_workers_numbered_across_the_fleet() -> None:
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}, parked=1), "b": worker_state("h2", [None, "j3", None], {}, parked=1, lane_ctx=1024)}, {})
+    state = link.snapshot
+    assert state is not None
+    assert state["n_lanes"] == 5 and [lane["lane"] for lane in state["lanes"]] == [0, 1, 2, 3, 4]  # was the first worker's 2
+    assert [(lane["host"], lane["worker_lane"], lane.get("job_id")) for lane in state["lanes"]] == [
+        ("h1", 0, "j1"), ("h1", 1, "j2"), ("h2", 0, None), ("h2", 1, "j3"), ("h2", 2, None),
+    ]  # fmt: skip
+    assert [p["host"] for p in state["parked"]] == ["h1", "h2"]
+    assert state["prefill_tokens_per_s"] == 200.0
+    page = dashboard_state(state)
+    assert page["n_lanes"] == 5 and len(page["lanes"]) == 5
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_slots_lists_every_workers_lanes_and_fails_on_no_slot_only_when_the_fleet_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import views
+
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", [None, "j3"], {}, lane_ctx=1024)}, {})
+    monkeypatch.setattr(views, "get_link", lambda: SimpleNamespace(snapshot=link.snapshot, connected=True))
+    reply = await request("GET", "/slots?fail_on_no_slot=1")
+    assert reply.status == 200, reply.body  # the first worker is full, the second has an idle lane (was 503)
+    slots = reply.json()
+    assert [s["id"] for s in slots] == [0, 1, 2, 3]
+    assert [(s["host"], s["is_processing"], s["n_ctx"]) for s in slots] == [("h1", True, 512), ("h1", True, 512), ("h2", False, 1024), ("h2", True, 1024)]
+    full = fleet_head({"a": worker_state("h1", ["j1"], {}), "b": worker_state("h2", ["j2"], {})}, {})
+    monkeypatch.setattr(views, "get_link", lambda: SimpleNamespace(snapshot=full.snapshot, connected=True))
+    assert (await request("GET", "/slots?fail_on_no_slot=1")).status == 503
+
+
+async def test_a_heads_queue_panel_counts_the_jobs_waiting_in_redis(redis_server: RedisServer, prefix: str) -> None:
+    """A real fleet: one two-lane worker, busy; the jobs beyond its lanes wait in Redis. The
+    head's Queue panel (and /v1/internal/state's ``queue_depth``) counted the worker's own queue
+    only: 0."""
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.01)).start()
+    link = await head(redis_server.url, prefix)
+    try:
+        handles = [await link.submit(request=completion(f"prompt {i}", max_tokens=30)) for i in range(6)]
+        deadline = time.monotonic() + 20
+        while True:
+            state = link.snapshot or {}
+            in_redis = sum((state.get("global_queue") or {}).values())
+            if in_redis > 0 and sum(1 for lane in state.get("lanes", []) if lane.get("job_id")) == 2:
+                break
+            assert time.monotonic() < deadline, state
+            await asyncio.sleep(0.02)
+        at_workers = sum(sum((w.get("queue_depth") or {}).values()) for w in link.workers.values())
+        page = dashboard_state(state)
+        assert sum(page["queue_depth"].values()) == in_redis + at_workers >= 1
+        await answer_each(link, handles)
+    finally:
+        await link.stop()
+        worker.stop()
+
+
+
+def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host() -> None:
+    """The page itself (headless chromium, with tests/dashboard/test_page.py's stand-in socket):
+    the Queue panel's total, said to be the fleet's, and which host each lane is on."""
+    from testkit.harness import CHROMIUM, CHROMIUM_ARGS
+    from tests.dashboard.test_browser import require_chromium
+    from tests.dashboard.test_page import FAKE_SOCKET, URL, page_html
+
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", [None, "j3"], {"agent": 1})}, {"agent": 3})
+    push = {**dashboard_state(link.snapshot or {}), "t": 1_800_000_000.0}
+    html = page_html()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            pg = browser.new_page()
+            pg.add_init_script(FAKE_SOCKET)
+            pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=html))
+            pg.goto(URL)
+            pg.wait_for_function("() => typeof window.__push === 'function'")
+            pg.evaluate("(s) => window.__push(s)", push)
+            total = pg.evaluate("() => document.querySelector('#queue [data-key=total]').textContent")
+            scope = pg.evaluate("() => document.getElementById('queue-scope').textContent")
+            ids = pg.evaluate("() => Array.from(document.querySelectorAll('#lanes .id')).map((e) => e.textContent)")
+        finally:
+            browser.close()
+    assert total == "4" and "Redis" in scope  # was "0": the first worker's own queue
+    assert ids == ["lane 0 · h1", "lane 1 · h1", "lane 2 · h2", "lane 3 · h2"]  # was "lane 0", "lane 1" (one worker's)
