@@ -345,6 +345,11 @@ class RedisTransport(Transport):
             if not self.connected:
                 await self._became_connected(hello)
             else:
+                # the fleet's first worker as it is now: the one first seen may have left (a
+                # rolling restart) while others kept the fleet up, and its model, context (what
+                # requests are checked against, /v1/models' context_length) and pid (/health)
+                # were kept until no worker was left
+                self.hello = hello
                 await self._send_again()
         else:
             if self.connected:

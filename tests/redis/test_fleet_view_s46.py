@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dashboard.feed import dashboard_state
+from scheduler.engines.sim import SimEngine
 from scheduler.link.redis_transport import RedisTransport
 from tests.edge.inproc import request
 
@@ -159,3 +160,34 @@ def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host()
             browser.close()
     assert total == "4" and "Redis" in scope  # was "0": the first worker's own queue
     assert ids == ["lane 0 · h1", "lane 1 · h1", "lane 2 · h2", "lane 3 · h2"]  # was "lane 0", "lane 1" (one worker's)
+
+
+async def test_after_a_rolling_restart_the_head_speaks_for_a_worker_still_there(redis_server: RedisServer, prefix: str) -> None:
+    """The head's idea of the worker (model, context per request, pid) was the first worker it
+    saw, kept until no worker at all was left: after a rolling restart to a larger context
+    (a new worker up, then the old one stopped) /v1/models' context_length and the context
+    requests are checked against stayed the old worker's, and /health named its pid."""
+    old = SimFleetWorker(redis_server.url, prefix, engine=SimEngine(n_lanes=2, lane_ctx=512)).start()
+    link = await head(redis_server.url, prefix)
+    new = None
+    try:
+        assert link.hello is not None and link.hello.lane_ctx == 512
+        new = SimFleetWorker(redis_server.url, prefix, engine=SimEngine(n_lanes=2, lane_ctx=1024)).start()
+        await until(lambda: len(link.workers) == 2, "the new worker joined")
+        old.stop()  # drains and leaves the fleet
+        await until(lambda: list(link.workers) == [new.link.worker_id], "the old worker left")
+        await until(lambda: link.hello is not None and link.hello.lane_ctx == 1024, f"the head still has {link.hello}")
+        handle = await link.submit(request=completion("a prompt", max_tokens=5))
+        await answer_each(link, [handle])
+    finally:
+        await link.stop()
+        old.stop()
+        if new is not None:
+            new.stop()
+
+
+async def until(check: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
