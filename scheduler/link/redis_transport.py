@@ -364,7 +364,9 @@ class RedisTransport(Transport):
         each with its ``worker``, ``host``, the worker's own index (``worker_lane``) and context
         (``lane_ctx``); ``n_lanes`` counts them all; ``queue_depth`` (and the metrics'
         ``queue_depth_by_class``) is every job waiting for a lane: those in Redis
-        (``global_queue``, beside it) plus each worker's own queue; ``parked`` is every worker's.
+        (``global_queue``, beside it) plus each worker's own queue; ``parked`` is every worker's;
+        ``draining`` only once every worker drains (``fleet`` says which one does, and each
+        worker's model and context).
         Statistics, counters and KV pool are the fleet's (scheduler/link/fleet_stats.py: summed,
         the counts of workers that left carried); ``fleet`` lists each worker. Before, all but
         the statistics were the first worker's (by id): the dashboard's Queue panel read "total
@@ -389,7 +391,10 @@ class RedisTransport(Transport):
         for wid in sorted(self.workers):
             state = self.workers[wid]
             host = state.get("host", "")
-            fleet.append({"worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
+            fleet.append({
+                "worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0),
+                "model": state.get("model", ""), "lane_ctx": state.get("lane_ctx"), "draining": bool(state.get("draining", False)),
+            })  # fmt: skip
             for lane in state.get("lanes") or []:
                 if isinstance(lane, dict):
                     lanes.append({**lane, "lane": len(lanes), "worker": wid, "host": host, "worker_lane": lane.get("lane"), "lane_ctx": state.get("lane_ctx")})
@@ -405,7 +410,9 @@ class RedisTransport(Transport):
         metrics = {**metrics, "queue_depth_by_class": waiting}
         base = dict(self.workers[sorted(self.workers)[0]])
         base.update(worker=FLEET_SOURCE, metrics=metrics, counters=counters, pool=pool, fleet=fleet)
-        base.update(lanes=lanes, n_lanes=len(lanes), lanes_active=sum(1 for lane in lanes if lane.get("job_id")), queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
+        # draining: the fleet takes no new work only once every worker drains (one worker's drain,
+        # a rolling restart's, is its own: the fleet panel marks it)
+        base.update(draining=all(w["draining"] for w in fleet), lanes=lanes, n_lanes=len(lanes), lanes_active=sum(1 for lane in lanes if lane.get("job_id")), queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
         for listener in SNAPSHOT_LISTENERS:

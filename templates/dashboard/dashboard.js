@@ -255,7 +255,10 @@
     $("fleet-panel").hidden = false;
     var workers = s.fleet.map(function (w) {
       var busy = (w.lanes || []).filter(function (l) { return l.job_id; }).length;
-      return [(w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join(""), busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
+      // a worker's own model where it is not the fleet's (a misconfigured or mid-upgrade fleet), and its drain
+      var name = (w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join("") +
+        (w.model && w.model !== s.model ? " · " + w.model : "") + (w.draining ? " · draining" : "");
+      return [name, busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
     });
     kvRows($("fleet"), workers.length ? workers : [["no worker", "0 lanes"]]);
     var q = s.global_queue || {}, rows = [];

@@ -21,10 +21,13 @@ from .conftest import RedisServer, SimFleetWorker, answer_each, completion, head
 from .test_fleet_sim import slow_sim
 
 
-def worker_state(host: str, lanes: list[str | None], queued: dict[str, int], parked: int = 0, lane_ctx: int = 512) -> dict[str, Any]:
+def worker_state(
+    host: str, lanes: list[str | None], queued: dict[str, int], parked: int = 0, lane_ctx: int = 512, *, model: str = "sim", draining: bool = False
+) -> dict[str, Any]:
     """One worker's snapshot as it publishes it: ``lanes`` the job id of each lane (None: idle)."""
     return {
-        "model": "sim",
+        "model": model,
+        "draining": draining,
         "engine": "sim",
         "host": host,
         "pid": 1,
@@ -131,9 +134,9 @@ async def test_a_heads_queue_panel_counts_the_jobs_waiting_in_redis(redis_server
 
 
 
-def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host() -> None:
-    """The page itself (headless chromium, with tests/dashboard/test_page.py's stand-in socket):
-    the Queue panel's total, said to be the fleet's, and which host each lane is on."""
+def push_to_page(push: dict[str, Any], script: str) -> Any:
+    """The page itself (headless chromium, with tests/dashboard/test_page.py's stand-in socket)
+    given one push: what ``script`` reads of it."""
     from testkit.harness import CHROMIUM, CHROMIUM_ARGS
     from tests.dashboard.test_browser import require_chromium
     from tests.dashboard.test_page import FAKE_SOCKET, URL, page_html
@@ -141,8 +144,6 @@ def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host()
     require_chromium()
     from playwright.sync_api import sync_playwright
 
-    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", [None, "j3"], {"agent": 1})}, {"agent": 3})
-    push = {**dashboard_state(link.snapshot or {}), "t": 1_800_000_000.0}
     html = page_html()
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -152,15 +153,39 @@ def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host()
             pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=html))
             pg.goto(URL)
             pg.wait_for_function("() => typeof window.__push === 'function'")
-            pg.evaluate("(s) => window.__push(s)", push)
-            total = pg.evaluate("() => document.querySelector('#queue [data-key=total]').textContent")
-            scope = pg.evaluate("() => document.getElementById('queue-scope').textContent")
-            ids = pg.evaluate("() => Array.from(document.querySelectorAll('#lanes .id')).map((e) => e.textContent)")
+            pg.evaluate("(s) => window.__push(s)", {**push, "t": 1_800_000_000.0})
+            return pg.evaluate(script)
         finally:
             browser.close()
+
+
+def test_one_workers_drain_is_its_own_not_the_fleets() -> None:
+    """A rolling restart drains one worker: the dashboard's header said the whole server was
+    draining when that worker was the first by id (and nothing when it was another), and the
+    Fleet panel did not say which worker drains; nor which worker serves another model."""
+    link = fleet_head({"a": worker_state("h1", [None], {}, draining=True), "b": worker_state("h2", [None], {}, model="sim-2")}, {})
+    state = link.snapshot
+    assert state is not None
+    assert state["draining"] is False  # was the first worker's: True
+    assert [(w["host"], w["draining"], w["model"]) for w in state["fleet"]] == [("h1", True, "sim"), ("h2", False, "sim-2")]
+    header, fleet = push_to_page(dashboard_state(state), "() => [document.getElementById('model').textContent, document.getElementById('fleet').innerText]")
+    assert "draining" not in header
+    rows = fleet.split("\n")
+    assert "draining" in rows[0] and "sim-2" not in rows[0] and "sim-2" in rows[1] and "draining" not in rows[1], rows
+    both = fleet_head({"a": worker_state("h1", [None], {}, draining=True), "b": worker_state("h2", [None], {}, draining=True)}, {})
+    assert both.snapshot is not None and both.snapshot["draining"] is True
+
+
+def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host() -> None:
+    """The page: the Queue panel's total, said to be the fleet's, and which host each lane is on."""
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", [None, "j3"], {"agent": 1})}, {"agent": 3})
+    total, scope, ids = push_to_page(
+        dashboard_state(link.snapshot or {}),
+        """() => [document.querySelector('#queue [data-key=total]').textContent, document.getElementById('queue-scope').textContent,
+                  Array.from(document.querySelectorAll('#lanes .id')).map((e) => e.textContent)]""",
+    )
     assert total == "4" and "Redis" in scope  # was "0": the first worker's own queue
     assert ids == ["lane 0 · h1", "lane 1 · h1", "lane 2 · h2", "lane 3 · h2"]  # was "lane 0", "lane 1" (one worker's)
-
 
 async def test_after_a_rolling_restart_the_head_speaks_for_a_worker_still_there(redis_server: RedisServer, prefix: str) -> None:
     """The head's idea of the worker (model, context per request, pid) was the first worker it
