@@ -233,9 +233,13 @@ async def props(request: HttpRequest) -> JsonResponse:
         models = await _served_models()
         if models and not _allowed(request, models[:1]):  # as /v1/models lists it, as with several
             return error_response(model_not_found(models[0]))
-        hello = get_link().hello
+        link = get_link()
+        hello = link.hello
         alias, path = (models[0] if models else None), (serving().model_path or None)
         slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
+        fleet = link.snapshot or {}
+        if fleet.get("fleet"):  # a Redis fleet: every worker's lanes take this server's requests, not one worker's
+            slots = int(fleet.get("n_lanes") or 0)
     return JsonResponse(
         {
             "model_alias": alias,

@@ -216,3 +216,19 @@ async def until(check: Any, what: str, timeout_s: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < deadline, what
         await asyncio.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_props_total_slots_counts_every_workers_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server's /props ``total_slots`` (clients size their concurrency by it) was the first
+    worker's lane count on a fleet head that sends requests to every worker."""
+    from api import views
+    from scheduler.link.messages import Hello
+
+    link = fleet_head({"a": worker_state("h1", ["j1", None], {}), "b": worker_state("h2", [None, None, None], {})}, {})
+    hello = Hello(model="sim", engine="sim", n_lanes=2, lane_ctx=512, pid=1)
+    fake = SimpleNamespace(snapshot=link.snapshot, connected=True, hello=hello, wait_connected=lambda _t: asyncio.sleep(0, True))
+    monkeypatch.setattr(views, "get_pool", lambda: None)
+    monkeypatch.setattr(views, "get_link", lambda: fake)
+    props = (await request("GET", "/props")).json()
+    assert props["total_slots"] == 5 and props["default_generation_settings"]["n_ctx"] == 512  # was 2
