@@ -302,7 +302,10 @@ async def slots(request: HttpRequest) -> JsonResponse:
         model_link = pool.links.get(model_id)
         state = (model_link.snapshot if model_link is not None else None) or {}
         connected = model_link is not None and bool(model_link.connected)
-    if not connected and "fleet" not in state:  # a Redis fleet's view says itself who is there
+    # a Redis fleet's view says itself who is there, while Redis answers: a head cut off from it
+    # knows nothing of the fleet, and the lanes it last read were shown busy, frozen (as /metrics
+    # leaves them out then)
+    if (not connected and "fleet" not in state) or not getattr(link, "redis_ok", True):
         state = {**state, "lanes": [{"lane": lane.get("lane", i), "state": "idle"} for i, lane in enumerate(state.get("lanes") or [])]}
     keys = web_runtime().in_flight_keys()  # every model's jobs: a pool's own link submits none
     out = []

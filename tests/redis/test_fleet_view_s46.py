@@ -232,3 +232,18 @@ async def test_props_total_slots_counts_every_workers_lanes(monkeypatch: pytest.
     monkeypatch.setattr(views, "get_link", lambda: fake)
     props = (await request("GET", "/props")).json()
     assert props["total_slots"] == 5 and props["default_generation_settings"]["n_ctx"] == 512  # was 2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_slots_of_a_head_cut_off_from_redis_shows_no_busy_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a head cannot reach Redis the lanes it last read are nobody's present state: /slots
+    showed them busy, frozen, for as long as Redis stayed away (its /metrics leaves them out)."""
+    from api import views
+
+    link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {})}, {})
+    fake = SimpleNamespace(snapshot=link.snapshot, connected=False, redis_ok=False)
+    monkeypatch.setattr(views, "get_link", lambda: fake)
+    slots = (await request("GET", "/slots")).json()
+    assert [s["is_processing"] for s in slots] == [False, False]  # was [True, True]
+    fake.redis_ok, fake.connected = True, True
+    assert [s["is_processing"] for s in (await request("GET", "/slots")).json()] == [True, True]
