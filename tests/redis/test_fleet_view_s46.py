@@ -247,3 +247,24 @@ async def test_slots_of_a_head_cut_off_from_redis_shows_no_busy_lane(monkeypatch
     assert [s["is_processing"] for s in slots] == [False, False]  # was [True, True]
     fake.redis_ok, fake.connected = True, True
     assert [s["is_processing"] for s in (await request("GET", "/slots")).json()] == [True, True]
+
+
+def test_the_fleets_stats_are_the_fleets_not_the_first_workers() -> None:
+    """/v1/internal/state's ``stats`` (peak lanes, tokens, last TTFT) were the first worker's."""
+
+    def with_stats(state: dict[str, Any], requests: int, tokens: int, peak: int, last_ttft_ms: float, first_tokens: int) -> dict[str, Any]:
+        ttft = {"agent": {"le": [1.0], "buckets": [first_tokens], "sum": 0.5, "count": first_tokens}}
+        stats = {"requests_total": requests, "completion_tokens_total": tokens, "peak_lanes_active": peak, "last_ttft_ms": last_ttft_ms, "tick_seconds_total": 1.0}
+        return {**state, "stats": stats, "metrics": {**state["metrics"], "requests_total": requests, "completion_tokens_total": tokens, "ttft_s": ttft}}
+
+    a = with_stats(worker_state("h1", ["j1", "j2"], {}), 10, 100, 2, 50.0, 10)
+    b = with_stats(worker_state("h2", ["j3", None], {}), 5, 40, 1, 80.0, 5)
+    link = fleet_head({"a": a, "b": b}, {})
+    stats = (link.snapshot or {})["stats"]
+    assert stats["requests_total"] == 15 and stats["completion_tokens_total"] == 140  # were the first worker's 10 and 100
+    assert stats["peak_lanes_active"] == 3  # three lanes busy at once across the fleet (was 2)
+    assert [w["stats"]["requests_total"] for w in (link.snapshot or {})["fleet"]] == [10, 5]  # each worker's own
+    link.workers = {"a": a, "b": with_stats(b, 6, 50, 1, 120.0, 6)}  # the second worker's first token came last
+    link._publish_fleet()
+    assert (link.snapshot or {})["stats"]["last_ttft_ms"] == 120.0  # was the first worker's 50
+    assert dashboard_state(link.snapshot or {})["last_ttft_ms"] == 120.0
