@@ -147,7 +147,9 @@
 
   function renderTick(s) {
     var t = s.tick_info || {};
-    $("tick-no").textContent = "#" + (s.tick || 0);
+    // a fleet's budgets are every worker's, its tick and last tick the first worker's (by id): named
+    var first = s.fleet && s.fleet.length > 1 ? s.fleet[0] : null;
+    $("tick-no").textContent = "#" + (s.tick || 0) + (first ? " · last tick of " + (first.host || "?") + " · " + String(first.worker || "").split(":").slice(1, 2).join("") : "");
     kvRows($("tick"), [
       ["last tick: prefill tokens", t.last_prefill_tokens || 0],
       ["last tick: decode tokens", t.last_decode_tokens || 0],

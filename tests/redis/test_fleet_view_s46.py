@@ -179,11 +179,12 @@ def test_one_workers_drain_is_its_own_not_the_fleets() -> None:
 def test_the_dashboards_queue_panel_shows_the_fleets_queue_and_each_lanes_host() -> None:
     """The page: the Queue panel's total, said to be the fleet's, and which host each lane is on."""
     link = fleet_head({"a": worker_state("h1", ["j1", "j2"], {}), "b": worker_state("h2", [None, "j3"], {"agent": 1})}, {"agent": 3})
-    total, scope, ids = push_to_page(
+    total, scope, ids, tick = push_to_page(
         dashboard_state(link.snapshot or {}),
         """() => [document.querySelector('#queue [data-key=total]').textContent, document.getElementById('queue-scope').textContent,
-                  Array.from(document.querySelectorAll('#lanes .id')).map((e) => e.textContent)]""",
+                  Array.from(document.querySelectorAll('#lanes .id')).map((e) => e.textContent), document.getElementById('tick-no').textContent]""",
     )
+    assert "last tick of h1" in tick  # the Tick panel's last tick is one worker's: named
     assert total == "4" and "Redis" in scope  # was "0": the first worker's own queue
     assert ids == ["lane 0 · h1", "lane 1 · h1", "lane 2 · h2", "lane 3 · h2"]  # was "lane 0", "lane 1" (one worker's)
 
