@@ -244,9 +244,13 @@ async def props(request: HttpRequest) -> JsonResponse:
         models = await _served_models()
         if models and not _allowed(request, models[:1]):  # as /v1/models lists it, as with several
             return error_response(model_not_found(models[0]))
-        hello = get_link().hello
+        link = get_link()
+        hello = link.hello
         alias, path = (models[0] if models else None), (serving().model_path or None)
         slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
+        fleet = link.snapshot or {}
+        if fleet.get("fleet"):  # a Redis fleet: every worker's lanes take this server's requests, not one worker's
+            slots = int(fleet.get("n_lanes") or 0)
     return JsonResponse(
         {
             "model_alias": alias,
@@ -291,7 +295,9 @@ async def health(request: HttpRequest) -> JsonResponse:
 
 @key_required(admin=True)
 async def slots(request: HttpRequest) -> JsonResponse:
-    """The worker's lanes, llama-server's /slots shape plus class, state and progress. With
+    """The worker's lanes, llama-server's /slots shape plus class, state and progress (a Redis
+    fleet's: every worker's lanes, numbered across the fleet, each with its ``worker`` and
+    ``host``; ``?fail_on_no_slot`` looks at them all). With
     several models, ``?model=`` (an id or an alias) picks the model (404 ``model_not_found`` for
     another name; none: the model used last); one not loaded has none. A worker away (crashed,
     restarting) has its lanes idle: its last snapshot's jobs are nobody's there any more."""
@@ -307,7 +313,10 @@ async def slots(request: HttpRequest) -> JsonResponse:
         model_link = pool.links.get(model_id)
         state = (model_link.snapshot if model_link is not None else None) or {}
         connected = model_link is not None and bool(model_link.connected)
-    if not connected and "fleet" not in state:  # a Redis fleet's view says itself who is there
+    # a Redis fleet's view says itself who is there, while Redis answers: a head cut off from it
+    # knows nothing of the fleet, and the lanes it last read were shown busy, frozen (as /metrics
+    # leaves them out then)
+    if (not connected and "fleet" not in state) or not getattr(link, "redis_ok", True):
         state = {**state, "lanes": [{"lane": lane.get("lane", i), "state": "idle"} for i, lane in enumerate(state.get("lanes") or [])]}
     keys = web_runtime().in_flight_keys()  # every model's jobs: a pool's own link submits none
     out = []
@@ -321,7 +330,7 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "id": lane["lane"],
                 "id_task": lane.get("job_id"),
                 "is_processing": busy,
-                "n_ctx": state.get("lane_ctx"),
+                "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
                 "next_token": {"has_next_token": busy, "n_decoded": generated},
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),

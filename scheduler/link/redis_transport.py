@@ -193,6 +193,11 @@ class RedisTransport(Transport):
         self._known_workers: dict[str, float] | None = None
         self.global_queue: dict[str, int] = {}
         self._lane_ctx = 0  # the largest lane context of the workers seen (stream_maxlen)
+        # the fleet's "stats" (_fleet_stats): the most lanes busy at once, and the last TTFT (of
+        # the worker whose count of first tokens rose last), with each worker's count so far
+        self._peak_lanes = 0
+        self._last_ttft_ms: float | None = None
+        self._ttft_counts: dict[str, int] = {}
         self._client: aioredis.Redis | None = None
         self._scripts: Scripts | None = None
         self._task: asyncio.Task[None] | None = None
@@ -345,6 +350,11 @@ class RedisTransport(Transport):
             if not self.connected:
                 await self._became_connected(hello)
             else:
+                # the fleet's first worker as it is now: the one first seen may have left (a
+                # rolling restart) while others kept the fleet up, and its model, context (what
+                # requests are checked against, /v1/models' context_length) and pid (/health)
+                # were kept until no worker was left
+                self.hello = hello
                 await self._send_again()
         else:
             if self.connected:
@@ -354,31 +364,90 @@ class RedisTransport(Transport):
         await self._send_unsent_cancels()  # Redis answers: with or without a worker alive
 
     def _publish_fleet(self) -> None:
-        """The snapshot the dashboard and /metrics read: the first worker's lanes, with every
-        worker's lanes and the global queue beside them, and the whole fleet's statistics,
-        counters and KV pool (scheduler/link/fleet_stats.py: summed, the counts of workers that
-        left carried). With no worker left (after there was one): no lanes, an empty fleet, the
-        queue and the counts so far, so that the dashboard and /metrics do not go on showing the
-        last worker's busy lanes."""
+        """The snapshot the dashboard, /slots, /v1/internal/state and /metrics read: the whole
+        fleet as one server. Its lanes are every worker's, numbered across the fleet (``lane``),
+        each with its ``worker``, ``host``, the worker's own index (``worker_lane``) and context
+        (``lane_ctx``); ``n_lanes`` counts them all; ``queue_depth`` (and the metrics'
+        ``queue_depth_by_class``) is every job waiting for a lane: those in Redis
+        (``global_queue``, beside it) plus each worker's own queue; ``parked`` is every worker's;
+        ``draining`` only once every worker drains (``fleet`` says which one does, and each
+        worker's model, context and ``stats``); ``stats`` the fleet's (:meth:`_fleet_stats`).
+        Statistics, counters and KV pool are the fleet's (scheduler/link/fleet_stats.py: summed,
+        the counts of workers that left carried); ``fleet`` lists each worker. Before, all but
+        the statistics were the first worker's (by id): the dashboard's Queue panel read "total
+        0" while jobs waited in Redis, and /slots listed one worker's lanes. With no worker left
+        (after there was one): no lanes, an empty fleet, the queue in Redis and the counts so
+        far, so that the dashboard and /metrics do not go on showing the last worker's busy lanes."""
         metrics, counters, pool = self._fleet_totals.view(self.workers)
+        queue = {label: int(n) for label, n in self.global_queue.items()}
         if not self.workers:
             if self.snapshot is not None and self.snapshot.get("fleet"):
                 last = self.snapshot
                 gone = {k: last[k] for k in ("model", "engine", "lane_ctx", "worker") if k in last}
-                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "metrics": metrics, "counters": counters}
+                metrics = {**metrics, "queue_depth_by_class": dict(queue)}
+                self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "queue_depth": queue, "parked": [], "metrics": metrics, "counters": counters}
                 for listener in SNAPSHOT_LISTENERS:
                     listener(self.snapshot)
             return
-        fleet = []
+        fleet: list[dict[str, Any]] = []
+        lanes: list[dict[str, Any]] = []
+        parked: list[dict[str, Any]] = []
+        prefill_rate = 0.0
         for wid in sorted(self.workers):
             state = self.workers[wid]
-            fleet.append({"worker": wid, "host": state.get("host", ""), "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0)})
+            host = state.get("host", "")
+            fleet.append({
+                "worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0),
+                "model": state.get("model", ""), "lane_ctx": state.get("lane_ctx"), "draining": bool(state.get("draining", False)),
+                "stats": dict(state.get("stats") or {}),
+            })  # fmt: skip
+            for lane in state.get("lanes") or []:
+                if isinstance(lane, dict):
+                    lanes.append({**lane, "lane": len(lanes), "worker": wid, "host": host, "worker_lane": lane.get("lane"), "lane_ctx": state.get("lane_ctx")})
+            parked += [{**p, "worker": wid, "host": host} for p in state.get("parked") or [] if isinstance(p, dict)]
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                for label, n in (state.get("queue_depth") or {}).items():
+                    queue[label] = queue.get(label, 0) + int(n)
+            with contextlib.suppress(TypeError, ValueError):
+                prefill_rate += float(state.get("prefill_tokens_per_s") or 0)
+        waiting = dict(metrics.get("queue_depth_by_class") or {})  # the workers' own queues, summed
+        for label, n in self.global_queue.items():
+            waiting[label] = waiting.get(label, 0) + int(n)
+        metrics = {**metrics, "queue_depth_by_class": waiting}
         base = dict(self.workers[sorted(self.workers)[0]])
         base.update(worker=FLEET_SOURCE, metrics=metrics, counters=counters, pool=pool, fleet=fleet)
+        # draining: the fleet takes no new work only once every worker drains (one worker's drain,
+        # a rolling restart's, is its own: the fleet panel marks it)
+        active = sum(1 for lane in lanes if lane.get("job_id"))
+        base.update(draining=all(w["draining"] for w in fleet), lanes=lanes, n_lanes=len(lanes), lanes_active=active, queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
+        base["stats"] = self._fleet_stats(metrics, active)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
         for listener in SNAPSHOT_LISTENERS:
             listener(base)
+
+    def _fleet_stats(self, metrics: dict[str, Any], active: int) -> dict[str, Any]:
+        """The fleet's ``stats`` (one worker's: peak lanes, tokens, last TTFT; each worker's own
+        are in its ``fleet`` entry): the counts are the fleet's (``metrics``: summed, carried
+        when a worker leaves), the peak the most lanes busy at once seen here or at any one
+        worker, the last TTFT that of the worker whose count of first tokens rose last."""
+        counts: dict[str, int] = {}
+        peak, ticks = self._peak_lanes, 0.0
+        for wid in sorted(self.workers):
+            state = self.workers[wid]
+            stats = state.get("stats") or {}
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                peak = max(peak, int(stats.get("peak_lanes_active") or 0))
+                ticks += float(stats.get("tick_seconds_total") or 0)
+                count = sum(int(h.get("count", 0)) for h in ((state.get("metrics") or {}).get("ttft_s") or {}).values())
+                seen = self._ttft_counts.get(wid)
+                counts[wid] = count
+                if stats.get("last_ttft_ms") and ((seen is None and self._last_ttft_ms is None) or (seen is not None and count > seen)):
+                    self._last_ttft_ms = float(stats["last_ttft_ms"])
+        self._ttft_counts = counts
+        self._peak_lanes = max(peak, active)
+        totals = {k: metrics.get(k, 0) for k in ("requests_total", "prompt_tokens_total", "completion_tokens_total", "rejected_total", "engine_errors_total")}
+        return {**totals, "peak_lanes_active": self._peak_lanes, "tick_seconds_total": round(ticks, 6), "last_ttft_ms": self._last_ttft_ms or 0.0}
 
     async def _became_connected(self, hello: Hello) -> None:
         """The first worker is there (or Redis is back): send the config and every job that was

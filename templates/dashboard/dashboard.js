@@ -62,7 +62,7 @@
       card.setAttribute("data-lane", String(lane.lane));
       card.setAttribute("data-state", state);
       card.setAttribute("data-job", lane.job_id || "");
-      card.querySelector(".id").textContent = "lane " + lane.lane;
+      card.querySelector(".id").textContent = "lane " + lane.lane + (lane.host !== undefined ? " · " + (lane.host || "?") : "");  // a fleet's: its worker's host
       var badge = card.querySelector(".badge");
       badge.textContent = state;
       badge.className = "badge " + state;
@@ -122,6 +122,8 @@
     });
     rows.push(["total", total]);
     kvRows($("queue"), rows);
+    // Redis mode: every job waiting for a lane, in Redis (the Fleet panel's global queue) and at the workers
+    $("queue-scope").textContent = s.fleet ? "(fleet: in Redis and at the workers)" : "";
     var parked = s.parked || [];
     $("parked").textContent = parked.length ? parked.map(function (p) {
       return (p["class"] || "?") + " · " + String(p.job_id || "").slice(0, 8) + " · " + (p.tokens || 0) + " tokens";
@@ -145,7 +147,9 @@
 
   function renderTick(s) {
     var t = s.tick_info || {};
-    $("tick-no").textContent = "#" + (s.tick || 0);
+    // a fleet's budgets are every worker's, its tick and last tick the first worker's (by id): named
+    var first = s.fleet && s.fleet.length > 1 ? s.fleet[0] : null;
+    $("tick-no").textContent = "#" + (s.tick || 0) + (first ? " · last tick of " + (first.host || "?") + " · " + String(first.worker || "").split(":").slice(1, 2).join("") : "");
     kvRows($("tick"), [
       ["last tick: prefill tokens", t.last_prefill_tokens || 0],
       ["last tick: decode tokens", t.last_decode_tokens || 0],
@@ -253,7 +257,10 @@
     $("fleet-panel").hidden = false;
     var workers = s.fleet.map(function (w) {
       var busy = (w.lanes || []).filter(function (l) { return l.job_id; }).length;
-      return [(w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join(""), busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
+      // a worker's own model where it is not the fleet's (a misconfigured or mid-upgrade fleet), and its drain
+      var name = (w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join("") +
+        (w.model && w.model !== s.model ? " · " + w.model : "") + (w.draining ? " · draining" : "");
+      return [name, busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
     });
     kvRows($("fleet"), workers.length ? workers : [["no worker", "0 lanes"]]);
     var q = s.global_queue || {}, rows = [];
