@@ -343,7 +343,7 @@ class GenerationConsumer(StreamingConsumer):
         except ModelUnavailable as exc:
             if exc.dispatch is not None:  # dispatched, then its worker was gone: the pick is still recorded
                 self.record.serial = exc.dispatch.serial_fields()
-            raise engine_unavailable(exc.detail) from None
+            raise engine_unavailable(exc.detail, retry_after=exc.retry_after_s) from None
         self.router_serial = dispatch.serial_fields()
         self.record.serial = dict(self.router_serial)  # kept if the request later fails or is cancelled
         try:

@@ -12,6 +12,7 @@ recorded in the admin's log (the model's history, *Recent actions*).
 from __future__ import annotations
 
 import datetime
+import math
 from typing import Any
 
 from django.contrib import admin, messages
@@ -78,6 +79,8 @@ class ServedModelAdmin(ViewOnlyAdmin):
                     "queue": [(b, band.get(b, 0)) for b in BANDS],
                     "last_used_text": _when(m.get("last_used")),
                     "ttl_text": "never" if not m.get("ttl_s") else f"{m['ttl_s']:g} s",
+                    # a failed load's backoff: requests for it are refused this many seconds more
+                    "backoff_text": f"Requests are refused for {math.ceil(m['load_backoff_s'])} s more; Load tries it now." if m.get("load_backoff_s") else "",
                 }
             )
         context = {

@@ -26,6 +26,11 @@ Dispatch follows the request-priority seed's serial scheduler, at the level of m
   slot), is the pick of the request it was started for and is not taken back: the freed slot
   loads its model, and that model serves it before a request that came meanwhile may reserve it.
 - A loaded model whose ``ttl_s`` has passed with nothing running or waiting is unloaded.
+- A model whose load failed is backed off: for ``load_backoff_s`` (doubling with each failure in
+  a row, up to ``load_backoff_max_s``) :meth:`submit` refuses its requests at once
+  (:class:`LoadBackoff`, with the seconds left), so a client retrying a broken model neither
+  loads it again nor takes the slot of a model others are served by. A successful load ends it;
+  the admin's load (:meth:`request_load`) bypasses and resets it.
 - A ``pinned`` model (serve's ``--fim-model``) is resident beside the others: it takes no one of
   the ``max_loaded_models`` slots, is never chosen for a swap and has no TTL; its requests wait
   only for its own lanes.
@@ -82,7 +87,12 @@ class RouterConfig:
     aging_divisor_s: float = 60.0
     swap_affinity_bonus: int = 10
 
+    load_backoff_s: float = 5.0  # after a failed load: requests for the model refused this long; 0 = off
+    load_backoff_max_s: float = 300.0  # ... doubling with each failure in a row, up to this
+
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.load_backoff_s) and self.load_backoff_s >= 0 and math.isfinite(self.load_backoff_max_s) and self.load_backoff_max_s >= self.load_backoff_s):
+            raise ValueError("load_backoff_s must be 0 or more and load_backoff_max_s at least that")
         if self.max_loaded_models < 1:
             raise ValueError("max_loaded_models must be at least 1")
         if self.scheduler not in SCHEDULERS:
@@ -91,6 +101,17 @@ class RouterConfig:
             raise ValueError("swapAffinityBonus must be between 0 and 99")
         if not (math.isfinite(self.aging_divisor_s) and self.aging_divisor_s >= 0):
             raise ValueError("agingDivisor must be 0 (off) or a positive number")
+
+
+class LoadBackoff(Exception):
+    """A request for a model whose last load failed, within its backoff: refused at once, with
+    nothing evicted and no load started."""
+
+    def __init__(self, model: str, retry_after_s: float, failures: int) -> None:
+        super().__init__(f"model {model!r}: load backed off for {retry_after_s:.3f} s more after {failures} failed load(s)")
+        self.model = model
+        self.retry_after_s = retry_after_s  # seconds until a request may load it again
+        self.failures = failures  # failed loads in a row
 
 
 @dataclass(eq=False)
@@ -150,6 +171,8 @@ class _Model:
     unload_requested: bool = False  # the admin asked: drain, then unload
     loads: int = 0
     dispatched: int = 0  # requests sent to its worker
+    load_failures: int = 0  # failed loads in a row (a successful load, or the admin's Load, resets it)
+    backoff_until_s: float | None = None  # no request loads it before this (see load_failed)
 
 
 @dataclass
@@ -199,6 +222,9 @@ class Router:
             raise RuntimeError("the router is draining: no new requests")
         if request_id in self._by_id or request_id in self._dispatched:
             raise ValueError(f"request {request_id!r} is already known")
+        left = self.backoff_left(model)
+        if left > 0:  # refused here: it never waits, so it reserves no model for a swap and loads nothing
+            raise LoadBackoff(model, left, self.models[model].load_failures)
         w = Waiting(request_id, model, priority, self.clock(), next(self._seq), preempts, jobs)
         self.waiting.append(w)
         self._by_id[request_id] = w
@@ -249,12 +275,18 @@ class Router:
         if m.state is ModelState.LOADING:
             m.state = ModelState.LOADED
             m.last_used_s = now
+            m.load_failures, m.backoff_until_s = 0, None
         return took
 
     def load_failed(self, model: str) -> list[str]:
         """The model could not be loaded: it is unloaded again, and every request waiting for it
-        is dropped. Returns their ids, for the caller to answer with an error."""
+        is dropped. Returns their ids, for the caller to answer with an error. Requests for it
+        are refused for ``load_backoff_s`` from now, doubled for each earlier failure in a row
+        (``load_backoff_max_s`` at most): see :meth:`backoff_left`."""
         m = self.models[model]
+        m.load_failures += 1
+        base, cap = self.config.load_backoff_s, self.config.load_backoff_max_s
+        m.backoff_until_s = self.clock() + min(cap, base * 2.0 ** min(m.load_failures - 1, 62)) if base > 0 else None
         m.state = ModelState.UNLOADED
         m.load_started_s = None
         m.unload_requested = False  # an Unload asked while it loaded: done, it is not loaded
@@ -276,6 +308,7 @@ class Router:
             raise KeyError(model)
         if self.draining:
             return  # shutting down: nothing is loaded any more
+        self.models[model].load_failures, self.models[model].backoff_until_s = 0, None  # tried at once, and afresh
         self.models[model].unload_requested = False
         if self.models[model].state in (ModelState.UNLOADED, ModelState.UNLOADING):
             self.admin_loads.add(model)
@@ -291,6 +324,13 @@ class Router:
 
     def state(self, model: str) -> ModelState:
         return self.models[model].state
+
+    def backoff_left(self, model: str, now: float | None = None) -> float:
+        """Seconds until a request may load the model again after a failed load (0: it may now)."""
+        m = self.models[model]
+        if m.backoff_until_s is None or m.state.resident:
+            return 0.0
+        return max(0.0, m.backoff_until_s - (self.clock() if now is None else now))
 
     # -- order ---------------------------------------------------------------------------
 
@@ -506,6 +546,8 @@ class Router:
                     "waiting_by_band": {b: sum(1 for w in self.waiting if w.model == mid and w.band == b) for b in BANDS},
                     "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),
                     "loads": m.loads,
+                    "load_failures": m.load_failures,
+                    "load_backoff_s": round(self.backoff_left(mid, now), 3),
                     "dispatched": m.dispatched,
                     "lanes": m.spec.lanes,
                     "pinned": m.spec.pinned,

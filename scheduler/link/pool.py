@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from scheduler.aio import spawn
-from scheduler.core.router import BANDS, Dispatch, ModelSpec, ModelState, Router
+from scheduler.core.router import BANDS, Dispatch, LoadBackoff, ModelSpec, ModelState, Router
 from scheduler.models_config import ModelsConfig
 from scheduler.worker.metrics import Histogram
 
@@ -56,13 +57,15 @@ class Worker(Protocol):
 
 
 class ModelUnavailable(Exception):
-    """A request's model could not be loaded, or the server is shutting down."""
+    """A request's model could not be loaded (or is backed off after a failed load), or the
+    server is shutting down."""
 
-    def __init__(self, model: str, detail: str, dispatch: Dispatch | None = None) -> None:
+    def __init__(self, model: str, detail: str, dispatch: Dispatch | None = None, retry_after_s: float | None = None) -> None:
         super().__init__(detail)
         self.model = model
         self.detail = detail
         self.dispatch = dispatch  # the router's pick, where it had dispatched the request
+        self.retry_after_s = retry_after_s  # the model's load backoff left: the 503's Retry-After
 
 
 @dataclass
@@ -317,8 +320,11 @@ class ModelPool:
             raise ModelUnavailable(model, "The server is shutting down.")
         ticket = uuid.uuid4().hex
         fut: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        try:
+            self.router.submit(ticket, model, priority, preempts=preempts, jobs=jobs)
+        except LoadBackoff as exc:  # its last load failed: refused at once, nothing evicted or loaded
+            raise ModelUnavailable(model, self._backoff_detail(model, exc.retry_after_s), retry_after_s=exc.retry_after_s) from None
         self.waiters[ticket] = fut
-        self.router.submit(ticket, model, priority, preempts=preempts, jobs=jobs)
         self.kick()
         try:
             dispatch = await fut
@@ -338,6 +344,10 @@ class ModelPool:
         self.last_model = model
         self.last_used[model] = time.time()
         return link, dispatch, ticket
+
+    def _backoff_detail(self, model: str, left_s: float) -> str:
+        failed = self.errors.get(model) or f"The model {model!r} could not be loaded."
+        return f"{failed} It is not loaded again for {math.ceil(left_s)} s (Retry-After) unless an admin loads it."
 
     def release(self, ticket: str) -> None:
         self.router.finished(ticket)
@@ -421,10 +431,12 @@ class ModelPool:
         link = self.links.pop(model, None)
         if link is not None:
             self._spawn_task(self._close(model, link))
-        for rid in self.router.load_failed(model):
+        dropped = self.router.load_failed(model)
+        left = self.router.backoff_left(model)
+        for rid in dropped:
             fut = self.waiters.get(rid)
             if fut is not None and not fut.done():
-                fut.set_exception(ModelUnavailable(model, detail))
+                fut.set_exception(ModelUnavailable(model, detail, retry_after_s=left or None))
         self.kick()
 
     async def _close(self, model: str, link: SocketTransport) -> None:
@@ -495,6 +507,8 @@ class ModelPool:
                     "fim": m.fim,
                     "worker_restarts": self.workers[m.id].restarts if m.id in self.workers else 0,
                     "error": self.errors.get(m.id),
+                    "load_failures": s["load_failures"],  # in a row; a successful load or the admin's Load resets it
+                    "load_backoff_s": s["load_backoff_s"],  # seconds until a request may load it again (0: now)
                 }
             )
         return out

@@ -518,6 +518,7 @@ def test_an_unload_asked_while_loading_ends_with_a_failed_load() -> None:
     box.router.request_unload("a")
     box.router.load_failed("a")
     box.auto_load = True
+    box.later(box.router.backoff_left("a"))  # the failed load's backoff (tests/core/test_router_load_backoff_s46.py)
     box.ask("a", rid="again")
     assert box.started == ["again"] and box.state("a") is ModelState.LOADED
     assert box.swaps == [("load", "a"), ("load", "a")]

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.router import Dispatch, ModelSpec, ModelState
+from scheduler.core.router import Dispatch, LoadBackoff, ModelSpec, ModelState
 
 from .builders import RouterLoop
 
@@ -25,14 +25,21 @@ class World(RouterLoop):
         self.loading: set[str] = set()
         self.unloading: set[str] = set()
         self.running: dict[str, tuple[str, int, bool]] = {}  # rid -> (model, lanes, preempts)
-        self.ended: set[str] = set()  # dropped by a failed load, or cancelled
+        self.ended: set[str] = set()  # dropped by a failed load, cancelled, or refused (load backoff)
         self.submitted: dict[str, tuple[str, int, bool]] = {}
         self.n = 0
 
     def submit(self, model: str, priority: int = 0, *, jobs: int = 1, preempts: bool = False) -> str:
         self.n += 1
         rid = f"r{self.n}"
-        w = self.router.submit(rid, model, priority, preempts=preempts, jobs=jobs)
+        try:
+            w = self.router.submit(rid, model, priority, preempts=preempts, jobs=jobs)
+        except LoadBackoff as refused:  # only a model not resident whose last load failed, and its wait only
+            assert refused.retry_after_s > 0 and not self.router.state(model).resident and self.router.models[model].load_failures > 0
+            self.submitted[rid] = (model, 0, preempts)
+            self.ended.add(rid)
+            self.settle()
+            return rid
         self.submitted[rid] = (model, self.router.lanes_for(w), preempts)
         self.settle()
         return rid
@@ -45,6 +52,8 @@ class World(RouterLoop):
 
     def load(self, model: str) -> None:
         assert model not in self.loading and model not in self.unloading
+        until = self.router.models[model].backoff_until_s  # None once a load or the admin's Load reset it
+        assert until is None or until <= self.clock(), f"{model} loaded within its load backoff"
         self.loading.add(model)
 
     def dispatch(self, d: Dispatch) -> None:

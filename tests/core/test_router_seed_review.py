@@ -124,7 +124,7 @@ def test_the_ttl_never_unloads_a_model_with_work_waiting_or_running_and_counts_f
 def test_a_failed_load_ends_every_request_waiting_for_it_and_its_slot_goes_to_the_next_model() -> None:
     """All of the model's waiting requests, whatever their priority, are handed back for an
     error; a request for another model waiting for the slot gets it; the model is tried again
-    for the next request."""
+    for the next request once the failed load's backoff has passed."""
     box = Box(["A", "B"], max_loaded_models=1)
     box.auto_load = False
     box.ask("A", 100, rid="a-high")
@@ -135,6 +135,7 @@ def test_a_failed_load_ends_every_request_waiting_for_it_and_its_slot_goes_to_th
     box.auto_load = True
     box.settle()
     assert box.started == ["b"] and box.state("B") is ModelState.LOADED
+    box.later(box.router.backoff_left("A"))
     box.ask("A", rid="again")
     box.finish("b")
     assert box.started == ["b", "again"] and box.state("A") is ModelState.LOADED

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.engines.sim import FakeClock
 from scheduler.link.pool import ModelPool, ModelUnavailable, PoolSetup
 from scheduler.models_config import ModelsConfig, ServedModel
 
@@ -48,8 +49,10 @@ async def test_a_model_whose_worker_cannot_be_started_fails_its_requests_and_can
         return workers[-1]
 
     cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")),))
-    pool = ModelPool(PoolSetup(cfg, spawn=spawn, lanes={"a": 2}, ctx_sizes={"a": 512}))  # type: ignore[arg-type]
-    for attempt in (1, 2):  # a second request tries the load again
+    clock = FakeClock()
+    pool = ModelPool(PoolSetup(cfg, spawn=spawn, lanes={"a": 2}, ctx_sizes={"a": 512}), clock=clock)  # type: ignore[arg-type]
+    for attempt in (1, 2):  # a second request, after the failed load's backoff, tries the load again
+        clock.advance(pool.router.backoff_left("a"))
         with pytest.raises(ModelUnavailable) as err:
             await asyncio.wait_for(pool.acquire("a", 0), 10)
         assert "could not be started" in err.value.detail and "Too many open files" in err.value.detail
@@ -81,9 +84,12 @@ class Startable:
         self.exited.set()
 
 
-def two_models(errors: dict[str, BaseException] | None = None, worker: Callable[[BaseException | None], Any] = Startable) -> tuple[ModelPool, dict[str, list[Any]]]:
+def two_models(
+    errors: dict[str, BaseException] | None = None, worker: Callable[[BaseException | None], Any] = Startable, clock: Callable[[], float] | None = None
+) -> tuple[ModelPool, dict[str, list[Any]]]:
     """A pool of models ``a`` and ``b``, one lane each, whose workers ``worker`` stands in for
-    (``errors``: what each model's worker's start raises); the workers it spawned, by model."""
+    (``errors``: what each model's worker's start raises); the workers it spawned, by model.
+    ``clock``: the router's (a failed load's backoff runs on it)."""
     spawned: dict[str, list[Any]] = {"a": [], "b": []}
 
     def spawn(model: str, _sockets: Any) -> Any:
@@ -91,7 +97,8 @@ def two_models(errors: dict[str, BaseException] | None = None, worker: Callable[
         return spawned[model][-1]
 
     cfg = ModelsConfig((ServedModel("a", Path("/m/a.gguf")), ServedModel("b", Path("/m/b.gguf"))))
-    return ModelPool(PoolSetup(cfg, spawn=spawn, lanes={"a": 1, "b": 1}, ctx_sizes={"a": 512, "b": 512})), spawned  # type: ignore[arg-type]
+    setup = PoolSetup(cfg, spawn=spawn, lanes={"a": 1, "b": 1}, ctx_sizes={"a": 512, "b": 512})  # type: ignore[arg-type]
+    return (ModelPool(setup, clock) if clock is not None else ModelPool(setup)), spawned
 
 
 async def loaded(pool: ModelPool, model: str) -> None:
@@ -139,8 +146,10 @@ async def test_after_a_drain_no_worker_is_started_for_an_admin_load() -> None:
 async def test_a_failed_load_leaves_no_task_waiting_for_its_worker() -> None:
     """Each load waits for its worker's hello; a load that failed left that wait pending for
     ever, one task (and its link) per failure."""
-    pool, spawned = two_models()
+    clock = FakeClock()
+    pool, spawned = two_models(clock=clock)
     for attempt in range(3):
+        clock.advance(pool.router.backoff_left("a"))  # each load is a request's, once the last failure's backoff has passed
         waiting = asyncio.ensure_future(pool.acquire("a", 0))
         for _ in range(20):
             await asyncio.sleep(0)

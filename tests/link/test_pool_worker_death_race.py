@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from scheduler.engines.sim import FakeClock
 from scheduler.link.pool import ModelUnavailable
 
 from .test_pool_failures import running, settle, two_models
@@ -22,7 +23,8 @@ async def test_a_worker_dying_as_its_request_is_dispatched_fails_the_request_and
     a KeyError (a 500) came out of it instead of ModelUnavailable (a 503 with the reason), and
     the request stayed counted as running at the model for good (no ticket came back to release):
     the admin showed it running, its lane was never free again, and the model never idle."""
-    pool, spawned = two_models()
+    clock = FakeClock()
+    pool, spawned = two_models(clock=clock)
     first = await running(pool, "a")
     second = asyncio.ensure_future(pool.acquire("a", 0))  # waits for a's only lane
     await settle()
@@ -39,7 +41,8 @@ async def test_a_worker_dying_as_its_request_is_dispatched_fails_the_request_and
     model = pool.router.snapshot()["models"]["a"]  # type: ignore[index]
     assert model["inflight"] == 0 and model["lanes_taken"] == 0
     assert pool.router.idle("a") and pool.router._dispatched == {}
-    # the model can be used again: a new request loads it and gets its lane
+    # the model can be used again: a new request (once the failure's backoff has passed) loads it and gets its lane
+    clock.advance(pool.router.backoff_left("a"))
     third = asyncio.ensure_future(pool.acquire("a", 0))
     await settle()
     pool.links["a"]._connected.set()
