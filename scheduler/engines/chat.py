@@ -533,6 +533,15 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def today_variables() -> dict[str, str]:
+    """Today's date, as llama.cpp's server gives every template (common/chat.cpp:
+    common_chat_extra_context): ``date_string`` ("06 Dec 2026"), which Llama 3.1's template writes
+    as "Today Date:" (its default, "26 Jul 2024", otherwise), and ``datetime`` ("Dec 06 2026").
+    A request's chat_template_kwargs may set either."""
+    now = time.localtime()
+    return {"date_string": time.strftime("%d %b %Y", now), "datetime": time.strftime("%b %d %Y", now)}
+
+
 def template_inputs(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -543,7 +552,7 @@ def template_inputs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages, extra template variables) for a request: the template's own tool format when it
     has one and the engine passes variables through (``native_ok``), the generic one otherwise."""
-    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS} if native_ok else {}
+    extra = {**today_variables(), **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
     if tools and native_ok and template_knows_tools(template_source):
         extra["tools"] = [_openai_tool(t) for t in tools]
         return native_tool_messages(messages), extra

@@ -1,0 +1,68 @@
+"""What the worker gives a model's own chat template, checked against what llama.cpp's server
+(common/chat.cpp) gives it: the templates in templates_s46/ are the upstream ones (llama.cpp's
+models/templates/). The prompt is read back from the worker's tokens (the simulated engine's
+tokens are bytes), so each test sees what the model would be given."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.core.scheduler import SchedulerConfig
+from scheduler.engines.chat import compile_chat_template, render_chat_template
+from scheduler.engines.sim import SimEngine
+from scheduler.worker.loop import EngineWorker, Refusal
+
+TEMPLATES = Path(__file__).parent / "templates_s46"
+LLAMA31 = (TEMPLATES / "llama-3.1-instruct.jinja").read_text()
+LLAMA32 = (TEMPLATES / "llama-3.2-3b-instruct.jinja").read_text()
+TOOLS = [{"name": "get_weather", "description": "The weather.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+
+
+def _prompt(template: str, request: dict[str, Any]) -> str:
+    """The prompt the worker builds for the chat ``request`` on a model with ``template``."""
+    engine = SimEngine(n_lanes=1, lane_ctx=4096)
+    engine.features = frozenset({"template_vars"})
+    engine.chat_template = template
+    compiled = compile_chat_template(template)
+    engine.render_chat = lambda messages, **extra: render_chat_template(compiled, messages, bos_token="<s>", eos_token="</s>", **extra)  # type: ignore[method-assign]
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=4096), model_name="m", prepare_in_thread=False)
+    tokens, _, _, _ = worker._prompt_tokens({"endpoint": "chat", **request}, "")
+    return bytes(tokens).decode()
+
+
+def _today(template: str, request: dict[str, Any]) -> tuple[str, set[str]]:
+    """(the prompt, the dates it may say: today's, read before and after it is built)"""
+    before = time.strftime("%d %b %Y")
+    text = _prompt(template, request)
+    return text, {before, time.strftime("%d %b %Y")}
+
+
+@pytest.mark.parametrize("template", [LLAMA31, LLAMA32], ids=["llama-3.1", "llama-3.2"])
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["chat", "tools"])
+def test_a_llama3_template_is_told_todays_date(template: str, tools: Any) -> None:
+    """Llama 3.1's template writes "Today Date: " + ``date_string``, which llama.cpp's server sets
+    to today (Llama 3.2's and 3.3's call ``strftime_now``). Before, it was not given: every
+    prompt said "Today Date: 26 Jul 2024" and the model answered questions about today with it."""
+    request: dict[str, Any] = {"messages": [{"role": "user", "content": "What day is it?"}]}
+    if tools:
+        request["tools"] = tools
+    text, today = _today(template, request)
+    assert "26 Jul 2024" not in text
+    assert any(f"Today Date: {day}\n" in text for day in today)
+
+
+def test_chat_template_kwargs_set_the_date() -> None:
+    request = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"date_string": "01 Jan 2030"}}
+    assert "Today Date: 01 Jan 2030\n" in _prompt(LLAMA31, request)
+
+
+def test_a_template_that_refuses_the_messages_is_a_refusal() -> None:
+    # the worker's path for a template's raise_exception is unchanged: a 400 naming the messages
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    request = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call, call]}], "tools": TOOLS}
+    with pytest.raises(Refusal, match="single tool-calls"):
+        _prompt(LLAMA31, request)
