@@ -551,12 +551,15 @@ def template_inputs(
     native_ok: bool,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages, extra template variables) for a request: the template's own tool format when it
-    has one and the engine passes variables through (``native_ok``), the generic one otherwise."""
+    has one and the engine passes variables through (``native_ok``), the generic one otherwise.
+    Earlier calls and their results are in the template's own format also where the request
+    offers no tools (it is not given ``tools`` then), as llama.cpp's server renders them."""
     extra = {**today_variables(), **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
-    if tools and native_ok and template_knows_tools(template_source):
-        extra["tools"] = [_openai_tool(t) for t in tools]
-        return native_tool_messages(messages), extra
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    if (tools or has_calls) and native_ok and template_knows_tools(template_source):
+        if tools:
+            extra["tools"] = [_openai_tool(t) for t in tools]
+        return native_tool_messages(messages), extra
     if tools or has_calls:
         return generic_tool_messages(messages, tools), extra
     return messages, extra

@@ -66,3 +66,32 @@ def test_a_template_that_refuses_the_messages_is_a_refusal() -> None:
     request = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call, call]}], "tools": TOOLS}
     with pytest.raises(Refusal, match="single tool-calls"):
         _prompt(LLAMA31, request)
+
+
+QWEN25 = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    {"role": "assistant", "content": "It is sunny."},
+    {"role": "user", "content": "Thanks. Write a haiku about it."},
+]
+
+
+def test_a_tool_history_without_tools_is_in_the_templates_own_format() -> None:
+    """A request with earlier calls and results but no ``tools`` (an agent's follow-up that
+    offers none) was rendered in the generic format: the calls as ``<tool_call>`` text in the
+    assistant's turn and the results as user turns, which a Llama 3.1 model never saw in
+    training. llama.cpp's server gives the template the messages as they are; so does the worker
+    now, as it does when tools are offered (with no ``tools`` variable)."""
+    text = _prompt(LLAMA31, {"messages": HISTORY})
+    assert '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in text
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|>" in text
+    assert "<tool_call>" not in text and "<tool_response>" not in text
+    assert "Environment: ipython" not in text  # no tools offered: none described
+    # Qwen 2.5's own format is <tool_call>/<tool_response> inside its own turns
+    qwen = _prompt(QWEN25, {"messages": HISTORY})
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in qwen
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in qwen
+    assert "# Tools" not in qwen
