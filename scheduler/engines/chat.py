@@ -3,6 +3,7 @@ server and Hugging Face tokenizers render them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -533,6 +534,34 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def mistral_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each tool call id that is not 9 letters and digits (an OpenAI
+    ``call_...`` id from another server, the ``call_0`` given to a call sent without one or to a
+    legacy ``function_call``) written as one that is, in the calls and in the results that answer
+    them alike: Mistral's templates refuse any other ("Tool call IDs should be alphanumeric
+    strings with length 9!"). The same id is always written the same way (a digest of it), so
+    the conversation's next turn renders its earlier turns as this one did."""
+
+    def fixed(value: Any) -> Any:
+        if not isinstance(value, str) or _MISTRAL_ID.fullmatch(value):
+            return value
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+        return "".join(_ID_ALPHABET[b % len(_ID_ALPHABET)] for b in digest[:9])
+
+    out = []
+    for msg in messages:
+        if isinstance(msg.get("tool_calls"), list):
+            msg = {**msg, "tool_calls": [{**c, "id": fixed(c["id"])} if isinstance(c, dict) and "id" in c else c for c in msg["tool_calls"]]}
+        if "tool_call_id" in msg:
+            msg = {**msg, "tool_call_id": fixed(msg["tool_call_id"])}
+        out.append(msg)
+    return out
+
+
 def today_variables() -> dict[str, str]:
     """Today's date, as llama.cpp's server gives every template (common/chat.cpp:
     common_chat_extra_context): ``date_string`` ("06 Dec 2026"), which Llama 3.1's template writes
@@ -559,7 +588,8 @@ def template_inputs(
     if (tools or has_calls) and native_ok and template_knows_tools(template_source):
         if tools:
             extra["tools"] = [_openai_tool(t) for t in tools]
-        return native_tool_messages(messages), extra
+        native = native_tool_messages(messages)
+        return (mistral_call_ids(native) if tool_call_format(template_source) == "mistral" else native), extra
     if tools or has_calls:
         return generic_tool_messages(messages, tools), extra
     return messages, extra

@@ -95,3 +95,57 @@ def test_a_tool_history_without_tools_is_in_the_templates_own_format() -> None:
     assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in qwen
     assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in qwen
     assert "# Tools" not in qwen
+
+
+MISTRAL_NEMO = (TEMPLATES / "mistral-nemo-instruct-2407.jinja").read_text()
+MISTRAL_SMALL = (TEMPLATES / "mistral-small-3.2-24b-instruct-2506.jinja").read_text()
+
+
+def _mistral_history(call_id: str) -> list[dict[str, Any]]:
+    call = {"id": call_id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": call_id},
+    ]
+
+
+@pytest.mark.parametrize("template", [MISTRAL_NEMO, MISTRAL_SMALL], ids=["nemo", "small-3.2"])
+@pytest.mark.parametrize("call_id", ["call_abc123XYZ456def789", "call_0", "toolu_01A"])
+def test_a_foreign_call_id_is_written_as_a_mistral_one(template: str, call_id: str) -> None:
+    """Mistral's templates refuse a call id that is not 9 letters and digits ("Tool call IDs
+    should be alphanumeric strings with length 9!"): a conversation whose calls came from another
+    server (OpenAI's ``call_...``), or a call sent with no id or as a legacy ``function_call``
+    (given ``call_0`` here), was a 400 on every turn after. The prompt now writes such an id as a
+    9-character one, the same in the call and in its result, and the same on every turn."""
+    for tools in (TOOLS, None):
+        request: dict[str, Any] = {"messages": _mistral_history(call_id)}
+        if tools:
+            request["tools"] = tools
+        text = _prompt(template, request)
+        assert call_id not in text
+        if template is MISTRAL_NEMO:
+            written = text.split('"id": "')[1][:9]
+            assert f'"call_id": "{written}"' in text
+        else:
+            written = text.split("[CALL_ID]")[1][:9]
+            assert f"[TOOL_RESULTS]{written}[TOOL_CONTENT]" in text
+        assert written.isalnum() and written.isascii()
+        assert _prompt(template, request) == text  # the next turn renders it alike
+
+
+def test_a_mistral_id_is_written_as_sent() -> None:
+    text = _prompt(MISTRAL_NEMO, {"messages": _mistral_history("abcDEF123"), "tools": TOOLS})
+    assert '"id": "abcDEF123"' in text and '"call_id": "abcDEF123"' in text
+    # two calls with ids of other forms are two ids, each paired with its result
+    calls = [{"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}} for n in (1, 2)]
+    messages = [
+        {"role": "user", "content": "Paris and Rome?"},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "rainy", "tool_call_id": "call_2"},
+    ]
+    text = _prompt(MISTRAL_NEMO, {"messages": messages, "tools": TOOLS})
+    first, second = (part[:9] for part in text.split('"id": "')[1:3])
+    assert first != second
+    assert f'sunny, "call_id": "{first}"' in text and f'rainy, "call_id": "{second}"' in text
