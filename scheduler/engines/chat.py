@@ -562,6 +562,31 @@ def mistral_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def takes_system_turn(render: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """Whether a template (``render(messages)``) writes a system message: Gemma 2's raises "System
+    role not supported", as llama.cpp's server finds by rendering one (common/jinja/caps.cpp:
+    supports_system_role)."""
+    marker = f"@@{uuid.uuid4().hex}@@"
+    try:
+        return marker in render([{"role": "system", "content": marker}, {"role": "user", "content": "Hi"}])
+    except ValueError:
+        return False
+
+
+def merge_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` for a template that takes no system message (:func:`takes_system_turn`): the
+    first message's text, where it is a system message, at the start of the next one's, a line
+    between them, as llama.cpp's server does (common/chat.cpp: system_message_not_supported). A
+    system message alone is a user message (llama.cpp drops it, leaving the model no prompt)."""
+    if not messages or messages[0].get("role") != "system":
+        return messages
+    first = messages[0]
+    if len(messages) == 1:
+        return [{**first, "role": "user"}]
+    second = messages[1]
+    return [{**second, "content": f"{first.get('content') or ''}\n{second.get('content') or ''}"}, *messages[2:]]
+
+
 def today_variables() -> dict[str, str]:
     """Today's date, as llama.cpp's server gives every template (common/chat.cpp:
     common_chat_extra_context): ``date_string`` ("06 Dec 2026"), which Llama 3.1's template writes

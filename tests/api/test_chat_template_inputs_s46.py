@@ -149,3 +149,22 @@ def test_a_mistral_id_is_written_as_sent() -> None:
     first, second = (part[:9] for part in text.split('"id": "')[1:3])
     assert first != second
     assert f'sunny, "call_id": "{first}"' in text and f'rainy, "call_id": "{second}"' in text
+
+
+GEMMA2 = (TEMPLATES / "gemma-2-2b-it.jinja").read_text()
+
+
+def test_a_system_message_opens_the_next_turn_on_a_template_without_a_system_role() -> None:
+    """Gemma 2's template raises "System role not supported": every request with a system
+    message was a 400, and so was every request offering tools (the generic prompt lists them in
+    a system message). As llama.cpp's server does for such a template, the system text now
+    opens the next message, a line between them."""
+    request = {"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi"}]}
+    assert _prompt(GEMMA2, request) == "<s><start_of_turn>user\nAnswer in French.\nHi<end_of_turn>\n<start_of_turn>model\n"
+    with_tools = _prompt(GEMMA2, {**request, "tools": TOOLS})
+    assert with_tools.startswith("<s><start_of_turn>user\nAnswer in French.\n\nYou may call functions")
+    assert with_tools.endswith("</tool_call>\nHi<end_of_turn>\n<start_of_turn>model\n")
+    assert _prompt(GEMMA2, {"messages": [{"role": "system", "content": "Say hi."}]}) == "<s><start_of_turn>user\nSay hi.<end_of_turn>\n<start_of_turn>model\n"
+    # a template that writes system messages gets them as they are
+    assert "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n" in _prompt(LLAMA31, request)
+    assert "Answer in French.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" in _prompt(LLAMA31, request)
