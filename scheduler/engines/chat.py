@@ -92,6 +92,23 @@ def _generation_tag() -> Any:
     return Generation
 
 
+# Checks in models' templates that refuse what a client sends as a matter of course, taken out
+# as llama.cpp's server takes them out (common/chat.cpp: common_chat_templates_init): gpt-oss's
+# refusal of an assistant turn whose content holds its channel tags (the reply as the client got
+# it back), and Ministral 3's of an assistant turn with no content and no calls (an empty reply).
+_TEMPLATE_FIXES = (
+    (
+        '{%- if "<|channel|>analysis<|message|>" in message.content or "<|channel|>final<|message|>" in message.content %}',
+        "{%- if false %}",
+    ),
+    (
+        "{%- if (message['content'] is none or message['content'] == '' or message['content']|length == 0) and "
+        "(message['tool_calls'] is not defined or message['tool_calls'] is none or message['tool_calls']|length == 0) %}",
+        "{%- if false %}",
+    ),
+)
+
+
 def compile_chat_template(source: str | None) -> Any:
     """A compiled template for ``source`` (ChatML when None). A template that does not compile is
     the model's fault, not the request's: a permanent EngineError, not a ValueError (a 400)."""
@@ -116,8 +133,11 @@ def compile_chat_template(source: str | None) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.filters["tojson"] = tojson
+    source = source or CHATML
+    for check, fixed in _TEMPLATE_FIXES:
+        source = source.replace(check, fixed)
     try:
-        return env.from_string(source or CHATML)
+        return env.from_string(source)
     # not only a TemplateSyntaxError: nesting too deep for Jinja's parser (RecursionError) or
     # for Python's compiler (SyntaxError, MemoryError) is as much the model's template's fault
     except (jinja2.TemplateSyntaxError, RecursionError, SyntaxError, MemoryError) as exc:

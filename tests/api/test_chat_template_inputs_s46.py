@@ -168,3 +168,26 @@ def test_a_system_message_opens_the_next_turn_on_a_template_without_a_system_rol
     # a template that writes system messages gets them as they are
     assert "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n" in _prompt(LLAMA31, request)
     assert "Answer in French.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" in _prompt(LLAMA31, request)
+
+
+MINISTRAL3 = (TEMPLATES / "ministral-3-14b-reasoning-2512.jinja").read_text()
+GPT_OSS = (TEMPLATES / "gpt-oss-120b.jinja").read_text()
+
+
+def test_an_empty_reply_sent_back_is_a_turn_on_ministral_3() -> None:
+    """Ministral 3's template raises "Assistant message must have a string or a list of chunks in
+    content or a list of tool calls." for an assistant turn with no content: an agent that sent
+    back an empty reply (the model stopped at once; content null) had a 400 on every turn after.
+    llama.cpp's server takes that check out of the template; so does the worker now."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "Still there?"}]
+    text = _prompt(MINISTRAL3, {"messages": messages})
+    assert text.endswith("[INST]Hi[/INST]</s>[INST]Still there?[/INST]")
+
+
+def test_a_gpt_oss_reply_with_its_channel_tags_sent_back_is_a_turn() -> None:
+    """gpt-oss's template refuses an assistant turn whose content holds its channel tags, as a
+    client that keeps the raw reply sends it back; llama.cpp's server takes that check out."""
+    said = "<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>final<|message|>Hello!"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": said}, {"role": "user", "content": "Bye"}]
+    text = _prompt(GPT_OSS, {"messages": messages})
+    assert said in text and text.endswith("<|start|>user<|message|>Bye<|end|><|start|>assistant")
