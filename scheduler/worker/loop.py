@@ -667,7 +667,7 @@ class EngineWorker:
         offered = template_vars.pop("tools", None)  # the tools the template renders, passed with the messages
 
         def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-            # extra template variables (tools, chat_template_kwargs) only where the request has them
+            # extra template variables (tools, chat_template_kwargs, today's date) only where there are any
             variables = template_vars if tools is None else {**template_vars, "tools": tools}
             return engine.render_chat(msgs, **variables) if variables else engine.render_chat(msgs)
 
