@@ -3,6 +3,7 @@ server and Hugging Face tokenizers render them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -91,6 +92,23 @@ def _generation_tag() -> Any:
     return Generation
 
 
+# Checks in models' templates that refuse what a client sends as a matter of course, taken out
+# as llama.cpp's server takes them out (common/chat.cpp: common_chat_templates_init): gpt-oss's
+# refusal of an assistant turn whose content holds its channel tags (the reply as the client got
+# it back), and Ministral 3's of an assistant turn with no content and no calls (an empty reply).
+_TEMPLATE_FIXES = (
+    (
+        '{%- if "<|channel|>analysis<|message|>" in message.content or "<|channel|>final<|message|>" in message.content %}',
+        "{%- if false %}",
+    ),
+    (
+        "{%- if (message['content'] is none or message['content'] == '' or message['content']|length == 0) and "
+        "(message['tool_calls'] is not defined or message['tool_calls'] is none or message['tool_calls']|length == 0) %}",
+        "{%- if false %}",
+    ),
+)
+
+
 def compile_chat_template(source: str | None) -> Any:
     """A compiled template for ``source`` (ChatML when None). A template that does not compile is
     the model's fault, not the request's: a permanent EngineError, not a ValueError (a 400)."""
@@ -115,8 +133,11 @@ def compile_chat_template(source: str | None) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.filters["tojson"] = tojson
+    source = source or CHATML
+    for check, fixed in _TEMPLATE_FIXES:
+        source = source.replace(check, fixed)
     try:
-        return env.from_string(source or CHATML)
+        return env.from_string(source)
     # not only a TemplateSyntaxError: nesting too deep for Jinja's parser (RecursionError) or
     # for Python's compiler (SyntaxError, MemoryError) is as much the model's template's fault
     except (jinja2.TemplateSyntaxError, RecursionError, SyntaxError, MemoryError) as exc:
@@ -533,6 +554,68 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
+_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def mistral_call_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with each tool call id that is not 9 letters and digits (an OpenAI
+    ``call_...`` id from another server, the ``call_0`` given to a call sent without one or to a
+    legacy ``function_call``) written as one that is, in the calls and in the results that answer
+    them alike: Mistral's templates refuse any other ("Tool call IDs should be alphanumeric
+    strings with length 9!"). The same id is always written the same way (a digest of it), so
+    the conversation's next turn renders its earlier turns as this one did."""
+
+    def fixed(value: Any) -> Any:
+        if not isinstance(value, str) or _MISTRAL_ID.fullmatch(value):
+            return value
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
+        return "".join(_ID_ALPHABET[b % len(_ID_ALPHABET)] for b in digest[:9])
+
+    out = []
+    for msg in messages:
+        if isinstance(msg.get("tool_calls"), list):
+            msg = {**msg, "tool_calls": [{**c, "id": fixed(c["id"])} if isinstance(c, dict) and "id" in c else c for c in msg["tool_calls"]]}
+        if "tool_call_id" in msg:
+            msg = {**msg, "tool_call_id": fixed(msg["tool_call_id"])}
+        out.append(msg)
+    return out
+
+
+def takes_system_turn(render: Callable[[list[dict[str, Any]]], str]) -> bool:
+    """Whether a template (``render(messages)``) writes a system message: Gemma 2's raises "System
+    role not supported", as llama.cpp's server finds by rendering one (common/jinja/caps.cpp:
+    supports_system_role)."""
+    marker = f"@@{uuid.uuid4().hex}@@"
+    try:
+        return marker in render([{"role": "system", "content": marker}, {"role": "user", "content": "Hi"}])
+    except ValueError:
+        return False
+
+
+def merge_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` for a template that takes no system message (:func:`takes_system_turn`): the
+    first message's text, where it is a system message, at the start of the next one's, a line
+    between them, as llama.cpp's server does (common/chat.cpp: system_message_not_supported). A
+    system message alone is a user message (llama.cpp drops it, leaving the model no prompt)."""
+    if not messages or messages[0].get("role") != "system":
+        return messages
+    first = messages[0]
+    if len(messages) == 1:
+        return [{**first, "role": "user"}]
+    second = messages[1]
+    return [{**second, "content": f"{first.get('content') or ''}\n{second.get('content') or ''}"}, *messages[2:]]
+
+
+def today_variables() -> dict[str, str]:
+    """Today's date, as llama.cpp's server gives every template (common/chat.cpp:
+    common_chat_extra_context): ``date_string`` ("06 Dec 2026"), which Llama 3.1's template writes
+    as "Today Date:" (its default, "26 Jul 2024", otherwise), and ``datetime`` ("Dec 06 2026").
+    A request's chat_template_kwargs may set either."""
+    now = time.localtime()
+    return {"date_string": time.strftime("%d %b %Y", now), "datetime": time.strftime("%b %d %Y", now)}
+
+
 def template_inputs(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -542,12 +625,16 @@ def template_inputs(
     native_ok: bool,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages, extra template variables) for a request: the template's own tool format when it
-    has one and the engine passes variables through (``native_ok``), the generic one otherwise."""
-    extra = {k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS} if native_ok else {}
-    if tools and native_ok and template_knows_tools(template_source):
-        extra["tools"] = [_openai_tool(t) for t in tools]
-        return native_tool_messages(messages), extra
+    has one and the engine passes variables through (``native_ok``), the generic one otherwise.
+    Earlier calls and their results are in the template's own format also where the request
+    offers no tools (it is not given ``tools`` then), as llama.cpp's server renders them."""
+    extra = {**today_variables(), **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    if (tools or has_calls) and native_ok and template_knows_tools(template_source):
+        if tools:
+            extra["tools"] = [_openai_tool(t) for t in tools]
+        native = native_tool_messages(messages)
+        return (mistral_call_ids(native) if tool_call_format(template_source) == "mistral" else native), extra
     if tools or has_calls:
         return generic_tool_messages(messages, tools), extra
     return messages, extra

@@ -229,6 +229,15 @@ class EngineWorker:
         engine = self.engine
         return chat_format.tool_call_format(getattr(engine, "chat_template", None), native="template_vars" in engine.features)
 
+    def _takes_system(self) -> bool:
+        """Whether the model's template writes a system message (``chat.takes_system_turn``):
+        where not (Gemma 2's raises "System role not supported"), a request's system text opens
+        its next message, as llama-server writes it, rather than being a 400."""
+        takes = getattr(self, "_takes_system_turn", None)
+        if takes is None:
+            takes = self._takes_system_turn = chat_format.takes_system_turn(self.engine.render_chat)
+        return takes
+
     def _tool_token_bytes(self) -> Callable[[int], bytes]:
         """``engine.token_bytes`` that spells the control tokens of the model's tool-call format
         (Mistral's ``[TOOL_CALLS]``, Llama 3.1's ``<|python_tag|>``) as their text, for a reply
@@ -658,7 +667,7 @@ class EngineWorker:
         offered = template_vars.pop("tools", None)  # the tools the template renders, passed with the messages
 
         def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-            # extra template variables (tools, chat_template_kwargs) only where the request has them
+            # extra template variables (tools, chat_template_kwargs, today's date) only where there are any
             variables = template_vars if tools is None else {**template_vars, "tools": tools}
             return engine.render_chat(msgs, **variables) if variables else engine.render_chat(msgs)
 
@@ -687,6 +696,8 @@ class EngineWorker:
                     request.get("chat_template_kwargs"),
                     native_ok="template_vars" in features,
                 )
+                if messages and messages[0].get("role") == "system" and not self._takes_system():
+                    messages = chat_format.merge_system_turn(messages)
                 tokens, own_len = self._chat_tokens(messages, resume_text, extra)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
