@@ -387,10 +387,56 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion: n is not read
+    return req, _response_fields(body)
+
+
+# llama-server's POST /completion (and /completions): its native completion. Its sampler options
+# this server does not have are accepted and named in the ignored-parameters header, as on /infill.
+_NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
+    {
+        "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "top_n_sigma",
+        "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
+        "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "post_sampling_probs", "n_discard",
+        "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
+    }
+)  # fmt: skip
+_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+
+
+def parse_native_completion_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
+    """Validate a llama-server ``POST /completion`` body: the request (a completion of
+    ``prompt``: a string, an array of token ids, or an array of those, each a prompt of its own)
+    and its ``response_fields`` (None: every field). ``model`` may be left out: the first model
+    served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
+    are honoured as on /infill; llama-server's sampler options this server does not have are
+    accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``."""
+    body = load_object(raw)
+    if named_model(body) is None and models:
+        body = {**body, "model": next(iter(models))}
+    model = _parse_model(body, models)
+    ignored = _unknown_keys(body, _NATIVE_KEYS, strict)
+    ignored += [key for key in body if key in _NATIVE_UNHONOURED]
+    prompts = _parse_prompt(body)
+    req = GenerationRequest(
+        endpoint="completions",
+        model=model,
+        prompt=prompts[0],
+        prompts=prompts if len(prompts) > 1 else None,
+        max_tokens=_parse_max_tokens(body),
+        ignored=ignored,
+    )
+    at_least_0 = "an integer greater than or equal to 0"
+    req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
+    req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
+    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
+    return req, _response_fields(body)
+
+
+def _response_fields(body: Mapping[str, Any]) -> list[str] | None:
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
         raise _invalid_type("response_fields", "an array of strings")
-    return req, fields_wanted
+    return fields_wanted
 
 
 def _parse_input_extra(body: Mapping[str, Any]) -> list[list[str]]:

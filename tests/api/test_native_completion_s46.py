@@ -1,0 +1,235 @@
+"""llama-server's ``POST /completion`` (and ``/completions``): its native completion route, on the
+completions path (admission, keys, classes), answered in llama-server's shapes: one completion
+object (an array for several prompts), or ``data:`` frames without ``[DONE]``.
+
+In process: the real ASGI application and worker code around the simulated engine; one
+end-to-end check on the shared real server against ``/v1/completions``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from django.test import override_settings
+
+from api.errors import ApiError
+from api.schemas import parse_native_completion_request
+from keys.credentials import digest_of
+from keys.runtime import Key, Policy
+from tests.edge.inproc import JSON, MODEL, SimWorker, attached, request
+
+pytestmark_db = pytest.mark.django_db(transaction=True)
+
+
+def parse(body: dict[str, Any], *, strict: bool = False) -> Any:
+    return parse_native_completion_request(json.dumps(body).encode(), models=[MODEL], strict=strict)
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"prompt": "Once upon a time", "n_predict": 6, **fields}).encode()
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def test_the_body_maps_onto_a_completion_with_llama_servers_fields() -> None:
+    req, fields = parse({"prompt": "a", "n_predict": 5, "temperature": 0, "top_k": 3, "stop": ["x"], "samplers": ["top_k"], "id_slot": 0, "response_fields": ["content"]})
+    assert (req.model, req.prompt, req.prompts, req.max_tokens, req.temperature, req.top_k, req.stop, req.n) == (MODEL, "a", None, 5, 0.0, 3, ["x"], 1)
+    assert req.suffix is None and fields == ["content"]  # not a FIM prompt: its class is the request's
+    assert set(req.ignored) == {"samplers", "id_slot"}
+
+
+def test_token_ids_and_several_prompts() -> None:
+    assert parse({"prompt": [1, 2, 3]})[0].prompt == [1, 2, 3]
+    req, _ = parse({"prompt": ["a", [4, 5]]})
+    assert req.prompt == "a" and req.prompts == ["a", [4, 5]]
+
+
+def test_unhonoured_llama_server_samplers_are_accepted_under_strict_and_named_ignored() -> None:
+    req, _ = parse({"prompt": "a", "mirostat": 2, "n_probs": 3, "cache_prompt": True}, strict=True)
+    assert set(req.ignored) == {"mirostat", "n_probs"}
+    with pytest.raises(ApiError):
+        parse({"prompt": "a", "no_such_field": 1}, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({}, "prompt"),
+        ({"prompt": 3}, "prompt"),
+        ({"prompt": "a", "response_fields": "content"}, "response_fields"),
+        ({"prompt": "a", "n_predict": "5"}, "n_predict"),
+        ({"prompt": "a", "temperature": -1}, "temperature"),
+        ({"prompt": "a", "model": "other"}, "model"),
+        ({"prompt": "a", "n_indent": -1}, "n_indent"),
+    ],
+)
+def test_bad_fields_are_errors_naming_the_param(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        parse(fields)
+    assert err.value.status in (400, 404) and err.value.body()["error"]["param"] == param
+
+
+# -- through the application --------------------------------------------------------------------
+
+
+@pytestmark_db
+@pytest.mark.parametrize("path", ["/completion", "/completions"])
+async def test_completion_answers_llama_servers_completion_object(path: str) -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", path, body(seed=7, stop=["zzz"]), JSON)
+        openai = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6}).encode(), JSON)
+    assert reply.status == 200, reply.body
+    obj = reply.json()
+    assert obj["content"] == openai.json()["choices"][0]["text"] and len(obj["content"]) > 0
+    assert obj["stop"] is True and obj["model"] == MODEL and obj["truncated"] is False and obj["index"] == 0
+    assert obj["tokens_predicted"] == 6 and obj["tokens_evaluated"] == openai.json()["usage"]["prompt_tokens"]
+    assert obj["stop_type"] == "limit" and obj["stopping_word"] == "" and obj["prompt"] == "Once upon a time"
+    settings = obj["generation_settings"]
+    assert settings["n_predict"] == 6 and settings["seed"] == 7 and settings["stop"] == ["zzz"]
+    assert obj["timings"]["predicted_n"] == 6
+    assert not reply.body.startswith(b"data:")
+    assert reply.headers["x-superfluid-qos"] == openai.headers["x-superfluid-qos"]  # the class of /v1/completions
+
+
+@pytestmark_db
+async def test_a_stop_string_is_stop_type_word_with_its_stopping_word() -> None:
+    async with attached(SimWorker()):
+        first = (await request("POST", "/completion", body(n_predict=8), JSON)).json()["content"]
+        word = first[2:4]
+        obj = (await request("POST", "/completion", body(n_predict=8, stop=[word]), JSON)).json()
+    assert obj["stop_type"] == "word" and obj["stopping_word"] == word and obj["content"] == first[: first.index(word)]
+
+
+@pytestmark_db
+async def test_streamed_completion_sends_content_frames_then_a_stop_frame_and_no_done() -> None:
+    async with attached(SimWorker()):
+        whole = (await request("POST", "/completion", body(), JSON)).json()["content"]
+        reply = await request("POST", "/completion", body(stream=True), JSON)
+        picked = await request("POST", "/completion", body(stream=True, response_fields=["content", "stop", "timings/predicted_n"]), JSON)
+    assert reply.status == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    frames = [json.loads(d) for d in reply.sse_data()]  # json.loads: no [DONE]
+    *deltas, last = frames
+    assert deltas and all(f["stop"] is False and f["content"] and f["index"] == 0 for f in deltas)
+    assert "".join(f["content"] for f in deltas) == whole
+    assert deltas[-1]["tokens_predicted"] == 6 and deltas[0]["tokens_evaluated"] > 0
+    assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == 6 and "generation_settings" in last
+    assert not reply.body.rstrip().endswith(b"[DONE]")
+    assert json.loads(picked.sse_data()[-1]) == {"content": "", "stop": True, "timings/predicted_n": 6}
+
+
+@pytestmark_db
+async def test_response_fields_return_only_those_keyed_by_their_path() -> None:
+    async with attached(SimWorker()):
+        obj = (await request("POST", "/completion", body(response_fields=["content", "generation_settings/n_predict", "nope"]), JSON)).json()
+    assert set(obj) == {"content", "generation_settings/n_predict"} and obj["generation_settings/n_predict"] == 6
+
+
+@pytestmark_db
+async def test_several_prompts_answer_an_array_of_results_in_order_and_streams_index_them() -> None:
+    async with attached(SimWorker()):
+        one = [(await request("POST", "/completion", body(prompt=p), JSON)).json()["content"] for p in ("ab", "xyz")]
+        both = await request("POST", "/completion", body(prompt=["ab", "xyz"]), JSON)
+        streamed = await request("POST", "/completion", body(prompt=["ab", "xyz"], stream=True), JSON)
+    assert both.status == 200, both.body
+    results = both.json()
+    assert isinstance(results, list) and [r["index"] for r in results] == [0, 1]
+    assert [r["content"] for r in results] == one and [r["prompt"] for r in results] == ["ab", "xyz"]
+    frames = [json.loads(d) for d in streamed.sse_data()]
+    for i in (0, 1):
+        mine = [f for f in frames if f["index"] == i]
+        assert "".join(f["content"] for f in mine) == one[i] and mine[-1]["stop"] is True
+    assert not streamed.body.rstrip().endswith(b"[DONE]")
+
+
+@pytestmark_db
+async def test_a_token_id_prompt_is_completed_as_on_v1_completions() -> None:
+    async with attached(SimWorker()):
+        native = await request("POST", "/completion", body(prompt=[72, 105, 33]), JSON)
+        openai = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [72, 105, 33], "max_tokens": 6}).encode(), JSON)
+    assert native.status == 200, native.body
+    obj = native.json()
+    assert obj["content"] == openai.json()["choices"][0]["text"] and obj["tokens_evaluated"] == 3
+    assert isinstance(obj["prompt"], str)
+
+
+@pytestmark_db
+async def test_ignored_fields_are_named_in_the_header() -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", "/completion", body(samplers=["top_k"], n_probs=2), JSON)
+    assert reply.status == 200
+    assert {p.strip() for p in reply.headers["x-superfluid-ignored-params"].split(",")} >= {"samplers", "n_probs"}
+
+
+@pytestmark_db
+async def test_bad_bodies_are_400s_in_the_error_shape_and_the_route_keeps_serving() -> None:
+    bad = [(b"{not json", None), (json.dumps({"n_predict": 3}).encode(), "prompt"), (json.dumps({"prompt": "a", "stop": 3}).encode(), "stop")]
+    async with attached(SimWorker()):
+        for raw, param in bad:
+            reply = await request("POST", "/completion", raw, JSON)
+            assert reply.status == 400 and reply.is_error_object(), reply.body
+            assert reply.json()["error"]["param"] == param
+        get = await request("GET", "/completion")
+        after = await request("POST", "/completion", body(), JSON)
+    assert get.status == 405 and get.is_error_object()
+    assert after.status == 200 and after.json()["tokens_predicted"] == 6
+
+
+RESTRICTED, OPEN = "sf-restricted-0123456789", "sf-open-0123456789"
+
+
+def keyed(secret: str) -> list[tuple[bytes, bytes]]:
+    return [*JSON, (b"authorization", f"Bearer {secret}".encode())]
+
+
+@pytestmark_db
+@override_settings(SUPERFLUID_KEYS_REQUIRED=True)
+async def test_completion_is_admitted_as_any_generation_request_keys_first() -> None:
+    restricted = Key(id=1, name="restricted", digest=digest_of(RESTRICTED), policy=Policy(name="p", allowed_models=("other",)))
+    everything = Key(id=2, name="open", digest=digest_of(OPEN), policy=Policy(name="q"))
+    async with attached(SimWorker(), keys={restricted.digest: restricted, everything.digest: everything}):
+        missing = await request("POST", "/completion", body(), JSON)
+        wrong = await request("POST", "/completion", body(), keyed("sf-not-a-key-0123456789"))
+        other = await request("POST", "/completion", body(), keyed(RESTRICTED))
+        ok = await request("POST", "/completion", body(), keyed(OPEN))
+    assert missing.status == 401 and wrong.status == 401 and missing.is_error_object()
+    assert other.status == 403 and other.json()["error"]["code"] == "model_forbidden"  # as /v1/completions answers it
+    assert ok.status == 200 and ok.json()["tokens_predicted"] == 6
+
+
+@pytestmark_db
+async def test_the_class_and_priority_headers_choose_its_class_as_on_v1_completions() -> None:
+    async with attached(SimWorker()):
+        background = await request("POST", "/completion", body(), [*JSON, (b"x-superfluid-qos", b"background")])
+        low = await request("POST", "/completion", body(), [*JSON, (b"x-llamaswap-priority", b"-100")])
+        bad = await request("POST", "/completion", body(), [*JSON, (b"x-superfluid-qos", b"nope")])
+    assert background.status == 200 and background.headers["x-superfluid-qos"] == "background"
+    assert low.status == 200 and low.headers["x-superfluid-qos"] == "background"
+    assert bad.status == 400 and bad.json()["error"]["code"] == "invalid_qos_class"
+
+
+@pytestmark_db
+@override_settings(SUPERFLUID_MAX_BODY_BYTES=1000)
+async def test_a_body_over_the_bound_is_413() -> None:
+    async with attached(SimWorker()):
+        big = await request("POST", "/completion", body(prompt="x" * 2000), JSON)
+    assert big.status == 413 and big.is_error_object()
+
+
+# -- the real server ----------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_the_real_server_completion_at_temperature_0_equals_v1_completions(shared_server: Any) -> None:
+    prompt = "The capital of France is"
+    native = httpx.post(shared_server.base + "/completion", json={"prompt": prompt, "n_predict": 12, "temperature": 0}, timeout=120)
+    openai = httpx.post(shared_server.base + "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0}, timeout=120)
+    assert native.status_code == 200, native.text
+    assert openai.status_code == 200, openai.text
+    obj = native.json()
+    assert obj["content"] == openai.json()["choices"][0]["text"] and obj["content"]
+    assert obj["tokens_evaluated"] == openai.json()["usage"]["prompt_tokens"]
+    assert obj["tokens_predicted"] == openai.json()["usage"]["completion_tokens"]
