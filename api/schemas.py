@@ -273,7 +273,11 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     (400 with the exact ``param``, or 404 ``model_not_found``) on the first problem found, checked
     in this order: JSON, object, ``model``, unknown keys, ``messages``, then the other parameters.
     """
-    body = load_object(raw)
+    return chat_request_from(load_object(raw), models=models, strict=strict)
+
+
+def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: bool = False) -> GenerationRequest:
+    """:func:`parse_chat_request` of a body already read (llama-server's /apply-template)."""
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)

@@ -226,7 +226,8 @@ async def test_a_body_over_the_bound_is_413() -> None:
 def test_the_real_server_completion_at_temperature_0_equals_v1_completions(shared_server: Any) -> None:
     prompt = "The capital of France is"
     native = httpx.post(shared_server.base + "/completion", json={"prompt": prompt, "n_predict": 12, "temperature": 0}, timeout=120)
-    openai = httpx.post(shared_server.base + "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0}, timeout=120)
+    model = httpx.get(shared_server.base + "/v1/models", timeout=60).json()["data"][0]["id"]
+    openai = httpx.post(shared_server.base + "/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0}, timeout=120)
     assert native.status_code == 200, native.text
     assert openai.status_code == 200, openai.text
     obj = native.json()
