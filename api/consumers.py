@@ -817,8 +817,17 @@ class NativeCompletionConsumer(CompletionsConsumer):
     response_fields: list[str] | None = None
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.response_fields = parse_native_completion_request(body, models=models, strict=serving().strict_params)
+        request, self.response_fields = parse_native_completion_request(body, models=models, strict=serving().strict_params, tokenize=self.tokenize)
         return request
+
+    @staticmethod
+    def tokenize(model: str, text: str, first: bool) -> list[int]:
+        """A string of a prompt that mixes strings and token ids, tokenised as llama-server's
+        ``tokenize_mixed`` does (special tokens parsed; BOS where the vocabulary adds one, for a
+        string that begins the prompt), with the model's vocabulary (in the parsing thread)."""
+        from .views import vocab_of
+
+        return vocab_of(model).tokenize(text, add_special=first, parse_special=True)
 
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         # the text is gathered as a completion's; the frames and the body are llama-server's

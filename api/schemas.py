@@ -407,10 +407,14 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
 _NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
 
 
-def parse_native_completion_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
+def parse_native_completion_request(
+    raw: bytes, *, models: Collection[str], strict: bool = False, tokenize: Callable[[str, str, bool], list[int]] | None = None
+) -> tuple[GenerationRequest, list[str] | None]:
     """Validate a llama-server ``POST /completion`` body: the request (a completion of
-    ``prompt``: a string, an array of token ids, or an array of those, each a prompt of its own)
-    and its ``response_fields`` (None: every field). ``model`` may be left out: the first model
+    ``prompt``: a string, an array of token ids, an array mixing strings and token ids (one
+    prompt: its strings tokenised by ``tokenize(model, text, first)``, ``first`` true for a
+    string that begins it, which takes the BOS, as llama-server's ``tokenize_mixed``), or an
+    array of those, each a prompt of its own) and its ``response_fields`` (None: every field). ``model`` may be left out: the first model
     served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
     are honoured as on /infill; llama-server's sampler options this server does not have are
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``."""
@@ -420,6 +424,8 @@ def parse_native_completion_request(raw: bytes, *, models: Collection[str], stri
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _NATIVE_KEYS, strict)
     ignored += [key for key in body if key in _NATIVE_UNHONOURED]
+    if tokenize is not None:
+        body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first))}
     prompts = _parse_prompt(body)
     req = GenerationRequest(
         endpoint="completions",
@@ -434,6 +440,30 @@ def parse_native_completion_request(raw: bytes, *, models: Collection[str], stri
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
     return req, _response_fields(body)
+
+
+def _is_mixed(value: Any) -> bool:
+    """llama-server's ``json_is_array_of_mixed_numbers_strings``: strings and token ids together."""
+    return isinstance(value, list) and any(isinstance(v, str) for v in value) and any(_is_int(v) for v in value)
+
+
+def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]]) -> Any:
+    """``prompt`` with each array mixing strings and token ids (the prompt itself, or a prompt
+    among several) made the token ids it stands for; anything else as it is (checked after)."""
+
+    def tokens(mixed: list[Any]) -> Any:
+        if not all(isinstance(v, str) or _is_int(v) for v in mixed):
+            return mixed  # (refused by the prompt's check, naming it)
+        out: list[int] = []
+        for i, v in enumerate(mixed):
+            out += tokenize(v, i == 0) if isinstance(v, str) else [v]
+        return out
+
+    if _is_mixed(prompt):
+        return tokens(prompt)
+    if isinstance(prompt, list) and len(prompt) <= MAX_PROMPTS and any(_is_mixed(p) for p in prompt):
+        return [tokens(p) if _is_mixed(p) else p for p in prompt]
+    return prompt
 
 
 def _response_fields(body: Mapping[str, Any]) -> list[str] | None:

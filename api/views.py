@@ -144,6 +144,11 @@ async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None
 async def _vocab(model: str | None = None) -> Any:
     """The vocabulary of ``model`` (an id or alias) where several models are served, else of
     the one model (without one: the first configured)."""
+    return await asyncio.to_thread(vocab_of, model)
+
+
+def vocab_of(model: str | None = None) -> Any:
+    """:func:`_vocab`, blocking (it may open the model's file): in a thread."""
     from .tokenizer import vocab_for
 
     cfg = serving()
@@ -152,7 +157,7 @@ async def _vocab(model: str | None = None) -> Any:
         from scheduler.engines.models import default_model_path
 
         path = str(default_model_path())
-    return await asyncio.to_thread(vocab_for, path)
+    return vocab_for(path)
 
 
 _JSON_SLICE = 4096  # tokens /tokenize encodes at a time

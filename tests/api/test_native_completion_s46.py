@@ -47,6 +47,28 @@ def test_token_ids_and_several_prompts() -> None:
     assert req.prompt == "a" and req.prompts == ["a", [4, 5]]
 
 
+def test_a_prompt_mixing_strings_and_token_ids_is_tokenised_as_llama_servers_tokenize_mixed() -> None:
+    """Strings with special tokens parsed, BOS only for a string that begins the prompt."""
+    calls: list[tuple[str, str, bool]] = []
+
+    def tokenize(model: str, text: str, first: bool) -> list[int]:
+        calls.append((model, text, first))
+        return ([1] if first else []) + [ord(c) for c in text]
+
+    def mixed(prompt: Any) -> Any:
+        req, _ = parse_native_completion_request(json.dumps({"prompt": prompt}).encode(), models=[MODEL], tokenize=tokenize)
+        return req.prompts or req.prompt
+
+    assert mixed(["ab", 5, "c"]) == [1, 97, 98, 5, 99]
+    assert mixed([5, "c"]) == [5, 99]
+    assert mixed(["x", ["ab", 7], [8, 9]]) == ["x", [1, 97, 98, 7], [8, 9]]
+    assert calls[0] == (MODEL, "ab", True)
+    assert mixed("ab") == "ab" and mixed([3, 4]) == [3, 4]  # not mixed: as on /v1/completions
+    with pytest.raises(ApiError) as err:
+        mixed(["ab", 5, None])
+    assert err.value.body()["error"]["param"] == "prompt"
+
+
 def test_unhonoured_llama_server_samplers_are_accepted_under_strict_and_named_ignored() -> None:
     req, _ = parse({"prompt": "a", "mirostat": 2, "n_probs": 3, "cache_prompt": True}, strict=True)
     assert set(req.ignored) == {"mirostat", "n_probs"}
@@ -156,6 +178,20 @@ async def test_a_token_id_prompt_is_completed_as_on_v1_completions() -> None:
 
 
 @pytestmark_db
+async def test_a_mixed_prompt_is_completed_as_its_tokens_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.consumers import NativeCompletionConsumer
+
+    # the simulated engine's vocabulary: a token a byte (the web process reads the bundled model's)
+    monkeypatch.setattr(NativeCompletionConsumer, "tokenize", staticmethod(lambda model, text, first: list(text.encode())))
+    ids = list(b"Hello")
+    async with attached(SimWorker()):
+        mixed = await request("POST", "/completion", body(prompt=["Hello", 33]), JSON)
+        tokens = await request("POST", "/completion", body(prompt=[*ids, 33]), JSON)
+    assert mixed.status == 200, mixed.body
+    assert mixed.json()["content"] == tokens.json()["content"] and mixed.json()["tokens_evaluated"] == len(ids) + 1
+
+
+@pytestmark_db
 async def test_ignored_fields_are_named_in_the_header() -> None:
     async with attached(SimWorker()):
         reply = await request("POST", "/completion", body(samplers=["top_k"], n_probs=2), JSON)
@@ -234,3 +270,9 @@ def test_the_real_server_completion_at_temperature_0_equals_v1_completions(share
     assert obj["content"] == openai.json()["choices"][0]["text"] and obj["content"]
     assert obj["tokens_evaluated"] == openai.json()["usage"]["prompt_tokens"]
     assert obj["tokens_predicted"] == openai.json()["usage"]["completion_tokens"]
+    # a prompt mixing text and token ids: the text tokenised as /tokenize does (BOS and all)
+    ids = httpx.post(shared_server.base + "/tokenize", json={"content": prompt, "add_special": True}, timeout=60).json()["tokens"]
+    mixed = httpx.post(shared_server.base + "/completion", json={"prompt": [prompt, 13], "n_predict": 8, "temperature": 0}, timeout=120)
+    tokens = httpx.post(shared_server.base + "/completion", json={"prompt": [*ids, 13], "n_predict": 8, "temperature": 0}, timeout=120)
+    assert mixed.status_code == 200, mixed.text
+    assert mixed.json()["content"] == tokens.json()["content"] and mixed.json()["tokens_evaluated"] == len(ids) + 1
