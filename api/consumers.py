@@ -832,7 +832,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         # the text is gathered as a completion's; the frames and the body are llama-server's
         extra.pop("echo", None)
-        return responses.Reply("completions", request.model, **extra)
+        return responses.Reply("completions", request.model, logprobs=request.logprobs is not None, **extra)
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
         prompts = request.prompts or [request.prompt]
@@ -849,21 +849,32 @@ class NativeCompletionConsumer(CompletionsConsumer):
         return int(getattr(accepted, "prompt_tokens", 0) or 0)
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
-        """llama-server's final completion object (``content``: empty closing a stream)."""
+        """llama-server's final completion object (``content``: empty closing a stream, whose
+        ``completion_probabilities`` came with its text but for its last tokens')."""
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         prompt = request.prompts[reply.index] if request.prompts else request.prompt
         final["generation_settings"] = responses.native_generation_settings(request)
         final["prompt"] = prompt if isinstance(prompt, str) else getattr(self, "prompt_texts", {}).get(reply.index, "")
+        if request.logprobs is not None:
+            entries = reply.closing_entries(event)
+            if not request.stream:
+                entries = reply.logprobs + entries
+            if entries or not request.stream:
+                final["completion_probabilities"] = responses.native_probabilities(entries)
         return final
 
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return []
 
     def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
+        held = len(reply.logprobs)
+        reply.add(event)  # the whole text: the last frame's has_new_line (and n_probs' entries)
         if not event.text:
             return []
-        reply.add(event)  # the whole text: the last frame's has_new_line
-        return [responses.sse_event(responses.infill_partial(event.text, event.tokens, self.prompt_tokens(reply.index), index=reply.index))]
+        frame = responses.infill_partial(event.text, event.tokens, self.prompt_tokens(reply.index), index=reply.index)
+        if reply.want_logprobs:  # n_probs: the entries of the tokens whose text this is
+            frame["completion_probabilities"] = responses.native_probabilities(reply.logprobs[held:])
+        return [responses.sse_event(frame)]
 
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         return [responses.pick_fields(self.native_final(request, reply, event, ""), self.response_fields)]

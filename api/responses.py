@@ -1033,6 +1033,11 @@ class Reply:
             chunk["choices"][0]["delta"] = {"tool_calls": [call_delta]}
         return chunk
 
+    def closing_entries(self, event: Done) -> list[dict[str, Any]]:
+        """The logprob entries still held when the reply ends (``event``): those of its last
+        tokens, but for a stop string's."""
+        return self._entries("", None, event)
+
     # -- not streamed ---------------------------------------------------------------------
 
     def add(self, event: Delta) -> None:
@@ -1179,8 +1184,18 @@ def native_generation_settings(request: Any) -> dict[str, Any]:
         "ignore_eos": request.ignore_eos,
         "stream": request.stream,
         "logit_bias": [list(p) for p in request.logit_bias],
-        "n_probs": 0,
+        "n_probs": request.logprobs or 0,
     }
+
+
+def native_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """llama-server's ``completion_probabilities`` for the worker's per-token entries: the
+    token's ``id``, ``token`` (its text), ``bytes``, ``logprob`` and its ``top_logprobs``."""
+
+    def item(e: dict[str, Any]) -> dict[str, Any]:
+        return {"id": e["token_id"], "token": _token_text(e["bytes"]), "bytes": e["bytes"], "logprob": e["logprob"]}
+
+    return [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
 
 
 def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:

@@ -404,7 +404,8 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
         "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
     }
 )  # fmt: skip
-_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+_NATIVE_UNHONOURED -= {"n_probs"}  # honoured on /completion: completion_probabilities
+_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
 
 
 def parse_native_completion_request(
@@ -439,6 +440,9 @@ def parse_native_completion_request(
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
+    # llama-server's n_probs: the top n tokens' logprobs for each generated token
+    n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
+    req.logprobs = n_probs or None
     return req, _response_fields(body)
 
 

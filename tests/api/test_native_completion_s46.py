@@ -18,6 +18,7 @@ from api.errors import ApiError
 from api.schemas import parse_native_completion_request
 from keys.credentials import digest_of
 from keys.runtime import Key, Policy
+from scheduler.engines.sim import SimEngine
 from tests.edge.inproc import JSON, MODEL, SimWorker, attached, request
 
 pytestmark_db = pytest.mark.django_db(transaction=True)
@@ -71,7 +72,7 @@ def test_a_prompt_mixing_strings_and_token_ids_is_tokenised_as_llama_servers_tok
 
 def test_unhonoured_llama_server_samplers_are_accepted_under_strict_and_named_ignored() -> None:
     req, _ = parse({"prompt": "a", "mirostat": 2, "n_probs": 3, "cache_prompt": True}, strict=True)
-    assert set(req.ignored) == {"mirostat", "n_probs"}
+    assert set(req.ignored) == {"mirostat"} and req.logprobs == 3  # n_probs is honoured
     with pytest.raises(ApiError):
         parse({"prompt": "a", "no_such_field": 1}, strict=True)
 
@@ -86,6 +87,8 @@ def test_unhonoured_llama_server_samplers_are_accepted_under_strict_and_named_ig
         ({"prompt": "a", "temperature": -1}, "temperature"),
         ({"prompt": "a", "model": "other"}, "model"),
         ({"prompt": "a", "n_indent": -1}, "n_indent"),
+        ({"prompt": "a", "n_probs": 21}, "n_probs"),
+        ({"prompt": "a", "n_probs": "2"}, "n_probs"),
     ],
 )
 def test_bad_fields_are_errors_naming_the_param(fields: dict[str, Any], param: str) -> None:
@@ -194,9 +197,9 @@ async def test_a_mixed_prompt_is_completed_as_its_tokens_are(monkeypatch: pytest
 @pytestmark_db
 async def test_ignored_fields_are_named_in_the_header() -> None:
     async with attached(SimWorker()):
-        reply = await request("POST", "/completion", body(samplers=["top_k"], n_probs=2), JSON)
+        reply = await request("POST", "/completion", body(samplers=["top_k"], mirostat=2), JSON)
     assert reply.status == 200
-    assert {p.strip() for p in reply.headers["x-superfluid-ignored-params"].split(",")} >= {"samplers", "n_probs"}
+    assert {p.strip() for p in reply.headers["x-superfluid-ignored-params"].split(",")} == {"samplers", "mirostat"}
 
 
 @pytestmark_db
@@ -211,6 +214,55 @@ async def test_bad_bodies_are_400s_in_the_error_shape_and_the_route_keeps_servin
         after = await request("POST", "/completion", body(), JSON)
     assert get.status == 405 and get.is_error_object()
     assert after.status == 200 and after.json()["tokens_predicted"] == 6
+
+
+class LogprobSim(SimEngine):
+    """The simulated engine reporting logprobs: each sampled token -0.5, its alternatives lower."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.features = frozenset({"logprobs"})
+        self.want: dict[int, int] = {}
+        self.lp_out: dict[int, tuple[float, list[tuple[int, float]]]] = {}
+
+    def bind_sampler(self, bind: Any) -> None:
+        super().bind_sampler(bind)
+        self.want[bind.lane] = bind.sampling.logprobs or 0
+
+    def forward(self, step: Any) -> dict[int, int]:
+        sampled = super().forward(step)
+        for lane, token in sampled.items():
+            self.lp_out[lane] = (-0.5, [(token, -0.5), ((token + 1) % 256, -1.5), ((token + 2) % 256, -2.5)][: self.want.get(lane, 0)])
+        return sampled
+
+    def take_logprobs(self) -> dict[int, tuple[float, list[tuple[int, float]]]]:
+        out, self.lp_out = self.lp_out, {}
+        return out
+
+
+class LogprobWorker(SimWorker):
+    engine_class = LogprobSim
+
+
+@pytestmark_db
+async def test_n_probs_gives_completion_probabilities_for_each_generated_token_streamed_or_not() -> None:
+    async with attached(LogprobWorker()):
+        whole = await request("POST", "/completion", body(n_probs=2), JSON)
+        streamed = await request("POST", "/completion", body(n_probs=2, stream=True), JSON)
+        plain = await request("POST", "/completion", body(), JSON)
+    assert whole.status == 200, whole.body
+    obj = whole.json()
+    probs = obj["completion_probabilities"]
+    assert len(probs) == obj["tokens_predicted"] == 6 and "".join(p["token"] for p in probs) == obj["content"]
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"} and p["logprob"] == -0.5
+        assert [t["logprob"] for t in p["top_logprobs"]] == [-0.5, -1.5] and p["top_logprobs"][0]["id"] == p["id"]
+        assert bytes(p["bytes"]).decode() == p["token"]
+    assert obj["generation_settings"]["n_probs"] == 2 and "x-superfluid-ignored-params" not in whole.headers
+    frames = [json.loads(d) for d in streamed.sse_data()]
+    assert [p for f in frames for p in f.get("completion_probabilities", [])] == probs
+    assert all(len(f["completion_probabilities"]) >= 1 for f in frames[:-1])
+    assert "completion_probabilities" not in plain.json()
 
 
 RESTRICTED, OPEN = "sf-restricted-0123456789", "sf-open-0123456789"
@@ -270,6 +322,11 @@ def test_the_real_server_completion_at_temperature_0_equals_v1_completions(share
     assert obj["content"] == openai.json()["choices"][0]["text"] and obj["content"]
     assert obj["tokens_evaluated"] == openai.json()["usage"]["prompt_tokens"]
     assert obj["tokens_predicted"] == openai.json()["usage"]["completion_tokens"]
+    # n_probs: each generated token's probabilities, the top ones of the same model
+    probs = httpx.post(shared_server.base + "/completion", json={"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 3}, timeout=120).json()
+    entries = probs["completion_probabilities"]
+    assert "".join(e["token"] for e in entries) == probs["content"] and len(entries) == probs["tokens_predicted"]
+    assert all(len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["id"] == e["id"] for e in entries)  # greedy: the top one
     # a prompt mixing text and token ids: the text tokenised as /tokenize does (BOS and all)
     ids = httpx.post(shared_server.base + "/tokenize", json={"content": prompt, "add_special": True}, timeout=60).json()["tokens"]
     mixed = httpx.post(shared_server.base + "/completion", json={"prompt": [prompt, 13], "n_predict": 8, "temperature": 0}, timeout=120)
