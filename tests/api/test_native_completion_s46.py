@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 from django.test import override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.errors import ApiError
 from api.schemas import parse_native_completion_request
@@ -95,6 +97,36 @@ def test_bad_fields_are_errors_naming_the_param(fields: dict[str, Any], param: s
     with pytest.raises(ApiError) as err:
         parse(fields)
     assert err.value.status in (400, 404) and err.value.body()["error"]["param"] == param
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+native_keys = st.sampled_from(
+    ["prompt", "n_predict", "temperature", "stop", "stream", "seed", "top_k", "model", "samplers", "n", "n_probs", "response_fields", "n_indent", "logit_bias"]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(native_keys, json_values, max_size=6))
+def test_fuzzed_bodies_parse_or_are_400s_naming_a_param_they_hold(body: dict[str, Any]) -> None:
+    def tokenize(model: str, text: str, first: bool) -> list[int]:
+        return list(text.encode())
+
+    try:
+        req, _fields = parse_native_completion_request(json.dumps(body).encode(), models=[MODEL], tokenize=tokenize)
+    except ApiError as exc:
+        error = exc.body()["error"]
+        assert exc.status in (400, 404), error
+        named = error["param"] is None or error["param"].split("[")[0].split(".")[0] in body
+        assert named or error["code"] == "missing_required_parameter", error
+        return
+    for prompt in req.prompts or [req.prompt]:
+        assert isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt))
+    assert req.n == 1 and req.suffix is None
+    json.dumps(req.to_wire())  # what goes over the link
 
 
 # -- through the application --------------------------------------------------------------------
