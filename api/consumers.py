@@ -835,11 +835,14 @@ class NativeCompletionConsumer(CompletionsConsumer):
         return responses.Reply("completions", request.model, logprobs=request.logprobs is not None, **extra)
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
-        prompts = request.prompts or [request.prompt]
-        if any(isinstance(p, list) for p in prompts):  # the result's ``prompt``: a token-id prompt's text
-            subs = [dataclasses.replace(request, prompt=p, prompts=None) for p in prompts]
-            texts = await self.echo_texts(subs, link.hello.model if link.hello else None)
-            self.prompt_texts = dict(enumerate(texts))
+        # the result's ``prompt``: a token-id prompt's text (an id outside the vocabulary has
+        # none: the worker refuses that prompt, 400 naming it, as on /v1/completions)
+        self.prompt_texts: dict[int, str] = {}
+        for i, prompt in enumerate(request.prompts or [request.prompt]):
+            if isinstance(prompt, list):
+                with contextlib.suppress(ValueError):
+                    sub = dataclasses.replace(request, prompt=prompt, prompts=None)
+                    self.prompt_texts[i] = (await self.echo_texts([sub], link.hello.model if link.hello else None))[0]
         await super().run_job(link, request, admission)
 
     def prompt_tokens(self, index: int = 0) -> int:

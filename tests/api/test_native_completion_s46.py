@@ -227,6 +227,18 @@ async def test_a_mixed_prompt_is_completed_as_its_tokens_are(monkeypatch: pytest
 
 
 @pytestmark_db
+async def test_a_token_id_outside_the_vocabulary_is_the_workers_400_not_a_500() -> None:
+    """The result's ``prompt`` is a token-id prompt's text: an id the vocabulary does not have
+    failed that lookup, a 500, before the worker could refuse the prompt as it does on
+    /v1/completions."""
+    async with attached(SimWorker()):
+        native = await request("POST", "/completion", body(prompt=[60_000_000]), JSON)
+        openai = await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": [60_000_000], "max_tokens": 3}).encode(), JSON)
+    assert native.status == 400 and native.is_error_object(), native.body
+    assert native.json()["error"] == openai.json()["error"]
+
+
+@pytestmark_db
 async def test_ignored_fields_are_named_in_the_header() -> None:
     async with attached(SimWorker()):
         reply = await request("POST", "/completion", body(samplers=["top_k"], mirostat=2), JSON)
