@@ -991,7 +991,9 @@ def _allowed_tools(spec: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[st
 def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """``response_format`` (OpenAI and vLLM), or llama-server's top-level ``json_schema`` /
     ``grammar`` and vLLM's ``guided_json``, as one normalised constraint (None: free text)."""
-    found = [k for k in ("response_format", "json_schema", "guided_json", "grammar") if body.get(k) is not None]
+    # an empty grammar is none, as llama-server reads it (SillyTavern's llama.cpp backend sends
+    # its empty grammar field with every request)
+    found = [k for k in ("response_format", "json_schema", "guided_json", "grammar") if body.get(k) is not None and not (k == "grammar" and body[k] == "")]
     if len(found) > 1:
         raise invalid_request(
             f"Only one of {', '.join(repr(k) for k in found)} may be given.",

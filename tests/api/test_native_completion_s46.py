@@ -238,6 +238,39 @@ async def test_a_token_id_outside_the_vocabulary_is_the_workers_400_not_a_500() 
     assert native.json()["error"] == openai.json()["error"]
 
 
+# what SillyTavern's llama.cpp backend sends (public/scripts/textgen-settings.js): an empty
+# grammar field with every request, its sampler options, seed -1
+SILLYTAVERN = {
+    "n_predict": 6, "temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1, "repeat_penalty": 1.1,
+    "repeat_last_n": 64, "presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1,
+    "grammar": "", "n_probs": 10, "min_keep": 0, "stop": ["\nUser:"], "stream": True, "seed": -1, "ignore_eos": False,
+    "logit_bias": [], "cache_prompt": True, "samplers": ["top_k", "typ_p", "top_p", "min_p", "temperature"], "dry_multiplier": 0,
+    "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 0, "dry_sequence_breakers": ["\n", ":"], "xtc_threshold": 0.1,
+    "xtc_probability": 0, "dynatemp_range": 0, "dynatemp_exponent": 1, "n_keep": -1, "top_n_sigma": 0, "tfs_z": 1, "top_a": 0,
+}  # fmt: skip
+
+
+def test_an_empty_grammar_is_none_as_llama_server_reads_it() -> None:
+    """SillyTavern's llama.cpp backend sends ``"grammar": ""`` with every request: it was a 400
+    (expected a non-empty grammar), so nothing it asked was answered."""
+    req, _ = parse({"prompt": "a", "grammar": ""})
+    assert req.response_format is None
+    both, _ = parse({"prompt": "a", "grammar": "", "json_schema": {"type": "object"}})
+    assert both.response_format == {"type": "json_schema", "schema": {"type": "object"}, "strict": True}
+    with pytest.raises(ApiError):
+        parse({"prompt": "a", "grammar": "   "})  # a grammar of blanks is no grammar written
+
+
+@pytestmark_db
+async def test_a_sillytavern_request_is_served() -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", "/completion", json.dumps({"prompt": "User: hi\nAssistant:", **SILLYTAVERN, "n_probs": 0}).encode(), JSON)
+    assert reply.status == 200, reply.body
+    frames = [json.loads(d) for d in reply.sse_data()]
+    assert frames[-1]["stop"] is True and frames[-1]["tokens_predicted"] >= 1
+    assert {"tfs_z", "top_a", "mirostat", "samplers"} <= {p.strip() for p in reply.headers["x-superfluid-ignored-params"].split(",")}
+
+
 @pytestmark_db
 async def test_ignored_fields_are_named_in_the_header() -> None:
     async with attached(SimWorker()):
