@@ -47,6 +47,7 @@ from .link_errors import link_error
 from .records import RequestRecord, record_request
 from .schemas import (
     GenerationRequest,
+    NativeOptions,
     parse_chat_request,
     parse_completion_request,
     parse_embeddings_request,
@@ -814,10 +815,10 @@ class NativeCompletionConsumer(CompletionsConsumer):
 
     endpoint = "completions"
     stream_end = b""  # llama-server ends a native stream with its last frame
-    response_fields: list[str] | None = None
+    options = NativeOptions()  # what the body asks of its response (response_fields, ...)
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.response_fields = parse_native_completion_request(body, models=models, strict=serving().strict_params, tokenize=self.tokenize)
+        request, self.options = parse_native_completion_request(body, models=models, strict=serving().strict_params, tokenize=self.tokenize)
         return request
 
     @staticmethod
@@ -858,13 +859,20 @@ class NativeCompletionConsumer(CompletionsConsumer):
         prompt = request.prompts[reply.index] if request.prompts else request.prompt
         final["generation_settings"] = responses.native_generation_settings(request)
         final["prompt"] = prompt if isinstance(prompt, str) else getattr(self, "prompt_texts", {}).get(reply.index, "")
-        if request.logprobs is not None:
+        if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
             if not request.stream:
                 entries = reply.logprobs + entries
-            if entries or not request.stream:
-                final["completion_probabilities"] = responses.native_probabilities(entries)
+            self.add_token_fields(final, entries, closing=request.stream)
         return final
+
+    def add_token_fields(self, frame: dict[str, Any], entries: list[dict[str, Any]], *, closing: bool = False) -> None:
+        """``tokens`` (return_tokens) and ``completion_probabilities`` (n_probs) of the tokens
+        whose ``entries`` these are (a closing frame's: only where some are left)."""
+        if self.options.return_tokens:
+            frame["tokens"] = [e["token_id"] for e in entries]
+        if self.options.probabilities and (entries or not closing):
+            frame["completion_probabilities"] = responses.native_probabilities(entries)
 
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return []
@@ -875,18 +883,18 @@ class NativeCompletionConsumer(CompletionsConsumer):
         if not event.text:
             return []
         frame = responses.infill_partial(event.text, event.tokens, self.prompt_tokens(reply.index), index=reply.index)
-        if reply.want_logprobs:  # n_probs: the entries of the tokens whose text this is
-            frame["completion_probabilities"] = responses.native_probabilities(reply.logprobs[held:])
+        if reply.want_logprobs:  # n_probs, return_tokens: the entries of the tokens whose text this is
+            self.add_token_fields(frame, reply.logprobs[held:])
         return [responses.sse_event(frame)]
 
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
-        return [responses.pick_fields(self.native_final(request, reply, event, ""), self.response_fields)]
+        return [responses.pick_fields(self.native_final(request, reply, event, ""), self.options.response_fields)]
 
     def choice_final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         return self.final_frames(request, reply, event)
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
-        return responses.pick_fields(self.native_final(request, reply, event, "".join(reply.text)), self.response_fields)
+        return responses.pick_fields(self.native_final(request, reply, event, "".join(reply.text)), self.options.response_fields)
 
     def merged_stream_end(self, request: GenerationRequest, replies: list[responses.Reply], usage: dict[str, Any]) -> bytes:
         return b""
@@ -905,7 +913,8 @@ class InfillConsumer(NativeCompletionConsumer):
     endpoint = "infill"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.response_fields = parse_infill_request(body, models=models, strict=serving().strict_params)
+        request, fields = parse_infill_request(body, models=models, strict=serving().strict_params)
+        self.options = NativeOptions(response_fields=fields)
         return request
 
     async def send_error(self, exc: ApiError) -> None:

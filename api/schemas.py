@@ -404,18 +404,29 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
         "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
     }
 )  # fmt: skip
-_NATIVE_UNHONOURED -= {"n_probs"}  # honoured on /completion: completion_probabilities
-_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+_NATIVE_UNHONOURED -= {"n_probs", "return_tokens"}  # honoured on /completion
+_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+
+
+@dataclass
+class NativeOptions:
+    """What a /completion body asks of its response: ``response_fields`` (None: every field),
+    ``return_tokens`` (the generated token ids in ``tokens``), ``probabilities`` (n_probs > 0:
+    ``completion_probabilities``)."""
+
+    response_fields: list[str] | None = None
+    return_tokens: bool = False
+    probabilities: bool = False
 
 
 def parse_native_completion_request(
     raw: bytes, *, models: Collection[str], strict: bool = False, tokenize: Callable[[str, str, bool], list[int]] | None = None
-) -> tuple[GenerationRequest, list[str] | None]:
+) -> tuple[GenerationRequest, NativeOptions]:
     """Validate a llama-server ``POST /completion`` body: the request (a completion of
     ``prompt``: a string, an array of token ids, an array mixing strings and token ids (one
     prompt: its strings tokenised by ``tokenize(model, text, first)``, ``first`` true for a
     string that begins it, which takes the BOS, as llama-server's ``tokenize_mixed``), or an
-    array of those, each a prompt of its own) and its ``response_fields`` (None: every field). ``model`` may be left out: the first model
+    array of those, each a prompt of its own) and what it asks of its response (NativeOptions). ``model`` may be left out: the first model
     served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
     are honoured as on /infill; llama-server's sampler options this server does not have are
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``."""
@@ -440,10 +451,12 @@ def parse_native_completion_request(
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
-    # llama-server's n_probs: the top n tokens' logprobs for each generated token
+    # llama-server's n_probs: the top n tokens' logprobs for each generated token; return_tokens:
+    # the generated tokens' ids, which come from the worker with the logprobs' entries (0 alternatives)
     n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
-    req.logprobs = n_probs or None
-    return req, _response_fields(body)
+    return_tokens = bool(_optional(body, "return_tokens", bool))
+    req.logprobs = n_probs or (0 if return_tokens else None)
+    return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs))
 
 
 def _is_mixed(value: Any) -> bool:

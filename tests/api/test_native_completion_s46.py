@@ -38,9 +38,9 @@ def body(**fields: Any) -> bytes:
 
 
 def test_the_body_maps_onto_a_completion_with_llama_servers_fields() -> None:
-    req, fields = parse({"prompt": "a", "n_predict": 5, "temperature": 0, "top_k": 3, "stop": ["x"], "samplers": ["top_k"], "id_slot": 0, "response_fields": ["content"]})
+    req, options = parse({"prompt": "a", "n_predict": 5, "temperature": 0, "top_k": 3, "stop": ["x"], "samplers": ["top_k"], "id_slot": 0, "response_fields": ["content"]})
     assert (req.model, req.prompt, req.prompts, req.max_tokens, req.temperature, req.top_k, req.stop, req.n) == (MODEL, "a", None, 5, 0.0, 3, ["x"], 1)
-    assert req.suffix is None and fields == ["content"]  # not a FIM prompt: its class is the request's
+    assert req.suffix is None and options.response_fields == ["content"] and not options.return_tokens  # not a FIM prompt: its class is the request's
     assert set(req.ignored) == {"samplers", "id_slot"}
 
 
@@ -116,7 +116,7 @@ def test_fuzzed_bodies_parse_or_are_400s_naming_a_param_they_hold(body: dict[str
         return list(text.encode())
 
     try:
-        req, _fields = parse_native_completion_request(json.dumps(body).encode(), models=[MODEL], tokenize=tokenize)
+        req, _options = parse_native_completion_request(json.dumps(body).encode(), models=[MODEL], tokenize=tokenize)
     except ApiError as exc:
         error = exc.body()["error"]
         assert exc.status in (400, 404), error
@@ -342,6 +342,25 @@ async def test_n_probs_gives_completion_probabilities_for_each_generated_token_s
     assert "completion_probabilities" not in plain.json()
 
 
+@pytestmark_db
+async def test_return_tokens_gives_the_generated_token_ids_streamed_or_not() -> None:
+    async with attached(LogprobWorker()):
+        whole = await request("POST", "/completion", body(return_tokens=True), JSON)
+        streamed = await request("POST", "/completion", body(return_tokens=True, stream=True), JSON)
+        both = await request("POST", "/completion", body(return_tokens=True, n_probs=1), JSON)
+        plain = await request("POST", "/completion", body(), JSON)
+    assert whole.status == 200, whole.body
+    obj = whole.json()
+    assert obj["tokens"] == list(obj["content"].encode()) and len(obj["tokens"]) == 6  # the simulated vocabulary: a token a byte
+    assert "completion_probabilities" not in obj and obj["generation_settings"]["n_probs"] == 0
+    assert "x-superfluid-ignored-params" not in whole.headers
+    frames = [json.loads(d) for d in streamed.sse_data()]
+    assert [t for f in frames for t in f["tokens"]] == obj["tokens"]
+    assert all(f["tokens"] == list(f["content"].encode()) for f in frames[:-1])
+    assert both.json()["tokens"] == [p["id"] for p in both.json()["completion_probabilities"]] == obj["tokens"]
+    assert plain.json()["tokens"] == []
+
+
 RESTRICTED, OPEN = "sf-restricted-0123456789", "sf-open-0123456789"
 
 
@@ -404,6 +423,10 @@ def test_the_real_server_completion_at_temperature_0_equals_v1_completions(share
     entries = probs["completion_probabilities"]
     assert "".join(e["token"] for e in entries) == probs["content"] and len(entries) == probs["tokens_predicted"]
     assert all(len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["id"] == e["id"] for e in entries)  # greedy: the top one
+    # return_tokens: the generated token ids, whose text is the content
+    returned = httpx.post(shared_server.base + "/completion", json={"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True}, timeout=120).json()
+    text = httpx.post(shared_server.base + "/detokenize", json={"tokens": returned["tokens"]}, timeout=60).json()["content"]
+    assert text == returned["content"] == obj["content"][: len(text)] and len(returned["tokens"]) == returned["tokens_predicted"]
     # a prompt mixing text and token ids: the text tokenised as /tokenize does (BOS and all)
     ids = httpx.post(shared_server.base + "/tokenize", json={"content": prompt, "add_special": True}, timeout=60).json()["tokens"]
     mixed = httpx.post(shared_server.base + "/completion", json={"prompt": [prompt, 13], "n_predict": 8, "temperature": 0}, timeout=120)
