@@ -47,10 +47,12 @@ from .link_errors import link_error
 from .records import RequestRecord, record_request
 from .schemas import (
     GenerationRequest,
+    NativeOptions,
     parse_chat_request,
     parse_completion_request,
     parse_embeddings_request,
     parse_infill_request,
+    parse_native_completion_request,
 )
 
 log = logging.getLogger("superfluid.api")
@@ -222,7 +224,7 @@ class StreamingConsumer(AsyncHttpConsumer):
             "preemptions": sum(h.preemptions + h.preemptions_lost for h, _ in self.sends.values()),
         }
 
-    async def send_json(self, status: int, obj: dict[str, Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def send_json(self, status: int, obj: dict[str, Any] | list[Any], extra_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.record.status = status
         await self.send_response(status, json.dumps(obj).encode(), headers=JSON_HEADERS + (extra_headers or []))
         self.headers_sent = True
@@ -438,11 +440,13 @@ class GenerationConsumer(StreamingConsumer):
                 self.note_sent(handle)
             self.record.request_id = handles[0].job_id
             scored: list[Any] = []
+            self.accepted_each: list[Any] = []  # each choice's Accepted (its prompt_tokens: /completion's tokens_evaluated)
             for handle in handles:
                 first = await handle.next_event()
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
                 self.note_sent(handle)
+                self.accepted_each.append(first)
                 scored.append(getattr(first, "prompt_logprobs", None))
             echoes = await self.echo_texts(subs, link.hello.model if link.hello else None) if request.echo else [""] * len(subs)
             head = self.reply(request)
@@ -504,7 +508,7 @@ class GenerationConsumer(StreamingConsumer):
                 await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handles[0], qos))
                 self.headers_sent = True
                 self.record.status = 200
-                opening = b"".join(responses.sse_event(f) for r in replies for f in r.first_chunks())
+                opening = b"".join(responses.sse_event(f) for r in replies for f in self.opening_frames(r))
                 if opening:
                     await self.send_body(opening, more_body=True)
             while len(dones) < len(handles):
@@ -524,12 +528,12 @@ class GenerationConsumer(StreamingConsumer):
                         if not request.stream:
                             reply.add(event)
                             continue
-                        out += reply.delta_events(event)
+                        out += self.delta_events(reply, event)
                     elif isinstance(event, Done):
                         dones[i] = last_done = event
                         finished.add(i)
                         if request.stream:
-                            out += [responses.sse_event(f) for f in reply.final_chunks(event, None)]
+                            out += [responses.sse_event(f) for f in self.choice_final_frames(request, reply, event)]
                 if out and len(dones) < len(handles):  # (the last write also ends the stream)
                     await self.send_body(b"".join(out), more_body=True)
                     out = []
@@ -546,17 +550,25 @@ class GenerationConsumer(StreamingConsumer):
         self.record.usage = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                              "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
         if request.stream:
-            tail = b"".join(out)
-            if request.include_usage:
-                make = responses.chat_usage_chunk if self.endpoint == "chat" else responses.completion_usage_chunk
-                tail += responses.sse_event(make(replies[0].id, replies[0].model, replies[0].created, usage))
-            await self.send_body(tail + responses.SSE_DONE)
+            await self.send_body(b"".join(out) + self.merged_stream_end(request, replies, usage))
             return
+        await self.send_json(200, self.merged_body(request, replies, every, usage), self.response_headers(handles[0], qos))
+
+    def merged_stream_end(self, request: GenerationRequest, replies: list[responses.Reply], usage: dict[str, Any]) -> bytes:
+        """What ends a stream of several choices, after the last one's final frames."""
+        tail = b""
+        if request.include_usage:
+            make = responses.chat_usage_chunk if self.endpoint == "chat" else responses.completion_usage_chunk
+            tail += responses.sse_event(make(replies[0].id, replies[0].model, replies[0].created, usage))
+        return tail + responses.SSE_DONE
+
+    def merged_body(self, request: GenerationRequest, replies: list[responses.Reply], dones: list[Done], usage: dict[str, Any]) -> Any:
+        """The response to a request of several choices, not streamed: one object, its choices in order."""
         bodies = [reply.body(dones[i], None) for i, reply in enumerate(replies)]
         obj = bodies[0]
         obj["choices"] = [b["choices"][0] for b in bodies]
         obj["usage"] = usage
-        await self.send_json(200, obj, self.response_headers(handles[0], qos))
+        return obj
 
     @staticmethod
     def total_usage(dones: list[Done], n: int) -> dict[str, Any]:
@@ -695,6 +707,10 @@ class GenerationConsumer(StreamingConsumer):
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         return reply.final_chunks(event, self.usage(event) if request.include_usage else None)
 
+    def choice_final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
+        """One choice's final frames in a stream of several (the usage comes once, at the end)."""
+        return reply.final_chunks(event, None)
+
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
         return reply.body(event, self.usage(event))
 
@@ -831,23 +847,116 @@ class CompletionsConsumer(GenerationConsumer):
         return parse_completion_request(body, models=models, strict=serving().strict_params)
 
 
-class InfillConsumer(CompletionsConsumer):
-    """llama-server's ``POST /infill`` (llama.vim, llama.vscode, Continue's llama.cpp provider):
-    a fill-in-the-middle completion through the completions path (admission, keys, the
-    completion class, --fim-model routing, activity rows and metrics under ``infill``), answered
-    in llama-server's native shape: one completion object, or streamed ``data:`` frames of it
-    without a closing ``[DONE]``."""
+class NativeCompletionConsumer(CompletionsConsumer):
+    """llama-server's ``POST /completion`` (and ``/completions``; Continue's and SillyTavern's
+    llama.cpp backends, llama.cpp's examples): a completion through the completions path
+    (admission, keys, classes, activity rows and metrics under ``completions``), answered in
+    llama-server's native shape: one completion object per prompt (an array of them for several
+    prompts), or streamed ``data:`` frames of it without a closing ``[DONE]``."""
 
-    endpoint = "infill"
+    endpoint = "completions"
     stream_end = b""  # llama-server ends a native stream with its last frame
+    options = NativeOptions()  # what the body asks of its response (response_fields, ...)
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.response_fields = parse_infill_request(body, models=models, strict=serving().strict_params)
+        request, self.options = parse_native_completion_request(body, models=models, strict=serving().strict_params, tokenize=self.tokenize)
         return request
+
+    @staticmethod
+    def tokenize(model: str, text: str, first: bool) -> list[int]:
+        """A string of a prompt that mixes strings and token ids, tokenised as llama-server's
+        ``tokenize_mixed`` does (special tokens parsed; BOS where the vocabulary adds one, for a
+        string that begins the prompt), with the model's vocabulary (in the parsing thread)."""
+        from .views import vocab_of
+
+        return vocab_of(model).tokenize(text, add_special=first, parse_special=True)
 
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         # the text is gathered as a completion's; the frames and the body are llama-server's
-        return responses.Reply("completions", request.model, **extra)
+        extra.pop("echo", None)
+        return responses.Reply("completions", request.model, logprobs=request.logprobs is not None, **extra)
+
+    async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
+        # the result's ``prompt``: a token-id prompt's text (an id outside the vocabulary has
+        # none: the worker refuses that prompt, 400 naming it, as on /v1/completions)
+        self.prompt_texts: dict[int, str] = {}
+        for i, prompt in enumerate(request.prompts or [request.prompt]):
+            if isinstance(prompt, list):
+                with contextlib.suppress(ValueError):
+                    sub = dataclasses.replace(request, prompt=prompt, prompts=None)
+                    self.prompt_texts[i] = (await self.echo_texts([sub], link.hello.model if link.hello else None))[0]
+        await super().run_job(link, request, admission)
+
+    def prompt_tokens(self, index: int = 0) -> int:
+        """The prompt's tokens (llama-server's ``tokens_evaluated``) of the choice ``index``."""
+        each = getattr(self, "accepted_each", None)
+        accepted = each[index] if each and index < len(each) else getattr(self, "accepted", None)
+        return int(getattr(accepted, "prompt_tokens", 0) or 0)
+
+    def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
+        """llama-server's final completion object (``content``: empty closing a stream, whose
+        ``completion_probabilities`` came with its text but for its last tokens')."""
+        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
+        prompt = request.prompts[reply.index] if request.prompts else request.prompt
+        final["generation_settings"] = responses.native_generation_settings(request)
+        final["prompt"] = prompt if isinstance(prompt, str) else getattr(self, "prompt_texts", {}).get(reply.index, "")
+        if request.logprobs is not None:  # n_probs, return_tokens
+            entries = reply.closing_entries(event)
+            if not request.stream:
+                entries = reply.logprobs + entries
+            self.add_token_fields(final, entries, closing=request.stream)
+        return final
+
+    def add_token_fields(self, frame: dict[str, Any], entries: list[dict[str, Any]], *, closing: bool = False) -> None:
+        """``tokens`` (return_tokens) and ``completion_probabilities`` (n_probs) of the tokens
+        whose ``entries`` these are (a closing frame's: only where some are left)."""
+        if self.options.return_tokens:
+            frame["tokens"] = [e["token_id"] for e in entries]
+        if self.options.probabilities and (entries or not closing):
+            frame["completion_probabilities"] = responses.native_probabilities(entries)
+
+    def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
+        return []
+
+    def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
+        held = len(reply.logprobs)
+        reply.add(event)  # the whole text: the last frame's has_new_line (and n_probs' entries)
+        if not event.text:
+            return []
+        frame = responses.infill_partial(event.text, event.tokens, self.prompt_tokens(reply.index), index=reply.index)
+        if reply.want_logprobs:  # n_probs, return_tokens: the entries of the tokens whose text this is
+            self.add_token_fields(frame, reply.logprobs[held:])
+        return [responses.sse_event(frame)]
+
+    def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
+        return [responses.pick_fields(self.native_final(request, reply, event, ""), self.options.response_fields)]
+
+    def choice_final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
+        return self.final_frames(request, reply, event)
+
+    def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
+        return responses.pick_fields(self.native_final(request, reply, event, "".join(reply.text)), self.options.response_fields)
+
+    def merged_stream_end(self, request: GenerationRequest, replies: list[responses.Reply], usage: dict[str, Any]) -> bytes:
+        return b""
+
+    def merged_body(self, request: GenerationRequest, replies: list[responses.Reply], dones: list[Done], usage: dict[str, Any]) -> Any:
+        # several prompts: llama-server's array of results, in the prompts' order
+        return [self.final_body(request, reply, dones[i]) for i, reply in enumerate(replies)]
+
+
+class InfillConsumer(NativeCompletionConsumer):
+    """llama-server's ``POST /infill`` (llama.vim, llama.vscode, Continue's llama.cpp provider):
+    a fill-in-the-middle completion through the completions path (admission, keys, the
+    completion class, --fim-model routing, activity rows and metrics under ``infill``), answered
+    in llama-server's native shape, as ``/completion``."""
+
+    endpoint = "infill"
+
+    def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
+        request, fields = parse_infill_request(body, models=models, strict=serving().strict_params)
+        self.options = NativeOptions(response_fields=fields)
+        return request
 
     async def send_error(self, exc: ApiError) -> None:
         if exc.code == FIM_UNSUPPORTED and not self.headers_sent:
@@ -856,26 +965,8 @@ class InfillConsumer(CompletionsConsumer):
             exc = ApiError(501, exc.message, type="not_supported_error", param=exc.param, code=exc.code)
         await super().send_error(exc)
 
-    def prompt_tokens(self) -> int:
-        accepted = getattr(self, "accepted", None)
-        return int(getattr(accepted, "prompt_tokens", 0) or 0)
-
-    def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
-        return []
-
-    def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
-        if not event.text:
-            return []
-        reply.add(event)  # the whole text: the last frame's has_new_line
-        return [responses.sse_event(responses.infill_partial(event.text, event.tokens, self.prompt_tokens()))]
-
-    def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
-        final = responses.infill_final(request.model, "", event, whole_text="".join(reply.text))
-        return [responses.pick_fields(final, self.response_fields)]
-
-    def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
-        text = "".join(reply.text)
-        return responses.pick_fields(responses.infill_final(request.model, text, event, whole_text=text), self.response_fields)
+    def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
+        return responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
 
 
 class EmbeddingsConsumer(GenerationConsumer):

@@ -43,9 +43,12 @@ from .errors import (
     unsupported_content_encoding,
 )
 
-# /infill: llama-server's fill-in-the-middle route (a consumer); what Django answers below it
-# (/infill/, a bad Host there) was its HTML page
-API_PREFIXES = ("/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/running", "/unload", "/api/models")
+# /infill, /completion(s): llama-server's native generation routes (consumers); what Django
+# answers below them (/infill/, a bad Host there) was its HTML page
+API_PREFIXES = (
+    "/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/completion", "/completions",
+    "/apply-template", "/running", "/unload", "/api/models",
+)  # fmt: skip
 
 
 def one_leading_slash(path: str) -> str:
@@ -441,7 +444,10 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
 # that layer, on daphne's request object, and refuse at once: a JSON error, the connection
 # closed, nothing of the request handed to the application (so nothing is queued).
 
-GENERATION_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/v1/embeddings": "embeddings"}
+GENERATION_PATHS = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/completion": "completions",
+    "/completions": "completions", "/v1/embeddings": "embeddings",
+}  # fmt: skip
 
 
 def raw_error_reply(exc: ApiError, origin: str | None = None) -> bytes:

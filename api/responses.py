@@ -1033,6 +1033,11 @@ class Reply:
             chunk["choices"][0]["delta"] = {"tool_calls": [call_delta]}
         return chunk
 
+    def closing_entries(self, event: Done) -> list[dict[str, Any]]:
+        """The logprob entries still held when the reply ends (``event``): those of its last
+        tokens, but for a stop string's."""
+        return self._entries("", None, event)
+
     # -- not streamed ---------------------------------------------------------------------
 
     def add(self, event: Delta) -> None:
@@ -1123,22 +1128,23 @@ def infill_timings(event: Done) -> dict[str, Any]:
     }
 
 
-def infill_partial(text: str, tokens_predicted: int, tokens_evaluated: int) -> dict[str, Any]:
-    """One streamed ``/infill`` frame (llama-server's partial result)."""
+def infill_partial(text: str, tokens_predicted: int, tokens_evaluated: int, index: int = 0) -> dict[str, Any]:
+    """One streamed ``/infill`` or ``/completion`` frame (llama-server's partial result);
+    ``index``: the prompt's, where a /completion request holds several."""
     return {
-        "index": 0, "content": text, "tokens": [], "stop": False, "id_slot": -1,
+        "index": index, "content": text, "tokens": [], "stop": False, "id_slot": -1,
         "tokens_predicted": tokens_predicted, "tokens_evaluated": tokens_evaluated,
     }  # fmt: skip
 
 
-def infill_final(model: str, content: str, event: Done, *, whole_text: str) -> dict[str, Any]:
+def infill_final(model: str, content: str, event: Done, *, whole_text: str, index: int = 0) -> dict[str, Any]:
     """The ``/infill`` result (llama-server's final completion object): ``content`` the whole text
     (the last streamed frame's: empty, the text came before it); ``whole_text`` decides
     ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end."""
     usage = event.usage
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {
-        "index": 0,
+        "index": index,
         "content": content,
         "tokens": [],
         "id_slot": -1,
@@ -1153,6 +1159,43 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str) -> d
         "tokens_cached": prompt + completion,
         "timings": infill_timings(event),
     }
+
+
+def native_generation_settings(request: Any) -> dict[str, Any]:
+    """``/completion``'s ``generation_settings``: the settings the completion ran with, those of
+    llama-server's this server has (an absent one is this server's default, OpenAI's, not
+    llama-server's; ``n_predict`` -1: no limit but the context; ``seed`` -1: none given)."""
+    limit = request.max_tokens if request.max_tokens is not None else -1
+    return {
+        "n_predict": limit,
+        "seed": request.seed if request.seed is not None else -1,
+        "temperature": request.temperature,
+        "top_k": request.top_k,
+        "top_p": request.top_p,
+        "min_p": request.min_p,
+        "typical_p": request.typical_p,
+        "repeat_penalty": request.repeat_penalty,
+        "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty,
+        "stop": list(request.stop),
+        "max_tokens": limit,
+        "n_indent": request.n_indent,
+        "t_max_predict_ms": request.t_max_predict_ms,
+        "ignore_eos": request.ignore_eos,
+        "stream": request.stream,
+        "logit_bias": [list(p) for p in request.logit_bias],
+        "n_probs": request.logprobs or 0,
+    }
+
+
+def native_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """llama-server's ``completion_probabilities`` for the worker's per-token entries: the
+    token's ``id``, ``token`` (its text), ``bytes``, ``logprob`` and its ``top_logprobs``."""
+
+    def item(e: dict[str, Any]) -> dict[str, Any]:
+        return {"id": e["token_id"], "token": _token_text(e["bytes"]), "bytes": e["bytes"], "logprob": e["logprob"]}
+
+    return [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
 
 
 def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:

@@ -273,7 +273,11 @@ def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = Fa
     (400 with the exact ``param``, or 404 ``model_not_found``) on the first problem found, checked
     in this order: JSON, object, ``model``, unknown keys, ``messages``, then the other parameters.
     """
-    body = load_object(raw)
+    return chat_request_from(load_object(raw), models=models, strict=strict)
+
+
+def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: bool = False) -> GenerationRequest:
+    """:func:`parse_chat_request` of a body already read (llama-server's /apply-template)."""
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)
@@ -387,10 +391,103 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
     _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion: n is not read
+    return req, _response_fields(body)
+
+
+# llama-server's POST /completion (and /completions): its native completion. Its sampler options
+# this server does not have are accepted and named in the ignored-parameters header, as on /infill.
+_NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
+    {
+        "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "top_n_sigma",
+        "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
+        "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "post_sampling_probs", "n_discard",
+        "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
+    }
+)  # fmt: skip
+_NATIVE_UNHONOURED -= {"n_probs", "return_tokens"}  # honoured on /completion
+_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+
+
+@dataclass
+class NativeOptions:
+    """What a /completion body asks of its response: ``response_fields`` (None: every field),
+    ``return_tokens`` (the generated token ids in ``tokens``), ``probabilities`` (n_probs > 0:
+    ``completion_probabilities``)."""
+
+    response_fields: list[str] | None = None
+    return_tokens: bool = False
+    probabilities: bool = False
+
+
+def parse_native_completion_request(
+    raw: bytes, *, models: Collection[str], strict: bool = False, tokenize: Callable[[str, str, bool], list[int]] | None = None
+) -> tuple[GenerationRequest, NativeOptions]:
+    """Validate a llama-server ``POST /completion`` body: the request (a completion of
+    ``prompt``: a string, an array of token ids, an array mixing strings and token ids (one
+    prompt: its strings tokenised by ``tokenize(model, text, first)``, ``first`` true for a
+    string that begins it, which takes the BOS, as llama-server's ``tokenize_mixed``), or an
+    array of those, each a prompt of its own) and what it asks of its response (NativeOptions). ``model`` may be left out: the first model
+    served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
+    are honoured as on /infill; llama-server's sampler options this server does not have are
+    accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``."""
+    body = load_object(raw)
+    if named_model(body) is None and models:
+        body = {**body, "model": next(iter(models))}
+    model = _parse_model(body, models)
+    ignored = _unknown_keys(body, _NATIVE_KEYS, strict)
+    ignored += [key for key in body if key in _NATIVE_UNHONOURED]
+    if tokenize is not None:
+        body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first))}
+    prompts = _parse_prompt(body)
+    req = GenerationRequest(
+        endpoint="completions",
+        model=model,
+        prompt=prompts[0],
+        prompts=prompts if len(prompts) > 1 else None,
+        max_tokens=_parse_max_tokens(body),
+        ignored=ignored,
+    )
+    at_least_0 = "an integer greater than or equal to 0"
+    req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
+    req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
+    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
+    # llama-server's n_probs: the top n tokens' logprobs for each generated token; return_tokens:
+    # the generated tokens' ids, which come from the worker with the logprobs' entries (0 alternatives)
+    n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
+    return_tokens = bool(_optional(body, "return_tokens", bool))
+    req.logprobs = n_probs or (0 if return_tokens else None)
+    return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs))
+
+
+def _is_mixed(value: Any) -> bool:
+    """llama-server's ``json_is_array_of_mixed_numbers_strings``: strings and token ids together."""
+    return isinstance(value, list) and any(isinstance(v, str) for v in value) and any(_is_int(v) for v in value)
+
+
+def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]]) -> Any:
+    """``prompt`` with each array mixing strings and token ids (the prompt itself, or a prompt
+    among several) made the token ids it stands for; anything else as it is (checked after)."""
+
+    def tokens(mixed: list[Any]) -> Any:
+        if not all(isinstance(v, str) or _is_int(v) for v in mixed):
+            return mixed  # (refused by the prompt's check, naming it)
+        out: list[int] = []
+        for i, v in enumerate(mixed):
+            out += tokenize(v, i == 0) if isinstance(v, str) else [v]
+        return out
+
+    if _is_mixed(prompt):
+        return tokens(prompt)
+    if isinstance(prompt, list) and len(prompt) <= MAX_PROMPTS and any(_is_mixed(p) for p in prompt):
+        return [tokens(p) if _is_mixed(p) else p for p in prompt]
+    return prompt
+
+
+def _response_fields(body: Mapping[str, Any]) -> list[str] | None:
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
         raise _invalid_type("response_fields", "an array of strings")
-    return req, fields_wanted
+    return fields_wanted
 
 
 def _parse_input_extra(body: Mapping[str, Any]) -> list[list[str]]:
@@ -907,7 +1004,9 @@ def _allowed_tools(spec: Any, tools: list[dict[str, Any]]) -> tuple[list[dict[st
 def _parse_response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
     """``response_format`` (OpenAI and vLLM), or llama-server's top-level ``json_schema`` /
     ``grammar`` and vLLM's ``guided_json``, as one normalised constraint (None: free text)."""
-    found = [k for k in ("response_format", "json_schema", "guided_json", "grammar") if body.get(k) is not None]
+    # an empty grammar is none, as llama-server reads it (SillyTavern's llama.cpp backend sends
+    # its empty grammar field with every request)
+    found = [k for k in ("response_format", "json_schema", "guided_json", "grammar") if body.get(k) is not None and not (k == "grammar" and body[k] == "")]
     if len(found) > 1:
         raise invalid_request(
             f"Only one of {', '.join(repr(k) for k in found)} may be given.",

@@ -21,6 +21,8 @@ class Vocab(Protocol):
 
     def piece(self, token: int) -> bytes: ...
 
+    def template_parts(self) -> tuple[str | None, str, str]: ...
+
 
 class GgufVocab:
     def __init__(self, path: Path) -> None:
@@ -37,6 +39,7 @@ class GgufVocab:
         self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.bos = int(L.llama_vocab_bos(self._vocab))
+        self.eos = int(L.llama_vocab_eos(self._vocab))
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
@@ -62,6 +65,32 @@ class GgufVocab:
         return ctypes.string_at(buf, max(n, 0))
 
 
+    def template_parts(self) -> tuple[str | None, str, str]:
+        """(the chat template, BOS text, EOS text) as the llama.cpp engine reads them
+        (scheduler/engines/llama_cpp.py): the model's template, else its architecture's
+        built-in one; None: ChatML."""
+        from scheduler.engines.chat import builtin_chat_template
+
+        raw = self._L.llama_model_chat_template(self._model, None)
+        source = raw.decode("utf-8", "replace") if raw else builtin_chat_template(self._meta_str(b"general.architecture"))
+
+        def text(token: int) -> str:
+            return self.piece(token).decode("utf-8", "replace") if token >= 0 else ""
+
+        return source, text(self.bos), text(self.eos)
+
+    def _meta_str(self, key: bytes) -> str | None:
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._L.llama_model_meta_val_str(self._model, key, buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace") or None
+            size = n + 1
+
+
 class HfVocab:
     """A model folder's ``tokenizer.json``, read as the MLX engine reads it
     (:class:`scheduler.engines.hf_vocab.HfVocabulary`); special tokens print as their text, as
@@ -71,6 +100,7 @@ class HfVocab:
         from scheduler.engines.hf_vocab import HfVocabulary
 
         self._vocab = HfVocabulary(folder)
+        self._folder = folder
         self.n_vocab = self._vocab.vocab_size
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
@@ -78,6 +108,12 @@ class HfVocab:
 
     def piece(self, token: int) -> bytes:
         return self._vocab.piece(token, render_special=True)
+
+    def template_parts(self) -> tuple[str | None, str, str]:
+        """(the chat template, BOS text, EOS text) as the MLX engine reads them; None: ChatML."""
+        from scheduler.engines.mlx import _read_chat_template
+
+        return _read_chat_template(self._folder, self._vocab.config), self._vocab.bos_text, self._vocab.eos_text
 
 
 _lock = threading.Lock()

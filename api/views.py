@@ -17,7 +17,15 @@ from superfluid_site.serving import serving
 from . import responses
 from .admission import admit_tool, key_required, model_allowed
 from .edge import error_response
-from .errors import ApiError, invalid_request, method_not_allowed, model_not_found, not_found, request_too_large
+from .errors import (
+    ApiError,
+    invalid_request,
+    method_not_allowed,
+    model_not_found,
+    not_found,
+    request_too_large,
+    server_error,
+)
 
 _STARTED = int(time.time())
 
@@ -136,6 +144,11 @@ async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None
 async def _vocab(model: str | None = None) -> Any:
     """The vocabulary of ``model`` (an id or alias) where several models are served, else of
     the one model (without one: the first configured)."""
+    return await asyncio.to_thread(vocab_of, model)
+
+
+def vocab_of(model: str | None = None) -> Any:
+    """:func:`_vocab`, blocking (it may open the model's file): in a thread."""
     from .tokenizer import vocab_for
 
     cfg = serving()
@@ -144,7 +157,7 @@ async def _vocab(model: str | None = None) -> Any:
         from scheduler.engines.models import default_model_path
 
         path = str(default_model_path())
-    return await asyncio.to_thread(vocab_for, path)
+    return vocab_for(path)
 
 
 _JSON_SLICE = 4096  # tokens /tokenize encodes at a time
@@ -222,6 +235,55 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
         return error_response(exc)
     finally:
         await admission.release()
+
+
+@key_required()
+async def apply_template(request: HttpRequest) -> JsonResponse:
+    """llama-server's ``POST /apply-template``: a chat body's ``messages`` (with its ``tools``,
+    ``chat_template_kwargs``, ``reasoning_effort``) rendered with the model's chat template as
+    its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
+    /tokenize (the first configured without one); ``add_generation_prompt`` (default true)."""
+    from scheduler.engines.base import EngineError
+    from scheduler.engines.chat import compile_chat_template, render_chat_template, template_inputs
+
+    from .schemas import chat_request_from
+
+    try:
+        body = await asyncio.to_thread(_json_body, request)
+        asked = await _asked_model(request, body)
+        add_generation_prompt = _flag(body, "add_generation_prompt", True)
+        pool = get_pool()
+        if asked is not None:
+            model = asked
+        elif pool is not None:
+            model = pool.config.models[0].id
+        else:
+            model = next(iter(await _served_models()), "")
+        chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
+        vocab = await _vocab(asked)
+
+        def work() -> str:
+            req = chat_request_from({**chat, "model": model}, models=[model], strict=serving().strict_params)
+            wire = req.to_wire()
+            source, bos, eos = vocab.template_parts()
+            # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
+            # template's own format where it has one, else the generic tool prompt
+            messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+            try:
+                text = render_chat_template(
+                    compile_chat_template(source), messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra
+                )
+            except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
+                raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
+            return text
+
+        try:
+            prompt = await asyncio.to_thread(work)
+        except EngineError as exc:  # the model's template does not compile
+            raise server_error(f"The model's chat template could not be used: {exc}") from None
+    except ApiError as exc:
+        return error_response(exc)
+    return JsonResponse({"prompt": prompt})
 
 
 @key_required()

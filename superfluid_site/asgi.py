@@ -23,7 +23,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
-from api.consumers import ChatCompletionsConsumer, CompletionsConsumer, EmbeddingsConsumer, InfillConsumer  # noqa: E402
+from api.consumers import (  # noqa: E402
+    ChatCompletionsConsumer,
+    CompletionsConsumer,
+    EmbeddingsConsumer,
+    InfillConsumer,
+    NativeCompletionConsumer,
+)
 from batches.asgi import BoundedBody  # noqa: E402
 from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
 
@@ -41,6 +47,9 @@ application = ProtocolTypeRouter(
                 path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
                 path("v1/completions", CompletionsConsumer.as_asgi()),
                 path("infill", InfillConsumer.as_asgi()),  # llama-server's fill-in-the-middle (editors' plugins)
+                # llama-server's native completion (its two names), in its shapes
+                path("completion", NativeCompletionConsumer.as_asgi()),
+                path("completions", NativeCompletionConsumer.as_asgi()),
                 path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
                 path("v1/files", BoundedBody(django_asgi_app)),  # an upload's size, bounded before Django reads it
                 re_path(r"", django_asgi_app),

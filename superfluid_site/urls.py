@@ -17,6 +17,7 @@ urlpatterns = [
     path("v1/health", edge.api_route()(api_views.health)),  # llama-server answers both
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
+    path("apply-template", edge.api_route(("POST",))(api_views.apply_template)),
     path("props", edge.api_route()(api_views.props)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),

@@ -144,8 +144,11 @@ def compile_chat_template(source: str | None) -> Any:
         raise EngineError(f"the model's chat template does not compile: {exc}", permanent=True) from exc
 
 
-def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str, **extra: Any) -> str:
-    """``messages`` through ``template`` with the generation prompt added. Template errors
+def render_chat_template(
+    template: Any, messages: list[dict[str, Any]], *, bos_token: str, eos_token: str, add_generation_prompt: bool = True, **extra: Any
+) -> str:
+    """``messages`` through ``template`` with the generation prompt added (unless
+    ``add_generation_prompt`` is false: llama-server's /apply-template may ask so). Template errors
     (``raise_exception``, or messages the template cannot handle) surface as ``ValueError``:
     they are the request's fault as far as a client is told."""
     import jinja2
@@ -154,7 +157,7 @@ def render_chat_template(template: Any, messages: list[dict[str, Any]], *, bos_t
         return str(
             template.render(
                 messages=messages,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=bos_token,
                 eos_token=eos_token,
                 **extra,
