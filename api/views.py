@@ -244,7 +244,13 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
     its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
     /tokenize (the first configured without one); ``add_generation_prompt`` (default true)."""
     from scheduler.engines.base import EngineError
-    from scheduler.engines.chat import compile_chat_template, render_chat_template, template_inputs
+    from scheduler.engines.chat import (
+        compile_chat_template,
+        merge_system_turn,
+        render_chat_template,
+        takes_system_turn,
+        template_inputs,
+    )
 
     from .schemas import chat_request_from
 
@@ -260,6 +266,10 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
         else:
             model = next(iter(await _served_models()), "")
         chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
+        admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
+    except ApiError as exc:
+        return error_response(exc)
+    try:
         vocab = await _vocab(asked)
 
         def work() -> str:
@@ -269,10 +279,13 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
             # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
             # template's own format where it has one, else the generic tool prompt
             messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+            template = compile_chat_template(source)
             try:
-                text = render_chat_template(
-                    compile_chat_template(source), messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra
-                )
+                if messages and messages[0].get("role") == "system" and not takes_system_turn(
+                    lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
+                ):
+                    messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
+                text = render_chat_template(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra)
             except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
                 raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
             return text
@@ -283,6 +296,8 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
             raise server_error(f"The model's chat template could not be used: {exc}") from None
     except ApiError as exc:
         return error_response(exc)
+    finally:
+        await admission.release()
     return JsonResponse({"prompt": prompt})
 
 

@@ -149,3 +149,39 @@ async def test_the_templates_refusals_and_its_bos_and_eos(monkeypatch: pytest.Mo
         assert reply.json() == {"prompt": "<s>[user]hi"} and closed.json() == {"prompt": "<s>[user]hi</s>"}
     else:
         assert reply.is_error_object() and reply.json()["error"]["code"] == code
+
+
+@pytestmark_db
+async def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_turn_as_a_chat_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 2's template raises "System role not supported": the worker then opens the next
+    turn with the system text (chat.merge_system_turn); /apply-template renders as the worker
+    does, so it is that prompt, not a 400."""
+    from pathlib import Path
+
+    from api import views
+
+    source = (Path(__file__).parent / "templates_s46" / "gemma-2-2b-it.jinja").read_text()
+
+    async def stub(model: str | None = None) -> StubVocab:
+        return StubVocab(source)
+
+    monkeypatch.setattr(views, "_vocab", stub)
+    async with attached(SimWorker()):
+        reply = await request("POST", "/apply-template", post(messages=[{"role": "system", "content": "Be brief."}, *HI]), JSON)
+    assert reply.status == 200, reply.body
+    assert "Be brief.\nhi" in reply.json()["prompt"] and "system" not in reply.json()["prompt"]
+
+
+@pytestmark_db
+async def test_apply_template_takes_the_keys_rate_token_as_tokenize_does() -> None:
+    """Rendering a body's worth of messages is work on the web process's threads, as
+    /tokenize's is: a key at two requests a minute gets its third refused 429."""
+    from scheduler.core.qos import QosClass
+
+    secret = "sk-apply-rated-0123456789"
+    keys = {digest_of(secret): Key(id=1, name="rated", digest=digest_of(secret), policy=Policy(name="r", max_class=QosClass.INTERACTIVE, rate_limit_rpm=2))}
+    headers = [*JSON, (b"authorization", f"Bearer {secret}".encode())]
+    async with attached(SimWorker(), keys=keys):
+        replies = [await request("POST", "/apply-template", post(messages=HI), headers) for _ in range(3)]
+    assert [r.status for r in replies] == [200, 200, 429], [r.body for r in replies]
+    assert replies[2].json()["error"]["code"] == "rate_limit_exceeded"
