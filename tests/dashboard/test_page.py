@@ -5,6 +5,7 @@ the feed (dashboard/feed.py), exactly as the consumer relays them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,8 +53,10 @@ def page_html() -> str:
     return render_to_string("dashboard/index.html", {"push_interval_ms": 200, "request": request})
 
 
-@pytest.fixture(scope="module")
-def page() -> Iterator[Any]:
+@contextlib.contextmanager
+def fake_page() -> Iterator[Any]:
+    """Headless chromium on the dashboard's page, its socket the stand-in (FAKE_SOCKET): pushes
+    are given with ``window.__push`` once the page is loaded (:func:`fresh`)."""
     require_chromium()
     from playwright.sync_api import sync_playwright
 
@@ -67,6 +70,12 @@ def page() -> Iterator[Any]:
             yield pg
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[Any]:
+    with fake_page() as pg:
+        yield pg
 
 
 def fresh(page: Any) -> Any:

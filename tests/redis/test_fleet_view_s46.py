@@ -137,26 +137,11 @@ async def test_a_heads_queue_panel_counts_the_jobs_waiting_in_redis(redis_server
 def push_to_page(push: dict[str, Any], script: str) -> Any:
     """The page itself (headless chromium, with tests/dashboard/test_page.py's stand-in socket)
     given one push: what ``script`` reads of it."""
-    from testkit.harness import CHROMIUM, CHROMIUM_ARGS
-    from tests.dashboard.test_browser import require_chromium
-    from tests.dashboard.test_page import FAKE_SOCKET, URL, page_html
+    from tests.dashboard.test_page import fake_page, fresh
 
-    require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    html = page_html()
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            pg = browser.new_page()
-            pg.add_init_script(FAKE_SOCKET)
-            pg.route(URL, lambda route: route.fulfill(status=200, content_type="text/html", body=html))
-            pg.goto(URL)
-            pg.wait_for_function("() => typeof window.__push === 'function'")
-            pg.evaluate("(s) => window.__push(s)", {**push, "t": 1_800_000_000.0})
-            return pg.evaluate(script)
-        finally:
-            browser.close()
+    with fake_page() as pg:
+        fresh(pg).evaluate("(s) => window.__push(s)", {**push, "t": 1_800_000_000.0})
+        return pg.evaluate(script)
 
 
 def test_one_workers_drain_is_its_own_not_the_fleets() -> None:
