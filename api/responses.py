@@ -1163,8 +1163,9 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
 
 def native_generation_settings(request: Any) -> dict[str, Any]:
     """``/completion``'s ``generation_settings``: the settings the completion ran with, those of
-    llama-server's this server has (an absent one is this server's default, OpenAI's, not
-    llama-server's; ``n_predict`` -1: no limit but the context; ``seed`` -1: none given)."""
+    llama-server's this server has (an absent sampling one is llama-server's default, as on
+    llama-server: schemas.LLAMA_SERVER_SAMPLING; ``n_predict`` -1: no limit but the context;
+    ``seed`` -1: none given)."""
     limit = request.max_tokens if request.max_tokens is not None else -1
     return {
         "n_predict": limit,
