@@ -1100,12 +1100,13 @@ def infill_stop_type(event: Done) -> str:
 
 
 def infill_timings(event: Done) -> dict[str, Any]:
-    """llama-server's ``timings`` from the job's usage and timing: ``prompt_n`` the prompt tokens
-    computed (cached ones not), ``prompt_ms`` from admission to the first token (so it holds the
+    """llama-server's ``timings`` from the job's usage and timing: ``cache_n`` the prompt tokens
+    taken from the prefix cache, ``prompt_n`` the prompt tokens computed (cached ones not), ``prompt_ms`` from admission to the first token (so it holds the
     first token's sampling; a preempted job's wait is in it too), ``predicted_ms`` from the first
     token to the end."""
     usage, timing = event.usage, event.timing or {}
-    prompt_n = max(0, int(usage.get("prompt_tokens", 0)) - int(usage.get("cached_tokens", 0)))
+    cache_n = int(usage.get("cached_tokens", 0))
+    prompt_n = max(0, int(usage.get("prompt_tokens", 0)) - cache_n)
     predicted_n = int(usage.get("completion_tokens", 0))
     queue, ttft, total = timing.get("queue_wait_ms"), timing.get("ttft_ms"), timing.get("total_ms")
     prompt_ms = max(0.0, float(ttft) - float(queue or 0)) if ttft is not None else 0.0
@@ -1117,6 +1118,7 @@ def infill_timings(event: Done) -> dict[str, Any]:
     prompt_per_token_ms, prompt_per_second = per(prompt_n, prompt_ms)
     predicted_per_token_ms, predicted_per_second = per(predicted_n, predicted_ms)
     return {
+        "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": round(prompt_ms, 3),
         "prompt_per_token_ms": round(prompt_per_token_ms, 3),

@@ -84,3 +84,18 @@ async def test_infill_without_sampling_parameters_samples_as_llama_server_would(
         reply = await request("POST", "/infill", json.dumps({"input_prefix": "def f():\n    ", "input_suffix": "\n", "n_predict": 3, "top_k": 40, "top_p": 0.99}).encode(), JSON)
     assert reply.status == 200, reply.body
     assert [sampling(s) for s in Recording.bound] == [{**LLAMA_SERVER, "top_p": 0.99}]
+
+
+@pytestmark_db
+async def test_timings_say_the_prompt_tokens_taken_from_the_cache_as_llama_servers_cache_n() -> None:
+    """llama-server's timings hold ``cache_n`` (the prompt tokens reused from the cache) beside
+    ``prompt_n`` (those computed): a client adding them up for the prompt read a KeyError."""
+    prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    async with attached(SimWorker(lanes=1)):
+        first = (await request("POST", "/completion", json.dumps({"prompt": prompt, "n_predict": 3, "temperature": 0}).encode(), JSON)).json()
+        again = (await request("POST", "/completion", json.dumps({"prompt": prompt, "n_predict": 3, "temperature": 0}).encode(), JSON)).json()
+        v1 = (await request("POST", "/v1/completions", json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 3, "temperature": 0}).encode(), JSON)).json()
+    assert first["timings"]["cache_n"] == 0 and first["timings"]["prompt_n"] == first["tokens_evaluated"]
+    cached = v1["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and again["timings"]["cache_n"] == cached
+    assert again["timings"]["cache_n"] + again["timings"]["prompt_n"] == again["tokens_evaluated"]
