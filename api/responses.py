@@ -1166,12 +1166,14 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
 def native_generation_settings(request: Any) -> dict[str, Any]:
     """``/completion``'s ``generation_settings``: the settings the completion ran with, those of
     llama-server's this server has (an absent sampling one is llama-server's default, as on
-    llama-server: schemas.LLAMA_SERVER_SAMPLING; ``n_predict`` -1: no limit but the context;
-    ``seed`` -1: none given)."""
+    llama-server: schemas.LLAMA_SERVER_SAMPLING; ``n_predict`` -1: no limit but the context).
+    Typed as llama-server's, which typed clients decode: ``seed`` the unsigned 32 bits sampled
+    with (4294967295, llama.cpp's LLAMA_DEFAULT_SEED: none given), ``logit_bias``
+    ``[{"bias", "token"}]``."""
     limit = request.max_tokens if request.max_tokens is not None else -1
     return {
         "n_predict": limit,
-        "seed": request.seed if request.seed is not None else -1,
+        "seed": (request.seed if request.seed is not None else -1) & 0xFFFFFFFF,
         "temperature": request.temperature,
         "top_k": request.top_k,
         "top_p": request.top_p,
@@ -1186,7 +1188,7 @@ def native_generation_settings(request: Any) -> dict[str, Any]:
         "t_max_predict_ms": request.t_max_predict_ms,
         "ignore_eos": request.ignore_eos,
         "stream": request.stream,
-        "logit_bias": [list(p) for p in request.logit_bias],
+        "logit_bias": [{"bias": float(b), "token": int(t)} for t, b in request.logit_bias],
         "n_probs": request.logprobs or 0,
     }
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from api.responses import native_generation_settings
 from api.schemas import parse_completion_request, parse_infill_request, parse_native_completion_request
 from scheduler.engines.sim import SimEngine
 from tests.api.test_infill import FimSim
@@ -99,3 +100,21 @@ async def test_timings_say_the_prompt_tokens_taken_from_the_cache_as_llama_serve
     cached = v1["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and again["timings"]["cache_n"] == cached
     assert again["timings"]["cache_n"] + again["timings"]["prompt_n"] == again["tokens_evaluated"]
+
+
+
+@pytestmark_db
+async def test_generation_settings_seed_and_logit_bias_are_typed_as_llama_servers() -> None:
+    """llama-server's ``seed`` is the sampler's unsigned 32 bits (4294967295 when none is given)
+    and its ``logit_bias`` ``[{"bias", "token"}]``: a client decoding them into those types (a Go
+    uint32, a Rust u32, a struct) failed on superfluid's -1 and ``[[token, bias]]``."""
+    async with attached(SimWorker()):
+        none = (await request("POST", "/completion", json.dumps({"prompt": "a", "n_predict": 2}).encode(), JSON)).json()
+        given = (await request("POST", "/completion", json.dumps({"prompt": "a", "n_predict": 2, "seed": -1}).encode(), JSON)).json()
+        big = (await request("POST", "/completion", json.dumps({"prompt": "a", "n_predict": 2, "seed": 2**32 + 7}).encode(), JSON)).json()
+    assert none["generation_settings"]["seed"] == 4294967295 and none["generation_settings"]["logit_bias"] == []
+    assert given["generation_settings"]["seed"] == 4294967295
+    assert big["generation_settings"]["seed"] == 7  # the low 32 bits, as the engine is seeded
+    # (the simulated engine takes no logit_bias: the settings of a parsed request)
+    biased, _ = parse_native_completion_request(json.dumps({"prompt": "a", "logit_bias": [[65, -2.5], [66, False]]}).encode(), models=[MODEL])
+    assert native_generation_settings(biased)["logit_bias"] == [{"bias": -2.5, "token": 65}, {"bias": -100.0, "token": 66}]
