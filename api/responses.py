@@ -1100,12 +1100,13 @@ def infill_stop_type(event: Done) -> str:
 
 
 def infill_timings(event: Done) -> dict[str, Any]:
-    """llama-server's ``timings`` from the job's usage and timing: ``prompt_n`` the prompt tokens
-    computed (cached ones not), ``prompt_ms`` from admission to the first token (so it holds the
+    """llama-server's ``timings`` from the job's usage and timing: ``cache_n`` the prompt tokens
+    taken from the prefix cache, ``prompt_n`` the prompt tokens computed (cached ones not), ``prompt_ms`` from admission to the first token (so it holds the
     first token's sampling; a preempted job's wait is in it too), ``predicted_ms`` from the first
     token to the end."""
     usage, timing = event.usage, event.timing or {}
-    prompt_n = max(0, int(usage.get("prompt_tokens", 0)) - int(usage.get("cached_tokens", 0)))
+    cache_n = int(usage.get("cached_tokens", 0))
+    prompt_n = max(0, int(usage.get("prompt_tokens", 0)) - cache_n)
     predicted_n = int(usage.get("completion_tokens", 0))
     queue, ttft, total = timing.get("queue_wait_ms"), timing.get("ttft_ms"), timing.get("total_ms")
     prompt_ms = max(0.0, float(ttft) - float(queue or 0)) if ttft is not None else 0.0
@@ -1117,6 +1118,7 @@ def infill_timings(event: Done) -> dict[str, Any]:
     prompt_per_token_ms, prompt_per_second = per(prompt_n, prompt_ms)
     predicted_per_token_ms, predicted_per_second = per(predicted_n, predicted_ms)
     return {
+        "cache_n": cache_n,
         "prompt_n": prompt_n,
         "prompt_ms": round(prompt_ms, 3),
         "prompt_per_token_ms": round(prompt_per_token_ms, 3),
@@ -1163,12 +1165,15 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
 
 def native_generation_settings(request: Any) -> dict[str, Any]:
     """``/completion``'s ``generation_settings``: the settings the completion ran with, those of
-    llama-server's this server has (an absent one is this server's default, OpenAI's, not
-    llama-server's; ``n_predict`` -1: no limit but the context; ``seed`` -1: none given)."""
+    llama-server's this server has (an absent sampling one is llama-server's default, as on
+    llama-server: schemas.LLAMA_SERVER_SAMPLING; ``n_predict`` -1: no limit but the context).
+    Typed as llama-server's, which typed clients decode: ``seed`` the unsigned 32 bits sampled
+    with (4294967295, llama.cpp's LLAMA_DEFAULT_SEED: none given), ``logit_bias``
+    ``[{"bias", "token"}]``."""
     limit = request.max_tokens if request.max_tokens is not None else -1
     return {
         "n_predict": limit,
-        "seed": request.seed if request.seed is not None else -1,
+        "seed": (request.seed if request.seed is not None else -1) & 0xFFFFFFFF,
         "temperature": request.temperature,
         "top_k": request.top_k,
         "top_p": request.top_p,
@@ -1183,7 +1188,7 @@ def native_generation_settings(request: Any) -> dict[str, Any]:
         "t_max_predict_ms": request.t_max_predict_ms,
         "ignore_eos": request.ignore_eos,
         "stream": request.stream,
-        "logit_bias": [list(p) for p in request.logit_bias],
+        "logit_bias": [{"bias": float(b), "token": int(t)} for t, b in request.logit_bias],
         "n_probs": request.logprobs or 0,
     }
 

@@ -53,6 +53,10 @@ _INT64_MAX = 2**63 - 1
 _FLOAT_MAX = sys.float_info.max
 # What an absent sampling parameter means is the scheduler's default (one place says it).
 _SAMPLING = SamplingParams()
+# llama-server's native routes (/completion, /infill): an absent sampling parameter is
+# llama-server's default (common/common.h: common_params_sampling), which its clients (llama.vim,
+# scripts, llama.cpp's examples) leave out and count on; the OpenAI routes keep OpenAI's
+LLAMA_SERVER_SAMPLING: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 
 # Keys each endpoint understands. Anything else is ``unknown_parameter``.
 _COMMON_KEYS = frozenset(
@@ -386,6 +390,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         fim_extra=_parse_input_extra(body),
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
+        **LLAMA_SERVER_SAMPLING,
     )
     at_least_0 = "an integer greater than or equal to 0"
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
@@ -446,6 +451,7 @@ def parse_native_completion_request(
         prompts=prompts if len(prompts) > 1 else None,
         max_tokens=_parse_max_tokens(body),
         ignored=ignored,
+        **LLAMA_SERVER_SAMPLING,
     )
     at_least_0 = "an integer greater than or equal to 0"
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0

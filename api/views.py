@@ -306,6 +306,8 @@ async def props(request: HttpRequest) -> JsonResponse:
     """llama-server's ``/props``: the served model, its context per request, the lanes. With
     several models, one model's, every field of the same one: ``?model=`` (an id or an alias),
     else the first configured (the fields once came from three different models)."""
+    from .schemas import LLAMA_SERVER_SAMPLING
+
     pool = get_pool()
     if pool is not None:
         asked = request.GET.get("model")
@@ -335,7 +337,9 @@ async def props(request: HttpRequest) -> JsonResponse:
             "total_slots": slots,
             "default_generation_settings": {
                 "n_ctx": n_ctx,
-                "params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "typical_p": 1.0,
+                # what an absent parameter is on llama-server's routes (/completion, /infill), as
+                # llama-server's clients read it here; the OpenAI routes keep OpenAI's (docs/api.md)
+                "params": {**LLAMA_SERVER_SAMPLING, "typical_p": 1.0,
                            "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
             },
             "engine": hello.engine if hello else None,

@@ -266,7 +266,7 @@ async def test_infill_answers_llama_servers_completion_object(fim_sim: FimSimWor
     assert obj["tokens_predicted"] == 6 and obj["tokens_evaluated"] == len(b("def f():\n    ")) + len(b("\n")) + 3
     assert obj["stop_type"] == "limit" and obj["stopping_word"] == ""
     assert set(obj["timings"]) == {
-        "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
+        "cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second",
     }  # fmt: skip
     assert obj["timings"]["predicted_n"] == 6 and obj["timings"]["prompt_n"] == obj["tokens_evaluated"]
     assert reply.headers["x-superfluid-qos"] == "completion"  # the completions path: FIM runs as a completion
