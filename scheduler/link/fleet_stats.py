@@ -61,6 +61,11 @@ def _combine(a: Any, b: Any, largest: bool = False) -> Any:
     return max(a, b) if largest else a + b
 
 
+def combine_by_label(a: Mapping[str, Any], b: Mapping[str, Any], largest: bool = False) -> dict[str, Any]:
+    """Two ``{label: number}`` tables merged label by label: added, or the larger with ``largest``."""
+    return dict(_combine(a, b, largest))
+
+
 def merge_stats(stats: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """WorkerStats of several workers as one (the rules in the module's docstring)."""
     merged: dict[str, Any] = {}
