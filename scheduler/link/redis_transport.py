@@ -119,6 +119,35 @@ def readable_snapshot(state: Any) -> bool:
     return True
 
 
+def fleet_lane_ctx(workers: dict[str, dict[str, Any]]) -> int:
+    """The context a fleet's request may use: the smallest of its live workers' (what every one of
+    them can hold, whichever picks the job). With the first worker's, a fleet whose workers had
+    different contexts (a rolling change of ``--ctx-size``) advertised, and checked requests
+    against, one that another worker refused: a request within /v1/models' context_length was a
+    400 ``context_length_exceeded`` when that worker took it."""
+    sizes = []
+    for state in workers.values():
+        with contextlib.suppress(TypeError, ValueError):
+            if int(state.get("lane_ctx", 0)) > 0:
+                sizes.append(int(state.get("lane_ctx", 0)))
+    return min(sizes, default=0)
+
+
+def fleet_class_lanes(workers: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The fleet's cap on a class's lanes (the Queue panel's): each worker's cap (its lanes where
+    it caps that class not) added, for the classes some worker caps."""
+    caps: dict[str, int] = {}
+    own = {wid: state.get("class_lanes") if isinstance(state.get("class_lanes"), dict) else {} for wid, state in workers.items()}
+    for label in sorted({label for c in own.values() for label in c}):
+        total = 0
+        for wid, state in workers.items():
+            with contextlib.suppress(TypeError, ValueError):
+                lanes = int(state.get("n_lanes", 0))
+                total += min(lanes, int(own[wid].get(label, lanes)))
+        caps[label] = total
+    return caps
+
+
 def load_scripts() -> dict[str, str]:
     return {path.stem: path.read_text() for path in sorted(LUA_DIR.glob("*.lua"))}
 
@@ -349,7 +378,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         if workers:
             first = workers[sorted(workers)[0]]
-            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=int(first.get("lane_ctx", 0)), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"))
+            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=fleet_lane_ctx(workers), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"))
             if not self.connected:
                 await self._became_connected(hello)
             else:
@@ -447,6 +476,8 @@ class RedisTransport(Transport):
         # a rolling restart's, is its own: the fleet panel marks it)
         active = sum(1 for lane in lanes if lane.get("job_id"))
         base.update(draining=all(w["draining"] for w in fleet), lanes=lanes, n_lanes=len(lanes), lanes_active=active, queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
+        # the header's context and the Queue panel's caps: the fleet's, not the first worker's
+        base.update(lane_ctx=fleet_lane_ctx(self.workers), class_lanes=fleet_class_lanes(self.workers))
         base["stats"] = self._fleet_stats(metrics, active)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
