@@ -8,7 +8,8 @@ worker's, so the figures are merged field by field:
 - counts, lanes, queue depths, pool blocks and rates add up (a histogram adds bucket by bucket;
   with another version's bounds, at the bounds both have);
 - the longest waits and the largest step are the largest of any worker's; the tick number too;
-- ``last_tick`` is the first worker's (by id), as one worker's last tick.
+- ``last_tick`` is the first worker's (by id), as one worker's last tick (the dashboard's Tick
+  panel names it; /metrics has each worker's, from the snapshot's ``fleet``).
 
 Counters must never go down, or Prometheus reads a reset and ``rate()`` spikes. A worker that
 leaves the fleet (drained, crashed, its lease lapsed) takes its totals with it, so the head

@@ -119,6 +119,13 @@ def readable_snapshot(state: Any) -> bool:
     return True
 
 
+def last_tick_of(state: dict[str, Any]) -> dict[str, Any]:
+    """A worker's snapshot's last tick (``metrics.last_tick``); {} where it has none readable."""
+    metrics = state.get("metrics")
+    last = metrics.get("last_tick") if isinstance(metrics, dict) else None
+    return {k: v for k, v in last.items() if isinstance(v, int | float) and not isinstance(v, bool)} if isinstance(last, dict) else {}
+
+
 def fleet_lane_ctx(workers: dict[str, dict[str, Any]]) -> int:
     """The context a fleet's request may use: the smallest of its live workers' (what every one of
     them can hold, whichever picks the job). With the first worker's, a fleet whose workers had
@@ -458,7 +465,7 @@ class RedisTransport(Transport):
             fleet.append({
                 "worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0),
                 "model": state.get("model", ""), "lane_ctx": state.get("lane_ctx"), "draining": bool(state.get("draining", False)),
-                "stats": dict(state.get("stats") or {}),
+                "stats": dict(state.get("stats") or {}), "last_tick": last_tick_of(state),
             })  # fmt: skip
             for lane in state.get("lanes") or []:
                 if isinstance(lane, dict):
