@@ -152,22 +152,32 @@ WORKER_BY_LABEL: dict[str, tuple[str, str, str]] = {
 }
 
 
-def worker_families(stats: Mapping[str, Any]) -> Iterator[Metric]:
-    """The families of one snapshot's ``metrics`` (a WorkerStats) beyond its plain numbers (those
-    are in SCALARS); a missing field exports 0."""
-    states: Mapping[str, int] = stats.get("lanes_by_state") or {}
-    yield gauge("superfluid_lanes_active", "Lanes holding a job.", int(stats.get("lanes_total", 0)) - states.get("idle", 0))
-    yield from gauges_by_label(WORKER_BY_LABEL, stats)
-    last: Mapping[str, Any] = stats.get("last_tick") or {}
+def last_tick_families(ticks: list[tuple[list[str], Mapping[str, Any]]], labels: list[str]) -> Iterator[Metric]:
+    """``superfluid_last_tick_*``: a sample for each (label values, its ``last_tick``) of ``ticks``."""
     yield labelled(
         GaugeMetricFamily,
         "superfluid_last_tick_tokens",
         "Tokens the last executed tick fed, by kind.",
-        ["kind"],
-        [(["prefill"], last.get("prefill_tokens", 0)), (["decode"], last.get("decode_tokens", 0))],
+        [*labels, "kind"],
+        [([*who, kind], last.get(f"{kind}_tokens", 0)) for who, last in ticks for kind in ("prefill", "decode")],
     )
-    yield gauge("superfluid_last_tick_lanes", "Lanes fed by the last executed tick.", last.get("lanes", 0))
-    yield gauge("superfluid_last_tick_seconds", "Duration of the last executed tick.", last.get("seconds", 0.0))
+    yield labelled(GaugeMetricFamily, "superfluid_last_tick_lanes", "Lanes fed by the last executed tick.", labels, [(who, last.get("lanes", 0)) for who, last in ticks])
+    yield labelled(GaugeMetricFamily, "superfluid_last_tick_seconds", "Duration of the last executed tick.", labels, [(who, last.get("seconds", 0.0)) for who, last in ticks])
+
+
+def worker_families(stats: Mapping[str, Any], fleet: list[Mapping[str, Any]] | None = None) -> Iterator[Metric]:
+    """The families of one snapshot's ``metrics`` (a WorkerStats) beyond its plain numbers (those
+    are in SCALARS); a missing field exports 0. ``fleet`` (Redis mode: each worker's entry of the
+    snapshot's ``fleet``): the last tick is each worker's, labelled with its ``worker`` and
+    ``host`` as the other families of one worker of a fleet are, not one worker's unnamed."""
+    states: Mapping[str, int] = stats.get("lanes_by_state") or {}
+    yield gauge("superfluid_lanes_active", "Lanes holding a job.", int(stats.get("lanes_total", 0)) - states.get("idle", 0))
+    yield from gauges_by_label(WORKER_BY_LABEL, stats)
+    if fleet is None:
+        yield from last_tick_families([([], stats.get("last_tick") or {})], [])
+    else:
+        ticks = [([str(w.get("worker", "")), str(w.get("host", ""))], w.get("last_tick") or {}) for w in fleet]
+        yield from last_tick_families(ticks, ["worker", "host"])
     finished: Mapping[str, Mapping[str, int]] = stats.get("finished") or {}
     yield labelled(
         CounterMetricFamily,
@@ -187,7 +197,8 @@ def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
     core's, the KV pool's and the queues' reorder counts) and the KV pool's figures."""
     for (part, key), (family, name, help_) in SCALARS.items():
         yield family(name, help_, (state.get(part) or {}).get(key, 0) or 0)
-    yield from worker_families(state.get("metrics") or {})
+    fleet = [w for w in state.get("fleet") or [] if isinstance(w, Mapping)] if "fleet" in state else None
+    yield from worker_families(state.get("metrics") or {}, fleet)
     counters: Mapping[str, Any] = state.get("counters") or {}
     for name, (help_, label, keys) in LABELLED_COUNTERS.items():
         yield labelled(CounterMetricFamily, name, help_, [label], [([v], counters.get(k, 0) or 0) for v, k in keys.items()])

@@ -8,7 +8,8 @@ worker's, so the figures are merged field by field:
 - counts, lanes, queue depths, pool blocks and rates add up (a histogram adds bucket by bucket;
   with another version's bounds, at the bounds both have);
 - the longest waits and the largest step are the largest of any worker's; the tick number too;
-- ``last_tick`` is the first worker's (by id), as one worker's last tick.
+- ``last_tick`` is the first worker's (by id), as one worker's last tick (the dashboard's Tick
+  panel names it; /metrics has each worker's, from the snapshot's ``fleet``).
 
 Counters must never go down, or Prometheus reads a reset and ``rate()`` spikes. A worker that
 leaves the fleet (drained, crashed, its lease lapsed) takes its totals with it, so the head
@@ -59,6 +60,11 @@ def _combine(a: Any, b: Any, largest: bool = False) -> Any:
     if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, int | float) or not isinstance(b, int | float):
         return a
     return max(a, b) if largest else a + b
+
+
+def combine_by_label(a: Mapping[str, Any], b: Mapping[str, Any], largest: bool = False) -> dict[str, Any]:
+    """Two ``{label: number}`` tables merged label by label: added, or the larger with ``largest``."""
+    return dict(_combine(a, b, largest))
 
 
 def merge_stats(stats: Iterable[Mapping[str, Any]]) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.aio import spawn
 
-from .fleet_stats import FleetTotals
+from .fleet_stats import FleetTotals, combine_by_label
 from .messages import (
     DUPLICATE_ID,
     ENGINE_CRASHED,
@@ -117,6 +117,42 @@ def readable_snapshot(state: Any) -> bool:
     except (TypeError, ValueError, AttributeError, KeyError):
         return False
     return True
+
+
+def last_tick_of(state: dict[str, Any]) -> dict[str, Any]:
+    """A worker's snapshot's last tick (``metrics.last_tick``); {} where it has none readable."""
+    metrics = state.get("metrics")
+    last = metrics.get("last_tick") if isinstance(metrics, dict) else None
+    return {k: v for k, v in last.items() if isinstance(v, int | float) and not isinstance(v, bool)} if isinstance(last, dict) else {}
+
+
+def fleet_lane_ctx(workers: dict[str, dict[str, Any]]) -> int:
+    """The context a fleet's request may use: the smallest of its live workers' (what every one of
+    them can hold, whichever picks the job). With the first worker's, a fleet whose workers had
+    different contexts (a rolling change of ``--ctx-size``) advertised, and checked requests
+    against, one that another worker refused: a request within /v1/models' context_length was a
+    400 ``context_length_exceeded`` when that worker took it."""
+    sizes = []
+    for state in workers.values():
+        with contextlib.suppress(TypeError, ValueError):
+            if int(state.get("lane_ctx", 0)) > 0:
+                sizes.append(int(state.get("lane_ctx", 0)))
+    return min(sizes, default=0)
+
+
+def fleet_class_lanes(workers: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The fleet's cap on a class's lanes (the Queue panel's): each worker's cap (its lanes where
+    it caps that class not) added, for the classes some worker caps."""
+    caps: dict[str, int] = {}
+    own = {wid: state.get("class_lanes") if isinstance(state.get("class_lanes"), dict) else {} for wid, state in workers.items()}
+    for label in sorted({label for c in own.values() for label in c}):
+        total = 0
+        for wid, state in workers.items():
+            with contextlib.suppress(TypeError, ValueError):
+                lanes = int(state.get("n_lanes", 0))
+                total += min(lanes, int(own[wid].get(label, lanes)))
+        caps[label] = total
+    return caps
 
 
 def load_scripts() -> dict[str, str]:
@@ -192,6 +228,8 @@ class RedisTransport(Transport):
         # process; one unseen for KNOWN_WORKER_S is forgotten.
         self._known_workers: dict[str, float] | None = None
         self.global_queue: dict[str, int] = {}
+        # the jobs in Redis: each class's and band's longest wait, each band's requests (queued.lua)
+        self.global_waits: dict[str, dict[str, Any]] = {}
         self._lane_ctx = 0  # the largest lane context of the workers seen (stream_maxlen)
         # the fleet's "stats" (_fleet_stats): the most lanes busy at once, and the last TTFT (of
         # the worker whose count of first tokens rose last), with each worker's count so far
@@ -332,9 +370,10 @@ class RedisTransport(Transport):
         for c in range(N_CLASSES):
             pipe.zcard(f"{self.prefix}q:{c}")
         depths = await pipe.execute()
-        from scheduler.core.qos import QosClass
+        from scheduler.core.qos import BAND_SPACING, QosClass
 
         self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
+        self.global_waits = self._queue_waits(await self.scripts.queued([self.prefix, BAND_SPACING // 2]))
         now = time.monotonic()
         if self._known_workers is not None:  # every worker id never seen before: a new process
             self.worker_restarts += len(workers.keys() - self._known_workers.keys())
@@ -346,7 +385,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         if workers:
             first = workers[sorted(workers)[0]]
-            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=int(first.get("lane_ctx", 0)), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"))
+            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=fleet_lane_ctx(workers), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"))
             if not self.connected:
                 await self._became_connected(hello)
             else:
@@ -362,6 +401,33 @@ class RedisTransport(Transport):
                 self._lost_since = loop.time()
             self._check_lost_deadline(loop.time())
         await self._send_unsent_cancels()  # Redis answers: with or without a worker alive
+
+    @staticmethod
+    def _queue_waits(raw: Any) -> dict[str, dict[str, Any]]:
+        """queued.lua's reply as WorkerStats fields: ``queue_oldest_wait_s_by_class``,
+        ``queue_depth_by_band`` and ``queue_oldest_wait_s_by_band`` of the jobs in Redis."""
+        from scheduler.core.qos import QosClass
+
+        body = json.loads(raw)
+        by_band = body.get("band") or {}
+        return {
+            "queue_oldest_wait_s_by_class": {QosClass(int(c)).label: round(float(ms) / 1000, 3) for c, ms in (body.get("class") or {}).items()},
+            "queue_depth_by_band": {b: int(v[0]) for b, v in by_band.items()},
+            "queue_oldest_wait_s_by_band": {b: round(float(v[1]) / 1000, 3) for b, v in by_band.items()},
+        }
+
+    def _with_global_queue(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The workers' merged ``metrics`` with the jobs waiting in Redis added: the depth by
+        class and by band summed, the longest waits the longest of either (as one worker's own
+        queue counts them: a fleet-wide alert on llamaswap_scheduler_queue_depth or an oldest
+        wait sees the jobs in Redis, where most of them wait)."""
+        waiting = dict(metrics.get("queue_depth_by_class") or {})  # the workers' own queues, summed
+        for label, n in self.global_queue.items():
+            waiting[label] = waiting.get(label, 0) + int(n)
+        out = {**metrics, "queue_depth_by_class": waiting}
+        for field, value in self.global_waits.items():
+            out[field] = combine_by_label(out.get(field) or {}, value, largest=field != "queue_depth_by_band")
+        return out
 
     def _publish_fleet(self) -> None:
         """The snapshot the dashboard, /slots, /v1/internal/state and /metrics read: the whole
@@ -384,7 +450,7 @@ class RedisTransport(Transport):
             if self.snapshot is not None and self.snapshot.get("fleet"):
                 last = self.snapshot
                 gone = {k: last[k] for k in ("model", "engine", "lane_ctx", "worker") if k in last}
-                metrics = {**metrics, "queue_depth_by_class": dict(queue)}
+                metrics = self._with_global_queue({k: v for k, v in metrics.items() if not k.startswith("queue_")})
                 self.snapshot = {**gone, "n_lanes": 0, "lanes": [], "fleet": [], "global_queue": dict(self.global_queue), "queue_depth": queue, "parked": [], "metrics": metrics, "counters": counters}
                 for listener in SNAPSHOT_LISTENERS:
                     listener(self.snapshot)
@@ -399,7 +465,7 @@ class RedisTransport(Transport):
             fleet.append({
                 "worker": wid, "host": host, "pid": state.get("pid"), "lanes": state.get("lanes", []), "n_lanes": state.get("n_lanes", 0),
                 "model": state.get("model", ""), "lane_ctx": state.get("lane_ctx"), "draining": bool(state.get("draining", False)),
-                "stats": dict(state.get("stats") or {}),
+                "stats": dict(state.get("stats") or {}), "last_tick": last_tick_of(state),
             })  # fmt: skip
             for lane in state.get("lanes") or []:
                 if isinstance(lane, dict):
@@ -410,16 +476,15 @@ class RedisTransport(Transport):
                     queue[label] = queue.get(label, 0) + int(n)
             with contextlib.suppress(TypeError, ValueError):
                 prefill_rate += float(state.get("prefill_tokens_per_s") or 0)
-        waiting = dict(metrics.get("queue_depth_by_class") or {})  # the workers' own queues, summed
-        for label, n in self.global_queue.items():
-            waiting[label] = waiting.get(label, 0) + int(n)
-        metrics = {**metrics, "queue_depth_by_class": waiting}
+        metrics = self._with_global_queue(metrics)
         base = dict(self.workers[sorted(self.workers)[0]])
         base.update(worker=FLEET_SOURCE, metrics=metrics, counters=counters, pool=pool, fleet=fleet)
         # draining: the fleet takes no new work only once every worker drains (one worker's drain,
         # a rolling restart's, is its own: the fleet panel marks it)
         active = sum(1 for lane in lanes if lane.get("job_id"))
         base.update(draining=all(w["draining"] for w in fleet), lanes=lanes, n_lanes=len(lanes), lanes_active=active, queue_depth=queue, parked=parked, prefill_tokens_per_s=prefill_rate)
+        # the header's context and the Queue panel's caps: the fleet's, not the first worker's
+        base.update(lane_ctx=fleet_lane_ctx(self.workers), class_lanes=fleet_class_lanes(self.workers))
         base["stats"] = self._fleet_stats(metrics, active)
         base["global_queue"] = dict(self.global_queue)
         self.snapshot = base
@@ -527,7 +592,9 @@ class RedisTransport(Transport):
 
     async def _enqueue(self, message: Submit, *, requeue: bool, expect_epoch: int, resend: bool = False) -> None:
         args = [self.prefix, message.id, int(message.qos), int(message.priority), self.aging_divisor_s, encode(message).decode(), self.head_id]
-        epoch = int(await self.scripts.enqueue([*args, 1 if requeue else 0, expect_epoch, 1 if resend else 0]))
+        waited = message.waited_ms if isinstance(message.waited_ms, int | float) and not isinstance(message.waited_ms, bool) else 0
+        extra = [str(message.request_of or ""), max(0.0, float(waited))]  # for queued.lua
+        epoch = int(await self.scripts.enqueue([*args, 1 if requeue else 0, expect_epoch, 1 if resend else 0, *extra]))
         handle = self.inflight.get(message.id)
         if handle is None:
             return

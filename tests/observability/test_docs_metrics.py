@@ -23,11 +23,19 @@ MENTION = re.compile(r"`((?:superfluid|llamaswap)_[a-z_]+)\{([a-z_, ]+)\}")  # `
 NAMED = re.compile(r"`((?:superfluid|llamaswap)_[a-z_]+)[`{]")  # `name` or `name{...}` in prose
 
 
-def documented_table() -> dict[str, tuple[str, set[str]]]:
-    """Metric -> (type, label names) from every table row of docs/operations.md."""
+FLEET_LABELS = "(Redis mode:"  # a row's labels column: those a family adds in a Redis fleet follow this
+
+
+def documented_table(fleet: bool = False) -> dict[str, tuple[str, set[str]]]:
+    """Metric -> (type, label names) from every table row of docs/operations.md; with ``fleet``,
+    those a row says a Redis fleet adds too (``(Redis mode: ... `worker`, `host`)``)."""
     rows = ROW.findall((DOCS / "operations.md").read_text())
     assert len(rows) > 50
-    return {name: (kind, set(re.findall(r"`([a-z_]+)`", labels))) for name, kind, labels in rows}
+    out = {}
+    for name, kind, labels in rows:
+        own, _, extra = labels.partition(FLEET_LABELS)
+        out[name] = (kind, set(re.findall(r"`([a-z_]+)`", own + (extra if fleet else ""))))
+    return out
 
 
 def documented_mentions() -> tuple[set[str], dict[str, set[str]]]:
@@ -121,7 +129,7 @@ def test_every_family_of_each_mode_is_documented_with_the_labels_it_carries(mode
     """A Redis fleet adds its families; several models label each worker family by ``model``
     and add the router's. Each is named in the docs, with its labels where the docs give them."""
     got = served(fleet_snapshot()) if mode == "fleet" else served(worker_snapshot(), router_stats())
-    table, (named, mentions) = documented_table(), documented_mentions()
+    table, (named, mentions) = documented_table(fleet=mode == "fleet"), documented_mentions()
     for name, (kind, labels) in got.items():
         if not name.startswith(("superfluid_", "llamaswap_")):
             continue

@@ -1,7 +1,9 @@
 -- Put a job in the global queue (or back in it after its worker was lost).
 -- Returns the epoch; -1 fenced, -2 a duplicate id, -3 cancelled before it arrived.
 -- ARGV: prefix, id, qos, priority, aging_divisor_s, data, head, requeue (0|1), expect_epoch (-1: new job),
---       resend (0|1: this head sends its own submit again, not knowing whether the first one ran)
+--       resend (0|1: this head sends its own submit again, not knowing whether the first one ran),
+--       request_of (the first job of its request, "" for one), waited_ms (its wait before this head
+--       queued it): with the arrival, what queued.lua counts a request's wait and band depth from
 -- Order inside a class is a static score: priority + waited_s / divisor ranks jobs exactly as
 -- -(priority - arrival_s / divisor) does, whatever the time now, so a sorted set holds it.
 -- A job put back after a loss goes ahead of every arrival of its class (as a preempted one).
@@ -9,6 +11,7 @@ local p, id = ARGV[1], ARGV[2]
 local qos, prio, divisor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local data, head, requeue, expect = ARGV[6], ARGV[7], ARGV[8] == "1", tonumber(ARGV[9])
 local resend = ARGV[10] == "1"
+local request_of, waited_before = ARGV[11] or "", tonumber(ARGV[12]) or 0
 local jk = p .. "job:" .. id
 local t = redis.call("TIME")
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -47,7 +50,8 @@ else
 end
 local member = string.format("%016d", seq) .. ":" .. id
 redis.call("HSET", jk, "data", data, "qos", qos, "prio", prio, "arrival", arrival, "state", "q",
-  "worker", "", "epoch", epoch, "head", head, "member", member, "requeued", requeue and 1 or 0)
+  "worker", "", "epoch", epoch, "head", head, "member", member, "requeued", requeue and 1 or 0,
+  "enq", now_ms, "req", request_of, "pre", waited_before)
 redis.call("EXPIRE", jk, 86400)
 redis.call("ZADD", p .. "q:" .. qos, score, member)
 redis.call("ZADD", p .. "qa:" .. qos, arrival, member)  -- arrival order: pick.lua finds the oldest
