@@ -101,6 +101,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
         self.sends: dict[str, tuple[JobHandle, int]] = {}  # each job and the connection it was first sent on
         self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
+        self.stream_handle: JobHandle | None = None  # the job of a single-choice stream (Redis mode: another head may take it over)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -170,7 +171,11 @@ class StreamingConsumer(AsyncHttpConsumer):
                 self.record.timing = self.seen_timing()
             if not self.record.usage:  # no Done: what was accepted and generated for it counts, for its key too
                 self.record.usage = self.seen_usage()
-            if not self.preflight:  # a preflight is no request of the activity log's
+            if self.stream_handle is not None and self.stream_handle.handed_over:
+                # its client resumed the stream on another head (Last-Event-ID), whose row and
+                # counts are the request's: counted here too, it was counted twice
+                log.info("stream %s went on on another head; its activity row is that head's", self.record.request_id)
+            elif not self.preflight:  # a preflight is no request of the activity log's
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 if self.refused_before_the_engine():  # the server's reason, not the caller's: no quota spent
@@ -679,6 +684,7 @@ class GenerationConsumer(StreamingConsumer):
         """Send the SSE response. With ``ids`` every frame carries ``id: <job id>:<n>``, n the
         text deltas so far; ``skip`` (a resume): the opening and the first ``skip`` deltas' frames
         were sent by another head, so they only advance the reply's state."""
+        self.stream_handle = handle
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
         self.record.status = 200
