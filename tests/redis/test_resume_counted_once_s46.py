@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
 from channels.testing import HttpCommunicator
 
+from scheduler.link.messages import Delta, Done
 from superfluid_site.runtime import forget, install
 
-from .conftest import RedisServer, SimFleetWorker, head
+from .conftest import RedisServer, SimFleetWorker, completion, head
 from .test_fleet_sim import slow_sim
+from .test_resume_sim import deltas_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,3 +90,35 @@ async def test_a_stream_resumed_while_its_first_head_lives_is_finished_there_and
         forget(asyncio.get_running_loop())
         worker.stop()
     assert [(r.status, r.finish_reason, r.usage.get("completion_tokens")) for r in rows] == [(200, "length", 120)], rows
+
+
+async def test_a_cancel_from_the_head_a_job_was_taken_from_leaves_it_running(redis_server: RedisServer, prefix: str) -> None:
+    """The first head's cancel reaches Redis before its reader read the taking head's marker:
+    the job is the other head's (its hash says so), so it runs on and its stream is kept."""
+    worker = SimFleetWorker(redis_server.url, prefix, engine=slow_sim(0.02)).start()
+    first = await head(redis_server.url, prefix)
+    second = await head(redis_server.url, prefix)
+    try:
+        handle = await first.submit(request=completion("a tale", max_tokens=60), qos=2, priority=0)
+        meta = {"key": None, "body": "b", "id": "chatcmpl-x", "created": 0, "qos": 2, "priority": 0, "started": time.time()}
+        await first.remember_stream(handle.job_id, meta)
+        await deltas_until(handle, 2)
+        attached = await second.attach(handle.job_id)
+        assert attached is not None
+        taken, _meta = attached
+        await first.scripts.cancel([first.prefix, handle.job_id, first.head_id])
+        texts: list[str] = []
+        while True:
+            event = await asyncio.wait_for(taken.next_event(), 30)
+            if isinstance(event, Delta):
+                texts.append(event.text)
+            elif isinstance(event, Done):
+                break
+            else:
+                assert event.type == "accepted", event
+        assert event.finish_reason == "length" and len(texts) == 60, (event, len(texts))
+        second.finish(taken)
+    finally:
+        await second.stop()
+        await first.stop()
+        worker.stop()
