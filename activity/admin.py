@@ -73,6 +73,8 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "qos_class",
         "priority",
         "band",
+        "serial_priority",  # the dispatch decision (request-priority seed): why a request waited
+        "serial_band",
         "serial_score",
         "serial_queue_wait_ms",  # the router's wait: alone on the row of one that left before its worker took it
         "queue_wait_ms",
@@ -90,6 +92,7 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         column_filter("endpoint", "endpoint", ("chat", "completions", "infill", "embeddings")),
         column_filter("qos_class", "class", (c.label for c in QosClass)),
         column_filter("band", "band", BANDS),
+        column_filter("serial_band", "serial band", BANDS),
         StatusFilter,
         column_filter("finish_reason", "finish reason"),
         column_filter("error_code", "error code"),

@@ -101,6 +101,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.first_token_s: float | None = None  # when the first token reached this side (wall clock)
         self.sends: dict[str, tuple[JobHandle, int]] = {}  # each job and the connection it was first sent on
         self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
+        self.stream_handle: JobHandle | None = None  # the job of a single-choice stream (Redis mode: another head may take it over)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -170,7 +171,11 @@ class StreamingConsumer(AsyncHttpConsumer):
                 self.record.timing = self.seen_timing()
             if not self.record.usage:  # no Done: what was accepted and generated for it counts, for its key too
                 self.record.usage = self.seen_usage()
-            if not self.preflight:  # a preflight is no request of the activity log's
+            if self.stream_handle is not None and self.stream_handle.handed_over:
+                # its client resumed the stream on another head (Last-Event-ID), whose row and
+                # counts are the request's: counted here too, it was counted twice
+                log.info("stream %s went on on another head; its activity row is that head's", self.record.request_id)
+            elif not self.preflight:  # a preflight is no request of the activity log's
                 await record_request(self.record)  # first: it never waits, so nothing can cut it off
             if self.admission is not None:
                 if self.refused_before_the_engine():  # the server's reason, not the caller's: no quota spent
@@ -623,6 +628,7 @@ class GenerationConsumer(StreamingConsumer):
             self.record.started_s = float(started)
         try:
             qos = QosClass(int(meta.get("qos", QosClass.INTERACTIVE)))
+            await self.take_over_places(meta, qos)
             # the first head's note (a job that ended before this head attached has no Submit left)
             priority = meta.get("priority", handle.submit.priority)
             self.note_class(qos, priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)  # as the first head's row had them
@@ -634,11 +640,33 @@ class GenerationConsumer(StreamingConsumer):
         finally:
             link.finish(handle)
 
+    async def take_over_places(self, meta: dict[str, Any], qos: QosClass) -> None:
+        """A resumed stream's request keeps the concurrency places its first head's admission
+        took in Redis (the key's ``max_concurrent``, a keyless client's): held from this head
+        now, renewed and given back when its response ends here, as any of this head's own. Else
+        the first head's places lapsed within a minute of its death while the request ran on,
+        and its key could run one more than its limit."""
+        slots, member = meta.get("slots"), meta.get("member")
+        if not isinstance(slots, list) or not slots or not all(isinstance(s, str) for s in slots) or not isinstance(member, str):
+            return  # none held (a key without a slot), or a head from before this note
+        from keys.limits import LimitsUnavailable, shared_limiter
+
+        priority = meta.get("priority")
+        admission = Admission(qos=qos, priority=priority if isinstance(priority, int) else 0, key_name=self.principal.key_name)
+        admission.shared_slots, admission.shared_member = list(slots), uuid.uuid4().hex
+        self.admission = admission  # released when the response ends, whatever happens from here
+        try:
+            await shared_limiter(serving().redis_url).take_over(admission.shared_slots, member, admission.shared_member)
+        except LimitsUnavailable as exc:  # the stream goes on; the first head's places lapse as before
+            log.warning("could not take over the concurrency places of resumed stream %s: %s", self.record.request_id, exc)
+
     async def stream(self, request: GenerationRequest, handle: JobHandle, qos: QosClass, *, link: Any = None, body: str = "") -> None:
         reply = self.reply(request)
         ids = bool(getattr(link, "resumable", False))
         if ids:  # another head can go on with this stream if this one dies
             meta = {"key": self.principal.key_name, "body": body, "id": reply.id, "created": reply.created, "qos": int(qos), "priority": self.record.priority, "started": self.record.started_s}
+            if self.admission is not None and self.admission.shared_slots:  # the head that resumes it holds them on
+                meta["slots"], meta["member"] = list(self.admission.shared_slots), self.admission.shared_member
             await link.remember_stream(handle.job_id, meta)
         pending: list[Any] = []
         if qos is QosClass.COMPLETION:
@@ -656,6 +684,7 @@ class GenerationConsumer(StreamingConsumer):
         """Send the SSE response. With ``ids`` every frame carries ``id: <job id>:<n>``, n the
         text deltas so far; ``skip`` (a resume): the opening and the first ``skip`` deltas' frames
         were sent by another head, so they only advance the reply's state."""
+        self.stream_handle = handle
         await self.send_headers(status=200, headers=SSE_HEADERS + self.response_headers(handle, qos))
         self.headers_sent = True
         self.record.status = 200

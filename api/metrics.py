@@ -152,6 +152,21 @@ WORKER_BY_LABEL: dict[str, tuple[str, str, str]] = {
 }
 
 
+# the finish reasons a job can end with (scheduler/core/scheduler.py, the worker's loop): every
+# class and reason has a sample from the start, 0 until one finishes so, so that rate() and
+# increase() over them answer 0 rather than nothing before the first finish
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "deadline")
+
+
+def finished_by_class_and_reason(finished: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, str], int]:
+    """Every class and known finish reason (0 where none finished so), and any other seen."""
+    counts = {(c, r): 0 for c in CLASSES for r in FINISH_REASONS}
+    for c, reasons in finished.items():
+        for r, n in reasons.items():
+            counts[(c, r)] = n
+    return counts
+
+
 def last_tick_families(ticks: list[tuple[list[str], Mapping[str, Any]]], labels: list[str]) -> Iterator[Metric]:
     """``superfluid_last_tick_*``: a sample for each (label values, its ``last_tick``) of ``ticks``."""
     yield labelled(
@@ -184,7 +199,7 @@ def worker_families(stats: Mapping[str, Any], fleet: list[Mapping[str, Any]] | N
         "superfluid_jobs_finished_total",
         "Finished jobs by class and finish reason.",
         ["class", "reason"],
-        [([c, r], n) for c, reasons in sorted(finished.items()) for r, n in sorted(reasons.items())],
+        [([c, r], n) for (c, r), n in sorted(finished_by_class_and_reason(finished).items())],
     )
     yield histogram("superfluid_ttft_seconds", "Time from arrival to first token, by QoS class.", "class", stats.get("ttft_s") or {})
     yield histogram("superfluid_queue_wait_seconds", "Time from arrival to admission into a lane, by QoS class.", "class", stats.get("queue_wait_s") or {})

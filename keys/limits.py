@@ -247,6 +247,26 @@ return 0
 """
 
 
+# Another head takes over the places a request holds (its client resumed its stream there,
+# Last-Event-ID): the first head's member leaves each slot and the new one holds it from now,
+# whether or not the first one's had lapsed (the request runs: it counts, once). The old member's
+# marker is set, so that the first head, if it lives, renews nothing and releases nothing of it.
+# ARGV: prefix, ttl, old member, new member, slot x n.
+TAKEOVER_LUA = """
+local p, ttl, old, new = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local t = redis.call("TIME")
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+for i = 5, #ARGV do
+  local skey = p .. "cc:" .. ARGV[i]
+  redis.call("ZREM", skey, old)
+  redis.call("ZADD", skey, now + ttl, new)
+  redis.call("EXPIRE", skey, ttl + 1)
+end
+redis.call("SET", p .. "lm:" .. old, "1", "EX", 60)
+return 0
+"""
+
+
 # A token given back (a request the server refused before its engine saw it): added to the bucket
 # as it stands now, within its capacity; a bucket that is gone (expired: full again) is left so.
 # ARGV: prefix, (name, rate_per_s, capacity) x n.
@@ -309,6 +329,7 @@ class RedisLimiter:
         self._releaser: asyncio.Task[None] | None = None
         self.renew_script = self.client.register_script(RENEW_LUA)
         self.refund_script = self.client.register_script(REFUND_LUA)
+        self.takeover_script = self.client.register_script(TAKEOVER_LUA)
         self.held: dict[str, set[str]] = {}  # member -> the slots it holds (this head's requests)
         self._renewer: asyncio.Task[None] | None = None
 
@@ -341,6 +362,21 @@ class RedisLimiter:
             if self._renewer is None or self._renewer.done():
                 self._renewer = asyncio.get_running_loop().create_task(self._renew_held())
         return int(refused), int(wait_ms) / 1000.0
+
+    async def take_over(self, slots: list[str], old_member: str, member: str) -> None:
+        """Hold ``slots`` under ``member`` in place of ``old_member`` (a request another head
+        admitted, whose stream this head resumed): counted once, renewed by this head from now,
+        and given back by ``release(slot, member)``. LimitsUnavailable if Redis is away."""
+        if not slots:
+            return
+        args = [self.prefix, str(self.SLOT_TTL_S), old_member, member, *slots]
+        try:
+            await keeping_cancel(self.takeover_script(keys=[], args=args))
+        except Exception as exc:  # redis.RedisError, OSError, a timeout
+            raise LimitsUnavailable(str(exc)) from exc
+        self.held[member] = set(slots)
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_held())
 
     async def refund(self, buckets: list[tuple[str, float, float]]) -> None:
         """Give back one token to each bucket (name, rate per second, capacity) that ``take``

@@ -80,6 +80,9 @@ LEASE_MS = 3000
 PICKED_FIELDS = 4  # pick.lua's reply, per job taken: id, epoch, data, waited_ms
 STREAM_MAXLEN = 20000  # entries a job stream keeps beyond its lane's context (stream_maxlen)
 STREAM_TTL_S = 600  # a job's stream outlives its last write by this long
+# the reason that ends a head's response to a job another head took over (_on_taken): its client
+# left for that head, so nobody reads it here (and the request's activity row is that head's)
+RESUMED_ELSEWHERE = "resumed_elsewhere"
 READ_BLOCK_MS = 1000  # a head's XREAD on a job stream waits this long for an entry
 CANCELS_WAIT_S = 2.0  # a stopping head waits this long for the cancels it still has to send
 # A head says it is alive (``hb:HEAD``, set every poll, expiring after HEAD_TTL_MS). A running
@@ -241,6 +244,7 @@ class RedisTransport(Transport):
         self._task: asyncio.Task[None] | None = None
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._loss_counted: dict[str, int] = {}  # job id -> the epoch of its last loss counted (_on_job_lost)
+        self._before_own_marker: set[str] = set()  # jobs attached here whose own "taken" marker is not read yet
         self._forgetting: set[asyncio.Task[None]] = set()
         # a cancel, or the config, whose send failed while the link counted as connected (a
         # pooled connection that died with a Redis restart): sent by the next tick that reaches Redis
@@ -546,9 +550,10 @@ class RedisTransport(Transport):
 
     async def cancel(self, handle: JobHandle) -> None:
         """Sent whether or not a worker is alive: the job waits in Redis, not in a worker, and
-        would otherwise run for nobody (ahead of newer work, once aged) when one comes back."""
+        would otherwise run for nobody (ahead of newer work, once aged) when one comes back.
+        Not for a job another head took over (its client is there now)."""
         self.open.discard(handle.job_id)
-        if self.inflight.pop(handle.job_id, None) is not None:
+        if self.inflight.pop(handle.job_id, None) is not None and not handle.handed_over:
             await self._send_cancel(handle.job_id)
 
     def _fail(self, handle: JobHandle, reason: str, detail: str) -> None:
@@ -572,7 +577,7 @@ class RedisTransport(Transport):
             if isinstance(message, Submit):
                 await self._enqueue(message, requeue=False, expect_epoch=-1, resend=resend)
             elif isinstance(message, Cancel):
-                await self.scripts.cancel([self.prefix, message.id])
+                await self.scripts.cancel([self.prefix, message.id, self.head_id])
                 # its reader sees the job gone when its XREAD returns, and deletes the stream
             elif isinstance(message, Config):
                 client = self._redis()
@@ -650,6 +655,7 @@ class RedisTransport(Transport):
         key = meta.get("key")
         handle = JobHandle(job_id=job_id, submit=submit, sent_on=self._connection, key=key if isinstance(key, str) else None)
         self.inflight[job_id] = handle
+        self._before_own_marker.add(job_id)  # the stream's history: earlier heads' "taken" markers
         self.open.add(job_id)
         self._readers[job_id] = asyncio.get_running_loop().create_task(self._read(handle), name=f"redis-stream-{job_id}")
         return handle, meta
@@ -691,7 +697,8 @@ class RedisTransport(Transport):
         finally:
             self._readers.pop(job_id, None)
             self._loss_counted.pop(job_id, None)
-            if job_id not in self.open:  # answered or cancelled; else finish() deletes it
+            self._before_own_marker.discard(job_id)
+            if job_id not in self.open and not handle.handed_over:  # answered or cancelled; else finish() deletes it
                 # the client as it is: a reader that left because the head stopped finds the
                 # link stopped (``_redis`` refuses), and stop() closes the client only after it
                 await self._forget(job_id, self._client)
@@ -704,7 +711,7 @@ class RedisTransport(Transport):
 
     def finish(self, handle: JobHandle) -> None:
         super().finish(handle)
-        if handle.job_id not in self._readers and not self._stopped:
+        if handle.job_id not in self._readers and not self._stopped and not handle.handed_over:
             # the client taken now: a stop() that comes before the task first runs waits for it,
             # and the task asking for the client then found the link stopped and sent nothing
             spawn(self._forgetting, self._forget(handle.job_id, self._redis()))
@@ -721,6 +728,9 @@ class RedisTransport(Transport):
             body = json.loads(raw)
         except ValueError:
             return
+        if isinstance(body, dict) and body.get("type") == "taken":
+            self._on_taken(handle, body.get("head"))
+            return
         if isinstance(body, dict) and body.get("type") == "lost":
             try:
                 epoch = int(body.get("epoch", -1))
@@ -735,6 +745,23 @@ class RedisTransport(Transport):
         # a field of the wrong type: dropped, not taken for Redis away (the reader would act on
         # the same entry again, forever)
         self._apply_from_worker(message, handle)
+
+    def _on_taken(self, handle: JobHandle, head: Any) -> None:
+        """A head took the job over (adopt.lua's marker). This head's own: what came before it
+        on the stream was history. Another's, after this head had it: its client resumed the
+        stream there (it left this head, seen here or not), so this head stops reading the job
+        and ends its response, sends no cancel, keeps the stream and writes no activity row:
+        the request is counted once, by the head that has it now."""
+        job_id = handle.job_id
+        if head == self.head_id:
+            self._before_own_marker.discard(job_id)
+            return
+        if not isinstance(head, str) or job_id in self._before_own_marker or self.inflight.get(job_id) is not handle:
+            return
+        handle.handed_over = True
+        self.inflight.pop(job_id, None)
+        log.info("job %s: its client resumed the stream on head %s, which has it now", job_id, head)
+        handle.events.put_nowait(Error(job_id, RESUMED_ELSEWHERE, "The stream was resumed on another server (Last-Event-ID)."))
 
     async def _on_job_lost(self, handle: JobHandle, epoch: int) -> None:
         """The worker holding this job stopped renewing its lease (it died): put the job back at

@@ -88,6 +88,9 @@ class JobHandle:
     request: str = ""  # the client request it serves, when several jobs do (n > 1, several prompts); never sent
     preemptions: int = 0  # by the worker it is at, as that worker's last Delta said
     preemptions_lost: int = 0  # by the workers lost before (a job submitted again): its Done adds them
+    # Redis mode: another head took the job over (its client resumed the stream there with
+    # Last-Event-ID): its response and its activity row are that head's
+    handed_over: bool = False
 
     async def next_event(self) -> JobEvent:
         return await self.events.get()

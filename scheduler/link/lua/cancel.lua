@@ -7,9 +7,18 @@
 -- worker may have written the stream again after that head deleted it (the cancel reached
 -- Redis late: sent again at a later tick), which then stayed for its whole TTL. From here the
 -- job is gone and no one can write for it.
--- ARGV: prefix, id.   Returns the worker that held it, or "".
+-- A job another head took over (its client resumed the stream there, adopt.lua) is not the
+-- cancelling head's any more: left running, its stream kept (the first head, alive, saw its
+-- client leave only now).
+-- ARGV: prefix, id, head (optional).   Returns the worker that held it, or "".
 local p, id = ARGV[1], ARGV[2]
 local jk = p .. "job:" .. id
+if ARGV[3] then
+  local owner = redis.call("HGET", jk, "head")
+  if owner and owner ~= ARGV[3] then
+    return ""
+  end
+end
 redis.call("DEL", p .. "s:" .. id, p .. "r:" .. id)
 local cur = redis.call("HMGET", jk, "state", "worker", "qos", "member")
 if cur[1] == false then
