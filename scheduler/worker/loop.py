@@ -11,6 +11,7 @@ stalls the lanes, after a cheap size bound that refuses what cannot fit without 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -222,42 +223,45 @@ class EngineWorker:
 
     # -- link --------------------------------------------------------------------------
 
-    @property
+    # What the model's template and vocabulary say, once per worker (its engine is its model's
+    # for its whole life): asked for each request, and tool_format in each snapshot's hello.
+    @functools.cached_property
     def tool_format(self) -> str:
         """How the model writes tool calls in ``auto`` mode (``chat.tool_call_format``): its
         template's own format where the template is given the tools, else the generic one."""
         engine = self.engine
-        return chat_format.tool_call_format(getattr(engine, "chat_template", None), native="template_vars" in engine.features)
+        return chat_format.tool_call_format(engine.chat_template, native="template_vars" in engine.features)
 
+    @functools.cached_property
     def _takes_system(self) -> bool:
         """Whether the model's template writes a system message (``chat.takes_system_turn``):
         where not (Gemma 2's raises "System role not supported"), a request's system text opens
         its next message, as llama-server writes it, rather than being a 400."""
-        takes = getattr(self, "_takes_system_turn", None)
-        if takes is None:
-            takes = self._takes_system_turn = chat_format.takes_system_turn(self.engine.render_chat)
-        return takes
+        return chat_format.takes_system_turn(self.engine.render_chat)
+
+    @functools.cached_property
+    def _kept_tool_tokens(self) -> dict[int, bytes]:
+        """The control tokens of the model's tool-call format (Mistral's ``[TOOL_CALLS]``, Llama
+        3.1's ``<|python_tag|>``), each one token that holds no text decoded as plain text: their
+        text, which a reply that offers tools keeps (:meth:`_tool_token_bytes`)."""
+        engine, kept = self.engine, {}
+        for marker in chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()):
+            try:
+                ids = engine.tokenize(marker, add_special=False, special=True)
+            except Exception:  # noqa: BLE001 - a vocabulary without it: nothing to keep
+                continue
+            if len(ids) == 1 and not engine.token_bytes(ids[0]):
+                kept[ids[0]] = marker.encode()
+        return kept
 
     def _tool_token_bytes(self) -> Callable[[int], bytes]:
         """``engine.token_bytes`` that spells the control tokens of the model's tool-call format
-        (Mistral's ``[TOOL_CALLS]``, Llama 3.1's ``<|python_tag|>``) as their text, for a reply
-        that offers tools: decoded as plain text they hold none, and the call's opening would be
-        lost (llama-server keeps them too: its chat format's ``preserved_tokens``)."""
-        engine = self.engine
-        kept = getattr(self, "_kept_tool_tokens", None)
-        if kept is None:
-            kept = {}
-            for marker in chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()):
-                try:
-                    ids = engine.tokenize(marker, add_special=False, special=True)
-                except Exception:  # noqa: BLE001 - a vocabulary without it: nothing to keep
-                    continue
-                if len(ids) == 1 and not engine.token_bytes(ids[0]):
-                    kept[ids[0]] = marker.encode()
-            self._kept_tool_tokens = kept
+        as their text, for a reply that offers tools: decoded as plain text they hold none, and
+        the call's opening would be lost (llama-server keeps them too: its chat format's
+        ``preserved_tokens``)."""
+        kept, plain = self._kept_tool_tokens, self.engine.token_bytes
         if not kept:
-            return engine.token_bytes
-        plain = engine.token_bytes
+            return plain
         return lambda token: kept.get(token) or plain(token)
 
     def hello(self) -> Hello:
@@ -696,7 +700,7 @@ class EngineWorker:
                     request.get("chat_template_kwargs"),
                     native_ok="template_vars" in features,
                 )
-                if messages and messages[0].get("role") == "system" and not self._takes_system():
+                if messages and messages[0].get("role") == "system" and not self._takes_system:
                     messages = chat_format.merge_system_turn(messages)
                 tokens, own_len = self._chat_tokens(messages, resume_text, extra)
             except Exception as exc:  # a template's raise_exception, or a malformed message
