@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -91,6 +92,8 @@ CANCELS_WAIT_S = 2.0  # a stopping head waits this long for the cancels it still
 # (Last-Event-ID, within the stream's TTL) has it put back in the queue there.
 HEAD_TTL_MS = 30_000
 KNOWN_WORKER_S = 24 * 3600.0  # a head forgets a worker id unseen this long (worker_restarts_total)
+# how often a head reads the waits and band depths of the jobs in Redis (queued.lua), while any wait
+QUEUED_READ_EVERY_S = 1.0
 DEFAULT_PREFIX = "sf:"
 NO_FLOOR = 4
 N_CLASSES = 4
@@ -233,6 +236,7 @@ class RedisTransport(Transport):
         self.global_queue: dict[str, int] = {}
         # the jobs in Redis: each class's and band's longest wait, each band's requests (queued.lua)
         self.global_waits: dict[str, dict[str, Any]] = {}
+        self._queued_read_at = -math.inf  # when queued.lua last ran (QUEUED_READ_EVERY_S)
         self._lane_ctx = 0  # the largest lane context of the workers seen (stream_maxlen)
         # the fleet's "stats" (_fleet_stats): the most lanes busy at once, and the last TTFT (of
         # the worker whose count of first tokens rose last), with each worker's count so far
@@ -377,8 +381,14 @@ class RedisTransport(Transport):
         from scheduler.core.qos import BAND_SPACING, QosClass
 
         self.global_queue = {QosClass(c).label: int(n) for c, n in enumerate(depths)}
-        self.global_waits = self._queue_waits(await self.scripts.queued([self.prefix, BAND_SPACING // 2]))
         now = time.monotonic()
+        if not any(depths):  # nothing waits in Redis: nothing to read
+            self.global_waits = {}
+        elif now >= self._queued_read_at + QUEUED_READ_EVERY_S:
+            # queued.lua reads every queued job (a field read each), and Redis runs nothing else
+            # meanwhile: every head's poll doing it four times a second held Redis for a long queue
+            self._queued_read_at = now
+            self.global_waits = self._queue_waits(await self.scripts.queued([self.prefix, BAND_SPACING // 2]))
         if self._known_workers is not None:  # every worker id never seen before: a new process
             self.worker_restarts += len(workers.keys() - self._known_workers.keys())
         if workers or self._known_workers is not None:  # the first workers seen are no restart

@@ -87,3 +87,31 @@ async def test_a_job_put_back_after_its_worker_was_lost_waits_from_when_it_was_p
         assert samples(link.snapshot, "superfluid_queue_oldest_wait_seconds", "class")["agent"] < 600
     finally:
         await link.stop()
+
+
+async def test_a_head_reads_the_queued_jobs_only_while_some_wait_and_at_most_once_a_second(redis_server: RedisServer, client: redis.Redis, prefix: str) -> None:
+    """queued.lua reads a field of every queued job while Redis runs nothing else: every head's
+    poll (four a second) reading a long queue held Redis that long each time. It runs only while
+    some job waits in Redis, and at most once a second (QUEUED_READ_EVERY_S)."""
+    publish_worker(client, prefix, "w1", worker_state("h1", [None], {}))
+    link = RedisTransport(redis_server.url, prefix=prefix)
+    calls = 0
+    try:
+        real = link.scripts.queued
+
+        async def counted(args: list[Any]) -> Any:
+            nonlocal calls
+            calls += 1
+            return await real(args)
+
+        link.scripts.queued = counted  # type: ignore[method-assign]
+        await link._tick()
+        await link._tick()
+        assert calls == 0  # an empty queue: nothing read
+        await link._enqueue(Submit("q1", request={}, qos=2, priority=0), requeue=False, expect_epoch=-1)
+        for _ in range(3):  # three polls within a second
+            await link._tick()
+        assert calls == 1
+        assert link.snapshot is not None and samples(link.snapshot, "llamaswap_scheduler_queue_depth", "band")["normal"] == 1.0
+    finally:
+        await link.stop()
