@@ -308,6 +308,8 @@ def _no_constant(name: str) -> Any:
 # JSON as RFC 8259 has it: Python's reader takes NaN, Infinity and -Infinity, which a call's
 # arguments must not hold (a client's parser refuses them: "tool_calls" means arguments that parse)
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
+# the whitespace str.lstrip() strips (a call's block may open with any before its object)
+_LEADING_SPACE = re.compile(r"\s*")
 
 
 def parse_tool_calls(
@@ -339,10 +341,12 @@ def parse_tool_calls(
             break
         rest.append(text[pos:start])
         body_at = start + len(TOOL_OPEN)
-        stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
+        # (matched in place: stripping a copy of the rest of the text for each block made a reply
+        # of many calls cost the square of its length)
+        at = _LEADING_SPACE.match(text, body_at).end()  # type: ignore[union-attr]  # (\s* always matches)
         try:
-            obj, end = decoder.raw_decode(text, body_at + stripped)
-            spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
+            obj, end = decoder.raw_decode(text, at)
+            spans = _member_spans(text, at) if isinstance(obj, dict) else {}
         except (ValueError, RecursionError):  # not a call (however deeply nested): text
             rest.append(text[start:body_at])  # the tag is text; a later block may be a call
             pos, misses = body_at, misses + 1
@@ -453,7 +457,8 @@ def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[st
         if text[j : j + 1] == "[":
             _array, end = _DECODER.raw_decode(text, j)  # the whole array is JSON, or no call
             k = _skip_ws(text, j + 1)
-            while text[k : k + 1] == "{":
+            # (bounded as the calls written one by one are: an array of many costs bounded work)
+            while text[k : k + 1] == "{" and len(calls) + len(batch) < MAX_PARSED_CALLS:
                 found = _native_call(text, k, names, ("arguments",), frozenset({"id"}))
                 if found is None:
                     return text, []
@@ -667,6 +672,9 @@ class Reply:
         self.include_usage = include_usage
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
+        # text held to the end (``native_held``), in pieces: joined once, at the end, since adding
+        # each delta to one string copied the whole held text for every token (quadratic)
+        self.held_parts: list[str] = []
         # completions logprobs: where the next token starts in the text, counted from the tokens
         # (text held back for a stop string comes later than its tokens' entries)
         self.lp_offset = 0
@@ -832,11 +840,11 @@ class Reply:
         """Tool mode: (text to send as content, tool-call chunks) for newly generated text."""
         content: list[str] = []
         frames: list[dict[str, Any]] = []
+        if self.native_held:  # held to the end (a call in the model's own format): parsed then
+            self.held_parts.append(text)
+            return "", frames
         held = self.held + text
         self.held = ""
-        if self.native_held:  # a call in the model's own format: parsed at the end
-            self.held = held
-            return "", frames
         while held:
             if self.args is not None:  # a streamed call's arguments
                 n = self.args.feed(held)
@@ -877,13 +885,16 @@ class Reply:
                     held = held[len(TOOL_OPEN) :]
                     continue
                 self.held = held  # maybe a call's head, still coming
+                # past the most a head may take, it never becomes one: everything from here is
+                # held to the end and parsed then, as before, without rescanning it every delta
+                self.native_held = len(held) >= MAX_CALL_HEAD
                 break
             try:
                 name = json.loads(head.group(1))
             except ValueError:  # a string the pattern passes and JSON does not ("get\_weather")
                 name = None
-            if name not in self.tool_names:
-                self.held = held
+            if name not in self.tool_names:  # no call streamed: held to the end, parsed then
+                self.held, self.native_held = held, True
                 break
             self.muted = self.max_calls is not None and self.calls_sent >= self.max_calls
             if not self.muted:
@@ -983,6 +994,8 @@ class Reply:
                 chunk = chat_chunk(self.id, self.model, self.created, content=None if self.tool_names else "")
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
+        if self.held_parts:
+            self.held, self.held_parts = self.held + "".join(self.held_parts), []
         if self.endpoint == "chat":
             if self.tool_names and self.held and self.after_args:
                 # a streamed call's closing that never completed: what came is text

@@ -1,0 +1,140 @@
+"""Hostile replies in tool mode cost work in proportion to their length, not its square: the
+reply parser (``parse_tool_calls``, every format) and the streamed reply (``Reply``), which run on
+the web process's event loop, where one request's long reply stalled every other request's.
+
+Work is counted, not timed: the characters copied out of the reply (slices of it, or the held text
+a delta is appended to), which a quadratic path makes grow with the square of the length."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.responses import MAX_CALL_HEAD, MAX_PARSED_CALLS, Reply, parse_tool_calls
+from scheduler.link.messages import Delta, Done
+
+TOOLS = [{"name": "get_weather"}]
+NAMES = ["get_weather"]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+class _Counted(str):
+    """A reply's text that counts the characters copied out of it by slicing."""
+
+    copied = 0
+
+    def __getitem__(self, key: Any) -> str:
+        out = str.__getitem__(self, key)
+        _Counted.copied += len(out)
+        return out
+
+
+def _copied_parsing(text: str, fmt: str) -> tuple[int, int]:
+    _Counted.copied = 0
+    _content, calls = parse_tool_calls(_Counted(text), NAMES, fmt=fmt)
+    return _Counted.copied, len(calls)
+
+
+def test_a_reply_of_many_generic_calls_is_parsed_in_linear_work() -> None:
+    # 20,000 blocks (~1.4 MB): each block's leading whitespace was found by stripping a copy of
+    # the rest of the reply, ~10^10 characters in all (tens of seconds on the event loop)
+    for fmt in ("hermes", "llama3", "mistral"):
+        text = CALL * 20_000
+        copied, calls = _copied_parsing(text, fmt)
+        assert calls == 20_000
+        assert copied <= 4 * len(text), (fmt, copied, len(text))
+
+
+def test_a_mistral_array_of_many_calls_reads_at_most_the_bound() -> None:
+    one = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    content, calls = parse_tool_calls("[TOOL_CALLS][" + ", ".join([one] * 10_000) + "]", NAMES, fmt="mistral")
+    assert len(calls) == MAX_PARSED_CALLS and content is None
+    assert all(json.loads(c["function"]["arguments"]) == {"city": "Paris"} for c in calls)
+
+
+HOSTILE = [
+    ("mistral", "[TOOL_CALLS]"),  # a Mistral call opened, then text without end
+    ("mistral", "[TOOL_CALLS][{"),
+    ("llama3", "{"),  # a Llama 3.x reply opening with an object
+    ("llama3", "<|python_tag|>"),
+    ("hermes", "<tool_call>{"),  # a generic block whose head never comes
+    ("mistral", "<tool_call>{"),
+    ("hermes", '<tool_call>{"name": "not_offered", "arguments": {'),  # a head naming no tool
+]
+
+
+class _Piece(str):
+    """A delta's text that counts the characters of held text it is appended to."""
+
+    copied = 0
+
+    def __radd__(self, other: str) -> str:
+        _Piece.copied += len(other)
+        return str(other) + str(self)
+
+
+def _stream(fmt: str, opening: str, deltas: int, piece: str = "abcdefgh") -> tuple[int, dict[str, Any]]:
+    _Piece.copied = 0
+    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
+    frames = reply.delta_chunks(Delta("j", opening))
+    for _ in range(deltas):
+        frames += reply.delta_chunks(Delta("j", _Piece(piece)))
+    frames += reply.final_chunks(Done("j", "length"), None)
+    content = "".join(f["choices"][0]["delta"].get("content") or "" for f in frames if f["choices"])
+    return _Piece.copied, {"content": content, "calls": sum(len(f["choices"][0]["delta"].get("tool_calls") or []) for f in frames if f["choices"])}
+
+
+def test_a_long_held_reply_is_streamed_in_linear_work() -> None:
+    # 5,000 deltas: the held text (a call maybe opened, parsed at the end) was rebuilt as one
+    # string on every delta, ~10^8 characters here, minutes of event loop for a long reply
+    deltas = 5_000
+    for fmt, opening in HOSTILE:
+        copied, got = _stream(fmt, opening, deltas)
+        assert copied <= deltas * 2 * MAX_CALL_HEAD, (fmt, opening, copied)
+        # and nothing is lost: no call, the whole text as content, as unstreamed
+        assert got == {"content": opening + "abcdefgh" * deltas, "calls": 0}, (fmt, opening)
+
+
+FRAGMENTS = st.sampled_from(
+    ["[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "<tool_call>", "</tool_call>", "{", "}", "[", "]", ",", " ", "\n",
+     '"name": ', '"arguments": ', '"parameters": ', '"get_weather"', '"other"', "get_weather", "1", CALL]
+)  # fmt: skip
+
+
+def _body(fmt: str, text: str) -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
+    reply.add(Delta("j", text))
+    message = reply.body(Done("j", "stop"), None)["choices"][0]["message"]
+    return {"content": message["content"] or None, "calls": [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]}
+
+
+def _streamed(fmt: str, pieces: list[str]) -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
+    frames = [f for p in pieces for f in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", "stop"), None)
+    content, calls = "", {}
+    for frame in frames:
+        delta = frame["choices"][0]["delta"]
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            entry = calls.setdefault(call["index"], ["", ""])
+            entry[0] += call.get("function", {}).get("name") or ""
+            entry[1] += call.get("function", {}).get("arguments") or ""
+    return {"content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fmt=st.sampled_from(["hermes", "llama3", "mistral"]),
+    before=st.lists(FRAGMENTS, max_size=8),
+    filler=st.sampled_from(["x", " ", '"', "{", "\\"]),
+    after=st.lists(FRAGMENTS, max_size=8),
+    size=st.integers(1, 64),
+)
+def test_fuzz_a_reply_held_past_a_heads_bound_streams_as_unstreamed(fmt: str, before: list[str], filler: str, after: list[str], size: int) -> None:
+    # text held past MAX_CALL_HEAD is held to the end (no longer rescanned): the stream still
+    # adds up to the unstreamed reply
+    text = "".join(before) + filler * (MAX_CALL_HEAD + 50) + "".join(after)
+    assert _streamed(fmt, [text[i : i + size] for i in range(0, len(text), size)]) == _body(fmt, text)
