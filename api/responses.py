@@ -1216,6 +1216,9 @@ def native_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
 
 
+_MAX_PATH_PARTS = 16  # deeper than any result's values; a longer path is not split further
+
+
 def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """llama-server's ``response_fields``: only the values at these paths (``a/b`` reaches into
     an object), each keyed by its path as given; a path that leads nowhere is left out. None or
@@ -1225,7 +1228,7 @@ def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in paths:
         value: Any = obj
-        for part in path.split("/"):
+        for part in path.split("/", _MAX_PATH_PARTS):  # (a path deeper than any value: nowhere)
             if not isinstance(value, dict) or part not in value:
                 break
             value = value[part]

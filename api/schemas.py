@@ -516,10 +516,18 @@ def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]], li
     return prompt
 
 
+# response_fields' paths in one request: a result object has fewer than a hundred values to pick;
+# each path is looked up in every result (a prompt's, each frame's end), on the event loop, so
+# two million of them in one body, times 32 prompts, stalled every other request for a minute
+MAX_RESPONSE_FIELDS = 256
+
+
 def _response_fields(body: Mapping[str, Any]) -> list[str] | None:
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
         raise _invalid_type("response_fields", "an array of strings")
+    if fields_wanted is not None and len(fields_wanted) > MAX_RESPONSE_FIELDS:
+        raise _invalid_value("response_fields", f"at most {MAX_RESPONSE_FIELDS} paths (got {len(fields_wanted)})")
     return fields_wanted
 
 
