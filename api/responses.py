@@ -693,7 +693,7 @@ class Reply:
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
-        self.args_text = ""  # ... and those arguments so far
+        self.args_parts: list[str] = []  # ... and those arguments so far (joined once, when whole)
         self.calls_whole = True  # every streamed call's arguments closed and are JSON
         # streamed calls that are calls unstreamed too (arguments that are JSON, the block closed)
         self.calls_closed = 0
@@ -702,7 +702,9 @@ class Reply:
         # tool mode: whitespace that may end the content, sent only once more content follows
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
         # around its calls stripped, or, without calls, the whole text
-        self.pending_space = ""
+        # (in pieces, joined when sent: a reply of whitespace alone added up as one string was
+        # copied whole on every delta)
+        self.pending_space: list[str] = []
         self.content_sent = False  # tool mode: content other than whitespace went out
         # tool mode: the stream's role is still to send, with its first frame, once it is known
         # whether the reply begins with text or a call (_opened; a stream another head began and
@@ -850,14 +852,14 @@ class Reply:
                 n = self.args.feed(held)
                 if n and not self.muted:
                     frames.append(self._tool_chunk({"index": self.calls_sent - 1, "function": {"arguments": held[:n]}}))
-                    self.args_text += held[:n]
+                    self.args_parts.append(held[:n])
                 held = held[n:]
                 if self.args.depth > 0:
                     break
-                self.args_json = not self.muted and _is_json(self.args_text)
+                self.args_json = not self.muted and _is_json("".join(self.args_parts))
                 if not self.muted:
                     self.calls_whole = self.calls_whole and self.args_json
-                self.args, self.after_args, self.args_text = None, True, ""
+                self.args, self.after_args, self.args_parts = None, True, []
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
                 tail = _call_tail(held)
@@ -950,14 +952,14 @@ class Reply:
         follows (at the end: sent if the reply made no call, else dropped)."""
         trimmed = text.rstrip()
         if not trimmed:
-            self.pending_space += text
+            self.pending_space.append(text)
             return ""
         body = trimmed
         if self.calls_sent and not self.content_sent:
             # the content's start, after a call: the reply has calls, so its content is the text
             # around them stripped, and whitespace before this is none of it
-            body, self.pending_space = body.lstrip(), ""
-        out, self.pending_space = self.pending_space + body, text[len(trimmed) :]
+            body, self.pending_space = body.lstrip(), []
+        out, self.pending_space = "".join(self.pending_space) + body, [text[len(trimmed) :]]
         self.content_sent = True
         return out
 
@@ -1021,9 +1023,10 @@ class Reply:
                 elif rest := self._stripped(self.held):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
-            if self.pending_space and not self.calls_sent:  # no call after all: the text is whole
-                frames.append(chat_chunk(self.id, self.model, self.created, content=self.pending_space))
-            self.pending_space = ""
+            pending = "".join(self.pending_space)
+            if pending and not self.calls_sent:  # no call after all: the text is whole
+                frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
+            self.pending_space = []
             # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
             # string or the end of generation cut open, or that are no JSON, finishes "stop", as
             # the same reply unstreamed does; so does one whose block's closing never came

@@ -138,3 +138,33 @@ def test_fuzz_a_reply_held_past_a_heads_bound_streams_as_unstreamed(fmt: str, be
     # adds up to the unstreamed reply
     text = "".join(before) + filler * (MAX_CALL_HEAD + 50) + "".join(after)
     assert _streamed(fmt, [text[i : i + size] for i in range(0, len(text), size)]) == _body(fmt, text)
+
+
+def _longest_string_kept(reply: Reply) -> int:
+    """The longest string the reply keeps between deltas (lists of pieces are pieces): one that
+    grows with the reply is copied whole each time a delta is added to it."""
+    longest = 0
+    for value in vars(reply).values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                longest = max(longest, len(item))
+    return longest
+
+
+def test_a_long_streamed_call_or_whitespace_is_kept_in_pieces() -> None:
+    # a streamed call's arguments and a reply of whitespace (held until text follows) were one
+    # string each grown by every delta: ~3 s of event loop for 128k deltas, 4x the deltas ~14x
+    opening = '<tool_call>{"name": "get_weather", "arguments": {"city": "'
+    cases = [("hermes", opening, "abcdefgh"), ("hermes", "", "    "), ("llama3", "", " \n  "), ("mistral", "", "\t   ")]
+    for fmt, first, piece in cases:
+        reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
+        reply.delta_chunks(Delta("j", first))
+        for _ in range(2_000):
+            reply.delta_chunks(Delta("j", piece))
+        assert _longest_string_kept(reply) <= MAX_CALL_HEAD, (fmt, first)
+        frames = reply.delta_chunks(Delta("j", '"}}</tool_call>' if first else "end")) + reply.final_chunks(Done("j", "stop"), None)
+        if first:  # the call's arguments, whole
+            args = "".join(c["function"].get("arguments") or "" for f in frames for c in f["choices"][0]["delta"].get("tool_calls") or [])
+            assert args.endswith('"}') and frames[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        else:  # the whitespace, then the text, as content
+            assert "".join(f["choices"][0]["delta"].get("content") or "" for f in frames) == piece * 2_000 + "end"
