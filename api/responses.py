@@ -543,19 +543,26 @@ MAX_CALL_TAIL = 4096
 _CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
-def _call_tail(text: str) -> int:
+def _call_tail(text: str, scan: list[Any] | None = None) -> int:
     """A streamed call's closing, which ``text`` starts with: what comes after its arguments.
     That is any further members (which the unstreamed parse ignores), ``}``, and
     ``</tool_call>``. Returns the length of a whole closing; 0 while ``text`` may still grow into
-    one; -1 when it cannot (it is text)."""
+    one; -1 when it cannot (it is text). ``scan``: [scanner, characters scanned], kept by the
+    caller between calls on the same text grown at its end, so that each character is scanned
+    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call)."""
     body = text.lstrip()
     if not body:
         return 0
     if body[0] not in ",}" or len(body) > MAX_CALL_TAIL:
         return -1
-    scanner = _ArgsScanner()
-    scanner.depth = 1  # inside the call's object
-    n = scanner.feed(body)
+    if scan is None or not scan:
+        scanner = _ArgsScanner()
+        scanner.depth = 1  # inside the call's object
+        scan = scan if scan is not None else []
+        scan[:] = [scanner, 0]
+    scanner, n = scan
+    if scanner.depth > 0:  # (at 0 its members ended, at n: what follows is no member)
+        n = scan[1] = n + scanner.feed(body[n:])
     if scanner.depth > 0:
         return 0  # its members are still coming
     try:
@@ -699,6 +706,7 @@ class Reply:
         self.calls_closed = 0
         self.args_json = False  # the streamed call whose closing is coming: its arguments parse
         self.after_args = False  # a streamed call's arguments are complete: its tail is in held
+        self.tail_scan: list[Any] = []  # ... and how far _call_tail has read it
         # tool mode: whitespace that may end the content, sent only once more content follows
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
         # around its calls stripped, or, without calls, the whole text
@@ -859,10 +867,10 @@ class Reply:
                 self.args_json = not self.muted and _is_json("".join(self.args_parts))
                 if not self.muted:
                     self.calls_whole = self.calls_whole and self.args_json
-                self.args, self.after_args, self.args_parts = None, True, []
+                self.args, self.after_args, self.args_parts, self.tail_scan = None, True, [], []
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
-                tail = _call_tail(held)
+                tail = _call_tail(held, self.tail_scan)
                 if tail == 0:
                     self.held = held
                     break

@@ -168,3 +168,44 @@ def test_a_long_streamed_call_or_whitespace_is_kept_in_pieces() -> None:
             assert args.endswith('"}') and frames[-1]["choices"][0]["finish_reason"] == "tool_calls"
         else:  # the whitespace, then the text, as content
             assert "".join(f["choices"][0]["delta"].get("content") or "" for f in frames) == piece * 2_000 + "end"
+
+
+def test_a_streamed_calls_long_closing_is_scanned_once(monkeypatch: Any) -> None:
+    # what follows a streamed call's arguments (members such as an "id", then "}" and the closing
+    # tag) was scanned from its start on every delta: 20 calls with 4,000-character tails took
+    # ~3 s of event loop
+    import api.responses as responses
+
+    fed = [0]
+    feed = responses._ArgsScanner.feed
+
+    def counted(self: Any, text: str) -> int:
+        fed[0] += len(text)
+        return feed(self, text)
+
+    monkeypatch.setattr(responses._ArgsScanner, "feed", counted)
+    reply = Reply("chat", "m", tools=TOOLS)
+    total = 0
+    frames: list[dict[str, Any]] = []
+    for _ in range(5):
+        for piece in ['<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "', *["abcd"] * 800, '"}</tool_call>']:
+            total += len(piece)
+            frames += reply.delta_chunks(Delta("j", piece))
+    frames += reply.final_chunks(Done("j", "stop"), None)
+    assert fed[0] <= 2 * total, (fed[0], total)
+    calls = [c for f in frames for c in f["choices"][0]["delta"].get("tool_calls") or [] if c.get("id")]
+    assert len(calls) == 5 and frames[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+TAILS = st.lists(st.sampled_from([",", ' "id": ', '"x"', '"a}b"', "1", "{", "}", "[", "]", "\\", '"', " ", "\n", "</tool_call>", "</tool", "_call>", '"name": '] ), max_size=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(tail=TAILS, size=st.integers(1, 7))
+def test_fuzz_a_streamed_calls_closing_streams_as_unstreamed(tail: list[str], size: int) -> None:
+    # members after the arguments, then the call's end: a call unstreamed where they are JSON (a
+    # streamed call whose closing never comes was sent already; it finishes "stop", as documented)
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}' + "".join(tail) + "}\n</tool_call> after"
+    body = _body("hermes", text)
+    if body["calls"]:
+        assert _streamed("hermes", [text[i : i + size] for i in range(0, len(text), size)]) == body
