@@ -364,6 +364,8 @@ class GenerationConsumer(StreamingConsumer):
         done on the event loop. (``json.loads`` itself keeps the GIL for its run, which
         ``--max-body-bytes`` bounds.)"""
 
+        self.lane_ctx = lane_ctx  # (a parse that tokenises bounds its work by it: /completion)
+
         def work() -> GenerationRequest:
             request = self.parse(body, models)
             check_expanded_size(request, len(body))
@@ -888,7 +890,11 @@ class NativeCompletionConsumer(CompletionsConsumer):
     options = NativeOptions()  # what the body asks of its response (response_fields, ...)
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.options = parse_native_completion_request(body, models=models, strict=serving().strict_params, tokenize=self.tokenize)
+        of_request = getattr(self, "lane_ctx", None)
+        lane_ctx = None if of_request is None else (lambda model: of_request(GenerationRequest(endpoint="completions", model=model, prompt="")))
+        request, self.options = parse_native_completion_request(
+            body, models=models, strict=serving().strict_params, tokenize=self.tokenize, lane_ctx=lane_ctx
+        )
         return request
 
     @staticmethod

@@ -308,6 +308,8 @@ def _no_constant(name: str) -> Any:
 # JSON as RFC 8259 has it: Python's reader takes NaN, Infinity and -Infinity, which a call's
 # arguments must not hold (a client's parser refuses them: "tool_calls" means arguments that parse)
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
+# the whitespace str.lstrip() strips (a call's block may open with any before its object)
+_LEADING_SPACE = re.compile(r"\s*")
 
 
 def parse_tool_calls(
@@ -339,10 +341,12 @@ def parse_tool_calls(
             break
         rest.append(text[pos:start])
         body_at = start + len(TOOL_OPEN)
-        stripped = len(text[body_at:]) - len(text[body_at:].lstrip())
+        # (matched in place: stripping a copy of the rest of the text for each block made a reply
+        # of many calls cost the square of its length)
+        at = _LEADING_SPACE.match(text, body_at).end()  # type: ignore[union-attr]  # (\s* always matches)
         try:
-            obj, end = decoder.raw_decode(text, body_at + stripped)
-            spans = _member_spans(text, body_at + stripped) if isinstance(obj, dict) else {}
+            obj, end = decoder.raw_decode(text, at)
+            spans = _member_spans(text, at) if isinstance(obj, dict) else {}
         except (ValueError, RecursionError):  # not a call (however deeply nested): text
             rest.append(text[start:body_at])  # the tag is text; a later block may be a call
             pos, misses = body_at, misses + 1
@@ -453,7 +457,8 @@ def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[st
         if text[j : j + 1] == "[":
             _array, end = _DECODER.raw_decode(text, j)  # the whole array is JSON, or no call
             k = _skip_ws(text, j + 1)
-            while text[k : k + 1] == "{":
+            # (bounded as the calls written one by one are: an array of many costs bounded work)
+            while text[k : k + 1] == "{" and len(calls) + len(batch) < MAX_PARSED_CALLS:
                 found = _native_call(text, k, names, ("arguments",), frozenset({"id"}))
                 if found is None:
                     return text, []
@@ -538,19 +543,26 @@ MAX_CALL_TAIL = 4096
 _CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
-def _call_tail(text: str) -> int:
+def _call_tail(text: str, scan: list[Any] | None = None) -> int:
     """A streamed call's closing, which ``text`` starts with: what comes after its arguments.
     That is any further members (which the unstreamed parse ignores), ``}``, and
     ``</tool_call>``. Returns the length of a whole closing; 0 while ``text`` may still grow into
-    one; -1 when it cannot (it is text)."""
+    one; -1 when it cannot (it is text). ``scan``: [scanner, characters scanned], kept by the
+    caller between calls on the same text grown at its end, so that each character is scanned
+    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call)."""
     body = text.lstrip()
     if not body:
         return 0
     if body[0] not in ",}" or len(body) > MAX_CALL_TAIL:
         return -1
-    scanner = _ArgsScanner()
-    scanner.depth = 1  # inside the call's object
-    n = scanner.feed(body)
+    if scan is None or not scan:
+        scanner = _ArgsScanner()
+        scanner.depth = 1  # inside the call's object
+        scan = scan if scan is not None else []
+        scan[:] = [scanner, 0]
+    scanner, n = scan
+    if scanner.depth > 0:  # (at 0 its members ended, at n: what follows is no member)
+        n = scan[1] = n + scanner.feed(body[n:])
     if scanner.depth > 0:
         return 0  # its members are still coming
     try:
@@ -667,6 +679,9 @@ class Reply:
         self.include_usage = include_usage
         self.text: list[str] = []  # everything generated
         self.held = ""  # tool mode: text not yet streamed
+        # text held to the end (``native_held``), in pieces: joined once, at the end, since adding
+        # each delta to one string copied the whole held text for every token (quadratic)
+        self.held_parts: list[str] = []
         # completions logprobs: where the next token starts in the text, counted from the tokens
         # (text held back for a stop string comes later than its tokens' entries)
         self.lp_offset = 0
@@ -685,16 +700,19 @@ class Reply:
         self.prompt_logprobs: list[dict[str, Any]] = []  # echo + logprobs: the prompt's entries
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
-        self.args_text = ""  # ... and those arguments so far
+        self.args_parts: list[str] = []  # ... and those arguments so far (joined once, when whole)
         self.calls_whole = True  # every streamed call's arguments closed and are JSON
         # streamed calls that are calls unstreamed too (arguments that are JSON, the block closed)
         self.calls_closed = 0
         self.args_json = False  # the streamed call whose closing is coming: its arguments parse
         self.after_args = False  # a streamed call's arguments are complete: its tail is in held
+        self.tail_scan: list[Any] = []  # ... and how far _call_tail has read it
         # tool mode: whitespace that may end the content, sent only once more content follows
         # (or at the end of a reply without calls): the unstreamed reply's content is the text
         # around its calls stripped, or, without calls, the whole text
-        self.pending_space = ""
+        # (in pieces, joined when sent: a reply of whitespace alone added up as one string was
+        # copied whole on every delta)
+        self.pending_space: list[str] = []
         self.content_sent = False  # tool mode: content other than whitespace went out
         # tool mode: the stream's role is still to send, with its first frame, once it is known
         # whether the reply begins with text or a call (_opened; a stream another head began and
@@ -832,27 +850,27 @@ class Reply:
         """Tool mode: (text to send as content, tool-call chunks) for newly generated text."""
         content: list[str] = []
         frames: list[dict[str, Any]] = []
+        if self.native_held:  # held to the end (a call in the model's own format): parsed then
+            self.held_parts.append(text)
+            return "", frames
         held = self.held + text
         self.held = ""
-        if self.native_held:  # a call in the model's own format: parsed at the end
-            self.held = held
-            return "", frames
         while held:
             if self.args is not None:  # a streamed call's arguments
                 n = self.args.feed(held)
                 if n and not self.muted:
                     frames.append(self._tool_chunk({"index": self.calls_sent - 1, "function": {"arguments": held[:n]}}))
-                    self.args_text += held[:n]
+                    self.args_parts.append(held[:n])
                 held = held[n:]
                 if self.args.depth > 0:
                     break
-                self.args_json = not self.muted and _is_json(self.args_text)
+                self.args_json = not self.muted and _is_json("".join(self.args_parts))
                 if not self.muted:
                     self.calls_whole = self.calls_whole and self.args_json
-                self.args, self.after_args, self.args_text = None, True, ""
+                self.args, self.after_args, self.args_parts, self.tail_scan = None, True, [], []
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
-                tail = _call_tail(held)
+                tail = _call_tail(held, self.tail_scan)
                 if tail == 0:
                     self.held = held
                     break
@@ -877,13 +895,16 @@ class Reply:
                     held = held[len(TOOL_OPEN) :]
                     continue
                 self.held = held  # maybe a call's head, still coming
+                # past the most a head may take, it never becomes one: everything from here is
+                # held to the end and parsed then, as before, without rescanning it every delta
+                self.native_held = len(held) >= MAX_CALL_HEAD
                 break
             try:
                 name = json.loads(head.group(1))
             except ValueError:  # a string the pattern passes and JSON does not ("get\_weather")
                 name = None
-            if name not in self.tool_names:
-                self.held = held
+            if name not in self.tool_names:  # no call streamed: held to the end, parsed then
+                self.held, self.native_held = held, True
                 break
             self.muted = self.max_calls is not None and self.calls_sent >= self.max_calls
             if not self.muted:
@@ -939,14 +960,14 @@ class Reply:
         follows (at the end: sent if the reply made no call, else dropped)."""
         trimmed = text.rstrip()
         if not trimmed:
-            self.pending_space += text
+            self.pending_space.append(text)
             return ""
         body = trimmed
         if self.calls_sent and not self.content_sent:
             # the content's start, after a call: the reply has calls, so its content is the text
             # around them stripped, and whitespace before this is none of it
-            body, self.pending_space = body.lstrip(), ""
-        out, self.pending_space = self.pending_space + body, text[len(trimmed) :]
+            body, self.pending_space = body.lstrip(), []
+        out, self.pending_space = "".join(self.pending_space) + body, [text[len(trimmed) :]]
         self.content_sent = True
         return out
 
@@ -983,6 +1004,8 @@ class Reply:
                 chunk = chat_chunk(self.id, self.model, self.created, content=None if self.tool_names else "")
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
+        if self.held_parts:
+            self.held, self.held_parts = self.held + "".join(self.held_parts), []
         if self.endpoint == "chat":
             if self.tool_names and self.held and self.after_args:
                 # a streamed call's closing that never completed: what came is text
@@ -1008,9 +1031,10 @@ class Reply:
                 elif rest := self._stripped(self.held):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
-            if self.pending_space and not self.calls_sent:  # no call after all: the text is whole
-                frames.append(chat_chunk(self.id, self.model, self.created, content=self.pending_space))
-            self.pending_space = ""
+            pending = "".join(self.pending_space)
+            if pending and not self.calls_sent:  # no call after all: the text is whole
+                frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
+            self.pending_space = []
             # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
             # string or the end of generation cut open, or that are no JSON, finishes "stop", as
             # the same reply unstreamed does; so does one whose block's closing never came
@@ -1203,6 +1227,9 @@ def native_probabilities(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**item(e), "top_logprobs": [item(t) for t in e["top"]]} for e in entries]
 
 
+_MAX_PATH_PARTS = 16  # deeper than any result's values; a longer path is not split further
+
+
 def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     """llama-server's ``response_fields``: only the values at these paths (``a/b`` reaches into
     an object), each keyed by its path as given; a path that leads nowhere is left out. None or
@@ -1212,7 +1239,7 @@ def pick_fields(obj: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for path in paths:
         value: Any = obj
-        for part in path.split("/"):
+        for part in path.split("/", _MAX_PATH_PARTS):  # (a path deeper than any value: nowhere)
             if not isinstance(value, dict) or part not in value:
                 break
             value = value[part]

@@ -425,7 +425,12 @@ class NativeOptions:
 
 
 def parse_native_completion_request(
-    raw: bytes, *, models: Collection[str], strict: bool = False, tokenize: Callable[[str, str, bool], list[int]] | None = None
+    raw: bytes,
+    *,
+    models: Collection[str],
+    strict: bool = False,
+    tokenize: Callable[[str, str, bool], list[int]] | None = None,
+    lane_ctx: Callable[[str], int] | None = None,
 ) -> tuple[GenerationRequest, NativeOptions]:
     """Validate a llama-server ``POST /completion`` body: the request (a completion of
     ``prompt``: a string, an array of token ids, an array mixing strings and token ids (one
@@ -434,7 +439,9 @@ def parse_native_completion_request(
     array of those, each a prompt of its own) and what it asks of its response (NativeOptions). ``model`` may be left out: the first model
     served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
     are honoured as on /infill; llama-server's sampler options this server does not have are
-    accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``."""
+    accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``.
+    ``lane_ctx(model)``: the context a prompt must fit (0: unknown); a mixed prompt is tokenised
+    only as far as it may still fit."""
     body = load_object(raw)
     if named_model(body) is None and models:
         body = {**body, "model": next(iter(models))}
@@ -442,7 +449,8 @@ def parse_native_completion_request(
     ignored = _unknown_keys(body, _NATIVE_KEYS, strict)
     ignored += [key for key in body if key in _NATIVE_UNHONOURED]
     if tokenize is not None:
-        body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first))}
+        limit = (lane_ctx(model) if lane_ctx is not None else 0) or 1 << 30
+        body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first), limit)}
     prompts = _parse_prompt(body)
     req = GenerationRequest(
         endpoint="completions",
@@ -470,16 +478,35 @@ def _is_mixed(value: Any) -> bool:
     return isinstance(value, list) and any(isinstance(v, str) for v in value) and any(_is_int(v) for v in value)
 
 
-def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]]) -> Any:
+# the most characters a token may stand for (api/edge.py's MAX_CHARS_PER_TOKEN: a text longer
+# than the context's tokens times this cannot fit, whatever the tokeniser)
+_MAX_CHARS_PER_TOKEN = 64
+
+
+def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]], limit: int = 1 << 30) -> Any:
     """``prompt`` with each array mixing strings and token ids (the prompt itself, or a prompt
-    among several) made the token ids it stands for; anything else as it is (checked after)."""
+    among several) made the token ids it stands for; anything else as it is (checked after).
+
+    Tokenised only as far as it may fit ``limit`` tokens (this runs before the request is
+    admitted, so before any rate limit): its strings' text when they alone are longer than can
+    fit, its tokens as far as the ``limit``-th when there are more, which the prompt's size check
+    then refuses (400 context_length_exceeded), as it refuses such a prompt given as text or ids;
+    an empty string past the first is no tokens, and no call."""
 
     def tokens(mixed: list[Any]) -> Any:
         if not all(isinstance(v, str) or _is_int(v) for v in mixed):
             return mixed  # (refused by the prompt's check, naming it)
+        if sum(len(v) for v in mixed if isinstance(v, str)) > limit * _MAX_CHARS_PER_TOKEN:
+            return "".join(v for v in mixed if isinstance(v, str))
         out: list[int] = []
         for i, v in enumerate(mixed):
-            out += tokenize(v, i == 0) if isinstance(v, str) else [v]
+            if isinstance(v, str):
+                if v or i == 0:  # (the first takes the BOS, empty or not)
+                    out += tokenize(v, i == 0)
+            else:
+                out.append(v)
+            if len(out) >= limit:
+                return out
         return out
 
     if _is_mixed(prompt):
@@ -489,10 +516,18 @@ def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]]) ->
     return prompt
 
 
+# response_fields' paths in one request: a result object has fewer than a hundred values to pick;
+# each path is looked up in every result (a prompt's, each frame's end), on the event loop, so
+# two million of them in one body, times 32 prompts, stalled every other request for a minute
+MAX_RESPONSE_FIELDS = 256
+
+
 def _response_fields(body: Mapping[str, Any]) -> list[str] | None:
     fields_wanted = body.get("response_fields")
     if fields_wanted is not None and not (isinstance(fields_wanted, list) and all(isinstance(f, str) for f in fields_wanted)):
         raise _invalid_type("response_fields", "an array of strings")
+    if fields_wanted is not None and len(fields_wanted) > MAX_RESPONSE_FIELDS:
+        raise _invalid_value("response_fields", f"at most {MAX_RESPONSE_FIELDS} paths (got {len(fields_wanted)})")
     return fields_wanted
 
 
