@@ -266,6 +266,8 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
         else:
             model = next(iter(await _served_models()), "")
         chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
+        # the body checked first, as a chat's is before its admission: a bad one costs no token
+        wire = (await asyncio.to_thread(chat_request_from, {**chat, "model": model}, models=[model], strict=serving().strict_params)).to_wire()
         admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
     except ApiError as exc:
         return error_response(exc)
@@ -273,8 +275,6 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
         vocab = await _vocab(asked)
 
         def work() -> str:
-            req = chat_request_from({**chat, "model": model}, models=[model], strict=serving().strict_params)
-            wire = req.to_wire()
             source, bos, eos = vocab.template_parts()
             # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
             # template's own format where it has one, else the generic tool prompt

@@ -185,3 +185,19 @@ async def test_apply_template_takes_the_keys_rate_token_as_tokenize_does() -> No
         replies = [await request("POST", "/apply-template", post(messages=HI), headers) for _ in range(3)]
     assert [r.status for r in replies] == [200, 200, 429], [r.body for r in replies]
     assert replies[2].json()["error"]["code"] == "rate_limit_exceeded"
+
+
+@pytestmark_db
+async def test_a_bad_body_costs_the_key_no_rate_token() -> None:
+    """The body is checked before the key's token is taken, as a chat's is: a key at two requests
+    a minute whose first /apply-template was malformed still has both."""
+    from scheduler.core.qos import QosClass
+
+    secret = "sk-apply-bad-0123456789"
+    keys = {digest_of(secret): Key(id=1, name="rated", digest=digest_of(secret), policy=Policy(name="r", max_class=QosClass.INTERACTIVE, rate_limit_rpm=2))}
+    headers = [*JSON, (b"authorization", f"Bearer {secret}".encode())]
+    async with attached(SimWorker(), keys=keys):
+        bad = await request("POST", "/apply-template", post(messages=[{"role": "user"}]), headers)
+        good = [await request("POST", "/apply-template", post(messages=HI), headers) for _ in range(2)]
+    assert bad.status == 400 and bad.json()["error"]["param"] == "messages[0].content", bad.body
+    assert [r.status for r in good] == [200, 200], [r.body for r in good]
