@@ -420,8 +420,8 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "generated": generated,
             }
         )
-    if "fail_on_no_slot" in request.GET and not any(not slot["is_processing"] for slot in out):
-        # llama-server's ?fail_on_no_slot (any value): 503 when no lane is idle, for a proxy
+    if request.GET.get("fail_on_no_slot") and not any(not slot["is_processing"] for slot in out):
+        # llama-server's ?fail_on_no_slot (any value but an empty one, which it reads as absent): 503 when no lane is idle, for a proxy
         # or load balancer that sends a request elsewhere rather than queue it here
         error = {"message": "no slot available", "type": "unavailable_error", "param": None, "code": 503}
         return JsonResponse({"error": error}, status=503)

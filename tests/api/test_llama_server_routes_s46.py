@@ -85,6 +85,8 @@ async def test_slots_fail_on_no_slot_is_503_when_no_lane_is_idle(monkeypatch: py
         assert reply.json()["error"]["message"] == "no slot available"
     plain = await request("GET", "/slots")
     assert plain.status == 200 and [s["is_processing"] for s in plain.json()] == [s != "idle" for s in states]
+    empty = await request("GET", "/slots?fail_on_no_slot=")  # llama-server reads an empty value as none
+    assert empty.status == 200 and empty.json() == plain.json()
 
 
 @pytest.mark.django_db(transaction=True)
