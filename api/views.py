@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import time
 from typing import Any
 
@@ -15,10 +17,11 @@ from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import admit_tool, key_required, model_allowed
+from .admission import Admission, admit_tool, key_required, model_allowed
 from .edge import error_response
 from .errors import (
     ApiError,
+    engine_unavailable,
     invalid_request,
     method_not_allowed,
     model_not_found,
@@ -28,6 +31,7 @@ from .errors import (
 )
 
 _STARTED = int(time.time())
+log = logging.getLogger("superfluid.api")
 
 
 async def _served_models() -> list[str]:
@@ -148,7 +152,10 @@ async def _vocab(model: str | None = None) -> Any:
 
 
 def vocab_of(model: str | None = None) -> Any:
-    """:func:`_vocab`, blocking (it may open the model's file): in a thread."""
+    """:func:`_vocab`, blocking (it may open the model's file): in a thread. A file that cannot
+    be read (cut short, replaced or removed since serve checked it: a model whose load fails
+    too) is 503 ``engine_unavailable``, as a generation request for that model is answered, not
+    a bare 500; its message is in serve's log, as for a load."""
     from .tokenizer import vocab_for
 
     cfg = serving()
@@ -157,7 +164,23 @@ def vocab_of(model: str | None = None) -> Any:
         from scheduler.engines.models import default_model_path
 
         path = str(default_model_path())
-    return vocab_for(path)
+    try:
+        return vocab_for(path)
+    except Exception as exc:  # llama.cpp's NULL model (RuntimeError), a tokenizer.json that does not parse, an OSError
+        name = model or (cfg.models[0] if cfg.models else os.path.splitext(os.path.basename(path))[0])
+        log.error("the vocabulary of the model %s could not be read from %s: %s", name, path, exc)
+        raise engine_unavailable(f"The model '{name}' could not be loaded: its vocabulary could not be read (its message is in serve's log).") from None
+
+
+async def _tool_vocab(model: str | None, admission: Admission) -> Any:
+    """The vocabulary a tokenizer route works with, for a request that took its limits: a model
+    that cannot be read gives its rate token back (a 503 of the server's, as a generation request
+    refused ``engine_unavailable`` before any engine saw it: docs/keys.md)."""
+    try:
+        return await _vocab(model)
+    except ApiError:
+        admission.refund()
+        raise
 
 
 _JSON_SLICE = 4096  # tokens /tokenize encodes at a time
@@ -198,8 +221,10 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         return HttpResponse('{"tokens": [' + ", ".join(parts) + "]}", content_type="application/json")
 
     try:
-        vocab = await _vocab(model)
+        vocab = await _tool_vocab(model, admission)
         return await asyncio.to_thread(work)
+    except ApiError as exc:
+        return error_response(exc)
     finally:
         await admission.release()
 
@@ -229,7 +254,7 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
     except ApiError as exc:
         return error_response(exc)
     try:
-        vocab = await _vocab(model)
+        vocab = await _tool_vocab(model, admission)
         return await asyncio.to_thread(work, vocab, tokens)
     except ApiError as exc:
         return error_response(exc)
@@ -272,7 +297,7 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
     except ApiError as exc:
         return error_response(exc)
     try:
-        vocab = await _vocab(asked)
+        vocab = await _tool_vocab(asked, admission)
 
         def work() -> str:
             source, bos, eos = vocab.template_parts()

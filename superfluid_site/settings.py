@@ -182,13 +182,26 @@ def _log_level(name: str, default: str) -> str:
     return level
 
 
+def _uncaught(record: logging.LogRecord) -> bool:
+    """A ``django.request`` record of an exception a view did not catch (its 500), not the
+    report Django also makes of every 4xx and 5xx answer (a 503 the server meant is no bug)."""
+    return record.exc_info is not None
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"uncaught": {"()": "django.utils.log.CallbackFilter", "callback": _uncaught}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "uncaught": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["uncaught"]},
+    },
     "loggers": {
         "superfluid": {"handlers": ["console"], "level": _log_level("SUPERFLUID_LOG_LEVEL", "INFO"), "propagate": False},
+        # a view's uncaught exception (the API's 500, "logged with its traceback": docs/api.md):
+        # Django's own handlers print it only with DEBUG on or mail it to ADMINS
+        "django.request": {"handlers": ["uncaught"], "level": "ERROR", "propagate": False},
     },
 }
 
