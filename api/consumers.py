@@ -23,7 +23,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from scheduler.core.qos import QosClass, band_of
-from scheduler.link.messages import FIM_UNSUPPORTED, Delta, Done, Error, Rejected
+from scheduler.link.messages import FIM_UNSUPPORTED, Accepted, Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
 from scheduler.link.transport import JobHandle, Transport
 from superfluid_site.runtime import get_link
@@ -102,6 +102,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         self.sends: dict[str, tuple[JobHandle, int]] = {}  # each job and the connection it was first sent on
         self.tokens_seen: dict[str, int] = {}  # job id -> completion tokens its last delta counted
         self.stream_handle: JobHandle | None = None  # the job of a single-choice stream (Redis mode: another head may take it over)
+        self.choices_per_prompt = 1  # n of a request of several choices: its jobs go prompt by prompt, n each
+        self.resumed_after_tokens = False  # a stream resumed here whose client had tokens from its first head
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -195,7 +197,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         a client that gave up during its prefill), and the completion tokens its last streamed
         pieces counted."""
         usage: dict[str, Any] = {}
-        n = max(1, int(getattr(self, "choices_per_prompt", 1)))
+        n = max(1, self.choices_per_prompt)
         prompts: dict[int, int] = {}
         for i, (handle, _) in enumerate(self.sends.values()):  # in choice order: prompt by prompt, n each
             if handle.prompt_tokens is not None:
@@ -221,7 +223,7 @@ class StreamingConsumer(AsyncHttpConsumer):
         one that waited for a model that never loaded)."""
         now = time.time()
         # a resumed stream whose client had tokens from the first head: when is not known here
-        first = None if getattr(self, "resumed_after_tokens", False) else self.first_token_s
+        first = None if self.resumed_after_tokens else self.first_token_s
         return {
             "total_ms": round((now - self.record.started_s) * 1000, 1),
             "ttft_ms": round((first - self.record.started_s) * 1000, 1) if first is not None else None,
@@ -288,6 +290,16 @@ class StreamingConsumer(AsyncHttpConsumer):
 
 class GenerationConsumer(StreamingConsumer):
     endpoint = "chat"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ignored: list[str] = []  # the body's parameters this server ignores (a response header names them)
+        self.lane_ctx: Callable[[GenerationRequest], int] | None = None  # set for the parse (parse_off_loop)
+        self.router_serial: dict[str, Any] | None = None  # several models: the router's pick
+        self.engine_wait_ms = 0.0  # one model: the wait for its worker to connect
+        self.tool_format = "hermes"  # how the model writes tool calls (its worker's Hello): note_tool_format
+        self.accepted: Accepted | None = None  # a single job's Accepted (its prompt_tokens)
+        self.accepted_each: list[Accepted | None] = []  # several choices: each one's, in choice order
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_chat_request(body, models=models, strict=serving().strict_params)
@@ -405,7 +417,7 @@ class GenerationConsumer(StreamingConsumer):
             if isinstance(first, (Rejected, Error)):
                 raise link_error(first)
             self.note_sent(handle)
-            self.accepted = first  # (its prompt_tokens: /infill's tokens_evaluated while streaming)
+            self.accepted = first if isinstance(first, Accepted) else None  # (its prompt_tokens: /infill's tokens_evaluated while streaming)
             if request.stream:
                 # the body's digest only where another head may resume the stream (it is the
                 # request's whole JSON hashed on the event loop: ~20 ms for a 2 MB body)
@@ -447,13 +459,13 @@ class GenerationConsumer(StreamingConsumer):
                 self.note_sent(handle)
             self.record.request_id = handles[0].job_id
             scored: list[Any] = []
-            self.accepted_each: list[Any] = []  # each choice's Accepted (its prompt_tokens: /completion's tokens_evaluated)
+            self.accepted_each = []  # each choice's Accepted (its prompt_tokens: /completion's tokens_evaluated)
             for handle in handles:
                 first = await handle.next_event()
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
                 self.note_sent(handle)
-                self.accepted_each.append(first)
+                self.accepted_each.append(first if isinstance(first, Accepted) else None)
                 scored.append(getattr(first, "prompt_logprobs", None))
             echoes = await self.echo_texts(subs, link.hello.model if link.hello else None) if request.echo else [""] * len(subs)
             head = self.reply(request)
@@ -590,7 +602,7 @@ class GenerationConsumer(StreamingConsumer):
 
     def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
-        if getattr(self, "ignored", None):
+        if self.ignored:
             headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(self.ignored).encode()))
         return headers
 
@@ -598,7 +610,7 @@ class GenerationConsumer(StreamingConsumer):
         return responses.Reply(
             self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
-            tool_format=getattr(self, "tool_format", "hermes"),
+            tool_format=self.tool_format,
             logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage, **extra,
         )  # fmt: skip
 
@@ -763,10 +775,10 @@ class GenerationConsumer(StreamingConsumer):
         """The Submit's ``waited_ms``, which its worker counts in its times and histograms from
         then on: with several models, the request's wait at the router (a swap, a load); with
         one, its wait for the worker to connect (a restart), from a millisecond on."""
-        router = getattr(self, "router_serial", None)
+        router = self.router_serial
         if router:
             return {"waited_ms": router["serial_queue_wait_ms"]}
-        waited = getattr(self, "engine_wait_ms", 0.0)
+        waited = self.engine_wait_ms
         return {"waited_ms": waited} if waited >= 1 else {}
 
     def note_sent(self, handle: JobHandle) -> None:
@@ -784,7 +796,7 @@ class GenerationConsumer(StreamingConsumer):
         self.record.usage = dict(event.usage)
         self.note_timing([event.timing])
         self.record.serial = dict(event.serial)
-        router = getattr(self, "router_serial", None)
+        router = self.router_serial
         if router:  # several models: the router's pick; the wait counts both queues
             worker_wait = float(event.serial.get("serial_queue_wait_ms") or 0)
             waited = worker_wait + uncounted_wait(event.timing, router["serial_queue_wait_ms"])
@@ -887,10 +899,14 @@ class NativeCompletionConsumer(CompletionsConsumer):
 
     endpoint = "completions"
     stream_end = b""  # llama-server ends a native stream with its last frame
-    options = NativeOptions()  # what the body asks of its response (response_fields, ...)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options = NativeOptions()  # what the body asks of its response (response_fields, ...): parse
+        self.prompt_texts: dict[int, str] = {}  # a token-id prompt's text, by prompt index: the result's prompt
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        of_request = getattr(self, "lane_ctx", None)
+        of_request = self.lane_ctx
         lane_ctx = None if of_request is None else (lambda model: of_request(GenerationRequest(endpoint="completions", model=model, prompt="")))
         request, self.options = parse_native_completion_request(
             body, models=models, strict=serving().strict_params, tokenize=self.tokenize, lane_ctx=lane_ctx
@@ -914,7 +930,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
         # the result's ``prompt``: a token-id prompt's text (an id outside the vocabulary has
         # none: the worker refuses that prompt, 400 naming it, as on /v1/completions)
-        self.prompt_texts: dict[int, str] = {}
+        self.prompt_texts = {}
         for i, prompt in enumerate(request.prompts or [request.prompt]):
             if isinstance(prompt, list):
                 with contextlib.suppress(ValueError):
@@ -924,9 +940,9 @@ class NativeCompletionConsumer(CompletionsConsumer):
 
     def prompt_tokens(self, index: int = 0) -> int:
         """The prompt's tokens (llama-server's ``tokens_evaluated``) of the choice ``index``."""
-        each = getattr(self, "accepted_each", None)
-        accepted = each[index] if each and index < len(each) else getattr(self, "accepted", None)
-        return int(getattr(accepted, "prompt_tokens", 0) or 0)
+        each = self.accepted_each
+        accepted = each[index] if index < len(each) else self.accepted
+        return accepted.prompt_tokens if accepted is not None else 0
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
         """llama-server's final completion object (``content``: empty closing a stream, whose
@@ -934,7 +950,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         prompt = request.prompts[reply.index] if request.prompts else request.prompt
         final["generation_settings"] = responses.native_generation_settings(request)
-        final["prompt"] = prompt if isinstance(prompt, str) else getattr(self, "prompt_texts", {}).get(reply.index, "")
+        final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(reply.index, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
             if not request.stream:
