@@ -24,7 +24,8 @@ decided before it is queued.
    the response ends; ``Admission.refund()`` gives the rate tokens back too, for a request
    refused 503 ``engine_unavailable`` before any engine saw it.
 
-``admit_tool()`` takes the same rate and concurrency limits for /tokenize and /detokenize.
+``admit_tool()`` takes the same rate and concurrency limits for /tokenize, /detokenize and
+/apply-template.
 
 Secrets never leave this module: logs and records carry the key's name.
 """
@@ -588,8 +589,9 @@ def take_limits(rt: KeyRuntime, principal: Principal, request: GenerationRequest
 
 
 async def admit_tool(principal: Principal, runtime: KeyRuntime | None = None) -> Admission:
-    """The limits of a route that does work for a client without the engine (``/tokenize`` and
-    ``/detokenize``: a body's worth of text tokenised on this process's threads): the key's
+    """The limits of a route that does work for a client without the engine (``/tokenize``,
+    ``/detokenize`` and ``/apply-template``: a body's worth of text tokenised, or a chat template
+    rendered over it, on this process's threads): the key's
     requests per minute (else the per-IP ``--rate-limit``) and its ``max_concurrent`` slot (else
     a keyless client's ``--client-concurrency``), as a generation request takes them, or 429;
     no model queue bound. ``release()`` when the response ends. Without these a key at one

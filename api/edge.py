@@ -514,7 +514,8 @@ def key_name_of(headers: dict[str, str]) -> str | None:
 
 def _sent_headers(request: Any) -> dict[str, str]:
     """The headers a daphne request has received so far, names lower-cased (the last of
-    repeated ones wins, as the consumers read them)."""
+    repeated ones wins, as the consumers read the key headers, the only ones read from these:
+    ``key_name_of``; the consumers read their scheduling headers by the first)."""
     raw = getattr(request, "requestHeaders", None)
     if raw is None:
         return {}
