@@ -632,6 +632,9 @@ class GenerationConsumer(StreamingConsumer):
         if attached is None:
             raise gone
         handle, meta = attached
+        # its job, as this head's own (the row of a client that leaves again has the prompt's
+        # tokens as the worker accepted them: its stream is read from the start, Accepted included)
+        self.note_sent(handle)
         # this head's wait for a worker came after the job was submitted (its Submit told its
         # worker the first head's wait): none of the job's, so none of its times (router_wait)
         self.engine_wait_ms = 0.0
