@@ -23,7 +23,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
 
 from scheduler.core.qos import QosClass, band_of
-from scheduler.link.messages import FIM_UNSUPPORTED, Accepted, Delta, Done, Error, Rejected
+from scheduler.link.messages import FIM_UNSUPPORTED, Delta, Done, Error, Rejected
 from scheduler.link.pool import ModelUnavailable, get_pool
 from scheduler.link.transport import JobHandle, Transport
 from superfluid_site.runtime import get_link
@@ -298,8 +298,6 @@ class GenerationConsumer(StreamingConsumer):
         self.router_serial: dict[str, Any] | None = None  # several models: the router's pick
         self.engine_wait_ms = 0.0  # one model: the wait for its worker to connect
         self.tool_format = "hermes"  # how the model writes tool calls (its worker's Hello): note_tool_format
-        self.accepted: Accepted | None = None  # a single job's Accepted (its prompt_tokens)
-        self.accepted_each: list[Accepted | None] = []  # several choices: each one's, in choice order
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_chat_request(body, models=models, strict=serving().strict_params)
@@ -417,7 +415,6 @@ class GenerationConsumer(StreamingConsumer):
             if isinstance(first, (Rejected, Error)):
                 raise link_error(first)
             self.note_sent(handle)
-            self.accepted = first if isinstance(first, Accepted) else None  # (its prompt_tokens: /infill's tokens_evaluated while streaming)
             if request.stream:
                 # the body's digest only where another head may resume the stream (it is the
                 # request's whole JSON hashed on the event loop: ~20 ms for a 2 MB body)
@@ -459,13 +456,11 @@ class GenerationConsumer(StreamingConsumer):
                 self.note_sent(handle)
             self.record.request_id = handles[0].job_id
             scored: list[Any] = []
-            self.accepted_each = []  # each choice's Accepted (its prompt_tokens: /completion's tokens_evaluated)
             for handle in handles:
                 first = await handle.next_event()
                 if isinstance(first, (Rejected, Error)):
                     raise link_error(first)
                 self.note_sent(handle)
-                self.accepted_each.append(first if isinstance(first, Accepted) else None)
                 scored.append(getattr(first, "prompt_logprobs", None))
             echoes = await self.echo_texts(subs, link.hello.model if link.hello else None) if request.echo else [""] * len(subs)
             head = self.reply(request)
@@ -943,9 +938,8 @@ class NativeCompletionConsumer(CompletionsConsumer):
 
     def prompt_tokens(self, index: int = 0) -> int:
         """The prompt's tokens (llama-server's ``tokens_evaluated``) of the choice ``index``."""
-        each = self.accepted_each
-        accepted = each[index] if index < len(each) else self.accepted
-        return accepted.prompt_tokens if accepted is not None else 0
+        jobs = list(self.sends.values())  # in choice order (a resumed stream's job too)
+        return (jobs[index][0].prompt_tokens or 0) if index < len(jobs) else 0
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
         """llama-server's final completion object (``content``: empty closing a stream, whose
