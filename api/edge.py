@@ -42,6 +42,7 @@ from .errors import (
     server_error,
     unsupported_content_encoding,
 )
+from .schemas import MAX_CHARS_PER_TOKEN
 
 # /infill, /completion(s): llama-server's native generation routes (consumers); what Django
 # answers below them (/infill/, a bad Host there) was its HTML page
@@ -780,10 +781,8 @@ def check_expanded_size(request: Any, body_bytes: int) -> None:
 
 # -- a prompt too long to fit, told without tokenising it ---------------------------------------
 
-# No tokeniser packs more characters into one token than this on average over a whole prompt
-# (English text averages about 4): a prompt with more characters than lane_ctx times this cannot
-# fit, and is refused before the worker spends any time tokenising it.
-MAX_CHARS_PER_TOKEN = 64
+# MAX_CHARS_PER_TOKEN (api/schemas.py, imported above): a prompt with more characters than
+# lane_ctx times it cannot fit, and is refused before the worker spends any time tokenising it.
 
 
 def check_prompt_size(request: Any, lane_ctx: int) -> None:

@@ -478,9 +478,11 @@ def _is_mixed(value: Any) -> bool:
     return isinstance(value, list) and any(isinstance(v, str) for v in value) and any(_is_int(v) for v in value)
 
 
-# the most characters a token may stand for (api/edge.py's MAX_CHARS_PER_TOKEN: a text longer
-# than the context's tokens times this cannot fit, whatever the tokeniser)
-_MAX_CHARS_PER_TOKEN = 64
+# No tokeniser packs more characters into one token than this on average over a whole prompt
+# (English text averages about 4): a prompt with more characters than lane_ctx times this cannot
+# fit, and is refused before anything tokenises it (api/edge.py's check_prompt_size; a mixed
+# prompt's strings here)
+MAX_CHARS_PER_TOKEN = 64
 
 
 def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]], limit: int = 1 << 30) -> Any:
@@ -496,7 +498,7 @@ def _mixed_tokenised(prompt: Any, tokenize: Callable[[str, bool], list[int]], li
     def tokens(mixed: list[Any]) -> Any:
         if not all(isinstance(v, str) or _is_int(v) for v in mixed):
             return mixed  # (refused by the prompt's check, naming it)
-        if sum(len(v) for v in mixed if isinstance(v, str)) > limit * _MAX_CHARS_PER_TOKEN:
+        if sum(len(v) for v in mixed if isinstance(v, str)) > limit * MAX_CHARS_PER_TOKEN:
             return "".join(v for v in mixed if isinstance(v, str))
         out: list[int] = []
         for i, v in enumerate(mixed):
