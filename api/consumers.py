@@ -185,11 +185,14 @@ class StreamingConsumer(AsyncHttpConsumer):
                 await self.admission.release()
 
     def refused_before_the_engine(self) -> bool:
-        """Whether this admitted request was answered 503 ``engine_unavailable`` with nothing
-        generated for it: no worker took it (the model did not load, its worker was gone, the
+        """Whether this admitted request was answered 503 ``engine_unavailable`` before any worker
+        worked on it: none accepted a job of it (the model did not load, its worker was gone, the
         server is shutting down). Its rate token goes back (docs/keys.md); a 400 from the
-        engine's checks, a crash, a deadline or a client that left keep theirs spent."""
-        return self.record.status == 503 and self.record.error_code == "engine_unavailable" and not any(self.tokens_seen.values())
+        engine's checks, a crash, a deadline, a client that left, or a job a worker had accepted
+        (its prompt prefilled) keep theirs spent."""
+        if self.record.status != 503 or self.record.error_code != "engine_unavailable" or any(self.tokens_seen.values()):
+            return False
+        return all(handle.prompt_tokens is None for handle, _ in self.sends.values())
 
     def seen_usage(self) -> dict[str, Any]:
         """The usage of a request that ended without the worker's Done (its client left, an

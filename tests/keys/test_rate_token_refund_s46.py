@@ -72,3 +72,26 @@ async def test_a_stream_that_failed_after_tokens_keeps_its_token_spent() -> None
         second = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), AUTH)
     assert first.status == 503, first.body
     assert second.status == 429, second.body
+
+
+async def test_a_request_a_worker_had_accepted_keeps_its_token_spent() -> None:
+    """A worker accepted it (its prompt was being prefilled) and it was lost before a token came:
+    an engine worked on it, so, as docs/keys.md says, its token stays spent (it was refunded:
+    the check looked only at tokens generated)."""
+    async with attached(SimWorker(), keys=KEYS) as (link, _rt):
+        real = link.submit
+        made = scripted(link, [[accepted, unavailable]])
+        scripted_submit = link.submit
+
+        async def submit(**fields: Any) -> Any:
+            handle = await scripted_submit(**fields)
+            handle.accepted, handle.prompt_tokens = True, 3  # as the link notes its worker's Accepted
+            return handle
+
+        link.submit = submit
+        first = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), AUTH)
+        assert len(made) == 1
+        link.submit = real
+        second = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), AUTH)
+    assert first.status == 503 and first.json()["error"]["code"] == "engine_unavailable", first.body
+    assert second.status == 429, second.body
