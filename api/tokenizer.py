@@ -69,26 +69,12 @@ class GgufVocab:
         """(the chat template, BOS text, EOS text) as the llama.cpp engine reads them
         (scheduler/engines/llama_cpp.py): the model's template, else its architecture's
         built-in one; None: ChatML."""
-        from scheduler.engines.chat import builtin_chat_template
-
-        raw = self._L.llama_model_chat_template(self._model, None)
-        source = raw.decode("utf-8", "replace") if raw else builtin_chat_template(self._meta_str(b"general.architecture"))
+        from scheduler.engines.llama_cpp import gguf_chat_template
 
         def text(token: int) -> str:
             return self.piece(token).decode("utf-8", "replace") if token >= 0 else ""
 
-        return source, text(self.bos), text(self.eos)
-
-    def _meta_str(self, key: bytes) -> str | None:
-        size = 1 << 16
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = self._L.llama_model_meta_val_str(self._model, key, buf, size)
-            if n < 0:
-                return None
-            if n < size:
-                return buf.value.decode("utf-8", "replace") or None
-            size = n + 1
+        return gguf_chat_template(self._model), text(self.bos), text(self.eos)
 
 
 class HfVocab:

@@ -130,6 +130,28 @@ def _take_log() -> str:
     return text
 
 
+def gguf_meta_str(model: Any, key: bytes) -> str | None:
+    """A loaded GGUF's metadata value as text, None when the model has no such key."""
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(model, key, buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", "replace") or None
+        size = n + 1
+
+
+def gguf_chat_template(model: Any) -> str | None:
+    """The chat template chats with a loaded GGUF are rendered with: its own (llama.cpp's reading,
+    else the ``tokenizer.chat_template`` metadata), else its architecture's built-in one (Gemma's
+    turns), else None: ChatML. The engine's and the web process's vocabulary (/apply-template) alike."""
+    raw = llama_cpp.llama_model_chat_template(model, None)
+    own = raw.decode("utf-8", "replace") if raw else gguf_meta_str(model, b"tokenizer.chat_template")
+    return own or builtin_chat_template(gguf_meta_str(model, b"general.architecture"))
+
+
 def _err(message: str, *, permanent: bool) -> EngineError:
     detail = _take_log()
     return EngineError(f"{message}: {detail}" if detail else message, permanent=permanent)
@@ -464,7 +486,7 @@ class LlamaCppEngine(LaneEngine):
         self.eos_text = self._special_text(self.eos_id)
         self._add_bos: bool = bool(L.llama_vocab_get_add_bos(self._vocab))
         # a GGUF without a template gets its architecture's (Gemma's turns), else ChatML
-        self.chat_template: str | None = self._read_chat_template() or builtin_chat_template(self._meta_str(b"general.architecture"))
+        self.chat_template: str | None = gguf_chat_template(self._model)
         self._template: Any = None
 
     # -- protocol: text ---------------------------------------------------------------
@@ -475,24 +497,6 @@ class LlamaCppEngine(LaneEngine):
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         return buf.raw[: max(n, 0)].decode("utf-8", "replace")
-
-    def _read_chat_template(self) -> str | None:
-        raw = llama_cpp.llama_model_chat_template(self._model, None)
-        if raw:
-            return raw.decode("utf-8", "replace")
-        return self._meta_str(b"tokenizer.chat_template")
-
-    def _meta_str(self, key: bytes) -> str | None:
-        """A GGUF metadata value as text, None when the model has no such key."""
-        size = 1 << 16
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_model_meta_val_str(self._model, key, buf, size)
-            if n < 0:
-                return None
-            if n < size:
-                return buf.value.decode("utf-8", "replace") or None
-            size = n + 1
 
     def _compiled_template(self) -> Any:
         if self._template is None:
