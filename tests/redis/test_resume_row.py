@@ -116,6 +116,7 @@ async def test_a_resumed_stream_its_client_left_has_its_times_from_its_first_arr
     resumed = _Resumed(monkeypatch)
     try:
         await resumed.start(redis_server, prefix, 0.02, 200)
+        accepted = resumed.handle.prompt_tokens  # as the worker accepted it, seen by the first head
         comm = resumed.comm
         await comm.send_input({"type": "http.request", "body": resumed.body, "more_body": False})
         start = await comm.receive_output(30)
@@ -135,3 +136,8 @@ async def test_a_resumed_stream_its_client_left_has_its_times_from_its_first_arr
     assert row.finish_reason is None and row.qos == "completion", row
     assert row.timing["total_ms"] >= 300 and abs(row.started_s - began) < 0.05, row
     assert row.timing["ttft_ms"] is None, row.timing
+    # like any request that ended without its worker's Done, its prompt's tokens as its worker
+    # accepted them (the resuming head read the job's stream from its start, the Accepted
+    # included), so its key's token counts have them too
+    assert accepted and row.usage.get("prompt_tokens") == accepted, row.usage
+    assert row.usage.get("completion_tokens", 0) >= 3, row.usage

@@ -1,11 +1,9 @@
-"""The activity row of a resumed stream (``Last-Event-ID``, Redis mode) whose client left again
-before the end: like any request that ended without its worker's Done, the row has its prompt's
-tokens as its worker accepted them (the head that took it over read the job's stream from its
-start, the worker's Accepted included), so the key's token counts have them too."""
+"""A resumed stream (``Last-Event-ID``, Redis mode) knows its prompt's tokens as its worker
+accepted them: the head that took it over read the job's stream from its start, the worker's
+Accepted included (its activity row's prompt tokens: tests/redis/test_resume_row.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -14,32 +12,6 @@ from .conftest import RedisServer
 from .test_resume_row import _Resumed
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-async def test_a_resumed_stream_its_client_left_counts_its_prompt_tokens(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
-    resumed = _Resumed(monkeypatch)
-    try:
-        await resumed.start(redis_server, prefix, 0.02, 200)
-        accepted = resumed.handle.prompt_tokens  # as the worker accepted it, seen by the first head
-        comm = resumed.comm
-        await comm.send_input({"type": "http.request", "body": resumed.body, "more_body": False})
-        start = await comm.receive_output(30)
-        assert start["status"] == 200
-        got = b""
-        while b"data:" not in got:
-            got += (await comm.receive_output(30)).get("body", b"")
-        await comm.send_input({"type": "http.disconnect"})
-        for _ in range(200):
-            if resumed.rows:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        await resumed.stop()
-    (row,) = resumed.rows
-    assert row.finish_reason is None, row
-    assert accepted, accepted
-    assert row.usage.get("prompt_tokens") == accepted, row.usage
-    assert row.usage.get("completion_tokens", 0) >= 3, row.usage
 
 
 async def test_a_resumed_native_completion_streams_frames_say_the_prompts_tokens(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
