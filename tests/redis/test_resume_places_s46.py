@@ -25,6 +25,7 @@ from tests.edge.test_cancel_sweep import until
 
 from .conftest import RedisServer, SimFleetWorker, completion, head
 from .test_fleet_sim import slow_sim
+from .test_resume_row import resume_notes
 from .test_resume_sim import deltas_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,14 +106,7 @@ async def test_a_streams_resume_note_names_the_places_its_request_holds(monkeypa
     worker = SimFleetWorker(redis_server.url, prefix).start()
     with override_settings(SUPERFLUID_REDIS_URL=redis_server.url, SUPERFLUID_CLIENT_CONCURRENCY=2):
         link = install(await head(redis_server.url, prefix))
-        notes: list[dict[str, Any]] = []
-        real = link.remember_stream
-
-        async def note(job_id: str, meta: dict[str, Any]) -> None:
-            notes.append(meta)
-            await real(job_id, meta)
-
-        monkeypatch.setattr(link, "remember_stream", note)
+        notes = resume_notes(monkeypatch, link)
         try:
             body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}).encode()
             comm = HttpCommunicator(application, "POST", "/v1/chat/completions", body=body, headers=[(b"content-type", b"application/json"), (b"host", b"127.0.0.1")])

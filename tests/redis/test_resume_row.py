@@ -80,12 +80,8 @@ async def test_a_resumed_streams_row_has_its_class_and_the_requests_times(monkey
     assert row.timing["total_ms"] >= 300, row.timing
 
 
-async def test_a_streams_resume_note_carries_its_clients_arrival(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
-    """What the head that takes a stream over needs for the row above: the first head notes it."""
-    from superfluid_site.asgi import application
-
-    worker = SimFleetWorker(redis_server.url, prefix).start()
-    link = install(await head(redis_server.url, prefix))
+def resume_notes(monkeypatch: pytest.MonkeyPatch, link: Any) -> list[dict[str, Any]]:
+    """The resume notes ``link`` leaves for its streams (remember_stream's meta), as they are left."""
     notes: list[dict[str, Any]] = []
     real = link.remember_stream
 
@@ -94,6 +90,16 @@ async def test_a_streams_resume_note_carries_its_clients_arrival(monkeypatch: py
         await real(job_id, meta)
 
     monkeypatch.setattr(link, "remember_stream", note)
+    return notes
+
+
+async def test_a_streams_resume_note_carries_its_clients_arrival(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer, prefix: str) -> None:
+    """What the head that takes a stream over needs for the row above: the first head notes it."""
+    from superfluid_site.asgi import application
+
+    worker = SimFleetWorker(redis_server.url, prefix).start()
+    link = install(await head(redis_server.url, prefix))
+    notes = resume_notes(monkeypatch, link)
     try:
         began = time.time()
         body = json.dumps({"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}).encode()
