@@ -38,13 +38,18 @@ def console_output(*names: str) -> Iterator[io.StringIO]:
         while logger is not None:
             for h in logger.handlers:
                 if type(h) is logging.StreamHandler and h.get_name() in ("console", "uncaught") and all(h is not s for s, _ in swapped):
-                    swapped.append((h, h.setStream(buf)))
+                    # not setStream, which flushes the stream it replaces: a handler set up while
+                    # an earlier test's captured stderr was sys.stderr holds that closed stream
+                    with h.lock or contextlib.nullcontext():
+                        swapped.append((h, h.stream))
+                        h.stream = buf
             logger = logger.parent if logger.propagate else None
     try:
         yield buf
     finally:
         for h, stream in swapped:
-            h.setStream(stream)
+            with h.lock or contextlib.nullcontext():
+                h.stream = stream
 
 
 async def test_an_uncaught_error_in_an_api_view_is_logged_with_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
