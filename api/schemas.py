@@ -392,11 +392,18 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
+    _parse_native_common(body, req, strict)
+    return req, _response_fields(body)
+
+
+def _parse_native_common(body: dict[str, Any], req: GenerationRequest, strict: bool) -> None:
+    """What llama-server's native routes (/infill, /completion) read alike: ``n_indent`` and
+    ``t_max_predict_ms`` (integers >= 0; 0 or absent: off), then the common sampling fields;
+    ``n`` is not read (one completion a prompt)."""
     at_least_0 = "an integer greater than or equal to 0"
     req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
     req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
-    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion: n is not read
-    return req, _response_fields(body)
+    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)
 
 
 # llama-server's POST /completion (and /completions): its native completion. Its sampler options
@@ -461,10 +468,7 @@ def parse_native_completion_request(
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
-    at_least_0 = "an integer greater than or equal to 0"
-    req.n_indent = _opt_int(body, "n_indent", 0, None, at_least_0) or 0
-    req.t_max_predict_ms = _opt_int(body, "t_max_predict_ms", 0, None, at_least_0) or 0
-    _parse_common({k: v for k, v in body.items() if k != "n"}, req, strict)  # one completion a prompt
+    _parse_native_common(body, req, strict)
     # llama-server's n_probs: the top n tokens' logprobs for each generated token; return_tokens:
     # the generated tokens' ids, which come from the worker with the logprobs' entries (0 alternatives)
     n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
