@@ -22,6 +22,7 @@ from keys.credentials import digest_of
 from keys.runtime import Key, Policy
 from scheduler.engines.sim import SimEngine
 from tests.edge.inproc import JSON, MODEL, SimWorker, attached, request
+from tests.edge.strategies import field_values
 
 pytestmark_db = pytest.mark.django_db(transaction=True)
 
@@ -99,11 +100,7 @@ def test_bad_fields_are_errors_naming_the_param(fields: dict[str, Any], param: s
     assert err.value.status in (400, 404) and err.value.body()["error"]["param"] == param
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=10,
-)
+json_values = field_values()
 native_keys = st.sampled_from(
     ["prompt", "n_predict", "temperature", "stop", "stream", "seed", "top_k", "model", "samplers", "n", "n_probs", "response_fields", "n_indent", "logit_bias"]
 )

@@ -40,6 +40,7 @@ from api.responses import (
     text_completion,
     usage_dict,
 )
+from tests.api.streamed import assemble
 
 CREATED = 1_700_000_000
 
@@ -492,16 +493,8 @@ def _stream(reply: Reply, pieces: list[str], reason: str = "stop") -> tuple[list
 def _assembled(chunks: list[dict]) -> tuple[str, list[tuple[str, str]], list[int]]:
     """(content, [(name, arguments)], how many chunks carried argument text per call), as the
     openai client's stream helpers accumulate them."""
-    content, calls, frags = "", {}, {}
-    for c in chunks:
-        delta = c["choices"][0]["delta"]
-        content += delta.get("content") or ""
-        for call in delta.get("tool_calls") or []:
-            entry = calls.setdefault(call["index"], ["", ""])
-            entry[0] += call.get("function", {}).get("name") or ""
-            entry[1] += call.get("function", {}).get("arguments") or ""
-            frags[call["index"]] = frags.get(call["index"], 0) + bool(call.get("function", {}).get("arguments"))
-    return content, [(n, a) for _, (n, a) in sorted(calls.items())], [frags[i] for i in sorted(frags)]
+    got = assemble(chunks)
+    return got.content or "", got.pairs, got.fragments
 
 
 LONG_CALL = '<tool_call>\n{"name": "f", "arguments": {"city": "Paris \\"centre\\" {x}", "days": [1, 2, {"a": "}"}]}}\n</tool_call>'

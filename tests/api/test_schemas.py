@@ -994,11 +994,9 @@ def test_a_valid_surrogate_pair_escape_is_ordinary_text() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-300, 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=10,
-)
+from tests.edge.strategies import field_values  # noqa: E402
+
+_values = field_values(ints=st.integers(-300, 2**40))
 _KEYS = ["logit_bias", "tools", "tool_choice", "response_format", "logprobs", "top_logprobs", "stop", "ignore_eos",
          "json_schema", "grammar", "n_predict", "typical_p", "chat_template_kwargs", "functions", "function_call",
          "parallel_tool_calls", "guided_json", "top_k", "bogus"]

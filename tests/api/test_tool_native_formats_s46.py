@@ -23,6 +23,7 @@ from scheduler.engines.chat import compile_chat_template, native_tool_messages, 
 from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Delta, Done
 from scheduler.worker.loop import EngineWorker
+from tests.api.streamed import stream_reply
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 LLAMA31 = (TEMPLATES / "llama-3.1-instruct.jinja").read_text()
@@ -86,23 +87,8 @@ def _body(fmt: str, text: str, reason: str = "stop") -> dict[str, Any]:
 
 
 def _streamed(fmt: str, pieces: list[str], reason: str = "stop") -> dict[str, Any]:
-    """The stream's chunks put together as the openai client's helper does."""
-    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
-    frames = [f for p in pieces for f in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
-    content: str | None = None
-    calls: dict[int, dict[str, Any]] = {}
-    finish = None
-    for frame in frames:
-        choice = frame["choices"][0]
-        delta = choice["delta"]
-        if delta.get("content") is not None:
-            content = (content or "") + delta["content"]
-        for call in delta.get("tool_calls") or []:
-            entry = calls.setdefault(call["index"], {"id": call.get("id"), "name": "", "arguments": ""})
-            entry["name"] += call.get("function", {}).get("name") or ""
-            entry["arguments"] += call.get("function", {}).get("arguments") or ""
-        finish = choice["finish_reason"] or finish
-    return {"content": content or None, "calls": [calls[i] for i in sorted(calls)], "finish_reason": finish}
+    got = stream_reply(pieces, TOOLS, fmt=fmt, reason=reason)
+    return {"content": got.content or None, "calls": got.calls, "finish_reason": got.finish_reason}
 
 
 def _calls(choice: dict[str, Any]) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from api.responses import MAX_CALL_HEAD, MAX_PARSED_CALLS, Reply, parse_tool_calls
 from scheduler.link.messages import Delta, Done
+from tests.api.streamed import stream_reply
 
 TOOLS = [{"name": "get_weather"}]
 NAMES = ["get_weather"]
@@ -112,17 +113,8 @@ def _body(fmt: str, text: str) -> dict[str, Any]:
 
 
 def _streamed(fmt: str, pieces: list[str]) -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt)
-    frames = [f for p in pieces for f in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", "stop"), None)
-    content, calls = "", {}
-    for frame in frames:
-        delta = frame["choices"][0]["delta"]
-        content += delta.get("content") or ""
-        for call in delta.get("tool_calls") or []:
-            entry = calls.setdefault(call["index"], ["", ""])
-            entry[0] += call.get("function", {}).get("name") or ""
-            entry[1] += call.get("function", {}).get("arguments") or ""
-    return {"content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)]}
+    got = stream_reply(pieces, TOOLS, fmt=fmt)
+    return {"content": got.content or None, "calls": got.pairs}
 
 
 @settings(max_examples=60, deadline=None)

@@ -11,6 +11,7 @@ import pytest
 
 from api.responses import Reply
 from scheduler.link.messages import Delta, Done
+from tests.api.streamed import stream_reply
 
 TOOLS = [{"name": "f"}, {"name": "g"}]
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
@@ -23,19 +24,8 @@ def _message(text: str) -> dict:
 
 
 def _streamed(pieces: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
-    reply = Reply("chat", "m", tools=TOOLS)
-    chunks = [c for p in pieces for c in reply.delta_chunks(Delta("j", p))]
-    chunks += reply.final_chunks(Done("j", "stop"), None)
-    content, calls = "", {}
-    for chunk in chunks:
-        for choice in chunk["choices"]:
-            delta = choice["delta"]
-            content += delta.get("content") or ""
-            for call in delta.get("tool_calls") or []:
-                entry = calls.setdefault(call["index"], ["", ""])
-                entry[0] += call.get("function", {}).get("name") or ""
-                entry[1] += call.get("function", {}).get("arguments") or ""
-    return content or None, [tuple(v) for _, v in sorted(calls.items())]
+    got = stream_reply(pieces, TOOLS)
+    return got.content or None, got.pairs
 
 
 @pytest.mark.parametrize(

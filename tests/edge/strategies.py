@@ -40,6 +40,14 @@ scalars = st.one_of(
 )
 json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(nasty_text, inner, max_size=4)), max_leaves=12)
 
+
+def field_values(keys: st.SearchStrategy[str] | None = None, *, ints: st.SearchStrategy[int] | None = None, max_leaves: int = 10) -> st.SearchStrategy[Any]:
+    """Small JSON values for one field of a body a schema parser is fuzzed with: plain scalars
+    (``ints`` for the integers, any up to 2**70 by default), lists, and objects keyed by ``keys``
+    (short text by default: the names a field's own objects use make the parser go deeper)."""
+    leaf = st.none() | st.booleans() | (st.integers(-(2**70), 2**70) if ints is None else ints) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8)
+    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) if keys is None else keys, inner, max_size=3), max_leaves=max_leaves)
+
 message = st.fixed_dictionaries(
     {"role": st.one_of(st.sampled_from(["user", "system", "assistant", "developer", "tool"]), nasty_text), "content": st.one_of(nasty_text, json_values)},
     optional={"name": json_values, "tool_calls": json_values, "extra": json_values},

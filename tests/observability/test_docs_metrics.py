@@ -99,19 +99,22 @@ def fleet_snapshot() -> dict[str, Any]:
     }
 
 
-def router_stats() -> dict[str, Any]:
+def router_stats(*models: str, load_s: float = 2.0, restarts: int = 1) -> dict[str, Any]:
+    """The model router's stats with ``models`` (default one, ``a``) loaded, each loaded once
+    in ``load_s``."""
+    models = models or ("a",)
     h = Histogram((1.0,))
-    h.observe(2.0)
+    h.observe(load_s)
     return {
         "queue_depth_by_band": {},
         "queue_oldest_wait_s_by_band": {},
         "dispatched_by_band": {"normal": 1},
         "reorders": {"aging": 0},
-        "loads": {"a": 1},
-        "load_seconds": {"a": h.stats()},
-        "states": {"a": "loaded"},
-        "snapshots": {"a": worker_snapshot()},
-        "links": {"a": {"connected": True, "restarts": 1, "inflight": 0}},
+        "loads": {m: 1 for m in models},
+        "load_seconds": {m: h.stats() for m in models},
+        "states": {m: "loaded" for m in models},
+        "snapshots": {m: worker_snapshot() for m in models},
+        "links": {m: {"connected": True, "restarts": restarts, "inflight": 0} for m in models},
     }
 
 

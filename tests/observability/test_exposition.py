@@ -157,8 +157,9 @@ def test_any_key_name_round_trips_through_the_text_format_and_sees_only_itself(n
         assert seen["superfluid_key_rejections"].samples == []
 
 
-def _runtime(*keys: tuple[str, str, bool]) -> Any:
-    """A key runtime on the running loop holding (secret, name, admin) keys, no database watcher."""
+def key_runtime_of(*keys: tuple[str, str, bool] | tuple[str, str, bool, tuple[str, ...]]) -> Any:
+    """A key runtime on the running loop holding (secret, name, admin[, allowed models]) keys,
+    no database watcher."""
     import asyncio
 
     from keys.credentials import digest_of
@@ -166,8 +167,9 @@ def _runtime(*keys: tuple[str, str, bool]) -> Any:
 
     rt = KeyRuntime(asyncio.get_running_loop(), watch=False)
     found = {}
-    for i, (secret, name, admin) in enumerate(keys):
-        k = Key(id=i + 1, name=name, digest=digest_of(secret), policy=Policy(name=f"p-{name}", is_admin=admin))
+    for i, (secret, name, admin, *allowed) in enumerate(keys):
+        policy = Policy(name=f"p-{name}", is_admin=admin, allowed_models=allowed[0] if allowed else ())
+        k = Key(id=i + 1, name=name, digest=digest_of(secret), policy=policy)
         found[k.digest] = k
     rt.snapshot = Snapshot(version=1, keys_by_digest=found)
     rt.loaded.set()
@@ -180,7 +182,7 @@ async def test_the_metrics_view_filters_per_key_series_by_the_scraping_key(monke
 
     import api.admission
 
-    rt = _runtime(("sf-alice", "alice", False), ("sf-root", "root", True))
+    rt = key_runtime_of(("sf-alice", "alice", False), ("sf-root", "root", True))
     monkeypatch.setattr(api.admission, "key_runtime", lambda: rt)
     monkeypatch.setattr(metrics_module.collector, "link", lambda: None)
     web = WebMetrics()

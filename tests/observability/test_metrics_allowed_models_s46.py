@@ -5,7 +5,6 @@ as telling as in /v1/models."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from django.test import RequestFactory, override_settings
@@ -14,49 +13,16 @@ from prometheus_client.parser import text_string_to_metric_families
 import api.admission
 import api.metrics as metrics_module
 from api.metrics import WebMetrics
-from scheduler.worker.metrics import Histogram
 
-from .test_docs_metrics import worker_snapshot
-
-
-def router_of(*models: str) -> dict[str, Any]:
-    h = Histogram((1.0,))
-    h.observe(0.5)
-    return {
-        "queue_depth_by_band": {},
-        "queue_oldest_wait_s_by_band": {},
-        "dispatched_by_band": {"normal": 2},
-        "reorders": {},
-        "loads": {m: 1 for m in models},
-        "load_seconds": {m: h.stats() for m in models},
-        "states": {m: "loaded" for m in models},
-        "snapshots": {m: worker_snapshot() for m in models},
-        "links": {m: {"connected": True, "restarts": 0, "inflight": 0} for m in models},
-    }
-
-
-def runtime(*keys: tuple[str, str, bool, tuple[str, ...]]) -> Any:
-    """A key runtime on the running loop holding (secret, name, admin, allowed models) keys."""
-    from keys.credentials import digest_of
-    from keys.runtime import Key, KeyRuntime, Policy, Snapshot
-
-    rt = KeyRuntime(asyncio.get_running_loop(), watch=False)
-    found = {}
-    for i, (secret, name, admin, allowed) in enumerate(keys):
-        policy = Policy(name=f"p-{name}", is_admin=admin, allowed_models=allowed)
-        k = Key(id=i + 1, name=name, digest=digest_of(secret), policy=policy)
-        found[k.digest] = k
-    rt.snapshot = Snapshot(version=1, keys_by_digest=found)
-    rt.loaded.set()
-    rt.touch = lambda key: None
-    return rt
+from .test_docs_metrics import router_stats
+from .test_exposition import key_runtime_of
 
 
 async def test_a_key_limited_to_some_models_sees_no_series_of_another_model(monkeypatch: Any) -> None:
-    rt = runtime(("sf-alice", "alice", False, ("smol",)), ("sf-any", "any", False, ()), ("sf-root", "root", True, ("smol",)))
+    rt = key_runtime_of(("sf-alice", "alice", False, ("smol",)), ("sf-any", "any", False, ()), ("sf-root", "root", True, ("smol",)))
     monkeypatch.setattr(api.admission, "key_runtime", lambda: rt)
     monkeypatch.setattr(metrics_module.collector, "link", lambda: (None, True, 0, 0))
-    monkeypatch.setattr(metrics_module.collector, "router", lambda: router_of("smol", "secret-finetune"))
+    monkeypatch.setattr(metrics_module.collector, "router", lambda: router_stats("smol", "secret-finetune", load_s=0.5, restarts=0))
     monkeypatch.setattr(metrics_module, "web_metrics", WebMetrics())
 
     async def models_seen(secret: str) -> set[str]:

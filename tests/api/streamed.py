@@ -1,0 +1,51 @@
+"""A streamed chat reply put back together as the openai client's stream helpers do: the tests
+of tool-call streaming compare it with the reply built whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.responses import Reply
+from scheduler.link.messages import Delta, Done
+
+
+@dataclass
+class Streamed:
+    content: str | None = None  # None: no chunk carried content (an empty string is content)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "arguments"} by index
+    finish_reason: str | None = None
+    fragments: list[int] = field(default_factory=list)  # per call: how many chunks carried argument text
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return [(c["name"], c["arguments"]) for c in self.calls]
+
+
+def assemble(chunks: list[dict[str, Any]]) -> Streamed:
+    out = Streamed()
+    calls: dict[int, dict[str, Any]] = {}
+    frags: dict[int, int] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            if delta.get("content") is not None:
+                out.content = (out.content or "") + delta["content"]
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function", {})
+                entry = calls.setdefault(call["index"], {"id": call.get("id"), "name": "", "arguments": ""})
+                entry["name"] += fn.get("name") or ""
+                entry["arguments"] += fn.get("arguments") or ""
+                frags[call["index"]] = frags.get(call["index"], 0) + bool(fn.get("arguments"))
+            out.finish_reason = choice.get("finish_reason") or out.finish_reason
+    out.calls = [calls[i] for i in sorted(calls)]
+    out.fragments = [frags[i] for i in sorted(frags)]
+    return out
+
+
+def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "hermes", reason: str = "stop") -> Streamed:
+    """The chat reply of ``pieces`` (the model's text as the worker streams it) offered ``tools``,
+    streamed and assembled."""
+    reply = Reply("chat", "m", tools=tools, tool_format=fmt)
+    chunks = [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
+    return assemble(chunks)
