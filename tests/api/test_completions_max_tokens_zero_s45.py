@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.edge.inproc import JSON, MODEL, attached, request
+from tests.edge.inproc import JSON, MODEL, attached_loop, request
 from tests.edge.test_stream_equivalence import ScriptWorker, assemble, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,12 +23,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def edge() -> Iterator[asyncio.AbstractEventLoop]:
     """The in-process middle layer over the scripted engine (it scores prompts)."""
-    loop = asyncio.new_event_loop()
-    context = attached(ScriptWorker(lanes=2, lane_ctx=512))
-    loop.run_until_complete(context.__aenter__())
-    yield loop
-    loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
+    with attached_loop(ScriptWorker(lanes=2, lane_ctx=512)) as loop:
+        yield loop
 
 
 def _post(loop: asyncio.AbstractEventLoop, path: str, body: dict[str, Any]) -> Any:

@@ -15,17 +15,13 @@ import pytest
 
 from scheduler.core.types import SamplingParams
 from scheduler.engines.sampling import LaneSampler
-from tests.edge.inproc import JSON, MODEL, SimWorker, attached, chat_body, request
+from tests.edge.inproc import JSON, MODEL, SimWorker, attached_loop, chat_body, request
 
 
 @pytest.fixture
 def edge() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    context = attached(SimWorker())
-    loop.run_until_complete(context.__aenter__())
-    yield loop
-    loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
+    with attached_loop(SimWorker()) as loop:
+        yield loop
 
 
 @pytest.mark.django_db(transaction=True)

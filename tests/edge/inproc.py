@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -107,6 +107,26 @@ async def attached(worker: SimWorker, *, keys: dict[str, Any] | None = None):  #
     # A row the writer gave up on (after ~1.5 s of retries) is a test without database access.
     assert get_writer().failed == given_up, "activity rows could not be written: mark the test django_db"
 
+
+
+@contextlib.contextmanager
+def attached_loop(worker: SimWorker, **settings: Any) -> Iterator[asyncio.AbstractEventLoop]:
+    """A new event loop with ``worker`` :func:`attached` on it, for a synchronous test (a
+    Hypothesis test drives its requests with ``loop.run_until_complete``); ``settings``
+    overridden meanwhile (django.test.override_settings)."""
+    from django.test import override_settings
+
+    loop = asyncio.new_event_loop()
+    context = attached(worker)
+    try:
+        with override_settings(**settings):
+            loop.run_until_complete(context.__aenter__())
+            try:
+                yield loop
+            finally:
+                loop.run_until_complete(context.__aexit__(None, None, None))
+    finally:
+        loop.close()
 
 def application() -> Any:
     from superfluid_site.asgi import application as app

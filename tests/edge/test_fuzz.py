@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from .inproc import JSON, SimWorker, attached, chat_body, request
+from .inproc import JSON, SimWorker, attached_loop, chat_body, request
 from .strategies import GENERATION, Hostile, hostile_requests
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,12 +19,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def edge(sim: SimWorker) -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    context = attached(sim)
-    loop.run_until_complete(context.__aenter__())
-    yield loop
-    loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
+    with attached_loop(sim) as loop:
+        yield loop
 
 
 def check_reply(case: Hostile, status: int, headers: dict[str, str], body: bytes) -> None:

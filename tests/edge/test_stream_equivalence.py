@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
@@ -33,7 +32,7 @@ from scheduler.core.types import LaneBind
 from scheduler.engines.base import Step
 from scheduler.engines.sim import EOG_TOKEN, SimEngine
 
-from .inproc import JSON, MODEL, SimWorker, attached, request
+from .inproc import JSON, MODEL, SimWorker, attached_loop, request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,14 +128,9 @@ class ScriptWorker(SimWorker):
 
 @pytest.fixture
 def edge() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    context = attached(ScriptWorker(lanes=4, lane_ctx=2048))
     # a twin asks twice: no fill-in-the-middle rate limit (it would refuse one of them)
-    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
-        loop.run_until_complete(context.__aenter__())
+    with attached_loop(ScriptWorker(lanes=4, lane_ctx=2048), SUPERFLUID_COMPLETION_RATE="0") as loop:
         yield loop
-        loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -481,16 +475,10 @@ def test_echoed_completion_offsets_index_the_text_streamed_or_not() -> None:
     unstreamed it was counted through the prompt's token pieces, one further on where those spell
     more than the prompt (a space-prefix vocabulary): the offsets pointed one character past
     each token, and differed from the stream's."""
-    loop = asyncio.new_event_loop()
-    context = attached(SpacePrefixWorker(lanes=2, lane_ctx=512))
-    loop.run_until_complete(context.__aenter__())
-    try:
+    with attached_loop(SpacePrefixWorker(lanes=2, lane_ctx=512)) as loop:
         prompt = "Q " + script("xyz")
         body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 1}
         plain_status, plain, streamed_status, streamed = loop.run_until_complete(both("/v1/completions", body, False))
-    finally:
-        loop.run_until_complete(context.__aexit__(None, None, None))
-        loop.close()
     assert plain_status == streamed_status == 200
     choice = json.loads(plain)["choices"][0]
     assert choice["text"] == prompt + "xyz"

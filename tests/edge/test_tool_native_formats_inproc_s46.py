@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import override_settings
 
 from scheduler.engines.base import Step
 
-from .inproc import JSON, MODEL, SimWorker, attached, request
+from .inproc import JSON, MODEL, SimWorker, attached_loop, request
 from .test_stream_equivalence import ScriptEngine, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,13 +59,8 @@ def _edge(engine: type[NativeEngine]) -> Iterator[asyncio.AbstractEventLoop]:
     class Worker(SimWorker):
         engine_class = engine
 
-    loop = asyncio.new_event_loop()
-    context = attached(Worker(lanes=2, lane_ctx=2048))
-    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
-        loop.run_until_complete(context.__aenter__())
+    with attached_loop(Worker(lanes=2, lane_ctx=2048), SUPERFLUID_COMPLETION_RATE="0") as loop:
         yield loop
-        loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
 
 
 @pytest.fixture

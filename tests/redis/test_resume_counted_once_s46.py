@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 from channels.testing import HttpCommunicator
 
-from scheduler.link.messages import Delta, Done
 from superfluid_site.runtime import forget, install
 
 from .conftest import RedisServer, SimFleetWorker, completion, head
 from .test_fleet_sim import slow_sim
-from .test_resume_sim import deltas_until
+from .test_resume_sim import deltas_until, texts_until_done
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,15 +106,7 @@ async def test_a_cancel_from_the_head_a_job_was_taken_from_leaves_it_running(red
         assert attached is not None
         taken, _meta = attached
         await first.scripts.cancel([first.prefix, handle.job_id, first.head_id])
-        texts: list[str] = []
-        while True:
-            event = await asyncio.wait_for(taken.next_event(), 30)
-            if isinstance(event, Delta):
-                texts.append(event.text)
-            elif isinstance(event, Done):
-                break
-            else:
-                assert event.type == "accepted", event
+        texts, event = await texts_until_done(taken)
         assert event.finish_reason == "length" and len(texts) == 60, (event, len(texts))
         second.finish(taken)
     finally:

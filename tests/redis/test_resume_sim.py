@@ -35,14 +35,20 @@ async def rest_after(link: RedisTransport, job_id: str, seen: int) -> tuple[list
     assert attached is not None
     handle, meta = attached
     assert meta["id"] == "chatcmpl-x"
+    texts, done = await texts_until_done(handle)
+    link.finish(handle)
+    return texts[seen:], done
+
+
+async def texts_until_done(handle: Any) -> tuple[list[str], Done]:
+    """The texts of a stream's deltas up to its Done (an ``accepted`` note may come between)."""
     texts: list[str] = []
     while True:
         event = await asyncio.wait_for(handle.next_event(), 30)
         if isinstance(event, Delta):
             texts.append(event.text)
         elif isinstance(event, Done):
-            link.finish(handle)
-            return texts[seen:], event
+            return texts, event
         else:
             assert event.type == "accepted", event
 
