@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -347,6 +348,39 @@ class CorsMiddleware:
                 patch_vary_headers(response, ("Origin",))
             elif not response.has_header(name):
                 response[name] = value
+        return response
+
+
+class RequestIdMiddleware:
+    """An ``X-Request-Id`` on every reply Django answers (its views, 404s, 405s and 500s), as the
+    consumers give every reply of theirs one (api/consumers.py): ``request.request_id``, set
+    before the view runs, so the traceback of a view's uncaught exception names it too
+    (settings.LOGGING's ``uncaught`` filter) and a client's report of a 500 finds its log lines."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+        return self.add_header(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+        response: Awaitable[HttpResponse] = self.get_response(request)
+        return self.add_header(request, await response)
+
+    @staticmethod
+    def add_header(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if not response.has_header("X-Request-Id"):
+            response["X-Request-Id"] = request.request_id  # type: ignore[attr-defined]
         return response
 
 
