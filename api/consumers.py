@@ -949,7 +949,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
         ``completion_probabilities`` came with its text but for its last tokens')."""
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         prompt = request.prompts[reply.index] if request.prompts else request.prompt
-        final["generation_settings"] = responses.native_generation_settings(request)
+        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
         final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(reply.index, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
