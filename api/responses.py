@@ -1007,11 +1007,9 @@ class Reply:
         if self.held_parts:
             self.held, self.held_parts = self.held + "".join(self.held_parts), []
         if self.endpoint == "chat":
-            if self.tool_names and self.held and self.after_args:
-                # a streamed call's closing that never completed: what came is text
-                if rest := self._stripped(self.held):
-                    frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
-            elif self.tool_names and self.held:
+            # (held after a streamed call's arguments: its closing, cut short by max_tokens, a stop
+            # string or the end of generation; markup of a call sent, which is no content)
+            if self.tool_names and self.held and not self.after_args:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
                 content, found = parse_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
