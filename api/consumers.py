@@ -929,15 +929,22 @@ class NativeCompletionConsumer(CompletionsConsumer):
         return responses.Reply("completions", request.model, logprobs=request.logprobs is not None, **extra)
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
-        # the result's ``prompt``: a token-id prompt's text (an id outside the vocabulary has
-        # none: the worker refuses that prompt, 400 naming it, as on /v1/completions)
+        await self.note_prompt_texts(link, request)
+        await super().run_job(link, request, admission)
+
+    async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:
+        await self.note_prompt_texts(link, request)  # (a stream begun on another head: its frames' prompt too)
+        await super().resume(link, request, body, last_event_id)
+
+    async def note_prompt_texts(self, link: Any, request: GenerationRequest) -> None:
+        """The result's ``prompt``: a token-id prompt's text (an id outside the vocabulary has
+        none: the worker refuses that prompt, 400 naming it, as on /v1/completions)."""
         self.prompt_texts = {}
         for i, prompt in enumerate(request.prompts or [request.prompt]):
             if isinstance(prompt, list):
                 with contextlib.suppress(ValueError):
                     sub = dataclasses.replace(request, prompt=prompt, prompts=None)
                     self.prompt_texts[i] = (await self.echo_texts([sub], link.hello.model if link.hello else None))[0]
-        await super().run_job(link, request, admission)
 
     def prompt_tokens(self, index: int = 0) -> int:
         """The prompt's tokens (llama-server's ``tokens_evaluated``) of the choice ``index``."""
@@ -949,7 +956,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
         ``completion_probabilities`` came with its text but for its last tokens')."""
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         prompt = request.prompts[reply.index] if request.prompts else request.prompt
-        final["generation_settings"] = responses.native_generation_settings(request)
+        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
         final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(reply.index, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -350,16 +351,49 @@ class CorsMiddleware:
         return response
 
 
+class RequestIdMiddleware:
+    """An ``X-Request-Id`` on every reply Django answers (its views, 404s, 405s and 500s), as the
+    consumers give every reply of theirs one (api/consumers.py): ``request.request_id``, set
+    before the view runs, so the traceback of a view's uncaught exception names it too
+    (settings.LOGGING's ``uncaught`` filter) and a client's report of a 500 finds its log lines."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+        return self.add_header(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
+        response: Awaitable[HttpResponse] = self.get_response(request)
+        return self.add_header(request, await response)
+
+    @staticmethod
+    def add_header(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if not response.has_header("X-Request-Id"):
+            response["X-Request-Id"] = request.request_id  # type: ignore[attr-defined]
+        return response
+
+
 # -- daphne's own errors -----------------------------------------------------------------------
 
 
-def protocol_error_reply(status: int, status_text: bytes, detail: str) -> list[dict[str, Any]]:
+def protocol_error_reply(status: int, status_text: bytes, detail: str, request_id: str | None = None) -> list[dict[str, Any]]:
     """The ASGI messages for an error daphne answers itself, before any application runs (an
     invalid header name or value, a path that is not ASCII, an application that failed to
     start): an OpenAI error object instead of daphne's HTML page."""
     exc = ApiError(status, f"{status_text.decode('ascii', 'replace')}: {detail}", type="invalid_request_error" if status < 500 else "server_error", code="bad_request" if status < 500 else None)
     return [
-        {"type": "http.response.start", "status": status, "headers": [(b"Content-Type", b"application/json")]},
+        {"type": "http.response.start", "status": status, "headers": [(b"Content-Type", b"application/json"), *([(b"X-Request-Id", request_id.encode())] if request_id else [])]},
         {"type": "http.response.body", "body": json.dumps(exc.body()).encode()},
     ]
 
@@ -377,7 +411,7 @@ def install_protocol_errors() -> None:
             if self.channel is not None:
                 self.channel.loseConnection()
             return
-        for message in protocol_error_reply(status, status_text, body):
+        for message in protocol_error_reply(status, status_text, body, edge_request_id(self)):
             self.handle_reply(message)
         if getattr(self, "application_queue", None) is None:
             # daphne refused it before the application saw it (a header byte or name, the path or
@@ -432,7 +466,7 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
         _drop_body(request)
         _record_unprocessed(request, exc.status, exc.code or exc.type)
     if channel.transport is not None:
-        channel.transport.write(raw_error_reply(exc))
+        channel.transport.write(raw_error_reply(exc, request_id=edge_request_id(request) if request is not None else None))
     channel.loseConnection()
 
 
@@ -451,14 +485,16 @@ GENERATION_PATHS = {
 }  # fmt: skip
 
 
-def raw_error_reply(exc: ApiError, origin: str | None = None) -> bytes:
+def raw_error_reply(exc: ApiError, origin: str | None = None, request_id: str | None = None) -> bytes:
     """A whole HTTP/1.1 response for ``exc`` that closes the connection; readable by a page
-    from ``origin`` (the request's ``Origin``) when that is an allowed one (CORS, below)."""
+    from ``origin`` (the request's ``Origin``) when that is an allowed one (CORS, below);
+    ``request_id``: its ``X-Request-Id``, the id its activity row holds."""
     from http import HTTPStatus
 
     payload = json.dumps(exc.body()).encode()
     head = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}", "Content-Type: application/json", "Connection: close", f"Content-Length: {len(payload)}"]
     head += [f"{k}: {v}" for k, v in (exc.headers or {}).items()]
+    head += [f"X-Request-Id: {request_id}"] if request_id else []
     head += [f"{k}: {v}" for k, v in cors_headers(origin)]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload
 
@@ -471,7 +507,7 @@ def routed_path(path: bytes) -> str:
 
 
 def record_edge_refusal(
-    path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0, headers: dict[str, str] | None = None
+    path: bytes, client_ip: str | None, status: int, code: str, open_s: float = 0.0, headers: dict[str, str] | None = None, request_id: str | None = None
 ) -> None:
     """The access-log line, /metrics count and activity row of a generation request that ended
     before it reached the application (refused, or its client left while sending it): the
@@ -483,7 +519,7 @@ def record_edge_refusal(
     from .records import RequestRecord, record_now
 
     open_s = max(0.0, open_s)
-    record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, client_ip=client_ip, status=status, error_code=code)
+    record = RequestRecord(endpoint=endpoint, started_s=time.time() - open_s, request_id=request_id, client_ip=client_ip, status=status, error_code=code)
     record.key_name = key_name_of(headers or {})
     record.timing["total_ms"] = round(open_s * 1000, 1)
     record_now(record)
@@ -523,6 +559,15 @@ def _sent_headers(request: Any) -> dict[str, str]:
     return {bytes(name).decode("latin-1").lower(): bytes(values[-1]).decode("latin-1") for name, values in raw.getAllRawHeaders() if values}
 
 
+def edge_request_id(request: Any) -> str:
+    """The id of a request the protocol layer answers itself: its reply's ``X-Request-Id`` and
+    its activity row's, one for the request however many times it is asked."""
+    request_id: str | None = getattr(request, "_sf_request_id", None)
+    if request_id is None:
+        request_id = request._sf_request_id = uuid.uuid4().hex
+    return request_id
+
+
 def _record_unprocessed(request: Any, status: int, code: str) -> None:
     """``record_edge_refusal`` for a request the protocol layer ends (never logged twice)."""
     if getattr(request, "_sf_recorded", False):
@@ -537,7 +582,7 @@ def _record_unprocessed(request: Any, status: int, code: str) -> None:
     try:
         started = getattr(request, "_sf_started", None)
         open_s = _seconds(channel) - started if started is not None else 0.0
-        record_edge_refusal(path, str(client[0]) if client else None, status, code, open_s, _sent_headers(request))
+        record_edge_refusal(path, str(client[0]) if client else None, status, code, open_s, _sent_headers(request), edge_request_id(request))
     except Exception:
         logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
 
@@ -573,7 +618,7 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     transport = channel.transport
     headers = getattr(request, "requestHeaders", None)
     origins = headers.getRawHeaders(b"origin") if headers is not None else None
-    transport.write(raw_error_reply(exc, b",".join(origins).decode("latin-1") if origins else None))
+    transport.write(raw_error_reply(exc, b",".join(origins).decode("latin-1") if origins else None, edge_request_id(request)))
     if hasattr(transport, "loseWriteConnection"):
         # a client that sends its whole body before it reads would get a connection reset, not
         # this answer, were the socket closed on unread bytes: close our side once the answer is

@@ -1007,11 +1007,9 @@ class Reply:
         if self.held_parts:
             self.held, self.held_parts = self.held + "".join(self.held_parts), []
         if self.endpoint == "chat":
-            if self.tool_names and self.held and self.after_args:
-                # a streamed call's closing that never completed: what came is text
-                if rest := self._stripped(self.held):
-                    frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
-            elif self.tool_names and self.held:
+            # (held after a streamed call's arguments: its closing, cut short by max_tokens, a stop
+            # string or the end of generation; markup of a call sent, which is no content)
+            if self.tool_names and self.held and not self.after_args:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
                 content, found = parse_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
@@ -1187,14 +1185,15 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
     }
 
 
-def native_generation_settings(request: Any) -> dict[str, Any]:
+def native_generation_settings(request: Any, n_predict: int | None = None) -> dict[str, Any]:
     """``/completion``'s ``generation_settings``: the settings the completion ran with, those of
     llama-server's this server has (an absent sampling one is llama-server's default, as on
     llama-server: schemas.LLAMA_SERVER_SAMPLING; ``n_predict`` -1: no limit but the context).
     Typed as llama-server's, which typed clients decode: ``seed`` the unsigned 32 bits sampled
     with (4294967295, llama.cpp's LLAMA_DEFAULT_SEED: none given), ``logit_bias``
-    ``[{"bias", "token"}]``."""
-    limit = request.max_tokens if request.max_tokens is not None else -1
+    ``[{"bias", "token"}]``; ``n_predict``: the limit given where it is not the one run (0, run
+    as one token)."""
+    limit = n_predict if n_predict is not None else request.max_tokens if request.max_tokens is not None else -1
     return {
         "n_predict": limit,
         "seed": (request.seed if request.seed is not None else -1) & 0xFFFFFFFF,

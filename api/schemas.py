@@ -424,11 +424,13 @@ _NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "res
 class NativeOptions:
     """What a /completion body asks of its response: ``response_fields`` (None: every field),
     ``return_tokens`` (the generated token ids in ``tokens``), ``probabilities`` (n_probs > 0:
-    ``completion_probabilities``)."""
+    ``completion_probabilities``), ``n_predict`` (the limit its ``generation_settings`` echo where
+    it is not the one the completion runs with: 0, which runs one token, as llama-server's)."""
 
     response_fields: list[str] | None = None
     return_tokens: bool = False
     probabilities: bool = False
+    n_predict: int | None = None
 
 
 def parse_native_completion_request(
@@ -474,7 +476,9 @@ def parse_native_completion_request(
     n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
-    return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs))
+    # n_predict 0 runs one token (_parse_common), as llama-server's, which echoes the 0 given
+    echoed = 0 if body.get("n_predict") == 0 and req.max_tokens == 1 and _parse_max_tokens(body) is None else None
+    return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
 
 
 def _is_mixed(value: Any) -> bool:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+import zlib
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -434,7 +435,8 @@ async def slots(request: HttpRequest) -> JsonResponse:
             {
                 **lane,
                 "id": lane["lane"],
-                "id_task": lane.get("job_id"),
+                "id_task": task_number(lane.get("job_id")),
+                "job_id": lane.get("job_id"),  # the request's x-request-id
                 "is_processing": busy,
                 "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
                 "next_token": {"has_next_token": busy, "n_decoded": generated},
@@ -451,6 +453,13 @@ async def slots(request: HttpRequest) -> JsonResponse:
         error = {"message": "no slot available", "type": "unavailable_error", "param": None, "code": 503}
         return JsonResponse({"error": error}, status=503)
     return JsonResponse(out, safe=False)
+
+
+def task_number(job_id: str | None) -> int:
+    """A lane's llama-server ``id_task``, an integer (an int32 there, which typed clients decode):
+    -1 for none (llama.cpp's "no task"), else a number its job's id always gives (31 bits of
+    its CRC-32; the id itself is the lane's ``job_id``)."""
+    return -1 if not job_id else zlib.crc32(job_id.encode()) & 0x7FFFFFFF
 
 
 @key_required(admin=True)

@@ -113,6 +113,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",  # first
+    "api.edge.RequestIdMiddleware",  # an X-Request-Id on every reply Django answers, its 500s too
     "django.middleware.security.SecurityMiddleware",
     "api.edge.CorsMiddleware",  # the API's replies to an allowed browser origin (its errors too)
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -184,8 +185,15 @@ def _log_level(name: str, default: str) -> str:
 
 def _uncaught(record: logging.LogRecord) -> bool:
     """A ``django.request`` record of an exception a view did not catch (its 500), not the
-    report Django also makes of every 4xx and 5xx answer (a 503 the server meant is no bug)."""
-    return record.exc_info is not None
+    report Django also makes of every 4xx and 5xx answer (a 503 the server meant is no bug).
+    Its line names the request's id, the ``X-Request-Id`` its 500 carried (api/edge.py)."""
+    if record.exc_info is None:
+        return False
+    request_id = getattr(getattr(record, "request", None), "request_id", None)
+    if request_id and isinstance(record.args, tuple) and not getattr(record, "request_id_named", False):
+        record.msg, record.args = f"{record.msg} (request %s)", (*record.args, request_id)
+        record.request_id_named = True
+    return True
 
 
 LOGGING = {

@@ -169,7 +169,7 @@ class _Model:
     last_used_s: float | None = None
     load_started_s: float | None = None
     unload_requested: bool = False  # the admin asked: drain, then unload
-    loads: int = 0
+    loads: int = 0  # loads begun, failed ones too (the snapshot's load_attempts)
     dispatched: int = 0  # requests sent to its worker
     load_failures: int = 0  # failed loads in a row (a successful load, or the admin's Load, resets it)
     backoff_until_s: float | None = None  # no request loads it before this (see load_failed)
@@ -545,7 +545,8 @@ class Router:
                     "waiting": sum(1 for w in self.waiting if w.model == mid),
                     "waiting_by_band": {b: sum(1 for w in self.waiting if w.model == mid and w.band == b) for b in BANDS},
                     "idle_s": None if m.last_used_s is None else round(now - m.last_used_s, 3),
-                    "loads": m.loads,
+                    # loads begun, failed ones too (the pool's ``loads`` counts those that succeeded)
+                    "load_attempts": m.loads,
                     "load_failures": m.load_failures,
                     "load_backoff_s": round(self.backoff_left(mid, now), 3),
                     "dispatched": m.dispatched,

@@ -66,7 +66,7 @@ async def test_slots_names_the_key_of_each_lane_with_several_models(pool: ModelP
         pool.last_model = model
         response = await slots.__wrapped__(RequestFactory().get("/slots"))  # type: ignore[attr-defined]
         (lane,) = json.loads(response.content)
-        assert (lane["id_task"], lane["key"]) == (f"j{model}", key)
+        assert (lane["job_id"], lane["key"]) == (f"j{model}", key)
 
 
 async def test_a_push_carries_each_models_counts_under_its_own_worker(pool: ModelPool) -> None:
@@ -143,11 +143,11 @@ async def test_slots_of_a_model_named_by_its_id_or_an_alias(pool: ModelPool) -> 
     pool.last_model = "a"
     for name in ("b", "bee"):
         status, lanes = await slots_of(f"?model={name}")
-        assert status == 200 and [(lane["id_task"], lane["key"]) for lane in lanes] == [("jb", "bob")], name
+        assert status == 200 and [(lane["job_id"], lane["key"]) for lane in lanes] == [("jb", "bob")], name
     status, lanes = await slots_of("?model=a")
-    assert [lane["id_task"] for lane in lanes] == ["ja"]
+    assert [lane["job_id"] for lane in lanes] == ["ja"]
     assert (await slots_of("?model=c")) == (200, [])  # configured, not loaded: no lanes
-    assert [lane["id_task"] for lane in (await slots_of())[1]] == ["ja"]  # no model: the model used last
+    assert [lane["job_id"] for lane in (await slots_of())[1]] == ["ja"]  # no model: the model used last
 
 
 async def test_slots_of_an_unknown_model_is_a_404_model_not_found(pool: ModelPool) -> None:
@@ -163,8 +163,8 @@ async def test_slots_shows_no_busy_lane_of_a_models_lost_worker(pool: ModelPool)
     pool.last_model = "a"
     for query in ("", "?model=a"):
         status, lanes = await slots_of(query)
-        assert status == 200 and [(lane["id"], lane["state"], lane["is_processing"], lane["id_task"]) for lane in lanes] == [(0, "idle", False, None)], query
-    assert [lane["id_task"] for lane in (await slots_of("?model=b"))[1]] == ["jb"]
+        assert status == 200 and [(lane["id"], lane["state"], lane["is_processing"], lane["job_id"]) for lane in lanes] == [(0, "idle", False, None)], query
+    assert [lane["job_id"] for lane in (await slots_of("?model=b"))[1]] == ["jb"]
 
 
 async def test_slots_of_the_single_models_lost_worker_shows_its_lanes_idle() -> None:
@@ -179,7 +179,7 @@ async def test_slots_of_the_single_models_lost_worker_shows_its_lanes_idle() -> 
         assert [lane["is_processing"] for lane in (await slots_of())[1]] == [True, False]
         link.connected = False  # the worker crashed; serve's supervisor restarts it
         status, lanes = await slots_of()
-        assert status == 200 and [(lane["state"], lane["is_processing"], lane["id_task"], lane["n_ctx"]) for lane in lanes] == [("idle", False, None, 512)] * 2
+        assert status == 200 and [(lane["state"], lane["is_processing"], lane["job_id"], lane["n_ctx"]) for lane in lanes] == [("idle", False, None, 512)] * 2
     finally:
         forget(asyncio.get_running_loop())
 
