@@ -21,7 +21,7 @@ from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
-from .xml_tool_calls import parse_qwen3_coder, qwen3_coder_start
+from .xml_tool_calls import XML_FORMATS
 
 Endpoint = Literal["chat", "completions"]
 
@@ -492,17 +492,22 @@ def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[st
 MAX_PARSED_CALLS = 64
 
 
-def _parse_qwen3_coder(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
-    """Qwen3-Coder's ``<tool_call><function=name><parameter=key>`` calls (api.xml_tool_calls);
-    ``names`` maps each offered name to its parameters' schema, which types the values."""
-    content, calls = parse_qwen3_coder(text, names)
-    return content, [{"id": new_call_id(), **call} for call in calls]
+def _tagged(fmt: str) -> Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]]:
+    """The reader of a format of tags (Qwen3-Coder's, GLM's: api.xml_tool_calls), its calls given
+    ids; ``names`` maps each offered name to its parameters' schema, which types the values."""
+    parse = XML_FORMATS[fmt][0]
+
+    def read(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = parse(text, names)
+        return content, [{"id": new_call_id(), **call} for call in calls]
+
+    return read
 
 
 _NATIVE_PARSERS: dict[str, Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]]] = {
     "llama3": _parse_llama3,
     "mistral": _parse_mistral,
-    "qwen3_coder": _parse_qwen3_coder,
+    **{fmt: _tagged(fmt) for fmt in XML_FORMATS},
 }
 
 
@@ -965,8 +970,8 @@ class Reply:
                 if held.endswith(MISTRAL_CALLS[:n]):
                     return len(held) - n  # maybe the tag, still coming
             return None
-        if fmt == "qwen3_coder":
-            start = qwen3_coder_start(held, self.tool_names)
+        if fmt in XML_FORMATS:
+            start = XML_FORMATS[fmt][1](held, self.tool_names)
             if start is None:
                 return None
             self.native_held = start[1]

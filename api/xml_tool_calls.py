@@ -1,5 +1,5 @@
-"""Tool calls written in tags rather than JSON: Qwen3-Coder's format (also Qwen3.5's and
-Nemotron Nano 3's; ``scheduler.engines.chat.tool_call_format`` "qwen3_coder")::
+"""Tool calls written in tags rather than JSON (``scheduler.engines.chat.tool_call_format``
+"qwen3_coder" and "glm45"). Qwen3-Coder's format (also Qwen3.5's and Nemotron Nano 3's)::
 
     <tool_call>
     <function=get_weather>
@@ -17,17 +17,27 @@ for a boolean gets ``true``). The newline after ``<parameter=...>`` and the one 
 ``</parameter>`` are the format's, not the value's. A call must name an offered function; a
 block that is no such call stays in the content as text. Qwen3-Coder sometimes leaves out the
 ``<tool_call>`` opening (llama.cpp reads ``<function=name>`` alone as a call's start): read so
-too, where ``name`` is offered."""
+too, where ``name`` is offered.
+
+GLM 4.5/4.6/4.7's format, its values typed the same way (its template writes a string value as
+it is and any other as JSON)::
+
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    </tool_call>
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
+KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 
 # the most characters a function's or a parameter's name may take between ``=`` and ``>``
 MAX_NAME = 256
@@ -186,31 +196,89 @@ def _block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, Any], 
         i = j + len(CALL_CLOSE)
     elif wrapped and j < len(text):  # (its closing may be left out only at the reply's end)
         return None
+    return _call(name, values), i
+
+
+_Block = Callable[[str, int, Collection[str]], "tuple[dict[str, Any], int] | None"]
+
+
+def _glm_name_end(text: str, i: int) -> int:
+    """Where the function's name written from ``text[i]`` ends (the first whitespace or ``<``),
+    looking at most MAX_NAME + 1 characters; -1 where it does not end within them."""
+    for j in range(i, min(len(text), i + MAX_NAME + 1)):
+        if text[j] in _WS or text[j] == "<":
+            return j
+    return -1
+
+
+def _glm_block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, Any], int] | None:
+    """GLM's call written from ``text[at]`` (``<tool_call>``) and where it ends; None where it
+    is no call of an offered function."""
+    i = _skip_ws(text, at + len(CALL_OPEN))
+    end = _glm_name_end(text, i)
+    if end < 0 or text[i:end] not in tools:
+        return None
+    name, i = text[i:end], end
+    schemas = _params_schemas(tools, name)
+    values: dict[str, str] = {}
+    while True:
+        i = _skip_ws(text, i)
+        if text.startswith(CALL_CLOSE, i):
+            return _call(name, values), i + len(CALL_CLOSE)
+        if not text.startswith(KEY_OPEN, i):
+            return None
+        close = text.find(KEY_CLOSE, i, i + len(KEY_OPEN) + MAX_NAME + 1)
+        key = text[i + len(KEY_OPEN) : close].strip(_WS) if close >= 0 else ""
+        if not key:
+            return None
+        i = _skip_ws(text, close + len(KEY_CLOSE))
+        if not text.startswith(VALUE_OPEN, i):
+            return None
+        close = text.find(VALUE_CLOSE, i)
+        if close < 0:
+            return None
+        values[key] = value_json(text[i + len(VALUE_OPEN) : close], schemas.get(key))
+        i = close + len(VALUE_CLOSE)
+
+
+def parse_glm45(text: str, tools: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+    """(the text around the calls, the calls) of a reply in GLM 4.5's format (``tools`` as for
+    :func:`parse_qwen3_coder`)."""
+    return _parse(text, tools, None, _glm_block)
+
+
+def _call(name: str, values: dict[str, str]) -> dict[str, Any]:
     arguments = "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {v}" for k, v in values.items()) + "}"
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}, i
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def parse_qwen3_coder(text: str, tools: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
     """(the text around the calls, the calls) of a reply in Qwen3-Coder's format; ``tools``: the
     offered functions' names, or a mapping of each name to its ``parameters`` schema (which
     types the values). The calls have no ``id`` yet (the caller gives them theirs)."""
+    return _parse(text, tools, FUNCTION_OPEN, _block)
+
+
+def _parse(text: str, tools: Collection[str], bare: str | None, block: _Block) -> tuple[str, list[dict[str, Any]]]:
+    """The calls ``block`` reads at each ``<tool_call>`` (and each ``bare`` opening) of ``text``,
+    and the text around them."""
     calls: list[dict[str, Any]] = []
     rest: list[str] = []
     pos = misses = 0
-    next_call, next_fn = text.find(CALL_OPEN), text.find(FUNCTION_OPEN)
+    next_call, next_fn = text.find(CALL_OPEN), text.find(bare) if bare else -1
     while misses < MAX_MISSES and len(calls) < MAX_CALLS:
         if 0 <= next_call < pos:
             next_call = text.find(CALL_OPEN, pos)
-        if 0 <= next_fn < pos:
-            next_fn = text.find(FUNCTION_OPEN, pos)
+        if bare and 0 <= next_fn < pos:
+            next_fn = text.find(bare, pos)
         starts = [s for s in (next_call, next_fn) if s >= 0]
         if not starts:
             break
         at = min(starts)
-        found = _block(text, at, tools)
+        found = block(text, at, tools)
         rest.append(text[pos:at])
         if found is None:
-            step = len(CALL_OPEN) if text.startswith(CALL_OPEN, at) else len(FUNCTION_OPEN)
+            step = len(CALL_OPEN) if text.startswith(CALL_OPEN, at) else len(bare or "")
             rest.append(text[at : at + step])  # the opening is text; a later one may be a call
             pos, misses = at + step, misses + 1
             continue
@@ -267,3 +335,27 @@ def qwen3_coder_start(held: str, tools: Collection[str]) -> tuple[int, bool] | N
         if FUNCTION_OPEN.startswith(tail[-n:]):
             return len(held) - n, False
     return None
+
+
+def glm45_start(held: str, tools: Collection[str]) -> tuple[int, bool] | None:
+    """As :func:`qwen3_coder_start`, for GLM 4.5's format (``<tool_call>`` then a name)."""
+    tag = held.find(CALL_OPEN)
+    if tag < 0:
+        return None  # (a ``<tool_call>`` still coming is held by the caller)
+    i = _skip_ws(held, tag + len(CALL_OPEN))
+    if i - tag > MAX_HEAD:
+        return tag, True
+    end = _glm_name_end(held, i)
+    if end < 0:
+        begun = held[i : i + MAX_NAME + 1]
+        if len(begun) > MAX_NAME or not any(str(n).startswith(begun) for n in tools):
+            return None
+        return tag, False
+    return (tag, True) if held[i:end] in tools else None
+
+
+# each format: (its reader, where a call in it begins in streamed text)
+XML_FORMATS: dict[str, tuple[Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]], Callable[[str, Collection[str]], tuple[int, bool] | None]]] = {
+    "qwen3_coder": (parse_qwen3_coder, qwen3_coder_start),
+    "glm45": (parse_glm45, glm45_start),
+}

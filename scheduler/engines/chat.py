@@ -469,15 +469,19 @@ def template_knows_tools(source: str | None) -> bool:
 # ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``, or ``name[ARGS]{...}`` (Mistral
 # Nemo/Small/Devstral); "qwen3_coder" ``<tool_call>`` around ``<function=name>`` and one
 # ``<parameter=key>`` block of text per argument (Qwen3-Coder, Qwen3.5, Nemotron Nano 3:
-# api.xml_tool_calls). Forced calls (``required``, a named function) are written in the hermes
+# api.xml_tool_calls); "glm45" ``<tool_call>name`` then ``<arg_key>``/``<arg_value>`` pairs (GLM
+# 4.5/4.6/4.7). Forced calls (``required``, a named function) are written in the hermes
 # format whatever the model: their grammar writes it, and it is parsed for every model.
-TOOL_FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder")
+TOOL_FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder", "glm45")
 # formats whose templates refuse an assistant turn of more than one call ("This model only
 # supports single tool-calls at once!"): a reply carries one call, forced or not
 SINGLE_CALL_FORMATS = frozenset({"llama3"})
 # the control tokens of each format, which the reply's text must keep (they hold no text when
 # decoded as plain text): the worker writes them out in a reply that offers tools
-TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]"), "qwen3_coder": ()}
+TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+                      # (as llama.cpp keeps them: its preserved_tokens for these formats)
+                      "qwen3_coder": ("<tool_call>", "</tool_call>"),
+                      "glm45": ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
 
 
 def tool_call_format(source: str | None, *, native: bool = True) -> str:
@@ -490,6 +494,9 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
     # with no newline between is another model's)
     if all(m in src for m in ("<tool_call>", "<function=", "<parameter=")) and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in src:
         return "qwen3_coder"
+    # (Ling 3.0's templates write the same tags in another turn format: llama.cpp reads them apart)
+    if all(m in src for m in ("<tool_call>", "<arg_key>", "<arg_value>")) and "<role>ASSISTANT</role>" not in src:
+        return "glm45"
     if "<tool_call>" in src:
         return "hermes"
     if "<|start_header_id|>ipython<|end_header_id|>" in src and "<function=" not in src:

@@ -73,15 +73,15 @@ def test_the_format_is_told_from_the_real_templates() -> None:
     assert tool_call_format(QWEN3_CODER, native=False) == "hermes"  # the generic prompt teaches JSON
 
 
-def _body(text: str, reason: str = "stop", **kwargs: Any) -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=TOOLS, tool_format="qwen3_coder", **kwargs)
+def _body(text: str, reason: str = "stop", fmt: str = "qwen3_coder", **kwargs: Any) -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt, **kwargs)
     reply.add(Delta("j", text))
     return reply.body(Done("j", reason), None)["choices"][0]
 
 
-def _streamed(pieces: list[str], reason: str = "stop", **kwargs: Any) -> dict[str, Any]:
+def _streamed(pieces: list[str], reason: str = "stop", fmt: str = "qwen3_coder", **kwargs: Any) -> dict[str, Any]:
     """The stream's chunks put together as the openai client's helper does."""
-    reply = Reply("chat", "m", tools=TOOLS, tool_format="qwen3_coder", **kwargs)
+    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt, **kwargs)
     frames = [f for p in pieces for f in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
     content: str | None = None
     calls: dict[int, dict[str, Any]] = {}

@@ -1,8 +1,9 @@
 """Through the whole middle layer (tests/edge/inproc.py): a model whose chat template is
-Qwen3-Coder's gets its calls, written in that template's ``<tool_call><function=...>`` format,
-back as ``tool_calls`` (streamed and not): the worker tells the format from the template and says
-it in its Hello, the web side reads it from there. Before, the template's ``<tool_call>`` had it
-taken for Hermes' JSON format, and the calls came back as content with finish_reason ``stop``.
+Qwen3-Coder's (or GLM 4.6's) gets its calls, written in that template's ``<tool_call><function=...>``
+format (GLM's ``<tool_call>name<arg_key>...``), back as ``tool_calls`` (streamed and not): the
+worker tells the format from the template and says it in its Hello, the web side reads it from
+there. Before, the template's ``<tool_call>`` had it taken for Hermes' JSON format, and the calls
+came back as content with finish_reason ``stop``.
 The agent's next turn (its calls and their results) is rendered by the same template."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .test_stream_equivalence import ScriptEngine, script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEMPLATE = (Path(__file__).parent.parent / "api" / "templates_s46" / "qwen3-coder.jinja").read_text()
+TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": PARAMS}}]
 WRITTEN = (
@@ -29,26 +30,34 @@ WRITTEN = (
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
     "<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>"
 )
+# GLM 4.6's format, the same calls (its template's <tool_call> too was read as Hermes' JSON)
+GLM_WRITTEN = (
+    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+    "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n</tool_call>"
+)
 CALLS = [("get_weather", '{"city": "Paris", "days": 3}'), ("get_weather", '{"city": "42"}')]
+MODELS = {"qwen3-coder.jinja": WRITTEN, "glm-4.6.jinja": GLM_WRITTEN}
 
 
-class QwenCoderEngine(ScriptEngine):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.features = self.features | {"template_vars"}
-        self.chat_template = TEMPLATE
+@pytest.fixture(params=sorted(MODELS))
+def edge(request: pytest.FixtureRequest) -> Iterator[tuple[asyncio.AbstractEventLoop, str]]:
+    """The middle layer around a model with the template named by the parameter, and what that
+    model writes for CALLS."""
 
+    class TemplateEngine(ScriptEngine):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.features = self.features | {"template_vars"}
+            self.chat_template = (TEMPLATES / request.param).read_text()
 
-@pytest.fixture
-def edge() -> Iterator[asyncio.AbstractEventLoop]:
     class Worker(SimWorker):
-        engine_class = QwenCoderEngine
+        engine_class = TemplateEngine
 
     loop = asyncio.new_event_loop()
     context = attached(Worker(lanes=2, lane_ctx=4096))
     with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
         loop.run_until_complete(context.__aenter__())
-        yield loop
+        yield loop, MODELS[request.param]
         loop.run_until_complete(context.__aexit__(None, None, None))
     loop.close()
 
@@ -79,15 +88,16 @@ def _ask(loop: asyncio.AbstractEventLoop, messages: list[dict[str, Any]], *, str
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_qwen3_coder_models_calls_are_tool_calls(edge: asyncio.AbstractEventLoop, stream: bool) -> None:
-    got = _ask(edge, [{"role": "user", "content": "Weather in Paris? " + script(WRITTEN)}], stream=stream)
+def test_a_models_calls_in_its_own_tags_are_tool_calls(edge: tuple[asyncio.AbstractEventLoop, str], stream: bool) -> None:
+    loop, written = edge
+    got = _ask(loop, [{"role": "user", "content": "Weather in Paris? " + script(written)}], stream=stream)
     assert got == {"content": "Let me check.", "calls": CALLS, "finish_reason": "tool_calls"}
     # a reply in text stays text
-    text = _ask(edge, [{"role": "user", "content": "Hi. " + script("Hello! <function= is a tag.")}], stream=stream)
+    text = _ask(loop, [{"role": "user", "content": "Hi. " + script("Hello! <function= is a tag.")}], stream=stream)
     assert text == {"content": "Hello! <function= is a tag.", "calls": [], "finish_reason": "stop"}
 
 
-def test_the_agents_next_turn_renders_its_calls_and_results(edge: asyncio.AbstractEventLoop) -> None:
+def test_the_agents_next_turn_renders_its_calls_and_results(edge: tuple[asyncio.AbstractEventLoop, str]) -> None:
     """The calls sent back (arguments as JSON strings) and the tools' results: the template reads
     the arguments as a mapping; the request is answered, not refused."""
     calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(CALLS)]
@@ -98,5 +108,5 @@ def test_the_agents_next_turn_renders_its_calls_and_results(edge: asyncio.Abstra
         {"role": "tool", "tool_call_id": "call_1", "content": "no such city"},
         {"role": "user", "content": "And so? " + script("It is sunny in Paris.")},
     ]
-    got = _ask(edge, messages, stream=False)
+    got = _ask(edge[0], messages, stream=False)
     assert got == {"content": "It is sunny in Paris.", "calls": [], "finish_reason": "stop"}
