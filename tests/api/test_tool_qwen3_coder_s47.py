@@ -176,8 +176,8 @@ def test_parallel_tool_calls_false_keeps_one_call() -> None:
 
 
 def test_a_forced_call_streams_as_the_json_format_does() -> None:
-    """``required``/a named function: the grammar writes the generic JSON format, whatever the
-    model (Qwen3-Coder's own is not forced); its arguments stream as they are generated."""
+    """``required``/a named function whose parameters Qwen3-Coder's format cannot hold to their
+    schema: the grammar writes the generic JSON format; its arguments stream as they come."""
     reply = Reply("chat", "m", tools=TOOLS, tool_choice="required", tool_format="qwen3_coder")
     frames = reply.delta_chunks(Delta("j", '<tool_call>\n{"name": "get_weather", "arguments": {"city"'))
     deltas = [c for f in frames for c in f["choices"][0]["delta"].get("tool_calls") or []]
@@ -311,3 +311,17 @@ def test_a_long_held_reply_is_streamed_in_linear_work(opening: str) -> None:
     content = "".join(f["choices"][0]["delta"].get("content") or "" for f in frames)
     assert content == opening + "abcdefgh" * 5_000
     assert not any(f["choices"][0]["delta"].get("tool_calls") for f in frames)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_reply_in_the_models_format_closed_at_max_tokens_is_whole(stream: bool) -> None:
+    """The grammar (tests/engines/test_tool_grammar_qwen3_coder_s47.py) allows one call for a
+    named function and nothing after it: closed by the max_tokens-th token it is whole."""
+    text = call_text("get_weather", city="Paris")
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    if stream:
+        got = _streamed([text[i : i + 4] for i in range(0, len(text), 4)], "length", tool_choice=choice)
+    else:
+        body = _body(text, "length", tool_choice=choice)
+        got = {"content": body["message"]["content"], "calls": _calls(body), "finish_reason": body["finish_reason"]}
+    assert got == {"content": None, "calls": [("get_weather", '{"city": "Paris"}')], "finish_reason": "tool_calls"}
