@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from scheduler.engines.chat import compile_chat_template, render_chat_template
+
 from .inproc import JSON, MODEL, SimWorker, attached, request
 from .test_stream_equivalence import ScriptEngine, script
 
@@ -37,6 +39,7 @@ GLM_WRITTEN = (
 )
 CALLS = [("get_weather", '{"city": "Paris", "days": 3}'), ("get_weather", '{"city": "42"}')]
 MODELS = {"qwen3-coder.jinja": WRITTEN, "glm-4.6.jinja": GLM_WRITTEN}
+RENDERED: list[str] = []  # the prompts the engine's template wrote
 
 
 @pytest.fixture(params=sorted(MODELS))
@@ -49,6 +52,13 @@ def edge(request: pytest.FixtureRequest) -> Iterator[tuple[asyncio.AbstractEvent
             super().__init__(**kwargs)
             self.features = self.features | {"template_vars"}
             self.chat_template = (TEMPLATES / request.param).read_text()
+            self.compiled = compile_chat_template(self.chat_template)
+
+        def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
+            # the template itself, as the llama.cpp engine renders it
+            text = render_chat_template(self.compiled, messages, bos_token="", eos_token="", **extra)
+            RENDERED.append(text)
+            return text
 
     class Worker(SimWorker):
         engine_class = TemplateEngine
@@ -108,5 +118,15 @@ def test_the_agents_next_turn_renders_its_calls_and_results(edge: tuple[asyncio.
         {"role": "tool", "tool_call_id": "call_1", "content": "no such city"},
         {"role": "user", "content": "And so? " + script("It is sunny in Paris.")},
     ]
+    RENDERED.clear()
     got = _ask(edge[0], messages, stream=False)
     assert got == {"content": "It is sunny in Paris.", "calls": [], "finish_reason": "stop"}
+    # the calls as the model writes them, by its own template, and the results after them
+    prompt = next(t for t in RENDERED if "@@" not in t)  # (not those marking the client's strings: chat.split_rendered)
+    if edge[1] is WRITTEN:
+        assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>" in prompt
+        assert "<parameter=city>\n42\n</parameter>" in prompt
+    else:
+        assert "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>" in prompt
+        assert "<arg_value>42</arg_value>" in prompt
+    assert prompt.index("sunny") > prompt.index("Paris") and "no such city" in prompt
