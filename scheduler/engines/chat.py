@@ -555,7 +555,9 @@ def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, 
 
 def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` for a template that knows tools: call arguments as objects, as Hugging Face
-    templates expect them (they write them with ``tojson``)."""
+    templates expect them (they write them with ``tojson``, or read them as a mapping: Qwen3-Coder's
+    ``arguments|items``). Empty arguments (``""``, which some clients send for a call of no
+    parameters) are the empty object."""
     out = []
     for msg in messages:
         msg = dict(msg)
@@ -564,7 +566,7 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             for call in msg["tool_calls"]:
                 fn = dict(call["function"])
                 try:
-                    fn["arguments"] = json.loads(fn["arguments"])
+                    fn["arguments"] = json.loads(fn["arguments"]) if str(fn["arguments"]).strip() else {}
                 except (ValueError, RecursionError):  # not JSON, or nested too deeply: as sent
                     pass
                 calls.append({**call, "function": fn})

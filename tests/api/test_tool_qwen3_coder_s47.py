@@ -325,3 +325,13 @@ def test_a_forced_reply_in_the_models_format_closed_at_max_tokens_is_whole(strea
         body = _body(text, "length", tool_choice=choice)
         got = {"content": body["message"]["content"], "calls": _calls(body), "finish_reason": body["finish_reason"]}
     assert got == {"content": None, "calls": [("get_weather", '{"city": "Paris"}')], "finish_reason": "tool_calls"}
+
+
+def test_an_earlier_call_with_empty_arguments_renders_as_a_call_of_none() -> None:
+    """A call of no parameters sent back with ``arguments`` "" (some clients send that for one):
+    the template reads the arguments as a mapping, and the request was a 400 ("Can only get item
+    pairs from a mapping"). Empty arguments are the empty object."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    text = render_chat_template(compile_chat_template(QWEN3_CODER), native_tool_messages(messages), bos_token="", eos_token="", tools=[])
+    assert "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>" in text
