@@ -21,6 +21,7 @@ from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
+from .xml_tool_calls import XML_FORMATS
 
 Endpoint = Literal["chat", "completions"]
 
@@ -489,9 +490,24 @@ def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[st
 
 # the most calls one reply's text is read for (a reply repeating calls costs bounded parses)
 MAX_PARSED_CALLS = 64
+
+
+def _tagged(fmt: str) -> Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]]:
+    """The reader of a format of tags (Qwen3-Coder's, GLM's: api.xml_tool_calls), its calls given
+    ids; ``names`` maps each offered name to its parameters' schema, which types the values."""
+    parse = XML_FORMATS[fmt][0]
+
+    def read(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
+        content, calls = parse(text, names)
+        return content, [{"id": new_call_id(), **call} for call in calls]
+
+    return read
+
+
 _NATIVE_PARSERS: dict[str, Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]]] = {
     "llama3": _parse_llama3,
     "mistral": _parse_mistral,
+    **{fmt: _tagged(fmt) for fmt in XML_FORMATS},
 }
 
 
@@ -649,7 +665,8 @@ class Reply:
         self.created = int(time.time()) if created is None else created
         self.index = index
         self.echo = echo  # completions ``echo``: the prompt's text, sent before the completion
-        self.tool_names = [t["name"] for t in tools or []] if tool_choice != "none" else []
+        # each offered name and its parameters' schema (a format of tags types values by it)
+        self.tool_names: dict[str, Any] = {t["name"]: t.get("parameters") for t in tools or []} if tool_choice != "none" else {}
         # the model's own call format (its worker's Hello.tool_format): a call written in it is
         # held from its opening to the end of the reply and parsed then (``native_held``);
         # Llama 3.x writes calls only at the reply's start (``native_open``: it may still begin)
@@ -953,6 +970,12 @@ class Reply:
                 if held.endswith(MISTRAL_CALLS[:n]):
                     return len(held) - n  # maybe the tag, still coming
             return None
+        if fmt in XML_FORMATS:
+            start = XML_FORMATS[fmt][1](held, self.tool_names)
+            if start is None:
+                return None
+            self.native_held = start[1]
+            return start[0]
         return None
 
     def _stripped(self, text: str) -> str:

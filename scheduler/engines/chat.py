@@ -467,22 +467,38 @@ def template_knows_tools(source: str | None) -> bool:
 # "llama3" a bare ``{"name", "parameters"}`` object at the start of the reply, maybe after
 # ``<|python_tag|>`` (Llama 3.1/3.2/3.3: their templates have an ``ipython`` turn); "mistral"
 # ``[TOOL_CALLS]`` then a JSON array of ``{"name", "arguments"}``, or ``name[ARGS]{...}`` (Mistral
-# Nemo/Small/Devstral). Forced calls (``required``, a named function) are written in the hermes
-# format whatever the model: their grammar writes it, and it is parsed for every model.
-TOOL_FORMATS = ("hermes", "llama3", "mistral")
+# Nemo/Small/Devstral); "qwen3_coder" ``<tool_call>`` around ``<function=name>`` and one
+# ``<parameter=key>`` block of text per argument (Qwen3-Coder, Qwen3.5, Nemotron Nano 3:
+# api.xml_tool_calls); "glm45" ``<tool_call>name`` then ``<arg_key>``/``<arg_value>`` pairs (GLM
+# 4.5/4.6/4.7). Forced calls (``required``, a named function) are written in the hermes
+# format (their grammar writes it, and it is parsed for every model), but Qwen3-Coder's where its
+# tools' parameters can be held to their schemas in it (scheduler.engines.grammar.tool_grammar).
+TOOL_FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder", "glm45")
 # formats whose templates refuse an assistant turn of more than one call ("This model only
 # supports single tool-calls at once!"): a reply carries one call, forced or not
 SINGLE_CALL_FORMATS = frozenset({"llama3"})
 # the control tokens of each format, which the reply's text must keep (they hold no text when
 # decoded as plain text): the worker writes them out in a reply that offers tools
-TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]")}
+TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+                      # (as llama.cpp keeps them: its preserved_tokens for these formats)
+                      "qwen3_coder": ("<tool_call>", "</tool_call>"),
+                      "glm45": ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
 
 
 def tool_call_format(source: str | None, *, native: bool = True) -> str:
     """The format a model writes its tool calls in, from its chat template's source; ``native``
     False: the template is not given the tools (the generic prompt), so "hermes"."""
     src = str(source or "")
-    if not native or not template_knows_tools(src) or "<tool_call>" in src:
+    if not native or not template_knows_tools(src):
+        return "hermes"
+    # (as llama.cpp tells Qwen3-Coder's apart: a template that writes ``<tool_call><function=``
+    # with no newline between is another model's)
+    if all(m in src for m in ("<tool_call>", "<function=", "<parameter=")) and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in src:
+        return "qwen3_coder"
+    # (Ling 3.0's templates write the same tags in another turn format: llama.cpp reads them apart)
+    if all(m in src for m in ("<tool_call>", "<arg_key>", "<arg_value>")) and "<role>ASSISTANT</role>" not in src:
+        return "glm45"
+    if "<tool_call>" in src:
         return "hermes"
     if "<|start_header_id|>ipython<|end_header_id|>" in src and "<function=" not in src:
         return "llama3"
@@ -539,7 +555,9 @@ def generic_tool_messages(messages: list[dict[str, Any]], tools: list[dict[str, 
 
 def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` for a template that knows tools: call arguments as objects, as Hugging Face
-    templates expect them (they write them with ``tojson``)."""
+    templates expect them (they write them with ``tojson``, or read them as a mapping: Qwen3-Coder's
+    ``arguments|items``). Empty arguments (``""``, which some clients send for a call of no
+    parameters) are the empty object."""
     out = []
     for msg in messages:
         msg = dict(msg)
@@ -548,7 +566,7 @@ def native_tool_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             for call in msg["tool_calls"]:
                 fn = dict(call["function"])
                 try:
-                    fn["arguments"] = json.loads(fn["arguments"])
+                    fn["arguments"] = json.loads(fn["arguments"]) if str(fn["arguments"]).strip() else {}
                 except (ValueError, RecursionError):  # not JSON, or nested too deeply: as sent
                     pass
                 calls.append({**call, "function": fn})

@@ -8,6 +8,9 @@ written in the generic format of :mod:`scheduler.engines.chat`::
     <tool_call>
     {"name": "get_weather", "arguments": {...}}
     </tool_call>
+
+or, for a model that writes Qwen3-Coder's format, in that one where it can hold the tools'
+parameters to their schemas (``_xml_tool_grammar``).
 """
 
 from __future__ import annotations
@@ -1633,10 +1636,17 @@ def calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
     return {**schema, "$defs": defs}
 
 
-def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str = "hermes") -> str | None:
+    """GBNF forcing tool calls (``choice`` ``required`` or a named function; None for ``auto`` and
+    ``none``): in the model's own format where that is Qwen3-Coder's and its tools' parameters can
+    be held to their schemas in it, else in the generic JSON format (read for every model)."""
     if choice in ("auto", "none") or not tools:
         return None
     try:
+        if fmt == "qwen3_coder":
+            own = _cached_xml_tool_grammar(json.dumps([tools, choice, parallel]))
+            if own is not None:
+                return own
         return _cached_tool_grammar(json.dumps([tools, choice, parallel]))
     except RecursionError:
         raise GrammarError("a tool's parameters are nested too deeply") from None
@@ -1698,3 +1708,126 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
     conv = _schema_rules(calls_schema(chosen), "call")
     conv._add_rule("root", _calls_rule(parallel and not isinstance(choice, dict)))
     return _format(conv)
+
+
+# -- Qwen3-Coder's own format, forced -------------------------------------------------------
+# (scheduler.engines.chat.tool_call_format "qwen3_coder"; api/xml_tool_calls.py reads it):
+#
+#     <tool_call>
+#     <function=get_weather>
+#     <parameter=city>
+#     Paris
+#     </parameter>
+#     </function>
+#     </tool_call>
+#
+# as llama.cpp's common/parsers/qwen3-coder.cpp forces it: a string parameter's value is any text
+# up to the "\n</parameter>" that closes it (text without "</parameter>" in it, which the reader
+# takes for the closing), any other's the JSON its schema allows. A tool whose parameters this
+# cannot hold to their schema gets the JSON format instead (tool_grammar).
+
+_PARAM_END = "\n</parameter>"
+_TEXT_END = "</parameter>"
+# a parameter's name as the format writes it (<parameter=name>): what the reader takes back whole
+_XML_KEY = re.compile(r"[^\s<>=]{1,256}")
+# keywords that only describe: a string parameter with no other is any text
+_XML_PLAIN_KEYS = frozenset({"type", "description", "title", "default", "examples", "nullable", "deprecated", "readOnly", "writeOnly"})
+_NOT_STRING_TYPES = frozenset({"number", "integer", "boolean", "null", "object", "array"})
+
+
+def _char_class(chars: str) -> str:
+    return "".join("\\n" if c == "\n" else "\\" + c if c in "]\\^-" else c for c in chars)
+
+
+def _text_rules(conv: Any) -> str:
+    """Rules for any text without "</parameter>" in it (which is border-free and whose first
+    character comes once in it: each rule is how much of it the text now ends with), and the
+    first rule's name."""
+    end = _TEXT_END
+    for k in range(len(end)):
+        alternatives = [""]  # (the text may end here: the closing that follows comes after it)
+        if k == 0:
+            alternatives += [f"[^{_char_class(end[0])}] xml-text-0", f"{_format_literal(end[0])} xml-text-1"]
+        else:
+            if k + 1 < len(end):
+                alternatives.append(f"{_format_literal(end[k])} xml-text-{k + 1}")
+            alternatives += [f"{_format_literal(end[0])} xml-text-1", f"[^{_char_class(end[0] + end[k])}] xml-text-0"]
+        conv._add_rule(f"xml-text-{k}", " | ".join(alternatives))
+    return "xml-text-0"
+
+
+def _xml_value_rule(conv: Any, schema: Any, params: dict[str, Any], name: str) -> str | None:
+    """The rule for a parameter's value as the format writes it; None where it cannot be held to
+    ``schema`` (a string with a pattern, a union with a string in it, a reference...)."""
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    kinds = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) and all(isinstance(k, str) for k in kind) else None
+    if not kinds:
+        return None
+    if "string" in kinds:
+        if not kinds <= {"string"} | (_NOT_STRING_TYPES - {"object", "array"}):
+            return None
+        if schema.keys() <= _XML_PLAIN_KEYS:
+            return _text_rules(conv)  # any text (a scalar of another kind allowed is read as it)
+        enum = schema.get("enum")
+        if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
+            isinstance(v, str) and _TEXT_END not in v for v in enum
+        ):
+            return str(conv._add_rule(name, " | ".join(_format_literal(v) for v in enum)))
+        return None
+    if not kinds <= _NOT_STRING_TYPES or _has_root_ref(schema):
+        return None
+    defs = {k: params[k] for k in ("$defs", "definitions") if isinstance(params.get(k), dict)}
+    _schema_rules(_bounded_integers(_rooted({**schema, **defs})), name, conv)
+    return name
+
+
+def _has_root_ref(node: Any) -> bool:
+    """Whether ``node`` refers to its root (``#``, or a path into the tool's parameters other
+    than their ``$defs``), which means the whole parameters, not the one value."""
+    if isinstance(node, list):
+        return any(_has_root_ref(v) for v in node)
+    if not isinstance(node, dict):
+        return False
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not (ref.startswith("#/$defs/") or ref.startswith("#/definitions/")):
+        return True
+    return any(_has_root_ref(v) for v in node.values())
+
+
+def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+    chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
+    conv = _converter()
+    for i, tool in enumerate(chosen):
+        params = tool.get("parameters") or {}
+        if not isinstance(params, dict):
+            return None
+        props = params.get("properties") or {}
+        if params.get("type", "object") != "object" or not isinstance(props, dict):
+            return None
+        if not props and params.get("additionalProperties") not in (None, False):
+            return None  # (keys of the client's choosing: the JSON format holds them)
+        required = set(params.get("required") or [])
+        if not required <= props.keys():
+            return None
+        parts = []
+        for j, (key, schema) in enumerate(props.items()):
+            rule = _xml_value_rule(conv, schema, params, f"xml-fn{i}-arg{j}") if _XML_KEY.fullmatch(key) else None
+            if rule is None:
+                return None
+            part = f"{_format_literal(f'<parameter={key}>' + chr(10))} {rule} {_format_literal(_PARAM_END + chr(10))}"
+            parts.append(part if key in required else f"({part})?")
+        head = _format_literal(f"<function={tool['name']}>\n")
+        conv._add_rule(f"xml-fn{i}", " ".join([head, *parts, _format_literal("</function>\n")]))
+    conv._add_rule("xml-call", " | ".join(f"xml-fn{i}" for i in range(len(chosen))))
+    one = f'"{TOOL_OPEN}\\n" xml-call "{TOOL_CLOSE}"'
+    many = parallel and not isinstance(choice, dict)
+    conv._add_rule("root", f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one)
+    return _format(conv)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_xml_tool_grammar(key: str) -> str | None:
+    tools, choice, parallel = json.loads(key)
+    return _xml_tool_grammar(tools, choice, parallel)

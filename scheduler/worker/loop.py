@@ -876,7 +876,7 @@ class EngineWorker:
         # llama.cpp turns parallel_tool_calls off for it: several would be refused next turn
         parallel = bool(request.get("parallel_tool_calls", True)) and self.tool_format not in chat_format.SINGLE_CALL_FORMATS
         try:
-            grammar = grammars.tool_grammar(tools or [], choice, parallel) if tools else None
+            grammar = grammars.tool_grammar(tools or [], choice, parallel, fmt=self.tool_format) if tools else None
             if grammar is None and tools and choice == "auto" and request.get("response_format"):
                 param = "response_format"  # a tool call, or an answer in the format
                 grammar = grammars.tools_or_format_grammar(tools, parallel, request["response_format"])

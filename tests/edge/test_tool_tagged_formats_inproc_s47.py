@@ -1,0 +1,132 @@
+"""Through the whole middle layer (tests/edge/inproc.py): a model whose chat template is
+Qwen3-Coder's (or GLM 4.6's) gets its calls, written in that template's ``<tool_call><function=...>``
+format (GLM's ``<tool_call>name<arg_key>...``), back as ``tool_calls`` (streamed and not): the
+worker tells the format from the template and says it in its Hello, the web side reads it from
+there. Before, the template's ``<tool_call>`` had it taken for Hermes' JSON format, and the calls
+came back as content with finish_reason ``stop``.
+The agent's next turn (its calls and their results) is rendered by the same template."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from scheduler.engines.chat import compile_chat_template, render_chat_template
+
+from .inproc import JSON, MODEL, SimWorker, attached, request
+from .test_stream_equivalence import ScriptEngine, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": PARAMS}}]
+WRITTEN = (
+    "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n"
+    "<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>"
+)
+# GLM 4.6's format, the same calls (its template's <tool_call> too was read as Hermes' JSON)
+GLM_WRITTEN = (
+    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n"
+    "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n</tool_call>"
+)
+CALLS = [("get_weather", '{"city": "Paris", "days": 3}'), ("get_weather", '{"city": "42"}')]
+MODELS = {"qwen3-coder.jinja": WRITTEN, "glm-4.6.jinja": GLM_WRITTEN}
+RENDERED: list[str] = []  # the prompts the engine's template wrote
+
+
+@pytest.fixture(params=sorted(MODELS))
+def edge(request: pytest.FixtureRequest) -> Iterator[tuple[asyncio.AbstractEventLoop, str]]:
+    """The middle layer around a model with the template named by the parameter, and what that
+    model writes for CALLS."""
+
+    class TemplateEngine(ScriptEngine):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.features = self.features | {"template_vars"}
+            self.chat_template = (TEMPLATES / request.param).read_text()
+            self.compiled = compile_chat_template(self.chat_template)
+
+        def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
+            # the template itself, as the llama.cpp engine renders it
+            text = render_chat_template(self.compiled, messages, bos_token="", eos_token="", **extra)
+            RENDERED.append(text)
+            return text
+
+    class Worker(SimWorker):
+        engine_class = TemplateEngine
+
+    loop = asyncio.new_event_loop()
+    context = attached(Worker(lanes=2, lane_ctx=4096))
+    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
+        loop.run_until_complete(context.__aenter__())
+        yield loop, MODELS[request.param]
+        loop.run_until_complete(context.__aexit__(None, None, None))
+    loop.close()
+
+
+def _ask(loop: asyncio.AbstractEventLoop, messages: list[dict[str, Any]], *, stream: bool) -> dict[str, Any]:
+    """The reply to a chat offering TOOLS, as the client has it (a stream's deltas put together)."""
+    body = {"model": MODEL, "messages": messages, "tools": TOOLS, "stream": stream}
+    reply = loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON))
+    assert reply.status == 200, reply.body
+    if not stream:
+        choice = reply.json()["choices"][0]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
+        return {"content": choice["message"]["content"], "calls": calls, "finish_reason": choice["finish_reason"]}
+    content, calls, finish = None, {}, None
+    for data in reply.sse_data():
+        if data == "[DONE]":
+            break
+        for choice in json.loads(data)["choices"]:
+            delta = choice["delta"]
+            if delta.get("content") is not None:
+                content = (content or "") + delta["content"]
+            for c in delta.get("tool_calls") or []:
+                entry = calls.setdefault(c["index"], ["", ""])
+                entry[0] += c.get("function", {}).get("name") or ""
+                entry[1] += c.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return {"content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_models_calls_in_its_own_tags_are_tool_calls(edge: tuple[asyncio.AbstractEventLoop, str], stream: bool) -> None:
+    loop, written = edge
+    got = _ask(loop, [{"role": "user", "content": "Weather in Paris? " + script(written)}], stream=stream)
+    assert got == {"content": "Let me check.", "calls": CALLS, "finish_reason": "tool_calls"}
+    # a reply in text stays text
+    text = _ask(loop, [{"role": "user", "content": "Hi. " + script("Hello! <function= is a tag.")}], stream=stream)
+    assert text == {"content": "Hello! <function= is a tag.", "calls": [], "finish_reason": "stop"}
+
+
+def test_the_agents_next_turn_renders_its_calls_and_results(edge: tuple[asyncio.AbstractEventLoop, str]) -> None:
+    """The calls sent back (arguments as JSON strings) and the tools' results: the template reads
+    the arguments as a mapping; the request is answered, not refused."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(CALLS)]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "no such city"},
+        {"role": "user", "content": "And so? " + script("It is sunny in Paris.")},
+    ]
+    RENDERED.clear()
+    got = _ask(edge[0], messages, stream=False)
+    assert got == {"content": "It is sunny in Paris.", "calls": [], "finish_reason": "stop"}
+    # the calls as the model writes them, by its own template, and the results after them
+    prompt = next(t for t in RENDERED if "@@" not in t)  # (not those marking the client's strings: chat.split_rendered)
+    if edge[1] is WRITTEN:
+        assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>" in prompt
+        assert "<parameter=city>\n42\n</parameter>" in prompt
+    else:
+        assert "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>" in prompt
+        assert "<arg_value>42</arg_value>" in prompt
+    assert prompt.index("sunny") > prompt.index("Paris") and "no such city" in prompt
