@@ -9,6 +9,7 @@ Pure functions returning dicts or bytes; the shapes are those the official ``ope
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import re
 import secrets
@@ -549,6 +550,26 @@ def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
 # The head of a call in the generic format up to its arguments' opening brace: once this much has
 # come, with an offered name, the call is streamed (its arguments as they are generated).
 _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | None:
+    """(where it begins, the call) of a call in the generic format that ``text`` (a reply cut by
+    max_tokens) ends inside of, past its head (an offered name and the arguments' opening): the
+    call a stream sent, its arguments as far as they came; None where the text ends otherwise."""
+    start = text.rfind(TOOL_OPEN)
+    head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD) if start >= 0 else None
+    if head is None or TOOL_CLOSE in text[head.end() :]:
+        return None
+    try:
+        name = json.loads(head.group(1))
+    except ValueError:
+        return None
+    if name not in names:
+        return None
+    arguments = text[head.end() :]
+    with contextlib.suppress(ValueError, RecursionError):  # a call cut in its closing: its
+        arguments = arguments[: _DECODER.raw_decode(arguments)[1]]  # arguments whole, as written
+    return start, {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 # the most text a call's head may take to be streamed as it comes: an offered name is at most 64
 # characters (each at most a 6-character escape), so held text past this that is still no head
 # never becomes one (it is decided at the end); without the bound every delta rescanned it all
@@ -1108,9 +1129,12 @@ class Reply:
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if self.tool_names:
-            content, calls = parse_tool_calls(text, self.tool_names, fmt=self.tool_format)
+            cut = cut_call(text, self.tool_names) if reason == "length" else None
+            content, calls = parse_tool_calls(text if cut is None else text[: cut[0]], self.tool_names, fmt=self.tool_format)
+            if cut is not None:  # as the stream gave it: the call, its arguments as far as they came
+                content, calls = (content or "").strip() or None, [*calls, cut[1]]
             calls = calls[: self.max_calls] if self.max_calls is not None else calls
-            if calls and self._calls_end(reason, len(calls)):
+            if calls and cut is None and self._calls_end(reason, len(calls)):  # (a cut call: length)
                 reason = self.calls_reason
             elif not calls:
                 content = text

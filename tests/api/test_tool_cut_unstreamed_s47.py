@@ -1,0 +1,66 @@
+"""A reply cut by max_tokens inside a tool call, unstreamed: the call as far as its arguments
+came, as the stream gives it (tests/api/test_responses.py: a streamed call's arguments go out as
+they are generated), not the call's raw markup as ``content``. An agent that set max_tokens too
+low for a forced call (tool_choice required) got ``content: '<tool_call>\\n{"name": ...'`` and no
+call unstreamed, and a call with partial arguments streamed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api.responses import Reply
+from scheduler.link.messages import Delta, Done
+from tests.api.streamed import stream_reply
+
+TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
+
+
+def body(text: str, reason: str, **kw: Any) -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=TOOLS, **kw)
+    reply.add(Delta("j", text))
+    choice = reply.body(Done("j", reason), None)["choices"][0]
+    message = choice["message"]
+    pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    return {"content": message.get("content") or None, "calls": pairs, "finish_reason": choice["finish_reason"]}
+
+
+def test_a_second_call_cut_in_its_arguments_is_a_call_not_content() -> None:
+    text = CALL + "\n" + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ly'
+    got = body(text, "length")
+    assert got == {"content": None, "calls": [("get_weather", '{"city": "Paris", "days": [1, 2]}'), ("get_weather", '{"city": "Ly')], "finish_reason": "length"}
+
+
+def test_a_call_cut_in_its_closing_keeps_its_arguments_as_written() -> None:
+    got = body('<tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo"}}\n</tool_c', "length")
+    assert got["calls"] == [("get_weather", '{"city":"Oslo"}')] and got["content"] is None
+
+
+def test_a_reply_that_stopped_or_names_no_offered_function_is_not_read_as_a_cut_call() -> None:
+    unfinished = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ly'
+    assert body(unfinished, "stop")["calls"] == [] and body(unfinished, "stop")["content"] == unfinished
+    other = '<tool_call>\n{"name": "rm_rf", "arguments": {"path": "/'
+    assert body(other, "length") == {"content": other, "calls": [], "finish_reason": "length"}
+
+
+def test_one_call_a_turn_keeps_the_first_when_the_second_was_cut() -> None:
+    text = CALL + "\n" + '<tool_call>\n{"name": "get_weather", "arguments": {"ci'
+    assert body(text, "length", parallel_tool_calls=False)["calls"] == [("get_weather", '{"city": "Paris", "days": [1, 2]}')]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.sampled_from(["", "Let me check. "]),
+    calls=st.integers(0, 2),
+    cut=st.integers(0, len(CALL)),
+    size=st.integers(1, 12),
+)
+def test_unstreamed_a_reply_cut_anywhere_in_a_call_reads_as_the_stream_does(before: str, calls: int, cut: int, size: int) -> None:
+    text = before + "\n".join([CALL] * calls) + ("\n" if calls else "") + CALL[:cut]
+    whole = body(text, "length")
+    streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, reason="length")
+    assert whole["calls"] == streamed.pairs, (text, whole, streamed)
+    assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
