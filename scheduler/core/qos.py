@@ -104,3 +104,12 @@ BAND_CLASS: dict[str, QosClass] = {
 def class_of_priority(priority: int) -> QosClass:
     """The class a request gets when it names only X-LlamaSwap-Priority."""
     return BAND_CLASS[band_of(priority)]
+
+
+# The priority of a request of each class that sends no X-LlamaSwap-Priority: the anchor of the
+# band the class runs in (api.admission.class_anchor; docs/scheduling.md, "Three departures from
+# the seed"). Class aging re-anchors a lifted job's priority by it (queues.ClassQueues.order).
+CLASS_ANCHOR: dict[QosClass, int] = {
+    q: max((a for a in PRIORITY_ALIASES.values() if class_of_priority(a) >= q), default=min(PRIORITY_ALIASES.values()))
+    for q in QosClass
+}

@@ -7,7 +7,8 @@ the higher score, which is plain FIFO. A preempted job goes back to the *head* o
 ahead of every score. Across classes the scheduler picks the job with the best *effective*
 class: a job that has waited ``starvation_ticks`` ticks rises one class per period waited
 (never above interactive), its wait counted from its receipt, the time it held a lane left out
-(a preemption does not start it again). A tick here is the seed's busy tick,
+(a preemption does not start it again); among the jobs of the class it rose into, its priority
+counts from that class's anchor as it counted from its own (``lift``). A tick here is the seed's busy tick,
 ``--tick-target-ms`` (2 s by default) of waiting: aging only matters while every lane is busy,
 and llama.cpp and MLX cut their busy ticks shorter (a decode round costs the same however
 rounds are cut), which must not make classes age faster. The effective class only orders
@@ -22,7 +23,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .qos import QosClass
+from .qos import CLASS_ANCHOR, QosClass
 from .types import Job
 
 _head_seq = itertools.count(-1, -1)  # requeued jobs get negative seqs: ahead of every arrival
@@ -100,14 +101,27 @@ class ClassQueues:
         periods = int(self.waited(job, now) // period)
         return max(int(QosClass.INTERACTIVE), int(job.qos) - periods)
 
-    def _rank(self, job: Job, now: float) -> tuple[int, float, int]:
+    def lift(self, job: Job, cls: int) -> int:
+        """What ``job``'s priority counts for among the jobs of class ``cls``, which class aging
+        lifted it into: its offset from its own class's anchor, from that class's anchor. A
+        request that sends no priority has its class's anchor (background -100, interactive
+        100), so a lifted job otherwise lost every tie to the jobs born in the class it rose into
+        (a background job went before a later interactive chat after ~200 minutes, not three
+        aging periods). 0 for a job in its own class."""
+        return CLASS_ANCHOR[QosClass(cls)] - CLASS_ANCHOR[job.qos]
+
+    def _rank(self, job: Job, now: float, cls: int | None = None) -> tuple[int, float, int]:
+        """The rank inside a class (lowest first): inside its own, or ``cls``, the class aging
+        lifted it into."""
         if job.seq < 0:  # requeued after preemption: ahead of every arrival
             return (0, 0.0, job.seq)
-        return (1, -self.score(job, now), job.seq)
+        lift = 0 if cls is None else self.lift(job, cls)
+        return (1, -(self.score(job, now) + lift), job.seq)
 
     def order(self, job: Job, now: float) -> tuple[int, int, float, int]:
         """Admission's order (lowest first): effective class, then the rank inside it."""
-        return (self.effective_class(job, now), *self._rank(job, now))
+        cls = self.effective_class(job, now)
+        return (cls, *self._rank(job, now, cls))
 
     def head(self, qos: QosClass, now: float, keep: Callable[[Job], bool] | None = None) -> Job | None:
         candidates = [j for j in self._queues[qos] if keep is None or keep(j)]
@@ -167,6 +181,6 @@ class ClassQueues:
             if (keep is None or keep(j)) and j.seq >= 0 and cls(j) == cls(picked)
         ]
         if without_aging:
-            static = min(without_aging, key=lambda j: (-(j.priority + self.affinity(j)), j.seq))
+            static = min(without_aging, key=lambda j: (-(j.priority + self.affinity(j) + self.lift(j, cls(j))), j.seq))
             if static is not picked:
                 self.reorders["aging"] += 1

@@ -202,17 +202,19 @@ def test_aging_lifts_a_background_job_one_class_per_period_waited() -> None:
 def test_aging_never_lifts_a_job_above_interactive() -> None:
     sched, engine, clock = make_scheduler(max_batch=1, starvation_ticks=1, preemption=False, aging_divisor_s=0)
     sched.add(make_job(max_tokens=10_000, job_id="runner"))
-    sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, job_id="bg"))
+    # every request at its class's anchor (what one that sends no priority gets), give or take
+    sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, priority=-100, job_id="bg"))
     for _ in range(20):
         tick(sched, engine)
     clock.advance(60)
-    sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=1, job_id="chat"))
-    sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=-5, job_id="chat-low"))
+    sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=100 + 1, job_id="chat"))
+    sched.add(make_job(max_tokens=2, qos=QosClass.INTERACTIVE, priority=100 - 5, job_id="chat-low"))
     bg = sched.jobs["bg"]
     assert sched.queues.effective_class(bg, clock()) == QosClass.INTERACTIVE
     sched.cancel("runner")
     events = run_until_idle(sched, engine)
-    # bg counts as interactive, no better: chat's priority 1 beats it, it beats chat-low's -5.
+    # bg counts as interactive at interactive's anchor, no better: chat's 100 + 1 beats it, it
+    # beats chat-low's 100 - 5.
     assert admitted_order(events) == ["chat", "bg", "chat-low"]
 
 

@@ -8,7 +8,10 @@
 -- the worker had died (two such in a row failed a job with engine_crashed).
 -- Class order under per-class lane caps (a class at its cap on this worker is skipped); a job
 -- that has waited starvation_s rises one class per period waited (never above interactive);
--- inside a class the sorted set's order (requeued first, then score, then arrival). Two jobs of
+-- inside a class the sorted set's order (requeued first, then score, then arrival); a job aging
+-- lifted into a better class counts its priority there from that class's anchor as it counted
+-- from its own (ANCHOR: scheduler.core.qos.CLASS_ANCHOR), since a request that sends no priority
+-- has its class's anchor and a lifted one otherwise lost every tie to the jobs born in it. Two jobs of
 -- each class are candidates: the first by score and the oldest (qa:C, by arrival), which has
 -- risen the most, so an old job behind a newer one of higher priority still rises. With a
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
@@ -22,6 +25,7 @@
 local p, worker = ARGV[1], ARGV[2]
 local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local caps, use = {}, {}
+local ANCHOR = {[0] = 100, [1] = 0, [2] = 0, [3] = -100}
 for c = 0, 3 do
   caps[c] = tonumber(ARGV[7 + c])
   use[c] = tonumber(ARGV[11 + c])
@@ -91,8 +95,9 @@ for _ = 1, n do
         if starv > 0 and floor >= 4 then
           eff = math.max(0, c - math.floor((now_ms - arrival) / 1000.0 / starv))
         end
-        -- (effective class, requeued first / score, arrival order)
-        local key = {eff, score, member}
+        -- (effective class, requeued first / score, arrival order); the score as lifted into
+        -- the effective class (lower is better: the priority is subtracted), and its own
+        local key = {eff, score - (ANCHOR[eff] - ANCHOR[c]), member, score}
         if best == nil or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
             or (key[2] == best_key[2] and key[3] < best_key[3]))) then
           best, best_key, best_c = id, key, c
@@ -106,7 +111,7 @@ for _ = 1, n do
   redis.call("ZREM", p .. "qa:" .. best_c, best_key[3])
   local epoch = redis.call("HINCRBY", jk, "epoch", 1)
   -- its score kept: a draining worker may give it back to this place (giveback.lua)
-  redis.call("HSET", jk, "state", "run", "worker", worker, "score", string.format("%.17g", best_key[2]))
+  redis.call("HSET", jk, "state", "run", "worker", worker, "score", string.format("%.17g", best_key[4]))
   redis.call("ZADD", p .. "leases", now_ms + lease_ms, best)
   use[best_c] = use[best_c] + 1
   table.insert(out, best)

@@ -1,0 +1,64 @@
+"""pick.lua's class aging with the priorities requests really carry: one that sends no
+X-LlamaSwap-Priority has its class's anchor (background -100, agent 0, interactive 100). A
+background job lifted into a better class counted -100 there and lost every tie to the jobs born
+in it (a later interactive chat went first for ~200 minutes of score aging, not three periods):
+its priority now counts from the anchor of the class it rose into, as in a worker's own queues
+(tests/core/test_class_aging_with_class_anchors_s47.py)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from scheduler.link.redis_transport import Scripts
+
+from .test_pick_order import enqueue, pick
+
+ANCHOR = {0: 100, 1: 0, 2: 0, 3: -100}
+
+
+@pytest.fixture
+def s(client: redis.Redis) -> Scripts:
+    return Scripts(client)
+
+
+def waited(client: redis.Redis, prefix: str, job_id: str, qos: int, seconds: float, divisor: float = 60.0) -> None:
+    """``job_id`` came ``seconds`` earlier: its arrival, and the score its aging gives it."""
+    client.hincrby(prefix + f"job:{job_id}", "arrival", -int(seconds * 1000))
+    member = client.hget(prefix + f"job:{job_id}", "member")
+    assert member is not None
+    client.zincrby(prefix + f"q:{qos}", -seconds / divisor, member)
+
+
+@pytest.mark.parametrize(("rival", "periods"), [(2, 1), (1, 2), (0, 3)])
+def test_a_background_request_goes_before_a_later_one_of_each_class_once_aging_lifted_it_there(
+    s: Scripts, client: redis.Redis, prefix: str, rival: int, periods: int
+) -> None:
+    enqueue(s, prefix, "bg", 3, ANCHOR[3])
+    waited(client, prefix, "bg", 3, 3 * periods + 1)  # periods of 3 s, and a second more
+    enqueue(s, prefix, "rival", rival, ANCHOR[rival])
+    assert pick(s, prefix, 1, starvation_s=3) == ["bg"]
+    assert pick(s, prefix, 1, starvation_s=3) == ["rival"]
+
+
+def test_a_lifted_job_keeps_its_offset_from_its_class_anchor_and_its_score_goes_back_unlifted(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    enqueue(s, prefix, "bg", 3, ANCHOR[3] + 3)
+    waited(client, prefix, "bg", 3, 10)
+    enqueue(s, prefix, "chat-5", 0, ANCHOR[0] + 5)
+    enqueue(s, prefix, "chat-1", 0, ANCHOR[0] + 1)
+    score = client.zscore(prefix + "q:3", client.hget(prefix + "job:bg", "member"))
+    assert pick(s, prefix, 3, starvation_s=3) == ["chat-5", "bg", "chat-1"]
+    # the score kept for a give-back is its own class's, not the lifted one
+    assert float(client.hget(prefix + "job:bg", "score") or 0) == pytest.approx(score)
+
+
+def test_the_scripts_anchors_are_the_cores() -> None:
+    import re
+    from pathlib import Path
+
+    from scheduler.core.qos import CLASS_ANCHOR
+
+    lua = (Path(__file__).resolve().parents[2] / "scheduler" / "link" / "lua" / "pick.lua").read_text()
+    table = re.search(r"local ANCHOR = \{(.*)\}", lua)
+    assert table is not None
+    assert {int(c): int(a) for c, a in re.findall(r"\[(\d)\] = (-?\d+)", table[1])} == {int(q): a for q, a in CLASS_ANCHOR.items()} == ANCHOR
