@@ -58,6 +58,7 @@ from scheduler.core.qos import (
     class_of_priority,
     parse_priority,
     parse_qos,
+    priority_parses,
 )
 from superfluid_site.runtime import key_runtime
 from superfluid_site.serving import serving
@@ -322,6 +323,10 @@ def resolve_class(headers: dict[str, str], request: GenerationRequest, default: 
     runs in (:func:`class_anchor`).
     """
     raw_priority = headers.get("x-llamaswap-priority")
+    if raw_priority is not None and not priority_parses(raw_priority):
+        # the seed's "absent/unparseable means 0": unparseable is absent, so it picks no class
+        # (``X-LlamaSwap-Priority: high`` ran a background key's request as agent)
+        raw_priority = None
     priority = clamp_priority(parse_priority(raw_priority))
 
     def resolved(qos: QosClass, asked: bool) -> tuple[QosClass, int, bool]:

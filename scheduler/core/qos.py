@@ -82,6 +82,13 @@ def parse_priority(value: str | None) -> int:
         return -LONGEST if sign else LONGEST  # beyond every clamp and band, its sign kept
 
 
+def priority_parses(value: str) -> bool:
+    """Whether ``value`` is a priority :func:`parse_priority` reads (an alias or a signed
+    integer), not one it takes as 0 because it reads nothing there."""
+    text = value.strip(" \t").lower()
+    return text in PRIORITY_ALIASES or _SIGNED_INTEGER.fullmatch(text) is not None
+
+
 def band_of(priority: int) -> str:
     """The band a priority falls in: nearest anchor, bands 100 wide centred on -100/0/+100.
 
