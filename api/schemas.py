@@ -461,13 +461,13 @@ def parse_native_completion_request(
         limit = (lane_ctx(model) if lane_ctx is not None else 0) or 1 << 30
         body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first), limit)}
     prompts = _parse_prompt(body)
-    limit, echoed = _native_n_predict(body)
+    n_predict, echoed = _native_n_predict(body)
     req = GenerationRequest(
         endpoint="completions",
         model=model,
         prompt=prompts[0],
         prompts=prompts if len(prompts) > 1 else None,
-        max_tokens=limit,
+        max_tokens=n_predict,
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
