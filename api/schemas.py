@@ -357,7 +357,7 @@ _INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "pr
 _INFILL_UNHONOURED = frozenset(
     {"samplers", "t_max_prompt_ms", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
 )
-# max_completion_tokens: read as on /v1/completions (_parse_max_tokens), so never "ignored"
+# max_completion_tokens: read as on /completion (_native_n_predict), so never "ignored"
 _INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
 MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
 
@@ -388,7 +388,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         suffix=suffix or "",  # never None: always a FIM prompt (its class, its --fim-model)
         fim_prompt=typed or None,
         fim_extra=_parse_input_extra(body),
-        max_tokens=_parse_max_tokens(body),
+        max_tokens=_native_n_predict(body)[0],  # as /completion's: llama-server's n_predict and its aliases
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )

@@ -1,7 +1,7 @@
-"""``max_tokens`` (and ``max_completion_tokens``) on llama-server's ``POST /completion``: there
-they are aliases of ``n_predict`` (server-schema.cpp: ``n_predict`` with its aliases, hard limits
--1..INT32_MAX, ``n_predict`` itself read first), so ``max_tokens: 0`` is ``n_predict: 0`` (one
-token, echoed 0) and ``max_tokens: -1`` is no limit.
+"""``max_tokens`` (and ``max_completion_tokens``) on llama-server's ``POST /completion`` (and
+``/infill``): there they are aliases of ``n_predict`` (server-schema.cpp: ``n_predict`` with its
+aliases, hard limits -1..INT32_MAX, ``n_predict`` itself read first), so ``max_tokens: 0`` is
+``n_predict: 0`` (one token; /completion echoes 0) and ``max_tokens: -1`` is no limit.
 
 Seen: ``max_tokens: 0`` (and -1) were 400 ``invalid_request_error`` ("an integer greater than
 or equal to 1"), a request llama-server serves, while docs/api.md said ``max_tokens`` is read
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from api.schemas import parse_native_completion_request
+from api.schemas import parse_infill_request, parse_native_completion_request
 from tests.edge.inproc import JSON, SimWorker, attached, request
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,3 +53,13 @@ async def test_below_minus_one_is_still_refused_naming_the_field() -> None:
         reply = await request("POST", "/completion", json.dumps({"prompt": "a", "max_tokens": -2}).encode(), JSON)
     assert reply.status == 400
     assert reply.json()["error"]["param"] == "max_tokens"
+
+
+def test_infill_reads_its_limit_as_completion_does() -> None:
+    """/infill takes llama-server's same schema: max_tokens 0 was a 400 there too."""
+
+    def limit(**body: object) -> int | None:
+        return parse_infill_request(json.dumps({"input_prefix": "a", **body}).encode(), models=MODELS)[0].max_tokens
+
+    assert (limit(max_tokens=0), limit(max_completion_tokens=0), limit(max_tokens=-1)) == (1, 1, None)
+    assert (limit(max_tokens=5, n_predict=2), limit(max_tokens=5, n_predict=-1), limit(max_tokens=5)) == (2, None, 5)
