@@ -472,18 +472,22 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
         # a request line too long for Twisted to make a request of: an id all the same, and the
         # row of the generation request its line names
         request_id = uuid.uuid4().hex
-        started = getattr(channel, "_sf_line_started", None)
-        client = _peer(channel.transport) if channel.transport is not None else None
-        try:
-            record_edge_refusal(
-                line_target(getattr(channel, "_sf_line", b"")), str(client[0]) if client else None, exc.status, exc.code or exc.type,
-                _seconds(channel) - started if started is not None else 0.0, request_id=request_id,
-            )  # fmt: skip
-        except Exception:
-            logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
+        record_line_refusal(channel, line_target(getattr(channel, "_sf_line", b"")), exc.status, exc.code or exc.type, request_id)
     if channel.transport is not None:
         channel.transport.write(raw_error_reply(exc, request_id=request_id))
     channel.loseConnection()
+
+
+def record_line_refusal(channel: Any, target: bytes, status: int, code: str, request_id: str) -> None:
+    """``record_edge_refusal`` for a request refused before Twisted made a request of it (its
+    request line too long, or not whole in time): ``target``, its path from the line."""
+    started = getattr(channel, "_sf_line_started", None)
+    client = _peer(channel.transport) if channel.transport is not None else None
+    try:
+        open_s = _seconds(channel) - started if started is not None else 0.0
+        record_edge_refusal(target, str(client[0]) if client else None, status, code, open_s, request_id=request_id)
+    except Exception:
+        logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
 
 
 def line_target(line: bytes) -> bytes:
@@ -715,8 +719,13 @@ def install_request_bounds() -> None:
         channel._sf_line_deadline = None
         if channel.requests:
             return  # the line arrived: its request has its own deadline
-        # no path yet, so no activity row (it keeps generation requests): the 408 and the close
-        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout))))
+        # no request yet: the 408, an id of its own, and the close; a row where the line as far as
+        # it came names a generation path whole (a space after it)
+        request_id = uuid.uuid4().hex
+        parts = bytes(getattr(channel, "_buffer", b"")).split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) > 2:
+            record_line_refusal(channel, parts[1], 408, "request_timeout", request_id)
+        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout)), request_id=request_id))
         channel.transport.loseConnection()
 
     def data_received(self: Any, data: bytes) -> None:

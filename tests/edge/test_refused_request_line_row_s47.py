@@ -46,3 +46,24 @@ async def test_a_refused_request_line_leaves_the_row_its_reply_id_names(json_pro
     else:
         assert await rows() == [(endpoint, 400, "bad_request")]
         assert await row_ids() == [request_id]
+
+
+@override_settings(SUPERFLUID_BODY_TIMEOUT=TIMEOUT_S)
+@pytest.mark.parametrize(
+    ("sent", "endpoint"),
+    [(b"POST /v1/chat/completions HTTP/1.", "chat"), (b"POST /v1/chat/compl", None), (b"PO", None)],
+    ids=["its path whole", "its path cut", "no path"],
+)
+async def test_a_request_line_not_whole_in_time_gets_an_id_and_the_row_its_path_names(sent: bytes, endpoint: str | None) -> None:
+    """The 408 for a request line that never came whole (a client that stalls in it, a byte at a
+    time) had no ``X-Request-Id``, and a generation request no row, though its path had come."""
+    server, protocol, transport, clock = connect()
+    protocol.dataReceived(sent)
+    clock.advance(TIMEOUT_S)
+    raw = transport.value()
+    assert raw.startswith(b"HTTP/1.1 408") and server.scopes == [], raw[:200]
+    request_id = reply_headers(raw).get("x-request-id")
+    assert request_id
+    assert await rows() == ([(endpoint, 408, "request_timeout")] if endpoint else [])
+    if endpoint:
+        assert await row_ids() == [request_id]
