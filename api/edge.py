@@ -432,6 +432,8 @@ def install_protocol_errors() -> None:
     def line_length_exceeded(self: Any, line: bytes) -> None:
         # a request line or header line over Twisted's limit: LineReceiver's default closes the
         # connection without a word
+        if getattr(self, "_HTTPChannel__first_line", 0):
+            self._sf_line = line  # the request line: its path names the request's row
         refuse_unparsable(self, unparsable(f"A request line or header line is longer than {self.MAX_LENGTH} bytes."))
 
     _replace(HTTPChannel, _respondToBadRequestAndDisconnect=bad_request_and_disconnect, lineLengthExceeded=line_length_exceeded)
@@ -465,9 +467,35 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
         _cancel_deadline(request)
         _drop_body(request)
         _record_unprocessed(request, exc.status, exc.code or exc.type)
+        request_id = edge_request_id(request)
+    else:
+        # a request line too long for Twisted to make a request of: an id all the same, and the
+        # row of the generation request its line names
+        request_id = uuid.uuid4().hex
+        record_line_refusal(channel, line_target(getattr(channel, "_sf_line", b"")), exc.status, exc.code or exc.type, request_id)
     if channel.transport is not None:
-        channel.transport.write(raw_error_reply(exc, request_id=edge_request_id(request) if request is not None else None))
+        channel.transport.write(raw_error_reply(exc, request_id=request_id))
     channel.loseConnection()
+
+
+def record_line_refusal(channel: Any, target: bytes, status: int, code: str, request_id: str) -> None:
+    """``record_edge_refusal`` for a request refused before Twisted made a request of it (its
+    request line too long, or not whole in time): ``target``, its path from the line."""
+    started = getattr(channel, "_sf_line_started", None)
+    client = _peer(channel.transport) if channel.transport is not None else None
+    try:
+        open_s = _seconds(channel) - started if started is not None else 0.0
+        record_edge_refusal(target, str(client[0]) if client else None, status, code, open_s, request_id=request_id)
+    except Exception:
+        logging.getLogger("superfluid.api").exception("could not record a request ended at the edge")
+
+
+def line_target(line: bytes) -> bytes:
+    """The request-target of a request line (b"" for a line without one): the path of a request
+    whose line Twisted refused (a target not printable ASCII, say a query string in UTF-8; a
+    method or version it does not take; a line over its limit), which names its activity row."""
+    parts = line.split(b" ")
+    return parts[1] if len(parts) > 1 else b""
 
 
 # -- bodies that are too large or arrive too slowly, refused where they are read ------------------
@@ -577,8 +605,8 @@ def _record_unprocessed(request: Any, status: int, code: str) -> None:
     # daphne sets client_addr only in process(), which such a request never reaches
     client = getattr(request, "client_addr", None) or (_peer(channel.transport) if channel is not None and channel.transport is not None else None)
     # the channel holds the path until the request is whole; then the request does (daphne's own
-    # refusals come after that)
-    path = getattr(channel, "_path", None) or vars(request).get("uri") or b""
+    # refusals come after that); a request line Twisted refused gave neither: its raw line's
+    path = getattr(channel, "_path", None) or vars(request).get("uri") or line_target(getattr(channel, "_sf_line", b""))
     try:
         started = getattr(request, "_sf_started", None)
         open_s = _seconds(channel) - started if started is not None else 0.0
@@ -684,15 +712,20 @@ def install_request_bounds() -> None:
     if getattr(WebRequest, "_sf_bounded", False):
         return
     WebRequest._sf_bounded = True
-    original_data, original_channel_lost = HTTPChannel.dataReceived, HTTPChannel.connectionLost
+    original_data, original_channel_lost, original_line = HTTPChannel.dataReceived, HTTPChannel.connectionLost, HTTPChannel.lineReceived
     original_choose = HTTPChannel._maybeChooseTransferDecoder
 
     def line_timed_out(channel: Any) -> None:
         channel._sf_line_deadline = None
         if channel.requests:
             return  # the line arrived: its request has its own deadline
-        # no path yet, so no activity row (it keeps generation requests): the 408 and the close
-        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout))))
+        # no request yet: the 408, an id of its own, and the close; a row where the line as far as
+        # it came names a generation path whole (a space after it)
+        request_id = uuid.uuid4().hex
+        parts = bytes(getattr(channel, "_buffer", b"")).split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) > 2:
+            record_line_refusal(channel, parts[1], 408, "request_timeout", request_id)
+        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout)), request_id=request_id))
         channel.transport.loseConnection()
 
     def data_received(self: Any, data: bytes) -> None:
@@ -703,6 +736,11 @@ def install_request_bounds() -> None:
             if timeout > 0:
                 self._sf_line_deadline = self.callLater(timeout, lambda: line_timed_out(self))
         original_data(self, data)
+
+    def line_received(self: Any, line: bytes) -> None:
+        if line and getattr(self, "_HTTPChannel__first_line", 0):
+            self._sf_line = line  # a request line: kept for the row of a request refused on it
+        original_line(self, line)
 
     def channel_lost(self: Any, reason: Any) -> None:
         _cancel_deadline(self, name="_sf_line_deadline")
@@ -785,6 +823,7 @@ def install_request_bounds() -> None:
     _replace(
         HTTPChannel,
         dataReceived=data_received,
+        lineReceived=line_received,
         connectionLost=channel_lost,
         _maybeChooseTransferDecoder=choose_transfer_decoder,
     )

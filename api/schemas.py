@@ -357,7 +357,7 @@ _INFILL_OWN_KEYS = frozenset({"input_prefix", "input_suffix", "input_extra", "pr
 _INFILL_UNHONOURED = frozenset(
     {"samplers", "t_max_prompt_ms", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
 )
-# max_completion_tokens: read as on /v1/completions (_parse_max_tokens), so never "ignored"
+# max_completion_tokens: read as on /completion (_native_n_predict), so never "ignored"
 _INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
 MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
 
@@ -388,7 +388,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         suffix=suffix or "",  # never None: always a FIM prompt (its class, its --fim-model)
         fim_prompt=typed or None,
         fim_extra=_parse_input_extra(body),
-        max_tokens=_parse_max_tokens(body),
+        max_tokens=_native_n_predict(body)[0],  # as /completion's: llama-server's n_predict and its aliases
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
@@ -461,12 +461,13 @@ def parse_native_completion_request(
         limit = (lane_ctx(model) if lane_ctx is not None else 0) or 1 << 30
         body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first), limit)}
     prompts = _parse_prompt(body)
+    n_predict, echoed = _native_n_predict(body)
     req = GenerationRequest(
         endpoint="completions",
         model=model,
         prompt=prompts[0],
         prompts=prompts if len(prompts) > 1 else None,
-        max_tokens=_parse_max_tokens(body),
+        max_tokens=n_predict,
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
@@ -476,9 +477,22 @@ def parse_native_completion_request(
     n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
-    # n_predict 0 runs one token (_parse_common), as llama-server's, which echoes the 0 given
-    echoed = 0 if body.get("n_predict") == 0 and req.max_tokens == 1 and _parse_max_tokens(body) is None else None
     return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
+
+
+def _native_n_predict(body: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """``/completion``'s limit, as llama-server reads it: ``n_predict``, else its aliases
+    ``max_completion_tokens`` and ``max_tokens`` (integers >= -1 there, as its schema's hard
+    limits; both given must agree, as on the OpenAI routes). Negative: none but the context;
+    0: one token, as llama-server samples one before it checks the limit, and the 0 is what
+    its ``generation_settings`` echo. Returns the limit run with and the one to echo where it
+    differs (NativeOptions.n_predict)."""
+    aliased = _parse_max_tokens(body, least=-1)
+    n_predict = _opt_int(body, "n_predict", None, None, "an integer")
+    given = n_predict if n_predict is not None else aliased
+    if given is None or given < 0:
+        return None, None
+    return max(1, given), (0 if given == 0 else None)
 
 
 def _is_mixed(value: Any) -> bool:

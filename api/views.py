@@ -439,7 +439,9 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "job_id": lane.get("job_id"),  # the request's x-request-id
                 "is_processing": busy,
                 "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
-                "next_token": {"has_next_token": busy, "n_decoded": generated},
+                # llama-server's shape: an array of one object (a slot's next token; the text's
+                # has_new_line is not in the snapshot); n_remain -1: no count (an idle lane)
+                "next_token": [{"has_next_token": busy, "n_remain": remaining(lane, generated), "n_decoded": generated}],
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),
                 "key": lane.get("key") or keys.get(lane.get("job_id") or ""),
@@ -453,6 +455,14 @@ async def slots(request: HttpRequest) -> JsonResponse:
         error = {"message": "no slot available", "type": "unavailable_error", "param": None, "code": 503}
         return JsonResponse({"error": error}, status=503)
     return JsonResponse(out, safe=False)
+
+
+def remaining(lane: dict[str, Any], generated: int) -> int:
+    """A lane's llama-server ``next_token.n_remain``: the tokens its job may still generate
+    (its limit less those generated; -1, llama-server's "no limit", where the lane is idle or
+    its worker's snapshot does not say)."""
+    limit = lane.get("max_tokens")
+    return max(0, int(limit) - generated) if isinstance(limit, int) and lane.get("state") != "idle" else -1
 
 
 def task_number(job_id: str | None) -> int:

@@ -1124,6 +1124,7 @@ class Scheduler:
                     "prompt_tokens": len(job.prompt),
                     "prompt_done": min(job.computed, len(job.prompt)),
                     "generated": len(job.output),
+                    "max_tokens": job.max_tokens,  # its limit (the context's room where none was asked)
                     "cached_tokens": job.cached_tokens,
                     "batch_invariant": job.batch_invariant,
                     "waiting_for_prefix": job.share_from is not None,
