@@ -317,9 +317,9 @@ def preflight_response(request: HttpRequest, methods: Iterable[str]) -> HttpResp
     return response
 
 
-class CorsMiddleware:
-    """The CORS headers of every reply under the API's paths that Django answers (its views, its
-    404s, 405s and 500s; settings.MIDDLEWARE); the consumers add their own (api/consumers.py)."""
+class _ReplyMiddleware:
+    """A middleware that sees each request before its view (``before``) and the reply Django
+    answers after it (``after``: the view's, or its 404, 405 or 500), sync or async alike."""
 
     sync_capable = True
     async_capable = True
@@ -333,14 +333,26 @@ class CorsMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        return self.add_headers(request, self.get_response(request))
+        self.before(request)
+        return self.after(request, self.get_response(request))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponse:
+        self.before(request)
         response: Awaitable[HttpResponse] = self.get_response(request)
-        return self.add_headers(request, await response)
+        return self.after(request, await response)
 
-    @staticmethod
-    def add_headers(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    def before(self, request: HttpRequest) -> None:
+        pass
+
+    def after(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        return response
+
+
+class CorsMiddleware(_ReplyMiddleware):
+    """The CORS headers of every reply under the API's paths that Django answers (its views, its
+    404s, 405s and 500s; settings.MIDDLEWARE); the consumers add their own (api/consumers.py)."""
+
+    def after(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
         if not is_api_path(request.path) or "origin" not in request.headers:
             return response
         for name, value in cors_headers(request.headers.get("origin")):
@@ -351,34 +363,16 @@ class CorsMiddleware:
         return response
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(_ReplyMiddleware):
     """An ``X-Request-Id`` on every reply Django answers (its views, 404s, 405s and 500s), as the
     consumers give every reply of theirs one (api/consumers.py): ``request.request_id``, set
     before the view runs, so the traceback of a view's uncaught exception names it too
     (settings.LOGGING's ``uncaught`` filter) and a client's report of a 500 finds its log lines."""
 
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
-
-    def __call__(self, request: HttpRequest) -> Any:
-        if self.is_async:
-            return self.__acall__(request)
+    def before(self, request: HttpRequest) -> None:
         request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
-        return self.add_header(request, self.get_response(request))
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponse:
-        request.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
-        response: Awaitable[HttpResponse] = self.get_response(request)
-        return self.add_header(request, await response)
-
-    @staticmethod
-    def add_header(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    def after(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
         if not response.has_header("X-Request-Id"):
             response["X-Request-Id"] = request.request_id  # type: ignore[attr-defined]
         return response

@@ -95,22 +95,12 @@ def value_kinds(schema: Any, depth: int = 0) -> frozenset[str]:
     return frozenset(kinds) or _KINDS
 
 
+# a parsed JSON value's Python type and its JSON Schema kind (bool before int: True is an int)
+_KIND_OF_TYPE: tuple[tuple[type, str], ...] = ((type(None), "null"), (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (dict, "object"), (list, "array"))
+
+
 def _kind_of(value: Any) -> str | None:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return None
+    return next((kind for t, kind in _KIND_OF_TYPE if isinstance(value, t)), None)
 
 
 def _fits(value: Any, kinds: frozenset[str]) -> bool:

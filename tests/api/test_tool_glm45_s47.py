@@ -20,9 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.responses import parse_tool_calls
-from scheduler.engines.chat import compile_chat_template, native_tool_messages, render_chat_template, tool_call_format
+from scheduler.engines.chat import tool_call_format
 
-from .test_tool_qwen3_coder_s47 import NAMES, TOOLS, _body, _calls, _Counted, _streamed
+from .test_tool_parse_linear_s46 import _Counted
+from .test_tool_qwen3_coder_s47 import NAMES, _body, _calls, _streamed, rendered_history
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 GLM46 = (TEMPLATES / "glm-4.6.jinja").read_text()
@@ -71,20 +72,7 @@ def test_calls_in_glms_format_are_tool_calls(text: str, content: str | None, cal
 
 @pytest.mark.parametrize("template", [GLM46, GLM47], ids=["glm-4.6", "glm-4.7-flash"])
 def test_history_renders_with_the_real_template_and_reads_back_as_the_same_calls(template: str) -> None:
-    calls = [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3, "where": {"lat": 1}}'}},
-        {"id": "call_2", "type": "function", "function": {"name": "write_file", "arguments": json.dumps({"path": "a.txt", "content": "two\nlines"})}},
-    ]
-    messages = [
-        {"role": "user", "content": "Go."},
-        {"role": "assistant", "content": "Doing it.", "tool_calls": calls},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "written"},
-    ]
-    text = render_chat_template(
-        compile_chat_template(template), native_tool_messages(messages), bos_token="", eos_token="",
-        tools=[{"type": "function", "function": t} for t in TOOLS], add_generation_prompt=True,
-    )  # fmt: skip
+    calls, text = rendered_history(template)
     assert "<tool_response>sunny" in text.replace("\n", "") and "<tool_response>written" in text.replace("\n", "")
     turn = text[text.index("<|assistant|>") :].split("<|observation|>")[0].removeprefix("<|assistant|>")
     content, found = parse_tool_calls(turn, NAMES, fmt="glm45")

@@ -1,13 +1,6 @@
-"""Tool calls in Qwen3-Coder's own format (also Qwen3.5's): the template (templates_s46/qwen3-coder.jinja
-and qwen3.5-4b.jinja, llama.cpp's upstream copies) teaches
-
-    <tool_call>
-    <function=get_weather>
-    <parameter=city>
-    Paris
-    </parameter>
-    </function>
-    </tool_call>
+"""Tool calls in Qwen3-Coder's own format (also Qwen3.5's), which its templates
+(templates_s46/qwen3-coder.jinja and qwen3.5-4b.jinja, llama.cpp's upstream copies) teach: a
+``<function=name>`` block of ``<parameter=key>`` blocks inside ``<tool_call>`` (api/xml_tool_calls.py).
 
 Before, a template holding ``<tool_call>`` was taken for Hermes' JSON format: such a model's calls
 reached the client as content with finish_reason ``stop`` (a coding agent on it made no call).
@@ -32,6 +25,8 @@ from scheduler.engines.chat import compile_chat_template, native_tool_messages, 
 from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Delta, Done
 from scheduler.worker.loop import EngineWorker
+
+from .test_tool_parse_linear_s46 import _Counted
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 QWEN3_CODER = (TEMPLATES / "qwen3-coder.jinja").read_text()
@@ -184,11 +179,9 @@ def test_a_forced_call_streams_as_the_json_format_does() -> None:
     assert deltas[0]["function"]["name"] == "get_weather" and deltas[-1]["function"]["arguments"] == '{"city"'
 
 
-@pytest.mark.parametrize("template", [QWEN3_CODER, QWEN35], ids=["qwen3-coder", "qwen3.5"])
-def test_history_renders_with_the_real_template_and_reads_back_as_the_same_calls(template: str) -> None:
-    """An agent's next turn: its earlier calls (``arguments`` a JSON string, which the template
-    reads as a mapping) and their results, rendered by the model's template; the calls as the
-    template writes them read back as the calls sent."""
+def rendered_history(template: str) -> tuple[list[dict[str, Any]], str]:
+    """(the calls, the text) of an agent's next turn rendered by ``template``: two earlier calls
+    (``arguments`` JSON strings, which the template reads as mappings) and their results."""
     calls = [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3, "where": {"lat": 1}}'}},
         {"id": "call_2", "type": "function", "function": {"name": "write_file", "arguments": json.dumps({"path": "a.txt", "content": "two\nlines"})}},
@@ -203,6 +196,15 @@ def test_history_renders_with_the_real_template_and_reads_back_as_the_same_calls
         compile_chat_template(template), native_tool_messages(messages), bos_token="", eos_token="",
         tools=[{"type": "function", "function": t} for t in TOOLS], add_generation_prompt=True,
     )  # fmt: skip
+    return calls, text
+
+
+@pytest.mark.parametrize("template", [QWEN3_CODER, QWEN35], ids=["qwen3-coder", "qwen3.5"])
+def test_history_renders_with_the_real_template_and_reads_back_as_the_same_calls(template: str) -> None:
+    """An agent's next turn: its earlier calls (``arguments`` a JSON string, which the template
+    reads as a mapping) and their results, rendered by the model's template; the calls as the
+    template writes them read back as the calls sent."""
+    calls, text = rendered_history(template)
     assert "<parameter=days>\n3\n</parameter>" in text and '<parameter=where>\n{"lat": 1}\n</parameter>' in text
     assert "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nwritten\n</tool_response>" in text
     turn = text[text.index("<|im_start|>assistant") :].split("<|im_end|>")[0]
@@ -263,17 +265,6 @@ def test_any_split_of_a_reply_streams_the_same_calls_and_content_as_the_whole(pa
 
 
 # -- work in proportion to the reply's length ----------------------------------------------
-
-
-class _Counted(str):
-    """A reply's text that counts the characters copied out of it by slicing."""
-
-    copied = 0
-
-    def __getitem__(self, key: Any) -> str:
-        out = str.__getitem__(self, key)
-        _Counted.copied += len(out)
-        return out
 
 
 def test_a_reply_of_many_or_long_calls_is_parsed_in_linear_work() -> None:

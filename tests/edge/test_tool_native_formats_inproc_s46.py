@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from scheduler.engines.base import Step
+from tests.api.streamed import assemble
 
 from .inproc import JSON, MODEL, SimWorker, attached_loop, request
 from .test_stream_equivalence import ScriptEngine, script
@@ -83,20 +84,8 @@ def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool) -> dict
         choice = reply.json()["choices"][0]
         calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
         return {"content": choice["message"]["content"], "calls": calls, "finish_reason": choice["finish_reason"]}
-    content, calls, finish = None, {}, None
-    for data in reply.sse_data():
-        if data == "[DONE]":
-            break
-        for choice in json.loads(data)["choices"]:
-            delta = choice["delta"]
-            if delta.get("content") is not None:
-                content = (content or "") + delta["content"]
-            for c in delta.get("tool_calls") or []:
-                entry = calls.setdefault(c["index"], [c.get("id"), "", ""])
-                entry[1] += c.get("function", {}).get("name") or ""
-                entry[2] += c.get("function", {}).get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    return {"content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+    got = assemble([json.loads(data) for data in reply.sse_data() if data != "[DONE]"])
+    return {"content": got.content or None, "calls": [(c["id"], c["name"], c["arguments"]) for c in got.calls], "finish_reason": got.finish_reason}
 
 
 @pytest.mark.parametrize("stream", [False, True])
