@@ -362,6 +362,17 @@ _INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_
 MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
 
 
+def _native_body(raw: bytes, models: Collection[str], strict: bool, known: frozenset[str], unhonoured: frozenset[str]) -> tuple[dict[str, Any], str, list[str]]:
+    """(body, model, ignored keys) of a llama-server route's body: its ``model`` may be left out
+    (the first model served); llama-server's options this server does not honour (``unhonoured``)
+    are accepted and named ignored beside the unknown ones (``known``: the route's keys)."""
+    body = load_object(raw)
+    if named_model(body) is None and models:
+        body = {**body, "model": next(iter(models))}
+    model = _parse_model(body, models)
+    return body, model, _unknown_keys(body, known, strict) + [key for key in body if key in unhonoured]
+
+
 def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
     """Validate a llama-server ``POST /infill`` body: the request (a fill-in-the-middle
     completion: ``input_prefix`` as the prompt, ``input_suffix`` as the suffix, ``prompt`` the
@@ -372,12 +383,7 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     llama-server honours them (``GenerationRequest``). llama-server's sampler options this server
     does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
     ``ignored``; other unknown keys as on ``/v1/completions``."""
-    body = load_object(raw)
-    if named_model(body) is None and models:
-        body = {**body, "model": next(iter(models))}
-    model = _parse_model(body, models)
-    ignored = _unknown_keys(body, _INFILL_KEYS, strict)
-    ignored += [key for key in body if key in _INFILL_UNHONOURED]
+    body, model, ignored = _native_body(raw, models, strict, _INFILL_KEYS, _INFILL_UNHONOURED)
     prefix = _optional(body, "input_prefix", str)
     suffix = _optional(body, "input_suffix", str)
     typed = _optional(body, "prompt", str)
@@ -451,12 +457,7 @@ def parse_native_completion_request(
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``.
     ``lane_ctx(model)``: the context a prompt must fit (0: unknown); a mixed prompt is tokenised
     only as far as it may still fit."""
-    body = load_object(raw)
-    if named_model(body) is None and models:
-        body = {**body, "model": next(iter(models))}
-    model = _parse_model(body, models)
-    ignored = _unknown_keys(body, _NATIVE_KEYS, strict)
-    ignored += [key for key in body if key in _NATIVE_UNHONOURED]
+    body, model, ignored = _native_body(raw, models, strict, _NATIVE_KEYS, _NATIVE_UNHONOURED)
     if tokenize is not None:
         limit = (lane_ctx(model) if lane_ctx is not None else 0) or 1 << 30
         body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first), limit)}

@@ -8,6 +8,7 @@ import logging
 import os
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -195,6 +196,18 @@ def _piece(raw: bytes) -> str | list[int]:
         return list(raw)
 
 
+async def _with_tool_vocab(model: str | None, admission: Admission, work: Callable[[Any], HttpResponse]) -> HttpResponse:
+    """A tokenizer route's reply: ``work(vocab)`` off the event loop (its ApiError the reply), for
+    a request that took its limits, which are given back when it ends."""
+    try:
+        vocab = await _tool_vocab(model, admission)
+        return await asyncio.to_thread(work, vocab)
+    except ApiError as exc:
+        return error_response(exc)
+    finally:
+        await admission.release()
+
+
 @key_required()
 async def tokenize(request: HttpRequest) -> HttpResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
@@ -213,7 +226,7 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         return error_response(exc)
 
-    def work() -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
+    def work(vocab: Any) -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
         tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special) if "content" in body else []
         items = [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens] if with_pieces else tokens
         # a slice at a time: one json.dumps of a million tokens holds the GIL, and so the event
@@ -221,17 +234,11 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         parts = (json.dumps(items[i : i + _JSON_SLICE])[1:-1] for i in range(0, len(items), _JSON_SLICE))
         return HttpResponse('{"tokens": [' + ", ".join(parts) + "]}", content_type="application/json")
 
-    try:
-        vocab = await _tool_vocab(model, admission)
-        return await asyncio.to_thread(work)
-    except ApiError as exc:
-        return error_response(exc)
-    finally:
-        await admission.release()
+    return await _with_tool_vocab(model, admission, work)
 
 
 @key_required()
-async def detokenize(request: HttpRequest) -> JsonResponse:
+async def detokenize(request: HttpRequest) -> HttpResponse:
     """``{"tokens": [ids]}`` -> ``{"content": str}``; ``"model"`` as for /tokenize. A body
     without ``tokens`` answers ``{"content": ""}``, as llama-server's."""
     from .tokenizer import detokenize as text_of
@@ -254,17 +261,11 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
         admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
     except ApiError as exc:
         return error_response(exc)
-    try:
-        vocab = await _tool_vocab(model, admission)
-        return await asyncio.to_thread(work, vocab, tokens)
-    except ApiError as exc:
-        return error_response(exc)
-    finally:
-        await admission.release()
+    return await _with_tool_vocab(model, admission, lambda vocab: work(vocab, tokens))
 
 
 @key_required()
-async def apply_template(request: HttpRequest) -> JsonResponse:
+async def apply_template(request: HttpRequest) -> HttpResponse:
     """llama-server's ``POST /apply-template``: a chat body's ``messages`` (with its ``tools``,
     ``chat_template_kwargs``, ``reasoning_effort``) rendered with the model's chat template as
     its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
@@ -297,34 +298,29 @@ async def apply_template(request: HttpRequest) -> JsonResponse:
         admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
     except ApiError as exc:
         return error_response(exc)
-    try:
-        vocab = await _tool_vocab(asked, admission)
 
-        def work() -> str:
-            source, bos, eos = vocab.template_parts()
-            # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
-            # template's own format where it has one, else the generic tool prompt
-            messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
-            template = compile_chat_template(source)
-            try:
-                if messages and messages[0].get("role") == "system" and not takes_system_turn(
-                    lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
-                ):
-                    messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
-                text = render_chat_template(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra)
-            except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
-                raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
-            return text
-
+    def rendered(vocab: Any) -> str:
+        source, bos, eos = vocab.template_parts()
+        # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
+        # template's own format where it has one, else the generic tool prompt
+        messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+        template = compile_chat_template(source)
         try:
-            prompt = await asyncio.to_thread(work)
+            if messages and messages[0].get("role") == "system" and not takes_system_turn(
+                lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
+            ):
+                messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
+            return render_chat_template(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra)
+        except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
+            raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
+
+    def work(vocab: Any) -> HttpResponse:
+        try:
+            return JsonResponse({"prompt": rendered(vocab)})
         except EngineError as exc:  # the model's template does not compile
             raise server_error(f"The model's chat template could not be used: {exc}") from None
-    except ApiError as exc:
-        return error_response(exc)
-    finally:
-        await admission.release()
-    return JsonResponse({"prompt": prompt})
+
+    return await _with_tool_vocab(asked, admission, work)
 
 
 @key_required()
