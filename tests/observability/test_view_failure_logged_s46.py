@@ -61,11 +61,18 @@ async def test_an_uncaught_error_in_an_api_view_is_logged_with_its_traceback(mon
     monkeypatch.setattr(views, "_vocab", broken)
     async with attached(SimWorker()):
         with console_output("django.request", "django", "superfluid.api") as out:
-            reply = await request("POST", "/tokenize", b'{"content": "hi"}', JSON)
-    assert reply.status == 500 and reply.is_error_object() and reply.json()["error"]["type"] == "server_error"
+            first = await request("POST", "/tokenize", b'{"content": "hi"}', JSON)
+            second = await request("POST", "/tokenize", b'{"content": "hi"}', JSON)
+    for reply in (first, second):
+        assert reply.status == 500 and reply.is_error_object() and reply.json()["error"]["type"] == "server_error"
+        assert reply.headers.get("x-request-id"), reply.headers  # (s47: a view's 500 had none)
+    assert first.headers["x-request-id"] != second.headers["x-request-id"]
     err = out.getvalue()
-    assert "Traceback (most recent call last)" in err and "RuntimeError: a bug in the view, s46" in err, err
+    assert "Traceback (most recent call last)" in err and err.count("RuntimeError: a bug in the view, s46") == 2, err
     assert "/tokenize" in err  # which request it was
+    # each traceback is preceded by the line naming its request's id, the one its 500 carried
+    first_at, second_at = err.index(first.headers["x-request-id"]), err.index(second.headers["x-request-id"])
+    assert first_at < err.index("Traceback") < second_at, err
 
 
 async def test_a_documented_5xx_answer_is_not_logged_as_an_error(tmp_path: Path) -> None:

@@ -53,6 +53,21 @@ class _Resumed:
         self.body = body
         self.comm = HttpCommunicator(application, "POST", "/v1/chat/completions", body=body, headers=headers)
 
+    async def native_frames(self, redis_server: RedisServer, prefix: str, prompt: Any, max_tokens: int = 40) -> list[dict[str, Any]]:
+        """The frames of a streamed /completion of ``prompt`` resumed on the second head (its
+        job the one the first head began), put together."""
+        from superfluid_site.asgi import application
+
+        try:
+            await self.start(redis_server, prefix, 0.005, max_tokens)
+            body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "stream": True}).encode()
+            headers = [(b"content-type", b"application/json"), (b"host", b"127.0.0.1"), (b"last-event-id", f"{self.handle.job_id}:3".encode())]
+            response = await HttpCommunicator(application, "POST", "/completion", body=body, headers=headers).get_response(timeout=30)
+        finally:
+            await self.stop()
+        assert response["status"] == 200, response
+        return [json.loads(line[6:]) for line in response["body"].decode().splitlines() if line.startswith("data: ")]
+
     async def stop(self) -> None:
         await self.second.stop()
         forget(asyncio.get_running_loop())
