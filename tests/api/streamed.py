@@ -43,9 +43,12 @@ def assemble(chunks: list[dict[str, Any]]) -> Streamed:
     return out
 
 
-def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "hermes", reason: str = "stop") -> Streamed:
+def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "hermes", reason: str = "stop", **reply: Any) -> Streamed:
     """The chat reply of ``pieces`` (the model's text as the worker streams it) offered ``tools``,
-    streamed and assembled."""
-    reply = Reply("chat", "m", tools=tools, tool_format=fmt)
-    chunks = [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
-    return assemble(chunks)
+    streamed and assembled; ``reply``: more of the Reply's options (tool_choice, ...)."""
+    return assemble(streamed_chunks(Reply("chat", "m", tools=tools, tool_format=fmt, **reply), pieces, reason))
+
+
+def streamed_chunks(reply: Reply, pieces: list[str], reason: str = "stop") -> list[dict[str, Any]]:
+    """The chunks ``reply`` streams for ``pieces`` and its ending ``reason``."""
+    return [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)

@@ -23,7 +23,7 @@ from api.responses import parse_tool_calls
 from scheduler.engines.chat import tool_call_format
 
 from .test_tool_parse_linear_s46 import _Counted
-from .test_tool_qwen3_coder_s47 import NAMES, _body, _calls, _streamed, rendered_history
+from .test_tool_qwen3_coder_s47 import NAMES, _body, _calls, _streamed, check_reply, rendered_history
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 GLM46 = (TEMPLATES / "glm-4.6.jinja").read_text()
@@ -62,12 +62,7 @@ CASES = [
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
 def test_calls_in_glms_format_are_tool_calls(text: str, content: str | None, calls: list[tuple[str, str]]) -> None:
-    choice = _body(text, fmt="glm45")
-    assert (choice["message"]["content"], _calls(choice)) == (content, calls)
-    assert choice["finish_reason"] == ("tool_calls" if calls else "stop")
-    expected = {"content": choice["message"]["content"], "calls": _calls(choice), "finish_reason": choice["finish_reason"]}
-    for size in (1, 2, 5, 11, len(text)):
-        assert _streamed([text[i : i + size] for i in range(0, len(text), size)], fmt="glm45") == expected, size
+    check_reply(text, content, calls, "glm45")
 
 
 @pytest.mark.parametrize("template", [GLM46, GLM47], ids=["glm-4.6", "glm-4.7-flash"])

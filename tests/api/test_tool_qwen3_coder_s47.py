@@ -25,6 +25,7 @@ from scheduler.engines.chat import compile_chat_template, native_tool_messages, 
 from scheduler.engines.sim import SimEngine
 from scheduler.link.messages import Delta, Done
 from scheduler.worker.loop import EngineWorker
+from tests.api.streamed import stream_reply
 
 from .test_tool_parse_linear_s46 import _Counted
 
@@ -76,22 +77,8 @@ def _body(text: str, reason: str = "stop", fmt: str = "qwen3_coder", **kwargs: A
 
 def _streamed(pieces: list[str], reason: str = "stop", fmt: str = "qwen3_coder", **kwargs: Any) -> dict[str, Any]:
     """The stream's chunks put together as the openai client's helper does."""
-    reply = Reply("chat", "m", tools=TOOLS, tool_format=fmt, **kwargs)
-    frames = [f for p in pieces for f in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
-    content: str | None = None
-    calls: dict[int, dict[str, Any]] = {}
-    finish = None
-    for frame in frames:
-        choice = frame["choices"][0]
-        delta = choice["delta"]
-        if delta.get("content") is not None:
-            content = (content or "") + delta["content"]
-        for call in delta.get("tool_calls") or []:
-            entry = calls.setdefault(call["index"], {"id": call.get("id"), "name": "", "arguments": ""})
-            entry["name"] += call.get("function", {}).get("name") or ""
-            entry["arguments"] += call.get("function", {}).get("arguments") or ""
-        finish = choice["finish_reason"] or finish
-    return {"content": content or None, "calls": [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], "finish_reason": finish}
+    got = stream_reply(pieces, TOOLS, fmt=fmt, reason=reason, **kwargs)
+    return {"content": got.content or None, "calls": got.pairs, "finish_reason": got.finish_reason}
 
 
 def _calls(choice: dict[str, Any]) -> list[tuple[str, str]]:
@@ -126,16 +113,21 @@ CASES = [
 
 @pytest.mark.parametrize(("text", "content", "calls"), CASES)
 def test_calls_in_qwen3_coders_format_are_tool_calls(text: str, content: str | None, calls: list[tuple[str, str]]) -> None:
-    choice = _body(text)
+    check_reply(text, content, calls, "qwen3_coder")
+
+
+def check_reply(text: str, content: str | None, calls: list[tuple[str, str]], fmt: str) -> None:
+    """The reply of a model that writes ``text`` in its format ``fmt`` has ``content`` and
+    ``calls``, unstreamed and streamed in pieces of any size."""
+    choice = _body(text, fmt=fmt)
     assert (choice["message"]["content"], _calls(choice)) == (content, calls)
     assert choice["finish_reason"] == ("tool_calls" if calls else "stop")
     for call in choice["message"].get("tool_calls") or []:
         assert call["type"] == "function" and call["id"].startswith("call_")
         assert isinstance(json.loads(call["function"]["arguments"]), dict)
-    # streamed in pieces of any size: the same content, calls and finish
     expected = {"content": choice["message"]["content"], "calls": _calls(choice), "finish_reason": choice["finish_reason"]}
     for size in (1, 2, 5, 11, len(text)):
-        assert _streamed([text[i : i + size] for i in range(0, len(text), size)]) == expected, size
+        assert _streamed([text[i : i + size] for i in range(0, len(text), size)], fmt=fmt) == expected, size
 
 
 def test_values_are_typed_as_llama_cpp_types_them() -> None:
