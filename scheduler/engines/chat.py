@@ -491,6 +491,49 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
     return "hermes"
 
 
+# How a reasoning model writes its reasoning, from its chat template (as llama.cpp's server tells
+# them apart, common/chat.cpp): "harmony" gpt-oss's channels (its template writes
+# ``<|channel|>``); "think-open" a ``<think>...</think>`` block the template opens itself in the
+# generation prompt (DeepSeek R1's and its distills', QwQ's ``<think>\n``: the reply starts in
+# it); "think" one the model opens (Qwen 3's); "none" any other. The web side splits replies by
+# it (api/reasoning.py): the reasoning is ``reasoning_content``, as llama-server's default
+# ``--reasoning-format auto`` sends it.
+REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+
+
+def reasoning_format(source: str | None) -> str:
+    """The format a model writes its reasoning in, from its chat template's source."""
+    src = str(source or "")
+    if "<|channel|>" in src:
+        return "harmony"
+    if _REASONING_END not in src:
+        return "none"
+    try:
+        # (with enable_thinking true, as every request's template has it: template_inputs)
+        prompt = render_chat_template(compile_chat_template(src), [{"role": "user", "content": "Hi"}], bos_token="", eos_token="", enable_thinking=True)
+    except Exception:  # noqa: BLE001 - a template that will not render a lone user turn: it decides nothing
+        return "think"
+    return "think-open" if prompt.rstrip().endswith("<think>") else "think"
+
+
+def reasoning_messages(messages: list[dict[str, Any]], template_source: str | None) -> list[dict[str, Any]]:
+    """``messages`` for the template ``template_source``: an earlier turn's reasoning (its
+    ``reasoning_content``, as the reply carried it) also as ``thinking`` where the template is
+    gpt-oss's, which reads that (and refuses a turn of calls with both content and thinking: the
+    content is dropped there), as llama-server's gpt-oss handler passes it
+    (common/parsers/gpt-oss.cpp)."""
+    if "<|channel|>" not in str(template_source or "") or not any("reasoning_content" in m for m in messages):
+        return messages
+    out = []
+    for msg in messages:
+        if isinstance(msg.get("reasoning_content"), str):
+            msg = {**msg, "thinking": msg["reasoning_content"]}
+            if msg.get("tool_calls"):
+                msg.pop("content", None)
+        out.append(msg)
+    return out
+
+
 def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": dict(tool)}
 
@@ -631,7 +674,8 @@ def template_inputs(
     has one and the engine passes variables through (``native_ok``), the generic one otherwise.
     Earlier calls and their results are in the template's own format also where the request
     offers no tools (it is not given ``tools`` then), as llama.cpp's server renders them."""
-    extra = {**today_variables(), **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
+    extra = {**today_variables(), "enable_thinking": True, **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
+    messages = reasoning_messages(messages, template_source)
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if (tools or has_calls) and native_ok and template_knows_tools(template_source):
         if tools:

@@ -233,6 +233,11 @@ class EngineWorker:
         return chat_format.tool_call_format(engine.chat_template, native="template_vars" in engine.features)
 
     @functools.cached_property
+    def reasoning_format(self) -> str:
+        """How the model writes its reasoning (``chat.reasoning_format``), from its template."""
+        return chat_format.reasoning_format(self.engine.chat_template)
+
+    @functools.cached_property
     def _takes_system(self) -> bool:
         """Whether the model's template writes a system message (``chat.takes_system_turn``):
         where not (Gemma 2's raises "System role not supported"), a request's system text opens
@@ -277,6 +282,7 @@ class EngineWorker:
             # the model's own, else ChatML, which compile_chat_template renders it with
             chat_template=self.engine.chat_template or chat_format.CHATML,
             tool_format=self.tool_format,
+            reasoning_format=self.reasoning_format,
         )
 
     def _on_message(self, message: Message) -> None:
