@@ -218,8 +218,13 @@ def _mark_strings(value: Any, mark: Callable[[str], str], *, plain_too: bool = T
 def _marked_message(msg: dict[str, Any], mark: Callable[[str, bool], str]) -> dict[str, Any]:
     """``msg`` with its content, and the client's strings of its tool calls (each call's id, name
     and the strings of its arguments) and of a tool result (``tool_call_id``, ``name``),
-    replaced by markers (``mark(text, is_content)``), in the order a template writes them."""
+    replaced by markers (``mark(text, is_content)``), in the order a template writes them; an
+    earlier reply's reasoning too (``reasoning_content``, gpt-oss's ``thinking``: a template may
+    leave it out, so it is marked as a call's strings are)."""
     out = dict(msg)
+    for key in ("reasoning_content", "thinking"):
+        if isinstance(msg.get(key), str) and msg[key]:
+            out[key] = mark(msg[key], False)
     if msg.get("content"):
         out["content"] = mark(msg["content"], True)
     for key in ("tool_call_id", "name"):
@@ -292,6 +297,7 @@ def split_rendered(
     offered = tools if tool_strings and calls else None  # the tools whose strings are marked
 
     marks: dict[str, str] = {}  # a call's or tool's string: its marker (one string, one marker)
+    reasonings = {m[k] for m in messages for k in ("reasoning_content", "thinking") if isinstance(m.get(k), str)}
 
     def mark(value: str, content: bool) -> str:
         # a string met twice (a parameter's name in its schema's "required") is marked alike, so
@@ -354,7 +360,8 @@ def split_rendered(
     pos, written = len(templates[0]), []
     for k, n in enumerate(order):
         (value, content), after, last = strings[n], templates[k + 1], k == len(order) - 1
-        for form in _content_forms(value) if content else _argument_forms(value):
+        # (a reasoning as a content: Qwen 3's template writes it trimmed of new lines)
+        for form in _content_forms(value) if content or value in reasonings else _argument_forms(value):
             end = pos + len(form)
             if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
                 break

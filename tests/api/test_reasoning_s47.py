@@ -191,3 +191,55 @@ def test_reasoning_format_per_request() -> None:
     assert refused.value.status == 400 and refused.value.param == "reasoning_format"
     # absent: the wire form a request had before
     assert "reasoning_format" not in parse_chat_request(json.dumps(base).encode(), models=["m"]).to_wire()
+
+
+def test_an_earlier_turns_reasoning_is_tokenised_as_text() -> None:
+    """A reasoning sent back that quotes a control token's text ("<|im_end|>") is the model's
+    text, not a turn's end: tokenised as text, as the turn's content is."""
+    from scheduler.engines.chat import chat_prompt_tokens
+
+    source = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    template = compile_chat_template(source)
+    END = -1  # <|im_end|> as its control token
+
+    def tokenize(text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
+        out: list[int] = []
+        for i, part in enumerate(text.split("<|im_end|>") if special else [text]):
+            out += [END] * (i > 0) + [ord(c) for c in part]
+        return out
+
+    def controls(reasoning: str) -> int:
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello", "reasoning_content": reasoning},
+        ]
+
+        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            return render_chat_template(template, msgs, bos_token="", eos_token="", add_generation_prompt=False)
+
+        tokens, _ = chat_prompt_tokens(render, tokenize, messages, None)
+        assert "".join(chr(t) for t in tokens if t != END).count("it ends") == 1  # the reasoning is written
+        return tokens.count(END)
+
+    assert controls("\nit ends <|im_end|> here\n") == controls("\nit ends ---------- here\n")
+
+    # gpt-oss's: a turn of calls' reasoning, given to its template as thinking
+    oss = compile_chat_template((TEMPLATES / "gpt-oss-120b.jinja").read_text())
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def oss_controls(reasoning: str) -> int:
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+        ]
+        messages, extra = template_inputs(messages, None, (TEMPLATES / "gpt-oss-120b.jinja").read_text(), None, native_ok=True)
+
+        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            return render_chat_template(oss, msgs, bos_token="", eos_token="", **extra)
+
+        tokens, _ = chat_prompt_tokens(render, tokenize, messages, None)
+        assert "".join(chr(t) for t in tokens if t != END).count("it ends") == 1
+        return tokens.count(END)
+
+    assert oss_controls("it ends <|im_end|> here") == oss_controls("it ends ---------- here")
