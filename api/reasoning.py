@@ -17,8 +17,8 @@ in its worker's Hello):
   analysis channel is reasoning, the final channel (and a commentary preamble) the answer, and
   a commentary message to ``functions.NAME`` a tool call. The call is handed on as the generic
   ``<tool_call>{"name": NAME, "arguments": ...}</tool_call>`` block, whose streaming and parsing
-  ``api.responses.Reply`` has; where the request offers no tools it is dropped, as llama-server
-  drops calls nobody asked for.
+  ``api.responses.Reply`` has; a call of a function the request does not offer (none, or a
+  built-in tool's) is dropped, as llama-server drops calls nobody asked for.
 
 Each splitter takes the reply in pieces as they come (``feed``) and says what of it is reasoning
 and what answer; ``finish`` gives the rest. Any split of the reply gives the same reasoning and
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 
 # the formats, as the worker's Hello names them; "none": no reasoning is split out
 REASONING_FORMATS = ("none", "think", "think-open", "harmony")
@@ -159,12 +160,12 @@ class ThinkSplitter(Splitter):
 
 
 class HarmonySplitter(Splitter):
-    """gpt-oss's channels (module docstring). ``calls``: the request offers tools, so a call is
-    handed on as a ``<tool_call>`` block (else it is dropped)."""
+    """gpt-oss's channels (module docstring). ``calls``: the functions the request offers, whose
+    calls are handed on as ``<tool_call>`` blocks (any other call is dropped)."""
 
-    def __init__(self, *, calls: bool = True) -> None:
+    def __init__(self, *, calls: Collection[str] = ()) -> None:
         super().__init__()
-        self.calls = calls
+        self.calls = frozenset(calls)
         # "head": a message's header, up to <|message|>; "body": its text; "raw": no harmony
         # reply (a forced call's grammar writes the generic block from the start): all answer
         self.state = "head"
@@ -238,7 +239,7 @@ class HarmonySplitter(Splitter):
         if recipients:
             recipient = recipients[-1]
             name = recipient[len("functions.") :] if recipient.startswith("functions.") else ""
-            if name and self.calls:
+            if name in self.calls:
                 self.sink, self.call_open = "call", True
                 answer.append('<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
             else:  # a built-in tool's call (browser, python), or a call nobody offered tools for
@@ -275,9 +276,9 @@ class HarmonySplitter(Splitter):
         return "".join(reasoning), "".join(answer)
 
 
-def new_splitter(fmt: str, *, calls: bool = True) -> Splitter | None:
+def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
     """The splitter for a model whose replies are in ``fmt`` (:data:`REASONING_FORMATS`); None
-    for "none" (or a format this server does not know)."""
+    for "none" (or a format this server does not know). ``calls``: the functions offered."""
     if fmt == "harmony":
         return HarmonySplitter(calls=calls)
     if fmt in ("think", "think-open"):
@@ -292,7 +293,7 @@ def split_whole(splitter: Splitter, text: str) -> tuple[str, str]:
     return r1 + r2, a1 + a2
 
 
-def split_reasoning(text: str, fmt: str, *, calls: bool = True) -> tuple[str, str]:
+def split_reasoning(text: str, fmt: str, *, calls: Collection[str] = ()) -> tuple[str, str]:
     """(reasoning, answer) of a whole reply in ``fmt``."""
     splitter = new_splitter(fmt, calls=calls)
     return ("", text) if splitter is None else split_whole(splitter, text)

@@ -723,7 +723,7 @@ class Reply:
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
         # a reasoning model's reply (its worker's Hello.reasoning_format): its reasoning is split
         # out as reasoning_content, its answer goes on as the text below (api/reasoning.py)
-        self.reasoning = new_splitter(reasoning_format, calls=bool(self.tool_names)) if endpoint == "chat" else None
+        self.reasoning = new_splitter(reasoning_format, calls=self.tool_names) if endpoint == "chat" else None
 
     # -- streaming ------------------------------------------------------------------------
 

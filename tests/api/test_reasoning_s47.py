@@ -94,8 +94,10 @@ def test_a_gpt_oss_call_is_a_tool_call(stream: bool) -> None:
     # its call's recipient in the role header (<|start|>assistant to=functions.NAME<|channel|>...)
     in_role = '<|channel|>analysis<|message|>Call it.<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Rome"}'
     assert _whole(in_role, "harmony", TOOLS)["calls"] == [("get_weather", '{"city": "Rome"}')]
-    # no tools offered: a call nobody asked for is dropped, as llama-server drops it
+    # no tools offered, or not this one: a call nobody asked for is dropped, as llama-server drops it
     assert _whole(GPT_OSS_CALL, "harmony") == {"reasoning": "Need the weather; call the tool.", "content": None, "calls": [], "finish_reason": "stop"}
+    other = [{"name": "get_time", "parameters": {}}]
+    assert _streamed(list(GPT_OSS_CALL), "harmony", other) == {"reasoning": "Need the weather; call the tool.", "content": None, "calls": [], "finish_reason": "stop"}
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -127,6 +129,7 @@ REPLIES = [
     (GPT_OSS_TEXT, "harmony", None),
     (GPT_OSS_CALL, "harmony", TOOLS),
     (GPT_OSS_CALL, "harmony", None),
+    (GPT_OSS_CALL, "harmony", [{"name": "get_time", "parameters": {}}]),
     ("<|channel|>analysis<|message|>a<|start|>assistant<|channel|>commentary<|message|>Let me check. <|start|>assistant<|channel|>final<|message|> <b>x</b>", "harmony", None),
     ('<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>', "harmony", TOOLS),  # a forced call's grammar
     (QWEN3_TEXT, "think", None),
