@@ -46,6 +46,7 @@ _H_BODY_ENDS = (H_START, H_END, H_CHANNEL)
 # the most a message's header takes (``<|start|>assistant to=functions.NAME<|channel|>commentary
 # <|constrain|>json``): past it, the text is no header and is answer
 MAX_HEADER = 512
+_PIECE = 256  # the most of a reply one step of HarmonySplitter takes
 _H_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z0-9_]+)")
 _H_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
 
@@ -178,8 +179,12 @@ class HarmonySplitter(Splitter):
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
         answer: list[str] = []
-        while text:
-            text = self._step(text, reasoning, answer)
+        # in pieces of a bounded length (any split gives the same): each step copies what is left
+        # of its piece, so a whole reply of many messages costs its length, not that times theirs
+        for at in range(0, len(text), _PIECE):
+            piece = text[at : at + _PIECE]
+            while piece:
+                piece = self._step(piece, reasoning, answer)
         return "".join(reasoning), "".join(answer)
 
     def _looks_like_header(self, head: str) -> bool:
@@ -206,7 +211,8 @@ class HarmonySplitter(Splitter):
                 return ""
             at = self.header.find(H_MESSAGE, start, MAX_HEADER + len(H_MESSAGE))
             if at < 0:
-                if len(self.header) > MAX_HEADER:  # no header after all: the text is answer
+                # (once the whole window is here: a <|message|> may end in its last characters)
+                if len(self.header) >= MAX_HEADER + len(H_MESSAGE):  # no header after all: the text is answer
                     self.state = "raw"
                     answer.append(self.header)
                     self.header = ""

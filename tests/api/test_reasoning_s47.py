@@ -138,6 +138,9 @@ REPLIES = [
     ("  <think> a < b </thin </think>  <think>not again</think>", "think", None),
     ("<thin", "think", None),
     (" \n ", "think-open", None),
+    # a header whose <|message|> ends in the last characters it may take
+    ("<|channel|>final" + " " * 491 + "<|message|>hi", "harmony", None),
+    ("<|channel|>final" + " " * 520 + "<|message|>hi", "harmony", None),
 ]
 
 
@@ -246,3 +249,33 @@ def test_an_earlier_turns_reasoning_is_tokenised_as_text() -> None:
         return tokens.count(END)
 
     assert oss_controls("it ends <|im_end|> here") == oss_controls("it ends ---------- here")
+
+
+def test_a_whole_reply_of_many_messages_is_split_in_linear_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work is counted, not timed: the text each step of the gpt-oss splitter is handed (it
+    copies what it leaves). A reply of many messages, split whole (the unstreamed reply), handed
+    each step the rest of the reply: its length times the messages'."""
+    from api.reasoning import HarmonySplitter
+
+    handed = 0
+    step = HarmonySplitter._step
+
+    def counted(self: HarmonySplitter, text: str, reasoning: list[str], answer: list[str]) -> str:
+        nonlocal handed
+        handed += len(text)
+        return step(self, text, reasoning, answer)
+
+    monkeypatch.setattr(HarmonySplitter, "_step", counted)
+    text = "<|start|>assistant<|channel|>analysis<|message|>hm<|start|>assistant<|channel|>final<|message|>x" * 5_000
+    reasoning, answer = split_reasoning(text[len("<|start|>assistant") :], "harmony")
+    assert answer == "x" * 5_000 and reasoning == "hm" * 5_000
+    assert handed <= 8 * len(text), (handed, len(text))
+
+
+def test_a_long_header_is_read_alike_wherever_the_reply_is_cut() -> None:
+    """gpt-oss's header may take so many characters; one whose <|message|> ends in its last
+    ones was a header unstreamed and text where a delta ended inside that <|message|>."""
+    for text in ("<|channel|>final" + " " * 491 + "<|message|>hi", "<|channel|>final" + " " * 496 + "<|message|>hi"):
+        whole = _whole(text, "harmony")
+        for cut in range(490, len(text) + 1):
+            assert _streamed([text[:cut], text[cut:]], "harmony") == whole, cut
