@@ -282,7 +282,7 @@ def split_rendered(
     place. A template that writes the tools' strings otherwise is split at the messages' strings
     only (``tool_strings=False``); one that writes a call's strings otherwise (as Python's repr) at
     the contents only (``calls=False``). A template that cuts an earlier turn's reasoning out of
-    its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``, and replies here carry
+    its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``, and replies with reasoning_format none carry
     the reasoning in their content, which clients send back) is split again with such contents
     left to it, tokenised with the template's text (``reasoning=False``), rather than giving up
     on every other content too."""
