@@ -9,7 +9,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from scheduler.engines.base import EngineError
@@ -412,6 +412,7 @@ def chat_prompt_tokens(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     resume_text: str = "",
+    resume_tokens: Collection[str] = (),
 ) -> tuple[list[int], int]:
     """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
     conversation's). ``render(messages, tools)`` is the template's text (``tools``: the list the
@@ -421,18 +422,35 @@ def chat_prompt_tokens(
     the template trims contents or writes nothing for an empty one (:func:`split_rendered`); only
     a template that writes contents otherwise has its whole text tokenised at once. Resumed text
     (the reply so far) is tokenised as text after the conversation's tokens, as the model wrote
-    it after them. Each piece after the first is tokenised as the continuation of the tokens
-    before it (``tokenize``'s ``after``): no space prefix a vocabulary gives a
-    text's start (Llama 2's, Mistral's) where the whole text has none."""
+    it after them, but for ``resume_tokens``: the control tokens whose text the reply holds as
+    the model sampled them (gpt-oss's ``<|channel|>``, which llama.cpp writes as text; the tool
+    formats' tokens a reply that offers tools keeps), each its token again. Each piece after the
+    first is tokenised as the continuation of the tokens before it (``tokenize``'s ``after``): no
+    space prefix a vocabulary gives a text's start (Llama 2's, Mistral's) where the whole text has
+    none."""
     text = render(messages, tools)
     split = split_rendered(render, messages, tools, text)
 
     def more(before: list[int], piece: str, special: bool = True) -> list[int]:
         return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
 
+    def resumed(own: list[int]) -> list[int]:
+        # the reply so far is text too: a control token the model sampled has no text, so control-
+        # token text in it is what it wrote as plain text (quoting "<|im_end|>"), not a turn's end;
+        # but for the tokens whose text a reply holds (``resume_tokens``)
+        markers = [m for m in resume_tokens if m and m in resume_text]
+        if not markers:
+            return more(own, resume_text, special=False)
+        out: list[int] = []
+        pieces = re.split("(" + "|".join(re.escape(m) for m in markers) + ")", resume_text)
+        for i, piece in enumerate(pieces):
+            if piece:
+                out += more(out or own, piece, special=bool(i % 2))
+        return out
+
     if split is None or not split[1]:
         own = tokenize(text)
-        return (own + more(own, resume_text, special=False) if resume_text else own), len(own)
+        return (own + resumed(own) if resume_text else own), len(own)
     templates, contents = split
 
     tokens = tokenize(templates[0])
@@ -443,9 +461,7 @@ def chat_prompt_tokens(
     own = tokens + more(tokens, templates[-1])
     if not resume_text:
         return own, len(own)
-    # the reply so far is text too: a control token the model sampled has no text, so control-
-    # token text in it is what it wrote as plain text (quoting "<|im_end|>"), not a turn's end
-    return own + more(own, resume_text, special=False), len(own)
+    return own + resumed(own), len(own)
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -506,6 +522,9 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
 # it (api/reasoning.py): the reasoning is ``reasoning_content``, as llama-server's default
 # ``--reasoning-format auto`` sends it.
 REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+# gpt-oss's control tokens that llama.cpp writes as text (llama-vocab.cpp: "always render these
+# tokens"): a reply holds them as the model sampled them
+HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 def reasoning_format(source: str | None) -> str:
