@@ -301,6 +301,7 @@ class GenerationConsumer(StreamingConsumer):
         self.router_serial: dict[str, Any] | None = None  # several models: the router's pick
         self.engine_wait_ms = 0.0  # one model: the wait for its worker to connect
         self.tool_format = "hermes"  # how the model writes tool calls (its worker's Hello): note_tool_format
+        self.reasoning_format = "none"  # ... and its reasoning (api/reasoning.py)
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_chat_request(body, models=models, strict=serving().strict_params)
@@ -394,6 +395,8 @@ class GenerationConsumer(StreamingConsumer):
         """How the model behind ``link`` writes tool calls (its worker's Hello), for the reply."""
         fmt = getattr(getattr(link, "hello", None), "tool_format", None)
         self.tool_format = fmt if isinstance(fmt, str) else "hermes"
+        fmt = getattr(getattr(link, "hello", None), "reasoning_format", None)
+        self.reasoning_format = fmt if isinstance(fmt, str) else "none"
 
     async def run_job(self, link: Transport, request: GenerationRequest, admission: Admission) -> None:
         self.note_tool_format(link)
@@ -604,11 +607,29 @@ class GenerationConsumer(StreamingConsumer):
             headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(self.ignored).encode()))
         return headers
 
+    def reply_reasoning(self, request: GenerationRequest) -> str:
+        """How the reply's reasoning is split out (api/reasoning.py): the model's format, unless
+        the request's reasoning_format or --reasoning-format says none. A reply that begins with
+        no reasoning though its template opens the block itself is read as one that may open
+        it: where the request turns thinking off (enable_thinking false: DeepSeek R1's template
+        closes the block at once), and where a grammar writes the reply from its first token (a
+        response_format, a forced call)."""
+        if (request.reasoning_format or serving().reasoning_format) == "none":
+            return "none"
+        if self.reasoning_format == "think-open" and (
+            (request.chat_template_kwargs or {}).get("enable_thinking") in (False, "false")
+            or request.response_format is not None
+            or (request.tools and request.tool_choice not in ("auto", "none"))
+        ):
+            return "think"
+        return self.reasoning_format
+
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         return responses.Reply(
             self.endpoint, request.model, tools=request.tools, tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
             tool_format=self.tool_format,
+            reasoning_format=self.reply_reasoning(request),
             logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage, **extra,
         )  # fmt: skip
 

@@ -22,6 +22,7 @@ from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
+from .reasoning import new_splitter, split_whole
 from .xml_tool_calls import XML_FORMATS
 
 Endpoint = Literal["chat", "completions"]
@@ -674,6 +675,7 @@ class Reply:
         parallel_tool_calls: bool = True,
         legacy_functions: bool = False,
         tool_format: str = "hermes",
+        reasoning_format: str = "none",
         logprobs: bool = False,
         include_usage: bool = False,
         index: int = 0,
@@ -757,6 +759,9 @@ class Reply:
         # this one resumes replays the frames before, so the role is where that head sent it)
         self.role_pending = endpoint == "chat" and bool(self.tool_names)
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
+        # a reasoning model's reply (its worker's Hello.reasoning_format): its reasoning is split
+        # out as reasoning_content, its answer goes on as the text below (api/reasoning.py)
+        self.reasoning = new_splitter(reasoning_format, calls=self.tool_names) if endpoint == "chat" else None
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -797,7 +802,7 @@ class Reply:
         self.role_pending = False
         delta = frames[0]["choices"][0]["delta"]
         entries_only = "content" not in delta and frames[0]["choices"][0].get("logprobs") is not None
-        if "tool_calls" in delta or "function_call" in delta or entries_only:
+        if "tool_calls" in delta or "function_call" in delta or "reasoning_content" in delta or entries_only:
             # (entries_only: logprob entries of tokens not yet known to be text or a call)
             frames[0]["choices"][0]["delta"] = {"role": "assistant", "content": None, **delta}
             return frames
@@ -811,7 +816,7 @@ class Reply:
         logprobs, no tools: nearly every token) is the reply's one text chunk with only its text
         changing, so it is made from a template encoded once: the same bytes, without building
         and serialising the whole chunk for every token."""
-        if self.want_logprobs or self.tool_names or event.logprobs or self.lp_waiting:
+        if self.want_logprobs or self.tool_names or event.logprobs or self.lp_waiting or self.reasoning is not None:
             return [sse_event(f) for f in self.delta_chunks(event)]
         template = self._text_template
         if template is None:
@@ -864,6 +869,22 @@ class Reply:
                 offsets, self.lp_offset = token_offsets(entries, self.lp_offset, self.lp_decoder)
                 chunk["choices"][0]["logprobs"] = completion_logprobs(entries, offsets=offsets)
             return [chunk] if text or entries else []
+        if self.reasoning is None:
+            return self._answer_chunks(text, entries)
+        thought, text = self.reasoning.feed(text)
+        return self._reasoning_chunks(thought) + self._answer_chunks(text, entries)
+
+    def _reasoning_chunks(self, thought: str) -> list[dict[str, Any]]:
+        """A chunk of ``delta.reasoning_content``, as llama-server streams a reasoning model's
+        reasoning; none for none."""
+        if not thought:
+            return []
+        chunk = chat_chunk(self.id, self.model, self.created)
+        chunk["choices"][0]["delta"] = {"reasoning_content": thought}
+        return [chunk]
+
+    def _answer_chunks(self, text: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Chat: the chunks of newly generated answer ``text`` (``entries``: its logprobs)."""
         calls: list[dict[str, Any]] = []
         if self.tool_names:
             text, calls = self._stream_calls(text)
@@ -1048,6 +1069,11 @@ class Reply:
                 chunk = chat_chunk(self.id, self.model, self.created, content=None if self.tool_names else "")
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
+        if self.reasoning is not None:  # the reply's last reasoning, and answer held as a marker's start
+            thought, rest = self.reasoning.finish()
+            frames += self._reasoning_chunks(thought)
+            if rest:
+                frames += self._answer_chunks(rest, [])
         if self.held_parts:
             self.held, self.held_parts = self.held + "".join(self.held_parts), []
         if self.endpoint == "chat":
@@ -1127,6 +1153,9 @@ class Reply:
                 obj["choices"][0]["logprobs"] = completion_logprobs(self.prompt_logprobs + self.logprobs, offsets=offsets)
             return obj
         calls: list[dict[str, Any]] = []
+        thought = ""
+        if self.reasoning is not None:
+            thought, text = split_whole(self.reasoning, text)
         content: str | None = text
         if self.tool_names:
             cut = cut_call(text, self.tool_names) if reason == "length" else None
@@ -1140,6 +1169,8 @@ class Reply:
                 content = text
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
+        if thought:  # as llama-server: only where there is reasoning
+            message["reasoning_content"] = thought
         if calls:
             message["content"] = content
             if self.legacy:

@@ -113,18 +113,23 @@ _CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEY
     "parallel_tool_calls",
     "chat_template_kwargs",
     "reasoning_effort",
+    "reasoning_format",
     "modalities",
     "audio",
 }
 # OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md)
 _COMPLETION_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens"}
 
+# llama-server's reasoning_format values (its deepseek-legacy is not one here)
+REASONING_FORMAT_VALUES = ("auto", "deepseek", "none")
+
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
 # accepted and dropped (chat templates here only see role and content), and so are the SDK's
 # ``audio`` and ``annotations`` of a reply sent back as it came (``audio`` named when not null).
 _MESSAGE_KEYS = frozenset(
-    {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call", "audio", "annotations"}
-)
+    {"role", "content", "name", "refusal", "tool_call_id", "tool_calls", "function_call", "audio", "annotations",
+     "reasoning_content", "thinking"}
+)  # fmt: skip
 _STREAM_OPTIONS_KEYS = frozenset({"include_usage", "include_obfuscation"})
 # vLLM's (usage on every chunk): taken, as vLLM's parameters are, but not honoured
 _VLLM_STREAM_OPTIONS_KEYS = frozenset({"continuous_usage_stats"})
@@ -191,6 +196,9 @@ class GenerationRequest:
     # once this many milliseconds have passed since the first generated token
     n_indent: int = 0
     t_max_predict_ms: int = 0
+    # chat: llama-server's per-request reasoning_format ("none": the reply's reasoning stays in
+    # content; "auto"/"deepseek": reasoning_content); None: the server's --reasoning-format
+    reasoning_format: str | None = None
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -228,7 +236,7 @@ class GenerationRequest:
             out["fim_extra"] = [list(c) for c in self.fim_extra]
         # /infill's limits go only where they are set: every other request's wire form (and
         # its resume digest) stays as it was
-        for key in _INFILL_LIMITS:
+        for key in (*_INFILL_LIMITS, "reasoning_format"):
             if not out[key]:
                 del out[key]
         return out
@@ -304,6 +312,9 @@ def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: 
     if effort is not None:
         kwargs = {"reasoning_effort": effort, **(kwargs or {})}
     req.chat_template_kwargs = kwargs or None
+    req.reasoning_format = _optional(body, "reasoning_format", str)
+    if req.reasoning_format is not None and req.reasoning_format not in REASONING_FORMAT_VALUES:
+        raise _invalid_value("reasoning_format", "one of " + ", ".join(f"'{v}'" for v in REASONING_FORMAT_VALUES))
     return req
 
 
@@ -784,6 +795,14 @@ def _parse_known_message(msg: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
     if calls:
         out["tool_calls"] = calls
+    # an earlier reply's reasoning, as it came (llama-server's reasoning_content; gpt-oss's own
+    # name, thinking): the template reads it (Qwen 3's writes the last turns', gpt-oss's a
+    # turn of calls' as its analysis); another role's is ignored
+    for key in ("reasoning_content", "thinking"):
+        if msg.get(key) is not None and not isinstance(msg[key], str):
+            raise _invalid_type(f"{where}.{key}", "a string")
+        if role == "assistant" and msg.get(key) and "reasoning_content" not in out:
+            out["reasoning_content"] = msg[key]
     if role == "tool" and msg.get("tool_call_id") is not None:
         out["tool_call_id"] = msg["tool_call_id"]
     if role == "tool" and msg.get("name") is not None:

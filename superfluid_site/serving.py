@@ -50,6 +50,7 @@ class ServingConfig:
     max_queue: int = 256
     client_concurrency: int = 32
     strict_params: bool = False
+    reasoning_format: str = "auto"  # --reasoning-format: auto/deepseek split a reply's reasoning out, none leaves it
     max_batch: int = 8  # the worker's lanes (several models: the largest)
     require_key: bool = False
     keys_required: bool = False  # --require-key, or serve binds beyond loopback

@@ -9,7 +9,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from scheduler.engines.base import EngineError
@@ -218,8 +218,13 @@ def _mark_strings(value: Any, mark: Callable[[str], str], *, plain_too: bool = T
 def _marked_message(msg: dict[str, Any], mark: Callable[[str, bool], str]) -> dict[str, Any]:
     """``msg`` with its content, and the client's strings of its tool calls (each call's id, name
     and the strings of its arguments) and of a tool result (``tool_call_id``, ``name``),
-    replaced by markers (``mark(text, is_content)``), in the order a template writes them."""
+    replaced by markers (``mark(text, is_content)``), in the order a template writes them; an
+    earlier reply's reasoning too (``reasoning_content``, gpt-oss's ``thinking``: a template may
+    leave it out, so it is marked as a call's strings are)."""
     out = dict(msg)
+    for key in ("reasoning_content", "thinking"):
+        if isinstance(msg.get(key), str) and msg[key]:
+            out[key] = mark(msg[key], False)
     if msg.get("content"):
         out["content"] = mark(msg["content"], True)
     for key in ("tool_call_id", "name"):
@@ -277,7 +282,7 @@ def split_rendered(
     place. A template that writes the tools' strings otherwise is split at the messages' strings
     only (``tool_strings=False``); one that writes a call's strings otherwise (as Python's repr) at
     the contents only (``calls=False``). A template that cuts an earlier turn's reasoning out of
-    its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``, and replies here carry
+    its content (Qwen 3's, DeepSeek R1's: ``content.split('</think>')``, and replies with reasoning_format none carry
     the reasoning in their content, which clients send back) is split again with such contents
     left to it, tokenised with the template's text (``reasoning=False``), rather than giving up
     on every other content too."""
@@ -292,6 +297,7 @@ def split_rendered(
     offered = tools if tool_strings and calls else None  # the tools whose strings are marked
 
     marks: dict[str, str] = {}  # a call's or tool's string: its marker (one string, one marker)
+    reasonings = {m[k] for m in messages for k in ("reasoning_content", "thinking") if isinstance(m.get(k), str)}
 
     def mark(value: str, content: bool) -> str:
         # a string met twice (a parameter's name in its schema's "required") is marked alike, so
@@ -354,7 +360,8 @@ def split_rendered(
     pos, written = len(templates[0]), []
     for k, n in enumerate(order):
         (value, content), after, last = strings[n], templates[k + 1], k == len(order) - 1
-        for form in _content_forms(value) if content else _argument_forms(value):
+        # (a reasoning as a content: Qwen 3's template writes it trimmed of new lines)
+        for form in _content_forms(value) if content or value in reasonings else _argument_forms(value):
             end = pos + len(form)
             if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
                 break
@@ -405,6 +412,7 @@ def chat_prompt_tokens(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     resume_text: str = "",
+    resume_tokens: Collection[str] = (),
 ) -> tuple[list[int], int]:
     """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
     conversation's). ``render(messages, tools)`` is the template's text (``tools``: the list the
@@ -414,18 +422,35 @@ def chat_prompt_tokens(
     the template trims contents or writes nothing for an empty one (:func:`split_rendered`); only
     a template that writes contents otherwise has its whole text tokenised at once. Resumed text
     (the reply so far) is tokenised as text after the conversation's tokens, as the model wrote
-    it after them. Each piece after the first is tokenised as the continuation of the tokens
-    before it (``tokenize``'s ``after``): no space prefix a vocabulary gives a
-    text's start (Llama 2's, Mistral's) where the whole text has none."""
+    it after them, but for ``resume_tokens``: the control tokens whose text the reply holds as
+    the model sampled them (gpt-oss's ``<|channel|>``, which llama.cpp writes as text; the tool
+    formats' tokens a reply that offers tools keeps), each its token again. Each piece after the
+    first is tokenised as the continuation of the tokens before it (``tokenize``'s ``after``): no
+    space prefix a vocabulary gives a text's start (Llama 2's, Mistral's) where the whole text has
+    none."""
     text = render(messages, tools)
     split = split_rendered(render, messages, tools, text)
 
     def more(before: list[int], piece: str, special: bool = True) -> list[int]:
         return tokenize(piece, add_special=False, special=special, after=before[-1] if before else None)
 
+    def resumed(own: list[int]) -> list[int]:
+        # the reply so far is text too: a control token the model sampled has no text, so control-
+        # token text in it is what it wrote as plain text (quoting "<|im_end|>"), not a turn's end;
+        # but for the tokens whose text a reply holds (``resume_tokens``)
+        markers = [m for m in resume_tokens if m and m in resume_text]
+        if not markers:
+            return more(own, resume_text, special=False)
+        out: list[int] = []
+        pieces = re.split("(" + "|".join(re.escape(m) for m in markers) + ")", resume_text)
+        for i, piece in enumerate(pieces):
+            if piece:
+                out += more(out or own, piece, special=bool(i % 2))
+        return out
+
     if split is None or not split[1]:
         own = tokenize(text)
-        return (own + more(own, resume_text, special=False) if resume_text else own), len(own)
+        return (own + resumed(own) if resume_text else own), len(own)
     templates, contents = split
 
     tokens = tokenize(templates[0])
@@ -436,9 +461,7 @@ def chat_prompt_tokens(
     own = tokens + more(tokens, templates[-1])
     if not resume_text:
         return own, len(own)
-    # the reply so far is text too: a control token the model sampled has no text, so control-
-    # token text in it is what it wrote as plain text (quoting "<|im_end|>"), not a turn's end
-    return own + more(own, resume_text, special=False), len(own)
+    return own + resumed(own), len(own)
 
 
 # -- tools ----------------------------------------------------------------------------------
@@ -505,6 +528,52 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
     if "[TOOL_CALLS]" in src:
         return "mistral"
     return "hermes"
+
+
+# How a reasoning model writes its reasoning, from its chat template (as llama.cpp's server tells
+# them apart, common/chat.cpp): "harmony" gpt-oss's channels (its template writes
+# ``<|channel|>``); "think-open" a ``<think>...</think>`` block the template opens itself in the
+# generation prompt (DeepSeek R1's and its distills', QwQ's ``<think>\n``: the reply starts in
+# it); "think" one the model opens (Qwen 3's); "none" any other. The web side splits replies by
+# it (api/reasoning.py): the reasoning is ``reasoning_content``, as llama-server's default
+# ``--reasoning-format auto`` sends it.
+REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+# gpt-oss's control tokens that llama.cpp writes as text (llama-vocab.cpp: "always render these
+# tokens"): a reply holds them as the model sampled them
+HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
+
+def reasoning_format(source: str | None) -> str:
+    """The format a model writes its reasoning in, from its chat template's source."""
+    src = str(source or "")
+    if "<|channel|>" in src:
+        return "harmony"
+    if _REASONING_END not in src:
+        return "none"
+    try:
+        # (with enable_thinking true, as every request's template has it: template_inputs)
+        prompt = render_chat_template(compile_chat_template(src), [{"role": "user", "content": "Hi"}], bos_token="", eos_token="", enable_thinking=True)
+    except Exception:  # noqa: BLE001 - a template that will not render a lone user turn: it decides nothing
+        return "think"
+    return "think-open" if prompt.rstrip().endswith("<think>") else "think"
+
+
+def reasoning_messages(messages: list[dict[str, Any]], template_source: str | None) -> list[dict[str, Any]]:
+    """``messages`` for the template ``template_source``: an earlier turn's reasoning (its
+    ``reasoning_content``, as the reply carried it) also as ``thinking`` where the template is
+    gpt-oss's, which reads that (and refuses a turn of calls with both content and thinking: the
+    content is dropped there), as llama-server's gpt-oss handler passes it
+    (common/parsers/gpt-oss.cpp)."""
+    if "<|channel|>" not in str(template_source or "") or not any("reasoning_content" in m for m in messages):
+        return messages
+    out = []
+    for msg in messages:
+        if isinstance(msg.get("reasoning_content"), str):
+            msg = {**msg, "thinking": msg["reasoning_content"]}
+            if msg.get("tool_calls"):
+                msg.pop("content", None)
+        out.append(msg)
+    return out
 
 
 def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -649,7 +718,8 @@ def template_inputs(
     has one and the engine passes variables through (``native_ok``), the generic one otherwise.
     Earlier calls and their results are in the template's own format also where the request
     offers no tools (it is not given ``tools`` then), as llama.cpp's server renders them."""
-    extra = {**today_variables(), **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
+    extra = {**today_variables(), "enable_thinking": True, **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS}} if native_ok else {}
+    messages = reasoning_messages(messages, template_source)
     has_calls = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if (tools or has_calls) and native_ok and template_knows_tools(template_source):
         if tools:

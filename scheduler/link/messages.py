@@ -124,6 +124,9 @@ class Hello(Message):
     chat_template: str | None = None  # the template chats are rendered with (/props)
     # how the model writes tool calls in tool_choice auto (scheduler.engines.chat.TOOL_FORMATS)
     tool_format: str = "hermes"
+    # how the model writes its reasoning (scheduler.engines.chat.REASONING_FORMATS): the web
+    # side sends it as reasoning_content
+    reasoning_format: str = "none"
 
 
 @dataclass(frozen=True)

@@ -399,7 +399,7 @@ class RedisTransport(Transport):
         loop = asyncio.get_running_loop()
         if workers:
             first = workers[sorted(workers)[0]]
-            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=fleet_lane_ctx(workers), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"))
+            hello = Hello(model=first.get("model", ""), engine=first.get("engine", ""), n_lanes=int(first.get("n_lanes", 0)), lane_ctx=fleet_lane_ctx(workers), pid=int(first.get("pid", 0)), tool_format=str(first.get("tool_format") or "hermes"), reasoning_format=str(first.get("reasoning_format") or "none"))
             if not self.connected:
                 await self._became_connected(hello)
             else:
@@ -1121,7 +1121,7 @@ class RedisWorkerLink:
         state = dict(self._snapshot or {})
         if not state:
             hello = self.worker.hello()
-            state = {"model": hello.model, "engine": hello.engine, "n_lanes": hello.n_lanes, "lane_ctx": hello.lane_ctx, "pid": hello.pid, "tool_format": hello.tool_format}
+            state = {"model": hello.model, "engine": hello.engine, "n_lanes": hello.n_lanes, "lane_ctx": hello.lane_ctx, "pid": hello.pid, "tool_format": hello.tool_format, "reasoning_format": hello.reasoning_format}
         state["host"] = self.host
         state["worker"] = self.worker_id
         body = json.dumps(state, default=str)

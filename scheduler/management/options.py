@@ -170,6 +170,10 @@ def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fim-max-context", type=int, default=_env("--fim-max-context", 0), help="context tokens per lane of the --fim-model, 64-8192 (default: 0 = --ctx-size, at most 8192)")
 
 
+# llama-server's --reasoning-format values (its deepseek-legacy is not one here)
+REASONING_FLAG_VALUES = ("auto", "deepseek", "none")
+
+
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the web side's request parsing (serve only; the worker never sees them)."""
     parser.add_argument(
@@ -177,6 +181,12 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=_env("--strict-params", False),
         help="answer parameters this server does not know with a 400 unknown_parameter, as OpenAI does, instead of ignoring them (named in x-superfluid-ignored-params)",
+    )
+    parser.add_argument(
+        "--reasoning-format",
+        choices=REASONING_FLAG_VALUES,
+        default=_env("--reasoning-format", "auto"),
+        help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto and deepseek put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
     )
 
 

@@ -233,6 +233,11 @@ class EngineWorker:
         return chat_format.tool_call_format(engine.chat_template, native="template_vars" in engine.features)
 
     @functools.cached_property
+    def reasoning_format(self) -> str:
+        """How the model writes its reasoning (``chat.reasoning_format``), from its template."""
+        return chat_format.reasoning_format(self.engine.chat_template)
+
+    @functools.cached_property
     def _takes_system(self) -> bool:
         """Whether the model's template writes a system message (``chat.takes_system_turn``):
         where not (Gemma 2's raises "System role not supported"), a request's system text opens
@@ -277,6 +282,7 @@ class EngineWorker:
             # the model's own, else ChatML, which compile_chat_template renders it with
             chat_template=self.engine.chat_template or chat_format.CHATML,
             tool_format=self.tool_format,
+            reasoning_format=self.reasoning_format,
         )
 
     def _on_message(self, message: Message) -> None:
@@ -662,7 +668,7 @@ class EngineWorker:
             raise Refusal(INVALID_JOB, "'stop' must be a list of strings.", "stop")
 
     def _chat_tokens(
-        self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None
+        self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None, *, offers_tools: bool = False
     ) -> tuple[list[int], int]:
         """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
         conversation's): the client's text tokenised as text (``chat.chat_prompt_tokens``)."""
@@ -675,7 +681,11 @@ class EngineWorker:
             variables = template_vars if tools is None else {**template_vars, "tools": tools}
             return engine.render_chat(msgs, **variables) if variables else engine.render_chat(msgs)
 
-        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text)
+        # the control tokens whose text the reply so far holds: a resumed reply's are tokens again
+        kept = chat_format.HARMONY_TOKENS if self.reasoning_format == "harmony" else ()
+        if offers_tools:  # (a reply that offers tools keeps its format's: _tool_token_bytes)
+            kept += chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ())
+        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text, kept)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str, int]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to, how
@@ -702,7 +712,8 @@ class EngineWorker:
                 )
                 if messages and messages[0].get("role") == "system" and not self._takes_system:
                     messages = chat_format.merge_system_turn(messages)
-                tokens, own_len = self._chat_tokens(messages, resume_text, extra)
+                offers_tools = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
+                tokens, own_len = self._chat_tokens(messages, resume_text, extra, offers_tools=offers_tools)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
             return tokens, own_len, "messages", own_len

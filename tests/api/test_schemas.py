@@ -376,13 +376,14 @@ def test_tool_calls_on_a_user_message_are_rejected() -> None:
 def test_an_unknown_message_key_is_ignored_and_named_or_with_strict_rejected_naming_it() -> None:
     """OpenAI accepts keys of a client's own on a message (CodeCompanion's id and opts; a
     reasoning model's reasoning_content sent back): they were a 400 here. ``audio: null`` is
-    the SDK's own key (a reply sent back as it came) and carries nothing: dropped unnamed."""
+    the SDK's own key (a reply sent back as it came) and carries nothing: dropped unnamed.
+    ``reasoning_content`` is read (the template may write it: tests/api/test_reasoning_s47.py)."""
     messages = [{"role": "user", "content": "x", "id": 1947269257, "opts": {"visible": False}},
                 {"role": "assistant", "content": "y", "reasoning_content": "...", "audio": None},
                 {"role": "user", "content": "z", "id": 2}]
     req = chat(messages=messages)
-    assert req.messages == [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}]
-    assert req.ignored == ["messages.id", "messages.opts", "messages.reasoning_content"]
+    assert req.messages == [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "reasoning_content": "..."}, {"role": "user", "content": "z"}]
+    assert req.ignored == ["messages.id", "messages.opts"]
     err = chat_error(_strict=True, messages=[{"role": "user", "content": "x", "mood": "happy"}])
     assert_400(err, "messages[0].mood", "unknown_parameter")
 

@@ -698,6 +698,7 @@ class Command(FlagsCommand):
             max_queue=options["max_queue"],
             client_concurrency=options["client_concurrency"],
             strict_params=options["strict_params"],
+            reasoning_format=options["reasoning_format"],
             max_batch=config.max_batch if pool_setup is None else max(pool_setup.lanes.values()),
             require_key=options["require_key"],
             keys_required=options["require_key"] or not is_loopback(options["host"]),

@@ -1,0 +1,142 @@
+"""Through the whole middle layer (tests/edge/inproc.py): a reasoning model's chat reply comes
+back as llama-server's does, its reasoning in ``reasoning_content`` (streamed as
+``delta.reasoning_content``) and its answer in ``content``. The worker reads the model's format
+from its chat template and says it in its Hello; the web side splits the reply by it. Before,
+gpt-oss's reply reached the client as ``<|channel|>analysis<|message|>...`` in ``content``.
+/v1/completions stays raw, as on llama-server, and so does a request with reasoning_format none."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from .inproc import JSON, MODEL, SimWorker, attached, request
+from .test_stream_equivalence import ScriptEngine, script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather. "
+FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris."
+CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+
+
+class TemplateEngine(ScriptEngine):
+    template = ""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.features = self.features | {"template_vars"}
+        self.chat_template = self.template
+
+
+class GptOssEngine(TemplateEngine):
+    template = (TEMPLATES / "gpt-oss-120b.jinja").read_text()
+
+
+class R1Engine(TemplateEngine):
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+
+
+def _edge(engine: type[TemplateEngine]) -> Iterator[asyncio.AbstractEventLoop]:
+    class Worker(SimWorker):
+        engine_class = engine
+
+    loop = asyncio.new_event_loop()
+    context = attached(Worker(lanes=2, lane_ctx=2048))
+    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
+        loop.run_until_complete(context.__aenter__())
+        yield loop
+        loop.run_until_complete(context.__aexit__(None, None, None))
+    loop.close()
+
+
+@pytest.fixture
+def gpt_oss() -> Iterator[asyncio.AbstractEventLoop]:
+    yield from _edge(GptOssEngine)
+
+
+@pytest.fixture
+def r1() -> Iterator[asyncio.AbstractEventLoop]:
+    yield from _edge(R1Engine)
+
+
+def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool, **more: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris? " + script(written)}], "stream": stream, **more}
+    reply = loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON))
+    assert reply.status == 200, reply.body
+    if not stream:
+        choice = reply.json()["choices"][0]
+        message = choice["message"]
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+        return {"reasoning": message.get("reasoning_content"), "content": message["content"] or None, "calls": calls, "finish_reason": choice["finish_reason"]}
+    reasoning, content, calls, finish = None, None, {}, None
+    for data in reply.sse_data():
+        if data == "[DONE]":
+            break
+        for choice in json.loads(data)["choices"]:
+            delta = choice["delta"]
+            if delta.get("reasoning_content") is not None:
+                reasoning = (reasoning or "") + delta["reasoning_content"]
+            if delta.get("content") is not None:
+                content = (content or "") + delta["content"]
+            for c in delta.get("tool_calls") or []:
+                entry = calls.setdefault(c["index"], ["", ""])
+                entry[0] += c.get("function", {}).get("name") or ""
+                entry[1] += c.get("function", {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return {"reasoning": reasoning, "content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gpt_oss_reasoning_is_reasoning_content(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+    got = _ask(gpt_oss, ANALYSIS + FINAL, stream=stream)
+    assert got == {"reasoning": "The user wants the weather.", "content": "It is sunny in Paris.", "calls": [], "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_gpt_oss_calls_are_tool_calls(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+    got = _ask(gpt_oss, ANALYSIS + CALL, stream=stream, tools=TOOLS)
+    assert got == {"reasoning": "The user wants the weather.", "content": None, "calls": [("get_weather", '{"city": "Paris"}')], "finish_reason": "tool_calls"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_format_none_leaves_the_raw_reply(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+    got = _ask(gpt_oss, ANALYSIS + FINAL, stream=stream, reasoning_format="none")
+    assert got == {"reasoning": None, "content": ANALYSIS + FINAL, "calls": [], "finish_reason": "stop"}
+    with override_settings(SUPERFLUID_REASONING_FORMAT="none"):  # --reasoning-format none
+        assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream)["content"] == ANALYSIS + FINAL
+
+
+def test_completions_stay_raw(gpt_oss: asyncio.AbstractEventLoop) -> None:
+    body = {"model": MODEL, "prompt": "x " + script(ANALYSIS + FINAL)}
+    reply = gpt_oss.run_until_complete(request("POST", "/v1/completions", json.dumps(body).encode(), JSON))
+    assert reply.status == 200 and reply.json()["choices"][0]["text"] == ANALYSIS + FINAL
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_template_that_opens_the_block_itself(r1: asyncio.AbstractEventLoop, stream: bool) -> None:
+    """DeepSeek R1's generation prompt ends in ``<think>\\n``: the reply starts in the block."""
+    got = _ask(r1, "The user asks about weather.\n</think>\n\nSunny.", stream=stream)
+    assert got == {"reasoning": "The user asks about weather.", "content": "Sunny.", "calls": [], "finish_reason": "stop"}
+    # thinking turned off: the template closes the block itself, and the reply is all answer
+    off = _ask(r1, "Sunny.", stream=stream, chat_template_kwargs={"enable_thinking": False})
+    assert off == {"reasoning": None, "content": "Sunny.", "calls": [], "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_reply_of_such_a_template_is_no_reasoning(r1: asyncio.AbstractEventLoop, stream: bool) -> None:
+    """A grammar writes the reply from its first token (a forced call, a response_format): it
+    does not begin inside a reasoning block, though the template opened one."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    got = _ask(r1, call, stream=stream, tools=TOOLS, tool_choice="required")
+    assert got == {"reasoning": None, "content": None, "calls": [("get_weather", '{"city": "Paris"}')], "finish_reason": "tool_calls"}
+    answer = _ask(r1, '{"city": "Paris"}', stream=stream, response_format={"type": "json_object"})
+    assert answer == {"reasoning": None, "content": '{"city": "Paris"}', "calls": [], "finish_reason": "stop"}
