@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from scheduler.engines.base import EngineError
+from scheduler.engines.hf_vocab import RENDERED_CONTROL
 
 # For models that ship no template.
 CHATML = (
@@ -540,7 +541,7 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
 REASONING_FORMATS = ("none", "think", "think-open", "harmony")
 # gpt-oss's control tokens that llama.cpp writes as text (llama-vocab.cpp: "always render these
 # tokens"): a reply holds them as the model sampled them
-HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+HARMONY_TOKENS = RENDERED_CONTROL
 
 
 def reasoning_format(source: str | None) -> str:
