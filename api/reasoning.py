@@ -90,7 +90,8 @@ class Splitter:
     def feed(self, text: str) -> tuple[str, str]:
         raise NotImplementedError
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
+        """The rest; ``cut``: the reply was cut short (max_tokens), not ended by the model."""
         raise NotImplementedError
 
 
@@ -149,7 +150,7 @@ class ThinkSplitter(Splitter):
         self.pending = text[len(text) - keep :] if keep else ""
         reasoning.append(self._reason(text[: len(text) - keep]))
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
         pending, self.pending = self.pending, ""
         if self.state == "start":  # whitespace alone, or a "<think>" cut short
             if self.forced_open:
@@ -175,6 +176,8 @@ class HarmonySplitter(Splitter):
         self.sink = "answer"  # the body's: "reasoning", "answer", "call", "drop"
         self.pending = ""  # body: a possible marker's start
         self.call_open = False  # a call's block is open (its closing goes out at its body's end)
+        # a call's head, held until its arguments begin: a reply cut before them has no call
+        self.call_head = ""
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -247,7 +250,8 @@ class HarmonySplitter(Splitter):
             name = recipient[len("functions.") :] if recipient.startswith("functions.") else ""
             if name in self.calls:
                 self.sink, self.call_open = "call", True
-                answer.append('<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+                self.call_head = '<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
             else:  # a built-in tool's call (browser, python), or a call nobody offered tools for
                 self.sink = "drop"
         elif channel == "analysis":
@@ -260,15 +264,22 @@ class HarmonySplitter(Splitter):
             return
         if self.sink == "reasoning":
             reasoning.append(self._reason(piece))
+        elif self.sink == "call" and self.call_head:
+            if piece.strip():  # (the whitespace before the arguments is no part of them)
+                answer.append(self.call_head + piece.lstrip())
+                self.call_head = ""
         elif self.sink in ("answer", "call"):
             answer.append(piece)
 
-    def _close(self, answer: list[str]) -> None:
-        if self.call_open:
-            answer.append("}</tool_call>")
-            self.call_open = False
+    def _close(self, answer: list[str], *, cut: bool = False) -> None:
+        """A message's end: a call's block closed. A call cut short (max_tokens) stays open, its
+        arguments as far as they came, read as any call so cut (``api.responses.cut_call``): a
+        closing added after them made markup of a call whose arguments are no JSON."""
+        if self.call_open and not cut:
+            answer.append(self.call_head + "}</tool_call>")
+        self.call_open, self.call_head = False, ""
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
         reasoning: list[str] = []
         answer: list[str] = []
         if self.state == "head" and self.header:
@@ -277,8 +288,9 @@ class HarmonySplitter(Splitter):
             self.header = ""
         elif self.state == "body":
             pending, self.pending = self.pending, ""
-            self._body(pending, reasoning, answer)
-            self._close(answer)
+            if not (cut and self.sink == "call"):  # (a cut call's: a marker's start, no argument)
+                self._body(pending, reasoning, answer)
+            self._close(answer, cut=cut)
         return "".join(reasoning), "".join(answer)
 
 
@@ -292,10 +304,11 @@ def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
     return None
 
 
-def split_whole(splitter: Splitter, text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a whole reply, by a ``splitter`` that has seen none of it."""
+def split_whole(splitter: Splitter, text: str, *, cut: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) of a whole reply, by a ``splitter`` that has seen none of it
+    (``cut``: cut short by max_tokens)."""
     r1, a1 = splitter.feed(text)
-    r2, a2 = splitter.finish()
+    r2, a2 = splitter.finish(cut=cut)
     return r1 + r2, a1 + a2
 
 
