@@ -11,6 +11,9 @@ in its worker's Hello):
   prompt (DeepSeek R1's ``<think>\\n``), so the reply starts inside it; it is reasoning up to
   ``</think>``, all of it if that never comes. ``think``: only a reply that begins with
   ``<think>`` holds reasoning; any other is all answer.
+* ``mistral``: the same with ``[THINK]...[/THINK]`` (Magistral's, Ministral 3 Reasoning's: control
+  tokens the worker writes as text, as llama-server keeps them, its ``preserved_tokens``); only
+  a reply that begins with ``[THINK]`` holds reasoning, as ``think``.
 * ``harmony``: gpt-oss's channels. llama.cpp renders ``<|channel|>``, ``<|message|>``,
   ``<|start|>`` and ``<|constrain|>`` as text (``<|end|>`` as none), so a reply reads
   ``<|channel|>analysis<|message|>...<|start|>assistant<|channel|>final<|message|>Hello``: the
@@ -34,9 +37,10 @@ import re
 from collections.abc import Collection
 
 # the formats, as the worker's Hello names them; "none": no reasoning is split out
-REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+REASONING_FORMATS = ("none", "think", "think-open", "harmony", "mistral")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE = "[THINK]", "[/THINK]"
 
 # gpt-oss's markers that llama.cpp renders as text
 H_CHANNEL, H_MESSAGE, H_START, H_CONSTRAIN, H_END = "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"
@@ -96,11 +100,12 @@ class Splitter:
 
 
 class ThinkSplitter(Splitter):
-    """``<think>...</think>`` then the answer (the answer's leading whitespace dropped, as
-    llama-server's parser consumes the spaces after ``</think>``)."""
+    """``<think>...</think>`` (or ``opening``...``closing``) then the answer (the answer's leading
+    whitespace dropped, as llama-server's parser consumes the spaces after ``</think>``)."""
 
-    def __init__(self, *, forced_open: bool = False) -> None:
+    def __init__(self, *, forced_open: bool = False, opening: str = THINK_OPEN, closing: str = THINK_CLOSE) -> None:
         super().__init__()
+        self.opening, self.closing = opening, closing
         # "start": the reply's start (whitespace, maybe "<think>" coming); "think"; "answer"
         self.state = "start"
         self.forced_open = forced_open
@@ -128,9 +133,9 @@ class ThinkSplitter(Splitter):
         text, self.pending = self.pending + text, ""
         if self.state == "start":
             body = text.lstrip()
-            if body.startswith(THINK_OPEN):
-                self.state, text = "think", body[len(THINK_OPEN) :]
-            elif THINK_OPEN.startswith(body) and len(text) <= MAX_HEADER:  # whitespace, or "<think>" coming
+            if body.startswith(self.opening):
+                self.state, text = "think", body[len(self.opening) :]
+            elif self.opening.startswith(body) and len(text) <= MAX_HEADER:  # whitespace, or "<think>" coming
                 self.pending = text
                 return
             elif self.forced_open:
@@ -140,13 +145,13 @@ class ThinkSplitter(Splitter):
                 answer.append(text)
                 return
         # in the reasoning
-        at = text.find(THINK_CLOSE)
+        at = text.find(self.closing)
         if at >= 0:
             reasoning.append(self._reason(text[:at]))
             self.state, self.after_close = "answer", True
-            self._answer(text[at + len(THINK_CLOSE) :], answer)
+            self._answer(text[at + len(self.closing) :], answer)
             return
-        keep = _partial_suffix(text, (THINK_CLOSE,))
+        keep = _partial_suffix(text, (self.closing,))
         self.pending = text[len(text) - keep :] if keep else ""
         reasoning.append(self._reason(text[: len(text) - keep]))
 
@@ -301,6 +306,8 @@ def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
         return HarmonySplitter(calls=calls)
     if fmt in ("think", "think-open"):
         return ThinkSplitter(forced_open=fmt == "think-open")
+    if fmt == "mistral":
+        return ThinkSplitter(opening=MISTRAL_THINK_OPEN, closing=MISTRAL_THINK_CLOSE)
     return None
 
 
