@@ -11,6 +11,9 @@ in its worker's Hello):
   prompt (DeepSeek R1's ``<think>\\n``), so the reply starts inside it; it is reasoning up to
   ``</think>``, all of it if that never comes. ``think``: only a reply that begins with
   ``<think>`` holds reasoning; any other is all answer.
+* ``mistral``: the same with ``[THINK]...[/THINK]`` (Magistral's, Ministral 3 Reasoning's: control
+  tokens the worker writes as text, as llama-server keeps them, its ``preserved_tokens``); only
+  a reply that begins with ``[THINK]`` holds reasoning, as ``think``.
 * ``harmony``: gpt-oss's channels. llama.cpp renders ``<|channel|>``, ``<|message|>``,
   ``<|start|>`` and ``<|constrain|>`` as text (``<|end|>`` as none), so a reply reads
   ``<|channel|>analysis<|message|>...<|start|>assistant<|channel|>final<|message|>Hello``: the
@@ -34,9 +37,10 @@ import re
 from collections.abc import Collection
 
 # the formats, as the worker's Hello names them; "none": no reasoning is split out
-REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+REASONING_FORMATS = ("none", "think", "think-open", "harmony", "mistral")
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE = "[THINK]", "[/THINK]"
 
 # gpt-oss's markers that llama.cpp renders as text
 H_CHANNEL, H_MESSAGE, H_START, H_CONSTRAIN, H_END = "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"
@@ -90,16 +94,18 @@ class Splitter:
     def feed(self, text: str) -> tuple[str, str]:
         raise NotImplementedError
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
+        """The rest; ``cut``: the reply was cut short (max_tokens), not ended by the model."""
         raise NotImplementedError
 
 
 class ThinkSplitter(Splitter):
-    """``<think>...</think>`` then the answer (the answer's leading whitespace dropped, as
-    llama-server's parser consumes the spaces after ``</think>``)."""
+    """``<think>...</think>`` (or ``opening``...``closing``) then the answer (the answer's leading
+    whitespace dropped, as llama-server's parser consumes the spaces after ``</think>``)."""
 
-    def __init__(self, *, forced_open: bool = False) -> None:
+    def __init__(self, *, forced_open: bool = False, opening: str = THINK_OPEN, closing: str = THINK_CLOSE) -> None:
         super().__init__()
+        self.opening, self.closing = opening, closing
         # "start": the reply's start (whitespace, maybe "<think>" coming); "think"; "answer"
         self.state = "start"
         self.forced_open = forced_open
@@ -127,9 +133,9 @@ class ThinkSplitter(Splitter):
         text, self.pending = self.pending + text, ""
         if self.state == "start":
             body = text.lstrip()
-            if body.startswith(THINK_OPEN):
-                self.state, text = "think", body[len(THINK_OPEN) :]
-            elif THINK_OPEN.startswith(body) and len(text) <= MAX_HEADER:  # whitespace, or "<think>" coming
+            if body.startswith(self.opening):
+                self.state, text = "think", body[len(self.opening) :]
+            elif self.opening.startswith(body) and len(text) <= MAX_HEADER:  # whitespace, or "<think>" coming
                 self.pending = text
                 return
             elif self.forced_open:
@@ -139,17 +145,17 @@ class ThinkSplitter(Splitter):
                 answer.append(text)
                 return
         # in the reasoning
-        at = text.find(THINK_CLOSE)
+        at = text.find(self.closing)
         if at >= 0:
             reasoning.append(self._reason(text[:at]))
             self.state, self.after_close = "answer", True
-            self._answer(text[at + len(THINK_CLOSE) :], answer)
+            self._answer(text[at + len(self.closing) :], answer)
             return
-        keep = _partial_suffix(text, (THINK_CLOSE,))
+        keep = _partial_suffix(text, (self.closing,))
         self.pending = text[len(text) - keep :] if keep else ""
         reasoning.append(self._reason(text[: len(text) - keep]))
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
         pending, self.pending = self.pending, ""
         if self.state == "start":  # whitespace alone, or a "<think>" cut short
             if self.forced_open:
@@ -175,6 +181,8 @@ class HarmonySplitter(Splitter):
         self.sink = "answer"  # the body's: "reasoning", "answer", "call", "drop"
         self.pending = ""  # body: a possible marker's start
         self.call_open = False  # a call's block is open (its closing goes out at its body's end)
+        # a call's head, held until its arguments begin: a reply cut before them has no call
+        self.call_head = ""
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -247,7 +255,8 @@ class HarmonySplitter(Splitter):
             name = recipient[len("functions.") :] if recipient.startswith("functions.") else ""
             if name in self.calls:
                 self.sink, self.call_open = "call", True
-                answer.append('<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+                self.call_head = '<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+
             else:  # a built-in tool's call (browser, python), or a call nobody offered tools for
                 self.sink = "drop"
         elif channel == "analysis":
@@ -260,15 +269,22 @@ class HarmonySplitter(Splitter):
             return
         if self.sink == "reasoning":
             reasoning.append(self._reason(piece))
+        elif self.sink == "call" and self.call_head:
+            if piece.strip():  # (the whitespace before the arguments is no part of them)
+                answer.append(self.call_head + piece.lstrip())
+                self.call_head = ""
         elif self.sink in ("answer", "call"):
             answer.append(piece)
 
-    def _close(self, answer: list[str]) -> None:
-        if self.call_open:
-            answer.append("}</tool_call>")
-            self.call_open = False
+    def _close(self, answer: list[str], *, cut: bool = False) -> None:
+        """A message's end: a call's block closed. A call cut short (max_tokens) stays open, its
+        arguments as far as they came, read as any call so cut (``api.responses.cut_call``): a
+        closing added after them made markup of a call whose arguments are no JSON."""
+        if self.call_open and not cut:
+            answer.append(self.call_head + "}</tool_call>")
+        self.call_open, self.call_head = False, ""
 
-    def finish(self) -> tuple[str, str]:
+    def finish(self, *, cut: bool = False) -> tuple[str, str]:
         reasoning: list[str] = []
         answer: list[str] = []
         if self.state == "head" and self.header:
@@ -277,8 +293,9 @@ class HarmonySplitter(Splitter):
             self.header = ""
         elif self.state == "body":
             pending, self.pending = self.pending, ""
-            self._body(pending, reasoning, answer)
-            self._close(answer)
+            if not (cut and self.sink == "call"):  # (a cut call's: a marker's start, no argument)
+                self._body(pending, reasoning, answer)
+            self._close(answer, cut=cut)
         return "".join(reasoning), "".join(answer)
 
 
@@ -289,13 +306,16 @@ def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
         return HarmonySplitter(calls=calls)
     if fmt in ("think", "think-open"):
         return ThinkSplitter(forced_open=fmt == "think-open")
+    if fmt == "mistral":
+        return ThinkSplitter(opening=MISTRAL_THINK_OPEN, closing=MISTRAL_THINK_CLOSE)
     return None
 
 
-def split_whole(splitter: Splitter, text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a whole reply, by a ``splitter`` that has seen none of it."""
+def split_whole(splitter: Splitter, text: str, *, cut: bool = False) -> tuple[str, str]:
+    """(reasoning, answer) of a whole reply, by a ``splitter`` that has seen none of it
+    (``cut``: cut short by max_tokens)."""
     r1, a1 = splitter.feed(text)
-    r2, a2 = splitter.finish()
+    r2, a2 = splitter.finish(cut=cut)
     return r1 + r2, a1 + a2
 
 

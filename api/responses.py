@@ -1070,7 +1070,7 @@ class Reply:
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
         if self.reasoning is not None:  # the reply's last reasoning, and answer held as a marker's start
-            thought, rest = self.reasoning.finish()
+            thought, rest = self.reasoning.finish(cut=reason == "length")
             frames += self._reasoning_chunks(thought)
             if rest:
                 frames += self._answer_chunks(rest, [])
@@ -1155,7 +1155,7 @@ class Reply:
         calls: list[dict[str, Any]] = []
         thought = ""
         if self.reasoning is not None:
-            thought, text = split_whole(self.reasoning, text)
+            thought, text = split_whole(self.reasoning, text, cut=reason == "length")
         content: str | None = text
         if self.tool_names:
             cut = cut_call(text, self.tool_names) if reason == "length" else None

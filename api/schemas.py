@@ -120,8 +120,9 @@ _CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEY
 # OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md)
 _COMPLETION_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens"}
 
-# llama-server's reasoning_format values (its deepseek-legacy is not one here)
-REASONING_FORMAT_VALUES = ("auto", "deepseek", "none")
+# llama-server's reasoning_format values: all but none split the reasoning out (its deepseek-legacy
+# sets a reasoning_in_content that its parsers never read: common/chat.cpp, server-schema.cpp)
+REASONING_FORMAT_VALUES = ("auto", "deepseek", "deepseek-legacy", "none")
 
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
 # accepted and dropped (chat templates here only see role and content), and so are the SDK's
@@ -752,6 +753,11 @@ def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:
     if not isinstance(msg, dict):
         raise _invalid_type(where, "an object")
     unknown = [key for key in msg if key not in _MESSAGE_KEYS]
+    # an earlier reply's reasoning is read on an assistant message only: on another it is
+    # ignored, so it is named as any key not honoured is (a 400 with ``strict``)
+    role = msg.get("role")
+    if isinstance(role, str) and role in CHAT_ROLES and role != "assistant":
+        unknown += [key for key in ("reasoning_content", "thinking") if msg.get(key) is not None]
     if strict and unknown:
         raise invalid_request(
             f"Unrecognized request argument supplied: {where}.{unknown[0]}",
@@ -797,7 +803,7 @@ def _parse_known_message(msg: dict[str, Any], where: str) -> dict[str, Any]:
         out["tool_calls"] = calls
     # an earlier reply's reasoning, as it came (llama-server's reasoning_content; gpt-oss's own
     # name, thinking): the template reads it (Qwen 3's writes the last turns', gpt-oss's a
-    # turn of calls' as its analysis); another role's is ignored
+    # turn of calls' as its analysis); another role's is ignored (and named: _parse_message)
     for key in ("reasoning_content", "thinking"):
         if msg.get(key) is not None and not isinstance(msg[key], str):
             raise _invalid_type(f"{where}.{key}", "a string")

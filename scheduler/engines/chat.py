@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from scheduler.engines.base import EngineError
+from scheduler.engines.hf_vocab import RENDERED_CONTROL
 
 # For models that ship no template.
 CHATML = (
@@ -534,13 +535,18 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
 # them apart, common/chat.cpp): "harmony" gpt-oss's channels (its template writes
 # ``<|channel|>``); "think-open" a ``<think>...</think>`` block the template opens itself in the
 # generation prompt (DeepSeek R1's and its distills', QwQ's ``<think>\n``: the reply starts in
-# it); "think" one the model opens (Qwen 3's); "none" any other. The web side splits replies by
+# it); "think" one the model opens (Qwen 3's); "mistral" ``[THINK]...[/THINK]`` (Magistral's,
+# Ministral 3 Reasoning's: llama.cpp's ministral_3 handler); "none" any other. The web side splits replies by
 # it (api/reasoning.py): the reasoning is ``reasoning_content``, as llama-server's default
 # ``--reasoning-format auto`` sends it.
-REASONING_FORMATS = ("none", "think", "think-open", "harmony")
+REASONING_FORMATS = ("none", "think", "think-open", "harmony", "mistral")
 # gpt-oss's control tokens that llama.cpp writes as text (llama-vocab.cpp: "always render these
 # tokens"): a reply holds them as the model sampled them
-HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+HARMONY_TOKENS = RENDERED_CONTROL
+# each format's markers that are control tokens: a chat reply keeps their text (gpt-oss's are
+# text already; Mistral's [THINK] and [/THINK] hold none decoded as plain text, and llama-server
+# keeps them, its preserved_tokens), and a resumed reply's are tokens again
+REASONING_FORMAT_TOKENS: dict[str, tuple[str, ...]] = {"harmony": HARMONY_TOKENS, "mistral": ("[THINK]", "[/THINK]")}
 
 
 def reasoning_format(source: str | None) -> str:
@@ -548,6 +554,8 @@ def reasoning_format(source: str | None) -> str:
     src = str(source or "")
     if "<|channel|>" in src:
         return "harmony"
+    if "[THINK]" in src and "[/THINK]" in src:
+        return "mistral"
     if _REASONING_END not in src:
         return "none"
     try:

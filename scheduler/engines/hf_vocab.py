@@ -14,6 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+# gpt-oss's control tokens that llama.cpp writes as text all the same (llama-vocab.cpp: "always
+# render these tokens", made user-defined): a reply holds its channel markers as the model sampled
+# them, and the web side splits its channels by them (api/reasoning.py)
+RENDERED_CONTROL = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+
 
 def byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for the 256 byte values, inverted."""
@@ -62,8 +67,8 @@ class HfVocabulary:
         self.config = read_json(folder / "tokenizer_config.json")
         self.vocab_size: int = self.tok.get_vocab_size(with_added_tokens=True)
         self.added = self.tok.get_added_tokens_decoder()
-        self.special = {i for i, t in self.added.items() if t.special}
-        self.user_defined = {i: t.content for i, t in self.added.items() if not t.special}
+        self.special = {i for i, t in self.added.items() if t.special and t.content not in RENDERED_CONTROL}
+        self.user_defined = {i: t.content for i, t in self.added.items() if i not in self.special}
         self._byte_map = byte_decoder() if '"ByteLevel"' in json.dumps(tok_json.get("decoder") or {}) else {}
         self.bos_text = self._token_text("bos_token")
         self.eos_text = self._token_text("eos_token")

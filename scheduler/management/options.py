@@ -170,8 +170,8 @@ def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fim-max-context", type=int, default=_env("--fim-max-context", 0), help="context tokens per lane of the --fim-model, 64-8192 (default: 0 = --ctx-size, at most 8192)")
 
 
-# llama-server's --reasoning-format values (its deepseek-legacy is not one here)
-REASONING_FLAG_VALUES = ("auto", "deepseek", "none")
+# llama-server's --reasoning-format values (deepseek-legacy splits as deepseek does there: api/schemas.py)
+REASONING_FLAG_VALUES = ("auto", "deepseek", "deepseek-legacy", "none")
 
 
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +186,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
         "--reasoning-format",
         choices=REASONING_FLAG_VALUES,
         default=_env("--reasoning-format", "auto"),
-        help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto and deepseek put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
+        help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto, deepseek and deepseek-legacy put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
     )
 
 

@@ -249,8 +249,18 @@ class EngineWorker:
         """The control tokens of the model's tool-call format (Mistral's ``[TOOL_CALLS]``, Llama
         3.1's ``<|python_tag|>``), each one token that holds no text decoded as plain text: their
         text, which a reply that offers tools keeps (:meth:`_tool_token_bytes`)."""
+        return self._kept_tokens(chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()))
+
+    @functools.cached_property
+    def _kept_reasoning_tokens(self) -> dict[int, bytes]:
+        """The control tokens of the model's reasoning format (Mistral's ``[THINK]``,
+        ``[/THINK]``): their text, which every chat reply keeps (:meth:`_reply_token_bytes`)."""
+        return self._kept_tokens(chat_format.REASONING_FORMAT_TOKENS.get(self.reasoning_format, ()))
+
+    def _kept_tokens(self, markers: tuple[str, ...]) -> dict[int, bytes]:
+        """Each of ``markers`` that is one token holding no text decoded as plain text: its text."""
         engine, kept = self.engine, {}
-        for marker in chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()):
+        for marker in markers:
             try:
                 ids = engine.tokenize(marker, add_special=False, special=True)
             except Exception:  # noqa: BLE001 - a vocabulary without it: nothing to keep
@@ -259,15 +269,21 @@ class EngineWorker:
                 kept[ids[0]] = marker.encode()
         return kept
 
+    def _reply_token_bytes(self, *, chat: bool, offers_tools: bool) -> Callable[[int], bytes]:
+        """``engine.token_bytes`` for a reply: a chat reply's spells its reasoning format's
+        control tokens, one that offers tools its tool format's (:meth:`_tool_token_bytes`)."""
+        kept = {**(self._kept_reasoning_tokens if chat else {}), **(self._kept_tool_tokens if offers_tools else {})}
+        plain = self.engine.token_bytes
+        if not kept:
+            return plain
+        return lambda token: kept.get(token) or plain(token)
+
     def _tool_token_bytes(self) -> Callable[[int], bytes]:
         """``engine.token_bytes`` that spells the control tokens of the model's tool-call format
         as their text, for a reply that offers tools: decoded as plain text they hold none, and
         the call's opening would be lost (llama-server keeps them too: its chat format's
         ``preserved_tokens``)."""
-        kept, plain = self._kept_tool_tokens, self.engine.token_bytes
-        if not kept:
-            return plain
-        return lambda token: kept.get(token) or plain(token)
+        return self._reply_token_bytes(chat=False, offers_tools=True)
 
     def hello(self) -> Hello:
         return Hello(
@@ -682,7 +698,7 @@ class EngineWorker:
             return engine.render_chat(msgs, **variables) if variables else engine.render_chat(msgs)
 
         # the control tokens whose text the reply so far holds: a resumed reply's are tokens again
-        kept = chat_format.HARMONY_TOKENS if self.reasoning_format == "harmony" else ()
+        kept = chat_format.REASONING_FORMAT_TOKENS.get(self.reasoning_format, ())
         if offers_tools:  # (a reply that offers tools keeps its format's: _tool_token_bytes)
             kept += chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ())
         return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text, kept)
@@ -838,7 +854,7 @@ class EngineWorker:
         # a stop string begun in the text a lost worker had sent already ends in this one's
         stop = [] if forced_call else list(request.get("stop") or [])
         offers_tools = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
-        token_bytes = self._tool_token_bytes() if offers_tools else self.engine.token_bytes
+        token_bytes = self._reply_token_bytes(chat=request.get("endpoint") == "chat", offers_tools=offers_tools)
         stream = TextStream(token_bytes, stop, resume_text or "", n_indent=int(request.get("n_indent") or 0))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.t_max_predict_ms = int(request.get("t_max_predict_ms") or 0)

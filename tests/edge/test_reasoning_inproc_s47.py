@@ -7,6 +7,7 @@ gpt-oss's reply reached the client as ``<|channel|>analysis<|message|>...`` in `
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections.abc import Iterator
@@ -113,6 +114,21 @@ def test_reasoning_format_none_leaves_the_raw_reply(gpt_oss: asyncio.AbstractEve
     assert got == {"reasoning": None, "content": ANALYSIS + FINAL, "calls": [], "finish_reason": "stop"}
     with override_settings(SUPERFLUID_REASONING_FORMAT="none"):  # --reasoning-format none
         assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream)["content"] == ANALYSIS + FINAL
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_format_deepseek_legacy_splits_as_llama_server_does(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+    """llama-server takes ``deepseek-legacy`` (request and flag) and splits the reasoning out as
+    for ``deepseek``: it was a 400 here."""
+    from scheduler.management.options import add_api_arguments
+
+    want = {"reasoning": "The user wants the weather.", "content": "It is sunny in Paris.", "calls": [], "finish_reason": "stop"}
+    assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream, reasoning_format="deepseek-legacy") == want
+    parser = argparse.ArgumentParser()
+    add_api_arguments(parser)
+    flag = parser.parse_args(["--reasoning-format", "deepseek-legacy"]).reasoning_format
+    with override_settings(SUPERFLUID_REASONING_FORMAT=flag):
+        assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream) == want
 
 
 def test_completions_stay_raw(gpt_oss: asyncio.AbstractEventLoop) -> None:
