@@ -51,7 +51,7 @@ from .schemas import (
     parse_chat_request,
     parse_completion_request,
     parse_embeddings_request,
-    parse_infill_request,
+    parse_infill,
     parse_native_completion_request,
 )
 
@@ -1033,8 +1033,7 @@ class InfillConsumer(NativeCompletionConsumer):
     endpoint = "infill"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, fields = parse_infill_request(body, models=models, strict=serving().strict_params)
-        self.options = NativeOptions(response_fields=fields)
+        request, self.options = parse_infill(body, models=models, strict=serving().strict_params)
         return request
 
     async def send_error(self, exc: ApiError) -> None:
@@ -1045,7 +1044,10 @@ class InfillConsumer(NativeCompletionConsumer):
         await super().send_error(exc)
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
-        return responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        # llama-server's final result carries the settings it ran with on /infill too
+        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        return final
 
 
 class EmbeddingsConsumer(GenerationConsumer):

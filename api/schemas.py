@@ -385,6 +385,12 @@ def _native_body(raw: bytes, models: Collection[str], strict: bool, known: froze
 
 
 def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
+    """parse_infill's request and its ``response_fields``."""
+    req, options = parse_infill(raw, models=models, strict=strict)
+    return req, options.response_fields
+
+
+def parse_infill(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, NativeOptions]:
     """Validate a llama-server ``POST /infill`` body: the request (a fill-in-the-middle
     completion: ``input_prefix`` as the prompt, ``input_suffix`` as the suffix, ``prompt`` the
     text typed after the prefix, ``input_extra`` the context chunks) and its ``response_fields``
@@ -393,8 +399,10 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     ``n_indent`` and ``t_max_predict_ms`` (integers >= 0; 0 or absent: off) are honoured as
     llama-server honours them (``GenerationRequest``). llama-server's sampler options this server
     does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
-    ``ignored``; other unknown keys as on ``/v1/completions``."""
+    ``ignored``; other unknown keys as on ``/v1/completions``. Its NativeOptions: the
+    ``response_fields`` and the ``n_predict`` its ``generation_settings`` echo (as /completion's)."""
     body, model, ignored = _native_body(raw, models, strict, _INFILL_KEYS, _INFILL_UNHONOURED)
+    n_predict, echoed = _native_n_predict(body)
     prefix = _optional(body, "input_prefix", str)
     suffix = _optional(body, "input_suffix", str)
     typed = _optional(body, "prompt", str)
@@ -405,12 +413,12 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         suffix=suffix or "",  # never None: always a FIM prompt (its class, its --fim-model)
         fim_prompt=typed or None,
         fim_extra=_parse_input_extra(body),
-        max_tokens=_native_n_predict(body)[0],  # as /completion's: llama-server's n_predict and its aliases
+        max_tokens=n_predict,  # as /completion's: llama-server's n_predict and its aliases
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
     _parse_native_common(body, req, strict)
-    return req, _response_fields(body)
+    return req, NativeOptions(response_fields=_response_fields(body), n_predict=echoed)
 
 
 def _parse_native_common(body: dict[str, Any], req: GenerationRequest, strict: bool) -> None:
