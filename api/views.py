@@ -361,14 +361,18 @@ async def props(request: HttpRequest) -> JsonResponse:
                 "n_ctx": n_ctx,
                 # what an absent parameter is on llama-server's routes (/completion, /infill), as
                 # llama-server's clients read it here; the OpenAI routes keep OpenAI's (docs/api.md)
+                # (typed as llama-server's task_params: n_predict -1 no limit, seed its default
+                # 4294967295, LLAMA_DEFAULT_SEED, which typed clients decode as numbers)
                 "params": {**LLAMA_SERVER_SAMPLING, "typical_p": 1.0,
-                           "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+                           "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                           "seed": 0xFFFFFFFF, "n_predict": -1, "max_tokens": -1, "ignore_eos": False,
+                           "stream": False, "n_probs": 0},
             },
             "engine": hello.engine if hello else None,
             # the template chats are rendered with (llama-server's: the model's, else ChatML);
             # null where the worker has not said it (a model not loaded)
             "chat_template": hello.chat_template if hello else None,
-            "modalities": {"vision": False, "audio": False},
+            "modalities": {"vision": False, "video": False, "audio": False},  # llama-server's three
             "build_info": "superfluid",
         }
     )
