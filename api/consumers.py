@@ -976,9 +976,10 @@ class NativeCompletionConsumer(CompletionsConsumer):
         """llama-server's final completion object (``content``: empty closing a stream, whose
         ``completion_probabilities`` came with its text but for its last tokens')."""
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
-        prompt = request.prompts[reply.index] if request.prompts else request.prompt
+        at = reply.index // max(1, request.n)  # the prompt's (n_cmpl results each)
+        prompt = request.prompts[at] if request.prompts else request.prompt
         final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
-        final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(reply.index, "")
+        final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(at, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
             if not request.stream:

@@ -438,11 +438,11 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
         "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "top_n_sigma",
         "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
         "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "post_sampling_probs", "n_discard",
-        "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
+        "penalize_nl", "lora", "image_data", "return_progress",
     }
 )  # fmt: skip
 _NATIVE_UNHONOURED -= {"n_probs", "return_tokens"}  # honoured on /completion
-_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+_NATIVE_KEYS = _COMMON_KEYS | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", "n_cmpl", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
 
 
 @dataclass
@@ -471,7 +471,7 @@ def parse_native_completion_request(
     prompt: its strings tokenised by ``tokenize(model, text, first)``, ``first`` true for a
     string that begins it, which takes the BOS, as llama-server's ``tokenize_mixed``), or an
     array of those, each a prompt of its own) and what it asks of its response (NativeOptions). ``model`` may be left out: the first model
-    served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
+    served. ``n_cmpl`` (else ``n``) completions per prompt, as llama-server's; ``n_indent`` and ``t_max_predict_ms``
     are honoured as on /infill; llama-server's sampler options this server does not have are
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``.
     ``lane_ctx(model)``: the context a prompt must fit (0: unknown); a mixed prompt is tokenised
@@ -497,6 +497,12 @@ def parse_native_completion_request(
     n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
+    # llama-server's n_cmpl (its alias n read where it is absent): completions per prompt, the
+    # results prompt by prompt (index prompt * n_cmpl + j), as /v1/completions' n
+    name = "n_cmpl" if body.get("n_cmpl") is not None else "n"
+    req.n = _opt_int(body, name, 1, MAX_N, f"an integer between 1 and {MAX_N}") or 1
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise _invalid_value(name, f"at most {MAX_CHOICES} completions in all ({len(prompts)} prompts times {req.n})")
     return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
 
 
