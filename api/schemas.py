@@ -442,7 +442,7 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
     }
 )  # fmt: skip
 _NATIVE_UNHONOURED -= {"n_probs", "return_tokens"}  # honoured on /completion
-_NATIVE_KEYS = _COMMON_KEYS | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", "n_cmpl", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+_NATIVE_KEYS = _COMMON_KEYS | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "logprobs", "return_tokens", "n_cmpl", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
 
 
 @dataclass
@@ -494,7 +494,10 @@ def parse_native_completion_request(
     _parse_native_common(body, req, strict)
     # llama-server's n_probs: the top n tokens' logprobs for each generated token; return_tokens:
     # the generated tokens' ids, which come from the worker with the logprobs' entries (0 alternatives)
-    n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
+    # (its alias logprobs read where it is absent, a boolean as llama-server's JSON reads it: 1, 0)
+    name = "n_probs" if body.get("n_probs") is not None else "logprobs"
+    given = {name: int(body[name]) if isinstance(body.get(name), bool) else body.get(name)}
+    n_probs = _opt_int(given, name, 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
     # llama-server's n_cmpl (its alias n read where it is absent): completions per prompt, the
