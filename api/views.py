@@ -439,6 +439,12 @@ async def slots(request: HttpRequest) -> JsonResponse:
                 "job_id": lane.get("job_id"),  # the request's x-request-id
                 "is_processing": busy,
                 "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
+                # llama-server's: no speculative decoding here; the prompt's tokens, those computed
+                # (not taken from the cache) and those taken from it (0 on an idle lane)
+                "speculative": False,
+                "n_prompt_tokens": prompt_tokens,
+                "n_prompt_tokens_processed": max(0, prompt_done - lane.get("cached_tokens", 0)),
+                "n_prompt_tokens_cache": lane.get("cached_tokens", 0),
                 # llama-server's shape: an array of one object (a slot's next token); n_remain -1:
                 # no count (an idle lane, a request without a limit)
                 "next_token": [
