@@ -51,7 +51,7 @@ from .schemas import (
     parse_chat_request,
     parse_completion_request,
     parse_embeddings_request,
-    parse_infill_request,
+    parse_infill,
     parse_native_completion_request,
 )
 
@@ -976,9 +976,10 @@ class NativeCompletionConsumer(CompletionsConsumer):
         """llama-server's final completion object (``content``: empty closing a stream, whose
         ``completion_probabilities`` came with its text but for its last tokens')."""
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
-        prompt = request.prompts[reply.index] if request.prompts else request.prompt
+        at = reply.index // max(1, request.n)  # the prompt's (n_cmpl results each)
+        prompt = request.prompts[at] if request.prompts else request.prompt
         final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
-        final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(reply.index, "")
+        final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(at, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
             if not request.stream:
@@ -1033,8 +1034,7 @@ class InfillConsumer(NativeCompletionConsumer):
     endpoint = "infill"
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, fields = parse_infill_request(body, models=models, strict=serving().strict_params)
-        self.options = NativeOptions(response_fields=fields)
+        request, self.options = parse_infill(body, models=models, strict=serving().strict_params)
         return request
 
     async def send_error(self, exc: ApiError) -> None:
@@ -1045,7 +1045,10 @@ class InfillConsumer(NativeCompletionConsumer):
         await super().send_error(exc)
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
-        return responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        # llama-server's final result carries the settings it ran with on /infill too
+        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        return final
 
 
 class EmbeddingsConsumer(GenerationConsumer):

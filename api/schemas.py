@@ -386,6 +386,12 @@ def _native_body(raw: bytes, models: Collection[str], strict: bool, known: froze
 
 
 def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, list[str] | None]:
+    """parse_infill's request and its ``response_fields``."""
+    req, options = parse_infill(raw, models=models, strict=strict)
+    return req, options.response_fields
+
+
+def parse_infill(raw: bytes, *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, NativeOptions]:
     """Validate a llama-server ``POST /infill`` body: the request (a fill-in-the-middle
     completion: ``input_prefix`` as the prompt, ``input_suffix`` as the suffix, ``prompt`` the
     text typed after the prefix, ``input_extra`` the context chunks) and its ``response_fields``
@@ -394,8 +400,10 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
     ``n_indent`` and ``t_max_predict_ms`` (integers >= 0; 0 or absent: off) are honoured as
     llama-server honours them (``GenerationRequest``). llama-server's sampler options this server
     does not have (``samplers``, ``t_max_prompt_ms``, ...) are accepted and named in
-    ``ignored``; other unknown keys as on ``/v1/completions``."""
+    ``ignored``; other unknown keys as on ``/v1/completions``. Its NativeOptions: the
+    ``response_fields`` and the ``n_predict`` its ``generation_settings`` echo (as /completion's)."""
     body, model, ignored = _native_body(raw, models, strict, _INFILL_KEYS, _INFILL_UNHONOURED)
+    n_predict, echoed = _native_n_predict(body)
     prefix = _optional(body, "input_prefix", str)
     suffix = _optional(body, "input_suffix", str)
     typed = _optional(body, "prompt", str)
@@ -406,12 +414,12 @@ def parse_infill_request(raw: bytes, *, models: Collection[str], strict: bool = 
         suffix=suffix or "",  # never None: always a FIM prompt (its class, its --fim-model)
         fim_prompt=typed or None,
         fim_extra=_parse_input_extra(body),
-        max_tokens=_native_n_predict(body)[0],  # as /completion's: llama-server's n_predict and its aliases
+        max_tokens=n_predict,  # as /completion's: llama-server's n_predict and its aliases
         ignored=ignored,
         **LLAMA_SERVER_SAMPLING,
     )
     _parse_native_common(body, req, strict)
-    return req, _response_fields(body)
+    return req, NativeOptions(response_fields=_response_fields(body), n_predict=echoed)
 
 
 def _parse_native_common(body: dict[str, Any], req: GenerationRequest, strict: bool) -> None:
@@ -431,11 +439,11 @@ _NATIVE_UNHONOURED = _INFILL_UNHONOURED | frozenset(
         "dynatemp_range", "dynatemp_exponent", "mirostat", "mirostat_tau", "mirostat_eta", "top_n_sigma",
         "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
         "dry_penalty_last_n", "dry_sequence_breakers", "min_keep", "post_sampling_probs", "n_discard",
-        "penalize_nl", "lora", "image_data", "return_progress", "n_cmpl",
+        "penalize_nl", "lora", "image_data", "return_progress",
     }
 )  # fmt: skip
 _NATIVE_UNHONOURED -= {"n_probs", "return_tokens"}  # honoured on /completion
-_NATIVE_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "return_tokens", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
+_NATIVE_KEYS = _COMMON_KEYS | {"max_completion_tokens", "prompt", "response_fields", "n_probs", "logprobs", "return_tokens", "n_cmpl", *_INFILL_LIMITS} | _NATIVE_UNHONOURED
 
 
 @dataclass
@@ -464,7 +472,7 @@ def parse_native_completion_request(
     prompt: its strings tokenised by ``tokenize(model, text, first)``, ``first`` true for a
     string that begins it, which takes the BOS, as llama-server's ``tokenize_mixed``), or an
     array of those, each a prompt of its own) and what it asks of its response (NativeOptions). ``model`` may be left out: the first model
-    served. One completion per prompt (``n`` is not read); ``n_indent`` and ``t_max_predict_ms``
+    served. ``n_cmpl`` (else ``n``) completions per prompt, as llama-server's; ``n_indent`` and ``t_max_predict_ms``
     are honoured as on /infill; llama-server's sampler options this server does not have are
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``.
     ``lane_ctx(model)``: the context a prompt must fit (0: unknown); a mixed prompt is tokenised
@@ -487,9 +495,18 @@ def parse_native_completion_request(
     _parse_native_common(body, req, strict)
     # llama-server's n_probs: the top n tokens' logprobs for each generated token; return_tokens:
     # the generated tokens' ids, which come from the worker with the logprobs' entries (0 alternatives)
-    n_probs = _opt_int(body, "n_probs", 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
+    # (its alias logprobs read where it is absent, a boolean as llama-server's JSON reads it: 1, 0)
+    name = "n_probs" if body.get("n_probs") is not None else "logprobs"
+    given = {name: int(body[name]) if isinstance(body.get(name), bool) else body.get(name)}
+    n_probs = _opt_int(given, name, 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
+    # llama-server's n_cmpl (its alias n read where it is absent): completions per prompt, the
+    # results prompt by prompt (index prompt * n_cmpl + j), as /v1/completions' n
+    name = "n_cmpl" if body.get("n_cmpl") is not None else "n"
+    req.n = _opt_int(body, name, 1, MAX_N, f"an integer between 1 and {MAX_N}") or 1
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise _invalid_value(name, f"at most {MAX_CHOICES} completions in all ({len(prompts)} prompts times {req.n})")
     return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
 
 

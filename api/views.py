@@ -361,14 +361,18 @@ async def props(request: HttpRequest) -> JsonResponse:
                 "n_ctx": n_ctx,
                 # what an absent parameter is on llama-server's routes (/completion, /infill), as
                 # llama-server's clients read it here; the OpenAI routes keep OpenAI's (docs/api.md)
+                # (typed as llama-server's task_params: n_predict -1 no limit, seed its default
+                # 4294967295, LLAMA_DEFAULT_SEED, which typed clients decode as numbers)
                 "params": {**LLAMA_SERVER_SAMPLING, "typical_p": 1.0,
-                           "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+                           "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                           "seed": 0xFFFFFFFF, "n_predict": -1, "max_tokens": -1, "ignore_eos": False,
+                           "stream": False, "n_probs": 0},
             },
             "engine": hello.engine if hello else None,
             # the template chats are rendered with (llama-server's: the model's, else ChatML);
             # null where the worker has not said it (a model not loaded)
             "chat_template": hello.chat_template if hello else None,
-            "modalities": {"vision": False, "audio": False},
+            "modalities": {"vision": False, "video": False, "audio": False},  # llama-server's three
             "build_info": "superfluid",
         }
     )
@@ -429,15 +433,28 @@ async def slots(request: HttpRequest) -> JsonResponse:
         generated = lane.get("generated", 0)
         out.append(
             {
-                **lane,
+                **{k: v for k, v in lane.items() if k not in _NEXT_TOKEN_KEYS},
                 "id": lane["lane"],
                 "id_task": task_number(lane.get("job_id")),
                 "job_id": lane.get("job_id"),  # the request's x-request-id
                 "is_processing": busy,
                 "n_ctx": lane.get("lane_ctx", state.get("lane_ctx")),  # a fleet's lane: its worker's
-                # llama-server's shape: an array of one object (a slot's next token; the text's
-                # has_new_line is not in the snapshot); n_remain -1: no count (an idle lane)
-                "next_token": [{"has_next_token": busy, "n_remain": remaining(lane, generated), "n_decoded": generated}],
+                # llama-server's: no speculative decoding here; the prompt's tokens, those computed
+                # (not taken from the cache) and those taken from it (0 on an idle lane)
+                "speculative": False,
+                "n_prompt_tokens": prompt_tokens,
+                "n_prompt_tokens_processed": max(0, prompt_done - lane.get("cached_tokens", 0)),
+                "n_prompt_tokens_cache": lane.get("cached_tokens", 0),
+                # llama-server's shape: an array of one object (a slot's next token); n_remain -1:
+                # no count (an idle lane, a request without a limit)
+                "next_token": [
+                    {
+                        "has_next_token": busy,
+                        "has_new_line": bool(lane.get("has_new_line", False)) and busy,
+                        "n_remain": remaining(lane, generated),
+                        "n_decoded": generated,
+                    }
+                ],
                 "prompt_progress": round(prompt_done / prompt_tokens, 4) if prompt_tokens else (1.0 if busy else 0.0),
                 "parked": bool(lane.get("parked", False)),
                 "key": lane.get("key") or keys.get(lane.get("job_id") or ""),
@@ -453,12 +470,18 @@ async def slots(request: HttpRequest) -> JsonResponse:
     return JsonResponse(out, safe=False)
 
 
+_NEXT_TOKEN_KEYS = ("limit_asked", "has_new_line")  # a lane's, shown in its next_token only
+
+
 def remaining(lane: dict[str, Any], generated: int) -> int:
     """A lane's llama-server ``next_token.n_remain``: the tokens its job may still generate
-    (its limit less those generated; -1, llama-server's "no limit", where the lane is idle or
+    (its limit less those generated; -1, llama-server's "no limit", where the lane is idle, the
+    request gave no limit (only the context's room bounds it: llama-server's n_predict -1) or
     its worker's snapshot does not say)."""
     limit = lane.get("max_tokens")
-    return max(0, int(limit) - generated) if isinstance(limit, int) and lane.get("state") != "idle" else -1
+    if not isinstance(limit, int) or lane.get("state") == "idle" or lane.get("limit_asked") is False:
+        return -1
+    return max(0, limit - generated)
 
 
 def task_number(job_id: str | None) -> int:

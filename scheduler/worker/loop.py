@@ -123,6 +123,10 @@ class JobContext:
     # holds a new line once this long has passed since the first generated token
     t_max_predict_ms: int = 0
     preempted: bool = False  # preempted in this tick: the next Delta says so, with or without text
+    # /slots' llama-server next_token: whether the request gave a limit (n_remain -1 where it did
+    # not, as llama-server's) and whether its text so far holds a new line (has_new_line)
+    limit_asked: bool = True
+    has_new_line: bool = False
 
 
 class Prepared(Message):
@@ -858,6 +862,7 @@ class EngineWorker:
         stream = TextStream(token_bytes, stop, resume_text or "", n_indent=int(request.get("n_indent") or 0))
         ctx = JobContext(job_id, conn, stream, own_len, resume_tokens, logprobs=sampling.logprobs is not None)
         ctx.t_max_predict_ms = int(request.get("t_max_predict_ms") or 0)
+        ctx.limit_asked, ctx.has_new_line = max_tokens is not None, "\n" in resume_text
         ctx.waited_ms = float(message.waited_ms)  # checked in _check_size, as the priority
         if request.get("echo") and sampling.logprobs is not None:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
@@ -1082,6 +1087,7 @@ class EngineWorker:
                     text += ctx.stream.limit()  # llama-server's t_max_predict_ms: at a new line past it
                 if text:
                     ctx.pending_text.append(text)
+                    ctx.has_new_line = ctx.has_new_line or "\n" in text
                 if ctx.logprobs and not stopped:
                     lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
                     ctx.held_logprobs.append(self._logprob_entry(event.token, lp))
@@ -1185,6 +1191,10 @@ class EngineWorker:
 
     def snapshot(self) -> dict[str, Any]:
         state = self.scheduler.snapshot()
+        for lane in state["lanes"]:  # type: ignore[union-attr]
+            ctx = self.contexts.get(lane.get("job_id") or "")
+            if ctx is not None:  # /slots' next_token (llama-server's n_remain, has_new_line)
+                lane["limit_asked"], lane["has_new_line"] = ctx.limit_asked, ctx.has_new_line
         # not the chat template: kilobytes in every snapshot (one a lane taken or freed), said once in the hello
         state.update({k: v for k, v in dataclasses.asdict(self.hello()).items() if k != "chat_template"})
         state["stats"] = dict(self.stats)
