@@ -1729,7 +1729,8 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
 _PARAM_END = "\n</parameter>"
 _TEXT_END = "</parameter>"
 # a parameter's name as the format writes it (<parameter=name>): what the reader takes back whole
-_XML_KEY = re.compile(r"[^\s<>=]{1,256}")
+# (no NUL: a grammar's literals are C strings to llama.cpp, and no sampled text holds one)
+_XML_KEY = re.compile(r"[^\s<>=\x00]{1,256}")
 # keywords that only describe: a string parameter with no other is any text
 _XML_PLAIN_KEYS = frozenset({"type", "description", "title", "default", "examples", "nullable", "deprecated", "readOnly", "writeOnly"})
 _NOT_STRING_TYPES = frozenset({"number", "integer", "boolean", "null", "object", "array"})
@@ -1772,7 +1773,7 @@ def _xml_value_rule(conv: Any, schema: Any, params: dict[str, Any], name: str) -
             return _text_rules(conv)  # any text (a scalar of another kind allowed is read as it)
         enum = schema.get("enum")
         if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
-            isinstance(v, str) and _TEXT_END not in v for v in enum
+            isinstance(v, str) and _TEXT_END not in v and "\x00" not in v for v in enum
         ):
             return str(conv._add_rule(name, " | ".join(_format_literal(v) for v in enum)))
         return None
@@ -1808,8 +1809,9 @@ def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
             return None
         if not props and params.get("additionalProperties") not in (None, False):
             return None  # (keys of the client's choosing: the JSON format holds them)
-        required = set(params.get("required") or [])
-        if not required <= props.keys():
+        required = params.get("required") or []
+        # (a client's schema: "required" of anything but names is the JSON format's to refuse)
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
             return None
         parts = []
         for j, (key, schema) in enumerate(props.items()):
