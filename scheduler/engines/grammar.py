@@ -316,8 +316,12 @@ def _format_literal(literal: str) -> str:
     """``literal`` as a GBNF string literal. The converter's left backslashes as they were, and
     it writes JSON text (an enum's or a const's value, a property's name) as literals: ``"a\\nb"``
     became a raw line break inside the reply's string (not JSON), ``"a\\\\b"`` a backspace, and a
-    ``"`` a grammar that does not parse."""
-    return '"' + re.sub(r'[\\"\r\n]', lambda m: _LITERAL_ESCAPES[m.group()], literal) + '"'
+    ``"`` a grammar that does not parse. Any other control character is written as its ``\\xHH``
+    escape, which both parsers read: llguidance's lexer refuses one raw (a property's name or an
+    enum value holding one, which Qwen3-Coder's format writes as it is, was a 400 on MLX). Not
+    NUL: no sampled text holds one (llama.cpp reads a token's text as a C string), so a grammar
+    with one is refused, not one that would leave the model no token to go on with."""
+    return '"' + re.sub(r'[\\"\r\n\x01-\x1f\x7f]', lambda m: _LITERAL_ESCAPES.get(m.group()) or f"\\x{ord(m.group()):02x}", literal) + '"'
 
 
 def _json_literal(value: Any) -> str:

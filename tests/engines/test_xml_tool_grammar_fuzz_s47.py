@@ -21,8 +21,8 @@ from tests.engines.test_grammar_keywords import fits
 
 pytest.importorskip("llguidance")
 
-names = st.sampled_from(["city", "a b", "<b>", "a>b", "x=y", "a\nb", "</parameter>", "\u00e9t\u00e9", '"q', "\\", "\x00", "\t", "-"])
-odd_text = st.sampled_from(["", "a", "\n", "\nx\n", "</parameter>", "a</parameter", "</parameter>\n", '"', "\\", "\x00", "<tool_call>", "\u00e9"])
+names = st.sampled_from(["city", "\x01", "\u00a0", "a b", "<b>", "a>b", "x=y", "a\nb", "</parameter>", "\u00e9t\u00e9", '"q', "\\", "\x00", "\t", "-"])
+odd_text = st.sampled_from(["", "a", "\n", "\nx\n", "</parameter>", "a</parameter", "</parameter>\n", '"', "\\", "\x00", "<tool_call>", "\u00e9", "\x01", "\x7f", "\r", "\u2028", "\U0001f600"])
 param_schemas = st.one_of(
     st.just({"type": "string"}),
     st.just({"type": "string", "description": "d"}),
@@ -127,3 +127,20 @@ def test_a_nul_in_a_name_or_an_enum_value_is_forced_in_the_json_format(params: d
     grammar = _worker_sampling(params).grammar
     assert grammar is not None and "\x00" not in grammar and "<function=f>" not in grammar
     fits(grammar, "")  # (llguidance compiles it)
+
+
+def test_control_characters_in_names_and_enums_are_escaped_for_both_parsers(engine: Any) -> None:
+    """Qwen3-Coder's format writes a property's name and an enum's value as they are: a control
+    character in one went raw into a GBNF literal, which llguidance (the MLX engine's matcher)
+    refuses ("lexer error": a 400 on MLX for a schema llama.cpp takes). It is its ``\\xHH``
+    escape now, which both read, and the call it writes reads back."""
+    params = {"type": "object", "properties": {"a\x01": {"type": "integer"}, "b": {"type": "string", "enum": ["x\ty", "z\x7f", "\x1b[0m"]}}, "required": ["a\x01", "b"]}
+    grammar = tool_grammar([{"name": "f", "parameters": params}], "required", True, fmt="qwen3_coder")
+    assert grammar is not None and "<function=f>" in grammar
+    assert engine.check_grammar(grammar) is None
+    for value in params["properties"]["b"]["enum"]:
+        text = f"<tool_call>\n<function=f>\n<parameter=a\x01>\n7\n</parameter>\n<parameter=b>\n{value}\n</parameter>\n</function>\n</tool_call>"
+        assert fits(grammar, text), value
+        _content, calls = parse_tool_calls(text, {"f": params}, fmt="qwen3_coder")
+        assert json.loads(calls[0]["function"]["arguments"]) == {"a\x01": 7, "b": value}
+    assert not fits(grammar, text.replace("\x1b[0m", "zz"))  # (none of the enum's)
