@@ -612,12 +612,13 @@ class GenerationConsumer(StreamingConsumer):
         the request's reasoning_format or --reasoning-format says none. A reply that begins with
         no reasoning though its template opens the block itself is read as one that may open
         it: where the request turns thinking off (enable_thinking false: DeepSeek R1's template
-        closes the block at once), and where a grammar writes the reply from its first token (a
-        response_format, a forced call)."""
+        closes the block at once; the string "false" is no such thing, a template reads it as a
+        non-empty string, truthy, and keeps thinking on), and where a grammar writes the reply
+        from its first token (a response_format, a forced call)."""
         if (request.reasoning_format or serving().reasoning_format) == "none":
             return "none"
         if self.reasoning_format == "think-open" and (
-            (request.chat_template_kwargs or {}).get("enable_thinking") in (False, "false")
+            (request.chat_template_kwargs or {}).get("enable_thinking") in (False,)  # (== False: 0 too)
             or request.response_format is not None
             or (request.tools and request.tool_choice not in ("auto", "none"))
         ):

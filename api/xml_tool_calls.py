@@ -116,9 +116,10 @@ def _fits(value: Any, kinds: frozenset[str]) -> bool:
 _PYTHON_CONSTANTS = {"True": "true", "False": "false", "None": "null"}
 
 
-def value_json(text: str, schema: Any) -> str:
-    """A parameter's text as the JSON value its ``schema`` makes of it (see the module's doc)."""
-    kinds = value_kinds(schema)
+def value_json(text: str, schema: Any, kinds: frozenset[str] | None = None) -> str:
+    """A parameter's text as the JSON value its ``schema`` makes of it (see the module's doc);
+    ``kinds``: ``value_kinds(schema)``, where the caller has it already."""
+    kinds = value_kinds(schema) if kinds is None else kinds
     if kinds - {"string"}:
         raw = text.strip(_WS)
         raw = _PYTHON_CONSTANTS.get(raw, raw)
@@ -136,6 +137,21 @@ def _params_schemas(tools: Collection[str], name: str) -> Mapping[str, Any]:
     params = tools.get(name) if isinstance(tools, Mapping) else None
     props = params.get("properties") if isinstance(params, Mapping) else None
     return props if isinstance(props, Mapping) else {}
+
+
+def _typer(tools: Collection[str], name: str) -> Callable[[str, str], str]:
+    """``value_json`` for the parameters of the call of ``name``, each parameter's kinds read
+    from its schema once: a call that repeats a parameter of a long schema (the client's: an
+    ``anyOf`` of thousands of branches) costs the schema once, not once per repetition."""
+    schemas = _params_schemas(tools, name)
+    kinds: dict[str, frozenset[str]] = {}
+
+    def typed(key: str, text: str) -> str:
+        if key not in kinds:
+            kinds[key] = value_kinds(schemas.get(key))
+        return value_json(text, None, kinds[key])
+
+    return typed
 
 
 def _name_at(text: str, i: int) -> tuple[str, int] | None:
@@ -160,7 +176,7 @@ def _block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, Any], 
     if head is None or head[0] not in tools:
         return None
     name, i = head
-    schemas = _params_schemas(tools, name)
+    typed = _typer(tools, name)
     values: dict[str, str] = {}
     while True:
         i = _skip_ws(text, i)
@@ -179,7 +195,7 @@ def _block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, Any], 
         value = text[start:end]
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
-        values[key] = value_json(value, schemas.get(key))
+        values[key] = typed(key, value)
         i = end + len(PARAM_CLOSE)
     j = _skip_ws(text, i)
     if text.startswith(CALL_CLOSE, j):
@@ -209,7 +225,7 @@ def _glm_block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, An
     if end < 0 or text[i:end] not in tools:
         return None
     name, i = text[i:end], end
-    schemas = _params_schemas(tools, name)
+    typed = _typer(tools, name)
     values: dict[str, str] = {}
     while True:
         i = _skip_ws(text, i)
@@ -227,7 +243,7 @@ def _glm_block(text: str, at: int, tools: Collection[str]) -> tuple[dict[str, An
         close = text.find(VALUE_CLOSE, i)
         if close < 0:
             return None
-        values[key] = value_json(text[i + len(VALUE_OPEN) : close], schemas.get(key))
+        values[key] = typed(key, text[i + len(VALUE_OPEN) : close])
         i = close + len(VALUE_CLOSE)
 
 

@@ -193,6 +193,15 @@ def _argument_forms(value: str) -> Iterator[str]:
             yield form
 
 
+def _text_forms(value: str) -> Iterator[str]:
+    """The forms a template may write a message's content or an earlier reply's reasoning in: as
+    a content (:func:`_content_forms`), or as ``tojson`` writes a string (gpt-oss's template
+    writes a tool's result ``|tojson``; a reasoning that is also a call's string has one marker
+    for both)."""
+    yield from _content_forms(value)
+    yield from _argument_forms(value)
+
+
 # A string of letters, digits, "_", "-" and spaces holds no control token's text (theirs are
 # bracketed: <|im_end|>, <start_of_turn>, [INST], </s>): a key a template looks up by name
 # (``tool.function.parameters.properties``) or a value it compares (``p.type == "string"``) of
@@ -361,8 +370,9 @@ def split_rendered(
     pos, written = len(templates[0]), []
     for k, n in enumerate(order):
         (value, content), after, last = strings[n], templates[k + 1], k == len(order) - 1
-        # (a reasoning as a content: Qwen 3's template writes it trimmed of new lines)
-        for form in _content_forms(value) if content or value in reasonings else _argument_forms(value):
+        # (a reasoning as a content: Qwen 3's template writes it trimmed of new lines; a reasoning
+        # that is also a call's string, one marker for both, either way)
+        for form in _text_forms(value) if content or value in reasonings else _argument_forms(value):
             end = pos + len(form)
             if text.startswith(form, pos) and (text[end:] == after if last else text.startswith(after, end)):
                 break

@@ -316,8 +316,12 @@ def _format_literal(literal: str) -> str:
     """``literal`` as a GBNF string literal. The converter's left backslashes as they were, and
     it writes JSON text (an enum's or a const's value, a property's name) as literals: ``"a\\nb"``
     became a raw line break inside the reply's string (not JSON), ``"a\\\\b"`` a backspace, and a
-    ``"`` a grammar that does not parse."""
-    return '"' + re.sub(r'[\\"\r\n]', lambda m: _LITERAL_ESCAPES[m.group()], literal) + '"'
+    ``"`` a grammar that does not parse. Any other control character is written as its ``\\xHH``
+    escape, which both parsers read: llguidance's lexer refuses one raw (a property's name or an
+    enum value holding one, which Qwen3-Coder's format writes as it is, was a 400 on MLX). Not
+    NUL: no sampled text holds one (llama.cpp reads a token's text as a C string), so a grammar
+    with one is refused, not one that would leave the model no token to go on with."""
+    return '"' + re.sub(r'[\\"\r\n\x01-\x1f\x7f]', lambda m: _LITERAL_ESCAPES.get(m.group()) or f"\\x{ord(m.group()):02x}", literal) + '"'
 
 
 def _json_literal(value: Any) -> str:
@@ -1729,7 +1733,8 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
 _PARAM_END = "\n</parameter>"
 _TEXT_END = "</parameter>"
 # a parameter's name as the format writes it (<parameter=name>): what the reader takes back whole
-_XML_KEY = re.compile(r"[^\s<>=]{1,256}")
+# (no NUL: a grammar's literals are C strings to llama.cpp, and no sampled text holds one)
+_XML_KEY = re.compile(r"[^\s<>=\x00]{1,256}")
 # keywords that only describe: a string parameter with no other is any text
 _XML_PLAIN_KEYS = frozenset({"type", "description", "title", "default", "examples", "nullable", "deprecated", "readOnly", "writeOnly"})
 _NOT_STRING_TYPES = frozenset({"number", "integer", "boolean", "null", "object", "array"})
@@ -1772,7 +1777,7 @@ def _xml_value_rule(conv: Any, schema: Any, params: dict[str, Any], name: str) -
             return _text_rules(conv)  # any text (a scalar of another kind allowed is read as it)
         enum = schema.get("enum")
         if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
-            isinstance(v, str) and _TEXT_END not in v for v in enum
+            isinstance(v, str) and _TEXT_END not in v and "\x00" not in v for v in enum
         ):
             return str(conv._add_rule(name, " | ".join(_format_literal(v) for v in enum)))
         return None
@@ -1808,8 +1813,9 @@ def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
             return None
         if not props and params.get("additionalProperties") not in (None, False):
             return None  # (keys of the client's choosing: the JSON format holds them)
-        required = set(params.get("required") or [])
-        if not required <= props.keys():
+        required = params.get("required") or []
+        # (a client's schema: "required" of anything but names is the JSON format's to refuse)
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
             return None
         parts = []
         for j, (key, schema) in enumerate(props.items()):

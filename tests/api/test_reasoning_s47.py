@@ -50,8 +50,8 @@ def test_the_format_is_read_from_the_models_template() -> None:
         assert fmt(plain) == "none"
 
 
-def _whole(text: str, fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop") -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=tools, reasoning_format=fmt)
+def _whole(text: str, fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop", tool_format: str = "hermes") -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=tools, reasoning_format=fmt, tool_format=tool_format)
     reply.add(Delta(id="j", text=text))
     message = reply.body(Done(id="j", finish_reason=reason), None)["choices"][0]
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["message"].get("tool_calls") or []]
@@ -59,8 +59,8 @@ def _whole(text: str, fmt: str, tools: list[dict[str, Any]] | None = None, reaso
             "calls": calls, "finish_reason": message["finish_reason"]}  # fmt: skip
 
 
-def _streamed(pieces: list[str], fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop") -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=tools, reasoning_format=fmt)
+def _streamed(pieces: list[str], fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop", tool_format: str = "hermes") -> dict[str, Any]:
+    reply = Reply("chat", "m", tools=tools, reasoning_format=fmt, tool_format=tool_format)
     frames = reply.first_chunks()
     for piece in pieces:
         frames += reply.delta_chunks(Delta(id="j", text=piece))

@@ -24,6 +24,8 @@ PATHS = [
     "/v1/internal/state",
 ]
 GENERATION = ("/v1/chat/completions", "/v1/completions")
+# llama-server's own generation routes: their bodies (native_body) read n_predict and its aliases
+NATIVE = ("/completion", "/infill")
 
 # strings a client may send, lone surrogates and control characters included
 nasty_text = st.one_of(
@@ -50,7 +52,20 @@ def field_values(keys: st.SearchStrategy[str] | None = None, *, ints: st.SearchS
 
 message = st.fixed_dictionaries(
     {"role": st.one_of(st.sampled_from(["user", "system", "assistant", "developer", "tool"]), nasty_text), "content": st.one_of(nasty_text, json_values)},
-    optional={"name": json_values, "tool_calls": json_values, "extra": json_values},
+    optional={"name": json_values, "tool_calls": json_values, "extra": json_values, "reasoning_content": json_values, "thinking": json_values},
+)
+# an earlier reply sent back as it came: its reasoning (reasoning_content, gpt-oss's thinking)
+# and its calls, with the client's strings in them
+earlier_reply = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.one_of(st.none(), nasty_text)},
+    optional={
+        "reasoning_content": st.one_of(nasty_text, json_values),
+        "thinking": nasty_text,
+        "tool_calls": st.lists(
+            st.fixed_dictionaries({"id": nasty_text, "type": st.just("function"), "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "get_weather"]), "arguments": st.one_of(nasty_text, json_values.map(json.dumps))})}),
+            max_size=2,
+        ),
+    },
 )
 OPTIONAL_FIELDS = {
     "max_tokens": st.one_of(st.integers(min_value=-3, max_value=8), st.integers(min_value=10**6, max_value=2**70), json_values),
@@ -70,6 +85,10 @@ OPTIONAL_FIELDS = {
     "suffix": st.one_of(nasty_text, json_values),
     "echo": json_values,
     "unknown_thing": json_values,
+    "reasoning_format": st.one_of(st.sampled_from(["auto", "deepseek", "none", "deepseek-legacy", "AUTO", ""]), json_values),
+    "reasoning_effort": st.one_of(nasty_text, json_values),
+    "chat_template_kwargs": st.one_of(st.fixed_dictionaries({}, optional={"enable_thinking": json_values, "reasoning_effort": json_values}), json_values),
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", {"type": "function", "function": {"name": "f"}}]), json_values),
 }
 
 
@@ -92,6 +111,7 @@ VALID_FIELDS = {
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "user": nasty_text,
+    "reasoning_format": st.sampled_from(["auto", "deepseek", "none"]),
 }
 
 
@@ -106,6 +126,8 @@ def generation_body(draw: st.DrawFn, chat: bool) -> bytes:
             role = st.sampled_from(["user", "system", "assistant", "developer"])
             content = st.one_of(nasty_text, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": nasty_text}), min_size=1, max_size=2))
             body["messages"] = draw(st.lists(st.fixed_dictionaries({"role": role, "content": content}), min_size=1, max_size=3))
+            if _sometimes(draw, 3):  # an earlier reply sent back (its reasoning, its calls), then a turn
+                body["messages"][-1:-1] = [draw(earlier_reply)]
         else:
             body["messages"] = draw(st.one_of(st.lists(message, max_size=4), json_values))
     elif _sometimes(draw, 8):
@@ -136,6 +158,38 @@ def generation_body(draw: st.DrawFn, chat: bool) -> bytes:
     return raw
 
 
+# llama-server's /completion and /infill fields (n_predict and its aliases: -1..INT32_MAX there)
+NATIVE_FIELDS = {
+    "n_predict": st.one_of(st.integers(min_value=-3, max_value=8), st.integers(min_value=2**31 - 2, max_value=2**70), json_values),
+    "max_tokens": st.one_of(st.integers(min_value=-3, max_value=8), json_values),
+    "max_completion_tokens": st.one_of(st.integers(min_value=-3, max_value=8), json_values),
+    "n_indent": st.one_of(st.integers(min_value=-2, max_value=2**40), json_values),
+    "t_max_predict_ms": st.one_of(st.integers(min_value=-2, max_value=2**40), json_values),
+    "n_probs": st.one_of(st.integers(min_value=-2, max_value=30), json_values),
+    "return_tokens": json_values,
+    "response_fields": st.one_of(st.lists(nasty_text, max_size=3), json_values),
+    "input_extra": st.one_of(st.lists(st.fixed_dictionaries({}, optional={"text": nasty_text, "filename": nasty_text}), max_size=3), json_values),
+    "input_suffix": st.one_of(nasty_text, json_values),
+    "samplers": json_values,
+    "stream": st.one_of(st.booleans(), json_values),
+    "model": st.one_of(st.just("sim"), nasty_text, json_values),
+    "reasoning_format": json_values,
+}
+
+
+@st.composite
+def native_body(draw: st.DrawFn, infill: bool) -> bytes:
+    """A body for llama-server's /completion or /infill: its prompt (the typed text on /infill,
+    beside input_prefix) and some of its own fields, often hostile."""
+    key = "input_prefix" if infill else "prompt"
+    body: dict[str, Any] = {key: draw(st.one_of(nasty_text, st.lists(st.integers(min_value=0, max_value=255), min_size=1, max_size=8), json_values))}
+    for name in draw(st.lists(st.sampled_from(sorted(NATIVE_FIELDS)), max_size=4, unique=True)):
+        body[name] = draw(NATIVE_FIELDS[name])
+    if not any(k in body for k in ("n_predict", "max_tokens", "max_completion_tokens")) or _sometimes(draw, 5):
+        body["n_predict"] = draw(st.integers(min_value=0, max_value=4))  # (kept short: see generation_body)
+    return json.dumps(body).encode()
+
+
 header_text = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=60)
 HEADERS = {
     "x-llamaswap-priority": st.one_of(header_text, st.integers(min_value=-(10**400), max_value=10**400).map(str), st.sampled_from(["interactive", "batch", "normal", "9" * 400, "-" + "9" * 5000, "1e9", "0x10"])),
@@ -161,7 +215,10 @@ class Hostile:
 @st.composite
 def hostile_requests(draw: st.DrawFn) -> Hostile:
     kind = _pick(draw, 10)
-    if kind < 7:  # the generation endpoints, where request content goes somewhere
+    if kind < 7 and _sometimes(draw, 2):  # llama-server's own generation routes
+        path, method = draw(st.sampled_from(NATIVE)), "POST"
+        body = draw(native_body(infill=path == "/infill")) if kind < 6 else draw(st.binary(max_size=200))
+    elif kind < 7:  # the generation endpoints, where request content goes somewhere
         path, method = draw(st.sampled_from(GENERATION)), "POST"
         body = draw(generation_body(chat=path.endswith("chat/completions"))) if kind < 6 else draw(st.binary(max_size=200))
     else:

@@ -132,3 +132,35 @@ def test_every_value_the_grammar_allows_fits_the_schema(schema: Any, draw: Any) 
         text = json.dumps(value, ensure_ascii=draw.draw(st.booleans()))
         if fits(grammar, text):
             assert validator.is_valid(value), f"{text} fits the grammar of {json.dumps(schema)} but not the schema"
+
+
+@FAST
+@given(props=st.dictionaries(st.sampled_from(["a", "b c", "é", "<x>", "q\""]), schemas, min_size=1, max_size=3), draw=st.data())
+def test_a_forced_call_in_qwen3_coders_format_reads_back_as_arguments_that_fit(props: dict[str, Any], draw: Any) -> None:
+    """The same schemas as a tool's parameters, its call forced in Qwen3-Coder's own format
+    (scheduler.engines.grammar._xml_tool_grammar): a grammar or a GrammarError, and every call the
+    grammar lets through reads back (api/xml_tool_calls.py) as arguments that fit the schema."""
+    from api.responses import parse_tool_calls
+    from scheduler.engines.grammar import tool_grammar
+
+    params = {"type": "object", "properties": props, "required": [k for k in props if draw.draw(st.booleans())]}
+    try:
+        grammar = tool_grammar([{"name": "f", "parameters": params}], "required", True, fmt="qwen3_coder")
+        assert grammar is not None
+        check_bounds(grammar)
+    except GrammarError:
+        return
+    if "<function=f>" not in grammar:
+        return  # (the JSON format: the test above)
+    validator = jsonschema.Draft202012Validator(params)
+    for _ in range(6):
+        value = _instances(params, draw.draw)
+        if not isinstance(value, dict):
+            continue
+        body = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n" for k, v in value.items())
+        text = f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>"
+        if fits(grammar, text):
+            content, calls = parse_tool_calls(text, {"f": params}, fmt="qwen3_coder")
+            assert content is None and len(calls) == 1, text
+            arguments = json.loads(calls[0]["function"]["arguments"])
+            assert validator.is_valid(arguments), f"{text!r} fits the grammar of {json.dumps(params)} but reads back as {arguments}"
