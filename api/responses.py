@@ -551,6 +551,16 @@ def _member_spans(text: str, at: int) -> dict[str, tuple[int, int]]:
 # The head of a call in the generic format up to its arguments' opening brace: once this much has
 # come, with an offered name, the call is streamed (its arguments as they are generated).
 _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+# the most text a call's head may take to be streamed as it comes: an offered name is at most 64
+# characters (each at most a 6-character escape), so held text past this that is still no head
+# never becomes one (it is decided at the end); without the bound every delta rescanned it all
+MAX_CALL_HEAD = 1024
+# the most text a streamed call's closing may hold besides whitespace: members after its
+# arguments (an "id" some models add) and its "}"; more than this and it is sent as text
+MAX_CALL_TAIL = 4096
+_CALL_KEYS = frozenset({"name", "arguments", "parameters"})
+
+
 def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | None:
     """(where it begins, the call) of a call in the generic format that ``text`` (a reply cut by
     max_tokens) ends inside of, past its head (an offered name and the arguments' opening): the
@@ -569,16 +579,6 @@ def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | 
     with contextlib.suppress(ValueError, RecursionError):  # a call cut in its closing: its
         arguments = arguments[: _DECODER.raw_decode(arguments)[1]]  # arguments whole, as written
     return start, {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-# the most text a call's head may take to be streamed as it comes: an offered name is at most 64
-# characters (each at most a 6-character escape), so held text past this that is still no head
-# never becomes one (it is decided at the end); without the bound every delta rescanned it all
-MAX_CALL_HEAD = 1024
-# the most text a streamed call's closing may hold besides whitespace: members after its
-# arguments (an "id" some models add) and its "}"; more than this and it is sent as text
-MAX_CALL_TAIL = 4096
-_CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
 def _call_tail(text: str, scan: list[Any] | None = None) -> int:
