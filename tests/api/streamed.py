@@ -3,6 +3,7 @@ of tool-call streaming compare it with the reply built whole."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from scheduler.link.messages import Delta, Done
 @dataclass
 class Streamed:
     content: str | None = None  # None: no chunk carried content (an empty string is content)
+    reasoning: str | None = None  # delta.reasoning_content put together (None: none came)
     calls: list[dict[str, Any]] = field(default_factory=list)  # {"id", "name", "arguments"} by index
     finish_reason: str | None = None
     fragments: list[int] = field(default_factory=list)  # per call: how many chunks carried argument text
@@ -20,6 +22,31 @@ class Streamed:
     @property
     def pairs(self) -> list[tuple[str, str]]:
         return [(c["name"], c["arguments"]) for c in self.calls]
+
+    def view(self) -> dict[str, Any]:
+        """What the client reads: reasoning, content (None for none or empty), calls as (name,
+        arguments), finish reason; the same shape as :func:`whole_view`'s."""
+        return {"reasoning": self.reasoning, "content": self.content or None, "calls": self.pairs, "finish_reason": self.finish_reason}
+
+
+def whole_view(choice: dict[str, Any]) -> dict[str, Any]:
+    """:meth:`Streamed.view` of an unstreamed chat completion's choice."""
+    message = choice["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    return {"reasoning": message.get("reasoning_content"), "content": message["content"] or None, "calls": calls, "finish_reason": choice["finish_reason"]}
+
+
+def said(reply: Any, stream: bool) -> dict[str, Any]:
+    """The view of a 200 chat reply of the in-process middle layer (tests/edge/inproc.py), its
+    stream's frames put together (ended by ``[DONE]``, no error frame among them)."""
+    assert reply.status == 200, reply.body
+    if not stream:
+        return whole_view(reply.json()["choices"][0])
+    frames = reply.sse_data()
+    assert frames and frames[-1] == "[DONE]", frames[-3:]
+    chunks = [json.loads(data) for data in frames[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks
+    return assemble(chunks).view()
 
 
 def assemble(chunks: list[dict[str, Any]]) -> Streamed:
@@ -29,6 +56,8 @@ def assemble(chunks: list[dict[str, Any]]) -> Streamed:
     for chunk in chunks:
         for choice in chunk["choices"]:
             delta = choice["delta"]
+            if delta.get("reasoning_content") is not None:
+                out.reasoning = (out.reasoning or "") + delta["reasoning_content"]
             if delta.get("content") is not None:
                 out.content = (out.content or "") + delta["content"]
             for call in delta.get("tool_calls") or []:

@@ -23,6 +23,7 @@ from api.responses import Reply
 from api.schemas import parse_chat_request
 from scheduler.engines.chat import compile_chat_template, reasoning_format, render_chat_template, template_inputs
 from scheduler.link.messages import Delta, Done
+from tests.api.streamed import assemble, streamed_chunks, whole_view
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -53,32 +54,12 @@ def test_the_format_is_read_from_the_models_template() -> None:
 def _whole(text: str, fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop", tool_format: str = "hermes") -> dict[str, Any]:
     reply = Reply("chat", "m", tools=tools, reasoning_format=fmt, tool_format=tool_format)
     reply.add(Delta(id="j", text=text))
-    message = reply.body(Done(id="j", finish_reason=reason), None)["choices"][0]
-    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message["message"].get("tool_calls") or []]
-    return {"reasoning": message["message"].get("reasoning_content"), "content": message["message"]["content"] or None,
-            "calls": calls, "finish_reason": message["finish_reason"]}  # fmt: skip
+    return whole_view(reply.body(Done(id="j", finish_reason=reason), None)["choices"][0])
 
 
 def _streamed(pieces: list[str], fmt: str, tools: list[dict[str, Any]] | None = None, reason: str = "stop", tool_format: str = "hermes") -> dict[str, Any]:
     reply = Reply("chat", "m", tools=tools, reasoning_format=fmt, tool_format=tool_format)
-    frames = reply.first_chunks()
-    for piece in pieces:
-        frames += reply.delta_chunks(Delta(id="j", text=piece))
-    frames += reply.final_chunks(Done(id="j", finish_reason=reason), None)
-    reasoning, content, calls, finish = None, None, {}, None
-    for frame in frames:
-        for choice in frame["choices"]:
-            delta = choice["delta"]
-            if delta.get("reasoning_content") is not None:
-                reasoning = (reasoning or "") + delta["reasoning_content"]
-            if delta.get("content") is not None:
-                content = (content or "") + delta["content"]
-            for c in delta.get("tool_calls") or []:
-                entry = calls.setdefault(c["index"], ["", ""])
-                entry[0] += c.get("function", {}).get("name") or ""
-                entry[1] += c.get("function", {}).get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    return {"reasoning": reasoning, "content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+    return assemble(reply.first_chunks() + streamed_chunks(reply, pieces, reason)).view()
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -24,21 +24,23 @@ async def slots() -> list[dict[str, Any]]:
     return json.loads(response.content)  # type: ignore[no-any-return]
 
 
-async def test_id_task_is_an_integer_stable_for_its_job_and_job_id_its_id() -> None:
-    jobs = ["6ad432ea7e28400bb0d22f9111705618", "0f3c2b1a9e8d7c6b5a4f3e2d1c0b9a88"]
-    link: Any = SimpleNamespace(
-        connected=True, inflight={},
-        snapshot={"lane_ctx": 512, "lanes": [
-            {"lane": 0, "state": "decode", "job_id": jobs[0], "generated": 5},
-            {"lane": 1, "state": "prefill", "job_id": jobs[1]},
-            {"lane": 2, "state": "idle"},
-        ]},
-    )  # fmt: skip
-    web_runtime().link = link
+async def slots_of(*lanes: dict[str, Any], lane_ctx: int = 512, times: int = 1) -> list[list[dict[str, Any]]]:
+    """GET /slots ``times`` over, the worker's snapshot holding ``lanes``."""
+    web_runtime().link = SimpleNamespace(connected=True, inflight={}, snapshot={"lane_ctx": lane_ctx, "lanes": list(lanes)})
     try:
-        first, again = await slots(), await slots()
+        return [await slots() for _ in range(times)]
     finally:
         forget(asyncio.get_running_loop())
+
+
+async def test_id_task_is_an_integer_stable_for_its_job_and_job_id_its_id() -> None:
+    jobs = ["6ad432ea7e28400bb0d22f9111705618", "0f3c2b1a9e8d7c6b5a4f3e2d1c0b9a88"]
+    first, again = await slots_of(
+        {"lane": 0, "state": "decode", "job_id": jobs[0], "generated": 5},
+        {"lane": 1, "state": "prefill", "job_id": jobs[1]},
+        {"lane": 2, "state": "idle"},
+        times=2,
+    )
     ids = [lane["id_task"] for lane in first]
     assert all(type(i) is int for i in ids), ids
     assert ids[2] == -1 and ids[0] >= 0 and ids[1] >= 0 and ids[0] != ids[1]  # idle: llama.cpp's "no task"

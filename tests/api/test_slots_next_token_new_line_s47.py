@@ -7,16 +7,13 @@ showing the context's room as its ``n_remain`` (e.g. 490) where llama-server sho
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.sim import FakeClock, SimEngine
 from scheduler.link.messages import Message, Submit
 from scheduler.worker.loop import EngineWorker
-from superfluid_site.runtime import forget, web_runtime
-from tests.api.test_slots_id_task_s47 import slots
+from tests.api.test_slots_id_task_s47 import slots_of
 
 
 class Written(SimEngine):
@@ -50,11 +47,8 @@ def lanes_after(request: dict[str, Any], ticks: int) -> dict[str, Any]:
 
 
 async def view(*lanes: dict[str, Any]) -> list[dict[str, Any]]:
-    web_runtime().link = SimpleNamespace(connected=True, inflight={}, snapshot={"lane_ctx": 64, "lanes": list(lanes)})
-    try:
-        return [lane["next_token"][0] for lane in await slots()]
-    finally:
-        forget(asyncio.get_running_loop())
+    (out,) = await slots_of(*lanes, lane_ctx=64)
+    return [lane["next_token"][0] for lane in out]
 
 
 async def test_a_request_without_a_limit_has_n_remain_minus_one_and_a_limited_one_its_count() -> None:

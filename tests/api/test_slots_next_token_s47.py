@@ -8,30 +8,17 @@ sends ``[{...}]``, so a client written against llama-server failed to decode our
 
 from __future__ import annotations
 
-import asyncio
-from types import SimpleNamespace
-from typing import Any
-
-from superfluid_site.runtime import forget, web_runtime
-from tests.api.test_slots_id_task_s47 import slots
+from tests.api.test_slots_id_task_s47 import slots_of
 from tests.core.builders import make_job, make_scheduler, tick
 
 
 async def test_next_token_is_an_array_of_one_object_as_llama_servers() -> None:
-    link: Any = SimpleNamespace(
-        connected=True, inflight={},
-        snapshot={"lane_ctx": 512, "lanes": [
-            {"lane": 0, "state": "decode", "job_id": "a", "generated": 5, "max_tokens": 16},
-            {"lane": 1, "state": "prefill", "job_id": "b", "max_tokens": 4},
-            {"lane": 2, "state": "idle"},
-            {"lane": 3, "state": "decode", "job_id": "c", "generated": 2},  # an older worker's: no limit said
-        ]},
+    (out,) = await slots_of(
+        {"lane": 0, "state": "decode", "job_id": "a", "generated": 5, "max_tokens": 16},
+        {"lane": 1, "state": "prefill", "job_id": "b", "max_tokens": 4},
+        {"lane": 2, "state": "idle"},
+        {"lane": 3, "state": "decode", "job_id": "c", "generated": 2},  # an older worker's: no limit said
     )  # fmt: skip
-    web_runtime().link = link
-    try:
-        out = await slots()
-    finally:
-        forget(asyncio.get_running_loop())
     tokens = [lane["next_token"] for lane in out]
     assert all(isinstance(t, list) and len(t) == 1 for t in tokens), tokens
     assert [(t[0]["has_next_token"], t[0]["n_decoded"], t[0]["n_remain"]) for t in tokens] == [

@@ -23,7 +23,7 @@ from api.responses import parse_tool_calls
 from scheduler.engines.chat import tool_call_format
 
 from .test_tool_parse_linear_s46 import _Counted
-from .test_tool_qwen3_coder_s47 import NAMES, _body, _calls, _streamed, check_reply, rendered_history
+from .test_tool_qwen3_coder_s47 import JSON_FORCED, NAMES, _body, _calls, _streamed, check_reply, rendered_history
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 GLM46 = (TEMPLATES / "glm-4.6.jinja").read_text()
@@ -55,8 +55,7 @@ CASES = [
     (glm_call("search", q="x"), glm_call("search", q="x"), []),
     ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris", []),
     ("Write <tool_call> then a name.", "Write <tool_call> then a name.", []),
-    # a forced call's grammar writes the generic JSON format: read for this model too
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', None, [("get_weather", '{"city": "Paris"}')]),
+    JSON_FORCED,  # a forced call's grammar writes the generic JSON format: read for this model too
 ]  # fmt: skip
 
 

@@ -86,6 +86,8 @@ def _calls(choice: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 PARIS = call_text("get_weather", city="Paris")
+# a call in the generic JSON format, which a forced call's grammar writes for any model
+JSON_FORCED = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', None, [("get_weather", '{"city": "Paris"}')])
 CASES = [
     (PARIS, None, [("get_weather", '{"city": "Paris"}')]),
     # content before, two calls (the model's "optional reasoning ... BEFORE the function call")
@@ -106,8 +108,7 @@ CASES = [
     ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis", []),
     ("Write <tool_call> then <function=name>.", "Write <tool_call> then <function=name>.", []),
     ("It is sunny in Paris.", "It is sunny in Paris.", []),
-    # a forced call's grammar writes the generic JSON format: read for this model too
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', None, [("get_weather", '{"city": "Paris"}')]),
+    JSON_FORCED,  # a forced call's grammar writes the generic JSON format: read for this model too
 ]  # fmt: skip
 
 

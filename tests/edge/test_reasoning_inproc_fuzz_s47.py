@@ -10,23 +10,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.api.streamed import said
 from tests.api.test_reasoning_tools_fuzz_s47 import FRAGMENTS
 
-from .inproc import JSON, MODEL, SimWorker, attached, request
+from .inproc import JSON, MODEL, request
 from .strategies import earlier_reply
-from .test_stream_equivalence import ScriptEngine, script
+from .templated import edge_loop, engine_of
+from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
     {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}},
@@ -53,22 +52,7 @@ MODELS = ["gpt-oss-120b.jinja", "Qwen-Qwen3-0.6B.jinja", "glm-4.6.jinja", "glm-4
 
 @pytest.fixture(params=MODELS)
 def edge(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
-    class Engine(ScriptEngine):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.features = self.features | {"template_vars"}
-            self.chat_template = (TEMPLATES / request.param).read_text()
-
-    class Worker(SimWorker):
-        engine_class = Engine
-
-    loop = asyncio.new_event_loop()
-    context = attached(Worker(lanes=2, lane_ctx=4096))
-    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
-        loop.run_until_complete(context.__aenter__())
-        yield loop
-        loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
+    yield from edge_loop(engine_of(request.param), lane_ctx=4096)
 
 
 def _said(reply: Any, stream: bool) -> Any:
@@ -76,29 +60,8 @@ def _said(reply: Any, stream: bool) -> Any:
     if reply.status != 200:
         assert reply.status < 500 and reply.is_error_object(), (reply.status, reply.body[:300])
         return reply.status, reply.json()["error"]["code"]
-    if not stream:
-        choice = reply.json()["choices"][0]
-        message = choice["message"]
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-        return message.get("reasoning_content"), message["content"] or None, calls, choice["finish_reason"]
-    reasoning, content, calls, finish = None, None, {}, None
-    frames = reply.sse_data()
-    assert frames[-1] == "[DONE]", frames[-3:]
-    for data in frames[:-1]:
-        frame = json.loads(data)
-        assert "error" not in frame, frame
-        for choice in frame["choices"]:
-            delta = choice["delta"]
-            if delta.get("reasoning_content") is not None:
-                reasoning = (reasoning or "") + delta["reasoning_content"]
-            if delta.get("content") is not None:
-                content = (content or "") + delta["content"]
-            for c in delta.get("tool_calls") or []:
-                entry = calls.setdefault(c["index"], ["", ""])
-                entry[0] += c.get("function", {}).get("name") or ""
-                entry[1] += c.get("function", {}).get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    return reasoning, content or None, [tuple(calls[i]) for i in sorted(calls)], finish
+    view = said(reply, stream)
+    return view["reasoning"], view["content"], view["calls"], view["finish_reason"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])

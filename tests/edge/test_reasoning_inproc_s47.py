@@ -11,31 +11,23 @@ import argparse
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
-from .inproc import JSON, MODEL, SimWorker, attached, request
-from .test_stream_equivalence import ScriptEngine, script
+from tests.api.streamed import said
+
+from .inproc import JSON, MODEL, request
+from .templated import TEMPLATES, TemplateEngine, edge_loop
+from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather. "
 FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris."
 CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
-
-
-class TemplateEngine(ScriptEngine):
-    template = ""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.features = self.features | {"template_vars"}
-        self.chat_template = self.template
 
 
 class GptOssEngine(TemplateEngine):
@@ -46,17 +38,7 @@ class R1Engine(TemplateEngine):
     template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
 
 
-def _edge(engine: type[TemplateEngine]) -> Iterator[asyncio.AbstractEventLoop]:
-    class Worker(SimWorker):
-        engine_class = engine
-
-    loop = asyncio.new_event_loop()
-    context = attached(Worker(lanes=2, lane_ctx=2048))
-    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
-        loop.run_until_complete(context.__aenter__())
-        yield loop
-        loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
+_edge = edge_loop
 
 
 @pytest.fixture
@@ -71,29 +53,7 @@ def r1() -> Iterator[asyncio.AbstractEventLoop]:
 
 def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool, **more: Any) -> dict[str, Any]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris? " + script(written)}], "stream": stream, **more}
-    reply = loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON))
-    assert reply.status == 200, reply.body
-    if not stream:
-        choice = reply.json()["choices"][0]
-        message = choice["message"]
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-        return {"reasoning": message.get("reasoning_content"), "content": message["content"] or None, "calls": calls, "finish_reason": choice["finish_reason"]}
-    reasoning, content, calls, finish = None, None, {}, None
-    for data in reply.sse_data():
-        if data == "[DONE]":
-            break
-        for choice in json.loads(data)["choices"]:
-            delta = choice["delta"]
-            if delta.get("reasoning_content") is not None:
-                reasoning = (reasoning or "") + delta["reasoning_content"]
-            if delta.get("content") is not None:
-                content = (content or "") + delta["content"]
-            for c in delta.get("tool_calls") or []:
-                entry = calls.setdefault(c["index"], ["", ""])
-                entry[0] += c.get("function", {}).get("name") or ""
-                entry[1] += c.get("function", {}).get("arguments") or ""
-            finish = choice["finish_reason"] or finish
-    return {"reasoning": reasoning, "content": content or None, "calls": [tuple(calls[i]) for i in sorted(calls)], "finish_reason": finish}
+    return said(loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON)), stream)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,23 +16,19 @@ import pytest
 from scheduler.engines.base import Step
 from tests.api.streamed import assemble
 
-from .inproc import JSON, MODEL, SimWorker, attached_loop, request
-from .test_stream_equivalence import ScriptEngine, script
+from .inproc import JSON, MODEL, request
+from .templated import TEMPLATES, TemplateEngine, edge_loop
+from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 TOOL_CALLS = 300  # Mistral's control token, as the scripted model samples it (byte 1 in a script)
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-class NativeEngine(ScriptEngine):
-    template = ""
-
+class NativeEngine(TemplateEngine):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.features = self.features | {"template_vars"}
-        self.chat_template = self.template
         self.vocab_size = TOOL_CALLS + 1
 
     def tokenize(self, text: str, *, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
@@ -56,12 +51,7 @@ class LlamaEngine(NativeEngine):
     template = (TEMPLATES / "llama-3.1-instruct.jinja").read_text()
 
 
-def _edge(engine: type[NativeEngine]) -> Iterator[asyncio.AbstractEventLoop]:
-    class Worker(SimWorker):
-        engine_class = engine
-
-    with attached_loop(Worker(lanes=2, lane_ctx=2048), SUPERFLUID_COMPLETION_RATE="0") as loop:
-        yield loop
+_edge = edge_loop
 
 
 @pytest.fixture

@@ -11,21 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import override_settings
 
 from scheduler.engines.chat import compile_chat_template, render_chat_template
-from tests.api.streamed import assemble
+from tests.api.streamed import said
 
-from .inproc import JSON, MODEL, SimWorker, attached, request
-from .test_stream_equivalence import ScriptEngine, script
+from .inproc import JSON, MODEL, request
+from .templated import edge_loop, engine_of
+from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": PARAMS}}]
 WRITTEN = (
@@ -48,42 +46,23 @@ def edge(request: pytest.FixtureRequest) -> Iterator[tuple[asyncio.AbstractEvent
     """The middle layer around a model with the template named by the parameter, and what that
     model writes for CALLS."""
 
-    class TemplateEngine(ScriptEngine):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.features = self.features | {"template_vars"}
-            self.chat_template = (TEMPLATES / request.param).read_text()
-            self.compiled = compile_chat_template(self.chat_template)
-
+    class Engine(engine_of(request.param)):  # type: ignore[misc,valid-type]
         def render_chat(self, messages: list[dict[str, Any]], **extra: Any) -> str:
             # the template itself, as the llama.cpp engine renders it
-            text = render_chat_template(self.compiled, messages, bos_token="", eos_token="", **extra)
+            text = render_chat_template(compile_chat_template(self.chat_template), messages, bos_token="", eos_token="", **extra)
             RENDERED.append(text)
             return text
 
-    class Worker(SimWorker):
-        engine_class = TemplateEngine
-
-    loop = asyncio.new_event_loop()
-    context = attached(Worker(lanes=2, lane_ctx=4096))
-    with override_settings(SUPERFLUID_COMPLETION_RATE="0"):
-        loop.run_until_complete(context.__aenter__())
+    for loop in edge_loop(Engine, lane_ctx=4096):
         yield loop, MODELS[request.param]
-        loop.run_until_complete(context.__aexit__(None, None, None))
-    loop.close()
 
 
 def _ask(loop: asyncio.AbstractEventLoop, messages: list[dict[str, Any]], *, stream: bool) -> dict[str, Any]:
     """The reply to a chat offering TOOLS, as the client has it (a stream's deltas put together)."""
     body = {"model": MODEL, "messages": messages, "tools": TOOLS, "stream": stream}
     reply = loop.run_until_complete(request("POST", "/v1/chat/completions", json.dumps(body).encode(), JSON))
-    assert reply.status == 200, reply.body
-    if not stream:
-        choice = reply.json()["choices"][0]
-        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls") or []]
-        return {"content": choice["message"]["content"], "calls": calls, "finish_reason": choice["finish_reason"]}
-    got = assemble([json.loads(data) for data in reply.sse_data() if data != "[DONE]"])
-    return {"content": got.content or None, "calls": [(c["name"], c["arguments"]) for c in got.calls], "finish_reason": got.finish_reason}
+    view = said(reply, stream)
+    return {"content": view["content"], "calls": view["calls"], "finish_reason": view["finish_reason"]}
 
 
 @pytest.mark.parametrize("stream", [False, True])
