@@ -780,6 +780,10 @@ def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:
     role = msg.get("role")
     if isinstance(role, str) and role in CHAT_ROLES and role != "assistant":
         unknown += [key for key in ("reasoning_content", "thinking") if msg.get(key) is not None]
+    elif role == "assistant" and isinstance(msg.get("thinking"), str) and msg.get("reasoning_content") and msg["thinking"] not in ("", msg["reasoning_content"]):
+        # both, and they differ: reasoning_content is read (_parse_known_message), so thinking
+        # is not honoured (the same text twice is read either way)
+        unknown.append("thinking")
     if strict and unknown:
         raise invalid_request(
             f"Unrecognized request argument supplied: {where}.{unknown[0]}",
