@@ -510,15 +510,20 @@ def parse_native_completion_request(
     return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
 
 
+# llama-server's hard limit on n_predict and its aliases (its server-schema.cpp: -1..INT32_MAX,
+# a 400 beyond)
+INT32_MAX = 2**31 - 1
+
+
 def _native_n_predict(body: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """``/completion``'s limit, as llama-server reads it: ``n_predict``, else its aliases
-    ``max_completion_tokens`` and ``max_tokens`` (integers >= -1 there, as its schema's hard
-    limits; both given must agree, as on the OpenAI routes). Negative: none but the context;
+    ``max_completion_tokens`` and ``max_tokens`` (integers from -1 to INT32_MAX, as its schema's
+    hard limits: a 400 naming the field beyond; both given must agree, as on the OpenAI routes). Negative: none but the context;
     0: one token, as llama-server samples one before it checks the limit, and the 0 is what
     its ``generation_settings`` echo. Returns the limit run with and the one to echo where it
     differs (NativeOptions.n_predict)."""
-    aliased = _parse_max_tokens(body, least=-1)
-    n_predict = _opt_int(body, "n_predict", None, None, "an integer")
+    aliased = _parse_max_tokens(body, least=-1, most=INT32_MAX)
+    n_predict = _opt_int(body, "n_predict", -1, INT32_MAX, f"an integer between -1 and {INT32_MAX}")
     given = n_predict if n_predict is not None else aliased
     if given is None or given < 0:
         return None, None
@@ -775,6 +780,10 @@ def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:
     role = msg.get("role")
     if isinstance(role, str) and role in CHAT_ROLES and role != "assistant":
         unknown += [key for key in ("reasoning_content", "thinking") if msg.get(key) is not None]
+    elif role == "assistant" and isinstance(msg.get("thinking"), str) and msg.get("reasoning_content") and msg["thinking"] not in ("", msg["reasoning_content"]):
+        # both, and they differ: reasoning_content is read (_parse_known_message), so thinking
+        # is not honoured (the same text twice is read either way)
+        unknown.append("thinking")
     if strict and unknown:
         raise invalid_request(
             f"Unrecognized request argument supplied: {where}.{unknown[0]}",
@@ -929,13 +938,14 @@ def _check_silently_accepted(body: Mapping[str, Any], kinds: Mapping[str, type])
         _optional(body, key, kind)
 
 
-def _parse_max_tokens(body: Mapping[str, Any], least: int = 1) -> int | None:
+def _parse_max_tokens(body: Mapping[str, Any], least: int = 1, most: int | None = None) -> int | None:
     """``max_tokens`` or its current name ``max_completion_tokens`` (both endpoints); both given
     must agree (400 naming ``max_completion_tokens``). ``least``: the smallest allowed (0 on
-    ``/v1/completions``, as OpenAI's spec has it: the prompt alone, echoed and scored)."""
-    expected = f"an integer greater than or equal to {least}"
-    max_tokens = _opt_int(body, "max_tokens", least, None, expected)
-    max_completion = _opt_int(body, "max_completion_tokens", least, None, expected)
+    ``/v1/completions``, as OpenAI's spec has it: the prompt alone, echoed and scored); ``most``:
+    the largest (llama-server's INT32_MAX on its own routes)."""
+    expected = f"an integer greater than or equal to {least}" if most is None else f"an integer between {least} and {most}"
+    max_tokens = _opt_int(body, "max_tokens", least, most, expected)
+    max_completion = _opt_int(body, "max_completion_tokens", least, most, expected)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise invalid_request(
             "Invalid value for 'max_completion_tokens': it must equal 'max_tokens' when both are "

@@ -1009,7 +1009,105 @@ _NOT_IN_STRING = '"\\\\\\x7F\\x00-\\x1F'  # what a JSON string's text never hold
 # escape but a line break's
 _JSON_STRING_CHAR = f'([^{_NOT_IN_STRING}]|\\\\["\\\\/bft])'
 # escapes that GBNF reads as a regular expression does (or the converter takes), kept as they are
-_KEPT_ESCAPES = frozenset('\\tnrxuU[]"')
+_KEPT_ESCAPES = frozenset("U[]")
+# a regular expression's escapes of one character (as Python and ECMA-262 read them)
+_CHAR_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
+# how a JSON string's text writes a character it never holds raw (a control character, ``"``,
+# a backslash; DEL too, as ``.`` takes none raw)
+_JSON_TEXT_ESCAPES = {"\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t", '"': '"', "\\": "\\"}
+
+
+def _is_escaped_in_json(ch: str) -> bool:
+    return ord(ch) < 0x20 or ch in '"\\\x7f'
+
+
+def _json_escape_pattern(ch: str) -> str:
+    """The converter's pattern for the text a JSON string writes ``ch`` as (a backslash, then
+    its letter or ``u00XX``), each character a ``\\xHH`` escape (never raw in a literal:
+    llguidance refuses a raw control character, the converter reads a raw ``"`` as a quote)."""
+    text = _JSON_TEXT_ESCAPES.get(ch) or f"u{ord(ch):04x}"
+    return "(" + "".join(f"\\x{ord(t):02X}" for t in "\\" + text) + ")"
+
+
+def _class_char(ch: str) -> str:
+    """``ch`` inside a GBNF character class."""
+    return ch if ch.isalnum() or ord(ch) >= 0x80 else f"\\x{ord(ch):02X}"
+
+
+def _escaped_char(pattern: str, i: int) -> tuple[str | None, int]:
+    """The character an escape at ``pattern[i]`` (its backslash) stands for, and where the
+    pattern goes on; None where it is no one character (a class, an anchor...)."""
+    e = pattern[i + 1]
+    if e in _CHAR_ESCAPES:
+        return _CHAR_ESCAPES[e], i + 2
+    for letter, digits in (("x", 2), ("u", 4)):
+        hexa = pattern[i + 2 : i + 2 + digits]
+        if e == letter and len(hexa) == digits and all(h in "0123456789abcdefABCDEF" for h in hexa):
+            return chr(int(hexa, 16)), i + 2 + digits
+    if e.isascii() and e.isalnum():
+        return None, i + 2
+    return e, i + 2  # an escaped punctuation character: itself
+
+
+def _class(pattern: str, i: int) -> tuple[str, int]:
+    """The character class at ``pattern[i]`` (its ``[``) in a JSON string's text, and where the
+    pattern goes on. Its characters a JSON string writes escaped (a tab, ``"``...) are taken as
+    their escapes (a positive class; a negated one takes none of them)."""
+    negated = pattern[i + 1 : i + 2] == "^"
+    j = i + 1 + negated
+    ranges: list[tuple[str, str]] = []
+    shorthands: list[str] = []
+    first = True
+    while j < len(pattern) and (pattern[j] != "]" or first):
+        first = False
+        if pattern[j] == "\\" and j + 1 < len(pattern):
+            e = pattern[j + 1]
+            if e.lower() in _CLASS_ESCAPES:
+                if not e.islower():
+                    raise GrammarError(f"a pattern's \\{e} inside a character class is not supported")
+                shorthands.append(_CLASS_ESCAPES[e])
+                j += 2
+                continue
+            ch, j = _escaped_char(pattern, j)
+            if ch is None:
+                raise GrammarError(f"a pattern's \\{e} inside a character class is not supported")
+        else:
+            ch, j = pattern[j], j + 1
+        if pattern[j : j + 1] == "-" and pattern[j + 1 : j + 2] not in ("]", ""):
+            if pattern[j + 1] == "\\" and j + 2 < len(pattern):
+                hi, j = _escaped_char(pattern, j + 1)
+                if hi is None:
+                    raise GrammarError(f"a pattern's range ending in \\{pattern[j - 1]} is not supported")
+            else:
+                hi, j = pattern[j + 1], j + 2
+            if ord(hi) < ord(ch):
+                raise GrammarError(f"a pattern's character range {ch!r}-{hi!r} is out of order")
+            ranges.append((ch, hi))
+        else:
+            ranges.append((ch, ch))
+    if j >= len(pattern):
+        raise GrammarError("a pattern's character class is not closed")
+    kept: list[str] = []
+    escaped: list[str] = []
+    for lo, hi in ranges:
+        a = ord(lo)
+        for c in range(ord(lo), ord(hi) + 2):
+            if c > ord(hi) or _is_escaped_in_json(chr(c)):
+                if a < c:  # the run a..c-1 written raw
+                    kept.append(_class_char(chr(a)) + ("" if a == c - 1 else "-" + _class_char(chr(c - 1))))
+                if c <= ord(hi):
+                    escaped.append(chr(c))
+                a = c + 1
+            if c > 0x7F and c <= ord(hi):  # no escaped character above DEL: the rest in one run
+                kept.append(_class_char(chr(a)) + ("" if a == ord(hi) else "-" + _class_char(hi)))
+                break
+    body = "".join(shorthands + kept)
+    if negated:
+        return f"[^{body}{_NOT_IN_STRING}]", j + 1
+    alternatives = ([f"[{body}]"] if body else []) + [_json_escape_pattern(ch) for ch in dict.fromkeys(escaped)]
+    if not alternatives:
+        raise GrammarError("a pattern's empty character class matches nothing")
+    return alternatives[0] if len(alternatives) == 1 else "(" + "|".join(alternatives) + ")", j + 1
 
 
 def _gbnf_pattern(pattern: str) -> str:
@@ -1023,9 +1121,13 @@ def _gbnf_pattern(pattern: str) -> str:
       a one-letter escape instead): the converter's ``.`` (``[^\\x0A\\x0D]``) took them, so a
       reply on llama.cpp could hold ``"a"b"`` (not JSON), and llguidance's greedy lexer read the
       closing quote and what followed as more of the string: an object holding such a property
-      never closed on the MLX engine."""
+      never closed on the MLX engine;
+    - a character a JSON string writes escaped (a tab, raw or ``\\t``, ``\\n``, ``\\x01``, a
+      ``"``, an escaped backslash), alone or in a class, as its escape in the text (``\\t``,
+      ``\\"``, ``\\\\``, ``\\u0001``): the converter wrote it raw into the grammar's literal, so
+      llama.cpp's replies held a raw tab or quote (not JSON) and llguidance refused the grammar
+      ("lexer error"): a 400 on the MLX engine."""
     out: list[str] = []
-    in_class = negated = False
     depth = 0
     bars: list[int] = []  # where in ``out`` each "|" outside every group stands
     i = 0
@@ -1033,38 +1135,34 @@ def _gbnf_pattern(pattern: str) -> str:
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
             e = pattern[i + 1]
-            i += 2
             if e.lower() in _CLASS_ESCAPES:
                 chars = _CLASS_ESCAPES[e.lower()]
-                if e.islower():
-                    out.append(chars if in_class else f"[{chars}]")
-                elif in_class:
-                    raise GrammarError(f"a pattern's \\{e} inside a character class is not supported")
-                else:
-                    out.append(f"[^{chars}{_NOT_IN_STRING}]")
-            elif e in _KEPT_ESCAPES or (e.isascii() and e.isalnum()) or (not in_class and e in "(){}*+?|"):
+                out.append(f"[{chars}]" if e.islower() else f"[^{chars}{_NOT_IN_STRING}]")
+                i += 2
+            elif e in _KEPT_ESCAPES or e in "(){}*+?|":
                 out.append(c + e)  # GBNF's own, the converter's, or one that neither knows
-            else:  # an escaped punctuation character: itself
-                char = f"\\x{ord(e):02X}" if ord(e) < 0x80 else e
-                out.append(char if in_class else f"[{char}]")
+                i += 2
+            else:
+                ch, i = _escaped_char(pattern, i)
+                if ch is None:
+                    out.append(c + e)  # one that neither knows (refused after)
+                elif _is_escaped_in_json(ch):
+                    out.append(_json_escape_pattern(ch))
+                else:
+                    out.append(ch if ch.isalnum() or ord(ch) >= 0x80 else f"[\\x{ord(ch):02X}]")
             continue
-        if c == "." and not in_class:
+        if c == "[":
+            cls, i = _class(pattern, i)
+            out.append(cls)
+            continue
+        if c == ".":
             out.append(_JSON_STRING_CHAR)
-        elif c == "[" and not in_class:
-            out.append(c)
-            in_class, negated = True, pattern[i + 1 : i + 2] == "^"
-            for first in ("^", "]"):  # "[^" negates; a "]" first is itself
-                if pattern[i + 1 : i + 2] == first:
-                    out.append("\\]" if first == "]" else first)
-                    i += 1
-        elif c == "]" and in_class:
-            out.append(f"{_NOT_IN_STRING}]" if negated else c)
-            in_class = negated = False
+        elif _is_escaped_in_json(c):
+            out.append(_json_escape_pattern(c))
         else:
-            if not in_class:
-                depth += {"(": 1, ")": -1}.get(c, 0)
-                if c == "|" and depth == 0:
-                    bars.append(len(out))
+            depth += {"(": 1, ")": -1}.get(c, 0)
+            if c == "|" and depth == 0:
+                bars.append(len(out))
             out.append(c)
         i += 1
     if bars and out[:1] == ["^"] and out[-1:] == ["$"]:
