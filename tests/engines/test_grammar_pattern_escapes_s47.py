@@ -6,14 +6,12 @@ JSON). Such a character is its JSON escape in the text now, on both engines."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
 
-from scheduler.engines.grammar import check_bounds, response_grammar, schema_grammar, tool_grammar
+from scheduler.engines.grammar import response_grammar, tool_grammar
 from tests.engines.test_grammar_extra_keys import llama_fits
 from tests.engines.test_grammar_keywords import fits
+from tests.engines.test_grammar_patterns import _schema, check_pattern
 
 CASES: list[tuple[str, list[str], list[str]]] = [
     ("^a\tb$", ["a\tb"], ["ab", "a b"]),
@@ -37,23 +35,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
 NOT_JSON = ['{"v": "a\tb"}', '{"v": "\t"}', '{"v": "a"b"}', '{"v": "\t\t"}']
 
 
-def _schema(pattern: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {"v": {"type": "string", "pattern": pattern}}, "required": ["v"], "additionalProperties": False}
-
-
 @pytest.mark.parametrize(("pattern", "good", "bad"), CASES)
 def test_a_character_json_escapes_is_its_escape_on_both_engines(pattern: str, good: list[str], bad: list[str]) -> None:
-    grammar = schema_grammar(_schema(pattern))
-    check_bounds(grammar)
-    for value in good:
-        text = json.dumps({"v": value})
-        assert fits(grammar, text), f"{text!r} matches /{pattern!r}/ but the MLX engine's grammar refuses it"
-        assert llama_fits(grammar, text), f"{text!r} matches /{pattern!r}/ but llama.cpp's grammar refuses it"
-    for value in bad:
-        text = json.dumps({"v": value})
-        assert not fits(grammar, text) and not llama_fits(grammar, text), f"{value!r} does not match /{pattern!r}/"
-    for text in NOT_JSON:
-        assert not fits(grammar, text) and not llama_fits(grammar, text), f"{text!r} is not JSON"
+    check_pattern(pattern, good, bad, NOT_JSON)
 
 
 def test_a_tab_in_a_response_format_or_a_tools_parameters_compiles_for_both_engines() -> None:

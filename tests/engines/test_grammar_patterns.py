@@ -38,16 +38,24 @@ def _schema(pattern: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("pattern", "good", "bad"), CASES)
 def test_pattern_escapes_are_enforced_on_both_engines(pattern: str, good: list[str], bad: list[str]) -> None:
+    check_pattern(pattern, good, bad)
+
+
+def check_pattern(pattern: str, good: list[str], bad: list[str], not_json: list[str] | None = None) -> None:
+    """A string property of ``pattern``: both engines' grammars take each of ``good`` (as JSON
+    text), neither takes any of ``bad`` nor any text of ``not_json``."""
     grammar = schema_grammar(_schema(pattern))
     check_bounds(grammar)
     for value in good:
         text = json.dumps({"v": value})
-        assert fits(grammar, text), f"{value!r} matches /{pattern}/ but the MLX engine's grammar refuses it"
-        assert llama_fits(grammar, text), f"{value!r} matches /{pattern}/ but llama.cpp's grammar refuses it"
+        assert fits(grammar, text), f"{text!r} matches /{pattern!r}/ but the MLX engine's grammar refuses it"
+        assert llama_fits(grammar, text), f"{text!r} matches /{pattern!r}/ but llama.cpp's grammar refuses it"
     for value in bad:
         text = json.dumps({"v": value})
-        assert not fits(grammar, text), f"{value!r} does not match /{pattern}/ but the grammar allows it"
-        assert not llama_fits(grammar, text), f"{value!r} does not match /{pattern}/ but llama.cpp allows it"
+        assert not fits(grammar, text), f"{value!r} does not match /{pattern!r}/ but the grammar allows it"
+        assert not llama_fits(grammar, text), f"{value!r} does not match /{pattern!r}/ but llama.cpp allows it"
+    for text in not_json or []:
+        assert not fits(grammar, text) and not llama_fits(grammar, text), f"{text!r} is not JSON"
 
 
 def test_a_negated_shorthand_inside_a_class_is_refused_cleanly() -> None:
