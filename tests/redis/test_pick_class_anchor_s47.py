@@ -7,14 +7,27 @@ its priority now counts from the anchor of the class it rose into, as in a worke
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import redis
 
+import scheduler.link
+from scheduler.core.qos import CLASS_ANCHOR
 from scheduler.link.redis_transport import Scripts
 
 from .test_pick_order import enqueue, pick
 
-ANCHOR = {0: 100, 1: 0, 2: 0, 3: -100}
+ANCHOR = {int(q): a for q, a in CLASS_ANCHOR.items()}
+
+
+def test_pick_lua_s_anchors_are_the_workers() -> None:
+    """pick.lua writes the anchors out (Lua has no import): they must be the worker queues'."""
+    source = (Path(scheduler.link.__file__).parent / "lua" / "pick.lua").read_text()
+    written = re.search(r"local ANCHOR = \{([^}]*)\}", source)
+    assert written is not None, "pick.lua's ANCHOR table"
+    assert {int(k): int(v) for k, v in re.findall(r"\[(\d+)\]\s*=\s*(-?\d+)", written.group(1))} == ANCHOR
 
 
 @pytest.fixture
