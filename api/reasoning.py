@@ -36,9 +36,6 @@ import json
 import re
 from collections.abc import Collection
 
-# the formats, as the worker's Hello names them; "none": no reasoning is split out
-REASONING_FORMATS = ("none", "think", "think-open", "harmony", "mistral")
-
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE = "[THINK]", "[/THINK]"
 
@@ -256,7 +253,6 @@ class HarmonySplitter(Splitter):
             if name in self.calls:
                 self.sink, self.call_open = "call", True
                 self.call_head = '<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
-
             else:  # a built-in tool's call (browser, python), or a call nobody offered tools for
                 self.sink = "drop"
         elif channel == "analysis":
@@ -300,7 +296,7 @@ class HarmonySplitter(Splitter):
 
 
 def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
-    """The splitter for a model whose replies are in ``fmt`` (:data:`REASONING_FORMATS`); None
+    """The splitter for a model whose replies are in ``fmt`` (``scheduler.engines.chat.REASONING_FORMATS``); None
     for "none" (or a format this server does not know). ``calls``: the functions offered."""
     if fmt == "harmony":
         return HarmonySplitter(calls=calls)

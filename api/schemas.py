@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from scheduler.core.types import SamplingParams, seed32
+from superfluid_site.serving import REASONING_FORMAT_VALUES
 
 from .errors import ApiError, invalid_request, model_not_found
 
@@ -119,10 +120,6 @@ _CHAT_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | frozenset(_CHAT_SILENT_KEY
 }
 # OpenAI's completions endpoint takes ``max_completion_tokens`` as chat does (docs/api.md)
 _COMPLETION_KEYS = _COMMON_KEYS | frozenset(_SILENT_KEYS) | {"prompt", "suffix", "echo", "best_of", "logprobs", "max_completion_tokens"}
-
-# llama-server's reasoning_format values: all but none split the reasoning out (its deepseek-legacy
-# sets a reasoning_in_content that its parsers never read: common/chat.cpp, server-schema.cpp)
-REASONING_FORMAT_VALUES = ("auto", "deepseek", "deepseek-legacy", "none")
 
 # Per-message keys accepted in chat ``messages``; ``name``/``refusal``/``tool_call_id`` are
 # accepted and dropped (chat templates here only see role and content), and so are the SDK's

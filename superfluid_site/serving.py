@@ -29,6 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+# llama-server's reasoning_format values, a request's and --reasoning-format's: all but none split
+# the reasoning out (its deepseek-legacy sets a reasoning_in_content that its parsers never read:
+# common/chat.cpp, server-schema.cpp)
+REASONING_FORMAT_VALUES = ("auto", "deepseek", "deepseek-legacy", "none")
+
 
 @dataclass(frozen=True)
 class ServingConfig:

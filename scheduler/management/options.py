@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from scheduler.core.qos import QosClass, UnknownQosClass, parse_qos
 from scheduler.core.scheduler import SchedulerConfig
 from superfluid_site.env import EnvError, env_bool, env_float, env_int, env_str
+from superfluid_site.serving import REASONING_FORMAT_VALUES
 
 
 class FlagEnvError(CommandError, EnvError):
@@ -170,10 +171,6 @@ def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fim-max-context", type=int, default=_env("--fim-max-context", 0), help="context tokens per lane of the --fim-model, 64-8192 (default: 0 = --ctx-size, at most 8192)")
 
 
-# llama-server's --reasoning-format values (deepseek-legacy splits as deepseek does there: api/schemas.py)
-REASONING_FLAG_VALUES = ("auto", "deepseek", "deepseek-legacy", "none")
-
-
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the web side's request parsing (serve only; the worker never sees them)."""
     parser.add_argument(
@@ -184,7 +181,7 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reasoning-format",
-        choices=REASONING_FLAG_VALUES,
+        choices=REASONING_FORMAT_VALUES,
         default=_env("--reasoning-format", "auto"),
         help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto, deepseek and deepseek-legacy put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
     )
