@@ -52,8 +52,9 @@ _H_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z0-9_]+)")
 _H_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
 
 
-def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """The length of the longest end of ``text`` that is a proper start of one of ``markers``."""
+def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """The length of the longest end of ``text`` that is a proper start of one of ``markers``
+    (text a stream holds back: a marker may still be coming)."""
     best = 0
     for marker in markers:
         for n in range(min(len(marker) - 1, len(text)), best, -1):
@@ -148,7 +149,7 @@ class ThinkSplitter(Splitter):
             self.state, self.after_close = "answer", True
             self._answer(text[at + len(self.closing) :], answer)
             return
-        keep = _partial_suffix(text, (self.closing,))
+        keep = partial_suffix(text, (self.closing,))
         self.pending = text[len(text) - keep :] if keep else ""
         reasoning.append(self._reason(text[: len(text) - keep]))
 
@@ -238,7 +239,7 @@ class HarmonySplitter(Splitter):
             self.state = "head"
             # a channel opened without a start begins the next header; the others end this one
             return text[at:] if marker == H_CHANNEL else text[at + len(marker) :] or ""
-        keep = _partial_suffix(text, _H_BODY_ENDS)
+        keep = partial_suffix(text, _H_BODY_ENDS)
         self.pending = text[len(text) - keep :] if keep else ""
         self._body(text[: len(text) - keep], reasoning, answer)
         return ""

@@ -22,7 +22,7 @@ from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
-from .reasoning import new_splitter, split_whole
+from .reasoning import new_splitter, partial_suffix, split_whole
 from .xml_tool_calls import XML_FORMATS
 
 Endpoint = Literal["chat", "completions"]
@@ -1008,10 +1008,8 @@ class Reply:
                 return at
             if tag >= 0:
                 return None
-            for n in range(min(len(MISTRAL_CALLS) - 1, len(held)), 0, -1):
-                if held.endswith(MISTRAL_CALLS[:n]):
-                    return len(held) - n  # maybe the tag, still coming
-            return None
+            keep = partial_suffix(held, (MISTRAL_CALLS,))
+            return len(held) - keep if keep else None  # maybe the tag, still coming
         if fmt in XML_FORMATS:
             start = XML_FORMATS[fmt][1](held, self.tool_names)
             if start is None:
@@ -1041,12 +1039,7 @@ class Reply:
         held = self.held + text
         at = held.find(TOOL_OPEN)
         if at < 0:
-            keep = 0
-            for n in range(min(len(TOOL_OPEN) - 1, len(held)), 0, -1):
-                if held.endswith(TOOL_OPEN[:n]):
-                    keep = n
-                    break
-            at = len(held) - keep
+            at = len(held) - partial_suffix(held, (TOOL_OPEN,))
         self.held = held[at:]
         return held[:at]
 

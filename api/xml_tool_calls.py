@@ -34,6 +34,8 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from .reasoning import partial_suffix
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
@@ -336,11 +338,8 @@ def qwen3_coder_start(held: str, tools: Collection[str]) -> tuple[int, bool] | N
             named = _may_name(_after(held, i + len(FUNCTION_OPEN)), tools)
             return None if named is False else (tag, bool(named))
         return (tag, False) if FUNCTION_OPEN.startswith(after) else None
-    tail = held[max(0, len(held) - len(FUNCTION_OPEN) + 1) :]
-    for n in range(len(tail), 0, -1):  # the end may be an opening still coming
-        if FUNCTION_OPEN.startswith(tail[-n:]):
-            return len(held) - n, False
-    return None
+    keep = partial_suffix(held, (FUNCTION_OPEN,))  # the end may be an opening still coming
+    return (len(held) - keep, False) if keep else None
 
 
 def glm45_start(held: str, tools: Collection[str]) -> tuple[int, bool] | None:
