@@ -252,7 +252,7 @@ class EngineWorker:
     def _kept_tool_tokens(self) -> dict[int, bytes]:
         """The control tokens of the model's tool-call format (Mistral's ``[TOOL_CALLS]``, Llama
         3.1's ``<|python_tag|>``), each one token that holds no text decoded as plain text: their
-        text, which a reply that offers tools keeps (:meth:`_tool_token_bytes`)."""
+        text, which a reply that offers tools keeps (:meth:`_reply_token_bytes`)."""
         return self._kept_tokens(chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ()))
 
     @functools.cached_property
@@ -275,19 +275,14 @@ class EngineWorker:
 
     def _reply_token_bytes(self, *, chat: bool, offers_tools: bool) -> Callable[[int], bytes]:
         """``engine.token_bytes`` for a reply: a chat reply's spells its reasoning format's
-        control tokens, one that offers tools its tool format's (:meth:`_tool_token_bytes`)."""
+        control tokens, one that offers tools its tool format's. Decoded as plain text they hold
+        none, and a call's opening or a reasoning block's would be lost (llama-server keeps them
+        too: its chat format's ``preserved_tokens``)."""
         kept = {**(self._kept_reasoning_tokens if chat else {}), **(self._kept_tool_tokens if offers_tools else {})}
         plain = self.engine.token_bytes
         if not kept:
             return plain
         return lambda token: kept.get(token) or plain(token)
-
-    def _tool_token_bytes(self) -> Callable[[int], bytes]:
-        """``engine.token_bytes`` that spells the control tokens of the model's tool-call format
-        as their text, for a reply that offers tools: decoded as plain text they hold none, and
-        the call's opening would be lost (llama-server keeps them too: its chat format's
-        ``preserved_tokens``)."""
-        return self._reply_token_bytes(chat=False, offers_tools=True)
 
     def hello(self) -> Hello:
         return Hello(
@@ -703,7 +698,7 @@ class EngineWorker:
 
         # the control tokens whose text the reply so far holds: a resumed reply's are tokens again
         kept = chat_format.REASONING_FORMAT_TOKENS.get(self.reasoning_format, ())
-        if offers_tools:  # (a reply that offers tools keeps its format's: _tool_token_bytes)
+        if offers_tools:  # (a reply that offers tools keeps its format's: _reply_token_bytes)
             kept += chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ())
         return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text, kept)
 

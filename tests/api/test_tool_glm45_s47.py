@@ -117,9 +117,9 @@ def test_the_worker_says_glm45_and_writes_its_tags_as_text_where_they_are_contro
     tags = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
     worker = _worker(GLM46, {tag: 1000 + i for i, tag in enumerate(tags)})
     assert worker.hello().tool_format == "glm45"
-    spell = worker._tool_token_bytes()
+    spell = worker._reply_token_bytes(chat=False, offers_tools=True)
     assert [spell(1000 + i) for i in range(len(tags))] == [t.encode() for t in tags]
     from .test_tool_qwen3_coder_s47 import QWEN3_CODER
 
     qwen = _worker(QWEN3_CODER, {"<tool_call>": 1000, "</tool_call>": 1001})
-    assert qwen.hello().tool_format == "qwen3_coder" and qwen._tool_token_bytes()(1000) == b"<tool_call>"
+    assert qwen.hello().tool_format == "qwen3_coder" and qwen._reply_token_bytes(chat=False, offers_tools=True)(1000) == b"<tool_call>"

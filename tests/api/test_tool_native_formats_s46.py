@@ -208,7 +208,7 @@ def _worker(template: str, pieces: dict[str, int]) -> EngineWorker:
 def test_the_worker_says_its_format_and_writes_the_formats_control_tokens_as_text() -> None:
     worker = _worker(MISTRAL_NEMO, {"[TOOL_CALLS]": 1000, "[ARGS]": 1001})
     assert worker.hello().tool_format == "mistral"
-    spell = worker._tool_token_bytes()
+    spell = worker._reply_token_bytes(chat=False, offers_tools=True)
     assert spell(1000) == b"[TOOL_CALLS]" and spell(1001) == b"[ARGS]" and spell(ord("a")) == b"a"
     assert _worker(LLAMA31, {"<|python_tag|>": 1000}).hello().tool_format == "llama3"
     sim = EngineWorker(SimEngine(n_lanes=1, lane_ctx=512), SchedulerConfig(max_batch=1, lane_ctx=512), model_name="m", prepare_in_thread=False)
