@@ -266,3 +266,38 @@ def test_keys_are_required_as_on_the_chat_route(loop: asyncio.AbstractEventLoop)
     with override_settings(SUPERFLUID_KEYS_REQUIRED=True), pytest.raises(openai.AuthenticationError) as caught:
         create(loop, input="hi")
     assert caught.value.status_code == 401
+
+
+# -- a client that leaves ---------------------------------------------------------------------
+
+
+async def test_a_client_that_leaves_a_stream_frees_its_lane_and_its_row_says_so() -> None:
+    from asgiref.sync import sync_to_async
+    from channels.testing import ApplicationCommunicator
+
+    from activity import writer as activity_writer
+    from activity.models import ActivityEntry
+    from tests.edge.inproc import SimWorker, attached, scope
+
+    sim = SimWorker(lanes=2, step_sleep_s=0.003)
+    body = json.dumps({"model": MODEL, "input": "Go on and on.", "stream": True, "max_output_tokens": 400}).encode()
+    async with attached(sim) as (link, _rt):
+        comm = ApplicationCommunicator(application(), scope("POST", "/v1/responses", JSON))
+        await comm.send_input({"type": "http.request", "body": body, "more_body": False})
+        assert (await comm.receive_output(20))["status"] == 200
+        first = await comm.receive_output(20)
+        assert first["body"].startswith(b"event: response.created\n")
+        while sim.busy()[0] == 0:  # its job on a lane
+            await asyncio.sleep(0.01)
+        await comm.send_input({"type": "http.disconnect"})
+        await comm.wait(5)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while sim.busy() != (0, 0):
+            assert loop.time() < deadline, sim.busy()
+            await asyncio.sleep(0.02)
+        assert not link.inflight
+    assert await asyncio.to_thread(activity_writer.flush)
+    rows = await sync_to_async(list)(ActivityEntry.objects.values_list("endpoint", "status", "error_code", "completion_tokens"))
+    assert [row[:3] for row in rows] == [("chat", 200, "client_disconnected")]
+    assert rows[0][3] < 400  # its job stopped when its client left, not at its limit
