@@ -421,7 +421,9 @@ def responses_to_chat(body: dict[str, Any], *, strict: bool = False) -> tuple[di
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "previous_response_id": None,
+        "prompt_cache_key": body.get("prompt_cache_key"),
         "reasoning": reasoning_echo,
+        "safety_identifier": body.get("safety_identifier"),
         "store": False,  # nothing is stored here, whatever was asked
         "text": text_echo,
         "tool_choice": body.get("tool_choice") if body.get("tool_choice") is not None else "auto",
@@ -463,7 +465,7 @@ def _renamed(exc: ApiError, where: list[str]) -> ApiError:
                 break
     if new == param:
         return exc
-    message = exc.message.replace(f"'{param}'", f"'{new}'").replace(param, new)
+    message = exc.message.replace(param, new)
     return ApiError(exc.status, message, type=exc.type, param=new, code=exc.code, headers=exc.headers)
 
 

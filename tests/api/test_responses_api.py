@@ -301,3 +301,29 @@ async def test_a_client_that_leaves_a_stream_frees_its_lane_and_its_row_says_so(
     rows = await sync_to_async(list)(ActivityEntry.objects.values_list("endpoint", "status", "error_code", "completion_tokens"))
     assert [row[:3] for row in rows] == [("chat", 200, "client_disconnected")]
     assert rows[0][3] < 400  # its job stopped when its client left, not at its limit
+
+
+def test_a_codex_shaped_turn_streams_its_call_to_response_completed(loop: asyncio.AbstractEventLoop) -> None:
+    """The body the Codex CLI sends (a developer message, the user's turn as input_text parts, a
+    shell function tool with ``strict: false``, reasoning effort and summary, ``store: false``,
+    ``include`` of encrypted reasoning, a prompt cache key), and what it reads: the call in
+    ``response.output_item.done``, then ``response.completed`` with the usage."""
+    shell = {"type": "function", "name": "shell", "description": "Runs a command.", "strict": False,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}}, "required": ["command"]}}  # fmt: skip
+    call = '<tool_call>\n{"name": "shell", "arguments": {"command": ["ls", "-la"]}}\n</tool_call>'
+    wire = raw_stream(
+        loop,
+        instructions="You are a coding agent.",
+        input=[
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<environment_context>cwd=/x</environment_context>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files. " + script(THOUGHT + call)}]},
+        ],
+        tools=[shell], tool_choice="auto", parallel_tool_calls=False, reasoning={"effort": "medium", "summary": "auto"},
+        store=False, include=["reasoning.encrypted_content"], prompt_cache_key="6f1c0e5e-0000-4000-8000-000000000000",
+    )  # fmt: skip
+    done = [d["item"] for name, d in wire if name == "response.output_item.done"]
+    assert [item["type"] for item in done] == ["reasoning", "function_call"]
+    assert (done[1]["name"], json.loads(done[1]["arguments"])) == ("shell", {"command": ["ls", "-la"]})
+    completed = wire[-1][1]["response"]
+    assert wire[-1][0] == "response.completed" and completed["usage"]["output_tokens"] > 0
+    assert completed["prompt_cache_key"] == "6f1c0e5e-0000-4000-8000-000000000000" and completed["store"] is False
