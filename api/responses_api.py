@@ -453,6 +453,8 @@ def _renamed(exc: ApiError, where: list[str]) -> ApiError:
     param = exc.param
     if not param:
         return exc
+    if param == "messages":  # the whole conversation (its size, the template's refusal): the input
+        return ApiError(exc.status, exc.message, type=exc.type, param="input", code=exc.code, headers=exc.headers)
     new = param
     m = re.match(r"^messages\[(\d+)\]", param)
     if m:
@@ -812,4 +814,6 @@ class ResponsesConsumer(ChatCompletionsConsumer):
             self.record.error_code = exc.code or exc.type
             await self.send_body(b"".join(sse_frame(f) for f in events.failed(exc)))
             return
-        await super().send_error(exc)
+        # before any output: the chat route's error, naming the Responses body's field (a prompt
+        # over the context, or one the template refuses, is the worker's word on "messages")
+        await super().send_error(_renamed(exc, self.asked.where))

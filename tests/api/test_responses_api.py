@@ -327,3 +327,12 @@ def test_a_codex_shaped_turn_streams_its_call_to_response_completed(loop: asynci
     completed = wire[-1][1]["response"]
     assert wire[-1][0] == "response.completed" and completed["usage"]["output_tokens"] > 0
     assert completed["prompt_cache_key"] == "6f1c0e5e-0000-4000-8000-000000000000" and completed["store"] is False
+
+
+def test_an_input_over_the_context_is_a_400_naming_the_input(loop: asyncio.AbstractEventLoop) -> None:
+    """The worker's and the size check's word is on the chat's ``messages``: a Responses client
+    sent ``input``."""
+    for kwargs in ({"input": "word " * 3000}, {"input": "hi", "max_output_tokens": 5000}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            create(loop, **kwargs)
+        assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input"), caught.value
