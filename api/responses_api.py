@@ -576,8 +576,9 @@ def output_of_chat(chat_body: dict[str, Any]) -> tuple[list[dict[str, Any]], str
     content = message.get("content") or ""
     if content or not calls:
         output.append(message_item(_short_id("msg_"), content, status))
-    for call in calls:
-        output.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "completed"))
+    for i, call in enumerate(calls):  # a reply cut short was cut in its last call
+        cut = status == "incomplete" and i == len(calls) - 1
+        output.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "incomplete" if cut else "completed"))
     return output, status
 
 
@@ -717,8 +718,8 @@ class ResponseEvents:
         out: list[dict[str, Any]] = []
         if self.message is None and not self.calls:  # no answer: an empty message, as unstreamed
             out += self.open_message()
-        for i in sorted(self.open):
-            out += self.close(i, status if self.items[i]["type"] == "message" else "completed")
+        for i in sorted(self.open):  # (a call still open at a cut is the one it cut)
+            out += self.close(i, "completed" if self.items[i]["type"] == "reasoning" else status)
         self.ended = True
         return [*out, self.event(f"response.{status}", response=self.snapshot(status, usage))]
 

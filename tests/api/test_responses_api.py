@@ -336,3 +336,17 @@ def test_an_input_over_the_context_is_a_400_naming_the_input(loop: asyncio.Abstr
         with pytest.raises(openai.BadRequestError) as caught:
             create(loop, **kwargs)
         assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input"), caught.value
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_at_max_output_tokens_is_an_incomplete_item(loop: asyncio.AbstractEventLoop, stream: bool) -> None:
+    cut = len(CALL) - 20  # in its arguments
+    if stream:
+        wire = raw_stream(loop, input="Weather? " + script(CALL), tools=[WEATHER], max_output_tokens=cut)
+        assert wire[-1][0] == "response.incomplete"
+        got = wire[-1][1]["response"]
+    else:
+        got = create(loop, input="Weather? " + script(CALL), tools=[WEATHER], max_output_tokens=cut).model_dump()
+    assert got["status"] == "incomplete" and got["incomplete_details"] == {"reason": "max_output_tokens"}
+    calls = [item for item in got["output"] if item["type"] == "function_call"]
+    assert [(c["name"], c["status"]) for c in calls] == [("get_weather", "incomplete")]
