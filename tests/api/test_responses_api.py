@@ -350,3 +350,13 @@ def test_a_call_cut_at_max_output_tokens_is_an_incomplete_item(loop: asyncio.Abs
     assert got["status"] == "incomplete" and got["incomplete_details"] == {"reason": "max_output_tokens"}
     calls = [item for item in got["output"] if item["type"] == "function_call"]
     assert [(c["name"], c["status"]) for c in calls] == [("get_weather", "incomplete")]
+
+
+def test_llama_servers_second_name_and_a_wrong_method(loop: asyncio.AbstractEventLoop) -> None:
+    body = json.dumps({"model": MODEL, "input": "Hi " + script("Ok.")}).encode()
+    reply = loop.run_until_complete(request("POST", "/responses", body, JSON))
+    assert reply.status == 200 and reply.json()["output"][0]["content"][0]["text"] == "Ok."
+    wrong = loop.run_until_complete(request("GET", "/v1/responses"))
+    assert wrong.status == 405 and wrong.is_error_object()
+    below = loop.run_until_complete(request("POST", "/responses/x", body, JSON))
+    assert below.status == 404 and below.is_error_object()
