@@ -360,3 +360,23 @@ def test_llama_servers_second_name_and_a_wrong_method(loop: asyncio.AbstractEven
     assert wrong.status == 405 and wrong.is_error_object()
     below = loop.run_until_complete(request("POST", "/responses/x", body, JSON))
     assert below.status == 404 and below.is_error_object()
+
+
+async def test_a_keys_policy_picks_the_class_and_its_rate_limit_holds() -> None:
+    """A key's default class and its requests per minute, as on the chat route: the second
+    request over a limit of one a minute is 429, read by the client as RateLimitError."""
+    from keys.credentials import digest_of
+    from keys.runtime import Key, Policy
+    from scheduler.core.qos import QosClass
+    from tests.edge.inproc import SimWorker, attached
+
+    secret = "sf-responses-0123456789"
+    policy = Policy(name="bg", default_class=QosClass.BACKGROUND, max_class=QosClass.BACKGROUND, rate_limit_rpm=1)
+    async with attached(SimWorker(), keys={digest_of(secret): Key(id=1, name="agent", digest=digest_of(secret), policy=policy)}):
+        transport = httpx.ASGITransport(app=application(), client=("127.0.0.1", 50003))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            client = openai.AsyncOpenAI(base_url=BASE + "/v1", api_key=secret, http_client=http, max_retries=0)
+            raw = await client.responses.with_raw_response.create(model=MODEL, input="Hi", max_output_tokens=3)
+            assert raw.headers["x-superfluid-qos"] == "background" and raw.parse().object == "response"
+            with pytest.raises(openai.RateLimitError):
+                await client.responses.create(model=MODEL, input="Hi", max_output_tokens=3)
