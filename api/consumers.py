@@ -735,7 +735,7 @@ class GenerationConsumer(StreamingConsumer):
 
         opening = self.opening_frames(reply) if skip is None else []
         if opening:
-            await self.send_body(tagged([responses.sse_event(f) for f in opening]), more_body=True)
+            await self.send_body(tagged([self.sse_frame(f) for f in opening]), more_body=True)
         while True:
             # deltas that arrived together (the reader fell a tick or more behind) go out in one
             # write: the same bytes on the wire, one trip through daphne instead of several
@@ -752,7 +752,7 @@ class GenerationConsumer(StreamingConsumer):
                 elif isinstance(event, Done):
                     self.note_done(event)
                     frames = self.final_frames(request, reply, event)
-                    await self.send_body(b"".join(out) + b"".join(responses.sse_event(f) for f in frames) + self.stream_end)
+                    await self.send_body(b"".join(out) + b"".join(self.sse_frame(f) for f in frames) + self.stream_end)
                     return
                 elif isinstance(event, (Error, Rejected)):
                     if out:  # what was generated before the error reaches the client first
@@ -765,6 +765,11 @@ class GenerationConsumer(StreamingConsumer):
 
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return reply.first_chunks()
+
+    def sse_frame(self, frame: dict[str, Any]) -> bytes:
+        """One frame of a stream (its opening's, its end's) as its SSE event: ``data: <frame>``
+        (a route whose events are named, /v1/responses, says ``event:`` too)."""
+        return responses.sse_event(frame)
 
     def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
         """A delta's SSE events (one per frame), each ``data: <chunk>\\n\\n``."""

@@ -49,7 +49,7 @@ from .schemas import MAX_CHARS_PER_TOKEN
 # answers below them (/infill/, a bad Host there) was its HTML page
 API_PREFIXES = (
     "/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/completion", "/completions",
-    "/apply-template", "/running", "/unload", "/api/models",
+    "/apply-template", "/running", "/unload", "/api/models", "/responses",
 )  # fmt: skip
 
 
@@ -504,6 +504,7 @@ def line_target(line: bytes) -> bytes:
 GENERATION_PATHS = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/completion": "completions",
     "/completions": "completions", "/v1/embeddings": "embeddings",
+    "/v1/responses": "chat", "/responses": "chat",  # (api/responses_api.py: chat requests in the Responses API's shapes)
 }  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from api.consumers import (  # noqa: E402
     InfillConsumer,
     NativeCompletionConsumer,
 )
+from api.responses_api import ResponsesConsumer  # noqa: E402
 from batches.asgi import BoundedBody  # noqa: E402
 from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
 
@@ -46,6 +47,8 @@ application = ProtocolTypeRouter(
             [
                 path("v1/chat/completions", ChatCompletionsConsumer.as_asgi()),
                 path("v1/completions", CompletionsConsumer.as_asgi()),
+                path("v1/responses", ResponsesConsumer.as_asgi()),  # OpenAI's Responses API (Codex, the Agents SDK)
+                path("responses", ResponsesConsumer.as_asgi()),  # (llama-server's second name)
                 path("infill", InfillConsumer.as_asgi()),  # llama-server's fill-in-the-middle (editors' plugins)
                 # llama-server's native completion (its two names), in its shapes
                 path("completion", NativeCompletionConsumer.as_asgi()),

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
-from api import edge
+from api import edge, responses_tokens
 from api import metrics as api_metrics
 from api import views as api_views
 from batches import views as batch_views
@@ -18,6 +18,9 @@ urlpatterns = [
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
     path("apply-template", edge.api_route(("POST",))(api_views.apply_template)),
+    # llama-server's token count of a Responses API body (POST /v1/responses itself: asgi.py)
+    path("v1/responses/input_tokens", edge.api_route(("POST",))(responses_tokens.input_tokens)),
+    path("responses/input_tokens", edge.api_route(("POST",))(responses_tokens.input_tokens)),
     path("props", edge.api_route()(api_views.props)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),

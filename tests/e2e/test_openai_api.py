@@ -66,6 +66,23 @@ def test_streamed_greedy_chat_equals_the_unstreamed_reply(server: RunningServer)
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
 
 
+def test_the_responses_api_answers_as_the_chat_route_does(server: RunningServer) -> None:
+    """POST /v1/responses (api/responses_api.py) through the client's ``responses.create`` and
+    ``.stream`` on the real server and model: greedy, the Response's text is the chat reply's,
+    streamed or not, with its usage."""
+    c = client(server)
+    chat = c.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=30)
+    made = c.responses.create(model=MODEL, instructions=QUESTION[0]["content"], input=QUESTION[1]["content"], temperature=0, max_output_tokens=30)
+    assert made.output_text == chat.choices[0].message.content and "Paris" in made.output_text
+    assert made.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert (made.usage.input_tokens, made.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    with c.responses.stream(model=MODEL, instructions=QUESTION[0]["content"], input=QUESTION[1]["content"], temperature=0, max_output_tokens=30) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response() if made.status == "completed" else None
+    assert "".join(deltas) == made.output_text
+    assert final is None or final.output_text == made.output_text
+
+
 def test_raw_sse_stream_starts_with_the_role_and_ends_with_done(server: RunningServer) -> None:
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "stream": True}
     with httpx.stream("POST", server.base + "/v1/chat/completions", json=body, timeout=60) as r:
