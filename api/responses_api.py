@@ -232,10 +232,12 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
     return messages
 
 
-def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
+def _tools(body: dict[str, Any], ignored: list[str], *, strict: bool) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
     """(the chat ``tools``, the Response's echo of them). Function tools only: a hosted tool
-    (web_search, file_search, mcp, code_interpreter, ...) or a custom one is a 400 naming its
-    type, since no reply here could use it."""
+    (web_search, file_search, mcp, code_interpreter, ...) or a custom one is left out of the
+    prompt, since no reply here could call it, and named in ``ignored`` (as llama-server drops
+    them: Codex sends ``web_search`` where it is turned on, and a 400 would stop every turn);
+    under ``strict`` (--strict-params) it is a 400 naming its type."""
     raw = body.get("tools")
     if raw is None:
         return None, []
@@ -251,11 +253,15 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, list[dict
         if kind != "function":
             if not isinstance(kind, str):
                 raise _missing(f"{where}.type")
-            raise invalid_request(
-                f"Tools of type '{kind}' are not supported (in '{where}'); only 'function' tools are.",
-                param=f"{where}.type",
-                code="unsupported_value",
-            )
+            if strict:
+                raise invalid_request(
+                    f"Tools of type '{kind}' are not supported (in '{where}'); only 'function' tools are.",
+                    param=f"{where}.type",
+                    code="unsupported_value",
+                )
+            ignored.append(f"tools.{kind}")  # (the header names plain identifiers only, no brackets)
+            echo.append(tool)
+            continue
         fn = {k: v for k, v in tool.items() if k != "type"}
         if "strict" not in fn:
             fn["strict"] = True  # the Responses API's default
@@ -399,8 +405,8 @@ def responses_to_chat(body: dict[str, Any], *, strict: bool = False) -> tuple[di
             chat[key] = value  # model, stream, temperature, ... and llama-server's extensions
     _unhonoured(body, ignored)
     chat["messages"] = _messages(body, out)
-    tools, tools_echo = _tools(body)
-    if tools is not None:
+    tools, tools_echo = _tools(body, ignored, strict=strict)
+    if tools:  # (none left when every tool was a hosted one)
         chat["tools"] = tools
     choice = _tool_choice(body.get("tool_choice"))
     if choice is not None:

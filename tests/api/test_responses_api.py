@@ -199,8 +199,6 @@ def test_a_reply_cut_at_max_output_tokens_is_incomplete(loop: asyncio.AbstractEv
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_value"),
-        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type", "unsupported_value"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0].content", "unsupported_content"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content", "unsupported_content"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
@@ -239,6 +237,23 @@ def test_parameters_not_honoured_are_named_and_refused_under_strict_params(loop:
     with override_settings(SUPERFLUID_STRICT_PARAMS=True), pytest.raises(openai.BadRequestError) as caught:
         create(loop, **kwargs)
     assert (caught.value.param, caught.value.code) == ("include", "unknown_parameter")
+
+
+def test_a_hosted_tool_is_left_out_and_named_as_llama_server_drops_it_and_refused_under_strict_params(loop: asyncio.AbstractEventLoop) -> None:
+    """Codex sends ``{"type": "web_search"}`` beside its function tools where web search is on: a
+    400 would stop every turn. The hosted tool is left out of the prompt (no reply here could call
+    it), echoed as sent and named in x-superfluid-ignored-params; the function tool still serves."""
+    hosted = [{"type": "web_search"}, {"type": "mcp", "server_label": "x", "server_url": "http://mcp.test"}]
+    kwargs: dict[str, Any] = {"input": "Hi " + script("Ok."), "tools": [hosted[0], WEATHER, hosted[1]]}
+    raw = run(loop, lambda c: c.responses.with_raw_response.create(model=MODEL, **kwargs))
+    assert raw.headers["x-superfluid-ignored-params"] == "tools.web_search, tools.mcp"
+    got = raw.parse()
+    assert got.output_text == "Ok." and [t.type for t in got.tools] == ["web_search", "function", "mcp"]
+    only_hosted = run(loop, lambda c: c.responses.create(model=MODEL, input="Hi " + script("Fine."), tools=hosted))
+    assert only_hosted.output_text == "Fine."
+    with override_settings(SUPERFLUID_STRICT_PARAMS=True), pytest.raises(openai.BadRequestError) as caught:
+        create(loop, **kwargs)
+    assert (caught.value.param, caught.value.code) == ("tools[0].type", "unsupported_value")
 
 
 def test_a_failure_after_the_stream_began_ends_it_with_error_and_response_failed(loop: asyncio.AbstractEventLoop) -> None:
