@@ -735,7 +735,7 @@ class GenerationConsumer(StreamingConsumer):
 
         opening = self.opening_frames(reply) if skip is None else []
         if opening:
-            await self.send_body(tagged([responses.sse_event(f) for f in opening]), more_body=True)
+            await self.send_body(tagged([self.frame_bytes(f) for f in opening]), more_body=True)
         while True:
             # deltas that arrived together (the reader fell a tick or more behind) go out in one
             # write: the same bytes on the wire, one trip through daphne instead of several
@@ -752,7 +752,7 @@ class GenerationConsumer(StreamingConsumer):
                 elif isinstance(event, Done):
                     self.note_done(event)
                     frames = self.final_frames(request, reply, event)
-                    await self.send_body(b"".join(out) + b"".join(responses.sse_event(f) for f in frames) + self.stream_end)
+                    await self.send_body(b"".join(out) + b"".join(self.frame_bytes(f) for f in frames) + self.stream_end)
                     return
                 elif isinstance(event, (Error, Rejected)):
                     if out:  # what was generated before the error reaches the client first
@@ -762,6 +762,11 @@ class GenerationConsumer(StreamingConsumer):
                 await self.send_body(b"".join(out), more_body=True)
 
     # -- one job's response: what a route (/infill) may shape otherwise -------------------
+
+    def frame_bytes(self, frame: dict[str, Any]) -> bytes:
+        """One opening or final frame of a single-choice stream as its SSE event (a route of
+        another API's events, /v1/messages, names each)."""
+        return responses.sse_event(frame)
 
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         return reply.first_chunks()

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
+from api import anthropic as api_anthropic
 from api import edge
 from api import metrics as api_metrics
 from api import views as api_views
@@ -18,6 +19,8 @@ urlpatterns = [
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
     path("apply-template", edge.api_route(("POST",))(api_views.apply_template)),
+    # Anthropic's token count (api/anthropic.py; its errors in Anthropic's shape)
+    path("v1/messages/count_tokens", api_anthropic.anthropic_errors(edge.api_route(("POST",))(api_anthropic.count_tokens))),
     path("props", edge.api_route()(api_views.props)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),
