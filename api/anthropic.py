@@ -27,7 +27,7 @@ from scheduler.link.pool import get_pool
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import admit_tool, key_required
+from .admission import admit_tool, forbidden, key_required
 from .consumers import ChatCompletionsConsumer
 from .edge import error_response
 from .errors import ApiError, invalid_request, model_not_found, server_error
@@ -636,8 +636,10 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
             raise _bad("Missing required parameter: 'model'.", "model", "missing_required_parameter")
         if not isinstance(model, str):
             raise _bad("Invalid value for 'model': expected a string.", "model", "invalid_type")
-        if model not in served or not _allowed(request, [model]):
+        if model not in served:
             raise model_not_found(model)
+        if not _allowed(request, [model]):  # as /v1/messages refuses it (admission's check)
+            raise forbidden(f"This API key may not use the model `{model}`.", "model_forbidden", "model")
         try:
             wire = (await asyncio.to_thread(chat_request_from, chat, models=served)).to_wire()
         except ApiError as exc:
