@@ -58,7 +58,8 @@ MESSAGES_KEYS = frozenset(
         "chat_template_kwargs",
     }
 )
-# What a request without max_tokens (Anthropic requires it) may generate: llama-server's default
+# What a request without max_tokens (Anthropic requires it) may generate, as llama-server's
+# converter fills it in (a cap: a prompt that leaves less of the context has the rest)
 DEFAULT_MAX_TOKENS = 4096
 MESSAGE_KEYS = frozenset({"role", "content"})
 TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
@@ -384,6 +385,10 @@ def parse_messages_request(raw: bytes, *, models: list[str], strict: bool = Fals
     except ApiError as exc:
         raise _in_messages_terms(exc) from None
     request.ignored = ignored + [key for key in request.ignored if key not in ignored]
+    # max_tokens is what Anthropic's API requires and Claude Code sets high (32,000) whatever the
+    # model: a prompt that leaves less of the context has the context's end bound the reply
+    # (stop_reason max_tokens), as llama-server's n_predict, not a 400
+    request.max_tokens_is_cap = True
     return request
 
 

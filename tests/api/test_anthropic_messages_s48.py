@@ -456,3 +456,33 @@ async def test_a_client_that_leaves_a_stream_frees_its_lane() -> None:
                 break
             await asyncio.sleep(0.01)
         assert sim.busy() == (0, 0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_max_tokens_beyond_the_context_is_a_cap_the_context_lowers(stream: bool) -> None:
+    """Claude Code asks max_tokens 32,000 of any model: a prompt that leaves less of the lane's
+    context (here 512 tokens) is answered up to the context's end, stop_reason max_tokens, as
+    llama-server bounds n_predict; it was a 400 context_length_exceeded on every request. The
+    chat route keeps OpenAI's refusal."""
+    sim = SimWorker(lanes=1, lane_ctx=512)
+
+    async def go() -> tuple[Any, Any]:
+        async with attached(sim):
+            ask = {"model": MODEL, "max_tokens": 32000, "messages": user("Tell me a long story.")}
+            if stream:
+                async with client() as sdk, sdk.messages.stream(**ask) as s:  # type: ignore[arg-type]
+                    message = await s.get_final_message()
+            else:  # (the SDK wants a stream for so many tokens)
+                raw = await request("POST", "/v1/messages", json.dumps(ask).encode(), JSON)
+                message = anthropic.types.Message.model_validate(raw.json())
+            chat = await request("POST", "/v1/chat/completions", json.dumps({**ask, "messages": user("Tell me a long story.")}).encode(), JSON)
+        return message, chat
+
+    loop = asyncio.new_event_loop()
+    try:
+        message, chat = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens + message.usage.output_tokens == 512
+    assert chat.status == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
