@@ -313,6 +313,8 @@ def test_a_failure_after_the_stream_began_is_an_error_event(qwen: asyncio.Abstra
         ({"tools": [{"name": "f", "input_schema": {"type": "string"}}]}, 400, "invalid_request_error", "input_schema"),
         ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER]}, 400, "invalid_request_error", "nope"),
         ({"stop_sequences": "END"}, 400, "invalid_request_error", "stop_sequences"),
+        ({"stop_sequences": ["x"] * 17}, 400, "invalid_request_error", "'stop_sequences'"),
+        ({"tools": [{"name": "f", "input_schema": []}]}, 400, "invalid_request_error", "tools[0].input_schema"),
         ({"max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
         ({"thinking": {"type": "sometimes"}}, 400, "invalid_request_error", "thinking.type"),
         ({"model": "nope"}, 404, "not_found_error", "nope"),
@@ -486,3 +488,10 @@ def test_a_max_tokens_beyond_the_context_is_a_cap_the_context_lowers(stream: boo
     assert message.stop_reason == "max_tokens"
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens + message.usage.output_tokens == 512
     assert chat.status == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_body_over_the_bound_is_an_anthropic_413(qwen: asyncio.AbstractEventLoop) -> None:
+    body = json.dumps({"model": MODEL, "max_tokens": 8, "messages": user("x" * 4000)}).encode()
+    with override_settings(SUPERFLUID_MAX_BODY_BYTES=1000):
+        reply = run(qwen, request("POST", "/v1/messages", body, JSON))
+    assert reply.status == 413 and reply.json()["error"]["type"] == "request_too_large", reply.body
