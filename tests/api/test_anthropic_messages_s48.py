@@ -495,3 +495,12 @@ def test_a_body_over_the_bound_is_an_anthropic_413(qwen: asyncio.AbstractEventLo
     with override_settings(SUPERFLUID_MAX_BODY_BYTES=1000):
         reply = run(qwen, request("POST", "/v1/messages", body, JSON))
     assert reply.status == 413 and reply.json()["error"]["type"] == "request_too_large", reply.body
+
+
+def test_claude_codes_beta_query_reaches_both_routes(qwen: asyncio.AbstractEventLoop) -> None:
+    """Claude Code posts to ``/v1/messages?beta=true`` (and count_tokens likewise)."""
+    body = json.dumps({"model": MODEL, "max_tokens": 8, "messages": user("Hi " + script("ok"))}).encode()
+    reply = run(qwen, request("POST", "/v1/messages?beta=true", body, [*JSON, (b"anthropic-beta", b"claude-code-20250219")]))
+    counted = run(qwen, request("POST", "/v1/messages/count_tokens?beta=true", body, JSON))
+    assert reply.status == 200 and reply.json()["content"] == [{"type": "text", "text": "ok"}]
+    assert counted.status == 200 and counted.json()["input_tokens"] > 0
