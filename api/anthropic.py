@@ -17,6 +17,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -533,6 +534,19 @@ class BlockStream:
         return frames
 
 
+_CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens in the ")
+
+
+def prompt_too_long(exc: ApiError) -> ApiError:
+    """A prompt the context cannot hold, worded as Anthropic words it (``prompt is too long: N
+    tokens > M maximum``), which Claude Code reads to compact its conversation and retry."""
+    if exc.code != "context_length_exceeded":
+        return exc
+    found = _CONTEXT.search(exc.message)
+    message = f"prompt is too long: {found[2]} tokens > {found[1]} maximum" if found else f"prompt is too long: {exc.message}"
+    return ApiError(exc.status, message, type=exc.type, param=exc.param, code=exc.code, headers=exc.headers)
+
+
 # ---------------------------------------------------------------------------------------------
 # POST /v1/messages
 # ---------------------------------------------------------------------------------------------
@@ -587,6 +601,7 @@ class MessagesConsumer(ChatCompletionsConsumer):
         return message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
 
     async def send_error(self, exc: ApiError) -> None:
+        exc = prompt_too_long(exc)
         self.record.error_code = exc.code or exc.type
         if self.headers_sent:  # the stream has begun: Anthropic's error event ends it
             await self.send_body(sse_frame(error_body(exc.status, exc.message)))

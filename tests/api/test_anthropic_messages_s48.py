@@ -504,3 +504,26 @@ def test_claude_codes_beta_query_reaches_both_routes(qwen: asyncio.AbstractEvent
     counted = run(qwen, request("POST", "/v1/messages/count_tokens?beta=true", body, JSON))
     assert reply.status == 200 and reply.json()["content"] == [{"type": "text", "text": "ok"}]
     assert counted.status == 200 and counted.json()["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_the_context_cannot_hold_is_worded_as_anthropic_words_it(stream: bool) -> None:
+    """Claude Code compacts its conversation on Anthropic's ``prompt is too long: N tokens > M
+    maximum`` (a 400 invalid_request_error); the chat route's wording was not that."""
+    sim = SimWorker(lanes=1, lane_ctx=512)
+    body = json.dumps({"model": MODEL, "max_tokens": 100, "messages": user("y" * 600), "stream": stream}).encode()
+
+    async def go() -> Any:
+        async with attached(sim):
+            return await request("POST", "/v1/messages", body, JSON)
+
+    loop = asyncio.new_event_loop()
+    try:
+        reply = loop.run_until_complete(go())
+    finally:
+        loop.close()
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    prompt = int(error["message"].split()[4])
+    assert error["message"] == f"prompt is too long: {prompt} tokens > 512 maximum" and prompt > 600
