@@ -438,7 +438,8 @@ async def test_a_client_that_leaves_a_stream_frees_its_lane() -> None:
 
     from tests.edge.inproc import scope
 
-    sim = SimWorker(lanes=1, step_sleep_s=0.005)
+    # 400 tokens at 50 ms a step: 20 s, twice the time the lane is given to come free
+    sim = SimWorker(lanes=1, step_sleep_s=0.05)
     body = {"model": MODEL, "max_tokens": 400, "messages": user("Write a long story."), "stream": True}
     async with attached(sim):
         comm = ApplicationCommunicator(application(), scope("POST", "/v1/messages", JSON))
