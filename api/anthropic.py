@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,8 +33,6 @@ from .edge import error_response
 from .errors import ApiError, invalid_request, model_not_found, server_error
 from .schemas import GenerationRequest, chat_request_from, load_object
 from .views import _allowed, _json_body, _served_models, _with_tool_vocab
-
-log = logging.getLogger("superfluid.api")
 
 # What a Messages body may hold. ``chat_template_kwargs`` is llama-server's extension (its
 # converter passes it on); ``metadata`` ({"user_id"}) changes nothing here and is accepted
