@@ -504,6 +504,7 @@ def line_target(line: bytes) -> bytes:
 GENERATION_PATHS = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/completion": "completions",
     "/completions": "completions", "/v1/embeddings": "embeddings",
+    "/v1/messages": "chat",  # Anthropic's Messages API (api/anthropic.py): a chat
 }  # fmt: skip
 
 
