@@ -271,7 +271,9 @@ def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]
     return out
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
+def _tools(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]]:
+    """``tools``: each a chat function (its cache_control a hint, ignored; another key of a tool,
+    as one of the message's, named ignored)."""
     if not isinstance(raw, list):
         raise _bad("Invalid value for 'tools': expected an array of tools.", "tools", "invalid_type")
     out = []
@@ -279,6 +281,11 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise _bad(f"Invalid value for '{where}': expected an object.", where, "invalid_type")
+        for key in tool:
+            if key not in TOOL_KEYS:
+                _unknown([f"{where}.{key}"], strict)
+                if f"tools.{key}" not in ignored:
+                    ignored.append(f"tools.{key}")
         kind = tool.get("type")
         if kind not in (None, "custom"):
             # Anthropic's server tools (web_search_*, bash_*, text_editor_*, computer_*, ...) run
@@ -360,7 +367,7 @@ def to_chat_body(body: dict[str, Any], *, strict: bool = False) -> tuple[dict[st
         messages.insert(0, {"role": "system", "content": _system_text(system)})
     chat["messages"] = messages
     if body.get("tools") is not None:
-        chat["tools"] = _tools(body["tools"])
+        chat["tools"] = _tools(body["tools"], ignored, strict)
     if body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], chat)
     stops = body.get("stop_sequences")

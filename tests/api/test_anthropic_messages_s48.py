@@ -18,6 +18,7 @@ import httpx
 import pytest
 from django.test import override_settings
 
+from api.errors import ApiError
 from keys.credentials import digest_of
 from keys.runtime import Key, Policy
 from scheduler.engines.chat import compile_chat_template, render_chat_template
@@ -373,6 +374,17 @@ def test_unknown_fields_are_named_ignored_and_refused_when_strict(qwen: asyncio.
         body = {"model": MODEL, "max_tokens": 8, "messages": user("hi"), "service_tier_x": "auto"}
         strict = run(qwen, request("POST", "/v1/messages", json.dumps(body).encode(), JSON))
     assert strict.status == 400 and "service_tier_x" in strict.json()["error"]["message"]
+
+
+def test_a_tools_unknown_key_is_named_and_its_cache_control_is_not() -> None:
+    from api.anthropic import to_chat_body
+
+    tool = {**WEATHER, "cache_control": {"type": "ephemeral"}, "defer_loading": True}
+    chat, ignored = to_chat_body({"model": MODEL, "messages": user("hi"), "tools": [tool, tool]})
+    assert ignored == ["tools.defer_loading"] and chat["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+    with pytest.raises(ApiError) as err:
+        to_chat_body({"model": MODEL, "messages": user("hi"), "tools": [tool]}, strict=True)
+    assert err.value.param == "tools[0].defer_loading" and err.value.code == "unknown_parameter"
 
 
 def test_an_unhonoured_thinking_budget_is_named() -> None:
