@@ -768,7 +768,7 @@ class GenerationConsumer(StreamingConsumer):
 
     def sse_frame(self, frame: dict[str, Any]) -> bytes:
         """One frame of a stream (its opening's, its end's) as its SSE event: ``data: <frame>``
-        (a route whose events are named, /v1/responses, says ``event:`` too)."""
+        (a route whose events are named, /v1/responses or /v1/messages, says ``event:`` too)."""
         return responses.sse_event(frame)
 
     def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:

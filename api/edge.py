@@ -468,7 +468,8 @@ def refuse_unparsable(channel: Any, exc: ApiError) -> None:
         request_id = uuid.uuid4().hex
         record_line_refusal(channel, line_target(getattr(channel, "_sf_line", b"")), exc.status, exc.code or exc.type, request_id)
     if channel.transport is not None:
-        channel.transport.write(raw_error_reply(exc, request_id=request_id))
+        path = _request_path(request) if request is not None else line_target(getattr(channel, "_sf_line", b""))
+        channel.transport.write(raw_error_reply(exc, request_id=request_id, path=path))
     channel.loseConnection()
 
 
@@ -505,16 +506,27 @@ GENERATION_PATHS = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/completion": "completions",
     "/completions": "completions", "/v1/embeddings": "embeddings",
     "/v1/responses": "chat", "/responses": "chat",  # (api/responses_api.py: chat requests in the Responses API's shapes)
+    "/v1/messages": "chat",  # Anthropic's Messages API (api/anthropic.py): a chat
 }  # fmt: skip
 
 
-def raw_error_reply(exc: ApiError, origin: str | None = None, request_id: str | None = None) -> bytes:
+# Routes whose errors are another API's error objects (api/anthropic.py: Anthropic's)
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
+def raw_error_reply(exc: ApiError, origin: str | None = None, request_id: str | None = None, path: bytes = b"") -> bytes:
     """A whole HTTP/1.1 response for ``exc`` that closes the connection; readable by a page
     from ``origin`` (the request's ``Origin``) when that is an allowed one (CORS, below);
-    ``request_id``: its ``X-Request-Id``, the id its activity row holds."""
+    ``request_id``: its ``X-Request-Id``, the id its activity row holds; ``path``: the request's
+    target, whose route's error shape it has (Anthropic's on /v1/messages)."""
     from http import HTTPStatus
 
-    payload = json.dumps(exc.body()).encode()
+    body = exc.body()
+    if path and routed_path(path) in ANTHROPIC_PATHS:
+        from .anthropic import error_body
+
+        body = error_body(exc.status, exc.message, request_id)
+    payload = json.dumps(body).encode()
     head = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}", "Content-Type: application/json", "Connection: close", f"Content-Length: {len(payload)}"]
     head += [f"{k}: {v}" for k, v in (exc.headers or {}).items()]
     head += [f"X-Request-Id: {request_id}"] if request_id else []
@@ -591,6 +603,14 @@ def edge_request_id(request: Any) -> str:
     return request_id
 
 
+def _request_path(request: Any) -> bytes:
+    """The target of a request the protocol layer ends: the channel holds the path until the
+    request is whole; then the request does (daphne's own refusals come after that); a request
+    line Twisted refused gave neither: its raw line's."""
+    channel = getattr(request, "channel", None)
+    return getattr(channel, "_path", None) or vars(request).get("uri") or line_target(getattr(channel, "_sf_line", b""))
+
+
 def _record_unprocessed(request: Any, status: int, code: str) -> None:
     """``record_edge_refusal`` for a request the protocol layer ends (never logged twice)."""
     if getattr(request, "_sf_recorded", False):
@@ -599,9 +619,7 @@ def _record_unprocessed(request: Any, status: int, code: str) -> None:
     channel = getattr(request, "channel", None)
     # daphne sets client_addr only in process(), which such a request never reaches
     client = getattr(request, "client_addr", None) or (_peer(channel.transport) if channel is not None and channel.transport is not None else None)
-    # the channel holds the path until the request is whole; then the request does (daphne's own
-    # refusals come after that); a request line Twisted refused gave neither: its raw line's
-    path = getattr(channel, "_path", None) or vars(request).get("uri") or line_target(getattr(channel, "_sf_line", b""))
+    path = _request_path(request)
     try:
         started = getattr(request, "_sf_started", None)
         open_s = _seconds(channel) - started if started is not None else 0.0
@@ -641,7 +659,7 @@ def refuse_unread(request: Any, exc: ApiError) -> None:
     transport = channel.transport
     headers = getattr(request, "requestHeaders", None)
     origins = headers.getRawHeaders(b"origin") if headers is not None else None
-    transport.write(raw_error_reply(exc, b",".join(origins).decode("latin-1") if origins else None, edge_request_id(request)))
+    transport.write(raw_error_reply(exc, b",".join(origins).decode("latin-1") if origins else None, edge_request_id(request), _request_path(request)))
     if hasattr(transport, "loseWriteConnection"):
         # a client that sends its whole body before it reads would get a connection reset, not
         # this answer, were the socket closed on unread bytes: close our side once the answer is
@@ -720,7 +738,7 @@ def install_request_bounds() -> None:
         parts = bytes(getattr(channel, "_buffer", b"")).split(b"\r\n", 1)[0].split(b" ")
         if len(parts) > 2:
             record_line_refusal(channel, parts[1], 408, "request_timeout", request_id)
-        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout)), request_id=request_id))
+        channel.transport.write(raw_error_reply(request_timeout(float(serving().body_timeout)), request_id=request_id, path=parts[1] if len(parts) > 2 else b""))
         channel.transport.loseConnection()
 
     def data_received(self: Any, data: bytes) -> None:

@@ -178,6 +178,12 @@ def sse_event(obj: dict[str, Any]) -> bytes:
     return b"data: " + json_bytes(obj) + b"\n\n"
 
 
+def named_sse_event(obj: dict[str, Any]) -> bytes:
+    """``obj`` as a server-sent event named by its ``type``: ``event: <type>`` and its ``data:``
+    line, as the Responses API's and Anthropic's streams are (their SDKs read the name)."""
+    return b"event: " + str(obj["type"]).encode() + b"\n" + sse_event(obj)
+
+
 def sse_error(error: ApiError) -> bytes:
     """An error reported mid-stream (headers already sent): ``data: {"error": {...}}``; the
     ``openai`` SDK raises ``APIError`` on an event whose payload has an ``error`` key."""

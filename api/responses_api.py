@@ -742,9 +742,7 @@ class ResponseEvents:
         ]
 
 
-def sse_frame(frame: dict[str, Any]) -> bytes:
-    """An event of the Responses API's stream: ``event: <type>`` and its ``data:``."""
-    return b"event: " + str(frame["type"]).encode() + b"\n" + responses.sse_event(frame)
+sse_frame = responses.named_sse_event  # one event of the stream, named by its type
 
 
 # ---------------------------------------------------------------------------------------------

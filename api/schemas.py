@@ -197,6 +197,10 @@ class GenerationRequest:
     # chat: llama-server's per-request reasoning_format ("none": the reply's reasoning stays in
     # content; "auto"/"deepseek": reasoning_content); None: the server's --reasoning-format
     reasoning_format: str | None = None
+    # max_tokens is a cap, which a prompt that leaves less of the context lowers to what is left
+    # (Anthropic's /v1/messages: Claude Code asks 32,000 of any model, as llama-server's
+    # n_predict is bounded by the context), not a demand refused where it cannot fit
+    max_tokens_is_cap: bool = False
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -234,7 +238,7 @@ class GenerationRequest:
             out["fim_extra"] = [list(c) for c in self.fim_extra]
         # /infill's limits go only where they are set: every other request's wire form (and
         # its resume digest) stays as it was
-        for key in (*_INFILL_LIMITS, "reasoning_format"):
+        for key in (*_INFILL_LIMITS, "reasoning_format", "max_tokens_is_cap"):
             if not out[key]:
                 del out[key]
         return out

@@ -23,6 +23,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path, re_path  # noqa: E402
 
+from api.anthropic import MessagesConsumer  # noqa: E402
 from api.consumers import (  # noqa: E402
     ChatCompletionsConsumer,
     CompletionsConsumer,
@@ -53,6 +54,7 @@ application = ProtocolTypeRouter(
                 # llama-server's native completion (its two names), in its shapes
                 path("completion", NativeCompletionConsumer.as_asgi()),
                 path("completions", NativeCompletionConsumer.as_asgi()),
+                path("v1/messages", MessagesConsumer.as_asgi()),  # Anthropic's Messages API (api/anthropic.py)
                 path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
                 path("v1/files", BoundedBody(django_asgi_app)),  # an upload's size, bounded before Django reads it
                 re_path(r"", django_asgi_app),

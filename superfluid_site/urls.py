@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
+from api import anthropic as api_anthropic
 from api import edge, responses_tokens
 from api import metrics as api_metrics
 from api import views as api_views
@@ -21,6 +22,8 @@ urlpatterns = [
     # llama-server's token count of a Responses API body (POST /v1/responses itself: asgi.py)
     path("v1/responses/input_tokens", edge.api_route(("POST",))(responses_tokens.input_tokens)),
     path("responses/input_tokens", edge.api_route(("POST",))(responses_tokens.input_tokens)),
+    # Anthropic's token count (api/anthropic.py; its errors in Anthropic's shape)
+    path("v1/messages/count_tokens", api_anthropic.anthropic_errors(edge.api_route(("POST",))(api_anthropic.count_tokens))),
     path("props", edge.api_route()(api_views.props)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),

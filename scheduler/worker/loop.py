@@ -811,6 +811,8 @@ class EngineWorker:
         if not tokens:
             raise Refusal(EMPTY_PROMPT, "The prompt is empty.", param)
         max_tokens = request.get("max_tokens")
+        if max_tokens is not None and request.get("max_tokens_is_cap") is True and own_len + max_tokens > ctx_limit:
+            max_tokens = None  # a cap (GenerationRequest.max_tokens_is_cap): the context's end bounds the reply
         budget = (max_tokens if max_tokens is not None else ctx_limit - own_len) - resume_tokens
         if (resume_text or resume_tokens) and own_len < ctx_limit and (budget <= 0 or len(tokens) >= ctx_limit):
             raise Ended(own_len, resume_tokens)  # its text had reached max_tokens or the context

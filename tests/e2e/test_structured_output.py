@@ -4,6 +4,7 @@ sampler): a schema with the keywords the converter used to drop or mangle gives 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jsonschema
 import pytest
@@ -44,3 +45,34 @@ def test_a_json_schema_with_bounds_nullable_types_and_escaped_enums_is_obeyed(sh
     choice = reply.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     jsonschema.validate(json.loads(choice.message.content or ""), SCHEMA)
+
+
+def test_anthropic_sdk_forced_tool_use_fits_its_schema_and_count_tokens_is_the_prompt(shared_server: RunningServer) -> None:
+    """The real model through /v1/messages with the unmodified anthropic SDK: a forced tool_use
+    (tool_choice ``tool``: the grammar writes it) comes back as a tool_use block whose input fits
+    the tool's input_schema, streamed the same as not; count_tokens counts, with the real
+    vocabulary, the prompt the worker prefilled (input_tokens plus those read from the cache)."""
+    import anthropic
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}
+    ask: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 80,
+        "system": [{"type": "text", "text": "You are a weather assistant.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "What will the weather be in Paris for the next three days?"}],
+        "tools": [{"name": "get_forecast", "description": "The forecast for a city.", "input_schema": schema}],
+        "tool_choice": {"type": "tool", "name": "get_forecast"},
+        "temperature": 0,
+    }
+    client = anthropic.Anthropic(base_url=shared_server.base, api_key="sk-unused", max_retries=0)
+    message = client.messages.create(**ask)
+    with client.messages.stream(**ask) as stream:
+        streamed = stream.get_final_message()
+    counted = client.messages.count_tokens(**{k: ask[k] for k in ("model", "system", "messages", "tools", "tool_choice")})
+    for reply in (message, streamed):
+        calls = [b for b in reply.content if b.type == "tool_use"]
+        assert reply.stop_reason == "tool_use" and len(calls) == 1, reply
+        assert calls[0].name == "get_forecast" and calls[0].id.startswith("toolu_")
+        jsonschema.validate(calls[0].input, schema)
+    assert streamed.content[-1].input == message.content[-1].input  # type: ignore[union-attr]
+    assert counted.input_tokens == message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
