@@ -481,7 +481,12 @@ def parse_responses_request(raw: bytes, *, models: Collection[str], strict: bool
     """Validate a ``POST /v1/responses`` body: the chat request it runs as, and what its
     Response echoes. Errors are the chat route's (400 with ``param``, 404 ``model_not_found``),
     naming the Responses body's parameters."""
-    body = load_object(raw)
+    return responses_request_from(load_object(raw), models=models, strict=strict)
+
+
+def responses_request_from(body: dict[str, Any], *, models: Collection[str], strict: bool = False) -> tuple[GenerationRequest, ResponsesRequest]:
+    """:func:`parse_responses_request` of a decoded body (``/v1/responses/input_tokens`` counts
+    the same request, its errors named the same way)."""
     chat, ignored, out = responses_to_chat(body, strict=strict)
     try:
         request = chat_request_from(chat, models=models, strict=strict)

@@ -19,8 +19,7 @@ from superfluid_site.serving import serving
 from .admission import admit_tool, key_required
 from .edge import error_response
 from .errors import ApiError, invalid_request, server_error
-from .responses_api import responses_to_chat
-from .schemas import chat_request_from
+from .responses_api import responses_request_from
 
 
 def prompt_text(vocab: Any, wire: dict[str, Any]) -> str:
@@ -64,8 +63,8 @@ async def input_tokens(request: HttpRequest) -> HttpResponse:
         strict = serving().strict_params
 
         def parse() -> dict[str, Any]:
-            chat, _ignored, _asked = responses_to_chat({**body, "model": model}, strict=strict)
-            return chat_request_from(chat, models=[model], strict=strict).to_wire()
+            request, _asked = responses_request_from({**body, "model": model}, models=[model], strict=strict)
+            return request.to_wire()
 
         # the body checked first, as a response's is before its admission: a bad one costs no token
         wire = await asyncio.to_thread(parse)

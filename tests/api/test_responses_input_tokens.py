@@ -46,7 +46,7 @@ async def test_the_count_is_the_rendered_chats_tokens() -> None:
     [
         ({}, 400, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+        ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, 400, "tools[0].name"),
         ({"input": "hi", "model": "nope"}, 404, "model"),
     ],
 )
