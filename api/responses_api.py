@@ -29,7 +29,7 @@ from . import responses
 from .consumers import ChatCompletionsConsumer
 from .errors import ApiError, invalid_request
 from .reasoning import Splitter, new_splitter
-from .schemas import GenerationRequest, chat_request_from, load_object
+from .schemas import GenerationRequest, chat_request_from, load_object, parse_content
 
 RESPONSE_ID_PREFIX = "resp_"
 
@@ -84,46 +84,6 @@ class ResponsesRequest:
 # ---------------------------------------------------------------------------------------------
 # Request: Responses body -> chat body
 # ---------------------------------------------------------------------------------------------
-
-
-def _text_of_parts(content: Any, where: str, kinds: Collection[str], role: str) -> str:
-    """A message's content (a string or an array of parts) as the chat's text: its text parts
-    joined one a line, as the chat route joins its own; a part this server cannot read (an
-    image, a file, audio) is a 400 naming the content, as the chat route refuses one."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        if role == "assistant":
-            return ""
-        raise _missing(where)
-    if not isinstance(content, list):
-        raise _bad_type(where, "a string or an array of content parts")
-    texts: list[str] = []
-    for k, part in enumerate(content):
-        at = f"{where}[{k}]"
-        if not isinstance(part, dict):
-            raise _bad_type(at, "a content part object")
-        kind = part.get("type")
-        if not isinstance(kind, str):
-            raise _missing(f"{at}.type")
-        if kind == "refusal" and role == "assistant":
-            text = part.get("refusal")
-            if not isinstance(text, str):
-                raise _bad_type(f"{at}.refusal", "a string")
-            texts.append(text)
-            continue
-        if kind not in kinds:
-            raise invalid_request(
-                f"Content parts of type '{kind}' are not supported (in '{at}'); only "
-                + " and ".join(f"'{k}'" for k in kinds) + " parts are.",
-                param=where,
-                code="unsupported_content",
-            )
-        text = part.get("text")
-        if not isinstance(text, str):
-            raise _bad_type(f"{at}.text", "a string")
-        texts.append(text)
-    return "\n".join(texts)
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
@@ -185,11 +145,11 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
             if role not in _INPUT_ROLES:
                 raise _bad_value(f"{where}.role", "one of 'user', 'system', 'developer', 'assistant'")
             if role == "assistant":
-                text = _text_of_parts(item.get("content"), f"{where}.content", ("output_text", "input_text"), role)
+                text = parse_content(item.get("content"), role, f"{where}.content", ("output_text", "input_text"), empty_ok=True)
                 turn = assistant_turn(where)
                 turn["content"] = turn["content"] + text
             else:
-                text = _text_of_parts(item.get("content"), f"{where}.content", ("input_text",), role)
+                text = parse_content(item.get("content"), role, f"{where}.content", ("input_text",), empty_ok=True)
                 messages.append({"role": role, "content": text})
                 out.where.append(where)
         elif kind == "function_call":
@@ -205,7 +165,7 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
                 raise _bad_type(f"{where}.call_id", "a string") if "call_id" in item else _missing(f"{where}.call_id")
             if "output" not in item:
                 raise _missing(f"{where}.output")
-            output = _text_of_parts(item["output"], f"{where}.output", ("input_text",), "tool")
+            output = parse_content(item["output"], "tool", f"{where}.output", ("input_text",), empty_ok=True)
             messages.append({"role": "tool", "content": output, "tool_call_id": call_id})
             out.where.append(where)
         elif kind == "reasoning":

@@ -821,10 +821,10 @@ def _parse_known_message(msg: dict[str, Any], where: str) -> dict[str, Any]:
             raise _missing(f"{where}.name")
         if "content" not in msg:
             raise _missing(f"{where}.content")
-        content = _parse_content(msg["content"] if msg["content"] is not None else "", role, f"{where}.content")
+        content = parse_content(msg["content"] if msg["content"] is not None else "", role, f"{where}.content")
         return {"role": "tool", "content": content, "name": msg["name"], "legacy_result": True}
     calls = _parse_message_tool_calls(msg, role, where)
-    content = _parse_content(msg.get("content"), "assistant" if calls else role, f"{where}.content")
+    content = parse_content(msg.get("content"), "assistant" if calls else role, f"{where}.content")
     out: dict[str, Any] = {"role": "system" if role == "developer" else role, "content": content}
     if calls:
         out["tool_calls"] = calls
@@ -888,7 +888,10 @@ def _each_object(items: list[Any], where: str, what: str) -> Iterator[tuple[int,
         yield j, path, item
 
 
-def _parse_content(content: Any, role: str, where: str) -> str:
+def parse_content(content: Any, role: str, where: str, kinds: Collection[str] = ("text",), *, empty_ok: bool = False) -> str:
+    """A message's content (a string or an array of parts) as its text: the text parts (of the
+    part ``kinds`` the route names text, and an assistant's refusal parts) joined one a line; a
+    part this server cannot read (an image, a file, audio) is a 400 naming the content."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -899,7 +902,7 @@ def _parse_content(content: Any, role: str, where: str) -> str:
         raise _missing(where)
     if not isinstance(content, list):
         raise _invalid_type(where, "a string or an array of content parts")
-    if not content:
+    if not content and not empty_ok:
         raise _invalid_value(where, "a string or a non-empty array of content parts")
     texts: list[str] = []
     for _, part_where, part in _each_object(content, where, "a content part object"):
@@ -914,12 +917,12 @@ def _parse_content(content: Any, role: str, where: str) -> str:
                 raise _invalid_type(f"{part_where}.refusal", "a string")
             texts.append(refusal)
             continue
-        if kind != "text":
+        if kind not in kinds:
             # param names the message's content rather than the part: the whole message is
             # what the client must change (the part index is in the message text).
             raise invalid_request(
                 f"Content parts of type '{kind}' are not supported (in '{part_where}'); only "
-                "'text' parts are.",
+                + " and ".join(f"'{k}'" for k in kinds) + " parts are.",
                 param=where,
                 code="unsupported_content",
             )
