@@ -1088,10 +1088,13 @@ class EmbeddingsConsumer(GenerationConsumer):
         self.record.usage = dict(event.usage)
         # no queue at the worker (no timing in its Done): its wait was the router's, or for the worker to connect
         self.record.timing = {**self.seen_timing(), "queue_wait_ms": self.router_wait().get("waited_ms")}
-        tokens = int(event.usage.get("prompt_tokens", 0))
+        body = self.embeddings_body(request, event.embeddings or [], int(event.usage.get("prompt_tokens", 0)))
+        await self.send_json(200, body, self.response_headers(handle, admission.qos))
+
+    def embeddings_body(self, request: GenerationRequest, vectors: list[list[float]], tokens: int) -> Any:
+        """The reply's body: OpenAI's list (llama-server's native shape: api/native_embeddings.py)."""
         data = [
             {"object": "embedding", "index": i, "embedding": responses.embedding_value(vector, self.encoding_format)}
-            for i, vector in enumerate(event.embeddings or [])
+            for i, vector in enumerate(vectors)
         ]
-        body = {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        await self.send_json(200, body, self.response_headers(handle, admission.qos))
+        return {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

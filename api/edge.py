@@ -50,6 +50,8 @@ from .schemas import MAX_CHARS_PER_TOKEN
 API_PREFIXES = (
     "/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/completion", "/completions",
     "/apply-template", "/running", "/unload", "/api/models",
+    # llama-server's names without /v1, its native embeddings, the routes it answers 501 when not enabled
+    "/chat/completions", "/models", "/embedding", "/embeddings", "/rerank", "/reranking", "/lora-adapters",
 )  # fmt: skip
 
 
@@ -504,6 +506,7 @@ def line_target(line: bytes) -> bytes:
 GENERATION_PATHS = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions", "/infill": "infill", "/completion": "completions",
     "/completions": "completions", "/v1/embeddings": "embeddings",
+    "/chat/completions": "chat", "/embedding": "embeddings", "/embeddings": "embeddings",
 }  # fmt: skip
 
 

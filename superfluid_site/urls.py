@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/models", edge.api_route()(api_views.models)),
     path("v1/models/<path:model_id>", edge.api_route()(api_views.model_detail)),
+    path("models", edge.api_route()(api_views.models)),  # llama-server's name without /v1 (POST /models: its router mode's)
     path("health", edge.api_route()(api_views.health)),
     path("v1/health", edge.api_route()(api_views.health)),  # llama-server answers both
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),

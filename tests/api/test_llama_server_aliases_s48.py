@@ -1,0 +1,129 @@
+"""llama-server's route names that were 404 here: ``/chat/completions`` and ``/models`` (its names
+without /v1, which OpenAI clients given a base URL without /v1 call), and its native embeddings
+``/embedding``, ``/embeddings`` (server-context.cpp's ``handle_embeddings_impl`` with
+``TASK_RESPONSE_TYPE_NONE``: ``content`` in, a JSON array of ``{"index", "embedding": [vector]}``
+out, ``embd_normalize``). In process (tests/edge/inproc.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.edge.inproc import JSON, MODEL, SimWorker, attached, attached_loop, chat_body, request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def embedding_engine(link: Any, vector: list[float] | None = None) -> list[list[int]]:
+    """The simulated engine made to embed: every input's vector is ``vector`` (L2-normalised, as
+    the llama.cpp engine's are); the token lists it was given come back in the list returned."""
+    engine = link.worker.engine
+    seen: list[list[int]] = []
+    given = vector or [0.6, -0.8, 0.0]
+    engine.features = frozenset({"embeddings"})
+    engine.embed = lambda tokens: seen.append(list(tokens)) or list(given)
+    return seen
+
+
+def post(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+async def test_chat_completions_and_models_answer_without_the_v1_prefix() -> None:
+    async with attached(SimWorker()):
+        chat = await request("POST", "/chat/completions", chat_body(max_tokens=2), JSON)
+        v1 = await request("POST", "/v1/chat/completions", chat_body(max_tokens=2), JSON)
+        models = await request("GET", "/models")
+        v1_models = await request("GET", "/v1/models")
+    assert chat.status == 200, chat.body
+    assert chat.json()["object"] == "chat.completion" and chat.json()["choices"][0]["message"]["content"] == v1.json()["choices"][0]["message"]["content"]
+    assert chat.headers.get("x-request-id")
+    assert models.status == 200 and models.json() == v1_models.json()
+    assert [m["id"] for m in models.json()["data"]] == [MODEL]
+
+
+async def test_chat_completions_without_v1_streams_as_the_v1_route() -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", "/chat/completions", chat_body(max_tokens=2, stream=True), JSON)
+    assert reply.status == 200, reply.body
+    frames = reply.sse_data()
+    assert frames[-1] == "[DONE]" and json.loads(frames[0])["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize("route", ["/embedding", "/embeddings"])
+async def test_native_embeddings_take_content_and_answer_llama_servers_array(route: str) -> None:
+    async with attached(SimWorker()) as (link, _rt):
+        seen = embedding_engine(link)
+        one = await request("POST", route, post(content="hello"), JSON)
+        two = await request("POST", route, post(input=["a", [1, 2, 3]]), JSON)
+    assert one.status == 200, one.body
+    assert one.json() == [{"index": 0, "embedding": [[0.6, -0.8, 0.0]]}]
+    assert two.status == 200, two.body
+    assert [item["index"] for item in two.json()] == [0, 1] and seen[-1] == [1, 2, 3]
+    assert one.headers.get("x-request-id")
+
+
+@pytest.mark.parametrize(
+    ("norm", "expected"),
+    [
+        (2, [0.6, -0.8, 0.0]),
+        (1, [0.6 / 1.4, -0.8 / 1.4, 0.0]),
+        (0, [0.6 / 0.8 * 32760, -32760.0, 0.0]),
+        (3, [v / (0.6**3 + 0.8**3) ** (1 / 3) for v in (0.6, -0.8, 0.0)]),
+    ],
+)
+async def test_embd_normalize_is_llama_servers_norms(norm: int, expected: list[float]) -> None:
+    async with attached(SimWorker()) as (link, _rt):
+        embedding_engine(link)
+        reply = await request("POST", "/embedding", post(content="hello", embd_normalize=norm), JSON)
+    assert reply.status == 200, reply.body
+    got = reply.json()[0]["embedding"][0]
+    assert all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) for a, b in zip(got, expected, strict=True)), got
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({}, "content", "missing_required_parameter"),
+        ({"content": ""}, "content", "invalid_value"),
+        ({"content": 5}, "content", "invalid_type"),
+        ({"input": []}, "input", "invalid_value"),
+        ({"content": "x", "embd_normalize": -1}, "embd_normalize", "unsupported_parameter"),
+        ({"content": "x", "embd_normalize": "2"}, "embd_normalize", "invalid_type"),
+        ({"content": "x", "embd_normalize": -2}, "embd_normalize", "invalid_value"),
+        ({"content": "x", "model": "nope"}, "model", "model_not_found"),
+    ],
+)
+async def test_native_embeddings_refuse_bad_bodies_naming_the_field(body: dict[str, Any], param: str, code: str) -> None:
+    async with attached(SimWorker()) as (link, _rt):
+        embedding_engine(link)
+        reply = await request("POST", "/embedding", post(**body), JSON)
+    assert reply.status in (400, 404) and reply.is_error_object(), reply.body
+    assert (reply.json()["error"]["param"], reply.json()["error"]["code"]) == (param, code)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
+_fields = st.fixed_dictionaries({}, optional={"content": _json, "input": _json, "embd_normalize": _json, "model": _json, "encoding_format": _json})
+
+
+def test_hostile_native_embeddings_bodies_are_answered_never_a_500() -> None:
+    with attached_loop(SimWorker()) as loop:
+
+        @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+        @given(body=_fields)
+        def check(body: dict[str, Any]) -> None:
+            reply = loop.run_until_complete(request("POST", "/embedding", json.dumps(body).encode(), JSON))
+            assert reply.status < 500, reply.body
+            if reply.status != 200:
+                assert reply.is_error_object(), reply.body
+
+        check()
