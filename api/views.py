@@ -270,6 +270,12 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
     ``chat_template_kwargs``, ``reasoning_effort``) rendered with the model's chat template as
     its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
     /tokenize (the first configured without one); ``add_generation_prompt`` (default true)."""
+    return await rendered_chat(request, lambda _vocab, prompt: JsonResponse({"prompt": prompt}))
+
+
+async def rendered_chat(request: HttpRequest, answer: Callable[[Any, str], HttpResponse]) -> HttpResponse:
+    """/apply-template's work: the reply is ``answer(vocab, prompt)`` (in a thread), ``prompt``
+    the chat body rendered as its worker renders it (llama-server's input_tokens count it)."""
     from scheduler.engines.base import EngineError
     from scheduler.engines.chat import (
         compile_chat_template,
@@ -316,9 +322,10 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
 
     def work(vocab: Any) -> HttpResponse:
         try:
-            return JsonResponse({"prompt": rendered(vocab)})
+            prompt = rendered(vocab)
         except EngineError as exc:  # the model's template does not compile
             raise server_error(f"The model's chat template could not be used: {exc}") from None
+        return answer(vocab, prompt)
 
     return await _with_tool_vocab(asked, admission, work)
 

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 
-from api import edge
+from api import edge, llama_routes
 from api import metrics as api_metrics
 from api import views as api_views
 from batches import views as batch_views
@@ -19,7 +19,17 @@ urlpatterns = [
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
     path("apply-template", edge.api_route(("POST",))(api_views.apply_template)),
-    path("props", edge.api_route()(api_views.props)),
+    path("props", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.props_route)),  # POST: llama-server's 501
+    path("slots/<str:id_slot>", edge.api_route(("POST",))(llama_routes.slot_action)),  # llama-server's 501
+    # llama-server's count of a chat's prompt tokens
+    path("chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),
+    path("v1/chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),
+    # llama-server's routes of features not served here, answered as it answers them when not enabled
+    path("rerank", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("reranking", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("v1/rerank", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("v1/reranking", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("lora-adapters", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.lora_adapters)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),

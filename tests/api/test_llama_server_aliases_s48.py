@@ -127,3 +127,75 @@ def test_hostile_native_embeddings_bodies_are_answered_never_a_500() -> None:
                 assert reply.is_error_object(), reply.body
 
         check()
+
+
+# -- /chat/completions/input_tokens -----------------------------------------------------------
+
+HI = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"])
+async def test_input_tokens_counts_the_rendered_chat_as_llama_server(route: str) -> None:
+    """llama-server's ``handle_count_tokens``: the chat body rendered with the template, then
+    tokenised whole (special tokens parsed, BOS where the vocabulary adds one), nothing run."""
+    async with attached(SimWorker()):
+        reply = await request("POST", route, post(messages=HI, max_tokens=5, stream=True), JSON)
+        prompt = (await request("POST", "/apply-template", post(messages=HI), JSON)).json()["prompt"]
+        tokens = (await request("POST", "/tokenize", post(content=prompt, add_special=True), JSON)).json()["tokens"]
+    assert reply.status == 200, reply.body
+    assert reply.json() == {"input_tokens": len(tokens), "object": "response.input_tokens"}
+    assert len(tokens) > 5
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [({}, 400, "messages"), ({"messages": []}, 400, "messages"), ({"messages": HI, "model": "nope"}, 404, "model")],
+)
+async def test_input_tokens_refuses_what_a_chat_refuses(body: dict[str, Any], status: int, param: str) -> None:
+    async with attached(SimWorker()):
+        reply = await request("POST", "/v1/chat/completions/input_tokens", post(**body), JSON)
+        get = await request("GET", "/v1/chat/completions/input_tokens")
+    assert reply.status == status and reply.is_error_object(), reply.body
+    assert reply.json()["error"]["param"] == param
+    assert get.status == 405 and get.is_error_object()
+
+
+# -- llama-server's routes of features not served here ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "route"),
+    [
+        ("POST", "/rerank"),
+        ("POST", "/reranking"),
+        ("POST", "/v1/rerank"),
+        ("POST", "/v1/reranking"),
+        ("POST", "/props"),
+        ("POST", "/slots/0?action=save"),
+    ],
+)
+async def test_routes_of_features_not_served_are_llama_servers_501_not_a_404(method: str, route: str) -> None:
+    """llama-server answers these 501 ``not_supported_error`` when the feature is not enabled
+    (``--reranking``, ``--props``, ``--slot-save-path``); here they were 404s (405 for POST /props)."""
+    async with attached(SimWorker()):
+        reply = await request(method, route, post(query="q", documents=["a"], filename="x.bin"), JSON)
+    assert reply.status == 501 and reply.is_error_object(), reply.body
+    assert reply.json()["error"]["type"] == "not_supported_error"
+
+
+async def test_props_still_answers_get() -> None:
+    async with attached(SimWorker()):
+        reply = await request("GET", "/props")
+    assert reply.status == 200 and "default_generation_settings" in reply.json()
+
+
+async def test_lora_adapters_is_llama_servers_with_no_adapter_loaded() -> None:
+    async with attached(SimWorker()):
+        listed = await request("GET", "/lora-adapters")
+        applied = await request("POST", "/lora-adapters", json.dumps([{"id": 0, "scale": 0.5}]).encode(), JSON)
+        bad = await request("POST", "/lora-adapters", post(id=0), JSON)
+        junk = await request("POST", "/lora-adapters", b"[", JSON)
+    assert listed.status == 200 and listed.json() == []
+    assert applied.status == 200 and applied.json() == {"success": True}
+    assert bad.status == 400 and bad.is_error_object()
+    assert junk.status == 400 and junk.json()["error"]["code"] == "invalid_json"
