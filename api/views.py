@@ -55,6 +55,10 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
     for m in pool.models_state():
         for name in (m["id"], *m["aliases"]):
             extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
+            link = pool.links.get(m["id"])
+            meta = model_meta(link.hello) if link is not None and link.hello is not None else {}
+            if meta:  # a loaded model's, as its worker said them
+                extra["meta"] = meta
             if name != m["id"]:
                 extra["alias_of"] = m["id"]
             out[name] = responses.model_object(name, _STARTED, **extra)
@@ -71,10 +75,19 @@ def _model_extra() -> dict[str, Any]:
         return extra
     if hello.lane_ctx:
         extra["context_length"] = hello.lane_ctx
-    meta = {k: v for k, v in (("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab)) if v}
+    meta = model_meta(hello)
     if meta:
         extra["meta"] = meta
     return extra
+
+
+def model_meta(hello: Any) -> dict[str, Any]:
+    """llama-server's ``meta`` of a model object, the fields its worker's hello said."""
+    fields = (
+        ("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab), ("n_embd", hello.n_embd),
+        ("n_params", hello.n_params), ("size", hello.model_size), ("ftype", hello.model_ftype),
+    )  # fmt: skip
+    return {k: v for k, v in fields if v}
 
 
 @key_required()
@@ -346,7 +359,7 @@ async def props(request: HttpRequest) -> JsonResponse:
         served = next(m for m in pool.config.models if m.id == model_id)
         link = pool.links.get(model_id)
         hello = link.hello if link is not None else None
-        alias, path = model_id, str(served.path)
+        alias, path, vocab_model = model_id, str(served.path), model_id
         slots, n_ctx = pool.setup.lanes.get(model_id), pool.setup.ctx_sizes.get(model_id)
     else:
         models = await _served_models()
@@ -354,11 +367,22 @@ async def props(request: HttpRequest) -> JsonResponse:
             return error_response(model_not_found(models[0]))
         link = get_link()
         hello = link.hello
-        alias, path = (models[0] if models else None), (serving().model_path or None)
+        alias, path, vocab_model = (models[0] if models else None), (serving().model_path or None), None
         slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
         fleet = link.snapshot or {}
         if fleet.get("fleet"):  # a Redis fleet: every worker's lanes take this server's requests, not one worker's
             slots = int(fleet.get("n_lanes") or 0)
+    # the template, BOS and EOS text from the model's file, as /apply-template reads them: known
+    # before its worker says the template (a model not loaded, a Redis fleet); unknown (null)
+    # where this process cannot read the file
+    try:
+        source, bos, eos = await asyncio.to_thread(lambda: vocab_of(vocab_model).template_parts())
+    except ApiError:
+        template, bos, eos = None, None, None
+    else:
+        from scheduler.engines.chat import CHATML
+
+        template = source or CHATML
     return JsonResponse(
         {
             "model_alias": alias,
@@ -376,9 +400,11 @@ async def props(request: HttpRequest) -> JsonResponse:
                            "stream": False, "n_probs": 0},
             },
             "engine": hello.engine if hello else None,
-            # the template chats are rendered with (llama-server's: the model's, else ChatML);
-            # null where the worker has not said it (a model not loaded)
-            "chat_template": hello.chat_template if hello else None,
+            # the template chats are rendered with (llama-server's: the model's, else ChatML)
+            "chat_template": hello.chat_template if hello else template,
+            "bos_token": bos,  # llama-server's: the text of the model's BOS and EOS tokens ("" for none)
+            "eos_token": eos,
+            "model_ftype": hello.model_ftype if hello else None,  # llama-server's ("Q4_1", ...), as the worker said it
             "modalities": {"vision": False, "video": False, "audio": False},  # llama-server's three
             "build_info": "superfluid",
         }

@@ -285,6 +285,7 @@ class EngineWorker:
         return lambda token: kept.get(token) or plain(token)
 
     def hello(self) -> Hello:
+        meta = getattr(self.engine, "model_meta", None) or {}
         return Hello(
             model=self.model_name,
             engine=self.engine.name,
@@ -294,6 +295,10 @@ class EngineWorker:
             # optional, for /v1/models' meta and /props
             n_ctx_train=self.engine.n_ctx_train or None,
             n_vocab=self.engine.vocab_size,
+            n_embd=meta.get("n_embd") or None,
+            n_params=meta.get("n_params") or None,
+            model_size=meta.get("size") or None,
+            model_ftype=meta.get("ftype") or None,
             # the model's own, else ChatML, which compile_chat_template renders it with
             chat_template=self.engine.chat_template or chat_format.CHATML,
             tool_format=self.tool_format,
