@@ -979,7 +979,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         at = reply.index // max(1, request.n)  # the prompt's (n_cmpl results each)
         prompt = request.prompts[at] if request.prompts else request.prompt
-        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        final["generation_settings"] = responses.native_generation_settings(self.choice_of(request, reply.index), self.options.n_predict)
         final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(at, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
@@ -987,6 +987,15 @@ class NativeCompletionConsumer(CompletionsConsumer):
                 entries = reply.logprobs + entries
             self.add_token_fields(final, entries, closing=request.stream)
         return final
+
+    @staticmethod
+    def choice_of(request: GenerationRequest, index: int) -> GenerationRequest:
+        """The result ``index``'s own request: its ``seed`` the one it sampled with (seed + j for
+        the j-th of n_cmpl, as llama-server seeds its child tasks and echoes it)."""
+        if request.n <= 1 and not request.prompts:
+            return request
+        choices = request.choices()
+        return choices[index] if index < len(choices) else request
 
     def add_token_fields(self, frame: dict[str, Any], entries: list[dict[str, Any]], *, closing: bool = False) -> None:
         """``tokens`` (return_tokens) and ``completion_probabilities`` (n_probs) of the tokens
@@ -1046,9 +1055,9 @@ class InfillConsumer(NativeCompletionConsumer):
         await super().send_error(exc)
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
-        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         # llama-server's final result carries the settings it ran with on /infill too
-        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        final["generation_settings"] = responses.native_generation_settings(self.choice_of(request, reply.index), self.options.n_predict)
         return final
 
 
