@@ -55,8 +55,8 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
     for m in pool.models_state():
         for name in (m["id"], *m["aliases"]):
             extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
-            link = pool.links.get(m["id"])
-            meta = model_meta(link.hello) if link is not None and link.hello is not None else {}
+            hello = getattr(pool.links.get(m["id"]), "hello", None)
+            meta = model_meta(hello) if hello is not None else {}
             if meta:  # a loaded model's, as its worker said them
                 extra["meta"] = meta
             if name != m["id"]:
