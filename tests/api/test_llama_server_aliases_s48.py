@@ -199,3 +199,27 @@ async def test_lora_adapters_is_llama_servers_with_no_adapter_loaded() -> None:
     assert applied.status == 200 and applied.json() == {"success": True}
     assert bad.status == 400 and bad.is_error_object()
     assert junk.status == 400 and junk.json()["error"]["code"] == "invalid_json"
+
+
+def test_hostile_input_tokens_bodies_are_counted_or_refused_never_a_500() -> None:
+    from tests.api.test_apply_template_hostile_s46 import _JSON, _MESSAGE, CASES
+
+    with attached_loop(SimWorker()) as loop:
+        for body in CASES:
+            reply = loop.run_until_complete(request("POST", "/chat/completions/input_tokens", json.dumps(body).encode(), JSON))
+            assert reply.status in (200, 400, 404), (reply.status, reply.body[:300])
+            if reply.status == 200:
+                assert isinstance(reply.json()["input_tokens"], int)
+            else:
+                assert reply.is_error_object(), reply.body
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+        @given(messages=st.lists(_MESSAGE, max_size=4), extra=st.dictionaries(st.sampled_from(["tools", "tool_choice", "chat_template_kwargs", "add_generation_prompt", "max_tokens", "stream", "n"]), _JSON, max_size=2))
+        def check(messages: list[Any], extra: dict[str, Any]) -> None:
+            body = json.dumps({"messages": messages, **extra}).encode()
+            reply = loop.run_until_complete(request("POST", "/v1/chat/completions/input_tokens", body, JSON))
+            assert reply.status in (200, 400), (reply.status, reply.body[:300])
+            if reply.status == 400:
+                assert reply.is_error_object() and reply.json()["error"]["param"], reply.body
+
+        check()
