@@ -9,6 +9,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -283,12 +284,24 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
     ``chat_template_kwargs``, ``reasoning_effort``) rendered with the model's chat template as
     its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
     /tokenize (the first configured without one); ``add_generation_prompt`` (default true)."""
-    return await rendered_chat(request, lambda _vocab, prompt: JsonResponse({"prompt": prompt}))
+    return await rendered_chat(request, lambda _vocab, chat: JsonResponse({"prompt": chat.text}))
 
 
-async def rendered_chat(request: HttpRequest, answer: Callable[[Any, str], HttpResponse]) -> HttpResponse:
-    """/apply-template's work: the reply is ``answer(vocab, prompt)`` (in a thread), ``prompt``
-    the chat body rendered as its worker renders it (llama-server's input_tokens count it)."""
+@dataclass
+class RenderedChat:
+    """A chat body rendered as its worker renders it: ``text``; ``render(messages, tools)`` the
+    template with the body's variables, ``messages`` and ``tools`` what ``text`` renders (what
+    the worker tokenises the conversation from: ``chat.chat_prompt_tokens``)."""
+
+    text: str
+    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+async def rendered_chat(request: HttpRequest, answer: Callable[[Any, RenderedChat], HttpResponse]) -> HttpResponse:
+    """/apply-template's work: the reply is ``answer(vocab, chat)`` (in a thread), ``chat`` the
+    chat body rendered as its worker renders it (input_tokens counts its tokens)."""
     from scheduler.engines.base import EngineError
     from scheduler.engines.chat import (
         compile_chat_template,
@@ -318,27 +331,33 @@ async def rendered_chat(request: HttpRequest, answer: Callable[[Any, str], HttpR
     except ApiError as exc:
         return error_response(exc)
 
-    def rendered(vocab: Any) -> str:
+    def rendered(vocab: Any) -> RenderedChat:
         source, bos, eos = vocab.template_parts()
         # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
         # template's own format where it has one, else the generic tool prompt
         messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+        offered = extra.pop("tools", None)  # the tools the template renders, passed with the messages
         template = compile_chat_template(source)
+
+        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            variables = extra if tools is None else {**extra, "tools": tools}
+            return render_chat_template(template, msgs, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **variables)
+
         try:
             if messages and messages[0].get("role") == "system" and not takes_system_turn(
                 lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
             ):
                 messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
-            return render_chat_template(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra)
+            return RenderedChat(render(messages, offered), render, messages, offered)
         except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
             raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
 
     def work(vocab: Any) -> HttpResponse:
         try:
-            prompt = rendered(vocab)
+            chat = rendered(vocab)
         except EngineError as exc:  # the model's template does not compile
             raise server_error(f"The model's chat template could not be used: {exc}") from None
-        return answer(vocab, prompt)
+        return answer(vocab, chat)
 
     return await _with_tool_vocab(asked, admission, work)
 

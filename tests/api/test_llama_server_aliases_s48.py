@@ -135,9 +135,9 @@ HI = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "h
 
 
 @pytest.mark.parametrize("route", ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"])
-async def test_input_tokens_counts_the_rendered_chat_as_llama_server(route: str) -> None:
-    """llama-server's ``handle_count_tokens``: the chat body rendered with the template, then
-    tokenised whole (special tokens parsed, BOS where the vocabulary adds one), nothing run."""
+async def test_input_tokens_answers_the_rendered_chats_count_in_llama_servers_shape(route: str) -> None:
+    """llama-server's ``handle_count_tokens`` shape: the chat body rendered with the template and
+    its tokens counted, nothing run (a plain chat: the rendered prompt's tokens)."""
     async with attached(SimWorker()):
         reply = await request("POST", route, post(messages=HI, max_tokens=5, stream=True), JSON)
         prompt = (await request("POST", "/apply-template", post(messages=HI), JSON)).json()["prompt"]
@@ -223,3 +223,34 @@ def test_hostile_input_tokens_bodies_are_counted_or_refused_never_a_500() -> Non
                 assert reply.is_error_object() and reply.json()["error"]["param"], reply.body
 
         check()
+
+
+CHATS = [
+    HI,
+    [{"role": "user", "content": "  spaced\n\ntext  "}, {"role": "assistant", "content": "ok."}, {"role": "user", "content": "again"}],
+    [{"role": "user", "content": "quote <|im_end|> as text"}],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "\n"}],
+]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("messages", CHATS)
+async def test_input_tokens_is_the_count_the_worker_tokenises_the_chat_to(messages: list[dict[str, Any]]) -> None:
+    """The bundled model's worker (its real engine) and this route read the same file: the count
+    is the chat's ``usage.prompt_tokens``. The rendered prompt tokenised whole (llama-server's
+    count) was a token off where a message's text begins with spaces, and counted control-token
+    text written in a message as one control token, which the worker tokenises as text."""
+    from contextlib import closing
+
+    from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.engines.llama_cpp import LlamaCppEngine
+    from scheduler.engines.models import default_model_path
+    from scheduler.worker.loop import EngineWorker
+
+    with closing(LlamaCppEngine(default_model_path(), n_lanes=1, lane_ctx=2048)) as engine:
+        worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=2048), model_name="m")
+        tokens, *_ = worker._prompt_tokens({"endpoint": "chat", "messages": messages}, "")
+    async with attached(SimWorker()):
+        reply = await request("POST", "/chat/completions/input_tokens", post(messages=messages), JSON)
+    assert reply.status == 200, reply.body
+    assert reply.json()["input_tokens"] == len(tokens)
