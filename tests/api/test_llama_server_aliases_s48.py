@@ -254,3 +254,26 @@ async def test_input_tokens_is_the_count_the_worker_tokenises_the_chat_to(messag
         reply = await request("POST", "/chat/completions/input_tokens", post(messages=messages), JSON)
     assert reply.status == 200, reply.body
     assert reply.json()["input_tokens"] == len(tokens)
+
+
+# -- on the shared real server (the bundled SmolLM2-135M, Q4_1) --------------------------------
+
+
+def test_the_real_server_answers_llama_servers_routes(shared_server: Any) -> None:
+    import httpx
+
+    base = shared_server.base
+    messages = [{"role": "user", "content": "  Name three colours."}]
+    model = httpx.get(base + "/models", timeout=60).json()["data"][0]
+    assert model["meta"]["n_embd"] == 576 and model["meta"]["ftype"] == "Q4_1" and model["meta"]["n_params"] > 0
+    props = httpx.get(base + "/props", timeout=60).json()
+    assert props["model_ftype"] == "Q4_1" and props["eos_token"] == "<|im_end|>"
+    counted = httpx.post(base + "/v1/chat/completions/input_tokens", json={"messages": messages}, timeout=60)
+    chat = httpx.post(base + "/chat/completions", json={"model": model["id"], "messages": messages, "max_tokens": 4}, timeout=120)
+    assert counted.status_code == 200 and chat.status_code == 200, (counted.text, chat.text)
+    assert counted.json()["input_tokens"] == chat.json()["usage"]["prompt_tokens"]
+    native = httpx.post(base + "/embedding", json={"content": "a red fox"}, timeout=120)
+    oai = httpx.post(base + "/v1/embeddings", json={"model": model["id"], "input": "a red fox"}, timeout=120)
+    assert native.status_code == 200 and oai.status_code == 200, (native.text, oai.text)
+    (vector,) = native.json()[0]["embedding"]
+    assert len(vector) == 576 and vector == oai.json()["data"][0]["embedding"]
