@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from .admission import key_required
 from .edge import error_response
-from .errors import ApiError, invalid_request
+from .errors import ApiError, invalid_request, not_found
 from .views import RenderedChat, props, rendered_chat
 
 NOT_SUPPORTED = "not_supported_error"  # llama-server's ERROR_TYPE_NOT_SUPPORTED, its status 501
@@ -67,17 +67,25 @@ async def rerank(request: HttpRequest) -> HttpResponse:
     return error_response(not_supported("This server does not support reranking: no reranking model is served."))
 
 
-@key_required()
 async def props_route(request: HttpRequest) -> HttpResponse:
-    """GET: /props (api/views.py); POST: llama-server's without ``--props``, 501."""
+    """GET: /props (api/views.py); POST: llama-server's without ``--props``, 501 (each checks
+    the key once)."""
     if request.method == "POST":
-        return error_response(not_supported("This server does not support changing global properties."))
+        return await _change_props(request)
     return await props(request)
 
 
 @key_required()
+async def _change_props(request: HttpRequest) -> HttpResponse:
+    return error_response(not_supported("This server does not support changing global properties."))
+
+
+@key_required()
 async def slot_action(request: HttpRequest, id_slot: str) -> HttpResponse:
-    """llama-server's slot save/restore/erase, as it answers without ``--slot-save-path``."""
+    """llama-server's slot save/restore/erase (POST), as it answers without ``--slot-save-path``;
+    another method is the unknown route it is there (404)."""
+    if request.method != "POST":
+        return error_response(not_found(request.path, request.method))
     return error_response(not_supported("This server does not support slot actions (save, restore, erase)."))
 
 

@@ -20,7 +20,7 @@ urlpatterns = [
     path("detokenize", edge.api_route(("POST",))(api_views.detokenize)),
     path("apply-template", edge.api_route(("POST",))(api_views.apply_template)),
     path("props", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.props_route)),  # POST: llama-server's 501
-    path("slots/<str:id_slot>", edge.api_route(("POST",))(llama_routes.slot_action)),  # llama-server's 501
+    path("slots/<str:id_slot>", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.slot_action)),  # POST: llama-server's 501
     # llama-server's count of a chat's prompt tokens
     path("chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),
     path("v1/chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),

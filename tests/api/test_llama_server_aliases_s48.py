@@ -277,3 +277,9 @@ def test_the_real_server_answers_llama_servers_routes(shared_server: Any) -> Non
     assert native.status_code == 200 and oai.status_code == 200, (native.text, oai.text)
     (vector,) = native.json()[0]["embedding"]
     assert len(vector) == 576 and vector == oai.json()["data"][0]["embedding"]
+
+
+async def test_a_slot_path_other_than_a_post_is_still_the_unknown_route() -> None:
+    async with attached(SimWorker()):
+        reply = await request("GET", "/slots/0")
+    assert reply.status == 404 and reply.json()["error"]["code"] == "not_found", reply.body
