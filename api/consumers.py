@@ -984,7 +984,7 @@ class NativeCompletionConsumer(CompletionsConsumer):
         final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         at = reply.index // max(1, request.n)  # the prompt's (n_cmpl results each)
         prompt = request.prompts[at] if request.prompts else request.prompt
-        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        final["generation_settings"] = responses.native_generation_settings(self.choice_of(request, reply.index), self.options.n_predict)
         final["prompt"] = prompt if isinstance(prompt, str) else self.prompt_texts.get(at, "")
         if request.logprobs is not None:  # n_probs, return_tokens
             entries = reply.closing_entries(event)
@@ -992,6 +992,15 @@ class NativeCompletionConsumer(CompletionsConsumer):
                 entries = reply.logprobs + entries
             self.add_token_fields(final, entries, closing=request.stream)
         return final
+
+    @staticmethod
+    def choice_of(request: GenerationRequest, index: int) -> GenerationRequest:
+        """The result ``index``'s own request: its ``seed`` the one it sampled with (seed + j for
+        the j-th of n_cmpl, as llama-server seeds its child tasks and echoes it)."""
+        if request.n <= 1 and not request.prompts:
+            return request
+        choices = request.choices()
+        return choices[index] if index < len(choices) else request
 
     def add_token_fields(self, frame: dict[str, Any], entries: list[dict[str, Any]], *, closing: bool = False) -> None:
         """``tokens`` (return_tokens) and ``completion_probabilities`` (n_probs) of the tokens
@@ -1051,9 +1060,9 @@ class InfillConsumer(NativeCompletionConsumer):
         await super().send_error(exc)
 
     def native_final(self, request: GenerationRequest, reply: responses.Reply, event: Done, content: str) -> dict[str, Any]:
-        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text))
+        final = responses.infill_final(request.model, content, event, whole_text="".join(reply.text), index=reply.index)
         # llama-server's final result carries the settings it ran with on /infill too
-        final["generation_settings"] = responses.native_generation_settings(request, self.options.n_predict)
+        final["generation_settings"] = responses.native_generation_settings(self.choice_of(request, reply.index), self.options.n_predict)
         return final
 
 
@@ -1093,10 +1102,13 @@ class EmbeddingsConsumer(GenerationConsumer):
         self.record.usage = dict(event.usage)
         # no queue at the worker (no timing in its Done): its wait was the router's, or for the worker to connect
         self.record.timing = {**self.seen_timing(), "queue_wait_ms": self.router_wait().get("waited_ms")}
-        tokens = int(event.usage.get("prompt_tokens", 0))
+        body = self.embeddings_body(request, event.embeddings or [], int(event.usage.get("prompt_tokens", 0)))
+        await self.send_json(200, body, self.response_headers(handle, admission.qos))
+
+    def embeddings_body(self, request: GenerationRequest, vectors: list[list[float]], tokens: int) -> Any:
+        """The reply's body: OpenAI's list (llama-server's native shape: api/native_embeddings.py)."""
         data = [
             {"object": "embedding", "index": i, "embedding": responses.embedding_value(vector, self.encoding_format)}
-            for i, vector in enumerate(event.embeddings or [])
+            for i, vector in enumerate(vectors)
         ]
-        body = {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        await self.send_json(200, body, self.response_headers(handle, admission.qos))
+        return {"object": "list", "data": data, "model": request.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -50,6 +50,8 @@ from .schemas import MAX_CHARS_PER_TOKEN
 API_PREFIXES = (
     "/v1", "/health", "/slots", "/metrics", "/tokenize", "/detokenize", "/props", "/infill", "/completion", "/completions",
     "/apply-template", "/running", "/unload", "/api/models", "/responses",
+    # llama-server's names without /v1, its native embeddings, the routes it answers 501 when not enabled
+    "/chat/completions", "/models", "/embedding", "/embeddings", "/rerank", "/reranking", "/lora-adapters",
 )  # fmt: skip
 
 
@@ -507,6 +509,7 @@ GENERATION_PATHS = {
     "/completions": "completions", "/v1/embeddings": "embeddings",
     "/v1/responses": "chat", "/responses": "chat",  # (api/responses_api.py: chat requests in the Responses API's shapes)
     "/v1/messages": "chat",  # Anthropic's Messages API (api/anthropic.py): a chat
+    "/chat/completions": "chat", "/embedding": "embeddings", "/embeddings": "embeddings",
 }  # fmt: skip
 
 

@@ -371,7 +371,7 @@ _INFILL_UNHONOURED = frozenset(
     {"samplers", "t_max_prompt_ms", "n_probs", "id_slot", "n_keep", "return_tokens", "timings_per_token", "repeat_last_n"}
 )
 # max_completion_tokens: read as on /completion (_native_n_predict), so never "ignored"
-_INFILL_KEYS = (_COMMON_KEYS - {"n"}) | {"max_completion_tokens"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
+_INFILL_KEYS = _COMMON_KEYS | {"max_completion_tokens", "n_cmpl"} | _INFILL_OWN_KEYS | _INFILL_UNHONOURED
 MAX_INFILL_CHUNKS = 1024  # input_extra entries in one request
 
 
@@ -420,7 +420,18 @@ def parse_infill(raw: bytes, *, models: Collection[str], strict: bool = False) -
         **LLAMA_SERVER_SAMPLING,
     )
     _parse_native_common(body, req, strict)
+    req.n = _native_n_cmpl(body, 1)
     return req, NativeOptions(response_fields=_response_fields(body), n_predict=echoed)
+
+
+def _native_n_cmpl(body: Mapping[str, Any], n_prompts: int) -> int:
+    """llama-server's ``n_cmpl`` (its alias ``n`` read where it is absent): completions per
+    prompt, the results prompt by prompt (index prompt * n_cmpl + j), as /v1/completions' n."""
+    name = "n_cmpl" if body.get("n_cmpl") is not None else "n"
+    n = _opt_int(body, name, 1, MAX_N, f"an integer between 1 and {MAX_N}") or 1
+    if n_prompts * n > MAX_CHOICES:
+        raise _invalid_value(name, f"at most {MAX_CHOICES} completions in all ({n_prompts} prompts times {n})")
+    return n
 
 
 def _parse_native_common(body: dict[str, Any], req: GenerationRequest, strict: bool) -> None:
@@ -502,12 +513,7 @@ def parse_native_completion_request(
     n_probs = _opt_int(given, name, 0, MAX_TOP_LOGPROBS, f"an integer between 0 and {MAX_TOP_LOGPROBS}")
     return_tokens = bool(_optional(body, "return_tokens", bool))
     req.logprobs = n_probs or (0 if return_tokens else None)
-    # llama-server's n_cmpl (its alias n read where it is absent): completions per prompt, the
-    # results prompt by prompt (index prompt * n_cmpl + j), as /v1/completions' n
-    name = "n_cmpl" if body.get("n_cmpl") is not None else "n"
-    req.n = _opt_int(body, name, 1, MAX_N, f"an integer between 1 and {MAX_N}") or 1
-    if len(prompts) * req.n > MAX_CHOICES:
-        raise _invalid_value(name, f"at most {MAX_CHOICES} completions in all ({len(prompts)} prompts times {req.n})")
+    req.n = _native_n_cmpl(body, len(prompts))
     return req, NativeOptions(_response_fields(body), return_tokens, bool(n_probs), echoed)
 
 

@@ -56,6 +56,21 @@ class GgufVocab:
             tokens.insert(0, self.bos)
         return tokens
 
+    def continued(self, text: str, special: bool, after: int) -> list[int] | None:
+        """``text``'s tokens as the continuation of earlier text ending in token ``after``, as
+        the llama.cpp engine tokenises a chat's pieces (its ``tokenize(after=)``): without the
+        space prefix a vocabulary gives the start of each text (Llama 2's) where raw text came
+        before; None where ``text`` is tokenised on its own."""
+        from scheduler.engines.chat import continued_tokens, prefixes_space
+
+        if getattr(self, "_space_prefix", None) is None:
+            self._space_prefix = prefixes_space(lambda t: self.tokenize(t, add_special=False, parse_special=False), self.piece)
+        L = self._L
+        split_out = L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED | L.LLAMA_TOKEN_ATTR_UNKNOWN
+        if not text or not self._space_prefix or L.llama_vocab_get_attr(self._vocab, after) & split_out:
+            return None
+        return continued_tokens(lambda t: self.tokenize(t, add_special=False, parse_special=special), self.piece, text)
+
     def piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = self._L.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)

@@ -9,6 +9,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -55,6 +56,10 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
     for m in pool.models_state():
         for name in (m["id"], *m["aliases"]):
             extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
+            hello = getattr(pool.links.get(m["id"]), "hello", None)
+            meta = model_meta(hello) if hello is not None else {}
+            if meta:  # a loaded model's, as its worker said them
+                extra["meta"] = meta
             if name != m["id"]:
                 extra["alias_of"] = m["id"]
             out[name] = responses.model_object(name, _STARTED, **extra)
@@ -71,10 +76,19 @@ def _model_extra() -> dict[str, Any]:
         return extra
     if hello.lane_ctx:
         extra["context_length"] = hello.lane_ctx
-    meta = {k: v for k, v in (("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab)) if v}
+    meta = model_meta(hello)
     if meta:
         extra["meta"] = meta
     return extra
+
+
+def model_meta(hello: Any) -> dict[str, Any]:
+    """llama-server's ``meta`` of a model object, the fields its worker's hello said."""
+    fields = (
+        ("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab), ("n_embd", hello.n_embd),
+        ("n_params", hello.n_params), ("size", hello.model_size), ("ftype", hello.model_ftype),
+    )  # fmt: skip
+    return {k: v for k, v in fields if v}
 
 
 @key_required()
@@ -270,6 +284,24 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
     ``chat_template_kwargs``, ``reasoning_effort``) rendered with the model's chat template as
     its worker renders them, without generating: ``{"prompt": text}``. ``model`` as for
     /tokenize (the first configured without one); ``add_generation_prompt`` (default true)."""
+    return await rendered_chat(request, lambda _vocab, chat: JsonResponse({"prompt": chat.text}))
+
+
+@dataclass
+class RenderedChat:
+    """A chat body rendered as its worker renders it: ``text``; ``render(messages, tools)`` the
+    template with the body's variables, ``messages`` and ``tools`` what ``text`` renders (what
+    the worker tokenises the conversation from: ``chat.chat_prompt_tokens``)."""
+
+    text: str
+    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+async def rendered_chat(request: HttpRequest, answer: Callable[[Any, RenderedChat], HttpResponse]) -> HttpResponse:
+    """/apply-template's work: the reply is ``answer(vocab, chat)`` (in a thread), ``chat`` the
+    chat body rendered as its worker renders it (input_tokens counts its tokens)."""
     from scheduler.engines.base import EngineError
     from scheduler.engines.chat import (
         compile_chat_template,
@@ -299,26 +331,33 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         return error_response(exc)
 
-    def rendered(vocab: Any) -> str:
+    def rendered(vocab: Any) -> RenderedChat:
         source, bos, eos = vocab.template_parts()
         # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
         # template's own format where it has one, else the generic tool prompt
         messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+        offered = extra.pop("tools", None)  # the tools the template renders, passed with the messages
         template = compile_chat_template(source)
+
+        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            variables = extra if tools is None else {**extra, "tools": tools}
+            return render_chat_template(template, msgs, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **variables)
+
         try:
             if messages and messages[0].get("role") == "system" and not takes_system_turn(
                 lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
             ):
                 messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
-            return render_chat_template(template, messages, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **extra)
+            return RenderedChat(render(messages, offered), render, messages, offered)
         except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
             raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
 
     def work(vocab: Any) -> HttpResponse:
         try:
-            return JsonResponse({"prompt": rendered(vocab)})
+            chat = rendered(vocab)
         except EngineError as exc:  # the model's template does not compile
             raise server_error(f"The model's chat template could not be used: {exc}") from None
+        return answer(vocab, chat)
 
     return await _with_tool_vocab(asked, admission, work)
 
@@ -339,7 +378,7 @@ async def props(request: HttpRequest) -> JsonResponse:
         served = next(m for m in pool.config.models if m.id == model_id)
         link = pool.links.get(model_id)
         hello = link.hello if link is not None else None
-        alias, path = model_id, str(served.path)
+        alias, path, vocab_model = model_id, str(served.path), model_id
         slots, n_ctx = pool.setup.lanes.get(model_id), pool.setup.ctx_sizes.get(model_id)
     else:
         models = await _served_models()
@@ -347,11 +386,22 @@ async def props(request: HttpRequest) -> JsonResponse:
             return error_response(model_not_found(models[0]))
         link = get_link()
         hello = link.hello
-        alias, path = (models[0] if models else None), (serving().model_path or None)
+        alias, path, vocab_model = (models[0] if models else None), (serving().model_path or None), None
         slots, n_ctx = (hello.n_lanes if hello else None), (hello.lane_ctx if hello else None)
         fleet = link.snapshot or {}
         if fleet.get("fleet"):  # a Redis fleet: every worker's lanes take this server's requests, not one worker's
             slots = int(fleet.get("n_lanes") or 0)
+    # the template, BOS and EOS text from the model's file, as /apply-template reads them: known
+    # before its worker says the template (a model not loaded, a Redis fleet); unknown (null)
+    # where this process cannot read the file
+    try:
+        source, bos, eos = await asyncio.to_thread(lambda: vocab_of(vocab_model).template_parts())
+    except ApiError:
+        template, bos, eos = None, None, None
+    else:
+        from scheduler.engines.chat import CHATML
+
+        template = source or CHATML
     return JsonResponse(
         {
             "model_alias": alias,
@@ -369,9 +419,11 @@ async def props(request: HttpRequest) -> JsonResponse:
                            "stream": False, "n_probs": 0},
             },
             "engine": hello.engine if hello else None,
-            # the template chats are rendered with (llama-server's: the model's, else ChatML);
-            # null where the worker has not said it (a model not loaded)
-            "chat_template": hello.chat_template if hello else None,
+            # the template chats are rendered with (llama-server's: the model's, else ChatML)
+            "chat_template": hello.chat_template if hello else template,
+            "bos_token": bos,  # llama-server's: the text of the model's BOS and EOS tokens ("" for none)
+            "eos_token": eos,
+            "model_ftype": hello.model_ftype if hello else None,  # llama-server's ("Q4_1", ...), as the worker said it
             "modalities": {"vision": False, "video": False, "audio": False},  # llama-server's three
             "build_info": "superfluid",
         }

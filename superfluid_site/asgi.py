@@ -31,6 +31,7 @@ from api.consumers import (  # noqa: E402
     InfillConsumer,
     NativeCompletionConsumer,
 )
+from api.native_embeddings import NativeEmbeddingsConsumer  # noqa: E402
 from api.responses_api import ResponsesConsumer  # noqa: E402
 from batches.asgi import BoundedBody  # noqa: E402
 from dashboard.routing import websocket_urlpatterns as dashboard_websockets  # noqa: E402
@@ -56,6 +57,10 @@ application = ProtocolTypeRouter(
                 path("completions", NativeCompletionConsumer.as_asgi()),
                 path("v1/messages", MessagesConsumer.as_asgi()),  # Anthropic's Messages API (api/anthropic.py)
                 path("v1/embeddings", EmbeddingsConsumer.as_asgi()),
+                # llama-server's names without /v1 (OpenAI clients given a base URL without it), and its native embeddings
+                path("chat/completions", ChatCompletionsConsumer.as_asgi()),
+                path("embedding", NativeEmbeddingsConsumer.as_asgi()),
+                path("embeddings", NativeEmbeddingsConsumer.as_asgi()),
                 path("v1/files", BoundedBody(django_asgi_app)),  # an upload's size, bounded before Django reads it
                 re_path(r"", django_asgi_app),
             ]

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import path, re_path
 
 from api import anthropic as api_anthropic
-from api import edge, responses_tokens
+from api import edge, llama_routes, responses_tokens
 from api import metrics as api_metrics
 from api import views as api_views
 from batches import views as batch_views
@@ -14,6 +14,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/models", edge.api_route()(api_views.models)),
     path("v1/models/<path:model_id>", edge.api_route()(api_views.model_detail)),
+    path("models", edge.api_route()(api_views.models)),  # llama-server's name without /v1 (POST /models: its router mode's)
     path("health", edge.api_route()(api_views.health)),
     path("v1/health", edge.api_route()(api_views.health)),  # llama-server answers both
     path("tokenize", edge.api_route(("POST",))(api_views.tokenize)),
@@ -24,7 +25,17 @@ urlpatterns = [
     path("responses/input_tokens", edge.api_route(("POST",))(responses_tokens.input_tokens)),
     # Anthropic's token count (api/anthropic.py; its errors in Anthropic's shape)
     path("v1/messages/count_tokens", api_anthropic.anthropic_errors(edge.api_route(("POST",))(api_anthropic.count_tokens))),
-    path("props", edge.api_route()(api_views.props)),
+    path("props", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.props_route)),  # POST: llama-server's 501
+    path("slots/<str:id_slot>", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.slot_action)),  # POST: llama-server's 501
+    # llama-server's count of a chat's prompt tokens
+    path("chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),
+    path("v1/chat/completions/input_tokens", edge.api_route(("POST",))(llama_routes.chat_input_tokens)),
+    # llama-server's routes of features not served here, answered as it answers them when not enabled
+    path("rerank", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("reranking", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("v1/rerank", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("v1/reranking", edge.api_route(("POST",))(llama_routes.rerank)),
+    path("lora-adapters", edge.api_route(("GET", "HEAD", "POST"))(llama_routes.lora_adapters)),
     path("slots", edge.api_route()(api_views.slots)),
     path("metrics", edge.api_route()(api_metrics.metrics)),
     path("dashboard/", dashboard_views.dashboard, name="dashboard"),

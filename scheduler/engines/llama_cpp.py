@@ -419,6 +419,14 @@ class LlamaCppEngine(LaneEngine):
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_ctx_train: int = L.llama_model_n_ctx_train(self._model)
         self.vocab_size: int = L.llama_vocab_n_tokens(self._vocab)
+        # llama-server's /v1/models meta and /props' model_ftype (the worker's hello carries them)
+        ftype = L.llama_ftype_name(L.llama_model_ftype(self._model))
+        self.model_meta: dict[str, Any] = {
+            "n_embd": int(L.llama_model_n_embd(self._model)),
+            "n_params": int(L.llama_model_n_params(self._model)),
+            "size": int(L.llama_model_size(self._model)),
+            "ftype": ftype.decode("utf-8", "replace") if ftype else None,
+        }
 
         cparams = L.llama_context_default_params()
         # With per-sequence KV streams (kv_unified=False) llama.cpp splits n_ctx evenly across

@@ -122,6 +122,12 @@ class Hello(Message):
     n_ctx_train: int | None = None
     n_vocab: int | None = None
     chat_template: str | None = None  # the template chats are rendered with (/props)
+    # llama-server's /v1/models meta (n_embd, n_params, size: the weights' bytes) and /props'
+    # model_ftype ("Q4_1", ...), where the engine knows them
+    n_embd: int | None = None
+    n_params: int | None = None
+    model_size: int | None = None
+    model_ftype: str | None = None
     # how the model writes tool calls in tool_choice auto (scheduler.engines.chat.TOOL_FORMATS)
     tool_format: str = "hermes"
     # how the model writes its reasoning (scheduler.engines.chat.REASONING_FORMATS): the web

@@ -129,6 +129,22 @@ class JobContext:
     has_new_line: bool = False
 
 
+def slot_params(job: Job, ctx: JobContext | None) -> dict[str, Any]:
+    """llama-server's /slots ``params`` of a busy lane (its task_params' to_json(only_metrics),
+    the settings this server has): what the job samples with. ``seed`` the unsigned 32 bits
+    (4294967295: none given, llama.cpp's default), ``n_predict``/``max_tokens`` -1 where the
+    request gave no limit."""
+    s = job.sampling
+    limit = job.max_tokens if ctx is None or ctx.limit_asked else -1
+    return {
+        "seed": (s.seed if s.seed is not None else -1) & 0xFFFFFFFF,
+        "temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "typical_p": s.typical_p, "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "max_tokens": limit, "n_predict": limit,
+        "ignore_eos": s.ignore_eos, "n_probs": s.logprobs or 0,
+    }  # fmt: skip
+
+
 class Prepared(Message):
     """Not on the wire: the preparation thread's result for one Submit, back to the tick thread."""
 
@@ -285,6 +301,7 @@ class EngineWorker:
         return lambda token: kept.get(token) or plain(token)
 
     def hello(self) -> Hello:
+        meta = getattr(self.engine, "model_meta", None) or {}
         return Hello(
             model=self.model_name,
             engine=self.engine.name,
@@ -294,6 +311,10 @@ class EngineWorker:
             # optional, for /v1/models' meta and /props
             n_ctx_train=self.engine.n_ctx_train or None,
             n_vocab=self.engine.vocab_size,
+            n_embd=meta.get("n_embd") or None,
+            n_params=meta.get("n_params") or None,
+            model_size=meta.get("size") or None,
+            model_ftype=meta.get("ftype") or None,
             # the model's own, else ChatML, which compile_chat_template renders it with
             chat_template=self.engine.chat_template or chat_format.CHATML,
             tool_format=self.tool_format,
@@ -1192,6 +1213,9 @@ class EngineWorker:
             ctx = self.contexts.get(lane.get("job_id") or "")
             if ctx is not None:  # /slots' next_token (llama-server's n_remain, has_new_line)
                 lane["limit_asked"], lane["has_new_line"] = ctx.limit_asked, ctx.has_new_line
+            job = self.scheduler.lanes[lane["lane"]] if 0 <= lane.get("lane", -1) < len(self.scheduler.lanes) else None
+            if job is not None and job.job_id == lane.get("job_id"):
+                lane["params"] = slot_params(job, ctx)
         # not the chat template: kilobytes in every snapshot (one a lane taken or freed), said once in the hello
         state.update({k: v for k, v in dataclasses.asdict(self.hello()).items() if k != "chat_template"})
         state["stats"] = dict(self.stats)
