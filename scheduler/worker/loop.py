@@ -899,6 +899,7 @@ class EngineWorker:
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
         param = "tools"  # a forced call's grammar is made of the tools' parameters
+        lazy: str | None = None
         # a template that refuses a turn of several calls (Llama 3.x's) gets one at a time, as
         # llama.cpp turns parallel_tool_calls off for it: several would be refused next turn
         parallel = bool(request.get("parallel_tool_calls", True)) and self.tool_format not in chat_format.SINGLE_CALL_FORMATS
@@ -907,6 +908,8 @@ class EngineWorker:
             if grammar is None and tools and choice == "auto" and request.get("response_format"):
                 param = "response_format"  # a tool call, or an answer in the format
                 grammar = grammars.tools_or_format_grammar(tools, parallel, request["response_format"])
+            elif grammar is None and tools and choice == "auto":
+                grammar = lazy = self._lazy_tool_grammar(tools, parallel)  # (checked there)
             elif grammar is None:
                 param = "response_format"
                 grammar = grammars.response_grammar(request.get("response_format"))
@@ -914,13 +917,36 @@ class EngineWorker:
                 grammars.check_bounds(grammar)  # before the engine's parser, which can crash on it
         except grammars.GrammarError as exc:
             raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': {exc}", param) from None
-        if grammar is not None:
+        if grammar is not None and grammar is not lazy:
             need("grammar", param)
             problem = engine.check_grammar(grammar)
             if problem:
                 raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': the constraint does not compile ({problem}).", param)
+        if grammar is not None:
             kwargs["grammar"] = grammar
         return SamplingParams(**kwargs)
+
+    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str | None:
+        """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
+        model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
+        before, where it cannot be: an engine without a grammar sampler, a format whose calls
+        open otherwise, tools whose parameters no grammar holds (a forced call of them is a
+        400; an auto reply stays free, as it always was)."""
+        from scheduler.engines import grammar as grammars
+
+        if "grammar" not in self.engine.features:
+            return None
+        try:
+            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format)
+            if grammar is not None:
+                grammars.check_bounds(grammar)
+        except grammars.GrammarError as exc:
+            log.info("tool_choice auto left free: the tools' parameters cannot be held to (%s)", exc)
+            return None
+        if grammar is not None and self.engine.check_grammar(grammar):
+            log.info("tool_choice auto left free: the engine does not compile the tools' grammar")
+            return None
+        return grammar
 
     # -- ticks -------------------------------------------------------------------------
 
