@@ -1765,16 +1765,25 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder"})
 
 
-def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes") -> str | None:
+# While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
+# "<tool_call>" a model writes in its thinking is words about a call, and held it would end the
+# reply inside the block. THINKING_OPEN: the reply begins inside the block (the prompt opened it);
+# THINKING_MAY_OPEN: the reply may begin with "<think>" (a model whose template has the block).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINKING_OPEN, THINKING_MAY_OPEN = "open", "may-open"
+
+
+def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: str | None = None) -> str | None:
     """GBNF for ``tool_choice`` auto: any text without TOOL_OPEN in it, then optionally the calls
     ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
-    to the tools' parameters. None for a format whose calls open otherwise (LAZY_TOOL_FORMATS)."""
+    to the tools' parameters; a reasoning block (``thinking``) is free whole. None for a format
+    whose calls open otherwise (LAZY_TOOL_FORMATS)."""
     if fmt not in LAZY_TOOL_FORMATS or not tools:
         return None
-    return _calls_grammar(tools, "required", parallel, fmt, lazy=True)
+    return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
 
 
-def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool) -> str | None:
+def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool | str) -> str | None:
     try:
         if fmt == "qwen3_coder":
             own = _cached_xml_tool_grammar(json.dumps([tools, choice, parallel, lazy]))
@@ -1785,12 +1794,11 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
         raise GrammarError("a tool's parameters are nested too deeply") from None
 
 
-def _text_without(conv: Any, literal: str) -> str:
+def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
     """Rules for any text in which ``literal`` does not occur, and the first rule's name. Rule k
     is the text read so far ending with the literal's first k characters (and no longer start of
     it): each character leads to the rule of the longest start the text then ends with, and a
     character that would complete the literal is left out (a KMP automaton). Any rule may end."""
-    base = "lazy-text"
     while any(k == base or k.startswith(base + "-") for k in conv._rules):
         base += "x"  # (a tool's $defs may name rules of its own)
 
@@ -1807,10 +1815,18 @@ def _text_without(conv: Any, literal: str) -> str:
     return f"{base}-0"
 
 
-def _root(conv: Any, calls: str, lazy: bool) -> None:
+def _root(conv: Any, calls: str, lazy: bool | str) -> None:
     """The grammar's root: the calls, or (``lazy``) text without TOOL_OPEN and then optionally
-    the calls."""
-    conv._add_rule("root", f"{_text_without(conv, TOOL_OPEN)} ({calls})?" if lazy else calls)
+    the calls, after a reasoning block where ``lazy`` is THINKING_OPEN or THINKING_MAY_OPEN."""
+    if not lazy:
+        conv._add_rule("root", calls)
+        return
+    held = f"{_text_without(conv, TOOL_OPEN)} ({calls})?"
+    if lazy is True:
+        conv._add_rule("root", held)
+        return
+    block = f"{_text_without(conv, THINK_CLOSE, 'lazy-think')} ({_format_literal(THINK_CLOSE)} {held})?"
+    conv._add_rule("root", block if lazy == THINKING_OPEN else f"{_format_literal(THINK_OPEN)} {block} | {held}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -1856,7 +1872,7 @@ def _calls_rule(parallel: bool) -> str:
     return f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else one
 
 
-def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool = False) -> str | None:
+def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
     """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
     ``auto``/``none`` (the model may then answer in text). A named function is called once;
     ``required`` with ``parallel`` allows up to MAX_PARALLEL_CALLS calls."""
@@ -1958,7 +1974,7 @@ def _has_root_ref(node: Any) -> bool:
     return any(_has_root_ref(v) for v in node.values())
 
 
-def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool = False) -> str | None:
+def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
     for i, tool in enumerate(chosen):

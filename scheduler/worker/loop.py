@@ -824,7 +824,7 @@ class EngineWorker:
                 "Please reduce the length of the prompt or the completion.",
                 param,
             )
-        sampling = self._sampling(request)
+        sampling = self._sampling(request, thinking=self._thinking(request, tokens[:own_len]))
         if max_tokens == 0 and not (resume_text or resume_tokens):
             # nothing to generate (completions max_tokens 0): the prompt's own answer, its scores
             # with echo + logprobs, and no lane
@@ -863,7 +863,7 @@ class EngineWorker:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
         return job, ctx
 
-    def _sampling(self, request: dict[str, Any]) -> SamplingParams:
+    def _sampling(self, request: dict[str, Any], thinking: str | None = None) -> SamplingParams:
         """The request's sampler settings; a feature the engine lacks, a token id outside the
         vocabulary or a constraint that does not compile refuses the job naming the parameter
         (a 400 on the web side); a malformed number refuses it too (TypeError/ValueError)."""
@@ -909,7 +909,7 @@ class EngineWorker:
                 param = "response_format"  # a tool call, or an answer in the format
                 grammar = grammars.tools_or_format_grammar(tools, parallel, request["response_format"])
             elif grammar is None and tools and choice == "auto":
-                grammar = lazy = self._lazy_tool_grammar(tools, parallel)  # (checked there)
+                grammar = lazy = self._lazy_tool_grammar(tools, parallel, thinking)  # (checked there)
             elif grammar is None:
                 param = "response_format"
                 grammar = grammars.response_grammar(request.get("response_format"))
@@ -926,18 +926,33 @@ class EngineWorker:
             kwargs["grammar"] = grammar
         return SamplingParams(**kwargs)
 
-    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str | None:
+    def _thinking(self, request: dict[str, Any], prompt: list[int]) -> str | None:
+        """Where a chat reply's reasoning block is, for ``tool_choice`` auto's grammar (which
+        leaves the block free): THINKING_OPEN where the prompt ends by opening it (the template's
+        generation prompt, unless the request turned thinking off), THINKING_MAY_OPEN where the
+        model's template has the block, else None."""
+        from scheduler.engines import grammar as grammars
+
+        if request.get("endpoint") != "chat" or self.reasoning_format not in ("think", "think-open") or not request.get("tools"):
+            return None
+        spell = self._reply_token_bytes(chat=True, offers_tools=True)
+        tail = b"".join(spell(t) for t in prompt[-16:]).decode("utf-8", "replace")
+        return grammars.THINKING_OPEN if tail.rstrip().endswith(grammars.THINK_OPEN) else grammars.THINKING_MAY_OPEN
+
+    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: str | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
         model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
         before, where it cannot be: an engine without a grammar sampler, a format whose calls
         open otherwise, tools whose parameters no grammar holds (a forced call of them is a
-        400; an auto reply stays free, as it always was)."""
+        400; an auto reply stays free, as it always was). ``thinking``: where the reply's
+        reasoning block is (:meth:`_thinking`), which stays free whole."""
         from scheduler.engines import grammar as grammars
 
-        if "grammar" not in self.engine.features:
+        # (gpt-oss's and Magistral's replies are channels and [THINK] blocks: never "<tool_call>")
+        if "grammar" not in self.engine.features or self.reasoning_format not in ("none", "think", "think-open"):
             return None
         try:
-            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format)
+            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format, thinking=thinking)
             if grammar is not None:
                 grammars.check_bounds(grammar)
         except grammars.GrammarError as exc:

@@ -17,6 +17,7 @@ from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines import grammar as grammars
 from scheduler.engines.grammar import TOOL_OPEN, lazy_tool_grammar, tool_grammar, tools_or_format_grammar
 from scheduler.engines.sim import SimEngine
+from scheduler.link.messages import Submit
 from scheduler.worker.loop import EngineWorker
 
 pytest.importorskip("llguidance")
@@ -181,3 +182,72 @@ def test_hostile_tool_parameters_give_auto_a_grammar_or_none_never_an_error(para
         grammar = worker._sampling(_request([{"name": "f", "parameters": params}])).grammar
         if grammar is not None:
             grammars.check_bounds(grammar)
+
+
+# -- a reasoning block is free whole (llama-server suspends its lazy grammar while the model
+# reasons): a "<tool_call>" written while thinking is words about a call; held, it ended the
+# reply inside the block, with no call and no answer
+
+CALL = _call("get_weather", {"city": "Oslo"})
+MUSING = "The user wants weather. I could write <tool_call> {city} or <tool_call>\nlater.\n"
+
+
+def test_inside_an_open_reasoning_block_a_call_opening_is_free_and_after_it_held() -> None:
+    grammar = lazy_tool_grammar([WEATHER], True, thinking=grammars.THINKING_OPEN)
+    assert grammar is not None
+    assert fits(grammar, MUSING)  # (cut while thinking)
+    assert fits(grammar, MUSING + "</think>\n\nLet me check.\n" + CALL)
+    assert fits(grammar, MUSING + "</think>\n\nIt is sunny.")
+    assert not takes(grammar, MUSING + "</think>\n" + TOOL_OPEN + " {")
+
+
+def test_a_reasoning_block_the_reply_may_open_is_free_and_text_without_one_is_held() -> None:
+    grammar = lazy_tool_grammar([WEATHER], True, thinking=grammars.THINKING_MAY_OPEN)
+    assert grammar is not None
+    assert fits(grammar, "<think>\n" + MUSING + "</think>\n\n" + CALL)
+    assert not takes(grammar, "<think>\n" + MUSING + "</think>\n\n" + TOOL_OPEN + " {")
+    assert fits(grammar, "Sure.\n" + CALL) and not takes(grammar, "Sure.\n" + TOOL_OPEN + " {")
+    assert not takes(grammar, "Sure. <think>" + TOOL_OPEN + " {")  # (a block opens the reply or is none)
+
+
+def _templated_worker(template_file: str) -> EngineWorker:
+    """A worker on the simulated engine rendering with a real model's template (the worker reads
+    its formats from it), with a grammar sampler that takes every grammar."""
+    from pathlib import Path
+
+    from scheduler.engines.chat import compile_chat_template, render_chat_template
+
+    source = (Path(__file__).parent.parent / "api" / "templates_s46" / template_file).read_text()
+    engine = SimEngine(n_lanes=1, lane_ctx=4096)
+    engine.features = frozenset({"template_vars", "grammar"})
+    engine.chat_template = source
+    engine.render_chat = lambda messages, **extra: render_chat_template(compile_chat_template(source), messages, bos_token="", eos_token="", **extra)  # type: ignore[method-assign]
+    engine.check_grammar = lambda g: None  # type: ignore[method-assign]
+    return EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=4096), model_name="m", prepare_in_thread=False)
+
+
+@pytest.mark.parametrize(
+    ("template_file", "on", "off"),
+    [
+        # the generation prompt opens the block (unless thinking is turned off)
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", grammars.THINKING_OPEN, grammars.THINKING_MAY_OPEN),
+        # Qwen3 opens it itself; turned off, the template writes an empty block in the prompt
+        ("Qwen-Qwen3-0.6B.jinja", grammars.THINKING_MAY_OPEN, grammars.THINKING_MAY_OPEN),
+        ("qwen2.5-7b-instruct.jinja", None, None),  # no reasoning block
+    ],
+)
+def test_the_worker_leaves_the_reasoning_block_free_where_the_template_has_one(template_file: str, on: str | None, off: str | None) -> None:
+    worker = _templated_worker(template_file)
+    assert worker.tool_format == "hermes"
+    for kwargs, thinking in (({}, on), ({"chat_template_kwargs": {"enable_thinking": False}}, off)):
+        request = _request([WEATHER], **kwargs)
+        job, _ = worker._build_job("j", None, Submit("j", request))  # type: ignore[arg-type]
+        assert job.sampling.grammar == lazy_tool_grammar([WEATHER], True, thinking=thinking), (kwargs, thinking)
+
+
+def test_a_model_that_reasons_in_channels_is_left_free() -> None:
+    """gpt-oss answers in harmony channels, never "<tool_call>": nothing to hold, and its own
+    format's markers are no business of this grammar."""
+    worker = _templated_worker("gpt-oss-120b.jinja")
+    assert worker.reasoning_format == "harmony"
+    assert worker._sampling(_request([WEATHER])).grammar is None
