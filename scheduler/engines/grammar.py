@@ -1756,8 +1756,9 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 #
 # llama.cpp's lazy sampler does this by watching the text for the trigger and, once it is there,
 # feeding the grammar the text from the trigger on unchecked: a token that completes the opening
-# and goes on with text the grammar rejects ("<tool_call>" then a token " {" where the grammar
-# wants "\n{") throws from C++ there, which ends a Python worker's process. So the trigger is
+# and goes on with text the grammar rejects ("<tool_call" then SmolLM2's token ">>", where the
+# grammar wants ">\n") throws from C++ there (std::terminate: the worker's process ends, every
+# lane with it; checked against llama-cpp-python 0.3.36). So the trigger is
 # written into the grammar instead: its root is any text in which the opening does not occur,
 # then optionally the calls. The same text is allowed, and every token goes through the grammar
 # sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
