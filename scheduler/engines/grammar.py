@@ -1744,20 +1744,96 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
     be held to their schemas in it, else in the generic JSON format (read for every model)."""
     if choice in ("auto", "none") or not tools:
         return None
+    return _calls_grammar(tools, choice, parallel, fmt, lazy=False)
+
+
+# -- tool_choice auto: free text, and from the call's opening on, held to a call --------------
+# llama-server's "lazy grammar" (common/chat.cpp's grammar_lazy and grammar_triggers): the reply
+# is the model's own text until it opens a call, and from there the forced call's grammar holds
+# it to a valid call of one of the tools. The trigger is the opening (TOOL_OPEN) of the formats
+# whose calls the forced grammar writes in the model's own format; a model that writes another
+# (Llama 3.x's bare JSON or <|python_tag|>, Mistral's [TOOL_CALLS], GLM 4.5's <arg_key>) is free.
+#
+# llama.cpp's lazy sampler does this by watching the text for the trigger and, once it is there,
+# feeding the grammar the text from the trigger on unchecked: a token that completes the opening
+# and goes on with text the grammar rejects ("<tool_call" then SmolLM2's token ">>", where the
+# grammar wants ">\n") throws from C++ there (std::terminate: the worker's process ends, every
+# lane with it; checked against llama-cpp-python 0.3.36). So the trigger is
+# written into the grammar instead: its root is any text in which the opening does not occur,
+# then optionally the calls. The same text is allowed, and every token goes through the grammar
+# sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
+# engines' grammar samplers, and across parking and resumption as any grammar is.
+LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder"})
+
+
+# While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
+# "<tool_call>" a model writes in its thinking is words about a call, and held it would end the
+# reply inside the block. THINKING_OPEN: the reply begins inside the block (the prompt opened it);
+# THINKING_MAY_OPEN: the reply may begin with "<think>" (a model whose template has the block).
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINKING_OPEN, THINKING_MAY_OPEN = "open", "may-open"
+
+
+def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: str | None = None) -> str | None:
+    """GBNF for ``tool_choice`` auto: any text without TOOL_OPEN in it, then optionally the calls
+    ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
+    to the tools' parameters; a reasoning block (``thinking``) is free whole. None for a format
+    whose calls open otherwise (LAZY_TOOL_FORMATS)."""
+    if fmt not in LAZY_TOOL_FORMATS or not tools:
+        return None
+    return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
+
+
+def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool | str) -> str | None:
     try:
         if fmt == "qwen3_coder":
-            own = _cached_xml_tool_grammar(json.dumps([tools, choice, parallel]))
+            own = _cached_xml_tool_grammar(json.dumps([tools, choice, parallel, lazy]))
             if own is not None:
                 return own
-        return _cached_tool_grammar(json.dumps([tools, choice, parallel]))
+        return _cached_tool_grammar(json.dumps([tools, choice, parallel, lazy]))
     except RecursionError:
         raise GrammarError("a tool's parameters are nested too deeply") from None
 
 
+def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
+    """Rules for any text in which ``literal`` does not occur, and the first rule's name. Rule k
+    is the text read so far ending with the literal's first k characters (and no longer start of
+    it): each character leads to the rule of the longest start the text then ends with, and a
+    character that would complete the literal is left out (a KMP automaton). Any rule may end."""
+    while any(k == base or k.startswith(base + "-") for k in conv._rules):
+        base += "x"  # (a tool's $defs may name rules of its own)
+
+    def after(k: int, ch: str) -> int:
+        read = literal[:k] + ch
+        return next((j for j in range(min(len(read), len(literal)), 0, -1) if read.endswith(literal[:j])), 0)
+
+    for k in range(len(literal)):
+        onward = {ch: after(k, ch) for ch in sorted(set(literal))}
+        onward = {ch: j for ch, j in onward.items() if j}  # (any other character starts again)
+        alternatives = ["", f"[^{''.join(map(_class_char, onward))}] {base}-0"]
+        alternatives += [f"{_format_literal(ch)} {base}-{j}" for ch, j in onward.items() if j < len(literal)]
+        conv._add_rule(f"{base}-{k}", " | ".join(alternatives))
+    return f"{base}-0"
+
+
+def _root(conv: Any, calls: str, lazy: bool | str) -> None:
+    """The grammar's root: the calls, or (``lazy``) text without TOOL_OPEN and then optionally
+    the calls, after a reasoning block where ``lazy`` is THINKING_OPEN or THINKING_MAY_OPEN."""
+    if not lazy:
+        conv._add_rule("root", calls)
+        return
+    held = f"{_text_without(conv, TOOL_OPEN)} ({calls})?"
+    if lazy is True:
+        conv._add_rule("root", held)
+        return
+    block = f"{_text_without(conv, THINK_CLOSE, 'lazy-think')} ({_format_literal(THINK_CLOSE)} {held})?"
+    conv._add_rule("root", block if lazy == THINKING_OPEN else f"{_format_literal(THINK_OPEN)} {block} | {held}")
+
+
 @functools.lru_cache(maxsize=64)
 def _cached_tool_grammar(key: str) -> str | None:
-    tools, choice, parallel = json.loads(key)
-    return _tool_grammar(tools, choice, parallel)
+    tools, choice, parallel, lazy = json.loads(key)
+    return _tool_grammar(tools, choice, parallel, lazy)
 
 
 def tools_or_format_grammar(tools: list[dict[str, Any]], parallel: bool, response_format: dict[str, Any]) -> str:
@@ -1797,7 +1873,7 @@ def _calls_rule(parallel: bool) -> str:
     return f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else one
 
 
-def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
     """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
     ``auto``/``none`` (the model may then answer in text). A named function is called once;
     ``required`` with ``parallel`` allows up to MAX_PARALLEL_CALLS calls."""
@@ -1808,7 +1884,7 @@ def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], par
     else:
         chosen = list(tools)
     conv = _schema_rules(calls_schema(chosen), "call")
-    conv._add_rule("root", _calls_rule(parallel and not isinstance(choice, dict)))
+    _root(conv, _calls_rule(parallel and not isinstance(choice, dict)), lazy)
     return _format(conv)
 
 
@@ -1899,7 +1975,7 @@ def _has_root_ref(node: Any) -> bool:
     return any(_has_root_ref(v) for v in node.values())
 
 
-def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool) -> str | None:
+def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
     for i, tool in enumerate(chosen):
@@ -1927,11 +2003,11 @@ def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
     conv._add_rule("xml-call", " | ".join(f"xml-fn{i}" for i in range(len(chosen))))
     one = f'"{TOOL_OPEN}\\n" xml-call "{TOOL_CLOSE}"'
     many = parallel and not isinstance(choice, dict)
-    conv._add_rule("root", f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one)
+    _root(conv, f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one, lazy)
     return _format(conv)
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_xml_tool_grammar(key: str) -> str | None:
-    tools, choice, parallel = json.loads(key)
-    return _xml_tool_grammar(tools, choice, parallel)
+    tools, choice, parallel, lazy = json.loads(key)
+    return _xml_tool_grammar(tools, choice, parallel, lazy)

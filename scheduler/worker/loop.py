@@ -847,7 +847,7 @@ class EngineWorker:
                 "Please reduce the length of the prompt or the completion.",
                 param,
             )
-        sampling = self._sampling(request)
+        sampling = self._sampling(request, thinking=self._thinking(request, tokens[:own_len]))
         if max_tokens == 0 and not (resume_text or resume_tokens):
             # nothing to generate (completions max_tokens 0): the prompt's own answer, its scores
             # with echo + logprobs, and no lane
@@ -886,7 +886,7 @@ class EngineWorker:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
         return job, ctx
 
-    def _sampling(self, request: dict[str, Any]) -> SamplingParams:
+    def _sampling(self, request: dict[str, Any], thinking: str | None = None) -> SamplingParams:
         """The request's sampler settings; a feature the engine lacks, a token id outside the
         vocabulary or a constraint that does not compile refuses the job naming the parameter
         (a 400 on the web side); a malformed number refuses it too (TypeError/ValueError)."""
@@ -922,6 +922,7 @@ class EngineWorker:
             kwargs["logprobs"] = int(request["logprobs"])
         tools, choice = request.get("tools"), request.get("tool_choice", "auto")
         param = "tools"  # a forced call's grammar is made of the tools' parameters
+        lazy: str | None = None
         # a template that refuses a turn of several calls (Llama 3.x's) gets one at a time, as
         # llama.cpp turns parallel_tool_calls off for it: several would be refused next turn
         parallel = bool(request.get("parallel_tool_calls", True)) and self.tool_format not in chat_format.SINGLE_CALL_FORMATS
@@ -930,6 +931,8 @@ class EngineWorker:
             if grammar is None and tools and choice == "auto" and request.get("response_format"):
                 param = "response_format"  # a tool call, or an answer in the format
                 grammar = grammars.tools_or_format_grammar(tools, parallel, request["response_format"])
+            elif grammar is None and tools and choice == "auto":
+                grammar = lazy = self._lazy_tool_grammar(tools, parallel, thinking)  # (checked there)
             elif grammar is None:
                 param = "response_format"
                 grammar = grammars.response_grammar(request.get("response_format"))
@@ -937,13 +940,51 @@ class EngineWorker:
                 grammars.check_bounds(grammar)  # before the engine's parser, which can crash on it
         except grammars.GrammarError as exc:
             raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': {exc}", param) from None
-        if grammar is not None:
+        if grammar is not None and grammar is not lazy:
             need("grammar", param)
             problem = engine.check_grammar(grammar)
             if problem:
                 raise Refusal(INVALID_VALUE, f"Invalid value for '{param}': the constraint does not compile ({problem}).", param)
+        if grammar is not None:
             kwargs["grammar"] = grammar
         return SamplingParams(**kwargs)
+
+    def _thinking(self, request: dict[str, Any], prompt: list[int]) -> str | None:
+        """Where a chat reply's reasoning block is, for ``tool_choice`` auto's grammar (which
+        leaves the block free): THINKING_OPEN where the prompt ends by opening it (the template's
+        generation prompt, unless the request turned thinking off), THINKING_MAY_OPEN where the
+        model's template has the block, else None."""
+        from scheduler.engines import grammar as grammars
+
+        if request.get("endpoint") != "chat" or self.reasoning_format not in ("think", "think-open") or not request.get("tools"):
+            return None
+        spell = self._reply_token_bytes(chat=True, offers_tools=True)
+        tail = b"".join(spell(t) for t in prompt[-16:]).decode("utf-8", "replace")
+        return grammars.THINKING_OPEN if tail.rstrip().endswith(grammars.THINK_OPEN) else grammars.THINKING_MAY_OPEN
+
+    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: str | None = None) -> str | None:
+        """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
+        model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
+        before, where it cannot be: an engine without a grammar sampler, a format whose calls
+        open otherwise, tools whose parameters no grammar holds (a forced call of them is a
+        400; an auto reply stays free, as it always was). ``thinking``: where the reply's
+        reasoning block is (:meth:`_thinking`), which stays free whole."""
+        from scheduler.engines import grammar as grammars
+
+        # (gpt-oss's and Magistral's replies are channels and [THINK] blocks: never "<tool_call>")
+        if "grammar" not in self.engine.features or self.reasoning_format not in ("none", "think", "think-open"):
+            return None
+        try:
+            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format, thinking=thinking)
+            if grammar is not None:
+                grammars.check_bounds(grammar)
+        except grammars.GrammarError as exc:
+            log.info("tool_choice auto left free: the tools' parameters cannot be held to (%s)", exc)
+            return None
+        if grammar is not None and self.engine.check_grammar(grammar):
+            log.info("tool_choice auto left free: the engine does not compile the tools' grammar")
+            return None
+        return grammar
 
     # -- ticks -------------------------------------------------------------------------
 

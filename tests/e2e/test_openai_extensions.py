@@ -69,6 +69,22 @@ def test_named_tool_call_parses_fits_the_schema_and_the_result_is_answered(serve
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
+def test_a_call_the_model_begins_in_tool_choice_auto_parses_and_fits_the_schema(server: RunningServer) -> None:
+    """tool_choice auto (the default): SmolLM2, steered by a bias on "<" (its token 44) to open a
+    call, wrote "<tool_call>\n<name><function-name>..." to max_tokens, which the client got as
+    content with finish_reason length. A call it begins is now held to the tools' parameters."""
+    reply = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather like in Paris?"}], tools=[WEATHER],
+        max_tokens=120, temperature=0, logit_bias={"44": 8}, parallel_tool_calls=False,
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+    assert choice.message.tool_calls
+    for call in choice.message.tool_calls:
+        assert call.function.name == "get_weather"  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])  # type: ignore[index,union-attr]
+
+
 def test_a_legacy_functions_client_gets_a_function_call_and_its_result_is_answered(server: RunningServer) -> None:
     """The deprecated ``functions``/``function_call`` API, as older clients send it: the reply's
     ``message.function_call``, streamed as ``function_call`` deltas, and the result sent back as a

@@ -529,6 +529,116 @@ def test_a_forced_call_of_a_tool_whose_parameters_use_defs_fits_them(engine: Any
     assert call["name"] == "lookup" or choice == "required", call
 
 
+# -- tool_choice auto: free text, and a call the model begins held to the tools (llama-server's
+# lazy grammar, scheduler.engines.grammar.lazy_tool_grammar). SmolLM2 never begins a call by
+# itself; a bias on "<" makes it open one, and left free it then wrote "<tool_call>\n<name>
+# <function-name><function-name>..." to max_tokens: the agent got markup as content.
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+}
+
+
+def _auto_request(engine: Any, bias: float, **extra: Any) -> dict[str, Any]:
+    less_than = engine.tokenize("<", add_special=False, special=False)
+    assert len(less_than) == 1
+    return {
+        "endpoint": "chat", "messages": [{"role": "user", "content": "What is the weather in Paris for 3 days?"}],
+        "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 100, "temperature": 0,
+        "logit_bias": [[less_than[0], bias]] if bias else [], **extra,
+    }  # fmt: skip
+
+
+def _run_worker(engine: Any, request: dict[str, Any]) -> tuple[str, list[Message]]:
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+    texts: list[str] = []
+    ends: list[Message] = []
+
+    class Conn:
+        def queue(self, message: Message) -> None:
+            if isinstance(message, Delta):
+                texts.append(message.text)
+            elif message.type in ("done", "error", "rejected"):
+                ends.append(message)
+
+    worker.handle(Conn(), Submit("auto", request, qos=2))  # type: ignore[arg-type]
+    for _ in range(300):
+        if ends:
+            break
+        worker.run_tick()
+    return "".join(texts), ends
+
+
+def _auto_job(engine: Any, request: dict[str, Any]) -> tuple[list[int], SamplingParams]:
+    """The prompt and sampling a worker makes of ``request`` (the job cancelled unrun)."""
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+
+    class Conn:
+        def queue(self, message: Message) -> None:
+            pass
+
+    worker.handle(Conn(), Submit("auto", request, qos=2))  # type: ignore[arg-type]
+    job = worker.scheduler.jobs["auto"]
+    worker.handle(Conn(), Cancel("auto"))  # type: ignore[arg-type]
+    for _ in range(20):
+        if not worker.run_tick() and worker.scheduler.idle:
+            break
+    return list(job.prompt), job.sampling
+
+
+def test_tool_choice_auto_holds_a_call_the_model_begins_to_the_tools_parameters(engine: Any) -> None:
+    import jsonschema
+
+    from api.responses import parse_tool_calls
+
+    text, ends = _run_worker(engine, _auto_request(engine, 8.0))
+    assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
+    content, calls = parse_tool_calls(text, ["get_weather"], fmt="hermes")
+    assert calls and not content, text
+    for call in calls:
+        assert call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["parameters"])
+
+
+def test_tool_choice_auto_leaves_the_text_before_a_call_free(engine: Any, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """The grammar holds nothing until a call opens: a reply in words is the one the model
+    gives free, token for token (here beside a free lane, in one batch)."""
+    _, sampling = _auto_job(engine, _auto_request(engine, 0.0))
+    assert sampling.grammar and engine.check_grammar(sampling.grammar) is None
+    from scheduler.engines.grammar import lazy_tool_grammar
+
+    coder = lazy_tool_grammar([{"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}], True, fmt="qwen3_coder")
+    assert coder and "<function=f>" in coder and engine.check_grammar(coder) is None  # (Qwen3-Coder's own format)
+    held, free = drive(engine, [Run(0, prompts[0], sampling, N_TOKENS), Run(1, prompts[1], GREEDY, N_TOKENS)])
+    assert held.output == reference[0] and free.output == reference[1]
+
+
+def test_a_call_held_in_tool_choice_auto_continues_exactly_across_parking(engine: Any) -> None:
+    """Parked inside the call (its opening read, its arguments begun) and bound in another lane,
+    the lane replays its history into the grammar: the call goes on as if never parked."""
+    prompt, sampling = _auto_job(engine, _auto_request(engine, 8.0, parallel_tool_calls=False))  # (one call: fewer tokens)
+    whole = drive(engine, [Run(0, prompt, sampling, 60, stop_on_eog=True)])[0]
+    assert text_of(engine, whole.output).startswith('<tool_call>\n{"name": "get_weather"'), text_of(engine, whole.output)
+    release(engine, 0)
+    run = Run(0, prompt, sampling, 60, stop_on_eog=True)
+    drive(engine, [run], ticks=14)
+    assert "<tool_call>\n{" in text_of(engine, run.output) and not run.done
+    parked = engine.execute(TickPlan(tick=15, park=[(0, "a")]), never).parked["a"]
+    run.lane, run.bound = 2, True
+    plan = TickPlan(tick=16, restore=[LaneRestore(2, "a", parked)], bind=[LaneBind(2, run.job, sampling, list(run.output))], feeds=[run.feed()])
+    run.commit(engine.execute(plan, never))
+    drive(engine, [run])
+    release(engine, 2)
+    assert run.output == whole.output
+
+
 def test_a_history_the_grammar_rejects_is_bound_without_ending_the_process(engine: Any) -> None:
     """A resumed job replays its delivered text into its grammar; text the grammar rejects (a
     vocabulary that adds a leading space when it is tokenised again) made llama.cpp throw from
