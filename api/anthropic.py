@@ -30,7 +30,8 @@ from . import responses
 from .admission import admit_tool, forbidden, key_required
 from .consumers import ChatCompletionsConsumer
 from .edge import error_response
-from .errors import ApiError, invalid_request, model_not_found, server_error
+from .errors import ApiError, invalid_request, model_not_found
+from .rendering import count_chat_tokens, render_chat
 from .schemas import GenerationRequest, chat_request_from, load_object
 from .views import _allowed, _json_body, _served_models, _with_tool_vocab
 
@@ -670,47 +671,6 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
         return error_response(exc)
 
     def work(vocab: Any) -> HttpResponse:
-        return JsonResponse({"input_tokens": prompt_tokens(vocab, wire)})
+        return JsonResponse({"input_tokens": count_chat_tokens(vocab, render_chat(vocab, wire))})
 
     return await _with_tool_vocab(model, admission, work)
-
-
-def prompt_tokens(vocab: Any, wire: dict[str, Any]) -> int:
-    """How many tokens the chat ``wire`` (a request's to_wire) prefills: rendered as its worker
-    renders it (scheduler/worker/loop.py: the tools in the template's own format where it has
-    one, a system turn merged where the template takes none) and tokenised as the worker does
-    (the client's text as text)."""
-    from scheduler.engines.base import EngineError
-    from scheduler.engines.chat import (
-        chat_prompt_tokens,
-        compile_chat_template,
-        merge_system_turn,
-        render_chat_template,
-        takes_system_turn,
-        template_inputs,
-    )
-
-    source, bos, eos = vocab.template_parts()
-    messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
-    try:
-        template = compile_chat_template(source)
-    except EngineError as exc:
-        raise server_error(f"The model's chat template could not be used: {exc}") from None
-    offered = extra.pop("tools", None)
-
-    def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        variables = extra if tools is None else {**extra, "tools": tools}
-        return render_chat_template(template, msgs, bos_token=bos, eos_token=eos, add_generation_prompt=True, **variables)
-
-    def tokenize(text: str, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
-        return list(vocab.tokenize(text, add_special=add_special, parse_special=special))
-
-    try:
-        if messages and messages[0].get("role") == "system" and not takes_system_turn(
-            lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
-        ):
-            messages = merge_system_turn(messages)
-        tokens, _ = chat_prompt_tokens(render, tokenize, messages, offered)
-    except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
-        raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
-    return len(tokens)

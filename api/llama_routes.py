@@ -19,7 +19,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from .admission import key_required
 from .edge import error_response
 from .errors import ApiError, invalid_request, not_found
-from .views import RenderedChat, props, rendered_chat
+from .rendering import RenderedChat, count_chat_tokens
+from .views import props, rendered_chat
 
 NOT_SUPPORTED = "not_supported_error"  # llama-server's ERROR_TYPE_NOT_SUPPORTED, its status 501
 
@@ -38,28 +39,6 @@ async def chat_input_tokens(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"input_tokens": count_chat_tokens(vocab, chat), "object": "response.input_tokens"})
 
     return await rendered_chat(request, count)
-
-
-def count_chat_tokens(vocab: Any, chat: RenderedChat) -> int:
-    """The tokens of a rendered chat as the worker tokenises it (``chat.chat_prompt_tokens``:
-    the template's text with special tokens parsed, BOS where the vocabulary adds one; the
-    messages' text as text)."""
-    from scheduler.engines.chat import chat_prompt_tokens
-
-    continued = getattr(vocab, "continued", None)
-
-    def tokenize(text: str, add_special: bool = True, special: bool = True, after: int | None = None) -> list[int]:
-        if after is not None and continued is not None:
-            tokens = continued(text, special, after)
-            if tokens is not None:
-                return tokens  # type: ignore[no-any-return]
-        return vocab.tokenize(text, add_special=add_special, parse_special=special)  # type: ignore[no-any-return]
-
-    try:
-        tokens, _own = chat_prompt_tokens(chat.render, tokenize, chat.messages, chat.tools)
-    except ValueError as exc:  # a template's raise_exception on a variant of the messages
-        raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
-    return len(tokens)
 
 
 @key_required()

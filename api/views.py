@@ -9,7 +9,6 @@ import os
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -30,8 +29,8 @@ from .errors import (
     model_not_found,
     not_found,
     request_too_large,
-    server_error,
 )
+from .rendering import RenderedChat, render_chat
 
 _STARTED = int(time.time())
 log = logging.getLogger("superfluid.api")
@@ -287,36 +286,23 @@ async def apply_template(request: HttpRequest) -> HttpResponse:
     return await rendered_chat(request, lambda _vocab, chat: JsonResponse({"prompt": chat.text}))
 
 
-@dataclass
-class RenderedChat:
-    """A chat body rendered as its worker renders it: ``text``; ``render(messages, tools)`` the
-    template with the body's variables, ``messages`` and ``tools`` what ``text`` renders (what
-    the worker tokenises the conversation from: ``chat.chat_prompt_tokens``)."""
-
-    text: str
-    render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-
-
-async def rendered_chat(request: HttpRequest, answer: Callable[[Any, RenderedChat], HttpResponse]) -> HttpResponse:
+async def rendered_chat(
+    request: HttpRequest,
+    answer: Callable[[Any, RenderedChat], HttpResponse],
+    to_wire: Callable[[dict[str, Any], str, bool], dict[str, Any]] | None = None,
+    param: str = "messages",
+) -> HttpResponse:
     """/apply-template's work: the reply is ``answer(vocab, chat)`` (in a thread), ``chat`` the
-    chat body rendered as its worker renders it (input_tokens counts its tokens)."""
-    from scheduler.engines.base import EngineError
-    from scheduler.engines.chat import (
-        compile_chat_template,
-        merge_system_turn,
-        render_chat_template,
-        takes_system_turn,
-        template_inputs,
-    )
-
+    chat body rendered as its worker renders it (the input_tokens routes count its tokens).
+    ``to_wire(body, model, strict)`` is the chat request a body of another API's shape runs as
+    (the Responses API's; its errors name that API's fields, ``param`` the conversation's); a
+    chat body's own ``add_generation_prompt`` (default true) is read only without one."""
     from .schemas import chat_request_from
 
     try:
         body = await asyncio.to_thread(_json_body, request)
         asked = await _asked_model(request, body)
-        add_generation_prompt = _flag(body, "add_generation_prompt", True)
+        add_generation_prompt = _flag(body, "add_generation_prompt", True) if to_wire is None else True
         pool = get_pool()
         if asked is not None:
             model = asked
@@ -324,40 +310,19 @@ async def rendered_chat(request: HttpRequest, answer: Callable[[Any, RenderedCha
             model = pool.config.models[0].id
         else:
             model = next(iter(await _served_models()), "")
-        chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
+        strict = serving().strict_params
+        if to_wire is None:
+            chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
+            wire = (await asyncio.to_thread(chat_request_from, {**chat, "model": model}, models=[model], strict=strict)).to_wire()
+        else:
+            wire = await asyncio.to_thread(to_wire, body, model, strict)
         # the body checked first, as a chat's is before its admission: a bad one costs no token
-        wire = (await asyncio.to_thread(chat_request_from, {**chat, "model": model}, models=[model], strict=serving().strict_params)).to_wire()
         admission = await admit_tool(request.principal)  # type: ignore[attr-defined]
     except ApiError as exc:
         return error_response(exc)
 
-    def rendered(vocab: Any) -> RenderedChat:
-        source, bos, eos = vocab.template_parts()
-        # as the worker prepares a chat (scheduler/worker/loop.py): the tools in the
-        # template's own format where it has one, else the generic tool prompt
-        messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
-        offered = extra.pop("tools", None)  # the tools the template renders, passed with the messages
-        template = compile_chat_template(source)
-
-        def render(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-            variables = extra if tools is None else {**extra, "tools": tools}
-            return render_chat_template(template, msgs, bos_token=bos, eos_token=eos, add_generation_prompt=add_generation_prompt, **variables)
-
-        try:
-            if messages and messages[0].get("role") == "system" and not takes_system_turn(
-                lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
-            ):
-                messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
-            return RenderedChat(render(messages, offered), render, messages, offered)
-        except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
-            raise invalid_request(f"The chat template rejected the messages: {exc}", param="messages", code="invalid_messages") from None
-
     def work(vocab: Any) -> HttpResponse:
-        try:
-            chat = rendered(vocab)
-        except EngineError as exc:  # the model's template does not compile
-            raise server_error(f"The model's chat template could not be used: {exc}") from None
-        return answer(vocab, chat)
+        return answer(vocab, render_chat(vocab, wire, add_generation_prompt=add_generation_prompt, param=param))
 
     return await _with_tool_vocab(asked, admission, work)
 

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from api.llama_routes import count_chat_tokens
+from api.rendering import RenderedChat, count_chat_tokens
 from api.tokenizer import GgufVocab
-from api.views import RenderedChat
 from scheduler.engines.chat import chat_prompt_tokens, compile_chat_template, render_chat_template
 from scheduler.engines.llama_cpp import LlamaCppEngine
 from tests.engines.test_chat_space_prefix import AFTER_SPECIAL, LLAMA2, space_prefix  # noqa: F401 (the fixture)
