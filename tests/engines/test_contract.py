@@ -556,7 +556,9 @@ def _auto_request(engine: Any, bias: float, **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run_worker(engine: Any, request: dict[str, Any]) -> tuple[str, list[Message]]:
+def _run_worker(engine: Any, request: dict[str, Any], **submit: Any) -> tuple[str, list[Message]]:
+    """``request`` run alone on a worker to its end: (the text it streamed, its ending messages);
+    ``submit`` the Submit's other fields (a resumed job's ``resume_text``)."""
     worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
     texts: list[str] = []
     ends: list[Message] = []
@@ -568,7 +570,7 @@ def _run_worker(engine: Any, request: dict[str, Any]) -> tuple[str, list[Message
             elif message.type in ("done", "error", "rejected"):
                 ends.append(message)
 
-    worker.handle(Conn(), Submit("auto", request, qos=2))  # type: ignore[arg-type]
+    worker.handle(Conn(), Submit("auto", request, qos=2, **submit))  # type: ignore[arg-type]
     for _ in range(300):
         if ends:
             break
@@ -1119,26 +1121,11 @@ def test_a_constrained_job_resumed_after_its_worker_was_lost_goes_on_inside_the_
     text under its grammar: what the client ends up with, the delivered part and the rest, is
     one JSON object. The grammar used to start again from its root, so the rest was a whole
     new value after the delivered half."""
-    worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
     delivered = '{"name": "Ada", "age'
-    texts: list[str] = []
-    done: list[Done] = []
-
-    class Conn:
-        def queue(self, message: Message) -> None:
-            if isinstance(message, Delta):
-                texts.append(message.text)
-            elif isinstance(message, Done):
-                done.append(message)
-
     request = {"endpoint": "completions", "prompt": "A person as JSON:", "max_tokens": 40, "temperature": 0, "response_format": {"type": "json_object"}}
-    worker.handle(Conn(), Submit("resumed", request, qos=2, resume_text=delivered, resume_tokens=6))  # type: ignore[arg-type]
-    for _ in range(200):
-        if done:
-            break
-        worker.run_tick()
-    assert done and done[0].finish_reason == "stop", (done, texts)
-    whole = delivered + "".join(texts)
+    text, done = _run_worker(engine, request, resume_text=delivered, resume_tokens=6)
+    assert done and isinstance(done[0], Done) and done[0].finish_reason == "stop", (done, text)
+    whole = delivered + text
     assert isinstance(json.loads(whole), dict) and json.loads(whole)["name"] == "Ada", whole
 
 
