@@ -170,3 +170,13 @@ def test_custom_tools_bad_shapes_are_400s_naming_them(loop: asyncio.AbstractEven
     with pytest.raises(openai.BadRequestError) as caught:
         run(loop, lambda c: c.responses.create(model=MODEL, input=[{"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch"}]))
     assert caught.value.param == "input[0].input"
+
+
+def test_what_codex_sends_and_is_not_honoured_is_named(loop: asyncio.AbstractEventLoop) -> None:
+    """docs/api.md's list: Codex's encrypted-reasoning ``include``, ``reasoning.summary``,
+    ``text.verbosity``, ``client_metadata`` and ``web_search`` are named, the turn served."""
+    body = {"model": MODEL, **codex_body("Hi " + script("Hello.")), "text": {"verbosity": "low"}, "client_metadata": {"x-codex-installation-id": "i"}}
+    reply = loop.run_until_complete(request("POST", "/v1/responses", json.dumps(body).encode(), JSON))
+    assert reply.status == 200, reply.body
+    named = set(reply.headers["x-superfluid-ignored-params"].split(", "))
+    assert named == {"include", "reasoning.summary", "text.verbosity", "client_metadata", "tools.web_search"}
