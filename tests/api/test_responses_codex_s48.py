@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from api.responses_api import responses_to_chat
-from tests.api.test_responses_api import THOUGHT, QwenEngine, raw_stream, run
+from tests.api.test_responses_api import THOUGHT, QwenEngine, raw_stream, run, streamed
 from tests.edge.inproc import JSON, MODEL, request
 from tests.edge.templated import edge_loop
 from tests.edge.test_stream_equivalence import script
@@ -123,6 +123,9 @@ def test_a_non_streamed_custom_call_reads_in_the_openai_client(loop: asyncio.Abs
     assert (call.type, call.name, call.input, call.status) == ("custom_tool_call", "apply_patch", PATCH, "completed")
     forced = run(loop, lambda c: c.responses.create(model=MODEL, **{**body, "tool_choice": {"type": "custom", "name": "apply_patch"}}))
     assert forced.output[0].type == "custom_tool_call" and forced.tool_choice.name == "apply_patch"
+    # the client's stream accumulates the custom call's input from its delta events
+    events, final = streamed(loop, **{**body, "input": "Create hello.txt. " + script(THOUGHT + PATCH_CALL)})
+    assert final.output[-1].type == "custom_tool_call" and final.output[-1].input == PATCH
 
 
 @pytest.mark.parametrize("shape", ["verbatim", "as_codex_sends"])
