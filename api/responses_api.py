@@ -597,6 +597,8 @@ def custom_input(arguments: str) -> str:
         args = json.loads(arguments)
     except ValueError:
         return arguments
+    if isinstance(args, str):  # (the string itself, as JSON)
+        return args
     if isinstance(args, dict):
         if isinstance(args.get(CUSTOM_INPUT), str):
             return str(args[CUSTOM_INPUT])

@@ -18,8 +18,10 @@ from typing import Any
 
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from api.responses_api import responses_to_chat
+from api.responses_api import custom_input, responses_to_chat
 from tests.api.test_responses_api import THOUGHT, QwenEngine, raw_stream, run, streamed
 from tests.edge.inproc import JSON, MODEL, request
 from tests.edge.templated import edge_loop
@@ -183,3 +185,12 @@ def test_what_codex_sends_and_is_not_honoured_is_named(loop: asyncio.AbstractEve
     assert reply.status == 200, reply.body
     named = set(reply.headers["x-superfluid-ignored-params"].split(", "))
     assert named == {"include", "reasoning.summary", "text.verbosity", "client_metadata", "tools.web_search"}
+
+
+@given(text=st.text())
+def test_a_custom_calls_input_is_the_string_the_model_gave(text: str) -> None:
+    assert custom_input(json.dumps({"input": text})) == text
+    assert custom_input(json.dumps({"patch": text})) == text  # (the one string, under another name)
+    assert custom_input(json.dumps(text)) == text
+    cut = json.dumps({"input": text})[:-2]  # a call cut short: its arguments as they are
+    assert custom_input(cut) == cut
