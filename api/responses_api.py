@@ -17,6 +17,7 @@ too). Parameters of the Responses API that change nothing here (``include``, ``t
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Collection
@@ -32,6 +33,7 @@ from .reasoning import Splitter, new_splitter
 from .schemas import GenerationRequest, chat_request_from, load_object, parse_content
 
 RESPONSE_ID_PREFIX = "resp_"
+CUSTOM_INPUT = "input"  # the one parameter of the function a custom (freeform) tool is served as
 
 # Keys of the Responses API translated here (the others go to the chat parser as they came:
 # llama-server's extensions such as top_k or seed are honoured there, anything else named)
@@ -79,6 +81,7 @@ class ResponsesRequest:
     def __init__(self) -> None:
         self.echo: dict[str, Any] = {}
         self.where: list[str] = []  # each chat message's place in the body (errors name it)
+        self.custom: frozenset[str] = frozenset()  # the custom (freeform) tools' names: their calls are custom_tool_call items
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +162,17 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
             turn = assistant_turn(where)
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
             turn.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            # an earlier reply's call of a custom (freeform) tool: the chat call of the function
+            # it is served as (its one string parameter, ``input``)
+            for key in ("call_id", "name", "input"):
+                if not isinstance(item.get(key), str):
+                    raise _bad_type(f"{where}.{key}", "a string") if key in item else _missing(f"{where}.{key}")
+            turn = assistant_turn(where)
+            arguments = json.dumps({CUSTOM_INPUT: item["input"]}, ensure_ascii=False)
+            call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": arguments}}
+            turn.setdefault("tool_calls", []).append(call)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise _bad_type(f"{where}.call_id", "a string") if "call_id" in item else _missing(f"{where}.call_id")
@@ -183,7 +196,8 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
         else:
             raise invalid_request(
                 f"Input items of type '{kind}' are not supported (in '{where}'); 'message', "
-                "'function_call', 'function_call_output' and 'reasoning' items are.",
+                "'function_call', 'function_call_output', 'custom_tool_call', 'custom_tool_call_output' "
+                "and 'reasoning' items are.",
                 param=f"{where}.type",
                 code="unsupported_value",
             )
@@ -192,30 +206,75 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
     return messages
 
 
-def _tools(body: dict[str, Any], ignored: list[str], *, strict: bool) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]]]:
-    """(the chat ``tools``, the Response's echo of them). Function tools only: a hosted tool
-    (web_search, file_search, mcp, code_interpreter, ...) or a custom one is left out of the
-    prompt, since no reply here could call it, and named in ``ignored`` (as llama-server drops
-    them: Codex sends ``web_search`` where it is turned on, and a 400 would stop every turn);
-    under ``strict`` (--strict-params) it is a 400 naming its type."""
+def _custom_function(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A custom (freeform) tool as the chat function it is served as: one string parameter,
+    ``input``, its text; a grammar the input follows (Codex's ``apply_patch`` has a Lark one)
+    is told to the model in the description, not enforced."""
+    name = tool.get("name")
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _bad_type(f"{where}.description", "a string")
+    fmt = tool.get("format")
+    fmt = {} if fmt is None else fmt
+    if not isinstance(fmt, dict):
+        raise _bad_type(f"{where}.format", "an object")
+    kind = fmt.get("type", "text")
+    if kind not in ("text", "grammar"):
+        raise _bad_value(f"{where}.format.type", "'text' or 'grammar'")
+    text = description or ""
+    if kind == "grammar":
+        definition, syntax = fmt.get("definition"), fmt.get("syntax")
+        if not isinstance(definition, str):
+            raise _bad_type(f"{where}.format.definition", "a string") if definition is not None else _missing(f"{where}.format.definition")
+        if syntax not in ("lark", "regex"):
+            raise _bad_value(f"{where}.format.syntax", "'lark' or 'regex'")
+        text += f"\n\nThe string `{CUSTOM_INPUT}` is the tool's whole input, in this {syntax} grammar:\n{definition}"
+    return {
+        "name": name,
+        "description": text.strip(),
+        "parameters": {
+            "type": "object",
+            "properties": {CUSTOM_INPUT: {"type": "string", "description": "The tool's whole input, as raw text."}},
+            "required": [CUSTOM_INPUT],
+            "additionalProperties": False,
+        },
+    }
+
+
+def _tools(body: dict[str, Any], ignored: list[str], *, strict: bool) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]], frozenset[str]]:
+    """(the chat ``tools``, the Response's echo of them, the custom tools' names). Function
+    tools as they are; a custom (freeform) tool as a function of one string, ``input`` (its
+    calls come back as ``custom_tool_call`` items: Codex's ``apply_patch`` is one for GPT-5
+    models and where ``include_apply_patch_tool`` is set); a hosted tool (web_search,
+    file_search, mcp, code_interpreter, ...) is left out of the prompt, since no reply here
+    could call it, and named in ``ignored`` (as llama-server drops them: Codex sends
+    ``web_search`` where it is turned on, and a 400 would stop every turn); under ``strict``
+    (--strict-params) it is a 400 naming its type."""
     raw = body.get("tools")
     if raw is None:
-        return None, []
+        return None, [], frozenset()
     if not isinstance(raw, list):
         raise _bad_type("tools", "an array of tools")
     chat: list[dict[str, Any]] = []
     echo: list[dict[str, Any]] = []
+    custom: set[str] = set()
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise _bad_type(where, "a tool object")
         kind = tool.get("type")
+        if kind == "custom":
+            chat.append({"type": "function", "function": _custom_function(tool, where)})
+            echo.append(tool)
+            if isinstance(tool.get("name"), str):
+                custom.add(tool["name"])
+            continue
         if kind != "function":
             if not isinstance(kind, str):
                 raise _missing(f"{where}.type")
             if strict:
                 raise invalid_request(
-                    f"Tools of type '{kind}' are not supported (in '{where}'); only 'function' tools are.",
+                    f"Tools of type '{kind}' are not supported (in '{where}'); 'function' and 'custom' tools are.",
                     param=f"{where}.type",
                     code="unsupported_value",
                 )
@@ -228,7 +287,7 @@ def _tools(body: dict[str, Any], ignored: list[str], *, strict: bool) -> tuple[l
         chat.append({"type": "function", "function": fn})
         echo.append({"type": "function", "name": fn.get("name"), "description": fn.get("description"),
                      "parameters": fn.get("parameters"), "strict": fn["strict"]})  # fmt: skip
-    return chat, echo
+    return chat, echo, frozenset(custom)
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -238,7 +297,7 @@ def _tool_choice(choice: Any) -> Any:
     if not isinstance(choice, dict):
         raise _bad_type("tool_choice", "a string or an object")
     kind = choice.get("type")
-    if kind == "function":
+    if kind in ("function", "custom"):  # (a custom tool is served as a function)
         name = choice.get("name")
         if not isinstance(name, str):
             raise _missing("tool_choice.name")
@@ -246,13 +305,14 @@ def _tool_choice(choice: Any) -> Any:
     if kind == "allowed_tools":
         tools = choice.get("tools")
         if isinstance(tools, list):
-            tools = [{"type": t.get("type"), "function": {"name": t.get("name")}} if isinstance(t, dict) else t for t in tools]
+            tools = [{"type": "function" if t.get("type") == "custom" else t.get("type"), "function": {"name": t.get("name")}}
+                     if isinstance(t, dict) else t for t in tools]  # fmt: skip
         return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": tools}}
     if not isinstance(kind, str):
         raise _missing("tool_choice.type")
     raise invalid_request(
         f"Invalid value for 'tool_choice.type': '{kind}' names a tool this server does not have; "
-        "expected 'function' or 'allowed_tools'.",
+        "expected 'function', 'custom' or 'allowed_tools'.",
         param="tool_choice.type",
         code="unsupported_value",
     )
@@ -365,7 +425,7 @@ def responses_to_chat(body: dict[str, Any], *, strict: bool = False) -> tuple[di
             chat[key] = value  # model, stream, temperature, ... and llama-server's extensions
     _unhonoured(body, ignored)
     chat["messages"] = _messages(body, out)
-    tools, tools_echo = _tools(body, ignored, strict=strict)
+    tools, tools_echo, out.custom = _tools(body, ignored, strict=strict)
     if tools:  # (none left when every tool was a hosted one)
         chat["tools"] = tools
     choice = _tool_choice(body.get("tool_choice"))
@@ -529,12 +589,42 @@ def call_item(call_id: str, name: str, arguments: str, status: str) -> dict[str,
     return {"id": "fc_" + call_id.removeprefix("call_"), "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
 
 
+def custom_input(arguments: str) -> str:
+    """A custom tool's input from the arguments of the function call it was served as: its one
+    string (``input``, or the one string the model gave under another name); arguments that are
+    not such an object (a call cut short) are given as they are."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(args, str):  # (the string itself, as JSON)
+        return args
+    if isinstance(args, dict):
+        if isinstance(args.get(CUSTOM_INPUT), str):
+            return str(args[CUSTOM_INPUT])
+        strings = [v for v in args.values() if isinstance(v, str)]
+        if len(args) == 1 and strings:
+            return str(strings[0])
+    return arguments
+
+
+def custom_call_item(call_id: str, name: str, input_text: str, status: str) -> dict[str, Any]:
+    return {"id": "ctc_" + call_id.removeprefix("call_"), "type": "custom_tool_call", "status": status, "call_id": call_id, "name": name, "input": input_text}
+
+
+def tool_call_item(call_id: str, name: str, arguments: str, status: str, custom: Collection[str]) -> dict[str, Any]:
+    """A call's output item: ``custom_tool_call`` for a custom tool's (its input), else ``function_call``."""
+    if name in custom:
+        return custom_call_item(call_id, name, custom_input(arguments), status)
+    return call_item(call_id, name, arguments, status)
+
+
 def status_of(finish_reason: str | None) -> str:
     """A chat reply's finish as a Response's status: cut at the token limit, ``incomplete``."""
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def output_of_chat(chat_body: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+def output_of_chat(chat_body: dict[str, Any], custom: Collection[str] = ()) -> tuple[list[dict[str, Any]], str]:
     """A non-streamed chat reply's message as the Response's output items, in OpenAI's order
     (reasoning, the message, the calls), and the Response's status."""
     choice = chat_body["choices"][0]
@@ -549,7 +639,7 @@ def output_of_chat(chat_body: dict[str, Any]) -> tuple[list[dict[str, Any]], str
         output.append(message_item(_short_id("msg_"), content, status))
     for i, call in enumerate(calls):  # a reply cut short was cut in its last call
         cut = status == "incomplete" and i == len(calls) - 1
-        output.append(call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "incomplete" if cut else "completed"))
+        output.append(tool_call_item(call["id"], call["function"]["name"], call["function"]["arguments"], "incomplete" if cut else "completed", custom))
     return output, status
 
 
@@ -558,8 +648,9 @@ class ResponseEvents:
     its ``type`` and a rising ``sequence_number``; output items are added as they begin (the
     reasoning, the message, each call) and done at the end, or when the next call begins."""
 
-    def __init__(self, resp_id: str, created: int, model: str, echo: dict[str, Any], request: GenerationRequest) -> None:
+    def __init__(self, resp_id: str, created: int, model: str, echo: dict[str, Any], request: GenerationRequest, custom: Collection[str] = ()) -> None:
         self.resp_id, self.created, self.model, self.echo, self.request = resp_id, created, model, echo, request
+        self.custom = custom  # the custom tools' names (their calls are custom_tool_call items)
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # every output item, in output_index order
         self.open: set[int] = set()  # the items not yet done
@@ -591,7 +682,7 @@ class ResponseEvents:
             return reasoning_item(item["id"], text, item_status)
         if item["type"] == "message":
             return message_item(item["id"], text, item_status)
-        return call_item(item["call_id"], item["name"], text, item_status)
+        return tool_call_item(item["call_id"], item["name"], text, item_status, self.custom)
 
     def add_item(self, item: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         i = len(self.items)
@@ -652,13 +743,17 @@ class ResponseEvents:
             for j in sorted(self.open):  # a call begins: the reasoning and the call before are whole
                 if self.items[j]["type"] != "message":
                     out += self.close(j, "completed")
-            self.calls[index], added = self.add_item(call_item(call.get("id") or responses.new_call_id(), fn.get("name", ""), "", "in_progress"))
+            item = tool_call_item(call.get("id") or responses.new_call_id(), fn.get("name", ""), "", "in_progress", self.custom)
+            if item["type"] == "custom_tool_call":
+                item["input"] = ""
+            self.calls[index], added = self.add_item(item)
             out.append(added)
         i = self.calls[index]
         args = fn.get("arguments")
         if args:
             self.texts[i].append(args)
-            out.append(self.event("response.function_call_arguments.delta", item_id=self.items[i]["id"], output_index=i, delta=args))
+            if self.items[i]["type"] == "function_call":  # (a custom call's input is sent whole at its end)
+                out.append(self.event("response.function_call_arguments.delta", item_id=self.items[i]["id"], output_index=i, delta=args))
         return out
 
     def close(self, i: int, status: str) -> list[dict[str, Any]]:
@@ -677,6 +772,9 @@ class ResponseEvents:
         elif item["type"] == "message":
             out.append(self.event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=text, logprobs=[]))
             out.append(self.event("response.content_part.done", item_id=item["id"], output_index=i, content_index=0, part=output_text(text)))
+        elif item["type"] == "custom_tool_call":  # its input: the string in the arguments, known at their end
+            out.append(self.event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=i, delta=whole["input"]))
+            out.append(self.event("response.custom_tool_call_input.done", item_id=item["id"], output_index=i, input=whole["input"]))
         else:
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=i, name=item["name"], arguments=text))
         out.append(self.event("response.output_item.done", output_index=i, item=whole))
@@ -738,7 +836,7 @@ class ResponsesConsumer(ChatCompletionsConsumer):
 
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         reply = super().reply(request, **extra)
-        self.events = ResponseEvents(response_id(reply.id), reply.created, request.model, self.asked.echo, request)
+        self.events = ResponseEvents(response_id(reply.id), reply.created, request.model, self.asked.echo, request, self.asked.custom)
         self.thinking = new_splitter(self.reply_reasoning(request), calls=reply.tool_names)
         return reply
 
@@ -773,7 +871,7 @@ class ResponsesConsumer(ChatCompletionsConsumer):
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
         chat = reply.body(event, None)
-        output, status = output_of_chat(chat)
+        output, status = output_of_chat(chat, self.asked.custom)
         usage = response_usage(self.usage(event), self.reasoning_tokens)
         return response_object(response_id(reply.id), reply.created, request.model, self.asked.echo, request, status=status, output=output, usage=usage)
 

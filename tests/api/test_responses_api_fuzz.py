@@ -43,9 +43,14 @@ item = st.one_of(
     st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": st.one_of(nasty_text, json_values), "output": parts}),
     st.fixed_dictionaries({"type": st.just("reasoning"), "summary": json_values}, optional={"content": st.one_of(st.lists(st.fixed_dictionaries({"type": st.just("reasoning_text"), "text": nasty_text}), max_size=2), json_values), "encrypted_content": json_values}),
     st.fixed_dictionaries({"type": st.sampled_from(["item_reference", "web_search_call", "local_shell_call", "custom_tool_call"])}),
+    st.fixed_dictionaries({"type": st.just("custom_tool_call")}, optional={"call_id": st.one_of(nasty_text, json_values), "name": st.sampled_from(["apply_patch", "", "a b"]),
+                                                                            "input": st.one_of(nasty_text, json_values), "status": json_values}),
+    st.fixed_dictionaries({"type": st.just("custom_tool_call_output"), "call_id": st.one_of(nasty_text, json_values)}, optional={"output": parts}),
     json_values,
 )
+grammar = st.fixed_dictionaries({"type": st.sampled_from(["text", "grammar", "x"])}, optional={"syntax": st.sampled_from(["lark", "regex", "x"]), "definition": st.one_of(nasty_text, json_values)})
 tool = st.one_of(
+    st.fixed_dictionaries({"type": st.just("custom"), "name": st.sampled_from(["apply_patch", "", "a b"])}, optional={"format": st.one_of(grammar, json_values), "description": st.one_of(nasty_text, json_values)}),
     st.fixed_dictionaries({"type": st.just("function"), "name": st.sampled_from(["get_weather", "f", "", "a b"])},
                           optional={"parameters": st.one_of(st.just({"type": "object", "properties": {}}), json_values), "strict": json_values, "description": json_values}),
     st.fixed_dictionaries({"type": st.sampled_from(["web_search", "file_search", "mcp", "custom", "local_shell"])}),
@@ -54,7 +59,7 @@ tool = st.one_of(
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "instructions": st.one_of(nasty_text, json_values),
     "tools": st.one_of(st.lists(tool, max_size=3), json_values),
-    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "x"]), st.fixed_dictionaries({"type": st.sampled_from(["function", "allowed_tools", "web_search"])},
+    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required", "x"]), st.fixed_dictionaries({"type": st.sampled_from(["function", "custom", "allowed_tools", "web_search"])},
                              optional={"name": json_values, "mode": json_values, "tools": json_values}), json_values),  # fmt: skip
     "parallel_tool_calls": json_values,
     "text": st.one_of(st.fixed_dictionaries({}, optional={"format": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "x"])},
@@ -90,6 +95,7 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
 
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
 text_part = st.fixed_dictionaries({"type": st.just("input_text"), "text": nasty_text})
 
 
@@ -108,6 +114,9 @@ def turns(draw: st.DrawFn) -> list[dict[str, Any]]:
             call_id = draw(nasty_text) or f"call_{k}"
             items.append({"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": draw(st.one_of(nasty_text, json_values.map(json.dumps)))})
             items.append({"type": "function_call_output", "call_id": call_id, "output": draw(st.one_of(nasty_text, st.lists(text_part, max_size=2)))})
+        if draw(st.booleans()):  # a custom (freeform) tool's call and output, as Codex sends apply_patch's back
+            items.append({"type": "custom_tool_call", "call_id": "ctc_1", "name": "apply_patch", "input": draw(nasty_text), "status": "completed"})
+            items.append({"type": "custom_tool_call_output", "call_id": "ctc_1", "output": draw(nasty_text)})
     items.append({"role": "user", "content": draw(nasty_text)})
     return items
 
@@ -118,8 +127,9 @@ def near_valid_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         body["instructions"] = draw(nasty_text)
     if draw(st.booleans()):
-        body["tools"] = [WEATHER]
-        body["tool_choice"] = draw(st.sampled_from(["auto", "none", "required", {"type": "function", "name": "get_weather"}]))
+        body["tools"] = [WEATHER] + draw(st.sampled_from([[], [APPLY_PATCH]]))
+        choices = ["auto", "none", "required", {"type": "function", "name": "get_weather"}]
+        body["tool_choice"] = draw(st.sampled_from(choices + [{"type": "custom", "name": "apply_patch"}] if len(body["tools"]) > 1 else choices))
     if draw(st.integers(0, 3)) == 0:
         body["text"] = {"format": draw(st.sampled_from([{"type": "json_object"}, {"type": "json_schema", "name": "w", "schema": {"type": "object"}}]))}
     if draw(st.booleans()):
