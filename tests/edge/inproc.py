@@ -190,6 +190,18 @@ def chat_body(content: str = "hi", **fields: Any) -> bytes:
 JSON = [(b"content-type", b"application/json")]
 
 
+async def refused_count(route: str, body: dict[str, Any], status: int) -> dict[str, Any]:
+    """A token-count route (nothing generated) given ``body``: its error object, which must
+    come with ``status``; the route's GET must be a JSON 405. (The counting routes refuse what
+    the generating route they count for refuses, naming the same field.)"""
+    async with attached(SimWorker()):
+        reply = await request("POST", route, json.dumps(body).encode(), JSON)
+        wrong_method = await request("GET", route)
+    assert reply.status == status and reply.is_error_object(), reply.body
+    assert wrong_method.status == 405 and wrong_method.is_error_object()
+    return reply.json()["error"]  # type: ignore[no-any-return]
+
+
 async def writes_of_a_reader_behind(sim: SimWorker, body: bytes) -> list[bytes]:
     """The writes of a chat stream whose reader fell behind: the event loop is blocked (as by
     a busy web process) while the worker's thread finishes every job, so all the remaining
