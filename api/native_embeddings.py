@@ -30,6 +30,7 @@ from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest, load_object, parse_embeddings_request
 
 EUCLIDEAN = 2
+LARGEST_NORM = 2**31 - 1  # llama-server reads embd_normalize as a C int
 
 
 def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bool = False) -> tuple[GenerationRequest, int]:
@@ -51,9 +52,10 @@ def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bo
             param="embd_normalize",
             code="unsupported_parameter",
         )
-    if normalize < -1:
+    if normalize < -1 or normalize > LARGEST_NORM:
         raise invalid_request(
-            "Invalid value for 'embd_normalize': expected 0 (max absolute), 1 (taxicab), 2 (Euclidean) or a p-norm p > 2.",
+            "Invalid value for 'embd_normalize': expected 0 (max absolute), 1 (taxicab), 2 (Euclidean) "
+            f"or a p-norm 2 < p <= {LARGEST_NORM}.",
             param="embd_normalize",
             code="invalid_value",
         )

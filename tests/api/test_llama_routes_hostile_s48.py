@@ -1,0 +1,30 @@
+"""llama-server's routes added this session (api/native_embeddings.py, api/llama_routes.py) and
+Anthropic's Messages API (api/anthropic.py) under hostile and unusual bodies, through the
+in-process middle layer (tests/edge/inproc.py): a clear 4xx in the route's own error shape,
+never a 500."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.api.test_llama_server_aliases_s48 import embedding_engine, post
+from tests.edge.inproc import JSON, SimWorker, attached, request
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize("norm", [2**31, 10**308, 10**400])
+async def test_an_embd_normalize_beyond_llama_servers_int_is_a_400_not_a_500(norm: int) -> None:
+    """llama-server reads embd_normalize as an int; a p-norm's p beyond a float's range made the
+    reply's normalisation raise (a 500, after the worker had embedded the input)."""
+    async with attached(SimWorker()) as (link, _rt):
+        seen = embedding_engine(link)
+        reply = await request("POST", "/embedding", post(content="hello", embd_normalize=norm), JSON)
+        largest = await request("POST", "/embedding", post(content="hello", embd_normalize=2**31 - 1), JSON)
+    assert reply.status == 400 and reply.is_error_object(), reply.body
+    assert (reply.json()["error"]["param"], reply.json()["error"]["code"]) == ("embd_normalize", "invalid_value")
+    assert len(seen) == 1  # the refused request never reached the engine
+    assert largest.status == 200, largest.body
+    assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(largest.json()[0]["embedding"][0], [0.6 / 0.8, -1.0, 0.0], strict=True))
