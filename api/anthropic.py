@@ -633,7 +633,9 @@ def anthropic_errors(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[.
             message = error["message"]
         except (ValueError, KeyError, TypeError):
             return response
-        rewritten = JsonResponse(error_body(response.status_code, str(message), response.get("x-request-id")), status=response.status_code)
+        # (RequestIdMiddleware names the reply's X-Request-Id after this returns: its id is set)
+        request_id = response.get("x-request-id") or getattr(request, "request_id", None)
+        rewritten = JsonResponse(error_body(response.status_code, str(message), request_id), status=response.status_code)
         for name, value in response.items():
             if name.lower() not in ("content-type", "content-length"):
                 rewritten[name] = value

@@ -5,6 +5,7 @@ never a 500."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -28,3 +29,22 @@ async def test_an_embd_normalize_beyond_llama_servers_int_is_a_400_not_a_500(nor
     assert len(seen) == 1  # the refused request never reached the engine
     assert largest.status == 200, largest.body
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(largest.json()[0]["embedding"][0], [0.6 / 0.8, -1.0, 0.0], strict=True))
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "status"),
+    [
+        ("POST", b"{", 400),
+        ("POST", json.dumps({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}).encode(), 404),
+        ("PUT", b"{}", 405),
+    ],
+)
+async def test_count_tokens_errors_carry_the_request_id_as_v1_messages_errors_do(method: str, body: bytes, status: int) -> None:
+    """Anthropic's error object names the request (``request_id``, its X-Request-Id), as
+    /v1/messages' errors do; count_tokens' had none."""
+    async with attached(SimWorker()):
+        reply = await request(method, "/v1/messages/count_tokens", body, JSON)
+    assert reply.status == status, reply.body
+    error = reply.json()
+    assert error["type"] == "error" and error["error"]["type"].endswith("error")
+    assert error["request_id"] == reply.headers["x-request-id"]
