@@ -206,7 +206,11 @@ def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise _bad(f"Invalid value for '{where}.name': expected a non-empty string.", f"{where}.name", "invalid_type")
     if not isinstance(arguments, dict):
         raise _bad(f"Invalid value for '{where}.input': expected an object.", f"{where}.input", "invalid_type")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    try:
+        text = json.dumps(arguments, ensure_ascii=False)
+    except RecursionError:  # (as deep as the body's parser took, deeper than the encoder goes from here)
+        raise _bad(f"Invalid value for '{where}.input': it is nested too deeply.", f"{where}.input") from None
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
 
 
 def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]]:

@@ -48,3 +48,23 @@ async def test_count_tokens_errors_carry_the_request_id_as_v1_messages_errors_do
     error = reply.json()
     assert error["type"] == "error" and error["error"]["type"].endswith("error")
     assert error["request_id"] == reply.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("depth", [900, 930, 960, 985])
+async def test_a_tool_use_input_nested_as_deep_as_json_allows_is_answered_not_a_500(path: str, depth: int) -> None:
+    """An earlier call's ``input`` nested as deeply as the body's parser takes: count_tokens
+    re-encoded it as the chat's arguments from deeper in the stack and raised RecursionError (a
+    500 in the OpenAI shape); it is counted, or refused in Anthropic's error object."""
+    deep = '{"a":' * depth + "1" + "}" * depth
+    turns = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": "DEEP"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r"}]},
+    ]
+    body = json.dumps({"model": "sim", "max_tokens": 4, "messages": turns}).replace('"DEEP"', deep)
+    async with attached(SimWorker(lane_ctx=16384)):
+        reply = await request("POST", path, body.encode(), JSON)
+    assert reply.status < 500, reply.body
+    if reply.status >= 400:
+        assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "invalid_request_error", reply.body
