@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,16 @@ async def test_a_tool_use_input_nested_as_deep_as_json_allows_is_answered_not_a_
     assert reply.status < 500, reply.body
     if reply.status >= 400:
         assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "invalid_request_error", reply.body
+
+
+@pytest.mark.parametrize(("field", "value"), [("content", [10**9]), ("content", [[1, 2], [10**9]]), ("input", [10**9])])
+async def test_a_token_id_outside_the_vocabulary_is_named_in_the_field_it_came_in(field: str, value: list[Any]) -> None:
+    """The worker refuses a token id outside the vocabulary naming 'input'; /embedding's text in
+    ``content`` had the error name a field the client never sent (docs/api.md: an error in the
+    text names the field it came in)."""
+    async with attached(SimWorker()) as (link, _rt):
+        embedding_engine(link)
+        reply = await request("POST", "/embedding", post(**{field: value}), JSON)
+    assert reply.status == 400 and reply.is_error_object(), reply.body
+    error = reply.json()["error"]
+    assert error["param"] == field and f"'{field}'" in error["message"], error
