@@ -82,3 +82,28 @@ async def test_a_token_id_outside_the_vocabulary_is_named_in_the_field_it_came_i
     assert reply.status == 400 and reply.is_error_object(), reply.body
     error = reply.json()["error"]
     assert error["param"] == field and f"'{field}'" in error["message"], error
+
+
+def test_any_embd_normalize_is_a_vector_or_a_400() -> None:
+    """Fuzzed with the engine embedding (the reply's normalisation runs): any JSON value of
+    embd_normalize, however large, is normalised vectors or a 400 naming it, never a 500."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.edge.inproc import attached_loop
+
+    sim = SimWorker()
+    with attached_loop(sim) as loop:
+        embedding_engine(sim.transport)
+
+        @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+        @given(norm=st.integers() | st.integers(-(10**400), 10**400) | st.floats(allow_nan=False, allow_infinity=False) | st.booleans() | st.none())
+        def check(norm: Any) -> None:
+            reply = loop.run_until_complete(request("POST", "/embedding", post(content="hi", embd_normalize=norm), JSON))
+            assert reply.status in (200, 400), reply.body
+            if reply.status == 400:
+                assert reply.json()["error"]["param"] == "embd_normalize", reply.body
+            else:
+                assert all(math.isfinite(v) for v in reply.json()[0]["embedding"][0])
+
+        check()
