@@ -23,6 +23,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from scheduler.link.messages import Delta
 from scheduler.link.pool import get_pool
 from superfluid_site.serving import serving
 
@@ -540,6 +541,28 @@ class BlockStream:
         return frames
 
 
+def assembled(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The content blocks a stream's frames (:class:`BlockStream`'s) put together, as the SDK's
+    ``get_final_message()`` does: each block's deltas joined, a tool_use's ``input`` the object
+    its partial JSON adds up to (``{}`` for arguments cut open, as :func:`message_body`)."""
+    blocks: list[dict[str, Any]] = []
+    arguments: dict[int, str] = {}
+    for frame in frames:
+        if frame["type"] == "content_block_start":
+            blocks.append(dict(frame["content_block"]))
+        elif frame["type"] == "content_block_delta":
+            delta, block = frame["delta"], blocks[frame["index"]]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "input_json_delta":
+                arguments[frame["index"]] = arguments.get(frame["index"], "") + delta["partial_json"]
+    for index, text in arguments.items():
+        blocks[index]["input"] = _input(text)
+    return blocks
+
+
 _CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens in the ")
 
 
@@ -604,7 +627,15 @@ class MessagesConsumer(ChatCompletionsConsumer):
         return frames
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Any) -> dict[str, Any]:
-        return message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
+        body = message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
+        # the blocks in the order the model wrote them, as the stream gives them (text after a
+        # call is a text block after its tool_use): the reply's text replayed delta by delta
+        # through the stream's own translation, so the two are the same message
+        again, blocks, frames = self.reply(request), BlockStream(), []
+        for n, text in enumerate(reply.text, 1):
+            frames += blocks.feed(again.delta_chunks(Delta(id=event.id, text=text, tokens=n)))
+        body["content"] = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
+        return body
 
     async def send_error(self, exc: ApiError) -> None:
         exc = prompt_too_long(exc)

@@ -5,8 +5,10 @@ never a 500."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -107,3 +109,33 @@ def test_any_embd_normalize_is_a_vector_or_a_400() -> None:
                 assert all(math.isfinite(v) for v in reply.json()[0]["embedding"][0])
 
         check()
+
+
+# -- /v1/messages: the unstreamed message is the streamed one -----------------------------------
+
+@pytest.fixture
+def qwen(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncio.AbstractEventLoop]:
+    """The middle layer around a scripted engine with Qwen 2.5's template (Hermes calls)."""
+    from tests.api.test_anthropic_messages_s48 import model_of
+
+    yield from model_of("qwen2.5-7b-instruct.jinja", monkeypatch)
+
+
+_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("written", ["Before. " + _CALL + " After.", _CALL + "\nAfter", "A" + _CALL + "B" + _CALL + "C"])
+def test_text_after_a_call_is_where_the_model_wrote_it_streamed_or_not(written: str, qwen: asyncio.AbstractEventLoop) -> None:
+    """A reply with text after a call: the stream gives text, tool_use, text (as written); the
+    unstreamed message joined the texts into one block before the calls, so the SDK's
+    get_final_message() and messages.create() gave different messages (docs/api.md: the same)."""
+    from tests.api.test_anthropic_messages_s48 import WEATHER, create, run, streamed, user
+    from tests.edge.test_stream_equivalence import script
+
+    def blocks(message: Any) -> list[tuple[str, Any]]:
+        return [(b.type, b.text if b.type == "text" else b.input) for b in message.content]
+
+    whole = run(qwen, create(max_tokens=400, messages=user("w " + script(written)), tools=[WEATHER]))
+    final, _events = run(qwen, streamed(max_tokens=400, messages=user("w " + script(written)), tools=[WEATHER]))
+    assert blocks(whole) == blocks(final)
+    assert [kind for kind, _ in blocks(whole)][-1] == "text" and whole.stop_reason == final.stop_reason == "tool_use"
