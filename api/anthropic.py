@@ -563,6 +563,18 @@ def assembled(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks
 
 
+def _same_blocks(ordered: list[dict[str, Any]], whole: list[dict[str, Any]]) -> bool:
+    """Whether ``ordered`` holds what ``whole`` does (its thinking, its text, its calls' names
+    and inputs), however it orders and splits them."""
+
+    def held(blocks: list[dict[str, Any]]) -> tuple[str, str, list[tuple[Any, Any]]]:
+        texts = [b.get("text", "") for b in blocks if b["type"] == "text"]
+        thoughts = [b.get("thinking", "") for b in blocks if b["type"] == "thinking"]
+        return "".join(thoughts), "".join(texts), [(b.get("name"), b.get("input")) for b in blocks if b["type"] == "tool_use"]
+
+    return held(ordered) == held(whole)
+
+
 _CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens in the ")
 
 
@@ -634,7 +646,9 @@ class MessagesConsumer(ChatCompletionsConsumer):
         again, blocks, frames = self.reply(request), BlockStream(), []
         for n, text in enumerate(reply.text, 1):
             frames += blocks.feed(again.delta_chunks(Delta(id=event.id, text=text, tokens=n)))
-        body["content"] = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
+        replayed = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
+        if _same_blocks(replayed, body["content"]):  # (else the whole reply's, as it was parsed)
+            body["content"] = replayed
         return body
 
     async def send_error(self, exc: ApiError) -> None:
