@@ -23,6 +23,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from scheduler.link.messages import Delta
 from scheduler.link.pool import get_pool
 from superfluid_site.serving import serving
 
@@ -206,7 +207,11 @@ def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
         raise _bad(f"Invalid value for '{where}.name': expected a non-empty string.", f"{where}.name", "invalid_type")
     if not isinstance(arguments, dict):
         raise _bad(f"Invalid value for '{where}.input': expected an object.", f"{where}.input", "invalid_type")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    try:
+        text = json.dumps(arguments, ensure_ascii=False)
+    except RecursionError:  # (as deep as the body's parser took, deeper than the encoder goes from here)
+        raise _bad(f"Invalid value for '{where}.input': it is nested too deeply.", f"{where}.input") from None
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": text}}
 
 
 def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]]:
@@ -536,6 +541,40 @@ class BlockStream:
         return frames
 
 
+def assembled(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The content blocks a stream's frames (:class:`BlockStream`'s) put together, as the SDK's
+    ``get_final_message()`` does: each block's deltas joined, a tool_use's ``input`` the object
+    its partial JSON adds up to (``{}`` for arguments cut open, as :func:`message_body`)."""
+    blocks: list[dict[str, Any]] = []
+    arguments: dict[int, str] = {}
+    for frame in frames:
+        if frame["type"] == "content_block_start":
+            blocks.append(dict(frame["content_block"]))
+        elif frame["type"] == "content_block_delta":
+            delta, block = frame["delta"], blocks[frame["index"]]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif delta["type"] == "input_json_delta":
+                arguments[frame["index"]] = arguments.get(frame["index"], "") + delta["partial_json"]
+    for index, text in arguments.items():
+        blocks[index]["input"] = _input(text)
+    return blocks
+
+
+def _same_blocks(ordered: list[dict[str, Any]], whole: list[dict[str, Any]]) -> bool:
+    """Whether ``ordered`` holds what ``whole`` does (its thinking, its text, its calls' names
+    and inputs), however it orders and splits them."""
+
+    def held(blocks: list[dict[str, Any]]) -> tuple[str, str, list[tuple[Any, Any]]]:
+        texts = [b.get("text", "") for b in blocks if b["type"] == "text"]
+        thoughts = [b.get("thinking", "") for b in blocks if b["type"] == "thinking"]
+        return "".join(thoughts), "".join(texts), [(b.get("name"), b.get("input")) for b in blocks if b["type"] == "tool_use"]
+
+    return held(ordered) == held(whole)
+
+
 _CONTEXT = re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens in the ")
 
 
@@ -600,7 +639,17 @@ class MessagesConsumer(ChatCompletionsConsumer):
         return frames
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Any) -> dict[str, Any]:
-        return message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
+        body = message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
+        # the blocks in the order the model wrote them, as the stream gives them (text after a
+        # call is a text block after its tool_use): the reply's text replayed delta by delta
+        # through the stream's own translation, so the two are the same message
+        again, blocks, frames = self.reply(request), BlockStream(), []
+        for n, text in enumerate(reply.text, 1):
+            frames += blocks.feed(again.delta_chunks(Delta(id=event.id, text=text, tokens=n)))
+        replayed = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
+        if _same_blocks(replayed, body["content"]):  # (else the whole reply's, as it was parsed)
+            body["content"] = replayed
+        return body
 
     async def send_error(self, exc: ApiError) -> None:
         exc = prompt_too_long(exc)
@@ -633,7 +682,9 @@ def anthropic_errors(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[.
             message = error["message"]
         except (ValueError, KeyError, TypeError):
             return response
-        rewritten = JsonResponse(error_body(response.status_code, str(message), response.get("x-request-id")), status=response.status_code)
+        # (RequestIdMiddleware names the reply's X-Request-Id after this returns: its id is set)
+        request_id = response.get("x-request-id") or getattr(request, "request_id", None)
+        rewritten = JsonResponse(error_body(response.status_code, str(message), request_id), status=response.status_code)
         for name, value in response.items():
             if name.lower() not in ("content-type", "content-length"):
                 rewritten[name] = value

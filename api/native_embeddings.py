@@ -30,10 +30,12 @@ from .errors import ApiError, invalid_request
 from .schemas import GenerationRequest, load_object, parse_embeddings_request
 
 EUCLIDEAN = 2
+LARGEST_NORM = 2**31 - 1  # llama-server reads embd_normalize as a C int
 
 
-def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bool = False) -> tuple[GenerationRequest, int]:
-    """(the request, as /v1/embeddings' parser makes it, and its ``embd_normalize``)."""
+def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bool = False) -> tuple[GenerationRequest, int, str]:
+    """(the request, as /v1/embeddings' parser makes it, its ``embd_normalize``, the field its
+    text came in: ``input`` or ``content``)."""
     body = load_object(raw)
     named = "input" if body.get("input") is not None else "content"
     value = body.get(named)
@@ -51,9 +53,10 @@ def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bo
             param="embd_normalize",
             code="unsupported_parameter",
         )
-    if normalize < -1:
+    if normalize < -1 or normalize > LARGEST_NORM:
         raise invalid_request(
-            "Invalid value for 'embd_normalize': expected 0 (max absolute), 1 (taxicab), 2 (Euclidean) or a p-norm p > 2.",
+            "Invalid value for 'embd_normalize': expected 0 (max absolute), 1 (taxicab), 2 (Euclidean) "
+            f"or a p-norm 2 < p <= {LARGEST_NORM}.",
             param="embd_normalize",
             code="invalid_value",
         )
@@ -64,11 +67,17 @@ def parse_native_embeddings_request(raw: bytes, *, models: list[str], strict: bo
     try:
         request, _fmt = parse_embeddings_request(json.dumps(oai).encode(), models=models, strict=strict)
     except ApiError as exc:
-        if exc.param == "input" and named == "content":
-            exc.param = "content"
-            exc.message = exc.message.replace("'input'", "'content'")
-        raise
-    return request, normalize
+        raise in_field(exc, named) from None
+    return request, normalize, named
+
+
+def in_field(exc: ApiError, named: str) -> ApiError:
+    """An error about the text (``input``, as /v1/embeddings' parser and the worker name it)
+    named as the body sent it: ``content`` where that is the field."""
+    if exc.param == "input" and named == "content":
+        exc.param = "content"
+        exc.message = exc.message.replace("'input'", "'content'")
+    return exc
 
 
 def normalized(vector: list[float], norm: int) -> list[float]:
@@ -88,10 +97,17 @@ def normalized(vector: list[float], norm: int) -> list[float]:
 class NativeEmbeddingsConsumer(EmbeddingsConsumer):
     """``POST /embedding``, ``POST /embeddings``: llama-server's native request and reply."""
 
+    named = "input"  # the field the text came in
+
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        request, self.embd_normalize = parse_native_embeddings_request(body, models=models, strict=serving().strict_params)
+        request, self.embd_normalize, self.named = parse_native_embeddings_request(body, models=models, strict=serving().strict_params)
         self.encoding_format = "float"
         return request
+
+    async def send_error(self, exc: ApiError) -> None:
+        # the worker's refusals of the text (a token id outside the vocabulary, a text longer
+        # than the context) name it 'input': named as the body sent it
+        await super().send_error(in_field(exc, self.named))
 
     def embeddings_body(self, request: GenerationRequest, vectors: list[list[float]], tokens: int) -> Any:
         return [{"index": i, "embedding": [normalized(v, self.embd_normalize)]} for i, v in enumerate(vectors)]
