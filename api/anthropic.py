@@ -7,7 +7,7 @@ llama-server's ``server_chat_convert_anthropic_to_oai``) and parsed by the chat 
 parser; the request then runs exactly as a chat completion does (keys, classes, admission,
 limits, activity rows, a client that leaves frees its lane). The chat reply, streamed or not,
 is translated back (:class:`BlockStream`, :func:`message_body`), and errors are Anthropic's
-error objects (:func:`error_body`). docs/api.md, "Anthropic Messages API", says what is
+error objects (:func:`api.errors.anthropic_error_body`). docs/api.md, "Anthropic Messages API", says what is
 honoured and what is refused.
 """
 
@@ -31,7 +31,7 @@ from . import responses
 from .admission import admit_tool, forbidden, key_required
 from .consumers import ChatCompletionsConsumer
 from .edge import error_response
-from .errors import ApiError, invalid_request, model_not_found
+from .errors import ApiError, anthropic_error_body, invalid_request, model_not_found
 from .rendering import count_chat_tokens, render_chat
 from .schemas import GenerationRequest, chat_request_from, load_object
 from .views import _allowed, _json_body, _served_models, _with_tool_vocab
@@ -63,39 +63,6 @@ MESSAGES_KEYS = frozenset(
 DEFAULT_MAX_TOKENS = 4096
 MESSAGE_KEYS = frozenset({"role", "content"})
 TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
-
-# Anthropic's error types by HTTP status (the SDK picks its exception class by the status;
-# Claude Code shows the message). A status not here is an api_error.
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    501: "invalid_request_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def error_type(status: int) -> str:
-    return ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
-
-
-def error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
-    """Anthropic's error object: ``{"type": "error", "error": {"type", "message"}}`` (with the
-    request's id, as Anthropic's carry one)."""
-    body: dict[str, Any] = {"type": "error", "error": {"type": error_type(status), "message": message}}
-    if request_id:
-        body["request_id"] = request_id
-    return body
-
 
 sse_frame = responses.named_sse_event  # one event of the stream, named by its type
 
@@ -655,13 +622,13 @@ class MessagesConsumer(ChatCompletionsConsumer):
         exc = prompt_too_long(exc)
         self.record.error_code = exc.code or exc.type
         if self.headers_sent:  # the stream has begun: Anthropic's error event ends it
-            await self.send_body(sse_frame(error_body(exc.status, exc.message)))
+            await self.send_body(sse_frame(anthropic_error_body(exc.status, exc.message)))
             return
         self.record.status = exc.status
         extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
         self.record.request_id = self.record.request_id or uuid.uuid4().hex
         extra.append((b"x-request-id", self.record.request_id.encode()))
-        await self.send_json(exc.status, error_body(exc.status, exc.message, self.record.request_id), extra)
+        await self.send_json(exc.status, anthropic_error_body(exc.status, exc.message, self.record.request_id), extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,7 +651,7 @@ def anthropic_errors(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[.
             return response
         # (RequestIdMiddleware names the reply's X-Request-Id after this returns: its id is set)
         request_id = response.get("x-request-id") or getattr(request, "request_id", None)
-        rewritten = JsonResponse(error_body(response.status_code, str(message), request_id), status=response.status_code)
+        rewritten = JsonResponse(anthropic_error_body(response.status_code, str(message), request_id), status=response.status_code)
         for name, value in response.items():
             if name.lower() not in ("content-type", "content-length"):
                 rewritten[name] = value

@@ -36,6 +36,7 @@ from superfluid_site.serving import serving
 
 from .errors import (
     ApiError,
+    anthropic_error_body,
     method_not_allowed,
     not_found,
     request_timeout,
@@ -526,9 +527,7 @@ def raw_error_reply(exc: ApiError, origin: str | None = None, request_id: str | 
 
     body = exc.body()
     if path and routed_path(path) in ANTHROPIC_PATHS:
-        from .anthropic import error_body
-
-        body = error_body(exc.status, exc.message, request_id)
+        body = anthropic_error_body(exc.status, exc.message, request_id)
     payload = json.dumps(body).encode()
     head = [f"HTTP/1.1 {exc.status} {HTTPStatus(exc.status).phrase}", "Content-Type: application/json", "Connection: close", f"Content-Length: {len(payload)}"]
     head += [f"{k}: {v}" for k, v in (exc.headers or {}).items()]

@@ -159,3 +159,37 @@ def not_found(path: str, method: str | None = None) -> ApiError:
     is left out when not given)."""
     target = f"{method} {path}" if method else path
     return ApiError(404, f"Invalid URL ({target})", code="not_found")
+
+
+# Anthropic's error types by HTTP status (its Messages API's routes answer Anthropic's error
+# objects, api/anthropic.py; here, a leaf, so the protocol layer's refusals (api/edge.py) can too) (the SDK picks its exception class by the status;
+# Claude Code shows the message). A status not here is an api_error.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "invalid_request_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    return ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
+def anthropic_error_body(status: int, message: str, request_id: str | None = None) -> dict[str, Any]:
+    """Anthropic's error object: ``{"type": "error", "error": {"type", "message"}}`` (with the
+    request's id, as Anthropic's carry one)."""
+    body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    if request_id:
+        body["request_id"] = request_id
+    return body
