@@ -18,7 +18,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -80,6 +80,21 @@ def _unknown(keys: list[str], strict: bool) -> list[str]:
     if strict and keys:
         raise _bad(f"Unrecognized request argument supplied: {keys[0]}", keys[0], "unknown_parameter")
     return keys
+
+
+def _objects(items: list[Any], name: str, keys: frozenset[str], ignored: list[str], strict: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path, item) for each item of the array ``name``, which must hold objects; a key of an
+    item not in ``keys`` is named ignored once as ``name.key`` (a 400 under ``strict``)."""
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"Invalid value for '{where}': expected an object.", where, "invalid_type")
+        for key in item:
+            if key not in keys:
+                _unknown([f"{where}.{key}"], strict)
+                if f"{name}.{key}" not in ignored:
+                    ignored.append(f"{name}.{key}")
+        yield where, item
 
 
 def _text_of(block: dict[str, Any], where: str) -> str:
@@ -191,15 +206,7 @@ def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]
             raise _bad("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
         raise _bad("Invalid value for 'messages': expected an array of messages.", "messages", "invalid_type")
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise _bad(f"Invalid value for '{where}': expected an object.", where, "invalid_type")
-        for key in msg:
-            if key not in MESSAGE_KEYS:
-                _unknown([f"{where}.{key}"], strict)
-                if f"messages.{key}" not in ignored:
-                    ignored.append(f"messages.{key}")
+    for where, msg in _objects(raw, "messages", MESSAGE_KEYS, ignored, strict):
         role = msg.get("role")
         if role not in ("user", "assistant"):
             raise _bad(f"Invalid value for '{where}.role': expected 'user' or 'assistant'.", f"{where}.role")
@@ -247,15 +254,7 @@ def _tools(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]]:
     if not isinstance(raw, list):
         raise _bad("Invalid value for 'tools': expected an array of tools.", "tools", "invalid_type")
     out = []
-    for i, tool in enumerate(raw):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise _bad(f"Invalid value for '{where}': expected an object.", where, "invalid_type")
-        for key in tool:
-            if key not in TOOL_KEYS:
-                _unknown([f"{where}.{key}"], strict)
-                if f"tools.{key}" not in ignored:
-                    ignored.append(f"tools.{key}")
+    for where, tool in _objects(raw, "tools", TOOL_KEYS, ignored, strict):
         kind = tool.get("type")
         if kind not in (None, "custom"):
             # Anthropic's server tools (web_search_*, bash_*, text_editor_*, computer_*, ...) run
