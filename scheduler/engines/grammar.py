@@ -1784,13 +1784,22 @@ def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "h
     return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
 
 
+# The tools (and choice) a cached tool grammar may be made of, in JSON characters: every request
+# with tools and tool_choice auto now builds one, and 64 cached entries of bodies up to the
+# 8 MiB limit could hold half a gigabyte in the worker. Agents' tool lists (Claude Code's, the
+# largest seen, ~60 kB) stay under it and are made once; a bigger one is made per request.
+MAX_CACHED_TOOLS_CHARS = 256 * 1024
+
+
 def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool | str) -> str | None:
+    key = json.dumps([tools, choice, parallel, lazy])
+    cached = len(key) <= MAX_CACHED_TOOLS_CHARS
     try:
         if fmt == "qwen3_coder":
-            own = _cached_xml_tool_grammar(json.dumps([tools, choice, parallel, lazy]))
+            own = _cached_xml_tool_grammar(key) if cached else _xml_tool_grammar(tools, choice, parallel, lazy)
             if own is not None:
                 return own
-        return _cached_tool_grammar(json.dumps([tools, choice, parallel, lazy]))
+        return _cached_tool_grammar(key) if cached else _tool_grammar(tools, choice, parallel, lazy)
     except RecursionError:
         raise GrammarError("a tool's parameters are nested too deeply") from None
 

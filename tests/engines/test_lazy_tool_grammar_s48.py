@@ -251,3 +251,19 @@ def test_a_model_that_reasons_in_channels_is_left_free() -> None:
     worker = _templated_worker("gpt-oss-120b.jinja")
     assert worker.reasoning_format == "harmony"
     assert worker._sampling(_request([WEATHER])).grammar is None
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+def test_a_tool_list_too_big_to_keep_is_made_each_time_and_never_held_in_the_cache(fmt: str) -> None:
+    """Every request with tools and tool_choice auto makes a grammar now: a cache of them keyed by
+    the whole tool list would hold up to 64 request bodies (8 MiB each) in the worker. A list
+    past MAX_CACHED_TOOLS_CHARS is made each time, nothing kept."""
+    big = {**WEATHER, "description": "x" * (grammars.MAX_CACHED_TOOLS_CHARS + 1)}
+    grammars._cached_tool_grammar.cache_clear()
+    grammars._cached_xml_tool_grammar.cache_clear()
+    made = lazy_tool_grammar([big], parallel=True, fmt=fmt)
+    assert made is not None and TOOL_OPEN in made
+    assert grammars._cached_tool_grammar.cache_info().currsize == grammars._cached_xml_tool_grammar.cache_info().currsize == 0
+    small = lazy_tool_grammar([WEATHER], parallel=True, fmt=fmt)
+    assert small is not None
+    assert grammars._cached_tool_grammar.cache_info().currsize + grammars._cached_xml_tool_grammar.cache_info().currsize >= 1
