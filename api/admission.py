@@ -630,6 +630,18 @@ def model_allowed(policy: Policy, name: str) -> bool:
     return target is not None and any(pool.resolve(listed) == target for listed in policy.allowed_models)  # type: ignore[union-attr]
 
 
+def key_first(names: list[str], policy: Policy | None) -> list[str]:
+    """``names`` (served ids and aliases, the configured order) with the first one the key may
+    use moved to the front: the model a route whose ``model`` is optional (/infill, /completion,
+    /embedding, /tokenize, /props, ...) takes where the body names none. Unchanged for a key with
+    no model list (or no key), and for one that may use none of them (its refusal names the
+    first configured, as before)."""
+    if policy is None or not policy.allowed_models:
+        return names
+    first = next((name for name in names if model_allowed(policy, name)), None)
+    return names if first is None or first == names[0] else [first, *(name for name in names if name != first)]
+
+
 def queue_model(name: str, *, fim: bool = False) -> tuple[str, int]:
     """The model a request's place in the queue bound counts against, and its lanes: with several
     models (serve --config) the model it runs on (the id an alias resolves to; the --fim-model

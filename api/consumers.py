@@ -30,7 +30,7 @@ from superfluid_site.runtime import get_link
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import Admission, Principal, admit, authenticate
+from .admission import Admission, Principal, admit, authenticate, key_first
 from .edge import (
     check_content_encoding,
     check_expanded_size,
@@ -332,9 +332,10 @@ class GenerationConsumer(StreamingConsumer):
             assert link.hello is not None
             request = await self.parse_off_loop(body, [link.hello.model], lambda _r: link.hello.lane_ctx if link.hello else 0)
         else:
-            # an id or an alias (else 404 model_not_found); fill-in-the-middle: the --fim-model
+            # an id or an alias (else 404 model_not_found); fill-in-the-middle: the --fim-model;
+            # a route whose model is optional: the first the key may use (key_first)
             request = await self.parse_off_loop(
-                body, pool.names(), lambda r: pool.setup.ctx_sizes.get(pool.route(r.model, fim=r.suffix is not None) or "", 0)
+                body, key_first(pool.names(), self.principal.policy), lambda r: pool.setup.ctx_sizes.get(pool.route(r.model, fim=r.suffix is not None) or "", 0)
             )
         self.ignored = request.ignored
         if request.ignored:

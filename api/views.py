@@ -19,7 +19,7 @@ from superfluid_site.runtime import get_link, web_runtime
 from superfluid_site.serving import serving
 
 from . import responses
-from .admission import Admission, admit_tool, key_required, model_allowed
+from .admission import Admission, admit_tool, key_first, key_required, model_allowed
 from .edge import error_response
 from .errors import (
     ApiError,
@@ -138,8 +138,9 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None:
     """The body's optional ``model`` (an id or an alias) for /tokenize and /detokenize, as the
-    key may use it: None for the first configured; 404 ``model_not_found`` as for a chat, and
-    as /props for a key that may not use the first configured."""
+    key may use it: None for the first configured; with several models, the first the key may
+    use (key_first); 404 ``model_not_found`` as for a chat, and as /props for a key that may use
+    none of them."""
     from .schemas import named_model
 
     model = named_model(body)
@@ -147,9 +148,12 @@ async def _asked_model(request: HttpRequest, body: dict[str, Any]) -> str | None
         policy = request.principal.policy  # type: ignore[attr-defined]
         if policy is not None and policy.allowed_models:  # (no wait for a worker away otherwise)
             pool = get_pool()
-            first = [pool.config.models[0].id] if pool is not None else (await _served_models())[:1]
+            served = [m.id for m in pool.config.models] if pool is not None else await _served_models()
+            first = key_first(served, policy)[:1]
             if first and not _allowed(request, first):
                 raise model_not_found(first[0])
+            if first and first[0] != served[0]:
+                return first[0]
         return None
     if not isinstance(model, str):
         raise invalid_request("Invalid value for 'model': expected a string.", param="model", code="invalid_type")
@@ -331,13 +335,13 @@ async def rendered_chat(
 async def props(request: HttpRequest) -> JsonResponse:
     """llama-server's ``/props``: the served model, its context per request, the lanes. With
     several models, one model's, every field of the same one: ``?model=`` (an id or an alias),
-    else the first configured (the fields once came from three different models)."""
+    else the first configured the key may use (the fields once came from three different models)."""
     from .schemas import LLAMA_SERVER_SAMPLING
 
     pool = get_pool()
     if pool is not None:
         asked = request.GET.get("model")
-        model_id = pool.resolve(asked) if asked else pool.config.models[0].id
+        model_id = pool.resolve(asked) if asked else key_first([m.id for m in pool.config.models], request.principal.policy)[0]  # type: ignore[attr-defined]
         if model_id is None or not _allowed(request, [asked or model_id]):  # as /v1/models lists them
             return error_response(model_not_found(asked or model_id))
         served = next(m for m in pool.config.models if m.id == model_id)

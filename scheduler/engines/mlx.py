@@ -133,6 +133,8 @@ class MlxEngine(LaneEngine):
                 permanent=True,
             )
         self.n_layers = len(probe)
+        # llama-server's /v1/models meta (the worker's hello carries it), as the llama.cpp engine's
+        self.model_meta: dict[str, Any] = mlx_model_meta(self._model, self._config)
         n_seqs = n_lanes + cache_slots
         self._seqs: list[list[Any]] = [self._make_cache(self._model) for _ in range(n_seqs)]
         self._lens = [0] * n_seqs  # tokens in each sequence's cache
@@ -506,6 +508,31 @@ class MlxEngine(LaneEngine):
         self._seqs = []
         self._samplers.clear()
         self._model = None
+
+
+def mlx_model_meta(model: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """The meta an MLX model gives without any work: ``n_embd`` (config.json's ``hidden_size``,
+    a multimodal model's ``text_config``'s), ``n_params`` (a quantised layer's weights counted
+    unpacked, as mlx-lm counts them: the model's parameters, not its packed words), ``size`` (the
+    weights' bytes as loaded, scales and biases included). No ``ftype``: llama.cpp's names of
+    GGUF types (Q4_1, ...) have no MLX counterpart."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    n_embd = config.get("hidden_size") or text.get("hidden_size") or config.get("d_model") or config.get("n_embd")
+    leaves = tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module))
+
+    def count(module: Any) -> int:
+        if hasattr(module, "bits") and hasattr(module, "weight"):  # a quantised layer: packed into 32-bit words
+            return int(module.weight.size * 32 // module.bits) + (int(module.bias.size) if "bias" in module else 0)
+        return sum(int(v.size) for _, v in tree_flatten(module.parameters()))
+
+    return {
+        "n_embd": int(n_embd) if isinstance(n_embd, int) and not isinstance(n_embd, bool) else None,
+        "n_params": sum(count(m) for _, m in leaves),
+        "size": sum(int(v.nbytes) for _, v in tree_flatten(model.parameters())),
+    }
 
 
 def _read_chat_template(folder: Path, tok_config: dict[str, Any]) -> str | None:
