@@ -573,8 +573,12 @@ def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | 
     call a stream sent, its arguments as far as they came; None where the text ends otherwise."""
     start = text.rfind(TOOL_OPEN)
     head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD) if start >= 0 else None
-    if head is None or TOOL_CLOSE in text[head.end() :]:
+    if head is None:
         return None
+    scanner = _ArgsScanner()
+    ended = scanner.feed(text[head.end() :])
+    if scanner.depth == 0 and TOOL_CLOSE in text[head.end() + ended :]:
+        return None  # a whole call (a "</tool_call>" inside its arguments' strings closes nothing)
     try:
         name = json.loads(head.group(1))
     except ValueError:

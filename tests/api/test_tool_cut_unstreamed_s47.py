@@ -64,3 +64,26 @@ def test_unstreamed_a_reply_cut_anywhere_in_a_call_reads_as_the_stream_does(befo
     streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, reason="length")
     assert whole["calls"] == streamed.pairs, (text, whole, streamed)
     assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
+
+
+# a call whose arguments' string holds the closing tag's text (an agent writing code about tool calls)
+MARKUP_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a </tool_call> b", "days": [1]}}\n</tool_call>'
+
+
+def test_a_call_cut_after_a_closing_tag_inside_its_string_is_a_call_not_content() -> None:
+    """A ``</tool_call>`` inside the arguments' string closes nothing: a reply cut after it is
+    still inside the call. It was read as a whole call that did not parse, so the unstreamed
+    reply was the raw markup as content, where the stream had sent the call."""
+    cut = MARKUP_CALL[: MARKUP_CALL.index('b"')]
+    assert body(cut, "length") == {"content": None, "calls": [("get_weather", '{"city": "a </tool_call> ')], "finish_reason": "length"}
+    assert body(MARKUP_CALL, "stop")["calls"] == [("get_weather", '{"city": "a </tool_call> b", "days": [1]}')]
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut=st.integers(0, len(MARKUP_CALL)), size=st.integers(1, 12))
+def test_unstreamed_a_call_with_the_closing_tag_in_its_string_cut_anywhere_reads_as_the_stream_does(cut: int, size: int) -> None:
+    text = MARKUP_CALL[:cut]
+    whole = body(text, "length")
+    streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, reason="length")
+    assert whole["calls"] == streamed.pairs, (text, whole, streamed)
+    assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
