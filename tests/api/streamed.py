@@ -78,6 +78,15 @@ def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "
     return assemble(streamed_chunks(Reply("chat", "m", tools=tools, tool_format=fmt, **reply), pieces, reason))
 
 
+def whole_reply(text: str, tools: list[dict[str, Any]], reason: str, **reply: Any) -> dict[str, Any]:
+    """:func:`stream_reply`'s unstreamed counterpart: the reply built whole from ``text`` (one
+    delta) and its ending ``reason``, as content, calls and finish_reason."""
+    built = Reply("chat", "m", tools=tools, **reply)
+    built.add(Delta("j", text))
+    view = whole_view(built.body(Done("j", reason), None)["choices"][0])
+    return {"content": view["content"], "calls": view["calls"], "finish_reason": view["finish_reason"]}
+
+
 def streamed_chunks(reply: Reply, pieces: list[str], reason: str = "stop") -> list[dict[str, Any]]:
     """The chunks ``reply`` streams for ``pieces`` and its ending ``reason``."""
     return [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)

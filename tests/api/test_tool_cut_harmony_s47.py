@@ -12,9 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.responses import Reply
-from scheduler.link.messages import Delta, Done
-from tests.api.streamed import stream_reply
+from tests.api.streamed import stream_reply, whole_reply
 
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
 ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather. "
@@ -22,12 +20,7 @@ CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|const
 
 
 def body(text: str, reason: str) -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=TOOLS, reasoning_format="harmony")
-    reply.add(Delta("j", text))
-    choice = reply.body(Done("j", reason), None)["choices"][0]
-    message = choice["message"]
-    pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-    return {"content": message.get("content") or None, "calls": pairs, "finish_reason": choice["finish_reason"]}
+    return whole_reply(text, TOOLS, reason, reasoning_format="harmony")
 
 
 def test_a_call_cut_in_its_arguments_is_the_call_as_far_as_they_came() -> None:

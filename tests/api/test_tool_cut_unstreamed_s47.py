@@ -11,21 +11,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.responses import Reply
-from scheduler.link.messages import Delta, Done
-from tests.api.streamed import stream_reply
+from tests.api.streamed import stream_reply, whole_reply
 
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>'
 
 
 def body(text: str, reason: str, **kw: Any) -> dict[str, Any]:
-    reply = Reply("chat", "m", tools=TOOLS, **kw)
-    reply.add(Delta("j", text))
-    choice = reply.body(Done("j", reason), None)["choices"][0]
-    message = choice["message"]
-    pairs = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
-    return {"content": message.get("content") or None, "calls": pairs, "finish_reason": choice["finish_reason"]}
+    return whole_reply(text, TOOLS, reason, **kw)
 
 
 def test_a_second_call_cut_in_its_arguments_is_a_call_not_content() -> None:
