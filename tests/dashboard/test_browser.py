@@ -143,12 +143,14 @@ def test_the_dashboard_shows_a_real_request_go_from_prefill_to_decode_to_idle(se
             browser.close()
 
     job = tracked["job"]
-    lanes = {lane for _, lane, _, j in seen if j == job}
-    assert len(lanes) == 1, seen  # one lane, never preempted (it is the only agent)
-    (lane,) = lanes
-    states = [state for _, ln, state, j in seen if ln == lane and (j == job or (state == "idle" and not j))]
-    # collapse repeats, then read the story of the lane once the job arrived
-    story = [s for i, s in enumerate(states) if i == 0 or s != states[i - 1]]
-    first = next(i for i, s in enumerate(story) if s != "idle")
-    assert story[first:first + 3] == ["prefill", "decode", "idle"], story
+    ours_seen = [(t, lane, state) for t, lane, state, j in seen if j == job]
+    # The job may change lanes while it decodes: lane compaction (docs/scheduling.md) moves a
+    # decoding lane into a hole the background stories left, KV and all. It is never prefilled
+    # again (it is the only agent, so nothing preempts it): across its lanes it reads prefill,
+    # then decode, and a lane it moved into shows it decoding from the start. (Idle at the end is
+    # the wait for four idle lanes above.)
+    story = [s for i, (_, _, s) in enumerate(ours_seen) if i == 0 or s != ours_seen[i - 1][2]]
+    assert story == ["prefill", "decode"], ours_seen
+    for (_, before, _), (_, after, state) in zip(ours_seen, ours_seen[1:], strict=False):
+        assert after == before or state == "decode", ours_seen
     assert decode_rate not in ("", "–")
