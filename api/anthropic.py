@@ -575,6 +575,10 @@ class MessagesConsumer(ChatCompletionsConsumer):
     def sse_frame(self, frame: dict[str, Any]) -> bytes:
         return sse_frame(frame)
 
+    def keepalive_event(self) -> bytes:
+        """Anthropic's own keepalive: a stream may hold any number of ``ping`` events."""
+        return sse_frame({"type": "ping"})
+
     def input_tokens(self) -> int:
         jobs = list(self.sends.values())
         return (jobs[0][0].prompt_tokens or 0) if jobs else 0

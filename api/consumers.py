@@ -15,8 +15,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
@@ -56,6 +56,8 @@ from .schemas import (
 )
 
 log = logging.getLogger("superfluid.api")
+
+T = TypeVar("T")
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -306,6 +308,33 @@ class GenerationConsumer(StreamingConsumer):
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         return parse_chat_request(body, models=models, strict=serving().strict_params)
 
+    def keepalive_event(self) -> bytes:
+        """What a stream sends after ``--sse-keepalive`` seconds without an event: an SSE comment,
+        which every client skips and which resets the idle timers between them and this server
+        (a proxy's read timeout, nginx's 60 s by default; an HTTP client's read timeout). A route
+        whose clients count only events (/v1/responses, /v1/messages) sends one of its own."""
+        return b": keepalive\n\n"
+
+    async def beating(self, get: Callable[[], Awaitable[T]]) -> T:
+        """``await get()`` in a stream whose headers went out: for as long as it waits (queued
+        behind other jobs, a long prompt read, a lane parked), the keepalive event every
+        ``--sse-keepalive`` seconds. The wait itself is never cancelled by a beat (a
+        next_events() cut off between two events could lose one): only when this is."""
+        interval = serving().sse_keepalive
+        if interval <= 0:
+            return await get()
+        waiting = asyncio.ensure_future(get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=interval)
+                if done:
+                    return waiting.result()
+                await self.send_body(self.keepalive_event(), more_body=True)
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                await asyncio.wait({waiting})
+
     async def handle(self, body: bytes) -> None:
         check_host_and_origin(self.headers(), self.scope)  # Django's Host check never sees a consumer
         if await self.answer_preflight(("POST",)):
@@ -535,7 +564,7 @@ class GenerationConsumer(StreamingConsumer):
             while len(dones) < len(handles):
                 # events that arrived together (the reader fell behind) go out in one write, as
                 # for one choice: every choice's, in the order they came
-                ready = [await events.get()]
+                ready = [await (self.beating(events.get) if request.stream else events.get())]
                 while not events.empty():
                     ready.append(events.get_nowait())
                 for i, event in ready:
@@ -740,7 +769,7 @@ class GenerationConsumer(StreamingConsumer):
         while True:
             # deltas that arrived together (the reader fell a tick or more behind) go out in one
             # write: the same bytes on the wire, one trip through daphne instead of several
-            events, pending = (pending, []) if pending else (await handle.next_events(), pending)
+            events, pending = (pending, []) if pending else (await self.beating(handle.next_events), pending)
             out: list[bytes] = []
             for event in events:
                 if isinstance(event, Delta):

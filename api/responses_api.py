@@ -672,6 +672,14 @@ class ResponseEvents:
         output = [self.whole(i, status) for i in range(len(self.items))] if status != "in_progress" else []
         return response_object(self.resp_id, self.created, self.model, self.echo, self.request, status=status, output=output, usage=usage, error=error)
 
+    def progress(self) -> dict[str, Any]:
+        """``response.in_progress`` again, with the output so far: the keepalive of a stream that
+        waits (Codex ends a turn after ``stream_idle_timeout_ms`` without an event; SSE comments
+        are not events to it), as an event every client of this API already reads."""
+        snapshot = self.snapshot("in_progress")
+        snapshot["output"] = [self.whole(i, "in_progress") for i in range(len(self.items))]
+        return self.event("response.in_progress", response=snapshot)
+
     def whole(self, i: int, status: str) -> dict[str, Any]:
         """Item ``i`` as it stands: its text or arguments so far, ``status`` if it is still open."""
         item = dict(self.items[i])
@@ -859,6 +867,10 @@ class ResponsesConsumer(ChatCompletionsConsumer):
     def opening_frames(self, reply: responses.Reply) -> list[dict[str, Any]]:
         assert self.events is not None
         return list(self.events.opening)
+
+    def keepalive_event(self) -> bytes:
+        assert self.events is not None
+        return sse_frame(self.events.progress())
 
     def delta_events(self, reply: responses.Reply, event: Delta) -> list[bytes]:
         assert self.events is not None

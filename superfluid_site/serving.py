@@ -55,6 +55,7 @@ class ServingConfig:
     max_queue: int = 256
     client_concurrency: int = 32
     strict_params: bool = False
+    sse_keepalive: float = 15  # seconds a stream may send nothing before its keepalive event; 0 = none
     reasoning_format: str = "auto"  # --reasoning-format: auto/deepseek split a reply's reasoning out, none leaves it
     max_batch: int = 8  # the worker's lanes (several models: the largest)
     require_key: bool = False

@@ -225,6 +225,7 @@ SUPERFLUID_ENGINE_WAIT_S = env_int("SUPERFLUID_ENGINE_WAIT_S", 120)
 SUPERFLUID_MAX_QUEUE = env_int("SUPERFLUID_MAX_QUEUE", 256)  # waiting requests per model beyond the lanes; 0 = no bound
 SUPERFLUID_CLIENT_CONCURRENCY = env_int("SUPERFLUID_CLIENT_CONCURRENCY", 32)  # in flight per keyless client address; 0 = no bound
 SUPERFLUID_STRICT_PARAMS = env_bool("SUPERFLUID_STRICT_PARAMS", False)  # unknown request parameters: 400 instead of ignored
+SUPERFLUID_SSE_KEEPALIVE = env_float("SUPERFLUID_SSE_KEEPALIVE", 15)  # seconds a stream may send nothing before a keepalive event; 0 = none
 SUPERFLUID_REASONING_FORMAT = env_str("SUPERFLUID_REASONING_FORMAT", "auto")  # --reasoning-format: none leaves a reply's reasoning in content
 SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
 # -- keys and admission (docs/keys.md) ------------------------------------------------------

@@ -185,6 +185,14 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("--reasoning-format", "auto"),
         help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto, deepseek and deepseek-legacy put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
     )
+    parser.add_argument(
+        "--sse-keepalive",
+        type=float,
+        default=_env("--sse-keepalive", 15, float),
+        metavar="SECONDS",
+        help="a stream that has sent nothing for this long (queued, reading a long prompt, parked) sends a keepalive: an SSE comment, "
+        "a ping on /v1/messages, response.in_progress on /v1/responses; so proxies' and clients' idle timeouts do not cut it (0: none; else at least 1; default: 15)",
+    )
 
 
 def parse_class_lanes(text: str, max_batch: int) -> dict[QosClass, int]:

@@ -636,6 +636,9 @@ class Command(FlagsCommand):
         if options["max_body_bytes"] < 1 or not 0 <= options["body_timeout"] < float("inf"):
             # 0 bytes refused every request with 413; a negative or NaN timeout bounded nothing
             raise CommandError("--max-body-bytes must be at least 1 and --body-timeout a number of seconds, 0 or more (0: no bound)")
+        keepalive = options["sse_keepalive"]
+        if not (keepalive == 0 or 1 <= keepalive < float("inf")):  # (a NaN is neither)
+            raise CommandError(f"--sse-keepalive must be 0 (none) or a number of seconds, at least 1; got {keepalive:g}")
 
         check_web_options(options)
         if options["key_policy"]:
@@ -699,6 +702,7 @@ class Command(FlagsCommand):
             client_concurrency=options["client_concurrency"],
             strict_params=options["strict_params"],
             reasoning_format=options["reasoning_format"],
+            sse_keepalive=options["sse_keepalive"],
             max_batch=config.max_batch if pool_setup is None else max(pool_setup.lanes.values()),
             require_key=options["require_key"],
             keys_required=options["require_key"] or not is_loopback(options["host"]),
