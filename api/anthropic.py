@@ -33,8 +33,8 @@ from .consumers import ChatCompletionsConsumer
 from .edge import error_response
 from .errors import ApiError, anthropic_error_body, invalid_request, model_not_found
 from .rendering import count_chat_tokens, render_chat
-from .schemas import GenerationRequest, chat_request_from, load_object
-from .views import _allowed, _json_body, _served_models, _with_tool_vocab
+from .schemas import GenerationRequest, chat_request_from, load_object, omitted_part
+from .views import _allowed, _json_body, _served_models, _with_tool_vocab, naming_ignored
 
 # What a Messages body may hold. ``chat_template_kwargs`` is llama-server's extension (its
 # converter passes it on); ``metadata`` ({"user_id"}) changes nothing here and is accepted
@@ -62,6 +62,11 @@ MESSAGES_KEYS = frozenset(
 # converter fills it in (a cap: a prompt that leaves less of the context has the rest)
 DEFAULT_MAX_TOKENS = 4096
 MESSAGE_KEYS = frozenset({"role", "content"})
+# An image or document block's sources (Anthropic's spec): each type's keys that must be strings.
+# A document of text (``text``, ``content``) is read; the others are what this server's models
+# cannot read (an image; a PDF, ``base64``/``url``/``file``): a line says one was there
+IMAGE_SOURCES = {"base64": ("media_type", "data"), "url": ("url",), "file": ("file_id",)}
+DOCUMENT_SOURCES = {**IMAGE_SOURCES, "text": ("data",), "content": ()}
 TOOL_KEYS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
 
 sse_frame = responses.named_sse_event  # one event of the stream, named by its type
@@ -157,22 +162,67 @@ def normalize_billing_header(text: str) -> str:
     return text[: at + 4] + "fffff" + text[at + 9 :]
 
 
-def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+def _source(block: dict[str, Any], where: str, shapes: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    """An image or document block's ``source``, checked to be one of ``shapes``."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        if source is None:
+            raise _bad(f"Missing required parameter: '{where}.source'.", f"{where}.source", "missing_required_parameter")
+        raise _bad(f"Invalid value for '{where}.source': expected an object.", f"{where}.source", "invalid_type")
+    kind = source.get("type")
+    if kind not in shapes:
+        expected = ", ".join(f"'{k}'" for k in shapes)
+        raise _bad(f"Invalid value for '{where}.source.type': expected one of {expected}.", f"{where}.source.type")
+    for key in shapes[kind]:
+        if not isinstance(source.get(key), str):
+            raise _bad(f"Invalid value for '{where}.source.{key}': expected a string.", f"{where}.source.{key}", "invalid_type")
+    return source
+
+
+def _media_text(kind: str, block: dict[str, Any], where: str, ignored: list[str], strict: bool) -> str:
+    """An image or document block of a user turn or a tool result as the text the model reads:
+    a document of text its text; an image or a PDF a line telling the model one was there
+    (:func:`omitted_part`), named in ``ignored`` as ``messages.<type>``. The model reads no
+    images, but Claude Code sends its history again every turn (a PNG its Read tool read, a
+    picture pasted in), so a 400 would refuse every later turn of the session; under
+    ``strict`` (--strict-params) it is one, as before. A block that is no well-formed image or
+    document is a 400 naming the field."""
+    if kind == "image" and strict:
+        raise _unsupported_block(kind, where)
+    source = _source(block, where, IMAGE_SOURCES if kind == "image" else DOCUMENT_SOURCES)
+    if source["type"] == "text":
+        return str(source["data"])
+    if source["type"] == "content":
+        return _readable_text(source.get("content"), f"{where}.source.content", ignored, strict, media=("image",))
+    if strict:
+        raise _unsupported_block(kind, where)
+    if f"messages.{kind}" not in ignored:
+        ignored.append(f"messages.{kind}")
+    return omitted_part(kind)
+
+
+def _readable_text(content: Any, where: str, ignored: list[str], strict: bool, media: tuple[str, ...] = ("image", "document")) -> str:
+    """A tool result's content (a content document's: ``media`` images only): a string, or
+    text, image and document blocks, joined a block a line."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, (kind, part) in enumerate(_blocks(content, where)):
+        if kind == "text":
+            parts.append(_text_of(part, f"{where}[{j}]"))
+        elif kind in media:
+            parts.append(_media_text(kind, part, f"{where}[{j}]", ignored, strict))
+        else:
+            raise _unsupported_block(kind, f"{where}[{j}]")
+    return "\n".join(parts)
+
+
+def _tool_result(block: dict[str, Any], where: str, ignored: list[str], strict: bool) -> dict[str, Any]:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"Missing required parameter: '{where}.tool_use_id'.", f"{where}.tool_use_id", "missing_required_parameter")
     content = block.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    else:
-        parts = []
-        for j, (kind, part) in enumerate(_blocks(content, f"{where}.content")):
-            if kind != "text":
-                raise _unsupported_block(kind, f"{where}.content[{j}]")
-            parts.append(_text_of(part, f"{where}.content[{j}]"))
-        text = "\n".join(parts)
+    text = "" if content is None else _readable_text(content, f"{where}.content", ignored, strict)
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
         raise _bad(f"Invalid value for '{where}.is_error': expected a boolean.", f"{where}.is_error", "invalid_type")
@@ -229,7 +279,9 @@ def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_tool_call(block, at))
             elif kind == "tool_result" and role == "user":
-                results.append(_tool_result(block, at))
+                results.append(_tool_result(block, at, ignored, strict))
+            elif kind in ("image", "document") and role == "user":
+                texts.append(_media_text(kind, block, at, ignored, strict))
             elif kind in ("thinking", "redacted_thinking", "tool_use", "tool_result"):
                 raise _bad(f"Invalid value for '{at}': a '{kind}' block cannot be in a {role} message.", at)
             else:
@@ -671,7 +723,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
     served); the body's other Messages fields are allowed (and change nothing)."""
     try:
         body = await asyncio.to_thread(_json_body, request)
-        chat, _ = to_chat_body(body, strict=serving().strict_params)
+        chat, ignored = to_chat_body(body, strict=serving().strict_params)
         pool = get_pool()
         served = pool.names() if pool is not None else await _served_models()
         model = chat.get("model")
@@ -692,6 +744,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
         return error_response(exc)
 
     def work(vocab: Any) -> HttpResponse:
-        return JsonResponse({"input_tokens": count_chat_tokens(vocab, render_chat(vocab, wire))})
+        reply = JsonResponse({"input_tokens": count_chat_tokens(vocab, render_chat(vocab, wire))})
+        return naming_ignored(reply, [*ignored, *wire["ignored"]])
 
     return await _with_tool_vocab(model, admission, work)

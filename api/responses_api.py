@@ -30,7 +30,7 @@ from . import responses
 from .consumers import ChatCompletionsConsumer
 from .errors import ApiError, invalid_request
 from .reasoning import Splitter, new_splitter
-from .schemas import GenerationRequest, chat_request_from, load_object, parse_content
+from .schemas import GenerationRequest, StandIn, chat_request_from, load_object, omitted_part, parse_content
 
 RESPONSE_ID_PREFIX = "resp_"
 CUSTOM_INPUT = "input"  # the one parameter of the function a custom (freeform) tool is served as
@@ -60,6 +60,10 @@ _STATEFUL = {
     "prompt": "this server stores no prompt templates; send the instructions and input themselves",
 }
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
+# The input parts a model here cannot read, as an agent keeps them in its history (Codex's
+# view_image puts an input_image in the conversation; an MCP tool's output can hold one): their
+# type -> (the keys one of which says where it is, what the model is told was there)
+_OMITTED = {"input_image": (("image_url", "file_id"), "image"), "input_file": (("file_data", "file_id", "file_url"), "file")}
 
 
 def _bad_type(param: str, expected: str) -> ApiError:
@@ -106,8 +110,40 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any]]:
-    """``instructions`` and ``input`` as chat messages (``out.where``: each one's place)."""
+def _stand_ins(ignored: list[str], strict: bool) -> dict[str, StandIn] | None:
+    """What stands in for an image or a file in a message or a tool's output: a line telling the
+    model one was there (:func:`omitted_part`), the part named in ``ignored`` as
+    ``input.<type>``. The model reads no images, but an agent sends its history again every
+    turn, so a 400 for one would refuse every later turn of its session. A part that is no
+    well-formed image or file (none of its sources given, one not a string) is still a 400
+    naming the field; under ``strict`` (--strict-params) every one is, as a part the chat route
+    cannot serve."""
+    if strict:
+        return None
+
+    def stand_in(part: dict[str, Any], where: str) -> str:
+        sources, what = _OMITTED[part["type"]]
+        given = [key for key in sources if part.get(key) is not None]
+        for key in [*given, "detail", "filename"]:
+            if part.get(key) is not None and not isinstance(part[key], str):
+                raise _bad_type(f"{where}.{key}", "a string")
+        if not given:
+            raise invalid_request(
+                f"Missing required parameter: '{where}.{sources[0]}' (or " + " or ".join(f"'{k}'" for k in sources[1:]) + ").",
+                param=f"{where}.{sources[0]}",
+                code="missing_required_parameter",
+            )
+        name = f"input.{part['type']}"
+        if name not in ignored:
+            ignored.append(name)
+        return omitted_part(what)
+
+    return dict.fromkeys(_OMITTED, stand_in)
+
+
+def _messages(body: dict[str, Any], out: ResponsesRequest, ignored: list[str], *, strict: bool) -> list[dict[str, Any]]:
+    """``instructions`` and ``input`` as chat messages (``out.where``: each one's place); an
+    image or file in them as :func:`_stand_ins` says."""
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -124,6 +160,7 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
         return messages
     if not isinstance(items, list):
         raise _bad_type("input", "a string or an array of input items")
+    stand_ins = _stand_ins(ignored, strict)
 
     def assistant_turn(where: str) -> dict[str, Any]:
         """The assistant turn an item of an earlier reply belongs to: the one before it, when
@@ -152,7 +189,7 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
                 turn = assistant_turn(where)
                 turn["content"] = turn["content"] + text
             else:
-                text = parse_content(item.get("content"), role, f"{where}.content", ("input_text",), empty_ok=True)
+                text = parse_content(item.get("content"), role, f"{where}.content", ("input_text",), empty_ok=True, stand_ins=stand_ins)
                 messages.append({"role": role, "content": text})
                 out.where.append(where)
         elif kind == "function_call":
@@ -178,7 +215,7 @@ def _messages(body: dict[str, Any], out: ResponsesRequest) -> list[dict[str, Any
                 raise _bad_type(f"{where}.call_id", "a string") if "call_id" in item else _missing(f"{where}.call_id")
             if "output" not in item:
                 raise _missing(f"{where}.output")
-            output = parse_content(item["output"], "tool", f"{where}.output", ("input_text",), empty_ok=True)
+            output = parse_content(item["output"], "tool", f"{where}.output", ("input_text",), empty_ok=True, stand_ins=stand_ins)
             messages.append({"role": "tool", "content": output, "tool_call_id": call_id})
             out.where.append(where)
         elif kind == "reasoning":
@@ -424,7 +461,7 @@ def responses_to_chat(body: dict[str, Any], *, strict: bool = False) -> tuple[di
         elif key not in _TRANSLATED:
             chat[key] = value  # model, stream, temperature, ... and llama-server's extensions
     _unhonoured(body, ignored)
-    chat["messages"] = _messages(body, out)
+    chat["messages"] = _messages(body, out, ignored, strict=strict)
     tools, tools_echo, out.custom = _tools(body, ignored, strict=strict)
     if tools:  # (none left when every tool was a hosted one)
         chat["tools"] = tools

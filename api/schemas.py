@@ -894,10 +894,26 @@ def _each_object(items: list[Any], where: str, what: str) -> Iterator[tuple[int,
         yield j, path, item
 
 
-def parse_content(content: Any, role: str, where: str, kinds: Collection[str] = ("text",), *, empty_ok: bool = False) -> str:
+# A part the model cannot read (an image, a file), as the agent APIs put it in its place in the
+# prompt: the model is told something was there that it was not shown. One place says it.
+OMITTED_PART = "[{} omitted: this model reads text only]"
+# A stand-in's maker: (the part, its path) -> the text in its place; it raises for a part that is
+# not a well-formed one of its kind
+StandIn = Callable[[dict[str, Any], str], str]
+
+
+def omitted_part(kind: str) -> str:
+    """The text in a prompt where a part of ``kind`` (``image``, ``file``, ``document``) was."""
+    return OMITTED_PART.format(kind)
+
+
+def parse_content(
+    content: Any, role: str, where: str, kinds: Collection[str] = ("text",), *, empty_ok: bool = False, stand_ins: Mapping[str, StandIn] | None = None
+) -> str:
     """A message's content (a string or an array of parts) as its text: the text parts (of the
     part ``kinds`` the route names text, and an assistant's refusal parts) joined one a line; a
-    part this server cannot read (an image, a file, audio) is a 400 naming the content."""
+    part this server cannot read (an image, a file, audio) is a 400 naming the content, unless
+    ``stand_ins`` has its type (the agent APIs' images: :func:`omitted_part` in its place)."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -922,6 +938,9 @@ def parse_content(content: Any, role: str, where: str, kinds: Collection[str] = 
             if not isinstance(refusal, str):
                 raise _invalid_type(f"{part_where}.refusal", "a string")
             texts.append(refusal)
+            continue
+        if stand_ins and kind in stand_ins:
+            texts.append(stand_ins[kind](part, part_where))
             continue
         if kind not in kinds:
             # param names the message's content rather than the part: the whole message is

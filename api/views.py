@@ -225,6 +225,15 @@ async def _with_tool_vocab(model: str | None, admission: Admission, work: Callab
         await admission.release()
 
 
+def naming_ignored(response: HttpResponse, names: list[str]) -> HttpResponse:
+    """``response`` with ``x-superfluid-ignored-params`` naming ``names``, the body's parameters
+    not honoured (each once), as the generating route names them (a count route counts what it
+    would run)."""
+    if names:
+        response[responses.IGNORED_PARAMS_HEADER] = responses.ignored_params_value(dict.fromkeys(names))
+    return response
+
+
 @key_required()
 async def tokenize(request: HttpRequest) -> HttpResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
@@ -326,7 +335,7 @@ async def rendered_chat(
         return error_response(exc)
 
     def work(vocab: Any) -> HttpResponse:
-        return answer(vocab, render_chat(vocab, wire, add_generation_prompt=add_generation_prompt, param=param))
+        return naming_ignored(answer(vocab, render_chat(vocab, wire, add_generation_prompt=add_generation_prompt, param=param)), wire["ignored"])
 
     return await _with_tool_vocab(asked, admission, work)
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from api.anthropic import BlockStream, message_body, parse_messages_request, stop_reason
 from api.errors import ApiError
 from api.responses import Reply
+from api.schemas import omitted_part
 from scheduler.link.messages import Delta, Done
 from tests.edge.inproc import JSON, MODEL, SimWorker, attached_loop, request
 from tests.edge.strategies import field_values, json_values, nasty_text
@@ -26,7 +27,9 @@ TEXT = st.text(max_size=12)
 HOSTILE = nasty_text | field_values()
 KINDS = st.sampled_from(["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document", "other"])
 # what each role's blocks are, in a body as a client means it
-ROLE_KINDS = {"user": st.sampled_from(["text", "text", "tool_result"]), "assistant": st.sampled_from(["text", "text", "tool_use", "thinking", "redacted_thinking"])}
+ROLE_KINDS = {"user": st.sampled_from(["text", "text", "tool_result", "image"]), "assistant": st.sampled_from(["text", "text", "tool_use", "thinking", "redacted_thinking"])}
+# an image as Claude Code sends one (its Read tool's PNG, a pasted picture)
+SOURCES = st.sampled_from([{"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}, {"type": "url", "url": "https://x.test/a.png"}, {"type": "file", "file_id": "file_1"}])
 
 
 def sometimes(draw: st.DrawFn, hostile: bool, valid: st.SearchStrategy[Any], bad: st.SearchStrategy[Any] = HOSTILE) -> Any:
@@ -40,13 +43,16 @@ def block(draw: st.DrawFn, role: str, hostile: bool) -> Any:
         return draw(json_values)
     kind = draw(KINDS if hostile else ROLE_KINDS[role])
     out: dict[str, Any] = {"type": kind}
-    result_content = TEXT | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "text", "image"] if hostile else ["text"]), "text": TEXT}), max_size=2)
+    result_block = st.fixed_dictionaries({"type": st.sampled_from(["text", "text", "image"]), "text": TEXT}) if hostile else st.fixed_dictionaries({"type": st.just("text"), "text": TEXT})
+    image = st.fixed_dictionaries({"type": st.just("image"), "source": SOURCES if not hostile else SOURCES | field_values()})
+    result_content = TEXT | st.lists(result_block | image, max_size=2)
     fields = {
         "text": {"text": TEXT},
         "tool_use": {"id": TEXT.map(lambda t: "toolu_" + t), "name": st.sampled_from(["get_weather", "f"]), "input": st.dictionaries(TEXT, TEXT, max_size=2)},
         "tool_result": {"tool_use_id": TEXT.map(lambda t: "toolu_" + t), "content": result_content, "is_error": st.none() | st.booleans()},
         "thinking": {"thinking": TEXT, "signature": TEXT},
         "redacted_thinking": {"data": TEXT},
+        "image": {"source": SOURCES},
     }.get(kind, {"source": field_values()})
     for key, values in fields.items():
         if not hostile or draw(st.integers(0, 9)):
@@ -117,6 +123,13 @@ def test_any_body_is_a_chat_request_or_a_4xx(body: dict[str, Any], strict: bool)
     assert request.max_tokens is not None and request.max_tokens >= 1
     if strict:
         assert not [name for name in request.ignored if name != "thinking.budget_tokens"]
+    # an image served (a user's, or in a tool result) stands omitted in the prompt and is named
+    blocks = [b for m in body["messages"] if isinstance(m, dict) and isinstance(m.get("content"), list) for b in m["content"] if isinstance(b, dict)]
+    inner = [b for r in blocks if r.get("type") == "tool_result" and isinstance(r.get("content"), list) for b in r["content"] if isinstance(b, dict)]
+    if any(b.get("type") == "image" for b in blocks + inner):
+        event("served with an image")
+        assert not strict and "messages.image" in request.ignored
+        assert any(omitted_part("image") in m["content"] for m in request.messages)
 
 
 @settings(max_examples=200, deadline=None)

@@ -199,8 +199,11 @@ def test_a_reply_cut_at_max_output_tokens_is_incomplete(loop: asyncio.AbstractEv
 @pytest.mark.parametrize(
     ("fields", "param", "code"),
     [
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0].content", "unsupported_content"),
-        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content", "unsupported_content"),
+        # (a well-formed image or file stands omitted: tests/api/test_agent_images_s49.py)
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}]}, "input[0].content[0].image_url", "missing_required_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": ["x"]}]}]}, "input[0].content[0].file_url", "invalid_type"),
+        ({"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0].content", "unsupported_content"),
+        ({"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}]}]}, "input[0].content", "unsupported_content"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
         ({"conversation": "conv_1"}, "conversation", "unsupported_parameter"),
         ({"background": True}, "background", "unsupported_parameter"),

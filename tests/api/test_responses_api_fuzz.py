@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from api.errors import ApiError
 from api.responses_api import parse_responses_request
+from api.schemas import omitted_part
 from tests.edge.inproc import JSON, MODEL, request
 from tests.edge.strategies import json_values, nasty_text
 from tests.edge.templated import edge_loop
@@ -25,12 +26,19 @@ from .test_responses_api import QwenEngine
 
 MODELS = (MODEL,)
 
+# an image or a file, well-formed or not (Codex's view_image and MCP tools put images in the history)
+media = st.fixed_dictionaries({"type": st.sampled_from(["input_image", "input_file"])},
+                              optional={k: st.one_of(nasty_text, json_values) for k in ("image_url", "file_id", "file_data", "file_url", "detail", "filename")})  # fmt: skip
+image = st.fixed_dictionaries({"type": st.just("input_image"), "image_url": st.sampled_from(["data:image/png;base64,iVBORw0KGgo=", "https://x.test/a.png"])},
+                              optional={"detail": st.sampled_from(["auto", "low", "high", "original"])})  # fmt: skip
 parts = st.one_of(
     nasty_text,
     st.lists(
         st.one_of(
             st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text"]), "text": nasty_text}),
             st.fixed_dictionaries({"type": st.sampled_from(["input_image", "input_file", "refusal", "summary_text", "x"])}, optional={"text": json_values, "refusal": json_values}),
+            media,
+            image,
             json_values,
         ),
         max_size=3,
@@ -97,6 +105,7 @@ def bodies(draw: st.DrawFn) -> dict[str, Any]:
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
 text_part = st.fixed_dictionaries({"type": st.just("input_text"), "text": nasty_text})
+seen_part = st.one_of(text_part, image)  # a user's text, or an image it attached
 
 
 @st.composite
@@ -105,7 +114,7 @@ def turns(draw: st.DrawFn) -> list[dict[str, Any]]:
     calls, and the calls' outputs, with hostile strings in them."""
     items: list[dict[str, Any]] = []
     for _ in range(draw(st.integers(1, 3))):
-        items.append({"role": draw(st.sampled_from(["user", "developer", "system"])), "content": draw(st.one_of(nasty_text, st.lists(text_part, min_size=1, max_size=2)))})
+        items.append({"role": draw(st.sampled_from(["user", "developer", "system"])), "content": draw(st.one_of(nasty_text, st.lists(seen_part, min_size=1, max_size=2)))})
         if draw(st.booleans()):
             items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": draw(nasty_text)}]})
         if draw(st.booleans()):
@@ -113,7 +122,7 @@ def turns(draw: st.DrawFn) -> list[dict[str, Any]]:
         for k in range(draw(st.integers(0, 2))):
             call_id = draw(nasty_text) or f"call_{k}"
             items.append({"type": "function_call", "call_id": call_id, "name": "get_weather", "arguments": draw(st.one_of(nasty_text, json_values.map(json.dumps)))})
-            items.append({"type": "function_call_output", "call_id": call_id, "output": draw(st.one_of(nasty_text, st.lists(text_part, max_size=2)))})
+            items.append({"type": "function_call_output", "call_id": call_id, "output": draw(st.one_of(nasty_text, st.lists(seen_part, max_size=2)))})
         if draw(st.booleans()):  # a custom (freeform) tool's call and output, as Codex sends apply_patch's back
             items.append({"type": "custom_tool_call", "call_id": "ctc_1", "name": "apply_patch", "input": draw(nasty_text), "status": "completed"})
             items.append({"type": "custom_tool_call_output", "call_id": "ctc_1", "output": draw(nasty_text)})
@@ -154,10 +163,52 @@ def test_any_body_is_a_request_or_a_4xx_naming_a_field(body: dict[str, Any], str
     json.dumps(asked.echo)  # the Response's echo is JSON
     if strict:
         assert req.ignored == []
+    # every image or file the request was served with stands in the prompt, and is named
+    sent_parts = [part for it in body.get("input") or [] if isinstance(it, dict) and it.get("role") != "assistant"
+                  for key in ("content", "output") if isinstance(it.get(key), list) for part in it[key] if isinstance(part, dict)]  # fmt: skip
+    for kind, what in (("input_image", "image"), ("input_file", "file")):
+        if any(part.get("type") == kind for part in sent_parts):
+            event(f"served with an {kind}")
+            assert not strict and f"input.{kind}" in req.ignored and any(omitted_part(what) in m["content"] for m in req.messages), (body, req.messages)
+        else:
+            assert f"input.{kind}" not in req.ignored
     # the input's text reaches the prompt in order: each user message's content is a message
     sent = json.loads(json.dumps(body))  # (a surrogate pair in JSON is one character)
     if isinstance(sent.get("input"), str):
         assert req.messages[-1] == {"role": "user", "content": sent["input"]}
+
+
+clean_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    turns=st.lists(st.tuples(st.sampled_from(["user", "developer", "output"]), st.lists(st.one_of(clean_text.map(lambda t: {"type": "input_text", "text": t}), image), max_size=3)), min_size=1, max_size=4),
+    strict=st.booleans(),
+)  # fmt: skip
+def test_each_image_of_a_history_stands_omitted_in_its_place(turns: list[tuple[str, list[dict[str, Any]]]], strict: bool) -> None:
+    """A history holding images (in a message, or in a tool's output) is served, each image a
+    line in its place in its turn's text, the header naming them once; under --strict-params it
+    is refused where the first one is."""
+    items: list[dict[str, Any]] = []
+    for i, (kind, content) in enumerate(turns):
+        if kind == "output":
+            items += [{"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": f"c{i}", "output": content}]
+        else:
+            items.append({"type": "message", "role": kind, "content": content})
+    body = {"model": MODEL, "input": [*items, {"role": "user", "content": "Go on."}]}
+    images = [i for i, item in enumerate(body["input"]) for part in item.get("content") or item.get("output") or [] if isinstance(part, dict) and part["type"] == "input_image"]
+    try:
+        req, _ = parse_responses_request(json.dumps(body).encode(), models=MODELS, strict=strict)
+    except ApiError as exc:
+        assert strict and images and exc.code == "unsupported_content", exc
+        assert exc.param == f"input[{images[0]}]." + ("output" if body["input"][images[0]]["type"] == "function_call_output" else "content")
+        return
+    assert not (strict and images)
+    said = [m["content"] for m in req.messages if m["role"] != "assistant"]
+    meant = ["\n".join(omitted_part("image") if p["type"] == "input_image" else p["text"] for p in content) for _, content in turns] + ["Go on."]
+    assert said == meant
+    assert req.ignored == (["input.input_image"] if images else [])
 
 
 def test_consecutive_calls_are_one_assistant_turn_with_its_reasoning() -> None:

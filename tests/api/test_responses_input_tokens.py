@@ -45,7 +45,8 @@ async def test_the_count_is_the_rendered_chats_tokens() -> None:
     ("fields", "status", "param"),
     [
         ({}, 400, "input"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400, "input[0].content"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": 7}]}]}, 400, "input[0].content[0].image_url"),
+        ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, 400, "input[0].content"),
         ({"input": "hi", "tools": [{"type": "function", "name": "bad name"}]}, 400, "tools[0].name"),
         ({"input": "hi", "model": "nope"}, 404, "model"),
     ],
