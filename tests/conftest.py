@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +131,25 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
 
 _leaks: list[str] = []
 
-# Every real server the run starts: one ``manage.py serve`` child process, whoever starts it (the
-# harness's RunningServer, a fleet test's own Popen, a test that expects the start to fail).
-# (test that started it, whether it loads a model, the process); listed at the end of the run,
-# with the starts that exited with an error status (the tests of a serve that refuses to start).
-_serve_starts: list[tuple[str, bool, subprocess.Popen]] = []  # type: ignore[type-arg]
+
+@dataclass
+class _ServeStart:
+    """One real server the run started: one ``manage.py serve`` child process, whoever starts it
+    (the harness's RunningServer, a fleet test's own Popen, a test that expects the start to
+    fail). ``restart_of`` is the test that started an earlier serve on the same data directory
+    (database) which had exited by then: a restart of that server, as a test that stops a server
+    and starts it again on its database makes (not another server configuration)."""
+
+    test: str
+    model: bool  # loads a model (not a --no-engine head)
+    proc: subprocess.Popen  # type: ignore[type-arg]
+    data_dir: str
+    restart_of: str | None
+
+
+# Every real server the run starts, listed at the end of the run with the starts that exited
+# with an error status (the tests of a serve that refuses to start) and the restarts.
+_serve_starts: list[_ServeStart] = []
 
 
 def _is_serve(argv: Any) -> bool:
@@ -149,10 +164,19 @@ class _CountingPopen(subprocess.Popen):  # type: ignore[type-arg]
         super().__init__(args, *rest, **kwargs)
         if _is_serve(args):
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-            _serve_starts.append((test, "--no-engine" not in [os.fsdecode(a) for a in args], self))
+            data_dir = (kwargs.get("env") or os.environ).get("SUPERFLUID_DATA_DIR", "")
+            earlier = [s for s in _serve_starts if data_dir and s.data_dir == data_dir and s.proc.poll() is not None]
+            start = _ServeStart(test, "--no-engine" not in [os.fsdecode(a) for a in args], self, data_dir, earlier[-1].test if earlier else None)
+            _serve_starts.append(start)
             if os.environ.get("SUPERFLUID_TEST_SERVE_LOG"):  # the list as it grows, for a run cut short
                 with open(os.environ["SUPERFLUID_TEST_SERVE_LOG"], "a") as log:
-                    log.write(f"{'model    ' if _serve_starts[-1][1] else 'no-engine'} {test}\n")
+                    log.write(f"{_serve_line(start)}\n")
+
+
+def _serve_line(start: _ServeStart) -> str:
+    status = f" (exited {start.proc.returncode})" if (start.proc.returncode or 0) > 0 else ""
+    again = f" (a restart of the server {start.restart_of} started, on its database)" if start.restart_of else ""
+    return f"{'model    ' if start.model else 'no-engine'} {start.test}{status}{again}"
 
 
 subprocess.Popen = _CountingPopen  # type: ignore[misc]
@@ -207,16 +231,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
             for path in harness.DATA_DIRS:
                 terminalreporter.write_line(f"  {path}")
     if _serve_starts:
-        with_model = sum(1 for _, model, _ in _serve_starts if model)
-        refused = sum(1 for *_, proc in _serve_starts if (proc.returncode or 0) > 0)
+        with_model = sum(1 for s in _serve_starts if s.model)
+        refused = sum(1 for s in _serve_starts if (s.proc.returncode or 0) > 0)
+        restarts = sum(1 for s in _serve_starts if s.restart_of)
         terminalreporter.section("real servers started (manage.py serve)")
         terminalreporter.write_line(
             f"{len(_serve_starts)} started: {with_model} loading a model, {len(_serve_starts) - with_model} --no-engine heads;"
-            f" {refused} of them exited with an error status (a test of a serve that must not come up)"
+            f" {refused} of them exited with an error status (a test of a serve that must not come up);"
+            f" {restarts} of them a restart on an earlier one's database"
         )
-        for test, model, proc in _serve_starts:
-            status = f" (exited {proc.returncode})" if (proc.returncode or 0) > 0 else ""
-            terminalreporter.write_line(f"  {'model    ' if model else 'no-engine'} {test}{status}")
+        for start in _serve_starts:
+            terminalreporter.write_line(f"  {_serve_line(start)}")
     if _leaks:
         terminalreporter.section("resources left open (collected at each test's end)")
         for line in _leaks:
