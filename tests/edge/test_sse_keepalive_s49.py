@@ -299,3 +299,34 @@ def test_serve_refuses_a_keepalive_that_cannot_work(value: str) -> None:
 
     with pytest.raises(CommandError, match="--sse-keepalive must be 0"):
         call_command("serve", "--sse-keepalive", value)
+
+
+def test_a_beat_that_falls_as_an_event_arrives_loses_no_event() -> None:
+    """The keepalive cancels the stream's wait on its events and waits again: an event put in
+    the queue at the very moment of the beat (the timer and the put in one turn of the loop, in
+    either order) is read by the next wait, never dropped. 400 events, each arriving exactly
+    when a beat is due."""
+    from types import SimpleNamespace
+
+    from api.consumers import GenerationConsumer
+    from superfluid_site.serving import ServingConfig, installed
+
+    async def go() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        beats = []
+
+        async def send_body(body: bytes, more_body: bool) -> None:
+            beats.append(body)
+
+        stream = SimpleNamespace(send_body=send_body, keepalive_event=lambda: b": keepalive\n\n")
+        got = []
+        for i in range(400):
+            loop.call_at(loop.time() + 0.002, queue.put_nowait, i)  # due with the beat (or a hair before or after)
+            got.append(await GenerationConsumer.beating(stream, queue.get))  # type: ignore[arg-type]
+        return got, len(beats)
+
+    with installed(ServingConfig.from_settings(sse_keepalive=0.002)):
+        got, beats = asyncio.run(asyncio.wait_for(go(), 60))  # (an event lost: the next wait never ends)
+    assert got == list(range(400))
+    assert beats > 0  # some beats did fall on the arrivals
