@@ -20,14 +20,15 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import uuid
 from collections.abc import Collection
 from typing import Any
 
-from scheduler.link.messages import Delta, Done
+from scheduler.link.messages import CONTEXT_LENGTH_EXCEEDED, Delta, Done
 from superfluid_site.serving import serving
 
 from . import responses
-from .consumers import ChatCompletionsConsumer
+from .consumers import SSE_HEADERS, ChatCompletionsConsumer
 from .errors import ApiError, invalid_request
 from .reasoning import Splitter, new_splitter
 from .schemas import GenerationRequest, StandIn, chat_request_from, load_object, omitted_part, parse_content
@@ -869,6 +870,7 @@ class ResponsesConsumer(ChatCompletionsConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.asked = ResponsesRequest()  # parse
+        self.parsed: GenerationRequest | None = None  # the request as parsed (a refusal after the parse: whether it streams)
         self.events: ResponseEvents | None = None  # the Response being built (reply)
         self.thinking: Splitter | None = None  # the reply's reasoning, as deltas come (saw_delta)
         self.reasoning_tokens = 0
@@ -877,6 +879,7 @@ class ResponsesConsumer(ChatCompletionsConsumer):
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
         request, self.asked = parse_responses_request(body, models=models, strict=serving().strict_params)
+        self.parsed = request
         return request
 
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
@@ -933,4 +936,33 @@ class ResponsesConsumer(ChatCompletionsConsumer):
             return
         # before any output: the chat route's error, naming the Responses body's field (a prompt
         # over the context, or one the template refuses, is the worker's word on "messages")
-        await super().send_error(_renamed(exc, self.asked.where))
+        exc = _renamed(exc, self.asked.where)
+        request = self.parsed
+        if not self.headers_sent and exc.code == CONTEXT_LENGTH_EXCEEDED and request is not None and request.stream:
+            await self.send_failed_stream(request, exc)
+            return
+        await super().send_error(exc)
+
+    async def send_failed_stream(self, request: GenerationRequest, exc: ApiError) -> None:
+        """A streamed request whose input the context cannot hold, refused before its stream
+        began (the size check, the worker's count): a 200 stream of ``response.created``,
+        ``response.in_progress``, ``error`` and ``response.failed`` with ``error.code``
+        ``context_length_exceeded``, as OpenAI reports a streamed request's overflow. Codex reads
+        that code only there (its context window full: it compacts, or asks for a new thread);
+        an HTTP 400 it shows as an invalid request. The activity row and metrics count the
+        refusal as the unstreamed one's: status 400, ``context_length_exceeded``."""
+        self.record.error_code = exc.code
+        self.record.status = exc.status
+        self.record.model, self.record.stream = request.model, True
+        self.record.request_id = self.record.request_id or uuid.uuid4().hex  # (no job yet: an id of its own)
+        self.reply(request)
+        events = self.events
+        assert events is not None
+        headers = [(b"x-request-id", self.record.request_id.encode())]
+        if self.record.qos:  # (admitted: the worker refused it)
+            headers.append((b"x-superfluid-qos", self.record.qos.encode()))
+        if request.ignored:
+            headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(request.ignored).encode()))
+        await self.send_headers(status=200, headers=SSE_HEADERS + headers)
+        self.headers_sent = True
+        await self.send_body(b"".join(sse_frame(f) for f in [*events.opening, *events.failed(exc)]))
