@@ -561,8 +561,9 @@ _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*
 # characters (each at most a 6-character escape), so held text past this that is still no head
 # never becomes one (it is decided at the end); without the bound every delta rescanned it all
 MAX_CALL_HEAD = 1024
-# the most text a streamed call's closing may hold besides whitespace: members after its
-# arguments (an "id" some models add) and its "}"; more than this and it is sent as text
+# the most text a streamed call's closing may take, from its arguments' end to its "</tool_call>":
+# members after its arguments (an "id" some models add), its "}" and whitespace; more than this
+# and it is text (counted on the text, not on what a delta brought, so any chunking reads it alike)
 MAX_CALL_TAIL = 4096
 _CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
@@ -591,17 +592,22 @@ def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | 
     return start, {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def _call_tail(text: str, scan: list[Any] | None = None) -> int:
-    """A streamed call's closing, which ``text`` starts with: what comes after its arguments.
+def _call_tail(text: str, scan: list[Any] | None = None, start: int = 0) -> int:
+    """A call's closing, which ``text`` starts with at ``start``: what comes after its arguments.
     That is any further members (which the unstreamed parse ignores), ``}``, and
     ``</tool_call>``. Returns the length of a whole closing; 0 while ``text`` may still grow into
     one; -1 when it cannot (it is text). ``scan``: [scanner, characters scanned], kept by the
     caller between calls on the same text grown at its end, so that each character is scanned
-    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call)."""
-    body = text.lstrip()
-    if not body:
+    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call). Only the first
+    MAX_CALL_TAIL characters (and the tag) are read: a delta that brought a closing with more
+    text after it sent the closing as text, where the same text in small deltas closed the call."""
+    limit = start + MAX_CALL_TAIL
+    at = _LEADING_SPACE.match(text, start, limit).end()  # type: ignore[union-attr]  # (\s* always matches)
+    if at >= limit:
+        return -1
+    if at == len(text):
         return 0
-    if body[0] not in ",}" or len(body) > MAX_CALL_TAIL:
+    if text[at] not in ",}":
         return -1
     if scan is None or not scan:
         scanner = _ArgsScanner()
@@ -610,20 +616,20 @@ def _call_tail(text: str, scan: list[Any] | None = None) -> int:
         scan[:] = [scanner, 0]
     scanner, n = scan
     if scanner.depth > 0:  # (at 0 its members ended, at n: what follows is no member)
-        n = scan[1] = n + scanner.feed(body[n:])
+        n = scan[1] = n + scanner.feed(text, at + n, limit)
     if scanner.depth > 0:
-        return 0  # its members are still coming
+        return -1 if at + n >= limit else 0  # past the bound, or its members still coming
     try:
-        members = _DECODER.decode('{"_": 0' + body[:n])
+        members = _DECODER.decode('{"_": 0' + text[at : at + n])
     except (ValueError, RecursionError):
         return -1
     if _CALL_KEYS & members.keys():  # a second name or arguments: not the call that was streamed
         return -1
-    rest = body[n:]
-    after = rest.lstrip()
-    if after.startswith(TOOL_CLOSE):
-        return len(text) - len(after) + len(TOOL_CLOSE)
-    return 0 if TOOL_CLOSE.startswith(after) else -1
+    close = _LEADING_SPACE.match(text, at + n, limit).end()  # type: ignore[union-attr]
+    after = text[close : close + len(TOOL_CLOSE)]
+    if after == TOOL_CLOSE and close < limit:
+        return close + len(TOOL_CLOSE) - start
+    return 0 if close < limit and len(after) < len(TOOL_CLOSE) and TOOL_CLOSE.startswith(after) else -1
 
 
 def _is_json(text: str) -> bool:
@@ -642,9 +648,12 @@ class _ArgsScanner:
         self.in_string = False
         self.escaped = False
 
-    def feed(self, text: str) -> int:
-        """How many characters of ``text`` belong to the value; len(text) if it goes on."""
-        for i, c in enumerate(text):
+    def feed(self, text: str, start: int = 0, stop: int | None = None) -> int:
+        """How many characters of ``text[start:stop]`` belong to the value; all of them if it
+        goes on (read in place: a copy of the rest of a long reply for each call cost its square)."""
+        stop = len(text) if stop is None else min(stop, len(text))
+        for i in range(start, stop):
+            c = text[i]
             if self.in_string:
                 if self.escaped:
                     self.escaped = False
@@ -659,8 +668,8 @@ class _ArgsScanner:
             elif c in "}]":
                 self.depth -= 1
                 if self.depth == 0:
-                    return i + 1
-        return len(text)
+                    return i + 1 - start
+        return max(0, stop - start)
 
 
 class Reply:

@@ -171,9 +171,9 @@ def test_a_streamed_calls_long_closing_is_scanned_once(monkeypatch: Any) -> None
     fed = [0]
     feed = responses._ArgsScanner.feed
 
-    def counted(self: Any, text: str) -> int:
-        fed[0] += len(text)
-        return feed(self, text)
+    def counted(self: Any, text: str, start: int = 0, stop: int | None = None) -> int:
+        fed[0] += len(text[start:stop])
+        return feed(self, text, start, stop)
 
     monkeypatch.setattr(responses._ArgsScanner, "feed", counted)
     reply = Reply("chat", "m", tools=TOOLS)
