@@ -9,7 +9,6 @@ Pure functions returning dicts or bytes; the shapes are those the official ``ope
 from __future__ import annotations
 
 import codecs
-import contextlib
 import json
 import re
 import secrets
@@ -327,9 +326,24 @@ def parse_tool_calls(
     """(content, tool calls) of a reply written in the generic format
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, or (``fmt``, the model's own
     format: ``scheduler.engines.chat.tool_call_format``) in Llama 3.x's or Mistral's. A block that
-    does not parse or names no offered function stays in the content as text. ``strip=False``:
-    the content keeps its whitespace at both ends (the end of a stream, whose earlier text went
-    out already). The generic format is read for every model: a forced call's grammar writes it."""
+    does not parse or names no offered function stays in the content as text, but for one whose
+    head (an offered name, then the arguments' ``{``) came: a stream sent that call the moment
+    it came, so it is a call whatever follows (:func:`_read_tool_calls`). ``strip=False``: the
+    content keeps its whitespace at both ends (the end of a stream, whose earlier text went out
+    already). The generic format is read for every model: a forced call's grammar writes it."""
+    content, calls, _whole = _read_tool_calls(text, names, strip=strip, fmt=fmt)
+    return content, calls
+
+
+def _read_tool_calls(
+    text: str, names: Collection[str], *, strip: bool = True, fmt: str = "hermes"
+) -> tuple[str | None, list[dict[str, Any]], list[bool]]:
+    """:func:`parse_tool_calls`, and for each call whether it is whole: its arguments JSON and
+    its block closed. A block whose head came is read as the stream reads it
+    (``Reply._stream_calls``): its arguments as far as they go (to their closing brace, or to
+    the end of the reply, cut there by max_tokens, a stop string or the end of generation),
+    then its closing; a closing cut short by the reply's end is no content (markup of a call),
+    and text after the arguments that is no closing is content, read on for further calls."""
     native = _NATIVE_PARSERS.get(fmt)
     if native is not None:
         try:
@@ -337,8 +351,9 @@ def parse_tool_calls(
         except (ValueError, RecursionError):  # not calls after all: the text as it is
             found = []
         if found:
-            return ((content.strip() if strip else content) or None), found
+            return ((content.strip() if strip else content) or None), found, [True] * len(found)
     calls: list[dict[str, Any]] = []
+    whole: list[bool] = []
     rest: list[str] = []
     pos = 0
     decoder = _DECODER
@@ -353,6 +368,18 @@ def parse_tool_calls(
         # (matched in place: stripping a copy of the rest of the text for each block made a reply
         # of many calls cost the square of its length)
         at = _LEADING_SPACE.match(text, body_at).end()  # type: ignore[union-attr]  # (\s* always matches)
+        if at < len(text) and text[at] != "{":
+            # no JSON object follows the tag: text, at no cost (a stream sends it at once, so it
+            # counts as no miss; parsed, a long array after it cost a parse to its end)
+            rest.append(TOOL_OPEN)
+            pos = body_at
+            continue
+        head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD)
+        if head is not None and _head_name(head) in names:
+            call, pos, closed = _headed_call(text, head, fmt)
+            calls.append(call)
+            whole.append(closed)
+            continue
         try:
             obj, end = decoder.raw_decode(text, at)
             spans = _member_spans(text, at) if isinstance(obj, dict) else {}
@@ -378,9 +405,43 @@ def parse_tool_calls(
                 "function": {"name": name, "arguments": text[span[0] : span[1]] if span else "{}"},
             }
         )
+        whole.append(True)
         pos = close + len(TOOL_CLOSE)
     content = "".join(rest)
-    return ((content.strip() if strip else content) or None), calls
+    return ((content.strip() if strip else content) or None), calls, whole
+
+
+def _headed_call(text: str, head: re.Match[str], fmt: str) -> tuple[dict[str, Any], int, bool]:
+    """(the call, where the text after it goes on, whether it is whole) of the block whose head
+    (an offered name and its arguments' ``{``) ``head`` matched, read as a stream reads it."""
+    args_at = head.end()
+    try:
+        end = _DECODER.raw_decode(text, args_at)[1]
+        parsed = True
+    except (ValueError, RecursionError):  # no JSON: where its braces close (or the text's end)
+        scanner = _ArgsScanner()
+        end = args_at + scanner.feed(text, args_at)
+        parsed = False
+    call = {
+        "id": mistral_call_id() if fmt == "mistral" else new_call_id(),
+        "type": "function",
+        "function": {"name": _head_name(head), "arguments": text[args_at:end]},
+    }
+    tail = _call_tail(text, start=end) if end < len(text) or parsed else 0
+    if tail > 0:  # closed
+        return call, end + tail, parsed
+    if tail == 0:  # the arguments or the closing cut short by the reply's end: markup, no content
+        return call, len(text), False
+    return call, end, False  # what follows the arguments is no closing: text
+
+
+def _head_name(head: re.Match[str]) -> Any:
+    """The function a call's head names (None where its string is no JSON: ``"get\\_weather"``
+    passes the pattern, not JSON)."""
+    try:
+        return json.loads(head.group(1))
+    except ValueError:
+        return None
 
 
 _WS = " \t\n\r"
@@ -568,30 +629,6 @@ MAX_CALL_TAIL = 4096
 _CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
-def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | None:
-    """(where it begins, the call) of a call in the generic format that ``text`` (a reply cut by
-    max_tokens) ends inside of, past its head (an offered name and the arguments' opening): the
-    call a stream sent, its arguments as far as they came; None where the text ends otherwise."""
-    start = text.rfind(TOOL_OPEN)
-    head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD) if start >= 0 else None
-    if head is None:
-        return None
-    scanner = _ArgsScanner()
-    ended = scanner.feed(text[head.end() :])
-    if scanner.depth == 0 and TOOL_CLOSE in text[head.end() + ended :]:
-        return None  # a whole call (a "</tool_call>" inside its arguments' strings closes nothing)
-    try:
-        name = json.loads(head.group(1))
-    except ValueError:
-        return None
-    if name not in names:
-        return None
-    arguments = text[head.end() :]
-    with contextlib.suppress(ValueError, RecursionError):  # a call cut in its closing: its
-        arguments = arguments[: _DECODER.raw_decode(arguments)[1]]  # arguments whole, as written
-    return start, {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
 def _call_tail(text: str, scan: list[Any] | None = None, start: int = 0) -> int:
     """A call's closing, which ``text`` starts with at ``start``: what comes after its arguments.
     That is any further members (which the unstreamed parse ignores), ``}``, and
@@ -760,7 +797,6 @@ class Reply:
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
         self.args_parts: list[str] = []  # ... and those arguments so far (joined once, when whole)
-        self.calls_whole = True  # every streamed call's arguments closed and are JSON
         # streamed calls that are calls unstreamed too (arguments that are JSON, the block closed)
         self.calls_closed = 0
         self.args_json = False  # the streamed call whose closing is coming: its arguments parse
@@ -943,8 +979,6 @@ class Reply:
                 if self.args.depth > 0:
                     break
                 self.args_json = not self.muted and _is_json("".join(self.args_parts))
-                if not self.muted:
-                    self.calls_whole = self.calls_whole and self.args_json
                 self.args, self.after_args, self.args_parts, self.tail_scan = None, True, [], []
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
@@ -977,10 +1011,7 @@ class Reply:
                 # held to the end and parsed then, as before, without rescanning it every delta
                 self.native_held = len(held) >= MAX_CALL_HEAD
                 break
-            try:
-                name = json.loads(head.group(1))
-            except ValueError:  # a string the pattern passes and JSON does not ("get\_weather")
-                name = None
+            name = _head_name(head)
             if name not in self.tool_names:  # no call streamed: held to the end, parsed then
                 self.held, self.native_held = held, True
                 break
@@ -1094,16 +1125,16 @@ class Reply:
             if self.tool_names and self.held and not self.after_args:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
-                content, found = parse_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
+                content, found, whole = _read_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
                 if content is not None and not self.content_sent:
                     content = content.lstrip()
                 calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
                 if found:
                     if content and (content := self._stripped(content)):
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
-                    for call in calls:
+                    for call, closed in zip(calls, whole, strict=False):
                         i, self.calls_sent = self.calls_sent, self.calls_sent + 1
-                        self.calls_closed += 1
+                        self.calls_closed += closed
                         head = {"index": i, "id": call["id"], "type": "function",
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
@@ -1115,10 +1146,12 @@ class Reply:
             if pending and not self.calls_sent:  # no call after all: the text is whole
                 frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
             self.pending_space = []
-            # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
-            # string or the end of generation cut open, or that are no JSON, finishes "stop", as
-            # the same reply unstreamed does; so does one whose block's closing never came
-            if self.calls_closed and self._calls_end(reason, self.calls_closed) and self.calls_whole and (self.args is None or self.muted):
+            # tool_calls means whole calls (arguments that parse, the block closed): a reply with
+            # a call whose arguments max_tokens, a stop string or the end of generation cut open,
+            # that are no JSON, or whose block's closing never came, finishes as it did (length
+            # or stop), as the same reply unstreamed does (a call past max_calls, never sent,
+            # counts for nothing)
+            if self.calls_sent and self.calls_closed == self.calls_sent and self._calls_end(reason, self.calls_closed):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
@@ -1170,12 +1203,13 @@ class Reply:
             thought, text = split_whole(self.reasoning, text, cut=reason == "length")
         content: str | None = text
         if self.tool_names:
-            cut = cut_call(text, self.tool_names) if reason == "length" else None
-            content, calls = parse_tool_calls(text if cut is None else text[: cut[0]], self.tool_names, fmt=self.tool_format)
-            if cut is not None:  # as the stream gave it: the call, its arguments as far as they came
-                content, calls = (content or "").strip() or None, [*calls, cut[1]]
-            calls = calls[: self.max_calls] if self.max_calls is not None else calls
-            if calls and cut is None and self._calls_end(reason, len(calls)):  # (a cut call: length)
+            # a call whose head came is a call, its arguments as far as they came, as the stream
+            # sent it (cut by max_tokens, a stop string or the end of generation)
+            content, calls, whole = _read_tool_calls(text, self.tool_names, fmt=self.tool_format)
+            if self.max_calls is not None:
+                calls, whole = calls[: self.max_calls], whole[: self.max_calls]
+            # tool_calls: whole calls only (a cut one finishes as the reply did: length or stop)
+            if calls and all(whole) and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason
             elif not calls:
                 content = text

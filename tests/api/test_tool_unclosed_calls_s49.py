@@ -1,17 +1,25 @@
 """A reply in tool mode streams what the same reply says unstreamed (content, calls,
-finish_reason), whatever its chunking (session 49).
+finish_reason), whatever its chunking, also where a call's block never closed (session 49).
 
+- A call whose head (an offered name, then its arguments' ``{``) came is streamed at once and
+  cannot be taken back. Unstreamed, such a block without its ``</tool_call>`` (the end of
+  generation or a stop string came first) was text, the call's raw markup as ``content``; it is
+  the call, its arguments as they came, finished ``stop`` (as a cut at max_tokens is, ``length``).
 - A call's closing that came in one delta with more than MAX_CALL_TAIL characters after it was
   sent as text (the bound counted what the delta held), where in small deltas it closed the call.
 """
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from api.responses import MAX_CALL_TAIL
 from tests.api.streamed import stream_reply, whole_reply
 
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
-CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+HEAD = '<tool_call>{"name": "get_weather", "arguments": '
+CALL = HEAD + '{"city": "Paris"}}</tool_call>'
 
 
 def _both(text: str, reason: str, size: int, **reply: object) -> tuple[tuple[object, ...], tuple[object, ...]]:
@@ -22,8 +30,54 @@ def _both(text: str, reason: str, size: int, **reply: object) -> tuple[tuple[obj
     return (got.content or None, got.pairs, got.finish_reason), (whole["content"], whole["calls"], whole["finish_reason"])
 
 
+def test_a_call_whose_closing_never_came_is_the_call_finished_stop_unstreamed_too() -> None:
+    text = HEAD + '{"city": "Paris"}}'
+    for size in (1, 4, len(text)):
+        streamed, whole = _both(text, "stop", size)
+        assert streamed == whole == (None, [("get_weather", '{"city": "Paris"}')], "stop")
+
+
+def test_a_call_cut_open_at_stop_is_the_call_as_far_as_it_came() -> None:
+    text = HEAD + '{"city": "Pa'
+    streamed, whole = _both(text, "stop", 3)
+    assert streamed == whole == (None, [("get_weather", '{"city": "Pa')], "stop")
+    # cut before its head was whole: no call was sent, the text is content
+    text = '<tool_call>{"name": "get_wea'
+    streamed, whole = _both(text, "stop", 3)
+    assert streamed == whole == (text, [], "stop")
+
+
+def test_a_whole_call_then_one_never_closed_finishes_stop() -> None:
+    # the stream finished tool_calls: it counted the first call's closing and not the second's absence
+    text = CALL + "\n" + HEAD + '{"city": "Oslo"}}'
+    for size in (1, 5, len(text)):
+        streamed, whole = _both(text, "stop", size)
+        assert streamed == whole == (None, [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Oslo"}')], "stop")
+
+
 def test_a_closing_in_one_delta_with_long_text_after_it_closes_the_call() -> None:
     text = CALL + " and " + "x" * (MAX_CALL_TAIL + 100)
     for size in (7, len(text)):
         streamed, whole = _both(text, "stop", size)
         assert streamed == whole == ("and " + "x" * (MAX_CALL_TAIL + 100), [("get_weather", '{"city": "Paris"}')], "tool_calls")
+
+
+PIECES = st.sampled_from(
+    [HEAD, '{"city": "Paris"}', '{"city": "Pa', "}", "</tool_call>", "</tool", "NaN", ",", ' "id": "x"', '"parameters": ',
+     "Sure.", "<tool_call>", "<think>", "</think>", "[TOOL_CALLS]", '{"name": "get_weather", "arguments": {}}',
+     "<function=get_weather>", "<parameter=city>", "Paris", "</parameter>", "</function>"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(PIECES, max_size=14),
+    tool_format=st.sampled_from(["hermes", "llama3", "mistral", "qwen3_coder"]),
+    reasoning=st.sampled_from(["none", "think"]),
+    reason=st.sampled_from(["stop", "length"]),
+    size=st.integers(1, 9),
+)
+def test_fuzz_any_reply_streams_its_unstreamed_content_calls_and_finish(parts: list[str], tool_format: str, reasoning: str, reason: str, size: int) -> None:
+    text = "".join(parts)
+    streamed, whole = _both(text, reason, size, tool_format=tool_format, reasoning_format=reasoning)
+    assert streamed == whole, text
