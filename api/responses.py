@@ -1076,9 +1076,10 @@ class Reply:
             self.pending_space.append(text)
             return ""
         body = trimmed
-        if self.calls_sent and not self.content_sent:
-            # the content's start, after a call: the reply has calls, so its content is the text
-            # around them stripped, and whitespace before this is none of it
+        if not self.content_sent:
+            # the content's start: in tool mode the content never begins with whitespace (a reply
+            # with calls has the text around them stripped as its content, and it is not known
+            # yet whether calls follow), so whitespace before this is none of it
             body, self.pending_space = body.lstrip(), []
         out, self.pending_space = "".join(self.pending_space) + body, [text[len(trimmed) :]]
         self.content_sent = True
@@ -1126,8 +1127,6 @@ class Reply:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
                 content, found, whole = _read_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
-                if content is not None and not self.content_sent:
-                    content = content.lstrip()
                 calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
                 if found:
                     if content and (content := self._stripped(content)):
@@ -1143,7 +1142,7 @@ class Reply:
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
-            if pending and not self.calls_sent:  # no call after all: the text is whole
+            if pending and not self.calls_sent and self.content_sent:  # no call after all: the text is whole
                 frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
             self.pending_space = []
             # tool_calls means whole calls (arguments that parse, the block closed): a reply with
@@ -1212,7 +1211,7 @@ class Reply:
             if calls and all(whole) and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason
             elif not calls:
-                content = text
+                content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
         if thought:  # as llama-server: only where there is reasoning

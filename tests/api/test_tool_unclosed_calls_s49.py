@@ -1,10 +1,14 @@
 """A reply in tool mode streams what the same reply says unstreamed (content, calls,
-finish_reason), whatever its chunking, also where a call's block never closed (session 49).
+finish_reason), whatever its chunking, also where a call's block never closed and where the
+content begins with whitespace (session 49).
 
 - A call whose head (an offered name, then its arguments' ``{``) came is streamed at once and
   cannot be taken back. Unstreamed, such a block without its ``</tool_call>`` (the end of
   generation or a stop string came first) was text, the call's raw markup as ``content``; it is
   the call, its arguments as they came, finished ``stop`` (as a cut at max_tokens is, ``length``).
+- The stream sent the content's leading whitespace with the first text (it cannot know a call
+  follows), where unstreamed the content around calls is stripped: in tool mode the content's
+  leading whitespace is none of it, streamed or not.
 - A call's closing that came in one delta with more than MAX_CALL_TAIL characters after it was
   sent as text (the bound counted what the delta held), where in small deltas it closed the call.
 """
@@ -55,6 +59,14 @@ def test_a_whole_call_then_one_never_closed_finishes_stop() -> None:
         assert streamed == whole == (None, [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Oslo"}')], "stop")
 
 
+def test_leading_whitespace_is_no_content_whether_or_not_a_call_follows() -> None:
+    for text in (" \n Sure. " + CALL, " \n Sure.", "\n\n" + CALL + "\n Done."):
+        for size in (1, 2, len(text)):
+            streamed, whole = _both(text, "stop", size)
+            assert streamed == whole, (text, size)
+            assert not (whole[0] or "x")[0].isspace()
+
+
 def test_a_closing_in_one_delta_with_long_text_after_it_closes_the_call() -> None:
     text = CALL + " and " + "x" * (MAX_CALL_TAIL + 100)
     for size in (7, len(text)):
@@ -64,7 +76,7 @@ def test_a_closing_in_one_delta_with_long_text_after_it_closes_the_call() -> Non
 
 PIECES = st.sampled_from(
     [HEAD, '{"city": "Paris"}', '{"city": "Pa', "}", "</tool_call>", "</tool", "NaN", ",", ' "id": "x"', '"parameters": ',
-     "Sure.", "<tool_call>", "<think>", "</think>", "[TOOL_CALLS]", '{"name": "get_weather", "arguments": {}}',
+     " ", "\n", "Sure.", "<tool_call>", "<think>", "</think>", "[TOOL_CALLS]", '{"name": "get_weather", "arguments": {}}',
      "<function=get_weather>", "<parameter=city>", "Paris", "</parameter>", "</function>"]
 )  # fmt: skip
 
@@ -81,3 +93,11 @@ def test_fuzz_any_reply_streams_its_unstreamed_content_calls_and_finish(parts: l
     text = "".join(parts)
     streamed, whole = _both(text, reason, size, tool_format=tool_format, reasoning_format=reasoning)
     assert streamed == whole, text
+
+
+def test_tags_no_object_follows_are_no_misses_of_the_parse() -> None:
+    # the stream sends each at once as text and still streams the call after them; the parse
+    # counted each as a block that was no call, and after 16 gave the rest up as text
+    text = "<tool_call> no\n" * 17 + CALL
+    streamed, whole = _both(text, "stop", 5)
+    assert streamed == whole == (("<tool_call> no\n" * 17).strip(), [("get_weather", '{"city": "Paris"}')], "tool_calls")
