@@ -475,12 +475,12 @@ def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as the object tool_use's ``input`` is (a call that max_tokens cut
-    open, or whose arguments are no object: ``{}``, as llama-server gives it)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
+    """A call's arguments as the object tool_use's ``input`` is (a call cut open, or whose
+    arguments are no JSON object: ``{}``, as llama-server gives it). Read as RFC 8259 JSON: a
+    ``NaN`` Python's reader takes made the body invalid JSON, and arguments nested past its depth
+    raised RecursionError out of the reply (both are a call, its arguments as the model wrote
+    them, since a call whose head came is one: ``responses.parse_tool_calls``)."""
+    value = responses._loads_or_none(arguments)
     return value if isinstance(value, dict) else {}
 
 

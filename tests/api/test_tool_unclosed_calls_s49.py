@@ -15,10 +15,16 @@ content begins with whitespace (session 49).
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from api.responses import MAX_CALL_TAIL
+from api.anthropic import in_written_order, message_body
+from api.responses import MAX_CALL_TAIL, Reply, json_bytes
+from scheduler.link.messages import Delta, Done
 from tests.api.streamed import stream_reply, whole_reply
 
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -101,3 +107,21 @@ def test_tags_no_object_follows_are_no_misses_of_the_parse() -> None:
     text = "<tool_call> no\n" * 17 + CALL
     streamed, whole = _both(text, "stop", 5)
     assert streamed == whole == (("<tool_call> no\n" * 17).strip(), [("get_weather", '{"city": "Paris"}')], "tool_calls")
+
+
+def _message(text: str, reason: str) -> dict[str, Any]:
+    """/v1/messages' unstreamed message of ``text`` (MessagesConsumer.final_body's steps)."""
+    reply = Reply("chat", "m", tools=TOOLS)
+    reply.add(Delta("j", text))
+    done = Done("j", reason, usage={"prompt_tokens": 1, "completion_tokens": 1})
+    return in_written_order(message_body(reply.body(done, None), "m", None, [], done.usage), Reply("chat", "m", tools=TOOLS), [text], done)
+
+
+def test_a_messages_call_whose_arguments_are_no_json_has_an_empty_input_and_a_json_body() -> None:
+    # a call whose head came is one: its input was read by Python's reader, NaN and all (the body
+    # then held NaN, which no JSON parser takes), and arguments nested too deep raised
+    for args in ('{"city": NaN}', '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}"):
+        body = _message(HEAD + args + "}</tool_call>", "stop")
+        assert [(b["type"], b.get("input")) for b in body["content"]] == [("tool_use", {})]
+        assert body["stop_reason"] == "end_turn"  # no whole call: its arguments are no JSON
+        json.loads(json_bytes(body), parse_constant=lambda c: pytest.fail(f"{c} in the body"))
