@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from api.anthropic import in_written_order, message_body
 from api.responses import MAX_CALL_TAIL, Reply, json_bytes
+from api.responses_api import custom_input
 from scheduler.link.messages import Delta, Done
 from tests.api.streamed import stream_reply, whole_reply
 
@@ -125,3 +126,10 @@ def test_a_messages_call_whose_arguments_are_no_json_has_an_empty_input_and_a_js
         assert [(b["type"], b.get("input")) for b in body["content"]] == [("tool_use", {})]
         assert body["stop_reason"] == "end_turn"  # no whole call: its arguments are no JSON
         json.loads(json_bytes(body), parse_constant=lambda c: pytest.fail(f"{c} in the body"))
+
+
+def test_a_custom_tools_input_nested_past_the_readers_depth_is_given_as_written() -> None:
+    # /v1/responses serves a custom tool as a function: arguments nested too deep raised
+    # RecursionError out of the reply, now that such a block is a call unstreamed too
+    deep = '{"input": ' + "[" * 20_000 + "]" * 20_000 + "}"
+    assert custom_input(deep) == deep
