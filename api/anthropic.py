@@ -475,12 +475,12 @@ def usage_of(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as the object tool_use's ``input`` is (a call that max_tokens cut
-    open, or whose arguments are no object: ``{}``, as llama-server gives it)."""
-    try:
-        value = json.loads(arguments)
-    except ValueError:
-        return {}
+    """A call's arguments as the object tool_use's ``input`` is (a call cut open, or whose
+    arguments are no JSON object: ``{}``, as llama-server gives it). Read as RFC 8259 JSON: a
+    ``NaN`` Python's reader takes made the body invalid JSON, and arguments nested past its depth
+    raised RecursionError out of the reply (both are a call, its arguments as the model wrote
+    them, since a call whose head came is one: ``responses.parse_tool_calls``)."""
+    value = responses._loads_or_none(arguments)
     return value if isinstance(value, dict) else {}
 
 
@@ -581,6 +581,20 @@ def assembled(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return blocks
 
 
+def in_written_order(body: dict[str, Any], again: responses.Reply, texts: list[str], event: Any) -> dict[str, Any]:
+    """The message ``body`` (:func:`message_body`'s) with its blocks in the order the model wrote
+    them, as the stream gives them (text after a call is a text block after its tool_use): the
+    reply's text (``texts``, its deltas) replayed through ``again`` (a fresh reply of the same
+    request) and the stream's own translation, so the two are the same message."""
+    blocks, frames = BlockStream(), []
+    for n, text in enumerate(texts, 1):
+        frames += blocks.feed(again.delta_chunks(Delta(id=event.id, text=text, tokens=n)))
+    replayed = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
+    if _same_blocks(replayed, body["content"]):  # (else the whole reply's, as it was parsed)
+        body["content"] = replayed
+    return body
+
+
 def _same_blocks(ordered: list[dict[str, Any]], whole: list[dict[str, Any]]) -> bool:
     """Whether ``ordered`` holds what ``whole`` does (its thinking, its text, its calls' names
     and inputs), however it orders and splits them."""
@@ -662,16 +676,7 @@ class MessagesConsumer(ChatCompletionsConsumer):
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Any) -> dict[str, Any]:
         body = message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
-        # the blocks in the order the model wrote them, as the stream gives them (text after a
-        # call is a text block after its tool_use): the reply's text replayed delta by delta
-        # through the stream's own translation, so the two are the same message
-        again, blocks, frames = self.reply(request), BlockStream(), []
-        for n, text in enumerate(reply.text, 1):
-            frames += blocks.feed(again.delta_chunks(Delta(id=event.id, text=text, tokens=n)))
-        replayed = assembled(frames + blocks.feed(again.final_chunks(event, None)) + blocks.close())
-        if _same_blocks(replayed, body["content"]):  # (else the whole reply's, as it was parsed)
-            body["content"] = replayed
-        return body
+        return in_written_order(body, self.reply(request), reply.text, event)
 
     async def send_error(self, exc: ApiError) -> None:
         exc = prompt_too_long(exc)

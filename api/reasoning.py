@@ -275,7 +275,7 @@ class HarmonySplitter(Splitter):
 
     def _close(self, answer: list[str], *, cut: bool = False) -> None:
         """A message's end: a call's block closed. A call cut short (max_tokens) stays open, its
-        arguments as far as they came, read as any call so cut (``api.responses.cut_call``): a
+        arguments as far as they came, read as any call so cut (``api.responses.parse_tool_calls``): a
         closing added after them made markup of a call whose arguments are no JSON."""
         if self.call_open and not cut:
             answer.append(self.call_head + "}</tool_call>")

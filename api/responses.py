@@ -9,7 +9,6 @@ Pure functions returning dicts or bytes; the shapes are those the official ``ope
 from __future__ import annotations
 
 import codecs
-import contextlib
 import json
 import re
 import secrets
@@ -327,9 +326,24 @@ def parse_tool_calls(
     """(content, tool calls) of a reply written in the generic format
     ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, or (``fmt``, the model's own
     format: ``scheduler.engines.chat.tool_call_format``) in Llama 3.x's or Mistral's. A block that
-    does not parse or names no offered function stays in the content as text. ``strip=False``:
-    the content keeps its whitespace at both ends (the end of a stream, whose earlier text went
-    out already). The generic format is read for every model: a forced call's grammar writes it."""
+    does not parse or names no offered function stays in the content as text, but for one whose
+    head (an offered name, then the arguments' ``{``) came: a stream sent that call the moment
+    it came, so it is a call whatever follows (:func:`_read_tool_calls`). ``strip=False``: the
+    content keeps its whitespace at both ends (the end of a stream, whose earlier text went out
+    already). The generic format is read for every model: a forced call's grammar writes it."""
+    content, calls, _whole = _read_tool_calls(text, names, strip=strip, fmt=fmt)
+    return content, calls
+
+
+def _read_tool_calls(
+    text: str, names: Collection[str], *, strip: bool = True, fmt: str = "hermes"
+) -> tuple[str | None, list[dict[str, Any]], list[bool]]:
+    """:func:`parse_tool_calls`, and for each call whether it is whole: its arguments JSON and
+    its block closed. A block whose head came is read as the stream reads it
+    (``Reply._stream_calls``): its arguments as far as they go (to their closing brace, or to
+    the end of the reply, cut there by max_tokens, a stop string or the end of generation),
+    then its closing; a closing cut short by the reply's end is no content (markup of a call),
+    and text after the arguments that is no closing is content, read on for further calls."""
     native = _NATIVE_PARSERS.get(fmt)
     if native is not None:
         try:
@@ -337,8 +351,9 @@ def parse_tool_calls(
         except (ValueError, RecursionError):  # not calls after all: the text as it is
             found = []
         if found:
-            return ((content.strip() if strip else content) or None), found
+            return ((content.strip() if strip else content) or None), found, [True] * len(found)
     calls: list[dict[str, Any]] = []
+    whole: list[bool] = []
     rest: list[str] = []
     pos = 0
     decoder = _DECODER
@@ -353,6 +368,18 @@ def parse_tool_calls(
         # (matched in place: stripping a copy of the rest of the text for each block made a reply
         # of many calls cost the square of its length)
         at = _LEADING_SPACE.match(text, body_at).end()  # type: ignore[union-attr]  # (\s* always matches)
+        if at < len(text) and text[at] != "{":
+            # no JSON object follows the tag: text, at no cost (a stream sends it at once, so it
+            # counts as no miss; parsed, a long array after it cost a parse to its end)
+            rest.append(TOOL_OPEN)
+            pos = body_at
+            continue
+        head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD)
+        if head is not None and _head_name(head) in names:
+            call, pos, closed = _headed_call(text, head, fmt)
+            calls.append(call)
+            whole.append(closed)
+            continue
         try:
             obj, end = decoder.raw_decode(text, at)
             spans = _member_spans(text, at) if isinstance(obj, dict) else {}
@@ -378,9 +405,43 @@ def parse_tool_calls(
                 "function": {"name": name, "arguments": text[span[0] : span[1]] if span else "{}"},
             }
         )
+        whole.append(True)
         pos = close + len(TOOL_CLOSE)
     content = "".join(rest)
-    return ((content.strip() if strip else content) or None), calls
+    return ((content.strip() if strip else content) or None), calls, whole
+
+
+def _headed_call(text: str, head: re.Match[str], fmt: str) -> tuple[dict[str, Any], int, bool]:
+    """(the call, where the text after it goes on, whether it is whole) of the block whose head
+    (an offered name and its arguments' ``{``) ``head`` matched, read as a stream reads it."""
+    args_at = head.end()
+    try:
+        end = _DECODER.raw_decode(text, args_at)[1]
+        parsed = True
+    except (ValueError, RecursionError):  # no JSON: where its braces close (or the text's end)
+        scanner = _ArgsScanner()
+        end = args_at + scanner.feed(text, args_at)
+        parsed = False
+    call = {
+        "id": mistral_call_id() if fmt == "mistral" else new_call_id(),
+        "type": "function",
+        "function": {"name": _head_name(head), "arguments": text[args_at:end]},
+    }
+    tail = _call_tail(text, start=end) if end < len(text) or parsed else 0
+    if tail > 0:  # closed
+        return call, end + tail, parsed
+    if tail == 0:  # the arguments or the closing cut short by the reply's end: markup, no content
+        return call, len(text), False
+    return call, end, False  # what follows the arguments is no closing: text
+
+
+def _head_name(head: re.Match[str]) -> Any:
+    """The function a call's head names (None where its string is no JSON: ``"get\\_weather"``
+    passes the pattern, not JSON)."""
+    try:
+        return json.loads(head.group(1))
+    except ValueError:
+        return None
 
 
 _WS = " \t\n\r"
@@ -561,47 +622,29 @@ _CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*
 # characters (each at most a 6-character escape), so held text past this that is still no head
 # never becomes one (it is decided at the end); without the bound every delta rescanned it all
 MAX_CALL_HEAD = 1024
-# the most text a streamed call's closing may hold besides whitespace: members after its
-# arguments (an "id" some models add) and its "}"; more than this and it is sent as text
+# the most text a streamed call's closing may take, from its arguments' end to its "</tool_call>":
+# members after its arguments (an "id" some models add), its "}" and whitespace; more than this
+# and it is text (counted on the text, not on what a delta brought, so any chunking reads it alike)
 MAX_CALL_TAIL = 4096
 _CALL_KEYS = frozenset({"name", "arguments", "parameters"})
 
 
-def cut_call(text: str, names: Collection[str]) -> tuple[int, dict[str, Any]] | None:
-    """(where it begins, the call) of a call in the generic format that ``text`` (a reply cut by
-    max_tokens) ends inside of, past its head (an offered name and the arguments' opening): the
-    call a stream sent, its arguments as far as they came; None where the text ends otherwise."""
-    start = text.rfind(TOOL_OPEN)
-    head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD) if start >= 0 else None
-    if head is None:
-        return None
-    scanner = _ArgsScanner()
-    ended = scanner.feed(text[head.end() :])
-    if scanner.depth == 0 and TOOL_CLOSE in text[head.end() + ended :]:
-        return None  # a whole call (a "</tool_call>" inside its arguments' strings closes nothing)
-    try:
-        name = json.loads(head.group(1))
-    except ValueError:
-        return None
-    if name not in names:
-        return None
-    arguments = text[head.end() :]
-    with contextlib.suppress(ValueError, RecursionError):  # a call cut in its closing: its
-        arguments = arguments[: _DECODER.raw_decode(arguments)[1]]  # arguments whole, as written
-    return start, {"id": new_call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def _call_tail(text: str, scan: list[Any] | None = None) -> int:
-    """A streamed call's closing, which ``text`` starts with: what comes after its arguments.
+def _call_tail(text: str, scan: list[Any] | None = None, start: int = 0) -> int:
+    """A call's closing, which ``text`` starts with at ``start``: what comes after its arguments.
     That is any further members (which the unstreamed parse ignores), ``}``, and
     ``</tool_call>``. Returns the length of a whole closing; 0 while ``text`` may still grow into
     one; -1 when it cannot (it is text). ``scan``: [scanner, characters scanned], kept by the
     caller between calls on the same text grown at its end, so that each character is scanned
-    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call)."""
-    body = text.lstrip()
-    if not body:
+    once (rescanned, a tail near MAX_CALL_TAIL cost its square on every call). Only the first
+    MAX_CALL_TAIL characters (and the tag) are read: a delta that brought a closing with more
+    text after it sent the closing as text, where the same text in small deltas closed the call."""
+    limit = start + MAX_CALL_TAIL
+    at = _LEADING_SPACE.match(text, start, limit).end()  # type: ignore[union-attr]  # (\s* always matches)
+    if at >= limit:
+        return -1
+    if at == len(text):
         return 0
-    if body[0] not in ",}" or len(body) > MAX_CALL_TAIL:
+    if text[at] not in ",}":
         return -1
     if scan is None or not scan:
         scanner = _ArgsScanner()
@@ -610,20 +653,20 @@ def _call_tail(text: str, scan: list[Any] | None = None) -> int:
         scan[:] = [scanner, 0]
     scanner, n = scan
     if scanner.depth > 0:  # (at 0 its members ended, at n: what follows is no member)
-        n = scan[1] = n + scanner.feed(body[n:])
+        n = scan[1] = n + scanner.feed(text, at + n, limit)
     if scanner.depth > 0:
-        return 0  # its members are still coming
+        return -1 if at + n >= limit else 0  # past the bound, or its members still coming
     try:
-        members = _DECODER.decode('{"_": 0' + body[:n])
+        members = _DECODER.decode('{"_": 0' + text[at : at + n])
     except (ValueError, RecursionError):
         return -1
     if _CALL_KEYS & members.keys():  # a second name or arguments: not the call that was streamed
         return -1
-    rest = body[n:]
-    after = rest.lstrip()
-    if after.startswith(TOOL_CLOSE):
-        return len(text) - len(after) + len(TOOL_CLOSE)
-    return 0 if TOOL_CLOSE.startswith(after) else -1
+    close = _LEADING_SPACE.match(text, at + n, limit).end()  # type: ignore[union-attr]
+    after = text[close : close + len(TOOL_CLOSE)]
+    if after == TOOL_CLOSE and close < limit:
+        return close + len(TOOL_CLOSE) - start
+    return 0 if close < limit and len(after) < len(TOOL_CLOSE) and TOOL_CLOSE.startswith(after) else -1
 
 
 def _is_json(text: str) -> bool:
@@ -642,9 +685,12 @@ class _ArgsScanner:
         self.in_string = False
         self.escaped = False
 
-    def feed(self, text: str) -> int:
-        """How many characters of ``text`` belong to the value; len(text) if it goes on."""
-        for i, c in enumerate(text):
+    def feed(self, text: str, start: int = 0, stop: int | None = None) -> int:
+        """How many characters of ``text[start:stop]`` belong to the value; all of them if it
+        goes on (read in place: a copy of the rest of a long reply for each call cost its square)."""
+        stop = len(text) if stop is None else min(stop, len(text))
+        for i in range(start, stop):
+            c = text[i]
             if self.in_string:
                 if self.escaped:
                     self.escaped = False
@@ -659,8 +705,8 @@ class _ArgsScanner:
             elif c in "}]":
                 self.depth -= 1
                 if self.depth == 0:
-                    return i + 1
-        return len(text)
+                    return i + 1 - start
+        return max(0, stop - start)
 
 
 class Reply:
@@ -751,7 +797,6 @@ class Reply:
         self.calls_sent = 0  # tool calls streamed so far (the next one's index)
         self.args: _ArgsScanner | None = None  # the streamed call whose arguments are coming
         self.args_parts: list[str] = []  # ... and those arguments so far (joined once, when whole)
-        self.calls_whole = True  # every streamed call's arguments closed and are JSON
         # streamed calls that are calls unstreamed too (arguments that are JSON, the block closed)
         self.calls_closed = 0
         self.args_json = False  # the streamed call whose closing is coming: its arguments parse
@@ -934,8 +979,6 @@ class Reply:
                 if self.args.depth > 0:
                     break
                 self.args_json = not self.muted and _is_json("".join(self.args_parts))
-                if not self.muted:
-                    self.calls_whole = self.calls_whole and self.args_json
                 self.args, self.after_args, self.args_parts, self.tail_scan = None, True, [], []
                 continue
             if self.after_args:  # the call's closing: any further members, "}", </tool_call>
@@ -968,10 +1011,7 @@ class Reply:
                 # held to the end and parsed then, as before, without rescanning it every delta
                 self.native_held = len(held) >= MAX_CALL_HEAD
                 break
-            try:
-                name = json.loads(head.group(1))
-            except ValueError:  # a string the pattern passes and JSON does not ("get\_weather")
-                name = None
+            name = _head_name(head)
             if name not in self.tool_names:  # no call streamed: held to the end, parsed then
                 self.held, self.native_held = held, True
                 break
@@ -1036,9 +1076,10 @@ class Reply:
             self.pending_space.append(text)
             return ""
         body = trimmed
-        if self.calls_sent and not self.content_sent:
-            # the content's start, after a call: the reply has calls, so its content is the text
-            # around them stripped, and whitespace before this is none of it
+        if not self.content_sent:
+            # the content's start: in tool mode the content never begins with whitespace (a reply
+            # with calls has the text around them stripped as its content, and it is not known
+            # yet whether calls follow), so whitespace before this is none of it
             body, self.pending_space = body.lstrip(), []
         out, self.pending_space = "".join(self.pending_space) + body, [text[len(trimmed) :]]
         self.content_sent = True
@@ -1085,16 +1126,14 @@ class Reply:
             if self.tool_names and self.held and not self.after_args:
                 # unstripped: the content is the text around the calls stripped as a whole, and
                 # this is its end (a space after text that went out is the content's own)
-                content, found = parse_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
-                if content is not None and not self.content_sent:
-                    content = content.lstrip()
+                content, found, whole = _read_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
                 calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
                 if found:
                     if content and (content := self._stripped(content)):
                         frames.append(chat_chunk(self.id, self.model, self.created, content=content))
-                    for call in calls:
+                    for call, closed in zip(calls, whole, strict=False):
                         i, self.calls_sent = self.calls_sent, self.calls_sent + 1
-                        self.calls_closed += 1
+                        self.calls_closed += closed
                         head = {"index": i, "id": call["id"], "type": "function",
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
@@ -1103,13 +1142,15 @@ class Reply:
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
-            if pending and not self.calls_sent:  # no call after all: the text is whole
+            if pending and not self.calls_sent and self.content_sent:  # no call after all: the text is whole
                 frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
             self.pending_space = []
-            # tool_calls means whole calls (arguments that parse): a call whose arguments a stop
-            # string or the end of generation cut open, or that are no JSON, finishes "stop", as
-            # the same reply unstreamed does; so does one whose block's closing never came
-            if self.calls_closed and self._calls_end(reason, self.calls_closed) and self.calls_whole and (self.args is None or self.muted):
+            # tool_calls means whole calls (arguments that parse, the block closed): a reply with
+            # a call whose arguments max_tokens, a stop string or the end of generation cut open,
+            # that are no JSON, or whose block's closing never came, finishes as it did (length
+            # or stop), as the same reply unstreamed does (a call past max_calls, never sent,
+            # counts for nothing)
+            if self.calls_sent and self.calls_closed == self.calls_sent and self._calls_end(reason, self.calls_closed):
                 reason = self.calls_reason
             frames.append(chat_chunk(self.id, self.model, self.created, finish_reason=reason))
             if usage is not None:
@@ -1161,15 +1202,16 @@ class Reply:
             thought, text = split_whole(self.reasoning, text, cut=reason == "length")
         content: str | None = text
         if self.tool_names:
-            cut = cut_call(text, self.tool_names) if reason == "length" else None
-            content, calls = parse_tool_calls(text if cut is None else text[: cut[0]], self.tool_names, fmt=self.tool_format)
-            if cut is not None:  # as the stream gave it: the call, its arguments as far as they came
-                content, calls = (content or "").strip() or None, [*calls, cut[1]]
-            calls = calls[: self.max_calls] if self.max_calls is not None else calls
-            if calls and cut is None and self._calls_end(reason, len(calls)):  # (a cut call: length)
+            # a call whose head came is a call, its arguments as far as they came, as the stream
+            # sent it (cut by max_tokens, a stop string or the end of generation)
+            content, calls, whole = _read_tool_calls(text, self.tool_names, fmt=self.tool_format)
+            if self.max_calls is not None:
+                calls, whole = calls[: self.max_calls], whole[: self.max_calls]
+            # tool_calls: whole calls only (a cut one finishes as the reply did: length or stop)
+            if calls and all(whole) and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason
             elif not calls:
-                content = text
+                content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
         if thought:  # as llama-server: only where there is reasoning

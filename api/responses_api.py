@@ -633,7 +633,7 @@ def custom_input(arguments: str) -> str:
     not such an object (a call cut short) are given as they are."""
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the reader's depth: a call whose head came is one)
         return arguments
     if isinstance(args, str):  # (the string itself, as JSON)
         return args

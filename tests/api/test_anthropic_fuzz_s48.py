@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from api.anthropic import BlockStream, message_body, parse_messages_request, stop_reason
+from api.anthropic import BlockStream, in_written_order, message_body, parse_messages_request, stop_reason
 from api.errors import ApiError
 from api.responses import Reply
 from api.schemas import omitted_part
@@ -198,7 +198,8 @@ def test_the_streamed_blocks_are_the_unstreamed_message(pieces: list[str], tools
     done = Done(id="j", finish_reason=reason, usage={"prompt_tokens": 3, "completion_tokens": len(pieces)})
     chunks = streamed.final_chunks(done, None)
     frames += blocks.feed(chunks) + blocks.close()
-    body = message_body(whole.body(done, None), MODEL, None, [], done.usage)
+    # the route's unstreamed message: its blocks in the order the model wrote them (MessagesConsumer.final_body)
+    body = in_written_order(message_body(whole.body(done, None), MODEL, None, [], done.usage), reply(), whole.text, done)
     got = assemble(frames)
     assert [b["type"] for b in got] == [b["type"] for b in body["content"]], (pieces, frames, body)
     for a, b in zip(got, body["content"], strict=True):

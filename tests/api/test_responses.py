@@ -40,7 +40,7 @@ from api.responses import (
     text_completion,
     usage_dict,
 )
-from tests.api.streamed import assemble
+from tests.api.streamed import assemble, stream_reply, whole_view
 
 CREATED = 1_700_000_000
 
@@ -447,13 +447,40 @@ def test_tool_calls_are_parsed_out_of_the_generic_format() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["plain answer", _call("h", "{}"), '<tool_call>\n{"name": "f", "arguments": {"x": 1', _call("f", "[1]"),
-     '<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>', "<tool_call>" + "[" * 5000, _call("f", "[" * 5000 + "]" * 5000)],
-    ids=["text", "unoffered-function", "cut-by-max-tokens", "arguments-not-an-object", "junk-inside", "nested-too-deep-cut", "nested-too-deep"],
+    ["plain answer", _call("h", "{}"), _call("f", "[1]"), "<tool_call>" + "[" * 5000, _call("f", "[" * 5000 + "]" * 5000)],
+    ids=["text", "unoffered-function", "arguments-not-an-object", "nested-too-deep-cut", "nested-too-deep"],
 )
 def test_text_that_is_not_a_well_formed_call_stays_content(text: str) -> None:
     content, calls = parse_tool_calls(text, ["f"])
     assert calls == [] and content == text.strip()
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "expected"),
+    [
+        ('<tool_call>\n{"name": "f", "arguments": {"x": 1', "stop", (None, [("f", '{"x": 1')], "stop")),
+        ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}', "stop", (None, [("f", '{"x": 1}')], "stop")),
+        ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool', "stop", (None, [("f", '{"x": 1}')], "stop")),
+        ('<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>', "stop", ("} trailing</tool_call>", [("f", "{}")], "stop")),
+        ('<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call> then', "stop", ("then", [("f", '{"x": NaN}')], "stop")),
+        (_call("f", "{}") + '\n<tool_call>{"name": "f", "arguments": {"x": 1}}', "stop", (None, [("f", "{}"), ("f", '{"x": 1}')], "stop")),
+        ('<tool_call>{"name": "f", "arguments": {"x": 1}}', "length", (None, [("f", '{"x": 1}')], "length")),
+        ('<tool_call>{"name": "f", "argu', "stop", ('<tool_call>{"name": "f", "argu', [], "stop")),
+    ],
+    ids=["open-at-stop", "no-closing-at-stop", "closing-cut-at-stop", "junk-after-arguments", "arguments-no-json", "second-unclosed", "no-closing-at-length", "head-cut"],
+)
+def test_a_call_whose_head_came_is_a_call_however_it_ends_streamed_or_not(text: str, reason: str, expected: tuple) -> None:
+    """Once a call's head (an offered name, then its arguments' ``{``) has come, the stream has
+    sent the call: unstreamed, the same reply is that call too, its arguments as far as they
+    came, and finishes ``tool_calls`` only where every call is whole (arguments that parse, the
+    block closed). It was the block's raw markup as content, unless max_tokens had cut it."""
+    whole = Reply("chat", "m", tools=[{"name": "f"}])
+    whole.add(Delta("j", text))
+    view = whole_view(whole.body(Done("j", reason), None)["choices"][0])  # type: ignore[arg-type]
+    assert (view["content"], view["calls"], view["finish_reason"]) == expected
+    for size in (1, 3, len(text)):
+        got = stream_reply([text[i : i + size] for i in range(0, len(text), size)], [{"name": "f"}], reason=reason)
+        assert (got.content or None, got.pairs, got.finish_reason) == expected, size
 
 
 def _events(*texts: str) -> list[Delta]:
@@ -574,15 +601,18 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
     whole = Reply("chat", "m", tools=[{"name": "f"}])
     for e in _events(text):
         whole.add(e)
-    message = whole.body(Done("j", "stop"), None)["choices"][0]["message"]  # type: ignore[arg-type]
-    if not calls:
-        assert content == text and "tool_calls" not in message
+    choice = whole.body(Done("j", "stop"), None)["choices"][0]  # type: ignore[arg-type]
+    message = choice["message"]
+    if not calls:  # (tool mode: the content's leading whitespace is none of it)
+        assert content == text.lstrip() and "tool_calls" not in message
     else:
         assert all(name == "f" for name, _ in calls)
         assert len(content) + sum(len(a) for _, a in calls) <= len(text)
-        if message.get("tool_calls"):  # the same calls unstreamed: the same content, but for
-            # whitespace before the first text (sent before a call could be known)
-            assert content.strip() == (message["content"] or "")
+        # the same calls unstreamed (a call whose head went out is one, however it ends), the
+        # same content and finish_reason
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == calls
+        assert content == (message["content"] or "")
+        assert final[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
 
 
 @given(parts=st.lists(st.sampled_from([*_PARTS, LONG_CALL, LONG_CALL]), max_size=30), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20))

@@ -32,9 +32,10 @@ def test_a_call_cut_in_its_closing_keeps_its_arguments_as_written() -> None:
     assert got["calls"] == [("get_weather", '{"city":"Oslo"}')] and got["content"] is None
 
 
-def test_a_reply_that_stopped_or_names_no_offered_function_is_not_read_as_a_cut_call() -> None:
+def test_a_reply_that_stopped_is_read_as_a_cut_call_and_one_naming_no_offered_function_is_not() -> None:
+    # the end of generation or a stop string cut it: the call the stream sent, finished "stop"
     unfinished = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ly'
-    assert body(unfinished, "stop")["calls"] == [] and body(unfinished, "stop")["content"] == unfinished
+    assert body(unfinished, "stop") == {"content": None, "calls": [("get_weather", '{"city": "Ly')], "finish_reason": "stop"}
     other = '<tool_call>\n{"name": "rm_rf", "arguments": {"path": "/'
     assert body(other, "length") == {"content": other, "calls": [], "finish_reason": "length"}
 
@@ -46,17 +47,18 @@ def test_one_call_a_turn_keeps_the_first_when_the_second_was_cut() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    before=st.sampled_from(["", "Let me check. "]),
+    before=st.sampled_from(["", "Let me check. ", " \n"]),
     calls=st.integers(0, 2),
     cut=st.integers(0, len(CALL)),
     size=st.integers(1, 12),
+    reason=st.sampled_from(["length", "stop"]),
 )
-def test_unstreamed_a_reply_cut_anywhere_in_a_call_reads_as_the_stream_does(before: str, calls: int, cut: int, size: int) -> None:
+def test_unstreamed_a_reply_cut_anywhere_in_a_call_reads_as_the_stream_does(before: str, calls: int, cut: int, size: int, reason: str) -> None:
+    # cut by max_tokens (length), or by a stop string or the end of generation (stop)
     text = before + "\n".join([CALL] * calls) + ("\n" if calls else "") + CALL[:cut]
-    whole = body(text, "length")
-    streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, reason="length")
-    assert whole["calls"] == streamed.pairs, (text, whole, streamed)
-    assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
+    whole = body(text, reason)
+    streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, reason=reason)
+    assert whole == {"content": streamed.content or None, "calls": streamed.pairs, "finish_reason": streamed.finish_reason}, (text, whole, streamed)
 
 
 # a call whose arguments' string holds the closing tag's text (an agent writing code about tool calls)

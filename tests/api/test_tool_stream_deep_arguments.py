@@ -1,7 +1,8 @@
 """A streamed call whose arguments nest deeper than Python's JSON reader recurses (a model told
 to write a thousand ``[``) ends as the same reply unstreamed does: the arguments are no JSON
 the client can rely on, so the reply finishes ``stop``; checking them must not raise
-RecursionError out of the stream (the unstreamed parse already takes such a block as text)."""
+RecursionError out of the stream. Unstreamed, the call is the one the stream sent (its head came),
+its arguments as the model wrote them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_deeply_nested_streamed_arguments_finish_stop_as_unstreamed(depth: int, 
     whole.add(Delta("j", text))
     body = whole.body(Done("j", "stop"), None)
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert "tool_calls" not in body["choices"][0]["message"]
+    unstreamed = [c["function"]["arguments"] for c in body["choices"][0]["message"]["tool_calls"]]
 
     reply = Reply("chat", "m", tools=TOOLS)
     chunks = reply.first_chunks()
@@ -40,9 +41,10 @@ def test_deeply_nested_streamed_arguments_finish_stop_as_unstreamed(depth: int, 
     for chunk in chunks:
         state.handle_chunk(ChatCompletionChunk.model_validate(json.loads(json.dumps(chunk))))
     choice = state.current_completion_snapshot.choices[0]
-    assert choice.finish_reason == "stop"  # the call went out, but it is no call unstreamed
-    # the arguments streamed are exactly what the model wrote (a client's parser refuses them)
-    assert [c.function.arguments for c in choice.message.tool_calls or []] == ["{\"a\": " + "[" * depth + "]" * depth + "}"]
+    assert choice.finish_reason == "stop"  # the call went out, but it is no whole call
+    # the arguments streamed are exactly what the model wrote (a client's parser refuses them),
+    # and the same unstreamed
+    assert [c.function.arguments for c in choice.message.tool_calls or []] == ["{\"a\": " + "[" * depth + "]" * depth + "}"] == unstreamed
 
 
 def test_a_shallow_call_after_the_deep_one_still_streams() -> None:

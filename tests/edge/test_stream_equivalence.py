@@ -31,6 +31,8 @@ from hypothesis import strategies as st
 from scheduler.core.types import LaneBind
 from scheduler.engines.base import Step
 from scheduler.engines.sim import EOG_TOKEN, SimEngine
+from tests.api.streamed import assemble as chunks_put_together
+from tests.api.streamed import whole_view
 
 from .inproc import JSON, MODEL, SimWorker, attached_loop, request
 
@@ -441,19 +443,22 @@ def _finish_reasons(data: list[str]) -> list[str]:
 def test_a_call_whose_closing_never_came_finishes_stop_streamed_as_unstreamed(
     edge: asyncio.AbstractEventLoop, text: str, stop: list[str] | None
 ) -> None:
-    """Unstreamed, a block without its ``</tool_call>`` is no call: the text is content and the
-    reply finishes ``stop``. Streamed, the call had gone out as it came (it cannot be taken back),
-    and the reply finished ``tool_calls``: a client reading ``finish_reason`` ran a tool the same
-    request unstreamed never called."""
+    """Streamed, the call goes out as it comes (it cannot be taken back); it finished
+    ``tool_calls``, where unstreamed the same block without its ``</tool_call>`` was no call, its
+    text content. Now both give the call, its arguments as they came, and finish ``stop``: the
+    call is not whole (``tool_calls`` means whole calls, as a reply max_tokens cut gives the call
+    and finishes ``length``)."""
     body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Q " + script(text)}], "tools": TOOLS}
     if stop:
         body["stop"] = stop
     plain_status, plain, streamed_status, streamed = edge.run_until_complete(both("/v1/chat/completions", body, False))
     assert plain_status == streamed_status == 200
     choice = json.loads(plain)["choices"][0]
-    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == [("lookup", '{"q": 1}')]
     data = [line[6:] for line in streamed.decode().split("\n") if line.startswith("data: ")]
     assert _finish_reasons(data) == ["stop"]
+    assert chunks_put_together([json.loads(d) for d in data[:-1]]).view() == whole_view(choice)
 
 
 class SpacePrefixEngine(ScriptEngine):
