@@ -216,18 +216,24 @@ def utf8_next_token(sequence: list[int]) -> int:
 MODEL = {"next": SimEngine.next_token, "bytes": lambda t: bytes([t % 256])}
 
 
-def reference(prompt: list[int], n_max: int, stops: list[str], eog_at: int | None) -> tuple[str, int, str, list[int]]:
-    """(text, tokens generated, finish reason, tokens) a lone greedy run gives."""
+def reference(prompt: list[int], n_max: int, stops: list[str], eog_at: int | None, resumed: str = "") -> tuple[str, int, str, list[int]]:
+    """(text, tokens generated, finish reason, tokens) a lone greedy run gives. ``resumed``: the
+    text a lost worker had sent (Submit.resume_text): a stop string that began there and ends in
+    the new text stops the run at once, as it would have had the worker not been lost (one wholly
+    in it cannot be: the lost worker stopped there)."""
     nxt, tb = MODEL["next"], MODEL["bytes"]
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
     seq = list(prompt)
     text = ""
     toks: list[int] = []
     stops = [s for s in stops if s]
+    longest = max(map(len, stops), default=0)
+    tail = resumed[1 - longest :] if longest > 1 else ""
 
     def cut(t: str) -> str | None:
-        hits = [t.find(s) for s in stops if s in t]
-        return t[: min(hits)] if hits else None
+        whole = tail + t
+        hits = [i for s in stops for i in _finds(whole, s) if i + len(s) > len(tail)]
+        return t[: max(0, min(hits) - len(tail))] if hits else None
 
     for i in range(n_max):
         if eog_at is not None and i == eog_at:
@@ -244,6 +250,11 @@ def reference(prompt: list[int], n_max: int, stops: list[str], eog_at: int | Non
     final = text + dec.decode(b"", final=True)
     c = cut(final)
     return (final if c is None else c), n_max, ("length" if c is None else "flushstop"), toks
+
+
+def _finds(text: str, sub: str) -> list[int]:
+    """Where ``sub`` begins in ``text``, each place (overlapping ones too)."""
+    return [i for i in range(len(text) - len(sub) + 1) if text.startswith(sub, i)]
 
 
 @dataclass
@@ -745,7 +756,7 @@ class Fuzz:
             self.fail(f"metrics count {finishes} finishes {self.worker.metrics.finishes}, the messages {self.seen['finishes']}")
 
     def check_terminal(self, rec: JobRec, msg: Message) -> None:
-        ref_text, gen, reason, toks = reference(rec.prompt, rec.n_max, rec.stops, rec.eog_at)
+        ref_text, gen, reason, toks = reference(rec.prompt, rec.n_max, rec.stops, rec.eog_at, rec.submit.resume_text)
         eog = reason == "eog"
         flushstop = reason == "flushstop"  # a stop string holding U+FFFD matched by the final flush
         reason = "stop" if eog or flushstop else reason
