@@ -480,7 +480,7 @@ def _input(arguments: str) -> dict[str, Any]:
     ``NaN`` Python's reader takes made the body invalid JSON, and arguments nested past its depth
     raised RecursionError out of the reply (both are a call, its arguments as the model wrote
     them, since a call whose head came is one: ``responses.parse_tool_calls``)."""
-    value = responses._loads_or_none(arguments)
+    value = responses.loads_or_none(arguments)
     return value if isinstance(value, dict) else {}
 
 

@@ -632,10 +632,7 @@ class GenerationConsumer(StreamingConsumer):
         )
 
     def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
-        headers = [(b"x-request-id", handle.job_id.encode()), (b"x-superfluid-qos", qos.label.encode())]
-        if self.ignored:
-            headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(self.ignored).encode()))
-        return headers
+        return reply_headers(handle.job_id, qos.label, self.ignored)
 
     def reply_reasoning(self, request: GenerationRequest) -> str:
         """How the reply's reasoning is split out (api/reasoning.py): the model's format, unless
@@ -929,6 +926,17 @@ def merged_timing(timings: list[dict[str, Any]]) -> dict[str, Any]:
         "total_ms": pick("total_ms", max),
         "preemptions": sum(int(t.get("preemptions") or 0) for t in timings if t),
     }
+
+
+def reply_headers(request_id: str, qos: str | None, ignored: list[str]) -> list[tuple[bytes, bytes]]:
+    """A reply's own headers: its ``x-request-id``, the class it ran in (none: refused before it
+    was admitted), the body's parameters not honoured."""
+    headers = [(b"x-request-id", request_id.encode())]
+    if qos:
+        headers.append((b"x-superfluid-qos", qos.encode()))
+    if ignored:
+        headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(ignored).encode()))
+    return headers
 
 
 def body_digest(request: GenerationRequest) -> str:

@@ -375,8 +375,9 @@ def _read_tool_calls(
             pos = body_at
             continue
         head = _CALL_HEAD.match(text, start, start + MAX_CALL_HEAD)
-        if head is not None and _head_name(head) in names:
-            call, pos, closed = _headed_call(text, head, fmt)
+        name = _head_name(head) if head is not None else None
+        if head is not None and name in names:
+            call, pos, closed = _headed_call(text, head, name, fmt)
             calls.append(call)
             whole.append(closed)
             continue
@@ -411,9 +412,10 @@ def _read_tool_calls(
     return ((content.strip() if strip else content) or None), calls, whole
 
 
-def _headed_call(text: str, head: re.Match[str], fmt: str) -> tuple[dict[str, Any], int, bool]:
+def _headed_call(text: str, head: re.Match[str], name: str, fmt: str) -> tuple[dict[str, Any], int, bool]:
     """(the call, where the text after it goes on, whether it is whole) of the block whose head
-    (an offered name and its arguments' ``{``) ``head`` matched, read as a stream reads it."""
+    (the offered function ``name`` and its arguments' ``{``) ``head`` matched, read as a stream
+    reads it."""
     args_at = head.end()
     try:
         end = _DECODER.raw_decode(text, args_at)[1]
@@ -425,7 +427,7 @@ def _headed_call(text: str, head: re.Match[str], fmt: str) -> tuple[dict[str, An
     call = {
         "id": mistral_call_id() if fmt == "mistral" else new_call_id(),
         "type": "function",
-        "function": {"name": _head_name(head), "arguments": text[args_at:end]},
+        "function": {"name": name, "arguments": text[args_at:end]},
     }
     tail = _call_tail(text, start=end) if end < len(text) or parsed else 0
     if tail > 0:  # closed
@@ -438,10 +440,7 @@ def _headed_call(text: str, head: re.Match[str], fmt: str) -> tuple[dict[str, An
 def _head_name(head: re.Match[str]) -> Any:
     """The function a call's head names (None where its string is no JSON: ``"get\\_weather"``
     passes the pattern, not JSON)."""
-    try:
-        return json.loads(head.group(1))
-    except ValueError:
-        return None
+    return loads_or_none(head.group(1))
 
 
 _WS = " \t\n\r"
@@ -472,7 +471,7 @@ def _native_call(text: str, at: int, names: Collection[str], args_keys: tuple[st
     if isinstance(value, dict):
         span = _member_spans(text, at)[key]
         arguments = text[span[0] : span[1]]
-    elif isinstance(value, str) and isinstance(_loads_or_none(value), dict):
+    elif isinstance(value, str) and isinstance(loads_or_none(value), dict):
         arguments = value  # the arguments as a JSON string (as OpenAI's own messages hold them)
     else:
         return None
@@ -480,7 +479,9 @@ def _native_call(text: str, at: int, names: Collection[str], args_keys: tuple[st
     return call, end
 
 
-def _loads_or_none(text: str) -> Any:
+def loads_or_none(text: str) -> Any:
+    """``text`` read as RFC 8259 JSON (no ``NaN``), or None where it is none (nested past the
+    reader's depth included)."""
     try:
         return _DECODER.decode(text)
     except (ValueError, RecursionError):

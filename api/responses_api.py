@@ -28,7 +28,7 @@ from scheduler.link.messages import CONTEXT_LENGTH_EXCEEDED, Delta, Done
 from superfluid_site.serving import serving
 
 from . import responses
-from .consumers import SSE_HEADERS, ChatCompletionsConsumer
+from .consumers import SSE_HEADERS, ChatCompletionsConsumer, reply_headers
 from .errors import ApiError, invalid_request
 from .reasoning import Splitter, new_splitter
 from .schemas import GenerationRequest, StandIn, chat_request_from, load_object, omitted_part, parse_content
@@ -958,11 +958,8 @@ class ResponsesConsumer(ChatCompletionsConsumer):
         self.reply(request)
         events = self.events
         assert events is not None
-        headers = [(b"x-request-id", self.record.request_id.encode())]
-        if self.record.qos:  # (admitted: the worker refused it)
-            headers.append((b"x-superfluid-qos", self.record.qos.encode()))
-        if request.ignored:
-            headers.append((responses.IGNORED_PARAMS_HEADER.encode(), responses.ignored_params_value(request.ignored).encode()))
-        await self.send_headers(status=200, headers=SSE_HEADERS + headers)
+        # (its class once admitted, when the worker refused it; the body's ignored parameters as
+        # parsed: a refusal in the parse comes before the consumer keeps them)
+        await self.send_headers(status=200, headers=SSE_HEADERS + reply_headers(self.record.request_id, self.record.qos, request.ignored))
         self.headers_sent = True
         await self.send_body(b"".join(sse_frame(f) for f in [*events.opening, *events.failed(exc)]))
