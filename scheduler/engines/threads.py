@@ -36,6 +36,11 @@ from pathlib import Path
 SLOW_FACTOR = 2.0
 # A probe with another count wins when its cost per token is below this fraction of the current's.
 WIN_FACTOR = 0.85
+# ... but while other processes keep cores busy (OtherCpu), a probe with fewer threads wins when it
+# is faster at all: on shared cores fewer threads is the likely better count and frees a core, and
+# the margin it wins by there is small (one thread 13% faster than two beside a busy loop on one of
+# two cores, on the AVX-512 EPYC: WIN_FACTOR kept two threads through whole runs, 79 s against 68 s).
+BUSY_WIN_FACTOR = 1.0
 # After a slow-step probe, no other for this long, twice as long after each that lost (a prompt
 # step with fewer threads is a slow step), back to this after a switch. Explorations that lose
 # do not lengthen it: busy cores that begin after an hour of quiet are answered in seconds.
@@ -170,7 +175,7 @@ class ThreadGovernor:
         self.probe = None
         self._record(threads, kind, cost, now, running=False)
         current = self.recent.get((self.current, kind))
-        if current is not None and cost < WIN_FACTOR * current:
+        if current is not None and cost < self._win_factor(threads) * current:
             self.challenger = (threads, kind, cost)  # confirmed, or not, by the next step
             self.pending_since, self.pending_steps = now, 0
         else:
@@ -182,7 +187,7 @@ class ThreadGovernor:
         assert self.challenger is not None
         threads, kind, challenger_cost = self.challenger
         self.challenger = None
-        if challenger_cost < WIN_FACTOR * cost:
+        if challenger_cost < self._win_factor(threads) * cost:
             self.switched = (self.current, now, {kind})
             self.kept = {}
             self.current = threads
@@ -192,6 +197,10 @@ class ThreadGovernor:
             self.next_explore_s = now + self.explore_every_s
         else:
             self._lost(now)
+
+    def _win_factor(self, threads: int) -> float:
+        """The fraction of the current count's cost a try with ``threads`` must beat to take over."""
+        return BUSY_WIN_FACTOR if self.others_busy and threads < self.current else WIN_FACTOR
 
     def _keeps_old_count(self, kind: str, cost: float, now: float) -> bool:
         """The first step of ``kind`` with the count switched to: if it ran clearly slower than

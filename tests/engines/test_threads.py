@@ -267,6 +267,36 @@ def test_cores_kept_busy_from_before_the_first_step_are_answered_with_fewer_thre
     assert [step() for _ in range(5)] == [2, 1, 2, 1, 1]  # a try, its confirming step, then one
 
 
+def test_beside_other_processes_a_count_of_fewer_threads_that_is_faster_at_all_takes_over() -> None:
+    """A busy loop on one of two cores (the AVX-512 EPYC, session 50): one thread ran the eight
+    agents' prompt steps only ~13% faster than two, under the 15% a try must win by on a quiet
+    machine, so every try lost and the server kept two threads through whole runs (79 s against
+    68 s). With other processes' CPU counted as busy, fewer threads need only be faster; with the
+    cores quiet again, the margin is the usual one."""
+    clock = FakeClock()
+    gov = ThreadGovernor(2, clock=clock)
+    prefill = step_kind(True, 512)
+
+    def step() -> int:
+        return one_step(gov, clock, prefill, 512, lambda threads: 512 * 0.004 * (0.87 if threads == 1 else 1.0))
+
+    gov.others_busy = True
+    assert [step() for _ in range(5)] == [2, 1, 2, 1, 1]  # a try, its confirming step, then one
+    assert gov.current == 1 and gov.switches == 1
+
+    # the same 13% once the other processes are gone is not enough: the try loses, two stay
+    again = ThreadGovernor(2, clock=clock)
+    again.others_busy = True
+
+    def step_again() -> int:
+        return one_step(again, clock, prefill, 512, lambda threads: 512 * 0.004 * (0.87 if threads == 1 else 1.0))
+
+    assert step_again() == 2  # busy: the next step tries one thread
+    again.others_busy = False
+    assert [step_again() for _ in range(4)] == [1, 2, 2, 2]
+    assert again.current == 2 and again.switches == 0
+
+
 def test_other_processes_cpu_is_the_machines_busy_time_less_this_processs(tmp_path: Path) -> None:
     clock = FakeClock()
     (tmp_path / "self").mkdir()
