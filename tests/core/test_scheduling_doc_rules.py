@@ -163,3 +163,32 @@ def test_a_batch_invariant_lane_neither_takes_nor_gives_prefix_cache_copies() ->
         sched.commit(engine.execute(plan, lambda: False))
         assert other.share_from is None
     assert other.cached_tokens == 0
+
+
+@pytest.mark.parametrize("abortable", [False, True])
+@pytest.mark.parametrize(("tick_target_ms", "prompt_tokens"), [(2000, 4 * 512 - 1), (100, 512 - 1)])
+def test_a_prefill_tick_beside_a_decoding_lane_is_never_longer_than_tick_target_ms(
+    abortable: bool, tick_target_ms: int, prompt_tokens: int
+) -> None:
+    """docs/scheduling.md, Prefill budget and step size: while a lane decodes, a tick carries the
+    decode round and whole prompt steps up to the busy-tick target, 0.25 s, or --tick-target-ms
+    where that is lower, as decode rounds are ("neither above --tick-target-ms"). At 9000 tok/s
+    such a tick carried four 512-token steps (0.25 s) under --tick-target-ms 100 too, where one
+    fits: the decoding stream waited 2.5 times the tick the operator asked for."""
+    rate = 9000.0  # a 512-token step fits 0.5 s; four fit 0.25 s, one 0.1 s
+    sched, engine, _ = make_scheduler(
+        max_batch=2,
+        tick_target_ms=tick_target_ms,
+        abortable_steps=abortable,
+        initial_prefill_tokens_per_s=rate,
+        prefill_s_per_token=1.0 / rate,
+        decode_round_s=0.0,
+    )
+    sched.add(make_job(8, max_tokens=10_000, job_id="talker"))
+    tick(sched, engine)  # its prompt: it decodes from now on
+    sched.add(make_job(3000, job_id="long"))
+    plan = sched.step()
+    assert plan.step_tokens == 512
+    assert [f.job_id for f in plan.feeds if f.is_decode] == ["talker"]
+    assert plan.prefill_tokens == prompt_tokens  # whole steps with the decode token in the first
+
