@@ -221,7 +221,10 @@ def test_the_live_prefill_budget_and_decode_grant_are_the_planned_rounds(decode_
     from api.metrics import SCALARS
     from scheduler.worker.metrics import WorkerMetrics
 
-    names = {key: SCALARS[("metrics", key)][1] for key in ("prefill_budget_tokens", "decode_grant_tokens", "prefill_step_tokens")}
+    names = {
+        key: SCALARS[("metrics", key)][1]
+        for key in ("prefill_budget_tokens", "decode_grant_tokens", "prefill_step_tokens")
+    }
     assert names == {
         "prefill_budget_tokens": "superfluid_prefill_budget_tokens",
         "decode_grant_tokens": "superfluid_decode_grant_tokens",
