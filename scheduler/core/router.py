@@ -2,8 +2,9 @@
 
 Pure: no Django, no engine, no processes; driven by an injected clock. The web side calls
 :meth:`Router.submit` for each request, :meth:`Router.schedule` whenever something changed (and
-about once a second, for TTLs), and carries out the returned :class:`Actions`: start a model's
-worker (``load``), stop one (``unload``), send a request to its model's worker (``dispatch``).
+twice a second, for TTLs: ``TICK_S`` in scheduler/link/pool.py), and carries out the returned
+:class:`Actions`: start a model's worker (``load``), stop one (``unload``), send a request to its
+model's worker (``dispatch``).
 It reports back with :meth:`loaded`, :meth:`load_failed`, :meth:`unloaded` and :meth:`finished`.
 
 Dispatch follows the request-priority seed's serial scheduler, at the level of models:

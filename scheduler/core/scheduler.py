@@ -918,18 +918,19 @@ class Scheduler:
         arrival or a cancel stops the step in flight), a full chunk (512 tokens, smaller only if
         512 take more than the 8 s cap); otherwise the largest that fits in 0.5 s, so an urgent
         arrival never waits long for the step in flight. A tick carries one decode round, so
-        while a lane decodes the tick is kept near the engine's busy-tick target (whole steps,
-        at least one): its stream gets a token per step instead of one per 8 s of other lanes'
-        prefill. The decode tokens ride in the first step, so a decoding tick's prompt is the
-        steps less the decode tokens: whole engine calls, never a small call at the end."""
+        while a lane decodes the tick is kept near the engine's busy-tick target, or
+        --tick-target-ms where that is lower, as decode rounds are (whole steps, at least one):
+        its stream gets a token per step instead of one per 8 s of other lanes' prefill. The
+        decode tokens ride in the first step, so a decoding tick's prompt is the steps less the
+        decode tokens: whole engine calls, never a small call at the end."""
         rate = max(1.0, self.prefill_tokens_per_s)
         budget = self.config.prefill_budget
         big = budget != 0 and self.config.abortable_steps
         step_s = self.config.prefill_cap_s if big else self.config.newcomer_prefill_cap_s
         step = next((s for s in PREFILL_STEPS if s <= rate * step_s), 32)
         cap_s = self.config.newcomer_prefill_cap_s if newcomer_possible else self.config.prefill_cap_s
-        if decoding:
-            cap_s = min(cap_s, self.config.decoding_prefill_cap_s)
+        if decoding:  # the busy-tick target, never above --tick-target-ms (as _tick_target_s)
+            cap_s = min(cap_s, self.config.decoding_prefill_cap_s, self.config.tick_target_ms / 1000.0)
         if budget == 0:
             budget = int(min(4096, max(256, rate * self.config.tick_target_ms / 1000)))
         cap = max(step, int(rate * cap_s) // step * step)

@@ -163,3 +163,115 @@ def test_a_batch_invariant_lane_neither_takes_nor_gives_prefix_cache_copies() ->
         sched.commit(engine.execute(plan, lambda: False))
         assert other.share_from is None
     assert other.cached_tokens == 0
+
+
+@pytest.mark.parametrize("abortable", [False, True])
+@pytest.mark.parametrize(("tick_target_ms", "prompt_tokens"), [(2000, 4 * 512 - 1), (100, 512 - 1)])
+def test_a_prefill_tick_beside_a_decoding_lane_is_never_longer_than_tick_target_ms(
+    abortable: bool, tick_target_ms: int, prompt_tokens: int
+) -> None:
+    """docs/scheduling.md, Prefill budget and step size: while a lane decodes, a tick carries the
+    decode round and whole prompt steps up to the busy-tick target, 0.25 s, or --tick-target-ms
+    where that is lower, as decode rounds are ("neither above --tick-target-ms"). At 9000 tok/s
+    such a tick carried four 512-token steps (0.25 s) under --tick-target-ms 100 too, where one
+    fits: the decoding stream waited 2.5 times the tick the operator asked for."""
+    rate = 9000.0  # a 512-token step fits 0.5 s; four fit 0.25 s, one 0.1 s
+    sched, engine, _ = make_scheduler(
+        max_batch=2,
+        tick_target_ms=tick_target_ms,
+        abortable_steps=abortable,
+        initial_prefill_tokens_per_s=rate,
+        prefill_s_per_token=1.0 / rate,
+        decode_round_s=0.0,
+    )
+    sched.add(make_job(8, max_tokens=10_000, job_id="talker"))
+    tick(sched, engine)  # its prompt: it decodes from now on
+    sched.add(make_job(3000, job_id="long"))
+    plan = sched.step()
+    assert plan.step_tokens == 512
+    assert [f.job_id for f in plan.feeds if f.is_decode] == ["talker"]
+    assert plan.prefill_tokens == prompt_tokens  # whole steps with the decode token in the first
+
+
+def test_serial_score_is_the_seeds_score_without_the_lift_class_aging_gave() -> None:
+    """docs/scheduling.md: a finished request's serial_score is the seed's score (priority + swap
+    affinity + aging) when it won its lane. A background request at -100 that class aging lifted
+    into agent wins its lane there as if it were at agent's anchor, 0, but its serial_score is
+    its own -100 + 10 + aging, not ~+10."""
+    sched, engine, clock = make_scheduler(max_batch=1)  # the defaults: a 16 s aging period
+    sched.add(make_job(max_tokens=10_000, job_id="long"))
+    tick(sched, engine)
+    sched.add(make_job(max_tokens=2, qos=QosClass.BACKGROUND, priority=-100, job_id="bg"))
+    clock.advance(20.0)
+    sched.add(make_job(max_tokens=2, qos=QosClass.AGENT, priority=0, job_id="agent"))
+    bg = sched.jobs["bg"]
+    assert sched.queues.effective_class(bg, clock()) == QosClass.AGENT
+    sched.cancel("long")
+    plan = sched.step()
+    assert [b.job_id for b in plan.bind] == ["bg"]  # lifted, and older than the agent job
+    assert bg.serial_score == pytest.approx(-100 + 10 + (clock() - bg.arrival_s) / 60.0, abs=0.001)
+
+
+@pytest.mark.parametrize("decode_budget", [0, 2])
+def test_the_live_prefill_budget_and_decode_grant_are_the_planned_rounds(decode_budget: int) -> None:
+    """docs/scheduling.md, Decode: the seed's superfluid_prefill_budget_tokens and
+    superfluid_decode_grant_tokens on /metrics are the prompt tokens the last planned round
+    could prefill and the decode tokens a round grants (one per decoding lane, at most
+    --tick-decode-budget)."""
+    from api.metrics import SCALARS
+    from scheduler.worker.metrics import WorkerMetrics
+
+    names = {
+        key: SCALARS[("metrics", key)][1]
+        for key in ("prefill_budget_tokens", "decode_grant_tokens", "prefill_step_tokens")
+    }
+    assert names == {
+        "prefill_budget_tokens": "superfluid_prefill_budget_tokens",
+        "decode_grant_tokens": "superfluid_decode_grant_tokens",
+        "prefill_step_tokens": "superfluid_prefill_step_tokens",
+    }
+    sched, engine, _ = make_scheduler(max_batch=4, tick_decode_budget=decode_budget)
+    for i in range(3):
+        sched.add(make_job(8, max_tokens=10_000, job_id=f"talker{i}"))
+    tick(sched, engine)
+    sched.add(make_job(3000, job_id="long"))
+    plan = sched.step()
+    stats = WorkerMetrics().collect(sched, {})
+    assert stats["decode_grant_tokens"] == plan.decode_tokens == (decode_budget or 3)
+    assert stats["prefill_budget_tokens"] == plan.prefill_tokens > 0
+    assert stats["prefill_step_tokens"] == plan.step_tokens
+
+
+def test_a_workers_aging_reorders_are_the_seeds_reorders_total_unless_the_router_gives_it() -> None:
+    """docs/scheduling.md, Queues and request priority: a worker's ``reorders_aging`` is
+    llamaswap_scheduler_reorders_total{reason="aging"} on /metrics; with several models the
+    router's family replaces the workers' (the page named the snapshot key alone, which no
+    operator reads)."""
+    from api.metrics import LABELLED_COUNTERS, ROUTER_COUNTERS, ROUTER_OVERRIDES
+
+    _help, label, keys = LABELLED_COUNTERS["llamaswap_scheduler_reorders_total"]
+    assert (label, keys["aging"]) == ("reason", "reorders_aging")
+    assert ROUTER_COUNTERS["reorders"][0] == "llamaswap_scheduler_reorders_total"
+    assert "llamaswap_scheduler_reorders" in ROUTER_OVERRIDES  # (prometheus_client's family name)
+
+
+@pytest.mark.parametrize(("name", "watermarks"), [("llamacpp", False), ("mlx", True)])
+def test_the_worker_runs_llama_cpp_without_the_watermarks_and_both_engines_at_the_seeds_tick_targets(
+    name: str, watermarks: bool
+) -> None:
+    """docs/scheduling.md: runengine's worker runs llama.cpp with the occupancy watermarks off (its
+    KV is fixed per sequence: an eviction frees nothing) and MLX with them on, and both at the
+    seed's tick targets, 50 ms while a lane is free and 250 ms while every lane is busy, the busy
+    one also bounding a prefill tick beside decoding lanes."""
+    from pathlib import Path
+
+    from scheduler.core.scheduler import SchedulerConfig
+    from scheduler.engines.sim import SimEngine
+    from scheduler.management.commands.runengine import engine_worker
+
+    engine = SimEngine(n_lanes=2)
+    engine.name = name
+    options = {"model_name": "m", "completion_deadline_ms": 0, "os_pressure": "off"}
+    config = engine_worker(engine, SchedulerConfig(max_batch=2), options, Path("/m.gguf")).scheduler.config
+    assert config.watermarks is watermarks
+    assert config.tick_targets_s == (0.05, 0.25) and config.decoding_prefill_cap_s == 0.25
