@@ -152,3 +152,12 @@ def test_every_family_of_each_mode_is_documented_with_the_labels_it_carries(mode
         assert not {n for n in worker if "model" not in got[n][1]}, (
             "with several models every worker family is labelled by model"
         )
+
+
+def test_every_metric_the_docs_name_is_served_in_some_mode() -> None:
+    """The other way round from the tests above: a name the prose gives (`name` or `name{...}`),
+    misspelt or of a family since removed, would send an operator's query to nothing."""
+    served_names = set(served(worker_snapshot())) | set(served(fleet_snapshot())) | set(served(worker_snapshot(), router_stats()))
+    named, _labelled = documented_mentions()
+    assert len(named) > 20
+    assert sorted(named - served_names) == []

@@ -4,6 +4,7 @@ to the code, both ways where the doc says it lists everything."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -264,6 +265,48 @@ def test_each_serve_flags_documented_variable_and_default_are_the_codes() -> Non
     assert serve_defaults({"SUPERFLUID_NO_REPACK": "1"})["repack"] == "off"
 
 
+def serve_parser() -> argparse.ArgumentParser:
+    from scheduler.management.commands.serve import Command as Serve
+
+    parser = argparse.ArgumentParser()
+    Serve().add_arguments(parser)
+    return parser
+
+
+def test_every_serve_flag_has_its_row_in_the_serving_flags_table() -> None:
+    """Named somewhere in the page is not enough (tests/core/test_docs_flags.py checks that): a
+    flag without its row has no documented variable nor default for the test above to hold."""
+    flags = {s for action in serve_parser()._actions for s in action.option_strings if s.startswith("--") and s != "--help"}
+    rows = {flag for flag, _var, _default in serve_flag_rows()}
+    assert sorted(flags - rows) == []  # serve flags without a row
+    assert sorted(rows - flags) == []  # rows of no serve flag
+
+
+def test_the_variables_said_to_take_a_fraction_are_those_of_the_float_flags() -> None:
+    """configuration.md names the variables read as numbers (``0.5``) rather than integers: each
+    float flag's (SUPERFLUID_SSE_KEEPALIVE was left out of "the two fractional flags")."""
+    start = CONFIGURATION_MD.index("\nBooleans read ")
+    paragraph = CONFIGURATION_MD[start : CONFIGURATION_MD.index("\n\n", start)]
+    floats = {a.option_strings[0] for a in serve_parser()._actions if a.type is float}
+    assert {"--aging-divisor", "--body-timeout", "--sse-keepalive"} <= floats
+    variables = {"SUPERFLUID_" + flag.lstrip("-").upper().replace("-", "_") for flag in floats}
+    assert sorted(variables - set(re.findall(r"`(SUPERFLUID_[A-Z_]+)`", paragraph))) == []
+
+
+# the variables the product's code reads by name (the serving flags' own, made from the flag's
+# name, are held to the flags table above); a test hook's are not the operator's
+ENV_READ = re.compile(r'(?:env_(?:str|int|bool|float|list)\(|environ\.get\(|environ\[|getenv\()\s*"([A-Z][A-Z0-9_]*)"')
+PRODUCT_DIRS = ("api", "activity", "batches", "dashboard", "keys", "scheduler", "superfluid_site")
+
+
+def test_every_variable_the_code_reads_is_in_docs_configuration_md() -> None:
+    read = {name for d in PRODUCT_DIRS for path in (ROOT / d).rglob("*.py") for name in ENV_READ.findall(path.read_text())}
+    read |= set(ENV_READ.findall((ROOT / "manage.py").read_text()))
+    read = {name for name in read if not name.startswith("SUPERFLUID_TEST_") and name != "DJANGO_SETTINGS_MODULE"}
+    assert {"SUPERFLUID_DATA_DIR", "DATABASE_URL", "REDIS_URL", "SUPERFLUID_EVENT_LOOP"} <= read
+    assert sorted(name for name in read if not re.search(rf"\b{name}\b", CONFIGURATION_MD)) == []
+
+
 # -- management commands ----------------------------------------------------------------------
 
 BASE_OPTIONS = {"--help", "--version", "--verbosity", "--settings", "--pythonpath", "--traceback", "--no-color", "--force-color", "--skip-checks"}
@@ -308,3 +351,18 @@ def test_docs_configuration_md_lists_exactly_the_system_check_ids() -> None:
     documented = {m for cells in table_rows(table) for m in re.findall(r"`(superfluid\.[EW]\d{3})`", cells[0])}
     assert len(in_code) >= 5
     assert documented == in_code
+
+
+# outside tools' flags the docs give in their commands (pip, redis-server, celery)
+OUTSIDE_FLAGS = {"--find-links", "--force-reinstall", "--no-cache-dir", "--save", "--appendonly", "--pool", "--concurrency"}
+OPERATOR_DOCS = ("README.md", "docs/configuration.md", "docs/operations.md", "docs/architecture.md")
+
+
+def test_every_flag_the_operators_docs_name_is_one_a_command_takes() -> None:
+    """operations.md and architecture.md named a `--reconnect-timeout` no command has (the link's
+    fixed 120 s): a flag an operator reads must be one a command of the project takes, or an
+    outside tool's."""
+    taken = {"--help"} | set().union(*(command_options(name) for name in (*DOCUMENTED_IN, "serve", "check")))
+    named = {flag for doc in OPERATOR_DOCS for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", (ROOT / doc).read_text())}
+    assert {"--max-batch", "--fim-model", "--days"} <= named
+    assert sorted(named - taken - OUTSIDE_FLAGS) == []
