@@ -33,7 +33,7 @@ from .consumers import ChatCompletionsConsumer
 from .edge import error_response
 from .errors import ApiError, anthropic_error_body, invalid_request, model_not_found
 from .rendering import count_chat_tokens, render_chat
-from .schemas import GenerationRequest, chat_request_from, load_object, omitted_part
+from .schemas import GenerationRequest, chat_request_from, load_object, named_model, omitted_part
 from .views import _allowed, _json_body, _served_models, _with_tool_vocab, naming_ignored
 
 # What a Messages body may hold. ``chat_template_kwargs`` is llama-server's extension (its
@@ -731,7 +731,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
         chat, ignored = to_chat_body(body, strict=serving().strict_params)
         pool = get_pool()
         served = pool.names() if pool is not None else await _served_models()
-        model = chat.get("model")
+        model = named_model(chat)  # (an empty one is none, as on /v1/messages: a 400, not a 404)
         if model is None:
             raise _bad("Missing required parameter: 'model'.", "model", "missing_required_parameter")
         if not isinstance(model, str):

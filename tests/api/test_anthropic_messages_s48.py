@@ -445,6 +445,17 @@ def test_count_tokens_counts_the_rendered_prompt_with_its_tools(qwen: asyncio.Ab
     assert bad.status == 404 and bad.json()["error"]["type"] == "not_found_error"
 
 
+def test_count_tokens_reads_an_empty_model_as_none_given_as_messages_does(qwen: asyncio.AbstractEventLoop) -> None:
+    """An empty ``model`` is no model (docs/api.md, 404 ``model_not_found``): a 400 naming it on
+    both routes, as on the chat route. count_tokens answered 404 for a model named ``""``."""
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = json.dumps({"model": "", "max_tokens": 8, "messages": user("hi")}).encode()
+        answer = run(qwen, request("POST", path, body, JSON))
+        assert answer.status == 400, (path, answer.status)
+        error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error" and "model" in error["message"], (path, error)
+
+
 # -- a client that leaves -----------------------------------------------------------------------
 
 
