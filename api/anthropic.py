@@ -23,8 +23,10 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from scheduler.core.qos import QosClass
 from scheduler.link.messages import Delta
 from scheduler.link.pool import get_pool
+from scheduler.link.transport import JobHandle
 from superfluid_site.serving import serving
 
 from . import responses
@@ -645,6 +647,11 @@ class MessagesConsumer(ChatCompletionsConsumer):
         """Anthropic's own keepalive: a stream may hold any number of ``ping`` events."""
         return sse_frame({"type": "ping"})
 
+    def response_headers(self, handle: JobHandle, qos: QosClass) -> list[tuple[bytes, bytes]]:
+        """The reply's headers, with its id also as Anthropic's ``request-id`` (what the SDK's
+        ``_request_id`` and its errors' ``request_id`` read)."""
+        return [*super().response_headers(handle, qos), (b"request-id", handle.job_id.encode())]
+
     def input_tokens(self) -> int:
         jobs = list(self.sends.values())
         return (jobs[0][0].prompt_tokens or 0) if jobs else 0
@@ -687,7 +694,7 @@ class MessagesConsumer(ChatCompletionsConsumer):
         self.record.status = exc.status
         extra = [(k.lower().encode(), str(v).encode()) for k, v in (exc.headers or {}).items()]
         self.record.request_id = self.record.request_id or uuid.uuid4().hex
-        extra.append((b"x-request-id", self.record.request_id.encode()))
+        extra += [(b"x-request-id", self.record.request_id.encode()), (b"request-id", self.record.request_id.encode())]
         await self.send_json(exc.status, anthropic_error_body(exc.status, exc.message, self.record.request_id), extra)
 
 
@@ -702,6 +709,10 @@ def anthropic_errors(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[.
     @functools.wraps(view)
     async def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         response = await view(request, *args, **kwargs)
+        # (RequestIdMiddleware names the reply's X-Request-Id after this returns: its id is set)
+        request_id = response.get("x-request-id") or getattr(request, "request_id", None)
+        if request_id:
+            response["request-id"] = request_id  # Anthropic's name for it, which its SDK reads
         if response.status_code < 400 or not response.get("Content-Type", "").startswith("application/json"):
             return response
         try:
@@ -709,8 +720,6 @@ def anthropic_errors(view: Callable[..., Awaitable[HttpResponse]]) -> Callable[.
             message = error["message"]
         except (ValueError, KeyError, TypeError):
             return response
-        # (RequestIdMiddleware names the reply's X-Request-Id after this returns: its id is set)
-        request_id = response.get("x-request-id") or getattr(request, "request_id", None)
         rewritten = JsonResponse(anthropic_error_body(response.status_code, str(message), request_id), status=response.status_code)
         for name, value in response.items():
             if name.lower() not in ("content-type", "content-length"):

@@ -342,6 +342,32 @@ def test_bad_requests_are_anthropic_errors(qwen: asyncio.AbstractEventLoop, body
     assert raised.status_code == status and isinstance(raised, anthropic.BadRequestError if status == 400 else anthropic.NotFoundError)
 
 
+def test_every_reply_carries_its_id_as_anthropics_request_id_which_the_sdk_reads(qwen: asyncio.AbstractEventLoop) -> None:
+    """Anthropic's API names a reply's id ``request-id``: the SDK's ``_request_id`` on a message
+    and ``request_id`` on an error read that header (Claude Code shows it). Here it is the
+    reply's ``x-request-id``, on a message, a stream, an error and the count route."""
+
+    async def replies() -> tuple[Any, Any, BaseException, httpx.Response]:
+        async with client() as sdk:
+            message = await sdk.messages.create(model=MODEL, max_tokens=8, messages=user("hi"))
+            async with sdk.messages.stream(model=MODEL, max_tokens=8, messages=user("hi")) as stream:
+                await stream.get_final_message()
+                streamed = stream.request_id
+            with pytest.raises(anthropic.APIStatusError) as info:
+                await sdk.messages.create(model="nope", max_tokens=8, messages=user("hi"))
+            counted = await sdk.messages.with_raw_response.count_tokens(model=MODEL, messages=user("hi"))
+        return message, streamed, info.value, counted.http_response
+
+    message, streamed, error, counted = run(qwen, replies())
+    ids = [message._request_id, streamed, error.request_id, counted.headers.get("request-id")]
+    assert all(ids) and len(set(ids)) == 4, ids
+    assert counted.headers["request-id"] == counted.headers["x-request-id"]
+    raw = run(qwen, request("POST", "/v1/messages", json.dumps({"model": MODEL, "max_tokens": 8, "messages": user("hi")}).encode(), JSON))
+    assert raw.status == 200 and raw.headers["request-id"] == raw.headers["x-request-id"]
+    bad = run(qwen, request("POST", "/v1/messages", b"{not json", JSON))
+    assert bad.status == 400 and bad.headers["request-id"] == bad.headers["x-request-id"] == bad.json()["request_id"]
+
+
 def test_bad_json_and_a_wrong_method_are_anthropic_errors(qwen: asyncio.AbstractEventLoop) -> None:
     junk = run(qwen, request("POST", "/v1/messages", b"{not json", JSON))
     get = run(qwen, request("GET", "/v1/messages"))
