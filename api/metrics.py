@@ -99,7 +99,7 @@ SCALARS: dict[tuple[str, str], tuple[Callable[[str, str, float], Metric], str, s
     ("metrics", "jobs_parked"): (gauge, "superfluid_jobs_parked", "Preempted jobs waiting with their KV parked."),
     ("metrics", "prefill_budget_tokens"): (gauge, "superfluid_prefill_budget_tokens", "Prompt tokens a tick may prefill, as last planned (live budget)."),
     ("metrics", "prefill_step_tokens"): (gauge, "superfluid_prefill_step_tokens", "Most tokens per engine call while prefilling."),
-    ("metrics", "decode_grant_tokens"): (gauge, "superfluid_decode_grant_tokens", "Decode tokens the next tick grants (one per decoding lane, up to --tick-decode-budget)."),
+    ("metrics", "decode_grant_tokens"): (gauge, "superfluid_decode_grant_tokens", "Decode tokens a decode round grants (one per decoding lane, up to --tick-decode-budget), as last planned."),
     ("metrics", "prefill_tokens_per_s"): (gauge, "superfluid_prefill_tokens_per_second", "Measured prefill rate the budget is sized from."),
     ("metrics", "tick"): (gauge, "superfluid_tick", "Number of the last tick planned."),
     ("metrics", "prefill_tokens_total"): (counter, "superfluid_prefill_tokens_total", "Prompt tokens fed to the engine (prefill, including recompute)."),

@@ -67,7 +67,7 @@ class WorkerStats(TypedDict):
     queue_oldest_wait_s_by_band: dict[str, float]
     prefill_budget_tokens: int  # prompt tokens the last planned tick could prefill
     prefill_step_tokens: int  # most tokens per engine call while prefilling
-    decode_grant_tokens: int  # decode tokens the next tick grants
+    decode_grant_tokens: int  # decode tokens a round grants, as last planned
     prefill_tokens_per_s: float  # measured prefill rate the budget is sized from
     tick: int  # the last tick planned
     last_tick: LastTick  # the last tick executed
