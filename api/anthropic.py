@@ -449,14 +449,16 @@ def tool_use_id(call_id: str) -> str:
     return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
-def stop_reason(finish_reason: str | None, stop_word: str | None, stops: list[str]) -> tuple[str, str | None]:
+def stop_reason(finish_reason: str | None, stop_word: str | None, stops: list[str], *, context_cut: bool = False) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of a chat finish_reason: a stop sequence of the request's
-    ends the reply ``stop_sequence`` naming it; a call, ``tool_use``; max_tokens (or the
-    context's end), ``max_tokens``; else ``end_turn``."""
+    ends the reply ``stop_sequence`` naming it; a call, ``tool_use``; max_tokens,
+    ``max_tokens``; the context's end before max_tokens (``context_cut``: the request's
+    max_tokens is a cap, see parse_messages_request), ``model_context_window_exceeded``, as
+    Anthropic's API says when a prompt and max_tokens overshoot the window; else ``end_turn``."""
     if finish_reason in ("tool_calls", "function_call"):
         return "tool_use", None
     if finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if context_cut else "max_tokens"), None
     if stop_word is not None and stop_word in stops:
         return "stop_sequence", stop_word
     return "end_turn", None
@@ -486,9 +488,11 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def message_body(chat: dict[str, Any], model: str, stop_word: str | None, stops: list[str], usage: dict[str, Any]) -> dict[str, Any]:
+def message_body(
+    chat: dict[str, Any], model: str, stop_word: str | None, stops: list[str], usage: dict[str, Any], max_tokens: int
+) -> dict[str, Any]:
     """The non-streamed message of a chat completion's body: its blocks in order (thinking,
-    text, tool_use)."""
+    text, tool_use); ``max_tokens`` the request's (a reply cut short of it: the context's end)."""
     choice = chat["choices"][0]
     message = choice["message"]
     content: list[dict[str, Any]] = []
@@ -498,7 +502,9 @@ def message_body(chat: dict[str, Any], model: str, stop_word: str | None, stops:
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
         content.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"], "input": _input(call["function"]["arguments"])})
-    reason, sequence = stop_reason(choice.get("finish_reason"), stop_word, stops)
+    finish = choice.get("finish_reason")
+    cut = responses.cut_by_context(finish, int(usage.get("completion_tokens") or 0), max_tokens)
+    reason, sequence = stop_reason(finish, stop_word, stops, context_cut=cut)
     return {
         "id": message_id(chat["id"]),
         "type": "message",
@@ -676,13 +682,14 @@ class MessagesConsumer(ChatCompletionsConsumer):
         chunks = reply.final_chunks(event, None)
         frames = self.blocks.feed(chunks) + self.blocks.close()
         finish = next((c["choices"][0].get("finish_reason") for c in reversed(chunks) if c.get("choices")), event.finish_reason)
-        reason, sequence = stop_reason(finish, event.stop_word, request.stop or [])
+        cut = responses.cut_by_context(finish, int(event.usage.get("completion_tokens") or 0), request.max_tokens)
+        reason, sequence = stop_reason(finish, event.stop_word, request.stop or [], context_cut=cut)
         frames.append({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage_of(event.usage)})
         frames.append({"type": "message_stop"})
         return frames
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Any) -> dict[str, Any]:
-        body = message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage)
+        body = message_body(reply.body(event, None), request.model, event.stop_word, request.stop or [], event.usage, request.max_tokens)
         return in_written_order(body, self.reply(request), reply.text, event)
 
     async def send_error(self, exc: ApiError) -> None:

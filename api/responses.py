@@ -63,6 +63,13 @@ def usage_dict(
     }
 
 
+def cut_by_context(finish_reason: str | None, completion_tokens: int, max_tokens: int | None) -> bool:
+    """Whether a reply that ended ``length`` was cut by the end of its context, not by the
+    ``max_tokens`` the client asked: it stopped short of them, or none were asked (the worker
+    then bounds the reply by the context's room)."""
+    return finish_reason == "length" and (max_tokens is None or completion_tokens < max_tokens)
+
+
 # ---------------------------------------------------------------------------------------------
 # Chat completions
 # ---------------------------------------------------------------------------------------------

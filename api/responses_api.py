@@ -29,7 +29,7 @@ from superfluid_site.serving import serving
 
 from . import responses
 from .consumers import SSE_HEADERS, ChatCompletionsConsumer, reply_headers
-from .errors import ApiError, invalid_request
+from .errors import ApiError, context_length_exceeded, invalid_request
 from .reasoning import Splitter, new_splitter
 from .schemas import GenerationRequest, StandIn, chat_request_from, load_object, omitted_part, parse_content
 
@@ -854,6 +854,24 @@ class ResponseEvents:
 sse_frame = responses.named_sse_event  # one event of the stream, named by its type
 
 
+def context_cut(request: GenerationRequest, event: Done) -> ApiError | None:
+    """A reply the end of the context cut before ``max_output_tokens`` (or with none asked):
+    ``context_length_exceeded``, as OpenAI fails a Response that would outgrow the window
+    (``truncation`` ``disabled``), not ``incomplete`` (which says ``max_output_tokens``
+    stopped it). Codex compacts its thread on that code; on ``response.incomplete`` it would
+    send the same turn again, to be cut again."""
+    usage = event.usage
+    completion = int(usage.get("completion_tokens") or 0)
+    if not responses.cut_by_context(event.finish_reason, completion, request.max_tokens):
+        return None
+    prompt = int(usage.get("prompt_tokens") or 0)
+    return context_length_exceeded(
+        f"The reply reached the end of the model's context ({prompt + completion} tokens: {prompt} of input and {completion} "
+        "generated) before it finished. Shorten the input (compact the conversation, or start a new one).",
+        param="input",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The route
 # ---------------------------------------------------------------------------------------------
@@ -919,9 +937,16 @@ class ResponsesConsumer(ChatCompletionsConsumer):
     def final_frames(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> list[dict[str, Any]]:
         assert self.events is not None
         frames = self.events.feed(reply.final_chunks(event, None))
+        cut = context_cut(request, event)
+        if cut is not None:
+            self.record.error_code = cut.code
+            return frames + self.events.failed(cut)
         return frames + self.events.finish(response_usage(self.usage(event), self.reasoning_tokens))
 
     def final_body(self, request: GenerationRequest, reply: responses.Reply, event: Done) -> dict[str, Any]:
+        cut = context_cut(request, event)
+        if cut is not None:
+            raise cut
         chat = reply.body(event, None)
         output, status = output_of_chat(chat, self.asked.custom)
         usage = response_usage(self.usage(event), self.reasoning_tokens)

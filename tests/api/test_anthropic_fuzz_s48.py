@@ -199,7 +199,7 @@ def test_the_streamed_blocks_are_the_unstreamed_message(pieces: list[str], tools
     chunks = streamed.final_chunks(done, None)
     frames += blocks.feed(chunks) + blocks.close()
     # the route's unstreamed message: its blocks in the order the model wrote them (MessagesConsumer.final_body)
-    body = in_written_order(message_body(whole.body(done, None), MODEL, None, [], done.usage), reply(), whole.text, done)
+    body = in_written_order(message_body(whole.body(done, None), MODEL, None, [], done.usage, len(pieces)), reply(), whole.text, done)
     got = assemble(frames)
     assert [b["type"] for b in got] == [b["type"] for b in body["content"]], (pieces, frames, body)
     for a, b in zip(got, body["content"], strict=True):

@@ -516,9 +516,11 @@ async def test_a_client_that_leaves_a_stream_frees_its_lane() -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_max_tokens_beyond_the_context_is_a_cap_the_context_lowers(stream: bool) -> None:
     """Claude Code asks max_tokens 32,000 of any model: a prompt that leaves less of the lane's
-    context (here 512 tokens) is answered up to the context's end, stop_reason max_tokens, as
-    llama-server bounds n_predict; it was a 400 context_length_exceeded on every request. The
-    chat route keeps OpenAI's refusal."""
+    context (here 512 tokens) is answered up to the context's end, as llama-server bounds
+    n_predict; it was a 400 context_length_exceeded on every request. Its stop_reason is
+    Anthropic's own for that, ``model_context_window_exceeded`` (the SDK knows it; Claude Code
+    reads it as a full context, where ``max_tokens`` told it the 32,000 were spent). The chat
+    route keeps OpenAI's refusal."""
     sim = SimWorker(lanes=1, lane_ctx=512)
 
     async def go() -> tuple[Any, Any]:
@@ -538,7 +540,7 @@ def test_a_max_tokens_beyond_the_context_is_a_cap_the_context_lowers(stream: boo
         message, chat = loop.run_until_complete(go())
     finally:
         loop.close()
-    assert message.stop_reason == "max_tokens"
+    assert message.stop_reason == "model_context_window_exceeded"
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens + message.usage.output_tokens == 512
     assert chat.status == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
 

@@ -357,6 +357,33 @@ def test_an_input_over_the_context_is_a_400_naming_the_input(loop: asyncio.Abstr
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_the_context_cuts_is_context_length_exceeded_not_incomplete(loop: asyncio.AbstractEventLoop, stream: bool) -> None:
+    """No max_output_tokens and a reply longer than the lane's context (2048 tokens here): the
+    context's end cuts it. ``incomplete`` would say max_output_tokens stopped it, and Codex
+    sends such a turn again, to be cut again; OpenAI fails a Response that outgrows the
+    window with ``context_length_exceeded``, which Codex answers by compacting its thread. A
+    stream says it with ``error`` and ``response.failed``, keeping the output so far."""
+    long = "word " * 600  # a token a byte: past the context
+    if not stream:
+        with pytest.raises(openai.BadRequestError) as caught:
+            create(loop, input="Long " + script(long))
+        assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input"), caught.value
+        assert "end of the model's context" in caught.value.message
+        return
+    wire = raw_stream(loop, input="Long " + script(long))
+    names = [name for name, _ in wire]
+    assert names[-2:] == ["error", "response.failed"] and "response.incomplete" not in names, names
+    assert wire[-2][1]["code"] == "context_length_exceeded"
+    failed = wire[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "context_length_exceeded"
+    text = failed["output"][0]["content"][0]["text"]
+    assert 1500 < len(text) < 2048 and long.startswith(text)
+    # a max_output_tokens the context holds still ends incomplete, as OpenAI's
+    wire = raw_stream(loop, input="Long " + script(long), max_output_tokens=100)
+    assert wire[-1][0] == "response.incomplete" and wire[-1][1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_call_cut_at_max_output_tokens_is_an_incomplete_item(loop: asyncio.AbstractEventLoop, stream: bool) -> None:
     cut = len(CALL) - 20  # in its arguments
     if stream:

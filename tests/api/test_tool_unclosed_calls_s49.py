@@ -115,7 +115,7 @@ def _message(text: str, reason: str) -> dict[str, Any]:
     reply = Reply("chat", "m", tools=TOOLS)
     reply.add(Delta("j", text))
     done = Done("j", reason, usage={"prompt_tokens": 1, "completion_tokens": 1})
-    return in_written_order(message_body(reply.body(done, None), "m", None, [], done.usage), Reply("chat", "m", tools=TOOLS), [text], done)
+    return in_written_order(message_body(reply.body(done, None), "m", None, [], done.usage, done.usage["completion_tokens"]), Reply("chat", "m", tools=TOOLS), [text], done)
 
 
 def test_a_messages_call_whose_arguments_are_no_json_has_an_empty_input_and_a_json_body() -> None:
