@@ -63,6 +63,13 @@ def usage_dict(
     }
 
 
+def _cut_short(event: Done) -> bool:
+    """Whether the reply was cut before the model ended it: by max_tokens (or the context's
+    end), or by a stop string (whose match may fall inside a call's arguments: the call stays
+    open, as one cut by max_tokens, not closed after arguments that were cut)."""
+    return event.finish_reason == "length" or event.stop_word is not None
+
+
 def cut_by_context(finish_reason: str | None, completion_tokens: int, max_tokens: int | None) -> bool:
     """Whether a reply that ended ``length`` was cut by the end of its context, not by the
     ``max_tokens`` the client asked: it stopped short of them, or none were asked (the worker
@@ -1122,7 +1129,7 @@ class Reply:
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
         if self.reasoning is not None:  # the reply's last reasoning, and answer held as a marker's start
-            thought, rest = self.reasoning.finish(cut=reason == "length")
+            thought, rest = self.reasoning.finish(cut=_cut_short(event))
             frames += self._reasoning_chunks(thought)
             if rest:
                 frames += self._answer_chunks(rest, [])
@@ -1207,7 +1214,7 @@ class Reply:
         calls: list[dict[str, Any]] = []
         thought = ""
         if self.reasoning is not None:
-            thought, text = split_whole(self.reasoning, text, cut=reason == "length")
+            thought, text = split_whole(self.reasoning, text, cut=_cut_short(event))
         content: str | None = text
         if self.tool_names:
             # a call whose head came is a call, its arguments as far as they came, as the stream

@@ -72,21 +72,22 @@ def assemble(chunks: list[dict[str, Any]]) -> Streamed:
     return out
 
 
-def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "hermes", reason: str = "stop", **reply: Any) -> Streamed:
+def stream_reply(pieces: list[str], tools: list[dict[str, Any]], *, fmt: str = "hermes", reason: str = "stop", stop_word: str | None = None, **reply: Any) -> Streamed:
     """The chat reply of ``pieces`` (the model's text as the worker streams it) offered ``tools``,
-    streamed and assembled; ``reply``: more of the Reply's options (tool_choice, ...)."""
-    return assemble(streamed_chunks(Reply("chat", "m", tools=tools, tool_format=fmt, **reply), pieces, reason))
+    streamed and assembled; ``stop_word``: the stop string that ended it, if one did;
+    ``reply``: more of the Reply's options (tool_choice, ...)."""
+    return assemble(streamed_chunks(Reply("chat", "m", tools=tools, tool_format=fmt, **reply), pieces, reason, stop_word))
 
 
-def whole_reply(text: str, tools: list[dict[str, Any]], reason: str, **reply: Any) -> dict[str, Any]:
+def whole_reply(text: str, tools: list[dict[str, Any]], reason: str, stop_word: str | None = None, **reply: Any) -> dict[str, Any]:
     """:func:`stream_reply`'s unstreamed counterpart: the reply built whole from ``text`` (one
     delta) and its ending ``reason``, as content, calls and finish_reason."""
     built = Reply("chat", "m", tools=tools, **reply)
     built.add(Delta("j", text))
-    view = whole_view(built.body(Done("j", reason), None)["choices"][0])
+    view = whole_view(built.body(Done("j", reason, stop_word=stop_word), None)["choices"][0])
     return {"content": view["content"], "calls": view["calls"], "finish_reason": view["finish_reason"]}
 
 
-def streamed_chunks(reply: Reply, pieces: list[str], reason: str = "stop") -> list[dict[str, Any]]:
-    """The chunks ``reply`` streams for ``pieces`` and its ending ``reason``."""
-    return [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason), None)
+def streamed_chunks(reply: Reply, pieces: list[str], reason: str = "stop", stop_word: str | None = None) -> list[dict[str, Any]]:
+    """The chunks ``reply`` streams for ``pieces`` and its ending ``reason`` (and ``stop_word``)."""
+    return [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason, stop_word=stop_word), None)

@@ -45,3 +45,27 @@ def test_a_reply_cut_anywhere_in_a_call_reads_the_same_streamed_or_not(before: s
     assert whole["calls"] == streamed.pairs, (text, whole, streamed)
     assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
     assert "<tool_call>" not in (whole["content"] or "") + (streamed.content or "")
+
+
+def test_a_call_a_stop_string_cuts_is_the_call_as_far_as_it_came() -> None:
+    """A stop string that matches inside a call's arguments ends the reply there, as max_tokens
+    does: the splitter closed the call after the cut arguments (``{"city": "Pa}</tool_call>``),
+    since only ``length`` counted as a cut. Now the call as far as it came, as the generic
+    format's (``finish_reason`` ``stop``: a stop string ended it)."""
+    text = ANALYSIS + CALL[: -len('ris"}')]
+    want = {"content": None, "calls": [("get_weather", '{"city": "Pa')], "finish_reason": "stop"}
+    assert whole_reply(text, TOOLS, "stop", stop_word="ris", reasoning_format="harmony") == want
+    streamed = stream_reply([text[i : i + 5] for i in range(0, len(text), 5)], TOOLS, stop_word="ris", reasoning_format="harmony")
+    assert (streamed.content, streamed.pairs) == (None, want["calls"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(calls=st.integers(0, 2), cut=st.integers(0, len(CALL)), size=st.integers(1, 12), stop=st.text(alphabet='ris"}P', min_size=1, max_size=3))
+def test_a_reply_a_stop_string_cuts_anywhere_in_a_call_reads_the_same_streamed_or_not(calls: int, cut: int, size: int, stop: str) -> None:
+    text = ANALYSIS + CALL * calls + CALL[:cut]
+    whole = whole_reply(text, TOOLS, "stop", stop_word=stop, reasoning_format="harmony")
+    streamed = stream_reply([text[i : i + size] for i in range(0, len(text), size)], TOOLS, stop_word=stop, reasoning_format="harmony")
+    assert whole["calls"] == streamed.pairs, (text, whole, streamed)
+    assert (whole["content"] or "").strip() == (streamed.content or "").strip(), (text, whole, streamed)
+    assert not any("</tool_call>" in args for _, args in whole["calls"]), whole
+    assert "<tool_call>" not in (whole["content"] or "") + (streamed.content or "")
