@@ -505,8 +505,9 @@ def template_knows_tools(source: str | None) -> bool:
 # ``<parameter=key>`` block of text per argument (Qwen3-Coder, Qwen3.5, Nemotron Nano 3:
 # api.xml_tool_calls); "glm45" ``<tool_call>name`` then ``<arg_key>``/``<arg_value>`` pairs (GLM
 # 4.5/4.6/4.7). Forced calls (``required``, a named function) are written in the hermes
-# format (their grammar writes it, and it is parsed for every model), but Qwen3-Coder's where its
-# tools' parameters can be held to their schemas in it (scheduler.engines.grammar.tool_grammar).
+# format (their grammar writes it, and it is parsed for every model), but Qwen3-Coder's and GLM's
+# in their own where the tools' parameters can be held to their schemas in it
+# (scheduler.engines.grammar.tool_grammar).
 TOOL_FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder", "glm45")
 # formats whose templates refuse an assistant turn of more than one call ("This model only
 # supports single tool-calls at once!"): a reply carries one call, forced or not

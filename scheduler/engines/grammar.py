@@ -24,6 +24,7 @@ import re
 import secrets
 import time
 import urllib.parse
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -1763,7 +1764,7 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # then optionally the calls. The same text is allowed, and every token goes through the grammar
 # sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
 # engines' grammar samplers, and across parking and resumption as any grammar is.
-LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder"})
+LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45"})
 
 
 # While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
@@ -1795,10 +1796,13 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
     key = json.dumps([tools, choice, parallel, lazy])
     cached = len(key) <= MAX_CACHED_TOOLS_CHARS
     try:
+        own = None
         if fmt == "qwen3_coder":
             own = _cached_xml_tool_grammar(key) if cached else _xml_tool_grammar(tools, choice, parallel, lazy)
-            if own is not None:
-                return own
+        elif fmt == "glm45":
+            own = _cached_glm_tool_grammar(key) if cached else _glm_tool_grammar(tools, choice, parallel, lazy)
+        if own is not None:
+            return own
         return _cached_tool_grammar(key) if cached else _tool_grammar(tools, choice, parallel, lazy)
     except RecursionError:
         raise GrammarError("a tool's parameters are nested too deeply") from None
@@ -1944,9 +1948,12 @@ def _text_rules(conv: Any) -> str:
     return "xml-text-0"
 
 
-def _xml_value_rule(conv: Any, schema: Any, params: dict[str, Any], name: str) -> str | None:
+def _xml_value_rule(
+    conv: Any, schema: Any, params: dict[str, Any], name: str, text: Callable[[Any], str] = _text_rules, text_end: str = _TEXT_END
+) -> str | None:
     """The rule for a parameter's value as the format writes it; None where it cannot be held to
-    ``schema`` (a string with a pattern, a union with a string in it, a reference...)."""
+    ``schema`` (a string with a pattern, a union with a string in it, a reference...). ``text``
+    makes the rule for any text without ``text_end`` (the value's closing) in it."""
     if not isinstance(schema, dict):
         return None
     kind = schema.get("type")
@@ -1957,10 +1964,10 @@ def _xml_value_rule(conv: Any, schema: Any, params: dict[str, Any], name: str) -
         if not kinds <= {"string"} | (_NOT_STRING_TYPES - {"object", "array"}):
             return None
         if schema.keys() <= _XML_PLAIN_KEYS:
-            return _text_rules(conv)  # any text (a scalar of another kind allowed is read as it)
+            return text(conv)  # any text (a scalar of another kind allowed is read as it)
         enum = schema.get("enum")
         if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
-            isinstance(v, str) and _TEXT_END not in v and "\x00" not in v for v in enum
+            isinstance(v, str) and text_end not in v and "\x00" not in v for v in enum
         ):
             return str(conv._add_rule(name, " | ".join(_format_literal(v) for v in enum)))
         return None
@@ -2020,3 +2027,65 @@ def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
 def _cached_xml_tool_grammar(key: str) -> str | None:
     tools, choice, parallel, lazy = json.loads(key)
     return _xml_tool_grammar(tools, choice, parallel, lazy)
+
+
+# -- GLM 4.5's own format, forced -----------------------------------------------------------
+# (scheduler.engines.chat.tool_call_format "glm45"; api/xml_tool_calls.py reads it):
+#
+#     <tool_call>get_weather
+#     <arg_key>city</arg_key>
+#     <arg_value>Paris</arg_value>
+#     </tool_call>
+#
+# GLM 4.5's and 4.6's templates write the newlines, 4.7's none: each is allowed, and the model
+# writes the layout it learnt. A string parameter's value is any text without "</arg_value>" in
+# it (the template writes a string as it is), any other's the JSON its schema allows (the
+# template writes it as JSON). A tool whose name or parameters this cannot hold gets the JSON
+# format instead, as Qwen3-Coder's.
+
+_GLM_VALUE_END = "</arg_value>"
+# a function's name as the format writes it: the reader takes it to the first whitespace or "<"
+_GLM_NAME = re.compile(r"[^\s<\x00]{1,256}")
+
+
+def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
+    chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
+    conv = _converter()
+    made: list[str] = []  # the value text's rule, made once (a $defs name may have taken its own)
+
+    def text(conv: Any) -> str:
+        if not made:
+            made.append(_text_without(conv, _GLM_VALUE_END, "glm-text"))
+        return made[0]
+
+    for i, tool in enumerate(chosen):
+        params = tool.get("parameters") or {}
+        if not isinstance(params, dict) or not _GLM_NAME.fullmatch(tool["name"]):
+            return None
+        props = params.get("properties") or {}
+        if params.get("type", "object") != "object" or not isinstance(props, dict):
+            return None
+        if not props and params.get("additionalProperties") not in (None, False):
+            return None  # (keys of the client's choosing: the JSON format holds them)
+        required = params.get("required") or []
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
+            return None
+        parts = []
+        for j, (key, schema) in enumerate(props.items()):
+            rule = _xml_value_rule(conv, schema, params, f"glm-fn{i}-arg{j}", text, _GLM_VALUE_END) if _XML_KEY.fullmatch(key) else None
+            if rule is None:
+                return None
+            part = f'{_format_literal(f"<arg_key>{key}</arg_key>")} "\\n"? "<arg_value>" {rule} "{_GLM_VALUE_END}" "\\n"?'
+            parts.append(part if key in required else f"({part})?")
+        conv._add_rule(f"glm-fn{i}", " ".join([_format_literal(tool["name"]), '"\\n"?', *parts]))
+    conv._add_rule("glm-call", " | ".join(f"glm-fn{i}" for i in range(len(chosen))))
+    one = f'"{TOOL_OPEN}" glm-call "{TOOL_CLOSE}"'
+    many = parallel and not isinstance(choice, dict)
+    _root(conv, f'{one} ("\\n"? {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one, lazy)
+    return _format(conv)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_glm_tool_grammar(key: str) -> str | None:
+    tools, choice, parallel, lazy = json.loads(key)
+    return _glm_tool_grammar(tools, choice, parallel, lazy)
