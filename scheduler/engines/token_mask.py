@@ -335,16 +335,38 @@ def _lark_text(rules: dict[str, Any]) -> str:
 
 class TokenMasks:
     """llguidance's view of one model's vocabulary (built once per engine: about half a second)
-    and the grammars compiled against it."""
+    and the grammars compiled against it.
+
+    llguidance takes an added token that is special, or that looks like a tag (``<tool_call>``,
+    ``<think>``: Qwen's, GLM's), for a special token, which no text in a grammar matches: a
+    grammar with the literal ``"<tool_call>"`` allowed only the tag spelled in pieces, and masked
+    the one token the model writes it with (its tool calls in ``tool_choice`` auto, whose
+    grammar allows the tag where a call opens, were masked away). llama.cpp's grammar sampler
+    reads every token as its text, control tokens included. So here too: a special token (not
+    an end of generation) whose text a grammar holds as a literal stands for that text, spelled
+    in ordinary tokens for the matcher (:class:`GrammarMatcher`)."""
 
     def __init__(self, tokenizer_json: Path, n_vocab: int, eos_tokens: list[int]) -> None:
+        import json
+
         import llguidance
 
         self._ll = llguidance
         self.n_vocab = n_vocab
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer_json.read_text(encoding="utf-8"), n_vocab=n_vocab, eos_token=sorted(eos_tokens)
-        )
+        source = tokenizer_json.read_text(encoding="utf-8")
+        self._tokenizer = llguidance.LLTokenizer(source, n_vocab=n_vocab, eos_token=sorted(eos_tokens))
+        self._specials: dict[str, tuple[int, list[int]]] = {}  # text -> (the special token, its text in ordinary tokens)
+        added = json.loads(source).get("added_tokens") or []
+        tok = self._tokenizer
+        for entry in added if isinstance(added, list) else []:
+            token, text = entry.get("id"), entry.get("content")
+            if not isinstance(token, int) or not isinstance(text, str) or not text or not 0 <= token < n_vocab or token in eos_tokens:
+                continue
+            if not tok.is_special_token(token):
+                continue
+            spelled = tok.greedy_tokenize(text)
+            if spelled and not any(tok.is_special_token(t) for t in spelled) and tok.decode_bytes(spelled) == text.encode():
+                self._specials[text] = (token, spelled)
 
     def check(self, gbnf: str) -> str | None:
         """Why ``gbnf`` cannot be enforced; None if it can."""
@@ -360,16 +382,20 @@ class TokenMasks:
         matcher = self._ll.LLMatcher(self._tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarCompileError(f"the grammar cannot be enforced: {matcher.get_error()}")
-        return GrammarMatcher(matcher, self.n_vocab)
+        # (the special tokens whose text the grammar writes: a few, so a mask checks each cheaply)
+        spelled = dict(pair for text, pair in self._specials.items() if text in gbnf)
+        return GrammarMatcher(matcher, self.n_vocab, spelled)
 
 
 class GrammarMatcher:
     """One lane's grammar state: which tokens may come next, and the tokens it has taken."""
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
+    def __init__(self, matcher: Any, n_vocab: int, spelled: dict[int, list[int]] | None = None) -> None:
         self._matcher = matcher
         self._n_vocab = n_vocab
         self._words = np.zeros(((n_vocab + 31) // 32,), dtype=np.int32)
+        # special tokens that stand for their text (TokenMasks): the text in ordinary tokens
+        self._spelled = spelled or {}
 
     def allowed(self) -> np.ndarray:
         """A boolean mask over the vocabulary of the tokens the grammar allows next (only the
@@ -379,17 +405,37 @@ class GrammarMatcher:
             return np.zeros(self._n_vocab, dtype=bool)
         m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
-        return bits[: self._n_vocab].astype(bool)
+        mask = bits[: self._n_vocab].astype(bool)
+        for token, text in self._spelled.items():
+            if mask[text[0]] and m.validate_tokens(text) == len(text):
+                mask[token] = True
+        return mask
 
     def accept(self, token: int) -> None:
         """Advance past ``token`` (one the mask allowed; anything else puts the matcher in its
         error state, where it allows nothing)."""
         if not self._matcher.is_error() and not self._matcher.is_stopped():
-            self._matcher.consume_token(int(token))
+            text = self._spelled.get(int(token))
+            if text is None:
+                self._matcher.consume_token(int(token))
+            else:
+                self._matcher.consume_tokens(text)
 
     def accept_prefix(self, tokens: list[int]) -> int:
         """Advance past the longest prefix of ``tokens`` the grammar allows (a resumed job's
         history), staying out of the error state; how many tokens that took."""
-        if self._matcher.is_error() or self._matcher.is_stopped():
+        m = self._matcher
+        if m.is_error() or m.is_stopped():
             return 0
-        return int(self._matcher.try_consume_tokens([int(t) for t in tokens]))
+        if not self._spelled.keys() & set(tokens):
+            return int(m.try_consume_tokens([int(t) for t in tokens]))
+        taken = 0
+        for token in tokens:  # (a special token is its text: taken whole or not at all)
+            text = self._spelled.get(int(token), [int(token)])
+            done = int(m.try_consume_tokens(text))
+            if done < len(text):
+                if done:
+                    m.rollback(done)
+                break
+            taken += 1
+        return taken
