@@ -666,6 +666,20 @@ def test_a_history_the_grammar_rejects_leaves_it_constrained_from_the_last_token
     assert run.done and re.fullmatch(rest, text_of(engine, run.output[len(history) :])), text_of(engine, run.output)
 
 
+def test_a_special_token_is_its_text_to_a_grammar_that_writes_it(engine: Any) -> None:
+    """llama.cpp's grammar reads every token as its text, control tokens included; llguidance
+    reads a special token as none, so on MLX a grammar writing ``<|im_start|>`` allowed it only
+    spelled in pieces (as Qwen's ``<tool_call>``: tests/engines/test_token_mask_specials_s51.py).
+    Both engines now take the token itself where the grammar writes its text."""
+    special = engine.tokenize("<|im_start|>", add_special=False, special=True)
+    assert len(special) == 1
+    sampling = SamplingParams(temperature=0.0, grammar='root ::= "<|im_start|>" "ok"', logit_bias=((special[0], 30.0),))
+    run = drive(engine, [Run(0, chat(engine, "Say ok."), sampling, 12, stop_on_eog=True)])[0]
+    release(engine, 0)
+    assert run.output[0] == special[0] and run.done, run.output
+    assert text_of(engine, run.output[1:]) == "ok"
+
+
 def test_a_grammar_that_does_not_parse_is_named_by_check_grammar(engine: Any) -> None:
     assert engine.check_grammar('root ::= "x" missing')
 
