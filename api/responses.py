@@ -459,8 +459,12 @@ def _head_name(head: re.Match[str]) -> Any:
 
 _WS = " \t\n\r"
 PYTHON_TAG = "<|python_tag|>"
-MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
-_MISTRAL_NAME = re.compile(r"\s*([A-Za-z0-9_-]{1,64})\s*" + re.escape(MISTRAL_ARGS) + r"\s*(?=\{)")
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+# ``name[ARGS]``, or ``name[CALL_ID]id[ARGS]`` (the call's id between, as Mistral Small 3.2's
+# template writes an earlier call and the v13 tokenizer's models may write one)
+_MISTRAL_NAME = re.compile(
+    r"\s*([A-Za-z0-9_-]{1,64})\s*(?:" + re.escape(MISTRAL_CALL_ID) + r"\s*([A-Za-z0-9_-]{0,64})\s*)?" + re.escape(MISTRAL_ARGS) + r"\s*(?=\{)"
+)
 _MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")
 
 
@@ -563,7 +567,9 @@ def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[st
             obj, end = _DECODER.raw_decode(text, head.end())
             if not isinstance(obj, dict):
                 break
-            batch.append({"id": mistral_call_id(), "type": "function", "function": {"name": head.group(1), "arguments": text[head.end() : end]}})
+            model_id = head.group(2) or ""
+            call_id = model_id if _MISTRAL_ID.fullmatch(model_id) else mistral_call_id()
+            batch.append({"id": call_id, "type": "function", "function": {"name": head.group(1), "arguments": text[head.end() : end]}})
             i = end
         calls.extend(batch)
         i = _skip_ws(text, i)

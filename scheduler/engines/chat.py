@@ -514,7 +514,7 @@ TOOL_FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder", "glm45")
 SINGLE_CALL_FORMATS = frozenset({"llama3"})
 # the control tokens of each format, which the reply's text must keep (they hold no text when
 # decoded as plain text): the worker writes them out in a reply that offers tools
-TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+TOOL_FORMAT_TOKENS = {"hermes": (), "llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
                       # (as llama.cpp keeps them: its preserved_tokens for these formats)
                       "qwen3_coder": ("<tool_call>", "</tool_call>"),
                       "glm45": ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")}
