@@ -108,7 +108,9 @@ def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _check_encodable(value: Any, where: str) -> None:
     """Every string (keys too) must be Unicode text: a lone surrogate (``"\\ud800"``) would
-    break /metrics, the dashboard and the logs that show the names later."""
+    break /metrics, the dashboard and the logs that show the names later. Nor may one hold
+    U+0000, which the admin refuses too: PostgreSQL stores no such text, so the activity rows
+    and batch files of a key named with one were refused there."""
     stack = [(where, value)]
     while stack:
         path, item = stack.pop()
@@ -118,6 +120,8 @@ def _check_encodable(value: Any, where: str) -> None:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise PolicyFileError(f"{path}: a string holds a lone surrogate ({text[:40]!r}); strings must be valid Unicode text") from None
+            if "\x00" in text:
+                raise PolicyFileError(f"{path}: a string holds U+0000 ({text[:40]!r}); null characters are not allowed (as in the admin)")
         if isinstance(item, dict):
             stack.extend((f"{path}.{k}" if path != "the file" else k, v) for k, v in item.items())
         elif isinstance(item, list):
