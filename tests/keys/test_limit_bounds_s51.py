@@ -17,17 +17,7 @@ from hypothesis import strategies as st
 from keys.models import MAX_LIMIT, KeyPolicy
 from keys.policyfile import PolicyFileError, parse_policy_file
 from keys.runtime import read_version
-from scheduler.core.qos import QosClass
-
-POLICY_FORM = {
-    "name": "team",
-    "default_class": str(int(QosClass.AGENT)),
-    "max_class": str(int(QosClass.AGENT)),
-    "rate_limit_rpm": "0",
-    "max_concurrent": "0",
-    "priority_offset": "0",
-    "allowed_models": "",
-}
+from tests.keys.test_admin import POLICY_FORM
 
 
 @pytest.mark.django_db
