@@ -246,13 +246,18 @@ class ClassLaneCap(models.Model):
             # the model's worker checks a cap against its own lanes and ignores one above them
             raise ValidationError({"max_lanes": f"Must be between 1 and {self.model}'s {own} lanes (its worker's --max-batch)."})
         if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
-            raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
+            raise ValidationError({"max_lanes": lanes_range_message()})
         served = serving().models  # empty where this process does not know them (no serve, no worker yet)
         if self.model and served and self.model not in served:
             raise ValidationError(
                 {"model": f"No model is served under the id {self.model!r}: caps go by a model's id "
                  f"(one of: {', '.join(sorted(served))}); empty = all models."}
             )
+
+
+def lanes_range_message() -> str:
+    """What a class-lane cap outside 1..--max-batch is told (the largest model's lanes with several)."""
+    return f"Must be between 1 and the worker's --max-batch ({int(serving().max_batch)})."
 
 
 class ConfigVersion(models.Model):
