@@ -101,7 +101,9 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         column_filter("model", "model"),
         "time",
     )
-    search_fields = ("request_id", "key_name", "model", "error_code")
+    # the client address too: a keyless caller asking why their request waited knows their
+    # address, not a request id (PostgreSQL's inet is searched as text, HOST(), by Django)
+    search_fields = ("request_id", "key_name", "model", "error_code", "client_ip")
     # no date_hierarchy: it lists the years with a DISTINCT over every row's time; the "time"
     # filter (today, past 7 days, this month, this year) reads ranges of the time index
     ordering = ("-time",)

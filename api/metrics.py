@@ -214,10 +214,36 @@ def snapshot_families(state: Mapping[str, Any]) -> Iterator[Metric]:
         yield family(name, help_, (state.get(part) or {}).get(key, 0) or 0)
     fleet = [w for w in state.get("fleet") or [] if isinstance(w, Mapping)] if "fleet" in state else None
     yield from worker_families(state.get("metrics") or {}, fleet)
+    yield class_lane_caps(state)
     counters: Mapping[str, Any] = state.get("counters") or {}
     for name, (help_, label, keys) in LABELLED_COUNTERS.items():
         yield labelled(CounterMetricFamily, name, help_, [label], [([v], counters.get(k, 0) or 0) for v, k in keys.items()])
     yield from fleet_families(state)
+
+
+def class_lane_caps(state: Mapping[str, Any]) -> Metric:
+    """``superfluid_class_lane_cap{class}``: the most lanes each class may hold, its cap in force
+    (the snapshot's ``class_lanes``: the admin's, else --class-lanes; a fleet's, each worker's
+    added) or, where it has none, every lane. Beside ``superfluid_lanes_by_class`` and
+    ``superfluid_queue_depth`` it tells a wait on the class's cap (lanes idle, the class at its
+    cap, its jobs queued) from a wait for a lane, which /metrics could not tell apart before."""
+    lanes = (state.get("metrics") or {}).get("lanes_total", 0) or 0
+    caps = state.get("class_lanes")
+    caps = caps if isinstance(caps, Mapping) else {}
+    return labelled(
+        GaugeMetricFamily,
+        "superfluid_class_lane_cap",
+        "The most lanes each QoS class may hold: its class-lane cap in force (admin or --class-lanes), else every lane.",
+        ["class"],
+        [([c], _cap(caps.get(c), lanes)) for c in CLASSES],
+    )
+
+
+def _cap(cap: Any, lanes: float) -> float:
+    """A class's cap as the worker applies it: within its lanes; none (or not a number) is all of them."""
+    if not isinstance(cap, int | float) or isinstance(cap, bool):
+        return lanes
+    return min(cap, lanes) if lanes else cap
 
 
 def fleet_families(state: Mapping[str, Any]) -> Iterator[Metric]:

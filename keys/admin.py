@@ -16,8 +16,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
+from superfluid_site.serving import serving
+
 from . import actions, usage
-from .models import ApiKey, ClassLaneCap, KeyPolicy, static_key_policy
+from .models import ApiKey, ClassLaneCap, KeyPolicy, lanes_range_message, static_key_policy
 from .snapshot import STATIC_KEY_NAME
 
 _SECRET_ATTR = "_superfluid_new_secret"  # the new secret rides on the request object, nowhere else
@@ -411,6 +413,15 @@ class ClassLaneCapAdmin(ThroughActions):
     list_editable = ("max_lanes",)
     list_filter = ("qos_class", "model")
     search_fields = ("model",)
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "max_lanes":
+            # a negative cap was told "greater than or equal to 0" and a huge one "less than or
+            # equal to 9223372036854775807" (the column's own bounds), and 0 then "between 1 and
+            # --max-batch": every value outside the range is told the range
+            message = lanes_range_message()
+            kwargs.update(min_value=1, max_value=int(serving().max_batch), error_messages={"min_value": message, "max_value": message})
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # a cap whose model is no longer served, edited in the list: the error names ``model``;

@@ -22,6 +22,10 @@ from .snapshot import RESERVED_KEY_NAMES, STATIC_KEY_NAME
 # half the spacing: |offset| <= 39 with the seed's default swap affinity bonus of 10.
 SWAP_AFFINITY_BONUS = 10
 MAX_PRIORITY_OFFSET = BAND_SPACING // 2 - SWAP_AFFINITY_BONUS - 1
+# The most a policy's requests per minute or max concurrent may be: PostgreSQL's integer, which
+# Django's own check enforces there while SQLite took up to 2**63 - 1 (a database moved later
+# then refused the row). Far beyond any real limit: a bigger number is a typo, not a limit.
+MAX_LIMIT = 2**31 - 1
 
 QOS_CHOICES = [(int(c), c.label) for c in QosClass]
 
@@ -90,6 +94,10 @@ class KeyPolicy(models.Model):
                 f"The best class ({QosClass(self.max_class).label}) must be at least as good as the "
                 f"default class ({QosClass(self.default_class).label})."
             )
+        for field in ("rate_limit_rpm", "max_concurrent"):
+            value = getattr(self, field)
+            if value is not None and value > MAX_LIMIT:
+                errors[field] = f"Must be at most {MAX_LIMIT:,} (0 = unlimited)."
         if self.priority_offset is not None and abs(self.priority_offset) > MAX_PRIORITY_OFFSET:
             errors["priority_offset"] = (
                 f"The offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}, so that with the swap "
@@ -238,13 +246,18 @@ class ClassLaneCap(models.Model):
             # the model's worker checks a cap against its own lanes and ignores one above them
             raise ValidationError({"max_lanes": f"Must be between 1 and {self.model}'s {own} lanes (its worker's --max-batch)."})
         if self.max_lanes is not None and not 1 <= self.max_lanes <= max_batch:
-            raise ValidationError({"max_lanes": f"Must be between 1 and the worker's --max-batch ({max_batch})."})
+            raise ValidationError({"max_lanes": lanes_range_message()})
         served = serving().models  # empty where this process does not know them (no serve, no worker yet)
         if self.model and served and self.model not in served:
             raise ValidationError(
                 {"model": f"No model is served under the id {self.model!r}: caps go by a model's id "
                  f"(one of: {', '.join(sorted(served))}); empty = all models."}
             )
+
+
+def lanes_range_message() -> str:
+    """What a class-lane cap outside 1..--max-batch is told (the largest model's lanes with several)."""
+    return f"Must be between 1 and the worker's --max-batch ({int(serving().max_batch)})."
 
 
 class ConfigVersion(models.Model):

@@ -32,6 +32,10 @@ from superfluid_site.serving import serving
 from .snapshot import RESERVED_KEY_NAMES, Key, Policy
 
 MAX_PRIORITY_OFFSET = 39  # keys.models.MAX_PRIORITY_OFFSET, without importing the models
+# keys.models.MAX_LIMIT: the most rate_limit_rpm and max_concurrent may be, as in the admin. A
+# number beyond a float's range (JSON has no bound) failed every request of the policy's keys
+# with a 500 when admission divided it into a refill rate.
+MAX_LIMIT = 2**31 - 1
 # the admin's longest key and policy name (ApiKey.name, KeyPolicy.name): what goes by a key's name
 # holds no more (the activity log cuts it at 200, a batch file's owner column refuses more)
 MAX_NAME_CHARS = 100
@@ -66,8 +70,8 @@ def _policy(raw: Any, where: str) -> Policy:
         if not isinstance(value, int) or isinstance(value, bool):
             raise PolicyFileError(f"{where}: {name} must be an integer")
         ints[name] = value
-    if ints["rate_limit_rpm"] < 0 or ints["max_concurrent"] < 0:
-        raise PolicyFileError(f"{where}: rate_limit_rpm and max_concurrent must be 0 or more")
+    if not (0 <= ints["rate_limit_rpm"] <= MAX_LIMIT and 0 <= ints["max_concurrent"] <= MAX_LIMIT):
+        raise PolicyFileError(f"{where}: rate_limit_rpm and max_concurrent must be between 0 and {MAX_LIMIT}")
     if abs(ints["priority_offset"]) > MAX_PRIORITY_OFFSET:
         raise PolicyFileError(f"{where}: priority_offset must be between -{MAX_PRIORITY_OFFSET} and {MAX_PRIORITY_OFFSET}")
     models = raw.get("allowed_models", [])
@@ -104,7 +108,9 @@ def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _check_encodable(value: Any, where: str) -> None:
     """Every string (keys too) must be Unicode text: a lone surrogate (``"\\ud800"``) would
-    break /metrics, the dashboard and the logs that show the names later."""
+    break /metrics, the dashboard and the logs that show the names later. Nor may one hold
+    U+0000, which the admin refuses too: PostgreSQL stores no such text, so the activity rows
+    and batch files of a key named with one were refused there."""
     stack = [(where, value)]
     while stack:
         path, item = stack.pop()
@@ -114,6 +120,8 @@ def _check_encodable(value: Any, where: str) -> None:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise PolicyFileError(f"{path}: a string holds a lone surrogate ({text[:40]!r}); strings must be valid Unicode text") from None
+            if "\x00" in text:
+                raise PolicyFileError(f"{path}: a string holds U+0000 ({text[:40]!r}); null characters are not allowed (as in the admin)")
         if isinstance(item, dict):
             stack.extend((f"{path}.{k}" if path != "the file" else k, v) for k, v in item.items())
         elif isinstance(item, list):

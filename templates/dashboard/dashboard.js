@@ -279,7 +279,9 @@
       if (ids.indexOf(card.getAttribute("data-model")) < 0) { box.removeChild(card); }
     });
     s.models.forEach(function (m) {
-      var card = box.querySelector('[data-model="' + CSS.escape(m.id) + '"]');
+      // found by comparing the attribute, not a selector built from the id: CSS.escape turns a
+      // U+0000 into U+FFFD, no card matched, and each push added one more for that model
+      var card = Array.prototype.find.call(box.children, function (c) { return c.getAttribute("data-model") === m.id; });
       if (!card) {
         card = el("div", { "class": "model", "data-model": m.id });
         card.innerHTML = '<div class="top"><span class="name"></span><span class="badge"></span></div><div class="meta"></div><div class="chips"></div>';

@@ -89,6 +89,8 @@ def test_the_single_worker_server_shows_its_one_model(admin_client: Client, monk
     smol = cells(html, "smol")
     assert (smol["state"], smol["resident"], smol["lanes"], smol["queue"], smol["ttl"]) == ("loaded", "yes", "1 / 2", "0 / 3 / 0", "never")
     assert "One model, no router" in html and band_depth(html, "normal") == 3
+    # and it sends the operator to no load or unload route: the single-worker server has none (404)
+    assert "/v1/internal/models" not in html and "at the router" not in html
 
 
 @pytest.mark.django_db

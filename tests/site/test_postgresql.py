@@ -35,6 +35,8 @@ ON_POSTGRESQL = [
     "tests/observability/test_activity.py",
     "tests/keys/test_admin.py",
     "tests/keys/test_admin_issuing.py",
+    "tests/keys/test_limit_bounds_s51.py",
+    "tests/keys/test_cap_form_errors_s51.py",
     "tests/keys/test_commands.py",
     "tests/keys/test_credentials.py",
     "tests/keys/test_policyfile.py",
