@@ -78,6 +78,7 @@ class ActivityEntryAdmin(ViewOnlyAdmin):
         "serial_score",
         "serial_queue_wait_ms",  # the router's wait: alone on the row of one that left before its worker took it
         "queue_wait_ms",
+        "held_wait_ms",  # of it, with a lane free its class could not take (a class-lane cap): why it waited
         "ttft_ms",
         "total_ms",  # the one time of a request without its worker's answer (left while queued, a deadline, a refusal)
         "prompt_tokens",

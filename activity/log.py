@@ -97,6 +97,7 @@ def entry_fields(record: RequestRecord) -> dict[str, Any]:
         "serial_score": num(serial, "serial_score"),
         "serial_queue_wait_ms": num(serial, "serial_queue_wait_ms"),
         "queue_wait_ms": num(timing, "queue_wait_ms"),
+        "held_wait_ms": num(timing, "held_wait_ms"),
         "ttft_ms": num(timing, "ttft_ms"),
         "total_ms": num(timing, "total_ms"),
         "prompt_tokens": count(usage, "prompt_tokens"),

@@ -23,6 +23,12 @@ class ActivityEntry(models.Model):
     serial_score = models.FloatField("score", null=True, blank=True)
     serial_queue_wait_ms = models.FloatField(null=True, blank=True)
     queue_wait_ms = models.FloatField(null=True, blank=True)
+    held_wait_ms = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Of the queue wait, the time a lane was free that the request's class could not take: its "
+        "class-lane cap reached, or background held under critical memory pressure. The rest waited for a lane.",
+    )
     ttft_ms = models.FloatField("TTFT ms", null=True, blank=True)
     total_ms = models.FloatField(null=True, blank=True)
     prompt_tokens = models.IntegerField(null=True, blank=True)

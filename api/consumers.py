@@ -920,8 +920,11 @@ def merged_timing(timings: list[dict[str, Any]]) -> dict[str, Any]:
         values = [t[key] for t in timings if t and t.get(key) is not None]
         return how(values) if values else None
 
+    waited = [t for t in timings if t and t.get("queue_wait_ms") is not None]
+    first = min(waited, key=lambda t: t["queue_wait_ms"]) if waited else {}
     return {
         "queue_wait_ms": pick("queue_wait_ms", min),
+        "held_wait_ms": first.get("held_wait_ms"),  # (of that first admission's wait)
         "ttft_ms": pick("ttft_ms", min),
         "total_ms": pick("total_ms", max),
         "preemptions": sum(int(t.get("preemptions") or 0) for t in timings if t),

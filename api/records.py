@@ -62,6 +62,7 @@ def access_line(record: RequestRecord) -> str:
         ("cached", usage.get("cached_tokens")),
         ("completion", usage.get("completion_tokens")),
         ("queue_wait_ms", timing.get("queue_wait_ms")),
+        ("held_wait_ms", timing.get("held_wait_ms")),
         ("ttft_ms", timing.get("ttft_ms")),
         ("total_ms", timing.get("total_ms")),
         ("preemptions", timing.get("preemptions")),

@@ -160,6 +160,9 @@ class Scheduler:
         # running job aging admitted ahead of better classes -> (its admission order, the urgent
         # jobs it was admitted ahead of): they do not preempt it while that order still holds
         self._aged_ahead: dict[str, tuple[tuple[int, int, float, int], set[str]]] = {}
+        # the jobs the last admission left queued beside a free lane their class could not take,
+        # and when: each is held until the next admission, which adds that time to its held_s
+        self._held: tuple[float, list[Job]] = (0.0, [])
         self._events: list[Event] = []
         # Prefill starvation counts ticks that prefilled: decode-only ticks (an urgent answer
         # streaming) deprive every prompt alike, so they must not reorder prompts.
@@ -826,11 +829,18 @@ class Scheduler:
         return lambda j: j.qos < floor or (j.batch_invariant and j.qos == floor)
 
     def _admit(self, plan: TickPlan, now: float) -> None:
+        since, held = self._held
+        for waiting in held:
+            if waiting.state is JobState.QUEUED:
+                waiting.held_s += max(0.0, now - since)
+        self._held = (now, [])
         while free := self.free_lanes():
             allowed = self._admissible_classes()
             keep = self._invariant_wait_rule()
             job = self.queues.best(allowed, now, keep)
             if job is None:
+                # a lane is free and these wait all the same: their class may not take it
+                self._held = (now, [j for j in self.queues if j.qos not in allowed])
                 return
             self.queues.note_pick(job, allowed, now, keep)
             beaten = {

@@ -75,6 +75,10 @@ class Job:
     enqueued_tick: int = 0
     enqueued_s: float = 0.0  # when it last joined a queue (arrival, or preemption)
     waited_s: float = 0.0  # time queued before it last joined a queue: class aging counts it too
+    # time it waited with a lane free that its class could not take (its class-lane cap reached,
+    # or background held under critical memory pressure): the part of its queue wait not spent
+    # waiting for a lane
+    held_s: float = 0.0
     admitted_s: float | None = None  # its first admission
     last_admitted_s: float | None = None  # its latest admission (a resume too): preemption's tie-break
     last_admitted_n: int = 0  # the order of that admission among all (one clock time admits several)

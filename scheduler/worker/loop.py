@@ -1226,6 +1226,7 @@ class EngineWorker:
         }
         if ctx.waited_ms:  # the times above count it: the web side does not add it again
             timing["waited_ms"] = ctx.waited_ms
+        timing["held_wait_ms"] = _ms(job.held_s, 0.0)  # (of queue_wait_ms: waited with a lane free its class could not take)
         if timing["ttft_ms"] is not None:
             self.stats["last_ttft_ms"] = timing["ttft_ms"]
         ctx.conn.queue(

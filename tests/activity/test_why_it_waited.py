@@ -32,7 +32,7 @@ from tests.edge.test_cancel_sweep import until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FIELDS = ("request_id", "endpoint", "stream", "qos_class", "priority", "band", "serial_priority", "serial_band", "serial_score",
-          "serial_queue_wait_ms", "queue_wait_ms", "ttft_ms", "total_ms", "prompt_tokens", "cached_tokens", "completion_tokens",
+          "serial_queue_wait_ms", "queue_wait_ms", "held_wait_ms", "ttft_ms", "total_ms", "prompt_tokens", "cached_tokens", "completion_tokens",
           "preemptions", "finish_reason", "status", "error_code")
 
 
@@ -212,6 +212,7 @@ async def test_a_request_queued_behind_a_busier_class_has_that_wait_as_its_queue
     assert (bg["qos_class"], agent["qos_class"]) == ("background", "agent")
     assert bg["queue_wait_ms"] >= agent["total_ms"] > agent["queue_wait_ms"], (bg, agent)
     assert bg["queue_wait_ms"] <= bg["ttft_ms"] <= bg["total_ms"] and bg["preemptions"] == 0, bg
+    assert bg["held_wait_ms"] == 0  # it waited for the lane, which was never free
     # with one model the serial fields are the worker's own dispatch: its wait, its band
     assert (bg["serial_queue_wait_ms"], bg["serial_band"], bg["serial_priority"]) == (bg["queue_wait_ms"], bg["band"], bg["priority"]), bg
     assert bg["serial_score"] is not None
@@ -239,6 +240,10 @@ async def test_a_request_held_back_by_its_class_lane_cap_has_that_wait_as_its_qu
     assert capped_row["queue_wait_ms"] >= (left_of_first - 1) * DECODE_ROUND_MS, (capped_row, left_of_first)
     assert agent_row["queue_wait_ms"] < capped_row["queue_wait_ms"], (agent_row, capped_row)
     assert capped_row["preemptions"] == 0
+    # why: part of its wait a lane was free that its class could not take (held_wait_ms), the
+    # rest (while the agent request had that lane) it waited for a lane
+    assert 0 < capped_row["held_wait_ms"] <= capped_row["queue_wait_ms"], capped_row
+    assert agent_row["held_wait_ms"] == 0
 
 
 # -- preempted -------------------------------------------------------------------------------

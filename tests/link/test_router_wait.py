@@ -77,5 +77,5 @@ def test_without_a_router_the_row_is_the_workers_timing() -> None:
     c = consumer(None)
     done = worker_done(FakeClock())
     c.note_done(done)
-    assert c.record.timing == {k: done.timing[k] for k in ("queue_wait_ms", "ttft_ms", "total_ms", "preemptions")}
+    assert c.record.timing == {k: done.timing[k] for k in ("queue_wait_ms", "held_wait_ms", "ttft_ms", "total_ms", "preemptions")}
     assert c.record.serial == done.serial
