@@ -56,7 +56,7 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
         for name in (m["id"], *m["aliases"]):
             extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
             hello = getattr(pool.links.get(m["id"]), "hello", None)
-            meta = model_meta(hello) if hello is not None else {}
+            meta = model_meta(hello, m["context_length"]) if hello is not None else {}
             if meta:  # a loaded model's, as its worker said them
                 extra["meta"] = meta
             if name != m["id"]:
@@ -68,23 +68,24 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
 
 def _model_extra() -> dict[str, Any]:
     """``context_length`` (tokens one request may use: a lane's context) and llama-server's
-    ``meta`` (``n_ctx_train``, ``n_vocab``) where the worker said them."""
+    ``meta`` (``n_ctx``, ``n_ctx_train``, ``n_vocab``, ...) where the worker said them."""
     hello = get_link().hello
     extra: dict[str, Any] = {}
     if hello is None:
         return extra
     if hello.lane_ctx:
         extra["context_length"] = hello.lane_ctx
-    meta = model_meta(hello)
+    meta = model_meta(hello, hello.lane_ctx)
     if meta:
         extra["meta"] = meta
     return extra
 
 
-def model_meta(hello: Any) -> dict[str, Any]:
-    """llama-server's ``meta`` of a model object, the fields its worker's hello said."""
+def model_meta(hello: Any, n_ctx: int | None = None) -> dict[str, Any]:
+    """llama-server's ``meta`` of a model object, the fields its worker's hello said; ``n_ctx``
+    the object's ``context_length`` (a slot's context, as llama-server's meta.n_ctx says it)."""
     fields = (
-        ("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab), ("n_embd", hello.n_embd),
+        ("n_vocab", hello.n_vocab), ("n_ctx", n_ctx), ("n_ctx_train", hello.n_ctx_train), ("n_embd", hello.n_embd),
         ("n_params", hello.n_params), ("size", hello.model_size), ("ftype", hello.model_ftype),
     )  # fmt: skip
     return {k: v for k, v in fields if v}
