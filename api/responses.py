@@ -1295,7 +1295,9 @@ def infill_partial(text: str, tokens_predicted: int, tokens_evaluated: int, inde
 def infill_final(model: str, content: str, event: Done, *, whole_text: str, index: int = 0) -> dict[str, Any]:
     """The ``/infill`` result (llama-server's final completion object): ``content`` the whole text
     (the last streamed frame's: empty, the text came before it); ``whole_text`` decides
-    ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end."""
+    ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end,
+    the prompt and every generated token but the last, which was sampled and never decoded
+    (server-context.cpp's send_final_response: ``slot.prompt.n_tokens()``)."""
     usage = event.usage
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {
@@ -1311,7 +1313,7 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
         "truncated": False,
         "stop_type": infill_stop_type(event),
         "stopping_word": event.stop_word or "",
-        "tokens_cached": prompt + completion,
+        "tokens_cached": prompt + max(completion - 1, 0),
         "timings": infill_timings(event),
     }
 
