@@ -855,6 +855,16 @@ class Reply:
         end of generation, or at ``max_tokens`` once a forced call's grammar allowed no more."""
         return reason == "stop" or (reason == "length" and self.forced_calls is not None and calls >= self.forced_calls)
 
+    def _cut_opening(self, text: str | None, reason: str | None) -> bool:
+        """Whether ``text``, what is left of a forced reply once its calls are read, is a further
+        call's opening that ``max_tokens`` cut before its head was whole (``<tool_call>``, or
+        ``<tool_call>`` and the start of ``{"name": ...``): markup of the grammar, which allows
+        nothing but calls, so no content (it went out as content "<tool_call>", streamed or not)."""
+        if self.forced_calls is None or reason != "length" or not text:
+            return False
+        rest = text.strip()
+        return bool(rest) and (TOOL_OPEN.startswith(rest) or rest.startswith(TOOL_OPEN)) and TOOL_CLOSE not in rest
+
     def _opened(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tool mode: ``frames`` with the role the stream has not sent yet, as OpenAI streams it:
         in the first call's chunk with ``content`` null when the reply begins with a call (a
@@ -1146,7 +1156,7 @@ class Reply:
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
                         frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                elif rest := self._stripped(self.held):
+                elif not self._cut_opening(self.held, reason) and (rest := self._stripped(self.held)):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
@@ -1220,6 +1230,8 @@ class Reply:
                 reason = self.calls_reason
             elif not calls:
                 content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
+            if self._cut_opening(content, reason):
+                content = None
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
         if thought:  # as llama-server: only where there is reasoning
