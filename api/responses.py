@@ -286,7 +286,10 @@ def token_offsets(entries: list[dict[str, Any]], offset: int = 0, decoder: codec
 def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0, offsets: list[int] | None = None) -> dict[str, Any]:
     """Legacy completions ``choices[].logprobs``: parallel ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
-    first token's text starts in the choice's text so far (or ``offsets`` gives them all)."""
+    first token's text starts in the choice's text so far (or ``offsets`` gives them all).
+    Each ``top_logprobs`` holds the token itself beside its alternatives, as OpenAI's legacy
+    endpoint (and vLLM) answer: "The API will always return the logprob of the sampled token,
+    so there may be up to logprobs+1 elements" (``logprobs`` 0: the token alone)."""
     tokens = [_token_text(e["bytes"]) for e in entries]
     if offsets is None:
         offsets, _ = token_offsets(entries, offset)
@@ -294,9 +297,16 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0, offsets:
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
         # a scored prompt's first token has no logprob and no alternatives: null, as OpenAI's
-        "top_logprobs": [None if e["logprob"] is None else {_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
+        "top_logprobs": [None if e["logprob"] is None else _top_with_token(e, token) for e, token in zip(entries, tokens, strict=True)],
         "text_offset": offsets,
     }
+
+
+def _top_with_token(entry: dict[str, Any], token: str) -> dict[str, float]:
+    """A legacy ``top_logprobs`` item: the alternatives, and the token where they lack it."""
+    top = {_token_text(t["bytes"]): t["logprob"] for t in entry["top"]}
+    top.setdefault(token, entry["logprob"])
+    return top
 
 
 # ---------------------------------------------------------------------------------------------
