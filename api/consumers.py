@@ -959,6 +959,15 @@ class CompletionsConsumer(GenerationConsumer):
         return parse_completion_request(body, models=models, strict=serving().strict_params)
 
 
+def tokenize_text(model: str, text: str) -> list[int]:
+    """A ``logit_bias`` text of llama-server's native routes, tokenised as llama-server tokenises
+    it (``common_tokenize(vocab, text, false)``: no BOS, special tokens as text), with the
+    model's vocabulary (in the parsing thread)."""
+    from .views import vocab_of
+
+    return vocab_of(model).tokenize(text, add_special=False, parse_special=False)
+
+
 class NativeCompletionConsumer(CompletionsConsumer):
     """llama-server's ``POST /completion`` (and ``/completions``; Continue's and SillyTavern's
     llama.cpp backends, llama.cpp's examples): a completion through the completions path
@@ -978,7 +987,8 @@ class NativeCompletionConsumer(CompletionsConsumer):
         of_request = self.lane_ctx
         lane_ctx = None if of_request is None else (lambda model: of_request(GenerationRequest(endpoint="completions", model=model, prompt="")))
         request, self.options = parse_native_completion_request(
-            body, models=models, strict=serving().strict_params, tokenize=self.tokenize, lane_ctx=lane_ctx
+            body, models=models, strict=serving().strict_params, tokenize=self.tokenize, lane_ctx=lane_ctx,
+            tokenize_text=tokenize_text,
         )
         return request
 

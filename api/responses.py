@@ -293,7 +293,10 @@ def token_offsets(entries: list[dict[str, Any]], offset: int = 0, decoder: codec
 def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0, offsets: list[int] | None = None) -> dict[str, Any]:
     """Legacy completions ``choices[].logprobs``: parallel ``tokens``, ``token_logprobs``,
     ``top_logprobs`` (token text -> logprob) and ``text_offset`` arrays; ``offset`` is where the
-    first token's text starts in the choice's text so far (or ``offsets`` gives them all)."""
+    first token's text starts in the choice's text so far (or ``offsets`` gives them all).
+    Each ``top_logprobs`` holds the token itself beside its alternatives, as OpenAI's legacy
+    endpoint (and vLLM) answer: "The API will always return the logprob of the sampled token,
+    so there may be up to logprobs+1 elements" (``logprobs`` 0: the token alone)."""
     tokens = [_token_text(e["bytes"]) for e in entries]
     if offsets is None:
         offsets, _ = token_offsets(entries, offset)
@@ -301,9 +304,16 @@ def completion_logprobs(entries: list[dict[str, Any]], offset: int = 0, offsets:
         "tokens": tokens,
         "token_logprobs": [e["logprob"] for e in entries],
         # a scored prompt's first token has no logprob and no alternatives: null, as OpenAI's
-        "top_logprobs": [None if e["logprob"] is None else {_token_text(t["bytes"]): t["logprob"] for t in e["top"]} for e in entries],
+        "top_logprobs": [None if e["logprob"] is None else _top_with_token(e, token) for e, token in zip(entries, tokens, strict=True)],
         "text_offset": offsets,
     }
+
+
+def _top_with_token(entry: dict[str, Any], token: str) -> dict[str, float]:
+    """A legacy ``top_logprobs`` item: the alternatives, and the token where they lack it."""
+    top = {_token_text(t["bytes"]): t["logprob"] for t in entry["top"]}
+    top.setdefault(token, entry["logprob"])
+    return top
 
 
 # ---------------------------------------------------------------------------------------------
@@ -868,6 +878,16 @@ class Reply:
         end of generation, or at ``max_tokens`` once a forced call's grammar allowed no more."""
         return reason == "stop" or (reason == "length" and self.forced_calls is not None and calls >= self.forced_calls)
 
+    def _cut_opening(self, text: str | None, reason: str | None) -> bool:
+        """Whether ``text``, what is left of a forced reply once its calls are read, is a further
+        call's opening that ``max_tokens`` cut before its head was whole (``<tool_call>``, or
+        ``<tool_call>`` and the start of ``{"name": ...``): markup of the grammar, which allows
+        nothing but calls, so no content (it went out as content "<tool_call>", streamed or not)."""
+        if self.forced_calls is None or reason != "length" or not text:
+            return False
+        rest = text.strip()
+        return bool(rest) and (TOOL_OPEN.startswith(rest) or rest.startswith(TOOL_OPEN)) and TOOL_CLOSE not in rest
+
     def _opened(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tool mode: ``frames`` with the role the stream has not sent yet, as OpenAI streams it:
         in the first call's chunk with ``content`` null when the reply begins with a call (a
@@ -1159,7 +1179,7 @@ class Reply:
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
                         frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                elif rest := self._stripped(self.held):
+                elif not self._cut_opening(self.held, reason) and (rest := self._stripped(self.held)):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
@@ -1233,6 +1253,8 @@ class Reply:
                 reason = self.calls_reason
             elif not calls:
                 content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
+            if self._cut_opening(content, reason):
+                content = None
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]
         if thought:  # as llama-server: only where there is reasoning
@@ -1308,7 +1330,9 @@ def infill_partial(text: str, tokens_predicted: int, tokens_evaluated: int, inde
 def infill_final(model: str, content: str, event: Done, *, whole_text: str, index: int = 0) -> dict[str, Any]:
     """The ``/infill`` result (llama-server's final completion object): ``content`` the whole text
     (the last streamed frame's: empty, the text came before it); ``whole_text`` decides
-    ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end."""
+    ``has_new_line``. ``tokens_cached`` is llama-server's n_past: the slot's tokens at the end,
+    the prompt and every generated token but the last, which was sampled and never decoded
+    (server-context.cpp's send_final_response: ``slot.prompt.n_tokens()``)."""
     usage = event.usage
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {
@@ -1324,7 +1348,7 @@ def infill_final(model: str, content: str, event: Done, *, whole_text: str, inde
         "truncated": False,
         "stop_type": infill_stop_type(event),
         "stopping_word": event.stop_word or "",
-        "tokens_cached": prompt + completion,
+        "tokens_cached": prompt + max(completion - 1, 0),
         "timings": infill_timings(event),
     }
 

@@ -478,6 +478,7 @@ def parse_native_completion_request(
     strict: bool = False,
     tokenize: Callable[[str, str, bool], list[int]] | None = None,
     lane_ctx: Callable[[str], int] | None = None,
+    tokenize_text: Callable[[str, str], list[int]] | None = None,
 ) -> tuple[GenerationRequest, NativeOptions]:
     """Validate a llama-server ``POST /completion`` body: the request (a completion of
     ``prompt``: a string, an array of token ids, an array mixing strings and token ids (one
@@ -488,8 +489,10 @@ def parse_native_completion_request(
     are honoured as on /infill; llama-server's sampler options this server does not have are
     accepted and named in ``ignored``, other unknown keys as on ``/v1/completions``.
     ``lane_ctx(model)``: the context a prompt must fit (0: unknown); a mixed prompt is tokenised
-    only as far as it may still fit."""
+    only as far as it may still fit. ``tokenize_text(model, text)``: a ``logit_bias`` of text's
+    tokens (:func:`_text_biases`)."""
     body, model, ignored = _native_body(raw, models, strict, _NATIVE_KEYS, _NATIVE_UNHONOURED)
+    body = _with_text_biases(body, model, tokenize_text)
     if tokenize is not None:
         limit = (lane_ctx(model) if lane_ctx is not None else 0) or 1 << 30
         body = {**body, "prompt": _mixed_tokenised(body.get("prompt"), lambda text, first: tokenize(model, text, first), limit)}
@@ -1324,6 +1327,44 @@ def _parse_common(body: Mapping[str, Any], req: GenerationRequest, strict: bool 
     req.logit_bias = _parse_logit_bias(body)
     _optional(body, "cache_prompt", bool)
     req.response_format = _parse_response_format(body)
+
+
+# a key of logit_bias's object form that llama-server reads as a token id (strtol reads it whole;
+# an empty key too, as token 0): any other key is text (server-schema.cpp's logit_bias field)
+_BIAS_ID_KEY = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+|")
+
+
+def _with_text_biases(body: dict[str, Any], model: str, tokenize_text: Callable[[str, str], list[int]] | None) -> dict[str, Any]:
+    if tokenize_text is None or body.get("logit_bias") is None:
+        return body
+    return {**body, "logit_bias": _text_biases(body["logit_bias"], lambda text: tokenize_text(model, text))}
+
+
+def _text_biases(bias: Any, tokenize: Callable[[str], list[int]]) -> Any:
+    """llama-server's ``logit_bias`` of text (its native /completion; not /infill, whose request
+    a ``--fim-model`` of another vocabulary may run): a key of the
+    object form that is no integer (``{"Hello": -100}``), or a string in the array form
+    (``[["Hello", false]]``, a string of digits too), stands for every token of that text,
+    tokenised without special tokens (``common_tokenize(vocab, text, false)``), each given the
+    bias; the pairs become the array form, ids for texts. Anything else is left as it is (checked
+    after, :func:`_parse_logit_bias`, which also bounds the entries: a text longer than they could
+    hold is refused before it is tokenised)."""
+    if isinstance(bias, dict):
+        pairs = [(key, value, not _BIAS_ID_KEY.fullmatch(key)) for key, value in bias.items()]
+    elif isinstance(bias, list) and all(isinstance(p, list) and len(p) == 2 for p in bias):
+        pairs = [(p[0], p[1], isinstance(p[0], str)) for p in bias]
+    else:
+        return bias
+    if len(pairs) > MAX_LOGIT_BIAS or not any(text for _key, _value, text in pairs):
+        return bias
+    if sum(len(key) for key, _value, text in pairs if text) > MAX_LOGIT_BIAS * MAX_CHARS_PER_TOKEN:
+        raise _invalid_value("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, its texts' tokens counted")
+    out: list[list[Any]] = []
+    for key, value, text in pairs:
+        out += [[token, value] for token in tokenize(key)] if text else [[key, value]]
+        if len(out) > MAX_LOGIT_BIAS:
+            raise _invalid_value("logit_bias", f"at most {MAX_LOGIT_BIAS} entries, its texts' tokens counted")
+    return out
 
 
 def _parse_logit_bias(body: Mapping[str, Any]) -> list[list[float]]:

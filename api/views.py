@@ -56,7 +56,7 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
         for name in (m["id"], *m["aliases"]):
             extra: dict[str, Any] = {"context_length": m["context_length"], "state": m["state"]}
             hello = getattr(pool.links.get(m["id"]), "hello", None)
-            meta = model_meta(hello) if hello is not None else {}
+            meta = model_meta(hello, m["context_length"]) if hello is not None else {}
             if meta:  # a loaded model's, as its worker said them
                 extra["meta"] = meta
             if name != m["id"]:
@@ -68,23 +68,24 @@ def _pool_objects(pool: ModelPool, request: HttpRequest) -> dict[str, dict[str, 
 
 def _model_extra() -> dict[str, Any]:
     """``context_length`` (tokens one request may use: a lane's context) and llama-server's
-    ``meta`` (``n_ctx_train``, ``n_vocab``) where the worker said them."""
+    ``meta`` (``n_ctx``, ``n_ctx_train``, ``n_vocab``, ...) where the worker said them."""
     hello = get_link().hello
     extra: dict[str, Any] = {}
     if hello is None:
         return extra
     if hello.lane_ctx:
         extra["context_length"] = hello.lane_ctx
-    meta = model_meta(hello)
+    meta = model_meta(hello, hello.lane_ctx)
     if meta:
         extra["meta"] = meta
     return extra
 
 
-def model_meta(hello: Any) -> dict[str, Any]:
-    """llama-server's ``meta`` of a model object, the fields its worker's hello said."""
+def model_meta(hello: Any, n_ctx: int | None = None) -> dict[str, Any]:
+    """llama-server's ``meta`` of a model object, the fields its worker's hello said; ``n_ctx``
+    the object's ``context_length`` (a slot's context, as llama-server's meta.n_ctx says it)."""
     fields = (
-        ("n_ctx_train", hello.n_ctx_train), ("n_vocab", hello.n_vocab), ("n_embd", hello.n_embd),
+        ("n_vocab", hello.n_vocab), ("n_ctx", n_ctx), ("n_ctx_train", hello.n_ctx_train), ("n_embd", hello.n_embd),
         ("n_params", hello.n_params), ("size", hello.model_size), ("ftype", hello.model_ftype),
     )  # fmt: skip
     return {k: v for k, v in fields if v}
@@ -238,13 +239,23 @@ def naming_ignored(response: HttpResponse, names: list[str]) -> HttpResponse:
 async def tokenize(request: HttpRequest) -> HttpResponse:
     """``{"content": str, "add_special": false, "parse_special": true, "with_pieces": false}``
     -> ``{"tokens": [ids]}`` (or ``[{"id", "piece"}]`` with pieces), as llama-server answers;
+    ``content`` may also be an array of strings and token ids (:func:`_tokenized_mixed`);
     ``"model"`` (an id or an alias) picks the model's vocabulary where several are served. A
     body without ``content`` answers ``{"tokens": []}``, add_special or not, as llama-server's."""
-    try:
-        body = await asyncio.to_thread(_json_body, request)  # up to --max-body-bytes: off the event loop
+
+    def read() -> tuple[dict[str, Any], Any]:  # up to --max-body-bytes (a million ids): off the event loop
+        body = _json_body(request)
         content = body.get("content", "")
-        if not isinstance(content, str):
-            raise invalid_request("Invalid value for 'content': expected a string.", param="content", code="invalid_type")
+        if not isinstance(content, str) and not (
+            isinstance(content, list) and all(isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in content)
+        ):
+            raise invalid_request(
+                "Invalid value for 'content': expected a string, or an array of strings and token ids.", param="content", code="invalid_type"
+            )
+        return body, content
+
+    try:
+        body, content = await asyncio.to_thread(read)
         add_special, parse_special = _flag(body, "add_special", False), _flag(body, "parse_special", True)
         with_pieces = _flag(body, "with_pieces", False)
         model = await _asked_model(request, body)
@@ -253,7 +264,10 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         return error_response(exc)
 
     def work(vocab: Any) -> HttpResponse:  # a body's worth of text: seconds, off the event loop, its JSON too
-        tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special) if "content" in body else []
+        if isinstance(content, str):
+            tokens = vocab.tokenize(content, add_special=add_special, parse_special=parse_special) if "content" in body else []
+        else:
+            tokens = _tokenized_mixed(vocab, content, add_special=add_special, parse_special=parse_special)
         items = [{"id": t, "piece": _piece(vocab.piece(t))} for t in tokens] if with_pieces else tokens
         # a slice at a time: one json.dumps of a million tokens holds the GIL, and so the event
         # loop and every stream on it, for most of a second
@@ -261,6 +275,23 @@ async def tokenize(request: HttpRequest) -> HttpResponse:
         return HttpResponse('{"tokens": [' + ", ".join(parts) + "]}", content_type="application/json")
 
     return await _with_tool_vocab(model, admission, work)
+
+
+def _tokenized_mixed(vocab: Any, content: list[str | int], *, add_special: bool, parse_special: bool) -> list[int]:
+    """/tokenize's ``content`` given as an array of strings and token ids, as llama-server's
+    ``tokenize_mixed`` reads it: each string tokenised (``add_special`` only for a string that
+    begins the array), each id as it is; an id outside the vocabulary is 400, as /detokenize's."""
+    tokens: list[int] = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            tokens += vocab.tokenize(part, add_special=add_special and i == 0, parse_special=parse_special)
+        elif 0 <= part < vocab.n_vocab:
+            tokens.append(part)
+        else:
+            raise invalid_request(
+                f"Invalid value for 'content': token ids must be between 0 and {vocab.n_vocab - 1}.", param="content", code="invalid_value"
+            )
+    return tokens
 
 
 @key_required()

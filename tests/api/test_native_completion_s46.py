@@ -430,3 +430,19 @@ def test_the_real_server_completion_at_temperature_0_equals_v1_completions(share
     tokens = httpx.post(shared_server.base + "/completion", json={"prompt": [*ids, 13], "n_predict": 8, "temperature": 0}, timeout=120)
     assert mixed.status_code == 200, mixed.text
     assert mixed.json()["content"] == tokens.json()["content"] and mixed.json()["tokens_evaluated"] == len(ids) + 1
+
+
+@pytestmark_db
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("n_predict", [0, 1, 6])
+async def test_tokens_cached_is_llama_servers_n_past_without_the_last_sampled_token(stream: bool, n_predict: int) -> None:
+    """llama-server's ``tokens_cached`` is its slot's tokens when the reply ends: the prompt and
+    the generated tokens but the last, which it sampled and never decoded (5 + 3 - 1 = 7 for a
+    5-token prompt and ``n_predict`` 3, whatever stopped it: measured on llama-server of the
+    wheel's llama.cpp). It was one more here."""
+    async with attached(SimWorker()):
+        reply = await request("POST", "/completion", body(n_predict=n_predict, stream=stream), JSON)
+    assert reply.status == 200, reply.body
+    obj = json.loads(reply.sse_data()[-1]) if stream else reply.json()
+    assert obj["tokens_predicted"] == max(n_predict, 1)
+    assert obj["tokens_cached"] == obj["tokens_evaluated"] + obj["tokens_predicted"] - 1

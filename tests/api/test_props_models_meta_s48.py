@@ -64,3 +64,14 @@ async def test_props_chat_template_before_the_worker_said_it_is_read_from_the_mo
 
 async def _never(_timeout: float) -> bool:
     return False
+
+
+async def test_models_meta_has_llama_servers_n_ctx_the_context_one_request_may_use() -> None:
+    """llama-server's model object says a slot's context as ``meta.n_ctx`` (get_res_model_info),
+    which clients of its /v1/models read for the window; it was left out here, where only the
+    OpenAI-style ``context_length`` said it."""
+    async with attached(MetaWorker(lane_ctx=1024)):
+        models = (await request("GET", "/v1/models")).json()
+        one = (await request("GET", "/v1/models/sim")).json()
+    assert models["data"][0]["meta"]["n_ctx"] == models["data"][0]["context_length"] == 1024
+    assert one["meta"]["n_ctx"] == 1024

@@ -735,7 +735,7 @@ def test_chat_logprobs_shape() -> None:
 def test_completion_logprobs_shape_with_offsets() -> None:
     out = completion_logprobs(ENTRIES, offset=4)
     assert out == {"tokens": ["He", "llo"], "token_logprobs": [-0.5, -0.1],
-                   "top_logprobs": [{"He": -0.5, "\ufffd": -1.5}, {}], "text_offset": [4, 6]}
+                   "top_logprobs": [{"He": -0.5, "\ufffd": -1.5}, {"llo": -0.1}], "text_offset": [4, 6]}  # the token itself too
 
 
 def test_text_offsets_count_a_character_split_across_tokens_once() -> None:
