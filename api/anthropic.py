@@ -172,7 +172,7 @@ def _source(block: dict[str, Any], where: str, shapes: dict[str, tuple[str, ...]
             raise _bad(f"Missing required parameter: '{where}.source'.", f"{where}.source", "missing_required_parameter")
         raise _bad(f"Invalid value for '{where}.source': expected an object.", f"{where}.source", "invalid_type")
     kind = source.get("type")
-    if kind not in shapes:
+    if not isinstance(kind, str) or kind not in shapes:  # (a list or an object is no key of shapes: a TypeError, a 500)
         expected = ", ".join(f"'{k}'" for k in shapes)
         raise _bad(f"Invalid value for '{where}.source.type': expected one of {expected}.", f"{where}.source.type")
     for key in shapes[kind]:

@@ -311,6 +311,9 @@ def test_a_failure_after_the_stream_began_is_an_error_event(qwen: asyncio.Abstra
         # (a well-formed image or document stands omitted or is read: tests/api/test_agent_images_s49.py)
         ({"messages": [{"role": "user", "content": [{"type": "image", "media_type": "image/png", "data": "AA=="}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source'"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "zip", "data": "x"}}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source.type'"),
+        # a source type that is no string (an array, an object) was a TypeError, a 500
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": ["base64"], "data": "AA=="}}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source.type'"),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document", "source": {"type": {}}}]}]}]}, 400, "invalid_request_error", "source.type'"),
         ({"messages": [{"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}, 400, "invalid_request_error", "'image'"),
         ({"messages": [{"role": "user", "content": [{"type": "search_result", "source": "x"}]}]}, 400, "invalid_request_error", "'search_result'"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "server tool"),
