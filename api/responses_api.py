@@ -61,6 +61,13 @@ _STATEFUL = {
     "prompt": "this server stores no prompt templates; send the instructions and input themselves",
 }
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
+# Codex sends its instructions and then developer messages (permissions, sandbox) before the
+# conversation: several system messages in a row, which the templates of Qwen 3.5 ("System
+# message must be at the beginning"), Gemma 2 (no system role: only the first merges into the
+# user's turn) and Ministral (a system message only first) refuse, every turn. At the head of the
+# conversation they are one system message, their texts a blank line apart; a system or developer
+# message later in the conversation stays where it is.
+_SYSTEM_ROLES = ("system", "developer")
 # The input parts a model here cannot read, as an agent keeps them in its history (Codex's
 # view_image puts an input_image in the conversation; an MCP tool's output can hold one): their
 # type -> (the keys one of which says where it is, what the model is told was there)
@@ -191,6 +198,11 @@ def _messages(body: dict[str, Any], out: ResponsesRequest, ignored: list[str], *
                 turn["content"] = turn["content"] + text
             else:
                 text = parse_content(item.get("content"), role, f"{where}.content", ("input_text",), empty_ok=True, stand_ins=stand_ins)
+                if role in _SYSTEM_ROLES and messages and all(m["role"] in _SYSTEM_ROLES for m in messages):
+                    # the system text at the head of the conversation is one system message
+                    # (:data:`_SYSTEM_ROLES`); its place in errors stays the first one's
+                    messages[-1]["content"] = f"{messages[-1]['content']}\n\n{text}"
+                    continue
                 messages.append({"role": role, "content": text})
                 out.where.append(where)
         elif kind == "function_call":
