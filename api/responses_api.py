@@ -530,7 +530,8 @@ def _renamed(exc: ApiError, where: list[str]) -> ApiError:
     if not param:
         return exc
     if param == "messages":  # the whole conversation (its size, the template's refusal): the input
-        return ApiError(exc.status, exc.message, type=exc.type, param="input", code=exc.code, headers=exc.headers)
+        message = re.sub(r"\b(the|your) messages\b", r"\1 input", exc.message)  # ("tokens in the messages", "your messages holds")
+        return ApiError(exc.status, message, type=exc.type, param="input", code=exc.code, headers=exc.headers)
     new = param
     m = re.match(r"^messages\[(\d+)\]", param)
     if m:
