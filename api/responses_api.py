@@ -203,6 +203,13 @@ def _messages(body: dict[str, Any], out: ResponsesRequest, ignored: list[str], *
                     # (:data:`_SYSTEM_ROLES`); its place in errors stays the first one's
                     messages[-1]["content"] = f"{messages[-1]['content']}\n\n{text}"
                     continue
+                if role == "user" and messages and messages[-1]["role"] == "user":
+                    # user messages in a row are one user turn, a line apart: Codex sends its
+                    # environment context and then the user's prompt (and AGENTS.md before them),
+                    # which the templates whose turns must alternate (Gemma's, Mistral's and
+                    # Devstral's) refused, every turn; as the Anthropic route combines them
+                    messages[-1]["content"] = "\n".join(t for t in (messages[-1]["content"], text) if t)
+                    continue
                 messages.append({"role": role, "content": text})
                 out.where.append(where)
         elif kind == "function_call":

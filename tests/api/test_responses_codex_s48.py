@@ -153,12 +153,12 @@ def test_a_turn_from_here_is_sendable_back_as_history(loop: asyncio.AbstractEven
     assert again[-1][0] == "response.completed"
     assert [item["content"][0]["text"] for item in done_items(again) if item["type"] == "message"] == ["Done: hello.txt says hello."]
     chat, _, _ = responses_to_chat({**first, "input": history})
-    turn = chat["messages"][3]  # (after the system turn, the instructions and the developer message in one, and two user turns)
+    turn = chat["messages"][2]  # (after the system turn, the instructions and the developer message in one, and the user's)
     assert turn["role"] == "assistant" and turn["content"] == "I will add the file, then read it."
     assert turn["reasoning_content"] == "The user greets me."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in turn["tool_calls"]] == [
         ("apply_patch", {"input": PATCH}), ("shell", {"command": ["cat", "hello.txt"]})]  # fmt: skip
-    assert [(m["role"], m["tool_call_id"], m["content"]) for m in chat["messages"][4:6]] == [
+    assert [(m["role"], m["tool_call_id"], m["content"]) for m in chat["messages"][3:5]] == [
         ("tool", patch["call_id"], "Success. Updated the following files:\nA hello.txt\n"), ("tool", shell["call_id"], "Hello, world!")]  # fmt: skip
 
 
@@ -221,6 +221,20 @@ def test_codexs_instructions_and_developer_message_are_one_system_turn() -> None
                       {"type": "message", "role": "user", "content": "Again"}]  # fmt: skip
     request, _ = parse_responses_request(json.dumps(body).encode(), models=[MODEL])
     assert request.messages is not None
-    assert [m["role"] for m in request.messages] == ["system", "user", "user", "assistant", "system", "user"]
+    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "system", "user"]
     assert request.messages[0]["content"] == "You are Codex, a coding agent.\n\n<permissions>workspace-write</permissions>"
-    assert request.messages[4]["content"] == "<permissions>read-only</permissions>"
+    assert request.messages[3]["content"] == "<permissions>read-only</permissions>"
+
+
+@pytest.mark.parametrize("template_file", ["gemma-2-2b-it.jinja", "mistral-small-3.2-24b-instruct-2506.jinja", "ministral-3-14b-reasoning-2512.jinja"])
+def test_codexs_user_messages_in_a_row_are_one_user_turn(template_file: str) -> None:
+    """Codex sends its environment context and then the user's prompt as two user messages (its
+    AGENTS.md before them as a third): the templates whose turns must alternate (Gemma 2's,
+    Mistral's) refused that, a 400 on every turn. They are one user turn, a line apart."""
+    body = codex_body("Fix the bug.", model=MODEL)
+    request, _ = parse_responses_request(json.dumps(body).encode(), models=[MODEL])
+    assert request.messages is not None
+    assert [m["role"] for m in request.messages] == ["system", "user"]
+    assert request.messages[1]["content"] == "<environment_context>cwd=/w</environment_context>\nFix the bug."
+    prompt = render_chat(TemplateVocab(template_file), request.to_wire()).text
+    assert prompt.index("<permissions>workspace-write") < prompt.index("<environment_context>") < prompt.index("Fix the bug.")
