@@ -201,7 +201,7 @@ def _messages(body: dict[str, Any], out: ResponsesRequest, ignored: list[str], *
                 if role in _SYSTEM_ROLES and messages and all(m["role"] in _SYSTEM_ROLES for m in messages):
                     # the system text at the head of the conversation is one system message
                     # (:data:`_SYSTEM_ROLES`); its place in errors stays the first one's
-                    messages[-1]["content"] = f"{messages[-1]['content']}\n\n{text}"
+                    messages[-1]["content"] = "\n\n".join(t for t in (messages[-1]["content"], text) if t)
                     continue
                 if role == "user" and messages and messages[-1]["role"] == "user":
                     # user messages in a row are one user turn, a line apart: Codex sends its
