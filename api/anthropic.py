@@ -172,7 +172,7 @@ def _source(block: dict[str, Any], where: str, shapes: dict[str, tuple[str, ...]
             raise _bad(f"Missing required parameter: '{where}.source'.", f"{where}.source", "missing_required_parameter")
         raise _bad(f"Invalid value for '{where}.source': expected an object.", f"{where}.source", "invalid_type")
     kind = source.get("type")
-    if kind not in shapes:
+    if not isinstance(kind, str) or kind not in shapes:  # (a list or an object is no key of shapes: a TypeError, a 500)
         expected = ", ".join(f"'{k}'" for k in shapes)
         raise _bad(f"Invalid value for '{where}.source.type': expected one of {expected}.", f"{where}.source.type")
     for key in shapes[kind]:
@@ -296,10 +296,27 @@ def _messages(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]
                     turn["tool_calls"] = calls
                 if any(thoughts):
                     turn["reasoning_content"] = "".join(thoughts)
-                out.append(turn)
+                _add_turn(out, turn)
         elif texts or not results:
-            out.append({"role": "user", "content": "\n".join(texts)})
+            _add_turn(out, {"role": "user", "content": "\n".join(texts)})
     return out
+
+
+def _add_turn(out: list[dict[str, Any]], turn: dict[str, Any]) -> None:
+    """``turn`` after the chat messages ``out``; where the last of them is a turn of the same role
+    (two user turns in a row: Claude Code sends one after an interrupted turn, a command's output,
+    a hook's), the two are one, their texts a line apart, as Anthropic combines consecutive turns
+    of a role. Left two, the templates whose turns must alternate (Gemma's, Mistral's) refused the
+    conversation, and with it every later turn of the session, which sends it again."""
+    last = out[-1] if out else None
+    if last is None or last["role"] != turn["role"]:
+        out.append(turn)
+        return
+    last["content"] = "\n".join(text for text in (last["content"], turn["content"]) if text)
+    if turn.get("tool_calls"):
+        last["tool_calls"] = [*last.get("tool_calls", []), *turn["tool_calls"]]
+    if turn.get("reasoning_content"):
+        last["reasoning_content"] = last.get("reasoning_content", "") + turn["reasoning_content"]
 
 
 def _tools(raw: Any, ignored: list[str], strict: bool) -> list[dict[str, Any]]:

@@ -61,6 +61,13 @@ _STATEFUL = {
     "prompt": "this server stores no prompt templates; send the instructions and input themselves",
 }
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
+# Codex sends its instructions and then developer messages (permissions, sandbox) before the
+# conversation: several system messages in a row, which the templates of Qwen 3.5 ("System
+# message must be at the beginning"), Gemma 2 (no system role: only the first merges into the
+# user's turn) and Ministral (a system message only first) refuse, every turn. At the head of the
+# conversation they are one system message, their texts a blank line apart; a system or developer
+# message later in the conversation stays where it is.
+_SYSTEM_ROLES = ("system", "developer")
 # The input parts a model here cannot read, as an agent keeps them in its history (Codex's
 # view_image puts an input_image in the conversation; an MCP tool's output can hold one): their
 # type -> (the keys one of which says where it is, what the model is told was there)
@@ -191,6 +198,18 @@ def _messages(body: dict[str, Any], out: ResponsesRequest, ignored: list[str], *
                 turn["content"] = turn["content"] + text
             else:
                 text = parse_content(item.get("content"), role, f"{where}.content", ("input_text",), empty_ok=True, stand_ins=stand_ins)
+                if role in _SYSTEM_ROLES and messages and all(m["role"] in _SYSTEM_ROLES for m in messages):
+                    # the system text at the head of the conversation is one system message
+                    # (:data:`_SYSTEM_ROLES`); its place in errors stays the first one's
+                    messages[-1]["content"] = "\n\n".join(t for t in (messages[-1]["content"], text) if t)
+                    continue
+                if role == "user" and messages and messages[-1]["role"] == "user":
+                    # user messages in a row are one user turn, a line apart: Codex sends its
+                    # environment context and then the user's prompt (and AGENTS.md before them),
+                    # which the templates whose turns must alternate (Gemma's, Mistral's and
+                    # Devstral's) refused, every turn; as the Anthropic route combines them
+                    messages[-1]["content"] = "\n".join(t for t in (messages[-1]["content"], text) if t)
+                    continue
                 messages.append({"role": role, "content": text})
                 out.where.append(where)
         elif kind == "function_call":
@@ -518,7 +537,8 @@ def _renamed(exc: ApiError, where: list[str]) -> ApiError:
     if not param:
         return exc
     if param == "messages":  # the whole conversation (its size, the template's refusal): the input
-        return ApiError(exc.status, exc.message, type=exc.type, param="input", code=exc.code, headers=exc.headers)
+        message = re.sub(r"\b(the|your) messages\b", r"\1 input", exc.message)  # ("tokens in the messages", "your messages holds")
+        return ApiError(exc.status, message, type=exc.type, param="input", code=exc.code, headers=exc.headers)
     new = param
     m = re.match(r"^messages\[(\d+)\]", param)
     if m:

@@ -18,12 +18,14 @@ import httpx
 import pytest
 from django.test import override_settings
 
+from api.anthropic import parse_messages_request
 from api.errors import ApiError
+from api.rendering import render_chat
 from keys.credentials import digest_of
 from keys.runtime import Key, Policy
 from scheduler.engines.chat import compile_chat_template, render_chat_template
 from tests.edge.inproc import CLIENT, JSON, MODEL, SimWorker, application, attached, request
-from tests.edge.templated import edge_loop, engine_of
+from tests.edge.templated import TEMPLATES, edge_loop, engine_of
 from tests.edge.test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -311,6 +313,9 @@ def test_a_failure_after_the_stream_began_is_an_error_event(qwen: asyncio.Abstra
         # (a well-formed image or document stands omitted or is read: tests/api/test_agent_images_s49.py)
         ({"messages": [{"role": "user", "content": [{"type": "image", "media_type": "image/png", "data": "AA=="}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source'"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "zip", "data": "x"}}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source.type'"),
+        # a source type that is no string (an array, an object) was a TypeError, a 500
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": ["base64"], "data": "AA=="}}]}]}, 400, "invalid_request_error", "'messages[0].content[0].source.type'"),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document", "source": {"type": {}}}]}]}]}, 400, "invalid_request_error", "source.type'"),
         ({"messages": [{"role": "assistant", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}, 400, "invalid_request_error", "'image'"),
         ({"messages": [{"role": "user", "content": [{"type": "search_result", "source": "x"}]}]}, 400, "invalid_request_error", "'search_result'"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "server tool"),
@@ -582,3 +587,32 @@ def test_a_prompt_the_context_cannot_hold_is_worded_as_anthropic_words_it(stream
     assert error["type"] == "invalid_request_error"
     prompt = int(error["message"].split()[4])
     assert error["message"] == f"prompt is too long: {prompt} tokens > 512 maximum" and prompt > 600
+
+
+@pytest.mark.parametrize("template_file", ["gemma-2-2b-it.jinja", "mistral-nemo-instruct-2407.jinja", "qwen2.5-7b-instruct.jinja"])
+def test_consecutive_turns_of_a_role_are_one_turn_as_anthropic_combines_them(template_file: str) -> None:
+    """Claude Code sends two user turns in a row (after an interrupted turn, a command's output, a
+    hook's). Anthropic combines consecutive turns of a role; here they were two chat messages,
+    which the templates whose turns must alternate (Gemma's, Mistral's) refused, a 400 on that
+    turn and on every later one (the history is sent again). An assistant turn's pieces likewise."""
+    class Vocab:
+        def template_parts(self) -> tuple[str, str, str]:
+            return (TEMPLATES / template_file).read_text(), "<s>", "</s>"
+
+    messages = [
+        {"role": "user", "content": "Fix the bug."},
+        {"role": "user", "content": [{"type": "text", "text": "[Request interrupted by user]"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "Look first.", "signature": "s"}]},
+        {"role": "assistant", "content": "Which bug?"},
+        {"role": "user", "content": "The one in a.py."},
+    ]
+    body = {"model": MODEL, "max_tokens": 64, "system": "Be brief.", "messages": messages}
+    request = parse_messages_request(json.dumps(body).encode(), models=[MODEL])
+    assert request.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Fix the bug.\n[Request interrupted by user]"},
+        {"role": "assistant", "content": "Which bug?", "reasoning_content": "Look first."},
+        {"role": "user", "content": "The one in a.py."},
+    ]
+    prompt = render_chat(Vocab(), request.to_wire()).text
+    assert prompt.index("Fix the bug.") < prompt.index("[Request interrupted by user]") < prompt.index("Which bug?") < prompt.index("The one in a.py.")

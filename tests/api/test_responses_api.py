@@ -349,11 +349,13 @@ def test_a_codex_shaped_turn_streams_its_call_to_response_completed(loop: asynci
 
 def test_an_input_over_the_context_is_a_400_naming_the_input(loop: asyncio.AbstractEventLoop) -> None:
     """The worker's and the size check's word is on the chat's ``messages``: a Responses client
-    sent ``input``."""
-    for kwargs in ({"input": "word " * 3000}, {"input": "hi", "max_output_tokens": 5000}):
+    sent ``input``, in ``param`` and in the message."""
+    for kwargs in ({"input": "word " * 3000}, {"input": "hi", "max_output_tokens": 5000}, {"input": "x" * 400000}):
         with pytest.raises(openai.BadRequestError) as caught:
             create(loop, **kwargs)
         assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "input"), caught.value
+        # (its words too: "tokens in the messages", "your messages holds" named what a Responses client never sent)
+        assert "messages" not in caught.value.message and " input" in caught.value.message, caught.value.message
 
 
 @pytest.mark.parametrize("stream", [False, True])

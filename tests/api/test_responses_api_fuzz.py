@@ -206,8 +206,15 @@ def test_each_image_of_a_history_stands_omitted_in_its_place(turns: list[tuple[s
         return
     assert not (strict and images)
     said = [m["content"] for m in req.messages if m["role"] != "assistant"]
-    meant = ["\n".join(omitted_part("image") if p["type"] == "input_image" else p["text"] for p in content) for _, content in turns] + ["Go on."]
-    assert said == meant
+    meant: list[tuple[str, str]] = []  # (kind, text): the developer turns that open it are one, as are user turns in a row
+    for kind, text in [(kind, "\n".join(omitted_part("image") if p["type"] == "input_image" else p["text"] for p in content)) for kind, content in turns] + [("user", "Go on.")]:
+        if meant and kind == meant[-1][0] == "developer" and len(meant) == 1:
+            meant[-1] = (kind, "\n\n".join(t for t in (meant[-1][1], text) if t))
+        elif meant and kind == meant[-1][0] == "user":
+            meant[-1] = (kind, "\n".join(t for t in (meant[-1][1], text) if t))
+        else:
+            meant.append((kind, text))
+    assert said == [text for _, text in meant]
     assert req.ignored == (["input.input_image"] if images else [])
 
 

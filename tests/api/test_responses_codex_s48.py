@@ -21,10 +21,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.responses_api import custom_input, responses_to_chat
+from api.rendering import render_chat
+from api.responses_api import custom_input, parse_responses_request, responses_to_chat
 from tests.api.test_responses_api import THOUGHT, QwenEngine, raw_stream, run, streamed
 from tests.edge.inproc import JSON, MODEL, request
-from tests.edge.templated import edge_loop
+from tests.edge.templated import TEMPLATES, edge_loop
 from tests.edge.test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -152,12 +153,12 @@ def test_a_turn_from_here_is_sendable_back_as_history(loop: asyncio.AbstractEven
     assert again[-1][0] == "response.completed"
     assert [item["content"][0]["text"] for item in done_items(again) if item["type"] == "message"] == ["Done: hello.txt says hello."]
     chat, _, _ = responses_to_chat({**first, "input": history})
-    turn = chat["messages"][4]
+    turn = chat["messages"][2]  # (after the system turn, the instructions and the developer message in one, and the user's)
     assert turn["role"] == "assistant" and turn["content"] == "I will add the file, then read it."
     assert turn["reasoning_content"] == "The user greets me."
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in turn["tool_calls"]] == [
         ("apply_patch", {"input": PATCH}), ("shell", {"command": ["cat", "hello.txt"]})]  # fmt: skip
-    assert [(m["role"], m["tool_call_id"], m["content"]) for m in chat["messages"][5:7]] == [
+    assert [(m["role"], m["tool_call_id"], m["content"]) for m in chat["messages"][3:5]] == [
         ("tool", patch["call_id"], "Success. Updated the following files:\nA hello.txt\n"), ("tool", shell["call_id"], "Hello, world!")]  # fmt: skip
 
 
@@ -194,3 +195,46 @@ def test_a_custom_calls_input_is_the_string_the_model_gave(text: str) -> None:
     assert custom_input(json.dumps(text)) == text
     cut = json.dumps({"input": text})[:-2]  # a call cut short: its arguments as they are
     assert custom_input(cut) == cut
+
+
+class TemplateVocab:
+    """The web side's vocabulary of a model with one of tests/api/templates_s46's chat templates."""
+
+    def __init__(self, template_file: str) -> None:
+        self.source = (TEMPLATES / template_file).read_text()
+
+    def template_parts(self) -> tuple[str, str, str]:
+        return self.source, "<s>", "</s>"
+
+
+def test_codexs_instructions_and_developer_message_are_one_system_turn() -> None:
+    """Codex sends its instructions and then a developer message before the conversation: two
+    system messages in a row, which Qwen 3.5's template refused ("System message must be at the
+    beginning"), a 400 on every turn. They are one system message, the texts in order; a
+    developer message later in the conversation stays where it was."""
+    body = codex_body("Hi", model=MODEL)
+    request, _ = parse_responses_request(json.dumps(body).encode(), models=[MODEL])
+    prompt = render_chat(TemplateVocab("qwen3.5-4b.jinja"), request.to_wire()).text
+    assert prompt.index("You are Codex") < prompt.index("<permissions>workspace-write") < prompt.index("<environment_context>")
+    body["input"] += [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]},
+                      {"type": "message", "role": "developer", "content": "<permissions>read-only</permissions>"},
+                      {"type": "message", "role": "user", "content": "Again"}]  # fmt: skip
+    request, _ = parse_responses_request(json.dumps(body).encode(), models=[MODEL])
+    assert request.messages is not None
+    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "system", "user"]
+    assert request.messages[0]["content"] == "You are Codex, a coding agent.\n\n<permissions>workspace-write</permissions>"
+    assert request.messages[3]["content"] == "<permissions>read-only</permissions>"
+
+
+@pytest.mark.parametrize("template_file", ["gemma-2-2b-it.jinja", "mistral-small-3.2-24b-instruct-2506.jinja", "ministral-3-14b-reasoning-2512.jinja"])
+def test_codexs_user_messages_in_a_row_are_one_user_turn(template_file: str) -> None:
+    """Codex sends its environment context and then the user's prompt as two user messages (its
+    AGENTS.md before them as a third): the templates whose turns must alternate (Gemma 2's,
+    Mistral's) refused that, a 400 on every turn. They are one user turn, a line apart."""
+    body = codex_body("Fix the bug.", model=MODEL)
+    request, _ = parse_responses_request(json.dumps(body).encode(), models=[MODEL])
+    assert request.messages is not None
+    assert [m["role"] for m in request.messages] == ["system", "user"]
+    assert request.messages[1]["content"] == "<environment_context>cwd=/w</environment_context>\nFix the bug."
+    prompt = render_chat(TemplateVocab(template_file), request.to_wire()).text
+    assert prompt.index("<permissions>workspace-write") < prompt.index("<environment_context>") < prompt.index("Fix the bug.")
