@@ -59,7 +59,7 @@ def edge() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 _text = st.lists(st.text(st.characters(codec="utf-8"), max_size=4) | st.sampled_from(["<|im_start|>", "<|im_end|>", " ", "\n"]), max_size=4).map("".join)
-_item = _text | st.integers(-3, N_VOCAB + 3) | st.booleans() | st.none() | st.floats(allow_nan=False) | st.lists(st.integers(0, 9), max_size=2)
+_item = _text | st.integers(-3, N_VOCAB + 3) | st.booleans() | st.none() | st.floats(allow_nan=False, allow_infinity=False) | st.lists(st.integers(0, 9), max_size=2)
 
 
 @pytest.mark.django_db(transaction=True)
