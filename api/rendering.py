@@ -35,6 +35,7 @@ def render_chat(vocab: Any, wire: dict[str, Any], *, add_generation_prompt: bool
         compile_chat_template,
         merge_system_turn,
         render_chat_template,
+        rendered_or_fixed,
         takes_system_turn,
         template_inputs,
     )
@@ -56,7 +57,9 @@ def render_chat(vocab: Any, wire: dict[str, Any], *, add_generation_prompt: bool
             lambda msgs: render_chat_template(template, msgs, bos_token=bos, eos_token=eos)
         ):
             messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
-        return RenderedChat(render(messages, offered), render, messages, offered)
+        # (a conversation the template refuses, agents' as a matter of course: as it may take it)
+        text, messages = rendered_or_fixed(lambda msgs: render(msgs, offered), messages)
+        return RenderedChat(text, render, messages, offered)
     except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
         raise invalid_request(f"The chat template rejected the {param}: {exc}", param=param, code="invalid_messages") from None
 

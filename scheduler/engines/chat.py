@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler.engines.base import EngineError
 from scheduler.engines.hf_vocab import RENDERED_CONTROL
@@ -714,6 +714,85 @@ def merge_system_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{**first, "role": "user"}]
     second = messages[1]
     return [{**second, "content": f"{first.get('content') or ''}\n{second.get('content') or ''}"}, *messages[2:]]
+
+
+def refused_conversation_fixes(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``messages`` as a template that refused them may take them, or None where nothing here
+    would change: tried only after the template's own ``raise_exception`` (a conversation it
+    takes is rendered as sent). Agents send turns many templates refuse as a matter of course:
+    Claude Code a user's text right after tool results, and two user turns in a row (Mistral's,
+    Gemma's: "roles must alternate"); Codex a developer message in mid-conversation (Qwen 3.5's:
+    "System message must be at the beginning"); any client parallel calls in its history (Llama
+    3.x's: "This model only supports single tool-calls at once!"). So, as a reader of the turns
+    would take them:
+
+    * a system message after the first is a user message;
+    * a user message right after tool results joins the last result (a line between them), as
+      the generic tool prompt joins them (:func:`generic_tool_messages`);
+    * turns of one role in a row (user, or assistant without calls) are one turn;
+    * an assistant turn of several calls, each answered by a tool message right after it, is
+      one turn per call, each followed by its result (the text, if any, in the first)."""
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        role, content = msg.get("role"), msg.get("content")
+        if role == "system" and i > 0:
+            msg, role = {**msg, "role": "user"}, "user"
+        last = out[-1] if out else None
+        if last is not None and isinstance(content, str) and isinstance(last.get("content"), str):
+            joins = (role == "user" and last.get("role") in ("user", "tool")) or (
+                role == "assistant" and last.get("role") == "assistant" and not msg.get("tool_calls") and not last.get("tool_calls")
+            )
+            if joins:
+                out[-1] = {**last, "content": f"{last['content']}\n\n{content}" if last["content"] else content}
+                continue
+        out.append(msg)
+    out = _one_call_per_turn(out)
+    return None if out == messages else out
+
+
+T = TypeVar("T")
+
+
+def rendered_or_fixed(render: Callable[[list[dict[str, Any]]], T], messages: list[dict[str, Any]]) -> tuple[T, list[dict[str, Any]]]:
+    """``render(messages)``, or where the template refuses them (a ValueError), ``render`` of
+    :func:`refused_conversation_fixes`' messages; with the messages rendered. A refusal the fixes
+    do not cure is the first one."""
+    try:
+        return render(messages), messages
+    except ValueError as refused:
+        fixed = refused_conversation_fixes(messages)
+        if fixed is None:
+            raise
+        try:
+            return render(fixed), fixed
+        except ValueError:
+            raise refused from None
+
+
+def _one_call_per_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each assistant turn of several calls whose results follow it (a tool message each, by
+    ``tool_call_id``) as one turn per call followed by its result."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
+        if not isinstance(calls, list) or len(calls) < 2:
+            out.append(msg)
+            i += 1
+            continue
+        results = messages[i + 1 : i + 1 + len(calls)]
+        ids = [c.get("id") if isinstance(c, dict) else None for c in calls]
+        by_id = {r.get("tool_call_id"): r for r in results if r.get("role") == "tool"}
+        if len(by_id) != len(calls) or set(by_id) != set(ids):
+            out.append(msg)  # (results missing, or not each its own: as sent)
+            i += 1
+            continue
+        for j, call in enumerate(calls):
+            out.append({**msg, "content": msg.get("content") if j == 0 else "", "tool_calls": [call]})
+            out.append(by_id[ids[j]])
+        i += 1 + len(calls)
+    return out
 
 
 def today_variables() -> dict[str, str]:

@@ -749,7 +749,10 @@ class EngineWorker:
                 if messages and messages[0].get("role") == "system" and not self._takes_system:
                     messages = chat_format.merge_system_turn(messages)
                 offers_tools = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
-                tokens, own_len = self._chat_tokens(messages, resume_text, extra, offers_tools=offers_tools)
+                # (a conversation the template refuses, agents' as a matter of course: as it may take it)
+                (tokens, own_len), _ = chat_format.rendered_or_fixed(
+                    lambda msgs: self._chat_tokens(msgs, resume_text, extra, offers_tools=offers_tools), messages
+                )
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
             return tokens, own_len, "messages", own_len
