@@ -162,6 +162,8 @@ class StreamingConsumer(AsyncHttpConsumer):
         try:
             await self.handle(body)
         except ApiError as exc:
+            if exc.model is not None and not self.record.model:  # a 404 model_not_found: what the client asked for
+                self.record.model = exc.model
             await self.send_error(exc)
         except asyncio.CancelledError:
             self.record.error_code = self.record.error_code or "client_disconnected"

@@ -54,6 +54,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.model: str | None = None  # the model a 404 model_not_found names (the client's word): for its activity row
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {"message", "type", "param", "code"}}`` (all four keys always
@@ -81,12 +82,14 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
 
 def model_not_found(model: str) -> ApiError:
     """404 ``model_not_found`` on param ``model``, worded as OpenAI words it."""
-    return ApiError(
+    error = ApiError(
         404,
         f"The model `{model}` does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
     )
+    error.model = model
+    return error
 
 
 def context_length_exceeded(message: str, param: str = "messages") -> ApiError:
