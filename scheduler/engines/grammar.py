@@ -1991,22 +1991,33 @@ def _has_root_ref(node: Any) -> bool:
     return any(_has_root_ref(v) for v in node.values())
 
 
+def _tagged_params(tool: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]] | None:
+    """A tool's (parameters, properties, required names) where a tagged format (one tag per
+    argument: Qwen3-Coder's, GLM's) can write its arguments; None where it cannot and the JSON
+    format holds them instead."""
+    params = tool.get("parameters") or {}
+    if not isinstance(params, dict):
+        return None
+    props = params.get("properties") or {}
+    if params.get("type", "object") != "object" or not isinstance(props, dict):
+        return None
+    if not props and params.get("additionalProperties") not in (None, False):
+        return None  # (keys of the client's choosing: the JSON format holds them)
+    required = params.get("required") or []
+    # (a client's schema: "required" of anything but names is the JSON format's to refuse)
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
+        return None
+    return params, props, required
+
+
 def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
     for i, tool in enumerate(chosen):
-        params = tool.get("parameters") or {}
-        if not isinstance(params, dict):
+        shape = _tagged_params(tool)
+        if shape is None:
             return None
-        props = params.get("properties") or {}
-        if params.get("type", "object") != "object" or not isinstance(props, dict):
-            return None
-        if not props and params.get("additionalProperties") not in (None, False):
-            return None  # (keys of the client's choosing: the JSON format holds them)
-        required = params.get("required") or []
-        # (a client's schema: "required" of anything but names is the JSON format's to refuse)
-        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
-            return None
+        params, props, required = shape
         parts = []
         for j, (key, schema) in enumerate(props.items()):
             rule = _xml_value_rule(conv, schema, params, f"xml-fn{i}-arg{j}") if _XML_KEY.fullmatch(key) else None
@@ -2059,17 +2070,10 @@ def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
         return made[0]
 
     for i, tool in enumerate(chosen):
-        params = tool.get("parameters") or {}
-        if not isinstance(params, dict) or not _GLM_NAME.fullmatch(tool["name"]):
+        shape = _tagged_params(tool)
+        if shape is None or not _GLM_NAME.fullmatch(tool["name"]):
             return None
-        props = params.get("properties") or {}
-        if params.get("type", "object") != "object" or not isinstance(props, dict):
-            return None
-        if not props and params.get("additionalProperties") not in (None, False):
-            return None  # (keys of the client's choosing: the JSON format holds them)
-        required = params.get("required") or []
-        if not isinstance(required, list) or not all(isinstance(k, str) for k in required) or not set(required) <= props.keys():
-            return None
+        params, props, required = shape
         parts = []
         for j, (key, schema) in enumerate(props.items()):
             rule = _xml_value_rule(conv, schema, params, f"glm-fn{i}-arg{j}", text, _GLM_VALUE_END) if _XML_KEY.fullmatch(key) else None

@@ -36,26 +36,12 @@ pytest.importorskip("llguidance")
 
 from tests.api.test_tool_qwen3_coder_s47 import PARAMS, rendered_history  # noqa: E402
 from tests.engines.test_grammar_keywords import fits  # noqa: E402
-from tests.engines.test_tool_grammar_qwen3_coder_s47 import FORECAST  # noqa: E402
+from tests.engines.test_tool_grammar_qwen3_coder_s47 import FORECAST, TOOLS, WEATHER, refused_calls  # noqa: E402
 from tests.engines.test_xml_tool_grammar_fuzz_s47 import SETTINGS, odd_text, schemas  # noqa: E402
 
 TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
 GLM46 = (TEMPLATES / "glm-4.6.jinja").read_text()
 GLM47 = (TEMPLATES / "glm-4.7-flash.jinja").read_text()
-WEATHER = {
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string"},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city"],
-    },
-}
-WRITE = {"name": "write_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}}
-TOOLS = [WEATHER, WRITE]
 SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
 
 
@@ -80,16 +66,7 @@ def test_a_forced_call_is_held_to_glms_own_format_and_the_schemas() -> None:
         assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [arguments], text
     assert fits(grammar, glm_call("get_weather", city="Rome") + "\n" + glm_call("write_file", path="a", content="b"))
     assert fits(grammar, glm_call("get_weather", "", city="Rome") + glm_call("write_file", "", path="a", content="b"))
-    bad = [
-        glm_call("get_weather"),  # a required parameter left out
-        glm_call("get_weather", city="a", days="9"),  # out of the schema's range
-        glm_call("get_weather", city="a", unit="kelvin"),
-        glm_call("get_weather", city="a</arg_value>b"),  # (the reader would take it for the closing)
-        glm_call("search", q="x"),  # not offered
-        glm_call("get_weather", city="a") + "\nand text after",
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-    ]
-    for text in bad:
+    for text in refused_calls(glm_call, "</arg_value>"):
         assert not fits(grammar, text), text
     named = tool_grammar(TOOLS, {"name": "write_file"}, True, fmt="glm45")
     assert named is not None and fits(named, glm_call("write_file", path="a", content="b"))

@@ -10,6 +10,7 @@ model (``engine``, tests/engines/conftest.py): its forced reply reads back as a 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from api.responses import parse_tool_calls
@@ -40,6 +41,20 @@ def call(name: str, **params: str) -> str:
     return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
+def refused_calls(call: Callable[..., str], closing: str) -> list[str]:
+    """Calls of WEATHER and WRITE in a tagged format (``call``: its writer; ``closing``: what ends
+    a value) that a forced grammar of TOOLS must refuse."""
+    return [
+        call("get_weather"),  # a required parameter left out
+        call("get_weather", city="a", days="9"),  # out of the schema's range
+        call("get_weather", city="a", unit="kelvin"),
+        call("get_weather", city=f"a{closing}b"),  # (the reader would take it for the closing)
+        call("search", q="x"),  # not offered
+        call("get_weather", city="a") + "\nand text after",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    ]
+
+
 def test_the_grammar_forces_the_models_own_format_and_the_schemas() -> None:
     grammar = tool_grammar(TOOLS, "required", True, fmt="qwen3_coder")
     assert grammar is not None and "<function=get_weather>" in grammar
@@ -49,15 +64,7 @@ def test_the_grammar_forces_the_models_own_format_and_the_schemas() -> None:
         call("get_weather", city="Multi\nline </param> <\n", days="3", unit="celsius", where='{"lat": 48.5}'),
         call("write_file", path="a.py", content="") + "\n" + call("get_weather", city="Rome"),
     ]
-    bad = [
-        call("get_weather"),  # a required parameter left out
-        call("get_weather", city="a", days="9"),  # out of the schema's range
-        call("get_weather", city="a", unit="kelvin"),
-        call("get_weather", city="a</parameter>b"),  # (the reader would take it for the closing)
-        call("search", q="x"),  # not offered
-        call("get_weather", city="a") + "\nand text after",
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-    ]
+    bad = refused_calls(call, "</parameter>")
     for text in good:
         assert fits(grammar, text), text
         content, calls = parse_tool_calls(text, {t["name"]: t["parameters"] for t in TOOLS}, fmt="qwen3_coder")
