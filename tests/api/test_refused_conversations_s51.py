@@ -179,3 +179,35 @@ def test_the_fixes_lose_no_text_and_keep_its_order(roles: list[str], words: list
     assert [c["id"] for m in fixed for c in m.get("tool_calls") or []] == calls
     assert all(m["role"] != "system" for m in fixed[1:])
     assert refused_conversation_fixes(fixed) is None  # once is enough
+
+
+HOSTILE_TEMPLATES = ["mistral-small-3.2-24b-instruct-2506.jinja", "ministral-3-14b-reasoning-2512.jinja", "gemma-2-2b-it.jinja",
+                     "qwen3.5-4b.jinja", "llama-3.1-instruct.jinja", "mistral-nemo-instruct-2407.jinja"]  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(template_file=st.sampled_from(HOSTILE_TEMPLATES), roles=st.lists(ROLES, min_size=1, max_size=8), words=st.lists(st.text(max_size=5), min_size=8, max_size=8))
+def test_any_conversation_renders_or_is_the_templates_refusal_never_another_error(template_file: str, roles: list[str], words: list[str]) -> None:
+    """Through the web side's rendering (``/apply-template``, the count routes): a 200 or a 400
+    ``invalid_messages``, never a 500, whatever the turns."""
+    from api.errors import ApiError
+    from api.rendering import render_chat
+
+    template = (TEMPLATES / template_file).read_text()
+    messages: list[dict[str, Any]] = []
+    for i, role in enumerate(roles):
+        if role == "calls":
+            ids = [f"abcdefg{i}{j}" for j in range(2)]
+            messages.append({"role": "assistant", "content": words[i], "tool_calls": [call(k, words[i]) for k in ids]})
+            messages += [{"role": "tool", "tool_call_id": k, "content": words[i]} for k in ids]
+        else:
+            messages.append({"role": role, "content": words[i]})
+
+    class Vocab:
+        def template_parts(self) -> tuple[str, str, str]:
+            return template, "<s>", "</s>"
+
+    try:
+        render_chat(Vocab(), {"messages": messages, "tools": TOOLS})
+    except ApiError as exc:
+        assert exc.status == 400 and exc.code == "invalid_messages", exc
