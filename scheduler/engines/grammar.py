@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import functools
 import json
 import math
@@ -2011,26 +2012,68 @@ def _tagged_params(tool: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
+    return _tagged_tool_grammar(_QWEN3_CODER, tools, choice, parallel, lazy)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TaggedFormat:
+    """A format that writes one tag an argument (Qwen3-Coder's, GLM's), as GBNF pieces."""
+
+    rules: str  # the prefix of its rules' names
+    opening: str  # TOOL_OPEN and what follows it, as one GBNF literal's text
+    head: Callable[[str], str]  # a call's head after the opening, by the function's name
+    part: Callable[[str, str], str]  # an argument, by its key and its value's rule
+    tail: str  # after the arguments, before TOOL_CLOSE
+    between: str  # between two calls
+    value_end: str  # what ends a value (a string value is any text without it)
+    text: Callable[[Any], str] | None  # makes a string value's rule (None: text without value_end)
+    name: re.Pattern[str] | None  # the function names it can write (None: any)
+
+
+_QWEN3_CODER = _TaggedFormat(
+    rules="xml",
+    opening=TOOL_OPEN + "\\n",
+    head=lambda name: _format_literal(f"<function={name}>\n"),
+    part=lambda key, rule: f"{_format_literal(f'<parameter={key}>' + chr(10))} {rule} {_format_literal(_PARAM_END + chr(10))}",
+    tail=_format_literal("</function>\n"),
+    between='"\\n"',
+    value_end=_TEXT_END,
+    text=_text_rules,
+    name=None,
+)
+
+
+def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str) -> str | None:
+    """GBNF forcing calls of ``tools`` (``choice`` as in :func:`_tool_grammar`) in ``fmt``; None
+    where a tool's name or parameters cannot be written in it (the JSON format holds them)."""
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
+    made: list[str] = []  # the string values' rule, made once (a $defs name may have taken its own)
+
+    def text(conv: Any) -> str:
+        if fmt.text is not None:
+            return fmt.text(conv)
+        if not made:
+            made.append(_text_without(conv, fmt.value_end, f"{fmt.rules}-text"))
+        return made[0]
+
     for i, tool in enumerate(chosen):
         shape = _tagged_params(tool)
-        if shape is None:
+        if shape is None or (fmt.name is not None and not fmt.name.fullmatch(tool["name"])):
             return None
         params, props, required = shape
         parts = []
         for j, (key, schema) in enumerate(props.items()):
-            rule = _xml_value_rule(conv, schema, params, f"xml-fn{i}-arg{j}") if _XML_KEY.fullmatch(key) else None
+            rule = _xml_value_rule(conv, schema, params, f"{fmt.rules}-fn{i}-arg{j}", text, fmt.value_end) if _XML_KEY.fullmatch(key) else None
             if rule is None:
                 return None
-            part = f"{_format_literal(f'<parameter={key}>' + chr(10))} {rule} {_format_literal(_PARAM_END + chr(10))}"
+            part = fmt.part(key, rule)
             parts.append(part if key in required else f"({part})?")
-        head = _format_literal(f"<function={tool['name']}>\n")
-        conv._add_rule(f"xml-fn{i}", " ".join([head, *parts, _format_literal("</function>\n")]))
-    conv._add_rule("xml-call", " | ".join(f"xml-fn{i}" for i in range(len(chosen))))
-    one = f'"{TOOL_OPEN}\\n" xml-call "{TOOL_CLOSE}"'
+        conv._add_rule(f"{fmt.rules}-fn{i}", " ".join([fmt.head(tool["name"]), *parts, *([fmt.tail] if fmt.tail else [])]))
+    conv._add_rule(f"{fmt.rules}-call", " | ".join(f"{fmt.rules}-fn{i}" for i in range(len(chosen))))
+    one = f'"{fmt.opening}" {fmt.rules}-call "{TOOL_CLOSE}"'
     many = parallel and not isinstance(choice, dict)
-    _root(conv, f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one, lazy)
+    _root(conv, f"{one} ({fmt.between} {one}){{0,{MAX_PARALLEL_CALLS - 1}}}" if many else one, lazy)
     return _format(conv)
 
 
@@ -2059,34 +2102,21 @@ _GLM_VALUE_END = "</arg_value>"
 _GLM_NAME = re.compile(r"[^\s<\x00]{1,256}")
 
 
+_GLM45 = _TaggedFormat(
+    rules="glm",
+    opening=TOOL_OPEN,
+    head=lambda name: f'{_format_literal(name)} "\\n"?',
+    part=lambda key, rule: f'{_format_literal(f"<arg_key>{key}</arg_key>")} "\\n"? "<arg_value>" {rule} "{_GLM_VALUE_END}" "\\n"?',
+    tail="",
+    between='"\\n"?',
+    value_end=_GLM_VALUE_END,
+    text=None,
+    name=_GLM_NAME,
+)
+
+
 def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
-    chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
-    conv = _converter()
-    made: list[str] = []  # the value text's rule, made once (a $defs name may have taken its own)
-
-    def text(conv: Any) -> str:
-        if not made:
-            made.append(_text_without(conv, _GLM_VALUE_END, "glm-text"))
-        return made[0]
-
-    for i, tool in enumerate(chosen):
-        shape = _tagged_params(tool)
-        if shape is None or not _GLM_NAME.fullmatch(tool["name"]):
-            return None
-        params, props, required = shape
-        parts = []
-        for j, (key, schema) in enumerate(props.items()):
-            rule = _xml_value_rule(conv, schema, params, f"glm-fn{i}-arg{j}", text, _GLM_VALUE_END) if _XML_KEY.fullmatch(key) else None
-            if rule is None:
-                return None
-            part = f'{_format_literal(f"<arg_key>{key}</arg_key>")} "\\n"? "<arg_value>" {rule} "{_GLM_VALUE_END}" "\\n"?'
-            parts.append(part if key in required else f"({part})?")
-        conv._add_rule(f"glm-fn{i}", " ".join([_format_literal(tool["name"]), '"\\n"?', *parts]))
-    conv._add_rule("glm-call", " | ".join(f"glm-fn{i}" for i in range(len(chosen))))
-    one = f'"{TOOL_OPEN}" glm-call "{TOOL_CLOSE}"'
-    many = parallel and not isinstance(choice, dict)
-    _root(conv, f'{one} ("\\n"? {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if many else one, lazy)
-    return _format(conv)
+    return _tagged_tool_grammar(_GLM45, tools, choice, parallel, lazy)
 
 
 @functools.lru_cache(maxsize=64)

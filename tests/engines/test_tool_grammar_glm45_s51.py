@@ -28,15 +28,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.responses import parse_tool_calls
-from scheduler.core.types import SamplingParams
 from scheduler.engines.grammar import check_bounds, lazy_tool_grammar, tool_grammar
-from testkit.engine_driver import Run, chat, drive, release, text_of
 
 pytest.importorskip("llguidance")
 
 from tests.api.test_tool_qwen3_coder_s47 import PARAMS, rendered_history  # noqa: E402
 from tests.engines.test_grammar_keywords import fits  # noqa: E402
-from tests.engines.test_tool_grammar_qwen3_coder_s47 import FORECAST, TOOLS, WEATHER, refused_calls  # noqa: E402
+from tests.engines.test_tool_grammar_qwen3_coder_s47 import TOOLS, WEATHER, forced_forecast, refused_calls  # noqa: E402
 from tests.engines.test_xml_tool_grammar_fuzz_s47 import SETTINGS, odd_text, schemas  # noqa: E402
 
 TEMPLATES = Path(__file__).parent.parent / "api" / "templates_s46"
@@ -160,15 +158,6 @@ def test_what_the_format_lets_through_reads_back_as_written(params: dict[str, An
 
 
 def test_llama_cpp_takes_the_grammars_and_the_forced_reply_is_a_call_that_fits(engine: Any) -> None:
-    import jsonschema
-
     for grammar in (tool_grammar(TOOLS, "required", True, fmt="glm45"), lazy_tool_grammar(TOOLS, True, fmt="glm45")):
         assert grammar is not None and engine.check_grammar(grammar) is None
-    grammar = tool_grammar([FORECAST], {"name": "forecast"}, True, fmt="glm45")
-    run = drive(engine, [Run(0, chat(engine, "What will the weather be in Paris this week?"), SamplingParams(temperature=0.0, grammar=grammar), 200, stop_on_eog=True)])[0]
-    text = text_of(engine, run.output)
-    release(engine, 0)
-    assert text.startswith("<tool_call>forecast") and len(run.output) < 200, text  # closed, and ended
-    content, calls = parse_tool_calls(text, {"forecast": FORECAST["parameters"]}, fmt="glm45")
-    assert content is None and len(calls) == 1, text
-    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), FORECAST["parameters"])
+    forced_forecast(engine, "glm45", "<tool_call>forecast")

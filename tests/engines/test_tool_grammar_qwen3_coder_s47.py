@@ -110,17 +110,23 @@ FORECAST = {
 
 
 def test_llama_cpp_takes_the_grammars_and_the_forced_reply_is_a_call_that_fits(engine: Any) -> None:
-    import jsonschema
-
     for choice in ("required", {"name": "get_weather"}):
         grammar = tool_grammar(TOOLS, choice, True, fmt="qwen3_coder")
         assert grammar is not None and engine.check_grammar(grammar) is None, choice
-    grammar = tool_grammar([FORECAST], {"name": "forecast"}, True, fmt="qwen3_coder")
+    forced_forecast(engine, "qwen3_coder", "<tool_call>\n<function=forecast>\n")
+
+
+def forced_forecast(engine: Any, fmt: str, head: str) -> None:
+    """The bundled model's forced call of FORECAST in ``fmt``: it begins with ``head``, closes and
+    ends, and reads back as one call whose arguments fit the schema."""
+    import jsonschema
+
+    grammar = tool_grammar([FORECAST], {"name": "forecast"}, True, fmt=fmt)
     sampling = SamplingParams(temperature=0.0, grammar=grammar)
     run = drive(engine, [Run(0, chat(engine, "What will the weather be in Paris this week?"), sampling, 300, stop_on_eog=True)])[0]
     text = text_of(engine, run.output)
     release(engine, 0)
-    assert text.startswith("<tool_call>\n<function=forecast>\n") and len(run.output) < 300, text  # closed, and ended
-    content, calls = parse_tool_calls(text, {"forecast": FORECAST["parameters"]}, fmt="qwen3_coder")
+    assert text.startswith(head) and len(run.output) < 300, text  # closed, and ended
+    content, calls = parse_tool_calls(text, {"forecast": FORECAST["parameters"]}, fmt=fmt)
     assert content is None and len(calls) == 1, text
     jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), FORECAST["parameters"])
