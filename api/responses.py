@@ -1253,7 +1253,7 @@ class Reply:
                 reason = self.calls_reason
             elif not calls:
                 content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
-            if self._cut_opening(content, reason):
+            if self._cut_opening(content, event.finish_reason):  # (the reply's own end: reason may say tool_calls by now)
                 content = None
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]

@@ -77,3 +77,13 @@ def test_text_of_an_auto_reply_cut_in_a_tag_stays_content_as_before() -> None:
     Tool calls: a head cut short is no call, its text content)."""
     message, streamed = replies("Let me see <tool_call>", "length", [3], tool_choice="auto")
     assert message["message"]["content"] == streamed["content"] == "Let me see <tool_call>"
+
+
+@pytest.mark.parametrize("tail", ["<", "\n<tool_call>", '<tool_call>{"name": "g'])
+def test_with_one_call_allowed_a_further_opening_cut_by_max_tokens_is_no_content_either(tail: str) -> None:
+    """``parallel_tool_calls`` false: one call whole is the reply's end, so its finish_reason is
+    ``tool_calls``; the unstreamed reply tested the cut against that and kept the opening as
+    content where the stream had none (found by tests/edge/test_stream_equivalence.py)."""
+    message, streamed = replies(CALL + tail, "length", [5], tool_choice="required", parallel_tool_calls=False)
+    assert message["message"]["content"] is None and streamed["content"] is None, (message, streamed)
+    assert message["finish_reason"] == streamed["finish_reason"] == "tool_calls"
