@@ -886,7 +886,17 @@ class Reply:
         if self.forced_calls is None or reason != "length" or not text:
             return False
         rest = text.strip()
-        return bool(rest) and (TOOL_OPEN.startswith(rest) or rest.startswith(TOOL_OPEN)) and TOOL_CLOSE not in rest
+        if not rest or TOOL_CLOSE in rest:
+            return False
+        if TOOL_OPEN.startswith(rest):
+            return True
+        if not rest.startswith(TOOL_OPEN):
+            return False
+        # after the tag, what a stream holds as a head still coming: nothing yet, or JSON begun
+        # (anything else after it is no call's head and went out as text); a call in the
+        # model's own tagged format (forced in it) is held from its tag whatever follows
+        body = rest[len(TOOL_OPEN) :].lstrip()
+        return self.tool_format in XML_FORMATS or not body or body.startswith("{")
 
     def _opened(self, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tool mode: ``frames`` with the role the stream has not sent yet, as OpenAI streams it:
@@ -1179,7 +1189,9 @@ class Reply:
                                 "function": {"name": call["function"]["name"], "arguments": ""}}
                         frames.append(self._tool_chunk(head))
                         frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                elif not self._cut_opening(self.held, reason) and (rest := self._stripped(self.held)):
+                # (an opening cut after content that went out is content too, as unstreamed: the
+                # whole content is no cut opening there)
+                elif (self.content_sent or not self._cut_opening(self.held, reason)) and (rest := self._stripped(self.held)):
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
@@ -1253,7 +1265,7 @@ class Reply:
                 reason = self.calls_reason
             elif not calls:
                 content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
-            if self._cut_opening(content, event.finish_reason):  # (the reply's own end: reason may say tool_calls by now)
+            if self._cut_opening(content, event.finish_reason):  # (its own end: reason may say tool_calls by now)
                 content = None
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)
         message = obj["choices"][0]["message"]

@@ -19,6 +19,7 @@ from scheduler.link.messages import Delta, Done
 TOOLS = [{"name": "get_weather"}, {"name": "g"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": { "city": "Paris" }}\n</tool_call>'
 HEAD = '<tool_call>\n{"name": "get_weather", "arguments": {'  # a head whole: the call is streamed from here
+NOPE = '<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'  # a block of a function not offered: text
 
 
 def replies(text: str, reason: str, pieces: list[int], **kw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -87,3 +88,24 @@ def test_with_one_call_allowed_a_further_opening_cut_by_max_tokens_is_no_content
     message, streamed = replies(CALL + tail, "length", [5], tool_choice="required", parallel_tool_calls=False)
     assert message["message"]["content"] is None and streamed["content"] is None, (message, streamed)
     assert message["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [(",<tool_call>" + CALL[11:] + "<", ",<"), ("Hello<", "Hello<"), ("Hi <tool_call>\n{", "Hi <tool_call>\n{"), (NOPE + "<", NOPE + "<")],
+)
+def test_an_opening_cut_after_text_the_model_wrote_stays_content_streamed_or_not(text: str, content: str) -> None:
+    """Text the model wrote before or between forced calls (no grammar: the simulated engine) and
+    an opening ``max_tokens`` cut after it: content, streamed or not. The stream had sent the
+    text and dropped the opening it held, where the unstreamed content, tested whole, kept it
+    (found by tests/edge/test_stream_equivalence.py); nothing the model wrote is dropped."""
+    for kw in ({"tool_choice": "required"}, {"tool_choice": {"type": "function", "function": {"name": "g"}}}):
+        message, streamed = replies(text, "length", [1], **kw)
+        assert message["message"]["content"] == streamed["content"] == content, (kw, message, streamed)
+
+
+def test_a_tag_followed_by_no_json_is_text_streamed_or_not() -> None:
+    """``<tool_call>H``: no call's head follows the tag (a stream sends it as text at once), so it
+    is no cut opening either (found by tests/edge/test_stream_equivalence.py)."""
+    message, streamed = replies("<tool_call>Hello", "length", [1], tool_choice="required")
+    assert message["message"]["content"] == streamed["content"] == "<tool_call>Hello", (message, streamed)
