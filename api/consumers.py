@@ -923,9 +923,9 @@ def merged_timing(timings: list[dict[str, Any]]) -> dict[str, Any]:
         return how(values) if values else None
 
     waited = [t for t in timings if t and t.get("queue_wait_ms") is not None]
-    first = min(waited, key=lambda t: t["queue_wait_ms"]) if waited else {}
+    first = min(waited, key=lambda t: t["queue_wait_ms"]) if waited else {}  # the first admitted choice's
     return {
-        "queue_wait_ms": pick("queue_wait_ms", min),
+        "queue_wait_ms": first.get("queue_wait_ms"),
         "held_wait_ms": first.get("held_wait_ms"),  # (of that first admission's wait)
         "ttft_ms": pick("ttft_ms", min),
         "total_ms": pick("total_ms", max),
