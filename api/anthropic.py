@@ -520,7 +520,7 @@ def message_body(
     for call in message.get("tool_calls") or []:
         content.append({"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"], "input": _input(call["function"]["arguments"])})
     finish = choice.get("finish_reason")
-    cut = responses.cut_by_context(finish, int(usage.get("completion_tokens") or 0), max_tokens)
+    cut = responses.cut_by_context(finish, usage, max_tokens)
     reason, sequence = stop_reason(finish, stop_word, stops, context_cut=cut)
     return {
         "id": message_id(chat["id"]),
@@ -699,7 +699,7 @@ class MessagesConsumer(ChatCompletionsConsumer):
         chunks = reply.final_chunks(event, None)
         frames = self.blocks.feed(chunks) + self.blocks.close()
         finish = next((c["choices"][0].get("finish_reason") for c in reversed(chunks) if c.get("choices")), event.finish_reason)
-        cut = responses.cut_by_context(finish, int(event.usage.get("completion_tokens") or 0), request.max_tokens)
+        cut = responses.cut_by_context(finish, event.usage, request.max_tokens)
         reason, sequence = stop_reason(finish, event.stop_word, request.stop or [], context_cut=cut)
         frames.append({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage_of(event.usage)})
         frames.append({"type": "message_stop"})

@@ -13,7 +13,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from scheduler.engines.chat import SINGLE_CALL_FORMATS
@@ -70,11 +70,11 @@ def _cut_short(event: Done) -> bool:
     return event.finish_reason == "length" or event.stop_word is not None
 
 
-def cut_by_context(finish_reason: str | None, completion_tokens: int, max_tokens: int | None) -> bool:
+def cut_by_context(finish_reason: str | None, usage: Mapping[str, Any], max_tokens: int | None) -> bool:
     """Whether a reply that ended ``length`` was cut by the end of its context, not by the
-    ``max_tokens`` the client asked: it stopped short of them, or none were asked (the worker
-    then bounds the reply by the context's room)."""
-    return finish_reason == "length" and (max_tokens is None or completion_tokens < max_tokens)
+    ``max_tokens`` the client asked: its ``usage``'s completion tokens stopped short of them, or
+    none were asked (the worker then bounds the reply by the context's room)."""
+    return finish_reason == "length" and (max_tokens is None or int(usage.get("completion_tokens") or 0) < max_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -881,10 +881,9 @@ def context_cut(request: GenerationRequest, event: Done) -> ApiError | None:
     stopped it). Codex compacts its thread on that code; on ``response.incomplete`` it would
     send the same turn again, to be cut again."""
     usage = event.usage
-    completion = int(usage.get("completion_tokens") or 0)
-    if not responses.cut_by_context(event.finish_reason, completion, request.max_tokens):
+    if not responses.cut_by_context(event.finish_reason, usage, request.max_tokens):
         return None
-    prompt = int(usage.get("prompt_tokens") or 0)
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
     return context_length_exceeded(
         f"The reply reached the end of the model's context ({prompt + completion} tokens: {prompt} of input and {completion} "
         "generated) before it finished. Shorten the input (compact the conversation, or start a new one).",
