@@ -369,13 +369,14 @@ def _read_tool_calls(
     then its closing; a closing cut short by the reply's end is no content (markup of a call),
     and text after the arguments that is no closing is content, read on for further calls."""
     native = _NATIVE_PARSERS.get(fmt)
-    if native is not None:
-        try:
-            content, found = native(text, names)
-        except (ValueError, RecursionError):  # not calls after all: the text as it is
-            found = []
-        if found:
-            return ((content.strip() if strip else content) or None), found, [True] * len(found)
+    # where a call in the model's own format begins, read in order with the JSON ones before it
+    # as a stream reads them (then the rest is read in that format); Llama 3.x's may begin only
+    # at the reply's start, so the whole reply is read in its format first
+    native_from = _native_from(text, fmt) if native is not None and fmt != "llama3" else None
+    if native is not None and native_from is None:
+        found = _native_calls(text, names, fmt)
+        if found is not None:
+            return ((found[0].strip() if strip else found[0]) or None), found[1], [True] * len(found[1])
     calls: list[dict[str, Any]] = []
     whole: list[bool] = []
     rest: list[str] = []
@@ -383,6 +384,14 @@ def _read_tool_calls(
     decoder = _DECODER
     misses = 0  # blocks that were no call: each costs a parse to the end of the text at worst
     while True:
+        if native_from is not None and (at_native := native_from(pos, names)) is not None:
+            found = _native_calls(text[at_native:], names, fmt)
+            if found is not None:  # the rest is read in the model's own format
+                rest += [text[pos:at_native], found[0]]
+                calls += found[1]
+                whole += [True] * len(found[1])
+                break
+            native_from = None  # none there: the rest is read as JSON calls and text
         start = text.find(TOOL_OPEN, pos)
         if start < 0 or misses >= MAX_MISSED_BLOCKS:  # then: the rest is text
             rest.append(text[pos:])
@@ -434,6 +443,41 @@ def _read_tool_calls(
         pos = close + len(TOOL_CLOSE)
     content = "".join(rest)
     return ((content.strip() if strip else content) or None), calls, whole
+
+
+def _native_calls(text: str, names: Collection[str], fmt: str) -> tuple[str, list[dict[str, Any]]] | None:
+    """(the text around them, the calls) of ``text`` read in the model's own format ``fmt``;
+    None where it holds no call in it."""
+    try:
+        content, found = _NATIVE_PARSERS[fmt](text, names)
+    except (ValueError, RecursionError):  # not calls after all: the text as it is
+        return None
+    return (content, found) if found else None
+
+
+def _native_from(text: str, fmt: str) -> Callable[[int, Collection[str]], int | None] | None:
+    """For a format whose calls may begin anywhere in a reply (Mistral's, the XML ones): where,
+    reading ``text`` from a position, one begins as the stream finds it (``Reply._native_start``:
+    before the next ``<tool_call>`` that opens anything else), or None. None for another format."""
+    if fmt in XML_FORMATS:
+        starts = XML_FORMATS[fmt][1]
+
+        def tagged(pos: int, names: Collection[str]) -> int | None:
+            start = starts(text, names, pos)
+            return None if start is None else start[0]
+
+        return tagged
+    if fmt != "mistral":
+        return None
+    next_at = text.find(MISTRAL_CALLS)
+
+    def mistral(pos: int, names: Collection[str]) -> int | None:
+        nonlocal next_at
+        if 0 <= next_at < pos:  # (each search from where the last ended: linear in the reply)
+            next_at = text.find(MISTRAL_CALLS, pos)
+        return next_at if next_at >= 0 and text.find(TOOL_OPEN, pos, next_at) < 0 else None
+
+    return mistral
 
 
 def _headed_call(text: str, head: re.Match[str], name: str, fmt: str) -> tuple[dict[str, Any], int, bool]:
@@ -1112,7 +1156,7 @@ class Reply:
             keep = partial_suffix(held, (MISTRAL_CALLS,))
             return len(held) - keep if keep else None  # maybe the tag, still coming
         if fmt in XML_FORMATS:
-            start = XML_FORMATS[fmt][1](held, self.tool_names)
+            start = XML_FORMATS[fmt][1](held, self.tool_names, 0)
             if start is None:
                 return None
             self.native_held = start[1]

@@ -313,14 +313,13 @@ def _after(text: str, i: int) -> str:
     return text[i : i + MAX_NAME + 1]
 
 
-def qwen3_coder_start(held: str, tools: Collection[str]) -> tuple[int, bool] | None:
-    """Streaming: where in ``held`` (text not sent yet) a call in Qwen3-Coder's format begins
-    (True: surely; the text from there is held to the end of the reply and read then), or may
-    still begin once more text comes (False: the text from there waits). None: none begins
-    before the first ``<tool_call>`` that opens anything else (a JSON call, which the caller
-    streams as it reads the JSON format, or text)."""
-    tag = held.find(CALL_OPEN)
-    pos = 0
+def qwen3_coder_start(held: str, tools: Collection[str], pos: int = 0) -> tuple[int, bool] | None:
+    """Streaming: where in ``held`` (text not sent yet; read from ``pos``) a call in
+    Qwen3-Coder's format begins (True: surely; the text from there is held to the end of the
+    reply and read then), or may still begin once more text comes (False: the text from there
+    waits). None: none begins before the first ``<tool_call>`` that opens anything else (a JSON
+    call, which the caller streams as it reads the JSON format, or text)."""
+    tag = held.find(CALL_OPEN, pos)
     while True:
         fn = held.find(FUNCTION_OPEN, pos, tag if tag >= 0 else len(held))
         if fn < 0:
@@ -338,13 +337,14 @@ def qwen3_coder_start(held: str, tools: Collection[str]) -> tuple[int, bool] | N
             named = _may_name(_after(held, i + len(FUNCTION_OPEN)), tools)
             return None if named is False else (tag, bool(named))
         return (tag, False) if FUNCTION_OPEN.startswith(after) else None
-    keep = partial_suffix(held, (FUNCTION_OPEN,))  # the end may be an opening still coming
+    # the end (from ``pos``) may be an opening still coming
+    keep = partial_suffix(held[max(pos, len(held) - len(FUNCTION_OPEN)) :], (FUNCTION_OPEN,))
     return (len(held) - keep, False) if keep else None
 
 
-def glm45_start(held: str, tools: Collection[str]) -> tuple[int, bool] | None:
+def glm45_start(held: str, tools: Collection[str], pos: int = 0) -> tuple[int, bool] | None:
     """As :func:`qwen3_coder_start`, for GLM 4.5's format (``<tool_call>`` then a name)."""
-    tag = held.find(CALL_OPEN)
+    tag = held.find(CALL_OPEN, pos)
     if tag < 0:
         return None  # (a ``<tool_call>`` still coming is held by the caller)
     i = _skip_ws(held, tag + len(CALL_OPEN))
@@ -360,7 +360,7 @@ def glm45_start(held: str, tools: Collection[str]) -> tuple[int, bool] | None:
 
 
 # each format: (its reader, where a call in it begins in streamed text)
-XML_FORMATS: dict[str, tuple[Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]], Callable[[str, Collection[str]], tuple[int, bool] | None]]] = {
+XML_FORMATS: dict[str, tuple[Callable[[str, Collection[str]], tuple[str, list[dict[str, Any]]]], Callable[[str, Collection[str], int], tuple[int, bool] | None]]] = {
     "qwen3_coder": (parse_qwen3_coder, qwen3_coder_start),
     "glm45": (parse_glm45, glm45_start),
 }
