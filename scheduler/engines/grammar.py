@@ -276,7 +276,7 @@ def _converter() -> Any:
 
 # the rules this module names itself in a root it writes (a tool grammar's): no definition may
 # take their names
-_OWN_RULES = frozenset({"root", "call", "answer"})
+_OWN_RULES = frozenset({"root", "call", "answer", "llama-call"})
 
 
 def _resolve_ref(conv: Any, rules: dict[str, str], names: set[str], recursive: set[str], ref: str) -> str:
@@ -1758,8 +1758,8 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # llama-server's "lazy grammar" (common/chat.cpp's grammar_lazy and grammar_triggers): the reply
 # is the model's own text until it opens a call, and from there the forced call's grammar holds
 # it to a valid call of one of the tools. The trigger is the opening (TOOL_OPEN) of the formats
-# whose calls the forced grammar writes in the model's own format; a model that writes another
-# (Llama 3.x's bare JSON or <|python_tag|>, Mistral's [TOOL_CALLS], GLM 4.5's <arg_key>) is free.
+# whose calls the forced grammar writes (the generic one, Qwen3-Coder's, GLM's); Llama 3.x's
+# and Mistral's own openings are held too, by the same rules (_own_lazy_grammar, at the end).
 #
 # llama.cpp's lazy sampler does this by watching the text for the trigger and, once it is there,
 # feeding the grammar the text from the trigger on unchecked: a token that completes the opening
@@ -1770,7 +1770,7 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # then optionally the calls. The same text is allowed, and every token goes through the grammar
 # sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
 # engines' grammar samplers, and across parking and resumption as any grammar is.
-LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45"})
+LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45", "llama3", "mistral"})
 
 
 # While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
@@ -1784,9 +1784,11 @@ THINKING_OPEN, THINKING_MAY_OPEN = "open", "may-open"
 def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: str | None = None) -> str | None:
     """GBNF for ``tool_choice`` auto: any text without TOOL_OPEN in it, then optionally the calls
     ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
-    to the tools' parameters; a reasoning block (``thinking``) is free whole. None for a format
-    whose calls open otherwise (LAZY_TOOL_FORMATS)."""
-    if fmt not in LAZY_TOOL_FORMATS or not tools:
+    to the tools' parameters; a reasoning block (``thinking``) is free whole. For Llama 3.x's and
+    Mistral's formats the text also avoids their own openings, each followed by its calls
+    (:func:`_own_lazy_grammar`). None for a format not in LAZY_TOOL_FORMATS, and for Llama 3.x's
+    with a reasoning block (its calls open only at the reply's start; no template of its has one)."""
+    if fmt not in LAZY_TOOL_FORMATS or not tools or (fmt == "llama3" and thinking):
         return None
     return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
 
@@ -1807,6 +1809,8 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
             own = _cached_xml_tool_grammar(key) if cached else _xml_tool_grammar(tools, choice, parallel, lazy)
         elif fmt == "glm45":
             own = _cached_glm_tool_grammar(key) if cached else _glm_tool_grammar(tools, choice, parallel, lazy)
+        elif fmt in ("llama3", "mistral") and lazy:
+            own = _cached_own_lazy_grammar(key, fmt) if cached else _own_lazy_grammar(tools, parallel, fmt, lazy)
         if own is not None:
             return own
         return _cached_tool_grammar(key) if cached else _tool_grammar(tools, choice, parallel, lazy)
@@ -2174,3 +2178,79 @@ def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
 def _cached_glm_tool_grammar(key: str) -> str | None:
     tools, choice, parallel, lazy = json.loads(key)
     return _glm_tool_grammar(tools, choice, parallel, lazy)
+
+
+# -- Llama 3.x's and Mistral's own calls, in tool_choice auto ----------------------------------
+# (scheduler.engines.chat.tool_call_format "llama3" and "mistral"; api.responses reads them). A
+# forced call of theirs is written in the <tool_call> format (tool_grammar), which is read for
+# every model; left to themselves (auto) they write their own, which llama.cpp's common/chat.cpp
+# holds with a lazy grammar of each (common_chat_params_init_llama_3_x, _mistral_nemo,
+# _magistral, _ministral_3):
+#
+#     {"name": "get_weather", "parameters": {"city": "Paris"}}        Llama 3.x, at the reply's
+#     <|python_tag|>{"type": "function", "name": ..., "parameters": ...}   start only: one call
+#     [TOOL_CALLS][{"name": "get_weather", "arguments": {...}}, ...]   Mistral Nemo, Small 3.x
+#     [TOOL_CALLS]get_weather[ARGS]{...}                              Magistral, Devstral, Ministral 3
+#     [TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{...}            the v13 tokenizer's models
+#
+# Llama's opening is llama.cpp's trigger pattern (anchored at the reply's start: "{", maybe
+# "type": "function", then "name": " with any whitespace between; before it whitespace and
+# maybe <|python_tag|>, which the reader also skips), Mistral's [TOOL_CALLS] anywhere, and for
+# both <tool_call> anywhere (read for every model). The free text avoids all of them
+# (_free_text); each is followed by its calls, of the forced calls' rules: the call object
+# (``call``, ``{"name", "arguments"}``) and each tool's arguments rule. A Llama call is that
+# object with "parameters" (and maybe "type": "function" first) as llama.cpp writes it; a
+# Mistral array holds call objects (no "id", which the server gives each call), the [ARGS] form
+# a tool's arguments. Whitespace inside an opening is what the call's JSON allows (one space):
+# more, which the free text does not allow either, cannot be written. Then only the end of
+# generation, as after a forced call.
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+# a function name api.responses reads in [TOOL_CALLS]name[ARGS] (any other's calls are an array)
+_MISTRAL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ANY_SPACE_RULE = "[ \\t\\n\\r]*"
+
+
+def _spaced(*parts: str | None) -> tuple[str | None, ...]:
+    """An opening's pattern of literal parts and ANY_SPACE."""
+    return tuple(item for part in parts for item in ((ANY_SPACE,) if part is ANY_SPACE else tuple(part)))
+
+
+_LLAMA3_OPENINGS = tuple(
+    _spaced(ANY_SPACE, *tag, "{", ANY_SPACE, *typed, '"name"', ANY_SPACE, ":", ANY_SPACE, '"')
+    for tag in ((), (PYTHON_TAG, ANY_SPACE))
+    for typed in ((), ('"type"', ANY_SPACE, ":", ANY_SPACE, '"function"', ANY_SPACE, ",", ANY_SPACE))
+)
+
+
+def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | str) -> str:
+    """``tool_choice`` auto's grammar for Llama 3.x's (``fmt`` "llama3") or Mistral's calls."""
+    conv = _schema_rules(calls_schema(tools), "call")
+    tagged = _calls_rule(parallel)
+    if fmt == "llama3":
+        # (one call: SINGLE_CALL_FORMATS; the worker never asks it with a reasoning block)
+        _schema_rules(calls_schema(tools, "parameters", typed=True), "llama-call", conv, refs="call")
+        free = _free_text(conv, "lazy-text", (TOOL_OPEN,), _LLAMA3_OPENINGS)
+        lead = f"{_ANY_SPACE_RULE} ({_format_literal(PYTHON_TAG)} {_ANY_SPACE_RULE})?"
+        conv._add_rule("root", f"{lead} llama-call | {free} ({tagged})?")
+        return _format(conv)
+    more = MAX_PARALLEL_CALLS - 1 if parallel else 0
+    opening = _format_literal(MISTRAL_CALLS)
+    forms = [f'{opening} "[" " "? call' + (f' ("," " "? call){{0,{more}}}' if more else "") + ' "]"']
+    named = [
+        f'{_format_literal(tool["name"])} ({_format_literal(MISTRAL_CALL_ID)} [A-Za-z0-9]{{9}})? {_format_literal(MISTRAL_ARGS)} '
+        + conv._resolve_ref(f"request-call#/$defs/args{i}")
+        for i, tool in enumerate(tools)
+        if _MISTRAL_NAME.fullmatch(tool["name"])
+    ]
+    if named:
+        one = f"{opening} {conv._add_rule('mistral-call', ' | '.join(named))}"
+        forms.append(f"{one} ({one}){{0,{more}}}" if more else one)
+    _root(conv, " | ".join([*forms, tagged]), lazy, (TOOL_OPEN, MISTRAL_CALLS))
+    return _format(conv)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_own_lazy_grammar(key: str, fmt: str) -> str:
+    tools, _choice, parallel, lazy = json.loads(key)
+    return _own_lazy_grammar(tools, parallel, fmt, lazy)
