@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from api.responses import parse_tool_calls
@@ -68,6 +68,13 @@ def test_both_formats_have_a_grammar_in_auto_and_their_forced_calls_are_as_they_
 
 @SETTINGS
 @given(text=texts)
+@example(text='\n {\n "name" :\t"')  # an opening spaced as the call's JSON cannot be: not free either
+@example(text='<|python_tag|> {"type":"function",  "name":"')
+@example(text='{"type": "function", "nam')  # (cut inside the opening: not yet one)
+@example(text='{"name": 5}')
+@example(text='{"parameters": {}, "name": "get_time"}')  # (not llama.cpp's opening: free)
+@example(text='It is {"name": "x"}')
+@example(text="<|python_tag|>print(1)")
 def test_llama3_text_is_free_unless_it_opens_a_call(text: str) -> None:
     assert LLAMA is not None
     assert fits(LLAMA, text) == (LLAMA_OPENING.match(text) is None and TOOL_OPEN not in text), text
@@ -75,6 +82,9 @@ def test_llama3_text_is_free_unless_it_opens_a_call(text: str) -> None:
 
 @SETTINGS
 @given(text=texts)
+@example(text="Sure. [TOOL_CALLS]")
+@example(text="[TOOL_[TOOL_CALLS")
+@example(text="<tool_<tool_call>")
 def test_mistral_text_is_free_unless_it_opens_a_call(text: str) -> None:
     assert MISTRAL is not None
     assert fits(MISTRAL, text) == ("[TOOL_CALLS]" not in text and TOOL_OPEN not in text), text
