@@ -276,7 +276,7 @@ def _converter() -> Any:
 
 # the rules this module names itself in a root it writes (a tool grammar's): no definition may
 # take their names
-_OWN_RULES = frozenset({"root", "call", "answer"})
+_OWN_RULES = frozenset({"root", "call", "answer", "llama-call"})
 
 
 def _resolve_ref(conv: Any, rules: dict[str, str], names: set[str], recursive: set[str], ref: str) -> str:
@@ -1478,16 +1478,18 @@ def _local_refs(schema: Any) -> Any:
     return schema
 
 
-def _schema_rules(schema: Any, name: str, conv: Any = None) -> Any:
+def _schema_rules(schema: Any, name: str, conv: Any = None, refs: str | None = None) -> Any:
     """A converter holding ``schema`` as rule ``name`` (beside what ``conv`` holds already);
-    GrammarError if it cannot convert."""
+    GrammarError if it cannot convert. ``refs``: the name of a schema ``conv`` holds already
+    whose ``$defs`` this one shares (the same definitions under the same names): its references
+    are the rules made for that one's, not copies."""
     text = json.dumps(schema)
     if len(text) > MAX_GRAMMAR_CHARS:  # converting runs on the engine thread, ~1 s per MiB
         raise GrammarError(f"the JSON Schema is {len(text):,} characters long; at most {MAX_GRAMMAR_CHARS:,} are allowed")
     conv = conv or _converter()
     try:
         # each schema's references under a base of its own: two schemas' "#/$defs/X" differ
-        resolved = conv.resolve_refs(json.loads(text), f"request-{name}")
+        resolved = conv.resolve_refs(json.loads(text), f"request-{refs or name}")
         made = str(conv.visit(resolved, name))
     except Exception as exc:  # the converter trusts its input: any failure is the schema's
         # (its words for a remote $ref name a flag of llama.cpp's command-line tool)
@@ -1716,26 +1718,29 @@ def _rebased(node: Any, at: str) -> Any:
     return out
 
 
-def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``."""
+def call_schema(tool: dict[str, Any], args_key: str = "arguments", typed: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``
+    (``args_key``: Llama 3.x's ``"parameters"``), all of it, in that order; ``typed``: with
+    ``"type": "function"`` first, as Llama 3.x may write a call."""
     params = tool.get("parameters") or {"type": "object", "properties": {}}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool["name"]}, "arguments": params},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    properties: dict[str, Any] = {"type": {"const": "function"}} if typed else {}
+    properties |= {"name": {"const": tool["name"]}, args_key: params}
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
-def calls_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """One call of any of ``tools``. Each tool's parameters sit in the root's ``$defs`` (as
+def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed: bool = False) -> dict[str, Any]:
+    """One call of any of ``tools`` (``args_key`` and ``typed`` as :func:`call_schema`'s; typed,
+    a call may be written either way). Each tool's parameters sit in the root's ``$defs`` (as
     ``args0``, ``args1``...) with their own local references (a pydantic model's ``$defs``, a
-    recursive ``#``) rebased there: nested under a call they no longer resolved."""
+    recursive ``#``) rebased there: nested under a call they no longer resolved. The ``$defs``
+    are the same whatever the call's shape: a schema of another shape shares their rules
+    (:func:`_schema_rules`'s ``refs``)."""
     defs, calls = {}, []
     for i, tool in enumerate(tools):
         name = f"args{i}"
         defs[name] = _rebased(_rooted(tool.get("parameters") or {"type": "object", "properties": {}}), f"#/$defs/{name}")
-        calls.append(call_schema({"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}))
+        shape = {"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}
+        calls += [call_schema(shape, args_key, typed=t) for t in ((False, True) if typed else (False,))]
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {**schema, "$defs": defs}
 
@@ -1753,8 +1758,8 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # llama-server's "lazy grammar" (common/chat.cpp's grammar_lazy and grammar_triggers): the reply
 # is the model's own text until it opens a call, and from there the forced call's grammar holds
 # it to a valid call of one of the tools. The trigger is the opening (TOOL_OPEN) of the formats
-# whose calls the forced grammar writes in the model's own format; a model that writes another
-# (Llama 3.x's bare JSON or <|python_tag|>, Mistral's [TOOL_CALLS], GLM 4.5's <arg_key>) is free.
+# whose calls the forced grammar writes (the generic one, Qwen3-Coder's, GLM's); Llama 3.x's
+# and Mistral's own openings are held too, by the same rules (_own_lazy_grammar, at the end).
 #
 # llama.cpp's lazy sampler does this by watching the text for the trigger and, once it is there,
 # feeding the grammar the text from the trigger on unchecked: a token that completes the opening
@@ -1765,7 +1770,7 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # then optionally the calls. The same text is allowed, and every token goes through the grammar
 # sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
 # engines' grammar samplers, and across parking and resumption as any grammar is.
-LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45"})
+LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45", "llama3", "mistral"})
 
 
 # While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
@@ -1779,9 +1784,11 @@ THINKING_OPEN, THINKING_MAY_OPEN = "open", "may-open"
 def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: str | None = None) -> str | None:
     """GBNF for ``tool_choice`` auto: any text without TOOL_OPEN in it, then optionally the calls
     ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
-    to the tools' parameters; a reasoning block (``thinking``) is free whole. None for a format
-    whose calls open otherwise (LAZY_TOOL_FORMATS)."""
-    if fmt not in LAZY_TOOL_FORMATS or not tools:
+    to the tools' parameters; a reasoning block (``thinking``) is free whole. For Llama 3.x's and
+    Mistral's formats the text also avoids their own openings, each followed by its calls
+    (:func:`_own_lazy_grammar`). None for a format not in LAZY_TOOL_FORMATS, and for Llama 3.x's
+    with a reasoning block (its calls open only at the reply's start; no template of its has one)."""
+    if fmt not in LAZY_TOOL_FORMATS or not tools or (fmt == "llama3" and thinking):
         return None
     return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
 
@@ -1802,6 +1809,8 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
             own = _cached_xml_tool_grammar(key) if cached else _xml_tool_grammar(tools, choice, parallel, lazy)
         elif fmt == "glm45":
             own = _cached_glm_tool_grammar(key) if cached else _glm_tool_grammar(tools, choice, parallel, lazy)
+        elif fmt in ("llama3", "mistral") and lazy:
+            own = _cached_own_lazy_grammar(key, fmt) if cached else _own_lazy_grammar(tools, parallel, fmt, lazy)
         if own is not None:
             return own
         return _cached_tool_grammar(key) if cached else _tool_grammar(tools, choice, parallel, lazy)
@@ -1810,33 +1819,79 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
 
 
 def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
-    """Rules for any text in which ``literal`` does not occur, and the first rule's name. Rule k
-    is the text read so far ending with the literal's first k characters (and no longer start of
-    it): each character leads to the rule of the longest start the text then ends with, and a
-    character that would complete the literal is left out (a KMP automaton). Any rule may end."""
+    """Rules for any text in which ``literal`` does not occur, and the first rule's name."""
+    return _free_text(conv, base, (literal,))
+
+
+# in an opening's pattern (_free_text's ``at_start``): any run of whitespace, none included (the
+# ``\s*`` of llama.cpp's trigger patterns; a JSON reader skips it where these openings have it)
+ANY_SPACE = None
+_SPACE_CHARS = " \t\n\r"
+
+
+def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[tuple[str | None, ...], ...] = ()) -> str:
+    """Rules for any text in which none of the literals ``anywhere`` occurs (at least one) and
+    which does not begin with one of the openings ``at_start`` (each a sequence of characters and
+    ANY_SPACE), and the first rule's name. Each rule is the set of ways the text read so far may
+    still go on into one of them (the subset construction of their automaton: each literal may
+    begin at any character, each opening only at the first): each character leads to the rule of
+    the set it leaves, and one that would complete a literal or an opening is left out. Any rule
+    may end. One literal alone: rule k is the text ending with its first k characters (and no
+    longer start of it), a KMP automaton."""
     while any(k == base or k.startswith(base + "-") for k in conv._rules):
         base += "x"  # (a tool's $defs may name rules of its own)
+    patterns = [tuple(literal) for literal in anywhere] + list(at_start)
+    restart = {(p, 0) for p in range(len(anywhere))}
 
-    def after(k: int, ch: str) -> int:
-        read = literal[:k] + ch
-        return next((j for j in range(min(len(read), len(literal)), 0, -1) if read.endswith(literal[:j])), 0)
+    def closure(positions: set[tuple[int, int]]) -> frozenset[tuple[int, int]]:
+        out, todo = set(positions), list(positions)
+        while todo:
+            p, i = todo.pop()
+            if i < len(patterns[p]) and patterns[p][i] is ANY_SPACE and (p, i + 1) not in out:
+                out.add((p, i + 1))
+                todo.append((p, i + 1))
+        return frozenset(out)
 
-    for k in range(len(literal)):
-        onward = {ch: after(k, ch) for ch in sorted(set(literal))}
-        onward = {ch: j for ch, j in onward.items() if j}  # (any other character starts again)
-        alternatives = ["", f"[^{''.join(map(_class_char, onward))}] {base}-0"]
-        alternatives += [f"{_format_literal(ch)} {base}-{j}" for ch, j in onward.items() if j < len(literal)]
-        conv._add_rule(f"{base}-{k}", " | ".join(alternatives))
+    def step(state: frozenset[tuple[int, int]], ch: str | None) -> frozenset[tuple[int, int]] | None:
+        """The set after ``ch`` (None: a character none of them has), None where one is complete."""
+        moved = {(p, i + 1) for p, i in state if i < len(patterns[p]) and ch is not None and patterns[p][i] == ch}
+        moved |= {(p, i) for p, i in state if i < len(patterns[p]) and patterns[p][i] is ANY_SPACE and ch is not None and ch in _SPACE_CHARS}
+        after = closure(moved | restart)
+        return None if any(i == len(patterns[p]) for p, i in after) else after
+
+    chars = sorted({c for pattern in patterns for c in pattern if c is not ANY_SPACE} | (set(_SPACE_CHARS) if any(ANY_SPACE in q for q in at_start) else set()))
+    numbers = {closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}): 0}
+    todo = list(numbers)
+    while todo:
+        state = todo.pop(0)  # (breadth first: one literal's rule k is its k characters read)
+        targets: dict[int, list[str]] = {}
+        for ch in [*chars, None]:
+            after = step(state, ch)
+            if after is None:
+                continue  # (the character that completes one is left out)
+            if after not in numbers:
+                numbers[after] = len(numbers)
+                todo.append(after)
+            targets.setdefault(numbers[after], []).append(ch)  # type: ignore[arg-type]
+        alternatives = [""]
+        for target, by in targets.items():
+            if None in by:  # any character but those that go elsewhere
+                rest = "".join(_class_char(c) for c in chars if c not in by)
+                alternatives.insert(1, f"[^{rest}] {base}-{target}")
+            else:
+                alternatives.append(f"{_format_literal(by[0])} {base}-{target}" if len(by) == 1 else f"[{''.join(map(_class_char, by))}] {base}-{target}")
+        conv._add_rule(f"{base}-{numbers[state]}", " | ".join(alternatives))
     return f"{base}-0"
 
 
-def _root(conv: Any, calls: str, lazy: bool | str) -> None:
-    """The grammar's root: the calls, or (``lazy``) text without TOOL_OPEN and then optionally
-    the calls, after a reasoning block where ``lazy`` is THINKING_OPEN or THINKING_MAY_OPEN."""
+def _root(conv: Any, calls: str, lazy: bool | str, openings: tuple[str, ...] = (TOOL_OPEN,)) -> None:
+    """The grammar's root: the calls, or (``lazy``) text without any of ``openings`` (those the
+    calls begin with) and then optionally the calls, after a reasoning block where ``lazy`` is
+    THINKING_OPEN or THINKING_MAY_OPEN."""
     if not lazy:
         conv._add_rule("root", calls)
         return
-    held = f"{_text_without(conv, TOOL_OPEN)} ({calls})?"
+    held = f"{_free_text(conv, 'lazy-text', openings)} ({calls})?"
     if lazy is True:
         conv._add_rule("root", held)
         return
@@ -2123,3 +2178,79 @@ def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any],
 def _cached_glm_tool_grammar(key: str) -> str | None:
     tools, choice, parallel, lazy = json.loads(key)
     return _glm_tool_grammar(tools, choice, parallel, lazy)
+
+
+# -- Llama 3.x's and Mistral's own calls, in tool_choice auto ----------------------------------
+# (scheduler.engines.chat.tool_call_format "llama3" and "mistral"; api.responses reads them). A
+# forced call of theirs is written in the <tool_call> format (tool_grammar), which is read for
+# every model; left to themselves (auto) they write their own, which llama.cpp's common/chat.cpp
+# holds with a lazy grammar of each (common_chat_params_init_llama_3_x, _mistral_nemo,
+# _magistral, _ministral_3):
+#
+#     {"name": "get_weather", "parameters": {"city": "Paris"}}        Llama 3.x, at the reply's
+#     <|python_tag|>{"type": "function", "name": ..., "parameters": ...}   start only: one call
+#     [TOOL_CALLS][{"name": "get_weather", "arguments": {...}}, ...]   Mistral Nemo, Small 3.x
+#     [TOOL_CALLS]get_weather[ARGS]{...}                              Magistral, Devstral, Ministral 3
+#     [TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{...}            the v13 tokenizer's models
+#
+# Llama's opening is llama.cpp's trigger pattern (anchored at the reply's start: "{", maybe
+# "type": "function", then "name": " with any whitespace between; before it whitespace and
+# maybe <|python_tag|>, which the reader also skips), Mistral's [TOOL_CALLS] anywhere, and for
+# both <tool_call> anywhere (read for every model). The free text avoids all of them
+# (_free_text); each is followed by its calls, of the forced calls' rules: the call object
+# (``call``, ``{"name", "arguments"}``) and each tool's arguments rule. A Llama call is that
+# object with "parameters" (and maybe "type": "function" first) as llama.cpp writes it; a
+# Mistral array holds call objects (no "id", which the server gives each call), the [ARGS] form
+# a tool's arguments. Whitespace inside an opening is what the call's JSON allows (one space):
+# more, which the free text does not allow either, cannot be written. Then only the end of
+# generation, as after a forced call.
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+# a function name api.responses reads in [TOOL_CALLS]name[ARGS] (any other's calls are an array)
+_MISTRAL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ANY_SPACE_RULE = "[ \\t\\n\\r]*"
+
+
+def _spaced(*parts: str | None) -> tuple[str | None, ...]:
+    """An opening's pattern of literal parts and ANY_SPACE."""
+    return tuple(item for part in parts for item in ((ANY_SPACE,) if part is ANY_SPACE else tuple(part)))
+
+
+_LLAMA3_OPENINGS = tuple(
+    _spaced(ANY_SPACE, *tag, "{", ANY_SPACE, *typed, '"name"', ANY_SPACE, ":", ANY_SPACE, '"')
+    for tag in ((), (PYTHON_TAG, ANY_SPACE))
+    for typed in ((), ('"type"', ANY_SPACE, ":", ANY_SPACE, '"function"', ANY_SPACE, ",", ANY_SPACE))
+)
+
+
+def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | str) -> str:
+    """``tool_choice`` auto's grammar for Llama 3.x's (``fmt`` "llama3") or Mistral's calls."""
+    conv = _schema_rules(calls_schema(tools), "call")
+    tagged = _calls_rule(parallel)
+    if fmt == "llama3":
+        # (one call: SINGLE_CALL_FORMATS; the worker never asks it with a reasoning block)
+        _schema_rules(calls_schema(tools, "parameters", typed=True), "llama-call", conv, refs="call")
+        free = _free_text(conv, "lazy-text", (TOOL_OPEN,), _LLAMA3_OPENINGS)
+        lead = f"{_ANY_SPACE_RULE} ({_format_literal(PYTHON_TAG)} {_ANY_SPACE_RULE})?"
+        conv._add_rule("root", f"{lead} llama-call | {free} ({tagged})?")
+        return _format(conv)
+    more = MAX_PARALLEL_CALLS - 1 if parallel else 0
+    opening = _format_literal(MISTRAL_CALLS)
+    forms = [f'{opening} "[" " "? call' + (f' ("," " "? call){{0,{more}}}' if more else "") + ' "]"']
+    named = [
+        f'{_format_literal(tool["name"])} ({_format_literal(MISTRAL_CALL_ID)} [A-Za-z0-9]{{9}})? {_format_literal(MISTRAL_ARGS)} '
+        + conv._resolve_ref(f"request-call#/$defs/args{i}")
+        for i, tool in enumerate(tools)
+        if _MISTRAL_NAME.fullmatch(tool["name"])
+    ]
+    if named:
+        one = f"{opening} {conv._add_rule('mistral-call', ' | '.join(named))}"
+        forms.append(f"{one} ({one}){{0,{more}}}" if more else one)
+    _root(conv, " | ".join([*forms, tagged]), lazy, (TOOL_OPEN, MISTRAL_CALLS))
+    return _format(conv)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_own_lazy_grammar(key: str, fmt: str) -> str:
+    tools, _choice, parallel, lazy = json.loads(key)
+    return _own_lazy_grammar(tools, parallel, fmt, lazy)

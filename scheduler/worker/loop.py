@@ -968,13 +968,14 @@ class EngineWorker:
     def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: str | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
         model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
-        before, where it cannot be: an engine without a grammar sampler, a format whose calls
-        open otherwise, tools whose parameters no grammar holds (a forced call of them is a
-        400; an auto reply stays free, as it always was). ``thinking``: where the reply's
+        before, where it cannot be: an engine without a grammar sampler, a model that reasons in
+        channels or [THINK] blocks, tools whose parameters no grammar holds (a forced call of
+        them is a 400; an auto reply stays free, as it always was). ``thinking``: where the reply's
         reasoning block is (:meth:`_thinking`), which stays free whole."""
         from scheduler.engines import grammar as grammars
 
-        # (gpt-oss's and Magistral's replies are channels and [THINK] blocks: never "<tool_call>")
+        # (gpt-oss's and Magistral's replies are channels and [THINK] blocks, which no grammar
+        # here leaves free: a [TOOL_CALLS] written while thinking would be held)
         if "grammar" not in self.engine.features or self.reasoning_format not in ("none", "think", "think-open"):
             return None
         try:

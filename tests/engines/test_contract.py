@@ -556,10 +556,13 @@ def _auto_request(engine: Any, bias: float, **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run_worker(engine: Any, request: dict[str, Any], **submit: Any) -> tuple[str, list[Message]]:
+def _run_worker(engine: Any, request: dict[str, Any], tool_format: str | None = None, **submit: Any) -> tuple[str, list[Message]]:
     """``request`` run alone on a worker to its end: (the text it streamed, its ending messages);
-    ``submit`` the Submit's other fields (a resumed job's ``resume_text``)."""
+    ``submit`` the Submit's other fields (a resumed job's ``resume_text``); ``tool_format``: the
+    call format the worker takes the model to write (else its template's)."""
     worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
+    if tool_format is not None:
+        worker.__dict__["tool_format"] = tool_format
     texts: list[str] = []
     ends: list[Message] = []
 
@@ -604,6 +607,25 @@ def test_tool_choice_auto_holds_a_call_the_model_begins_to_the_tools_parameters(
     assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
     content, calls = parse_tool_calls(text, ["get_weather"], fmt="hermes")
     assert calls and not content, text
+    for call in calls:
+        assert call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["parameters"])
+
+
+@pytest.mark.parametrize(("fmt", "delivered"), [("llama3", '{"name": "'), ("mistral", "Sure. [TOOL_CALLS]")])
+def test_tool_choice_auto_holds_a_call_opened_in_the_models_own_format(engine: Any, fmt: str, delivered: str) -> None:
+    """Llama 3.x's and Mistral's own openings (grammar.lazy_tool_grammar): a reply resumed just
+    after one (its grammar replays the delivered text) goes on as a call of the offered tool with
+    arguments that fit, which the reader of that format takes, on the engine's own grammar
+    sampler. (SmolLM2 stands in for those models: the worker is told their format.)"""
+    import jsonschema
+
+    from api.responses import parse_tool_calls
+
+    text, ends = _run_worker(engine, _auto_request(engine, 0.0), tool_format=fmt, resume_text=delivered)
+    assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
+    _content, calls = parse_tool_calls(delivered + text, ["get_weather"], fmt=fmt)
+    assert calls, delivered + text
     for call in calls:
         assert call["function"]["name"] == "get_weather"
         jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["parameters"])
