@@ -276,7 +276,7 @@ def _converter() -> Any:
 
 # the rules this module names itself in a root it writes (a tool grammar's): no definition may
 # take their names
-_OWN_RULES = frozenset({"root", "call", "answer", "llama-call"})
+_OWN_RULES = frozenset({"root", "call", "answer", "llama-call", "mistral-item"})
 
 
 def _resolve_ref(conv: Any, rules: dict[str, str], names: set[str], recursive: set[str], ref: str) -> str:
@@ -1718,19 +1718,28 @@ def _rebased(node: Any, at: str) -> Any:
     return out
 
 
-def call_schema(tool: dict[str, Any], args_key: str = "arguments", typed: bool = False) -> dict[str, Any]:
+# the id a Mistral model may write after a call's arguments in its [TOOL_CALLS] array (Nemo's
+# template writes an earlier call's so; llama.cpp's grammar asks for it)
+MISTRAL_ID_SCHEMA = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+
+
+def call_schema(tool: dict[str, Any], args_key: str = "arguments", typed: bool = False, mistral_id: bool = False) -> dict[str, Any]:
     """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``
     (``args_key``: Llama 3.x's ``"parameters"``), all of it, in that order; ``typed``: with
-    ``"type": "function"`` first, as Llama 3.x may write a call."""
+    ``"type": "function"`` first, as Llama 3.x may write a call; ``mistral_id``: maybe an
+    ``"id"`` of Mistral's 9 characters after them."""
     params = tool.get("parameters") or {"type": "object", "properties": {}}
     properties: dict[str, Any] = {"type": {"const": "function"}} if typed else {}
     properties |= {"name": {"const": tool["name"]}, args_key: params}
-    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+    required = list(properties)
+    if mistral_id:
+        properties["id"] = MISTRAL_ID_SCHEMA
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed: bool = False) -> dict[str, Any]:
-    """One call of any of ``tools`` (``args_key`` and ``typed`` as :func:`call_schema`'s; typed,
-    a call may be written either way). Each tool's parameters sit in the root's ``$defs`` (as
+def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed: bool = False, mistral_id: bool = False) -> dict[str, Any]:
+    """One call of any of ``tools`` (``args_key``, ``typed`` and ``mistral_id`` as
+    :func:`call_schema`'s; typed, a call may be written either way). Each tool's parameters sit in the root's ``$defs`` (as
     ``args0``, ``args1``...) with their own local references (a pydantic model's ``$defs``, a
     recursive ``#``) rebased there: nested under a call they no longer resolved. The ``$defs``
     are the same whatever the call's shape: a schema of another shape shares their rules
@@ -1740,7 +1749,7 @@ def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed
         name = f"args{i}"
         defs[name] = _rebased(_rooted(tool.get("parameters") or {"type": "object", "properties": {}}), f"#/$defs/{name}")
         shape = {"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}
-        calls += [call_schema(shape, args_key, typed=t) for t in ((False, True) if typed else (False,))]
+        calls += [call_schema(shape, args_key, typed=t, mistral_id=mistral_id) for t in ((False, True) if typed else (False,))]
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {**schema, "$defs": defs}
 
@@ -2200,7 +2209,8 @@ def _cached_glm_tool_grammar(key: str) -> str | None:
 # (_free_text); each is followed by its calls, of the forced calls' rules: the call object
 # (``call``, ``{"name", "arguments"}``) and each tool's arguments rule. A Llama call is that
 # object with "parameters" (and maybe "type": "function" first) as llama.cpp writes it; a
-# Mistral array holds call objects (no "id", which the server gives each call), the [ARGS] form
+# Mistral array holds call objects, each maybe with its 9-character "id" last (Nemo writes one;
+# the reader keeps it, else gives the call one), the [ARGS] form
 # a tool's arguments. Whitespace inside an opening is what the call's JSON allows (one space):
 # more, which the free text does not allow either, cannot be written. Then only the end of
 # generation, as after a forced call.
@@ -2236,7 +2246,10 @@ def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, laz
         return _format(conv)
     more = MAX_PARALLEL_CALLS - 1 if parallel else 0
     opening = _format_literal(MISTRAL_CALLS)
-    forms = [f'{opening} "[" " "? call' + (f' ("," " "? call){{0,{more}}}' if more else "") + ' "]"']
+    # an array's calls may end with the id Mistral's models write there (Nemo's)
+    _schema_rules(calls_schema(tools, mistral_id=True), "mistral-item", conv, refs="call")
+    item = "mistral-item"
+    forms = [f'{opening} "[" " "? {item}' + (f' ("," " "? {item}){{0,{more}}}' if more else "") + ' "]"']
     named = [
         f'{_format_literal(tool["name"])} ({_format_literal(MISTRAL_CALL_ID)} [A-Za-z0-9]{{9}})? {_format_literal(MISTRAL_ARGS)} '
         + conv._resolve_ref(f"request-call#/$defs/args{i}")
