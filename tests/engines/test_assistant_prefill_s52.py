@@ -2,7 +2,7 @@
 worker's prompt is the conversation before the last assistant turn, the generation prompt, and
 that turn's text, tokenised as text (the client's ``<|im_end|>`` in it is no end of turn, as in
 any message); the web side's count (/v1/chat/completions/input_tokens, /v1/messages/count_tokens)
-is the worker's prompt, token for token."""
+is the worker's prompt, token for token; and the model's greedy reply goes on from the prefill."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from api.rendering import count_chat_tokens, render_chat
 from api.tokenizer import GgufVocab
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.llama_cpp import LlamaCppEngine
+from scheduler.link.messages import Delta, Message, Submit
 from scheduler.worker.loop import EngineWorker
 
 pytestmark = pytest.mark.model
@@ -37,3 +38,28 @@ def test_the_prompt_ends_with_the_prefill_as_text_and_the_web_counts_it(engine: 
     turn, *_ = worker._prompt_tokens({"endpoint": "chat", "messages": MESSAGES}, "")  # no prefill: a turn, ended
     assert b"".join(engine.token_bytes(t) for t in turn).decode().endswith(PREFILL + "\nassistant\n")
     assert turn.count(end) == tokens.count(end) + 1
+
+
+def test_the_models_reply_continues_the_prefill(engine: LlamaCppEngine) -> None:
+    """Greedy, the bundled model counts on from where the prefill stopped (asked anew, it would
+    begin the count again): the reply is the continuation only."""
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=2048), model_name="m", prepare_in_thread=False)
+    texts: list[str] = []
+    ended: list[Message] = []
+
+    class Conn:
+        def queue(self, message: Message) -> None:
+            if isinstance(message, Delta):
+                texts.append(message.text)
+            elif message.type in ("done", "error", "rejected"):
+                ended.append(message)
+
+    messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}, {"role": "assistant", "content": "1, 2, 3,"}]
+    request = {"endpoint": "chat", "messages": messages, "prefill": True, "max_tokens": 6, "temperature": 0}
+    worker.handle(Conn(), Submit("p", request, qos=2))  # type: ignore[arg-type]
+    for _ in range(300):
+        if ended:
+            break
+        worker.run_tick()
+    assert ended[0].type == "done", ended
+    assert "".join(texts).startswith(" 4, 5"), texts
