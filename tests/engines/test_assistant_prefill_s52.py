@@ -63,3 +63,14 @@ def test_the_models_reply_continues_the_prefill(engine: LlamaCppEngine) -> None:
         worker.run_tick()
     assert ended[0].type == "done", ended
     assert "".join(texts).startswith(" 4, 5"), texts
+
+
+def test_a_resumed_prefilled_reply_goes_on_after_the_prefill_and_what_was_sent(engine: LlamaCppEngine) -> None:
+    """A job resumed on another worker (Redis mode: its Submit's ``resume_text``, the text sent
+    already) has the prefill in its own prompt and the text sent after it, as the model wrote it."""
+    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=2048), model_name="m", prepare_in_thread=False)
+    wire = {"endpoint": "chat", "messages": MESSAGES, "prefill": True}
+    fresh, fresh_own, _, _ = worker._prompt_tokens(wire, "")
+    resumed, own, _, _ = worker._prompt_tokens(wire, ' "b"')
+    assert own == fresh_own and resumed[:own] == fresh
+    assert b"".join(engine.token_bytes(t) for t in resumed[own:]) == b' "b"'
