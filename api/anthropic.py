@@ -418,7 +418,25 @@ def to_chat_body(body: dict[str, Any], *, strict: bool = False) -> tuple[dict[st
             chat["stop"] = [s for s in stops if s]
     if body.get("thinking") is not None:
         _thinking(body["thinking"], chat, ignored)
+    if serving().prefill_assistant:
+        _prefill(body, chat)
     return chat, ignored
+
+
+def _prefill(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """A last assistant turn of text is a prefill the reply continues (api/schemas.py
+    ``prefilled``), as at Anthropic: its text may not end with white space (Anthropic's 400,
+    its words), and without ``thinking`` (Anthropic's default: no thinking) the template's is
+    off (``enable_thinking`` false), so that the reply continues the text rather than reasoning
+    first, which a prefill cannot follow (a 400 where the body turns thinking on)."""
+    last = chat["messages"][-1] if chat["messages"] else None
+    if last is None or last["role"] != "assistant" or last.get("tool_calls") or not last["content"]:
+        return
+    if last["content"] != last["content"].rstrip():
+        raise _bad("messages: final assistant content cannot end with trailing whitespace", "messages")
+    kwargs = chat.get("chat_template_kwargs")
+    if body.get("thinking") is None and (kwargs is None or isinstance(kwargs, dict)):
+        chat["chat_template_kwargs"] = {"enable_thinking": False, **(kwargs or {})}
 
 
 def parse_messages_request(raw: bytes, *, models: list[str], strict: bool = False) -> GenerationRequest:
@@ -426,7 +444,7 @@ def parse_messages_request(raw: bytes, *, models: list[str], strict: bool = Fals
     body = load_object(raw)
     chat, ignored = to_chat_body(body, strict=strict)
     try:
-        request = chat_request_from(chat, models=models, strict=strict)
+        request = chat_request_from(chat, models=models, strict=strict, prefill=serving().prefill_assistant)
     except ApiError as exc:
         raise _in_messages_terms(exc) from None
     request.ignored = ignored + [key for key in request.ignored if key not in ignored]
@@ -774,7 +792,7 @@ async def count_tokens(request: HttpRequest) -> HttpResponse:
         if not _allowed(request, [model]):  # as /v1/messages refuses it (admission's check)
             raise forbidden(f"This API key may not use the model `{model}`.", "model_forbidden", "model")
         try:
-            wire = (await asyncio.to_thread(chat_request_from, chat, models=served)).to_wire()
+            wire = (await asyncio.to_thread(functools.partial(chat_request_from, chat, models=served, prefill=serving().prefill_assistant))).to_wire()
         except ApiError as exc:
             raise _in_messages_terms(exc) from None
         admission = await admit_tool(request.principal)  # type: ignore[attr-defined]

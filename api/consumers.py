@@ -308,7 +308,8 @@ class GenerationConsumer(StreamingConsumer):
         self.reasoning_format = "none"  # ... and its reasoning (api/reasoning.py)
 
     def parse(self, body: bytes, models: list[str]) -> GenerationRequest:
-        return parse_chat_request(body, models=models, strict=serving().strict_params)
+        config = serving()
+        return parse_chat_request(body, models=models, strict=config.strict_params, prefill=config.prefill_assistant)
 
     def keepalive_event(self) -> bytes:
         """What a stream sends after ``--sse-keepalive`` seconds without an event: an SSE comment,
@@ -643,8 +644,11 @@ class GenerationConsumer(StreamingConsumer):
         it: where the request turns thinking off (enable_thinking false: DeepSeek R1's template
         closes the block at once; the string "false" is no such thing, a template reads it as a
         non-empty string, truthy, and keeps thinking on), and where a grammar writes the reply
-        from its first token (a response_format, a forced call)."""
-        if (request.reasoning_format or serving().reasoning_format) == "none":
+        from its first token (a response_format, a forced call). A reply that continues a
+        prefill is not split (llama-server's reasoning format none there): it is text after
+        the client's, which the template's reasoning block does not hold (:attr:`prefill`
+        refuses a template that thinks first)."""
+        if (request.reasoning_format or serving().reasoning_format) == "none" or request.prefill_text:
             return "none"
         if self.reasoning_format == "think-open" and (
             (request.chat_template_kwargs or {}).get("enable_thinking") in (False,)  # (== False: 0 too)

@@ -22,26 +22,36 @@ class RenderedChat:
     render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
+    prefill: str = ""  # a last assistant turn's text the prompt ends with (``text`` ends with it)
 
 
 def render_chat(vocab: Any, wire: dict[str, Any], *, add_generation_prompt: bool = True, param: str = "messages") -> RenderedChat:
     """The chat request ``wire`` (a request's to_wire) rendered with ``vocab``'s template as the
     worker prepares a chat (scheduler/worker/loop.py): the tools in the template's own format
     where it has one, else the generic tool prompt; a system turn merged into the next where the
-    template takes none. A template that refuses the conversation is a 400 naming ``param`` (the
-    field the client sent it in); one that does not compile a 500."""
+    template takes none; a prefill (``wire["prefill"]``: a last assistant turn the reply
+    continues) after the generation prompt, whatever ``add_generation_prompt`` says, as
+    llama-server's. A template that refuses the conversation, or thinks where a prefill
+    would be written (``chat.PREFILL_THINKING``), is a 400 naming ``param`` (the field the
+    client sent it in); one that does not compile a 500."""
     from scheduler.engines.base import EngineError
     from scheduler.engines.chat import (
+        PREFILL_THINKING,
         compile_chat_template,
         merge_system_turn,
+        prefill_thinks,
         render_chat_template,
         rendered_or_fixed,
+        split_prefill,
         takes_system_turn,
         template_inputs,
     )
 
     source, bos, eos = vocab.template_parts()
-    messages, extra = template_inputs(wire["messages"], wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
+    turns, prefill = split_prefill(wire["messages"], bool(wire.get("prefill")))
+    if prefill:
+        add_generation_prompt = True
+    messages, extra = template_inputs(turns, wire.get("tools"), source, wire.get("chat_template_kwargs"), native_ok=True)
     offered = extra.pop("tools", None)  # the tools the template renders, passed with the messages
     try:
         template = compile_chat_template(source)
@@ -59,9 +69,14 @@ def render_chat(vocab: Any, wire: dict[str, Any], *, add_generation_prompt: bool
             messages = merge_system_turn(messages)  # Gemma 2's: the system text opens the next turn
         # (a conversation the template refuses, agents' as a matter of course: as it may take it)
         text, messages = rendered_or_fixed(lambda msgs: render(msgs, offered), messages)
-        return RenderedChat(text, render, messages, offered)
+        thinks = prefill and prefill_thinks(
+            lambda msgs, **variables: render_chat_template(template, msgs, bos_token=bos, eos_token=eos, **variables), messages, extra if offered is None else {**extra, "tools": offered}
+        )
     except ValueError as exc:  # a template's raise_exception, or messages it cannot handle
         raise invalid_request(f"The chat template rejected the {param}: {exc}", param=param, code="invalid_messages") from None
+    if thinks:
+        raise invalid_request(PREFILL_THINKING, param=param, code="invalid_messages")
+    return RenderedChat(text + prefill, render, messages, offered, prefill)
 
 
 def count_chat_tokens(vocab: Any, chat: RenderedChat, *, param: str = "messages") -> int:
@@ -81,7 +96,7 @@ def count_chat_tokens(vocab: Any, chat: RenderedChat, *, param: str = "messages"
         return vocab.tokenize(text, add_special=add_special, parse_special=special)  # type: ignore[no-any-return]
 
     try:
-        tokens, _own = chat_prompt_tokens(chat.render, tokenize, chat.messages, chat.tools)
+        tokens, _own = chat_prompt_tokens(chat.render, tokenize, chat.messages, chat.tools, prefill=chat.prefill)
     except ValueError as exc:  # a template's raise_exception on a variant of the messages
         raise invalid_request(f"The chat template rejected the {param}: {exc}", param=param, code="invalid_messages") from None
     return len(tokens)

@@ -201,6 +201,9 @@ class GenerationRequest:
     # (Anthropic's /v1/messages: Claude Code asks 32,000 of any model, as llama-server's
     # n_predict is bounded by the context), not a demand refused where it cannot fit
     max_tokens_is_cap: bool = False
+    # chat: the last message is an assistant turn the reply continues (llama-server's assistant
+    # prefill, on unless --no-prefill-assistant): the prompt ends with its text, no end of turn
+    prefill: bool = False
     ignored: list[str] = field(default_factory=list)  # parameters accepted but not honoured
 
     def sampling_dict(self) -> dict[str, Any]:
@@ -238,10 +241,15 @@ class GenerationRequest:
             out["fim_extra"] = [list(c) for c in self.fim_extra]
         # /infill's limits go only where they are set: every other request's wire form (and
         # its resume digest) stays as it was
-        for key in (*_INFILL_LIMITS, "reasoning_format", "max_tokens_is_cap"):
+        for key in (*_INFILL_LIMITS, "reasoning_format", "max_tokens_is_cap", "prefill"):
             if not out[key]:
                 del out[key]
         return out
+
+    @property
+    def prefill_text(self) -> str:
+        """The text the reply continues (:attr:`prefill`), "" without one."""
+        return str(self.messages[-1].get("content") or "") if self.prefill and self.messages else ""
 
     @property
     def jobs(self) -> int:
@@ -280,18 +288,19 @@ class GenerationRequest:
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = False) -> GenerationRequest:
+def parse_chat_request(raw: bytes, *, models: Collection[str], strict: bool = False, prefill: bool = False) -> GenerationRequest:
     """Validate a ``POST /v1/chat/completions`` body and return the request.
 
     ``raw`` is the HTTP body; ``models`` the model ids being served. Raises :class:`ApiError`
     (400 with the exact ``param``, or 404 ``model_not_found``) on the first problem found, checked
     in this order: JSON, object, ``model``, unknown keys, ``messages``, then the other parameters.
     """
-    return chat_request_from(load_object(raw), models=models, strict=strict)
+    return chat_request_from(load_object(raw), models=models, strict=strict, prefill=prefill)
 
 
-def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: bool = False) -> GenerationRequest:
-    """:func:`parse_chat_request` of a body already read (llama-server's /apply-template)."""
+def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: bool = False, prefill: bool = False) -> GenerationRequest:
+    """:func:`parse_chat_request` of a body already read (llama-server's /apply-template).
+    ``prefill``: a last assistant turn is one the reply continues (:func:`prefilled`)."""
     model = _parse_model(body, models)
     ignored = _unknown_keys(body, _CHAT_KEYS, strict)
     messages = _parse_messages(body, strict, ignored)
@@ -301,6 +310,7 @@ def chat_request_from(body: dict[str, Any], *, models: Collection[str], strict: 
         model=model,
         messages=messages,
         max_tokens=_parse_max_tokens(body),
+        prefill=prefill and prefilled(messages),
         ignored=ignored,
     )
     _parse_common(body, req, strict)
@@ -778,6 +788,19 @@ def _parse_messages(body: Mapping[str, Any], strict: bool = False, ignored: list
             msg["tool_call_id"] = named[0]["id"] if named else "call_0"
         out.append(msg)
     return out
+
+
+def prefilled(messages: list[dict[str, Any]]) -> bool:
+    """Whether the last of a chat's (parsed) messages is a prefill, as llama-server reads one:
+    an assistant turn, here one without tool calls (a turn of calls is a turn; llama-server
+    would continue its text and drop its calls). The turn before it may not be the assistant's
+    too (llama-server's 400, its words)."""
+    last = messages[-1]
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        return False
+    if len(messages) > 1 and messages[-2]["role"] == "assistant":
+        raise invalid_request("Cannot have 2 or more assistant messages at the end of the list.", param="messages", code="invalid_value")
+    return True
 
 
 def _parse_message(msg: Any, i: int, strict: bool = False) -> dict[str, Any]:

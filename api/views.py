@@ -357,7 +357,7 @@ async def rendered_chat(
         strict = serving().strict_params
         if to_wire is None:
             chat = {k: v for k, v in body.items() if k != "add_generation_prompt"}
-            wire = (await asyncio.to_thread(chat_request_from, {**chat, "model": model}, models=[model], strict=strict)).to_wire()
+            wire = (await asyncio.to_thread(chat_request_from, {**chat, "model": model}, models=[model], strict=strict, prefill=serving().prefill_assistant)).to_wire()
         else:
             wire = await asyncio.to_thread(to_wire, body, model, strict)
         # the body checked first, as a chat's is before its admission: a bad one costs no token

@@ -57,6 +57,7 @@ class ServingConfig:
     strict_params: bool = False
     sse_keepalive: float = 15  # seconds a stream may send nothing before its keepalive event; 0 = none
     reasoning_format: str = "auto"  # --reasoning-format: auto/deepseek split a reply's reasoning out, none leaves it
+    prefill_assistant: bool = True  # not --no-prefill-assistant: a chat's last assistant turn is a prefill its reply continues
     max_batch: int = 8  # the worker's lanes (several models: the largest)
     require_key: bool = False
     keys_required: bool = False  # --require-key, or serve binds beyond loopback

@@ -227,6 +227,7 @@ SUPERFLUID_CLIENT_CONCURRENCY = env_int("SUPERFLUID_CLIENT_CONCURRENCY", 32)  # 
 SUPERFLUID_STRICT_PARAMS = env_bool("SUPERFLUID_STRICT_PARAMS", False)  # unknown request parameters: 400 instead of ignored
 SUPERFLUID_SSE_KEEPALIVE = env_float("SUPERFLUID_SSE_KEEPALIVE", 15)  # seconds a stream may send nothing before a keepalive event; 0 = none
 SUPERFLUID_REASONING_FORMAT = env_str("SUPERFLUID_REASONING_FORMAT", "auto")  # --reasoning-format: none leaves a reply's reasoning in content
+SUPERFLUID_PREFILL_ASSISTANT = not env_bool("SUPERFLUID_NO_PREFILL_ASSISTANT", False)  # --no-prefill-assistant: a last assistant turn is a turn, not a prefill
 SUPERFLUID_MAX_BATCH = env_int("SUPERFLUID_MAX_BATCH", 8)  # the worker's lanes; class-lane caps are checked against it
 # -- keys and admission (docs/keys.md) ------------------------------------------------------
 SUPERFLUID_REQUIRE_KEY = env_bool("SUPERFLUID_REQUIRE_KEY", False)

@@ -424,9 +424,11 @@ def chat_prompt_tokens(
     tools: list[dict[str, Any]] | None,
     resume_text: str = "",
     resume_tokens: Collection[str] = (),
+    prefill: str = "",
 ) -> tuple[list[int], int]:
     """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
-    conversation's). ``render(messages, tools)`` is the template's text (``tools``: the list the
+    conversation's: with a ``prefill``, the text of a last assistant turn the reply continues
+    (:func:`split_prefill`), tokenised as text after the template's, theirs too). ``render(messages, tools)`` is the template's text (``tools``: the list the
     template reads as ``tools``, None where it reads none); ``tokenize(text, add_special=,
     special=)`` is the engine's. What the client wrote is tokenised as text: control-token text
     in a message (``<|im_end|>``) or a tool offered is not parsed as a control token, also where
@@ -461,18 +463,45 @@ def chat_prompt_tokens(
 
     if split is None or not split[1]:
         own = tokenize(text)
-        return (own + resumed(own) if resume_text else own), len(own)
-    templates, contents = split
-
-    tokens = tokenize(templates[0])
-    for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
-        tokens += more(tokens, content, special=False)
-        if i < len(contents) - 1:
-            tokens += more(tokens, template)
-    own = tokens + more(tokens, templates[-1])
+    else:
+        templates, contents = split
+        tokens = tokenize(templates[0])
+        for i, (content, template) in enumerate(zip(contents, templates[1:], strict=False)):
+            tokens += more(tokens, content, special=False)
+            if i < len(contents) - 1:
+                tokens += more(tokens, template)
+        own = tokens + more(tokens, templates[-1])
+    if prefill:  # the client's text, as a message's: "<|im_end|>" in it is no end of turn
+        own = own + more(own, prefill, special=False)
     if not resume_text:
         return own, len(own)
     return own + resumed(own), len(own)
+
+
+# llama-server's words for a prefill where the template thinks first (tools/server)
+PREFILL_THINKING = "Assistant response prefill is incompatible with enable_thinking."
+
+
+def split_prefill(messages: list[dict[str, Any]], prefill: bool) -> tuple[list[dict[str, Any]], str]:
+    """(the turns the template renders, the text the prompt ends with): with ``prefill`` (a
+    chat request's, api/schemas.py ``prefilled``) the last message is an assistant turn the
+    reply continues, as llama-server's assistant prefill: the template renders the turns
+    before it with the generation prompt, and its content follows as text (its reasoning is
+    not read)."""
+    if not prefill or not messages:
+        return messages, ""
+    return messages[:-1], str(messages[-1].get("content") or "")
+
+
+def prefill_thinks(render: Callable[..., str], messages: list[dict[str, Any]], variables: dict[str, Any]) -> bool:
+    """Whether a prefill would land where the model reasons: the template renders ``messages``
+    (``render(messages, **variables)``) otherwise with ``enable_thinking`` false, as a thinking
+    template does with thinking on (Qwen 3's: the reply reasons first; llama-server refuses a
+    prefill there, :data:`PREFILL_THINKING`). A template that reads no such variable (or a
+    request that turned it off) renders the same text both ways."""
+    if variables.get("enable_thinking") is False:
+        return False
+    return render(messages, **variables) != render(messages, **{**variables, "enable_thinking": False})
 
 
 # -- tools ----------------------------------------------------------------------------------

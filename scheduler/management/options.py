@@ -186,6 +186,12 @@ def add_api_arguments(parser: argparse.ArgumentParser) -> None:
         help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto, deepseek and deepseek-legacy put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
     )
     parser.add_argument(
+        "--no-prefill-assistant",
+        action="store_true",
+        default=_env("--no-prefill-assistant", False),
+        help="a chat whose last message is an assistant turn answers it with a new turn, as llama-server's flag; by default the reply continues that turn's text (a prefill)",
+    )
+    parser.add_argument(
         "--sse-keepalive",
         type=float,
         default=_env("--sse-keepalive", 15, float),

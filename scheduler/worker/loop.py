@@ -704,10 +704,11 @@ class EngineWorker:
             raise Refusal(INVALID_JOB, "'stop' must be a list of strings.", "stop")
 
     def _chat_tokens(
-        self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None, *, offers_tools: bool = False
+        self, messages: list[dict[str, Any]], resume_text: str = "", extra: dict[str, Any] | None = None, *, offers_tools: bool = False, prefill: str = ""
     ) -> tuple[list[int], int]:
         """(the rendered conversation's tokens followed by ``resume_text``'s, how many are the
-        conversation's): the client's text tokenised as text (``chat.chat_prompt_tokens``)."""
+        conversation's, a ``prefill``'s with them): the client's text tokenised as text
+        (``chat.chat_prompt_tokens``)."""
         engine = self.engine
         template_vars = dict(extra or {})
         offered = template_vars.pop("tools", None)  # the tools the template renders, passed with the messages
@@ -721,7 +722,7 @@ class EngineWorker:
         kept = chat_format.REASONING_FORMAT_TOKENS.get(self.reasoning_format, ())
         if offers_tools:  # (a reply that offers tools keeps its format's: _reply_token_bytes)
             kept += chat_format.TOOL_FORMAT_TOKENS.get(self.tool_format, ())
-        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text, kept)
+        return chat_format.chat_prompt_tokens(render, engine.tokenize, messages, offered, resume_text, kept, prefill)
 
     def _prompt_tokens(self, request: dict[str, Any], resume_text: str) -> tuple[list[int], int, str, int]:
         """(tokens to prefill, tokens of the client's own prompt, the param errors refer to, how
@@ -735,10 +736,12 @@ class EngineWorker:
             return engine.tokenize(resume_text, add_special=False, special=False, after=own[-1] if own else None) if resume_text else []
 
         if request.get("endpoint") == "chat":
+            # a last assistant turn the reply continues: the prompt ends with its text
+            turns, prefill = chat_format.split_prefill(request["messages"], bool(request.get("prefill")))
             try:
                 features = engine.features
                 messages, extra = chat_format.template_inputs(
-                    request["messages"],
+                    turns,
                     # tool_choice "none" too: the model sees the tools, as llama-server's
                     # template is given them (and OpenAI's model), and may not call them
                     request.get("tools"),
@@ -750,11 +753,14 @@ class EngineWorker:
                     messages = chat_format.merge_system_turn(messages)
                 offers_tools = bool(request.get("tools")) and request.get("tool_choice", "auto") != "none"
                 # (a conversation the template refuses, agents' as a matter of course: as it may take it)
-                (tokens, own_len), _ = chat_format.rendered_or_fixed(
-                    lambda msgs: self._chat_tokens(msgs, resume_text, extra, offers_tools=offers_tools), messages
+                (tokens, own_len), messages = chat_format.rendered_or_fixed(
+                    lambda msgs: self._chat_tokens(msgs, resume_text, extra, offers_tools=offers_tools, prefill=prefill), messages
                 )
+                thinks = prefill and "template_vars" in features and chat_format.prefill_thinks(engine.render_chat, messages, extra)
             except Exception as exc:  # a template's raise_exception, or a malformed message
                 raise Refusal(INVALID_MESSAGES, f"The chat template rejected the messages: {exc}", "messages") from None
+            if thinks:
+                raise Refusal(INVALID_MESSAGES, chat_format.PREFILL_THINKING, "messages")
             return tokens, own_len, "messages", own_len
         prompt = request.get("prompt")
         suffix = request.get("suffix")

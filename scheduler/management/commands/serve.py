@@ -702,6 +702,7 @@ class Command(FlagsCommand):
             client_concurrency=options["client_concurrency"],
             strict_params=options["strict_params"],
             reasoning_format=options["reasoning_format"],
+            prefill_assistant=not options["no_prefill_assistant"],
             sse_keepalive=options["sse_keepalive"],
             max_batch=config.max_batch if pool_setup is None else max(pool_setup.lanes.values()),
             require_key=options["require_key"],
