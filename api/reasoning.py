@@ -36,8 +36,10 @@ import json
 import re
 from collections.abc import Collection
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE = "[THINK]", "[/THINK]"
+from scheduler.engines.chat import REASONING_BLOCKS
+
+THINK_OPEN, THINK_CLOSE = REASONING_BLOCKS["think"]
+MISTRAL_THINK_OPEN, MISTRAL_THINK_CLOSE = REASONING_BLOCKS["mistral"]
 
 # gpt-oss's markers that llama.cpp renders as text
 H_CHANNEL, H_MESSAGE, H_START, H_CONSTRAIN, H_END = "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"

@@ -586,7 +586,10 @@ HARMONY_TOKENS = RENDERED_CONTROL
 # each format's markers that are control tokens: a chat reply keeps their text (gpt-oss's are
 # text already; Mistral's [THINK] and [/THINK] hold none decoded as plain text, and llama-server
 # keeps them, its preserved_tokens), and a resumed reply's are tokens again
-REASONING_FORMAT_TOKENS: dict[str, tuple[str, ...]] = {"harmony": HARMONY_TOKENS, "mistral": ("[THINK]", "[/THINK]")}
+# each format's reasoning block, opening and closing (the web side's splitter reads it, api/reasoning.py,
+# and tool_choice auto's grammar leaves it free, scheduler.engines.grammar.Thinking)
+REASONING_BLOCKS: dict[str, tuple[str, str]] = {"think": ("<think>", "</think>"), "think-open": ("<think>", "</think>"), "mistral": ("[THINK]", "[/THINK]")}
+REASONING_FORMAT_TOKENS: dict[str, tuple[str, ...]] = {"harmony": HARMONY_TOKENS, "mistral": REASONING_BLOCKS["mistral"]}
 
 
 def reasoning_format(source: str | None) -> str:

@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 # JSON with at most one space between tokens: llama.cpp's json.gbnf allows runs of newlines and
 # indentation, which a small model can fill until max_tokens without ever closing the object.
@@ -1783,14 +1783,31 @@ LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45", "llama3", "mist
 
 
 # While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
-# "<tool_call>" a model writes in its thinking is words about a call, and held it would end the
-# reply inside the block. THINKING_OPEN: the reply begins inside the block (the prompt opened it);
-# THINKING_MAY_OPEN: the reply may begin with "<think>" (a model whose template has the block).
+# "<tool_call>" or "[TOOL_CALLS]" a model writes in its thinking is words about a call, and held
+# it would end the reply inside the block. The block is the reasoning format's: Qwen 3's and
+# DeepSeek R1's "<think>...</think>", Magistral's and Ministral 3 Reasoning's
+# "[THINK]...[/THINK]" (scheduler.engines.chat.REASONING_BLOCKS, which the reply's splitter,
+# api/reasoning.py, reads the same). ``opened``: the reply begins inside the block (the prompt
+# opened it); else the reply may begin with the block's opening, after whitespace as the
+# splitter skips it (up to LEAD_SPACE characters of it; a longer run is text held as any).
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-THINKING_OPEN, THINKING_MAY_OPEN = "open", "may-open"
+LEAD_SPACE = 16
+# what the splitter takes for whitespace (str.lstrip's: Python's str.isspace)
+_SPACE_CLASS = "[" + "".join(_class_char(c) for c in map(chr, range(0x3001)) if c.isspace()) + "]"
 
 
-def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: str | None = None) -> str | None:
+class Thinking(NamedTuple):
+    """Where a reply's reasoning block is, and its markers (``lazy_tool_grammar``'s ``thinking``)."""
+
+    opened: bool
+    opening: str = THINK_OPEN
+    closing: str = THINK_CLOSE
+
+
+THINKING_OPEN, THINKING_MAY_OPEN = Thinking(True), Thinking(False)
+
+
+def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "hermes", thinking: Thinking | None = None) -> str | None:
     """GBNF for ``tool_choice`` auto: any text without TOOL_OPEN in it, then optionally the calls
     ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
     to the tools' parameters; a reasoning block (``thinking``) is free whole. For Llama 3.x's and
@@ -1809,7 +1826,7 @@ def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "h
 MAX_CACHED_TOOLS_CHARS = 256 * 1024
 
 
-def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool | str) -> str | None:
+def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, fmt: str, lazy: bool | Thinking) -> str | None:
     key = json.dumps([tools, choice, parallel, lazy])
     cached = len(key) <= MAX_CACHED_TOOLS_CHARS
     try:
@@ -1893,10 +1910,10 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[
     return f"{base}-0"
 
 
-def _root(conv: Any, calls: str, lazy: bool | str, openings: tuple[str, ...] = (TOOL_OPEN,)) -> None:
+def _root(conv: Any, calls: str, lazy: bool | Thinking, openings: tuple[str, ...] = (TOOL_OPEN,)) -> None:
     """The grammar's root: the calls, or (``lazy``) text without any of ``openings`` (those the
-    calls begin with) and then optionally the calls, after a reasoning block where ``lazy`` is
-    THINKING_OPEN or THINKING_MAY_OPEN."""
+    calls begin with) and then optionally the calls, after the reasoning block where ``lazy`` is
+    a :class:`Thinking`: the block's text is anything without its closing."""
     if not lazy:
         conv._add_rule("root", calls)
         return
@@ -1904,13 +1921,22 @@ def _root(conv: Any, calls: str, lazy: bool | str, openings: tuple[str, ...] = (
     if lazy is True:
         conv._add_rule("root", held)
         return
-    block = f"{_text_without(conv, THINK_CLOSE, 'lazy-think')} ({_format_literal(THINK_CLOSE)} {held})?"
-    conv._add_rule("root", block if lazy == THINKING_OPEN else f"{_format_literal(THINK_OPEN)} {block} | {held}")
+    opening, closing = _format_literal(lazy.opening), _format_literal(lazy.closing)
+    block = f"{_text_without(conv, lazy.closing, 'lazy-think')} ({closing} {held})?"
+    lead = f"{_SPACE_CLASS}{{0,{LEAD_SPACE}}}"
+    conv._add_rule("root", block if lazy.opened else f"{lead} {opening} {block} | {held}")
+
+
+def _from_key(key: str) -> tuple[Any, Any, bool, bool | Thinking]:
+    """A cached grammar's arguments (tools, choice, parallel, lazy) from its key (a Thinking
+    comes back from JSON as a list)."""
+    tools, choice, parallel, lazy = json.loads(key)
+    return tools, choice, parallel, Thinking(*lazy) if isinstance(lazy, list) else lazy
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_tool_grammar(key: str) -> str | None:
-    tools, choice, parallel, lazy = json.loads(key)
+    tools, choice, parallel, lazy = _from_key(key)
     return _tool_grammar(tools, choice, parallel, lazy)
 
 
@@ -1951,7 +1977,7 @@ def _calls_rule(parallel: bool) -> str:
     return f'{one} ("\\n" {one}){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else one
 
 
-def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
+def _tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | Thinking = False) -> str | None:
     """GBNF forcing tool calls when ``choice`` is ``required`` or names a function; None for
     ``auto``/``none`` (the model may then answer in text). A named function is called once;
     ``required`` with ``parallel`` allows up to MAX_PARALLEL_CALLS calls."""
@@ -2075,7 +2101,7 @@ def _tagged_params(tool: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return params, props, required
 
 
-def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
+def _xml_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | Thinking = False) -> str | None:
     return _tagged_tool_grammar(_QWEN3_CODER, tools, choice, parallel, lazy)
 
 
@@ -2107,7 +2133,7 @@ _QWEN3_CODER = _TaggedFormat(
 )
 
 
-def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str) -> str | None:
+def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | Thinking) -> str | None:
     """GBNF forcing calls of ``tools`` (``choice`` as in :func:`_tool_grammar`) in ``fmt``; None
     where a tool's name or parameters cannot be written in it (the JSON format holds them)."""
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
@@ -2143,7 +2169,7 @@ def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice
 
 @functools.lru_cache(maxsize=64)
 def _cached_xml_tool_grammar(key: str) -> str | None:
-    tools, choice, parallel, lazy = json.loads(key)
+    tools, choice, parallel, lazy = _from_key(key)
     return _xml_tool_grammar(tools, choice, parallel, lazy)
 
 
@@ -2179,13 +2205,13 @@ _GLM45 = _TaggedFormat(
 )
 
 
-def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | str = False) -> str | None:
+def _glm_tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], parallel: bool, lazy: bool | Thinking = False) -> str | None:
     return _tagged_tool_grammar(_GLM45, tools, choice, parallel, lazy)
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_glm_tool_grammar(key: str) -> str | None:
-    tools, choice, parallel, lazy = json.loads(key)
+    tools, choice, parallel, lazy = _from_key(key)
     return _glm_tool_grammar(tools, choice, parallel, lazy)
 
 
@@ -2233,7 +2259,7 @@ _LLAMA3_OPENINGS = tuple(
 )
 
 
-def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | str) -> str:
+def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | Thinking) -> str:
     """``tool_choice`` auto's grammar for Llama 3.x's (``fmt`` "llama3") or Mistral's calls."""
     conv = _schema_rules(calls_schema(tools), "call")
     tagged = _calls_rule(parallel)
@@ -2265,5 +2291,5 @@ def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, laz
 
 @functools.lru_cache(maxsize=64)
 def _cached_own_lazy_grammar(key: str, fmt: str) -> str:
-    tools, _choice, parallel, lazy = json.loads(key)
+    tools, _choice, parallel, lazy = _from_key(key)
     return _own_lazy_grammar(tools, parallel, fmt, lazy)

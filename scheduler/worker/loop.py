@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
@@ -61,6 +61,9 @@ from .metrics import WorkerMetrics
 from .output import TextStream
 from .pressure import PressureMonitor
 from .server import Connection, Disconnected, LinkServer
+
+if TYPE_CHECKING:
+    from scheduler.engines import grammar as grammars
 
 log = logging.getLogger("superfluid.worker")
 
@@ -895,7 +898,7 @@ class EngineWorker:
             ctx.prompt_logprobs = self._prompt_logprobs(tokens[:echoed], sampling.logprobs)
         return job, ctx
 
-    def _sampling(self, request: dict[str, Any], thinking: str | None = None) -> SamplingParams:
+    def _sampling(self, request: dict[str, Any], thinking: grammars.Thinking | None = None) -> SamplingParams:
         """The request's sampler settings; a feature the engine lacks, a token id outside the
         vocabulary or a constraint that does not compile refuses the job naming the parameter
         (a 400 on the web side); a malformed number refuses it too (TypeError/ValueError)."""
@@ -958,31 +961,33 @@ class EngineWorker:
             kwargs["grammar"] = grammar
         return SamplingParams(**kwargs)
 
-    def _thinking(self, request: dict[str, Any], prompt: list[int]) -> str | None:
+    def _thinking(self, request: dict[str, Any], prompt: list[int]) -> grammars.Thinking | None:
         """Where a chat reply's reasoning block is, for ``tool_choice`` auto's grammar (which
-        leaves the block free): THINKING_OPEN where the prompt ends by opening it (the template's
-        generation prompt, unless the request turned thinking off), THINKING_MAY_OPEN where the
-        model's template has the block, else None."""
+        leaves the block free): opened where the prompt ends by opening it (the template's
+        generation prompt, unless the request turned thinking off), else one the reply may open,
+        with the model's reasoning format's markers (``<think>``, Magistral's ``[THINK]``); None
+        where the model has no such block."""
         from scheduler.engines import grammar as grammars
 
-        if request.get("endpoint") != "chat" or self.reasoning_format not in ("think", "think-open") or not request.get("tools"):
+        block = chat_format.REASONING_BLOCKS.get(self.reasoning_format)
+        if request.get("endpoint") != "chat" or block is None or not request.get("tools"):
             return None
         spell = self._reply_token_bytes(chat=True, offers_tools=True)
         tail = b"".join(spell(t) for t in prompt[-16:]).decode("utf-8", "replace")
-        return grammars.THINKING_OPEN if tail.rstrip().endswith(grammars.THINK_OPEN) else grammars.THINKING_MAY_OPEN
+        return grammars.Thinking(tail.rstrip().endswith(block[0]), *block)
 
-    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: str | None = None) -> str | None:
+    def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: grammars.Thinking | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
         model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
         before, where it cannot be: an engine without a grammar sampler, a model that reasons in
-        channels or [THINK] blocks, tools whose parameters no grammar holds (a forced call of
-        them is a 400; an auto reply stays free, as it always was). ``thinking``: where the reply's
-        reasoning block is (:meth:`_thinking`), which stays free whole."""
+        channels, tools whose parameters no grammar holds (a forced call of them is a 400; an
+        auto reply stays free, as it always was). ``thinking``: where the reply's reasoning block
+        is (:meth:`_thinking`), which stays free whole."""
         from scheduler.engines import grammar as grammars
 
-        # (gpt-oss's and Magistral's replies are channels and [THINK] blocks, which no grammar
-        # here leaves free: a [TOOL_CALLS] written while thinking would be held)
-        if "grammar" not in self.engine.features or self.reasoning_format not in ("none", "think", "think-open"):
+        # (gpt-oss's replies are channels, which no grammar here leaves free: a call's opening
+        # written in its analysis would be held)
+        if "grammar" not in self.engine.features or (self.reasoning_format != "none" and self.reasoning_format not in chat_format.REASONING_BLOCKS):
             return None
         try:
             grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format, thinking=thinking)

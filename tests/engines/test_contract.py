@@ -556,13 +556,16 @@ def _auto_request(engine: Any, bias: float, **extra: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run_worker(engine: Any, request: dict[str, Any], tool_format: str | None = None, **submit: Any) -> tuple[str, list[Message]]:
+def _run_worker(engine: Any, request: dict[str, Any], tool_format: str | None = None, reasoning_format: str | None = None, **submit: Any) -> tuple[str, list[Message]]:
     """``request`` run alone on a worker to its end: (the text it streamed, its ending messages);
-    ``submit`` the Submit's other fields (a resumed job's ``resume_text``); ``tool_format``: the
-    call format the worker takes the model to write (else its template's)."""
+    ``submit`` the Submit's other fields (a resumed job's ``resume_text``); ``tool_format``,
+    ``reasoning_format``: the call and reasoning formats the worker takes the model to write
+    (else its template's)."""
     worker = EngineWorker(engine, SchedulerConfig(max_batch=N_LANES, lane_ctx=LANE_CTX), model_name="m")
     if tool_format is not None:
         worker.__dict__["tool_format"] = tool_format
+    if reasoning_format is not None:
+        worker.__dict__["reasoning_format"] = reasoning_format
     texts: list[str] = []
     ends: list[Message] = []
 
@@ -625,6 +628,29 @@ def test_tool_choice_auto_holds_a_call_opened_in_the_models_own_format(engine: A
     text, ends = _run_worker(engine, _auto_request(engine, 0.0), tool_format=fmt, resume_text=delivered)
     assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
     _content, calls = parse_tool_calls(delivered + text, ["get_weather"], fmt=fmt)
+    assert calls, delivered + text
+    for call in calls:
+        assert call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["parameters"])
+
+
+def test_tool_choice_auto_holds_a_call_after_magistrals_reasoning_block_and_not_in_it(engine: Any) -> None:
+    """Magistral's and Ministral 3 Reasoning's replies (reasoning format "mistral"): a
+    [TOOL_CALLS] written while the model reasons is no call and is not held (the grammar replays
+    it as free text), and one after [/THINK] goes on as a call of the offered tool that fits, on
+    the engine's own grammar sampler. (SmolLM2 stands in for those models.)"""
+    import jsonschema
+
+    from api.reasoning import split_reasoning
+    from api.responses import parse_tool_calls
+
+    thought = 'I could write [TOOL_CALLS]get_weather[ARGS]{"town": 5} or <tool_call>{'
+    delivered = f"[THINK]{thought}[/THINK]Sure. [TOOL_CALLS]"
+    text, ends = _run_worker(engine, _auto_request(engine, 0.0), tool_format="mistral", reasoning_format="mistral", resume_text=delivered)
+    assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
+    reasoning, answer = split_reasoning(delivered + text, "mistral")
+    assert reasoning == thought
+    _content, calls = parse_tool_calls(answer, ["get_weather"], fmt="mistral")
     assert calls, delivered + text
     for call in calls:
         assert call["function"]["name"] == "get_weather"

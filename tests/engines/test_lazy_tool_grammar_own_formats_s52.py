@@ -247,14 +247,6 @@ def test_the_worker_gives_these_models_their_own_formats_lazy_grammar(template_f
     assert worker._sampling(_request(TOOLS, "required")).grammar == tool_grammar(TOOLS, "required", parallel)
 
 
-def test_a_mistral_model_that_reasons_in_think_blocks_is_left_free() -> None:
-    """Ministral 3 Reasoning writes [THINK]...[/THINK]: a [TOOL_CALLS] written while it thinks
-    is words about a call, and no block of that kind is left free by the grammar here."""
-    worker = _templated_worker("ministral-3-14b-reasoning-2512.jinja")
-    assert (worker.tool_format, worker.reasoning_format) == ("mistral", "mistral")
-    assert worker._sampling(_request(TOOLS)).grammar is None
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(params=st.one_of(schemas, field_values(st.sampled_from(["type", "properties", "required", "items", "$ref", "$defs", "enum", "pattern"]), max_leaves=8)))
 def test_hostile_tool_parameters_give_these_formats_a_grammar_or_none_never_an_error(params: Any) -> None:
