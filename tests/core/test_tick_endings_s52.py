@@ -12,7 +12,9 @@ from .builders import make_job, make_scheduler, tick
 def test_a_tick_runs_rounds_at_the_measured_round_time_not_the_first_guess() -> None:
     """Rounds of 20 ms against a first guess of 200 ms: once measured, a busy 250 ms tick is about
     twelve rounds, not the one or two the guess allows."""
-    sched, engine, _ = make_scheduler(max_batch=2, tick_targets_s=(0.05, 0.25), decode_round_s=0.02, initial_round_s=0.2)
+    sched, engine, _ = make_scheduler(
+        max_batch=2, tick_targets_s=(0.05, 0.25), decode_round_s=0.02, initial_round_s=0.2
+    )
     for i in range(2):
         sched.add(make_job(job_id=f"s{i}", max_tokens=1000))
     for _ in range(40):  # the prompts, then rounds enough to measure one
