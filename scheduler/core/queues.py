@@ -112,8 +112,10 @@ class ClassQueues:
 
     def _rank(self, job: Job, now: float, cls: int | None = None) -> tuple[int, float, int]:
         """The rank inside a class (lowest first): inside its own, or ``cls``, the class aging
-        lifted it into."""
-        if job.seq < 0:  # requeued after preemption: ahead of every arrival
+        lifted it into. A preempted job heads its own class only: in a class it rose into it is
+        ranked as any lifted job is (it once headed those too, before jobs of higher priority
+        born there); its negative seq still wins a tie."""
+        if job.seq < 0 and (cls is None or cls == job.qos):  # requeued after preemption: ahead of every arrival
             return (0, 0.0, job.seq)
         lift = 0 if cls is None else self.lift(job, cls)
         return (1, -(self.score(job, now) + lift), job.seq)

@@ -39,7 +39,9 @@ def test_while_one_waits_nothing_at_or_below_its_class_is_admitted_but_better_cl
     tick(sched, engine)
     sched.add(make_job(job_id="inv", batch_invariant=True, qos=QosClass.AGENT, max_tokens=2))
     sched.add(make_job(job_id="bg", qos=QosClass.BACKGROUND, max_tokens=2))
-    sched.add(make_job(job_id="agent-after", qos=QosClass.AGENT, max_tokens=2))
+    # a later agent job of higher priority, which its score puts first inside the agent class:
+    # only the wait rule keeps it behind "inv" (with equal priorities "inv" led its class anyway)
+    sched.add(make_job(job_id="agent-after", qos=QosClass.AGENT, priority=40, max_tokens=2))
     sched.add(make_job(job_id="chat", qos=QosClass.INTERACTIVE, max_tokens=2))
     admitted = []
     for _ in range(100):

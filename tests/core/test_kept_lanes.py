@@ -246,6 +246,27 @@ def test_a_batch_invariant_job_neither_keeps_nor_reuses_a_lane() -> None:
     assert bi.cached_tokens == 0 and not sched._kept
 
 
+def test_a_batch_invariant_job_takes_an_empty_lane_and_leaves_a_kept_one_that_shares_its_prompt() -> None:
+    """It may reuse nothing, so a kept lane's KV is no reason for it to take that lane: it took
+    the lane that shared its prompt all the same and emptied it, and the conversation's own next
+    turn then prefilled everything again (no test held this: "neither keeps nor reuses" held)."""
+    sched, engine, _ = make_scheduler(max_batch=2)
+    a = make_job(200, job_id="a", max_tokens=4)
+    sched.add(a)
+    run_until_idle(sched, engine)
+    kept_lane = next(iter(sched._kept))
+    bi = next_turn(a, 10, "bi")
+    bi.batch_invariant = True
+    sched.add(bi)
+    tick(sched, engine)
+    assert bi.lane is not None and bi.lane != kept_lane
+    run_until_idle(sched, engine)
+    turn = next_turn(a, 10, "a2")
+    sched.add(turn)
+    run_until_idle(sched, engine)
+    assert turn.cached_tokens == len(a.prompt) + len(a.output) - 1  # all but the last token, never fed
+
+
 conversation = st.lists(
     st.tuples(
         st.integers(0, 3),  # which conversation

@@ -124,6 +124,16 @@ def test_the_fewest_moves_that_make_one_run_are_made() -> None:
     assert all(runs(r) == 1 for r in rounds)
 
 
+def test_a_later_window_needing_more_moves_is_not_taken() -> None:
+    # lanes 3 and 5 finish together: 0, 1, 2, 4 busy; windows 0-3 and 1-4 take one move each,
+    # 2-5 two. The lowest of the fewest, 0-3: j4 into lane 3. (In the test above the fewest-move
+    # window is also the last one that fits, so it held with the fewest-moves rule removed.)
+    sched, engine, _ = setup(True, [40, 40, 40, 3, 40, 3])
+    events, rounds = run(sched, engine)
+    assert [(e.job_id, e.lane) for e in events if e.kind == "moved"] == [("j4", 3)]
+    assert all(runs(r) == 1 for r in rounds)
+
+
 def test_a_batch_invariant_lane_is_not_counted_in_the_others_run_and_never_moves() -> None:
     # the batch-invariant job takes lane 0 (it is admitted first) and ticks alone; when lane 1
     # finishes, lanes 2 and 3 decode together in one run already: nothing moves

@@ -225,16 +225,19 @@ class Abortable(SimEngine):
         self.calls.append("clear")
 
 
-def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_clears_it() -> None:
+# (waiting, urgent): a background or agent arrival waits for the step; an interactive or a
+# completion one aborts it (the completion class was untested here: only interactive was sent)
+@pytest.mark.parametrize(("waiting_qos", "urgent_qos"), [(3, 0), (2, 1)])
+def test_an_urgent_arrival_or_a_cancel_aborts_the_engine_step_and_the_next_tick_clears_it(waiting_qos: int, urgent_qos: int) -> None:
     engine = Abortable(n_lanes=2, lane_ctx=512)
     worker = EngineWorker(engine, SchedulerConfig(max_batch=2, lane_ctx=512), model_name="sim", prepare_in_thread=False)
-    background = Submit("bg", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=3)
+    background = Submit("bg", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=waiting_qos)
     worker._on_message(background)
-    assert engine.calls == [] and not worker.interrupt.is_set()  # a batch job waits for the step
+    assert engine.calls == [] and not worker.interrupt.is_set()  # a batch or agent job waits for the step
     worker.handle(FakeConn(), background)  # type: ignore[arg-type]
     worker.run_tick()  # it takes a lane
     engine.calls.clear()  # (the simulator notes its steps there too)
-    worker._on_message(Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=0))
+    worker._on_message(Submit("chat", {"endpoint": "completions", "prompt": "x", "max_tokens": 4}, qos=urgent_qos))
     assert engine.calls == ["abort"] and worker.interrupt.is_set()
     worker._on_message(Cancel("bg"))
     assert engine.calls == ["abort", "abort"]

@@ -67,6 +67,31 @@ def test_a_fleet_head_refuses_class_lanes_as_the_seed_says() -> None:
         call_command("serve", "--redis", "redis://127.0.0.1:1/0", "--no-engine", "--class-lanes", "background=1")
 
 
+class _Installed(Exception):
+    """Stops serve where it installs its serving configuration, before anything starts."""
+
+
+@pytest.mark.django_db
+def test_a_fleet_head_takes_the_admission_flags_the_seed_has_it_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/scheduling.md, "Fleet head": a departure from the seed, whose head refuses
+    --http-default-qos, --no-http-qos-header and --http-allow-batch-invariant. Here the head is
+    where a request is admitted (its class from the headers, the batch-invariant permission), so
+    it takes the three and its admission honours them."""
+    from django.core.management import call_command
+
+    from scheduler.management.commands import serve as serve_module
+
+    def stop(config: ServingConfig) -> None:
+        raise _Installed(config)
+
+    monkeypatch.setattr(serve_module, "install_serving", stop)
+    flags = ("--http-default-qos", "interactive", "--no-http-qos-header", "--http-allow-batch-invariant")
+    with pytest.raises(_Installed) as stopped:
+        call_command("serve", "--redis", "redis://127.0.0.1:1/0", "--no-engine", *flags, stdout=io.StringIO())
+    config = stopped.value.args[0]
+    assert (config.http_default_qos, config.http_qos_header, config.http_allow_batch_invariant) == ("interactive", False, True)
+
+
 @pytest.mark.parametrize(("flags", "message"), [(["--port", "70000"], "--port .* between 1 and 65535; got 70000"), (["--port", "0"], "--port"), (["--host", " "], "--host .* must name an address")])
 def test_serve_refuses_an_address_it_cannot_bind_before_starting_anything(flags: list[str], message: str) -> None:
     """daphne found out only after the database was migrated and the worker started, with a
