@@ -75,3 +75,20 @@ def test_the_scripts_anchors_are_the_cores() -> None:
     table = re.search(r"local ANCHOR = \{(.*)\}", lua)
     assert table is not None
     assert {int(c): int(a) for c, a in re.findall(r"\[(\d)\] = (-?\d+)", table[1])} == {int(q): a for q, a in CLASS_ANCHOR.items()} == ANCHOR
+
+
+def test_a_job_given_back_after_a_loss_heads_its_own_class_but_not_one_aging_lifted_it_into(s: Scripts, client: redis.Redis, prefix: str) -> None:
+    # (session 52, as a preempted job in a worker's queues: tests/core) a background job whose
+    # worker was lost goes back ahead of every background arrival, but in the agent class aging
+    # lifted it into it ranks by its score there, behind an agent request of higher priority
+    enqueue(s, prefix, "lost", 3, ANCHOR[3])
+    waited(client, prefix, "lost", 3, 4)  # one period of 3 s, and a second more
+    assert pick(s, prefix, 1) == ["lost"]
+    client.zadd(prefix + "leases", {"lost": 0})  # its lease ran out
+    assert int(s.reap([prefix, 100, 60])) == 1
+    epoch = int(client.hget(prefix + "job:lost", "epoch") or 0)
+    assert enqueue(s, prefix, "lost", 3, ANCHOR[3], requeue=1, expect=epoch) == epoch
+    enqueue(s, prefix, "bg", 3, ANCHOR[3] + 50)
+    enqueue(s, prefix, "agent", 2, ANCHOR[2] + 5)
+    enqueue(s, prefix, "agent-low", 2, ANCHOR[2] - 5)
+    assert pick(s, prefix, 4, starvation_s=3) == ["agent", "lost", "agent-low", "bg"]

@@ -6,7 +6,9 @@
 --       queued it): with the arrival, what queued.lua counts a request's wait and band depth from
 -- Order inside a class is a static score: priority + waited_s / divisor ranks jobs exactly as
 -- -(priority - arrival_s / divisor) does, whatever the time now, so a sorted set holds it.
--- A job put back after a loss goes ahead of every arrival of its class (as a preempted one).
+-- A job put back after a loss goes ahead of every arrival of its class (as a preempted one); in a
+-- class aging lifts it into it ranks by its score as an arrival (``natural``), as a preempted
+-- job does in a worker's queues (scheduler.core.queues).
 local p, id = ARGV[1], ARGV[2]
 local qos, prio, divisor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local data, head, requeue, expect = ARGV[6], ARGV[7], ARGV[8] == "1", tonumber(ARGV[9])
@@ -40,18 +42,19 @@ if requeue then
   arrival = tonumber(redis.call("HGET", jk, "arrival") or now_ms)
 end
 local seq = redis.call("INCR", p .. "seq")
-local score
+-- its score as an arrival (what ranks it in a class aging lifts it into, pick.lua)
+local natural = -prio
+if divisor > 0 then
+  natural = arrival / 1000.0 / divisor - prio
+end
+local score = natural
 if requeue then
   score = -1e300
-elseif divisor > 0 then
-  score = arrival / 1000.0 / divisor - prio
-else
-  score = -prio
 end
 local member = string.format("%016d", seq) .. ":" .. id
 redis.call("HSET", jk, "data", data, "qos", qos, "prio", prio, "arrival", arrival, "state", "q",
   "worker", "", "epoch", epoch, "head", head, "member", member, "requeued", requeue and 1 or 0,
-  "enq", now_ms, "req", request_of, "pre", waited_before)
+  "enq", now_ms, "req", request_of, "pre", waited_before, "natural", string.format("%.17g", natural))
 redis.call("EXPIRE", jk, 86400)
 redis.call("ZADD", p .. "q:" .. qos, score, member)
 redis.call("ZADD", p .. "qa:" .. qos, arrival, member)  -- arrival order: pick.lua finds the oldest

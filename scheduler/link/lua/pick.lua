@@ -88,16 +88,24 @@ for _ = 1, n do
       for _, cand in ipairs(candidates) do
         local member, score = cand[1], cand[2]
         local id = string.sub(member, 18)
-        local arrival = tonumber(redis.call("HGET", p .. "job:" .. id, "arrival") or now_ms)
+        local f = redis.call("HMGET", p .. "job:" .. id, "arrival", "natural")
+        local arrival = tonumber(f[1] or now_ms)
         local eff = c
         -- to preempt with (a floor), a job's own class decides, never its aged class: aging
         -- orders free lanes only, as in a worker's own queues (docs/scheduling.md)
         if starv > 0 and floor >= 4 then
           eff = math.max(0, c - math.floor((now_ms - arrival) / 1000.0 / starv))
         end
+        -- a job put back after a loss heads its own class only: in a class it rose into it
+        -- ranks by its score as an arrival, as any lifted job (a job enqueued before the
+        -- score was kept has none: it heads that class too, as before)
+        local ranked = score
+        if eff ~= c and f[2] then
+          ranked = tonumber(f[2])
+        end
         -- (effective class, requeued first / score, arrival order); the score as lifted into
         -- the effective class (lower is better: the priority is subtracted), and its own
-        local key = {eff, score - (ANCHOR[eff] - ANCHOR[c]), member, score}
+        local key = {eff, ranked - (ANCHOR[eff] - ANCHOR[c]), member, score}
         if best == nil or key[1] < best_key[1] or (key[1] == best_key[1] and (key[2] < best_key[2]
             or (key[2] == best_key[2] and key[3] < best_key[3]))) then
           best, best_key, best_c = id, key, c
