@@ -581,7 +581,8 @@ def _parse_llama3(text: str, names: Collection[str]) -> tuple[str, list[dict[str
     found = _native_call(text, i, names, ("parameters", "arguments"), frozenset({"type"}))
     if found is None:
         return text, []
-    return text[found[1] :], [found[0]]
+    # (the whitespace before the call is text around it, as before a call of another format)
+    return text[: _skip_ws(text, 0)] + text[found[1] :], [found[0]]
 
 
 def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
