@@ -962,14 +962,23 @@ class EngineWorker:
         """Where a chat reply's reasoning block is, for ``tool_choice`` auto's grammar (which
         leaves the block free): THINKING_OPEN where the prompt ends by opening it (the template's
         generation prompt, unless the request turned thinking off), THINKING_MAY_OPEN where the
-        model's template has the block, else None."""
+        model's template has the block, else None. After a prefill (the client's text the prompt
+        ends with) the block is open where the template's text before it opened one and the
+        prefill did not close it, or where the prefill opens one it leaves open."""
         from scheduler.engines import grammar as grammars
 
         if request.get("endpoint") != "chat" or self.reasoning_format not in ("think", "think-open") or not request.get("tools"):
             return None
         spell = self._reply_token_bytes(chat=True, offers_tools=True)
-        tail = b"".join(spell(t) for t in prompt[-16:]).decode("utf-8", "replace")
-        return grammars.THINKING_OPEN if tail.rstrip().endswith(grammars.THINK_OPEN) else grammars.THINKING_MAY_OPEN
+        _turns, prefill = chat_format.split_prefill(request["messages"], bool(request.get("prefill")))
+        # (a prefill's tokens are its text's, at least a byte each: the template's last 16 before them)
+        tail = b"".join(spell(t) for t in prompt[-(16 + len(prefill.encode("utf-8", "replace"))) :]).decode("utf-8", "replace")
+        if prefill and tail.endswith(prefill):
+            tail = tail[: -len(prefill)]
+        opened = tail.rstrip().endswith(grammars.THINK_OPEN)
+        if prefill and (grammars.THINK_OPEN in prefill or grammars.THINK_CLOSE in prefill):
+            opened = prefill.rfind(grammars.THINK_OPEN) > prefill.rfind(grammars.THINK_CLOSE)
+        return grammars.THINKING_OPEN if opened else grammars.THINKING_MAY_OPEN
 
     def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: str | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
