@@ -8,7 +8,6 @@ and Claude Code offers tools with every request, so "The capital is" came back a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from tests.api.streamed import said
 
 from .inproc import MODEL
-from .test_assistant_prefill_inproc_s52 import chat, chatml, post  # noqa: F401 - chatml: a fixture
+from .test_assistant_prefill_inproc_s52 import anthropic_text, chat, chatml, post  # noqa: F401 - chatml: a fixture
 from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -46,14 +45,7 @@ def test_a_prefilled_reply_with_tools_keeps_its_leading_whitespace(chatml: Any, 
 def test_an_anthropic_prefill_with_tools_keeps_the_space_the_model_writes(chatml: Any, stream: bool) -> None:  # noqa: F811
     body = {"model": MODEL, "max_tokens": 50, "stream": stream, "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
             "messages": [{"role": "user", "content": "Where? " + script(" Paris.")}, {"role": "assistant", "content": "The capital is"}]}  # fmt: skip
-    reply = post(chatml, "/v1/messages", body)
-    assert reply.status == 200, reply.body
-    if stream:
-        deltas = [json.loads(d) for d in reply.sse_data()]
-        text = "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta")
-    else:
-        text = "".join(b["text"] for b in reply.json()["content"] if b["type"] == "text")
-    assert text == " Paris."
+    assert anthropic_text(post(chatml, "/v1/messages", body), stream) == " Paris."
 
 
 @pytest.mark.parametrize("stream", [False, True])
