@@ -2243,7 +2243,7 @@ def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, laz
         opening = f'"{{" {ws} ({typed})? {_format_literal(json.dumps("name"))} {ws} ":" {ws}'
         args_key = _format_literal(json.dumps("parameters"))
         named = [
-            f'{_format_literal(json.dumps(tool["name"]))} space "," space {args_key} space ":" space '
+            f'{_json_literal(tool["name"])} space "," space {args_key} space ":" space '
             + f'{conv._resolve_ref(f"request-call#/$defs/args{i}")} space "}}" space'
             for i, tool in enumerate(tools)
         ]

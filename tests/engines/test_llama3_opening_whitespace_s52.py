@@ -34,3 +34,12 @@ def test_a_pretty_printed_opening_is_no_dead_end() -> None:
     assert grammar is not None
     assert fits(grammar, '{\n  "name": "get_time", "parameters": {}}')
     assert fits(grammar, '{\n    "type": "function",\n    "name": "get_weather", "parameters": {"city": "Oslo"}}')
+
+
+def test_a_name_beyond_ascii_is_written_as_it_is_or_escaped_as_in_a_forced_call() -> None:
+    """The name as the forced call's JSON rules take it (``grammar._json_literal``): the call
+    rule written for the opening took only the \\u escapes."""
+    grammar = lazy_tool_grammar([{"name": "天気", "parameters": {"type": "object", "properties": {}}}], False, fmt="llama3")
+    assert grammar is not None
+    assert fits(grammar, '{"name": "天気", "parameters": {}}')
+    assert fits(grammar, '{"name": "\\u5929\\u6c17", "parameters": {}}')
