@@ -664,7 +664,8 @@ class GenerationConsumer(StreamingConsumer):
             parallel_tool_calls=request.parallel_tool_calls, legacy_functions=request.legacy_functions,
             tool_format=self.tool_format,
             reasoning_format=self.reply_reasoning(request),
-            logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage, **extra,
+            logprobs=request.logprobs is not None, include_usage=request.stream and request.include_usage,
+            continues=bool(request.prefill_text), **extra,
         )  # fmt: skip
 
     async def resume(self, link: Any, request: GenerationRequest, body: bytes, last_event_id: str) -> None:

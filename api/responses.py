@@ -581,7 +581,8 @@ def _parse_llama3(text: str, names: Collection[str]) -> tuple[str, list[dict[str
     found = _native_call(text, i, names, ("parameters", "arguments"), frozenset({"type"}))
     if found is None:
         return text, []
-    return text[found[1] :], [found[0]]
+    # (the whitespace before the call is text around it, as before a call of another format)
+    return text[: _skip_ws(text, 0)] + text[found[1] :], [found[0]]
 
 
 def _parse_mistral(text: str, names: Collection[str]) -> tuple[str, list[dict[str, Any]]]:
@@ -813,8 +814,12 @@ class Reply:
         id: str | None = None,  # noqa: A002 - several choices of one request share the id
         created: int | None = None,
         echo: str = "",
+        continues: bool = False,
     ) -> None:
         self.endpoint, self.model = endpoint, model
+        # chat: the reply continues a prefill (an assistant turn last): its leading whitespace
+        # is its own text, which tool mode (below) keeps then ("The capital is" + " Paris.")
+        self.continues = continues
         self.id = id or new_id(endpoint)
         self.created = int(time.time()) if created is None else created
         self.index = index
@@ -1171,10 +1176,11 @@ class Reply:
             self.pending_space.append(text)
             return ""
         body = trimmed
-        if not self.content_sent:
+        if not self.content_sent and not self.continues:
             # the content's start: in tool mode the content never begins with whitespace (a reply
             # with calls has the text around them stripped as its content, and it is not known
-            # yet whether calls follow), so whitespace before this is none of it
+            # yet whether calls follow), so whitespace before this is none of it; but for a
+            # reply that continues a prefill, whose content is the text after the client's
             body, self.pending_space = body.lstrip(), []
         out, self.pending_space = "".join(self.pending_space) + body, [text[len(trimmed) :]]
         self.content_sent = True
@@ -1239,7 +1245,8 @@ class Reply:
                     frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
             self.held = ""
             pending = "".join(self.pending_space)
-            if pending and not self.calls_sent and self.content_sent:  # no call after all: the text is whole
+            # no call after all: the text is whole (a continuation's whitespace alone too)
+            if pending and not self.calls_sent and (self.content_sent or self.continues):
                 frames.append(chat_chunk(self.id, self.model, self.created, content=pending))
             self.pending_space = []
             # tool_calls means whole calls (arguments that parse, the block closed): a reply with
@@ -1301,14 +1308,16 @@ class Reply:
         if self.tool_names:
             # a call whose head came is a call, its arguments as far as they came, as the stream
             # sent it (cut by max_tokens, a stop string or the end of generation)
-            content, calls, whole = _read_tool_calls(text, self.tool_names, fmt=self.tool_format)
+            content, calls, whole = _read_tool_calls(text, self.tool_names, strip=not self.continues, fmt=self.tool_format)
+            if self.continues:  # the text around the calls, its own leading whitespace kept
+                content = (content or "").rstrip() or None
             if self.max_calls is not None:
                 calls, whole = calls[: self.max_calls], whole[: self.max_calls]
             # tool_calls: whole calls only (a cut one finishes as the reply did: length or stop)
             if calls and all(whole) and self._calls_end(reason, len(calls)):
                 reason = self.calls_reason
-            elif not calls:
-                content = text.lstrip()  # (tool mode: the content's leading whitespace is none of it)
+            elif not calls:  # (tool mode: the content's leading whitespace is none of it, but a continuation's)
+                content = text if self.continues else text.lstrip()
             if self._cut_opening(content, event.finish_reason):  # (its own end: reason may say tool_calls by now)
                 content = None
         obj = chat_completion(self.id, self.model, self.created, content or "", reason, usage)

@@ -1723,23 +1723,20 @@ def _rebased(node: Any, at: str) -> Any:
 MISTRAL_ID_SCHEMA = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
 
 
-def call_schema(tool: dict[str, Any], args_key: str = "arguments", typed: bool = False, mistral_id: bool = False) -> dict[str, Any]:
-    """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``
-    (``args_key``: Llama 3.x's ``"parameters"``), all of it, in that order; ``typed``: with
-    ``"type": "function"`` first, as Llama 3.x may write a call; ``mistral_id``: maybe an
-    ``"id"`` of Mistral's 9 characters after them."""
+def call_schema(tool: dict[str, Any], mistral_id: bool = False) -> dict[str, Any]:
+    """The JSON Schema of one call of ``tool``: ``{"name": <its name>, "arguments": {...}}``,
+    all of it, in that order; ``mistral_id``: maybe an ``"id"`` of Mistral's 9 characters
+    after them."""
     params = tool.get("parameters") or {"type": "object", "properties": {}}
-    properties: dict[str, Any] = {"type": {"const": "function"}} if typed else {}
-    properties |= {"name": {"const": tool["name"]}, args_key: params}
+    properties: dict[str, Any] = {"name": {"const": tool["name"]}, "arguments": params}
     required = list(properties)
     if mistral_id:
         properties["id"] = MISTRAL_ID_SCHEMA
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed: bool = False, mistral_id: bool = False) -> dict[str, Any]:
-    """One call of any of ``tools`` (``args_key``, ``typed`` and ``mistral_id`` as
-    :func:`call_schema`'s; typed, a call may be written either way). Each tool's parameters sit in the root's ``$defs`` (as
+def calls_schema(tools: list[dict[str, Any]], mistral_id: bool = False) -> dict[str, Any]:
+    """One call of any of ``tools`` (``mistral_id`` as :func:`call_schema`'s). Each tool's parameters sit in the root's ``$defs`` (as
     ``args0``, ``args1``...) with their own local references (a pydantic model's ``$defs``, a
     recursive ``#``) rebased there: nested under a call they no longer resolved. The ``$defs``
     are the same whatever the call's shape: a schema of another shape shares their rules
@@ -1749,7 +1746,7 @@ def calls_schema(tools: list[dict[str, Any]], args_key: str = "arguments", typed
         name = f"args{i}"
         defs[name] = _rebased(_rooted(tool.get("parameters") or {"type": "object", "properties": {}}), f"#/$defs/{name}")
         shape = {"name": tool["name"], "parameters": {"$ref": f"#/$defs/{name}"}}
-        calls += [call_schema(shape, args_key, typed=t, mistral_id=mistral_id) for t in ((False, True) if typed else (False,))]
+        calls.append(call_schema(shape, mistral_id=mistral_id))
     schema: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {**schema, "$defs": defs}
 
@@ -2233,13 +2230,13 @@ def _cached_glm_tool_grammar(key: str) -> str | None:
 # maybe <|python_tag|>, which the reader also skips), Mistral's [TOOL_CALLS] anywhere, and for
 # both <tool_call> anywhere (read for every model). The free text avoids all of them
 # (_free_text); each is followed by its calls, of the forced calls' rules: the call object
-# (``call``, ``{"name", "arguments"}``) and each tool's arguments rule. A Llama call is that
-# object with "parameters" (and maybe "type": "function" first) as llama.cpp writes it; a
-# Mistral array holds call objects, each maybe with its 9-character "id" last (Nemo writes one;
-# the reader keeps it, else gives the call one), the [ARGS] form
-# a tool's arguments. Whitespace inside an opening is what the call's JSON allows (one space):
-# more, which the free text does not allow either, cannot be written. Then only the end of
-# generation, as after a forced call.
+# (``call``, ``{"name", "arguments"}``) and each tool's arguments rule. A Llama call is its
+# opening, with any whitespace where the trigger has it (the free text avoids any: a call that
+# took its JSON's one space alone left "{\n  \"name\": " nowhere to go), then an offered name
+# and "parameters" in that JSON; a Mistral array holds call objects, each maybe with its
+# 9-character "id" last (Nemo writes one; the reader keeps it, else gives the call one), the
+# [ARGS] form a tool's arguments (no whitespace after [TOOL_CALLS], a literal the free text
+# avoids whole). Then only the end of generation, as after a forced call.
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 # a function name api.responses reads in [TOOL_CALLS]name[ARGS] (any other's calls are an array)
@@ -2264,8 +2261,19 @@ def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, laz
     conv = _schema_rules(calls_schema(tools), "call")
     tagged = _calls_rule(parallel)
     if fmt == "llama3":
-        # (one call: SINGLE_CALL_FORMATS; the worker never asks it with a reasoning block)
-        _schema_rules(calls_schema(tools, "parameters", typed=True), "llama-call", conv, refs="call")
+        # (one call: SINGLE_CALL_FORMATS; the worker never asks it with a reasoning block) its
+        # opening with any whitespace, as the free text avoids it: where the call took its
+        # JSON's one space alone, "{\n  \"name\": " was free text with nowhere to go
+        ws = _ANY_SPACE_RULE
+        typed = f'{_format_literal(chr(34) + "type" + chr(34))} {ws} ":" {ws} {_format_literal(json.dumps("function"))} {ws} "," {ws}'
+        opening = f'"{{" {ws} ({typed})? {_format_literal(json.dumps("name"))} {ws} ":" {ws}'
+        args_key = _format_literal(json.dumps("parameters"))
+        named = [
+            f'{_json_literal(tool["name"])} space "," space {args_key} space ":" space '
+            + f'{conv._resolve_ref(f"request-call#/$defs/args{i}")} space "}}" space'
+            for i, tool in enumerate(tools)
+        ]
+        conv._add_rule("llama-call", f"{opening} ({' | '.join(named)})")
         free = _free_text(conv, "lazy-text", (TOOL_OPEN,), _LLAMA3_OPENINGS)
         lead = f"{_ANY_SPACE_RULE} ({_format_literal(PYTHON_TAG)} {_ANY_SPACE_RULE})?"
         conv._add_rule("root", f"{lead} llama-call | {free} ({tagged})?")

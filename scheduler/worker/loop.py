@@ -966,15 +966,25 @@ class EngineWorker:
         leaves the block free): opened where the prompt ends by opening it (the template's
         generation prompt, unless the request turned thinking off), else one the reply may open,
         with the model's reasoning format's markers (``<think>``, Magistral's ``[THINK]``); None
-        where the model has no such block."""
+        where the model has no such block. After a prefill (the client's text the prompt ends
+        with) the block is open where the template's text before it opened one and the prefill
+        did not close it, or where the prefill opens one it leaves open."""
         from scheduler.engines import grammar as grammars
 
         block = chat_format.REASONING_BLOCKS.get(self.reasoning_format)
         if request.get("endpoint") != "chat" or block is None or not request.get("tools"):
             return None
         spell = self._reply_token_bytes(chat=True, offers_tools=True)
-        tail = b"".join(spell(t) for t in prompt[-16:]).decode("utf-8", "replace")
-        return grammars.Thinking(tail.rstrip().endswith(block[0]), *block)
+        _turns, prefill = chat_format.split_prefill(request["messages"], bool(request.get("prefill")))
+        # (a prefill's tokens are its text's, at least a byte each: the template's last 16 before them)
+        tail = b"".join(spell(t) for t in prompt[-(16 + len(prefill.encode("utf-8", "replace"))) :]).decode("utf-8", "replace")
+        if prefill and tail.endswith(prefill):
+            tail = tail[: -len(prefill)]
+        opening, closing = block
+        opened = tail.rstrip().endswith(opening)
+        if prefill and (opening in prefill or closing in prefill):
+            opened = prefill.rfind(opening) > prefill.rfind(closing)
+        return grammars.Thinking(opened, opening, closing)
 
     def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: grammars.Thinking | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the

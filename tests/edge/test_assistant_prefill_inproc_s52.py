@@ -76,6 +76,15 @@ def prompt() -> str:
     return next(iter(PROMPTS.values())).decode()
 
 
+def anthropic_text(reply: Any, stream: bool) -> str:
+    """The text of a 200 /v1/messages reply, its stream's text deltas put together."""
+    assert reply.status == 200, reply.body
+    if stream:
+        deltas = [json.loads(d) for d in reply.sse_data()]
+        return "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta")
+    return "".join(b["text"] for b in reply.json()["content"] if b["type"] == "text")
+
+
 def chat(loop: asyncio.AbstractEventLoop, messages: list[dict[str, Any]], **more: Any) -> Any:
     return post(loop, "/v1/chat/completions", {"model": MODEL, "messages": messages, **more})
 
@@ -160,15 +169,9 @@ def test_anthropic_messages_continue_the_prefill(qwen3: asyncio.AbstractEventLoo
     body = {"model": MODEL, "max_tokens": 50, "stream": stream,
             "messages": [{"role": "user", "content": "JSON " + script('"a": 1}')}, {"role": "assistant", "content": [{"type": "text", "text": "{"}]}]}  # fmt: skip
     reply = post(qwen3, "/v1/messages", body)
-    assert reply.status == 200, reply.body
-    if stream:
-        deltas = [json.loads(d) for d in reply.sse_data()]
-        text = "".join(d["delta"].get("text", "") for d in deltas if d["type"] == "content_block_delta")
-    else:
-        blocks = reply.json()["content"]
-        assert [b["type"] for b in blocks] == ["text"]
-        text = blocks[0]["text"]
-    assert text == '"a": 1}'
+    if not stream:
+        assert [b["type"] for b in reply.json()["content"]] == ["text"]
+    assert anthropic_text(reply, stream) == '"a": 1}'
     assert prompt().endswith("<think>\n\n</think>\n\n{")
 
 

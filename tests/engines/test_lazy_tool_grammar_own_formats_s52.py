@@ -261,4 +261,4 @@ def test_hostile_tool_parameters_give_these_formats_a_grammar_or_none_never_an_e
             check_bounds(grammar)
             rules = dict(line.split(" ::= ", 1) for line in grammar.split("\n") if line)
             args = rules["call-arguments"]  # (the forced call's arguments rule, shared)
-            assert rules["llama-call-0-parameters"] == args if fmt == "llama3" else f'"[ARGS]" {args}' in rules["mistral-call"]
+            assert f'":" space {args} space "}}" space' in rules["llama-call"] if fmt == "llama3" else f'"[ARGS]" {args}' in rules["mistral-call"]
