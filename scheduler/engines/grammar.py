@@ -1776,7 +1776,7 @@ def tool_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], para
 # then optionally the calls. The same text is allowed, and every token goes through the grammar
 # sampler's usual check (a token that finishes the opening wrongly is masked, not fed), on both
 # engines' grammar samplers, and across parking and resumption as any grammar is.
-LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45", "llama3", "mistral"})
+LAZY_TOOL_FORMATS = frozenset({"hermes", "qwen3_coder", "glm45", "llama3", "mistral", "harmony"})
 
 
 # While the model reasons, nothing is held (llama-server suspends its lazy grammar there too): a
@@ -1809,9 +1809,11 @@ def lazy_tool_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str = "h
     ``required`` would force (TOOL_OPEN begins them): text before a call is free, a call is held
     to the tools' parameters; a reasoning block (``thinking``) is free whole. For Llama 3.x's and
     Mistral's formats the text also avoids their own openings, each followed by its calls
-    (:func:`_own_lazy_grammar`). None for a format not in LAZY_TOOL_FORMATS, and for Llama 3.x's
-    with a reasoning block (its calls open only at the reply's start; no template of its has one)."""
-    if fmt not in LAZY_TOOL_FORMATS or not tools or (fmt == "llama3" and thinking):
+    (:func:`_own_lazy_grammar`); "harmony", gpt-oss's: free text until a call's recipient opens
+    (:func:`_harmony_lazy_grammar`). None for a format not in LAZY_TOOL_FORMATS, and for Llama
+    3.x's or gpt-oss's with a reasoning block (Llama's calls open only at the reply's start, and
+    no template of its has one; gpt-oss reasons in channels, which its grammar leaves free)."""
+    if fmt not in LAZY_TOOL_FORMATS or not tools or (fmt in ("llama3", "harmony") and thinking):
         return None
     return _calls_grammar(tools, "required", parallel, fmt, lazy=thinking or True)
 
@@ -1832,6 +1834,8 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
             own = _cached_xml_tool_grammar(key) if cached else _xml_tool_grammar(tools, choice, parallel, lazy)
         elif fmt == "glm45":
             own = _cached_glm_tool_grammar(key) if cached else _glm_tool_grammar(tools, choice, parallel, lazy)
+        elif fmt == "harmony" and lazy:  # (a forced call is the generic format's: the reply is read raw)
+            return _cached_own_lazy_grammar(key, fmt) if cached else _own_lazy_grammar(tools, parallel, fmt, lazy)
         elif fmt in ("llama3", "mistral") and lazy:
             own = _cached_own_lazy_grammar(key, fmt) if cached else _own_lazy_grammar(tools, parallel, fmt, lazy)
         if own is not None:
@@ -1846,16 +1850,19 @@ def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
     return _free_text(conv, base, (literal,))
 
 
-# in an opening's pattern (_free_text's ``at_start``): any run of whitespace, none included (the
-# ``\s*`` of llama.cpp's trigger patterns; a JSON reader skips it where these openings have it)
+# in an opening's pattern (_free_text's): any run of whitespace, none included (the ``\s*`` of
+# llama.cpp's trigger patterns; a JSON reader skips it where these openings have it), and one
+# whitespace character (a ``\s+`` is SOME_SPACE then ANY_SPACE)
 ANY_SPACE = None
+SOME_SPACE = "\\s"  # (no character: a pattern's characters are one long)
 _SPACE_CHARS = " \t\n\r"
 
 
-def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[tuple[str | None, ...], ...] = ()) -> str:
-    """Rules for any text in which none of the literals ``anywhere`` occurs (at least one) and
-    which does not begin with one of the openings ``at_start`` (each a sequence of characters and
-    ANY_SPACE), and the first rule's name. Each rule is the set of ways the text read so far may
+def _free_text(conv: Any, base: str, anywhere: tuple[str | tuple[str | None, ...], ...], at_start: tuple[tuple[str | None, ...], ...] = ()) -> str:
+    """Rules for any text in which none of the literals ``anywhere`` occurs (at least one; each
+    may also be a pattern as the openings are) and which does not begin with one of the openings
+    ``at_start`` (each a sequence of characters, SOME_SPACE and ANY_SPACE), and the first rule's
+    name. Each rule is the set of ways the text read so far may
     still go on into one of them (the subset construction of their automaton: each literal may
     begin at any character, each opening only at the first): each character leads to the rule of
     the set it leaves, and one that would complete a literal or an opening is left out. Any rule
@@ -1877,12 +1884,13 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[
 
     def step(state: frozenset[tuple[int, int]], ch: str | None) -> frozenset[tuple[int, int]] | None:
         """The set after ``ch`` (None: a character none of them has), None where one is complete."""
-        moved = {(p, i + 1) for p, i in state if i < len(patterns[p]) and ch is not None and patterns[p][i] == ch}
+        moved = {(p, i + 1) for p, i in state if i < len(patterns[p]) and ch is not None and (patterns[p][i] == ch or (patterns[p][i] == SOME_SPACE and ch in _SPACE_CHARS))}
         moved |= {(p, i) for p, i in state if i < len(patterns[p]) and patterns[p][i] is ANY_SPACE and ch is not None and ch in _SPACE_CHARS}
         after = closure(moved | restart)
         return None if any(i == len(patterns[p]) for p, i in after) else after
 
-    chars = sorted({c for pattern in patterns for c in pattern if c is not ANY_SPACE} | (set(_SPACE_CHARS) if any(ANY_SPACE in q for q in at_start) else set()))
+    spaced = any(ANY_SPACE in q or SOME_SPACE in q for q in patterns)
+    chars = sorted({c for pattern in patterns for c in pattern if c not in (ANY_SPACE, SOME_SPACE)} | (set(_SPACE_CHARS) if spaced else set()))
     numbers = {closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}): 0}
     todo = list(numbers)
     while todo:
@@ -2246,7 +2254,7 @@ _ANY_SPACE_RULE = "[ \\t\\n\\r]*"
 
 def _spaced(*parts: str | None) -> tuple[str | None, ...]:
     """An opening's pattern of literal parts and ANY_SPACE."""
-    return tuple(item for part in parts for item in ((ANY_SPACE,) if part is ANY_SPACE else tuple(part)))
+    return tuple(item for part in parts for item in ((part,) if part is ANY_SPACE or part == SOME_SPACE else tuple(part)))
 
 
 _LLAMA3_OPENINGS = tuple(
@@ -2256,9 +2264,12 @@ _LLAMA3_OPENINGS = tuple(
 )
 
 
-def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | Thinking) -> str:
-    """``tool_choice`` auto's grammar for Llama 3.x's (``fmt`` "llama3") or Mistral's calls."""
+def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, lazy: bool | Thinking) -> str | None:
+    """``tool_choice`` auto's grammar for Llama 3.x's (``fmt`` "llama3"), Mistral's or gpt-oss's
+    ("harmony": :func:`_harmony_lazy_grammar`) calls."""
     conv = _schema_rules(calls_schema(tools), "call")
+    if fmt == "harmony":
+        return _harmony_lazy_grammar(conv, tools)
     tagged = _calls_rule(parallel)
     if fmt == "llama3":
         # (one call: SINGLE_CALL_FORMATS; the worker never asks it with a reasoning block) its
@@ -2298,6 +2309,67 @@ def _own_lazy_grammar(tools: list[dict[str, Any]], parallel: bool, fmt: str, laz
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_own_lazy_grammar(key: str, fmt: str) -> str:
+def _cached_own_lazy_grammar(key: str, fmt: str) -> str | None:
     tools, _choice, parallel, lazy = _from_key(key)
     return _own_lazy_grammar(tools, parallel, fmt, lazy)
+
+
+# -- gpt-oss's harmony calls, in tool_choice auto ----------------------------------------------
+# gpt-oss answers in harmony messages (scheduler.engines.chat.reasoning_format "harmony"; the
+# reply's splitter, api/reasoning.py's HarmonySplitter, reads them), its markers text as
+# llama.cpp renders them (chat.HARMONY_TOKENS, and <|end|>):
+#
+#     <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
+#     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
+#     <|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{...}
+#
+# A call is a message whose recipient is functions.NAME, in its channel's header or its role's
+# (the reply begins after the generation prompt's "<|start|>assistant", so there the role's
+# recipient opens the reply), and it ends the reply: <|call|> is an end of generation. As
+# llama.cpp's common_chat_params_init_gpt_oss holds it (its lazy grammar's triggers: the
+# recipient after "<|start|>assistant", maybe after a commentary or analysis channel, or at
+# the reply's start), the text is free until a call's recipient opens, and from there the
+# name is one of the tools', then the rest of the header (the channel where it comes after the
+# name, maybe a content type, "<|constrain|>json" or " json"), "<|message|>" and arguments of
+# the forced call's rules for that tool, then only the end. Analysis, final answers and
+# preambles stay free, and so does a "to=functions." written in a message's text. The
+# openings are the places the splitter reads a recipient that a model writes: after
+# "<|start|>assistant" and whitespace, after a channel's name (commentary, analysis, final:
+# the splitter reads a call in any, and a channel opened without a start, which gpt-oss-20b
+# writes at times) and whitespace, and at the reply's start after any whitespace; a recipient
+# other than functions (built-in tools', "to=assistant", which gpt-oss-20b writes at times
+# before its channel) stays free, as the splitter drops it. The whitespace is any run, in the
+# text and in the call alike. A name the splitter cannot read (with whitespace or "<" in it:
+# its recipient ends there) has no call here.
+HARMONY_RECIPIENT = "to=functions."
+HARMONY_START = "<|start|>assistant"
+HARMONY_CHANNELS = ("commentary", "analysis", "final")
+# what the splitter reads as a recipient's name (api/reasoning.py's _H_RECIPIENT), less NUL
+_HARMONY_NAME = re.compile(r"[^\s<\x00]+")
+_HARMONY_OPENINGS = (
+    _spaced(HARMONY_START, SOME_SPACE, ANY_SPACE, HARMONY_RECIPIENT),
+    *(_spaced(f"<|channel|>{channel}", SOME_SPACE, ANY_SPACE, HARMONY_RECIPIENT) for channel in HARMONY_CHANNELS),
+)
+
+
+def _harmony_lazy_grammar(conv: Any, tools: list[dict[str, Any]]) -> str | None:
+    """``tool_choice`` auto's grammar for gpt-oss's calls, of the forced call's rules made in
+    ``conv`` (each tool's arguments); None where no tool's name can be written as a recipient."""
+    named = [(i, tool["name"]) for i, tool in enumerate(tools) if _HARMONY_NAME.fullmatch(tool["name"])]
+    if not named:
+        return None
+    space = _ANY_SPACE_RULE.removesuffix("*")
+    # the content type: " <|constrain|>json" (maybe without the space) or a bare " json", as gpt-oss
+    # writes it (llama.cpp allows any whitespace before it: a run the model could go on with)
+    kind = conv._add_rule("harmony-type", '" "? "<|constrain|>" [A-Za-z0-9_-]{1,32} | " " [A-Za-z0-9_-]{1,32}')
+    # the header's rest after the name: the recipient in the role's header, or in the channel's
+    rests = {"role": f'"<|channel|>" ("commentary" | "analysis") {kind}? "<|message|>"', "channel": f'{kind}? "<|message|>"'}
+    made = {}  # (the rules' names as made: a tool's $defs may have taken one)
+    for form, rest in rests.items():
+        calls = " | ".join(f"{_format_literal(name)} {rest} {conv._resolve_ref(f'request-call#/$defs/args{i}')}" for i, name in named)
+        made[form] = conv._add_rule(f"harmony-{form}", f'"{HARMONY_RECIPIENT}" ({calls})')
+    free = _free_text(conv, "lazy-text", _HARMONY_OPENINGS, (_spaced(ANY_SPACE, HARMONY_RECIPIENT),))
+    channels = " | ".join(f'"{c}"' for c in HARMONY_CHANNELS)
+    opened = f'"{HARMONY_START}" {space}+ {made["role"]} | "<|channel|>" ({channels}) {space}+ {made["channel"]}'
+    conv._add_rule("root", f"{space}* {made['role']} | {free} ({opened})?")
+    return _format(conv)

@@ -988,19 +988,19 @@ class EngineWorker:
 
     def _lazy_tool_grammar(self, tools: list[dict[str, Any]], parallel: bool, thinking: grammars.Thinking | None = None) -> str | None:
         """``tool_choice`` auto's grammar (llama-server's lazy grammar): free text, and a call the
-        model opens held to the tools' parameters (``grammar.lazy_tool_grammar``). None, as
-        before, where it cannot be: an engine without a grammar sampler, a model that reasons in
-        channels, tools whose parameters no grammar holds (a forced call of them is a 400; an
-        auto reply stays free, as it always was). ``thinking``: where the reply's reasoning block
-        is (:meth:`_thinking`), which stays free whole."""
+        model opens held to the tools' parameters (``grammar.lazy_tool_grammar``); a model that
+        answers in harmony channels (gpt-oss) gets that format's, whose calls are a message to
+        ``functions.NAME``, whatever its tool format says. None, as before, where it cannot be:
+        an engine without a grammar sampler, tools whose parameters no grammar holds (a forced
+        call of them is a 400; an auto reply stays free, as it always was). ``thinking``: where
+        the reply's reasoning block is (:meth:`_thinking`), which stays free whole."""
         from scheduler.engines import grammar as grammars
 
-        # (gpt-oss's replies are channels, which no grammar here leaves free: a call's opening
-        # written in its analysis would be held)
-        if "grammar" not in self.engine.features or (self.reasoning_format != "none" and self.reasoning_format not in chat_format.REASONING_BLOCKS):
+        if "grammar" not in self.engine.features:
             return None
+        fmt = "harmony" if self.reasoning_format == "harmony" else self.tool_format
         try:
-            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=self.tool_format, thinking=thinking)
+            grammar = grammars.lazy_tool_grammar(tools, parallel, fmt=fmt, thinking=thinking)
             if grammar is not None:
                 grammars.check_bounds(grammar)
         except grammars.GrammarError as exc:

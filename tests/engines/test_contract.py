@@ -657,6 +657,30 @@ def test_tool_choice_auto_holds_a_call_after_magistrals_reasoning_block_and_not_
         jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["parameters"])
 
 
+@pytest.mark.parametrize("header", [" to=functions.", "<|channel|>commentary to=functions."], ids=["in-role", "in-channel"])
+def test_tool_choice_auto_holds_a_gpt_oss_call_after_its_recipient_and_not_in_its_analysis(engine: Any, header: str) -> None:
+    """gpt-oss's replies (reasoning format "harmony", tests/engines/test_lazy_tool_grammar_harmony_s52.py):
+    a "to=functions." in its analysis is words, not held (the grammar replays it as free text),
+    and a reply resumed just after a call's recipient opened, in the role's header or the
+    channel's, goes on as a call of the offered tool with arguments that fit, which the reply's
+    splitter reads, on the engine's own grammar sampler. (SmolLM2 stands in for gpt-oss: the
+    harmony markers are text to it, as llama.cpp renders them.)"""
+    import jsonschema
+
+    from api.reasoning import split_reasoning
+    from api.responses import parse_tool_calls
+
+    thought = 'I could write to=functions.get_weather {"town": 5} or to=functions.search.'
+    delivered = f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant{header}"
+    text, ends = _run_worker(engine, _auto_request(engine, 0.0), reasoning_format="harmony", resume_text=delivered)
+    assert [e.type for e in ends] == ["done"] and ends[0].finish_reason == "stop", (text, ends)  # type: ignore[attr-defined]
+    reasoning, answer = split_reasoning(delivered + text, "harmony", calls=["get_weather"])
+    assert reasoning == thought
+    _content, calls = parse_tool_calls(answer, ["get_weather"], fmt="hermes")
+    assert [call["function"]["name"] for call in calls] == ["get_weather"], delivered + text
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), WEATHER["parameters"])
+
+
 def test_tool_choice_auto_leaves_the_text_before_a_call_free(engine: Any, prompts: list[list[int]], reference: list[list[int]]) -> None:
     """The grammar holds nothing until a call opens: a reply in words is the one the model
     gives free, token for token (here beside a free lane, in one batch)."""

@@ -243,14 +243,6 @@ def test_the_worker_leaves_the_reasoning_block_free_where_the_template_has_one(t
         assert job.sampling.grammar == lazy_tool_grammar([WEATHER], True, thinking=thinking), (kwargs, thinking)
 
 
-def test_a_model_that_reasons_in_channels_is_left_free() -> None:
-    """gpt-oss answers in harmony channels, never "<tool_call>": nothing to hold, and its own
-    format's markers are no business of this grammar."""
-    worker = _templated_worker("gpt-oss-120b.jinja")
-    assert worker.reasoning_format == "harmony"
-    assert worker._sampling(_request([WEATHER])).grammar is None
-
-
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
 def test_a_tool_list_too_big_to_keep_is_made_each_time_and_never_held_in_the_cache(fmt: str) -> None:
     """Every request with tools and tool_choice auto makes a grammar now: a cache of them keyed by
