@@ -15,8 +15,9 @@ in its worker's Hello):
   tokens the worker writes as text, as llama-server keeps them, its ``preserved_tokens``); only
   a reply that begins with ``[THINK]`` holds reasoning, as ``think``.
 * ``harmony``: gpt-oss's channels. llama.cpp renders ``<|channel|>``, ``<|message|>``,
-  ``<|start|>`` and ``<|constrain|>`` as text (``<|end|>`` as none), so a reply reads
-  ``<|channel|>analysis<|message|>...<|start|>assistant<|channel|>final<|message|>Hello``: the
+  ``<|start|>`` and ``<|constrain|>`` as text, and ``<|end|>`` too (its vocabulary's, where
+  ``<|return|>`` and ``<|call|>`` are there: the MLX engine as well), so a reply reads
+  ``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>Hello``: the
   analysis channel is reasoning, the final channel (and a commentary preamble) the answer, and
   a commentary message to ``functions.NAME`` a tool call. The call is handed on as the generic
   ``<tool_call>{"name": NAME, "arguments": ...}</tool_call>`` block, whose streaming and parsing

@@ -18,6 +18,17 @@ from typing import Any
 # render these tokens", made user-defined): a reply holds its channel markers as the model sampled
 # them, and the web side splits its channels by them (api/reasoning.py)
 RENDERED_CONTROL = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
+# llama-vocab.cpp's workaround for gpt-oss's (o200k_harmony) and Solar Open's tokenizers: where a
+# vocabulary has <|return|> and <|call|> (or <|calls|> and <|flush|>), its <|end|> ends a message,
+# not the generation (gpt-oss writes it after its analysis, then its final answer), and is made
+# user-defined, written as text
+HARMONY_END = "<|end|>"
+
+
+def end_is_text(contents: set[str]) -> bool:
+    """Whether a vocabulary of these added tokens' texts keeps <|end|> as text (llama.cpp's rule)."""
+    calls = "<|call|>" in contents or "<|calls|>" in contents
+    return HARMONY_END in contents and calls and ("<|return|>" in contents or "<|flush|>" in contents)
 
 
 def byte_decoder() -> dict[str, int]:
@@ -67,7 +78,9 @@ class HfVocabulary:
         self.config = read_json(folder / "tokenizer_config.json")
         self.vocab_size: int = self.tok.get_vocab_size(with_added_tokens=True)
         self.added = self.tok.get_added_tokens_decoder()
-        self.special = {i for i, t in self.added.items() if t.special and t.content not in RENDERED_CONTROL}
+        # the control tokens written as text: gpt-oss's markers, and its <|end|> (end_is_text)
+        self.rendered = RENDERED_CONTROL + ((HARMONY_END,) if end_is_text({t.content for t in self.added.values()}) else ())
+        self.special = {i for i, t in self.added.items() if t.special and t.content not in self.rendered}
         self.user_defined = {i: t.content for i, t in self.added.items() if i not in self.special}
         self._byte_map = byte_decoder() if '"ByteLevel"' in json.dumps(tok_json.get("decoder") or {}) else {}
         self.bos_text = self._token_text("bos_token")

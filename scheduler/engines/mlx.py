@@ -53,6 +53,15 @@ _EOG_TEXTS = frozenset(
         "</s>", "<｜end▁of▁sentence｜>", "[EOT]",
     }
 )
+def ends_of_generation(vocab: HfVocabulary, configured: set[int]) -> set[int]:
+    """The tokens that end a generation: those the model's configuration names, and the added
+    tokens llama.cpp ends one on by their text (_EOG_TEXTS), but for a control token the
+    vocabulary writes as text (gpt-oss's <|end|>, hf_vocab.end_is_text: it ends a message, not
+    the generation; llama.cpp drops it from its list)."""
+    eog = configured | {i for i, t in vocab.added.items() if t.content in _EOG_TEXTS}
+    return eog - {i for i, t in vocab.added.items() if t.content in vocab.rendered}
+
+
 # A decoding lane joins a batch whose longest lane holds at most this many times its tokens,
 # plus one step of mlx-lm's cache allocation (a lane's own KVCache grows by 256 positions too)
 _PAD_FACTOR = 1.5
@@ -158,7 +167,6 @@ class MlxEngine(LaneEngine):
         tok_config = vocab.config
         self.vocab_size: int = vocab.vocab_size
         self.n_ctx_train: int = int(self._config.get("max_position_embeddings") or tok_config.get("model_max_length") or 0)
-        added = vocab.added
         self._pieces: dict[int, bytes] = {}
         self.bos_text, self.eos_text = vocab.bos_text, vocab.eos_text
         self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
@@ -170,7 +178,7 @@ class MlxEngine(LaneEngine):
             eog.update(ids if isinstance(ids, list) else [] if ids is None else [ids])
         if self.eos_id is not None:
             eog.add(self.eos_id)
-        eog.update(i for i, t in added.items() if t.content in _EOG_TEXTS)
+        eog = ends_of_generation(vocab, eog)
         # llama.cpp's vocabulary also ends generation on its FIM pad, repository and file
         # separator tokens (SmolLM2's <reponame>)
         eog.update(i for i in self.fim_repo_tokens() if i is not None)
@@ -192,7 +200,7 @@ class MlxEngine(LaneEngine):
             from scheduler.engines.token_mask import TokenMasks
 
             n_vocab = max(int(self._config.get("vocab_size") or 0), self.vocab_size)  # the logits' width
-            self._masks = TokenMasks(self.model_path / "tokenizer.json", n_vocab, sorted(self._eog))
+            self._masks = TokenMasks(self.model_path / "tokenizer.json", n_vocab, sorted(self._eog), self._vocab.rendered)
         return self._masks
 
     def check_grammar(self, grammar: str) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -344,9 +345,11 @@ class TokenMasks:
     grammar allows the tag where a call opens, were masked away). llama.cpp's grammar sampler
     reads every token as its text, control tokens included. So here too: a special token (not
     an end of generation) whose text a grammar holds as a literal stands for that text, spelled
-    in ordinary tokens for the matcher (:class:`GrammarMatcher`)."""
+    in ordinary tokens for the matcher (:class:`GrammarMatcher`); one the engine writes into a
+    reply as text (``rendered``: gpt-oss's markers, its <|end|>) stands for its text in any
+    grammar, as its piece is that text to llama.cpp's sampler."""
 
-    def __init__(self, tokenizer_json: Path, n_vocab: int, eos_tokens: list[int]) -> None:
+    def __init__(self, tokenizer_json: Path, n_vocab: int, eos_tokens: list[int], rendered: Collection[str] = ()) -> None:
         import json
 
         import llguidance
@@ -356,6 +359,7 @@ class TokenMasks:
         source = tokenizer_json.read_text(encoding="utf-8")
         self._tokenizer = llguidance.LLTokenizer(source, n_vocab=n_vocab, eos_token=sorted(eos_tokens))
         self._specials: dict[str, tuple[int, list[int]]] = {}  # text -> (the special token, its text in ordinary tokens)
+        self._rendered = frozenset(rendered)
         added = json.loads(source).get("added_tokens") or []
         tok = self._tokenizer
         for entry in added if isinstance(added, list) else []:
@@ -383,7 +387,7 @@ class TokenMasks:
         if matcher.is_error():
             raise GrammarCompileError(f"the grammar cannot be enforced: {matcher.get_error()}")
         # (the special tokens whose text the grammar writes: a few, so a mask checks each cheaply)
-        spelled = dict(pair for text, pair in self._specials.items() if text in gbnf)
+        spelled = dict(pair for text, pair in self._specials.items() if text in self._rendered or text in gbnf)
         return GrammarMatcher(matcher, self.n_vocab, spelled)
 
 

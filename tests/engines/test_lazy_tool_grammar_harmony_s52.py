@@ -234,6 +234,7 @@ def test_on_mlx_the_harmony_markers_special_tokens_stand_for_their_text(tmp_path
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from tokenizers.pre_tokenizers import ByteLevel
 
+    from scheduler.engines.hf_vocab import RENDERED_CONTROL
     from scheduler.engines.token_mask import TokenMasks
     from tests.engines.test_token_mask_specials_s51 import spell
 
@@ -244,7 +245,9 @@ def test_on_mlx_the_harmony_markers_special_tokens_stand_for_their_text(tmp_path
     tok.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in markers])
     (tmp_path / "tokenizer.json").write_text(tok.to_str())
     ids = {m: tok.token_to_id(m) for m in markers}
-    masks = TokenMasks(tmp_path / "tokenizer.json", tok.get_vocab_size(), [ids["<|end|>"], ids["<|call|>"], ids["<|return|>"]])
+    # (<|end|> ends a message, not the generation, and is text, as the MLX engine reads gpt-oss's
+    # vocabulary: hf_vocab.end_is_text)
+    masks = TokenMasks(tmp_path / "tokenizer.json", tok.get_vocab_size(), [ids["<|call|>"], ids["<|return|>"]], (*RENDERED_CONTROL, "<|end|>"))
     assert HARMONY is not None
     m = masks.matcher(HARMONY)
 
@@ -254,7 +257,7 @@ def test_on_mlx_the_harmony_markers_special_tokens_stand_for_their_text(tmp_path
                 assert m.allowed()[t], (part, t)
                 m.accept(t)
 
-    take("<|channel|>", "analysis", "<|message|>", "Use to=functions.get_weather.", "<|start|>", "assistant", "<|channel|>", "commentary to=functions.")
+    take("<|channel|>", "analysis", "<|message|>", "Use to=functions.get_weather.", "<|end|>", "<|start|>", "assistant", "<|channel|>", "commentary to=functions.")
     assert not m.allowed()[ids["<|call|>"]] and not m.allowed()[spell(tok, "s")[0]]  # (no "search")
     take("get_weather", " ", "<|constrain|>", "json", "<|message|>", '{"city": "Paris"}')
     assert m.allowed()[ids["<|call|>"]] and not m.allowed()[ids["<|start|>"]]

@@ -1,7 +1,8 @@
 """The MLX engine writes gpt-oss's channel markers (``<|channel|>``, ``<|message|>``, ``<|start|>``,
 ``<|constrain|>``) into a reply as text, as llama.cpp does (llama-vocab.cpp makes them
-user-defined: "always render these tokens"); its other control tokens (``<|end|>``,
-``<|return|>``) print nothing. The web side splits a gpt-oss reply's channels by those markers
+user-defined: "always render these tokens"), and its ``<|end|>`` too (session 52: llama.cpp's
+vocabulary makes it user-defined where ``<|return|>`` and ``<|call|>`` are there, and no end of
+generation); its other control tokens (``<|return|>``, ``<|call|>``) print nothing. The web side splits a gpt-oss reply's channels by those markers
 (api/reasoning.py): without them an MLX gpt-oss reply came as ``analysisThe user says
 hi.assistantfinalHello`` in ``content``, its reasoning not split out."""
 
@@ -46,11 +47,11 @@ def test_an_mlx_gpt_oss_reply_keeps_its_channel_markers_and_splits_its_reasoning
     ids = vocab.encode(REPLY, special=True)
     assert {vocab.tok.token_to_id(m) for m in ("<|start|>", "<|channel|>", "<|message|>")} <= set(ids)
     text = _engine_text(vocab, ids)
-    assert text == REPLY.replace("<|end|>", "").replace("<|return|>", "")
+    assert text == REPLY.replace("<|return|>", "")
     assert split_reasoning(text, "harmony") == ("The user says hi.", "Hello")
 
 
 def test_the_constrain_marker_is_text_and_other_control_tokens_print_nothing(tmp_path: Path) -> None:
     vocab = HfVocabulary(_gpt_oss_folder(tmp_path))
     piece = {m: vocab.piece(vocab.tok.token_to_id(m), render_special=False) for m in MARKERS}
-    assert piece == {"<|start|>": b"<|start|>", "<|channel|>": b"<|channel|>", "<|message|>": b"<|message|>", "<|constrain|>": b"<|constrain|>", "<|end|>": b"", "<|return|>": b"", "<|call|>": b""}
+    assert piece == {"<|start|>": b"<|start|>", "<|channel|>": b"<|channel|>", "<|message|>": b"<|message|>", "<|constrain|>": b"<|constrain|>", "<|end|>": b"<|end|>", "<|return|>": b"", "<|call|>": b""}
