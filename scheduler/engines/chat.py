@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 from scheduler.engines.base import EngineError
-from scheduler.engines.hf_vocab import RENDERED_CONTROL
+from scheduler.engines.hf_vocab import HARMONY_END, RENDERED_CONTROL
 
 # For models that ship no template.
 CHATML = (
@@ -581,8 +581,9 @@ def tool_call_format(source: str | None, *, native: bool = True) -> str:
 # ``--reasoning-format auto`` sends it.
 REASONING_FORMATS = ("none", "think", "think-open", "harmony", "mistral")
 # gpt-oss's control tokens that llama.cpp writes as text (llama-vocab.cpp: "always render these
-# tokens"): a reply holds them as the model sampled them
-HARMONY_TOKENS = RENDERED_CONTROL
+# tokens", and its <|end|>, which ends a message, not the generation: hf_vocab.end_is_text): a
+# reply holds them as the model sampled them, and a resumed reply's are its tokens again
+HARMONY_TOKENS = (*RENDERED_CONTROL, HARMONY_END)
 # each format's markers that are control tokens: a chat reply keeps their text (gpt-oss's are
 # text already; Mistral's [THINK] and [/THINK] hold none decoded as plain text, and llama-server
 # keeps them, its preserved_tokens), and a resumed reply's are tokens again

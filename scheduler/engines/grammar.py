@@ -2317,7 +2317,7 @@ def _cached_own_lazy_grammar(key: str, fmt: str) -> str | None:
 # -- gpt-oss's harmony calls, in tool_choice auto ----------------------------------------------
 # gpt-oss answers in harmony messages (scheduler.engines.chat.reasoning_format "harmony"; the
 # reply's splitter, api/reasoning.py's HarmonySplitter, reads them), its markers text as
-# llama.cpp renders them (chat.HARMONY_TOKENS, and <|end|>):
+# llama.cpp renders them (chat.HARMONY_TOKENS, <|end|> among them):
 #
 #     <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
 #     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}
