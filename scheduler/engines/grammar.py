@@ -1179,14 +1179,16 @@ def _gbnf_pattern(pattern: str) -> str:
 
 
 def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: set[str], name: str, additional_properties: Any) -> str:
-    """llama-cpp-python's ``SchemaConverter._build_object_rule`` writing the same rules in
-    linear time: its ``get_recursive_refs`` rebuilt the rule of every suffix of the optional
-    properties from each start, O(n²) calls (three objects of 900 optional properties, an 84 KB
-    schema, held the engine thread 9 s). Here each suffix's rule is made once, on its first use,
-    in the same order, so the grammar is the one the converter writes, but for one fix: after
-    optional properties, the additional ones are optional too (the converter's rule required at
-    least one more once any optional property was written, so ``{"a": 1}`` did not fit
-    ``{"properties": {"a": ...}, "additionalProperties": true}``)."""
+    """An object's rule: its properties in the schema's order, each optional one written or left
+    out, the additional ones (where allowed) after them. llama-cpp-python's converter (and
+    llama.cpp's) wrote the required properties first and the optional ones after them, so a call
+    written in the schema's order, an optional property before a required one (Claude Code's
+    NotebookEdit ``cell_id`` before ``new_source``, Codex's update_plan ``explanation`` before
+    ``plan``), did not fit; and its rule for the optional ones was remade for every suffix from
+    each start, O(n²) work (three objects of 900 optional properties, an 84 KB schema, held the
+    engine thread 9 s). Here each rule is made once: ``{prefix}{key}-rest`` is the text after the
+    properties before ``key``, some of them written (each next one with its comma); the object
+    begins with any property up to the first required one (linear rules, few ways to start)."""
     declared = {k for k, _ in properties}
     missing = [k for k in dict.fromkeys(required) if isinstance(k, str) and k not in declared]
     if missing:
@@ -1206,8 +1208,7 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
         # (a top-level property "" would take the name "", the root's: the root became its value)
         prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}" or "empty")
         kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{_json_literal(prop_name)} space ":" space {prop_rule_name}')
-    required_props = [k for k in sorted_props if k in required]
-    optional_props = [k for k in sorted_props if k not in required]
+    keys = list(sorted_props)
     if additional_properties == True or isinstance(additional_properties, dict):  # noqa: E712 (the converter's test)
         sub_name = f"{prefix}additional"
         value_rule = conv.visit({} if additional_properties == True else additional_properties, f"{sub_name}-value")  # noqa: E712
@@ -1215,38 +1216,28 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
         # it): else a declared property came through the extra-key rule with another type
         key_rule = conv._add_rule(f"{sub_name}-k", _not_names(conv, sorted_props, f"{sub_name}-k")) if sorted_props else conv._add_primitive("string", _primitive_string())
         kv_rules["*"] = conv._add_rule(f"{sub_name}-kv", key_rule + ' ":" space ' + value_rule)
-        optional_props.append("*")
-
-    rule = '"{" space ' + ' "," space '.join(kv_rules[k] for k in required_props)
-    if optional_props:
-        rule += " ("
-        if required_props:
-            rule += ' "," space ( '
-        rest_rules: dict[int, str] = {}  # suffix start -> its rule (first_is_optional=True)
-
-        def refs(i: int, first_is_optional: bool) -> str:
-            if first_is_optional and i in rest_rules:
-                return rest_rules[i]
-            k = optional_props[i]
-            if k == "*" and first_is_optional:  # more properties after the named ones, or none
-                res = f'( "," space {kv_rules[k]} )*'
-            elif k == "*":
-                res = conv._add_rule(f"{prefix}additional-kvs", f'{kv_rules[k]} ( "," space ' + kv_rules[k] + " )*")
-            elif first_is_optional:
-                res = f'( "," space {kv_rules[k]} )?'
-            else:
-                res = kv_rules[k]
-            if i + 1 < len(optional_props):
-                res += " " + conv._add_rule(f"{prefix}{k}-rest", refs(i + 1, True))
-            if first_is_optional:
-                rest_rules[i] = res
-            return res
-
-        rule += " | ".join(refs(i, False) for i in range(len(optional_props)))
-        if required_props:
-            rule += " )"
-        rule += " )?"
-    return rule + ' "}" space'
+        keys.append("*")
+    # rest[i]: the text after some of keys[:i] were written, from keys[i] on (from the end, so
+    # that no rule is made twice and no recursion runs as deep as the properties are many)
+    rest = [""] * (len(keys) + 1)
+    for i in reversed(range(len(keys))):
+        k = keys[i]
+        kv = kv_rules[k]
+        piece = f'( "," space {kv} )*' if k == "*" else f'"," space {kv}' if k in required else f'( "," space {kv} )?'
+        body = f"{piece} {rest[i + 1]}".rstrip()
+        rest[i] = conv._add_rule(f"{prefix}{k}-rest", body) if i + 1 < len(keys) else body  # ("*" is last)
+    firsts = []  # the object's first property: any up to the first required one
+    for i, k in enumerate(keys):
+        firsts.append(f"{kv_rules[k]} {rest[i] if k == '*' else rest[i + 1]}".rstrip())
+        if k in required:
+            break
+    if not firsts:
+        return '"{" space "}" space'
+    alternatives = " | ".join(firsts)
+    body = f"( {alternatives} )" if len(firsts) > 1 else alternatives
+    if not any(k in required for k in keys):
+        body = f"( {alternatives} )?"
+    return f'"{{" space {body} "}}" space'
 
 
 _HEX = "0123456789abcdefABCDEF"
