@@ -444,9 +444,17 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
                 return _named_rule(conv, name, f"({_integer_range(lo, hi)}) space")
         if isinstance(schema.get("pattern"), str):
-            schema = _pattern_with_lengths(schema)
+            schema = _pattern_with_lengths({**schema, "pattern": _LOOKAHEAD_FREE.get(schema["pattern"], schema["pattern"])})
             schema = {**schema, "pattern": _gbnf_pattern(schema["pattern"])}
     return str(visit(schema, name))
+
+
+# patterns that generators write with a lookahead (which no grammar here can hold), each as the
+# same strings without one. pydantic's ``Decimal`` (a money amount in many tools' parameters) is
+# ``anyOf`` a number or a string of this pattern: not only signs and dots, then a decimal
+# number's text; a decimal's text with at least one digit is the same strings. Without it
+# every tool with a Decimal field was a 400 when forced, and unheld in auto.
+_LOOKAHEAD_FREE = {r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$": r"^[+-]?(\d+\.?\d*|\.\d+)$"}
 
 
 # a pattern that is one character's unit repeated: ``^[a-z]*$``, ``^\d{2,5}$``, ``^.+$``
@@ -1124,6 +1132,7 @@ def _gbnf_pattern(pattern: str) -> str:
       reply on llama.cpp could hold ``"a"b"`` (not JSON), and llguidance's greedy lexer read the
       closing quote and what followed as more of the string: an object holding such a property
       never closed on the MLX engine;
+    - a non-capturing group ``(?:...)`` as a group (the converter refused it);
     - a character a JSON string writes escaped (a tab, raw or ``\\t``, ``\\n``, ``\\x01``, a
       ``"``, an escaped backslash), alone or in a class, as its escape in the text (``\\t``,
       ``\\"``, ``\\\\``, ``\\u0001``): the converter wrote it raw into the grammar's literal, so
@@ -1159,6 +1168,13 @@ def _gbnf_pattern(pattern: str) -> str:
             continue
         if c == ".":
             out.append(_JSON_STRING_CHAR)
+        elif c == "(" and pattern.startswith("?:", i + 1):
+            # a non-capturing group matches what a group matches (the converter refused "(?:",
+            # which real schemas' slug, semver and path patterns use: a 400)
+            depth += 1
+            out.append(c)
+            i += 3
+            continue
         elif _is_escaped_in_json(c):
             out.append(_json_escape_pattern(c))
         else:
