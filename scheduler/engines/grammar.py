@@ -1834,9 +1834,10 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
         raise GrammarError("a tool's parameters are nested too deeply") from None
 
 
-def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
-    """Rules for any text in which ``literal`` does not occur, and the first rule's name."""
-    return _free_text(conv, base, (literal,))
+def _text_without(conv: Any, literal: str, base: str = "lazy-text", at_least: int = 0) -> str:
+    """Rules for any text in which ``literal`` does not occur (of ``at_least`` characters or
+    more), and the first rule's name."""
+    return _free_text(conv, base, (literal,), at_least=at_least)
 
 
 # in an opening's pattern (_free_text's ``at_start``): any run of whitespace, none included (the
@@ -1845,7 +1846,7 @@ ANY_SPACE = None
 _SPACE_CHARS = " \t\n\r"
 
 
-def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[tuple[str | None, ...], ...] = ()) -> str:
+def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[tuple[str | None, ...], ...] = (), at_least: int = 0) -> str:
     """Rules for any text in which none of the literals ``anywhere`` occurs (at least one) and
     which does not begin with one of the openings ``at_start`` (each a sequence of characters and
     ANY_SPACE), and the first rule's name. Each rule is the set of ways the text read so far may
@@ -1853,7 +1854,9 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[
     begin at any character, each opening only at the first): each character leads to the rule of
     the set it leaves, and one that would complete a literal or an opening is left out. Any rule
     may end. One literal alone: rule k is the text ending with its first k characters (and no
-    longer start of it), a KMP automaton."""
+    longer start of it), a KMP automaton. ``at_least``: the text has that many characters or
+    more (each set is paired with how many were read, up to it, and only a rule that has read
+    them all may end)."""
     while any(k == base or k.startswith(base + "-") for k in conv._rules):
         base += "x"  # (a tool's $defs may name rules of its own)
     patterns = [tuple(literal) for literal in anywhere] + list(at_start)
@@ -1876,27 +1879,28 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str, ...], at_start: tuple[
         return None if any(i == len(patterns[p]) for p, i in after) else after
 
     chars = sorted({c for pattern in patterns for c in pattern if c is not ANY_SPACE} | (set(_SPACE_CHARS) if any(ANY_SPACE in q for q in at_start) else set()))
-    numbers = {closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}): 0}
+    numbers = {(closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}), 0): 0}
     todo = list(numbers)
     while todo:
-        state = todo.pop(0)  # (breadth first: one literal's rule k is its k characters read)
+        state, read = key = todo.pop(0)  # (breadth first: one literal's rule k is its k characters read)
         targets: dict[int, list[str]] = {}
         for ch in [*chars, None]:
-            after = step(state, ch)
-            if after is None:
+            moved = step(state, ch)
+            if moved is None:
                 continue  # (the character that completes one is left out)
+            after = (moved, min(read + 1, at_least))
             if after not in numbers:
                 numbers[after] = len(numbers)
                 todo.append(after)
             targets.setdefault(numbers[after], []).append(ch)  # type: ignore[arg-type]
-        alternatives = [""]
+        alternatives = [""] if read == at_least else []
         for target, by in targets.items():
             if None in by:  # any character but those that go elsewhere
                 rest = "".join(_class_char(c) for c in chars if c not in by)
                 alternatives.insert(1, f"[^{rest}] {base}-{target}")
             else:
                 alternatives.append(f"{_format_literal(by[0])} {base}-{target}" if len(by) == 1 else f"[{''.join(map(_class_char, by))}] {base}-{target}")
-        conv._add_rule(f"{base}-{numbers[state]}", " | ".join(alternatives))
+        conv._add_rule(f"{base}-{numbers[key]}", " | ".join(alternatives))
     return f"{base}-0"
 
 
@@ -2020,12 +2024,35 @@ def _text_rules(conv: Any) -> str:
     return "xml-text-0"
 
 
+# the string formats the JSON Schema converter enforces (date, time, date-time, uuid): any other
+# (uri, email, hostname...) is any string in the JSON format, so any text in a tagged one
+_ENFORCED_FORMAT = re.compile(r"date|time|date-time|uuid[1-5]?|(date|time|date-time)-string")
+# the longest minLength a tagged format's text holds (each character one more set of rules)
+MAX_TEXT_MIN_LENGTH = 64
+
+
+def _text_min_length(schema: dict[str, Any]) -> int | None:
+    """The fewest characters a string parameter's text may have where a tagged format's text can
+    hold its keywords (annotations, a ``format`` the JSON format does not enforce either, a
+    small ``minLength``); None where it cannot."""
+    if not schema.keys() <= _XML_PLAIN_KEYS | {"format", "minLength"}:
+        return None
+    fmt = schema.get("format")
+    if fmt is not None and (not isinstance(fmt, str) or _ENFORCED_FORMAT.fullmatch(fmt)):
+        return None
+    least = schema.get("minLength", 0)
+    if not _is_json_number(least) or least != int(least) or not 0 <= least <= MAX_TEXT_MIN_LENGTH:
+        return None
+    return int(least)
+
+
 def _xml_value_rule(
-    conv: Any, schema: Any, params: dict[str, Any], name: str, text: Callable[[Any], str] = _text_rules, text_end: str = _TEXT_END
+    conv: Any, schema: Any, params: dict[str, Any], name: str, text: Callable[..., str] = _text_rules, text_end: str = _TEXT_END
 ) -> str | None:
     """The rule for a parameter's value as the format writes it; None where it cannot be held to
     ``schema`` (a string with a pattern, a union with a string in it, a reference...). ``text``
-    makes the rule for any text without ``text_end`` (the value's closing) in it."""
+    makes the rule for any text without ``text_end`` (the value's closing) in it, and with
+    ``at_least`` for such text of that many characters or more."""
     if not isinstance(schema, dict):
         return None
     kind = schema.get("type")
@@ -2037,6 +2064,10 @@ def _xml_value_rule(
             return None
         if schema.keys() <= _XML_PLAIN_KEYS:
             return text(conv)  # any text (a scalar of another kind allowed is read as it)
+        least = _text_min_length(schema) if kinds == {"string"} else None
+        if least is not None:
+            # (Claude Code's WebFetch url, format "uri"; WebSearch query, minLength 2)
+            return text(conv, at_least=least) if least else text(conv)
         enum = schema.get("enum")
         if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
             isinstance(v, str) and text_end not in v and "\x00" not in v for v in enum
@@ -2119,14 +2150,14 @@ def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice
     where a tool's name or parameters cannot be written in it (the JSON format holds them)."""
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
-    made: list[str] = []  # the string values' rule, made once (a $defs name may have taken its own)
+    made: dict[int, str] = {}  # the string values' rules by their least length, each made once
 
-    def text(conv: Any) -> str:
-        if fmt.text is not None:
+    def text(conv: Any, at_least: int = 0) -> str:
+        if fmt.text is not None and not at_least:
             return fmt.text(conv)
-        if not made:
-            made.append(_text_without(conv, fmt.value_end, f"{fmt.rules}-text"))
-        return made[0]
+        if at_least not in made:  # (a $defs name may have taken the rules' own: _free_text)
+            made[at_least] = _text_without(conv, fmt.value_end, f"{fmt.rules}-text{at_least or ''}", at_least)
+        return made[at_least]
 
     for i, tool in enumerate(chosen):
         shape = _tagged_params(tool)

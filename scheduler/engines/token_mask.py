@@ -193,6 +193,34 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
             return lex, empty or node.min_times == 0
         return [], True
 
+    ends: dict[str, list[Any]] = {}
+
+    def open_starts(node: Any) -> list[Any]:
+        """The lexemes that may begin where a text of ``node`` may also end (a rule that is not
+        empty but may go on after any character: ``t0 ::= [^<] t1 | "<" t2``, ``t2 ::= | "/" t3 |
+        ...``): each competes with what follows ``node`` as if ``node`` were empty."""
+        if isinstance(node, (LiteralNode, RegexNode)) or (isinstance(node, RuleRefNode) and node.is_terminal()):
+            return []
+        if isinstance(node, RuleRefNode):
+            if node.name not in ends:
+                ends[node.name] = []  # a rule within itself: counted once
+                ends[node.name] = open_starts(node.target.alternatives) if node.target is not None else []
+            return ends[node.name]
+        if hasattr(node, "nodes"):
+            out: list[Any] = []
+            for child in reversed(node.nodes):
+                out += open_starts(child)
+                lex, empty = starts(child)
+                if not empty:
+                    break
+                out += lex  # it may end before this child, then go on into it
+            return out
+        if hasattr(node, "alternatives"):
+            return [x for c in node.alternatives for x in open_starts(c)]
+        if hasattr(node, "node"):
+            return open_starts(node.node) + (starts(node.node)[0] if node.max_times != 1 else [])
+        return []
+
     alphabets: dict[int, set[str]] = {}
 
     def alphabet(node: Any) -> set[str]:  # every character a text of it may hold
@@ -280,6 +308,9 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
                 lex, empty = starts(child)
                 again = hasattr(child, "node") and child.max_times != 1
                 if (empty or again) and clash([lex, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
+                    return True
+                going_on = open_starts(child)
+                if going_on and clash([going_on, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
                     return True
                 follows: set[str] = set()  # what the rest may begin with (not memoised: a new node)
                 for after in node.nodes[i + 1 :]:

@@ -175,7 +175,7 @@ CLAUDE_CODE_CALLS = [
     ("Read", {"file_path": "/repo/api/responses.py", "offset": 340, "limit": 60}),
     ("Edit", {"file_path": "/repo/a.py", "old_string": 'print("hi")\n', "new_string": 'print("hé — \\u00e9")\n', "replace_all": False}),
     ("MultiEdit", {"file_path": "/repo/b.py", "edits": [{"old_string": "x = 1", "new_string": "x = 2"}, {"old_string": "foo", "new_string": "bar", "replace_all": True}]}),
-    ("Write", {"file_path": "/repo/README.md", "content": "# Title\n\nSome \"quoted\" text, a tab\there, and </parameter> in prose.\n"}),
+    ("Write", {"file_path": "/repo/README.md", "content": "# Title\n\nSome \"quoted\" text, a tab\there, and <function=x> </tool_call> in prose.\n"}),
     ("NotebookEdit", {"notebook_path": "/repo/n.ipynb", "cell_id": "abc123", "new_source": "import numpy as np", "cell_type": "code", "edit_mode": "insert"}),
     ("WebFetch", {"url": "https://docs.python.org/3/library/json.html", "prompt": "What does json.dumps do with NaN?"}),
     ("TodoWrite", {"todos": [{"content": "Write the failing test", "status": "completed", "activeForm": "Writing the failing test"},

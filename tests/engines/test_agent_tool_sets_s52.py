@@ -13,6 +13,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from api.responses import parse_tool_calls
 from scheduler.engines import grammar as grammars
@@ -138,3 +140,45 @@ def test_the_bundled_models_engine_compiles_every_sets_grammars_and_the_worker_g
         fmt = worker.tool_format
         assert worker._sampling({**request, "tool_choice": "required"}).grammar == _grammar(tools, fmt, False)
         assert worker._sampling({**request, "tool_choice": "auto"}).grammar == _grammar(tools, fmt, True)
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
+def test_claude_codes_tools_are_forced_in_a_tagged_models_own_format(fmt: str) -> None:
+    """WebFetch's ``url`` (``format: uri``) and WebSearch's ``query`` (``minLength: 2``) made the
+    whole set fall back to the JSON format for Qwen3-Coder and GLM: in ``auto`` the model's own
+    ``<function=Bash>`` after ``<tool_call>`` was masked and it had to write JSON. A format the
+    JSON format does not enforce either is any text, and a short least length is held."""
+    tools, _calls, _invalid = SETS["claude_code"]
+    for lazy in (False, True):
+        grammar = _grammar(tools, fmt, lazy)
+        assert ("<function=" if fmt == "qwen3_coder" else "<arg_key>") in grammar
+        short = written(fmt, grammar, [("WebSearch", {"query": "x"})], lazy)
+        assert not Matcher(grammar).fits(short)
+
+
+def _tagged_call(fmt: str, value: str) -> str:
+    if fmt == "qwen3_coder":
+        return f"<tool_call>\n<function=f>\n<parameter=v>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    return f"<tool_call>f\n<arg_key>v</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fmt=st.sampled_from(["qwen3_coder", "glm45"]),
+    least=st.integers(0, 5),
+    value=st.lists(st.sampled_from(["<", "/", "</", "parameter", "arg_value", ">", "a", "é", "\n", "</parameter>", "</arg_value>"]), max_size=6).map("".join),
+)
+def test_a_tagged_formats_text_of_a_least_length_is_exactly_the_texts_that_long_without_the_values_end(fmt: str, least: int, value: str) -> None:
+    tool = {"name": "f", "parameters": {"type": "object", "properties": {"v": {"type": "string", "minLength": least, "format": "hostname"}}, "required": ["v"]}}
+    grammar = grammars.tool_grammar([tool], "required", False, fmt=fmt)
+    assert grammar is not None
+    grammars.check_bounds(grammar)
+    end = "</parameter>" if fmt == "qwen3_coder" else "</arg_value>"
+    assert fits(grammar, _tagged_call(fmt, value)) == (len(value) >= least and end not in value), (fmt, least, value)
+
+
+def test_a_format_the_json_format_enforces_or_a_long_least_length_keeps_the_json_format() -> None:
+    for schema in ({"type": "string", "format": "date-time"}, {"type": "string", "minLength": grammars.MAX_TEXT_MIN_LENGTH + 1}, {"type": "string", "maxLength": 3}):
+        tool = {"name": "f", "parameters": {"type": "object", "properties": {"v": schema}, "required": ["v"]}}
+        grammar = grammars.tool_grammar([tool], "required", False, fmt="qwen3_coder")
+        assert grammar is not None and "<function=" not in grammar, schema
