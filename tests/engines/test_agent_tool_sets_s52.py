@@ -140,6 +140,14 @@ def test_the_bundled_models_engine_compiles_every_sets_grammars_and_the_worker_g
         fmt = worker.tool_format
         assert worker._sampling({**request, "tool_choice": "required"}).grammar == _grammar(tools, fmt, False)
         assert worker._sampling({**request, "tool_choice": "auto"}).grammar == _grammar(tools, fmt, True)
+    # and the grammar sampler runs under the biggest set's forced grammar: what it writes is a call's start
+    from scheduler.core.types import SamplingParams
+    from testkit.engine_driver import chat, generate, release, text_of
+
+    grammar = _grammar(SETS["agent_with_mcp"][0], worker.tool_format, False)
+    out = generate(engine, 0, chat(engine, "List the files in /data."), SamplingParams(temperature=0.0, grammar=grammar), 24)
+    release(engine, 0)
+    assert len(out) == 24 and text_of(engine, out).startswith("<tool_call>") and takes(grammar, text_of(engine, out)), text_of(engine, out)
 
 
 @pytest.mark.parametrize("fmt", ["qwen3_coder", "glm45"])
