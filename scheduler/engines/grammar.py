@@ -444,9 +444,17 @@ def _visit(conv: Any, visit: Any, schema: Any, name: str) -> str:
             if lo is not None or hi is not None:  # the converter ignores an integer's bounds
                 return _named_rule(conv, name, f"({_integer_range(lo, hi)}) space")
         if isinstance(schema.get("pattern"), str):
-            schema = _pattern_with_lengths(schema)
+            schema = _pattern_with_lengths({**schema, "pattern": _LOOKAHEAD_FREE.get(schema["pattern"], schema["pattern"])})
             schema = {**schema, "pattern": _gbnf_pattern(schema["pattern"])}
     return str(visit(schema, name))
+
+
+# patterns that generators write with a lookahead (which no grammar here can hold), each as the
+# same strings without one. pydantic's ``Decimal`` (a money amount in many tools' parameters) is
+# ``anyOf`` a number or a string of this pattern: not only signs and dots, then a decimal
+# number's text; a decimal's text with at least one digit is the same strings. Without it
+# every tool with a Decimal field was a 400 when forced, and unheld in auto.
+_LOOKAHEAD_FREE = {r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$": r"^[+-]?(\d+\.?\d*|\.\d+)$"}
 
 
 # a pattern that is one character's unit repeated: ``^[a-z]*$``, ``^\d{2,5}$``, ``^.+$``
@@ -1124,6 +1132,7 @@ def _gbnf_pattern(pattern: str) -> str:
       reply on llama.cpp could hold ``"a"b"`` (not JSON), and llguidance's greedy lexer read the
       closing quote and what followed as more of the string: an object holding such a property
       never closed on the MLX engine;
+    - a non-capturing group ``(?:...)`` as a group (the converter refused it);
     - a character a JSON string writes escaped (a tab, raw or ``\\t``, ``\\n``, ``\\x01``, a
       ``"``, an escaped backslash), alone or in a class, as its escape in the text (``\\t``,
       ``\\"``, ``\\\\``, ``\\u0001``): the converter wrote it raw into the grammar's literal, so
@@ -1159,6 +1168,13 @@ def _gbnf_pattern(pattern: str) -> str:
             continue
         if c == ".":
             out.append(_JSON_STRING_CHAR)
+        elif c == "(" and pattern.startswith("?:", i + 1):
+            # a non-capturing group matches what a group matches (the converter refused "(?:",
+            # which real schemas' slug, semver and path patterns use: a 400)
+            depth += 1
+            out.append(c)
+            i += 3
+            continue
         elif _is_escaped_in_json(c):
             out.append(_json_escape_pattern(c))
         else:
@@ -1179,14 +1195,16 @@ def _gbnf_pattern(pattern: str) -> str:
 
 
 def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: set[str], name: str, additional_properties: Any) -> str:
-    """llama-cpp-python's ``SchemaConverter._build_object_rule`` writing the same rules in
-    linear time: its ``get_recursive_refs`` rebuilt the rule of every suffix of the optional
-    properties from each start, O(n²) calls (three objects of 900 optional properties, an 84 KB
-    schema, held the engine thread 9 s). Here each suffix's rule is made once, on its first use,
-    in the same order, so the grammar is the one the converter writes, but for one fix: after
-    optional properties, the additional ones are optional too (the converter's rule required at
-    least one more once any optional property was written, so ``{"a": 1}`` did not fit
-    ``{"properties": {"a": ...}, "additionalProperties": true}``)."""
+    """An object's rule: its properties in the schema's order, each optional one written or left
+    out, the additional ones (where allowed) after them. llama-cpp-python's converter (and
+    llama.cpp's) wrote the required properties first and the optional ones after them, so a call
+    written in the schema's order, an optional property before a required one (Claude Code's
+    NotebookEdit ``cell_id`` before ``new_source``, Codex's update_plan ``explanation`` before
+    ``plan``), did not fit; and its rule for the optional ones was remade for every suffix from
+    each start, O(n²) work (three objects of 900 optional properties, an 84 KB schema, held the
+    engine thread 9 s). Here each rule is made once: ``{prefix}{key}-rest`` is the text after the
+    properties before ``key``, some of them written (each next one with its comma); the object
+    begins with any property up to the first required one (linear rules, few ways to start)."""
     declared = {k for k, _ in properties}
     missing = [k for k in dict.fromkeys(required) if isinstance(k, str) and k not in declared]
     if missing:
@@ -1206,8 +1224,7 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
         # (a top-level property "" would take the name "", the root's: the root became its value)
         prop_rule_name = conv.visit(prop_schema, f"{prefix}{prop_name}" or "empty")
         kv_rules[prop_name] = conv._add_rule(f"{prefix}{prop_name}-kv", rf'{_json_literal(prop_name)} space ":" space {prop_rule_name}')
-    required_props = [k for k in sorted_props if k in required]
-    optional_props = [k for k in sorted_props if k not in required]
+    keys = list(sorted_props)
     if additional_properties == True or isinstance(additional_properties, dict):  # noqa: E712 (the converter's test)
         sub_name = f"{prefix}additional"
         value_rule = conv.visit({} if additional_properties == True else additional_properties, f"{sub_name}-value")  # noqa: E712
@@ -1215,38 +1232,28 @@ def _build_object_rule(conv: Any, properties: list[tuple[str, Any]], required: s
         # it): else a declared property came through the extra-key rule with another type
         key_rule = conv._add_rule(f"{sub_name}-k", _not_names(conv, sorted_props, f"{sub_name}-k")) if sorted_props else conv._add_primitive("string", _primitive_string())
         kv_rules["*"] = conv._add_rule(f"{sub_name}-kv", key_rule + ' ":" space ' + value_rule)
-        optional_props.append("*")
-
-    rule = '"{" space ' + ' "," space '.join(kv_rules[k] for k in required_props)
-    if optional_props:
-        rule += " ("
-        if required_props:
-            rule += ' "," space ( '
-        rest_rules: dict[int, str] = {}  # suffix start -> its rule (first_is_optional=True)
-
-        def refs(i: int, first_is_optional: bool) -> str:
-            if first_is_optional and i in rest_rules:
-                return rest_rules[i]
-            k = optional_props[i]
-            if k == "*" and first_is_optional:  # more properties after the named ones, or none
-                res = f'( "," space {kv_rules[k]} )*'
-            elif k == "*":
-                res = conv._add_rule(f"{prefix}additional-kvs", f'{kv_rules[k]} ( "," space ' + kv_rules[k] + " )*")
-            elif first_is_optional:
-                res = f'( "," space {kv_rules[k]} )?'
-            else:
-                res = kv_rules[k]
-            if i + 1 < len(optional_props):
-                res += " " + conv._add_rule(f"{prefix}{k}-rest", refs(i + 1, True))
-            if first_is_optional:
-                rest_rules[i] = res
-            return res
-
-        rule += " | ".join(refs(i, False) for i in range(len(optional_props)))
-        if required_props:
-            rule += " )"
-        rule += " )?"
-    return rule + ' "}" space'
+        keys.append("*")
+    # rest[i]: the text after some of keys[:i] were written, from keys[i] on (from the end, so
+    # that no rule is made twice and no recursion runs as deep as the properties are many)
+    rest = [""] * (len(keys) + 1)
+    for i in reversed(range(len(keys))):
+        k = keys[i]
+        kv = kv_rules[k]
+        piece = f'( "," space {kv} )*' if k == "*" else f'"," space {kv}' if k in required else f'( "," space {kv} )?'
+        body = f"{piece} {rest[i + 1]}".rstrip()
+        rest[i] = conv._add_rule(f"{prefix}{k}-rest", body) if i + 1 < len(keys) else body  # ("*" is last)
+    firsts = []  # the object's first property: any up to the first required one
+    for i, k in enumerate(keys):
+        firsts.append(f"{kv_rules[k]} {rest[i] if k == '*' else rest[i + 1]}".rstrip())
+        if k in required:
+            break
+    if not firsts:
+        return '"{" space "}" space'
+    alternatives = " | ".join(firsts)
+    body = f"( {alternatives} )" if len(firsts) > 1 else alternatives
+    if not any(k in required for k in keys):
+        body = f"( {alternatives} )?"
+    return f'"{{" space {body} "}}" space'
 
 
 _HEX = "0123456789abcdefABCDEF"
@@ -1845,9 +1852,10 @@ def _calls_grammar(tools: list[dict[str, Any]], choice: str | dict[str, Any], pa
         raise GrammarError("a tool's parameters are nested too deeply") from None
 
 
-def _text_without(conv: Any, literal: str, base: str = "lazy-text") -> str:
-    """Rules for any text in which ``literal`` does not occur, and the first rule's name."""
-    return _free_text(conv, base, (literal,))
+def _text_without(conv: Any, literal: str, base: str = "lazy-text", at_least: int = 0) -> str:
+    """Rules for any text in which ``literal`` does not occur (of ``at_least`` characters or
+    more), and the first rule's name."""
+    return _free_text(conv, base, (literal,), at_least=at_least)
 
 
 # in an opening's pattern (_free_text's): any run of whitespace, none included (the ``\s*`` of
@@ -1858,7 +1866,9 @@ SOME_SPACE = "\\s"  # (no character: a pattern's characters are one long)
 _SPACE_CHARS = " \t\n\r"
 
 
-def _free_text(conv: Any, base: str, anywhere: tuple[str | tuple[str | None, ...], ...], at_start: tuple[tuple[str | None, ...], ...] = ()) -> str:
+def _free_text(
+    conv: Any, base: str, anywhere: tuple[str | tuple[str | None, ...], ...], at_start: tuple[tuple[str | None, ...], ...] = (), at_least: int = 0
+) -> str:
     """Rules for any text in which none of the literals ``anywhere`` occurs (at least one; each
     may also be a pattern as the openings are) and which does not begin with one of the openings
     ``at_start`` (each a sequence of characters, SOME_SPACE and ANY_SPACE), and the first rule's
@@ -1867,7 +1877,9 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str | tuple[str | None, ...
     begin at any character, each opening only at the first): each character leads to the rule of
     the set it leaves, and one that would complete a literal or an opening is left out. Any rule
     may end. One literal alone: rule k is the text ending with its first k characters (and no
-    longer start of it), a KMP automaton."""
+    longer start of it), a KMP automaton. ``at_least``: the text has that many characters or
+    more (each set is paired with how many were read, up to it, and only a rule that has read
+    them all may end)."""
     while any(k == base or k.startswith(base + "-") for k in conv._rules):
         base += "x"  # (a tool's $defs may name rules of its own)
     patterns = [tuple(literal) for literal in anywhere] + list(at_start)
@@ -1891,27 +1903,28 @@ def _free_text(conv: Any, base: str, anywhere: tuple[str | tuple[str | None, ...
 
     spaced = any(ANY_SPACE in q or SOME_SPACE in q for q in patterns)
     chars = sorted({c for pattern in patterns for c in pattern if c not in (ANY_SPACE, SOME_SPACE)} | (set(_SPACE_CHARS) if spaced else set()))
-    numbers = {closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}): 0}
+    numbers = {(closure(restart | {(p, 0) for p in range(len(anywhere), len(patterns))}), 0): 0}
     todo = list(numbers)
     while todo:
-        state = todo.pop(0)  # (breadth first: one literal's rule k is its k characters read)
+        state, read = key = todo.pop(0)  # (breadth first: one literal's rule k is its k characters read)
         targets: dict[int, list[str]] = {}
         for ch in [*chars, None]:
-            after = step(state, ch)
-            if after is None:
+            moved = step(state, ch)
+            if moved is None:
                 continue  # (the character that completes one is left out)
+            after = (moved, min(read + 1, at_least))
             if after not in numbers:
                 numbers[after] = len(numbers)
                 todo.append(after)
             targets.setdefault(numbers[after], []).append(ch)  # type: ignore[arg-type]
-        alternatives = [""]
+        alternatives = [""] if read == at_least else []
         for target, by in targets.items():
             if None in by:  # any character but those that go elsewhere
                 rest = "".join(_class_char(c) for c in chars if c not in by)
                 alternatives.insert(1, f"[^{rest}] {base}-{target}")
             else:
                 alternatives.append(f"{_format_literal(by[0])} {base}-{target}" if len(by) == 1 else f"[{''.join(map(_class_char, by))}] {base}-{target}")
-        conv._add_rule(f"{base}-{numbers[state]}", " | ".join(alternatives))
+        conv._add_rule(f"{base}-{numbers[key]}", " | ".join(alternatives))
     return f"{base}-0"
 
 
@@ -2044,12 +2057,35 @@ def _text_rules(conv: Any) -> str:
     return "xml-text-0"
 
 
+# the string formats the JSON Schema converter enforces (date, time, date-time, uuid): any other
+# (uri, email, hostname...) is any string in the JSON format, so any text in a tagged one
+_ENFORCED_FORMAT = re.compile(r"date|time|date-time|uuid[1-5]?|(date|time|date-time)-string")
+# the longest minLength a tagged format's text holds (each character one more set of rules)
+MAX_TEXT_MIN_LENGTH = 64
+
+
+def _text_min_length(schema: dict[str, Any]) -> int | None:
+    """The fewest characters a string parameter's text may have where a tagged format's text can
+    hold its keywords (annotations, a ``format`` the JSON format does not enforce either, a
+    small ``minLength``); None where it cannot."""
+    if not schema.keys() <= _XML_PLAIN_KEYS | {"format", "minLength"}:
+        return None
+    fmt = schema.get("format")
+    if fmt is not None and (not isinstance(fmt, str) or _ENFORCED_FORMAT.fullmatch(fmt)):
+        return None
+    least = schema.get("minLength", 0)
+    if not _is_json_number(least) or least != int(least) or not 0 <= least <= MAX_TEXT_MIN_LENGTH:
+        return None
+    return int(least)
+
+
 def _xml_value_rule(
-    conv: Any, schema: Any, params: dict[str, Any], name: str, text: Callable[[Any], str] = _text_rules, text_end: str = _TEXT_END
+    conv: Any, schema: Any, params: dict[str, Any], name: str, text: Callable[..., str] = _text_rules, text_end: str = _TEXT_END
 ) -> str | None:
     """The rule for a parameter's value as the format writes it; None where it cannot be held to
     ``schema`` (a string with a pattern, a union with a string in it, a reference...). ``text``
-    makes the rule for any text without ``text_end`` (the value's closing) in it."""
+    makes the rule for any text without ``text_end`` (the value's closing) in it, and with
+    ``at_least`` for such text of that many characters or more."""
     if not isinstance(schema, dict):
         return None
     kind = schema.get("type")
@@ -2061,6 +2097,10 @@ def _xml_value_rule(
             return None
         if schema.keys() <= _XML_PLAIN_KEYS:
             return text(conv)  # any text (a scalar of another kind allowed is read as it)
+        least = _text_min_length(schema) if kinds == {"string"} else None
+        if least is not None:
+            # (Claude Code's WebFetch url, format "uri"; WebSearch query, minLength 2)
+            return text(conv, at_least=least) if least else text(conv)
         enum = schema.get("enum")
         if kinds == {"string"} and schema.keys() <= _XML_PLAIN_KEYS | {"enum"} and isinstance(enum, list) and enum and all(
             isinstance(v, str) and text_end not in v and "\x00" not in v for v in enum
@@ -2143,14 +2183,14 @@ def _tagged_tool_grammar(fmt: _TaggedFormat, tools: list[dict[str, Any]], choice
     where a tool's name or parameters cannot be written in it (the JSON format holds them)."""
     chosen = [t for t in tools if t["name"] == choice.get("name")] if isinstance(choice, dict) else list(tools)
     conv = _converter()
-    made: list[str] = []  # the string values' rule, made once (a $defs name may have taken its own)
+    made: dict[int, str] = {}  # the string values' rules by their least length, each made once
 
-    def text(conv: Any) -> str:
-        if fmt.text is not None:
+    def text(conv: Any, at_least: int = 0) -> str:
+        if fmt.text is not None and not at_least:
             return fmt.text(conv)
-        if not made:
-            made.append(_text_without(conv, fmt.value_end, f"{fmt.rules}-text"))
-        return made[0]
+        if at_least not in made:  # (a $defs name may have taken the rules' own: _free_text)
+            made[at_least] = _text_without(conv, fmt.value_end, f"{fmt.rules}-text{at_least or ''}", at_least)
+        return made[at_least]
 
     for i, tool in enumerate(chosen):
         shape = _tagged_params(tool)

@@ -194,6 +194,37 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
             return lex, empty or node.min_times == 0
         return [], True
 
+    ends: dict[str, list[Any]] = {}
+
+    def open_starts(node: Any) -> list[Any]:
+        return list({id(x): x for x in _open_starts(node)}.values())  # (each once: clash compares pairs)
+
+    def _open_starts(node: Any) -> list[Any]:
+        """The lexemes that may begin where a text of ``node`` may also end (a rule that is not
+        empty but may go on after any character: ``t0 ::= [^<] t1 | "<" t2``, ``t2 ::= | "/" t3 |
+        ...``): each competes with what follows ``node`` as if ``node`` were empty."""
+        if isinstance(node, (LiteralNode, RegexNode)) or (isinstance(node, RuleRefNode) and node.is_terminal()):
+            return []
+        if isinstance(node, RuleRefNode):
+            if node.name not in ends:
+                ends[node.name] = []  # a rule within itself: counted once
+                ends[node.name] = open_starts(node.target.alternatives) if node.target is not None else []
+            return ends[node.name]
+        if hasattr(node, "nodes"):
+            out: list[Any] = []
+            for child in reversed(node.nodes):
+                out += open_starts(child)
+                lex, empty = starts(child)
+                if not empty:
+                    break
+                out += lex  # it may end before this child, then go on into it
+            return out
+        if hasattr(node, "alternatives"):
+            return [x for c in node.alternatives for x in open_starts(c)]
+        if hasattr(node, "node"):
+            return open_starts(node.node) + (starts(node.node)[0] if node.max_times != 1 else [])
+        return []
+
     alphabets: dict[int, set[str]] = {}
 
     def alphabet(node: Any) -> set[str]:  # every character a text of it may hold
@@ -282,6 +313,9 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
                 again = hasattr(child, "node") and child.max_times != 1
                 if (empty or again) and clash([lex, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
                     return True
+                going_on = open_starts(child)
+                if going_on and clash([going_on, starts(SequenceNode(node.nodes[i + 1 :]))[0]]):
+                    return True
                 follows: set[str] = set()  # what the rest may begin with (not memoised: a new node)
                 for after in node.nodes[i + 1 :]:
                     head, nullable = first(after)
@@ -295,6 +329,38 @@ def _lexemes_compete(rules: dict[str, Any]) -> bool:
                     return True
         return any(walk(c) for c in node.children())
 
+    def refs(rule: Any) -> list[Any]:  # the rules a rule names
+        out, todo = [], [rule.alternatives]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, RuleRefNode):
+                if node.target is not None:
+                    out.append(node)
+            elif not isinstance(node, (LiteralNode, RegexNode)):
+                todo.extend(node.children())
+        return out
+
+    # each rule's first characters and open_starts made after those of the rules it names
+    # (depth first, without recursion): a chain of rules as long as an object's properties
+    # (each optional one's "-rest" names the next) recursed past Python's stack
+    finished: set[str] = set()
+    for name, rule in rules.items():
+        if name in finished:
+            continue
+        finished.add(name)
+        stack = [(name, rule, iter(refs(rule)))]
+        while stack:
+            for ref in stack[-1][2]:
+                if ref.name not in finished:
+                    finished.add(ref.name)
+                    stack.append((ref.name, ref.target, iter(refs(ref.target))))
+                    break
+            else:
+                done_name, done_rule, _ = stack.pop()
+                first(done_rule.alternatives)
+                if not done_rule.rule_is_terminal and done_name not in ends:
+                    ends[done_name] = []
+                    ends[done_name] = open_starts(done_rule.alternatives)
     return any(walk(rule.alternatives) for rule in rules.values() if not rule.rule_is_terminal)
 
 

@@ -70,7 +70,7 @@ def test_objects_naming_one_property_merge_it_once() -> None:
     was the only object that fitted, and it made every part's properties required."""
     a = {"type": "object", "properties": {"a": {"type": "integer"}}}
     b = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}, "b": {"type": "string"}}, "required": ["b"]}
-    assert_schema({"allOf": [a, b]}, good=[{"b": "x"}, {"b": "x", "a": 1}], bad=[{"b": "x", "a": -1}, {"a": 1}, {"b": "x", "a": 1, "a2": 1}])
+    assert_schema({"allOf": [a, b]}, good=[{"b": "x"}, {"a": 1, "b": "x"}], bad=[{"a": -1, "b": "x"}, {"a": 1}, {"a": 1, "b": "x", "a2": 1}])
 
 
 def test_an_all_of_that_does_not_merge_is_a_clear_error() -> None:
