@@ -173,23 +173,17 @@ def add_fim_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_api_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the web side's request parsing (serve only; the worker never sees them)."""
-    parser.add_argument(
-        "--strict-params",
-        action="store_true",
-        default=_env("--strict-params", False),
-        help="answer parameters this server does not know with a 400 unknown_parameter, as OpenAI does, instead of ignoring them (named in x-superfluid-ignored-params)",
-    )
+    switches = {
+        "--strict-params": "answer parameters this server does not know with a 400 unknown_parameter, as OpenAI does, instead of ignoring them (named in x-superfluid-ignored-params)",
+        "--no-prefill-assistant": "a chat whose last message is an assistant turn answers it with a new turn, as llama-server's flag; by default the reply continues that turn's text (a prefill)",
+    }
+    for flag, help_text in switches.items():
+        parser.add_argument(flag, action="store_true", default=_env(flag, False), help=help_text)
     parser.add_argument(
         "--reasoning-format",
         choices=REASONING_FORMAT_VALUES,
         default=_env("--reasoning-format", "auto"),
         help="a reasoning model's reasoning (<think> blocks, gpt-oss's analysis channel) in chat replies, as llama-server's flag: auto, deepseek and deepseek-legacy put it in message.reasoning_content (delta.reasoning_content streamed), none leaves the reply's raw text in content (default: auto)",
-    )
-    parser.add_argument(
-        "--no-prefill-assistant",
-        action="store_true",
-        default=_env("--no-prefill-assistant", False),
-        help="a chat whose last message is an assistant turn answers it with a new turn, as llama-server's flag; by default the reply continues that turn's text (a prefill)",
     )
     parser.add_argument(
         "--sse-keepalive",

@@ -27,9 +27,9 @@ class TemplateEngine(ScriptEngine):
         self.chat_template = self.template
 
 
-def engine_of(template_file: str) -> type[TemplateEngine]:
-    """A :class:`TemplateEngine` with the template of ``template_file`` in TEMPLATES."""
-    return type(f"Engine_{template_file}", (TemplateEngine,), {"template": (TEMPLATES / template_file).read_text()})
+def engine_of(template_file: str, base: type[TemplateEngine] = TemplateEngine) -> type[TemplateEngine]:
+    """A :class:`TemplateEngine` (of ``base``) with the template of ``template_file`` in TEMPLATES."""
+    return type(f"Engine_{template_file}", (base,), {"template": (TEMPLATES / template_file).read_text()})
 
 
 def edge_loop(engine: type[ScriptEngine], *, lanes: int = 2, lane_ctx: int = 2048) -> Iterator[asyncio.AbstractEventLoop]:
@@ -40,3 +40,13 @@ def edge_loop(engine: type[ScriptEngine], *, lanes: int = 2, lane_ctx: int = 204
 
     with attached_loop(Worker(lanes=lanes, lane_ctx=lane_ctx), SUPERFLUID_COMPLETION_RATE="0") as loop:
         yield loop
+
+
+def loop_fixture(name: str, engine: type[ScriptEngine]) -> Any:
+    """A pytest fixture called ``name``: the loop of :func:`edge_loop` around ``engine``."""
+    import pytest
+
+    def loop() -> Iterator[asyncio.AbstractEventLoop]:
+        yield from edge_loop(engine)
+
+    return pytest.fixture(loop, name=name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from scheduler.engines.chat import compile_chat_template, render_chat_template
 from tests.api.streamed import said
 
 from .inproc import JSON, MODEL, request
-from .templated import TEMPLATES, TemplateEngine, edge_loop
+from .templated import TemplateEngine, engine_of, loop_fixture
 from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,22 +47,8 @@ class RecordingEngine(TemplateEngine):
         return sampled
 
 
-class ChatMLEngine(RecordingEngine):
-    template = (TEMPLATES / "qwen2.5-7b-instruct.jinja").read_text()
-
-
-class Qwen3Engine(RecordingEngine):
-    template = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
-
-
-@pytest.fixture
-def chatml() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from edge_loop(ChatMLEngine)
-
-
-@pytest.fixture
-def qwen3() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from edge_loop(Qwen3Engine)
+chatml = loop_fixture("chatml", engine_of("qwen2.5-7b-instruct.jinja", RecordingEngine))
+qwen3 = loop_fixture("qwen3", engine_of("Qwen-Qwen3-0.6B.jinja", RecordingEngine))
 
 
 def post(loop: asyncio.AbstractEventLoop, path: str, body: dict[str, Any]) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from django.test import override_settings
 from tests.api.streamed import said
 
 from .inproc import JSON, MODEL, request
-from .templated import TEMPLATES, TemplateEngine, edge_loop
+from .templated import edge_loop, engine_of, loop_fixture
 from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,25 +29,10 @@ FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny in Paris."
 CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
 
 
-class GptOssEngine(TemplateEngine):
-    template = (TEMPLATES / "gpt-oss-120b.jinja").read_text()
-
-
-class R1Engine(TemplateEngine):
-    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
-
-
+R1Engine = engine_of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")
+gpt_oss = loop_fixture("gpt_oss", engine_of("gpt-oss-120b.jinja"))
+r1 = loop_fixture("r1", R1Engine)
 _edge = edge_loop
-
-
-@pytest.fixture
-def gpt_oss() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from _edge(GptOssEngine)
-
-
-@pytest.fixture
-def r1() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from _edge(R1Engine)
 
 
 def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool, **more: Any) -> dict[str, Any]:

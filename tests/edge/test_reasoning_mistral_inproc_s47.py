@@ -18,7 +18,8 @@ from scheduler.link.messages import Delta, Done
 from tests.api.streamed import streamed_chunks
 from tests.api.test_tool_native_formats_s46 import _worker
 
-from .test_reasoning_inproc_s47 import TemplateEngine, _ask, _edge
+from .templated import TemplateEngine
+from .test_reasoning_inproc_s47 import _ask, _edge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from scheduler.engines.base import Step
 from tests.api.streamed import assemble
 
 from .inproc import JSON, MODEL, request
-from .templated import TEMPLATES, TemplateEngine, edge_loop
+from .templated import TemplateEngine, engine_of, loop_fixture
 from .test_stream_equivalence import script
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,25 +42,8 @@ class NativeEngine(TemplateEngine):
         return {lane: TOOL_CALLS if token == 1 else token for lane, token in super().forward(step).items()}
 
 
-class MistralEngine(NativeEngine):
-    template = (TEMPLATES / "mistral-nemo-instruct-2407.jinja").read_text()
-
-
-class LlamaEngine(NativeEngine):
-    template = (TEMPLATES / "llama-3.1-instruct.jinja").read_text()
-
-
-_edge = edge_loop
-
-
-@pytest.fixture
-def mistral() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from _edge(MistralEngine)
-
-
-@pytest.fixture
-def llama() -> Iterator[asyncio.AbstractEventLoop]:
-    yield from _edge(LlamaEngine)
+mistral = loop_fixture("mistral", engine_of("mistral-nemo-instruct-2407.jinja", NativeEngine))
+llama = loop_fixture("llama", engine_of("llama-3.1-instruct.jinja", NativeEngine))
 
 
 def _ask(loop: asyncio.AbstractEventLoop, written: str, *, stream: bool) -> dict[str, Any]:

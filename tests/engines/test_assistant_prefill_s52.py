@@ -12,8 +12,8 @@ from api.rendering import count_chat_tokens, render_chat
 from api.tokenizer import GgufVocab
 from scheduler.core.scheduler import SchedulerConfig
 from scheduler.engines.llama_cpp import LlamaCppEngine
-from scheduler.link.messages import Delta, Message, Submit
 from scheduler.worker.loop import EngineWorker
+from tests.engines.test_contract import _run_worker
 
 pytestmark = pytest.mark.model
 
@@ -43,26 +43,11 @@ def test_the_prompt_ends_with_the_prefill_as_text_and_the_web_counts_it(engine: 
 def test_the_models_reply_continues_the_prefill(engine: LlamaCppEngine) -> None:
     """Greedy, the bundled model counts on from where the prefill stopped (asked anew, it would
     begin the count again): the reply is the continuation only."""
-    worker = EngineWorker(engine, SchedulerConfig(max_batch=1, lane_ctx=2048), model_name="m", prepare_in_thread=False)
-    texts: list[str] = []
-    ended: list[Message] = []
-
-    class Conn:
-        def queue(self, message: Message) -> None:
-            if isinstance(message, Delta):
-                texts.append(message.text)
-            elif message.type in ("done", "error", "rejected"):
-                ended.append(message)
-
     messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}, {"role": "assistant", "content": "1, 2, 3,"}]
     request = {"endpoint": "chat", "messages": messages, "prefill": True, "max_tokens": 6, "temperature": 0}
-    worker.handle(Conn(), Submit("p", request, qos=2))  # type: ignore[arg-type]
-    for _ in range(300):
-        if ended:
-            break
-        worker.run_tick()
+    text, ended = _run_worker(engine, request)
     assert ended[0].type == "done", ended
-    assert "".join(texts).startswith(" 4, 5"), texts
+    assert text.startswith(" 4, 5"), text
 
 
 def test_a_resumed_prefilled_reply_goes_on_after_the_prefill_and_what_was_sent(engine: LlamaCppEngine) -> None:

@@ -18,7 +18,12 @@ CASES = [
     ('root ::= pair ";" pair\npair ::= ("a" | "ab") "x"?', "abx;a", "ab;"),
     # a rule that is never empty but may end after any character, where "<" may go on (a tagged
     # tool format's text of a least length, then its closing): its "<" lexeme read "</a>"
-    ('root ::= "[" t0 "</a>"\nt0 ::= [^<] t1 | "<" t2\nt1 ::= | [^<] t1 | "<" t2\nt2 ::= | [^/<] t1 | "<" t2 | "/" t3\nt3 ::= | [^a<] t1 | "<" t2', "[<</x</a>", "[</a>"),
+    pytest.param(
+        'root ::= "[" t0 "</a>"\nt0 ::= [^<] t1 | "<" t2\nt1 ::= | [^<] t1 | "<" t2\nt2 ::= | [^/<] t1 | "<" t2 | "/" t3\nt3 ::= | [^a<] t1 | "<" t2',
+        "[<</x</a>",
+        "[</a>",
+        id="text-of-a-least-length-then-a-closing",
+    ),
 ]
 
 
