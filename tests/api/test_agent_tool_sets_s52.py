@@ -1,4 +1,4 @@
-"""An agent's tool set (tests/engines/agent_tools.py) through the API, in-process, with one tool
+"""An agent's tool set (testkit/agent_tools.py) through the API, in-process, with one tool
 whose schema no grammar can hold (a lookahead in a pattern): a forced call is a 400 that names
 ``tools`` and says why, before anything is generated; ``auto`` answers, its reply left free, as
 llama-server leaves it where it cannot build its lazy grammar."""
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from testkit.agent_tools import CLAUDE_CODE
 from tests.edge.inproc import JSON, SimWorker, attached_loop, chat_body, request
-from tests.engines.agent_tools import CLAUDE_CODE
 
 LOOKAHEAD = {"name": "lookup", "description": "Look a word up.", "parameters": {"type": "object", "properties": {"word": {"type": "string", "pattern": "^(?!x)\\w+$"}}, "required": ["word"]}}
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The tool sets real agents send (tests/engines/agent_tools.py: Claude Code's, Codex's, MCP
+"""The tool sets real agents send (testkit/agent_tools.py: Claude Code's, Codex's, MCP
 servers', pydantic's and zod's schemas), whole, through every call format the grammar module
 writes: a forced call's grammar (``tool_grammar``, ``required``) and ``tool_choice`` auto's
 (``lazy_tool_grammar``) build within the grammar bounds; each tool's realistic call, written as
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from api.responses import parse_tool_calls
 from scheduler.engines import grammar as grammars
+from testkit.agent_tools import SETS
 from tests.api.streamed import stream_reply
-from tests.engines.agent_tools import SETS
 from tests.engines.test_grammar_keywords import _byte_tokenizer, _lark, fits
 from tests.engines.test_lazy_tool_grammar_s48 import takes
 
