@@ -44,6 +44,7 @@ from .edge import (
 )
 from .errors import ApiError, engine_unavailable, invalid_request, method_not_allowed, request_too_large, server_error
 from .link_errors import link_error
+from .reasoning import HARMONY_UNSPLIT
 from .records import RequestRecord, record_request
 from .schemas import (
     GenerationRequest,
@@ -647,8 +648,12 @@ class GenerationConsumer(StreamingConsumer):
         from its first token (a response_format, a forced call). A reply that continues a
         prefill is not split (llama-server's reasoning format none there): it is text after
         the client's, which the template's reasoning block does not hold (:attr:`prefill`
-        refuses a template that thinks first)."""
+        refuses a template that thinks first). gpt-oss's reply so left, with tools offered, has its
+        calls read all the same (``harmony-unsplit``), as llama-server's gpt-oss parser reads
+        them with reasoning_format none."""
         if (request.reasoning_format or serving().reasoning_format) == "none" or request.prefill_text:
+            if self.reasoning_format == "harmony" and request.tools and request.tool_choice != "none":
+                return HARMONY_UNSPLIT
             return "none"
         if self.reasoning_format == "think-open" and (
             (request.chat_template_kwargs or {}).get("enable_thinking") in (False,)  # (== False: 0 too)

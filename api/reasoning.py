@@ -23,6 +23,14 @@ in its worker's Hello):
   ``<tool_call>{"name": NAME, "arguments": ...}</tool_call>`` block, whose streaming and parsing
   ``api.responses.Reply`` has; a call of a function the request does not offer (none, or a
   built-in tool's) is dropped, as llama-server drops calls nobody asked for.
+* ``harmony-unsplit``: gpt-oss's reply where it is not split (reasoning_format ``none``, a
+  prefill's continuation) but tools are offered: its calls are read all the same, as
+  llama-server's gpt-oss parser reads them with reasoning_format none, and the rest is answer as
+  that parser gives it (common/parsers/gpt-oss.cpp): an analysis message as written, its
+  ``<|channel|>analysis<|message|>`` and ``<|end|>`` kept, a final or preamble message's text
+  without its header, no ``<|start|>assistant`` between them. A reply that continues a prefill
+  begins inside the prefill's message: its text up to the first marker is answer as written,
+  with the ``<|end|>`` that ends it.
 
 Each splitter takes the reply in pieces as they come (``feed``) and says what of it is reasoning
 and what answer; ``finish`` gives the rest. Any split of the reply gives the same reasoning and
@@ -53,6 +61,8 @@ MAX_HEADER = 512
 _PIECE = 256  # the most of a reply one step of HarmonySplitter takes
 _H_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z0-9_]+)")
 _H_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
+# gpt-oss's reply not split, tools offered: its calls read, the rest answer (module docstring)
+HARMONY_UNSPLIT = "harmony-unsplit"
 
 
 def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
@@ -169,17 +179,24 @@ class ThinkSplitter(Splitter):
 
 class HarmonySplitter(Splitter):
     """gpt-oss's channels (module docstring). ``calls``: the functions the request offers, whose
-    calls are handed on as ``<tool_call>`` blocks (any other call is dropped)."""
+    calls are handed on as ``<tool_call>`` blocks (any other call is dropped). ``unsplit``: the
+    analysis is answer as written (``harmony-unsplit``); ``continues``: the reply continues a
+    prefill, so begins inside a message's text (kept as written, ``unsplit`` only)."""
 
-    def __init__(self, *, calls: Collection[str] = ()) -> None:
+    def __init__(self, *, calls: Collection[str] = (), unsplit: bool = False, continues: bool = False) -> None:
         super().__init__()
         self.calls = frozenset(calls)
+        self.unsplit = unsplit
         # "head": a message's header, up to <|message|>; "body": its text; "raw": no harmony
         # reply (a forced call's grammar writes the generic block from the start): all answer
         self.state = "head"
         self.first = True  # the reply's first header: it must look like one from its start
         self.header = ""
-        self.sink = "answer"  # the body's: "reasoning", "answer", "call", "drop"
+        # the body's: "reasoning", "answer", "call", "drop", "kept" (unsplit: the text and the
+        # <|end|> that ends it are answer as written)
+        self.sink = "answer"
+        if unsplit and continues:
+            self.state, self.first, self.sink = "body", False, "kept"
         self.pending = ""  # body: a possible marker's start
         self.call_open = False  # a call's block is open (its closing goes out at its body's end)
         # a call's head, held until its arguments begin: a reply cut before them has no call
@@ -238,6 +255,8 @@ class HarmonySplitter(Splitter):
         if found:
             at, marker = min(found)
             self._body(text[:at], reasoning, answer)
+            if self.sink == "kept" and marker == H_END:
+                answer.append(H_END)
             self._close(answer)
             self.state = "head"
             # a channel opened without a start begins the next header; the others end this one
@@ -259,6 +278,9 @@ class HarmonySplitter(Splitter):
                 self.call_head = '<tool_call>{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
             else:  # a built-in tool's call (browser, python), or a call nobody offered tools for
                 self.sink = "drop"
+        elif channel == "analysis" and self.unsplit:  # as written, from its channel on
+            self.sink = "kept"
+            answer.append(head[head.find(H_CHANNEL) :] + H_MESSAGE)
         elif channel == "analysis":
             self.sink = "reasoning"
         else:  # final, a commentary preamble, or a channel not known: the answer
@@ -273,7 +295,7 @@ class HarmonySplitter(Splitter):
             if piece.strip():  # (the whitespace before the arguments is no part of them)
                 answer.append(self.call_head + piece.lstrip())
                 self.call_head = ""
-        elif self.sink in ("answer", "call"):
+        elif self.sink in ("answer", "call", "kept"):
             answer.append(piece)
 
     def _close(self, answer: list[str], *, cut: bool = False) -> None:
@@ -299,11 +321,14 @@ class HarmonySplitter(Splitter):
         return "".join(reasoning), "".join(answer)
 
 
-def new_splitter(fmt: str, *, calls: Collection[str] = ()) -> Splitter | None:
-    """The splitter for a model whose replies are in ``fmt`` (``scheduler.engines.chat.REASONING_FORMATS``); None
-    for "none" (or a format this server does not know). ``calls``: the functions offered."""
+def new_splitter(fmt: str, *, calls: Collection[str] = (), continues: bool = False) -> Splitter | None:
+    """The splitter for a model whose replies are in ``fmt`` (``scheduler.engines.chat.REASONING_FORMATS``,
+    or ``HARMONY_UNSPLIT``); None for "none" (or a format this server does not know). ``calls``:
+    the functions offered; ``continues``: the reply continues a prefill."""
     if fmt == "harmony":
         return HarmonySplitter(calls=calls)
+    if fmt == HARMONY_UNSPLIT:  # (without calls to read, the reply is left as it came)
+        return HarmonySplitter(calls=calls, unsplit=True, continues=continues) if calls else None
     if fmt in ("think", "think-open"):
         return ThinkSplitter(forced_open=fmt == "think-open")
     if fmt == "mistral":

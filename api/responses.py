@@ -896,7 +896,8 @@ class Reply:
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
         # a reasoning model's reply (its worker's Hello.reasoning_format): its reasoning is split
         # out as reasoning_content, its answer goes on as the text below (api/reasoning.py)
-        self.reasoning = new_splitter(reasoning_format, calls=self.tool_names) if endpoint == "chat" else None
+        # (harmony-unsplit: gpt-oss's calls read out of a reply whose reasoning stays answer)
+        self.reasoning = new_splitter(reasoning_format, calls=self.tool_names, continues=continues) if endpoint == "chat" else None
 
     # -- streaming ------------------------------------------------------------------------
 

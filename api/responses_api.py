@@ -922,7 +922,7 @@ class ResponsesConsumer(ChatCompletionsConsumer):
     def reply(self, request: GenerationRequest, **extra: Any) -> responses.Reply:
         reply = super().reply(request, **extra)
         self.events = ResponseEvents(response_id(reply.id), reply.created, request.model, self.asked.echo, request, self.asked.custom)
-        self.thinking = new_splitter(self.reply_reasoning(request), calls=reply.tool_names)
+        self.thinking = new_splitter(self.reply_reasoning(request), calls=reply.tool_names, continues=reply.continues)
         return reply
 
     def saw_delta(self, event: Delta, *, reached_client: bool = True) -> None:

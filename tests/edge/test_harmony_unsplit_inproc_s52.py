@@ -1,0 +1,47 @@
+"""gpt-oss's calls read where its reply is not split (tests/edge/inproc.py, the scripted engine
+with gpt-oss's chat template): the request's reasoning_format none and an assistant prefill,
+with tools offered, give the call as a call and the rest as content, as llama-server's gpt-oss
+parser gives them with reasoning_format none; streamed and unstreamed alike. The middle layer's
+part: api/consumers.py's reply_reasoning picks the harmony reader for such a reply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.api.streamed import said
+
+from .templated import engine_of, loop_fixture
+from .test_assistant_prefill_inproc_s52 import chat
+from .test_stream_equivalence import script
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+gpt_oss = loop_fixture("gpt_oss", engine_of("gpt-oss-120b.jinja"))
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+ANALYSIS = "<|channel|>analysis<|message|>The user wants the weather in Paris.<|end|>"
+CALL = '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}'
+CALLED = [("get_weather", '{"city":"Paris"}')]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_format_none_keeps_the_analysis_as_content_and_reads_the_call(gpt_oss: Any, stream: bool) -> None:
+    messages = [{"role": "user", "content": "Weather in Paris? " + script(ANALYSIS + CALL)}]
+    view = said(chat(gpt_oss, messages, tools=TOOLS, reasoning_format="none", stream=stream), stream)
+    assert view == {"reasoning": None, "content": ANALYSIS, "calls": CALLED, "finish_reason": "tool_calls"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prefilled_analysis_continued_into_a_call_is_a_call(gpt_oss: Any, stream: bool) -> None:
+    written = " in Paris. Call get_weather.<|end|>" + CALL
+    messages = [{"role": "user", "content": "Weather? " + script(written)}, {"role": "assistant", "content": "<|channel|>analysis<|message|>The user wants the weather"}]
+    view = said(chat(gpt_oss, messages, tools=TOOLS, stream=stream), stream)
+    assert view == {"reasoning": None, "content": " in Paris. Call get_weather.<|end|>", "calls": CALLED, "finish_reason": "tool_calls"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_without_tools_an_unsplit_reply_is_left_as_it_came(gpt_oss: Any, stream: bool) -> None:
+    written = ANALYSIS + "<|start|>assistant<|channel|>final<|message|>Sunny."
+    view = said(chat(gpt_oss, [{"role": "user", "content": "Weather? " + script(written)}], reasoning_format="none", stream=stream), stream)
+    assert view["content"] == written
