@@ -411,6 +411,13 @@ async def props(request: HttpRequest) -> JsonResponse:
         from scheduler.engines.chat import CHATML
 
         template = source or CHATML
+    if hello:
+        template = hello.chat_template
+    # llama-server's chat_template_caps: found by rendering probes through that template, once
+    # per template (scheduler/engines/template_caps.py); null with the template unknown
+    from scheduler.engines.template_caps import chat_template_caps
+
+    caps = await asyncio.to_thread(chat_template_caps, template) if template is not None else None
     return JsonResponse(
         {
             "model_alias": alias,
@@ -429,7 +436,8 @@ async def props(request: HttpRequest) -> JsonResponse:
             },
             "engine": hello.engine if hello else None,
             # the template chats are rendered with (llama-server's: the model's, else ChatML)
-            "chat_template": hello.chat_template if hello else template,
+            "chat_template": template,
+            "chat_template_caps": caps,
             "bos_token": bos,  # llama-server's: the text of the model's BOS and EOS tokens ("" for none)
             "eos_token": eos,
             "model_ftype": hello.model_ftype if hello else None,  # llama-server's ("Q4_1", ...), as the worker said it

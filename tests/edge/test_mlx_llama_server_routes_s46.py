@@ -41,6 +41,7 @@ def post(**fields: Any) -> bytes:
 async def test_props_tokenize_and_apply_template_read_the_mlx_folder(mlx: MlxWorker, mlx_float_dir: Path) -> None:
     from api.tokenizer import vocab_for
     from scheduler.engines.models import default_model_path
+    from scheduler.engines.template_caps import chat_template_caps
 
     gguf = vocab_for(default_model_path())
     async with served(mlx):
@@ -49,6 +50,7 @@ async def test_props_tokenize_and_apply_template_read_the_mlx_folder(mlx: MlxWor
         text = await request("POST", "/detokenize", post(tokens=[1, 28120]), JSON)
         rendered = await request("POST", "/apply-template", post(messages=CHAT, tools=[TOOL]), JSON)
     assert props["engine"] == "mlx" and props["chat_template"] == gguf.template_parts()[0]
+    assert props["chat_template_caps"] == chat_template_caps(props["chat_template"])  # the folder's template's
     assert tokens.status == 200, tokens.body
     assert [t["id"] for t in tokens.json()["tokens"]] == gguf.tokenize("hi <|im_end|>", add_special=False, parse_special=True)
     assert tokens.json()["tokens"][-1]["piece"] == "<|im_end|>"
