@@ -8,7 +8,8 @@ atomically, with Redis ``TIME`` as the one clock.
   its class, ``q:C``, scored so that the set's order is one worker's order inside a class (and in
   ``qa:C``, by arrival, where the oldest is found).
 - A worker with a free lane *picks* (``pick.lua``): the best job over the classes its per-class
-  lane caps allow (each class's first by score and its oldest), with starvation aging across
+  lane caps allow (each class's first arrival by score, its oldest arrival and the jobs put back
+  after a loss that head it, up to 8), with starvation aging across
   classes, in one step, so the order is global
   across heads and no two workers take the same job. The job is then *leased* to the worker
   (``leases``, renewed by ``renew.lua``) under a new *epoch*.

@@ -36,11 +36,14 @@ def s(client: redis.Redis) -> Scripts:
 
 
 def waited(client: redis.Redis, prefix: str, job_id: str, qos: int, seconds: float, divisor: float = 60.0) -> None:
-    """``job_id`` came ``seconds`` earlier: its arrival, and the score its aging gives it."""
+    """``job_id`` came ``seconds`` earlier: its arrival (in its class's arrival order too), and
+    the score its aging gives it (and its score as an arrival, kept for a class it rises into)."""
     client.hincrby(prefix + f"job:{job_id}", "arrival", -int(seconds * 1000))
     member = client.hget(prefix + f"job:{job_id}", "member")
     assert member is not None
     client.zincrby(prefix + f"q:{qos}", -seconds / divisor, member)
+    client.zincrby(prefix + f"qa:{qos}", -int(seconds * 1000), member)
+    client.hincrbyfloat(prefix + f"job:{job_id}", "natural", -seconds / divisor)
 
 
 @pytest.mark.parametrize(("rival", "periods"), [(2, 1), (1, 2), (0, 3)])

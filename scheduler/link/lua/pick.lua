@@ -11,9 +11,12 @@
 -- inside a class the sorted set's order (requeued first, then score, then arrival); a job aging
 -- lifted into a better class counts its priority there from that class's anchor as it counted
 -- from its own (ANCHOR: scheduler.core.qos.CLASS_ANCHOR), since a request that sends no priority
--- has its class's anchor and a lifted one otherwise lost every tie to the jobs born in it. Two jobs of
--- each class are candidates: the first by score and the oldest (qa:C, by arrival), which has
--- risen the most, so an old job behind a newer one of higher priority still rises. With a
+-- has its class's anchor and a lifted one otherwise lost every tie to the jobs born in it. The
+-- candidates of each class: the jobs put back after a loss (the first PUT_BACK), and of the
+-- arrivals the first by score and the oldest (qa:C, by arrival), which has risen the most, so an
+-- old job behind a newer one of higher priority still rises. A job put back heads its class's
+-- sorted set but ranks by its score as an arrival once lifted: it must not stand in for the
+-- arrivals' first or oldest (a lifted arrival of higher priority behind it went unseen). With a
 -- floor (a worker with every lane busy asking to preempt its lowest running class), only
 -- interactive or completion jobs of a class above the floor are taken, by their own class (aging
 -- ignored), and only when no live worker has a free lane (that worker takes it without
@@ -26,6 +29,8 @@ local p, worker = ARGV[1], ARGV[2]
 local n, starv, lease_ms, floor = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local caps, use = {}, {}
 local ANCHOR = {[0] = 100, [1] = 0, [2] = 0, [3] = -100}
+local REQUEUED = -1e300  -- the score of a job put back after a loss (enqueue.lua)
+local PUT_BACK = 8  -- how many of those a class weighs at most
 for c = 0, 3 do
   caps[c] = tonumber(ARGV[7 + c])
   use[c] = tonumber(ARGV[11 + c])
@@ -71,17 +76,32 @@ for _ = 1, n do
     local allowed = use[c] < caps[c]
     if floor < 4 and (c > 1 or c >= floor) then allowed = false end
     if allowed then
-      local candidates = {}
-      local head = redis.call("ZRANGE", p .. "q:" .. c, 0, 0, "WITHSCORES")
-      if #head > 0 then
-        table.insert(candidates, {head[1], tonumber(head[2])})
-        local oldest = redis.call("ZRANGE", p .. "qa:" .. c, 0, 0)
-        if #oldest > 0 and oldest[1] ~= head[1] then
-          local score = redis.call("ZSCORE", p .. "q:" .. c, oldest[1])
-          if score then
-            table.insert(candidates, {oldest[1], tonumber(score)})
-          else
-            redis.call("ZREM", p .. "qa:" .. c, oldest[1])  -- left the queue another way
+      local candidates, seen = {}, {}
+      local function add(member, score)
+        if not seen[member] then
+          seen[member] = true
+          table.insert(candidates, {member, tonumber(score)})
+        end
+      end
+      local q = p .. "q:" .. c
+      -- the jobs put back after a loss (their score heads the sorted set), the first PUT_BACK: each
+      -- ranks by its score as an arrival in a class aging lifted it into, so the first of them is
+      -- not always their best, and they must not hide the arrivals' own first and oldest
+      local back = redis.call("ZRANGEBYSCORE", q, "-inf", REQUEUED, "WITHSCORES", "LIMIT", 0, PUT_BACK)
+      for i = 1, #back, 2 do add(back[i], back[i + 1]) end
+      local first = redis.call("ZRANGEBYSCORE", q, "(" .. REQUEUED, "+inf", "WITHSCORES", "LIMIT", 0, 1)
+      if #first > 0 then
+        add(first[1], first[2])
+        -- the oldest arrival, past those put back that lead qa:C (#back / 2, or more than
+        -- PUT_BACK: then the oldest may be missed while they wait)
+        local qa = p .. "qa:" .. c
+        for _, member in ipairs(redis.call("ZRANGE", qa, 0, #back / 2)) do
+          local score = redis.call("ZSCORE", q, member)
+          if not score then
+            redis.call("ZREM", qa, member)  -- left the queue another way
+          elseif tonumber(score) > REQUEUED then
+            add(member, score)
+            break
           end
         end
       end
