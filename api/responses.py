@@ -455,29 +455,38 @@ def _native_calls(text: str, names: Collection[str], fmt: str) -> tuple[str, lis
     return (content, found) if found else None
 
 
-def _native_from(text: str, fmt: str) -> Callable[[int, Collection[str]], int | None] | None:
-    """For a format whose calls may begin anywhere in a reply (Mistral's, the XML ones): where,
-    reading ``text`` from a position, one begins as the stream finds it (``Reply._native_start``:
-    before the next ``<tool_call>`` that opens anything else), or None. None for another format."""
-    if fmt in XML_FORMATS:
-        starts = XML_FORMATS[fmt][1]
-
-        def tagged(pos: int, names: Collection[str]) -> int | None:
-            start = starts(text, names, pos)
-            return None if start is None else start[0]
-
-        return tagged
-    if fmt != "mistral":
+def _mistral_start(held: str, tools: Collection[str], pos: int = 0) -> tuple[int, bool] | None:
+    """As :func:`api.xml_tool_calls.qwen3_coder_start`, for Mistral's ``[TOOL_CALLS]``: where in
+    ``held`` (from ``pos``) it begins (True), or may still begin once more text comes (False),
+    before the first ``<tool_call>`` (searched only up to it: a reply read from each position
+    in turn costs its length once)."""
+    tag = held.find(TOOL_OPEN, pos)
+    at = held.find(MISTRAL_CALLS, pos, len(held) if tag < 0 else tag + len(MISTRAL_CALLS) - 1)
+    if at >= 0:
+        return at, True
+    if tag >= 0:
         return None
-    next_at = text.find(MISTRAL_CALLS)
+    keep = partial_suffix(held[max(pos, len(held) - len(MISTRAL_CALLS)) :], (MISTRAL_CALLS,))
+    return (len(held) - keep, False) if keep else None  # maybe the tag, still coming
 
-    def mistral(pos: int, names: Collection[str]) -> int | None:
-        nonlocal next_at
-        if 0 <= next_at < pos:  # (each search from where the last ended: linear in the reply)
-            next_at = text.find(MISTRAL_CALLS, pos)
-        return next_at if next_at >= 0 and text.find(TOOL_OPEN, pos, next_at) < 0 else None
 
-    return mistral
+# each format whose calls may begin anywhere in a reply: where one begins in streamed text
+_NATIVE_STARTS = {"mistral": _mistral_start, **{fmt: starts for fmt, (_read, starts) in XML_FORMATS.items()}}
+
+
+def _native_from(text: str, fmt: str) -> Callable[[int, Collection[str]], int | None] | None:
+    """For a format whose calls may begin anywhere in a reply (_NATIVE_STARTS): where, reading
+    ``text`` from a position, one begins as the stream finds it (``Reply._native_start``), or
+    None. None for another format."""
+    starts = _NATIVE_STARTS.get(fmt)
+    if starts is None:
+        return None
+
+    def native_at(pos: int, names: Collection[str]) -> int | None:
+        start = starts(text, names, pos)
+        return None if start is None else start[0]
+
+    return native_at
 
 
 def _headed_call(text: str, head: re.Match[str], name: str, fmt: str) -> tuple[dict[str, Any], int, bool]:
@@ -1151,18 +1160,8 @@ class Reply:
                 return at  # maybe the tag, still coming
             self.native_open = False
             return None
-        if fmt == "mistral":
-            tag = held.find(TOOL_OPEN)
-            at = held.find(MISTRAL_CALLS)
-            if at >= 0 and (tag < 0 or at < tag):
-                self.native_held = True
-                return at
-            if tag >= 0:
-                return None
-            keep = partial_suffix(held, (MISTRAL_CALLS,))
-            return len(held) - keep if keep else None  # maybe the tag, still coming
-        if fmt in XML_FORMATS:
-            start = XML_FORMATS[fmt][1](held, self.tool_names, 0)
+        if fmt in _NATIVE_STARTS:
+            start = _NATIVE_STARTS[fmt](held, self.tool_names, 0)
             if start is None:
                 return None
             self.native_held = start[1]
