@@ -77,6 +77,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
         ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
         ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
+        ("--stream-interval-ms", int, 0, "a running job's text goes to its client at most this often, several decode rounds' tokens in one event (its first token and its end at once); 0 = every round, 0-1000"),
         ("--aging-divisor", float, 60, "request priority: seconds of waiting per score point (a number, e.g. 0.5); 0 disables aging"),
         ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
         ("--no-compact-lanes", bool, False, "llama.cpp: leave running jobs in their lanes, instead of moving one into a free lane so the busy lanes decode in one pass"),
@@ -274,6 +275,8 @@ def scheduler_config(options: dict[str, Any], names: dict[str, str] | None = Non
         raise CommandError(f"--abort-grace-ms must be between 0 and 10000; got {options['abort_grace_ms']}")
     if options["completion_deadline_ms"] < 0:
         raise CommandError("--completion-deadline-ms must be 0 (off) or positive")
+    if not 0 <= options["stream_interval_ms"] <= 1000:
+        raise CommandError(f"--stream-interval-ms must be between 0 (every round) and 1000; got {options['stream_interval_ms']}")
     # 0 has a documented meaning for each; a negative value used to mean the same without a word
     # (a negative --threads reached llama.cpp as is, and --drain-timeout -1 cut every stream at once)
     for flag, zero in (

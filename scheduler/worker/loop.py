@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.core.qos import QosClass, band_of
 from scheduler.core.scheduler import Scheduler, SchedulerConfig
-from scheduler.core.types import Event, Job, JobState, SamplingParams, TickResult
+from scheduler.core.types import Event, Job, JobState, SamplingParams, TickPlan, TickResult
 from scheduler.engines import chat as chat_format
 from scheduler.engines.base import Engine, EngineError, Unsupported
 from scheduler.link.messages import (
@@ -130,6 +130,7 @@ class JobContext:
     # not, as llama-server's) and whether its text so far holds a new line (has_new_line)
     limit_asked: bool = True
     has_new_line: bool = False
+    sent_s: float | None = None  # when its last Delta was queued (the worker's clock); None: none yet
 
 
 def slot_params(job: Job, ctx: JobContext | None) -> dict[str, Any]:
@@ -169,12 +170,17 @@ class EngineWorker:
         model_name: str,
         clock: Callable[[], float] = time.monotonic,
         completion_deadline_ms: int = 0,
+        stream_interval_ms: int = 0,
         os_pressure: bool = False,
         pressure_monitor: PressureMonitor | None = None,
         prepare_in_thread: bool = False,
     ) -> None:
         self.engine = engine
         self.completion_deadline_ms = completion_deadline_ms
+        # --stream-interval-ms: a running job's text goes out at most this often (its first text
+        # and its end at once), so one link message, one wake-up of the web process and one SSE
+        # event carry the tokens of several short decode rounds (_paced)
+        self.stream_interval_s = stream_interval_ms / 1000.0
         self.pressure = (pressure_monitor or PressureMonitor()) if os_pressure else None
         self.model_name = model_name
         # An engine that aborts a running step (llama.cpp) lets the scheduler plan full prompt
@@ -1051,6 +1057,11 @@ class EngineWorker:
         if not plan.has_work:
             self._process(self.scheduler.drain_events())
             return False
+        if self.stream_interval_s > 0 and not self._short_round(plan):
+            # text held for pacing does not wait for a prompt step or a cache copy
+            self._send_pending(None)
+            if self.link is not None:
+                self.link.flush()
         started = time.perf_counter()
         try:
             result = self.engine.execute(plan, self.interrupt.is_set)
@@ -1074,6 +1085,12 @@ class EngineWorker:
         self._commit(result)
         self.metrics.on_tick(plan, result)
         return True
+
+    @staticmethod
+    def _short_round(plan: TickPlan) -> bool:
+        """A round of decoding only: no prompt tokens, no lane parked, restored or swapped, no
+        cache copy (each of which can take far longer than a decode round)."""
+        return not (plan.prefill_tokens or plan.park or plan.restore or plan.swap or plan.pool)
 
     def _note_busy_lanes(self) -> None:
         """The lanes the tick ran, counted before its commit frees the lanes of the jobs it
@@ -1186,14 +1203,26 @@ class EngineWorker:
         followups = self.scheduler.drain_events()
         if followups:
             self._process(followups)
+        self._send_pending(self.clock())
+
+    def _send_pending(self, now: float | None) -> None:
+        """Queue each job's text and logprobs not sent yet; ``now`` None: all of it, else what
+        --stream-interval-ms lets go (_paced)."""
         for ctx in self.contexts.values():
             # a preemption is said at once, in an empty Delta where no text goes: a client that
             # leaves while its job is parked has it on its row (no Delta came until it ran again)
-            if ctx.pending_text or ctx.pending_logprobs or ctx.preempted:
+            if (ctx.pending_text or ctx.pending_logprobs or ctx.preempted) and not (now is not None and self._paced(ctx, now)):
                 ctx.preempted = False
                 job = self.scheduler.jobs.get(ctx.job_id)
                 # the tokens whose text went out: a job submitted again goes on after them
                 self._send_delta(ctx, ctx.stream.tokens_out + ctx.resume_tokens, job.preemptions if job else 0)
+
+    def _paced(self, ctx: JobContext, now: float) -> bool:
+        """Whether a running job's new text waits for a later round (--stream-interval-ms): its
+        last Delta went out less than the interval ago. Its first text never waits (the time to
+        first token), nor a preemption, nor its end (_finished); what waits goes before a round
+        that may be long (run_tick), so no text waits much more than the interval."""
+        return not ctx.preempted and ctx.sent_s is not None and now - ctx.sent_s < self.stream_interval_s
 
     def _predicting_ms(self, job_id: str) -> float:
         """Milliseconds on the worker's clock since the job's first generated token (on this
@@ -1211,8 +1240,8 @@ class EngineWorker:
             ctx.pending_logprobs.append(ctx.held_logprobs.popleft())
         ctx.entries_sent += out
 
-    @staticmethod
-    def _send_delta(ctx: JobContext, tokens: int, preemptions: int) -> None:
+    def _send_delta(self, ctx: JobContext, tokens: int, preemptions: int) -> None:
+        ctx.sent_s = self.clock()
         logprobs = None
         if ctx.pending_logprobs:
             logprobs = list(ctx.pending_logprobs)  # optional: only when asked for
@@ -1344,6 +1373,7 @@ class EngineWorker:
                 self.link.flush()
         # the ends no tick processed: a cancel that emptied a draining worker stopped it at once
         self._process(self.scheduler.drain_events())
+        self._send_pending(None)  # text held for pacing goes before the errors of the jobs cut
         # the drain ran out of time: every job left ends with an error its client sees
         cut = [(ctx.conn, job_id) for job_id, ctx in self.contexts.items()] + [(conn, job_id) for job_id, conn in self.preparing.items()]
         for job_id in list(self.contexts):

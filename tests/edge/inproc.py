@@ -58,8 +58,9 @@ class SimWorker:
 
     engine_class: type[SimEngine] = SimEngine
 
-    def __init__(self, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0) -> None:
+    def __init__(self, *, lanes: int = 2, lane_ctx: int = 512, step_sleep_s: float = 0.0, stream_interval_ms: int = 0) -> None:
         self.lanes, self.lane_ctx, self.step_sleep_s = lanes, lane_ctx, step_sleep_s
+        self.stream_interval_ms = stream_interval_ms  # serve's --stream-interval-ms (the fake clock's)
         self.transport: InProcessTransport | None = None
 
     def make_worker(self) -> EngineWorker:
@@ -68,7 +69,7 @@ class SimWorker:
         if self.step_sleep_s > 0:  # a slower engine, for streams that must still be running
             engine.on_call = lambda _n: time.sleep(self.step_sleep_s)
         config = SchedulerConfig(max_batch=self.lanes, lane_ctx=self.lane_ctx)
-        return EngineWorker(engine, config, model_name=MODEL, clock=clock, prepare_in_thread=True)
+        return EngineWorker(engine, config, model_name=MODEL, clock=clock, prepare_in_thread=True, stream_interval_ms=self.stream_interval_ms)
 
     def busy(self) -> tuple[int, int]:
         """(lanes bound, jobs queued) as the scheduler has them now."""

@@ -128,10 +128,13 @@ class ScriptWorker(SimWorker):
     engine_class = ScriptEngine
 
 
-@pytest.fixture
-def edge() -> Iterator[asyncio.AbstractEventLoop]:
+# --stream-interval-ms: 0, a Delta a round (the simulator's 60 ms); 150, two or three rounds'
+# tokens in one Delta, so the stream's pieces are several tokens long, cut anywhere
+@pytest.fixture(params=[0, 150], ids=["every-round", "paced"])
+def edge(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
     # a twin asks twice: no fill-in-the-middle rate limit (it would refuse one of them)
-    with attached_loop(ScriptWorker(lanes=4, lane_ctx=2048), SUPERFLUID_COMPLETION_RATE="0") as loop:
+    worker = ScriptWorker(lanes=4, lane_ctx=2048, stream_interval_ms=request.param)
+    with attached_loop(worker, SUPERFLUID_COMPLETION_RATE="0") as loop:
         yield loop
 
 

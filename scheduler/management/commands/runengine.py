@@ -97,6 +97,7 @@ def engine_worker(engine: Any, config: SchedulerConfig, options: dict[str, Any],
         config,
         model_name=options["model_name"] or model_name_for(model),
         completion_deadline_ms=options["completion_deadline_ms"],
+        stream_interval_ms=options["stream_interval_ms"],
         os_pressure=options["os_pressure"] == "on",
         prepare_in_thread=True,
     )
