@@ -17,6 +17,11 @@ part of it (``--max-tokens 400`` at one stream is ~20 ticks).
 
     python bench/web_cpu.py --loops uvloop --tree base=/tmp/base --tree new=.
 
+An A/B of flags: ``--variant NAME=FLAGS`` (twice or more) starts one server of this checkout per
+variant, with those flags added (``--variant every=`` for none), the same way.
+
+    python bench/web_cpu.py --loops uvloop --variant every= --variant paced="--stream-interval-ms 50"
+
 ``--bare`` also runs the bare loop (``bench/bare_loop.py``, in this process, with the
 llama-cpp-python it imports) on the same prompts in every round, before the servers, and adds
 each server's throughput over the bare loop's, the median of the rounds' ratios.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -74,17 +80,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--loops", default=",".join(LOOPS), help="event loops to run serve on (uvloop, asyncio)")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH", help="a checkout to serve from (A/B; repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS", help="this checkout with these serve flags added (A/B; repeatable)")
     parser.add_argument("--bare", action="store_true", help="also run the bare loop each round; report each server's tok/s over it")
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     loops = [loop for loop in args.loops.split(",") if loop]
     if any(loop not in LOOPS for loop in loops):
         parser.error(f"--loops: one of {', '.join(LOOPS)}")
-    trees = [tuple(t.split("=", 1)) for t in args.tree] or [("", "")]
+    # (name, checkout, added flags): a checkout's path, or "" for this one
+    trees = [(*t.split("=", 1), "") for t in args.tree] + [(v.split("=", 1)[0], "", v.split("=", 1)[1]) for v in args.variant]
     model = model_name_for(default_model_path())
-    flags = ("--max-batch", str(max(counts)))
     servers: dict[str, RunningServer] = {}
-    for tree, path in trees:
+    for tree, path, added in trees or [("", "", "")]:
+        flags = ("--max-batch", str(max(counts)), *shlex.split(added))
         for loop in loops:
             label = f"{tree} {loop}".strip()
             env = {"SUPERFLUID_EVENT_LOOP": loop}
