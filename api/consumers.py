@@ -648,13 +648,12 @@ class GenerationConsumer(StreamingConsumer):
         from its first token (a response_format, a forced call). A reply that continues a
         prefill is not split (llama-server's reasoning format none there): it is text after
         the client's, which the template's reasoning block does not hold (:attr:`prefill`
-        refuses a template that thinks first). gpt-oss's reply so left, with tools offered, has its
-        calls read all the same (``harmony-unsplit``), as llama-server's gpt-oss parser reads
-        them with reasoning_format none."""
+        refuses a template that thinks first). gpt-oss's reply so left is read as llama-server's
+        gpt-oss parser reads it with reasoning_format none (``harmony-unsplit``): its calls of
+        offered functions are calls, its analysis stays content as written, and the final and
+        preamble messages' headers are no content, with tools offered or not."""
         if (request.reasoning_format or serving().reasoning_format) == "none" or request.prefill_text:
-            if self.reasoning_format == "harmony" and request.tools and request.tool_choice != "none":
-                return HARMONY_UNSPLIT
-            return "none"
+            return HARMONY_UNSPLIT if self.reasoning_format == "harmony" else "none"
         if self.reasoning_format == "think-open" and (
             (request.chat_template_kwargs or {}).get("enable_thinking") in (False,)  # (== False: 0 too)
             or request.response_format is not None

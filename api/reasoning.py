@@ -24,13 +24,14 @@ in its worker's Hello):
   ``api.responses.Reply`` has; a call of a function the request does not offer (none, or a
   built-in tool's) is dropped, as llama-server drops calls nobody asked for.
 * ``harmony-unsplit``: gpt-oss's reply where it is not split (reasoning_format ``none``, a
-  prefill's continuation) but tools are offered: its calls are read all the same, as
-  llama-server's gpt-oss parser reads them with reasoning_format none, and the rest is answer as
-  that parser gives it (common/parsers/gpt-oss.cpp): an analysis message as written, its
-  ``<|channel|>analysis<|message|>`` and ``<|end|>`` kept, a final or preamble message's text
-  without its header, no ``<|start|>assistant`` between them. A reply that continues a prefill
-  begins inside the prefill's message: its text up to the first marker is answer as written,
-  with the ``<|end|>`` that ends it.
+  prefill's continuation), tools offered or not: its calls of offered functions are read all
+  the same, as llama-server's gpt-oss parser reads them with reasoning_format none, and the rest
+  is answer as that parser gives it (common/parsers/gpt-oss.cpp): an analysis message as
+  written, its ``<|channel|>analysis<|message|>`` and ``<|end|>`` kept, a final or preamble
+  message's text without its header, no ``<|start|>assistant`` between them. A reply that
+  continues a prefill begins inside the prefill's message: its text up to the first marker is
+  answer as written, with the ``<|end|>`` that ends it. That text kept as written (:class:`Kept`)
+  is the model's reasoning, so no ``<tool_call>`` in it is read as a call (``feed_parts``).
 
 Each splitter takes the reply in pieces as they come (``feed``) and says what of it is reasoning
 and what answer; ``finish`` gives the rest. Any split of the reply gives the same reasoning and
@@ -61,8 +62,35 @@ MAX_HEADER = 512
 _PIECE = 256  # the most of a reply one step of HarmonySplitter takes
 _H_CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z0-9_]+)")
 _H_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
-# gpt-oss's reply not split, tools offered: its calls read, the rest answer (module docstring)
+# gpt-oss's reply not split: its calls read, the rest answer (module docstring)
 HARMONY_UNSPLIT = "harmony-unsplit"
+
+
+class Kept(str):
+    """Answer text kept as written, a ``harmony-unsplit`` analysis message's (its markers too):
+    the model's reasoning left in the content, in which no tool call is read."""
+
+
+# a splitter's answer in order: each piece's text and whether it is kept as written (:class:`Kept`)
+Parts = list[tuple[str, bool]]
+
+
+def _parts(pieces: list[str]) -> Parts:
+    """``pieces`` of answer as :data:`Parts`, neighbours of a kind joined, none empty."""
+    out: Parts = []
+    run: list[str] = []
+    kept = False
+    for piece in pieces:
+        if not piece:
+            continue
+        if isinstance(piece, Kept) != kept and run:
+            out.append(("".join(run), kept))
+            run = []
+        kept = isinstance(piece, Kept)
+        run.append(piece)
+    if run:
+        out.append(("".join(run), kept))
+    return out
 
 
 def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
@@ -108,6 +136,16 @@ class Splitter:
     def finish(self, *, cut: bool = False) -> tuple[str, str]:
         """The rest; ``cut``: the reply was cut short (max_tokens), not ended by the model."""
         raise NotImplementedError
+
+    def feed_parts(self, text: str) -> tuple[str, Parts]:
+        """:meth:`feed`, the answer in :data:`Parts` (none of it kept as written here)."""
+        reasoning, answer = self.feed(text)
+        return reasoning, _parts([answer])
+
+    def finish_parts(self, *, cut: bool = False) -> tuple[str, Parts]:
+        """:meth:`finish`, the answer in :data:`Parts`."""
+        reasoning, answer = self.finish(cut=cut)
+        return reasoning, _parts([answer])
 
 
 class ThinkSplitter(Splitter):
@@ -203,6 +241,10 @@ class HarmonySplitter(Splitter):
         self.call_head = ""
 
     def feed(self, text: str) -> tuple[str, str]:
+        reasoning, parts = self.feed_parts(text)
+        return reasoning, "".join(piece for piece, _kept in parts)
+
+    def feed_parts(self, text: str) -> tuple[str, Parts]:
         reasoning: list[str] = []
         answer: list[str] = []
         # in pieces of a bounded length (any split gives the same): each step copies what is left
@@ -211,7 +253,7 @@ class HarmonySplitter(Splitter):
             piece = text[at : at + _PIECE]
             while piece:
                 piece = self._step(piece, reasoning, answer)
-        return "".join(reasoning), "".join(answer)
+        return "".join(reasoning), _parts(answer)
 
     def _looks_like_header(self, head: str) -> bool:
         body = head.lstrip(" ")
@@ -256,7 +298,7 @@ class HarmonySplitter(Splitter):
             at, marker = min(found)
             self._body(text[:at], reasoning, answer)
             if self.sink == "kept" and marker == H_END:
-                answer.append(H_END)
+                answer.append(Kept(H_END))
             self._close(answer)
             self.state = "head"
             # a channel opened without a start begins the next header; the others end this one
@@ -280,7 +322,7 @@ class HarmonySplitter(Splitter):
                 self.sink = "drop"
         elif channel == "analysis" and self.unsplit:  # as written, from its channel on
             self.sink = "kept"
-            answer.append(head[head.find(H_CHANNEL) :] + H_MESSAGE)
+            answer.append(Kept(head[head.find(H_CHANNEL) :] + H_MESSAGE))
         elif channel == "analysis":
             self.sink = "reasoning"
         else:  # final, a commentary preamble, or a channel not known: the answer
@@ -295,7 +337,9 @@ class HarmonySplitter(Splitter):
             if piece.strip():  # (the whitespace before the arguments is no part of them)
                 answer.append(self.call_head + piece.lstrip())
                 self.call_head = ""
-        elif self.sink in ("answer", "call", "kept"):
+        elif self.sink == "kept":
+            answer.append(Kept(piece))
+        elif self.sink in ("answer", "call"):
             answer.append(piece)
 
     def _close(self, answer: list[str], *, cut: bool = False) -> None:
@@ -307,6 +351,10 @@ class HarmonySplitter(Splitter):
         self.call_open, self.call_head = False, ""
 
     def finish(self, *, cut: bool = False) -> tuple[str, str]:
+        reasoning, parts = self.finish_parts(cut=cut)
+        return reasoning, "".join(piece for piece, _kept in parts)
+
+    def finish_parts(self, *, cut: bool = False) -> tuple[str, Parts]:
         reasoning: list[str] = []
         answer: list[str] = []
         if self.state == "head" and self.header:
@@ -318,7 +366,7 @@ class HarmonySplitter(Splitter):
             if not (cut and self.sink == "call"):  # (a cut call's: a marker's start, no argument)
                 self._body(pending, reasoning, answer)
             self._close(answer, cut=cut)
-        return "".join(reasoning), "".join(answer)
+        return "".join(reasoning), _parts(answer)
 
 
 def new_splitter(fmt: str, *, calls: Collection[str] = (), continues: bool = False) -> Splitter | None:
@@ -327,8 +375,8 @@ def new_splitter(fmt: str, *, calls: Collection[str] = (), continues: bool = Fal
     the functions offered; ``continues``: the reply continues a prefill."""
     if fmt == "harmony":
         return HarmonySplitter(calls=calls)
-    if fmt == HARMONY_UNSPLIT:  # (without calls to read, the reply is left as it came)
-        return HarmonySplitter(calls=calls, unsplit=True, continues=continues) if calls else None
+    if fmt == HARMONY_UNSPLIT:
+        return HarmonySplitter(calls=calls, unsplit=True, continues=continues)
     if fmt in ("think", "think-open"):
         return ThinkSplitter(forced_open=fmt == "think-open")
     if fmt == "mistral":
@@ -336,12 +384,19 @@ def new_splitter(fmt: str, *, calls: Collection[str] = (), continues: bool = Fal
     return None
 
 
+def split_parts(splitter: Splitter, text: str, *, cut: bool = False) -> tuple[str, Parts]:
+    """(reasoning, answer in :data:`Parts`) of a whole reply, by a ``splitter`` that has seen
+    none of it (``cut``: cut short by max_tokens)."""
+    r1, a1 = splitter.feed_parts(text)
+    r2, a2 = splitter.finish_parts(cut=cut)
+    return r1 + r2, _parts([Kept(piece) if kept else piece for piece, kept in a1 + a2])
+
+
 def split_whole(splitter: Splitter, text: str, *, cut: bool = False) -> tuple[str, str]:
     """(reasoning, answer) of a whole reply, by a ``splitter`` that has seen none of it
     (``cut``: cut short by max_tokens)."""
-    r1, a1 = splitter.feed(text)
-    r2, a2 = splitter.finish(cut=cut)
-    return r1 + r2, a1 + a2
+    reasoning, parts = split_parts(splitter, text, cut=cut)
+    return reasoning, "".join(piece for piece, _kept in parts)
 
 
 def split_reasoning(text: str, fmt: str, *, calls: Collection[str] = ()) -> tuple[str, str]:

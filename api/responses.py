@@ -21,7 +21,7 @@ from scheduler.engines.grammar import MAX_PARALLEL_CALLS
 from scheduler.link.messages import Delta, Done
 
 from .errors import ApiError
-from .reasoning import new_splitter, partial_suffix, split_whole
+from .reasoning import Parts, new_splitter, partial_suffix, split_parts
 from .xml_tool_calls import XML_FORMATS
 
 Endpoint = Literal["chat", "completions"]
@@ -905,7 +905,8 @@ class Reply:
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
         # a reasoning model's reply (its worker's Hello.reasoning_format): its reasoning is split
         # out as reasoning_content, its answer goes on as the text below (api/reasoning.py)
-        # (harmony-unsplit: gpt-oss's calls read out of a reply whose reasoning stays answer)
+        # (harmony-unsplit: gpt-oss's calls read out of a reply whose reasoning stays answer, the
+        # reasoning's text kept as written: no call is read in it, _answer_chunks)
         self.reasoning = new_splitter(reasoning_format, calls=self.tool_names, continues=continues) if endpoint == "chat" else None
 
     # -- streaming ------------------------------------------------------------------------
@@ -1036,8 +1037,14 @@ class Reply:
             return [chunk] if text or entries else []
         if self.reasoning is None:
             return self._answer_chunks(text, entries)
-        thought, text = self.reasoning.feed(text)
-        return self._reasoning_chunks(thought) + self._answer_chunks(text, entries)
+        thought, parts = self.reasoning.feed_parts(text)
+        frames = self._reasoning_chunks(thought)
+        if not parts:
+            return frames + self._answer_chunks("", entries)
+        for piece, kept in parts:  # (the entries ride on the first part's chunks)
+            frames += self._answer_chunks(piece, entries, kept=kept)
+            entries = []
+        return frames
 
     def _reasoning_chunks(self, thought: str) -> list[dict[str, Any]]:
         """A chunk of ``delta.reasoning_content``, as llama-server streams a reasoning model's
@@ -1048,27 +1055,34 @@ class Reply:
         chunk["choices"][0]["delta"] = {"reasoning_content": thought}
         return [chunk]
 
-    def _answer_chunks(self, text: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Chat: the chunks of newly generated answer ``text`` (``entries``: its logprobs)."""
+    def _answer_chunks(self, text: str, entries: list[dict[str, Any]], *, kept: bool = False) -> list[dict[str, Any]]:
+        """Chat: the chunks of newly generated answer ``text`` (``entries``: its logprobs).
+        ``kept``: text kept as written (api.reasoning.Kept, an unsplit gpt-oss analysis), content
+        in which no call is read; the text held before it is read out first, as at the reply's
+        end (:meth:`_read_held`), so the calls are those :meth:`_read_parts` reads unstreamed."""
         calls: list[dict[str, Any]] = []
+        before: list[dict[str, Any]] = []
         if self.tool_names:
-            text, calls = self._stream_calls(text)
+            if kept:
+                before = self._read_held(None)
+            else:
+                text, calls = self._stream_calls(text)
             text = self._stripped(text)
         if not text and not entries:
-            return calls
+            return before + calls
         if not text and self.tool_names:
             # a call's tokens, or text held as maybe one: their entries ride on the call's first
             # chunk, else on a chunk of no content. A content "" here opened a reply of calls only
             # with content "", which reassembles to "" where unstreamed it is null.
             if calls and self.want_logprobs:
                 calls[0]["choices"][0]["logprobs"] = chat_logprobs(entries)
-                return calls
+                return before + calls
             chunk = chat_chunk(self.id, self.model, self.created)
         else:
             chunk = chat_chunk(self.id, self.model, self.created, content=text)
         if self.want_logprobs:
             chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
-        return [chunk, *calls]
+        return [*before, chunk, *calls]
 
     def _stream_calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """Tool mode: (text to send as content, tool-call chunks) for newly generated text."""
@@ -1215,35 +1229,14 @@ class Reply:
                 chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
             frames.append(chunk)
         if self.reasoning is not None:  # the reply's last reasoning, and answer held as a marker's start
-            thought, rest = self.reasoning.finish(cut=_cut_short(event))
+            thought, parts = self.reasoning.finish_parts(cut=_cut_short(event))
             frames += self._reasoning_chunks(thought)
-            if rest:
-                frames += self._answer_chunks(rest, [])
-        if self.held_parts:
-            self.held, self.held_parts = self.held + "".join(self.held_parts), []
+            for piece, kept in parts:
+                frames += self._answer_chunks(piece, [], kept=kept)
         if self.endpoint == "chat":
-            # (held after a streamed call's arguments: its closing, cut short by max_tokens, a stop
-            # string or the end of generation; markup of a call sent, which is no content)
-            if self.tool_names and self.held and not self.after_args:
-                # unstripped: the content is the text around the calls stripped as a whole, and
-                # this is its end (a space after text that went out is the content's own)
-                content, found, whole = _read_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
-                calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
-                if found:
-                    if content and (content := self._stripped(content)):
-                        frames.append(chat_chunk(self.id, self.model, self.created, content=content))
-                    for call, closed in zip(calls, whole, strict=False):
-                        i, self.calls_sent = self.calls_sent, self.calls_sent + 1
-                        self.calls_closed += closed
-                        head = {"index": i, "id": call["id"], "type": "function",
-                                "function": {"name": call["function"]["name"], "arguments": ""}}
-                        frames.append(self._tool_chunk(head))
-                        frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
-                # (an opening cut after content that went out is content too, as unstreamed: the
-                # whole content is no cut opening there)
-                elif (self.content_sent or not self._cut_opening(self.held, reason)) and (rest := self._stripped(self.held)):
-                    frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
-            self.held = ""
+            if self.tool_names:
+                frames += self._read_held(reason)
+            self.held, self.held_parts = "", []
             pending = "".join(self.pending_space)
             # no call after all: the text is whole (a continuation's whitespace alone too)
             if pending and not self.calls_sent and (self.content_sent or self.continues):
@@ -1265,6 +1258,39 @@ class Reply:
                 frames.append(completion_usage_chunk(self.id, self.model, self.created, usage))
         return frames
 
+    def _read_held(self, reason: str | None) -> list[dict[str, Any]]:
+        """Tool mode: the chunks of the text held as maybe a call's, read whole as the reply's
+        end reads it (``reason``: its finish reason; None: text kept as written follows, no
+        call read in it, :meth:`_answer_chunks`); the call reader starts afresh after it."""
+        if self.held_parts:
+            self.held, self.held_parts = self.held + "".join(self.held_parts), []
+        frames: list[dict[str, Any]] = []
+        # (held after a streamed call's arguments: its closing, cut short by max_tokens, a stop
+        # string or the end of generation; markup of a call sent, which is no content)
+        if self.held and not self.after_args:
+            # unstripped: the content is the text around the calls stripped as a whole, and
+            # this is its end (a space after text that went out is the content's own)
+            content, found, whole = _read_tool_calls(self.held, self.tool_names, strip=False, fmt=self.tool_format)
+            calls = found[: max(0, self.max_calls - self.calls_sent)] if self.max_calls is not None else found
+            if found:
+                if content and (content := self._stripped(content)):
+                    frames.append(chat_chunk(self.id, self.model, self.created, content=content))
+                for call, closed in zip(calls, whole, strict=False):
+                    i, self.calls_sent = self.calls_sent, self.calls_sent + 1
+                    self.calls_closed += closed
+                    head = {"index": i, "id": call["id"], "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""}}
+                    frames.append(self._tool_chunk(head))
+                    frames.append(self._tool_chunk({"index": i, "function": {"arguments": call["function"]["arguments"]}}))
+            # (an opening cut after content that went out is content too, as unstreamed: the
+            # whole content is no cut opening there)
+            elif (self.content_sent or not self._cut_opening(self.held, reason)) and (rest := self._stripped(self.held)):
+                frames.append(chat_chunk(self.id, self.model, self.created, content=rest))
+        # a streamed call whose arguments or closing are still open stays cut there, unclosed
+        self.held, self.native_held = "", False
+        self.args, self.after_args, self.args_parts, self.tail_scan = None, False, [], []
+        return frames
+
     def _tool_chunk(self, call_delta: dict[str, Any]) -> dict[str, Any]:
         chunk = chat_chunk(self.id, self.model, self.created)
         if self.legacy:  # {"function_call": {"name", "arguments"}}: no index, id or type
@@ -1279,6 +1305,26 @@ class Reply:
         return self._entries("", None, event)
 
     # -- not streamed ---------------------------------------------------------------------
+
+    def _read_parts(self, parts: Parts, *, strip: bool) -> tuple[str | None, list[dict[str, Any]], list[bool]]:
+        """:func:`_read_tool_calls` of a reply's answer in ``parts`` (api.reasoning.Parts): text
+        kept as written is content, no call read in it, and the text between such parts is
+        read each on its own, as the stream reads it out before the kept text comes."""
+        if len(parts) == 1 and not parts[0][1]:
+            return _read_tool_calls(parts[0][0], self.tool_names, strip=strip, fmt=self.tool_format)
+        content: list[str] = []
+        calls: list[dict[str, Any]] = []
+        whole: list[bool] = []
+        for piece, kept in parts:
+            if kept:
+                content.append(piece)
+                continue
+            text, found, closed = _read_tool_calls(piece, self.tool_names, strip=False, fmt=self.tool_format)
+            content.append(text or "")
+            calls += found
+            whole += closed
+        joined = "".join(content)
+        return ((joined.strip() if strip else joined) or None), calls, whole
 
     def add(self, event: Delta) -> None:
         self.text.append(event.text)
@@ -1302,13 +1348,15 @@ class Reply:
             return obj
         calls: list[dict[str, Any]] = []
         thought = ""
+        parts: Parts = [(text, False)]
         if self.reasoning is not None:
-            thought, text = split_whole(self.reasoning, text, cut=_cut_short(event))
+            thought, parts = split_parts(self.reasoning, text, cut=_cut_short(event))
+            text = "".join(piece for piece, _kept in parts)
         content: str | None = text
         if self.tool_names:
             # a call whose head came is a call, its arguments as far as they came, as the stream
             # sent it (cut by max_tokens, a stop string or the end of generation)
-            content, calls, whole = _read_tool_calls(text, self.tool_names, strip=not self.continues, fmt=self.tool_format)
+            content, calls, whole = self._read_parts(parts, strip=not self.continues)
             if self.continues:  # the text around the calls, its own leading whitespace kept
                 content = (content or "").rstrip() or None
             if self.max_calls is not None:

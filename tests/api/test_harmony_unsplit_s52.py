@@ -28,18 +28,20 @@ PREAMBLE = "<|start|>assistant<|channel|>commentary<|message|>Checking the forec
 FINAL = "<|start|>assistant<|channel|>final<|message|>It is sunny."
 
 
-def _reply(tools: Any, continues: bool) -> Reply:
-    return Reply("chat", "m", tools=tools, reasoning_format=HARMONY_UNSPLIT, continues=continues)
+def _reply(tools: Any, continues: bool, tool_format: str = "hermes") -> Reply:
+    return Reply("chat", "m", tools=tools, reasoning_format=HARMONY_UNSPLIT, continues=continues, tool_format=tool_format)
 
 
-def whole(text: str, tools: Any = TOOLS, *, continues: bool = False, reason: str = "stop") -> dict[str, Any]:
-    reply = _reply(tools, continues)
+def whole(text: str, tools: Any = TOOLS, *, continues: bool = False, reason: str = "stop", tool_format: str = "hermes") -> dict[str, Any]:
+    reply = _reply(tools, continues, tool_format)
     reply.add(Delta("j", text))
     return whole_view(reply.body(Done("j", reason), None)["choices"][0])
 
 
-def streamed(pieces: list[str], tools: Any = TOOLS, *, continues: bool = False, reason: str = "stop") -> dict[str, Any]:
-    reply = _reply(tools, continues)
+def streamed(
+    pieces: list[str], tools: Any = TOOLS, *, continues: bool = False, reason: str = "stop", tool_format: str = "hermes"
+) -> dict[str, Any]:
+    reply = _reply(tools, continues, tool_format)
     return assemble(reply.first_chunks() + streamed_chunks(reply, pieces, reason)).view()
 
 
@@ -69,10 +71,12 @@ def test_an_unsplit_reply_without_a_call_is_content_as_llama_server_gives_it() -
     assert got == {"reasoning": None, "content": ANALYSIS + "It is sunny.", "calls": [], "finish_reason": "stop"}
 
 
-def test_a_call_nobody_offered_is_dropped_and_no_tools_leave_the_reply_as_it_came() -> None:
+def test_a_call_nobody_offered_is_dropped_with_tools_or_without() -> None:
     assert both(ANALYSIS + CALL.replace("get_weather", "get_time"))["calls"] == []
-    assert new_splitter(HARMONY_UNSPLIT, calls=()) is None
-    assert both(ANALYSIS + CALL, tools=None)["content"] == ANALYSIS + CALL
+    # without tools the reply is read as llama-server reads it then (session 53: before, it came
+    # back raw, headers and all): tests/api/test_harmony_unsplit_s53.py
+    assert new_splitter(HARMONY_UNSPLIT, calls=()) is not None
+    assert both(ANALYSIS + CALL, tools=None)["content"] == ANALYSIS
 
 
 @pytest.mark.parametrize(
@@ -104,6 +108,8 @@ PIECES = [
     "<|channel|>", "analysis", "final", "commentary", " to=functions.get_weather", " to=functions.f", " to=browser.open",
     " to=assistant", "<|message|>", "<|start|>", "assistant", "<|end|>", " <|constrain|>json", "<|", "|>",
     '{"city":"P"}', "{}", "{", "}", '"', "<tool_call>", "</tool_call>", " ", "\n", "x", "é",
+    # a generic call's head and Qwen3-Coder's tags: in an analysis kept as written, no call
+    '{"name": "get_weather", "arguments": ', "<function=get_weather>", "<parameter=city>", "</function>",
 ]  # fmt: skip
 
 
@@ -111,15 +117,16 @@ PIECES = [
 @given(
     text=st.lists(st.sampled_from(PIECES), max_size=24).map("".join),
     tools=st.sampled_from([None, TOOLS]),
+    tool_format=st.sampled_from(["hermes", "qwen3_coder"]),
     continues=st.booleans(),
     reason=st.sampled_from(["stop", "length"]),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
 )
 def test_any_split_of_any_unsplit_harmony_reply_streams_what_the_whole_reply_says(
-    text: str, tools: Any, continues: bool, reason: str, cuts: list[int]
+    text: str, tools: Any, tool_format: str, continues: bool, reason: str, cuts: list[int]
 ) -> None:
     at = sorted({c % (len(text) + 1) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
-    got = whole(text, tools, continues=continues, reason=reason)
-    assert streamed(pieces, tools, continues=continues, reason=reason) == got
+    got = whole(text, tools, continues=continues, reason=reason, tool_format=tool_format)
+    assert streamed(pieces, tools, continues=continues, reason=reason, tool_format=tool_format) == got
     assert got["reasoning"] is None  # nothing is split out as reasoning

@@ -1,8 +1,9 @@
 """gpt-oss's calls read where its reply is not split (tests/edge/inproc.py, the scripted engine
 with gpt-oss's chat template): the request's reasoning_format none and an assistant prefill,
 with tools offered, give the call as a call and the rest as content, as llama-server's gpt-oss
-parser gives them with reasoning_format none; streamed and unstreamed alike. The middle layer's
-part: api/consumers.py's reply_reasoning picks the harmony reader for such a reply."""
+parser gives them with reasoning_format none; streamed and unstreamed alike; without tools the
+same, the final message's header no content. The middle layer's part: api/consumers.py's
+reply_reasoning picks the harmony reader for such a reply."""
 
 from __future__ import annotations
 
@@ -41,7 +42,25 @@ def test_a_prefilled_analysis_continued_into_a_call_is_a_call(gpt_oss: Any, stre
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_without_tools_an_unsplit_reply_is_left_as_it_came(gpt_oss: Any, stream: bool) -> None:
+def test_without_tools_an_unsplit_reply_keeps_its_analysis_and_drops_the_final_header(gpt_oss: Any, stream: bool) -> None:
+    # as llama-server's gpt-oss parser with reasoning_format none (session 53: before, the reply
+    # came back as it came, the final message's header in the content)
     written = ANALYSIS + "<|start|>assistant<|channel|>final<|message|>Sunny."
     view = said(chat(gpt_oss, [{"role": "user", "content": "Weather? " + script(written)}], reasoning_format="none", stream=stream), stream)
-    assert view["content"] == written
+    assert view == {"reasoning": None, "content": ANALYSIS + "Sunny.", "calls": [], "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_block_written_in_the_analysis_is_content_not_a_call(gpt_oss: Any, stream: bool) -> None:
+    analysis = '<|channel|>analysis<|message|>Maybe <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>? No.<|end|>'
+    messages = [{"role": "user", "content": "Weather in Paris? " + script(analysis + CALL)}]
+    view = said(chat(gpt_oss, messages, tools=TOOLS, reasoning_format="none", stream=stream), stream)
+    assert view == {"reasoning": None, "content": analysis, "calls": CALLED, "finish_reason": "tool_calls"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_without_tools_a_prefilled_reply_drops_the_final_header(gpt_oss: Any, stream: bool) -> None:
+    written = " in Paris.<|end|><|start|>assistant<|channel|>final<|message|>Sunny."
+    messages = [{"role": "user", "content": "Weather? " + script(written)}, {"role": "assistant", "content": "<|channel|>analysis<|message|>The user wants the weather"}]
+    view = said(chat(gpt_oss, messages, stream=stream), stream)
+    assert view == {"reasoning": None, "content": " in Paris.<|end|>Sunny.", "calls": [], "finish_reason": "stop"}

@@ -3,7 +3,8 @@ back as llama-server's does, its reasoning in ``reasoning_content`` (streamed as
 ``delta.reasoning_content``) and its answer in ``content``. The worker reads the model's format
 from its chat template and says it in its Hello; the web side splits the reply by it. Before,
 gpt-oss's reply reached the client as ``<|channel|>analysis<|message|>...`` in ``content``.
-/v1/completions stays raw, as on llama-server, and so does a request with reasoning_format none."""
+/v1/completions stays raw, as on llama-server; a request with reasoning_format none keeps
+gpt-oss's analysis in ``content``, as llama-server does."""
 
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ def test_gpt_oss_calls_are_tool_calls(gpt_oss: asyncio.AbstractEventLoop, stream
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_reasoning_format_none_leaves_the_raw_reply(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+def test_reasoning_format_none_leaves_the_analysis_in_the_content(gpt_oss: asyncio.AbstractEventLoop, stream: bool) -> None:
+    # as llama-server's gpt-oss parser gives it then: the analysis as written, the final
+    # message's text without its header (session 53: before, the raw reply, header and all)
+    unsplit = ANALYSIS + "It is sunny in Paris."
     got = _ask(gpt_oss, ANALYSIS + FINAL, stream=stream, reasoning_format="none")
-    assert got == {"reasoning": None, "content": ANALYSIS + FINAL, "calls": [], "finish_reason": "stop"}
+    assert got == {"reasoning": None, "content": unsplit, "calls": [], "finish_reason": "stop"}
     with override_settings(SUPERFLUID_REASONING_FORMAT="none"):  # --reasoning-format none
-        assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream)["content"] == ANALYSIS + FINAL
+        assert _ask(gpt_oss, ANALYSIS + FINAL, stream=stream)["content"] == unsplit
 
 
 @pytest.mark.parametrize("stream", [False, True])
