@@ -22,7 +22,12 @@ in its worker's Hello):
   a commentary message to ``functions.NAME`` a tool call. The call is handed on as the generic
   ``<tool_call>{"name": NAME, "arguments": ...}</tool_call>`` block, whose streaming and parsing
   ``api.responses.Reply`` has; a call of a function the request does not offer (none, or a
-  built-in tool's) is dropped, as llama-server drops calls nobody asked for.
+  built-in tool's) is dropped, as llama-server drops calls nobody asked for. As llama-server
+  reads gpt-oss's calls only from a recipient's header, a message's text is no call's: it is
+  answer kept as written (:class:`Kept`), so a ``<tool_call>`` block (or a tool format's own
+  tags) written in a final or preamble message is its text. A reply that opens no message
+  (no header at its start: a forced call's grammar writes the generic block from the first
+  token, as does the grammar of tools beside a response_format) is answer read as any reply's.
 * ``harmony-unsplit``: gpt-oss's reply where it is not split (reasoning_format ``none``, a
   prefill's continuation), tools offered or not: its calls of offered functions are read all
   the same, as llama-server's gpt-oss parser reads them with reasoning_format none, and the rest
@@ -30,8 +35,8 @@ in its worker's Hello):
   written, its ``<|channel|>analysis<|message|>`` and ``<|end|>`` kept, a final or preamble
   message's text without its header, no ``<|start|>assistant`` between them. A reply that
   continues a prefill begins inside the prefill's message: its text up to the first marker is
-  answer as written, with the ``<|end|>`` that ends it. That text kept as written (:class:`Kept`)
-  is the model's reasoning, so no ``<tool_call>`` in it is read as a call (``feed_parts``).
+  answer as written, with the ``<|end|>`` that ends it. No call is read in any of that text
+  (:class:`Kept`): the analysis is the model's reasoning, and calls come from recipients only.
 
 Each splitter takes the reply in pieces as they come (``feed``) and says what of it is reasoning
 and what answer; ``finish`` gives the rest. Any split of the reply gives the same reasoning and
@@ -67,8 +72,9 @@ HARMONY_UNSPLIT = "harmony-unsplit"
 
 
 class Kept(str):
-    """Answer text kept as written, a ``harmony-unsplit`` analysis message's (its markers too):
-    the model's reasoning left in the content, in which no tool call is read."""
+    """Answer text in which no tool call is read: a harmony message's text (gpt-oss's calls come
+    only from a recipient's header, as llama-server reads them), and a ``harmony-unsplit``
+    analysis message kept as written, its markers too."""
 
 
 # a splitter's answer in order: each piece's text and whether it is kept as written (:class:`Kept`)
@@ -225,10 +231,12 @@ class HarmonySplitter(Splitter):
         super().__init__()
         self.calls = frozenset(calls)
         self.unsplit = unsplit
-        # "head": a message's header, up to <|message|>; "body": its text; "raw": no harmony
-        # reply (a forced call's grammar writes the generic block from the start): all answer
+        # "head": a message's header, up to <|message|>; "body": its text; "raw": text that is
+        # no header after all: all answer (from the reply's start, no harmony reply: a forced
+        # call's grammar writes the generic block there, read as any reply's; after a message,
+        # kept, no call read in it)
         self.state = "head"
-        self.first = True  # the reply's first header: it must look like one from its start
+        self.first = True  # no message opened yet: the header must look like one from its start
         self.header = ""
         # the body's: "reasoning", "answer", "call", "drop", "kept" (unsplit: the text and the
         # <|end|> that ends it are answer as written)
@@ -267,7 +275,7 @@ class HarmonySplitter(Splitter):
     def _step(self, text: str, reasoning: list[str], answer: list[str]) -> str:
         """Takes what it can of ``text``; returns the rest (to take in the next step)."""
         if self.state == "raw":
-            answer.append(text)
+            answer.append(text if self.first else Kept(text))
             return ""
         if self.state == "head":
             start = max(0, len(self.header) - len(H_MESSAGE) + 1)
@@ -282,7 +290,7 @@ class HarmonySplitter(Splitter):
                 # (once the whole window is here: a <|message|> may end in its last characters)
                 if len(self.header) >= MAX_HEADER + len(H_MESSAGE):  # no header after all: the text is answer
                     self.state = "raw"
-                    answer.append(self.header)
+                    answer.append(self.header if self.first else Kept(self.header))
                     self.header = ""
                 return ""
             head, rest = self.header[:at], self.header[at + len(H_MESSAGE) :]
@@ -337,9 +345,9 @@ class HarmonySplitter(Splitter):
             if piece.strip():  # (the whitespace before the arguments is no part of them)
                 answer.append(self.call_head + piece.lstrip())
                 self.call_head = ""
-        elif self.sink == "kept":
+        elif self.sink in ("answer", "kept"):  # a message's text: no call's (module docstring)
             answer.append(Kept(piece))
-        elif self.sink in ("answer", "call"):
+        elif self.sink == "call":
             answer.append(piece)
 
     def _close(self, answer: list[str], *, cut: bool = False) -> None:

@@ -905,8 +905,9 @@ class Reply:
         self._text_template: tuple[bytes, bytes] | tuple[()] | None = None  # delta_events' (made at first use)
         # a reasoning model's reply (its worker's Hello.reasoning_format): its reasoning is split
         # out as reasoning_content, its answer goes on as the text below (api/reasoning.py)
-        # (harmony-unsplit: gpt-oss's calls read out of a reply whose reasoning stays answer, the
-        # reasoning's text kept as written: no call is read in it, _answer_chunks)
+        # (harmony-unsplit: gpt-oss's calls read out of a reply whose reasoning stays answer; a
+        # gpt-oss message's text is kept as written, split or not: no call is read in it, only
+        # a recipient's call is one, _answer_chunks)
         self.reasoning = new_splitter(reasoning_format, calls=self.tool_names, continues=continues) if endpoint == "chat" else None
 
     # -- streaming ------------------------------------------------------------------------
@@ -1057,9 +1058,10 @@ class Reply:
 
     def _answer_chunks(self, text: str, entries: list[dict[str, Any]], *, kept: bool = False) -> list[dict[str, Any]]:
         """Chat: the chunks of newly generated answer ``text`` (``entries``: its logprobs).
-        ``kept``: text kept as written (api.reasoning.Kept, an unsplit gpt-oss analysis), content
-        in which no call is read; the text held before it is read out first, as at the reply's
-        end (:meth:`_read_held`), so the calls are those :meth:`_read_parts` reads unstreamed."""
+        ``kept``: text kept as written (api.reasoning.Kept, a gpt-oss message's text), content
+        in which no call is read (nor held as a call's start); the text held before it is read
+        out first, as at the reply's end (:meth:`_read_held`), so the calls are those
+        :meth:`_read_parts` reads unstreamed."""
         calls: list[dict[str, Any]] = []
         before: list[dict[str, Any]] = []
         if self.tool_names:

@@ -2372,7 +2372,9 @@ def _cached_own_lazy_grammar(key: str, fmt: str) -> str | None:
 # name is one of the tools', then the rest of the header (the channel where it comes after the
 # name, maybe a content type, "<|constrain|>json" or " json"), "<|message|>" and arguments of
 # the forced call's rules for that tool, then only the end. Analysis, final answers and
-# preambles stay free, and so does a "to=functions." written in a message's text. The
+# preambles stay free, and so does a "to=functions." written in a message's text, and a
+# "<tool_call>" block (or another format's markup) there: the reader takes a message's text for
+# text, a call only from a recipient (api/reasoning.py), as llama.cpp's parser reads it. The
 # openings are the places the splitter reads a recipient that a model writes: after
 # "<|start|>assistant" and whitespace, after a channel's name (commentary, analysis, final:
 # the splitter reads a call in any, and a channel opened without a start, which gpt-oss-20b

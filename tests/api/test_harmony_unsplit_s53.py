@@ -4,7 +4,9 @@ tools offered or not: the analysis is content as written, markers and all; a fin
 message is its text, its header no content; a call of an offered function is a call, any other
 dropped. Two gaps closed here: without tools the reply came back raw, the final and preamble
 headers in ``content``; and a ``<tool_call>`` block written in the analysis, the model's
-reasoning, was read as a call (llama-server reads calls only from a recipient's header)."""
+reasoning, was read as a call (llama-server reads calls only from a recipient's header). The
+fuzz at the end reads split replies too, and calls' markup in a final or preamble message
+(tests/api/test_harmony_calls_recipients_s53.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ CODER = "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</paramete
 
 
 def _reply(tools: Any, kw: dict[str, Any]) -> Reply:
-    return Reply("chat", "m", tools=tools, reasoning_format=HARMONY_UNSPLIT, **kw)
+    return Reply("chat", "m", tools=tools, **{"reasoning_format": HARMONY_UNSPLIT, **kw})
 
 
 def whole(text: str, tools: Any = None, reason: str = "stop", **kw: Any) -> dict[str, Any]:
@@ -104,18 +106,19 @@ def test_a_call_cut_open_before_an_analysis_stays_cut_and_the_analysis_is_conten
     assert got["content"] == ANALYSIS + "It is sunny."
 
 
-# text of a message's body: no marker that ends it, but the tool formats' markup in any order
+# a call written in a message's text in Mistral's format
+MISTRAL = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]'
+# text of a message's body, in any channel: no marker that ends it, but the tool formats' markup
+# in any order, whole calls among it (session 53: in a final or preamble message they were read
+# as calls, llama-server reads none there)
 BODY = [
+    GENERIC, CODER, MISTRAL, "[TOOL_CALLS]", "[ARGS]",
     "<tool_call>", "</tool_call>", "<tool_call>\n", '{"name": "get_weather", "arguments": ', '{"name": "f", "arguments": ',
     '{"city": "P"}', "{}", "{", "}", '"', "<function=get_weather>", "<parameter=city>", "</parameter>", "</function>",
     "<|", "|>", "<|constrain|>", " ", "\n", "x", "é",
 ]  # fmt: skip
-# a final or preamble message's text: plain (a <tool_call> block written there is still read
-# as one, as in a split reply's answer)
-TEXT = ["<|", "|>", "<|constrain|>", "{", "}", '"', " ", "\n", "x", "é"]
-analysis = st.tuples(st.just("analysis"), st.lists(st.sampled_from(BODY), max_size=10).map("".join))
-answer = st.tuples(st.sampled_from(["commentary", "final"]), st.lists(st.sampled_from(TEXT), max_size=6).map("".join))
-messages = st.lists(analysis | answer, max_size=4)
+body = st.lists(st.sampled_from(BODY), max_size=10).map("".join)
+messages = st.lists(st.tuples(st.sampled_from(["analysis", "commentary", "final"]), body), max_size=4)
 
 
 def _splits(text: str, cuts: list[int]) -> list[str]:
@@ -127,26 +130,38 @@ def _splits(text: str, cuts: list[int]) -> list[str]:
 @given(
     said=messages,
     call=st.booleans(),
+    split=st.booleans(),
     tools=st.sampled_from([None, TOOLS]),
-    tool_format=st.sampled_from(["hermes", "qwen3_coder"]),
+    tool_choice=st.sampled_from(["auto", "required", "none"]),
+    tool_format=st.sampled_from(["hermes", "qwen3_coder", "mistral"]),
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
 )
-def test_any_unsplit_reply_is_content_as_llama_server_gives_it_and_its_calls_only_the_recipients(
-    said: list[tuple[str, str]], call: bool, tools: Any, tool_format: str, cuts: list[int]
+def test_any_gpt_oss_reply_is_content_as_llama_server_gives_it_and_its_calls_only_the_recipients(
+    said: list[tuple[str, str]], call: bool, split: bool, tools: Any, tool_choice: str, tool_format: str, cuts: list[int]
 ) -> None:
-    """Messages of any text (an analysis's with calls' markup in it): the content is each analysis as written
-    and each other message's text, headers dropped; the only call is the one in a recipient's
-    header, and only where tools are offered; streamed in any split, the same."""
+    """Messages of any text, calls' markup in it: unsplit, the content is each analysis as
+    written and each other message's text, headers dropped; split (reasoning_format auto), the
+    analyses are the reasoning and the other messages' text the content. The only call is the
+    one in a recipient's header, and only where tools are offered (tool_choice not none);
+    streamed in any split, the same."""
     text = "".join(f"<|start|>assistant<|channel|>{channel}<|message|>{body}<|end|>" for channel, body in said)
     text = text[len("<|start|>assistant") :] + (CALL if call else "")
-    expected = "".join(f"<|channel|>analysis<|message|>{body}<|end|>" if channel == "analysis" else body for channel, body in said)
-    got = whole(text, tools, tool_format=tool_format)
-    assert streamed(_splits(text, cuts), tools, tool_format=tool_format) == got
-    calls = CALLED if call and tools else []
+    kw: dict[str, Any] = {"tool_format": tool_format, "tool_choice": tool_choice}
+    if split:
+        kw["reasoning_format"] = "harmony"
+        expected = "".join(body for channel, body in said if channel != "analysis")
+        reasoning = "".join(body for channel, body in said if channel == "analysis").strip() or None
+    else:
+        expected = "".join(f"<|channel|>analysis<|message|>{body}<|end|>" if channel == "analysis" else body for channel, body in said)
+        reasoning = None
+    got = whole(text, tools, **kw)
+    assert streamed(_splits(text, cuts), tools, **kw) == got
+    offered = bool(tools) and tool_choice != "none"
+    calls = CALLED if call and offered else []
     stripped = expected.strip() if calls else expected.lstrip()  # (tool mode: the content's edges as with any calls)
     assert got == {
-        "reasoning": None,
-        "content": (stripped if tools else expected) or None,
+        "reasoning": reasoning,
+        "content": (stripped if offered else expected) or None,
         "calls": calls,
         "finish_reason": "tool_calls" if calls else "stop",
     }

@@ -3,7 +3,8 @@ with gpt-oss's chat template): the request's reasoning_format none and an assist
 with tools offered, give the call as a call and the rest as content, as llama-server's gpt-oss
 parser gives them with reasoning_format none; streamed and unstreamed alike; without tools the
 same, the final message's header no content. The middle layer's part: api/consumers.py's
-reply_reasoning picks the harmony reader for such a reply."""
+reply_reasoning picks the harmony reader for such a reply. A ``<tool_call>`` block written in a
+message's text is no call, split or not (session 53)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def test_without_tools_a_prefilled_reply_drops_the_final_header(gpt_oss: Any, st
     messages = [{"role": "user", "content": "Weather? " + script(written)}, {"role": "assistant", "content": "<|channel|>analysis<|message|>The user wants the weather"}]
     view = said(chat(gpt_oss, messages, stream=stream), stream)
     assert view == {"reasoning": None, "content": " in Paris.<|end|>Sunny.", "calls": [], "finish_reason": "stop"}
+
+
+@pytest.mark.parametrize("reasoning_format", [None, "none"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_block_written_in_a_preamble_is_content_not_a_call(gpt_oss: Any, stream: bool, reasoning_format: str | None) -> None:
+    # llama-server reads gpt-oss's calls only from a recipient's header, split or not (session
+    # 53: a <tool_call> block in a final or preamble message was read as a call)
+    text = 'I will not run <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>.'
+    preamble = f"<|start|>assistant<|channel|>commentary<|message|>{text}<|end|>"
+    messages = [{"role": "user", "content": "Weather in Paris? " + script(ANALYSIS + preamble + CALL)}]
+    extra = {} if reasoning_format is None else {"reasoning_format": reasoning_format}
+    view = said(chat(gpt_oss, messages, tools=TOOLS, stream=stream, **extra), stream)
+    if reasoning_format is None:  # split: the analysis is the reasoning
+        assert view == {"reasoning": "The user wants the weather in Paris.", "content": text, "calls": CALLED, "finish_reason": "tool_calls"}
+    else:
+        assert view == {"reasoning": None, "content": ANALYSIS + text, "calls": CALLED, "finish_reason": "tool_calls"}

@@ -103,6 +103,11 @@ REALISTIC = [
     (ANALYSIS + NEXT + "<|channel|>final<|message|>Hello!", []),
     ('<|channel|>analysis<|message|>I could write to=functions.get_weather {"city": 5} or to=functions.search.<|end|>'
      + NEXT + "<|channel|>final<|message|>It is sunny; to=functions.get_weather says so.", []),
+    # a generic block written in a message's text is free, arguments against the schema and all,
+    # and it is text (session 53: it was read as a call), the recipient's call the only one
+    (ANALYSIS + NEXT + '<|channel|>final<|message|><tool_call>{"name": "get_weather", "arguments": {"city": 5}}</tool_call>', []),
+    (ANALYSIS + NEXT + '<|channel|>commentary<|message|><tool_call>{"name": "get_time"}</tool_call><|end|>' + NEXT
+     + _in_channel("get_weather", {"city": "Paris"}), [("get_weather", {"city": "Paris"})]),
 ]  # fmt: skip
 
 
