@@ -77,7 +77,7 @@ ENGINE_FLAG_GROUPS: dict[str, list[tuple[str, type, Any, str]]] = {
         ("--tick-target-ms", int, 2000, "tick duration while every lane is busy"),
         ("--starvation-ticks", int, 8, "starvation bound and queue aging period, in ticks"),
         ("--completion-deadline-ms", int, 0, "drop a completion-class job not started within this time; 0 = no deadline"),
-        ("--stream-interval-ms", int, 0, "a running job's text goes to its client at most this often, several decode rounds' tokens in one event (its first token and its end at once); 0 = every round, 0-1000"),
+        ("--stream-interval-ms", int, 50, "a running job's text goes to its client at most this often, several decode rounds' tokens in one event (its first token and its end at once); 0 = every round, 0-1000"),
         ("--aging-divisor", float, 60, "request priority: seconds of waiting per score point (a number, e.g. 0.5); 0 disables aging"),
         ("--swap-affinity-bonus", int, 10, "request priority: score bonus for the loaded model, 0-99"),
         ("--no-compact-lanes", bool, False, "llama.cpp: leave running jobs in their lanes, instead of moving one into a free lane so the busy lanes decode in one pass"),

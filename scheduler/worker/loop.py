@@ -130,7 +130,7 @@ class JobContext:
     # not, as llama-server's) and whether its text so far holds a new line (has_new_line)
     limit_asked: bool = True
     has_new_line: bool = False
-    sent_s: float | None = None  # when its last Delta was queued (the worker's clock); None: none yet
+    text_out: bool = False  # a Delta of it has been queued (its first text never waits: _send_pending)
 
 
 def slot_params(job: Job, ctx: JobContext | None) -> dict[str, Any]:
@@ -179,8 +179,9 @@ class EngineWorker:
         self.completion_deadline_ms = completion_deadline_ms
         # --stream-interval-ms: a running job's text goes out at most this often (its first text
         # and its end at once), so one link message, one wake-up of the web process and one SSE
-        # event carry the tokens of several short decode rounds (_paced)
+        # event carry the tokens of several short decode rounds (_send_pending)
         self.stream_interval_s = stream_interval_ms / 1000.0
+        self._paced_s = -math.inf  # when held text last went out (the worker's clock)
         self.pressure = (pressure_monitor or PressureMonitor()) if os_pressure else None
         self.model_name = model_name
         # An engine that aborts a running step (llama.cpp) lets the scheduler plan full prompt
@@ -1207,22 +1208,22 @@ class EngineWorker:
 
     def _send_pending(self, now: float | None) -> None:
         """Queue each job's text and logprobs not sent yet; ``now`` None: all of it, else what
-        --stream-interval-ms lets go (_paced)."""
+        --stream-interval-ms lets go: every job's once the interval has passed since held text
+        last went out (all jobs' at once, so eight streams' tokens still wake the web process
+        once), else only a job's first text (the time to first token) and a preemption. A job's
+        end never waits (_finished), and what waits goes before a round that may be long
+        (run_tick): no text waits much more than the interval."""
+        every = now is None or now - self._paced_s >= self.stream_interval_s
+        if every and now is not None:
+            self._paced_s = now
         for ctx in self.contexts.values():
             # a preemption is said at once, in an empty Delta where no text goes: a client that
             # leaves while its job is parked has it on its row (no Delta came until it ran again)
-            if (ctx.pending_text or ctx.pending_logprobs or ctx.preempted) and not (now is not None and self._paced(ctx, now)):
+            if (ctx.pending_text or ctx.pending_logprobs or ctx.preempted) and (every or ctx.preempted or not ctx.text_out):
                 ctx.preempted = False
                 job = self.scheduler.jobs.get(ctx.job_id)
                 # the tokens whose text went out: a job submitted again goes on after them
                 self._send_delta(ctx, ctx.stream.tokens_out + ctx.resume_tokens, job.preemptions if job else 0)
-
-    def _paced(self, ctx: JobContext, now: float) -> bool:
-        """Whether a running job's new text waits for a later round (--stream-interval-ms): its
-        last Delta went out less than the interval ago. Its first text never waits (the time to
-        first token), nor a preemption, nor its end (_finished); what waits goes before a round
-        that may be long (run_tick), so no text waits much more than the interval."""
-        return not ctx.preempted and ctx.sent_s is not None and now - ctx.sent_s < self.stream_interval_s
 
     def _predicting_ms(self, job_id: str) -> float:
         """Milliseconds on the worker's clock since the job's first generated token (on this
@@ -1241,7 +1242,7 @@ class EngineWorker:
         ctx.entries_sent += out
 
     def _send_delta(self, ctx: JobContext, tokens: int, preemptions: int) -> None:
-        ctx.sent_s = self.clock()
+        ctx.text_out = True
         logprobs = None
         if ctx.pending_logprobs:
             logprobs = list(ctx.pending_logprobs)  # optional: only when asked for

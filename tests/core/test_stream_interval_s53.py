@@ -146,3 +146,22 @@ def test_the_flag_reaches_the_worker_and_its_bounds_are_checked() -> None:
     for bad in ("-1", "1001"):
         with pytest.raises(CommandError, match="--stream-interval-ms"):
             scheduler_config(parse(["--stream-interval-ms", bad]))
+
+
+def test_held_text_of_all_jobs_goes_out_together_so_the_web_process_wakes_once_an_interval() -> None:
+    """Four streams begun a round apart: paced each on its own, some stream's text would go out
+    nearly every round (each its own wake-up of the web process); paced together, held text goes
+    out once an interval, all four streams' in the same round."""
+    worker, conn, _clock = worker_with(50, lanes=4)
+    for n in range(4):
+        submit(worker, conn, f"s{n}", max_tokens=60)
+        worker.run_tick()
+    run(worker)
+    firsts = {m.id: t for t, m in reversed(conn.sent) if isinstance(m, Delta)}
+    ends = {m.id: t for t, m in conn.sent if isinstance(m, Done)}
+    # (after the last stream's first text: before it, the newcomers' prompt steps send what is held)
+    started = max(firsts.values())
+    held_out = sorted({t for t, m in conn.sent if isinstance(m, Delta) and started < t < ends[m.id]})
+    assert len(held_out) > 5
+    assert min(b - a for a, b in zip(held_out, held_out[1:], strict=False)) >= 0.05 - 1e-9
+    assert all("".join(m.text for _, m in conn.deltas(f"s{n}")) for n in range(4))
