@@ -137,7 +137,8 @@ def _post_migrate_rows_restored() -> Any:
     rows those handlers wrote are put back as they were, in one transaction. The database a test
     starts with is the same (the same rows, ids included: tests that give a staff user a
     permission look it up there). Only while the handlers connected to the signal are Django's
-    two whose rows are kept; with any other, each flush sends the signal as Django does."""
+    two whose rows are kept; with any other, each flush sends the signal as Django does
+    (tests/site/test_test_run_shortcuts.py)."""
     kept: dict[str, list[tuple[Any, list[dict[str, Any]]]]] = {}
 
     def emit(verbosity: int, interactive: bool, db: str, **kwargs: Any) -> None:
@@ -178,6 +179,22 @@ def _flush_restores_post_migrate_rows() -> Iterator[None]:
         yield
     finally:
         flush.emit_post_migrate_signal = real
+
+
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Passwords hashed with MD5 in this process, not PBKDF2's million rounds (~0.4 s a hash
+    here): every admin test's user (pytest-django's admin_user, create_superuser) paid that at
+    setup, and a login as much again. No test here is about the hash; the served setting is
+    Django's default (tests/site/test_test_run_shortcuts.py), and a server the tests start is
+    another process, which hashes as served."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
+        yield
 
 
 _leaks: list[str] = []

@@ -1,15 +1,21 @@
-"""The test database's flush after each transactional test (tests/conftest.py,
-_post_migrate_rows_restored): after the first, it puts back the content types and permissions
-Django's post_migrate handlers wrote, in one transaction, instead of running the handlers again.
-What a test starts with must be what the handlers write, and a handler of another app must
-still be run."""
+"""Two shortcuts the test process takes (tests/conftest.py), and what they must leave as it was.
+
+The test database's flush after each transactional test (_post_migrate_rows_restored): after
+the first, it puts back the content types and permissions Django's post_migrate handlers wrote,
+in one transaction, instead of running the handlers again. What a test starts with must be what
+the handlers write, and a handler of another app must still be run.
+
+Passwords hashed with MD5 (_fast_password_hashing): in this process only; the served setting
+is Django's default, PBKDF2."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
+from django.conf import global_settings
+from django.contrib.auth.hashers import get_hashers
+from django.contrib.auth.models import Permission, User
 from django.contrib.contenttypes.models import ContentType
 from django.core.management import call_command, sql
 from django.db import connection
@@ -58,3 +64,12 @@ def test_a_flush_runs_a_post_migrate_handler_of_another_app() -> None:
         post_migrate.disconnect(handler)
     assert seen and set(seen) == {"default"}
     assert rows()[1], "the handlers' rows are there"
+
+
+def test_passwords_are_hashed_fast_here_and_as_django_does_when_served() -> None:
+    import superfluid_site.settings as served
+
+    assert get_hashers()[0].algorithm == "md5"
+    user = User.objects.create_user("someone", password="a password")
+    assert user.password.startswith("md5$") and user.check_password("a password") and not user.check_password("another")
+    assert getattr(served, "PASSWORD_HASHERS", global_settings.PASSWORD_HASHERS)[0] == "django.contrib.auth.hashers.PBKDF2PasswordHasher"
