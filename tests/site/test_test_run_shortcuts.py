@@ -1,9 +1,11 @@
-"""Two shortcuts the test process takes (tests/conftest.py), and what they must leave as it was.
+"""Shortcuts the test process takes (tests/conftest.py), and what they must leave as it was.
 
 The test database's flush after each transactional test (_post_migrate_rows_restored): after
 the first, it puts back the content types and permissions Django's post_migrate handlers wrote,
 in one transaction, instead of running the handlers again. What a test starts with must be what
 the handlers write, and a handler of another app must still be run.
+
+The test database's commits not synced to the disk (django_db_modify_db_settings), on SQLite.
 
 Passwords hashed with MD5 (_fast_password_hashing): in this process only; the served setting
 is Django's default, PBKDF2."""
@@ -73,3 +75,13 @@ def test_passwords_are_hashed_fast_here_and_as_django_does_when_served() -> None
     user = User.objects.create_user("someone", password="a password")
     assert user.password.startswith("md5$") and user.check_password("a password") and not user.check_password("another")
     assert getattr(served, "PASSWORD_HASHERS", global_settings.PASSWORD_HASHERS)[0] == "django.contrib.auth.hashers.PBKDF2PasswordHasher"
+
+
+def test_the_sqlite_test_database_does_not_sync_its_commits() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL's test database is the server's (tests/site/test_postgresql.py)")
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA synchronous")
+        assert cursor.fetchone() == (0,)
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone() == ("delete",)  # the locking of the served database's default journal
