@@ -136,13 +136,13 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
 def _post_migrate_rows_restored() -> Any:
     """flush's ``emit_post_migrate_signal``, for the test database emptied after every
     ``django_db(transaction=True)`` test: the first time, the signal itself (Django's handlers
-    write every content type and permission again, ~17 commits and ~100 queries: 80 ms a test
-    alone, 250 ms on a loaded machine, a sixth of the in-process layers' time); after that, the
-    rows those handlers wrote are put back as they were, in one transaction. The database a test
-    starts with is the same (the same rows, ids included: tests that give a staff user a
-    permission look it up there). Only while the handlers connected to the signal are Django's
-    two whose rows are kept; with any other, each flush sends the signal as Django does
-    (tests/site/test_test_run_shortcuts.py)."""
+    write every content type and permission again, ~17 commits and ~100 queries: 60-80 ms a
+    test alone, ~250 ms on a loaded machine, most of the in-process layers' 138 s of teardowns
+    in one run); after that, the rows those handlers wrote are put back as they were, in one
+    transaction. The database a test starts with is the same (the same rows, ids included: tests
+    that give a staff user a permission look it up there). Only while the handlers connected to
+    the signal are Django's two whose rows are kept; with any other, each flush sends the signal
+    as Django does (tests/site/test_test_run_shortcuts.py)."""
     kept: dict[str, list[tuple[Any, list[dict[str, Any]]]]] = {}
 
     def emit(verbosity: int, interactive: bool, db: str, **kwargs: Any) -> None:
