@@ -127,6 +127,78 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):  # on PostgreSQL (DATABASE_URL: tests/site/test_postgresql.py) Django's test database
         db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+        # Commits not synced to the disk (the file is thrown away with the run): each one waited
+        # ~15 ms for ext4 here, two at least a transactional test (its database emptied, the
+        # post_migrate rows put back). How two connections wait for each other is the same.
+        db["OPTIONS"] = {**db.get("OPTIONS", {}), "init_command": "PRAGMA synchronous=OFF"}
+
+
+def _post_migrate_rows_restored() -> Any:
+    """flush's ``emit_post_migrate_signal``, for the test database emptied after every
+    ``django_db(transaction=True)`` test: the first time, the signal itself (Django's handlers
+    write every content type and permission again, ~17 commits and ~100 queries: 60-80 ms a
+    test alone, ~250 ms on a loaded machine, most of the in-process layers' 138 s of teardowns
+    in one run); after that, the rows those handlers wrote are put back as they were, in one
+    transaction. The database a test starts with is the same (the same rows, ids included: tests
+    that give a staff user a permission look it up there). Only while the handlers connected to
+    the signal are Django's two whose rows are kept; with any other, each flush sends the signal
+    as Django does (tests/site/test_test_run_shortcuts.py)."""
+    kept: dict[str, list[tuple[Any, list[dict[str, Any]]]]] = {}
+
+    def emit(verbosity: int, interactive: bool, db: str, **kwargs: Any) -> None:
+        import weakref
+
+        from django.contrib.auth.management import create_permissions
+        from django.contrib.auth.models import Permission
+        from django.contrib.contenttypes.management import create_contenttypes
+        from django.contrib.contenttypes.models import ContentType
+        from django.core.management import sql
+        from django.db import transaction
+        from django.db.models.signals import post_migrate
+
+        handlers = {ref() if isinstance(ref, weakref.ReferenceType) else ref for _key, ref, *_ in post_migrate.receivers}
+        if handlers != {create_permissions, create_contenttypes} or kwargs:
+            sql.emit_post_migrate_signal(verbosity, interactive, db, **kwargs)
+            return
+        if db not in kept:
+            sql.emit_post_migrate_signal(verbosity, interactive, db)
+            kept[db] = [(model, list(model._base_manager.using(db).values())) for model in (ContentType, Permission)]
+            return
+        ContentType.objects.clear_cache()  # as create_contenttypes does
+        with transaction.atomic(using=db):
+            for model, rows in kept[db]:
+                model._base_manager.using(db).bulk_create([model(**row) for row in rows])
+
+    return emit
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_restores_post_migrate_rows() -> Iterator[None]:
+    """flush (pytest-django's teardown of a transactional test) with :func:`_post_migrate_rows_restored`."""
+    from django.core.management.commands import flush
+
+    real = flush.emit_post_migrate_signal
+    flush.emit_post_migrate_signal = _post_migrate_rows_restored()
+    try:
+        yield
+    finally:
+        flush.emit_post_migrate_signal = real
+
+
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Passwords hashed with MD5 in this process, not PBKDF2's million rounds (~0.4 s a hash
+    here): every admin test's user (pytest-django's admin_user, create_superuser) paid that at
+    setup, and a login as much again. No test here is about the hash; the served setting is
+    Django's default (tests/site/test_test_run_shortcuts.py), and a server the tests start is
+    another process, which hashes as served."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
+        yield
 
 
 _leaks: list[str] = []

@@ -254,6 +254,8 @@ async def test_input_tokens_is_the_count_the_worker_tokenises_the_chat_to(messag
 # -- on the shared real server (the bundled SmolLM2-135M, Q4_1) --------------------------------
 
 
+@pytest.mark.e2e
+@pytest.mark.model
 def test_the_real_server_answers_llama_servers_routes(shared_server: Any) -> None:
     import httpx
 

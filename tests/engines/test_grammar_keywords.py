@@ -7,7 +7,7 @@ grammar exactly when its bytes do, whatever a model's tokens would be."""
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import pytest
@@ -32,11 +32,20 @@ def _byte_tokenizer() -> Any:
     return llguidance.LLTokenizer(tok.to_str(), n_vocab=257, eos_token=[256])
 
 
-def fits(gbnf: str, text: str) -> bool:
+@lru_cache(maxsize=64)
+def _fresh_matcher(gbnf: str) -> Any:
+    """A matcher of ``gbnf`` that has read nothing. Building one compiles the grammar (ms, tens
+    of ms for a tool grammar); the tests read several texts with each grammar, so :func:`fits`
+    reads each with a copy of this one, the same state as a matcher just built."""
     import llguidance
 
     matcher = llguidance.LLMatcher(_byte_tokenizer(), _lark(gbnf), log_level=0)
     assert not matcher.is_error(), matcher.get_error()
+    return matcher
+
+
+def fits(gbnf: str, text: str) -> bool:
+    matcher = _fresh_matcher(gbnf).deep_copy()
     data = list(text.encode("utf-8"))
     return matcher.try_consume_tokens(data) == len(data) and bool(matcher.is_accepting())
 
