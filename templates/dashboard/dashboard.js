@@ -145,11 +145,18 @@
     ]);
   }
 
+  // a fleet worker's id is "host:pid:tag": its pid, the field before the tag (a host holding a
+  // colon, which a hostname cannot but the id's text may, does not shift it)
+  function workerPid(id) {
+    var parts = String(id || "").split(":");
+    return parts.length >= 3 ? parts[parts.length - 2] : (parts[1] || "");
+  }
+
   function renderTick(s) {
     var t = s.tick_info || {};
     // a fleet's budgets are every worker's, its tick and last tick the first worker's (by id): named
     var first = s.fleet && s.fleet.length > 1 ? s.fleet[0] : null;
-    $("tick-no").textContent = "#" + (s.tick || 0) + (first ? " · last tick of " + (first.host || "?") + " · " + String(first.worker || "").split(":").slice(1, 2).join("") : "");
+    $("tick-no").textContent = "#" + (s.tick || 0) + (first ? " · last tick of " + (first.host || "?") + " · " + workerPid(first.worker) : "");
     kvRows($("tick"), [
       ["last tick: prefill tokens", t.last_prefill_tokens || 0],
       ["last tick: decode tokens", t.last_decode_tokens || 0],
@@ -258,7 +265,7 @@
     var workers = s.fleet.map(function (w) {
       var busy = (w.lanes || []).filter(function (l) { return l.job_id; }).length;
       // a worker's own model where it is not the fleet's (a misconfigured or mid-upgrade fleet), and its drain
-      var name = (w.host || "?") + " · " + String(w.worker || "").split(":").slice(1, 2).join("") +
+      var name = (w.host || "?") + " · " + workerPid(w.worker) +
         (w.model && w.model !== s.model ? " · " + w.model : "") + (w.draining ? " · draining" : "");
       return [name, busy + "/" + (w.n_lanes || 0) + " lanes busy", busy];
     });

@@ -45,7 +45,7 @@ def state_of(name: str) -> dict[str, Any]:
              {"lane": 1, "state": "prefill", "job_id": name, "class": "background", "prompt_tokens": 10, "prompt_done": 4}]
     snapshot = {"model": name, "engine": name, "n_lanes": 2, "lanes": lanes,
                 "parked": [{"job_id": name, "class": "agent", "tokens": 5}],
-                "fleet": [{"worker": f"w:{name}", "host": name, "n_lanes": 2, "model": "other", "lanes": lanes}], "global_queue": {}}
+                "fleet": [{"worker": f"{name}:4242:a1b2c3", "host": name, "n_lanes": 2, "model": "other", "lanes": lanes}], "global_queue": {}}
     return {**dashboard_state(snapshot, {"j1": name}), "t": 1_800_000_000.0,
             "models": [{"id": name, "state": "loaded", "n_lanes": 2, "lanes_in_use": 1, "waiting": 0, "lanes": [{"lane": 0, "state": "decode", "class": name}]}],
             "router_queue": {}}
@@ -55,6 +55,7 @@ def state_of(name: str) -> dict[str, Any]:
 @given(name=HOSTILE)
 @example(name="\x00")  # a selector built with CSS.escape found no card for it: one more each push
 @example(name=MARKUP[0] + MARKUP[2])
+@example(name=":")  # the worker id's pid was read as its second field: none shown
 def test_any_key_model_or_host_name_is_shown_as_text(page: Any, name: str) -> None:
     pg = fresh(page)
     pg.evaluate("() => document.querySelectorAll('script').forEach((s) => s.setAttribute('data-own', ''))")
@@ -64,7 +65,7 @@ def test_any_key_model_or_host_name_is_shown_as_text(page: Any, name: str) -> No
     assert shown["lanes"][0] == f"agent · key {name}"
     assert shown["ids"][0] == f"lane 0 · {name}"
     assert shown["model"].startswith(f"{name} · {name} · 2 lanes")
-    assert shown["fleet"] == [f"{name} · {name} · other"]
+    assert shown["fleet"] == [f"{name} · 4242 · other"]  # host · pid (of the worker id host:pid:tag)
     assert shown["parked"].startswith("agent · ") and shown["parked"].endswith(" · 5 tokens")  # a job id's first 8 UTF-16 units
     assert shown["models"] == [name]
     # a second push finds the model's card by its id and keeps it
