@@ -271,7 +271,7 @@ def test_the_worker_runs_llama_cpp_without_the_watermarks_and_both_engines_at_th
 
     engine = SimEngine(n_lanes=2)
     engine.name = name
-    options = {"model_name": "m", "completion_deadline_ms": 0, "os_pressure": "off"}
+    options = {"model_name": "m", "completion_deadline_ms": 0, "stream_interval_ms": 50, "os_pressure": "off"}
     config = engine_worker(engine, SchedulerConfig(max_batch=2), options, Path("/m.gguf")).scheduler.config
     assert config.watermarks is watermarks
     assert config.tick_targets_s == (0.05, 0.25) and config.decoding_prefill_cap_s == 0.25
