@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import strategies as st
+
 from api.responses import Reply
 from scheduler.link.messages import Delta, Done
 
@@ -91,3 +93,14 @@ def whole_reply(text: str, tools: list[dict[str, Any]], reason: str, stop_word: 
 def streamed_chunks(reply: Reply, pieces: list[str], reason: str = "stop", stop_word: str | None = None) -> list[dict[str, Any]]:
     """The chunks ``reply`` streams for ``pieces`` and its ending ``reason`` (and ``stop_word``)."""
     return [c for p in pieces for c in reply.delta_chunks(Delta("j", p))] + reply.final_chunks(Done("j", reason, stop_word=stop_word), None)
+
+
+# cut points for :func:`cut_at`, a Hypothesis strategy
+CUTS = st.lists(st.integers(min_value=0, max_value=400), max_size=12)
+
+
+def cut_at(text: str, cuts: list[int]) -> list[str]:
+    """``text`` in pieces, cut at each of ``cuts`` (taken modulo its length + 1: any list of
+    integers a Hypothesis test draws is a split of it); empty pieces kept (a stream may carry one)."""
+    at = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from api.reasoning import HARMONY_UNSPLIT, new_splitter
 from api.responses import Reply
 from scheduler.link.messages import Delta, Done
-from tests.api.streamed import assemble, streamed_chunks, whole_view
+from tests.api.streamed import CUTS, assemble, cut_at, streamed_chunks, whole_view
 
 TOOLS = [
     {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
@@ -120,13 +120,12 @@ PIECES = [
     tool_format=st.sampled_from(["hermes", "qwen3_coder"]),
     continues=st.booleans(),
     reason=st.sampled_from(["stop", "length"]),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    cuts=CUTS,
 )
 def test_any_split_of_any_unsplit_harmony_reply_streams_what_the_whole_reply_says(
     text: str, tools: Any, tool_format: str, continues: bool, reason: str, cuts: list[int]
 ) -> None:
-    at = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
-    got = whole(text, tools, continues=continues, reason=reason, tool_format=tool_format)
-    assert streamed(pieces, tools, continues=continues, reason=reason, tool_format=tool_format) == got
+    said = {"continues": continues, "reason": reason, "tool_format": tool_format}
+    got = whole(text, tools, **said)
     assert got["reasoning"] is None  # nothing is split out as reasoning
+    assert streamed(cut_at(text, cuts), tools, **said) == got

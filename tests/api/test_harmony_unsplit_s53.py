@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from api.reasoning import HARMONY_UNSPLIT
 from api.responses import Reply
 from scheduler.link.messages import Delta, Done
-from tests.api.streamed import assemble, streamed_chunks, whole_view
+from tests.api.streamed import CUTS, assemble, cut_at, streamed_chunks, whole_view
 from tests.api.test_harmony_unsplit_s52 import ANALYSIS, CALL, FINAL, PREAMBLE, TOOLS
 
 CALLED = [("get_weather", '{"city":"Paris"}')]
@@ -122,8 +122,7 @@ messages = st.lists(st.tuples(st.sampled_from(["analysis", "commentary", "final"
 
 
 def _splits(text: str, cuts: list[int]) -> list[str]:
-    at = sorted({c % (len(text) + 1) for c in cuts})
-    return [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
+    return cut_at(text, cuts)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -134,7 +133,7 @@ def _splits(text: str, cuts: list[int]) -> list[str]:
     tools=st.sampled_from([None, TOOLS]),
     tool_choice=st.sampled_from(["auto", "required", "none"]),
     tool_format=st.sampled_from(["hermes", "qwen3_coder", "mistral"]),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    cuts=CUTS,
 )
 def test_any_gpt_oss_reply_is_content_as_llama_server_gives_it_and_its_calls_only_the_recipients(
     said: list[tuple[str, str]], call: bool, split: bool, tools: Any, tool_choice: str, tool_format: str, cuts: list[int]

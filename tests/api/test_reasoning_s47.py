@@ -23,7 +23,7 @@ from api.responses import Reply
 from api.schemas import parse_chat_request
 from scheduler.engines.chat import compile_chat_template, reasoning_format, render_chat_template, template_inputs
 from scheduler.link.messages import Delta, Done
-from tests.api.streamed import assemble, streamed_chunks, whole_view
+from tests.api.streamed import assemble, cut_at, streamed_chunks, whole_view
 
 TEMPLATES = Path(__file__).parent / "templates_s46"
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -129,8 +129,7 @@ REPLIES = [
 @given(case=st.sampled_from(REPLIES), cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12))
 def test_any_split_of_a_reply_streams_what_the_whole_reply_says(case: tuple[str, str, Any], cuts: list[int]) -> None:
     text, fmt, tools = case
-    at = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
+    pieces = cut_at(text, cuts)
     assert _streamed(pieces, fmt, tools) == _whole(text, fmt, tools)
 
 

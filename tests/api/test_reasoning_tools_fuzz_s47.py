@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.api.streamed import CUTS, cut_at
 from tests.api.test_reasoning_s47 import _streamed, _whole
 
 TOOLS = [
@@ -36,12 +37,11 @@ replies = st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join)
     tool_format=st.sampled_from(["hermes", "qwen3_coder", "glm45"]),
     tools=st.sampled_from([None, TOOLS]),
     reason=st.sampled_from(["stop", "length"]),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    cuts=CUTS,
 )
 def test_any_split_of_any_reply_streams_what_the_whole_reply_says(
     text: str, fmt: str, tool_format: str, tools: Any, reason: str, cuts: list[int]
 ) -> None:
-    at = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
+    pieces = cut_at(text, cuts)
     whole = _whole(text, fmt, tools, reason, tool_format=tool_format)
     assert _streamed(pieces, fmt, tools, reason, tool_format=tool_format) == whole

@@ -40,7 +40,7 @@ from api.responses import (
     text_completion,
     usage_dict,
 )
-from tests.api.streamed import assemble, stream_reply, whole_view
+from tests.api.streamed import assemble, cut_at, stream_reply, whole_view
 
 CREATED = 1_700_000_000
 
@@ -554,8 +554,7 @@ def test_however_the_text_is_cut_the_stream_adds_up_to_the_non_streamed_reply(cu
 def _streamed_and_whole(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, str]], dict[str, Any], list[dict[str, Any]]]:
     """``text`` streamed in pieces cut at ``cuts`` (tools f and g): the content and calls the
     stream adds up to, the unstreamed reply's message, and the stream's final chunks."""
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    pieces = [piece for piece in cut_at(text, cuts) if piece]
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}]), pieces)
     content, calls, _ = _assembled(sent + final)
     whole = Reply("chat", "m", tools=[{"name": "f"}, {"name": "g"}])
@@ -591,8 +590,7 @@ def test_hostile_text_in_tool_mode_never_breaks_the_stream_and_loses_no_text(par
     text it sends (content plus call arguments) holds every character but the call markup; with
     no streamed call, the content is exactly what the unstreamed reply gives."""
     text = "".join(parts)
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    pieces = [piece for piece in cut_at(text, cuts) if piece]
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}]), pieces)
     content, calls, _ = _assembled(sent + final)
     assert [c["choices"][0]["finish_reason"] for c in sent + final if c["choices"][0]["finish_reason"]] == [final[-1]["choices"][0]["finish_reason"]]
@@ -622,8 +620,7 @@ def test_hostile_text_in_legacy_functions_mode_streams_at_most_one_function_call
     delta, one function_call at most (its name once, then argument fragments), one
     finish_reason, and what the stream calls adds up to the unstreamed function_call."""
     text = "".join(parts)
-    points = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True) if b > a]
+    pieces = [piece for piece in cut_at(text, cuts) if piece]
     sent, final = _stream(Reply("chat", "m", tools=[{"name": "f"}], legacy_functions=True), pieces)
     deltas = [c["choices"][0]["delta"] for c in sent + final]
     assert not any("tool_calls" in d for d in deltas)
