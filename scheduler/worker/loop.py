@@ -1241,7 +1241,8 @@ class EngineWorker:
             ctx.pending_logprobs.append(ctx.held_logprobs.popleft())
         ctx.entries_sent += out
 
-    def _send_delta(self, ctx: JobContext, tokens: int, preemptions: int) -> None:
+    @staticmethod
+    def _send_delta(ctx: JobContext, tokens: int, preemptions: int) -> None:
         ctx.text_out = True
         logprobs = None
         if ctx.pending_logprobs:
