@@ -18,7 +18,7 @@ from scheduler.link.messages import SHUTDOWN, Delta, Done, Error, Message, Submi
 from scheduler.management.options import engine_argv, scheduler_config
 from scheduler.worker.loop import EngineWorker
 
-from .test_worker_rules import parse
+from .test_worker_rules import parse, run
 
 ROUND_S = 0.01  # a short decode round (SmolLM2 at one stream: ~8-11 ms)
 
@@ -51,12 +51,6 @@ def worker_with(interval_ms: int, *, lanes: int = 2, park: bool = True, **engine
 def submit(worker: EngineWorker, conn: TimedConn, job_id: str, *, prompt: str = "hello", max_tokens: int = 40, qos: int = 2) -> None:
     request = {"endpoint": "completions", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     worker.handle(conn, Submit(job_id, request, qos=qos))  # type: ignore[arg-type]
-
-
-def run(worker: EngineWorker, ticks: int = 2000) -> None:
-    for _ in range(ticks):
-        if not worker.run_tick() and worker.scheduler.idle:
-            return
 
 
 def test_a_stream_interval_sends_the_same_text_in_fewer_deltas_and_the_first_token_at_once() -> None:
