@@ -104,10 +104,16 @@ def run_server(base: str, model: str, texts: list[str], max_tokens: int) -> dict
 
 
 def run_worker_inprocess(
-    engine: object, requests: list[dict[str, Any]], *, compact_lanes: bool = True, on_tick: Callable[[Any], None] | None = None
+    engine: object,
+    requests: list[dict[str, Any]],
+    *,
+    compact_lanes: bool = True,
+    on_tick: Callable[[Any], None] | None = None,
+    stream_interval_ms: int = 50,
 ) -> dict[str, float]:
     """The worker's tick loop over the real engine, fed ``requests`` directly (no link, no
-    HTTP); ``on_tick(worker)`` after each tick."""
+    HTTP); ``on_tick(worker)`` after each tick. ``stream_interval_ms``: serve's default, with
+    its decode bursts (0: a plan and a commit every round, and a link message a token)."""
     import socket
 
     from scheduler.core.scheduler import SchedulerConfig
@@ -116,7 +122,7 @@ def run_worker_inprocess(
     from scheduler.worker.server import Connection
 
     config = SchedulerConfig(max_batch=engine.n_lanes, compact_lanes=compact_lanes)  # type: ignore[attr-defined]
-    worker = EngineWorker(engine, config, model_name="bench")  # type: ignore[arg-type]
+    worker = EngineWorker(engine, config, model_name="bench", stream_interval_ms=stream_interval_ms)  # type: ignore[arg-type]
     ours, theirs = socket.socketpair()
     conn = Connection(1, ours)
     theirs.setblocking(False)

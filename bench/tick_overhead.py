@@ -76,7 +76,8 @@ def worker_run(model: Path, lanes: int, streams: int, max_tokens: int) -> dict[s
     undo = _timed(samples)
     try:
         requests = [{"endpoint": "completions", "prompt": t, "max_tokens": max_tokens, "temperature": 0.0} for t in prompts(streams)]
-        result = run_worker_inprocess(engine, requests, on_tick=lambda _w: decode.append(int(engine._decode_s * 1e9)))
+        # a tick a round (no decode bursts): the parts' cost per round
+        result = run_worker_inprocess(engine, requests, on_tick=lambda _w: decode.append(int(engine._decode_s * 1e9)), stream_interval_ms=0)
     finally:
         undo()
         engine.close()

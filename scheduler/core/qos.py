@@ -21,6 +21,9 @@ class QosClass(enum.IntEnum):
 
 
 DEFAULT_CLASS = QosClass.AGENT
+# Every class, best first, as a tuple: iterating the enum itself runs a generator of its own
+# each time, and the scheduler walks the classes several times a decode round.
+QOS_CLASSES: tuple[QosClass, ...] = tuple(QosClass)
 
 _ALIASES: dict[str, QosClass] = {
     "interactive": QosClass.INTERACTIVE,

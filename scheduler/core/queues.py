@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .qos import CLASS_ANCHOR, QosClass
+from .qos import CLASS_ANCHOR, QOS_CLASSES, QosClass
 from .types import Job
 
 _head_seq = itertools.count(-1, -1)  # requeued jobs get negative seqs: ahead of every arrival
@@ -40,15 +40,18 @@ class ClassQueues:
         self.starvation_ticks = starvation_ticks
         self.tick_s = tick_s  # the length of one aging tick (--tick-target-ms)
         self.score_config = score or ScoreConfig()
-        self._queues: dict[QosClass, list[Job]] = {c: [] for c in QosClass}
+        self._queues: dict[QosClass, list[Job]] = {c: [] for c in QOS_CLASSES}  # best class first: __iter__'s order
         self.reorders = {"aging": 0, "swap_affinity": 0}
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def __bool__(self) -> bool:
+        return any(self._queues.values())
+
     def __iter__(self) -> Iterator[Job]:
-        for c in QosClass:
-            yield from self._queues[c]
+        for queue in self._queues.values():
+            yield from queue
 
     def depth(self, qos: QosClass) -> int:
         return len(self._queues[qos])

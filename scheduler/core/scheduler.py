@@ -23,13 +23,16 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .kv_pool import CachedPrefix, KvPool, PoolConfig, PoolOps, common_prefix
-from .qos import QosClass, band_of
+from .qos import QOS_CLASSES, QosClass, band_of
 from .queues import ClassQueues, ScoreConfig
 from .types import Event, Job, JobState, LaneBind, LaneFeed, LaneRestore, LaneSwap, TickPlan, TickResult
 
 OS_PRESSURE_HOST_COOLDOWN_S = 60.0  # after OS pressure, no prefix moves to host memory for this long
 OS_PRESSURE_BACKGROUND_HOLD_S = 5.0  # after critical pressure, no background job gets a lane for this long
 _PRESSURE_RANK = {None: 0, "warning": 1, "critical": 2}
+# The most decode rounds one burst runs (Scheduler._burst_rounds): a bound on the time between two
+# plans where a round takes a millisecond or two (a GPU) and the stream interval would allow more.
+MAX_BURST_ROUNDS = 16
 
 PREFILL_STEPS = (512, 256, 128, 64, 32)
 # Finishes after which a lane's KV is known to hold exactly the job's computed tokens.
@@ -66,6 +69,9 @@ class SchedulerConfig:
     # at reading speed behind 512-token chunks, and prefill keeps 1 / (1 + share) of its rate
     # while such an answer streams. 0: a decode round beside every prefill step, no more.
     urgent_decode_share: float = 0.2
+    # Whether the engine may run several decode rounds on its own (a burst: Scheduler._burst_rounds);
+    # the worker turns it on with --stream-interval-ms and ends each burst when held text is due.
+    decode_bursts: bool = False
     # Whether the engine stops a running step when an urgent job arrives or a lane is cancelled
     # (llama.cpp's abort callback). Then, with a pinned --prefill-budget, steps are full chunks
     # even while lanes decode: an urgent arrival no longer waits for the step in flight.
@@ -249,6 +255,7 @@ class Scheduler:
             # another decode round of the tick in flight: nothing is admitted or preempted
             plan = TickPlan(tick=self.tick)
             self._plan_feeds(plan)
+            plan.rounds = self._burst_rounds(plan)
             self.last_plan = plan
             return plan
         self.tick += 1
@@ -272,8 +279,33 @@ class Scheduler:
         self._store_pinned(plan, now)
         self._compact_lanes(plan)
         self._plan_feeds(plan)
+        plan.rounds = self._burst_rounds(plan)
         self.last_plan = plan
         return plan
+
+    def _burst_rounds(self, plan: TickPlan) -> int:
+        """The decode rounds the engine may run on its own for ``plan`` (TickPlan.rounds), each
+        lane's sampled token fed back at once (the worker ends a burst sooner: an arrival, held
+        text due). Only when nothing could happen between the rounds that the scheduler must
+        decide: the plan is every running lane's one decode token and nothing else, no job
+        waits, no lane waits to be released nor cache work to be done, no decode budget rations
+        the rounds, and no lane needs the worker each token (its first token, a grammar,
+        logprobs, a batch-invariant lane). No lane passes its max_tokens or its context."""
+        if not self.config.decode_bursts or not plan.feeds or self.config.tick_decode_budget or self.queues or self._os_pressure is not None:
+            return 1
+        if self._release or self._release_keep or self._pending_pool or plan.has_work_besides_feeds or plan.alone:
+            return 1
+        if len(plan.feeds) != sum(1 for j in self.lanes if j is not None):
+            return 1  # a lane waits (for a leader's prefix): the scheduler looks at it each round
+        rounds = MAX_BURST_ROUNDS
+        for feed in plan.feeds:
+            job = self.jobs.get(feed.job_id)
+            if not feed.is_decode or job is None or not job.output or job.batch_invariant:
+                return 1
+            if job.sampling.grammar is not None or job.sampling.logprobs is not None:
+                return 1
+            rounds = min(rounds, job.max_tokens - len(job.output), self.config.lane_ctx - job.length)
+        return max(1, rounds)
 
     def on_os_pressure(self, level: str | None) -> None:
         """A memory-pressure reading from the OS: "warning", "critical", or anything else for
@@ -360,15 +392,17 @@ class Scheduler:
                 continue
             if job.first_token_s is None:
                 job.first_token_s = now
+            for earlier in result.earlier.get(lane, ()):  # a burst's rounds before its last
+                if not self._take_token(job, lane, earlier):
+                    break
+            if job.state is not JobState.RUNNING:
+                continue
             if lane in result.eog:
                 self._finish(job, "stop")
                 continue
-            job.output.append(token)
-            self._events.append(Event("token", job.job_id, token=token, lane=lane))
-            if len(job.output) >= job.max_tokens or len(job.sequence) >= self.config.lane_ctx:
-                self._finish(job, "length")
+            self._take_token(job, lane, token)
         if plan is not None and plan.feeds and not plan.prefill_tokens and result.elapsed_s > 0 and not result.stopped_early:
-            self.round_s = 0.7 * self.round_s + 0.3 * result.elapsed_s
+            self.round_s = 0.7 * self.round_s + 0.3 * result.elapsed_s / max(1, result.rounds)
         if plan is not None and result.prefill_s > 0 and plan.prefill_tokens:
             fed_prefill = sum(
                 result.fed.get(f.lane, 0) for f in plan.feeds if not f.is_decode
@@ -378,6 +412,16 @@ class Scheduler:
                 self.prefill_tokens_per_s = 0.7 * self.prefill_tokens_per_s + 0.3 * rate
                 self._decode_only_until = now + self.config.urgent_decode_share * result.elapsed_s
         return self.drain_events()
+
+    def _take_token(self, job: Job, lane: int, token: int) -> bool:
+        """A token sampled for a running job: into its output, an event, and the job finished
+        at its length limit. Whether the job runs on."""
+        job.output.append(token)
+        self._events.append(Event("token", job.job_id, token=token, lane=lane, position=len(job.output)))
+        if len(job.output) >= job.max_tokens or job.length >= self.config.lane_ctx:
+            self._finish(job, "length")
+            return False
+        return True
 
     def drain_events(self) -> list[Event]:
         """Events raised outside ``commit()`` (cancels, stop-string finishes) and not yet taken."""
@@ -405,7 +449,7 @@ class Scheduler:
         if job.lane is not None:
             self.lanes[job.lane] = None
             if self._keeps(job, reason):
-                self._kept[job.lane] = KeptLane(job.cache_scope, job.sequence[: job.computed], job.finished_s)
+                self._kept[job.lane] = KeptLane(job.cache_scope, job.tokens(0, job.computed), job.finished_s)
                 self._release_keep.append(job.lane)
             else:
                 self._release.append(job.lane)
@@ -501,7 +545,7 @@ class Scheduler:
         self._kept.clear()
 
     def _class_usage(self) -> dict[QosClass, int]:
-        usage = {c: 0 for c in QosClass}
+        usage = dict.fromkeys(QOS_CLASSES, 0)
         for job in self.lanes:
             if job is not None:
                 usage[job.qos] += 1
@@ -510,7 +554,7 @@ class Scheduler:
     def _admissible_classes(self) -> set[QosClass]:
         usage = self._class_usage()
         caps = self.config.class_lanes
-        allowed = {c for c in QosClass if usage[c] < caps.get(c, self.config.max_batch)}
+        allowed = {c for c in QOS_CLASSES if usage[c] < caps.get(c, self.config.max_batch)}
         if self.os_level == "critical" or self.clock() < self._background_hold_until:
             allowed.discard(QosClass.BACKGROUND)  # critical memory pressure: let it ease first
         return allowed
@@ -776,7 +820,7 @@ class Scheduler:
             return False
         kept = self._kept.get(dst)
         copied = job.computed + (len(kept.tokens) if kept is not None else 0)
-        left = min(job.max_tokens - len(job.output), self.config.lane_ctx - len(job.sequence))
+        left = min(job.max_tokens - len(job.output), self.config.lane_ctx - job.length)
         return left >= self.config.compact_min_tokens * max(1.0, copied / 512)
 
     def _move(self, plan: TickPlan, job: Job, src: int, dst: int) -> None:
@@ -1039,7 +1083,7 @@ class Scheduler:
         newcomer_possible = bool(self.free_lanes()) or len(self.queues) > 0
         granted = self._decode_grant(decoding)
         budget, plan.step_tokens = self._prefill_cap_tokens(
-            newcomer_possible, bool(decoding), sum(len(j.sequence) - j.computed for j in granted)
+            newcomer_possible, bool(decoding), sum(j.length - j.computed for j in granted)
         )
         urgent = [j for j in decoding if j.qos <= QosClass.COMPLETION]
         if prefilling and urgent and self.clock() < self._decode_only_until:
@@ -1054,8 +1098,7 @@ class Scheduler:
 
         for job in granted:
             assert job.lane is not None
-            seq = job.sequence
-            rest = seq[job.computed :]
+            rest = job.tokens(job.computed)
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, rest, True, decode=len(rest) == 1))
             self._decoded_at[job.job_id] = next(self._grants)  # grant order: a strict rotation
             self._decoded_tick[job.job_id] = self.tick
@@ -1084,7 +1127,7 @@ class Scheduler:
             assert job.lane is not None
             # sequence, not prompt: a job recomputed after preemption without parking re-feeds
             # its output too, and samples only after the last of it.
-            remaining = len(job.sequence) - job.computed
+            remaining = job.length - job.computed
             take = min(budget, remaining)
             cls = prefill_class(job)
             done = finishes = take == remaining
@@ -1093,7 +1136,7 @@ class Scheduler:
                 finishes = take == remaining
                 done = job.computed + take == inherited[job.job_id][1]
             budget -= take
-            tokens = job.sequence[job.computed : job.computed + take]
+            tokens = job.tokens(job.computed, job.computed + take)
             plan.feeds.append(LaneFeed(job.lane, job.job_id, job.computed, tokens, finishes))
             if done and cls <= QosClass.COMPLETION and hold_below is None:
                 hold_below = cls  # the urgent prompt (or the prefix it waits for) ends: this step is its
@@ -1146,7 +1189,7 @@ class Scheduler:
             "tick": self.tick,
             "lanes": lanes,
             "lanes_active": sum(1 for j in self.lanes if j is not None),
-            "queue_depth": {c.label: self.queues.depth(c) for c in QosClass},
+            "queue_depth": {c.label: self.queues.depth(c) for c in QOS_CLASSES},
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
             "parked": [
                 {"job_id": j.job_id, "class": j.qos.label, "tokens": j.computed}

@@ -105,10 +105,28 @@ class Job:
         return self.prompt + self.output
 
     @property
+    def length(self) -> int:
+        """``len(sequence)``, without building it (an agent's prompt is thousands of tokens, and
+        the scheduler asks a lane's length several times a decode round)."""
+        return len(self.prompt) + len(self.output)
+
+    def tokens(self, start: int, end: int | None = None) -> list[int]:
+        """``sequence[start:end]`` (``start``, ``end`` from 0 to ``length``), without building
+        the whole sequence: a decode round feeds one token of it."""
+        n = len(self.prompt)
+        if end is None:
+            end = n + len(self.output)
+        if start >= n:
+            return self.output[start - n : end - n]
+        if end <= n:
+            return self.prompt[start:end]
+        return self.prompt[start:] + self.output[: end - n]
+
+    @property
     def remaining_prompt(self) -> int:
         """Tokens still to feed before the job decodes: its prompt's, and while it recomputes
         after a preemption without parking, the output it feeds again."""
-        return max(0, len(self.prompt) - self.computed, len(self.sequence) - 1 - self.computed)
+        return max(0, len(self.prompt) - self.computed, self.length - 1 - self.computed)
 
     @property
     def prefilling(self) -> bool:
@@ -183,6 +201,10 @@ class TickPlan:
     feeds: list[LaneFeed] = field(default_factory=list)
     step_tokens: int = 512  # most tokens per engine call; the engine checks should_stop between calls
     alone: bool = False  # a batch-invariant lane ticks alone
+    # Decode rounds the engine may run on its own (a burst: each lane's sampled token fed back
+    # at once, no plan and commit between; engines/base.py's run_tick). Above 1 only for a plan
+    # of decode feeds alone (Scheduler._burst_rounds); 1: the feeds once.
+    rounds: int = 1
 
     @property
     def prefill_tokens(self) -> int:
@@ -196,13 +218,21 @@ class TickPlan:
     def has_work(self) -> bool:
         return bool(self.feeds or self.release or self.keep or self.park or self.trim or self.swap or self.restore or self.pool)
 
+    @property
+    def has_work_besides_feeds(self) -> bool:
+        """Lane or cache work: a release, keep, park, trim, swap, restore, bind or pool operation."""
+        return bool(self.release or self.keep or self.park or self.trim or self.swap or self.restore or self.bind or self.pool)
+
 
 @dataclass
 class TickResult:
     """What the engine did. ``fed`` may fall short of the plan when it stopped early."""
 
     fed: dict[int, int] = field(default_factory=dict)  # lane -> tokens consumed
-    sampled: dict[int, int] = field(default_factory=dict)  # lane -> token id
+    sampled: dict[int, int] = field(default_factory=dict)  # lane -> token id (of a burst, the last round's)
+    # lane -> the tokens a burst's earlier rounds sampled, in order, before ``sampled``'s
+    earlier: dict[int, list[int]] = field(default_factory=dict)
+    rounds: int = 1  # engine calls of a burst run (TickPlan.rounds): 1 for any other tick
     eog: set[int] = field(default_factory=set)  # lanes whose sampled token ends generation
     # lane -> (logprob of the sampled token, [(token, logprob), ...] top alternatives), for
     # lanes whose sampling asks for logprobs
@@ -231,6 +261,7 @@ class Event:
     kind: str
     job_id: str
     token: int | None = None
+    position: int = 0  # a token's: the job's output length with it (a burst commits several at once)
     lane: int | None = None
     reason: str | None = None
     job: Job | None = None

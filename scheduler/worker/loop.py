@@ -131,6 +131,9 @@ class JobContext:
     limit_asked: bool = True
     has_new_line: bool = False
     text_out: bool = False  # a Delta of it has been queued (its first text never waits: _send_pending)
+    # the output position of the token its text stopped at (a stop string, a limit): the reply
+    # ends there, whatever a decode burst sampled after it (_finished)
+    output_end: int | None = None
 
 
 def slot_params(job: Job, ctx: JobContext | None) -> dict[str, Any]:
@@ -191,6 +194,9 @@ class EngineWorker:
         # (llama.cpp's KV streams) has running jobs moved into free lanes, unless the config
         # says not to (serve --no-compact-lanes).
         config.compact_lanes = config.compact_lanes and bool(getattr(engine, "compact_lanes", False))
+        # Decode rounds run in bursts while their text is held for the stream interval anyway:
+        # no plan and commit between them (_burst_stop). 0 (a chunk per token): a round a tick.
+        config.decode_bursts = self.stream_interval_s > 0
         self.scheduler = Scheduler(config, clock=clock)
         self.clock = clock
         self.inbox: queue.SimpleQueue[tuple[Connection, Message]] = queue.SimpleQueue()
@@ -1065,7 +1071,7 @@ class EngineWorker:
                 self.link.flush()
         started = time.perf_counter()
         try:
-            result = self.engine.execute(plan, self.interrupt.is_set)
+            result = self.engine.execute(plan, self._burst_stop if plan.rounds > 1 else self.interrupt.is_set)
         except EngineError as exc:
             partial = exc.partial
             if not exc.permanent and partial is not None and not self._replanned:
@@ -1086,6 +1092,13 @@ class EngineWorker:
         self._commit(result)
         self.metrics.on_tick(plan, result)
         return True
+
+    def _burst_stop(self) -> bool:
+        """Whether a decode burst (plan.rounds) ends before its next round: on any message, not
+        only those that interrupt a prompt step (an arrival is admitted a round later at most),
+        and once held text falls due (the interval since it last went out: _send_pending), so
+        no text waits longer than without bursts, the interval and a round."""
+        return self.interrupt.is_set() or not self.inbox.empty() or self.clock() - self._paced_s >= self.stream_interval_s
 
     @staticmethod
     def _short_round(plan: TickPlan) -> bool:
@@ -1194,7 +1207,8 @@ class EngineWorker:
                     lp = ctx.lp_queue.pop(0) if ctx.lp_queue else None
                     ctx.held_logprobs.append(self._logprob_entry(event.token, lp))
                     self._entries_out(ctx)
-                if ctx.stream.stopped:  # a limit (n_indent, t_max_predict_ms) is llama-server's stop_type "limit"
+                if ctx.stream.stopped and not stopped:  # a limit (n_indent, t_max_predict_ms) is llama-server's stop_type "limit"
+                    ctx.output_end = event.position
                     self.scheduler.finish(event.job_id, "length" if ctx.stream.limited else "stop")
             elif event.kind == "finished":
                 self._finished(ctx, event)
@@ -1255,6 +1269,10 @@ class EngineWorker:
         self.contexts.pop(ctx.job_id, None)
         job = event.job
         assert job is not None
+        if ctx.output_end is not None:
+            # a decode burst ran past where the text stopped: those tokens are not the reply's
+            # (nor its usage); the lane's KV holds them, and its kept tokens say so
+            del job.output[ctx.output_end :]
         tail = ctx.stream.flush()
         if tail:
             ctx.pending_text.append(tail)
