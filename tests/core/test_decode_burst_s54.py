@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.core.scheduler import MAX_BURST_ROUNDS, Scheduler, SchedulerConfig
 from scheduler.core.types import Job, SamplingParams, TickPlan, TickResult
@@ -202,3 +204,31 @@ def test_a_bursts_tokens_are_committed_in_order_and_its_time_counted_per_round()
     assert sched.round_s == pytest.approx(0.01)  # a burst's time is per round
     job = sched.jobs["a"]
     assert job.output == [5, 6, 7, 8, 10] and job.computed == 7  # the last sampled token is fed next
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompts=st.lists(st.text(alphabet="abcdefgh", min_size=1, max_size=12), min_size=1, max_size=3),
+    together=st.booleans(),
+    max_tokens=st.integers(1, 70),
+    stops=st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=3), max_size=3),
+    eog=st.none() | st.integers(1, 70),
+)
+def test_any_replies_are_the_same_with_bursts_as_without(
+    prompts: list[str], together: bool, max_tokens: int, stops: list[str], eog: int | None
+) -> None:
+    """Jobs at once (bursts over several lanes) or one after another (each into the lane the last
+    one kept, whose KV holds what a burst ran past its stop string): each job's text, usage and
+    finish are the same with bursts as with a plan every round."""
+    replies = {}
+    for interval in (0, 50):
+        eog_after = {f"j{i}": eog for i in range(len(prompts))} if eog is not None else None
+        worker, conn, _ = worker_with(interval, lanes=3, eog_after=eog_after)
+        for i, prompt in enumerate(prompts):
+            request = {"endpoint": "completions", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stop": stops}
+            worker.handle(conn, Submit(f"j{i}", request, qos=2))  # type: ignore[arg-type]
+            if not together:
+                run(worker)
+        run(worker)
+        replies[interval] = [(conn.text(f"j{i}"), done(conn, f"j{i}").usage, done(conn, f"j{i}").finish_reason) for i in range(len(prompts))]
+    assert replies[50] == replies[0]
