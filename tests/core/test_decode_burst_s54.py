@@ -1,7 +1,7 @@
 """Decode bursts: with --stream-interval-ms above 0, a plan of decode rounds alone (every running
 lane's one token, no job waiting, no lane or cache work) lets the engine run several rounds on its
-own, each lane's sampled token fed back at once, up to the stream interval (its text would wait
-that long anyway). The scheduler's plan and commit, a few percent of a one-stream round, then run
+own, each lane's sampled token fed back at once, until held text is due (it would wait that long
+anyway). The scheduler's plan and commit, a few percent of a one-stream round, then run
 once a burst. What a client sees must not change: the same text, the same usage and finish
 reason, stop strings cutting where they did, an arrival admitted before the burst's next round,
 and no text held longer than the interval and a round (test_stream_interval_s53.py)."""
@@ -54,8 +54,8 @@ def test_a_paced_stream_decodes_in_bursts_and_its_client_sees_the_same_reply() -
     assert done(paced_conn, "a").usage == done(every_conn, "a").usage
     assert done(paced_conn, "a").finish_reason == done(every_conn, "a").finish_reason == "length"
     assert all(result.rounds == 1 for _, result in every_ticks)
-    # five 10 ms rounds in a 50 ms interval: a plan and a commit for several rounds
-    # a burst runs until held text is due (five 10 ms rounds; a sixth where the fake clock's sum falls short by a rounding)
+    # a burst runs until held text is due: five 10 ms rounds (a sixth where the fake clock's sum
+    # falls short of 50 ms by a rounding), so a plan and a commit for several rounds
     assert round(0.05 / ROUND_S) <= max(result.rounds for _, result in paced_ticks) <= round(0.05 / ROUND_S) + 1
     assert len(paced_ticks) <= len(every_ticks) // 3
     # the first token is never in a burst: it goes out at once
