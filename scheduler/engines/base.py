@@ -365,12 +365,7 @@ def run_tick(
                 result.prefill_s += clock() - t
             for piece in step.pieces:
                 result.fed[piece.lane] = result.fed.get(piece.lane, 0) + len(piece.tokens)
-            for lane, token in sampled.items():
-                result.sampled[lane] = token
-                if engine.is_eog(token):
-                    result.eog.add(lane)
-            result.logprobs.update(engine.take_logprobs())
-            result.failed.update(engine.take_failed())
+            _take_sampled(engine, result, sampled)
             if not step.last and should_stop():
                 result.stopped_early = True
                 break
@@ -400,13 +395,20 @@ def _burst(engine: TickPrimitives, plan: TickPlan, result: TickResult, should_st
         for lane in starts:
             starts[lane] += 1
             result.fed[lane] += 1
-        for lane, token in sampled.items():  # every lane (forward samples each piece that asks)
+        for lane in sampled:  # every lane (forward samples each piece that asks)
             result.earlier.setdefault(lane, []).append(result.sampled[lane])
-            result.sampled[lane] = token
-            if engine.is_eog(token):
-                result.eog.add(lane)
-        result.logprobs.update(engine.take_logprobs())
-        result.failed.update(engine.take_failed())
+        _take_sampled(engine, result, sampled)
+
+
+def _take_sampled(engine: TickPrimitives, result: TickResult, sampled: dict[int, int]) -> None:
+    """An engine step's sampled tokens into the tick's result, with the lanes they end, and
+    what the engine noted in the step (logprobs, lanes it ends)."""
+    for lane, token in sampled.items():
+        result.sampled[lane] = token
+        if engine.is_eog(token):
+            result.eog.add(lane)
+    result.logprobs.update(engine.take_logprobs())
+    result.failed.update(engine.take_failed())
 
 
 class LaneEngine:

@@ -1098,7 +1098,11 @@ class EngineWorker:
         only those that interrupt a prompt step (an arrival is admitted a round later at most),
         and once held text falls due (the interval since it last went out: _send_pending), so
         no text waits longer than without bursts, the interval and a round."""
-        return self.interrupt.is_set() or not self.inbox.empty() or self.clock() - self._paced_s >= self.stream_interval_s
+        return self.interrupt.is_set() or not self.inbox.empty() or self._text_due(self.clock())
+
+    def _text_due(self, now: float) -> bool:
+        """Held text may go out: the stream interval has passed since it last did."""
+        return now - self._paced_s >= self.stream_interval_s
 
     @staticmethod
     def _short_round(plan: TickPlan) -> bool:
@@ -1227,7 +1231,7 @@ class EngineWorker:
         once), else only a job's first text (the time to first token) and a preemption. A job's
         end never waits (_finished), and what waits goes before a round that may be long
         (run_tick): no text waits much more than the interval."""
-        every = now is None or now - self._paced_s >= self.stream_interval_s
+        every = now is None or self._text_due(now)
         if every and now is not None:
             self._paced_s = now
         for ctx in self.contexts.values():
