@@ -594,20 +594,26 @@ SHARED_MAX_TOKENS = 16
 SYSTEM_HEAD = "You are the help desk of the Harbour Library. Answer visitors briefly. Background notes:"
 
 
+def shared_prefix_chats(tokens: Tokens, shared: bool, seed: str) -> list[tuple[str, str]]:
+    """The scenario's (system prompt, user message) pairs: one ~SYSTEM_PROMPT_TOKENS-token system
+    prompt for all, or a different one each, seeded by ``seed``."""
+    head_tokens = tokens.count(chatml_prefix(SYSTEM_HEAD + "\n"), bos=True)
+    chats = []
+    for i in range(SHARED_REQUESTS):
+        text_seed = f"shared/{seed}" if shared else f"distinct/{seed}/{i}"
+        system = SYSTEM_HEAD + "\n" + prose(text_seed, tokens, SYSTEM_PROMPT_TOKENS - head_tokens)
+        chats.append((system, f"{_NAMES[i % len(_NAMES)]} asks: {_QUESTIONS[i % len(_QUESTIONS)]}"))
+    return chats
+
+
 def shared_prefix_once(target: Target, shared: bool, run: int, tokens: Tokens, config: str,
                        trace_dir: Path | None) -> dict[str, Any]:
-    head_tokens = tokens.count(chatml_prefix(SYSTEM_HEAD + "\n"), bos=True)
-    systems, prefix_tokens = [], []
-    for i in range(SHARED_REQUESTS):
-        seed = f"shared/{config}/{run}" if shared else f"distinct/{config}/{run}/{i}"
-        system = SYSTEM_HEAD + "\n" + prose(seed, tokens, SYSTEM_PROMPT_TOKENS - head_tokens)
-        systems.append(system)
-        prefix_tokens.append(tokens.count(chatml_prefix(system), bos=True))
+    chats = shared_prefix_chats(tokens, shared, f"{config}/{run}")
+    prefix_tokens = [tokens.count(chatml_prefix(system), bos=True) for system, _ in chats]
     jobs: list[tuple[float, Callable[[], Stream]]] = []
-    for i in range(SHARED_REQUESTS):
-        user = f"{_NAMES[i % len(_NAMES)]} asks: {_QUESTIONS[i % len(_QUESTIONS)]}"
+    for i, (system, user) in enumerate(chats):
         body = {"model": target.model, "temperature": 0, "max_tokens": SHARED_MAX_TOKENS,
-                "messages": [{"role": "system", "content": systems[i]}, {"role": "user", "content": user}]}
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
         jobs.append((0.0, lambda b=body, i=i: stream_chat(target.base, b, {}, f"req{i}")))
     load_before = load()
     sampler = StateSampler(target.base) if target.superfluid and trace_dir else None
