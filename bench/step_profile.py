@@ -7,8 +7,9 @@ and sorted by what it carried: prompt tokens only, prompt tokens and decode toke
 step with the decoding lanes' round riding in it), or decode tokens only. The table shows, per
 kind, the calls, their time, and the tokens of each sort; then how many runs of consecutive
 lanes the calls held (each run is a pass over the weights: docs/scheduling.md, lane compaction)
-and the compute threads each call ran with. Whatever the worker spends outside the calls is the
-gap between the wall time and the calls' time.
+and the compute threads each call ran with (a lane fed one token counts as decoding: a prompt's
+last token alone in a call is rare). Whatever the worker spends outside the calls is the gap
+between the wall time and the calls' time.
 
     python bench/step_profile.py [--slots 4] [--seed 1]
 """
