@@ -35,6 +35,7 @@ from bench.scenarios import (  # noqa: E402
     shared_prefix_chats,
 )
 from bench.throughput import run_worker_inprocess  # noqa: E402
+from scheduler.core.scheduler import lane_runs  # noqa: E402
 from scheduler.engines.models import default_model_path  # noqa: E402
 
 
@@ -74,8 +75,7 @@ def main() -> None:
         started = time.perf_counter()
         sampled = forward(step)
         seconds = time.perf_counter() - started
-        lanes = sorted(piece.lane for piece in step.pieces)
-        runs = 1 + sum(1 for a, b in zip(lanes, lanes[1:], strict=False) if b != a + 1)
+        runs = lane_runs([piece.lane for piece in step.pieces])
         decode = sum(1 for piece in step.pieces if len(piece.tokens) == 1)
         prompt = sum(len(piece.tokens) for piece in step.pieces if len(piece.tokens) > 1)
         calls.append((decode, prompt, runs, seconds))
