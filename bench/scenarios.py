@@ -77,7 +77,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.peers import INSTALL_HINT, PeerServer, find_llama_server  # noqa: E402
+from bench.peers import INSTALL_HINT, PeerServer, find_llama_server, in_turn  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer, stop_processes  # noqa: E402
 
@@ -886,11 +886,12 @@ def main() -> int:
 
         def each_run(plan: list[tuple[str, Target, Any]], once: Callable[[str, Target, Any, int], dict[str, Any]]) -> None:
             """Every configuration of ``plan`` (name, server, what ``once`` needs), ``--runs``
-            times, interleaved; each run on an idle server, under the hog if asked for."""
+            times, interleaved, each run starting with the next configuration (``in_turn``); each
+            run on an idle server, under the hog if asked for."""
             if args.only:
                 plan = [step for step in plan if re.search(args.only, step[0])]
             for run in range(1, args.runs + 1):
-                for config, target, extra in plan:
+                for config, target, extra in in_turn(plan, run - 1):
                     revive(target)
                     wait_idle(target)
                     with Hog(args.hog):

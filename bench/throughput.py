@@ -42,7 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bare_loop import run_bare_loop  # noqa: E402
-from bench.peers import start_peer  # noqa: E402
+from bench.peers import in_turn, start_peer  # noqa: E402
 from bench.scenarios import LLAMA_SERVER_ARGS  # noqa: E402
 from scheduler.engines.models import default_model_path, model_name_for  # noqa: E402
 from testkit.harness import RunningServer  # noqa: E402
@@ -212,10 +212,7 @@ def main() -> None:
                     sides.append((f"superfluid {args.variant}", partial(server_tps, variant.base, model, texts, args.max_tokens), varied))
                 if peer is not None:
                     sides.append(("llama-server", partial(server_tps, peer.base, model, texts, args.max_tokens), peered))
-                # each repetition starts with the next side, so that none always runs first (or
-                # right after the bare loop's model load) while the machine drifts
-                k = rep % len(sides)
-                for _name, run, into in sides[k:] + sides[:k]:
+                for _name, run, into in in_turn(sides, rep):
                     into.append(run())
                 runs = ", ".join(f"{name} {into[-1]:.1f}" for name, _run, into in sides)
                 print(f"  {n} streams, run {len(bare)}: {runs}", file=sys.stderr)

@@ -42,3 +42,16 @@ def test_help_runs(script: Path) -> None:
     assert done.returncode == 0, f"{script.name} --help exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     if '__name__ == "__main__"' in script.read_text(encoding="utf-8"):
         assert "usage:" in done.stdout, f"{script.name} --help printed no usage:\n{done.stdout}\n{done.stderr}"
+
+
+def test_every_side_of_a_comparison_runs_first_in_turn() -> None:
+    """The benchmarks alternate who goes first in each repetition (bench/peers.py: in_turn):
+    a side that always ran first, or always after the same other one, would carry the machine's
+    drift into its ratio."""
+    from bench.peers import in_turn
+
+    sides = ["superfluid", "variant", "llama-server"]
+    orders = [in_turn(sides, rep) for rep in range(6)]
+    assert all(sorted(order) == sorted(sides) for order in orders)  # each repetition runs every side once
+    assert [order[0] for order in orders] == sides + sides
+    assert in_turn([], 3) == []
