@@ -37,8 +37,9 @@ Side = TypeVar("Side")
 
 def in_turn(sides: Sequence[Side], rep: int) -> list[Side]:
     """``sides`` in the order repetition ``rep`` (from 0) runs them: each repetition starts with
-    the next side, so that none always runs first, or always right after the same other one,
-    while the machine drifts (these shared machines move by more than the margins measured)."""
+    the next side, so that none always runs first (after a pause, a server's start or the last
+    repetition's last side) while the machine drifts: these shared machines move by more than
+    the margins measured."""
     k = rep % len(sides) if sides else 0
     return [*sides[k:], *sides[:k]]
 

@@ -46,8 +46,8 @@ def test_help_runs(script: Path) -> None:
 
 def test_every_side_of_a_comparison_runs_first_in_turn() -> None:
     """The benchmarks alternate who goes first in each repetition (bench/peers.py: in_turn):
-    a side that always ran first, or always after the same other one, would carry the machine's
-    drift into its ratio."""
+    a side that always ran first would carry the machine's drift into its ratio the same way
+    every time."""
     from bench.peers import in_turn
 
     sides = ["superfluid", "variant", "llama-server"]
