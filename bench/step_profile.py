@@ -31,7 +31,6 @@ from bench.scenarios import (  # noqa: E402
     SHARED_REQUESTS,
     SYSTEM_PROMPT_TOKENS,
     Tokens,
-    chatml_prefix,
     shared_prefix_chats,
 )
 from bench.throughput import run_worker_inprocess  # noqa: E402
@@ -40,12 +39,12 @@ from scheduler.engines.models import default_model_path  # noqa: E402
 
 
 def distinct_requests(tokens: Tokens, seed: str) -> list[dict[str, Any]]:
-    """The distinct-prompts workload as completions requests: each chat rendered with SmolLM2's
-    template (what the web process sends the worker for a chat)."""
+    """The distinct-prompts workload as the chat requests the web process hands the worker: the
+    worker renders them with the model's template, as for a served chat."""
     return [
         {
-            "endpoint": "completions",
-            "prompt": chatml_prefix(system) + user + "<|im_end|>\n<|im_start|>assistant\n",
+            "endpoint": "chat",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "max_tokens": SHARED_MAX_TOKENS,
             "temperature": 0.0,
         }
